@@ -1,0 +1,246 @@
+"""Model configurations for the Llama-3.x and Qwen3 dense families.
+
+A `ModelConfig` is a small frozen dataclass: everything later stages need to know about the network's shape.
+Presets are registered by name (`ModelConfig.from_name("qwen3-8b")`); any sane config of the two families works,
+including ones read from a Hugging Face `config.json` (`ModelConfig.from_hf_config`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+FAMILIES = ("llama", "qwen3")
+
+
+class ConfigError(ValueError):
+    """A model configuration is invalid or unknown; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency-dependent RoPE scaling (rope_type == "llama3")."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    family: str  # "llama" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 8192
+    tie_word_embeddings: bool = False
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.family not in FAMILIES:
+            problems.append(f"family {self.family!r} is not one of {FAMILIES}")
+        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                  "head_dim", "max_position_embeddings"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v <= 0:
+                problems.append(f"{f} must be a positive int, got {v!r}")
+        if not problems:
+            if self.num_heads % self.num_kv_heads:
+                problems.append(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+            if self.head_dim % 2:
+                problems.append(f"head_dim ({self.head_dim}) must be even for RoPE")
+        if self.dtype not in ("bfloat16", "float16", "float32"):
+            problems.append(f"dtype {self.dtype!r} must be bfloat16, float16 or float32")
+        if problems:
+            raise ConfigError(f"invalid ModelConfig {self.name!r}: " + "; ".join(problems))
+
+    # --- derived quantities -------------------------------------------------------------------------------
+    @property
+    def qk_norm(self) -> bool:
+        """Qwen3 normalises each q and k head with its own RMSNorm before RoPE."""
+        return self.family == "qwen3"
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def num_params(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        per_layer = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 3 * h * i + 2 * h
+        if self.qk_norm:
+            per_layer += 2 * self.head_dim
+        emb = v * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + emb + h
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    # --- (de)serialisation --------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        d = dict(d)
+        rs = d.get("rope_scaling")
+        if rs is not None and not isinstance(rs, RopeScaling):
+            d["rope_scaling"] = RopeScaling(**rs)
+        return cls(**d)
+
+    @classmethod
+    def from_name(cls, name: str) -> "ModelConfig":
+        key = name.lower()
+        if key not in PRESETS:
+            raise ConfigError(f"unknown model {name!r}; known presets: {', '.join(sorted(PRESETS))}. "
+                              "Or pass a local Hugging Face model directory (with config.json).")
+        return PRESETS[key]
+
+    @classmethod
+    def from_hf_config(cls, hf: dict, name: str | None = None) -> "ModelConfig":
+        """Build from a Hugging Face `config.json` dict of a LlamaForCausalLM or Qwen3ForCausalLM."""
+        model_type = hf.get("model_type", "")
+        if model_type == "llama":
+            family = "llama"
+        elif model_type == "qwen3":
+            family = "qwen3"
+        else:
+            raise ConfigError(f"model_type {model_type!r} is not supported; supported: 'llama' (Llama-3.x), "
+                              "'qwen3' (Qwen3 dense)")
+        if hf.get("attention_bias") or hf.get("mlp_bias"):
+            raise ConfigError("attention_bias / mlp_bias models are not supported")
+        act = hf.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"hidden_act {act!r} is not supported (only silu / SwiGLU)")
+        num_heads = hf["num_attention_heads"]
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
+        rope_scaling = None
+        rs = hf.get("rope_scaling") or hf.get("rope_parameters")
+        rope_theta = hf.get("rope_theta")
+        if isinstance(rs, dict):
+            rope_theta = rs.get("rope_theta", rope_theta)
+            rtype = rs.get("rope_type", rs.get("type", "default"))
+            if rtype == "llama3":
+                rope_scaling = RopeScaling(
+                    factor=float(rs["factor"]), low_freq_factor=float(rs["low_freq_factor"]),
+                    high_freq_factor=float(rs["high_freq_factor"]),
+                    original_max_position_embeddings=int(rs["original_max_position_embeddings"]))
+            elif rtype not in ("default", None):
+                raise ConfigError(f"rope type {rtype!r} is not supported (default or llama3)")
+        dtype = hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"
+        return cls(
+            name=name or hf.get("_name_or_path") or model_type,
+            family=family,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            dtype=str(dtype).replace("torch.", ""),
+        )
+
+    def to_hf_config(self) -> dict:
+        """The equivalent Hugging Face config.json (used to save seeded models and to build HF references)."""
+        d = {
+            "architectures": ["LlamaForCausalLM" if self.family == "llama" else "Qwen3ForCausalLM"],
+            "model_type": self.family,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "torch_dtype": self.dtype,
+        }
+        if self.rope_scaling is not None:
+            d["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+        return d
+
+
+def load_config(name_or_path: str) -> ModelConfig:
+    """A preset name or a local Hugging Face model directory."""
+    if os.path.isdir(name_or_path):
+        path = os.path.join(name_or_path, "config.json")
+        if not os.path.exists(path):
+            raise ConfigError(f"{name_or_path} is a directory but has no config.json; point at a Hugging Face "
+                              "format model directory or use a preset name")
+        with open(path) as f:
+            return ModelConfig.from_hf_config(json.load(f), name=os.path.basename(os.path.normpath(name_or_path)))
+    return ModelConfig.from_name(name_or_path)
+
+
+_L3 = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+_L32 = RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+
+
+def _llama(name, h, i, L, nh, nkv, hd, tie, rs, vocab=128256, maxpos=131072) -> ModelConfig:
+    return ModelConfig(name=name, family="llama", vocab_size=vocab, hidden_size=h, intermediate_size=i,
+                       num_layers=L, num_heads=nh, num_kv_heads=nkv, head_dim=hd, rms_norm_eps=1e-5,
+                       rope_theta=500000.0, rope_scaling=rs, max_position_embeddings=maxpos, tie_word_embeddings=tie)
+
+
+def _qwen3(name, h, i, L, nh, nkv, tie, vocab=151936, maxpos=40960) -> ModelConfig:
+    return ModelConfig(name=name, family="qwen3", vocab_size=vocab, hidden_size=h, intermediate_size=i,
+                       num_layers=L, num_heads=nh, num_kv_heads=nkv, head_dim=128, rms_norm_eps=1e-6,
+                       rope_theta=1000000.0, rope_scaling=None, max_position_embeddings=maxpos,
+                       tie_word_embeddings=tie)
+
+
+PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
+    _llama("llama-3.2-1b", 2048, 8192, 16, 32, 8, 64, True, _L32),
+    _llama("llama-3.2-3b", 3072, 8192, 28, 24, 8, 128, True, _L32),
+    _llama("llama-3.1-8b", 4096, 14336, 32, 32, 8, 128, False, _L3),
+    _llama("llama-3.1-70b", 8192, 28672, 80, 64, 8, 128, False, _L3),
+    _qwen3("qwen3-0.6b", 1024, 3072, 28, 16, 8, True),
+    _qwen3("qwen3-1.7b", 2048, 6144, 28, 16, 8, True),
+    _qwen3("qwen3-4b", 2560, 9728, 36, 32, 8, True),
+    _qwen3("qwen3-8b", 4096, 12288, 36, 32, 8, False),
+    _qwen3("qwen3-14b", 5120, 17408, 40, 40, 8, False),
+    _qwen3("qwen3-32b", 5120, 25600, 64, 64, 8, False),
+    # Tiny configs for tests and the demo: same code paths, seconds on a CPU.
+    ModelConfig(name="tiny-llama", family="llama", vocab_size=512, hidden_size=128, intermediate_size=352,
+                num_layers=2, num_heads=8, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=500000.0,
+                rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                         original_max_position_embeddings=64),
+                max_position_embeddings=1024, tie_word_embeddings=True),
+    ModelConfig(name="tiny-qwen3", family="qwen3", vocab_size=640, hidden_size=96, intermediate_size=256,
+                num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                max_position_embeddings=1024, tie_word_embeddings=False),
+]}

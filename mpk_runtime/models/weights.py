@@ -1,0 +1,178 @@
+"""Model weights: Hugging Face tensor names, loaded from a local directory or made from a seed.
+
+Weights are a flat `dict[str, Tensor]` keyed by the Hugging Face names (`model.layers.0.self_attn.q_proj.weight`,
+...), so a checkpoint on disk and a seeded model look the same to every later stage. `load_weights` can read
+only a slice of each tensor (tensor-parallel shards read their own rows/columns straight from safetensors).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Iterable
+
+import torch
+
+from .config import ModelConfig, ConfigError
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class WeightError(ValueError):
+    """Weights are missing or do not match the config; the message names the tensor and what to do."""
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ConfigError(f"dtype {name!r} is not one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the model needs, with its (out, in) shape as stored by Hugging Face."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        shapes[p + "self_attn.q_proj.weight"] = (cfg.q_dim, h)
+        shapes[p + "self_attn.k_proj.weight"] = (cfg.kv_dim, h)
+        shapes[p + "self_attn.v_proj.weight"] = (cfg.kv_dim, h)
+        shapes[p + "self_attn.o_proj.weight"] = (h, cfg.q_dim)
+        if cfg.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (hd,)
+            shapes[p + "self_attn.k_norm.weight"] = (hd,)
+        shapes[p + "mlp.gate_proj.weight"] = (cfg.intermediate_size, h)
+        shapes[p + "mlp.up_proj.weight"] = (cfg.intermediate_size, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, cfg.intermediate_size)
+    return shapes
+
+
+def lm_head_name(cfg: ModelConfig) -> str:
+    return "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+
+
+def random_weights(cfg: ModelConfig, seed: int = 0, dtype: str | torch.dtype | None = None,
+                   device: str | torch.device = "cpu", std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Seeded random weights. The same seed gives the same weights on every device and dtype.
+
+    Values are drawn in fp32 per tensor by a generator on `device` (fast for 8B-class models on a GPU; the
+    values then depend on the device type, but never on anything else) and cast.
+    Norm weights are 1 + small noise so that tests exercise them. Linear weights use std/sqrt-ish scaling so
+    activations stay O(1) through many layers and logits are not degenerate.
+    """
+    dt = torch_dtype(dtype or cfg.dtype)
+    out: dict[str, torch.Tensor] = {}
+    for k, (name, shape) in enumerate(sorted(weight_shapes(cfg).items())):
+        g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + k)
+        t = torch.randn(shape, generator=g, device=device)
+        if len(shape) == 1:
+            t = t.mul_(0.1).add_(1.0)
+        elif not name.endswith("embed_tokens.weight"):  # O(1) embeddings; the first RMSNorm rescales anyway
+            t = t.mul_(1.0 / shape[1] ** 0.5)
+        out[name] = t.to(dtype=dt)
+    return out
+
+
+# --- local Hugging Face directories --------------------------------------------------------------------------
+
+def _weight_files(path: str) -> dict[str, str]:
+    """Map tensor name -> safetensors file, from model.safetensors.index.json or the single file."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            wm = json.load(f)["weight_map"]
+        return {k: os.path.join(path, v) for k, v in wm.items()}
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise WeightError(f"no *.safetensors files in {path}; download the model in safetensors format "
+                          "(or use --model <preset> for seeded random weights)")
+    from safetensors import safe_open
+    mapping = {}
+    for fn in files:
+        with safe_open(os.path.join(path, fn), framework="pt") as f:
+            for k in f.keys():
+                mapping[k] = os.path.join(path, fn)
+    return mapping
+
+
+Slicer = Callable[[str, tuple[int, ...]], "tuple[slice, ...] | None"]
+
+
+def load_weights(path: str, cfg: ModelConfig, dtype: str | torch.dtype | None = None,
+                 device: str | torch.device = "cpu", slicer: Slicer | None = None,
+                 names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+    """Load the model's tensors from a local HF directory.
+
+    `slicer(name, full_shape)` may return a tuple of slices: only that part is read from disk (safetensors
+    `get_slice`), which is how tensor-parallel ranks load their shard without a full copy.
+    """
+    from safetensors import safe_open
+    dt = torch_dtype(dtype or cfg.dtype)
+    files = _weight_files(path)
+    shapes = weight_shapes(cfg)
+    wanted = list(names) if names is not None else list(shapes)
+    missing = [n for n in wanted if n not in files]
+    if missing:
+        raise WeightError(f"{len(missing)} tensors missing from {path}, e.g. {missing[:3]}; the checkpoint does not "
+                          f"match config {cfg.name!r} (is it a {cfg.family} model with {cfg.num_layers} layers?)")
+    by_file: dict[str, list[str]] = {}
+    for n in wanted:
+        by_file.setdefault(files[n], []).append(n)
+    out: dict[str, torch.Tensor] = {}
+    for fn, ns in by_file.items():
+        with safe_open(fn, framework="pt") as f:
+            for n in ns:
+                sl = f.get_slice(n)
+                shape = tuple(sl.get_shape())
+                if shape != shapes[n]:
+                    raise WeightError(f"tensor {n} in {fn} has shape {shape}, config {cfg.name!r} expects {shapes[n]}")
+                idx = slicer(n, shape) if slicer else None
+                t = sl[idx] if idx is not None else sl[:]
+                out[n] = t.to(dtype=dt, device=device).contiguous()
+    return out
+
+
+def save_weights(path: str, cfg: ModelConfig, weights: dict[str, torch.Tensor], shard_bytes: int | None = None) -> None:
+    """Write a Hugging Face format directory (config.json + safetensors, sharded with an index if asked)."""
+    from safetensors.torch import save_file
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg.to_hf_config(), f, indent=2)
+    tensors = {k: v.contiguous().cpu() for k, v in weights.items()}
+    if shard_bytes is None:
+        save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+        return
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for k in sorted(tensors):
+        nb = tensors[k].numel() * tensors[k].element_size()
+        if size and size + nb > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = tensors[k]
+        size += nb
+    weight_map = {}
+    for i, sh in enumerate(shards):
+        fn = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(sh, os.path.join(path, fn), metadata={"format": "pt"})
+        weight_map.update({k: fn for k in sh})
+    with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+
+
+def get_weights(model: str, cfg: ModelConfig, seed: int = 0, dtype=None, device="cpu", slicer: Slicer | None = None):
+    """Weights for `model`: a directory is loaded; a preset name gets seeded random weights."""
+    if os.path.isdir(model):
+        return load_weights(model, cfg, dtype=dtype, device=device, slicer=slicer)
+    w = random_weights(cfg, seed=seed, dtype=dtype, device=device)
+    if slicer is not None:
+        for n, t in list(w.items()):
+            idx = slicer(n, tuple(t.shape))
+            if idx is not None:
+                w[n] = t[idx].contiguous()
+    return w

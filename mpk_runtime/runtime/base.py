@@ -1,0 +1,93 @@
+"""The seam between the engine and whatever computes the model: runners, workers, executors.
+
+A `ModelRunner` computes one rank's shard of the model on one device (CPU pyvm, conventional torch, or the
+GPU megakernel). It owns the paged KV cache storage; the engine owns page *allocation* and tells the runner
+which pages each sequence uses. One call, `step`, runs a mixed batch: sequences with one new token decode,
+sequences with several tokens prefill (the runner routes them to the right path).
+
+A `Worker` wraps one rank's runner; an `Executor` calls every worker by method name (`collective_rpc`), so the
+in-process, multi-process and Ray backends share one interface (the vLLM v1 executor/worker split).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..models.config import ModelConfig
+
+
+class RuntimeError_(RuntimeError):
+    """Base class of runtime failures (kernel timeout, lost rank, ...)."""
+
+
+class KernelTimeout(RuntimeError_):
+    """A spin-wait ran past its bound: the message names the SM, the task and the event it waited on."""
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    page_size: int      # tokens per KV page
+    num_pages: int      # pages available to the engine's allocator (per rank; all ranks identical)
+    max_batch: int      # most sequences in one step
+    max_seq_len: int    # longest sequence (prompt + generated) a slot may hold
+
+
+@dataclass
+class SeqChunk:
+    """Work for one sequence in one step."""
+
+    seq_id: int                 # engine's id for the sequence (stable across steps)
+    token_ids: list[int]        # the tokens to run: a prompt chunk, or the single newest token when decoding
+    start_pos: int              # position of token_ids[0] in the sequence
+    block_table: list[int]      # KV page ids covering positions [0, start_pos + len(token_ids))
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError("SeqChunk.token_ids is empty")
+
+
+class ModelRunner(abc.ABC):
+    """One rank's compute. `step` returns fp32 logits (len(chunks), vocab) of each chunk's last token
+    on every rank (vocab-parallel shards are gathered before returning)."""
+
+    config: ModelConfig
+    rank: int = 0
+    world_size: int = 1
+
+    @abc.abstractmethod
+    def kv_spec(self) -> KVSpec: ...
+
+    @abc.abstractmethod
+    def step(self, chunks: list[SeqChunk]) -> torch.Tensor: ...
+
+    def shutdown(self) -> None:  # pragma: no cover - default no-op
+        pass
+
+
+# --- backend registry ---------------------------------------------------------------------------------------
+RunnerFactory = Callable[..., ModelRunner]
+_RUNNERS: dict[str, RunnerFactory] = {}
+
+
+def register_runner(name: str):
+    def deco(fn: RunnerFactory) -> RunnerFactory:
+        _RUNNERS[name] = fn
+        return fn
+    return deco
+
+
+def make_runner(backend: str, **kwargs: Any) -> ModelRunner:
+    """Create a runner by backend name. Keyword arguments: model (preset or HF dir), rank, world_size,
+    comm (communicator for world_size > 1), seed, dtype, device, max_batch, max_seq_len, page_size, ..."""
+    from . import backends  # noqa: F401  (registers the built-in backends)
+    if backend not in _RUNNERS:
+        raise ValueError(f"unknown backend {backend!r}; known backends: {', '.join(sorted(_RUNNERS))}")
+    return _RUNNERS[backend](**kwargs)
+
+
+def known_backends() -> list[str]:
+    from . import backends  # noqa: F401
+    return sorted(_RUNNERS)
