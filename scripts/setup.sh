@@ -8,8 +8,7 @@ if ! $PY -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then
     $PY -m pip install -q torch
   else
-    $PY -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu 2>/dev/null \
-      || $PY -m pip install -q torch==2.13.0
+    $PY -m pip install -q torch==2.13.0   # the CPU build, found on disk on the project's machines
   fi
 fi
 $PY -m pip install -q -e ".[test]"
