@@ -1,0 +1,232 @@
+"""`LLMEngine`: requests in, tokens out, one `step()` at a time, over any `Executor`.
+
+The engine owns scheduling, page allocation and sampling; the executor's workers own compute and KV storage.
+It calls workers only through `executor.collective_rpc` ("execute", "free", "health").
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Sequence
+
+from ..runtime.base import KVSpec, SeqChunk
+from ..runtime.executor import Executor
+from .block_allocator import BlockAllocator
+from .errors import InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError
+from .request import Request, RequestOutput, Status
+from .sampling import SamplingParams, make_generator, sample
+from .scheduler import Scheduler
+from .tokenizer import LazyTokenizer
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
+                 seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None):
+        self.executor = executor
+        self.kv_spec = kv_spec
+        self.vocab_size = vocab_size
+        self.tokenizer = tokenizer or LazyTokenizer(None)
+        self.seed = seed
+        self.step_timeout = step_timeout
+        self.allocator = BlockAllocator(kv_spec.num_pages, kv_spec.page_size)
+        self.scheduler = Scheduler(self.allocator, kv_spec.max_batch,
+                                   max_num_batched_tokens or max(kv_spec.max_seq_len, kv_spec.max_batch))
+        self._ids = itertools.count()
+        self._requests: dict[str, Request] = {}
+        self.dead: str | None = None  # set when the workers failed and could not be recovered
+        # counters for /metrics
+        self.stats = {"steps": 0, "tokens_generated": 0, "prompt_tokens": 0, "requests_finished": 0,
+                      "requests_failed": 0, "recoveries": 0, "last_batch_size": 0, "max_batch_size_seen": 0}
+
+    # --- admission ----------------------------------------------------------------------------------------
+    def tokenize(self, prompt: str) -> list[int]:
+        tok = self.tokenizer.get()
+        if tok is None:
+            raise NoTokenizerError("a text prompt needs a tokenizer, and this model has none: pass token ids "
+                                   "(list[int]) instead, or use a model directory that contains tokenizer files")
+        return list(tok.encode(prompt, add_special_tokens=True))
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
+        """Check a request before it is queued; returns its max total length (prompt + generated)."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty: give at least one token")
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids must be ints in [0, {self.vocab_size}); got e.g. {bad[:3]}")
+        bad_stop = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad_stop:
+            raise InvalidRequestError(f"stop_token_ids must be < vocab size {self.vocab_size}; got {bad_stop}")
+        ctx = self.kv_spec.max_seq_len
+        if n >= ctx:
+            raise PromptTooLongError(f"the prompt has {n} tokens but the context holds {ctx} (prompt + generated); "
+                                     f"shorten it to at most {ctx - 1} tokens or create the LLM with a larger "
+                                     "max_seq_len")
+        max_total = ctx if params.max_tokens is None else min(ctx, n + params.max_tokens)
+        pages = self.allocator.pages_for(max(1, max_total - 1))
+        if pages > self.kv_spec.num_pages:
+            raise PromptTooLongError(f"the request needs {pages} KV pages (prompt {n} + up to "
+                                     f"{max_total - n} generated tokens) but the cache has only "
+                                     f"{self.kv_spec.num_pages}; lower max_tokens or give the runner more pages")
+        return max_total
+
+    def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str | None = None,
+                    prompt: str | None = None) -> str:
+        if self.dead:
+            raise RequestFailedError(f"the engine is down ({self.dead}); create a new LLM / restart the server")
+        prompt_token_ids = list(prompt_token_ids)
+        max_total = self.validate(prompt_token_ids, params)
+        idx = next(self._ids)
+        rid = request_id if request_id is not None else str(idx)
+        if rid in self._requests:
+            raise InvalidRequestError(f"request id {rid!r} is already in use")
+        req = Request(request_id=rid, seq_id=idx, prompt=prompt, prompt_token_ids=prompt_token_ids, params=params,
+                      generator=make_generator(params, self.seed, idx), max_total_len=max_total)
+        if self.tokenizer.available and self.tokenizer.get() is not None:
+            req.text = ""
+        self._requests[rid] = req
+        self.scheduler.add(req)
+        return rid
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        req = self._requests.get(request_id)
+        if req is None or req.finished:
+            return None
+        was_running = req.status is Status.RUNNING
+        self.scheduler.release(req)
+        req.finish("abort")
+        self._forget(req, free_on_workers=was_running)
+        return req.snapshot()
+
+    # --- stepping -----------------------------------------------------------------------------------------
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def num_unfinished(self) -> int:
+        return len(self.scheduler.waiting) + len(self.scheduler.running)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; returns a snapshot for every request that produced a token or finished."""
+        sched = self.scheduler.schedule()
+        if not sched:
+            return []
+        chunks = []
+        for s in sched:
+            r = s.request
+            chunks.append(SeqChunk(seq_id=r.seq_id, start_pos=r.num_computed, block_table=list(r.block_table),
+                                   token_ids=r.all_token_ids[r.num_computed:r.num_computed + s.num_tokens]))
+        try:
+            logits = self.executor.collective_rpc("execute", (chunks,), timeout=self.step_timeout)[0]
+        except Exception as e:  # a worker died, hung or raised: fail what ran, keep what waits
+            return self._on_failure(e)
+        self.stats["steps"] += 1
+        self.stats["last_batch_size"] = len(chunks)
+        self.stats["max_batch_size_seen"] = max(self.stats["max_batch_size_seen"], len(chunks))
+        now = time.monotonic()
+        outputs, done = [], []
+        for i, s in enumerate(sched):
+            r = s.request
+            if not r.output_token_ids:
+                self.stats["prompt_tokens"] += s.num_tokens
+            r.num_computed += s.num_tokens
+            if r.num_computed < r.num_tokens:
+                continue  # a prompt chunk that is not the last: nothing to sample yet
+            tok = sample(logits[i], r.params, r.generator)
+            r.output_token_ids.append(tok)
+            self.stats["tokens_generated"] += 1
+            if r.first_token_time is None:
+                r.first_token_time = now
+            reason = self._stop_reason(r, tok)
+            self._detokenize(r, final=bool(reason))
+            if reason:
+                r.finish(reason)
+                done.append(r)
+            outputs.append(r.snapshot())
+        for r in done:
+            self.scheduler.release(r)
+            self.stats["requests_finished"] += 1
+        if done:
+            self._forget_many(done)
+        return outputs
+
+    def _stop_reason(self, r: Request, tok: int) -> str | None:
+        if tok in r.params.stop_token_ids:
+            return "stop"
+        if not r.params.ignore_eos and tok in self._eos_ids():
+            return "stop"
+        if r.num_tokens >= r.max_total_len:
+            return "length"
+        return None
+
+    def _eos_ids(self) -> set[int]:
+        if not hasattr(self, "_eos_cache"):
+            self._eos_cache = self.tokenizer.eos_token_ids() if self.tokenizer.available else set()
+        return self._eos_cache
+
+    def _detokenize(self, r: Request, final: bool) -> None:
+        if r.text is None:
+            return
+        # Decoding everything each time is O(n^2) but always right for multi-byte pieces; outputs are short.
+        text = self.tokenizer.get().decode(r.output_token_ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") and not final:  # an incomplete UTF-8 sequence: wait for the next token
+            return
+        r.text = text
+
+    def _forget(self, req: Request, free_on_workers: bool) -> None:
+        self._requests.pop(req.request_id, None)
+        if free_on_workers:
+            try:
+                self.executor.collective_rpc("free", ([req.seq_id],), timeout=self.step_timeout)
+            except Exception as e:  # the next execute call will surface a dead worker
+                log.warning("free(%s) failed: %s", req.seq_id, e)
+
+    def _forget_many(self, reqs: list[Request]) -> None:
+        for r in reqs:
+            self._requests.pop(r.request_id, None)
+        try:
+            self.executor.collective_rpc("free", ([r.seq_id for r in reqs],), timeout=self.step_timeout)
+        except Exception as e:
+            log.warning("free failed: %s", e)
+
+    # --- failures -----------------------------------------------------------------------------------------
+    def _on_failure(self, exc: Exception) -> list[RequestOutput]:
+        msg = f"{type(exc).__name__}: {exc}"
+        log.error("step failed: %s", msg)
+        outputs, failed_ids = [], []
+        for r in list(self.scheduler.running):
+            failed_ids.append(r.seq_id)
+            self.scheduler.release(r)
+            r.finish("error", error=f"the model workers failed while running this request ({msg}); "
+                                    "it was not completed - retry it")
+            self._requests.pop(r.request_id, None)
+            self.stats["requests_failed"] += 1
+            outputs.append(r.snapshot())
+        self.allocator.reset()
+        recovered = False
+        try:
+            recovered = self.executor.recover()
+        except Exception as e:  # recovery itself failed
+            msg += f"; recovery failed: {type(e).__name__}: {e}"
+        if recovered:
+            self.stats["recoveries"] += 1
+        else:
+            try:  # workers may be fine (a Python exception in one step): keep serving if they answer
+                self.executor.collective_rpc("health", timeout=10)
+                self.executor.collective_rpc("free", (failed_ids,), timeout=10)
+                recovered = True
+            except Exception as e:
+                msg += f"; health check failed: {e}"
+        if not recovered:
+            self.dead = msg
+            for r in list(self.scheduler.waiting):
+                self.scheduler.release(r)
+                r.finish("error", error=f"the model workers are down ({msg})")
+                self._requests.pop(r.request_id, None)
+                self.stats["requests_failed"] += 1
+                outputs.append(r.snapshot())
+        return outputs

@@ -1,0 +1,159 @@
+"""`LLM`: the offline entry point. Build the workers, then `generate` (all at once) or `stream` (as produced).
+
+    from mpk_runtime import LLM, SamplingParams
+    llm = LLM("tiny-llama", dtype="float32")
+    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=8))
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Sequence
+
+from ..models import PRESETS, ConfigError, load_config
+from ..runtime.executor import Executor, make_executor
+from .engine import LLMEngine
+from .errors import InvalidRequestError, RequestFailedError, UnknownModelError
+from .request import RequestOutput
+from .sampling import SamplingParams
+from .tokenizer import LazyTokenizer
+
+Prompt = "str | list[int]"
+
+
+def resolve_model(model: str):
+    """The model's config, or an `UnknownModelError` that lists what would work."""
+    if not isinstance(model, str) or not model:
+        raise UnknownModelError(f"model must be a preset name or a local model directory, got {model!r}")
+    if not os.path.isdir(model) and model.lower() not in PRESETS:
+        raise UnknownModelError(f"unknown model {model!r}: not a local directory and not a preset. Presets: "
+                                f"{', '.join(sorted(PRESETS))}; or pass a Hugging Face format directory "
+                                "(config.json + *.safetensors)")
+    try:
+        return load_config(model)
+    except ConfigError as e:
+        raise UnknownModelError(str(e)) from e
+
+
+def normalize_prompts(prompts: Any) -> list[str | list[int]]:
+    """One prompt (str or list[int]) or a list of them -> a list of prompts."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)):
+        if not prompts:
+            raise InvalidRequestError("no prompts given: pass a string, a list of token ids, or a list of those")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+            return [list(prompts)]
+        out = []
+        for p in prompts:
+            if isinstance(p, str):
+                out.append(p)
+            elif isinstance(p, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                out.append(list(p))
+            else:
+                raise InvalidRequestError(f"each prompt must be a str or a list of int token ids; got {p!r:.80}")
+        return out
+    raise InvalidRequestError(f"prompts must be a str, a list[int] or a list of those; got {type(prompts).__name__}")
+
+
+class LLM:
+    def __init__(self, model: str, backend: str = "reference", tp: int = 1, executor: str | Executor = "inprocess",
+                 seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int | None = None,
+                 page_size: int = 16, num_pages: int | None = None, tokenizer: Any = None,
+                 max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
+                 executor_kwargs: dict | None = None, **runner_kwargs: Any):
+        """model: preset name or local HF directory. backend: runner registry name ("reference", "pyvm",
+        "torch", "megakernel"). tp: ranks per replica. executor: "inprocess", "ray" (after `import cluster`)
+        or an Executor instance (not yet initialised). tokenizer: None = from the model directory if present,
+        a path, or a tokenizer object. Other keywords go to the runner."""
+        self.model = model
+        self.config = resolve_model(model)
+        if not isinstance(tp, int) or tp < 1:
+            raise InvalidRequestError(f"tp must be an int >= 1, got {tp!r}")
+        if isinstance(executor, str):
+            executor = make_executor(executor, tp, **(executor_kwargs or {}))
+        elif executor.world_size != tp:
+            raise InvalidRequestError(f"the executor has world_size {executor.world_size} but tp={tp}")
+        self.executor = executor
+        self.runner_kwargs = dict(model=model, seed=seed, dtype=dtype, max_batch=max_batch, max_seq_len=max_seq_len,
+                                  page_size=page_size, num_pages=num_pages, **runner_kwargs)
+        try:
+            executor.init_workers(backend, **self.runner_kwargs)
+            kv_spec = executor.collective_rpc("kv_spec")[0]
+        except BaseException:
+            executor.shutdown()
+            raise
+        src = tokenizer if tokenizer is not None else model
+        self.engine = LLMEngine(executor, kv_spec, self.config.vocab_size, LazyTokenizer(src), seed=seed,
+                                max_num_batched_tokens=max_num_batched_tokens, step_timeout=step_timeout)
+
+    @property
+    def tokenizer(self):
+        """The Hugging Face tokenizer (loaded on first use), or None when the model has none."""
+        return self.engine.tokenizer.get()
+
+    def _add_all(self, prompts, sampling_params) -> list[str]:
+        prompts = normalize_prompts(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise InvalidRequestError(f"{len(params)} sampling params for {len(prompts)} prompts: pass one, or one per prompt")
+        # Tokenize and validate everything before queueing anything: a bad prompt rejects the whole call.
+        staged = []
+        for p, sp in zip(prompts, params):
+            ids = self.engine.tokenize(p) if isinstance(p, str) else p
+            self.engine.validate(ids, sp)
+            staged.append((ids, sp, p if isinstance(p, str) else None))
+        return [self.engine.add_request(ids, sp, prompt=text) for ids, sp, text in staged]
+
+    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Outputs in prompt order. Raises `RequestFailedError` when the workers failed during the call."""
+        rids = self._add_all(prompts, sampling_params)
+        final: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm and len(rids) > 1:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(rids), desc="generate", unit="req")
+        try:
+            while len(final) < len(rids) and self.engine.has_unfinished():
+                for o in self.engine.step():
+                    if o.finished:
+                        final[o.request_id] = o
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        errors = [o for o in final.values() if o.finish_reason == "error"]
+        if errors:
+            raise RequestFailedError(f"{len(errors)} of {len(rids)} requests failed: {errors[0].error}")
+        return [final[r] for r in rids]
+
+    def stream(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
+               ) -> Iterator[RequestOutput]:
+        """Yields a snapshot each time a request gains tokens (delta_token_ids / delta_text) and when it ends.
+        Requests of one call interleave; tell them apart by request_id."""
+        rids = set(self._add_all(prompts, sampling_params))
+        left = set(rids)
+        try:
+            while left and self.engine.has_unfinished():
+                for o in self.engine.step():
+                    if o.request_id in rids:
+                        if o.finish_reason == "error":
+                            raise RequestFailedError(o.error)
+                        if o.finished:
+                            left.discard(o.request_id)
+                        yield o
+        finally:  # the caller stopped early: do not leave its requests running
+            for r in left:
+                self.engine.abort(r)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

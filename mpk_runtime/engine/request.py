@@ -1,0 +1,116 @@
+"""A request's mutable state inside the engine, and the immutable snapshots (`RequestOutput`) callers see."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"      # queued; no pages yet
+    RUNNING = "running"      # pages reserved; prefilling or decoding
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    arrival_time: float                 # time.monotonic() when accepted
+    first_token_time: float | None      # when the first generated token was sampled
+    finish_time: float | None
+    num_prompt_tokens: int
+    num_generated_tokens: int
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def per_token_latency(self) -> float | None:
+        """Mean time between generated tokens after the first (None with fewer than two tokens)."""
+        if self.finish_time is None or self.first_token_time is None or self.num_generated_tokens < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (self.num_generated_tokens - 1)
+
+    def to_dict(self) -> dict:
+        return {"time_to_first_token": self.time_to_first_token, "per_token_latency": self.per_token_latency,
+                "num_prompt_tokens": self.num_prompt_tokens, "num_generated_tokens": self.num_generated_tokens}
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """A snapshot of one request. `token_ids`/`text` are everything so far; `delta_*` is what this update added."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None
+    delta_token_ids: list[int]
+    delta_text: str | None
+    finished: bool
+    finish_reason: str | None           # "stop" | "length" | "abort" | "error"
+    error: str | None
+    metrics: RequestMetrics
+
+    def to_dict(self) -> dict:
+        return {"request_id": self.request_id, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
+                "token_ids": self.token_ids, "text": self.text, "finished": self.finished,
+                "finish_reason": self.finish_reason, "error": self.error, "metrics": self.metrics.to_dict()}
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    seq_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    max_total_len: int                  # prompt + generated never exceeds this (max_tokens and context)
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: Status = Status.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0               # tokens whose K/V are in the cache
+    block_table: list[int] = field(default_factory=list)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    text: str | None = None             # detokenized output so far (when a tokenizer exists)
+    _sent_tokens: int = 0               # how much of the output the last snapshot already reported
+    _sent_text: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        self.status, self.finish_reason, self.error = Status.FINISHED, reason, error
+        self.finish_time = time.monotonic()
+
+    def snapshot(self) -> RequestOutput:
+        """The output so far, with the part not yet reported as the delta (advances the reported mark)."""
+        delta = self.output_token_ids[self._sent_tokens:]
+        self._sent_tokens = len(self.output_token_ids)
+        delta_text = None
+        if self.text is not None:
+            delta_text = self.text[self._sent_text:]
+            self._sent_text = len(self.text)
+        return RequestOutput(
+            request_id=self.request_id, prompt=self.prompt, prompt_token_ids=list(self.prompt_token_ids),
+            token_ids=list(self.output_token_ids), text=self.text, delta_token_ids=list(delta),
+            delta_text=delta_text, finished=self.finished, finish_reason=self.finish_reason, error=self.error,
+            metrics=RequestMetrics(self.arrival_time, self.first_token_time, self.finish_time,
+                                   len(self.prompt_token_ids), len(self.output_token_ids)))

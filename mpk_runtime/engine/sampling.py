@@ -1,0 +1,84 @@
+"""Sampling parameters and host-side sampling of one token from fp32 logits.
+
+Sampling is per request with its own `torch.Generator` (seeded from `SamplingParams.seed`, or from the engine
+seed and the request id), so a request's tokens do not depend on what else shares its batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0          # 0 = greedy (argmax)
+    top_k: int = 0                    # 0 or -1 = all tokens
+    top_p: float = 1.0                # nucleus mass in (0, 1]
+    max_tokens: int | None = 16       # None = until the context (max_seq_len) is full
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    seed: int | None = None           # None = derived from the engine seed and the request id
+    ignore_eos: bool = False          # keep going past the tokenizer's EOS token
+
+    def __post_init__(self) -> None:
+        problems = []
+        t = self.temperature
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not t >= 0 or t == float("inf"):
+            problems.append(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
+            problems.append(f"top_k must be an int >= 1, or 0 / -1 for no limit, got {self.top_k!r}")
+        p = self.top_p
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0 < p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {p!r}")
+        m = self.max_tokens
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
+            problems.append(f"max_tokens must be an int >= 1 (or None for 'until the context is full'), got {m!r}")
+        if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in self.stop_token_ids):
+            problems.append(f"stop_token_ids must be a list of non-negative ints, got {self.stop_token_ids!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            problems.append(f"seed must be an int or None, got {self.seed!r}")
+        if problems:
+            raise InvalidRequestError("invalid SamplingParams: " + "; ".join(problems))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SamplingParams":
+        """From a JSON-ish dict (jobs, HTTP); unknown keys are an error that lists the allowed ones."""
+        allowed = {f for f in cls.__dataclass_fields__}
+        unknown = set(d) - allowed
+        if unknown:
+            raise InvalidRequestError(f"unknown sampling fields {sorted(unknown)}; allowed: {sorted(allowed)}")
+        return cls(**d)
+
+
+def make_generator(params: SamplingParams, engine_seed: int, request_index: int) -> torch.Generator | None:
+    if params.greedy:
+        return None
+    seed = params.seed if params.seed is not None else engine_seed * 1_000_003 + request_index
+    return torch.Generator().manual_seed(seed)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
+    """One token id from fp32 logits (vocab,), on the host."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    x = logits.float() / params.temperature
+    if params.top_k > 0 and params.top_k < x.numel():
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, idx = torch.sort(x, descending=True)
+        probs = torch.softmax(sorted_x, -1)
+        # drop a token when the mass before it already reaches top_p (the top token always stays)
+        drop = (torch.cumsum(probs, -1) - probs) >= params.top_p
+        x = x.clone()
+        x[idx[drop]] = float("-inf")
+    probs = torch.softmax(x, -1)
+    return int(torch.multinomial(probs, 1, generator=gen))

@@ -1,0 +1,41 @@
+"""Lazy tokenizer loading: a model directory with tokenizer files gets a `transformers.AutoTokenizer`."""
+from __future__ import annotations
+
+import os
+import threading
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer(model: str) -> bool:
+    return os.path.isdir(model) and any(os.path.exists(os.path.join(model, f)) for f in _TOKENIZER_FILES)
+
+
+class LazyTokenizer:
+    """Loads on first use (importing transformers costs seconds); `get()` returns None when there is none."""
+
+    def __init__(self, source):
+        self._source = source  # a path, a ready tokenizer object, or None
+        self._tok = None if isinstance(source, (str, type(None))) else source
+        self._loaded = self._tok is not None or source is None or not has_tokenizer(source)
+        self._lock = threading.Lock()
+
+    def get(self):
+        if not self._loaded:
+            with self._lock:
+                if not self._loaded:
+                    from transformers import AutoTokenizer
+                    self._tok = AutoTokenizer.from_pretrained(self._source)
+                    self._loaded = True
+        return self._tok
+
+    @property
+    def available(self) -> bool:
+        return self._tok is not None or (not self._loaded)
+
+    def eos_token_ids(self) -> set[int]:
+        tok = self.get()
+        if tok is None or tok.eos_token_id is None:
+            return set()
+        e = tok.eos_token_id
+        return set(e) if isinstance(e, (list, tuple)) else {int(e)}

@@ -1,0 +1,140 @@
+"""Build the Graph of one step for one TP rank from a ModelConfig.
+
+Op sequence per layer (the fused units the megakernel runs; TP>1 adds the all-reduces):
+    qkv_rope   RMSNorm + Q/K/V projections + (Qwen3) q/k-norm + RoPE + KV-cache append     -> q
+    attention  causal GQA attention over the paged cache, split-KV partials + merge          -> attn
+    linear     o_proj (+ residual when tp == 1; else pushes partial sums to every rank)      -> h | h_part
+    allreduce  (tp > 1) sum of the ranks' partials + residual                               -> h
+    linear     RMSNorm + gate/up projections + SiLU(gate) * up                               -> act
+    linear     down_proj (+ residual | push partials)  [+ allreduce]                         -> x
+then: linear (final RMSNorm + LM head, vocab-parallel) -> logits, argmax (distributed) -> next token.
+"""
+from __future__ import annotations
+
+from ..models.config import ModelConfig
+from ..models.weights import lm_head_name
+from .graph import DTYPE_BYTES, Graph, Op, TensorSpec
+from .shard import shard_for
+
+
+def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, tokens_per_seq: int | None = None,
+                context_len: int = 512, max_seq_len: int | None = None, tp: int = 1, rank: int = 0,
+                dtype: str | None = None, attn_splits: int = 1) -> Graph:
+    if mode not in ("decode", "prefill"):
+        raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
+    T = 1 if mode == "decode" else (tokens_per_seq or context_len)
+    if mode == "decode" and tokens_per_seq not in (None, 1):
+        raise ValueError("decode graphs have tokens_per_seq == 1")
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    max_seq_len = max_seq_len or max(context_len + T, 1)
+    if context_len + (T if mode == "prefill" else 1) > max_seq_len:
+        raise ValueError(f"context_len {context_len} (+ new tokens) exceeds max_seq_len {max_seq_len}")
+    dt = dtype or cfg.dtype
+    eb = DTYPE_BYTES[dt]
+    sh = shard_for(cfg, tp, rank)
+    H, D, I = cfg.hidden_size, cfg.head_dim, sh.n_inter
+    nq, nkv, V = sh.n_q, sh.n_kv, sh.n_vocab
+    B, M = batch, batch * T
+    tensors: dict[str, TensorSpec] = {}
+    ops: list[Op] = []
+
+    def t(name, shape, kind, dtype_=dt, **attrs) -> str:
+        tensors[name] = TensorSpec(name, tuple(int(s) for s in shape), dtype_, kind, attrs)
+        return name
+
+    def w(name, shape) -> str:
+        return t(name, shape, "weight")
+
+    def add(name, kind, inputs, outputs, attrs, nbytes, flops):
+        ops.append(Op(name, kind, list(inputs), list(outputs), attrs, int(nbytes), int(flops)))
+
+    tok = t("tokens", (M,), "io", "int64")
+    emb = w("model.embed_tokens.weight", (cfg.vocab_size, H))
+    x = t("x.embed", (M, H), "act")
+    add("embed", "embed", [tok, emb], [x], {"tokens": tok, "table": emb, "out": x},
+        M * H * eb * 2 + M * 8, 0)
+
+    # KV positions read per sequence for cost estimates: decode reads context_len + 1 keys; prefill of a chunk
+    # starting at context_len reads on average context_len + T/2.
+    kv_read = context_len + (1 if mode == "decode" else T / 2)
+    splits = attn_splits
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        ln1 = w(p + "input_layernorm.weight", (H,))
+        wq, wk, wv = w(p + "self_attn.q_proj.weight", (nq * D, H)), w(p + "self_attn.k_proj.weight", (nkv * D, H)), \
+            w(p + "self_attn.v_proj.weight", (nkv * D, H))
+        qn = w(p + "self_attn.q_norm.weight", (D,)) if cfg.qk_norm else None
+        kn = w(p + "self_attn.k_norm.weight", (D,)) if cfg.qk_norm else None
+        kc = t(f"L{i}.k_cache", (B, nkv, max_seq_len, D), "kv", layer=i)
+        vc = t(f"L{i}.v_cache", (B, nkv, max_seq_len, D), "kv", layer=i)
+        q = t(f"L{i}.q", (M, nq * D), "act")
+        n_qkv = (nq + 2 * nkv) * D
+        add(f"L{i}.qkv_rope", "qkv_rope", [x, ln1, wq, wk, wv] + [n for n in (qn, kn) if n], [q, kc, vc],
+            {"layer": i, "x": x, "norm": ln1, "wq": wq, "wk": wk, "wv": wv, "q_norm": qn, "k_norm": kn,
+             "q": q, "k_cache": kc, "v_cache": vc, "eps": cfg.rms_norm_eps, "n_q": nq, "n_kv": nkv,
+             "q_head0": sh.q_heads[0], "kv_head0": sh.kv_heads[0]},
+            n_qkv * H * eb + M * H * eb + M * n_qkv * eb, 2 * M * n_qkv * H)
+
+        attn = t(f"L{i}.attn", (M, nq * D), "act")
+        part = t(f"L{i}.attn_part", (M, nq, splits, D), "act", dtype_="float32")
+        lse = t(f"L{i}.attn_lse", (M, nq, splits), "act", dtype_="float32")
+        add(f"L{i}.attention", "attention", [q, kc, vc], [part, lse, attn],
+            {"layer": i, "q": q, "k_cache": kc, "v_cache": vc, "part": part, "lse": lse, "out": attn,
+             "n_q": nq, "n_kv": nkv, "splits": splits, "scale": D ** -0.5},
+            B * kv_read * nkv * D * eb * 2 + 2 * M * nq * D * eb, 4 * M * nq * D * kv_read)
+
+        x = _proj(t, w, add, cfg, tp, f"L{i}.o_proj", x_in=attn, residual=x, wnames=[p + "self_attn.o_proj.weight"],
+                  K=nq * D, N=H, M=M, eb=eb, prenorm=None)
+        ln2 = w(p + "post_attention_layernorm.weight", (H,))
+        wg, wu = w(p + "mlp.gate_proj.weight", (I, H)), w(p + "mlp.up_proj.weight", (I, H))
+        act = t(f"L{i}.act", (M, I), "act")
+        add(f"L{i}.gate_up", "linear", [x, ln2, wg, wu], [act],
+            {"x": x, "weights": [wg, wu], "norm": ln2, "eps": cfg.rms_norm_eps, "epilogue": "silu_mul",
+             "residual": None, "out": act, "push": False, "row_select": None},
+            2 * I * H * eb + M * H * eb + M * I * eb, 2 * M * 2 * I * H)
+        x = _proj(t, w, add, cfg, tp, f"L{i}.down", x_in=act, residual=x, wnames=[p + "mlp.down_proj.weight"],
+                  K=I, N=H, M=M, eb=eb, prenorm=None)
+
+    # Final norm + LM head on the last token of each sequence (decode: every row).
+    lnf = w("model.norm.weight", (H,))
+    head = lm_head_name(cfg)
+    if head not in tensors:  # tied: the replicated embedding table; the LM head reads this rank's vocab rows
+        w(head, (V, H))
+    logits = t("logits", (B, V), "io", "float32", vocab0=sh.vocab[0])
+    row_sel = None if T == 1 else {"offset": T - 1, "stride": T}
+    add("lm_head", "linear", [x, lnf, head], [logits],
+        {"x": x, "weights": [head], "norm": lnf, "eps": cfg.rms_norm_eps, "epilogue": "none", "residual": None,
+         "out": logits, "push": False, "row_select": row_sel,
+         "weight_row0": sh.vocab[0] if cfg.tie_word_embeddings else 0},
+        V * H * eb + B * H * eb + B * V * 4, 2 * B * V * H)
+    amax = t("argmax.part", (tp, B, 2), "sym", "float32")
+    nxt = t("next_tokens", (B,), "io", "int64")
+    add("argmax", "argmax", [logits], [amax, nxt],
+        {"logits": logits, "part": amax, "out": nxt, "vocab0": sh.vocab[0], "world": tp,
+         "feeds_next_step": mode == "decode"},
+        B * V * 4 + B * 8, B * V)
+    return Graph(cfg, mode, B, T, context_len, max_seq_len, tp, rank, tensors, ops)
+
+
+def _proj(t, w, add, cfg, tp, name, *, x_in, residual, wnames, K, N, M, eb, prenorm):
+    """A row-parallel projection back to the hidden size: fused residual at tp == 1, else push + allreduce."""
+    for wn in wnames:
+        w(wn, (N, K))
+    if tp == 1:
+        out = t(f"{name}.out", (M, N), "act")
+        add(name, "linear", [x_in, *wnames, residual], [out],
+            {"x": x_in, "weights": wnames, "norm": prenorm, "eps": cfg.rms_norm_eps, "epilogue": "none",
+             "residual": residual, "out": out, "push": False, "row_select": None},
+            N * K * eb + M * K * eb + 2 * M * N * eb, 2 * M * N * K)
+        return out
+    part = t(f"{name}.part", (tp, M, N), "sym", "float32")
+    add(name, "linear", [x_in, *wnames], [part],
+        {"x": x_in, "weights": wnames, "norm": prenorm, "eps": cfg.rms_norm_eps, "epilogue": "none",
+         "residual": None, "out": part, "push": True, "row_select": None},
+        N * K * eb + M * K * eb + tp * M * N * 4, 2 * M * N * K)
+    out = t(f"{name}.out", (M, N), "act")
+    add(f"{name}.allreduce", "allreduce", [part, residual], [out],
+        {"part": part, "residual": residual, "out": out, "world": tp},
+        tp * M * N * 4 + 2 * M * N * eb, tp * M * N)
+    return out

@@ -1,0 +1,251 @@
+"""Workers and executors: how the engine reaches the ranks that hold the model.
+
+A `Worker` owns one rank's `ModelRunner`. An `Executor` owns `world_size` workers and calls a method on all of
+them by name (`collective_rpc`), returning one result per rank in rank order. The engine is handed an executor
+and uses nothing else, so in-process threads (here) and Ray actors (`cluster.RayExecutor`) are interchangeable
+(the vLLM v1 split). This module must not import ray: `cluster` registers the "ray" executor when imported.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from .base import KVSpec, RuntimeError_, SeqChunk, make_runner
+from .comm import Communicator, SingleComm, ThreadGroup
+
+
+class WorkerError(RuntimeError_):
+    """A rank failed while running an executor call; the message names the rank and the method."""
+
+    def __init__(self, message: str, rank: int | None = None, method: str | None = None):
+        super().__init__(message)
+        self.rank, self.method = rank, method
+
+
+class WorkerTimeout(WorkerError):
+    """A rank did not answer within the call's timeout (hung, or far slower than expected)."""
+
+
+# --- communicator specs -------------------------------------------------------------------------------------
+
+def build_comm(comm_spec: Any, rank: int, world_size: int) -> Communicator:
+    """Turn what an executor ships to a worker into that rank's communicator.
+
+    None (world_size 1), a `ThreadGroup` (ranks are threads of one process), a ready `Communicator`, or a dict
+    {"kind": "torch.distributed", "init_method": "tcp://host:port", "backend": "gloo"|"nccl", "timeout_s": 60}
+    for ranks in separate processes (the address comes from a rendezvous, e.g. through Ray).
+    """
+    if comm_spec is None:
+        if world_size != 1:
+            raise ValueError(f"world_size={world_size} needs a comm_spec (ThreadGroup or torch.distributed dict)")
+        return SingleComm()
+    if isinstance(comm_spec, ThreadGroup):
+        return comm_spec.comm(rank)
+    if isinstance(comm_spec, Communicator):
+        return comm_spec
+    if isinstance(comm_spec, dict) and comm_spec.get("kind") == "torch.distributed":
+        import datetime
+
+        import torch.distributed as dist
+
+        from .comm import TorchDistComm
+        if dist.is_initialized():  # a re-init after a peer died: the old group is unusable
+            dist.destroy_process_group()
+        dist.init_process_group(backend=comm_spec.get("backend", "gloo"), init_method=comm_spec["init_method"],
+                                rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=float(comm_spec.get("timeout_s", 60))))
+        return TorchDistComm()
+    raise ValueError(f"unknown comm_spec {comm_spec!r}: pass None, a ThreadGroup, a Communicator or "
+                     "{'kind': 'torch.distributed', 'init_method': 'tcp://host:port'}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (for torch.distributed rendezvous on rank 0's host)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+# --- worker -------------------------------------------------------------------------------------------------
+
+class Worker:
+    """One rank. Every public method is callable through `Executor.collective_rpc(name, ...)`."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+        self.runner = None
+        self.backend: str | None = None
+        self._fault: tuple[str, float] | None = None
+        self._steps = 0
+        self._comm: Communicator | None = None
+
+    def init_model(self, backend: str, comm_spec: Any = None, **runner_kwargs: Any) -> dict:
+        comm = build_comm(comm_spec, self.rank, self.world_size)
+        self._comm = comm
+        self.runner = make_runner(backend, rank=self.rank, world_size=self.world_size, comm=comm, **runner_kwargs)
+        self.backend = backend
+        return {"rank": self.rank, "model": self.runner.config.name, "kv_spec": self.runner.kv_spec()}
+
+    def _need_runner(self):
+        if self.runner is None:
+            raise RuntimeError(f"rank {self.rank} has no model yet: call init_model first")
+        return self.runner
+
+    def kv_spec(self) -> KVSpec:
+        return self._need_runner().kv_spec()
+
+    def model_config(self):
+        return self._need_runner().config
+
+    def execute(self, chunks: list[SeqChunk]):
+        """Run one step. Every rank computes; only rank 0 returns the fp32 logits (n, vocab) - the others return
+        None so that a remote executor does not ship world_size identical copies."""
+        runner = self._need_runner()
+        if self._fault is not None:
+            kind, arg = self._fault
+            self._fault = None
+            if kind == "hang":
+                time.sleep(arg)
+            elif kind == "crash":
+                os._exit(1)
+            elif kind == "raise":
+                raise RuntimeError(f"injected fault on rank {self.rank}")
+        logits = runner.step(chunks)
+        self._steps += 1
+        return logits if self.rank == 0 else None
+
+    def free(self, seq_ids: list[int]) -> None:
+        runner = self._need_runner()
+        fn = getattr(runner, "free", None)
+        if fn is not None:  # paged backends need nothing: the engine owns the pages
+            for s in seq_ids:
+                fn(s)
+
+    def health(self) -> dict:
+        return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "host": socket.gethostname(),
+                "backend": self.backend, "ready": self.runner is not None, "steps": self._steps}
+
+    def check_comm(self) -> float:
+        """All-reduce of 1.0 over the ranks: returns world_size when the communicator works."""
+        import torch
+        if self._comm is None:
+            raise RuntimeError(f"rank {self.rank} has no communicator: call init_model or init_comm_only first")
+        return float(self._comm.all_reduce(torch.ones(1))[0])
+
+    def init_comm_only(self, comm_spec: Any) -> None:
+        """Set up the communicator without a model (tests of the rendezvous, before a TP backend exists)."""
+        self._comm = build_comm(comm_spec, self.rank, self.world_size)
+
+    def inject_fault(self, kind: str, arg: float = 0.0) -> None:
+        """Test hook: make the next `execute` "hang" (sleep arg s), "crash" (exit the process) or "raise"."""
+        if kind not in ("hang", "crash", "raise"):
+            raise ValueError(f"unknown fault {kind!r}; use 'hang', 'crash' or 'raise'")
+        self._fault = (kind, float(arg))
+
+    def shutdown(self) -> None:
+        if self.runner is not None:
+            self.runner.shutdown()
+            self.runner = None
+
+
+# --- executors ----------------------------------------------------------------------------------------------
+
+class Executor:
+    """Calls workers by method name. Subclasses: `InProcessExecutor` here, `cluster.RayExecutor`."""
+
+    world_size: int = 1
+
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
+                       timeout: float | None = None) -> list:
+        raise NotImplementedError
+
+    def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:
+        """Build each rank's communicator and runner (`Worker.init_model`)."""
+        raise NotImplementedError
+
+    def recover(self) -> bool:
+        """After a failed call: rebuild the workers if this executor can (True), else False (the engine then
+        stays failed). In-flight sequences are lost either way; the engine fails them."""
+        return False
+
+    def shutdown(self) -> None:
+        pass
+
+
+class InProcessExecutor(Executor):
+    """`world_size` workers as threads of this process, connected by a `ThreadGroup`.
+
+    Each rank keeps one dedicated thread (a device context or thread-local state stays with its rank); a call
+    runs on all ranks concurrently, and an exception on any rank is re-raised naming that rank.
+    """
+
+    def __init__(self, world_size: int = 1, comm_timeout: float = 60.0):
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self.group = ThreadGroup(world_size, timeout=comm_timeout) if world_size > 1 else None
+        self.workers = [Worker(r, world_size) for r in range(world_size)]
+        self._pools = [cf.ThreadPoolExecutor(1, thread_name_prefix=f"mpk-rank{r}") for r in range(world_size)]
+        self._closed = False
+
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
+                       timeout: float | None = None) -> list:
+        if self._closed:
+            raise WorkerError("executor is shut down; create a new LLM / executor")
+        kwargs = kwargs or {}
+        futs = [pool.submit(getattr(w, method), *args, **kwargs) for w, pool in zip(self.workers, self._pools)]
+        results = []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for rank, f in enumerate(futs):
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                results.append(f.result(timeout=left))
+            except cf.TimeoutError:
+                raise WorkerTimeout(f"rank {rank} did not finish {method!r} within {timeout} s", rank, method) from None
+            except Exception as e:
+                raise WorkerError(f"rank {rank} failed in {method!r}: {type(e).__name__}: {e}", rank, method) from e
+        return results
+
+    def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:
+        return self.collective_rpc("init_model", (backend, self.group), runner_kwargs)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.collective_rpc("shutdown", timeout=10)
+        except WorkerError:
+            pass
+        for p in self._pools:
+            p.shutdown(wait=False)
+        self._closed = True
+
+
+# --- registry -----------------------------------------------------------------------------------------------
+ExecutorFactory = Callable[..., Executor]
+_EXECUTORS: dict[str, ExecutorFactory] = {}
+
+
+def register_executor(name: str):
+    def deco(fn: ExecutorFactory) -> ExecutorFactory:
+        _EXECUTORS[name] = fn
+        return fn
+    return deco
+
+
+def make_executor(name: str, world_size: int, **kwargs: Any) -> Executor:
+    """By name: "inprocess" (always), "ray" (registered by `import cluster`; needs ray installed)."""
+    if name not in _EXECUTORS:
+        hint = (" The 'ray' executor lives in the cluster package: `import cluster` first (pip install ray), "
+                "or pass executor=cluster.RayExecutor(...)." if name == "ray" else "")
+        raise ValueError(f"unknown executor {name!r}; known executors: {', '.join(sorted(_EXECUTORS))}.{hint}")
+    return _EXECUTORS[name](world_size=world_size, **kwargs)
+
+
+@register_executor("inprocess")
+def _make_inprocess(world_size: int, **kwargs: Any) -> InProcessExecutor:
+    return InProcessExecutor(world_size, **kwargs)

@@ -1,0 +1,103 @@
+"""Device memory of one rank, as the task kernels see it: weights, the paged KV cache, and per-graph
+workspaces (activations, io, and symmetric buffers that peers write into).
+
+On the GPU the symmetric buffers live on the NVSHMEM heap; on the CPU (pyvm) the ranks are threads of one
+process and `peers` are simply the other ranks' RankMemory objects: a push is a store into them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..ir.graph import Graph
+from ..models.reference import rope_inv_freq
+from ..models.weights import torch_dtype
+
+_DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "int64": torch.int64,
+       "int32": torch.int32}
+
+
+class KVStore:
+    """Paged KV cache of one rank: per layer K and V pages, (num_pages, page_size, n_kv_local, head_dim)."""
+
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, n_kv: int, head_dim: int,
+                 dtype: torch.dtype, device="cpu", poison: bool = True):
+        self.num_pages, self.page_size = num_pages, page_size
+        shape = (num_pages, page_size, n_kv, head_dim)
+        fill = float("nan") if poison and dtype.is_floating_point else 0
+        self.k = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+class RankMemory:
+    """What one rank's tasks address for one Graph: `t(name)` tensors, `kv(name)` pages, `sym(name, parity)`."""
+
+    def __init__(self, graph: Graph, weights: dict[str, torch.Tensor], kv: KVStore, device="cpu"):
+        self.graph, self.rank, self.world = graph, graph.rank, graph.tp
+        self.weights, self.kvstore = weights, kv
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.syms: dict[str, torch.Tensor] = {}
+        for spec in graph.tensors.values():
+            if spec.kind == "weight":
+                if spec.name not in weights:
+                    raise KeyError(f"weight {spec.name} missing for rank {self.rank}")
+                have = tuple(weights[spec.name].shape)
+                # the tied LM head reads rows of the (replicated) embedding table: shape may be larger
+                if have != spec.shape and not spec.name.endswith("embed_tokens.weight"):
+                    raise ValueError(f"weight {spec.name} has shape {have}, graph expects {spec.shape}")
+                self.tensors[spec.name] = weights[spec.name]
+            elif spec.kind in ("act", "io"):
+                self.tensors[spec.name] = torch.zeros(spec.shape, dtype=_DT[spec.dtype], device=device)
+            elif spec.kind == "sym":
+                self.syms[spec.name] = torch.zeros((2, *spec.shape), dtype=_DT[spec.dtype], device=device)
+        self.peers: list[RankMemory] = [self]
+
+    def t(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def kv(self, name: str) -> torch.Tensor:
+        layer = self.graph.tensors[name].attrs["layer"]
+        return self.kvstore.k[layer] if name.endswith("k_cache") else self.kvstore.v[layer]
+
+    def sym(self, name: str, parity: int) -> torch.Tensor:
+        return self.syms[name][parity]
+
+    def poison(self) -> None:
+        """NaN-fill activations and symmetric buffers: a task that reads before its producer wrote shows up."""
+        for spec in self.graph.tensors.values():
+            if spec.kind == "act" and spec.dtype not in ("int64", "int32"):
+                self.tensors[spec.name].fill_(float("nan"))
+        for s in self.syms.values():
+            s.fill_(float("nan"))
+
+
+def connect(mems: list[RankMemory]) -> None:
+    """Make each rank's memory see its peers (the CPU stand-in for the symmetric heap)."""
+    for m in mems:
+        m.peers = mems
+
+
+@dataclass
+class StepCtx:
+    """Per-step inputs every task may read: positions and page tables (host-written before a launch)."""
+
+    config: object
+    step: int                      # global step number (1, 2, ...), as in the counter protocol
+    pos: torch.Tensor              # (B,) position of each sequence's first token this step; < 0 = inactive
+    block_tables: torch.Tensor     # (B, max_pages) page ids
+    page_size: int
+    tokens_per_seq: int
+    inv_freq: torch.Tensor
+
+    @property
+    def parity(self) -> int:
+        return self.step % 2
+
+
+def make_ctx(cfg, step: int, pos, block_tables, page_size: int, tokens_per_seq: int, inv_freq=None) -> StepCtx:
+    return StepCtx(cfg, step, torch.as_tensor(pos, dtype=torch.long), torch.as_tensor(block_tables, dtype=torch.long),
+                   page_size, tokens_per_seq, inv_freq if inv_freq is not None else rope_inv_freq(cfg))
+
+
+__all__ = ["KVStore", "RankMemory", "StepCtx", "connect", "make_ctx", "torch_dtype"]

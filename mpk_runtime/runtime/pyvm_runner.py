@@ -1,0 +1,170 @@
+"""ModelRunner backends on the CPU: "pyvm" (decode through the task graphs under the event protocol) and
+"torch" (decode through the conventional executor). Both prefill through the conventional executor and
+hold all ranks of a TP group in one process (ranks as threads / interleaved), sharing "symmetric" buffers.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ir.build import build_graph
+from ..ir.graph import Graph
+from ..ir.shard import shard_for, weight_slice
+from ..models.config import ModelConfig, load_config
+from ..models.reference import rope_inv_freq
+from ..models.weights import get_weights, torch_dtype
+from ..tasks.build import build_task_graphs
+from ..tasks.check import check_task_graphs
+from ..tasks.tiling import Tiling
+from .base import KVSpec, ModelRunner, SeqChunk, register_runner
+from .memory import KVStore, RankMemory, StepCtx, connect
+from .pyvm import PyVM
+from .torch_exec import ConventionalExecutor
+
+
+def shard_weights(cfg: ModelConfig, full: dict[str, torch.Tensor], tp: int, rank: int) -> dict[str, torch.Tensor]:
+    sh = shard_for(cfg, tp, rank)
+    out = {}
+    for n, t in full.items():
+        idx = weight_slice(cfg, sh, n, tuple(t.shape))
+        out[n] = t[idx].contiguous() if idx is not None else t
+    return out
+
+
+class TPGroup:
+    """All ranks of one TP group in one process: weights, KV stores, and per-shape graphs/memories/executors."""
+
+    def __init__(self, cfg: ModelConfig, rank_weights: list[dict[str, torch.Tensor]], *, num_pages: int,
+                 page_size: int, max_seq_len: int, num_sms: int = 8, tiling: Tiling | None = None,
+                 mode: str = "random", seed: int = 0, check: bool = True, attn_splits: int = 2,
+                 dtype: str | None = None):
+        self.cfg, self.tp = cfg, len(rank_weights)
+        self.dtype = dtype or cfg.dtype
+        self.rank_weights = rank_weights
+        self.page_size, self.max_seq_len, self.num_pages = page_size, max_seq_len, num_pages
+        self.tiling = tiling or Tiling(num_sms=num_sms)
+        self.mode, self.seed, self.check, self.attn_splits = mode, seed, check, attn_splits
+        n_kv = shard_for(cfg, self.tp, 0).n_kv
+        self.kv = [KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(self.dtype))
+                   for _ in range(self.tp)]
+        self.inv_freq = rope_inv_freq(cfg)
+        self._decode: dict[int, tuple[list[Graph], list[RankMemory], PyVM]] = {}
+        self._conv: dict[tuple[str, int, int], tuple[list[Graph], list[RankMemory], ConventionalExecutor]] = {}
+
+    def graphs(self, mode: str, batch: int, T: int) -> list[Graph]:
+        return [build_graph(self.cfg, mode=mode, batch=batch, tokens_per_seq=T if mode == "prefill" else None,
+                            context_len=0, max_seq_len=self.max_seq_len, tp=self.tp, rank=r, dtype=self.dtype,
+                            attn_splits=self.attn_splits if mode == "decode" else 1) for r in range(self.tp)]
+
+    def _mems(self, graphs: list[Graph]) -> list[RankMemory]:
+        mems = [RankMemory(g, self.rank_weights[r], self.kv[r]) for r, g in enumerate(graphs)]
+        connect(mems)
+        return mems
+
+    def decode_vm(self, batch: int) -> tuple[list[Graph], list[RankMemory], PyVM]:
+        if batch not in self._decode:
+            gs = self.graphs("decode", batch, 1)
+            tgs = build_task_graphs(gs, self.tiling)
+            if self.check:
+                check_task_graphs(tgs)
+            mems = self._mems(gs)
+            self._decode[batch] = (gs, mems, PyVM(tgs, mems, mode=self.mode, seed=self.seed))
+        return self._decode[batch]
+
+    def conventional(self, mode: str, batch: int, T: int):
+        key = (mode, batch, T)
+        if key not in self._conv:
+            gs = self.graphs(mode, batch, T)
+            mems = self._mems(gs)
+            self._conv[key] = (gs, mems, ConventionalExecutor(gs, mems))
+        return self._conv[key]
+
+    def ctx(self, pos, tables, T: int, step: int = 0) -> StepCtx:
+        return StepCtx(self.cfg, step, torch.as_tensor(pos, dtype=torch.long), torch.as_tensor(tables, dtype=torch.long),
+                       self.page_size, T, self.inv_freq)
+
+    def _gather_logits(self, mems: list[RankMemory]) -> torch.Tensor:
+        return torch.cat([m.t("logits") for m in mems], dim=-1).clone()
+
+    def decode(self, tokens, pos, tables, backend: str = "pyvm", nsteps: int = 1) -> torch.Tensor:
+        """One (or nsteps greedy) decode step(s) for a batch; returns logits (B, V) of the last step."""
+        B = len(tokens)
+        if backend == "pyvm":
+            gs, mems, vm = self.decode_vm(B)
+            for m in mems:
+                m.t("tokens").copy_(torch.as_tensor(tokens, dtype=torch.long))
+            pos = torch.as_tensor(pos, dtype=torch.long)
+            vm.launch(lambda r, k: self.ctx(torch.where(pos >= 0, pos + k, pos), tables, 1), nsteps)
+            return self._gather_logits(mems)
+        if nsteps != 1:
+            raise ValueError("the conventional path runs one step per call")
+        gs, mems, ex = self.conventional("decode", B, 1)
+        for m in mems:
+            m.t("tokens").copy_(torch.as_tensor(tokens, dtype=torch.long))
+        ex.run([self.ctx(pos, tables, 1) for _ in mems])
+        return self._gather_logits(mems)
+
+    def next_tokens(self, batch: int) -> torch.Tensor:
+        return self.decode_vm(batch)[1][0].t("next_tokens").clone()
+
+    def prefill(self, tokens: list[int], start_pos: int, table) -> torch.Tensor:
+        """One sequence's chunk through the conventional path; returns logits (V,) of its last token."""
+        T = len(tokens)
+        gs, mems, ex = self.conventional("prefill", 1, T)
+        for m in mems:
+            m.t("tokens").copy_(torch.as_tensor(tokens, dtype=torch.long))
+        ex.run([self.ctx([start_pos], [table], T) for _ in mems])
+        return self._gather_logits(mems)[0]
+
+
+class _CPURunner(ModelRunner):
+    backend = "pyvm"
+
+    def __init__(self, model: str = "tiny-llama", *, tp: int = 1, world_size: int | None = None, rank: int = 0,
+                 seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int = 512,
+                 page_size: int = 16, num_pages: int | None = None, num_sms: int = 8, mode: str = "ordered",
+                 comm=None, device: str = "cpu", **_: object):
+        tp = world_size or tp
+        if rank != 0 and comm is None:
+            raise ValueError(f"the {self.backend} backend holds all {tp} ranks in one process; "
+                             "create it once (rank 0) with tp=N")
+        self.config = load_config(model)
+        if dtype is None:
+            dtype = "float32"  # CPU: bf16 matmuls are slow and far from the fp32 reference
+        self.world_size, self.rank = 1, 0  # one ModelRunner serves the whole in-process group
+        full = get_weights(model, self.config, seed=seed, dtype=dtype)
+        rank_w = [shard_weights(self.config, full, tp, r) for r in range(tp)]
+        num_pages = num_pages or max_batch * (-(-max_seq_len // page_size)) + 1
+        self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
+        self.group = TPGroup(self.config, rank_w, num_pages=num_pages, page_size=page_size, max_seq_len=max_seq_len,
+                             num_sms=num_sms, mode=mode, seed=seed, dtype=dtype)
+
+    def kv_spec(self) -> KVSpec:
+        return self._spec
+
+    def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
+        out: list[torch.Tensor | None] = [None] * len(chunks)
+        width = -(-self._spec.max_seq_len // self._spec.page_size)
+        dec = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
+        for i, c in enumerate(chunks):
+            if len(c.token_ids) > 1:
+                out[i] = self.group.prefill(c.token_ids, c.start_pos, _pad(c.block_table, width))
+        if dec:
+            logits = self.group.decode([chunks[i].token_ids[0] for i in dec], [chunks[i].start_pos for i in dec],
+                                       [_pad(chunks[i].block_table, width) for i in dec], backend=self.backend)
+            for j, i in enumerate(dec):
+                out[i] = logits[j]
+        return torch.stack(out)  # type: ignore[arg-type]
+
+
+def _pad(table: list[int], width: int) -> list[int]:
+    return list(table) + [0] * (width - len(table))
+
+
+@register_runner("pyvm")
+class PyVMRunner(_CPURunner):
+    backend = "pyvm"
+
+
+@register_runner("torch")
+class TorchRunner(_CPURunner):
+    backend = "torch"

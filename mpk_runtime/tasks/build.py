@@ -1,0 +1,113 @@
+"""Graph (one per rank) -> TaskGraph (one per rank): decompose, derive tile-level events, schedule.
+
+Dependencies come from regions, never from op boundaries: a task depends on exactly the tasks (of any rank)
+whose write regions overlap its read regions. Consumers with the same producer set share one event, whose
+`triggers` is the size of that set; every producer signals every event it belongs to.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from typing import Callable
+
+from ..ir.graph import Graph
+from .graph import Event, Region, Task, TaskGraph
+from .ops import get_decomposer
+from .schedule import default_cost, list_schedule, sm_lists
+from .tiling import Tiling
+
+
+class _WriterIndex:
+    """(tensor, rank) -> writer regions, searchable by overlap along the most selective dimension."""
+
+    def __init__(self) -> None:
+        self._raw: dict[tuple[str, int], list[tuple[Region, tuple[int, int]]]] = defaultdict(list)
+        self._idx: dict[tuple[str, int], tuple[int, list[int], list, int]] = {}
+
+    def add(self, region: Region, who: tuple[int, int]) -> None:
+        self._raw[(region.tensor, region.rank)].append((region, who))
+
+    def freeze(self) -> None:
+        for key, items in self._raw.items():
+            ndim = max(len(r.ranges) for r, _ in items)
+            best = max(range(ndim), key=lambda d: len({r.ranges[d][0] for r, _ in items if len(r.ranges) > d}))
+            items.sort(key=lambda it: it[0].ranges[best][0] if len(it[0].ranges) > best else 0)
+            los = [it[0].ranges[best][0] if len(it[0].ranges) > best else 0 for it in items]
+            width = max((it[0].ranges[best][1] - it[0].ranges[best][0]) if len(it[0].ranges) > best else 1 << 60
+                        for it in items)
+            self._idx[key] = (best, los, items, width)
+
+    def writers(self, region: Region) -> list[tuple[int, int]]:
+        key = (region.tensor, region.rank)
+        if key not in self._idx:
+            return []
+        d, los, items, width = self._idx[key]
+        if len(region.ranges) > d and width < (1 << 60):
+            q0, q1 = region.ranges[d]
+            lo = bisect.bisect_left(los, q0 - width + 1)
+            hi = bisect.bisect_left(los, q1)
+            cand = items[lo:hi]
+        else:
+            cand = items
+        return [who for r, who in cand if r.overlaps(region)]
+
+
+def decompose(graph: Graph, tiling: Tiling) -> list[Task]:
+    tasks: list[Task] = []
+    for op in graph.ops:
+        for t in get_decomposer(op.kind)(op, graph, tiling, graph.rank):
+            t.id = len(tasks)
+            tasks.append(t)
+    return tasks
+
+
+def build_task_graphs(graphs: list[Graph], tiling: Tiling | None = None,
+                      cost: Callable[[Task], float] = default_cost) -> list[TaskGraph]:
+    """One TaskGraph per rank of a TP group (`graphs[r]` is rank r's Graph)."""
+    world = len(graphs)
+    for r, g in enumerate(graphs):
+        if g.rank != r or g.tp != world:
+            raise ValueError(f"graphs[{r}] is rank {g.rank} of tp={g.tp}; pass one graph per rank, in rank order")
+    tiling = tiling or Tiling()
+    ranks = [decompose(g, tiling) for g in graphs]
+
+    writers, lag_writers = _WriterIndex(), _WriterIndex()
+    for ts in ranks:
+        for t in ts:
+            for w in t.writes:
+                writers.add(w, (t.rank, t.id))
+            for w in t.lag_writes:
+                lag_writers.add(w, (t.rank, t.id))
+    writers.freeze()
+    lag_writers.freeze()
+
+    producers: dict[tuple[int, int], set[tuple[int, int]]] = {}
+    events: list[list[Event]] = [[] for _ in range(world)]
+    event_of: list[dict[tuple[frozenset, int], int]] = [dict() for _ in range(world)]
+    for ts in ranks:
+        for t in ts:
+            me = (t.rank, t.id)
+            for lag, index in ((0, writers), (1, lag_writers)):
+                ps = {who for reg in t.reads for who in index.writers(reg)} - ({me} if lag == 0 else set())
+                if not ps:
+                    continue
+                if lag == 0:
+                    producers[me] = ps
+                key = (frozenset(ps), lag)
+                eid = event_of[t.rank].get(key)
+                if eid is None:
+                    eid = len(events[t.rank])
+                    event_of[t.rank][key] = eid
+                    events[t.rank].append(Event(eid, t.rank, len(ps), sorted(ps)))
+                    for (pr, pid) in sorted(ps):
+                        ranks[pr][pid].signals.append((t.rank, eid))
+                t.waits.append((eid, lag))
+
+    makespans = list_schedule(ranks, tiling.num_sms, producers, cost)
+    out = []
+    for r, ts in enumerate(ranks):
+        out.append(TaskGraph(r, world, tiling.num_sms, ts, events[r], sm_lists(ts, tiling.num_sms),
+                             meta={"mode": graphs[r].mode, "batch": graphs[r].batch,
+                                   "tokens_per_seq": graphs[r].tokens_per_seq, "makespan_us": makespans[r],
+                                   "tiling": tiling.to_dict(), "model": graphs[r].config.name}))
+    return out

@@ -1,0 +1,98 @@
+"""attention: causal GQA attention over the paged KV cache, split-KV.
+
+attn_partial (b, g, s): the q heads of KV group g for sequence b against the s-th of `splits` equal chunks of
+its keys [0, L) (L = pos[b] + T, known only at run time); writes the chunk's normalised output and its
+log-sum-exp. attn_merge (b, g): combines the chunks (weights exp(lse_s - max)). Splitting the keys lets
+batch-1 decode of long contexts use many SMs; the merge is cheap.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..graph import Region, Task
+from . import decomposer, task_kind
+
+
+@decomposer("attention")
+def decompose(op, graph, tiling, rank):
+    a = op.attrs
+    B, T, D = graph.batch, graph.tokens_per_seq, graph.config.head_dim
+    gs = a["n_q"] // a["n_kv"]
+    S = a["splits"]
+    eb = 2
+    kv_bytes = int((graph.context_len + T) * D * eb * 2 / S)
+    base = {k: a[k] for k in ("q", "k_cache", "v_cache", "part", "lse", "out", "scale", "splits", "layer")}
+    tasks = []
+    for b in range(B):
+        m0, m1 = b * T, (b + 1) * T
+        for g in range(a["n_kv"]):
+            h0, h1 = g * gs, (g + 1) * gs
+            for s in range(S):
+                tasks.append(Task(-1, rank, "attn_partial", op.name, {**base, "b": b, "g": g, "split": s, "gs": gs},
+                                  reads=[Region(a["q"], rank, ((m0, m1), (h0 * D, h1 * D))),
+                                         Region(a["k_cache"], rank, ((b, b + 1), (g, g + 1))),
+                                         Region(a["v_cache"], rank, ((b, b + 1), (g, g + 1)))],
+                                  writes=[Region(a["part"], rank, ((m0, m1), (h0, h1), (s, s + 1))),
+                                          Region(a["lse"], rank, ((m0, m1), (h0, h1), (s, s + 1)))],
+                                  est_bytes=kv_bytes + T * gs * D * eb, est_flops=4 * T * gs * D * (graph.context_len + T) // S))
+            tasks.append(Task(-1, rank, "attn_merge", op.name, {**base, "b": b, "g": g, "gs": gs},
+                              reads=[Region(a["part"], rank, ((m0, m1), (h0, h1))),
+                                     Region(a["lse"], rank, ((m0, m1), (h0, h1)))],
+                              writes=[Region(a["out"], rank, ((m0, m1), (h0 * D, h1 * D)))],
+                              est_bytes=T * gs * D * (4 * S + eb), est_flops=3 * T * gs * D * S))
+    return tasks
+
+
+def _keys(cache: torch.Tensor, table: torch.Tensor, lo: int, hi: int, page_size: int, g: int) -> torch.Tensor:
+    """Positions [lo, hi) of KV head g of one sequence, gathered through its page table: (n, D)."""
+    pos = torch.arange(lo, hi)
+    return cache[table[pos // page_size], pos % page_size, g]
+
+
+@task_kind("attn_partial")
+def execute_partial(task, mem, ctx):
+    p = task.params
+    b, g, s, gs, S = p["b"], p["g"], p["split"], p["gs"], p["splits"]
+    T, D = ctx.tokens_per_seq, ctx.config.head_dim
+    m0 = b * T
+    part, lse = mem.t(p["part"]), mem.t(p["lse"])
+    pos0 = int(ctx.pos[b])
+    L = pos0 + T
+    lo, hi = (L * s) // S, (L * (s + 1)) // S
+    if pos0 < 0 or hi <= lo:  # inactive sequence or empty chunk: contributes nothing to the merge
+        part[m0:m0 + T, g * gs:(g + 1) * gs, s] = 0
+        lse[m0:m0 + T, g * gs:(g + 1) * gs, s] = float("-inf")
+        return
+    q = mem.t(p["q"])[m0:m0 + T, g * gs * D:(g + 1) * gs * D].reshape(T, gs, D).float()
+    table = ctx.block_tables[b]
+    k = _keys(mem.kv(p["k_cache"]), table, lo, hi, ctx.page_size, g).float()  # (n, D)
+    v = _keys(mem.kv(p["v_cache"]), table, lo, hi, ctx.page_size, g).float()
+    scores = torch.einsum("tgd,nd->tgn", q, k) * p["scale"]
+    kpos = torch.arange(lo, hi)
+    qpos = pos0 + torch.arange(T)
+    scores = scores.masked_fill(kpos[None, None, :] > qpos[:, None, None], float("-inf"))
+    mx = scores.amax(-1, keepdim=True)
+    mx_safe = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
+    e = torch.exp(scores - mx_safe)
+    den = e.sum(-1, keepdim=True)
+    o = torch.einsum("tgn,nd->tgd", e, v) / den.clamp(min=1e-30)
+    part[m0:m0 + T, g * gs:(g + 1) * gs, s] = o
+    lse[m0:m0 + T, g * gs:(g + 1) * gs, s] = (mx_safe + torch.log(den)).squeeze(-1)
+
+
+@task_kind("attn_merge")
+def execute_merge(task, mem, ctx):
+    p = task.params
+    b, g, gs = p["b"], p["g"], p["gs"]
+    T, D = ctx.tokens_per_seq, ctx.config.head_dim
+    m0 = b * T
+    out = mem.t(p["out"])
+    o = mem.t(p["part"])[m0:m0 + T, g * gs:(g + 1) * gs]   # (T, gs, S, D)
+    l = mem.t(p["lse"])[m0:m0 + T, g * gs:(g + 1) * gs]    # (T, gs, S)
+    mx = l.amax(-1, keepdim=True)
+    mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
+    wgt = torch.exp(l - mx)                                 # empty chunks weigh 0
+    res = (o * wgt[..., None]).sum(-2) / wgt.sum(-1, keepdim=True).clamp(min=1e-30)
+    out[m0:m0 + T, g * gs * D:(g + 1) * gs * D] = res.reshape(T, gs * D).to(out.dtype)

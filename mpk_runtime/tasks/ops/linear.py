@@ -1,0 +1,66 @@
+"""linear: y[:, n0:n1] = epilogue(norm?(x) @ W[n0:n1].T) (+ residual), one task per output-column tile.
+
+Fusions (each saves a dependency, which costs about as much as streaming 2 MB of weights):
+  norm       RMSNorm of the input rows recomputed in every tile (reads B x K, tiny next to the weight tile)
+  silu_mul   two weights (gate, up): y = silu(x Wg^T) * (x Wu^T) on the same columns
+  residual   y += residual[:, n0:n1]                                  (tp == 1 row-parallel projections)
+  push       y goes, in fp32, into slot `rank` of every rank's symmetric partial-sum buffer (tp > 1)
+  row_select the LM head of a prefill chunk reads only each sequence's last row
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..graph import Region, Task
+from . import decomposer, task_kind
+from .common import rms_norm, split_range
+
+
+@decomposer("linear")
+def decompose(op, graph, tiling, rank):
+    a = op.attrs
+    out = graph.tensors[a["out"]]
+    M_in, K = graph.tensors[a["x"]].shape
+    N = out.shape[-1]
+    M = out.shape[-2]
+    nw = len(a["weights"])
+    tile_n = tiling.linear_n(graph, op, N)
+    tasks = []
+    for n0, n1 in split_range(N, tile_n):
+        if a["push"]:
+            writes = [Region(a["out"], r, ((rank, rank + 1), (0, M), (n0, n1))) for r in range(graph.tp)]
+        else:
+            writes = [Region(a["out"], rank, ((0, M), (n0, n1)))]
+        reads = [Region(a["x"], rank, ((0, M_in), (0, K)))]
+        if a["residual"]:
+            reads.append(Region(a["residual"], rank, ((0, M), (n0, n1))))
+        params = {k: a[k] for k in ("x", "weights", "norm", "eps", "epilogue", "residual", "out", "push", "row_select")}
+        params.update(n0=n0, n1=n1, weight_row0=a.get("weight_row0", 0))
+        tasks.append(Task(-1, rank, "linear", op.name, params, reads=reads, writes=writes,
+                          est_bytes=nw * (n1 - n0) * K * 2 + M_in * K * 2 + M * (n1 - n0) * 2,
+                          est_flops=2 * nw * M * (n1 - n0) * K))
+    return tasks
+
+
+@task_kind("linear")
+def execute(task, mem, ctx):
+    p = task.params
+    n0, n1 = p["n0"], p["n1"]
+    r0 = p["weight_row0"]
+    x = mem.t(p["x"])
+    if p["row_select"]:
+        x = x[p["row_select"]["offset"]::p["row_select"]["stride"]]
+    if p["norm"]:
+        x = rms_norm(x, mem.t(p["norm"]), p["eps"])
+    ys = [x @ mem.t(w)[r0 + n0:r0 + n1].T for w in p["weights"]]
+    y = F.silu(ys[0]) * ys[1] if p["epilogue"] == "silu_mul" else ys[0]
+    if p["residual"]:
+        y = mem.t(p["residual"])[:, n0:n1] + y
+    if p["push"]:
+        yf = y.float()
+        for peer in mem.peers:  # stores through peer pointers (nvshmem_ptr) on the GPU
+            peer.sym(p["out"], ctx.parity)[mem.rank, :, n0:n1] = yf
+        return
+    out = mem.t(p["out"])
+    out[:, n0:n1] = y.to(out.dtype)

@@ -1,0 +1,33 @@
+"""Tile sizes: how finely each op is cut into tasks. Part of a plan; `Tiling.auto` is the default heuristic.
+
+More tiles mean more parallelism and finer overlap but more per-task fixed cost and more event traffic;
+the auto rule aims for about `waves` tiles per SM on every weight-streaming op, in multiples of 16 columns
+(a Tensor Core tile edge).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Tiling:
+    num_sms: int = 132
+    linear_cols: int = 0       # output columns per linear tile; 0 = auto
+    allreduce_cols: int = 0    # columns per reduce tile; 0 = auto
+    waves: float = 1.0         # auto: target tiles per SM for each linear op
+    min_cols: int = 16
+
+    def linear_n(self, graph, op, N: int) -> int:
+        if self.linear_cols:
+            return self.linear_cols
+        target = max(1, int(self.num_sms * self.waves))
+        n = max(self.min_cols, -(-N // target))
+        return -(-n // 16) * 16 if N >= 16 else N
+
+    def allreduce_n(self, graph, op, N: int) -> int:
+        if self.allreduce_cols:
+            return self.allreduce_cols
+        return max(self.min_cols, -(-N // max(1, self.num_sms // 2)))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
