@@ -79,8 +79,10 @@ class LLM:
         try:
             executor.init_workers(backend, **self.runner_kwargs)
             kv_spec = executor.collective_rpc("kv_spec")[0]
-        except BaseException:
+        except BaseException as e:
             executor.shutdown()
+            if isinstance(e.__cause__, ValueError):  # a bad argument (backend name, tp, sizes): the caller's to fix
+                raise InvalidRequestError(str(e)) from e
             raise
         src = tokenizer if tokenizer is not None else model
         self.engine = LLMEngine(executor, kv_spec, self.config.vocab_size, LazyTokenizer(src), seed=seed,

@@ -104,7 +104,6 @@ class Worker:
     def execute(self, chunks: list[SeqChunk]):
         """Run one step. Every rank computes; only rank 0 returns the fp32 logits (n, vocab) - the others return
         None so that a remote executor does not ship world_size identical copies."""
-        runner = self._need_runner()
         if self._fault is not None:
             kind, arg = self._fault
             self._fault = None
@@ -114,7 +113,7 @@ class Worker:
                 os._exit(1)
             elif kind == "raise":
                 raise RuntimeError(f"injected fault on rank {self.rank}")
-        logits = runner.step(chunks)
+        logits = self._need_runner().step(chunks)
         self._steps += 1
         return logits if self.rank == 0 else None
 

@@ -1,0 +1,71 @@
+"""Bad inputs raise typed errors (ValueError subclasses) that say what to do, before anything is queued."""
+import pytest
+
+from mpk_runtime.engine import (LLM, InvalidRequestError, NoTokenizerError, PromptTooLongError, SamplingParams,
+                                UnknownModelError)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with LLM("tiny-qwen3", dtype="float32", max_seq_len=32, page_size=4, num_pages=16) as m:
+        yield m
+
+
+def test_unknown_model():
+    with pytest.raises(UnknownModelError, match="tiny-qwen3"):  # the message lists the presets
+        LLM("no-such-model")
+
+
+def test_unknown_backend_lists_known():
+    with pytest.raises(ValueError, match="reference"):
+        LLM("tiny-qwen3", backend="nope", dtype="float32")
+
+
+def test_reference_backend_refuses_tp2():
+    with pytest.raises(Exception, match="tp=1"):
+        LLM("tiny-qwen3", tp=2, dtype="float32")
+
+
+def test_unknown_executor_hint():
+    with pytest.raises(ValueError, match="import cluster"):
+        LLM("tiny-qwen3", executor="ray", dtype="float32")
+
+
+def test_prompt_too_long_nothing_queued(llm):
+    with pytest.raises(PromptTooLongError, match="max_seq_len"):
+        llm.generate([[1, 2], list(range(40))], SamplingParams(max_tokens=2))
+    assert not llm.engine.has_unfinished()  # the good prompt was not queued either
+
+
+def test_request_larger_than_cache(llm):
+    # 16 pages * 4 tokens = 64 > max_seq_len here, so shrink the cache instead
+    with LLM("tiny-qwen3", dtype="float32", max_seq_len=32, page_size=4, num_pages=3) as small:
+        with pytest.raises(PromptTooLongError, match="pages"):
+            small.generate([[1, 2, 3]], SamplingParams(max_tokens=20))
+        assert small.generate([[1, 2, 3]], SamplingParams(max_tokens=5))[0].token_ids
+
+
+def test_text_without_tokenizer(llm):
+    with pytest.raises(NoTokenizerError, match="token ids"):
+        llm.generate(["hello"])
+
+
+@pytest.mark.parametrize("prompts", [[], [[]], [[1, -3]], [[1, 100000]], [[1.5]], 42, [["a", 1]]])
+def test_bad_prompts(llm, prompts):
+    with pytest.raises(InvalidRequestError):
+        llm.generate(prompts, SamplingParams(max_tokens=2))
+    assert not llm.engine.has_unfinished()
+
+
+def test_bad_params_type_and_count(llm):
+    with pytest.raises(InvalidRequestError, match="SamplingParams"):
+        llm.generate([[1]], {"temperature": 0})
+    with pytest.raises(InvalidRequestError, match="one per prompt"):
+        llm.generate([[1], [2]], [SamplingParams(), SamplingParams(), SamplingParams()])
+    with pytest.raises(InvalidRequestError, match="vocab"):
+        llm.generate([[1]], SamplingParams(stop_token_ids=[10 ** 6]))
+
+
+def test_typed_errors_are_value_errors():
+    for cls in (InvalidRequestError, PromptTooLongError, NoTokenizerError, UnknownModelError):
+        assert issubclass(cls, ValueError)

@@ -1,0 +1,56 @@
+"""Worker / InProcessExecutor / reference runner contracts, and engine recovery from a failed step."""
+import pytest
+import torch
+
+from mpk_runtime.engine import LLM, RequestFailedError, SamplingParams
+from mpk_runtime.runtime.base import SeqChunk, known_backends, make_runner
+from mpk_runtime.runtime.executor import InProcessExecutor, WorkerError, WorkerTimeout
+
+
+def test_reference_backend_registered():
+    assert "reference" in known_backends()
+
+
+def test_reference_runner_validates_block_tables():
+    r = make_runner("reference", model="tiny-qwen3", dtype="float32", max_seq_len=32, page_size=4, max_batch=2)
+    assert r.kv_spec().num_pages == 16
+    with pytest.raises(ValueError, match="block table"):
+        r.step([SeqChunk(seq_id=0, token_ids=[1, 2, 3, 4, 5], start_pos=0, block_table=[0])])
+    with pytest.raises(ValueError, match="block table"):
+        r.step([SeqChunk(seq_id=0, token_ids=[1], start_pos=0, block_table=[99])])
+    with pytest.raises(ValueError, match="no cache"):
+        r.step([SeqChunk(seq_id=5, token_ids=[1], start_pos=3, block_table=[0])])
+    out = r.step([SeqChunk(0, [1, 2, 3], 0, [0]), SeqChunk(1, [4], 0, [1])])
+    assert out.shape == (2, 640) and out.dtype == torch.float32 and r.num_cached() == 2
+    r.free(0)
+    assert r.num_cached() == 1
+
+
+def test_reference_runner_world_size_error():
+    with pytest.raises(ValueError, match="world_size=2"):
+        make_runner("reference", model="tiny-qwen3", rank=0, world_size=2)
+
+
+def test_collective_rpc_rank_order_and_errors():
+    ex = InProcessExecutor(2)
+    try:
+        ex.collective_rpc("init_comm_only", (ex.group,))
+        assert [h["rank"] for h in ex.collective_rpc("health")] == [0, 1]
+        assert ex.collective_rpc("check_comm") == [2.0, 2.0]  # ThreadGroup all-reduce across the threads
+        with pytest.raises(WorkerError, match="rank 0.*init_model"):
+            ex.collective_rpc("init_model", ("reference", None), {"model": "tiny-qwen3"})
+        ex.collective_rpc("inject_fault", ("hang", 2.0))
+        with pytest.raises(WorkerTimeout, match="rank 0"):
+            ex.collective_rpc("execute", ([],), timeout=0.3)
+    finally:
+        ex.shutdown()
+
+
+def test_engine_fails_inflight_and_recovers_after_worker_exception():
+    with LLM("tiny-qwen3", dtype="float32", max_seq_len=64) as llm:
+        good = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=5))[0].token_ids
+        llm.executor.collective_rpc("inject_fault", ("raise",))
+        with pytest.raises(RequestFailedError, match="injected fault"):
+            llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=5))
+        assert llm.engine.allocator.num_free == llm.engine.allocator.num_pages
+        assert llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=5))[0].token_ids == good
