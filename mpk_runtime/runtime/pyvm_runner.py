@@ -4,6 +4,8 @@ hold all ranks of a TP group in one process (ranks as threads / interleaved), sh
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ..ir.build import build_graph
@@ -36,8 +38,15 @@ class TPGroup:
     def __init__(self, cfg: ModelConfig, rank_weights: list[dict[str, torch.Tensor]], *, num_pages: int,
                  page_size: int, max_seq_len: int, num_sms: int = 8, tiling: Tiling | None = None,
                  mode: str = "random", seed: int = 0, check: bool = True, attn_splits: int = 2,
-                 dtype: str | None = None):
-        self.cfg, self.tp = cfg, len(rank_weights)
+                 dtype: str | None = None, comm=None, tp: int | None = None):
+        """rank_weights: one dict per rank held here. Normally all ranks (tp = len(rank_weights)); with a
+        `comm` (ranks in separate processes) just this process's rank, comm.rank, of a group of `tp`."""
+        self.cfg = cfg
+        self.comm = comm if comm is not None and comm.world_size > 1 else None
+        self.tp = tp or len(rank_weights)
+        self.local = [self.comm.rank] if self.comm else list(range(self.tp))
+        if len(rank_weights) != len(self.local):
+            raise ValueError(f"{len(rank_weights)} weight shards for local ranks {self.local}")
         self.dtype = dtype or cfg.dtype
         self.rank_weights = rank_weights
         self.page_size, self.max_seq_len, self.num_pages = page_size, max_seq_len, num_pages
@@ -45,7 +54,7 @@ class TPGroup:
         self.mode, self.seed, self.check, self.attn_splits = mode, seed, check, attn_splits
         n_kv = shard_for(cfg, self.tp, 0).n_kv
         self.kv = [KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(self.dtype))
-                   for _ in range(self.tp)]
+                   for _ in self.local]
         self.inv_freq = rope_inv_freq(cfg)
         self._decode: dict[int, tuple[list[Graph], list[RankMemory], PyVM]] = {}
         self._conv: dict[tuple[str, int, int], tuple[list[Graph], list[RankMemory], ConventionalExecutor]] = {}
@@ -53,14 +62,17 @@ class TPGroup:
     def graphs(self, mode: str, batch: int, T: int) -> list[Graph]:
         return [build_graph(self.cfg, mode=mode, batch=batch, tokens_per_seq=T if mode == "prefill" else None,
                             context_len=0, max_seq_len=self.max_seq_len, tp=self.tp, rank=r, dtype=self.dtype,
-                            attn_splits=self.attn_splits if mode == "decode" else 1) for r in range(self.tp)]
+                            attn_splits=self.attn_splits if mode == "decode" else 1) for r in self.local]
 
     def _mems(self, graphs: list[Graph]) -> list[RankMemory]:
-        mems = [RankMemory(g, self.rank_weights[r], self.kv[r]) for r, g in enumerate(graphs)]
+        mems = [RankMemory(g, self.rank_weights[i], self.kv[i]) for i, g in enumerate(graphs)]
         connect(mems)
         return mems
 
     def decode_vm(self, batch: int) -> tuple[list[Graph], list[RankMemory], PyVM]:
+        if self.comm is not None:
+            raise ValueError("pyvm needs every rank of the group in one process (ranks as threads); "
+                             "use the 'torch' backend for ranks in separate processes")
         if batch not in self._decode:
             gs = self.graphs("decode", batch, 1)
             tgs = build_task_graphs(gs, self.tiling)
@@ -75,7 +87,7 @@ class TPGroup:
         if key not in self._conv:
             gs = self.graphs(mode, batch, T)
             mems = self._mems(gs)
-            self._conv[key] = (gs, mems, ConventionalExecutor(gs, mems))
+            self._conv[key] = (gs, mems, ConventionalExecutor(gs, mems, comm=self.comm))
         return self._conv[key]
 
     def ctx(self, pos, tables, T: int, step: int = 0) -> StepCtx:
@@ -83,6 +95,8 @@ class TPGroup:
                        self.page_size, T, self.inv_freq)
 
     def _gather_logits(self, mems: list[RankMemory]) -> torch.Tensor:
+        if self.comm is not None:
+            return self.comm.all_gather(mems[0].t("logits").contiguous(), dim=-1)
         return torch.cat([m.t("logits") for m in mems], dim=-1).clone()
 
     def decode(self, tokens, pos, tables, backend: str = "pyvm", nsteps: int = 1) -> torch.Tensor:
@@ -117,31 +131,76 @@ class TPGroup:
 
 
 class _CPURunner(ModelRunner):
+    """One ModelRunner per rank, as the executor/worker split expects.
+
+    Ranks that are threads of one process (comm is a ThreadComm) share one TPGroup: rank 0 runs the whole
+    group (pyvm interleaves all ranks' SMs, as the GPUs run concurrently) and the others wait at the barrier.
+    Ranks in separate processes (torch.distributed comm) each hold their own shard ("torch" backend only).
+    """
+
     backend = "pyvm"
 
-    def __init__(self, model: str = "tiny-llama", *, tp: int = 1, world_size: int | None = None, rank: int = 0,
-                 seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int = 512,
+    def __init__(self, model: str = "tiny-llama", *, world_size: int = 1, rank: int = 0, comm=None,
+                 seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int | None = None,
                  page_size: int = 16, num_pages: int | None = None, num_sms: int = 8, mode: str = "ordered",
-                 comm=None, device: str = "cpu", **_: object):
-        tp = world_size or tp
-        if rank != 0 and comm is None:
-            raise ValueError(f"the {self.backend} backend holds all {tp} ranks in one process; "
-                             "create it once (rank 0) with tp=N")
-        self.config = load_config(model)
-        if dtype is None:
-            dtype = "float32"  # CPU: bf16 matmuls are slow and far from the fp32 reference
-        self.world_size, self.rank = 1, 0  # one ModelRunner serves the whole in-process group
-        full = get_weights(model, self.config, seed=seed, dtype=dtype)
-        rank_w = [shard_weights(self.config, full, tp, r) for r in range(tp)]
+                 device: str = "cpu", tp: int | None = None, **_: object):
+        self.config = cfg = load_config(model)
+        self.rank, self.world_size = rank, world_size
+        tp = tp or world_size
+        if world_size > 1 and tp != world_size:
+            raise ValueError(f"tp={tp} but the executor has {world_size} ranks")
+        if device != "cpu":
+            raise ValueError(f"the {self.backend} backend runs on the CPU; use backend='megakernel' for GPUs")
+        dtype = dtype or "float32"  # CPU: bf16 matmuls are slow and far from the fp32 reference
+        max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 2048)
         num_pages = num_pages or max_batch * (-(-max_seq_len // page_size)) + 1
         self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
-        self.group = TPGroup(self.config, rank_w, num_pages=num_pages, page_size=page_size, max_seq_len=max_seq_len,
-                             num_sms=num_sms, mode=mode, seed=seed, dtype=dtype)
+        self._comm = comm
+        threads = comm is not None and hasattr(comm, "group") and world_size > 1
+        dist = comm is not None and not threads and world_size > 1
+        if dist and self.backend == "pyvm":
+            raise ValueError("the pyvm backend holds all ranks in one process; with ranks in separate processes "
+                             "(Ray actors) use backend='torch'")
+
+        def load(r: int) -> dict[str, torch.Tensor]:
+            sh = shard_for(cfg, tp, r)
+            return get_weights(model, cfg, seed=seed, dtype=dtype,
+                               slicer=lambda n, shape: weight_slice(cfg, sh, n, shape))
+
+        kw = dict(num_pages=num_pages, page_size=page_size, max_seq_len=max_seq_len, num_sms=num_sms, mode=mode,
+                  seed=seed, dtype=dtype)
+        if threads:
+            shared = comm.group.shared
+            with _LOCK:
+                if "tpgroup" not in shared:
+                    shared["tpgroup"] = TPGroup(cfg, [load(r) for r in range(tp)], **kw)
+            self.group = shared["tpgroup"]
+            self._result: dict = shared.setdefault("result", {})
+        elif dist:
+            self.group = TPGroup(cfg, [load(rank)], comm=comm, tp=tp, **kw)
+        else:
+            self.group = TPGroup(cfg, [load(r) for r in range(tp)], **kw)
+        self._threads = threads
 
     def kv_spec(self) -> KVSpec:
         return self._spec
 
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
+        if not self._threads:
+            return self._step(chunks)
+        if self.rank == 0:
+            try:
+                self._result["out"] = self._step(chunks)
+            except BaseException as e:  # noqa: BLE001 - every rank reports the failure
+                self._result["out"] = e
+        self._comm.barrier()
+        out = self._result["out"]
+        self._comm.barrier()  # nobody starts the next step before all have read this one
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def _step(self, chunks: list[SeqChunk]) -> torch.Tensor:
         out: list[torch.Tensor | None] = [None] * len(chunks)
         width = -(-self._spec.max_seq_len // self._spec.page_size)
         dec = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
@@ -154,6 +213,9 @@ class _CPURunner(ModelRunner):
             for j, i in enumerate(dec):
                 out[i] = logits[j]
         return torch.stack(out)  # type: ignore[arg-type]
+
+
+_LOCK = threading.Lock()
 
 
 def _pad(table: list[int], width: int) -> list[int]:

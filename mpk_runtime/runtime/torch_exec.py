@@ -17,10 +17,26 @@ COARSE = Tiling(num_sms=1, linear_cols=1 << 30, allreduce_cols=1 << 30)
 
 
 class ConventionalExecutor:
-    def __init__(self, graphs: list[Graph], mems: list[RankMemory]):
-        self.mems = mems
+    """`graphs`/`mems`: the ranks held by this process. With a `comm` (ranks in separate processes), this
+    process holds one rank and the symmetric slots of the other ranks are filled by an all-gather right before
+    each task that reads them (allreduce, argmax_reduce), so the reductions are the same rank-ordered sums."""
+
+    def __init__(self, graphs: list[Graph], mems: list[RankMemory], comm=None):
+        self.mems, self.comm = mems, comm
         self.tasks = [decompose(g, COARSE) for g in graphs]
         self.kernels = {t.kind: get_task_kind(t.kind) for ts in self.tasks for t in ts}
+        if comm is not None and comm.world_size > 1:
+            if len(mems) != 1:
+                raise ValueError("with a communicator each process holds exactly one rank")
+            for kind, sym_param in (("allreduce", "part"), ("argmax_reduce", "part")):
+                self.kernels[kind] = self._gathering(self.kernels[kind], sym_param)
+
+    def _gathering(self, kernel, sym_param):
+        def run(task, mem, ctx):
+            buf = mem.sym(task.params[sym_param], ctx.parity)  # (W, ...)
+            buf.copy_(self.comm.all_gather(buf[mem.rank][None].contiguous(), dim=0))
+            kernel(task, mem, ctx)
+        return run
 
     def run(self, ctxs: list[StepCtx]) -> None:
         n = max(len(ts) for ts in self.tasks)
