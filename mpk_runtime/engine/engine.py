@@ -194,6 +194,16 @@ class LLMEngine:
             log.warning("free failed: %s", e)
 
     # --- failures -----------------------------------------------------------------------------------------
+    def check_health(self, timeout: float = 10.0) -> list[RequestOutput]:
+        """Ask every worker for `health`; on failure run the same path as a failed step (rebuild if possible)."""
+        if self.dead:
+            return []
+        try:
+            self.executor.collective_rpc("health", timeout=timeout)
+            return []
+        except Exception as e:
+            return self._on_failure(e)
+
     def _on_failure(self, exc: Exception) -> list[RequestOutput]:
         msg = f"{type(exc).__name__}: {exc}"
         log.error("step failed: %s", msg)

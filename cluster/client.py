@@ -1,0 +1,139 @@
+"""`Client(address)`: the `LLM` interface (`generate`, `stream`) over the HTTP server.
+
+    from cluster import Client
+    from mpk_runtime import SamplingParams
+    c = Client("http://127.0.0.1:8000")
+    outs = c.generate([[1, 2, 3], "hello"], SamplingParams(temperature=0, max_tokens=8))
+
+Errors come back typed: a 4xx raises the engine's `InvalidRequestError` family (same class names), a 503
+raises `RequestFailedError`.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import time
+from typing import Iterator, Sequence
+
+from mpk_runtime.engine import errors as E
+from mpk_runtime.engine.llm import normalize_prompts
+from mpk_runtime.engine.request import RequestMetrics, RequestOutput
+from mpk_runtime.engine.sampling import SamplingParams
+
+_ERRORS = {c.__name__: c for c in (E.InvalidRequestError, E.PromptTooLongError, E.NoTokenizerError,
+                                   E.UnknownModelError, E.RequestFailedError)}
+
+
+def _raise_for(status: int, body: dict | str):
+    err = body.get("error", {}) if isinstance(body, dict) else {}
+    msg = err.get("message") or str(body)
+    code = err.get("code") or ""
+    if code in _ERRORS:
+        raise _ERRORS[code](msg)
+    if status == 404:
+        raise E.UnknownModelError(msg)
+    if 400 <= status < 500:
+        raise E.InvalidRequestError(msg)
+    raise E.RequestFailedError(f"HTTP {status}: {msg}")
+
+
+class Client:
+    def __init__(self, address: str, timeout: float = 300.0, model: str | None = None, max_parallel: int = 16):
+        import httpx
+        self.address = address.rstrip("/")
+        if not self.address.startswith("http"):
+            self.address = "http://" + self.address
+        self._http = httpx.Client(base_url=self.address, timeout=timeout)
+        self.max_parallel = max_parallel
+        self.model = model or self._http.get("/v1/models").json()["data"][0]["id"]
+
+    def _body(self, prompt, sp: SamplingParams, stream: bool) -> dict:
+        return {"model": self.model, "prompt": prompt, "max_tokens": sp.max_tokens, "temperature": sp.temperature,
+                "top_p": sp.top_p, "top_k": sp.top_k, "seed": sp.seed, "stop_token_ids": list(sp.stop_token_ids),
+                "ignore_eos": sp.ignore_eos, "stream": stream}
+
+    def _one(self, prompt, sp: SamplingParams, rid: str) -> RequestOutput:
+        t0 = time.monotonic()
+        r = self._http.post("/v1/completions", json=self._body(prompt, sp, False))
+        body = r.json()
+        if r.status_code != 200:
+            _raise_for(r.status_code, body)
+        c = body["choices"][0]
+        m = c.get("metrics") or {}
+        ttft, tpot, n = m.get("time_to_first_token"), m.get("per_token_latency"), len(c["token_ids"])
+        first = None if ttft is None else t0 + ttft
+        finish = None if first is None else first + (tpot or 0.0) * max(0, n - 1)
+        return RequestOutput(request_id=rid, prompt=prompt if isinstance(prompt, str) else None,
+                             prompt_token_ids=c.get("prompt_token_ids") or [], token_ids=c["token_ids"],
+                             text=c["text"], delta_token_ids=c["token_ids"], delta_text=c["text"], finished=True,
+                             finish_reason=c["finish_reason"], error=None,
+                             metrics=RequestMetrics(t0, first, finish, body["usage"]["prompt_tokens"], n))
+
+    def _validated(self, prompts, sampling_params):
+        prompts = normalize_prompts(prompts)
+        sp = sampling_params if sampling_params is not None else SamplingParams()
+        params = list(sp) if isinstance(sp, (list, tuple)) else [sp] * len(prompts)
+        if len(params) != len(prompts):
+            raise E.InvalidRequestError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        return prompts, params
+
+    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Sends the prompts concurrently (so the server batches them); outputs in prompt order."""
+        prompts, params = self._validated(prompts, sampling_params)
+        with cf.ThreadPoolExecutor(min(self.max_parallel, len(prompts))) as pool:
+            futs = [pool.submit(self._one, p, s, str(i)) for i, (p, s) in enumerate(zip(prompts, params))]
+            if use_tqdm:
+                from tqdm.auto import tqdm
+                for _ in tqdm(cf.as_completed(futs), total=len(futs), desc="generate", unit="req"):
+                    pass
+            return [f.result() for f in futs]
+
+    def stream(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
+               ) -> Iterator[RequestOutput]:
+        """Yields incremental outputs (delta_token_ids / delta_text), one request after another."""
+        prompts, params = self._validated(prompts, sampling_params)
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            t0 = time.monotonic()
+            toks: list[int] = []
+            text = ""
+            first = None
+            with self._http.stream("POST", "/v1/completions", json=self._body(p, sp, True)) as r:
+                if r.status_code != 200:
+                    r.read()
+                    _raise_for(r.status_code, r.json())
+                for line in r.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    if data == "[DONE]":
+                        break
+                    ev = json.loads(data)
+                    if "error" in ev:
+                        _raise_for(503, ev)
+                    if not ev.get("choices"):
+                        continue
+                    c = ev["choices"][0]
+                    toks = toks + c.get("token_ids", [])
+                    text += c.get("text", "")
+                    first = first or time.monotonic()
+                    done = c.get("finish_reason") is not None
+                    now = time.monotonic()
+                    yield RequestOutput(str(i), p if isinstance(p, str) else None, [], list(toks), text,
+                                        c.get("token_ids", []), c.get("text", ""), done, c.get("finish_reason"),
+                                        None, RequestMetrics(t0, first, now if done else None, 0, len(toks)))
+
+    def health(self) -> dict:
+        return self._http.get("/health").json()
+
+    def metrics(self) -> str:
+        return self._http.get("/metrics").text
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

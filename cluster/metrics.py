@@ -1,0 +1,89 @@
+"""Server metrics in the Prometheus text format (no client library needed): throughput, latency quantiles,
+queue depth and replica health."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def _quantile(sorted_vals: list[float], q: float) -> float:
+    if not sorted_vals:
+        return float("nan")
+    i = min(len(sorted_vals) - 1, max(0, int(round(q * (len(sorted_vals) - 1)))))
+    return sorted_vals[i]
+
+
+class Metrics:
+    def __init__(self, window_s: float = 10.0, keep: int = 2000):
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._tok_events: deque[tuple[float, int]] = deque()
+        self.tokens_total = 0
+        self.requests = {"finished": 0, "failed": 0, "aborted": 0, "rejected": 0}
+        self.series = {"request_latency_seconds": deque(maxlen=keep), "time_to_first_token_seconds": deque(maxlen=keep),
+                       "time_per_output_token_seconds": deque(maxlen=keep)}
+
+    def on_tokens(self, n: int) -> None:
+        if n <= 0:
+            return
+        now = time.monotonic()
+        with self._lock:
+            self.tokens_total += n
+            self._tok_events.append((now, n))
+            while self._tok_events and self._tok_events[0][0] < now - self.window_s:
+                self._tok_events.popleft()
+
+    def on_finish(self, out) -> None:
+        with self._lock:
+            if out.finish_reason == "error":
+                self.requests["failed"] += 1
+                return
+            if out.finish_reason == "abort":
+                self.requests["aborted"] += 1
+                return
+            self.requests["finished"] += 1
+            m = out.metrics
+            if m.finish_time is not None:
+                self.series["request_latency_seconds"].append(m.finish_time - m.arrival_time)
+            if m.time_to_first_token is not None:
+                self.series["time_to_first_token_seconds"].append(m.time_to_first_token)
+            if m.per_token_latency is not None:
+                self.series["time_per_output_token_seconds"].append(m.per_token_latency)
+
+    def on_reject(self) -> None:
+        with self._lock:
+            self.requests["rejected"] += 1
+
+    def tokens_per_second(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            return sum(n for t, n in self._tok_events if t >= now - self.window_s) / self.window_s
+
+    def render(self, replica_stats: dict[str, dict]) -> str:
+        lines = ["# HELP mpk_tokens_per_second Generated tokens per second over the last window",
+                 "# TYPE mpk_tokens_per_second gauge", f"mpk_tokens_per_second {self.tokens_per_second():.6g}",
+                 "# HELP mpk_generated_tokens_total Tokens generated since start",
+                 "# TYPE mpk_generated_tokens_total counter", f"mpk_generated_tokens_total {self.tokens_total}",
+                 "# TYPE mpk_requests_total counter"]
+        with self._lock:
+            lines += [f'mpk_requests_total{{status="{k}"}} {v}' for k, v in self.requests.items()]
+            for name, vals in self.series.items():
+                sv = sorted(vals)
+                lines += [f"# HELP mpk_{name} Over the last {vals.maxlen} finished requests",
+                          f"# TYPE mpk_{name} summary"]
+                lines += [f'mpk_{name}{{quantile="{q}"}} {_quantile(sv, q):.6g}' for q in QUANTILES]
+                lines += [f"mpk_{name}_sum {sum(sv):.6g}", f"mpk_{name}_count {len(sv)}"]
+        per_replica = [("queue_depth", "waiting", "gauge", "Requests queued (waiting for pages or a batch slot)"),
+                       ("running_requests", "running", "gauge", "Requests in the decode batch"),
+                       ("engine_steps_total", "steps", "counter", "Engine steps run"),
+                       ("replica_recoveries_total", "recoveries", "counter", "Times the replica's workers were rebuilt"),
+                       ("max_batch_size_seen", "max_batch_size_seen", "gauge", "Largest batch in one step")]
+        for metric, key, kind, help_ in per_replica:
+            lines += [f"# HELP mpk_{metric} {help_}", f"# TYPE mpk_{metric} {kind}"]
+            lines += [f'mpk_{metric}{{replica="{r}"}} {s.get(key, 0)}' for r, s in replica_stats.items()]
+        lines += ["# HELP mpk_replica_up 1 when the replica serves", "# TYPE mpk_replica_up gauge"]
+        lines += [f'mpk_replica_up{{replica="{r}"}} {0 if s.get("dead") else 1}' for r, s in replica_stats.items()]
+        return "\n".join(lines) + "\n"

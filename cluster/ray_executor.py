@@ -1,0 +1,217 @@
+"""`RayExecutor`: one Ray actor per rank, packed into one placement group per model replica.
+
+Each actor is a `RayWorker` (an `mpk_runtime` `Worker` plus rendezvous and device helpers). The controller
+(this object) plans once, picks the rendezvous address from rank 0, and ships the same backend, runner kwargs
+and plan to every rank; workers load their weights themselves from the model path (never through the object
+store). Calls are `ray.get` with timeouts, so a dead rank errors at once and a hung rank within the timeout;
+`recover()` kills the actors, starts new ones in the same placement group and repeats the rendezvous.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from mpk_runtime.runtime.executor import Executor, Worker, WorkerError, WorkerTimeout, free_port
+
+from .plan import make_plan
+from .ray_utils import local_device_index, nvshmem_init_from_bytes, nvshmem_unique_id_bytes, require_ray
+
+log = logging.getLogger(__name__)
+
+
+class RayWorker(Worker):
+    """Runs inside a Ray actor process."""
+
+    def node_info(self) -> dict:
+        ray = require_ray()
+        ctx = ray.get_runtime_context()
+        return {"rank": self.rank, "node_id": ctx.get_node_id(), "pid": os.getpid(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def device(self) -> str:
+        """"cuda:<i>" for the GPU Ray assigned (whether or not Ray narrowed CUDA_VISIBLE_DEVICES), else "cpu"."""
+        ray = require_ray()
+        import torch
+        gpu_ids = ray.get_gpu_ids()
+        if not gpu_ids or not torch.cuda.is_available():
+            return "cpu"  # logical GPUs on a CPU machine (tests), or a CPU-only worker
+        return f"cuda:{local_device_index(gpu_ids, os.environ.get('CUDA_VISIBLE_DEVICES'))}"
+
+    def rendezvous_address(self) -> str:
+        ray = require_ray()
+        ip = ray.util.get_node_ip_address()
+        return f"tcp://{ip}:{free_port('0.0.0.0')}"
+
+    def init_model(self, backend: str, comm_spec: Any = None, **runner_kwargs: Any) -> dict:
+        if runner_kwargs.get("device") in (None, "auto"):
+            runner_kwargs["device"] = self.device()
+        if isinstance(comm_spec, dict) and comm_spec.get("backend") == "auto":
+            comm_spec = dict(comm_spec, backend="nccl" if runner_kwargs["device"].startswith("cuda") else "gloo")
+        if runner_kwargs["device"].startswith("cuda"):
+            import torch
+            torch.cuda.set_device(runner_kwargs["device"])
+        return super().init_model(backend, comm_spec, **runner_kwargs)
+
+    def init_comm_only(self, comm_spec: Any) -> None:
+        if isinstance(comm_spec, dict) and comm_spec.get("backend") == "auto":
+            comm_spec = dict(comm_spec, backend="nccl" if self.device().startswith("cuda") else "gloo")
+        super().init_comm_only(comm_spec)
+
+    def nvshmem_unique_id(self) -> bytes:
+        return nvshmem_unique_id_bytes()
+
+    def nvshmem_init(self, uid: bytes, rank: int, nranks: int) -> bool:
+        dev = self.device()
+        if not dev.startswith("cuda"):
+            raise RuntimeError("NVSHMEM needs a CUDA GPU; this worker has none")
+        nvshmem_init_from_bytes(uid, rank, nranks, int(dev.split(":")[1]))
+        return True
+
+
+class RayExecutor(Executor):
+    def __init__(self, world_size: int = 1, num_gpus_per_worker: float | None = None,
+                 num_cpus_per_worker: float | None = None, target_node_id: str | None = None,
+                 rpc_timeout: float = 60.0, init_timeout: float = 300.0, placement_timeout: float = 60.0,
+                 name: str | None = None, runtime_env: dict | None = None):
+        """num_gpus_per_worker: None = 1 when the cluster has GPU resources (logical ones count), else 0.
+        target_node_id: prefer this node for the placement group (the router spreads replicas this way).
+        rpc_timeout: default seconds for a call without its own timeout (hangs are errors, not waits)."""
+        ray = require_ray()
+        if not ray.is_initialized():
+            raise RuntimeError("Ray is not initialised: call cluster.ensure_ray() (or ray.init(...)) first")
+        self.ray = ray
+        self.world_size = world_size
+        if num_gpus_per_worker is None:
+            num_gpus_per_worker = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+        self.num_gpus = num_gpus_per_worker
+        self.num_cpus = num_cpus_per_worker if num_cpus_per_worker is not None else (0 if self.num_gpus else 1)
+        self.rpc_timeout, self.init_timeout = rpc_timeout, init_timeout
+        self.name = name or f"replica-{id(self):x}"
+        self.runtime_env = runtime_env
+        self.actors: list = []
+        self._init_args: tuple[str, dict] | None = None
+        self._pg = self._make_placement_group(target_node_id, placement_timeout)
+        self._start_actors()
+
+    # --- placement ----------------------------------------------------------------------------------------
+    def _make_placement_group(self, target_node_id, timeout):
+        from ray.util.placement_group import placement_group
+        bundle = {}
+        if self.num_gpus:
+            bundle["GPU"] = self.num_gpus
+        if self.num_cpus:
+            bundle["CPU"] = self.num_cpus
+        if not bundle:
+            bundle = {"CPU": 0.01}
+        pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="STRICT_PACK",
+                             name=f"mpk-{self.name}", _soft_target_node_id=target_node_id)
+        try:
+            self.ray.get(pg.ready(), timeout=timeout)
+        except Exception as e:
+            from ray.util.placement_group import remove_placement_group
+            remove_placement_group(pg)
+            raise RuntimeError(
+                f"placement group for {self.name} ({self.world_size} x {bundle}, STRICT_PACK on one node) was not "
+                f"ready within {timeout} s. Cluster resources: {self.ray.cluster_resources()}, available: "
+                f"{self.ray.available_resources()}. A TP group must fit on one node: add a node with "
+                f"{self.world_size} GPUs, lower tp, or run fewer replicas") from e
+        return pg
+
+    def _start_actors(self) -> None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        cls = self.ray.remote(RayWorker)
+        opts: dict = {"num_gpus": self.num_gpus, "num_cpus": self.num_cpus, "max_restarts": 0,
+                      "max_concurrency": 2}  # 2: health() still answers while execute() runs
+        if self.runtime_env:
+            opts["runtime_env"] = self.runtime_env
+        self.actors = [cls.options(**opts, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=self._pg, placement_group_bundle_index=r)).remote(r, self.world_size)
+            for r in range(self.world_size)]
+
+    # --- calls --------------------------------------------------------------------------------------------
+    def _gather(self, refs: list, method: str, timeout: float | None) -> list:
+        """Results in rank order; the first failing rank raises at once (a dead peer is not waited for)."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+        timeout = self.rpc_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        rank_of = {r.hex() if hasattr(r, "hex") else id(r): i for i, r in enumerate(refs)}
+        results: list = [None] * len(refs)
+        pending = list(refs)
+        while pending:
+            left = deadline - time.monotonic()
+            ready, pending = self.ray.wait(pending, num_returns=1, timeout=max(0.0, left))
+            if not ready:
+                slow = [rank_of[p.hex()] for p in pending]
+                raise WorkerTimeout(f"{self.name}: ranks {slow} did not finish {method!r} within {timeout} s "
+                                    "(hung or far too slow); the replica will be rebuilt", slow[0], method)
+            ref = ready[0]
+            rank = rank_of[ref.hex()]
+            try:
+                results[rank] = self.ray.get(ref, timeout=max(0.0, deadline - time.monotonic()) + 1)
+            except RayActorError as e:
+                raise WorkerError(f"{self.name}: rank {rank} died during {method!r} ({type(e).__name__}); "
+                                  "the replica will be rebuilt", rank, method) from e
+            except GetTimeoutError:
+                raise WorkerTimeout(f"{self.name}: rank {rank} timed out in {method!r}", rank, method) from None
+            except Exception as e:
+                raise WorkerError(f"{self.name}: rank {rank} failed in {method!r}: {e}", rank, method) from e
+        return results
+
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
+                       timeout: float | None = None) -> list:
+        if not self.actors:
+            raise WorkerError(f"{self.name} is shut down")
+        kwargs = kwargs or {}
+        refs = [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
+        return self._gather(refs, method, timeout)
+
+    def comm_spec(self) -> dict | None:
+        """torch.distributed rendezvous: rank 0 picks a free port on its node; the address travels by actor call."""
+        if self.world_size == 1:
+            return None
+        addr = self._gather([self.actors[0].rendezvous_address.remote()], "rendezvous_address", 30)[0]
+        return {"kind": "torch.distributed", "init_method": addr, "backend": "auto", "timeout_s": self.init_timeout}
+
+    def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:
+        self._init_args = (backend, dict(runner_kwargs))
+        kw = dict(runner_kwargs)
+        plan = make_plan(None, self.world_size, backend, kw)  # planned once here, shipped to every rank
+        if plan is not None:
+            kw["plan"] = plan
+        return self.collective_rpc("init_model", (backend, self.comm_spec()), kw, timeout=self.init_timeout)
+
+    def recover(self) -> bool:
+        """Kill every actor of the replica, start fresh ones in the same placement group, rendezvous again."""
+        if self._init_args is None:
+            return False
+        log.warning("%s: rebuilding %d workers", self.name, self.world_size)
+        self._kill_actors()
+        self.ray.get(self._pg.ready(), timeout=self.init_timeout)  # a lost node's bundles are rescheduled
+        self._start_actors()
+        backend, kw = self._init_args
+        self.init_workers(backend, **kw)
+        return True
+
+    def node_ids(self) -> list[str]:
+        return [i["node_id"] for i in self.collective_rpc("node_info", timeout=30)]
+
+    def _kill_actors(self) -> None:
+        for a in self.actors:
+            try:
+                self.ray.kill(a, no_restart=True)
+            except Exception:  # already dead
+                pass
+        self.actors = []
+
+    def shutdown(self) -> None:
+        self._kill_actors()
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+            try:
+                remove_placement_group(self._pg)
+            except Exception:
+                pass
+            self._pg = None

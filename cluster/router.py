@@ -1,0 +1,106 @@
+"""Model replicas (an `LLM` engine driven by an `EngineLoop`) behind a least-loaded router.
+
+`build_router(model, tp=2, num_replicas=2)` makes one Ray placement group per replica (STRICT_PACK: a TP group
+shares a node) and spreads replicas over the nodes that can hold them. With executor="inprocess" it builds
+replicas in this process instead (no Ray) - the HTTP server works the same way on top of either.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from mpk_runtime.engine import LLM, RequestFailedError, SamplingParams
+from mpk_runtime.engine.async_engine import EngineLoop, OutputCallback
+
+
+@dataclass
+class Replica:
+    name: str
+    llm: LLM
+    loop: EngineLoop
+
+    def shutdown(self) -> None:
+        self.loop.shutdown()
+        self.llm.shutdown()
+
+
+class Router:
+    def __init__(self, replicas: list[Replica], model_name: str):
+        if not replicas:
+            raise ValueError("a router needs at least one replica")
+        self.replicas = replicas
+        self.model_name = model_name
+        self._rr = itertools.count()
+        self._lock = threading.Lock()
+
+    @property
+    def engine(self):
+        """Any replica's engine: they share config, kv spec and tokenizer (used for validation/tokenizing)."""
+        return self.replicas[0].llm.engine
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer.get()
+
+    def pick(self) -> Replica:
+        live = [r for r in self.replicas if not r.llm.engine.dead]
+        if not live:
+            raise RequestFailedError("every replica is down: " + "; ".join(
+                f"{r.name}: {r.llm.engine.dead}" for r in self.replicas))
+        with self._lock:
+            start = next(self._rr)  # rotate among equally loaded replicas
+            order = live[start % len(live):] + live[:start % len(live)]
+            return min(order, key=lambda r: r.loop.load)
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, on_output: OutputCallback,
+               prompt: str | None = None) -> tuple[Replica, str]:
+        rep = self.pick()
+        return rep, rep.loop.submit(prompt_token_ids, params, on_output, prompt=prompt)
+
+    def stats(self) -> dict[str, dict]:
+        return {r.name: r.loop.stats() for r in self.replicas}
+
+    def shutdown(self) -> None:
+        for r in self.replicas:
+            r.shutdown()
+
+
+def _spread_nodes(ray, tp: int, gpus: bool, n: int) -> list[str | None]:
+    """A target node per replica, round-robin over alive nodes big enough for a TP group."""
+    res = "GPU" if gpus else "CPU"
+    nodes = [nd["NodeID"] for nd in ray.nodes() if nd.get("Alive") and nd["Resources"].get(res, 0) >= tp]
+    if not nodes:
+        return [None] * n
+    return [nodes[i % len(nodes)] for i in range(n)]
+
+
+def build_router(model: str, backend: str = "reference", tp: int = 1, num_replicas: int = 1,
+                 executor: str = "ray", step_timeout: float | None = 30.0, health_interval: float | None = 5.0,
+                 ray_executor_kwargs: dict | None = None, **llm_kwargs: Any) -> Router:
+    """Build `num_replicas` replicas of `model` (executor "ray" or "inprocess") and a router over them."""
+    replicas = []
+    try:
+        if executor == "ray":
+            from .ray_executor import RayExecutor
+            from .ray_utils import ensure_ray
+            ray = ensure_ray()
+            rk = dict(ray_executor_kwargs or {})
+            gpus = rk.get("num_gpus_per_worker")
+            gpus = ray.cluster_resources().get("GPU", 0) >= 1 if gpus is None else bool(gpus)
+            targets = _spread_nodes(ray, tp, gpus, num_replicas)
+            rk.setdefault("rpc_timeout", step_timeout or 60.0)
+        for i in range(num_replicas):
+            name = f"replica-{i}"
+            if executor == "ray":
+                ex = RayExecutor(tp, target_node_id=targets[i], name=name, **rk)
+            else:
+                ex = executor
+            llm = LLM(model, backend=backend, tp=tp, executor=ex, step_timeout=step_timeout, **llm_kwargs)
+            replicas.append(Replica(name, llm, EngineLoop(llm.engine, name=name, health_interval=health_interval)))
+    except BaseException:
+        for r in replicas:
+            r.shutdown()
+        raise
+    return Router(replicas, model_name=model)

@@ -1,0 +1,323 @@
+"""OpenAI-compatible HTTP server over a `Router` of replicas.
+
+    python -m cluster.server --model tiny-qwen3 --dtype float32 --replicas 2 --executor ray --port 8000
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (both with SSE `stream`), GET /v1/models, /health,
+/metrics (Prometheus text). Each replica's engine runs its continuous batching in one background loop, so
+concurrent HTTP requests share decode steps. Bad inputs answer 4xx with an OpenAI-style error body; a request
+the runtime failed on (worker died/hung) answers 503, or an `error` event when it was already streaming.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import threading
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from mpk_runtime.engine import (InvalidRequestError, NoTokenizerError, RequestFailedError, RequestOutput,
+                                SamplingParams)
+
+from .metrics import Metrics
+from .protocol import ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
+from .router import Router
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+def _err_body(message: str, code: str, etype: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": etype, "code": code, "param": None}}
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def create_app(router: Router, served_model_name: str | None = None):
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+    name = served_model_name or os.path.basename(os.path.normpath(router.model_name))
+    metrics = Metrics()
+    app = FastAPI(title="mpk-runtime", version="0.1.0")
+    app.state.router, app.state.metrics = router, metrics
+
+    # --- errors -> 4xx / 503 with a message ------------------------------------------------------------------
+    @app.exception_handler(HTTPError)
+    async def _http_error(_req, e: HTTPError):
+        if e.status < 500:
+            metrics.on_reject()
+        etype = "invalid_request_error" if e.status < 500 else "server_error"
+        return JSONResponse(_err_body(e.message, e.code, etype), status_code=e.status)
+
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid(_req, e: InvalidRequestError):
+        metrics.on_reject()
+        return JSONResponse(_err_body(str(e), type(e).__name__), status_code=400)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req, e: RequestValidationError):
+        metrics.on_reject()
+        parts = []
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+            parts.append(f"{loc or 'body'}: {err.get('msg')}")
+        return JSONResponse(_err_body("invalid request: " + "; ".join(parts[:5]), "InvalidRequestError"),
+                            status_code=400)
+
+    @app.exception_handler(RequestFailedError)
+    async def _failed(_req, e: RequestFailedError):
+        return JSONResponse(_err_body(str(e), "RequestFailedError", "server_error"), status_code=503)
+
+    # --- request -> (token ids, params) -------------------------------------------------------------------
+    def _params(r: CommonRequest) -> SamplingParams:
+        if r.n != 1:
+            raise HTTPError(400, f"n={r.n} is not supported; send n=1 (one completion per prompt)")
+        if r.stop:
+            raise HTTPError(400, "stop strings are not supported; use stop_token_ids (list of token ids)")
+        if r.logprobs not in (None, False, 0):
+            raise HTTPError(400, "logprobs are not supported; leave the field out")
+        if r.presence_penalty or r.frequency_penalty:
+            raise HTTPError(400, "presence/frequency penalties are not supported; leave them at 0")
+        if r.model is not None and r.model not in (name, router.model_name):
+            raise HTTPError(404, f"model {r.model!r} is not served here; this server serves {name!r}",
+                            "model_not_found")
+        max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
+        return SamplingParams(temperature=1.0 if r.temperature is None else r.temperature,
+                              top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0, max_tokens=max_tokens,
+                              stop_token_ids=tuple(r.stop_token_ids or ()), seed=r.seed, ignore_eos=r.ignore_eos)
+
+    def _tokenize(text: str) -> list[int]:
+        return router.engine.tokenize(text)
+
+    def _completion_prompts(r: CompletionRequest) -> list[tuple[list[int], str | None]]:
+        p = r.prompt
+        if r.echo:
+            raise HTTPError(400, "echo is not supported; leave it false")
+        if isinstance(p, str):
+            return [(_tokenize(p), p)]
+        if not p:
+            raise HTTPError(400, "prompt is empty: give a string, a list of token ids, or a list of those")
+        if all(isinstance(x, int) for x in p):
+            return [(list(p), None)]
+        return [(_tokenize(x), x) if isinstance(x, str) else (list(x), None) for x in p]
+
+    def _chat_prompt(r: ChatRequest) -> tuple[list[int], str]:
+        tok = router.tokenizer
+        if tok is None:
+            raise NoTokenizerError("chat needs a tokenizer with a chat template and this model has none; use "
+                                   "/v1/completions with token ids, or serve a model directory with a tokenizer")
+        if not getattr(tok, "chat_template", None):
+            raise NoTokenizerError("this model's tokenizer has no chat template; use /v1/completions")
+        if not r.messages:
+            raise HTTPError(400, "messages is empty")
+        msgs = []
+        for m in r.messages:
+            content = m.content
+            if isinstance(content, list):  # OpenAI content parts: keep the text ones
+                content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
+            msgs.append({"role": m.role, "content": content or ""})
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        return list(tok.encode(text, add_special_tokens=False)), text
+
+    # --- engine bridge ------------------------------------------------------------------------------------
+    def _submit_all(prompts, params) -> tuple[asyncio.Queue, list[tuple[Any, str]]]:
+        """Validate every prompt, then queue them all; outputs arrive on one asyncio queue as (index, output)."""
+        for ids, _ in prompts:
+            router.engine.validate(ids, params)
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        handles = []
+        for i, (ids, text) in enumerate(prompts):
+            def cb(out: RequestOutput, i=i):
+                metrics.on_tokens(len(out.delta_token_ids))
+                if out.finished:
+                    metrics.on_finish(out)
+                loop.call_soon_threadsafe(q.put_nowait, (i, out))
+            handles.append(router.submit(ids, params, cb, prompt=text))
+        return q, handles
+
+    def _abort(handles) -> None:
+        for rep, rid in handles:
+            rep.loop.abort(rid)
+
+    async def _collect(q: asyncio.Queue, n: int, handles) -> list[RequestOutput]:
+        final: dict[int, RequestOutput] = {}
+        try:
+            while len(final) < n:
+                i, out = await q.get()
+                if out.finished:
+                    final[i] = out
+        except asyncio.CancelledError:  # client went away
+            _abort(handles)
+            raise
+        errors = [o for o in final.values() if o.finish_reason == "error"]
+        if errors:
+            raise RequestFailedError(errors[0].error)
+        return [final[i] for i in range(n)]
+
+    def _usage(outs: list[RequestOutput]) -> dict:
+        p = sum(len(o.prompt_token_ids) for o in outs)
+        c = sum(len(o.token_ids) for o in outs)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def _finish(o: RequestOutput) -> str | None:
+        return None if not o.finished else ("stop" if o.finish_reason == "stop" else "length")
+
+    async def _stream(q, n, handles, make_chunk, include_usage: bool, first_chunks=()) -> AsyncIterator[str]:
+        done, outs = set(), {}
+        try:
+            for c in first_chunks:
+                yield _sse(c)
+            while len(done) < n:
+                i, out = await q.get()
+                if out.finish_reason == "error":
+                    _abort(handles)
+                    yield _sse(_err_body(out.error or "request failed", "RequestFailedError", "server_error"))
+                    return
+                yield _sse(make_chunk(i, out))
+                if out.finished:
+                    done.add(i)
+                    outs[i] = out
+            if include_usage:
+                yield _sse(make_chunk(None, None, usage=_usage(list(outs.values()))))
+            yield "data: [DONE]\n\n"
+        finally:
+            if len(done) < n:  # disconnected (or failed) mid-stream: stop generating for it
+                _abort(handles)
+
+    # --- endpoints ----------------------------------------------------------------------------------------
+    @app.post("/v1/completions")
+    async def completions(r: CompletionRequest):
+        params = _params(r)
+        prompts = _completion_prompts(r)
+        q, handles = _submit_all(prompts, params)
+        cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        if r.stream:
+            def chunk(i, out, usage=None):
+                if out is None:
+                    return {"id": cid, "object": "text_completion", "created": created, "model": name,
+                            "choices": [], "usage": usage}
+                return {"id": cid, "object": "text_completion", "created": created, "model": name,
+                        "choices": [{"index": i, "text": out.delta_text or "", "logprobs": None,
+                                     "finish_reason": _finish(out), "token_ids": out.delta_token_ids}]}
+            inc = bool((r.stream_options or {}).get("include_usage"))
+            return StreamingResponse(_stream(q, len(prompts), handles, chunk, inc), media_type="text/event-stream")
+        outs = await _collect(q, len(prompts), handles)
+        return {"id": cid, "object": "text_completion", "created": created, "model": name,
+                "choices": [{"index": i, "text": o.text or "", "logprobs": None, "finish_reason": _finish(o),
+                             "token_ids": o.token_ids, "prompt_token_ids": o.prompt_token_ids,
+                             "metrics": o.metrics.to_dict()} for i, o in enumerate(outs)],
+                "usage": _usage(outs)}
+
+    @app.post("/v1/chat/completions")
+    async def chat(r: ChatRequest):
+        params = _params(r)
+        ids, text = _chat_prompt(r)
+        q, handles = _submit_all([(ids, text)], params)
+        cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        if r.stream:
+            def chunk(i, out, usage=None):
+                base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name}
+                if out is None:
+                    return {**base, "choices": [], "usage": usage}
+                return {**base, "choices": [{"index": 0, "delta": {"content": out.delta_text or ""},
+                                             "logprobs": None, "finish_reason": _finish(out),
+                                             "token_ids": out.delta_token_ids}]}
+            first = [{"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                      "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                   "finish_reason": None}]}]
+            inc = bool((r.stream_options or {}).get("include_usage"))
+            return StreamingResponse(_stream(q, 1, handles, chunk, inc, first), media_type="text/event-stream")
+        (o,) = await _collect(q, 1, handles)
+        return {"id": cid, "object": "chat.completion", "created": created, "model": name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": o.text or ""},
+                             "logprobs": None, "finish_reason": _finish(o), "token_ids": o.token_ids}],
+                "usage": _usage([o])}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "mpk-runtime",
+                                            "max_model_len": router.engine.kv_spec.max_seq_len}]}
+
+    @app.get("/health")
+    async def health():
+        stats = router.stats()
+        up = {k: not v["dead"] for k, v in stats.items()}
+        body = {"status": "ok" if any(up.values()) else "down", "replicas": up}
+        return JSONResponse(body, status_code=200 if any(up.values()) else 503)
+
+    @app.get("/metrics")
+    async def prom():
+        return PlainTextResponse(metrics.render(router.stats()), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+class ServerThread:
+    """uvicorn in a background thread (tests, notebooks). `url` is ready when the constructor returns."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0):
+        import socket
+
+        import uvicorn
+        if port == 0:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        self.url = f"http://{host}:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"the HTTP server did not start on {self.url}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="OpenAI-compatible server for mpk-runtime")
+    ap.add_argument("--model", required=True, help="preset name or local Hugging Face model directory")
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--backend", default="reference")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--executor", default="inprocess", choices=["inprocess", "ray"])
+    ap.add_argument("--ray-address", default=None, help="connect to this Ray cluster (default: RAY_ADDRESS or a local one)")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--max-seq-len", type=int, default=None)
+    ap.add_argument("--step-timeout", type=float, default=30.0)
+    ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    ap.add_argument("--port", type=int, default=8000)
+    a = ap.parse_args(argv)
+    if a.executor == "ray":
+        from .ray_utils import ensure_ray
+        ensure_ray(a.ray_address)
+    from .router import build_router
+    router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
+                          step_timeout=a.step_timeout, dtype=a.dtype, seed=a.seed, max_batch=a.max_batch,
+                          max_seq_len=a.max_seq_len)
+    import uvicorn
+    try:
+        uvicorn.run(create_app(router, a.served_model_name), host=a.host, port=a.port, log_level="info")
+    finally:
+        router.shutdown()
+
+
+if __name__ == "__main__":
+    main()

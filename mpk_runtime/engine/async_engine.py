@@ -1,0 +1,117 @@
+"""`EngineLoop`: one background thread drives an `LLMEngine` so that callers on other threads (HTTP handlers,
+a router) share its continuous batches. Callers submit requests and get each output through a callback.
+
+The engine is not thread-safe; only the loop thread touches it. Submissions and aborts travel by a queue and
+are applied between steps. When idle the loop checks the workers' health every `health_interval` seconds, so a
+dead worker is noticed (and the executor rebuilt) before the next request arrives.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Callable
+
+from .engine import LLMEngine
+from .errors import RequestFailedError
+from .request import RequestOutput
+from .sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+OutputCallback = Callable[[RequestOutput], None]
+
+
+class EngineLoop:
+    def __init__(self, engine: LLMEngine, name: str = "engine", health_interval: float | None = 5.0):
+        self.engine = engine
+        self.name = name
+        self.health_interval = health_interval
+        self._cmds: queue.Queue = queue.Queue()
+        self._callbacks: dict[str, OutputCallback] = {}
+        self._outstanding = 0           # submitted and not finished (read by the router without a lock)
+        self._lock = threading.Lock()
+        self._ids = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"mpk-{name}", daemon=True)
+        self._thread.start()
+
+    # --- caller side (any thread) ---------------------------------------------------------------------------
+    @property
+    def load(self) -> int:
+        return self._outstanding
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, on_output: OutputCallback,
+               prompt: str | None = None, request_id: str | None = None) -> str:
+        """Validate now (typed errors raise in the caller), queue, and return the request id."""
+        if self.engine.dead:
+            raise RequestFailedError(f"replica {self.name} is down: {self.engine.dead}")
+        self.engine.validate(prompt_token_ids, params)
+        with self._lock:
+            self._ids += 1
+            rid = request_id or f"{self.name}-{self._ids}"
+            self._outstanding += 1
+        self._cmds.put(("add", rid, list(prompt_token_ids), params, prompt, on_output))
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        self._cmds.put(("abort", request_id))
+
+    def stats(self) -> dict:
+        s = dict(self.engine.stats)
+        s.update(waiting=len(self.engine.scheduler.waiting), running=len(self.engine.scheduler.running),
+                 outstanding=self._outstanding, dead=self.engine.dead)
+        return s
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._cmds.put(("wake",))
+        self._thread.join(timeout)
+
+    # --- loop thread --------------------------------------------------------------------------------------
+    def _deliver(self, out: RequestOutput) -> None:
+        cb = self._callbacks.get(out.request_id)
+        if out.finished:
+            self._callbacks.pop(out.request_id, None)
+            with self._lock:
+                self._outstanding -= 1
+        if cb is not None:
+            try:
+                cb(out)
+            except Exception:  # a consumer's bug must not stop the loop
+                log.exception("output callback failed for %s", out.request_id)
+
+    def _apply(self, cmd) -> None:
+        if cmd[0] == "add":
+            _, rid, ids, params, prompt, cb = cmd
+            self._callbacks[rid] = cb
+            try:
+                self.engine.add_request(ids, params, request_id=rid, prompt=prompt)
+            except Exception as e:  # e.g. the engine died after submit validated: finish it with the error
+                from .request import RequestMetrics
+                self._deliver(RequestOutput(rid, prompt, ids, [], None, [], None, True, "error", str(e),
+                                            RequestMetrics(time.monotonic(), None, time.monotonic(), len(ids), 0)))
+        elif cmd[0] == "abort":
+            out = self.engine.abort(cmd[1])
+            if out is not None:
+                self._deliver(out)
+
+    def _run(self) -> None:
+        last_health = time.monotonic()
+        while not self._stop.is_set():
+            busy = self.engine.has_unfinished()
+            try:
+                cmd = self._cmds.get_nowait() if busy else self._cmds.get(timeout=0.5)
+                self._apply(cmd)
+                while True:  # drain everything that arrived: they join this step
+                    self._apply(self._cmds.get_nowait())
+            except queue.Empty:
+                pass
+            if self.engine.has_unfinished():
+                for out in self.engine.step():
+                    self._deliver(out)
+                last_health = time.monotonic()
+            elif self.health_interval and time.monotonic() - last_health > self.health_interval:
+                last_health = time.monotonic()
+                for out in self.engine.check_health():
+                    self._deliver(out)
