@@ -1,0 +1,122 @@
+// Shared device helpers: memory-model primitives, bf16 rounding, vector loads, reductions.
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include "mpk_generated.h"
+
+namespace mpk {
+
+typedef __nv_bfloat16 bf16;
+
+// Per-task context: the parameter block, the task's record, the global step and the step inside the launch.
+struct Ctx {
+  const int64_t* P;
+  const int64_t* rec;
+  int64_t step;
+  int64_t lstep;
+  int parity;
+  unsigned char* smem;
+};
+
+template <typename T>
+__device__ __forceinline__ T* ptr(int64_t v) { return reinterpret_cast<T*>(static_cast<uintptr_t>(v)); }
+__device__ __forceinline__ float f32(int64_t v) { return __int_as_float(static_cast<int>(v & 0xffffffff)); }
+
+__device__ __forceinline__ uint64_t ld_acquire_u64(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_add_u64(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ int64_t ld_volatile_s64(const int64_t* p) {
+  int64_t v;
+  asm volatile("ld.volatile.global.s64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Weights are immutable for the kernel's lifetime: read-only path, no L1 allocation (streamed once).
+__device__ __forceinline__ uint4 ld_weight16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+// Activations / KV / counters-protected data written earlier in this launch by other SMs: L2 (coherent) loads.
+__device__ __forceinline__ uint4 ld_act16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ float ld_act_bf16(const bf16* p) {
+  unsigned short u = __ldcg(reinterpret_cast<const unsigned short*>(p));
+  return __uint_as_float(static_cast<uint32_t>(u) << 16);
+}
+__device__ __forceinline__ float ld_act_f32(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ int64_t ld_act_s64(const int64_t* p) { return __ldcg(reinterpret_cast<const long long*>(p)); }
+
+__device__ __forceinline__ float bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }  // round to bf16
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float w_bf16(const bf16* p) { return __bfloat162float(*p); }  // weight scalar
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// dot of 8 bf16 weights (one 16-byte vector) with 8 bf16 activations
+__device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc) {
+  acc = fmaf(bf16_lo(w.x), bf16_lo(x.x), acc); acc = fmaf(bf16_hi(w.x), bf16_hi(x.x), acc);
+  acc = fmaf(bf16_lo(w.y), bf16_lo(x.y), acc); acc = fmaf(bf16_hi(w.y), bf16_hi(x.y), acc);
+  acc = fmaf(bf16_lo(w.z), bf16_lo(x.z), acc); acc = fmaf(bf16_hi(w.z), bf16_hi(x.z), acc);
+  acc = fmaf(bf16_lo(w.w), bf16_lo(x.w), acc); acc = fmaf(bf16_hi(w.w), bf16_hi(x.w), acc);
+  return acc;
+}
+
+// Row position of sequence b at this step (decode: T == 1); < 0 = inactive sequence.
+__device__ __forceinline__ int64_t seq_pos(const Ctx& c, int b) {
+  int64_t p = ld_act_s64(ptr<const int64_t>(c.P[P_POS]) + b);
+  return p >= 0 ? p + c.lstep : p;
+}
+
+// Load rows [0, M) of x (bf16, row r at x + (row_off + r*row_stride)*K), optionally RMSNorm'd with weight nw,
+// into shared memory as bf16 (K multiple of 8). Numerics of tasks/ops/common.py rms_norm:
+// xn = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))).
+__device__ inline void load_rows_norm(bf16* xs, const bf16* x, int M, int K, int64_t row_off, int64_t row_stride,
+                                      const bf16* nw, float eps) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
+  for (int m = warp; m < M; m += nwarps) {
+    const bf16* xr = x + (row_off + m * row_stride) * (int64_t)K;
+    bf16* dst = xs + (int64_t)m * K;
+    float ss = 0.f;
+    for (int k = lane * 8; k < K; k += 256) {
+      uint4 v = ld_act16(xr + k);
+      *reinterpret_cast<uint4*>(dst + k) = v;
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float a = bf16_lo(u[j]), b = bf16_hi(u[j]);
+        ss = fmaf(a, a, ss); ss = fmaf(b, b, ss);
+      }
+    }
+    if (nw == nullptr) continue;
+    ss = warp_sum(ss);
+    const float r = rsqrtf(ss / (float)K + eps);
+    __syncwarp();
+    for (int k = lane; k < K; k += 32) {
+      float v = __bfloat162float(dst[k]);
+      dst[k] = __float2bfloat16_rn(w_bf16(nw + k) * bf(v * r));
+    }
+  }
+}
+
+}  // namespace mpk

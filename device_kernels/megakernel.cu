@@ -1,0 +1,92 @@
+// The persistent decode megakernel: one CTA per SM walks its static task list for steps
+// [first_step, first_step + nsteps). Protocol (mpk_runtime/tasks/graph.py): before a task of step s,
+// counter[e] >= triggers * (s - lag) for each wait (ld.acquire.gpu, bounded spin on %globaltimer; on timeout
+// the first SM records {sm, task, event, counter, needed} in the status block and every SM exits); after it,
+// __syncthreads + __threadfence + red.release.gpu.add on every signalled counter (local or a peer's).
+#include "common.cuh"
+#include "ops/embed.cuh"
+#include "ops/linear.cuh"
+#include "ops/qkv_rope.cuh"
+#include "ops/attention.cuh"
+#include "ops/allreduce.cuh"
+#include "ops/argmax.cuh"
+
+using namespace mpk;
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    MPK_KERNEL_NAME(const int64_t* __restrict__ P, int64_t first_step, int nsteps) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int s_abort;
+  const int sm = blockIdx.x;
+  const int32_t* offs = ptr<const int32_t>(P[P_SM_OFFSETS]);
+  const int32_t* list = ptr<const int32_t>(P[P_SM_TASKS]);
+  const int64_t* tasks = ptr<const int64_t>(P[P_TASKS]);
+  const int64_t* waits = ptr<const int64_t>(P[P_WAITS]);
+  const int64_t* signals = ptr<const int64_t>(P[P_SIGNALS]);
+  const uint64_t* counters = ptr<const uint64_t>(P[P_COUNTERS]);
+  int64_t* status = ptr<int64_t>(P[P_STATUS]);
+  uint64_t* trace = ptr<uint64_t>(P[P_TRACE]);
+  const int64_t trace_steps = P[P_TRACE_STEPS], num_tasks = P[P_NUM_TASKS];
+  const uint64_t timeout_ns = (uint64_t)P[P_TIMEOUT_NS];
+  const int beg = offs[sm], end = offs[sm + 1];
+  for (int ls = 0; ls < nsteps; ++ls) {
+    const int64_t step = first_step + ls;
+    for (int i = beg; i < end; ++i) {
+      const int tid = list[i];
+      const int64_t* rec = tasks + (int64_t)tid * TASK_WORDS;
+      if (threadIdx.x == 0) {
+        int abort = 0;
+        for (int64_t w = rec[T_WAIT_BEGIN]; w < rec[T_WAIT_END] && !abort; ++w) {
+          const int64_t* wr = waits + w * WAIT_WORDS;
+          const uint64_t* ctr = counters + wr[W_EVENT];
+          const int64_t need = wr[W_TRIGGERS] * (step - wr[W_LAG]);
+          uint64_t v = ld_acquire_u64(ctr);
+          if ((int64_t)v >= need) continue;
+          const uint64_t t0 = globaltimer();
+          for (uint32_t it = 1;; ++it) {
+            v = ld_acquire_u64(ctr);
+            if ((int64_t)v >= need) break;
+            if ((it & 255) == 0) {
+              if (ld_volatile_s64(status + S_FLAG) != STATUS_OK) { abort = 1; break; }
+              const uint64_t el = globaltimer() - t0;
+              if (el > timeout_ns) {
+                if (atomicCAS(reinterpret_cast<unsigned long long*>(status + S_FLAG), 0ull,
+                              (unsigned long long)STATUS_TIMEOUT) == 0ull) {
+                  status[S_SM] = sm; status[S_TASK] = tid; status[S_EVENT] = wr[W_EVENT];
+                  status[S_COUNTER] = (int64_t)v; status[S_NEEDED] = need; status[S_STEP] = step;
+                  status[S_ELAPSED_NS] = (int64_t)el;
+                  __threadfence();
+                }
+                abort = 1;
+                break;
+              }
+            }
+          }
+        }
+        s_abort = abort;
+        if (trace != nullptr && ls < trace_steps) trace[((int64_t)ls * num_tasks + tid) * 2] = globaltimer();
+      }
+      __syncthreads();
+      if (s_abort) return;
+      const Ctx c{P, rec, step, ls, (int)(step & 1), smem};
+      switch ((int)rec[T_OPCODE]) {
+        case OP_EMBED: op_embed(c); break;
+        case OP_QKV_ROPE: op_qkv_rope(c); break;
+        case OP_ATTN_PARTIAL: op_attn_partial(c); break;
+        case OP_ATTN_MERGE: op_attn_merge(c); break;
+        case OP_LINEAR: op_linear(c); break;
+        case OP_ALLREDUCE: op_allreduce(c); break;
+        case OP_ARGMAX_PARTIAL: op_argmax_partial(c); break;
+        case OP_ARGMAX_REDUCE: op_argmax_reduce(c); break;
+        default: break;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence();
+        for (int64_t s = rec[T_SIG_BEGIN]; s < rec[T_SIG_END]; ++s)
+          red_release_add_u64(ptr<uint64_t>(signals[s]), 1ull);
+        if (trace != nullptr && ls < trace_steps) trace[((int64_t)ls * num_tasks + tid) * 2 + 1] = globaltimer();
+      }
+    }
+  }
+}

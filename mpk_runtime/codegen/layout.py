@@ -1,0 +1,76 @@
+"""The host/device contract of the megakernel, defined once here and emitted into `mpk_generated.h`.
+
+Everything the kernel and the packer must agree on lives in this module: opcodes (from `tasks.ops.OPCODES`),
+the task record (a fixed row of int64 words: a header, then per-opcode argument slots), the kernel parameter
+block, the status block written on a timeout, and compile-time specialisation constants. Pointers travel as
+int64 device addresses; floats as their fp32 bit pattern in the low 32 bits of a word.
+"""
+from __future__ import annotations
+
+from ..tasks.ops import OPCODES
+
+# --- task record: TASK_WORDS int64 per task ------------------------------------------------------------------
+TASK_HEADER = ["opcode", "task_id", "wait_begin", "wait_end", "sig_begin", "sig_end"]
+ARG_BASE = 8                      # header words reserved (room to grow)
+TASK_WORDS = 32                   # header + up to 24 argument words
+
+# Argument slots per opcode (index = ARG_BASE + position). Shapes in comments; ptr = device address.
+OP_ARGS: dict[str, list[str]] = {
+    # out (M, H) = table[max(tokens, 0)]
+    "embed": ["tokens", "table", "out", "m", "h"],
+    # one head: x (M, K) -> norm -> W rows [head*D, head*D+D) -> [q/k norm] -> rope -> q or paged cache
+    "qkv_rope": ["x", "norm", "w", "head_norm", "q", "ldq", "cache", "which", "head", "m", "k", "d", "eps",
+                 "n_kv"],
+    # part (M, nq, S, D) fp32, lse (M, nq, S) fp32 for q heads [g*gs, g*gs+gs) of sequence b, split s
+    "attn_partial": ["q", "k_cache", "v_cache", "part", "lse", "b", "g", "split", "splits", "gs", "d", "nq", "n_kv",
+                     "scale"],
+    "attn_merge": ["part", "lse", "out", "b", "g", "gs", "d", "nq", "splits"],
+    # y[:, n0:n1] = epilogue(norm?(x) @ W[r0+n0 : r0+n1].T) (+ residual); out_kind: OUT_BF16 | OUT_F32 | OUT_PUSH
+    "linear": ["x", "w0", "w1", "norm", "residual", "out", "m_in", "k", "n0", "n1", "n", "m", "eps", "epilogue",
+               "out_kind", "row_off", "row_stride", "peers", "npeers", "par_stride", "slot"],
+    # out[:, n0:n1] = residual + sum_r part[parity][r]
+    "allreduce": ["part", "par_stride", "residual", "out", "world", "m", "n", "n0", "n1"],
+    "argmax_partial": ["logits", "b", "v", "vocab0", "peers", "npeers", "par_stride", "slot"],
+    "argmax_reduce": ["part", "par_stride", "out", "tokens", "world", "b"],
+}
+EPILOGUES = ["none", "silu_mul"]
+OUT_KINDS = ["bf16", "f32", "push"]
+WHICH = ["q", "k", "v"]
+
+# --- waits: WAIT_WORDS int64 per wait; signals: one int64 counter address each ---------------------------------
+WAIT_FIELDS = ["event", "triggers", "lag"]
+
+# --- kernel parameter block (int64 words, device resident) -----------------------------------------------------
+PARAMS = ["tasks", "sm_offsets", "sm_tasks", "waits", "signals", "counters", "status", "trace", "trace_steps",
+          "pos", "block_tables", "max_pages", "page_size", "inv_freq", "timeout_ns", "num_tasks", "batch",
+          "num_sms"]
+
+# --- status block written by the first SM whose wait times out (int64 words) ------------------------------------
+STATUS = ["flag", "sm", "task", "event", "counter", "needed", "step", "elapsed_ns"]
+STATUS_OK, STATUS_TIMEOUT = 0, 1
+
+# --- specialisation constants (part of the cache key) ----------------------------------------------------------
+CONSTANTS = {
+    "THREADS": 256,        # threads per CTA (8 warps); one CTA per SM (512 spills at 128 regs)
+    "ROW_TILE": 8,         # rows (sequences) per pass of a linear tile; batch > 8 loops over row groups
+    "UNROLL": 8,           # 16-byte weight loads in flight per lane per column (batch <= 2)
+    "MAX_GS": 8,           # q heads per KV group handled by one attention task
+    "MAX_HEAD_DIM": 128,
+}
+
+KERNEL_NAME = "mpk_megakernel"
+
+
+def arg_index(op: str, name: str) -> int:
+    return ARG_BASE + OP_ARGS[op].index(name)
+
+
+def check_layout() -> None:
+    assert len(TASK_HEADER) <= ARG_BASE
+    for op, args in OP_ARGS.items():
+        assert op in OPCODES, op
+        assert ARG_BASE + len(args) <= TASK_WORDS, (op, len(args))
+    assert set(OP_ARGS) == set(OPCODES), set(OPCODES) ^ set(OP_ARGS)
+
+
+check_layout()

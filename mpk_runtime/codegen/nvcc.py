@@ -1,0 +1,152 @@
+"""nvcc driver with a content-addressed cache (FlashInfer jit/ style).
+
+Key = sha256 over: every file under device_kernels/ (path + bytes), the generated header, the arch, the
+specialisation constants, the flags and `nvcc --version`. Outputs live in `$MPK_CACHE_DIR` (default
+~/.cache/mpk_runtime/) under `<key>/`; an fcntl lock per key makes concurrent builds safe, and outputs are
+written to a temp name and renamed into place, so a reader never sees a half-written cubin.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .header import HEADER_NAME, generate_header
+from .layout import CONSTANTS
+
+DEVICE_DIR = Path(__file__).resolve().parents[2] / "device_kernels"
+ARCH = "sm_90a"
+GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
+BASE_FLAGS = ["-O3", "-lineinfo", "-std=c++17", "-Xptxas", "-v", "--Werror", "all-warnings",
+              "-Xptxas", "-warn-spills", "-Xcompiler", "-Wall"]
+MAIN_SOURCE = "megakernel.cu"
+
+
+class CompileError(RuntimeError):
+    """nvcc failed or warned; the message holds its full output."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MPK_CACHE_DIR") or Path.home() / ".cache" / "mpk_runtime")
+
+
+def find_nvcc() -> str | None:
+    p = shutil.which("nvcc")
+    if p:
+        return p
+    for c in ("/usr/local/cuda/bin/nvcc",):
+        if os.path.exists(c):
+            return c
+    return None
+
+
+_NVCC_VERSION: dict[str, str] = {}
+
+
+def nvcc_version(nvcc: str) -> str:
+    if nvcc not in _NVCC_VERSION:
+        _NVCC_VERSION[nvcc] = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    return _NVCC_VERSION[nvcc]
+
+
+def device_sources(root: Path = DEVICE_DIR) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.suffix in (".cu", ".cuh", ".h") and p.is_file())
+
+
+@dataclass
+class BuildResult:
+    cubin: Path
+    log: str                     # nvcc / ptxas output (registers, smem, spills)
+    key: str
+    cached: bool
+    seconds: float = 0.0
+    resources: dict = field(default_factory=dict)
+
+
+def cache_key(header: str, constants: dict, flags: list[str], nvcc_ver: str, root: Path = DEVICE_DIR,
+              source: str = MAIN_SOURCE) -> str:
+    h = hashlib.sha256()
+    for p in device_sources(root):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(header.encode())
+    h.update(json.dumps({"arch": ARCH, "gencode": GENCODE, "constants": constants, "flags": flags,
+                         "source": source}, sort_keys=True).encode())
+    h.update(nvcc_ver.encode())
+    return h.hexdigest()[:32]
+
+
+def parse_ptxas(log: str) -> dict:
+    """Registers / shared memory / spills of each kernel from `-Xptxas -v`."""
+    import re
+    res, cur = {}, None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            cur = m.group(1)
+            res[cur] = {}
+        if cur is None:
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            res[cur]["registers"] = int(m.group(1))
+        m = re.search(r"(\d+) bytes smem", line)
+        if m:
+            res[cur]["smem"] = int(m.group(1))
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            res[cur].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+    return res
+
+
+def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags: list[str] | None = None,
+          root: Path = DEVICE_DIR, nvcc: str | None = None, force: bool = False) -> BuildResult:
+    """Compile `root/source` to an sm_90a cubin (cached). Raises CompileError on any error or warning."""
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        raise CompileError("nvcc not found: put the CUDA toolkit's bin/ on PATH (nvcc 13.0 builds sm_90a)")
+    consts = {**CONSTANTS, **(constants or {})}
+    header = generate_header(consts)
+    flags = BASE_FLAGS + list(extra_flags or [])
+    key = cache_key(header, consts, flags, nvcc_version(nvcc), root, source)
+    out_dir = cache_dir() / key
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    cubin = out_dir / (Path(source).stem + ".cubin")
+    logf = out_dir / "build.log"
+    lock_path = cache_dir() / f"{key}.lock"
+    t0 = time.time()
+    with open(lock_path, "w") as lf:
+        fcntl.flock(lf, fcntl.LOCK_EX)   # concurrent builders of one key wait here, then find the cubin
+        try:
+            if cubin.exists() and not force:
+                log = logf.read_text() if logf.exists() else ""
+                return BuildResult(cubin, log, key, True, time.time() - t0, parse_ptxas(log))
+            out_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
+                (Path(tmp) / HEADER_NAME).write_text(header)
+                tmp_cubin = Path(tmp) / cubin.name
+                cmd = [nvcc, GENCODE, "-cubin", *flags, "-I", tmp, "-I", str(root), "-o", str(tmp_cubin),
+                       str(root / source)]
+                p = subprocess.run(cmd, capture_output=True, text=True)
+                log = " ".join(cmd) + "\n" + p.stdout + p.stderr
+                if p.returncode != 0 or not tmp_cubin.exists():
+                    raise CompileError(f"nvcc failed (exit {p.returncode}) for {source}:\n{log}")
+                if _has_warning(p.stdout + p.stderr):
+                    raise CompileError(f"nvcc warned for {source} (warnings are errors):\n{log}")
+                (Path(tmp) / "build.log").write_text(log)
+                (Path(tmp) / HEADER_NAME).replace(out_dir / HEADER_NAME)
+                (Path(tmp) / "build.log").replace(logf)
+                os.replace(tmp_cubin, cubin)   # last: its presence means the entry is complete
+            return BuildResult(cubin, log, key, False, time.time() - t0, parse_ptxas(log))
+        finally:
+            fcntl.flock(lf, fcntl.LOCK_UN)
+
+
+def _has_warning(text: str) -> bool:
+    return any("warning" in line.lower() for line in text.splitlines())

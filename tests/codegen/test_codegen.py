@@ -1,0 +1,126 @@
+"""Codegen: the generated header matches the Python layout; the nvcc cache hits, misses and locks; the real
+kernel sources compile for sm_90a where nvcc exists."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import re
+from pathlib import Path
+
+import pytest
+
+from mpk_runtime.codegen import header, layout, nvcc
+from mpk_runtime.tasks.ops import OPCODES, TASK_KINDS
+
+
+def _consts(text: str) -> dict[str, int]:
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"constexpr int (\w+) = (-?\d+);", text)}
+
+
+def test_header_matches_layout():
+    c = _consts(header.generate_header())
+    for i, op in enumerate(OPCODES):
+        assert c[f"OP_{op.upper()}"] == i
+    assert c["NUM_OPCODES"] == len(OPCODES)
+    assert c["TASK_WORDS"] == layout.TASK_WORDS and c["ARG_BASE"] == layout.ARG_BASE
+    for op, args in layout.OP_ARGS.items():
+        for a in args:
+            assert c[f"A_{op.upper()}_{a.upper()}"] == layout.arg_index(op, a)
+    for i, p in enumerate(layout.PARAMS):
+        assert c[f"P_{p.upper()}"] == i
+    for i, s in enumerate(layout.STATUS):
+        assert c[f"S_{s.upper()}"] == i
+    for k, v in layout.CONSTANTS.items():
+        assert c[k] == v
+
+
+def test_every_task_kind_has_an_opcode_and_device_file():
+    assert set(TASK_KINDS) == set(OPCODES) == set(layout.OP_ARGS)
+    ops_dir = nvcc.DEVICE_DIR / "ops"
+    cpu_ops = {p.stem for p in (Path(__file__).resolve().parents[2] / "mpk_runtime/tasks/ops").glob("*.py")} - {
+        "__init__", "common"}
+    assert {p.stem for p in ops_dir.glob("*.cuh")} == cpu_ops
+
+
+def test_specialisation_constants_reach_header():
+    c = _consts(header.generate_header({"UNROLL": 2}))
+    assert c["UNROLL"] == 2
+
+
+def _fake_nvcc(tmp_path: Path, sleep: float = 0.0) -> str:
+    """A stand-in nvcc: writes the -o file, counts its invocations, optionally sleeps (for the lock test)."""
+    script = tmp_path / "nvcc"
+    count = tmp_path / "count"
+    script.write_text(f"""#!/usr/bin/env python3
+import sys, time, os
+if "--version" in sys.argv:
+    print("fake nvcc 1.0"); sys.exit(0)
+with open({str(count)!r}, "a") as f: f.write("x")
+time.sleep({sleep})
+out = sys.argv[sys.argv.index("-o") + 1]
+open(out, "wb").write(b"CUBIN")
+print("ptxas info    : Compiling entry function 'k' for 'sm_90a'")
+print("ptxas info    : Used 42 registers, used 1 barriers, 16 bytes smem")
+""")
+    script.chmod(0o755)
+    return str(script)
+
+
+def _src_tree(tmp_path: Path) -> Path:
+    root = tmp_path / "dk"
+    (root / "ops").mkdir(parents=True)
+    (root / "megakernel.cu").write_text("// kernel\n")
+    (root / "ops" / "a.cuh").write_text("// a\n")
+    return root
+
+
+def test_cache_hit_and_miss(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPK_CACHE_DIR", str(tmp_path / "cache"))
+    fake, root = _fake_nvcc(tmp_path), _src_tree(tmp_path)
+    r1 = nvcc.build(root=root, nvcc=fake)
+    assert not r1.cached and r1.cubin.read_bytes() == b"CUBIN"
+    assert r1.resources["k"]["registers"] == 42
+    assert str(r1.cubin).startswith(str(tmp_path / "cache"))
+    r2 = nvcc.build(root=root, nvcc=fake)
+    assert r2.cached and r2.key == r1.key
+    (root / "ops" / "a.cuh").write_text("// a changed\n")        # any device source changes the key
+    r3 = nvcc.build(root=root, nvcc=fake)
+    assert not r3.cached and r3.key != r1.key
+    r4 = nvcc.build(root=root, nvcc=fake, constants={"UNROLL": 2})  # so does a specialisation constant
+    assert not r4.cached and r4.key not in (r1.key, r3.key)
+    assert (tmp_path / "count").read_text() == "xxx"
+    assert not list((tmp_path / "cache").rglob(".build-*"))       # temp dirs cleaned, outputs renamed in
+
+
+def test_cache_warning_is_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPK_CACHE_DIR", str(tmp_path / "cache"))
+    fake, root = _fake_nvcc(tmp_path), _src_tree(tmp_path)
+    Path(fake).write_text(Path(fake).read_text() + "print('foo.cu(1): warning #177-D: unused')\n")
+    with pytest.raises(nvcc.CompileError, match="warn"):
+        nvcc.build(root=root, nvcc=fake)
+    assert not list((tmp_path / "cache").rglob("*.cubin"))
+
+
+def _build_in_child(args):
+    cache, root, fake = args
+    import os
+    os.environ["MPK_CACHE_DIR"] = cache
+    from mpk_runtime.codegen import nvcc as n
+    return n.build(root=Path(root), nvcc=fake).key
+
+
+def test_concurrent_builds_compile_once(tmp_path):
+    fake, root = _fake_nvcc(tmp_path, sleep=0.5), _src_tree(tmp_path)
+    with mp.get_context("spawn").Pool(3) as pool:
+        keys = pool.map(_build_in_child, [(str(tmp_path / "cache"), str(root), fake)] * 3)
+    assert len(set(keys)) == 1
+    assert (tmp_path / "count").read_text() == "x"   # the lock made the others wait and hit the cache
+
+
+@pytest.mark.skipif(nvcc.find_nvcc() is None, reason="nvcc not on PATH: cannot compile device sources")
+def test_real_kernel_compiles_without_spills(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPK_CACHE_DIR", str(tmp_path / "cache"))
+    r = nvcc.build()
+    res = r.resources[layout.KERNEL_NAME]
+    assert res["spill_stores"] == 0 and res["spill_loads"] == 0
+    assert res["registers"] <= 65536 // layout.CONSTANTS["THREADS"]
+    assert r.cubin.stat().st_size > 0
