@@ -72,7 +72,10 @@ def random_weights(cfg: ModelConfig, seed: int = 0, dtype: str | torch.dtype | N
         t = torch.randn(shape, generator=g, device=device)
         if len(shape) == 1:
             t = t.mul_(0.1).add_(1.0)
-        elif not name.endswith("embed_tokens.weight"):  # O(1) embeddings; the first RMSNorm rescales anyway
+        elif name.endswith("embed_tokens.weight"):
+            t = t.mul_(std)  # small, as HF initialises it: the first RMSNorm rescales, and a tied LM head
+            # then does not simply echo the input token back
+        else:
             t = t.mul_(1.0 / shape[1] ** 0.5)
         out[name] = t.to(dtype=dt)
     return out
