@@ -1,0 +1,290 @@
+"""Host side of the GPU megakernel: pack one rank's TaskGraph + CUDA RankMemory into device arrays, launch
+the persistent kernel (cuda.bindings driver API, torch's current stream), surface timeouts, export traces.
+
+Counters are allocated once and never reset: `steps_done` is the host's global step count (as PyVM's), and a
+launch runs steps [steps_done + 1, steps_done + nsteps]. CUDA / cuda-python are imported lazily.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import struct
+from pathlib import Path
+
+import torch
+
+from ..codegen import layout as L
+from ..tasks.graph import TaskGraph
+from .base import KernelTimeout
+from .memory import RankMemory
+
+_NWARPS = L.CONSTANTS["THREADS"] // 32
+
+
+def f32_bits(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", float(x)))[0] & 0xFFFFFFFF
+
+
+class TaskPacker:
+    """TaskGraph -> int64 arrays (tasks, waits, signals, SM lists) with device addresses from a RankMemory."""
+
+    def __init__(self, tg: TaskGraph, mem: RankMemory, counters_ptr: int, head_dim: int):
+        self.tg, self.mem, self.D = tg, mem, head_dim
+        self.counters_ptr = counters_ptr
+        self._peer_arrays: dict[str, torch.Tensor] = {}   # keep alive
+        self.smem = 0
+
+    def _t(self, name):
+        return self.mem.t(name).data_ptr() if name else 0
+
+    def _sym(self, name):
+        s = self.mem.syms[name]
+        return s.data_ptr(), s[0].numel() * s.element_size()
+
+    def _peers(self, name):
+        if name not in self._peer_arrays:
+            ptrs = [p.syms[name].data_ptr() for p in self.mem.peers]
+            self._peer_arrays[name] = torch.tensor(ptrs, dtype=torch.int64, device=self.mem.syms[name].device)
+        return self._peer_arrays[name].data_ptr(), len(self.mem.peers)
+
+    def pack(self):
+        tg = self.tg
+        n = len(tg.tasks)
+        tasks = torch.zeros((n, L.TASK_WORDS), dtype=torch.int64)
+        waits, signals = [], []
+        for t in tg.tasks:
+            row = tasks[t.id]
+            row[L.TASK_HEADER.index("opcode")] = L_OPCODE[t.kind]
+            row[L.TASK_HEADER.index("task_id")] = t.id
+            row[L.TASK_HEADER.index("wait_begin")] = len(waits)
+            for e, lag in t.waits:
+                waits.append([e, tg.events[e].triggers, lag])
+            row[L.TASK_HEADER.index("wait_end")] = len(waits)
+            row[L.TASK_HEADER.index("sig_begin")] = len(signals)
+            for r, e in t.signals:
+                if r != tg.rank:
+                    raise NotImplementedError("cross-rank signals need peer counter pointers (world size > 1)")
+                signals.append(self.counters_ptr + 8 * e)
+            row[L.TASK_HEADER.index("sig_end")] = len(signals)
+            for k, v in getattr(self, "_pack_" + t.kind)(t.params).items():
+                row[L.arg_index(t.kind, k)] = int(v)
+        offs = [0]
+        flat: list[int] = []
+        for lst in tg.sm_lists:
+            flat += lst
+            offs.append(len(flat))
+        return (tasks, torch.tensor(waits or [[0, 0, 0]], dtype=torch.int64),
+                torch.tensor(signals or [0], dtype=torch.int64), torch.tensor(offs, dtype=torch.int32),
+                torch.tensor(flat or [0], dtype=torch.int32))
+
+    def _need(self, nbytes: int):
+        self.smem = max(self.smem, int(nbytes))
+
+    # --- per task kind: argument words (names from codegen.layout.OP_ARGS) -------------------------------------
+    def _pack_embed(self, p):
+        M, H = self.mem.t(p["out"]).shape
+        assert H % 8 == 0
+        return dict(tokens=self._t(p["tokens"]), table=self._t(p["table"]), out=self._t(p["out"]), m=M, h=H)
+
+    def _pack_qkv_rope(self, p):
+        x = self.mem.t(p["x"])
+        M, K = x.shape
+        D, h = self.D, p["head"]
+        assert K % 8 == 0 and D <= L.CONSTANTS["MAX_HEAD_DIM"]
+        w = self.mem.t(p["weight"])
+        which = p["which"]
+        cache = self.mem.kv(p[f"{which}_cache"]) if which != "q" else None
+        q = self.mem.t(p["q"])
+        self._need(((L.CONSTANTS["ROW_TILE"] * K * 2 + 15) & ~15) + L.CONSTANTS["ROW_TILE"] * D * 4)
+        return dict(x=x.data_ptr(), norm=self._t(p["norm"]), w=w.data_ptr() + h * D * K * w.element_size(),
+                    head_norm=self._t(p["head_norm"]), q=q.data_ptr(), ldq=q.shape[1],
+                    cache=cache.data_ptr() if cache is not None else 0, which=L.WHICH.index(which), head=h, m=M, k=K,
+                    d=D, eps=f32_bits(p["eps"]), n_kv=(cache.shape[2] if cache is not None else 0))
+
+    def _attn_common(self, p):
+        part = self.mem.t(p["part"])
+        assert p["gs"] <= L.CONSTANTS["MAX_GS"]
+        return dict(b=p["b"], g=p["g"], gs=p["gs"], d=self.D, nq=part.shape[1], splits=p["splits"])
+
+    def _pack_attn_partial(self, p):
+        kc = self.mem.kv(p["k_cache"])
+        self._need((L.CONSTANTS["MAX_GS"] * L.CONSTANTS["MAX_HEAD_DIM"]
+                    + _NWARPS * L.CONSTANTS["MAX_GS"] * (L.CONSTANTS["MAX_HEAD_DIM"] + 2)) * 4)
+        return dict(self._attn_common(p), q=self._t(p["q"]), k_cache=kc.data_ptr(),
+                    v_cache=self.mem.kv(p["v_cache"]).data_ptr(), part=self._t(p["part"]), lse=self._t(p["lse"]),
+                    split=p["split"], n_kv=kc.shape[2], scale=f32_bits(p["scale"]))
+
+    def _pack_attn_merge(self, p):
+        return dict(self._attn_common(p), part=self._t(p["part"]), lse=self._t(p["lse"]), out=self._t(p["out"]))
+
+    def _pack_linear(self, p):
+        x = self.mem.t(p["x"])
+        M_in, K = x.shape
+        assert K % 8 == 0
+        r0 = p.get("weight_row0", 0)
+        ws = [self.mem.t(w) for w in p["weights"]]
+        wp = [w.data_ptr() + r0 * K * w.element_size() for w in ws]
+        rs = p["row_select"]
+        d = dict(x=x.data_ptr(), w0=wp[0], w1=wp[1] if len(wp) > 1 else 0, norm=self._t(p["norm"]),
+                 residual=self._t(p["residual"]), m_in=M_in, k=K, n0=p["n0"], n1=p["n1"],
+                 eps=f32_bits(p["eps"] or 0.0), epilogue=L.EPILOGUES.index(p["epilogue"]),
+                 row_off=rs["offset"] if rs else 0, row_stride=rs["stride"] if rs else 1, slot=self.tg.rank)
+        if p["push"]:
+            base, stride = self._sym(p["out"])
+            peers, npeers = self._peers(p["out"])
+            shape = self.mem.syms[p["out"]].shape  # (2, W, M, N)
+            d.update(out=base, out_kind=L.OUT_KINDS.index("push"), peers=peers, npeers=npeers, par_stride=stride,
+                     m=shape[-2], n=shape[-1])
+        else:
+            out = self.mem.t(p["out"])
+            d.update(out=out.data_ptr(), m=out.shape[0], n=out.shape[1],
+                     out_kind=L.OUT_KINDS.index("f32" if out.dtype == torch.float32 else "bf16"))
+        self._need(L.CONSTANTS["ROW_TILE"] * K * 2)
+        return d
+
+    def _pack_allreduce(self, p):
+        base, stride = self._sym(p["part"])
+        W, M, N = self.mem.syms[p["part"]].shape[1:]
+        return dict(part=base, par_stride=stride, residual=self._t(p["residual"]), out=self._t(p["out"]), world=W,
+                    m=M, n=N, n0=p["n0"], n1=p["n1"])
+
+    def _pack_argmax_partial(self, p):
+        lg = self.mem.t(p["logits"])
+        base, stride = self._sym(p["part"])
+        peers, npeers = self._peers(p["part"])
+        self._need(2 * _NWARPS * 4)
+        return dict(logits=lg.data_ptr(), b=lg.shape[0], v=lg.shape[1], vocab0=p["vocab0"], peers=peers,
+                    npeers=npeers, par_stride=stride, slot=self.tg.rank)
+
+    def _pack_argmax_reduce(self, p):
+        base, stride = self._sym(p["part"])
+        out = self.mem.t(p["out"])
+        return dict(part=base, par_stride=stride, out=out.data_ptr(),
+                    tokens=self._t("tokens") if p["feeds_next_step"] else 0, world=p["world"], b=out.shape[0])
+
+
+from ..tasks.ops import OPCODES  # noqa: E402
+
+L_OPCODE = {k: i for i, k in enumerate(OPCODES)}
+
+
+def _cu():
+    try:
+        from cuda.bindings import driver
+    except ImportError:  # older cuda-python layout
+        from cuda import cuda as driver  # type: ignore
+    return driver
+
+
+def _check(res, what: str):
+    cu = _cu()
+    err = res[0] if isinstance(res, tuple) else res
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what} failed: {err}")
+    if isinstance(res, tuple):
+        return res[1] if len(res) == 2 else res[1:]
+    return None
+
+
+class Megakernel:
+    """One rank's compiled + packed megakernel. `launch(nsteps)` runs steps steps_done+1 .. steps_done+nsteps."""
+
+    def __init__(self, tg: TaskGraph, mem: RankMemory, *, page_size: int, block_tables: torch.Tensor,
+                 pos: torch.Tensor, inv_freq: torch.Tensor, head_dim: int, timeout_s: float = 2.0,
+                 trace_steps: int = 0, build_result=None):
+        from ..codegen import nvcc
+        self.tg, self.mem = tg, mem
+        dev = mem.t("tokens").device
+        assert dev.type == "cuda", "Megakernel needs a RankMemory on a CUDA device"
+        self.device = dev
+        self.steps_done = 0
+        self.counters = torch.zeros(len(tg.events) + 1, dtype=torch.int64, device=dev)  # never reset
+        self.status = torch.zeros(len(L.STATUS), dtype=torch.int64, device=dev)
+        self.pos, self.block_tables = pos, block_tables            # (B,) int64, (B, max_pages) int64 on dev
+        self.inv_freq = inv_freq.to(device=dev, dtype=torch.float32).contiguous()
+        self.trace_steps = trace_steps
+        self.trace = torch.zeros(max(trace_steps, 1) * len(tg.tasks) * 2, dtype=torch.int64, device=dev)
+        packer = TaskPacker(tg, mem, self.counters.data_ptr(), head_dim)
+        tasks, waits, signals, offs, flat = packer.pack()
+        self._keep = packer._peer_arrays
+        self.tasks, self.waits, self.signals = tasks.to(dev), waits.to(dev), signals.to(dev)
+        self.sm_offsets, self.sm_tasks = offs.to(dev), flat.to(dev)
+        self.smem = max(packer.smem, 1024)
+        if self.smem > 227 * 1024:
+            raise ValueError(f"megakernel needs {self.smem} B of shared memory per CTA (> 227 KiB): lower ROW_TILE")
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.params = torch.zeros(len(L.PARAMS), dtype=torch.int64, device=dev)
+        self._write_params()
+        self.build = build_result or nvcc.build()
+        self._load()
+
+    def _write_params(self):
+        v = dict(tasks=self.tasks.data_ptr(), sm_offsets=self.sm_offsets.data_ptr(),
+                 sm_tasks=self.sm_tasks.data_ptr(), waits=self.waits.data_ptr(), signals=self.signals.data_ptr(),
+                 counters=self.counters.data_ptr(), status=self.status.data_ptr(),
+                 trace=self.trace.data_ptr() if self.trace_steps else 0, trace_steps=self.trace_steps,
+                 pos=self.pos.data_ptr(), block_tables=self.block_tables.data_ptr(),
+                 max_pages=self.block_tables.shape[1], page_size=self.mem.kvstore.page_size,
+                 inv_freq=self.inv_freq.data_ptr(), timeout_ns=self.timeout_ns, num_tasks=len(self.tg.tasks),
+                 batch=self.pos.shape[0], num_sms=self.tg.num_sms)
+        self.params.copy_(torch.tensor([v[k] for k in L.PARAMS], dtype=torch.int64))
+
+    def _load(self):
+        cu = _cu()
+        torch.cuda.init()
+        _check(cu.cuInit(0), "cuInit")
+        ctx = _check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if ctx is None or int(ctx) == 0:
+            d = _check(cu.cuDeviceGet(self.device.index or 0), "cuDeviceGet")
+            ctx = _check(cu.cuDevicePrimaryCtxRetain(d), "cuDevicePrimaryCtxRetain")
+            _check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        data = Path(self.build.cubin).read_bytes()
+        self._module = _check(cu.cuModuleLoadData(data), "cuModuleLoadData")
+        self._fn = _check(cu.cuModuleGetFunction(self._module, L.KERNEL_NAME.encode()), "cuModuleGetFunction")
+        _check(cu.cuFuncSetAttribute(self._fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     self.smem), "cuFuncSetAttribute")
+        occ = _check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._fn, L.CONSTANTS["THREADS"], self.smem),
+                     "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        nsm = torch.cuda.get_device_properties(self.device).multi_processor_count
+        self.occupancy = int(occ)
+        if occ < 1 or self.tg.num_sms > nsm * occ:
+            raise RuntimeError(f"megakernel cannot be co-resident: grid {self.tg.num_sms} CTAs, {nsm} SMs x {occ} "
+                               f"CTA/SM ({self.smem} B smem, {L.CONSTANTS['THREADS']} threads); build the TaskGraph "
+                               f"for at most {nsm * occ} SMs")
+
+    def launch(self, nsteps: int = 1) -> None:
+        """Enqueue one launch of nsteps steps on torch's current stream (asynchronous)."""
+        cu = _cu()
+        stream = cu.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
+        first = self.steps_done + 1
+        args = ((self.params.data_ptr(), first, nsteps), (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int))
+        _check(cu.cuLaunchKernel(self._fn, self.tg.num_sms, 1, 1, L.CONSTANTS["THREADS"], 1, 1, self.smem, stream,
+                                 args, 0), "cuLaunchKernel")
+        self.steps_done += nsteps
+
+    def check(self) -> None:
+        """Synchronise and raise KernelTimeout naming the task if any SM's wait timed out."""
+        st = self.status.cpu().tolist()
+        s = dict(zip(L.STATUS, st))
+        if s["flag"] != L.STATUS_OK:
+            t = self.tg.tasks[s["task"]]
+            raise KernelTimeout(
+                f"megakernel wait timed out after {s['elapsed_ns'] / 1e9:.3f}s: SM {s['sm']} step {s['step']}: "
+                f"{t.label()} waits on event {s['event']} (counter {s['counter']}, needed {s['needed']}); "
+                f"the kernel exited, counters are now inconsistent: rebuild the Megakernel")
+
+    def chrome_trace(self, path: str | None = None) -> dict:
+        """Per-task globaltimer start/end of the first trace_steps steps of the last launch, as Chrome trace JSON."""
+        tr = self.trace.view(-1, len(self.tg.tasks), 2).cpu()
+        t0 = int(tr[tr > 0].min()) if (tr > 0).any() else 0
+        ev = []
+        for k in range(self.trace_steps):
+            for t in self.tg.tasks:
+                a, b = int(tr[k, t.id, 0]), int(tr[k, t.id, 1])
+                if a and b:
+                    ev.append({"name": t.kind, "cat": t.op, "ph": "X", "ts": (a - t0) / 1e3, "dur": (b - a) / 1e3,
+                               "pid": self.tg.rank, "tid": t.sm, "args": {"label": t.label(), "step": k}})
+        d = {"traceEvents": ev, "displayTimeUnit": "ns"}
+        if path:
+            Path(path).write_text(json.dumps(d))
+        return d

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""GPU verification of the megakernel (world size 1): build, correctness vs the CPU pyvm on the same bf16
+weights, and batch-1 / batch-8 decode timing vs the weight-streaming floor. Writes JSON + logs under $OUT
+(or ./gpu_out) and prints a short table last.
+
+    PYTHONPATH=. python3 scripts/gpu_check.py [--quick] [--models tiny-llama,tiny-qwen3,llama-3.2-1b]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from mpk_runtime.codegen import nvcc  # noqa: E402
+from mpk_runtime.ir.build import build_graph  # noqa: E402
+from mpk_runtime.models.config import load_config  # noqa: E402
+from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
+from mpk_runtime.models.weights import get_weights, lm_head_name  # noqa: E402
+from mpk_runtime.runtime.memory import KVStore, RankMemory  # noqa: E402
+from mpk_runtime.runtime.megakernel import Megakernel  # noqa: E402
+from mpk_runtime.runtime.pyvm_runner import TPGroup  # noqa: E402
+from mpk_runtime.tasks.build import build_task_graphs  # noqa: E402
+from mpk_runtime.tasks.tiling import Tiling  # noqa: E402
+
+OUT = Path(os.environ.get("OUT") or "gpu_out")
+OUT.mkdir(parents=True, exist_ok=True)
+LOG = open(OUT / "gpu_check.log", "a")
+HBM = 4.55e12
+
+
+def log(*a):
+    s = " ".join(str(x) for x in a)
+    print(s, flush=True)
+    LOG.write(s + "\n")
+    LOG.flush()
+
+
+class Rig:
+    """A CUDA megakernel for one model/batch, and (optionally) a CPU pyvm twin on the same bf16 weights."""
+
+    def __init__(self, model, B, *, seed=0, max_seq=512, ps=16, num_sms=None, cpu_ref=True, trace_steps=0):
+        self.cfg = cfg = load_config(model)
+        self.B, self.ps, self.max_seq = B, ps, max_seq
+        t0 = time.time()
+        w_cpu = get_weights(model, cfg, seed=seed, dtype="bfloat16")
+        w_gpu = {k: v.to("cuda") for k, v in w_cpu.items()}
+        log(f"[{model} B={B}] weights {time.time() - t0:.1f}s")
+        num_sms = num_sms or torch.cuda.get_device_properties(0).multi_processor_count
+        g = build_graph(cfg, mode="decode", batch=B, context_len=0, max_seq_len=max_seq, attn_splits=2,
+                        dtype="bfloat16")
+        self.graph = g
+        self.tg = build_task_graphs([g], Tiling(num_sms=num_sms))[0]
+        log(self.tg.summary())
+        pps = -(-max_seq // ps)
+        self.num_pages = B * pps + 1
+        kv = KVStore(cfg.num_layers, self.num_pages, ps, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, device="cuda")
+        self.mem = RankMemory(g, w_gpu, kv, device="cuda")
+        self.tables_cpu = (torch.arange(B * pps) + 1).view(B, pps)   # page 0 unused
+        self.tables = self.tables_cpu.to("cuda")
+        self.pos = torch.zeros(B, dtype=torch.int64, device="cuda")
+        self.mk = Megakernel(self.tg, self.mem, page_size=ps, block_tables=self.tables, pos=self.pos,
+                             inv_freq=rope_inv_freq(cfg), head_dim=cfg.head_dim, trace_steps=trace_steps)
+        log(f"  build: cached={self.mk.build.cached} {self.mk.build.resources} smem={self.mk.smem} occ={self.mk.occupancy}")
+        self.ref = None
+        if cpu_ref:
+            self.ref = TPGroup(cfg, [w_cpu], num_pages=self.num_pages, page_size=ps, max_seq_len=max_seq, num_sms=8,
+                               mode="ordered", dtype="bfloat16", check=False)
+        wbytes = sum(t.numel() * t.element_size() for n, t in w_cpu.items())
+        if not cfg.tie_word_embeddings:
+            wbytes -= w_cpu["model.embed_tokens.weight"].numel() * 2   # gathered, not streamed
+        self.weight_bytes = wbytes
+
+    def mk_step(self, tokens, pos, nsteps=1):
+        self.mem.t("tokens").copy_(torch.as_tensor(tokens, dtype=torch.int64))
+        self.pos.copy_(torch.as_tensor(pos, dtype=torch.int64))
+        self.mk.launch(nsteps)
+        torch.cuda.synchronize()
+        self.mk.check()
+        return self.mem.t("logits").float().cpu(), self.mem.t("next_tokens").cpu()
+
+    def ref_step(self, tokens, pos, nsteps=1):
+        lg = self.ref.decode(tokens, pos, self.tables_cpu, backend="pyvm", nsteps=nsteps)
+        return lg.float(), self.ref.next_tokens(self.B)
+
+
+def check_correct(model, B, steps, res):
+    rig = Rig(model, B, max_seq=256)
+    g = torch.Generator().manual_seed(1)
+    tok = torch.randint(0, rig.cfg.vocab_size, (B,), generator=g)
+    pos = torch.arange(B) * 3            # staggered positions (all >= 0)
+    mism, worst = 0, 0.0
+    for s in range(steps):
+        lr, nr = rig.ref_step(tok, pos)
+        lm, nm = rig.mk_step(tok, pos)
+        rel = ((lm - lr).norm() / lr.norm()).item()
+        worst = max(worst, rel)
+        if not torch.isfinite(lm).all():
+            raise AssertionError(f"non-finite logits at step {s}")
+        mism += int((nr != nm).sum())
+        tok, pos = nr, pos + 1            # teacher forcing: both follow the reference's greedy tokens
+    # several steps in one launch (tokens fed back on the device), vs pyvm's multi-step launch
+    k = 8
+    lr, nr = rig.ref_step(tok, pos, nsteps=k)
+    lm, nm = rig.mk_step(tok, pos, nsteps=k)
+    rel_multi = ((lm - lr).norm() / lr.norm()).item()
+    multi_ok = bool((nr == nm).all())
+    r = dict(model=model, batch=B, steps=steps, token_mismatches=mism, worst_rel_logit_err=worst,
+             multi_step_launch=k, multi_tokens_equal=multi_ok, multi_rel_err=rel_multi,
+             ok=(mism == 0 and worst < 2e-2 and multi_ok))
+    log(json.dumps(r))
+    res.append(r)
+    return rig
+
+
+def trace_tiny(res):
+    rig = Rig("tiny-llama", 1, cpu_ref=False, trace_steps=2, max_seq=128)
+    rig.mk_step([1], [0], nsteps=2)
+    d = rig.mk.chrome_trace(str(OUT / "trace_tiny_llama.json"))
+    res.append(dict(model="tiny-llama", trace_events=len(d["traceEvents"])))
+
+
+def timing(model, B, res, ctx=256, reps=30, variants=(1, 4, 16), cpu_check_steps=0):
+    rig = Rig(model, B, max_seq=512, cpu_ref=cpu_check_steps > 0)
+    tok = torch.randint(0, rig.cfg.vocab_size, (B,))
+    pos = torch.full((B,), ctx)
+    if cpu_check_steps:
+        p = torch.zeros(B, dtype=torch.int64)
+        for s in range(cpu_check_steps):
+            lr, nr = rig.ref_step(tok, p)
+            lm, nm = rig.mk_step(tok, p)
+            rel = ((lm - lr).norm() / lr.norm()).item()
+            r = dict(model=model, batch=B, check_step=s, rel_err=rel, tokens_equal=bool((nr == nm).all()))
+            log(json.dumps(r)); res.append(r)
+            tok, p = nr, p + 1
+    rig.mem.t("tokens").copy_(tok)
+    rig.pos.copy_(pos)
+    floor_ms = rig.weight_bytes / HBM * 1e3
+    for n in variants:
+        for _ in range(3):
+            rig.mk.launch(n)
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            rig.pos.copy_(pos)
+            a.record(); rig.mk.launch(n); b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / n)
+        rig.mk.check()
+        ts.sort()
+        med = ts[len(ts) // 2]
+        r = dict(model=model, batch=B, nsteps_per_launch=n, ms_per_step_median=med, ms_min=ts[0], ms_max=ts[-1],
+                 floor_ms=floor_ms, pct_of_floor=100 * floor_ms / med, weight_bytes=rig.weight_bytes,
+                 num_sms=rig.tg.num_sms, tasks=len(rig.tg.tasks), ctx=ctx)
+        log(json.dumps(r))
+        res.append(r)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="tiny models only, few steps")
+    ap.add_argument("--models", default="tiny-llama,tiny-qwen3,llama-3.2-1b")
+    ap.add_argument("--steps", type=int, default=36)
+    args = ap.parse_args()
+    res: list[dict] = []
+    log(f"=== gpu_check {time.ctime()} {torch.cuda.get_device_name(0)} torch {torch.__version__}")
+    t0 = time.time()
+    b = nvcc.build()
+    log(f"build {b.cubin} cached={b.cached} {time.time() - t0:.1f}s {b.resources}")
+    sections = []
+    for m in args.models.split(","):
+        if m.startswith("tiny"):
+            for B in ((1,) if args.quick else (1, 8)):
+                sections.append((f"correct {m} B={B}", lambda m=m, B=B: check_correct(m, B, 4 if args.quick else args.steps, res)))
+    if not args.quick:
+        sections.append(("trace", lambda: trace_tiny(res)))
+        if "llama-3.2-1b" in args.models:
+            sections.append(("time 1b B=1", lambda: timing("llama-3.2-1b", 1, res, cpu_check_steps=2)))
+            sections.append(("time 1b B=8", lambda: timing("llama-3.2-1b", 8, res, variants=(1, 4))))
+    for name, fn in sections:
+        t = time.time()
+        try:
+            fn()
+            log(f"--- {name}: done in {time.time() - t:.1f}s")
+        except Exception as e:  # keep going: partial results still come back
+            log(f"--- {name}: FAILED {type(e).__name__}: {e}")
+            LOG.write(traceback.format_exc())
+            res.append(dict(section=name, error=f"{type(e).__name__}: {e}"[:2000]))
+        (OUT / "gpu_check.json").write_text(json.dumps(res, indent=1))
+    print("\n==== summary ====")
+    for r in res:
+        if "error" in r:
+            print(f"{r['section']:<28} ERROR {r['error'][:150]}")
+        elif "token_mismatches" in r:
+            print(f"correct {r['model']:<12} B={r['batch']} steps={r['steps']} mism={r['token_mismatches']} "
+                  f"rel={r['worst_rel_logit_err']:.2e} multi={r['multi_tokens_equal']} ok={r['ok']}")
+        elif "ms_per_step_median" in r:
+            print(f"time {r['model']} B={r['batch']} n/launch={r['nsteps_per_launch']}: {r['ms_per_step_median']:.3f} "
+                  f"ms/step (floor {r['floor_ms']:.3f}, {r['pct_of_floor']:.0f}% of floor)")
+        elif "rel_err" in r:
+            print(f"check {r['model']} B={r['batch']} step {r['check_step']}: rel={r['rel_err']:.2e} tok_eq={r['tokens_equal']}")
+
+
+if __name__ == "__main__":
+    main()
