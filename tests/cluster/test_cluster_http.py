@@ -1,0 +1,150 @@
+"""The OpenAI-compatible server over in-process replicas: the `openai` client, SSE, errors, batching, metrics."""
+import concurrent.futures as cf
+
+import httpx
+import pytest
+
+from cluster.client import Client
+from cluster.router import build_router
+from cluster.server import ServerThread, create_app
+from mpk_runtime.engine import (LLM, InvalidRequestError, NoTokenizerError, PromptTooLongError, SamplingParams)
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def server(demo_dir):
+    router = build_router(demo_dir, executor="inprocess", dtype="float32", max_seq_len=64, max_batch=8,
+                          health_interval=None)
+    srv = ServerThread(create_app(router))
+    yield srv, router
+    srv.stop()
+    router.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_llm(demo_dir):
+    with LLM(demo_dir, dtype="float32", max_seq_len=64) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server[0].url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_client_generate_equals_llm(server, local_llm):
+    prompts = [[1, 2, 3], "hello world", [40, 41]]
+    with Client(server[0].url) as c:
+        got = c.generate(prompts, GREEDY)
+    want = local_llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert [o.text for o in got] == [o.text for o in want]
+    assert got[1].prompt_token_ids == want[1].prompt_token_ids
+    assert all(o.finish_reason == "length" and o.metrics.time_to_first_token is not None for o in got)
+
+
+def test_client_stream_equals_generate(server, local_llm):
+    want = local_llm.generate([[5, 6, 7]], GREEDY)[0]
+    with Client(server[0].url) as c:
+        parts = list(c.stream([[5, 6, 7]], GREEDY))
+    assert [t for p in parts for t in p.delta_token_ids] == want.token_ids
+    assert parts[-1].finished and parts[-1].token_ids == want.token_ids
+
+
+def test_openai_completions(oai, local_llm):
+    want = local_llm.generate(["hello world"], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    r = oai.completions.create(model="tiny-qwen3-demo", prompt="hello world", max_tokens=6, temperature=0,
+                               extra_body={"ignore_eos": True})
+    assert r.choices[0].text == want.text and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 6 and r.usage.prompt_tokens == len(want.prompt_token_ids)
+    # token-id prompts and several prompts at once
+    r = oai.completions.create(model="tiny-qwen3-demo", prompt=[[1, 2, 3], [4, 5]], max_tokens=3, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1]
+
+
+def test_openai_completions_stream(oai, local_llm):
+    want = local_llm.generate(["hello world"], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    chunks = list(oai.completions.create(model="tiny-qwen3-demo", prompt="hello world", max_tokens=6,
+                                         temperature=0, stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks) == want.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_openai_chat_and_stream(oai, local_llm):
+    tok = local_llm.tokenizer
+    msgs = [{"role": "user", "content": "hello"}]
+    ids = tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+                     add_special_tokens=False)
+    want = local_llm.generate([ids], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    r = oai.chat.completions.create(model="tiny-qwen3-demo", messages=msgs, max_tokens=6, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == want.text
+    chunks = list(oai.chat.completions.create(model="tiny-qwen3-demo", messages=msgs, max_tokens=6, temperature=0,
+                                              stream=True, stream_options={"include_usage": True},
+                                              extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.text
+    assert chunks[-1].usage.completion_tokens == 6
+
+
+@pytest.mark.parametrize("body, word", [
+    ({"prompt": 5}, "prompt"), ({"prompt": []}, "empty"), ({"prompt": [1, 2], "temperature": -1}, "temperature"),
+    ({"prompt": [1, 2], "max_tokens": 0}, "max_tokens"), ({"prompt": [1, 2], "n": 2}, "n=2"),
+    ({"prompt": [1, 2], "stop": ["x"]}, "stop_token_ids"), ({"prompt": list(range(100))}, "context"),
+    ({"prompt": [1, 10 ** 6]}, "token ids"), ({"prompt": [1], "model": "other"}, "not served"),
+    ({"prompt": [1], "top_p": 2}, "top_p"), ({}, "prompt"),
+])
+def test_bad_inputs_get_4xx(server, body, word):
+    r = httpx.post(server[0].url + "/v1/completions", json=body)
+    assert 400 <= r.status_code < 500, r.text
+    assert word in r.json()["error"]["message"]
+
+
+def test_bad_json_and_chat_errors(server):
+    url = server[0].url
+    r = httpx.post(url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+
+
+def test_chat_without_tokenizer_is_400():
+    router = build_router("tiny-qwen3", executor="inprocess", dtype="float32", max_seq_len=64, health_interval=None)
+    srv = ServerThread(create_app(router))
+    try:
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and "tokenizer" in r.json()["error"]["message"]
+        with Client(srv.url) as c:
+            with pytest.raises(NoTokenizerError):
+                c.generate(["text needs a tokenizer"])
+            with pytest.raises(PromptTooLongError):
+                c.generate([list(range(70))])
+            with pytest.raises(InvalidRequestError):
+                c.generate([[1]], SamplingParams(top_k=5, max_tokens=2, stop_token_ids=[10 ** 6]))
+    finally:
+        srv.stop()
+        router.shutdown()
+
+
+def test_concurrent_requests_share_decode_steps(server, local_llm):
+    srv, router = server
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [[i, i + 1] for i in range(1, 7)]
+    with Client(srv.url) as c, cf.ThreadPoolExecutor(6) as pool:
+        outs = list(pool.map(lambda p: c.generate([p], sp)[0], prompts))
+    want = local_llm.generate(prompts, sp, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in want]
+    assert router.stats()["replica-0"]["max_batch_size_seen"] >= 2
+
+
+def test_health_models_metrics(server):
+    url = server[0].url
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+    assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "tiny-qwen3-demo"
+    text = httpx.get(url + "/metrics").text
+    for name in ("mpk_tokens_per_second", 'mpk_request_latency_seconds{quantile="0.99"}',
+                 'mpk_queue_depth{replica="replica-0"}', "mpk_time_to_first_token_seconds_count",
+                 'mpk_requests_total{status="rejected"}'):
+        assert name in text

@@ -1,0 +1,156 @@
+"""Ray executor on a local cluster with logical GPUs: equality with in-process, TP=2 rendezvous, replicas and
+least-loaded routing, and faults (a killed or hung worker fails in-flight requests fast, the replica returns)."""
+import threading
+import time
+
+import pytest
+
+from mpk_runtime.engine import LLM, RequestFailedError, SamplingParams
+
+pytestmark = pytest.mark.slow
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+PROMPTS = [[1, 2, 3, 4], [9], [20, 21, 22]]
+
+
+def test_device_selection_with_and_without_narrowing():
+    from cluster.ray_utils import local_device_index
+    assert local_device_index(["3"], "3") == 0            # Ray narrowed CUDA_VISIBLE_DEVICES
+    assert local_device_index([3], "0,1,2,3") == 3         # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1
+    assert local_device_index(["1"], "4,1") == 1
+    assert local_device_index(["2"], None) == 2
+    with pytest.raises(ValueError, match="no GPU"):
+        local_device_index([], "0")
+
+
+def test_tp1_ray_equals_inprocess(ray_local, ref_greedy):
+    import cluster  # registers executor="ray"
+    with LLM("tiny-qwen3", dtype="float32", max_seq_len=64, executor="ray") as llm:
+        info = llm.executor.collective_rpc("node_info")
+        assert info[0]["gpu_ids"] == ["0"] or len(info[0]["gpu_ids"]) == 1  # one logical GPU per actor
+        outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    for p, o in zip(PROMPTS, outs):
+        assert o.token_ids == ref_greedy("tiny-qwen3", p, 8)
+
+
+def test_tp2_gloo_rendezvous_through_ray(ray_local):
+    from cluster.ray_executor import RayExecutor
+    ex = RayExecutor(2, name="tp2-comm")
+    try:
+        spec = ex.comm_spec()
+        assert spec["init_method"].startswith("tcp://")
+        ex.collective_rpc("init_comm_only", (spec,))
+        assert ex.collective_rpc("check_comm") == [2.0, 2.0]  # gloo all-reduce across two actor processes
+        assert len(set(ex.node_ids())) == 1  # STRICT_PACK: one TP group, one node
+    finally:
+        ex.shutdown()
+
+
+def test_tp2_backend_through_ray(ray_local, ref_greedy):
+    from cluster.ray_executor import RayExecutor
+    from mpk_runtime.runtime.base import known_backends
+    from mpk_runtime.runtime.executor import WorkerError
+    if "torch" not in known_backends():
+        pytest.skip("backend 'torch' is not registered yet (make_runner says unknown)")
+    ex = RayExecutor(2, name="tp2-torch")
+    try:
+        llm = LLM("tiny-qwen3", backend="torch", tp=2, dtype="float32", max_seq_len=64, executor=ex)
+    except (WorkerError, ValueError) as e:
+        if "shared" in str(e) or "ThreadGroup" in str(e) or "one process" in str(e):
+            pytest.skip(f"backend 'torch' does not run ranks in separate processes yet (needs a ThreadGroup): {e}"[:300])
+        raise
+    try:
+        outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert [o.token_ids for o in outs] == [ref_greedy("tiny-qwen3", p, 8) for p in PROMPTS]
+    finally:
+        llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_server(ray_local):
+    from cluster.router import build_router
+    from cluster.server import ServerThread, create_app
+    router = build_router("tiny-qwen3", backend="reference", tp=1, num_replicas=2, executor="ray",
+                          step_timeout=3.0, health_interval=1.0, dtype="float32", max_seq_len=128)
+    srv = ServerThread(create_app(router))
+    yield srv, router
+    srv.stop()
+    router.shutdown()
+
+
+def test_client_over_ray_replicas_equals_llm(ray_server, ref_greedy):
+    from cluster.client import Client
+    srv, router = ray_server
+    with Client(srv.url) as c:
+        outs = c.generate(PROMPTS * 2, GREEDY)
+    assert [o.token_ids for o in outs] == [ref_greedy("tiny-qwen3", p, 8) for p in PROMPTS * 2]
+    steps = [s["steps"] for s in router.stats().values()]
+    assert all(n > 0 for n in steps), f"least-loaded dispatch should use both replicas: {steps}"
+
+
+def _wait_replicas_up(router, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(not s["dead"] for s in router.stats().values()):
+            return
+        time.sleep(0.2)
+
+
+def test_killed_worker_fails_stream_then_replica_recovers(ray_server, ref_greedy):
+    import ray
+
+    from cluster.client import Client
+    srv, router = ray_server
+    long = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    with Client(srv.url) as c:
+        stream = c.stream([[1, 2, 3]], long)
+        first = next(stream)
+        assert first.delta_token_ids
+        # find the replica that runs it and kill its worker actor mid-generation
+        rep = max(router.replicas, key=lambda r: r.loop.load)
+        t0 = time.monotonic()
+        ray.kill(rep.llm.executor.actors[0])
+        with pytest.raises(RequestFailedError, match="died|failed"):
+            for _ in stream:
+                pass
+        assert time.monotonic() - t0 < 10
+        _wait_replicas_up(router)
+        outs = c.generate([[1, 2, 3]] * 4, GREEDY)  # both replicas, including the rebuilt one
+        assert all(o.token_ids == ref_greedy("tiny-qwen3", [1, 2, 3], 8) for o in outs)
+    assert rep.loop.stats()["recoveries"] >= 1
+
+
+def test_hung_worker_times_out_and_recovers(ray_server, ref_greedy):
+    from cluster.client import Client
+    srv, router = ray_server
+    rep = router.replicas[0]
+    with Client(srv.url) as c:
+        rep.llm.executor.collective_rpc("inject_fault", ("hang", 120.0))
+        before = rep.loop.stats()["recoveries"]
+        # send to replica 0 directly via its loop: the router could pick the other one
+        done = threading.Event()
+        result = {}
+
+        def cb(out):
+            if out.finished:
+                result["out"] = out
+                done.set()
+        t0 = time.monotonic()
+        rep.loop.submit([4, 5, 6], GREEDY, cb)
+        assert done.wait(30)
+        assert result["out"].finish_reason == "error" and "did not finish" in result["out"].error
+        assert time.monotonic() - t0 < 15  # step_timeout is 3 s
+        _wait_replicas_up(router)
+        assert rep.loop.stats()["recoveries"] == before + 1
+        assert c.generate([[4, 5, 6]], GREEDY)[0].token_ids == ref_greedy("tiny-qwen3", [4, 5, 6], 8)
+
+
+def test_health_check_notices_dead_idle_worker(ray_server):
+    import ray
+    srv, router = ray_server
+    rep = router.replicas[1]
+    before = rep.loop.stats()["recoveries"]
+    ray.kill(rep.llm.executor.actors[0])
+    deadline = time.monotonic() + 30
+    while rep.loop.stats()["recoveries"] == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert rep.loop.stats()["recoveries"] == before + 1  # rebuilt with no request in flight
