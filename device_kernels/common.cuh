@@ -88,35 +88,56 @@ __device__ __forceinline__ int64_t seq_pos(const Ctx& c, int b) {
   return p >= 0 ? p + c.lstep : p;
 }
 
-// Load rows [0, M) of x (bf16, row r at x + (row_off + r*row_stride)*K), optionally RMSNorm'd with weight nw,
-// into shared memory as bf16 (K multiple of 8). Numerics of tasks/ops/common.py rms_norm:
-// xn = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))).
+// Load rows [0, M) (M <= ROW_TILE) of x (bf16, row r at x + (row_off + r*row_stride)*K), optionally RMSNorm'd
+// with weight nw, into shared memory as bf16 (K multiple of 8). All threads share every row (16-byte vectors),
+// so a batch-1 norm costs one pass over K by the whole CTA. Numerics of tasks/ops/common.py rms_norm:
+// xn = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))). Ends with __syncthreads().
 __device__ inline void load_rows_norm(bf16* xs, const bf16* x, int M, int K, int64_t row_off, int64_t row_stride,
                                       const bf16* nw, float eps) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
-  for (int m = warp; m < M; m += nwarps) {
+  __shared__ float red[ROW_TILE][THREADS / 32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, KV = K >> 3;
+  for (int m = 0; m < M; ++m) {
     const bf16* xr = x + (row_off + m * row_stride) * (int64_t)K;
     bf16* dst = xs + (int64_t)m * K;
     float ss = 0.f;
-    for (int k = lane * 8; k < K; k += 256) {
-      uint4 v = ld_act16(xr + k);
-      *reinterpret_cast<uint4*>(dst + k) = v;
+    for (int k8 = threadIdx.x; k8 < KV; k8 += THREADS) {
+      const uint4 v = ld_act16(xr + k8 * 8);
+      *reinterpret_cast<uint4*>(dst + k8 * 8) = v;
       const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        float a = bf16_lo(u[j]), b = bf16_hi(u[j]);
+        const float a = bf16_lo(u[j]), b = bf16_hi(u[j]);
         ss = fmaf(a, a, ss); ss = fmaf(b, b, ss);
       }
     }
-    if (nw == nullptr) continue;
-    ss = warp_sum(ss);
-    const float r = rsqrtf(ss / (float)K + eps);
-    __syncwarp();
-    for (int k = lane; k < K; k += 32) {
-      float v = __bfloat162float(dst[k]);
-      dst[k] = __float2bfloat16_rn(w_bf16(nw + k) * bf(v * r));
+    if (nw != nullptr) {
+      ss = warp_sum(ss);
+      if (lane == 0) red[m][warp] = ss;
     }
   }
+  __syncthreads();
+  if (nw == nullptr) return;
+  for (int m = 0; m < M; ++m) {
+    float tot = 0.f;
+#pragma unroll
+    for (int w = 0; w < THREADS / 32; ++w) tot += red[m][w];
+    const float r = rsqrtf(tot / (float)K + eps);
+    bf16* dst = xs + (int64_t)m * K;
+    for (int k8 = threadIdx.x; k8 < KV; k8 += THREADS) {  // same thread wrote this vector above
+      const uint4 v = *reinterpret_cast<const uint4*>(dst + k8 * 8);
+      const uint4 wv = ld_weight16(nw + k8 * 8);
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w}, wu[4] = {wv.x, wv.y, wv.z, wv.w};
+      uint32_t o[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float lo = bf(bf16_lo(wu[j]) * bf(bf16_lo(u[j]) * r));
+        const float hi = bf(bf16_hi(wu[j]) * bf(bf16_hi(u[j]) * r));
+        o[j] = (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+      }
+      *reinterpret_cast<uint4*>(dst + k8 * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  }
+  __syncthreads();
 }
 
 }  // namespace mpk

@@ -8,27 +8,32 @@ namespace mpk {
 
 // For columns n in [n0, n1) (warp-strided): acc0[m] = xs[m] . w0[n], acc1[m] = xs[m] . w1[n] (TWO), then
 // lane 0 calls epi(m, n, acc0, acc1) for m < M. xs: (M, K) bf16 in shared memory, w: (N, K) bf16 rows.
-template <bool TWO, int MT, int UN, typename Epi>
+template <bool TWO, int MT, int UN, int NC, typename Epi>
 __device__ __forceinline__ void linear_core_t(const bf16* xs, int M, int K, const bf16* w0, const bf16* w1, int n0,
                                               int n1, Epi epi) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   const int KV = K >> 3;  // 16-byte vectors per row
-  for (int n = n0 + warp; n < n1; n += nwarps) {
-    float acc0[MT], acc1[MT];
+  // each warp pass: NC columns, UN vectors per lane per column in flight before the first FMA
+  for (int nb = n0 + warp * NC; nb < n1; nb += nwarps * NC) {
+    float acc0[NC][MT], acc1[NC][MT];
 #pragma unroll
-    for (int m = 0; m < MT; ++m) { acc0[m] = 0.f; acc1[m] = 0.f; }
-    const bf16* r0 = w0 + (int64_t)n * K;
-    const bf16* r1 = TWO ? w1 + (int64_t)n * K : nullptr;
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int m = 0; m < MT; ++m) { acc0[c][m] = 0.f; acc1[c][m] = 0.f; }
     for (int base = lane; base < KV; base += 32 * UN) {
-      uint4 v0[UN], v1[UN];
+      uint4 v0[NC][UN], v1[NC][UN];
 #pragma unroll
-      for (int u = 0; u < UN; ++u) {
-        const int kk = base + u * 32;
-        v0[u] = make_uint4(0, 0, 0, 0);
-        v1[u] = make_uint4(0, 0, 0, 0);
-        if (kk < KV) {
-          v0[u] = ld_weight16(r0 + kk * 8);
-          if (TWO) v1[u] = ld_weight16(r1 + kk * 8);
+      for (int c = 0; c < NC; ++c) {
+        const int n = min(nb + c, n1 - 1);  // a missing column re-reads the last one; its result is dropped
+#pragma unroll
+        for (int u = 0; u < UN; ++u) {
+          const int kk = base + u * 32;
+          v0[c][u] = make_uint4(0, 0, 0, 0);
+          v1[c][u] = make_uint4(0, 0, 0, 0);
+          if (kk < KV) {
+            v0[c][u] = ld_weight16(w0 + (int64_t)n * K + kk * 8);
+            if (TWO) v1[c][u] = ld_weight16(w1 + (int64_t)n * K + kk * 8);
+          }
         }
       }
 #pragma unroll
@@ -39,24 +44,31 @@ __device__ __forceinline__ void linear_core_t(const bf16* xs, int M, int K, cons
           for (int m = 0; m < MT; ++m) {
             if (m < M) {
               const uint4 xv = *reinterpret_cast<const uint4*>(xs + (int64_t)m * K + kk * 8);
-              acc0[m] = dot8(v0[u], xv, acc0[m]);
-              if (TWO) acc1[m] = dot8(v1[u], xv, acc1[m]);
+#pragma unroll
+              for (int c = 0; c < NC; ++c) {
+                acc0[c][m] = dot8(v0[c][u], xv, acc0[c][m]);
+                if (TWO) acc1[c][m] = dot8(v1[c][u], xv, acc1[c][m]);
+              }
             }
           }
         }
       }
     }
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      if (m < M) {
-        acc0[m] = warp_sum(acc0[m]);
-        if (TWO) acc1[m] = warp_sum(acc1[m]);
+    for (int c = 0; c < NC; ++c)
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        if (m < M) {
+          acc0[c][m] = warp_sum(acc0[c][m]);
+          if (TWO) acc1[c][m] = warp_sum(acc1[c][m]);
+        }
       }
-    }
     if (lane == 0) {
 #pragma unroll
-      for (int m = 0; m < MT; ++m)
-        if (m < M) epi(m, n, acc0[m], acc1[m]);
+      for (int c = 0; c < NC; ++c)
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+          if (m < M && nb + c < n1) epi(m, nb + c, acc0[c][m], acc1[c][m]);
     }
   }
 }
@@ -66,10 +78,10 @@ __device__ __forceinline__ void linear_core_t(const bf16* xs, int M, int K, cons
 template <bool TWO, typename Epi>
 __device__ __forceinline__ void linear_core(const bf16* xs, int M, int K, const bf16* w0, const bf16* w1, int n0,
                                             int n1, Epi epi) {
-  if (M <= 1) linear_core_t<TWO, 1, UNROLL>(xs, M, K, w0, w1, n0, n1, epi);
-  else if (M <= 2) linear_core_t<TWO, 2, UNROLL>(xs, M, K, w0, w1, n0, n1, epi);
-  else if (M <= 4) linear_core_t<TWO, 4, (UNROLL > 2 ? UNROLL / 2 : 1)>(xs, M, K, w0, w1, n0, n1, epi);
-  else linear_core_t<TWO, ROW_TILE, (UNROLL > 4 ? UNROLL / 4 : 1)>(xs, M, K, w0, w1, n0, n1, epi);
+  if (M <= 1) linear_core_t<TWO, 1, UNROLL, (TWO ? 1 : 2)>(xs, M, K, w0, w1, n0, n1, epi);
+  else if (M <= 2) linear_core_t<TWO, 2, UNROLL, 1>(xs, M, K, w0, w1, n0, n1, epi);
+  else if (M <= 4) linear_core_t<TWO, 4, (UNROLL > 2 ? UNROLL / 2 : 1), 1>(xs, M, K, w0, w1, n0, n1, epi);
+  else linear_core_t<TWO, ROW_TILE, (UNROLL > 4 ? UNROLL / 4 : 1), 1>(xs, M, K, w0, w1, n0, n1, epi);
 }
 
 __device__ inline void op_linear(const Ctx& c) {
@@ -92,7 +104,6 @@ __device__ inline void op_linear(const Ctx& c) {
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
     load_rows_norm(xs, x, Mg, K, row_off + g0 * row_stride, row_stride, nw, eps);
-    __syncthreads();
     auto epi = [&](int m, int n, float y0, float y1) {
       const int64_t mo = g0 + m;
       float y = bf(y0);  // the bf16 matmul result

@@ -25,7 +25,6 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
     load_rows_norm(xs, x + (int64_t)g0 * K, Mg, K, 0, 1, nw, eps);
-    __syncthreads();
     linear_core<false>(xs, Mg, K, w, nullptr, 0, D, [&](int m, int n, float y0, float) { ys[m * D + n] = bf(y0); });
     __syncthreads();
     for (int m = warp; m < Mg; m += nwarps) {
