@@ -1,0 +1,75 @@
+"""The batch job (jsonl in/out) and a two-node Ray cluster with replicas spread over the nodes."""
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from mpk_runtime.engine import InvalidRequestError, SamplingParams
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _write(path, rows):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_generate_job_inprocess(tmp_path, demo_dir, ref_greedy):
+    from cluster.jobs.generate import main
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, [{"prompt_token_ids": [1, 2, 3], "temperature": 0, "max_tokens": 5, "ignore_eos": True},
+                 {"prompt": "hello world", "temperature": 0, "max_tokens": 4, "ignore_eos": True, "id": "b"}])
+    assert main(["--model", demo_dir, "--dtype", "float32", "--executor", "inprocess", "--max-seq-len", "64",
+                 "--input", str(inp), "--output", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert rows[0]["token_ids"] == ref_greedy(demo_dir, [1, 2, 3], 5)
+    assert rows[1]["id"] == "b" and len(rows[1]["token_ids"]) == 4 and isinstance(rows[1]["text"], str)
+
+
+def test_generate_job_bad_line_names_it(tmp_path):
+    from cluster.jobs.generate import read_requests
+    inp = tmp_path / "in.jsonl"
+    _write(inp, [{"prompt": "x"}, {"prompt": "y", "temprature": 0}])
+    with pytest.raises(InvalidRequestError, match=r"in.jsonl:2.*temprature"):
+        read_requests(str(inp))
+
+
+@pytest.mark.slow
+def test_two_node_cluster_spreads_replicas(ref_greedy):
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    from cluster.router import build_router
+    from cluster.ray_utils import worker_runtime_env
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0,
+                                                      "object_store_memory": 100 * 1024 ** 2})
+    nodes = [c.add_node(num_cpus=1, num_gpus=1, object_store_memory=100 * 1024 ** 2) for _ in range(2)]
+    router = None
+    try:
+        ray.init(address=c.address, runtime_env=worker_runtime_env())
+        c.wait_for_nodes()
+        router = build_router("tiny-qwen3", num_replicas=2, executor="ray", dtype="float32", max_seq_len=64,
+                              health_interval=None)
+        placed = [r.llm.executor.node_ids()[0] for r in router.replicas]
+        assert len(set(placed)) == 2 and set(placed) == {n.node_id for n in nodes}
+        for r in router.replicas:  # through each replica's engine loop (the loop owns the engine)
+            done, got = threading.Event(), {}
+
+            def cb(out, got=got, done=done):
+                if out.finished:
+                    got["out"] = out
+                    done.set()
+            r.loop.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), cb)
+            assert done.wait(60)
+            assert got["out"].token_ids == ref_greedy("tiny-qwen3", [1, 2, 3], 6)
+    finally:
+        if router is not None:
+            router.shutdown()
+        ray.shutdown()
+        c.shutdown()
