@@ -73,3 +73,12 @@ def test_two_node_cluster_spreads_replicas(ref_greedy):
             router.shutdown()
         ray.shutdown()
         c.shutdown()
+
+
+def test_submit_builds_job_with_working_dir():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import submit
+    job = submit.build_job(["--model", "tiny-qwen3", "--input", "a b.jsonl", "--output", "o.jsonl"])
+    assert job["entrypoint"].startswith("python -m cluster.jobs.generate --model tiny-qwen3")
+    assert "'a b.jsonl'" in job["entrypoint"]  # quoted
+    assert job["runtime_env"]["working_dir"] == ROOT and ".git" in job["runtime_env"]["excludes"]

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Start the Ray head node. Token auth stays on (Ray 2.60 default; the token is written to ~/.ray/auth_token and
+# must be copied to every worker node and client). The dashboard / Job API binds to 127.0.0.1: reach it with an
+# SSH tunnel (ssh -L 8265:127.0.0.1:8265 head) - never expose it (unauthenticated job submission = remote code
+# execution, CVE-2023-48022).
+#   scripts/launch_head.sh [--num-gpus N] [extra ray start args]
+set -euo pipefail
+PORT="${RAY_PORT:-6379}"
+export RAY_AUTH_MODE=token
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+NODE_IP="${NODE_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}"
+ray start --head --node-ip-address="$NODE_IP" --port="$PORT" \
+  --dashboard-host=127.0.0.1 --dashboard-port="${DASHBOARD_PORT:-8265}" "$@"
+echo "head at $NODE_IP:$PORT; workers: scripts/launch_worker.sh $NODE_IP:$PORT (copy ~/.ray/auth_token first)"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Ray on Slurm: one Ray node per Slurm node, head on the first, then the job on the head.
+#   sbatch scripts/slurm_template.sh --model /shared/models/Qwen3-8B --tp 2 --input in.jsonl --output out.jsonl
+#SBATCH --job-name=mpk-runtime
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=2
+#SBATCH --cpus-per-task=16
+#SBATCH --time=01:00:00
+set -euo pipefail
+export RAY_AUTH_MODE=token
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# The token must be the same on all nodes: keep it on the shared home directory (~/.ray/auth_token).
+mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+HEAD="${NODES[0]}"
+HEAD_IP=$(srun --nodes=1 --ntasks=1 -w "$HEAD" hostname -I | awk '{print $1}')
+PORT=6379
+GPUS="${SLURM_GPUS_PER_NODE:-2}"
+srun --nodes=1 --ntasks=1 -w "$HEAD" ray start --head --node-ip-address="$HEAD_IP" --port=$PORT \
+  --dashboard-host=127.0.0.1 --num-gpus="$GPUS" --num-cpus="$SLURM_CPUS_PER_TASK" --block &
+sleep 15
+for node in "${NODES[@]:1}"; do
+  srun --nodes=1 --ntasks=1 -w "$node" ray start --address="$HEAD_IP:$PORT" --num-gpus="$GPUS" \
+    --num-cpus="$SLURM_CPUS_PER_TASK" --block &
+done
+sleep 15
+# The driver runs on the head node and connects to the local Ray (RAY_ADDRESS).
+srun --nodes=1 --ntasks=1 -w "$HEAD" env RAY_ADDRESS="$HEAD_IP:$PORT" \
+  python -m cluster.jobs.generate --executor ray "$@"

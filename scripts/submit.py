@@ -1,0 +1,72 @@
+#!/usr/bin/env python
+"""Submit a batch generation job to a Ray cluster (Job API; needs `ray[default]` on the head node).
+
+    RAY_AUTH_MODE=token python scripts/submit.py --address http://127.0.0.1:8265 -- \
+        --model /models/Qwen3-8B --tp 2 --input prompts.jsonl --output /shared/out.jsonl
+
+Everything after `--` goes to `python -m cluster.jobs.generate`. The working directory (this checkout) is
+shipped as the job's runtime_env working_dir, so workers import this exact code; model weights are NOT
+shipped - every worker reads them from --model, which must be a path visible on every node (shared disk).
+Ray token auth stays on: the client reads the token from ~/.ray/auth_token (or RAY_AUTH_TOKEN).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXCLUDES = [".git", "bench/results", "**/__pycache__", "*.safetensors", ".gpubundle"]
+
+
+def build_job(job_args: list[str], pip: list[str] | None = None, env: dict | None = None) -> dict:
+    """The entrypoint and runtime_env for `JobSubmissionClient.submit_job` (separate for tests)."""
+    if not job_args:
+        raise SystemExit("give the job's arguments after `--`, e.g. -- --model tiny-qwen3 --input in.jsonl --output out.jsonl")
+    runtime_env: dict = {"working_dir": ROOT, "excludes": EXCLUDES,
+                         "env_vars": {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1",
+                                      "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", **(env or {})}}
+    if pip:
+        runtime_env["pip"] = pip
+    return {"entrypoint": "python -m cluster.jobs.generate " + " ".join(shlex.quote(a) for a in job_args),
+            "runtime_env": runtime_env}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    job_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--address", default=os.environ.get("RAY_API_SERVER_ADDRESS", "http://127.0.0.1:8265"),
+                    help="the head's dashboard address (Job API)")
+    ap.add_argument("--pip", nargs="*", default=None, help="extra pip packages for the job's runtime_env")
+    ap.add_argument("--no-wait", action="store_true", help="return after submitting")
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    a = ap.parse_args(own)
+    job = build_job(job_args, a.pip)
+    try:
+        from ray.job_submission import JobStatus, JobSubmissionClient
+    except ImportError as e:
+        raise SystemExit(f"the Job API needs Ray with the dashboard client: pip install 'ray[default]' ({e})")
+    os.environ.setdefault("RAY_AUTH_MODE", "token")  # auth stays on (Ray 2.60 default); never disable it
+    client = JobSubmissionClient(a.address)
+    job_id = client.submit_job(**job)
+    print(f"submitted {job_id}: {job['entrypoint']}")
+    if a.no_wait:
+        return 0
+    deadline = time.monotonic() + a.timeout
+    status = None
+    while time.monotonic() < deadline:
+        status = client.get_job_status(job_id)
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            break
+        time.sleep(2)
+    print(client.get_job_logs(job_id)[-4000:])
+    print(f"job {job_id}: {status}")
+    return 0 if status == JobStatus.SUCCEEDED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
