@@ -26,7 +26,9 @@ def test_reference_backend_refuses_tp2():
         LLM("tiny-qwen3", tp=2, dtype="float32")
 
 
-def test_unknown_executor_hint():
+def test_unknown_executor_hint(monkeypatch):
+    from mpk_runtime.runtime import executor
+    monkeypatch.delitem(executor._EXECUTORS, "ray", raising=False)  # as if `cluster` was never imported
     with pytest.raises(ValueError, match="import cluster"):
         LLM("tiny-qwen3", executor="ray", dtype="float32")
 
