@@ -54,3 +54,11 @@ def test_engine_fails_inflight_and_recovers_after_worker_exception():
             llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=5))
         assert llm.engine.allocator.num_free == llm.engine.allocator.num_pages
         assert llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=5))[0].token_ids == good
+
+
+def test_mpk_runtime_and_cluster_import_without_ray():
+    import subprocess
+    import sys
+    code = ("import sys; import mpk_runtime.engine, mpk_runtime.runtime.executor, cluster; "
+            "assert 'ray' not in sys.modules, 'ray was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=__file__.rsplit("/tests/", 1)[0])
