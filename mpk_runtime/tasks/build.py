@@ -52,6 +52,27 @@ class _WriterIndex:
         return [who for r, who in cand if r.overlaps(region)]
 
 
+def _wait_groups(ps: set, ranks: list[list[Task]], producers: dict) -> list[set]:
+    """Split a task's producers into one group per producing op, and drop groups already implied by another
+    group (every member is a direct producer of one task of that group, which the consumer waits for anyway).
+
+    Why: a consumer's producer set often mixes a big shared group (all gate_up tiles) with one private task
+    (the residual's tile). One event per distinct mixed set would make every tile of the big group signal
+    one event per consumer (128 atomics per task); per-op groups keep each producer's signals to a few."""
+    groups: dict[str, set] = {}
+    for who in ps:
+        groups.setdefault(ranks[who[0]][who[1]].op, set()).add(who)
+    out = list(groups.values())
+    if len(out) == 1:
+        return out
+    keep = []
+    for i, g in enumerate(out):
+        implied = any(g <= producers.get(next(iter(h)), set()) for j, h in enumerate(out) if j != i)
+        if not implied:
+            keep.append(g)
+    return keep or out
+
+
 def decompose(graph: Graph, tiling: Tiling) -> list[Task]:
     tasks: list[Task] = []
     for op in graph.ops:
@@ -93,15 +114,16 @@ def build_task_graphs(graphs: list[Graph], tiling: Tiling | None = None,
                     continue
                 if lag == 0:
                     producers[me] = ps
-                key = (frozenset(ps), lag)
-                eid = event_of[t.rank].get(key)
-                if eid is None:
-                    eid = len(events[t.rank])
-                    event_of[t.rank][key] = eid
-                    events[t.rank].append(Event(eid, t.rank, len(ps), sorted(ps)))
-                    for (pr, pid) in sorted(ps):
-                        ranks[pr][pid].signals.append((t.rank, eid))
-                t.waits.append((eid, lag))
+                for group in _wait_groups(ps, ranks, producers) if lag == 0 else [ps]:
+                    key = (frozenset(group), lag)
+                    eid = event_of[t.rank].get(key)
+                    if eid is None:
+                        eid = len(events[t.rank])
+                        event_of[t.rank][key] = eid
+                        events[t.rank].append(Event(eid, t.rank, len(group), sorted(group)))
+                        for (pr, pid) in sorted(group):
+                            ranks[pr][pid].signals.append((t.rank, eid))
+                    t.waits.append((eid, lag))
 
     makespans = list_schedule(ranks, tiling.num_sms, producers, cost)
     out = []

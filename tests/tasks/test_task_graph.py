@@ -37,9 +37,10 @@ def test_tile_level_dependencies():
 def test_allreduce_waits_on_matching_tiles_of_every_rank():
     tgs = graphs(tp=2)
     red = next(t for t in tgs[1].tasks if t.kind == "allreduce")
-    (eid, _), = red.waits
-    prods = [(r, tid) for r, tid in tgs[1].events[eid].producers if tgs[r].tasks[tid].kind != "embed"]
-    # besides the residual's producer (embed, on this rank): the overlapping o_proj tiles of both ranks
+    # one wait per producing op: the residual's producer (embed, this rank), and the o_proj tiles
+    assert len(red.waits) == 2
+    prods = [(r, tid) for eid, _ in red.waits for r, tid in tgs[1].events[eid].producers
+             if tgs[r].tasks[tid].kind != "embed"]
     assert {r for r, _ in prods} == {0, 1}
     for r, tid in prods:
         p = tgs[r].tasks[tid]
@@ -95,6 +96,14 @@ def test_wrong_triggers_and_deadlock_caught():
             g.tasks[tid].sm, g.tasks[tid].order = sm, i
     with pytest.raises(GraphCheckError, match="deadlock"):
         check_task_graphs(bad)
+
+
+def test_signal_fan_out_stays_small():
+    """Per-op wait groups: no producer signals one event per consumer tile (each signal is an atomic)."""
+    cfg = ModelConfig.from_name("llama-3.2-1b")
+    g = build_task_graphs([build_graph(cfg, batch=1)], Tiling(num_sms=132))[0]
+    assert max(len(t.signals) for t in g.tasks) <= 2
+    assert sum(len(t.signals) for t in g.tasks) < 2 * len(g.tasks)
 
 
 def test_real_model_graph_checks():
