@@ -18,6 +18,7 @@ from ..tasks.build import build_task_graphs
 from ..tasks.check import check_task_graphs
 from ..tasks.tiling import Tiling
 from .base import KVSpec, ModelRunner, SeqChunk, register_runner
+from .comm import ThreadComm
 from .memory import KVStore, RankMemory, StepCtx, connect
 from .pyvm import PyVM
 from .torch_exec import ConventionalExecutor
@@ -156,7 +157,7 @@ class _CPURunner(ModelRunner):
         num_pages = num_pages or max_batch * (-(-max_seq_len // page_size)) + 1
         self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
         self._comm = comm
-        threads = comm is not None and hasattr(comm, "group") and world_size > 1
+        threads = isinstance(comm, ThreadComm) and world_size > 1
         dist = comm is not None and not threads and world_size > 1
         if dist and self.backend == "pyvm":
             raise ValueError("the pyvm backend holds all ranks in one process; with ranks in separate processes "
