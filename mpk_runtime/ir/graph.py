@@ -73,6 +73,17 @@ class Graph:
                 return o
         raise KeyError(f"no op {name!r} in graph; ops: {[o.name for o in self.ops][:8]}...")
 
+    def subgraph(self, op_names: list[str] | set[str]) -> "Graph":
+        """The same step restricted to some ops (a plan segment). Tensors are shared, so segments hand
+        activations and the KV cache to each other through memory; inputs produced by an earlier segment
+        are complete when the segment starts (the launch boundary orders them)."""
+        keep = set(op_names)
+        unknown = keep - {o.name for o in self.ops}
+        if unknown:
+            raise KeyError(f"ops not in graph: {sorted(unknown)[:5]}")
+        return Graph(self.config, self.mode, self.batch, self.tokens_per_seq, self.context_len, self.max_seq_len,
+                     self.tp, self.rank, self.tensors, [o for o in self.ops if o.name in keep])
+
     def total_bytes(self) -> int:
         return sum(o.bytes for o in self.ops)
 

@@ -89,6 +89,7 @@ class StepCtx:
     page_size: int
     tokens_per_seq: int
     inv_freq: torch.Tensor
+    kv_len_cap: int = 0            # conventional attention gathers this many keys (static shapes); 0 = as needed
 
     @property
     def parity(self) -> int:

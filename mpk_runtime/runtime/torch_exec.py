@@ -11,6 +11,7 @@ from ..ir.graph import Graph
 from ..tasks.build import decompose
 from ..tasks.ops import get_task_kind
 from ..tasks.tiling import Tiling
+from .conventional_ops import OPS as WHOLE_OPS
 from .memory import RankMemory, StepCtx
 
 COARSE = Tiling(num_sms=1, linear_cols=1 << 30, allreduce_cols=1 << 30)
@@ -23,8 +24,18 @@ class ConventionalExecutor:
 
     def __init__(self, graphs: list[Graph], mems: list[RankMemory], comm=None):
         self.mems, self.comm = mems, comm
-        self.tasks = [decompose(g, COARSE) for g in graphs]
-        self.kernels = {t.kind: get_task_kind(t.kind) for ts in self.tasks for t in ts}
+        # ops with a batched whole-op version run as one pseudo-task; the rest as their coarse tiles
+        self.tasks = []
+        for g in graphs:
+            ts = []
+            for op in g.ops:
+                if op.kind in WHOLE_OPS:
+                    ts.append(_WholeOp(op))
+                else:
+                    ts.extend(decompose(g.subgraph([op.name]), COARSE))
+            self.tasks.append(ts)
+        self.kernels = {t.kind: (WHOLE_OPS[t.kind] if isinstance(t, _WholeOp) else get_task_kind(t.kind))
+                        for ts in self.tasks for t in ts}
         if comm is not None and comm.world_size > 1:
             if len(mems) != 1:
                 raise ValueError("with a communicator each process holds exactly one rank")
@@ -44,4 +55,11 @@ class ConventionalExecutor:
             for r, ts in enumerate(self.tasks):
                 if i < len(ts):
                     t = ts[i]
-                    self.kernels[t.kind](t, self.mems[r], ctxs[r])
+                    self.kernels[t.kind](t.op if isinstance(t, _WholeOp) else t, self.mems[r], ctxs[r])
+
+
+class _WholeOp:
+    """An op run whole (conventional_ops) in the executor's program order."""
+
+    def __init__(self, op):
+        self.op, self.kind = op, op.kind

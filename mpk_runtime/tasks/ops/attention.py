@@ -47,7 +47,7 @@ def decompose(op, graph, tiling, rank):
 
 def _keys(cache: torch.Tensor, table: torch.Tensor, lo: int, hi: int, page_size: int, g: int) -> torch.Tensor:
     """Positions [lo, hi) of KV head g of one sequence, gathered through its page table: (n, D)."""
-    pos = torch.arange(lo, hi)
+    pos = torch.arange(lo, hi, device=cache.device)
     return cache[table[pos // page_size], pos % page_size, g]
 
 
@@ -70,8 +70,8 @@ def execute_partial(task, mem, ctx):
     k = _keys(mem.kv(p["k_cache"]), table, lo, hi, ctx.page_size, g).float()  # (n, D)
     v = _keys(mem.kv(p["v_cache"]), table, lo, hi, ctx.page_size, g).float()
     scores = torch.einsum("tgd,nd->tgn", q, k) * p["scale"]
-    kpos = torch.arange(lo, hi)
-    qpos = pos0 + torch.arange(T)
+    kpos = torch.arange(lo, hi, device=q.device)
+    qpos = pos0 + torch.arange(T, device=q.device)
     scores = scores.masked_fill(kpos[None, None, :] > qpos[:, None, None], float("-inf"))
     mx = scores.amax(-1, keepdim=True)
     mx_safe = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)

@@ -20,5 +20,5 @@ def split_range(n: int, tile: int) -> list[tuple[int, int]]:
 def row_positions(ctx, rows: range | None = None) -> torch.Tensor:
     """Absolute position of every row m = b * T + t of the step: pos[b] + t. (M,) int64."""
     T = ctx.tokens_per_seq
-    pos = ctx.pos.repeat_interleave(T) + torch.arange(T).repeat(ctx.pos.numel())
+    pos = ctx.pos.repeat_interleave(T) + torch.arange(T, device=ctx.pos.device).repeat(ctx.pos.numel())
     return pos if rows is None else pos[rows.start:rows.stop]

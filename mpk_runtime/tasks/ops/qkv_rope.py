@@ -66,6 +66,6 @@ def execute(task, mem, ctx):
     cache = mem.kv(p[f"{p['which']}_cache"])  # (pages, page_size, n_kv, D)
     live = pos >= 0                            # rows of padded (inactive) sequences have pos < 0
     T = ctx.tokens_per_seq
-    b = torch.arange(x.shape[0]) // T
+    b = torch.arange(x.shape[0], device=x.device) // T
     page = ctx.block_tables[b[live], pos[live] // ctx.page_size]
     cache[page, pos[live] % ctx.page_size, h] = y[live]
