@@ -30,6 +30,32 @@ __device__ __forceinline__ uint64_t ld_acquire_u64(const uint64_t* p) {
 __device__ __forceinline__ void red_release_add_u64(uint64_t* p, uint64_t v) {
   asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+// --- cross-rank (system scope) counterparts, for counters on the symmetric heap (world size > 1) -------------
+// A wait on an event that another rank signals acquires at system scope (the remote producer releases there).
+__device__ __forceinline__ uint64_t ld_acquire_sys_u64(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t ld_acquire_scoped_u64(const uint64_t* p, bool sys) {
+  return sys ? ld_acquire_sys_u64(p) : ld_acquire_u64(p);
+}
+__device__ __forceinline__ void red_release_sys_add_u64(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+// One signal word of the task record (codegen/layout.py SIGNAL_REMOTE_BIT): a counter address; bit 0 set = the
+// counter is a peer rank's (an nvshmem_ptr peer address over NVLink). Remote: make this CTA's data stores (made
+// before the caller's __syncthreads, some of them peer stores) visible system-wide, then a system-scope release
+// add on the peer's counter. Local: the gpu-scope release add (the caller already did __threadfence()).
+__device__ __forceinline__ void signal_counter(int64_t word) {
+  if (word & SIGNAL_REMOTE_BIT) {
+    fence_acq_rel_sys();
+    red_release_sys_add_u64(reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(word & ~(int64_t)SIGNAL_REMOTE_BIT)), 1ull);
+  } else {
+    red_release_add_u64(reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(word)), 1ull);
+  }
+}
 __device__ __forceinline__ uint64_t globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -48,6 +74,27 @@ __device__ __forceinline__ uint4 ld_weight16(const void* p) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
+// L2 prefetch (no completion, no register result): a bulk range through the TMA unit, or one 128-byte line.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {  // p, bytes: multiples of 16
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void prefetch_l2_line(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+// Prefetch bytes [from, to) of each of a task's (up to two) weight ranges, pf = {ptr0, n0, ptr1, n1}.
+__device__ inline void prefetch_task_weights(const int64_t* pf, int64_t from, int64_t to) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t base = pf[2 * r], n = pf[2 * r + 1];
+    const int64_t e = to < n ? to : n;
+    if (base == 0) continue;
+    for (int64_t o = from; o < e; o += 32768) {
+      const int64_t len = (e - o) < 32768 ? (e - o) : 32768;
+      prefetch_l2_bulk(reinterpret_cast<const void*>(static_cast<uintptr_t>(base + o)), (uint32_t)(len & ~15LL));
+    }
+  }
+}
+
 // Activations / KV / counters-protected data written earlier in this launch by other SMs: L2 (coherent) loads.
 __device__ __forceinline__ uint4 ld_act16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 __device__ __forceinline__ float ld_act_bf16(const bf16* p) {

@@ -28,23 +28,41 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   uint64_t* trace = ptr<uint64_t>(P[P_TRACE]);
   const int64_t trace_steps = P[P_TRACE_STEPS], num_tasks = P[P_NUM_TASKS];
   const uint64_t timeout_ns = (uint64_t)P[P_TIMEOUT_NS];
+  const int64_t* pft = ptr<const int64_t>(P[P_PREFETCH]);
   const int beg = offs[sm], end = offs[sm + 1];
+  int64_t la_done = 0;  // thread 0: bytes per weight range of this task already prefetched as the lookahead
   for (int ls = 0; ls < nsteps; ++ls) {
     const int64_t step = first_step + ls;
     for (int i = beg; i < end; ++i) {
       const int tid = list[i];
       const int64_t* rec = tasks + (int64_t)tid * TASK_WORDS;
       if (threadIdx.x == 0) {
+        if (PF_CUR > 0 && pft != nullptr) {  // weights never wait on events: start streaming them now
+          const int64_t* pf = pft + (int64_t)tid * PF_WORDS;
+          const int nr = (pf[0] != 0) + (pf[2] != 0);
+          if (nr > 0) prefetch_task_weights(pf, la_done, PF_CUR / nr);
+          la_done = 0;
+          const int nx = (i + 1 < end) ? i + 1 : ((ls + 1 < nsteps) ? beg : -1);
+          if (PF_NEXT > 0 && nx >= 0) {
+            const int64_t* pn = pft + (int64_t)list[nx] * PF_WORDS;
+            const int nrn = (pn[0] != 0) + (pn[2] != 0);
+            if (nrn > 0) {
+              la_done = PF_NEXT / nrn;
+              prefetch_task_weights(pn, 0, la_done);
+            }
+          }
+        }
         int abort = 0;
         for (int64_t w = rec[T_WAIT_BEGIN]; w < rec[T_WAIT_END] && !abort; ++w) {
           const int64_t* wr = waits + w * WAIT_WORDS;
           const uint64_t* ctr = counters + wr[W_EVENT];
           const int64_t need = wr[W_TRIGGERS] * (step - wr[W_LAG]);
-          uint64_t v = ld_acquire_u64(ctr);
+          const bool sys = wr[W_SCOPE] != 0;  // signalled by another rank: acquire at system scope
+          uint64_t v = ld_acquire_scoped_u64(ctr, sys);
           if ((int64_t)v >= need) continue;
           const uint64_t t0 = globaltimer();
           for (uint32_t it = 1;; ++it) {
-            v = ld_acquire_u64(ctr);
+            v = ld_acquire_scoped_u64(ctr, sys);
             if ((int64_t)v >= need) break;
             if ((it & 255) == 0) {
               if (ld_volatile_s64(status + S_FLAG) != STATUS_OK) { abort = 1; break; }
@@ -84,7 +102,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       if (threadIdx.x == 0) {
         __threadfence();
         for (int64_t s = rec[T_SIG_BEGIN]; s < rec[T_SIG_END]; ++s)
-          red_release_add_u64(ptr<uint64_t>(signals[s]), 1ull);
+          signal_counter(signals[s]);  // local: release.gpu; a peer's (tagged): fence.sys + release.sys
         if (trace != nullptr && ls < trace_steps) trace[((int64_t)ls * num_tasks + tid) * 2 + 1] = globaltimer();
       }
     }

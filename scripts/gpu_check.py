@@ -46,7 +46,8 @@ def log(*a):
 class Rig:
     """A CUDA megakernel for one model/batch, and (optionally) a CPU pyvm twin on the same bf16 weights."""
 
-    def __init__(self, model, B, *, seed=0, max_seq=512, ps=16, num_sms=None, cpu_ref=True, trace_steps=0):
+    def __init__(self, model, B, *, seed=0, max_seq=512, ps=16, num_sms=None, cpu_ref=True, trace_steps=0,
+                 splits=2, build=None):
         self.cfg = cfg = load_config(model)
         self.B, self.ps, self.max_seq = B, ps, max_seq
         t0 = time.time()
@@ -54,7 +55,7 @@ class Rig:
         w_gpu = {k: v.to("cuda") for k, v in w_cpu.items()}
         log(f"[{model} B={B}] weights {time.time() - t0:.1f}s")
         num_sms = num_sms or torch.cuda.get_device_properties(0).multi_processor_count
-        g = build_graph(cfg, mode="decode", batch=B, context_len=0, max_seq_len=max_seq, attn_splits=2,
+        g = build_graph(cfg, mode="decode", batch=B, context_len=0, max_seq_len=max_seq, attn_splits=splits,
                         dtype="bfloat16")
         self.graph = g
         self.tg = build_task_graphs([g], Tiling(num_sms=num_sms))[0]
@@ -67,12 +68,13 @@ class Rig:
         self.tables = self.tables_cpu.to("cuda")
         self.pos = torch.zeros(B, dtype=torch.int64, device="cuda")
         self.mk = Megakernel(self.tg, self.mem, page_size=ps, block_tables=self.tables, pos=self.pos,
-                             inv_freq=rope_inv_freq(cfg), head_dim=cfg.head_dim, trace_steps=trace_steps)
+                             inv_freq=rope_inv_freq(cfg), head_dim=cfg.head_dim, trace_steps=trace_steps,
+                             build_result=build)
         log(f"  build: cached={self.mk.build.cached} {self.mk.build.resources} smem={self.mk.smem} occ={self.mk.occupancy}")
         self.ref = None
         if cpu_ref:
             self.ref = TPGroup(cfg, [w_cpu], num_pages=self.num_pages, page_size=ps, max_seq_len=max_seq, num_sms=8,
-                               mode="ordered", dtype="bfloat16", check=False)
+                               mode="ordered", dtype="bfloat16", check=False, attn_splits=splits)
         wbytes = sum(t.numel() * t.element_size() for n, t in w_cpu.items())
         if not cfg.tie_word_embeddings:
             wbytes -= w_cpu["model.embed_tokens.weight"].numel() * 2   # gathered, not streamed
@@ -91,8 +93,8 @@ class Rig:
         return lg.float(), self.ref.next_tokens(self.B)
 
 
-def check_correct(model, B, steps, res):
-    rig = Rig(model, B, max_seq=256)
+def check_correct(model, B, steps, res, splits=2):
+    rig = Rig(model, B, max_seq=256, splits=splits)
     g = torch.Generator().manual_seed(1)
     tok = torch.randint(0, rig.cfg.vocab_size, (B,), generator=g)
     pos = torch.zeros(B, dtype=torch.int64)  # every sequence starts empty (unwritten KV is NaN-poisoned)
@@ -112,7 +114,7 @@ def check_correct(model, B, steps, res):
     lm, nm = rig.mk_step(tok, pos, nsteps=k)
     rel_multi = ((lm - lr).norm() / lr.norm()).item()
     multi_ok = bool((nr == nm).all())
-    r = dict(model=model, batch=B, steps=steps, token_mismatches=mism, worst_rel_logit_err=worst,
+    r = dict(model=model, batch=B, splits=splits, steps=steps, token_mismatches=mism, worst_rel_logit_err=worst,
              multi_step_launch=k, multi_tokens_equal=multi_ok, multi_rel_err=rel_multi,
              ok=(mism == 0 and worst < 2e-2 and multi_ok))
     log(json.dumps(r))
@@ -127,8 +129,8 @@ def trace_tiny(res):
     res.append(dict(model="tiny-llama", trace_events=len(d["traceEvents"])))
 
 
-def timing(model, B, res, ctx=256, reps=30, variants=(1, 4, 16), cpu_check_steps=0):
-    rig = Rig(model, B, max_seq=512, cpu_ref=cpu_check_steps > 0, trace_steps=1)
+def timing(model, B, res, ctx=256, reps=30, variants=(1, 4, 16), cpu_check_steps=0, splits=2, kvariants=None):
+    rig = Rig(model, B, max_seq=512, cpu_ref=cpu_check_steps > 0, trace_steps=1, splits=splits)
     tok = torch.randint(0, rig.cfg.vocab_size, (B,))
     pos = torch.full((B,), ctx)
     if cpu_check_steps:
@@ -145,6 +147,26 @@ def timing(model, B, res, ctx=256, reps=30, variants=(1, 4, 16), cpu_check_steps
     rig.mem.t("tokens").copy_(tok)
     rig.pos.copy_(pos)
     floor_ms = rig.weight_bytes / HBM * 1e3
+    for name, build in (kvariants or {}).items():   # kernel variants (specialisation constants) on one rig
+        mk = Megakernel(rig.tg, rig.mem, page_size=rig.ps, block_tables=rig.tables, pos=rig.pos,
+                        inv_freq=rope_inv_freq(rig.cfg), head_dim=rig.cfg.head_dim, build_result=build)
+        n = 8
+        for _ in range(2):
+            rig.pos.copy_(pos); mk.launch(n)
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(12):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            rig.pos.copy_(pos)
+            a.record(); mk.launch(n); b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / n)
+        mk.check()
+        ts.sort()
+        r = dict(model=model, batch=B, splits=splits, variant=name, ms_per_step_median=ts[len(ts) // 2],
+                 nsteps_per_launch=n, floor_ms=floor_ms, pct_of_floor=100 * floor_ms / ts[len(ts) // 2], ctx=ctx)
+        log(json.dumps(r)); res.append(r)
+        del mk
     for n in variants:
         for _ in range(3):
             rig.mk.launch(n)
@@ -161,18 +183,18 @@ def timing(model, B, res, ctx=256, reps=30, variants=(1, 4, 16), cpu_check_steps
         med = ts[len(ts) // 2]
         r = dict(model=model, batch=B, nsteps_per_launch=n, ms_per_step_median=med, ms_min=ts[0], ms_max=ts[-1],
                  floor_ms=floor_ms, pct_of_floor=100 * floor_ms / med, weight_bytes=rig.weight_bytes,
-                 num_sms=rig.tg.num_sms, tasks=len(rig.tg.tasks), ctx=ctx)
+                 num_sms=rig.tg.num_sms, tasks=len(rig.tg.tasks), ctx=ctx, splits=splits)
         log(json.dumps(r))
         res.append(r)
     # per-kind task time of one traced step (the trace records step 1 of the last launch)
     rig.pos.copy_(pos); rig.mk.launch(1); torch.cuda.synchronize(); rig.mk.check()
-    d = rig.mk.chrome_trace(str(OUT / f"trace_{model}_b{B}.json"))
+    d = rig.mk.chrome_trace(str(OUT / f"trace_{model}_b{B}_s{splits}.json"))
     kinds: dict = {}
     for e in d["traceEvents"]:
         k = kinds.setdefault(e["cat"].split(".")[-1] if e["name"] == "linear" else e["name"], [0, 0.0])
         k[0] += 1; k[1] += e["dur"]
     span = max(e["ts"] + e["dur"] for e in d["traceEvents"]) - min(e["ts"] for e in d["traceEvents"])
-    r = dict(model=model, batch=B, traced_step_us=span, per_kind_count_and_mean_us={k: [v[0], v[1] / v[0]] for k, v in kinds.items()})
+    r = dict(model=model, batch=B, splits=splits, traced_step_us=span, per_kind_count_and_mean_us={k: [v[0], v[1] / v[0]] for k, v in kinds.items()})
     log(json.dumps(r)); res.append(r)
 
 
@@ -181,22 +203,45 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny models only, few steps")
     ap.add_argument("--models", default="tiny-llama,tiny-qwen3,llama-3.2-1b")
     ap.add_argument("--steps", type=int, default=36)
+    ap.add_argument("--variants", default="", help="kernel variants to time on 1b B=1: "
+                    "name:KEY=V/KEY=V,name2:... (specialisation constants, e.g. nopf:PF_CUR=0/PF_NEXT=0/PF_DIST=0)")
+    ap.add_argument("--splits", default="2", help="attention splits for the 1b B=1 timing, comma list")
     args = ap.parse_args()
     res: list[dict] = []
     log(f"=== gpu_check {time.ctime()} {torch.cuda.get_device_name(0)} torch {torch.__version__}")
     t0 = time.time()
     b = nvcc.build()
     log(f"build {b.cubin} cached={b.cached} {time.time() - t0:.1f}s {b.resources}")
+    kv = {}
+    if args.variants:
+        from concurrent.futures import ThreadPoolExecutor
+        specs = {}
+        for item in args.variants.split(","):
+            name, _, kvs = item.partition(":")
+            specs[name] = {k: int(v) for k, v in (x.split("=") for x in kvs.split("/") if x)}
+        with ThreadPoolExecutor(len(specs)) as ex:   # nvcc runs are independent processes
+            futs = {n: ex.submit(nvcc.build, constants=c) for n, c in specs.items()}
+            for n, f in futs.items():
+                try:
+                    kv[n] = f.result()
+                    log(f"variant {n} {specs[n]}: {kv[n].resources}")
+                except Exception as e:  # noqa: BLE001
+                    log(f"variant {n} build FAILED {e}")
+        log(f"variant builds {time.time() - t0:.1f}s")
     sections = []
     for m in args.models.split(","):
         if m.startswith("tiny"):
             for B in ((1,) if args.quick else (1, 8)):
                 sections.append((f"correct {m} B={B}", lambda m=m, B=B: check_correct(m, B, 4 if args.quick else args.steps, res)))
+            sections.append((f"correct {m} B=1 splits=4", lambda m=m: check_correct(m, 1, 8, res, splits=4)))
     if not args.quick:
         sections.append(("trace", lambda: trace_tiny(res)))
         if "llama-3.2-1b" in args.models:
-            sections.append(("time 1b B=1", lambda: timing("llama-3.2-1b", 1, res, cpu_check_steps=2)))
-            sections.append(("time 1b B=8", lambda: timing("llama-3.2-1b", 8, res, variants=(1, 4))))
+            for i, sp in enumerate(int(x) for x in args.splits.split(",")):
+                sections.append((f"time 1b B=1 splits={sp}", lambda sp=sp, i=i: timing(
+                    "llama-3.2-1b", 1, res, cpu_check_steps=2 if i == 0 else 0, splits=sp,
+                    variants=(1, 8) if i == 0 else (8,), kvariants=kv if i == 0 else None)))
+            sections.append(("time 1b B=8", lambda: timing("llama-3.2-1b", 8, res, variants=(4,))))
     for name, fn in sections:
         t = time.time()
         try:
@@ -215,10 +260,14 @@ def main():
             print(f"correct {r['model']:<12} B={r['batch']} steps={r['steps']} mism={r['token_mismatches']} "
                   f"rel={r['worst_rel_logit_err']:.2e} multi={r['multi_tokens_equal']} ok={r['ok']}")
         elif "ms_per_step_median" in r:
-            print(f"time {r['model']} B={r['batch']} n/launch={r['nsteps_per_launch']}: {r['ms_per_step_median']:.3f} "
+            print(f"time {r['model']} B={r['batch']} S={r.get('splits')} {r.get('variant', '')} "
+                  f"n/launch={r['nsteps_per_launch']}: {r['ms_per_step_median']:.3f} "
                   f"ms/step (floor {r['floor_ms']:.3f}, {r['pct_of_floor']:.0f}% of floor)")
         elif "rel_err" in r:
             print(f"check {r['model']} B={r['batch']} step {r['check_step']}: rel={r['rel_err']:.2e} tok_eq={r['tokens_equal']}")
+        elif "per_kind_count_and_mean_us" in r:
+            print(f"trace {r['model']} B={r['batch']} S={r['splits']} step {r['traced_step_us']:.0f} us: " + ", ".join(
+                f"{k} {v[0]}x{v[1]:.1f}us" for k, v in r["per_kind_count_and_mean_us"].items()))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,18 @@ __device__ __forceinline__ void linear_core_t(const bf16* xs, int M, int K, cons
   const int KV = K >> 3;  // 16-byte vectors per row
   // each warp pass: NC columns, UN vectors per lane per column in flight before the first FMA
   for (int nb = n0 + warp * NC; nb < n1; nb += nwarps * NC) {
+    if (PF_DIST > 0) {  // this warp's rows PF_DIST passes ahead -> L2 (keeps HBM busy between round trips)
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        const int n = nb + PF_DIST * nwarps * NC + c;
+        if (n < n1) {
+          for (int off = lane * 64; off < K; off += 32 * 64) {  // 64 bf16 = one 128-byte line per lane
+            prefetch_l2_line(w0 + (int64_t)n * K + off);
+            if (TWO) prefetch_l2_line(w1 + (int64_t)n * K + off);
+          }
+        }
+      }
+    }
     float acc0[NC][MT], acc1[NC][MT];
 #pragma unroll
     for (int c = 0; c < NC; ++c)

@@ -38,10 +38,12 @@ def generate_header(constants: dict[str, int] | None = None) -> str:
     out.append(f"constexpr int WAIT_WORDS = {len(L.WAIT_FIELDS)};")
     for i, f in enumerate(L.WAIT_FIELDS):
         out.append(f"constexpr int W_{_ident(f)} = {i};")
+    out.append(f"constexpr int64_t SIGNAL_REMOTE_BIT = {L.SIGNAL_REMOTE_BIT};")
     out += ["", "// kernel parameter block"]
     out.append(f"constexpr int NUM_PARAMS = {len(L.PARAMS)};")
     for i, f in enumerate(L.PARAMS):
         out.append(f"constexpr int P_{_ident(f)} = {i};")
+    out.append(f"constexpr int PF_WORDS = {L.PF_WORDS};")
     out += ["", "// status block"]
     out.append(f"constexpr int STATUS_WORDS = {len(L.STATUS)};")
     for i, f in enumerate(L.STATUS):

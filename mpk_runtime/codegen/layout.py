@@ -38,12 +38,20 @@ OUT_KINDS = ["bf16", "f32", "push"]
 WHICH = ["q", "k", "v"]
 
 # --- waits: WAIT_WORDS int64 per wait; signals: one int64 counter address each ---------------------------------
-WAIT_FIELDS = ["event", "triggers", "lag"]
+WAIT_FIELDS = ["event", "triggers", "lag", "scope"]   # scope: 0 = gpu, 1 = sys (a peer rank signals the event)
+# A signal word is a counter address; bit SIGNAL_REMOTE_BIT set = a peer rank's counter (an nvshmem_ptr address
+# on the symmetric heap): the kernel then fences at system scope and releases at system scope.
+SIGNAL_REMOTE_BIT = 1
 
 # --- kernel parameter block (int64 words, device resident) -----------------------------------------------------
 PARAMS = ["tasks", "sm_offsets", "sm_tasks", "waits", "signals", "counters", "status", "trace", "trace_steps",
           "pos", "block_tables", "max_pages", "page_size", "inv_freq", "timeout_ns", "num_tasks", "batch",
-          "num_sms"]
+          "num_sms", "prefetch"]
+
+# --- weight prefetch table: PF_WORDS int64 per task: up to two (device address, bytes) weight ranges ---------
+# Weights never depend on events, so an SM pulls the next task's weight bytes into L2 (cp.async.bulk.prefetch)
+# before it spins on that task's events: HBM keeps streaming across dependency waits.
+PF_WORDS = 4
 
 # --- status block written by the first SM whose wait times out (int64 words) ------------------------------------
 STATUS = ["flag", "sm", "task", "event", "counter", "needed", "step", "elapsed_ns"]
@@ -56,6 +64,9 @@ CONSTANTS = {
     "UNROLL": 8,           # 16-byte weight loads in flight per lane per column (batch <= 2)
     "MAX_GS": 8,           # q heads per KV group handled by one attention task
     "MAX_HEAD_DIM": 128,
+    "PF_CUR": 256 * 1024,   # bytes of a task's weights pulled into L2 before waiting on its events (0 = off)
+    "PF_NEXT": 128 * 1024,  # bytes of the following task's weights pulled into L2 at the same time
+    "PF_DIST": 2,           # linear: L2-prefetch the weight rows this many warp passes ahead (0 = off)
 }
 
 KERNEL_NAME = "mpk_megakernel"

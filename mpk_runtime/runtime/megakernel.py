@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,14 +26,40 @@ def f32_bits(x: float) -> int:
     return struct.unpack("<i", struct.pack("<f", float(x)))[0] & 0xFFFFFFFF
 
 
-class TaskPacker:
-    """TaskGraph -> int64 arrays (tasks, waits, signals, SM lists) with device addresses from a RankMemory."""
+@dataclass
+class PeerTable:
+    """World size > 1: the other ranks' event counters and symmetric buffers as this rank addresses them
+    (nvshmem_ptr peer addresses over NVLink; entry `rank` is the local address). Index = rank."""
 
-    def __init__(self, tg: TaskGraph, mem: RankMemory, counters_ptr: int, head_dim: int):
+    rank: int
+    world: int
+    counters: list[int]                                   # base of rank r's counter array (int64 words)
+    syms: dict[str, list[int]] = field(default_factory=dict)   # sym name -> base of rank r's (2, ...) buffer
+
+
+class TaskPacker:
+    """TaskGraph -> int64 arrays (tasks, waits, signals, SM lists) with device addresses from a RankMemory.
+
+    World size > 1 needs a PeerTable: a push writes slot `rank` of every rank's buffer through the peer
+    addresses, a signal to rank r's event e is `counters[r] + 8 e` tagged with SIGNAL_REMOTE_BIT, and a wait
+    on an event with a producer on another rank acquires at system scope."""
+
+    def __init__(self, tg: TaskGraph, mem: RankMemory, counters_ptr: int, head_dim: int,
+                 peers: PeerTable | None = None, device: torch.device | str | None = None):
         self.tg, self.mem, self.D = tg, mem, head_dim
         self.counters_ptr = counters_ptr
+        self.peers = peers
+        self.device = device
+        if tg.world_size > 1 and peers is None:
+            raise ValueError(f"rank {tg.rank} of a world of {tg.world_size}: cross-rank pushes and signals need a "
+                             "PeerTable (peer counter / symmetric buffer addresses; runtime.nvshmem.peer_table)")
+        if peers is not None and (peers.rank != tg.rank or peers.world != tg.world_size
+                                  or len(peers.counters) != tg.world_size):
+            raise ValueError(f"PeerTable for rank {peers.rank}/{peers.world} ({len(peers.counters)} counter bases) "
+                             f"does not match TaskGraph rank {tg.rank}/{tg.world_size}")
         self._peer_arrays: dict[str, torch.Tensor] = {}   # keep alive
         self.smem = 0
+        self.prefetch: torch.Tensor | None = None   # (n, PF_WORDS) int64 weight ranges, filled by pack()
 
     def _t(self, name):
         return self.mem.t(name).data_ptr() if name else 0
@@ -43,8 +70,14 @@ class TaskPacker:
 
     def _peers(self, name):
         if name not in self._peer_arrays:
-            ptrs = [p.syms[name].data_ptr() for p in self.mem.peers]
-            self._peer_arrays[name] = torch.tensor(ptrs, dtype=torch.int64, device=self.mem.syms[name].device)
+            if self.peers is not None:
+                if name not in self.peers.syms:
+                    raise KeyError(f"PeerTable has no peer addresses for symmetric buffer {name!r}")
+                ptrs = list(self.peers.syms[name])
+            else:
+                ptrs = [p.syms[name].data_ptr() for p in self.mem.peers]
+            dev = self.device if self.device is not None else self.mem.syms[name].device
+            self._peer_arrays[name] = torch.tensor(ptrs, dtype=torch.int64, device=dev)
         return self._peer_arrays[name].data_ptr(), len(self.mem.peers)
 
     def pack(self):
@@ -52,30 +85,46 @@ class TaskPacker:
         n = len(tg.tasks)
         tasks = torch.zeros((n, L.TASK_WORDS), dtype=torch.int64)
         waits, signals = [], []
+        self.prefetch = torch.zeros((max(n, 1), L.PF_WORDS), dtype=torch.int64)
         for t in tg.tasks:
             row = tasks[t.id]
             row[L.TASK_HEADER.index("opcode")] = L_OPCODE[t.kind]
             row[L.TASK_HEADER.index("task_id")] = t.id
             row[L.TASK_HEADER.index("wait_begin")] = len(waits)
             for e, lag in t.waits:
-                waits.append([e, tg.events[e].triggers, lag])
+                remote = any(r != tg.rank for r, _ in tg.events[e].producers)
+                waits.append([e, tg.events[e].triggers, lag, int(remote)])
             row[L.TASK_HEADER.index("wait_end")] = len(waits)
             row[L.TASK_HEADER.index("sig_begin")] = len(signals)
             for r, e in t.signals:
                 if r != tg.rank:
-                    raise NotImplementedError("cross-rank signals need peer counter pointers (world size > 1)")
-                signals.append(self.counters_ptr + 8 * e)
+                    signals.append((self.peers.counters[r] + 8 * e) | L.SIGNAL_REMOTE_BIT)
+                else:
+                    signals.append(self.counters_ptr + 8 * e)
             row[L.TASK_HEADER.index("sig_end")] = len(signals)
-            for k, v in getattr(self, "_pack_" + t.kind)(t.params).items():
+            args = getattr(self, "_pack_" + t.kind)(t.params)
+            for k, v in args.items():
                 row[L.arg_index(t.kind, k)] = int(v)
+            for j, (a, nb) in enumerate(self._weight_ranges(t.kind, args)[:2]):
+                self.prefetch[t.id, 2 * j], self.prefetch[t.id, 2 * j + 1] = int(a), int(nb)
         offs = [0]
         flat: list[int] = []
         for lst in tg.sm_lists:
             flat += lst
             offs.append(len(flat))
-        return (tasks, torch.tensor(waits or [[0, 0, 0]], dtype=torch.int64),
+        return (tasks, torch.tensor(waits or [[0] * len(L.WAIT_FIELDS)], dtype=torch.int64),
                 torch.tensor(signals or [0], dtype=torch.int64), torch.tensor(offs, dtype=torch.int32),
                 torch.tensor(flat or [0], dtype=torch.int32))
+
+    @staticmethod
+    def _weight_ranges(kind: str, a: dict) -> list[tuple[int, int]]:
+        """The contiguous weight byte ranges a task streams (prefetched into L2 before its events are met)."""
+        if kind == "linear":
+            n0, n1, K = a["n0"], a["n1"], a["k"]
+            return [(w + n0 * K * 2, (n1 - n0) * K * 2) for w in (a["w0"], a["w1"]) if w]
+        if kind == "qkv_rope":
+            return [(a["w"], a["d"] * a["k"] * 2)]
+        return []
 
     def _need(self, nbytes: int):
         self.smem = max(self.smem, int(nbytes))
@@ -191,22 +240,30 @@ class Megakernel:
 
     def __init__(self, tg: TaskGraph, mem: RankMemory, *, page_size: int, block_tables: torch.Tensor,
                  pos: torch.Tensor, inv_freq: torch.Tensor, head_dim: int, timeout_s: float = 2.0,
-                 trace_steps: int = 0, build_result=None):
+                 trace_steps: int = 0, build_result=None, peers: PeerTable | None = None,
+                 counters: torch.Tensor | None = None):
+        """World size > 1: `counters` (int64, >= len(tg.events) + 1 words, zeroed, on the symmetric heap) and
+        `peers` (their and the symmetric buffers' peer addresses) come from runtime.nvshmem.SymmetricHeap."""
         from ..codegen import nvcc
         self.tg, self.mem = tg, mem
         dev = mem.t("tokens").device
         assert dev.type == "cuda", "Megakernel needs a RankMemory on a CUDA device"
         self.device = dev
         self.steps_done = 0
-        self.counters = torch.zeros(len(tg.events) + 1, dtype=torch.int64, device=dev)  # never reset
+        if counters is None:
+            counters = torch.zeros(len(tg.events) + 1, dtype=torch.int64, device=dev)  # never reset
+        elif counters.numel() < len(tg.events) + 1 or counters.dtype != torch.int64:
+            raise ValueError(f"counters: need >= {len(tg.events) + 1} int64 words, got {counters.numel()} {counters.dtype}")
+        self.counters = counters
         self.status = torch.zeros(len(L.STATUS), dtype=torch.int64, device=dev)
         self.pos, self.block_tables = pos, block_tables            # (B,) int64, (B, max_pages) int64 on dev
         self.inv_freq = inv_freq.to(device=dev, dtype=torch.float32).contiguous()
         self.trace_steps = trace_steps
         self.trace = torch.zeros(max(trace_steps, 1) * len(tg.tasks) * 2, dtype=torch.int64, device=dev)
-        packer = TaskPacker(tg, mem, self.counters.data_ptr(), head_dim)
+        packer = TaskPacker(tg, mem, self.counters.data_ptr(), head_dim, peers=peers, device=dev)
         tasks, waits, signals, offs, flat = packer.pack()
         self._keep = packer._peer_arrays
+        self.prefetch = packer.prefetch.to(dev)
         self.tasks, self.waits, self.signals = tasks.to(dev), waits.to(dev), signals.to(dev)
         self.sm_offsets, self.sm_tasks = offs.to(dev), flat.to(dev)
         self.smem = max(packer.smem, 1024)
@@ -226,7 +283,7 @@ class Megakernel:
                  pos=self.pos.data_ptr(), block_tables=self.block_tables.data_ptr(),
                  max_pages=self.block_tables.shape[1], page_size=self.mem.kvstore.page_size,
                  inv_freq=self.inv_freq.data_ptr(), timeout_ns=self.timeout_ns, num_tasks=len(self.tg.tasks),
-                 batch=self.pos.shape[0], num_sms=self.tg.num_sms)
+                 batch=self.pos.shape[0], num_sms=self.tg.num_sms, prefetch=self.prefetch.data_ptr())
         self.params.copy_(torch.tensor([v[k] for k in L.PARAMS], dtype=torch.int64))
 
     def _load(self):
