@@ -1,0 +1,101 @@
+"""The partition search: candidate plans for one (model, tp, batch, context), each priced without running it.
+
+Candidates (cut points at op boundaries, in families):
+  mono           the whole step as one megakernel (tiling variants: tiles per SM, attention splits)
+  megaK          K megakernels of consecutive layers (K = 2, 3, 4)
+  per-layer      one megakernel per decoder layer
+  attn-conv      attention as conventional kernels, everything between as megakernels
+  conventional   every op as conventional kernels (torch ops in a CUDA graph)
+The best predicted plan is chosen; the others are kept (sorted) for validation.
+"""
+from __future__ import annotations
+
+from ..ir.build import build_graph
+from ..ir.graph import Graph
+from ..models.config import ModelConfig
+from ..tasks.tiling import Tiling
+from .cost import SegmentCoster, conventional_us
+from .plan import Plan, Segment
+from .profile import HardwareProfile
+
+BAND = 0.12  # relative uncertainty until validate_planner.py has measured the model's error
+
+
+def _layer_groups(g: Graph) -> list[list[str]]:
+    """Ops grouped as: [embed + layer 0], layer 1, ..., [layer L-1 + lm_head + argmax]."""
+    groups: list[list[str]] = []
+    cur: list[str] = []
+    for op in g.ops:
+        if op.name.startswith("L") and op.name.endswith(".qkv_rope") and cur and op.name != "L0.qkv_rope":
+            groups.append(cur)
+            cur = []
+        cur.append(op.name)
+    groups.append(cur)
+    return groups
+
+
+def _attn_splits(cfg: ModelConfig, tp: int, batch: int, context: int, num_sms: int) -> int:
+    """Enough KV splits that attention fills about half the SMs, keeping each split >= 256 keys."""
+    n_kv = max(1, cfg.num_kv_heads // tp)
+    want = max(1, (num_sms // 2) // max(1, batch * n_kv))
+    return max(1, min(want, context // 256 or 1, 16))
+
+
+def candidates(cfg: ModelConfig, *, tp: int = 1, batch: int = 1, context: int = 512,
+               prof: HardwareProfile | None = None, families: tuple[str, ...] | None = None) -> list[Plan]:
+    prof = prof or HardwareProfile.load()
+    splits = _attn_splits(cfg, tp, batch, context, prof.num_sms)
+    graphs = [build_graph(cfg, batch=batch, context_len=context, tp=tp, rank=r, attn_splits=splits) for r in range(tp)]
+    g = graphs[0]
+    coster = SegmentCoster(graphs, prof)
+    groups = _layer_groups(g)
+    all_ops = [o.name for o in g.ops]
+    fams = families or ("mono", "mega2", "mega3", "mega4", "per-layer", "attn-conv", "conventional")
+    plans: list[Plan] = []
+
+    def mk(name: str, parts: list[tuple[str, list[str]]], tiling: Tiling) -> Plan:
+        segs = []
+        total = 0.0
+        for kind, ops in parts:
+            if kind == "megakernel":
+                us = coster.megakernel_us(ops, tiling)
+                segs.append(Segment(kind, ops, tiling.to_dict(), us))
+            else:
+                us = conventional_us(g, ops, prof)
+                segs.append(Segment(kind, ops, {}, us))
+            total += us
+        total += prof.graph_kernel_gap_us * max(0, len(segs) - 1)
+        return Plan(cfg.name, tp, batch, context, name, segs, attn_splits=splits, predicted_us=total,
+                    band=(total * (1 - BAND), total * (1 + BAND)), profile=prof.name)
+
+    base = Tiling(num_sms=prof.num_sms)
+    if "mono" in fams:
+        for waves in (1.0, 2.0):
+            t = Tiling(num_sms=prof.num_sms, waves=waves)
+            plans.append(mk("mono" if waves == 1.0 else f"mono-w{waves:g}", [("megakernel", all_ops)], t))
+    for k in (2, 3, 4):
+        if f"mega{k}" in fams and len(groups) >= k:
+            cuts = [round(i * len(groups) / k) for i in range(k + 1)]
+            parts = [("megakernel", [n for grp in groups[cuts[i]:cuts[i + 1]] for n in grp]) for i in range(k)]
+            plans.append(mk(f"mega{k}", parts, base))
+    if "per-layer" in fams and len(groups) > 4:
+        plans.append(mk("per-layer", [("megakernel", grp) for grp in groups], base))
+    if "attn-conv" in fams:
+        parts: list[tuple[str, list[str]]] = []
+        for n in all_ops:
+            kind = "conventional" if n.endswith(".attention") else "megakernel"
+            if parts and parts[-1][0] == kind:
+                parts[-1][1].append(n)
+            else:
+                parts.append((kind, [n]))
+        plans.append(mk("attn-conv", parts, base))
+    if "conventional" in fams:
+        plans.append(mk("conventional", [("conventional", all_ops)], base))
+    plans.sort(key=lambda p: p.predicted_us)
+    for p in plans:
+        p.notes["simulations"] = coster.simulations
+    return plans
+
+
+def choose(cfg: ModelConfig, **kw) -> Plan:
+    return candidates(cfg, **kw)[0]
