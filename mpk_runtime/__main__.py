@@ -7,11 +7,33 @@ import sys
 import time
 
 
+def _search(a: argparse.Namespace, cfg) -> int:
+    from .planner import HardwareProfile, candidates
+    prof = HardwareProfile.load(a.profile)
+    plans = candidates(cfg, tp=a.tp, batch=a.batch, context=a.context, prof=prof)
+    if a.json:
+        json.dump([p.to_dict() for p in plans], sys.stdout)
+        print()
+        return 0
+    print(f"{cfg.name} tp={a.tp} batch={a.batch} context={a.context}, profile {prof.name}: "
+          f"{len(plans)} candidate plans, best first (predicted step time, +-band)")
+    for p in plans[: a.top]:
+        print("  " + p.describe())
+    if a.classify:
+        from .planner.categories import classify
+        c = classify(cfg, tp=a.tp, context=a.context, prof=prof)
+        print(f"category: {c['category']}  (best per batch: "
+              + ", ".join(f"{b}: {v['plan']}" for b, v in c["best"].items()) + ")")
+    return 0
+
+
 def _plan(a: argparse.Namespace) -> int:
     from .ir import build_graph
     from .models import load_config
     from .tasks import Tiling, build_task_graphs, check_task_graphs
     cfg = load_config(a.model)
+    if a.search:
+        return _search(a, cfg)
     graphs = [build_graph(cfg, batch=a.batch, context_len=a.context, tp=a.tp, rank=r, attn_splits=a.attn_splits)
               for r in range(a.tp)]
     tgs = build_task_graphs(graphs, Tiling(num_sms=a.sms))
@@ -80,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--json", action="store_true", help="dump graphs and task graphs as JSON")
     pl.add_argument("--no-check", dest="check", action="store_false")
     pl.add_argument("--show-ops", type=int, default=12)
+    pl.add_argument("--search", action="store_true", help="price candidate partitions (megakernels vs "
+                    "conventional) and show the best ones")
+    pl.add_argument("--top", type=int, default=8)
+    pl.add_argument("--profile", default="h200", help="hardware profile name or JSON path")
+    pl.add_argument("--classify", action="store_true", help="with --search: category over batch 1/8/32/128")
     g = sub.add_parser("generate", help="generate tokens")
     g.add_argument("--model", required=True)
     g.add_argument("--prompt-ids", action="append", help="comma-separated token ids (repeat for a batch)")

@@ -62,9 +62,10 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
     last_end = [0.0] * R
     total_bytes = 0
 
+    rates = [0.0] + [min(cap, prof.bw(n) / n) / 1e6 for n in range(1, max(g.num_sms for g in graphs) + 1)]
+
     def rate(r: int) -> float:  # bytes per us per streaming SM
-        n = len(streaming[r])
-        return 0.0 if n == 0 else min(cap, prof.bw(n) / n) / 1e6
+        return rates[len(streaming[r])]
 
     def advance(r: int, now: float) -> None:
         V[r] += (now - t_v[r]) * rate(r)
@@ -91,8 +92,9 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
         s = kstep[r][sm]
         g = graphs[r]
         for e, lag in t.waits:
-            if counters[r][e] < g.events[e].triggers * (s - lag):
-                waiting[r].setdefault(e, []).append(sm)
+            need = g.events[e].triggers * (s - lag)
+            if counters[r][e] < need:
+                waiting[r].setdefault(e, []).append((need, sm))
                 return
         if record:
             res.start[(r, s, t.id)] = now
@@ -124,8 +126,13 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
         if kind == "signal":
             r, e = p
             counters[r][e] += 1
-            for sm in waiting[r].pop(e, []):
-                try_start(r, sm, now)
+            ws = waiting[r].get(e)
+            if ws:
+                ready = [sm for need, sm in ws if need <= counters[r][e]]
+                if ready:
+                    waiting[r][e] = [(need, sm) for need, sm in ws if need > counters[r][e]]
+                    for sm in ready:
+                        try_start(r, sm, now)
         elif kind == "fixed_done":
             r, sm, t0 = p
             t = current(r, sm)
