@@ -78,7 +78,7 @@ class TaskPacker:
                 ptrs = [p.syms[name].data_ptr() for p in self.mem.peers]
             dev = self.device if self.device is not None else self.mem.syms[name].device
             self._peer_arrays[name] = torch.tensor(ptrs, dtype=torch.int64, device=dev)
-        return self._peer_arrays[name].data_ptr(), len(self.mem.peers)
+        return self._peer_arrays[name].data_ptr(), self._peer_arrays[name].numel()
 
     def pack(self):
         tg = self.tg

@@ -1,4 +1,9 @@
-"""ModelRunner backend "megakernel": one rank (world size 1), decode through the GPU megakernel.
+"""ModelRunner backend "megakernel": one rank per process, decode through the GPU megakernel.
+
+World size > 1 (tensor parallel): each process holds one rank's weight shard (`ir.shard.weight_slice`), the
+symmetric buffers and event counters live on the NVSHMEM heap (runtime/nvshmem.py; the unique id arrives as
+`nvshmem_uid` bytes, or through the communicator, or NVSHMEM was initialised already by the cluster layer), and
+the partial sums travel inside the kernel (pushes + remote signals through nvshmem_ptr peer addresses).
 
 Mirrors `_CPURunner` (pyvm_runner.py). Prefill: the prompt's tokens run as single-token decode steps through
 the same megakernel (one launch per token; correct, not fast) because the conventional executor's StepCtx
@@ -10,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..ir.build import build_graph
+from ..ir.shard import shard_for, weight_slice
 from ..models.config import load_config
 from ..models.reference import rope_inv_freq
 from ..models.weights import get_weights, torch_dtype
@@ -19,6 +25,38 @@ from .base import KVSpec, ModelRunner, SeqChunk, register_runner
 from .memory import KVStore, RankMemory
 
 
+def build_rank_kernel(cfg, weights: dict, *, rank: int, world: int, heap=None, batch: int, max_seq_len: int,
+                      page_size: int, num_pages: int, num_sms: int, attn_splits: int = 2, dtype: str = "bfloat16",
+                      timeout_s: float = 2.0, trace_steps: int = 0, device="cuda", tiling: Tiling | None = None):
+    """One rank's Megakernel for decode at `batch` (world > 1 needs a SymmetricHeap; collective then: every
+    rank calls this with the same arguments but its own rank). Returns a namespace: mk, mem, tg, pos, tables."""
+    from types import SimpleNamespace
+
+    from .megakernel import Megakernel
+    dev = torch.device(device)
+    n_kv = cfg.num_kv_heads if world == 1 else shard_for(cfg, world, rank).n_kv
+    kv = KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(dtype), device=dev)
+    gs = [build_graph(cfg, mode="decode", batch=batch, context_len=0, max_seq_len=max_seq_len, tp=world, rank=r,
+                      attn_splits=attn_splits, dtype=dtype) for r in range(world)]
+    tgs = build_task_graphs(gs, tiling or Tiling(num_sms=num_sms))   # events of a rank come from every rank
+    tg = tgs[rank]
+    mem = RankMemory(gs[rank], weights, kv, device=dev)
+    width = -(-max_seq_len // page_size)
+    tables = torch.zeros((batch, width), dtype=torch.int64, device=dev)
+    pos = torch.full((batch,), -1, dtype=torch.int64, device=dev)
+    peers = counters = None
+    if world > 1:
+        if heap is None:
+            raise ValueError("world size > 1 needs an NVSHMEM SymmetricHeap (runtime.nvshmem)")
+        from .nvshmem import rank_setup
+        peers, counters = rank_setup(heap, mem, max(len(t.events) for t in tgs) + 1)
+        heap.barrier()   # every rank's counters are zero before any rank's kernel can signal them
+    mk = Megakernel(tg, mem, page_size=page_size, block_tables=tables, pos=pos, inv_freq=rope_inv_freq(cfg),
+                    head_dim=cfg.head_dim, timeout_s=timeout_s, trace_steps=trace_steps, peers=peers,
+                    counters=counters)
+    return SimpleNamespace(mk=mk, mem=mem, tg=tg, pos=pos, tables=tables, kv=kv, width=width)
+
+
 @register_runner("megakernel")
 class MegakernelRunner(ModelRunner):
     backend = "megakernel"
@@ -26,29 +64,40 @@ class MegakernelRunner(ModelRunner):
     def __init__(self, model: str = "tiny-llama", *, world_size: int | None = None, tp: int = 1, rank: int = 0,
                  seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int = 512,
                  page_size: int = 16, num_pages: int | None = None, num_sms: int | None = None,
-                 attn_splits: int = 2, timeout_s: float = 2.0, device: str = "cuda", **_: object):
-        from .megakernel import Megakernel
-        if (world_size or tp) != 1:
-            raise NotImplementedError("the megakernel backend runs world size 1 so far (TP needs NVSHMEM peers)")
+                 attn_splits: int = 2, timeout_s: float = 2.0, device: str = "cuda", comm=None,
+                 nvshmem_uid: bytes | None = None, **_: object):
+        world = world_size or tp
         self.config = cfg = load_config(model)
-        self.rank, self.world_size = 0, 1
+        self.rank, self.world_size = rank, world
+        self._comm = comm
         dtype = dtype or "bfloat16"
-        dev = torch.device(device)
-        w = {k: v.to(dev) for k, v in get_weights(model, cfg, seed=seed, dtype=dtype).items()}
+        if world > 1:
+            torch.cuda.set_device(torch.device(device).index if torch.device(device).index is not None
+                                  else _local_device(rank))
+            dev = torch.device("cuda", torch.cuda.current_device())
+        else:
+            dev = torch.device(device)
+        self.heap = _heap(rank, world, comm, nvshmem_uid, dev) if world > 1 else None
+        slicer = None
+        if world > 1:
+            sh = shard_for(cfg, world, rank)
+            slicer = lambda n, shape: weight_slice(cfg, sh, n, shape)  # noqa: E731
+        w = {k: v.to(dev) for k, v in get_weights(model, cfg, seed=seed, dtype=dtype, slicer=slicer).items()}
         num_pages = num_pages or max_batch * (-(-max_seq_len // page_size)) + 1
         self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
-        self.kv = KVStore(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, torch_dtype(dtype),
-                          device=dev)
         num_sms = num_sms or torch.cuda.get_device_properties(dev).multi_processor_count
-        g = build_graph(cfg, mode="decode", batch=max_batch, context_len=0, max_seq_len=max_seq_len,
-                        attn_splits=attn_splits, dtype=dtype)
-        self.tg = build_task_graphs([g], Tiling(num_sms=num_sms))[0]
-        self.mem = RankMemory(g, w, self.kv, device=dev)
-        self.width = -(-max_seq_len // page_size)
-        self.tables = torch.zeros((max_batch, self.width), dtype=torch.int64, device=dev)
-        self.pos = torch.full((max_batch,), -1, dtype=torch.int64, device=dev)
-        self.mk = Megakernel(self.tg, self.mem, page_size=page_size, block_tables=self.tables, pos=self.pos,
-                             inv_freq=rope_inv_freq(cfg), head_dim=cfg.head_dim, timeout_s=timeout_s)
+        r = build_rank_kernel(cfg, w, rank=rank, world=world, heap=self.heap, batch=max_batch,
+                              max_seq_len=max_seq_len, page_size=page_size, num_pages=num_pages, num_sms=num_sms,
+                              attn_splits=attn_splits, dtype=dtype, timeout_s=timeout_s, device=dev)
+        self.mk, self.mem, self.tg, self.kv = r.mk, r.mem, r.tg, r.kv
+        self.tables, self.pos, self.width = r.tables, r.pos, r.width
+        self._gather = None
+        if world > 1:   # vocab-parallel logits gathered through the heap (peer reads after a barrier)
+            vmax = max(shard_for(cfg, world, q).n_vocab for q in range(world))
+            buf = self.heap.tensor((max_batch, vmax), torch.float32)
+            from nvshmem.core.interop import torch as nt
+            self._gather = (buf, [nt.get_peer_tensor(buf, q) if q != rank else buf for q in range(world)],
+                            [shard_for(cfg, world, q).n_vocab for q in range(world)])
 
     def kv_spec(self) -> KVSpec:
         return self._spec
@@ -65,10 +114,20 @@ class MegakernelRunner(ModelRunner):
         self.mem.t("tokens").copy_(t)
         self.pos.copy_(p)
         self.tables.copy_(tab)
+        if self.heap is not None:
+            self.heap.barrier()   # no rank overwrites tokens/pos while a peer still reads the last step
         self.mk.launch(1)
         torch.cuda.synchronize(self.pos.device)
         self.mk.check()
-        return self.mem.t("logits")[:n].float().cpu()
+        if self._gather is None:
+            return self.mem.t("logits")[:n].float().cpu()
+        buf, views, nv = self._gather
+        lg = self.mem.t("logits")
+        buf[:, :lg.shape[1]].copy_(lg)
+        self.heap.barrier()
+        out = torch.cat([views[q][:n, :nv[q]] for q in range(len(views))], dim=-1).float().cpu()
+        self.heap.barrier()   # peers have read this rank's logits before the next step writes them
+        return out
 
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
         B = self._spec.max_batch
@@ -86,3 +145,39 @@ class MegakernelRunner(ModelRunner):
             for j, i in enumerate(part):
                 out[i] = lg[j]
         return torch.stack(out)  # type: ignore[arg-type]
+
+
+def _local_device(rank: int) -> int:
+    n = torch.cuda.device_count()
+    return rank % n if n else 0
+
+
+def _heap(rank: int, world: int, comm, uid: bytes | None, dev: torch.device):
+    """This rank's NVSHMEM PE: from uid bytes; else already initialised (cluster layer); else the uid goes from
+    rank 0 to the others through the communicator (all_gather of 128 bytes)."""
+    from .nvshmem import NvshmemUnavailable, SymmetricHeap, unique_id_bytes
+    if uid is not None:
+        return SymmetricHeap.init(uid, rank, world, dev.index)
+    try:
+        return SymmetricHeap.attach(dev.index)
+    except NvshmemUnavailable:
+        if comm is None or getattr(comm, "world_size", 1) != world:
+            raise NvshmemUnavailable(
+                f"rank {rank}/{world}: the megakernel backend needs the NVSHMEM unique id: pass nvshmem_uid=<bytes "
+                "from runtime.nvshmem.unique_id_bytes() on rank 0>, or a communicator of the group, or initialise "
+                "NVSHMEM first (cluster.ray_utils.nvshmem_uid_rendezvous)") from None
+    raw = unique_id_bytes() if rank == 0 else bytes(128)
+    t = torch.frombuffer(bytearray(raw.ljust(128, b"\0")), dtype=torch.uint8).clone()
+    if getattr(comm, "dist", None) is not None and comm.dist.get_backend(comm.group) == "nccl":
+        t = t.to(dev)
+    uid = bytes(comm.all_gather(t, dim=0)[:128].cpu().tolist())
+    return SymmetricHeap.init(uid, rank, world, dev.index)
+
+
+def _shutdown(self) -> None:
+    if getattr(self, "heap", None) is not None:
+        self.heap.finalize()
+        self.heap = None
+
+
+MegakernelRunner.shutdown = _shutdown  # type: ignore[method-assign]

@@ -1,0 +1,29 @@
+"""Two-GPU checks of the TP megakernel over NVSHMEM peers (skipped without 2 GPUs): TP=2 vs TP=1 greedy tokens
+on tiny models, and a stalled rank turning into KernelTimeout on the other (scripts/gpu_check_tp.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.gpu2, pytest.mark.nvshmem]
+
+
+def test_tp2_matches_tp1_and_stall_times_out(tmp_path):
+    pytest.importorskip("nvshmem.core")
+    env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(ROOT), NVSHMEM_DISABLE_NVLS="1", NCCL_NVLS_ENABLE="0",
+               TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_check_tp.py"), "--models", "tiny-llama,tiny-qwen3",
+                        "--steps", "24", "--no-timing", "--timeout", "240"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    res = json.loads((tmp_path / "gpu_check_tp.json").read_text())
+    assert not any("error" in r or "launch_error" in r for r in res), p.stdout[-3000:]
+    checks = [r for r in res if "tokens_identical" in r]
+    assert len(checks) == 4 and all(r["tokens_identical"] and r["ok"] for r in checks), checks
+    st = [r for r in res if "stall_test" in r]
+    assert st and st[0]["stall_test"] == "KernelTimeout" and st[0]["seconds"] < 10, st
