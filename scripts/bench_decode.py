@@ -283,7 +283,7 @@ def main():
                 if system == "megakernel":
                     if weights is None:
                         weights = random_weights(cfg, seed=0, dtype="bfloat16", device="cuda")
-                    r = bench_megakernel(model, weights, B, ctx)
+                    r = bench_megakernel(model, weights, B, ctx, *((8, 12) if B <= 8 else (2, 4)))
                 else:
                     if weights is not None:   # peers bring their own weights: free ours first
                         weights = None

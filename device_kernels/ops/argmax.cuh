@@ -20,8 +20,28 @@ __device__ inline void op_argmax_partial(const Ctx& c) {
   float* si = sv + nwarps;
   for (int b = 0; b < B; ++b) {
     float bv = -INFINITY, bi = 3.0e38f;
-    for (int64_t v = threadIdx.x; v < V; v += THREADS) {
-      const float x = ld_act_f32(logits + b * V + v);
+    const float* lb = logits + b * V;
+    int64_t v0 = 0;
+    if ((V & 3) == 0) {   // 16-byte loads, 4 vectors in flight per thread (one CTA reads the whole vocab)
+      const float4* l4 = reinterpret_cast<const float4*>(lb);
+      const int64_t V4 = V >> 2;
+      for (int64_t q = threadIdx.x; q < V4; q += 4 * THREADS) {
+        float4 x[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) x[u] = (q + u * THREADS < V4) ? __ldcg(l4 + q + u * THREADS) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float i0 = (float)(4 * (q + u * THREADS));
+          if (better(x[u].x, i0, bv, bi)) { bv = x[u].x; bi = i0; }
+          if (better(x[u].y, i0 + 1.f, bv, bi)) { bv = x[u].y; bi = i0 + 1.f; }
+          if (better(x[u].z, i0 + 2.f, bv, bi)) { bv = x[u].z; bi = i0 + 2.f; }
+          if (better(x[u].w, i0 + 3.f, bv, bi)) { bv = x[u].w; bi = i0 + 3.f; }
+        }
+      }
+      v0 = V;
+    }
+    for (int64_t v = v0 + threadIdx.x; v < V; v += THREADS) {
+      const float x = ld_act_f32(lb + v);
       if (better(x, (float)v, bv, bi)) { bv = x; bi = (float)v; }
     }
 #pragma unroll

@@ -1,6 +1,6 @@
 // attention: split-KV causal GQA decode attention over the paged cache   (tasks/ops/attention.py)
-// attn_partial(b, g, s): warps take keys of chunk s round-robin, each keeps an online softmax per q head
-// (lane owns element pairs d = 2*lane + 64*i), then the warps' states are merged in shared memory.
+// attn_partial(b, g, s): warps take 32-key blocks of chunk s round-robin (lane = key for the scores, lane =
+// element pairs d = 2*lane + 64*i for the output), online softmax per q head, warps merged in shared memory.
 #pragma once
 #include "../common.cuh"
 
@@ -45,38 +45,75 @@ __device__ inline void op_attn_partial(const Ctx& c) {
 #pragma unroll
     for (int i = 0; i < 2 * ATT_PAIRS; ++i) acc[h][i] = 0.f;
   }
-  for (int64_t j = lo + warp; j < hi; j += nwarps) {
-    const int64_t page = ld_act_s64(bt + j / ps);
-    const int64_t off = ((page * ps + j % ps) * n_kv + g) * D;
-    float kf[2 * ATT_PAIRS], vf[2 * ATT_PAIRS];
-#pragma unroll
-    for (int i = 0; i < ATT_PAIRS; ++i) {
-      const int d = 2 * lane + 64 * i;
-      uint32_t ku = 0, vu = 0;
-      if (d < D) {
-        ku = __ldcg(reinterpret_cast<const unsigned int*>(kc + off + d));
-        vu = __ldcg(reinterpret_cast<const unsigned int*>(vc + off + d));
-      }
-      kf[2 * i] = bf16_lo(ku); kf[2 * i + 1] = bf16_hi(ku);
-      vf[2 * i] = bf16_lo(vu); vf[2 * i + 1] = bf16_hi(vu);
+  // Lane-parallel keys: a warp takes 32 consecutive keys, lane j scores key j0 + j against every q head of the
+  // group (whole K row, 16-byte loads), one warp max/sum per head per 32 keys; then V rows are read coalesced
+  // (lane owns element pairs) with p broadcast by shuffles. ~3 memory round trips per 32 keys, not 2 per key.
+  constexpr int KV8 = MAX_HEAD_DIM / 8;
+  for (int64_t j0 = lo + (int64_t)warp * 32; j0 < hi; j0 += (int64_t)nwarps * 32) {
+    const int nk = (int)min((int64_t)32, hi - j0);   // warp-uniform
+    const int64_t j = j0 + lane;
+    const bool valid = lane < nk;
+    long long off = 0;
+    if (valid) {
+      const int64_t page = ld_act_s64(bt + j / ps);
+      off = ((page * ps + j % ps) * n_kv + g) * D;
     }
+    uint4 kr[KV8];
+#pragma unroll
+    for (int e = 0; e < KV8; ++e) kr[e] = (valid && e * 8 < D) ? ld_act16(kc + off + e * 8) : make_uint4(0, 0, 0, 0);
+    float pr[MAX_GS];
 #pragma unroll
     for (int h = 0; h < MAX_GS; ++h) {
+      pr[h] = 0.f;
       if (h < gs) {
         float sc = 0.f;
+        const float* qh = qs + h * D;
+#pragma unroll
+        for (int e = 0; e < KV8; ++e) {
+          if (e * 8 < D) {
+            const uint32_t u[4] = {kr[e].x, kr[e].y, kr[e].z, kr[e].w};
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+              sc = fmaf(qh[e * 8 + 2 * t], bf16_lo(u[t]), sc);
+              sc = fmaf(qh[e * 8 + 2 * t + 1], bf16_hi(u[t]), sc);
+            }
+          }
+        }
+        sc = valid ? sc * scale : -INFINITY;
+        const float mn = fmaxf(mx[h], warp_max(sc));     // finite: lane 0 always holds a key
+        const float corr = expf(mx[h] - mn);
+        const float p = valid ? expf(sc - mn) : 0.f;
+        l[h] = l[h] * corr + warp_sum(p);
+#pragma unroll
+        for (int i = 0; i < 2 * ATT_PAIRS; ++i) acc[h][i] *= corr;
+        mx[h] = mn;
+        pr[h] = p;
+      }
+    }
+    for (int jb = 0; jb < nk; jb += 8) {   // V rows, 8 keys' loads in flight per lane
+      uint32_t vu[8][ATT_PAIRS];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const long long o = __shfl_sync(0xffffffffu, off, jb + u);
 #pragma unroll
         for (int i = 0; i < ATT_PAIRS; ++i) {
           const int d = 2 * lane + 64 * i;
-          if (d < D) sc += qs[h * D + d] * kf[2 * i] + qs[h * D + d + 1] * kf[2 * i + 1];
+          vu[u][i] = (jb + u < nk && d < D) ? __ldcg(reinterpret_cast<const unsigned int*>(vc + o + d)) : 0u;
         }
-        sc = warp_sum(sc) * scale;
-        const float mn = fmaxf(mx[h], sc);
-        const float corr = expf(mx[h] - mn);  // exp(-inf) = 0 on the first key
-        const float p = expf(sc - mn);
-        l[h] = l[h] * corr + p;
+      }
 #pragma unroll
-        for (int i = 0; i < 2 * ATT_PAIRS; ++i) acc[h][i] = acc[h][i] * corr + p * vf[i];
-        mx[h] = mn;
+      for (int u = 0; u < 8; ++u) {
+#pragma unroll
+        for (int h = 0; h < MAX_GS; ++h) {
+          if (h < gs) {
+            const float p = __shfl_sync(0xffffffffu, pr[h], jb + u);   // 0 for keys past nk
+#pragma unroll
+            for (int i = 0; i < ATT_PAIRS; ++i) {
+              acc[h][2 * i] = fmaf(p, bf16_lo(vu[u][i]), acc[h][2 * i]);
+              acc[h][2 * i + 1] = fmaf(p, bf16_hi(vu[u][i]), acc[h][2 * i + 1]);
+            }
+          }
+        }
       }
     }
   }
