@@ -46,6 +46,7 @@ class HardwareProfile:
     wgmma_m: int = 64
     fp32_flops_per_s: float = 60e12
     task_fixed_us_by_kind: dict[str, float] = field(default_factory=dict)
+    stream_eff_by_kind: dict[str, float] = field(default_factory=dict)   # achieved / fair-share streaming rate
     source: str = ""
 
     def bw(self, active_sms: int) -> float:
@@ -57,6 +58,9 @@ class HardwareProfile:
 
     def fixed_us(self, kind: str) -> float:
         return self.task_fixed_us_by_kind.get(kind, self.task_fixed_us)
+
+    def stream_eff(self, kind: str) -> float:
+        return self.stream_eff_by_kind.get(kind, 1.0)
 
     def remote_signal_us(self, nbytes: int) -> float:
         return _curve(self.remote_signal_us_by_bytes, max(64, nbytes))

@@ -140,7 +140,8 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
             total_bytes += t.est_bytes
             if t.est_bytes:
                 advance(r, now)
-                streaming[r][sm] = V[r] + t.est_bytes
+                # a kernel that streams below its fair share (latency-bound) moves "more" bytes in the fluid
+                streaming[r][sm] = V[r] + t.est_bytes / prof.stream_eff(t.kind)
                 stream_t0[r][sm] = now
                 reschedule(r, now)
             else:

@@ -1,0 +1,169 @@
+"""Measure the hardware profile the planner prices plans with, on the GPU machine, with this project's kernels.
+
+    PYTHONPATH=. python3 scripts/profile_hw.py --out $OUT [--name h200_measured]
+
+Writes <out>/<name>.json (copy it to mpk_runtime/planner/profiles/). Measured here:
+  hbm_bw_by_sms       the megakernel streaming one layer's linear weights on k SMs (grid = k), k = 16..132
+  task_fixed_us_by_kind, stream_eff_by_kind
+                      per task kind, least squares of the traced task duration (globaltimer, after its waits)
+                      on its bytes: intercept = fixed cost, slope vs the fair-share rate = streaming efficiency
+  megakernel_launch_us  launch + drain of a one-task megakernel
+  conv_kernel_us, conv_bw_fraction
+                      every op of a decode step run alone as conventional torch kernels in a CUDA graph, fitted
+                      as t = kernels * c + bytes / (bw * f)
+Cross-GPU terms (remote signal, NCCL) keep the values measured by the TP benchmarks (scripts/bench_allreduce.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mpk_runtime.ir import build_graph  # noqa: E402
+from mpk_runtime.models import load_config, random_weights  # noqa: E402
+from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
+from mpk_runtime.planner import HardwareProfile  # noqa: E402
+from mpk_runtime.planner.cost import conv_kernels  # noqa: E402
+from mpk_runtime.runtime.memory import KVStore, RankMemory, StepCtx  # noqa: E402
+from mpk_runtime.runtime.megakernel import Megakernel  # noqa: E402
+from mpk_runtime.runtime.torch_exec import ConventionalExecutor  # noqa: E402
+from mpk_runtime.tasks import Tiling, build_task_graphs  # noqa: E402
+
+
+def med(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def lstsq(rows: list[list[float]], y: list[float]) -> list[float]:
+    A = torch.tensor(rows, dtype=torch.float64)
+    b = torch.tensor(y, dtype=torch.float64)[:, None]
+    return torch.linalg.lstsq(A, b).solution[:, 0].tolist()
+
+
+class Rig:
+    def __init__(self, model: str, B: int, context: int = 512):
+        self.cfg = cfg = load_config(model)
+        self.w = random_weights(cfg, seed=0, device="cuda")
+        self.ps, self.max_seq = 16, context + 64
+        pps = -(-self.max_seq // self.ps)
+        self.g = build_graph(cfg, batch=B, context_len=context, max_seq_len=self.max_seq, attn_splits=2)
+        self.kv = KVStore(cfg.num_layers, B * pps + 1, self.ps, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16,
+                          device="cuda", poison=False)
+        for c in self.kv.k + self.kv.v:
+            c.normal_()
+        self.mem = RankMemory(self.g, self.w, self.kv, device="cuda")
+        self.mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B,)))
+        self.tables = ((torch.arange(B * pps) + 1).view(B, pps)).cuda()
+        self.pos = torch.full((B,), context, dtype=torch.int64, device="cuda")
+        self.inv = rope_inv_freq(cfg)
+        self.ctx = StepCtx(cfg, 0, self.pos, self.tables, self.ps, 1, self.inv.cuda(), kv_len_cap=context + 1)
+
+    def megakernel(self, ops=None, sms=132, trace=0):
+        g = self.g.subgraph(ops) if ops else self.g
+        tg = build_task_graphs([g], Tiling(num_sms=sms))[0]
+        return tg, Megakernel(tg, self.mem, page_size=self.ps, block_tables=self.tables, pos=self.pos,
+                              inv_freq=self.inv, head_dim=self.cfg.head_dim, trace_steps=trace)
+
+    def time_mk(self, mk, reps=15) -> float:
+        for _ in range(3):
+            mk.launch(1)
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(); mk.launch(1); b.record(); b.synchronize()
+            ts.append(a.elapsed_time(b) * 1e3)
+        mk.check()
+        return med(ts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--name", default="h200_measured")
+    ap.add_argument("--model", default="llama-3.2-1b")
+    a = ap.parse_args()
+    base = HardwareProfile.load("h200")
+    prof = json.loads(base.to_json())
+    prof["name"] = a.name
+    log = {}
+    rig = Rig(a.model, 1)
+    # 1. streaming bandwidth vs SMs: layer 0's linear weights (qkv + o + gate_up + down) on a k-SM grid
+    lin_ops = [o.name for o in rig.g.ops if o.name.startswith("L0.") and o.kind in ("linear",)]
+    wbytes = sum(rig.g.tensors[w].nbytes for o in rig.g.ops if o.name in lin_ops for w in o.attrs["weights"])
+    bw = {}
+    for k in (8, 16, 32, 66, 100, 132):
+        tg, mk = rig.megakernel(lin_ops, sms=k)
+        us = rig.time_mk(mk)
+        bw[str(k)] = wbytes / (us * 1e-6)
+        print(f"bw with {k:3d} SMs: {bw[str(k)] / 1e12:.2f} TB/s ({wbytes / 1e6:.1f} MB in {us:.1f} us)", flush=True)
+        del mk
+    prof["hbm_bw_by_sms"] = bw
+    # 2. megakernel launch: a one-task kernel (embed)
+    tg, mk = rig.megakernel(["embed"], sms=132)
+    prof["megakernel_launch_us"] = rig.time_mk(mk, reps=50)
+    print(f"megakernel launch + drain: {prof['megakernel_launch_us']:.1f} us", flush=True)
+    # 3. per-kind task fixed cost and streaming efficiency from a traced full step (batch 1 and 8)
+    pts: dict[str, list[tuple[float, float]]] = {}
+    for B in (1, 8):
+        r = rig if B == 1 else Rig(a.model, B)
+        tg, mk = r.megakernel(None, sms=132, trace=1)
+        step_us = r.time_mk(mk)
+        log[f"mono_step_us_b{B}"] = step_us
+        mk.launch(1)
+        torch.cuda.synchronize()
+        tr = mk.chrome_trace()["traceEvents"]
+        for e in tr:
+            t = tg.tasks[int(e["args"]["label"].split("task")[1].split("[")[0])]
+            pts.setdefault(t.kind, []).append((float(t.est_bytes), float(e["dur"])))
+        print(f"mono step B={B}: {step_us:.1f} us, {len(tr)} traced tasks", flush=True)
+        del mk
+    fair = base.bw(132) / 132 / 1e6  # bytes per us per SM when all stream
+    fixed, eff = {}, {}
+    for kind, xy in pts.items():
+        if len({x for x, _ in xy}) > 1:
+            c0, c1 = lstsq([[1.0, x] for x, _ in xy], [y for _, y in xy])
+        else:
+            c0, c1 = med([y for _, y in xy]) * 0.5, med([y for _, y in xy]) * 0.5 / max(1.0, xy[0][0])
+        fixed[kind] = max(0.0, c0)
+        eff[kind] = min(1.0, max(0.02, (1.0 / fair) / c1)) if c1 > 0 else 1.0
+        print(f"  {kind:15s} n={len(xy):5d} fixed {fixed[kind]:6.2f} us  streaming eff {eff[kind]:.2f}", flush=True)
+    prof["task_fixed_us_by_kind"], prof["stream_eff_by_kind"] = fixed, eff
+    # 4. conventional kernels: each op alone in a CUDA graph
+    ex_rows, ys = [], []
+    for op in rig.g.ops[:40]:
+        ex = ConventionalExecutor([rig.g.subgraph([op.name])], [rig.mem])
+        ex.run([rig.ctx]); torch.cuda.synchronize()
+        cg = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cg):
+            for _ in range(10):
+                ex.run([rig.ctx])
+        ts = []
+        for _ in range(10):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record(); cg.replay(); e.record(); e.synchronize()
+            ts.append(s.elapsed_time(e) * 1e3 / 10)
+        ex_rows.append([float(conv_kernels(op)), float(op.bytes)])
+        ys.append(med(ts))
+    c, inv_bw = lstsq(ex_rows, ys)
+    prof["conv_kernel_us"] = max(0.5, c)
+    prof["conv_bw_fraction"] = min(1.0, max(0.05, 1.0 / (inv_bw * base.bw(132) / 1e6))) if inv_bw > 0 else 1.0
+    print(f"conventional: {prof['conv_kernel_us']:.2f} us per kernel, {prof['conv_bw_fraction']:.2f} of bandwidth",
+          flush=True)
+    prof["source"] = (f"measured by scripts/profile_hw.py on {torch.cuda.get_device_name()} {time.strftime('%Y-%m-%d')}"
+                      f" (commit {os.environ.get('GIT_COMMIT', '?')}); sync/remote/NCCL terms from the seed profile")
+    prof["log"] = log
+    path = os.path.join(a.out, f"{a.name}.json")
+    with open(path, "w") as f:
+        json.dump(prof, f, indent=1)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
