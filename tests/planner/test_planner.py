@@ -1,0 +1,93 @@
+import dataclasses
+
+import pytest
+
+from mpk_runtime.ir import build_graph
+from mpk_runtime.models import PRESETS
+from mpk_runtime.planner import HardwareProfile, Plan, candidates, simulate
+from mpk_runtime.planner.categories import classify
+from mpk_runtime.tasks import Tiling, build_task_graphs
+from mpk_runtime.tasks.graph import Event, Task, TaskGraph
+
+
+def flat_profile(**kw) -> HardwareProfile:
+    """A profile with round numbers: 1 MB/us per SM whatever the SM count, 1 us fixed, 0.5 us sync."""
+    p = HardwareProfile.load("h200")
+    return dataclasses.replace(p, num_sms=2, hbm_bw_by_sms={"1": 1e12, "2": 2e12}, task_fixed_us=1.0,
+                               sync_us=0.5, task_fixed_us_by_kind={}, stream_eff_by_kind={}, **kw)
+
+
+def chain_graph(sms: list[int], nbytes: int = 1_000_000) -> TaskGraph:
+    """t0 -> t1 -> t2 ..., each waiting on its predecessor, placed on the given SMs."""
+    tasks, events = [], []
+    for i, sm in enumerate(sms):
+        t = Task(i, 0, "linear", "x", {}, [], [], est_bytes=nbytes, est_flops=0, sm=sm)
+        if i:
+            events.append(Event(i - 1, 0, 1, [(0, i - 1)]))
+            tasks[i - 1].signals.append((0, i - 1))
+            t.waits.append((i - 1, 0))
+        tasks.append(t)
+    lists = [[t.id for t in tasks if t.sm == s] for s in range(2)]
+    for l in lists:
+        for k, tid in enumerate(l):
+            tasks[tid].order = k
+    return TaskGraph(0, 1, 2, tasks, events, lists)
+
+
+def test_simulator_chain_costs_add_up():
+    prof = flat_profile()
+    # same SM: each task 1 us fixed + 1 MB / 1 MB/us; the signal still takes sync_us to become visible
+    r = simulate([chain_graph([0, 0, 0])], prof)
+    assert r.makespan_us == pytest.approx(3 * 2.0 + 2 * 0.5)
+    r = simulate([chain_graph([0, 1, 0])], prof)
+    assert r.makespan_us == pytest.approx(3 * 2.0 + 2 * 0.5)
+
+
+def test_simulator_shares_bandwidth():
+    prof = flat_profile()
+    two = TaskGraph(0, 1, 2, [Task(0, 0, "linear", "x", {}, [], [], est_bytes=2_000_000, sm=0, order=0),
+                              Task(1, 0, "linear", "x", {}, [], [], est_bytes=2_000_000, sm=1, order=0)],
+                    [], [[0], [1]])
+    assert simulate([two], prof).makespan_us == pytest.approx(1 + 2)      # 2 SMs, 2 MB/us total: no contention
+    slow = dataclasses.replace(prof, hbm_bw_by_sms={"1": 1e12, "2": 1e12})  # saturated: 0.5 MB/us each
+    assert simulate([two], slow).makespan_us == pytest.approx(1 + 4)
+    half = dataclasses.replace(prof, stream_eff_by_kind={"linear": 0.5})
+    assert simulate([two], half).makespan_us == pytest.approx(1 + 4)
+
+
+def test_real_graph_prediction_is_above_the_floor():
+    cfg = PRESETS["llama-3.2-1b"]
+    prof = HardwareProfile.load("h200")
+    tgs = build_task_graphs([build_graph(cfg, batch=1)], Tiling(num_sms=132))
+    r = simulate(tgs, prof, record=True)
+    floor_us = build_graph(cfg).weight_bytes() / prof.bw(132) * 1e6
+    assert floor_us < r.makespan_us < 3 * floor_us
+    assert len(r.start) == len(tgs[0].tasks) and 0 < r.busy_fraction <= 1
+    assert len(r.to_chrome_trace(tgs)) == len(tgs[0].tasks)
+
+
+def test_candidates_and_plan_json():
+    cfg = PRESETS["tiny-qwen3"]
+    plans = candidates(cfg, tp=2, batch=2, context=64)
+    names = [p.name for p in plans]
+    assert {"mono", "mega2", "mega3", "attn-conv", "conventional"} <= set(names)
+    assert plans == sorted(plans, key=lambda p: p.predicted_us)
+    g = build_graph(cfg, batch=2, context_len=64, tp=2)
+    for p in plans:
+        assert [n for s in p.segments for n in s.ops] == [o.name for o in g.ops]
+        assert p.band[0] < p.predicted_us < p.band[1]
+        assert Plan.from_json(p.to_json()) == p
+
+
+def test_classify_reports_category_and_features():
+    c = classify(PRESETS["tiny-llama"], tp=1, batches=(1, 4), context=64)
+    assert c["category"] in ("monolith-stable", "multi-megakernel-stable", "conventional-stable", "crossover")
+    assert set(c["best"]) == {1, 4}
+    f = c["features"]
+    assert f[1]["intensity_ratio"] > f[0]["intensity_ratio"]   # batching raises arithmetic intensity
+    assert all(0 < x["launch_share"] < 1 for x in f)
+
+
+def test_unknown_profile_lists_known():
+    with pytest.raises(FileNotFoundError, match="known: .*h200"):
+        HardwareProfile.load("a100-nonexistent")
