@@ -43,7 +43,7 @@ class RankCtx:
                 for _ in range(self.nranks - 1):
                     self._uidq.put(uid)
             else:
-                uid = self._uidq.get(timeout=120)
+                uid = self._uidq.get(timeout=60)
             self._heap = SymmetricHeap.init(uid, self.rank, self.nranks, self.device)
         return self._heap
 
