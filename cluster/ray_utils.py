@@ -37,7 +37,11 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any):
     ray = require_ray()
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
-        if address:
+        if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") and not init_kwargs.get("runtime_env"):
+            # inside `ray job submit`: the job's runtime_env (working_dir, env vars) already reaches every
+            # worker, and Ray refuses a driver runtime_env that sets the same keys
+            ray.init(address=address or "auto", **init_kwargs)
+        elif address:
             ray.init(address=address, runtime_env=worker_runtime_env(init_kwargs.pop("runtime_env", None)),
                      **init_kwargs)
         else:
