@@ -117,3 +117,12 @@ def test_deadlock_reported_not_hung():
         bad = PyVM(broken, mems, mode=mode, timeout_s=1.0)
         with pytest.raises(KernelTimeout, match="waits on"):
             bad.launch(lambda r, k: grp.ctx([5], tables, 1))
+
+
+def test_pyvm_eight_ranks():
+    """TP=8 (one q head pair per rank, KV heads replicated 4x) on CPU: the scale-out protocol without GPUs."""
+    grp, lens, tables, ref_logits, toks = setup(PRESETS["tiny-llama"], 8, 2, num_sms=3)
+    _, _, vm = grp.decode_vm(2)
+    for seed in range(3):
+        vm.rng.seed(seed)
+        run_steps(grp, lens, tables, ref_logits, toks)
