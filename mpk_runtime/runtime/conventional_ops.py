@@ -35,14 +35,8 @@ def qkv_rope(op, mem, ctx) -> None:
     T = ctx.tokens_per_seq
     b = torch.arange(M, device=x.device) // T
     live = pos >= 0
-    scratch = mem.kvstore.num_pages - 1 if getattr(mem.kvstore, "has_scratch", False) else None
-    if scratch is None:  # CPU: boolean indexing is fine (a host sync, no graph capture there)
-        page = ctx.block_tables[b[live], pos[live] // ctx.page_size]
-        for which in ("k", "v"):
-            mem.kv(a[f"{which}_cache"])[page, pos[live] % ctx.page_size] = out[which][live]
-        return
     p = pos.clamp(min=0)
-    page = torch.where(live, ctx.block_tables[b, p // ctx.page_size], torch.full_like(p, scratch))
+    page = torch.where(live, ctx.block_tables[b, p // ctx.page_size], torch.full_like(p, mem.kvstore.scratch))
     for which in ("k", "v"):
         mem.kv(a[f"{which}_cache"])[page, p % ctx.page_size] = out[which]
 

@@ -19,12 +19,16 @@ _DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.fl
 
 
 class KVStore:
-    """Paged KV cache of one rank: per layer K and V pages, (num_pages, page_size, n_kv_local, head_dim)."""
+    """Paged KV cache of one rank: per layer K and V pages, (num_pages + 1, page_size, n_kv_local, head_dim).
+
+    Page `scratch` (= num_pages, past the allocator's range) absorbs the writes of padded batch rows, so the
+    conventional path can write every row without a data-dependent (host-syncing) mask."""
 
     def __init__(self, num_layers: int, num_pages: int, page_size: int, n_kv: int, head_dim: int,
                  dtype: torch.dtype, device="cpu", poison: bool = True):
         self.num_pages, self.page_size = num_pages, page_size
-        shape = (num_pages, page_size, n_kv, head_dim)
+        self.scratch = num_pages
+        shape = (num_pages + 1, page_size, n_kv, head_dim)
         fill = float("nan") if poison and dtype.is_floating_point else 0
         self.k = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(num_layers)]
