@@ -106,7 +106,7 @@ def check_model(ctx, model, steps, batches, res, do_timing):
         for r_ in ([ref] if ref else []) + [tp]:
             r_.mem.t("tokens").copy_(tok0)
         mism, first_mism, worst, worst_before = 0, -1, 0.0, 0.0
-        margin = None
+        margin, ulp = None, None
         toks_ref, toks_tp = [], []
         for s in range(steps):
             pos = torch.full((B,), s, dtype=torch.int64)
@@ -129,8 +129,11 @@ def check_model(ctx, model, steps, batches, res, do_timing):
                 d = int((nr != nm).sum())
                 if d and first_mism < 0:
                     first_mism = s
-                    top2 = lr.topk(2, dim=-1).values
-                    margin = (top2[:, 0] - top2[:, 1]).min().item()
+                    bad = (nr != nm).nonzero().flatten()
+                    top2 = lr[bad].topk(2, dim=-1).values          # the diverging rows only
+                    margin = (top2[:, 0] - top2[:, 1]).max().item()
+                    # one bf16 ulp at the top logit's magnitude (the LM head's outputs are bf16-rounded)
+                    ulp = 2.0 ** (torch.floor(torch.log2(top2[:, 0].abs().max())).item() - 7)
                 if first_mism < 0:
                     worst_before = max(worst_before, rel)
                 mism += d
@@ -138,7 +141,10 @@ def check_model(ctx, model, steps, batches, res, do_timing):
             r = dict(model=model, batch=B, steps=steps, token_mismatches=mism, first_mismatch_step=first_mism,
                      top2_margin_at_first_mismatch=margin, worst_rel_logit_err_before_divergence=worst_before,
                      worst_rel_logit_err=worst, tokens_identical=mism == 0,
-                     ok=(mism == 0 and worst < 3e-2), tp_tasks=len(tp.tg.tasks),
+                     top2_margin_in_bf16_ulps=(margin / ulp if margin is not None else None),
+                     # TP=2 rounds differently from TP=1 (per-rank bf16 partials): a divergence is accepted only at
+                     # a near-tie (<= 2 bf16 ulps between TP=1's top two logits) with bf16-level logit error before it
+                     ok=(worst_before < 3e-2 and (mism == 0 or margin <= 2 * ulp)), tp_tasks=len(tp.tg.tasks),
                      tp_cross_rank_signals=sum(1 for t in tp.tg.tasks for q, _ in t.signals if q != rank),
                      first_tokens_ref=[t[0] for t in toks_ref[:16]], first_tokens_tp=[t[0] for t in toks_tp[:16]])
             _log(rank, json.dumps(r))

