@@ -64,6 +64,9 @@ class Timer:
         return (b - a) * 1e3
 
 
+PARTIAL = ""
+
+
 def run_model(model: str, batches: list[int], context: int, cpu: bool, steps: int, prof, out_rows: list) -> None:
     dev = "cpu" if cpu else "cuda"
     dtype = "float32" if cpu else "bfloat16"
@@ -141,6 +144,9 @@ def run_model(model: str, batches: list[int], context: int, cpu: bool, steps: in
                    "setup_s": round(time.time() - t0, 1)}
             out_rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "segments"}), flush=True)
+            if PARTIAL:  # keep what was measured even if the run is cut short
+                with open(PARTIAL, "a") as f:
+                    f.write(json.dumps(row) + "\n")
             del ex, graphs
         del mem, kv
         if not cpu:
@@ -206,6 +212,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     prof = HardwareProfile.load(a.profile)
+    global PARTIAL
+    PARTIAL = os.path.join(a.out, "planner_validation_rows.jsonl")
     rows: list[dict] = []
     for m in a.models.split(","):
         run_model(m, [int(b) for b in a.batches.split(",")], a.context, a.cpu, a.steps, prof, rows)

@@ -28,5 +28,5 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _torch_threads():
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # tiny tensors: OpenMP threads only add overhead (and oversubscribe 2 cores)
     yield
