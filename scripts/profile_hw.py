@@ -104,7 +104,7 @@ def main() -> None:
         bw[str(k)] = wbytes / (us * 1e-6)
         print(f"bw with {k:3d} SMs: {bw[str(k)] / 1e12:.2f} TB/s ({wbytes / 1e6:.1f} MB in {us:.1f} us)", flush=True)
         del mk
-    prof["hbm_bw_by_sms"] = bw
+    prof["megakernel_linear_bw_by_sms"] = bw  # what our linear tiles achieve (HBM curve itself stays measured raw)
     # 2. megakernel launch: a one-task kernel (embed)
     tg, mk = rig.megakernel(["embed"], sms=132)
     prof["megakernel_launch_us"] = rig.time_mk(mk, reps=50)
@@ -121,23 +121,34 @@ def main() -> None:
         tr = mk.chrome_trace()["traceEvents"]
         for e in tr:
             t = tg.tasks[int(e["args"]["label"].split("task")[1].split("[")[0])]
-            pts.setdefault(t.kind, []).append((float(t.est_bytes), float(e["dur"])))
+            pts.setdefault(t.kind, []).append((float(t.est_bytes), float(t.est_flops), float(e["dur"])))
         print(f"mono step B={B}: {step_us:.1f} us, {len(tr)} traced tasks", flush=True)
         del mk
     fair = base.bw(132) / 132 / 1e6  # bytes per us per SM when all stream
-    fixed, eff = {}, {}
+    fixed, eff, fl = {}, {}, {}
     for kind, xy in pts.items():
-        if len({x for x, _ in xy}) > 1:
-            c0, c1 = lstsq([[1.0, x] for x, _ in xy], [y for _, y in xy])
+        # duration = fixed + bytes * s_b + flops * s_f over both batch sizes (flops separate the two regimes)
+        ys = [y for _, _, y in xy]
+        cols = [[1.0, b / 1e6, f / 1e6] for b, f, _ in xy]
+        if len({(b, f) for b, f, _ in xy}) < 3:
+            c0, sb, sf = med(ys), 0.0, 0.0
         else:
-            c0, c1 = med([y for _, y in xy]) * 0.5, med([y for _, y in xy]) * 0.5 / max(1.0, xy[0][0])
+            c0, sb, sf = lstsq(cols, ys)
+            if sb < 0 or sf < 0:  # keep the model physical: refit without the negative term
+                keep = 1 if sb >= 0 else 2
+                c0, sx = lstsq([[1.0, c[keep]] for c in cols], ys)
+                sb, sf = (sx, 0.0) if keep == 1 else (0.0, sx)
         fixed[kind] = max(0.0, c0)
-        eff[kind] = min(1.0, max(0.02, (1.0 / fair) / c1)) if c1 > 0 else 1.0
-        print(f"  {kind:15s} n={len(xy):5d} fixed {fixed[kind]:6.2f} us  streaming eff {eff[kind]:.2f}", flush=True)
+        eff[kind] = min(1.0, max(0.02, 1e6 / (fair * sb))) if sb > 0 else 1.0  # sb: us per MB
+        fl[kind] = max(0.0, sf) / 1e6
+        print(f"  {kind:15s} n={len(xy):5d} fixed {fixed[kind]:6.2f} us  streaming eff {eff[kind]:.2f}  "
+              f"{fl[kind] * 1e6:.3f} us/Mflop", flush=True)
+    prof["flop_us_by_kind"] = fl
     prof["task_fixed_us_by_kind"], prof["stream_eff_by_kind"] = fixed, eff
-    # 4. conventional kernels: each op alone in a CUDA graph
-    ex_rows, ys = [], []
-    for op in rig.g.ops[:40]:
+    # 4. conventional ops: each op alone in a CUDA graph; fixed cost per kernel sequence, bytes at one bandwidth
+    from mpk_runtime.planner.cost import conv_key
+    samples: dict[str, list[tuple[float, float]]] = {}
+    for op in rig.g.ops[:40] + rig.g.ops[-2:]:
         ex = ConventionalExecutor([rig.g.subgraph([op.name])], [rig.mem])
         ex.run([rig.ctx]); torch.cuda.synchronize()
         cg = torch.cuda.CUDAGraph()
@@ -146,16 +157,14 @@ def main() -> None:
                 ex.run([rig.ctx])
         ts = []
         for _ in range(10):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record(); cg.replay(); e.record(); e.synchronize()
-            ts.append(s.elapsed_time(e) * 1e3 / 10)
-        ex_rows.append([float(conv_kernels(op)), float(op.bytes)])
-        ys.append(med(ts))
-    c, inv_bw = lstsq(ex_rows, ys)
-    prof["conv_kernel_us"] = max(0.5, c)
-    prof["conv_bw_fraction"] = min(1.0, max(0.05, 1.0 / (inv_bw * base.bw(132) / 1e6))) if inv_bw > 0 else 1.0
-    print(f"conventional: {prof['conv_kernel_us']:.2f} us per kernel, {prof['conv_bw_fraction']:.2f} of bandwidth",
-          flush=True)
+            s_, e_ = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s_.record(); cg.replay(); e_.record(); e_.synchronize()
+            ts.append(s_.elapsed_time(e_) * 1e3 / 10)
+        samples.setdefault(conv_key(op), []).append((float(op.bytes), med(ts)))
+    stream_us = lambda b: b / (base.bw(132) * base.conv_bw_fraction) * 1e6
+    prof["conv_fixed_us_by_kind"] = {k: max(0.0, med([t - stream_us(b) for b, t in v])) for k, v in samples.items()}
+    for k, v in prof["conv_fixed_us_by_kind"].items():
+        print(f"  conventional {k:14s} fixed {v:7.1f} us (n={len(samples[k])})", flush=True)
     prof["source"] = (f"measured by scripts/profile_hw.py on {torch.cuda.get_device_name()} {time.strftime('%Y-%m-%d')}"
                       f" (commit {os.environ.get('GIT_COMMIT', '?')}); sync/remote/NCCL terms from the seed profile")
     prof["log"] = log

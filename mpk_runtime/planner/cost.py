@@ -25,9 +25,14 @@ def conv_kernels(op: Op) -> int:
     return CONV_KERNELS[op.kind]
 
 
+def conv_key(op: Op) -> str:
+    """Conventional ops with the same kernel sequence share a measured fixed cost."""
+    return f"{op.kind}:{conv_kernels(op)}"
+
+
 def conventional_op_us(op: Op, graph: Graph, prof: HardwareProfile) -> float:
     k = conv_kernels(op)
-    t = k * prof.conv_kernel_us
+    t = prof.conv_fixed_us_by_kind.get(conv_key(op), k * prof.conv_kernel_us)
     if op.kind == "allreduce":
         W, M, N = graph.tensors[op.attrs["part"]].shape
         return t + prof.nccl_allreduce_us(M * N * 2)

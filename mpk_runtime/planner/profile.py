@@ -47,6 +47,8 @@ class HardwareProfile:
     fp32_flops_per_s: float = 60e12
     task_fixed_us_by_kind: dict[str, float] = field(default_factory=dict)
     stream_eff_by_kind: dict[str, float] = field(default_factory=dict)   # achieved / fair-share streaming rate
+    flop_us_by_kind: dict[str, float] = field(default_factory=dict)      # per-flop time not hidden under loads
+    conv_fixed_us_by_kind: dict[str, float] = field(default_factory=dict)  # measured fixed cost per conventional op
     source: str = ""
 
     def bw(self, active_sms: int) -> float:
@@ -61,6 +63,9 @@ class HardwareProfile:
 
     def stream_eff(self, kind: str) -> float:
         return self.stream_eff_by_kind.get(kind, 1.0)
+
+    def flop_us(self, kind: str) -> float:
+        return self.flop_us_by_kind.get(kind, 0.0)
 
     def remote_signal_us(self, nbytes: int) -> float:
         return _curve(self.remote_signal_us_by_bytes, max(64, nbytes))

@@ -36,10 +36,11 @@ class SimResult:
 
 
 def task_tc_us(t: Task, prof: HardwareProfile) -> float:
+    """The compute floor of a task: Tensor Core time, or the measured per-flop cost of this kernel kind."""
     if not t.est_flops:
         return 0.0
     rows = max(1, round(t.est_flops / max(1, t.est_bytes)))  # flops per weight byte ~ rows for a GEMM tile
-    return prof.tc_time_us(t.est_flops, rows)
+    return max(prof.tc_time_us(t.est_flops, rows), t.est_flops * prof.flop_us(t.kind))
 
 
 def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, record: bool = False) -> SimResult:
