@@ -192,7 +192,8 @@ def plot(rows: list[dict], path: str) -> None:
         xs = [r["measured_us"] for r in ok if r["model"] == m]
         ys = [r["predicted_us"] for r in ok if r["model"] == m]
         ax.scatter(xs, ys, label=m, s=14)
-    lim = [min([r["measured_us"] for r in ok] + [1]), max([r["measured_us"] for r in ok] + [r["predicted_us"] for r in ok])]
+    allv = [r["measured_us"] for r in ok] + [r["predicted_us"] for r in ok]
+    lim = [min(allv + [1e9]), max(allv + [1])]
     ax.plot(lim, lim, "k--", lw=0.8)
     ax.set_xscale("log"), ax.set_yscale("log")
     ax.set_xlabel("measured step time (us)"), ax.set_ylabel("predicted (us)")
@@ -208,7 +209,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--cpu", action="store_true", help="pyvm + CPU timers: checks the script's logic only")
-    ap.add_argument("--profile", default="h200")
+    ap.add_argument("--profile", default="h200_measured")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     prof = HardwareProfile.load(a.profile)

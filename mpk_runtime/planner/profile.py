@@ -79,7 +79,7 @@ class HardwareProfile:
         return flops / (self.tc_flops_per_s * sms / self.num_sms * eff) * 1e6
 
     @classmethod
-    def load(cls, name_or_path: str = "h200") -> "HardwareProfile":
+    def load(cls, name_or_path: str = "h200_measured") -> "HardwareProfile":
         path = name_or_path if os.path.exists(name_or_path) else os.path.join(_DIR, f"{name_or_path}.json")
         if not os.path.exists(path):
             known = sorted(f[:-5] for f in os.listdir(_DIR) if f.endswith(".json"))
