@@ -58,7 +58,8 @@ class PyVM:
         self.steps_done += nsteps
 
     # --- interleavings ---------------------------------------------------------------------------------------
-    def _launch_random(self, ctxs, first, nsteps):
+    def _launch_random(self, ctxs, first, nsteps, choose=None):
+        choose = choose or self.rng.choice
         state = [(r, sm) for r, g in enumerate(self.graphs) for sm in range(g.num_sms) if g.sm_lists[sm]]
         ptr = {key: 0 for key in state}
         k_of = {key: 0 for key in state}
@@ -74,7 +75,7 @@ class PyVM:
             if not runnable:
                 raise KernelTimeout("pyvm deadlock: no SM can make progress:\n  " + "\n  ".join(
                     self._describe_wait(r, sm, ptr[(r, sm)], first + k_of[(r, sm)]) for r, sm in live[:8]))
-            key = self.rng.choice(runnable)
+            key = choose(runnable)
             r, sm = key
             g = self.graphs[r]
             t = g.tasks[g.sm_lists[sm][ptr[key]]]
@@ -89,9 +90,8 @@ class PyVM:
                     live.remove(key)
 
     def _launch_ordered(self, ctxs, first, nsteps):
-        # round-robin over SMs one task at a time; a blocked SM is skipped until its wait is satisfied
-        self.rng = _FirstChoice()
-        self._launch_random(ctxs, first, nsteps)
+        # always the first runnable SM: deterministic; a blocked SM is skipped until its wait is satisfied
+        self._launch_random(ctxs, first, nsteps, choose=lambda runnable: runnable[0])
 
     def _launch_threads(self, ctxs, first, nsteps):
         cond = threading.Condition()
@@ -138,8 +138,3 @@ class PyVM:
         need = [(e, self.counters[r][e], g.events[e].triggers * (step - lag)) for e, lag in t.waits
                 if self.counters[r][e] < g.events[e].triggers * (step - lag)]
         return f"rank {r} SM {sm} step {step}: {t.label()} waits on (event, counter, needed) {need}"
-
-
-class _FirstChoice:
-    def choice(self, seq):
-        return seq[0]
