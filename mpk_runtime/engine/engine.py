@@ -39,7 +39,8 @@ class LLMEngine:
         self.dead: str | None = None  # set when the workers failed and could not be recovered
         # counters for /metrics
         self.stats = {"steps": 0, "tokens_generated": 0, "prompt_tokens": 0, "requests_finished": 0,
-                      "requests_failed": 0, "recoveries": 0, "last_batch_size": 0, "max_batch_size_seen": 0}
+                      "requests_failed": 0, "recoveries": 0, "last_batch_size": 0, "max_batch_size_seen": 0,
+                      "sequences_scheduled": 0}  # / steps = mean batch occupancy
 
     # --- admission ----------------------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -126,6 +127,7 @@ class LLMEngine:
             return self._on_failure(e)
         self.stats["steps"] += 1
         self.stats["last_batch_size"] = len(chunks)
+        self.stats["sequences_scheduled"] += len(chunks)
         self.stats["max_batch_size_seen"] = max(self.stats["max_batch_size_seen"], len(chunks))
         now = time.monotonic()
         outputs, done = [], []

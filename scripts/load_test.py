@@ -1,0 +1,102 @@
+"""Concurrent load through the OpenAI-compatible HTTP server: N requests at once, all must succeed.
+
+    PYTHONPATH=. python3 scripts/load_test.py --model tiny-qwen3 --backend pyvm --requests 100      # CPU
+    PYTHONPATH=. python3 scripts/load_test.py --model llama-3.2-1b --backend megakernel --tp 2 \
+        --executor ray --requests 100 --max-batch 32                                              # GPUs
+
+Reports throughput (generated tokens/s), request latency p50/p99, time to first token p50/p99, errors, and
+batch occupancy (sequences per engine step: > 1 means the requests really shared decode steps), and writes
+load_test.json under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+async def fire(url: str, model: str, n: int, max_tokens: int, vocab: int, seed: int) -> list[dict]:
+    import httpx
+    rng = random.Random(seed)
+
+    async def one(i: int, client) -> dict:
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(4, 24))]
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        t0 = time.perf_counter()
+        try:
+            r = await client.post(url + "/v1/completions", json=body)
+            dt = time.perf_counter() - t0
+            if r.status_code != 200:
+                return {"i": i, "ok": False, "status": r.status_code, "error": r.text[:200], "latency_s": dt}
+            d = r.json()
+            return {"i": i, "ok": True, "latency_s": dt, "tokens": d["usage"]["completion_tokens"],
+                    "ttft_s": d["choices"][0].get("metrics", {}).get("time_to_first_token")}
+        except Exception as e:  # noqa: BLE001 - counted as an error
+            return {"i": i, "ok": False, "error": f"{type(e).__name__}: {e}"[:200], "latency_s": time.perf_counter() - t0}
+
+    async with httpx.AsyncClient(timeout=600.0) as client:
+        return await asyncio.gather(*(one(i, client) for i in range(n)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="tiny-qwen3")
+    ap.add_argument("--backend", default="pyvm")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--executor", default="inprocess", choices=["inprocess", "ray"])
+    ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--requests", type=int, default=100)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    from cluster.router import build_router
+    from cluster.server import ServerThread, create_app
+    from mpk_runtime.models import load_config
+    if a.executor == "ray":
+        from cluster.ray_utils import ensure_ray
+        ensure_ray()
+    router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
+                          dtype=a.dtype, max_batch=a.max_batch, max_seq_len=256, step_timeout=120.0)
+    srv = ServerThread(create_app(router))
+    try:
+        t0 = time.perf_counter()
+        res = asyncio.run(fire(srv.url, a.model, a.requests, a.max_tokens, load_config(a.model).vocab_size, 0))
+        wall = time.perf_counter() - t0
+        stats = router.stats()
+    finally:
+        srv.stop()
+        router.shutdown()
+    ok = [r for r in res if r["ok"]]
+    steps = sum(s.get("steps", 0) for s in stats.values())
+    seqs = sum(s.get("sequences_scheduled", 0) for s in stats.values())
+    toks = sum(r["tokens"] for r in ok)
+    summary = {"model": a.model, "backend": a.backend, "tp": a.tp, "executor": a.executor, "replicas": a.replicas,
+               "requests": a.requests, "succeeded": len(ok), "errors": len(res) - len(ok),
+               "wall_s": wall, "tokens": toks, "tokens_per_s": toks / wall,
+               "latency_p50_s": pct([r["latency_s"] for r in ok], 0.5),
+               "latency_p99_s": pct([r["latency_s"] for r in ok], 0.99),
+               "ttft_p50_s": pct([r["ttft_s"] for r in ok if r.get("ttft_s") is not None], 0.5),
+               "ttft_p99_s": pct([r["ttft_s"] for r in ok if r.get("ttft_s") is not None], 0.99),
+               "engine_steps": steps, "mean_batch_occupancy": seqs / steps if steps else 0.0,
+               "max_batch": a.max_batch, "max_batch_seen": max((s.get("max_batch_size_seen", 0) for s in stats.values()), default=0),
+               "first_errors": [r for r in res if not r["ok"]][:3], "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    with open(os.path.join(a.out, "load_test.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    print(json.dumps({k: v for k, v in summary.items() if k != "first_errors"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
