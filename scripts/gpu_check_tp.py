@@ -21,7 +21,10 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
+
+from _tp_rig import rig as _rig, shard_weights as _weights, time_launches as _time  # noqa: E402  (shared helpers)
 
 OUT = Path(os.environ.get("OUT") or "gpu_out")
 HBM = 4.55e12
@@ -55,32 +58,6 @@ class Gather:
         out = torch.cat([v[:, :n] for v, n in zip(self.views, self.nv)], dim=-1).clone()
         self.heap.barrier()
         return out
-
-
-def _rig(cfg, w, B, rank, world, heap, timeout_s=5.0, max_seq=512, ps=16, num_sms=None):
-    import torch
-
-    from mpk_runtime.runtime.megakernel_runner import build_rank_kernel
-    pps = -(-max_seq // ps)
-    num_sms = num_sms or torch.cuda.get_device_properties(0).multi_processor_count
-    r = build_rank_kernel(cfg, w, rank=rank, world=world, heap=heap, batch=B, max_seq_len=max_seq, page_size=ps,
-                          num_pages=B * pps + 1, num_sms=num_sms, timeout_s=timeout_s)
-    r.tables.copy_((torch.arange(B * pps) + 1).view(B, pps))
-    return r
-
-
-def _weights(cfg, seed, rank, world):
-    from mpk_runtime.ir.shard import shard_for, weight_slice
-    from mpk_runtime.models.weights import random_weights
-    full = random_weights(cfg, seed, dtype="bfloat16", device="cuda")
-    if world == 1:
-        return full, full
-    sh = shard_for(cfg, world, rank)
-    part = {}
-    for n, t in full.items():
-        idx = weight_slice(cfg, sh, n, tuple(t.shape))
-        part[n] = t[idx].contiguous() if idx is not None else t
-    return full, part
 
 
 def check_model(ctx, model, steps, batches, res, do_timing):
@@ -153,27 +130,6 @@ def check_model(ctx, model, steps, batches, res, do_timing):
             timing(ctx, model, cfg, ref, tp, part, full, res)
         del ref, tp
         torch.cuda.empty_cache()
-
-
-def _time(mk, pos_t, pos, n, reps, barrier=None):
-    import torch
-    for _ in range(2):
-        if barrier:
-            barrier()
-        pos_t.copy_(pos); mk.launch(n)
-        torch.cuda.synchronize()
-    mk.check()
-    ts = []
-    for _ in range(reps):
-        if barrier:
-            barrier()
-        pos_t.copy_(pos)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); mk.launch(n); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) / n)
-    mk.check()
-    ts.sort()
-    return ts[len(ts) // 2], ts[0]
 
 
 def timing(ctx, model, cfg, ref, tp, part, full, res, ctx_len=256):
