@@ -1,13 +1,19 @@
 // attention: split-KV causal GQA decode attention over the paged cache   (tasks/ops/attention.py)
 // attn_partial(b, g, s): warps take 32-key blocks of chunk s round-robin (lane = key for the scores, lane =
 // element pairs d = 2*lane + 64*i for the output), online softmax per q head, warps merged in shared memory.
+// Keep in sync: runtime/megakernel.py _pack_attn_partial sizes the shared memory from ATT_WARP_FLOATS.
 #pragma once
 #include "../common.cuh"
 
 namespace mpk {
 
 constexpr int ATT_PAIRS = (MAX_HEAD_DIM + 63) / 64;  // bf16 pairs per lane
+constexpr int ATT_WARP_FLOATS = MAX_GS * (2 + 32 + MAX_HEAD_DIM);  // per-warp softmax state in shared memory
 
+// Code size matters as much as work here: every attn_partial runs its body about once per SM per layer, so
+// each instruction is an instruction-cache miss (the fully unrolled v3 body was 120 KB and cost ~18 us per task
+// whatever the key count). Heads are therefore a runtime loop and the per-warp online-softmax state (max, sum,
+// probabilities, accumulator) lives in shared memory; only the per-key dot products are unrolled.
 __device__ inline void op_attn_partial(const Ctx& c) {
   const int64_t* a = c.rec;
   const bf16* q = ptr<const bf16>(a[A_ATTN_PARTIAL_Q]);
@@ -27,27 +33,29 @@ __device__ inline void op_attn_partial(const Ctx& c) {
   const int64_t L = pos + 1;
   const int64_t lo = (L * s) / S, hi = (L * (s + 1)) / S;
   if (pos < 0 || hi <= lo) {  // inactive sequence or empty chunk
+#pragma unroll 1
     for (int i = threadIdx.x; i < gs * D; i += THREADS)
       part[((m0 * nq + g * gs + i / D) * S + s) * D + i % D] = 0.f;
     for (int i = threadIdx.x; i < gs; i += THREADS) lse[(m0 * nq + g * gs + i) * S + s] = -INFINITY;
     return;
   }
-  float* qs = reinterpret_cast<float*>(c.smem);  // (gs, D)
-  float* wst = qs + MAX_GS * MAX_HEAD_DIM;       // per warp: (gs) max, (gs) sum, (gs, D) acc
-  const int wstride = MAX_GS * (MAX_HEAD_DIM + 2);
+  float* qs = reinterpret_cast<float*>(c.smem);   // (gs, D)
+  float* wst = qs + MAX_GS * MAX_HEAD_DIM;        // per warp: mx (gs), l (gs), p (gs, 32), acc (gs, D)
+  constexpr int WSTRIDE = ATT_WARP_FLOATS;
+  float* wmx = wst + warp * WSTRIDE;
+  float* wl = wmx + MAX_GS;
+  float* wp = wl + MAX_GS;
+  float* wacc = wp + MAX_GS * 32;
+#pragma unroll 1
   for (int i = threadIdx.x; i < gs * D; i += THREADS)
     qs[i] = ld_act_bf16(q + m0 * (int64_t)nq * D + (int64_t)(g * gs) * D + i);
-  __syncthreads();
-  float mx[MAX_GS], l[MAX_GS], acc[MAX_GS][2 * ATT_PAIRS];
-#pragma unroll
-  for (int h = 0; h < MAX_GS; ++h) {
-    mx[h] = -INFINITY; l[h] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 2 * ATT_PAIRS; ++i) acc[h][i] = 0.f;
+#pragma unroll 1
+  for (int h = 0; h < gs; ++h) {
+    if (lane == 0) { wmx[h] = -INFINITY; wl[h] = 0.f; }
+#pragma unroll 1
+    for (int d = lane; d < D; d += 32) wacc[h * D + d] = 0.f;
   }
-  // Lane-parallel keys: a warp takes 32 consecutive keys, lane j scores key j0 + j against every q head of the
-  // group (whole K row, 16-byte loads), one warp max/sum per head per 32 keys; then V rows are read coalesced
-  // (lane owns element pairs) with p broadcast by shuffles. ~3 memory round trips per 32 keys, not 2 per key.
+  __syncthreads();
   constexpr int KV8 = MAX_HEAD_DIM / 8;
   for (int64_t j0 = lo + (int64_t)warp * 32; j0 < hi; j0 += (int64_t)nwarps * 32) {
     const int nk = (int)min((int64_t)32, hi - j0);   // warp-uniform
@@ -58,39 +66,41 @@ __device__ inline void op_attn_partial(const Ctx& c) {
       const int64_t page = ld_act_s64(bt + j / ps);
       off = ((page * ps + j % ps) * n_kv + g) * D;
     }
+    // scores: lane = key, the whole K row in registers, one q head at a time
     uint4 kr[KV8];
 #pragma unroll
     for (int e = 0; e < KV8; ++e) kr[e] = (valid && e * 8 < D) ? ld_act16(kc + off + e * 8) : make_uint4(0, 0, 0, 0);
-    float pr[MAX_GS];
+#pragma unroll 1
+    for (int h = 0; h < gs; ++h) {
+      const float* qh = qs + h * D;
+      float sc = 0.f;
 #pragma unroll
-    for (int h = 0; h < MAX_GS; ++h) {
-      pr[h] = 0.f;
-      if (h < gs) {
-        float sc = 0.f;
-        const float* qh = qs + h * D;
+      for (int e = 0; e < KV8; ++e) {
+        if (e * 8 < D) {
+          const uint32_t u[4] = {kr[e].x, kr[e].y, kr[e].z, kr[e].w};
 #pragma unroll
-        for (int e = 0; e < KV8; ++e) {
-          if (e * 8 < D) {
-            const uint32_t u[4] = {kr[e].x, kr[e].y, kr[e].z, kr[e].w};
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-              sc = fmaf(qh[e * 8 + 2 * t], bf16_lo(u[t]), sc);
-              sc = fmaf(qh[e * 8 + 2 * t + 1], bf16_hi(u[t]), sc);
-            }
+          for (int t = 0; t < 4; ++t) {
+            sc = fmaf(qh[e * 8 + 2 * t], bf16_lo(u[t]), sc);
+            sc = fmaf(qh[e * 8 + 2 * t + 1], bf16_hi(u[t]), sc);
           }
         }
-        sc = valid ? sc * scale : -INFINITY;
-        const float mn = fmaxf(mx[h], warp_max(sc));     // finite: lane 0 always holds a key
-        const float corr = expf(mx[h] - mn);
-        const float p = valid ? expf(sc - mn) : 0.f;
-        l[h] = l[h] * corr + warp_sum(p);
-#pragma unroll
-        for (int i = 0; i < 2 * ATT_PAIRS; ++i) acc[h][i] *= corr;
-        mx[h] = mn;
-        pr[h] = p;
       }
+      sc = valid ? sc * scale : -INFINITY;
+      const float mo = wmx[h];
+      const float mn = fmaxf(mo, warp_max(sc));   // finite: lane 0 always holds a key
+      const float corr = expf(mo - mn);
+      const float p = valid ? expf(sc - mn) : 0.f;
+      const float ln = wl[h] * corr + warp_sum(p);
+      wp[h * 32 + lane] = p;
+#pragma unroll 1
+      for (int d = lane; d < D; d += 32) wacc[h * D + d] *= corr;
+      __syncwarp();
+      if (lane == 0) { wmx[h] = mn; wl[h] = ln; }
+      __syncwarp();
     }
-    for (int jb = 0; jb < nk; jb += 8) {   // V rows, 8 keys' loads in flight per lane
+    // values: lane owns element pairs d = 2 * lane + 64 * i; 8 keys' V rows in flight, heads a runtime loop
+#pragma unroll 1
+    for (int jb = 0; jb < nk; jb += 8) {
       uint32_t vu[8][ATT_PAIRS];
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
@@ -101,49 +111,49 @@ __device__ inline void op_attn_partial(const Ctx& c) {
           vu[u][i] = (jb + u < nk && d < D) ? __ldcg(reinterpret_cast<const unsigned int*>(vc + o + d)) : 0u;
         }
       }
+#pragma unroll 1
+      for (int h = 0; h < gs; ++h) {
+        float ac[2 * ATT_PAIRS];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
+        for (int i = 0; i < ATT_PAIRS; ++i) {
+          const int d = 2 * lane + 64 * i;
+          ac[2 * i] = d < D ? wacc[h * D + d] : 0.f;
+          ac[2 * i + 1] = d < D ? wacc[h * D + d + 1] : 0.f;
+        }
 #pragma unroll
-        for (int h = 0; h < MAX_GS; ++h) {
-          if (h < gs) {
-            const float p = __shfl_sync(0xffffffffu, pr[h], jb + u);   // 0 for keys past nk
+        for (int u = 0; u < 8; ++u) {
+          const float p = wp[h * 32 + ((jb + u) & 31)];   // 0 for keys past nk
 #pragma unroll
-            for (int i = 0; i < ATT_PAIRS; ++i) {
-              acc[h][2 * i] = fmaf(p, bf16_lo(vu[u][i]), acc[h][2 * i]);
-              acc[h][2 * i + 1] = fmaf(p, bf16_hi(vu[u][i]), acc[h][2 * i + 1]);
-            }
+          for (int i = 0; i < ATT_PAIRS; ++i) {
+            ac[2 * i] = fmaf(p, bf16_lo(vu[u][i]), ac[2 * i]);
+            ac[2 * i + 1] = fmaf(p, bf16_hi(vu[u][i]), ac[2 * i + 1]);
           }
         }
-      }
-    }
-  }
-  float* my = wst + warp * wstride;
 #pragma unroll
-  for (int h = 0; h < MAX_GS; ++h) {
-    if (h < gs) {
-      if (lane == 0) { my[h] = mx[h]; my[MAX_GS + h] = l[h]; }
-#pragma unroll
-      for (int i = 0; i < ATT_PAIRS; ++i) {
-        const int d = 2 * lane + 64 * i;
-        if (d < D) {
-          my[2 * MAX_GS + h * D + d] = acc[h][2 * i];
-          my[2 * MAX_GS + h * D + d + 1] = acc[h][2 * i + 1];
+        for (int i = 0; i < ATT_PAIRS; ++i) {
+          const int d = 2 * lane + 64 * i;
+          if (d < D) { wacc[h * D + d] = ac[2 * i]; wacc[h * D + d + 1] = ac[2 * i + 1]; }
         }
       }
     }
+    __syncwarp();
   }
   __syncthreads();
+#pragma unroll 1
   for (int i = threadIdx.x; i < gs * D; i += THREADS) {
     const int h = i / D, d = i % D;
     float M = -INFINITY;
-    for (int w = 0; w < nwarps; ++w) M = fmaxf(M, wst[w * wstride + h]);
+#pragma unroll 1
+    for (int w = 0; w < nwarps; ++w) M = fmaxf(M, wst[w * WSTRIDE + h]);
     float den = 0.f, o = 0.f;
+#pragma unroll 1
     for (int w = 0; w < nwarps; ++w) {
-      const float wm = wst[w * wstride + h];
+      const float* ws = wst + w * WSTRIDE;
+      const float wm = ws[h];
       if (wm == -INFINITY) continue;  // a warp that saw no key
       const float e = expf(wm - M);
-      den += wst[w * wstride + MAX_GS + h] * e;
-      o += wst[w * wstride + 2 * MAX_GS + h * D + d] * e;
+      den += ws[MAX_GS + h] * e;
+      o += ws[2 * MAX_GS + MAX_GS * 32 + h * D + d] * e;
     }
     const int64_t hq = m0 * nq + g * gs + h;
     part[(hq * S + s) * D + d] = o / fmaxf(den, 1e-30f);

@@ -21,11 +21,12 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
   const int64_t max_pages = c.P[P_MAX_PAGES], ps = c.P[P_PAGE_SIZE];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   bf16* xs = reinterpret_cast<bf16*>(c.smem);
-  float* ys = reinterpret_cast<float*>(c.smem + (((int64_t)ROW_TILE * K * 2 + 15) & ~15LL));  // (ROW_TILE, D)
+  float* ys = linear_ytile(c.smem, K);  // (ROW_TILE, D) fp32
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
     load_rows_norm(xs, x + (int64_t)g0 * K, Mg, K, 0, 1, nw, eps);
-    linear_core<false>(xs, Mg, K, w, nullptr, 0, D, [&](int m, int n, float y0, float) { ys[m * D + n] = bf(y0); });
+    linear_core<false>(xs, Mg, K, w, nullptr, 0, D, 1, ys, nullptr);
+    for (int i = threadIdx.x; i < Mg * D; i += THREADS) ys[i] = bf(ys[i]);  // the bf16 matmul result
     __syncthreads();
     for (int m = warp; m < Mg; m += nwarps) {
       const int row = g0 + m;  // decode: row == sequence

@@ -27,7 +27,7 @@ OP_ARGS: dict[str, list[str]] = {
     "attn_merge": ["part", "lse", "out", "b", "g", "gs", "d", "nq", "splits"],
     # y[:, n0:n1] = epilogue(norm?(x) @ W[r0+n0 : r0+n1].T) (+ residual); out_kind: OUT_BF16 | OUT_F32 | OUT_PUSH
     "linear": ["x", "w0", "w1", "norm", "residual", "out", "m_in", "k", "n0", "n1", "n", "m", "eps", "epilogue",
-               "out_kind", "row_off", "row_stride", "peers", "npeers", "par_stride", "slot"],
+               "out_kind", "row_off", "row_stride", "peers", "npeers", "par_stride", "slot", "kseg"],
     # out[:, n0:n1] = residual + sum_r part[parity][r]
     "allreduce": ["part", "par_stride", "residual", "out", "world", "m", "n", "n0", "n1"],
     "argmax_partial": ["logits", "b", "v", "vocab0", "peers", "npeers", "par_stride", "slot"],

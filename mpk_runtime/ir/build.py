@@ -19,7 +19,10 @@ from .shard import shard_for
 
 def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, tokens_per_seq: int | None = None,
                 context_len: int = 512, max_seq_len: int | None = None, tp: int = 1, rank: int = 0,
-                dtype: str | None = None, attn_splits: int = 1) -> Graph:
+                dtype: str | None = None, attn_splits: int = 1, tp_invariant: int = 1) -> Graph:
+    """tp_invariant: R = the TP degree whose reduction order every degree dividing it reproduces. Row-parallel
+    projections (o_proj, down) then sum K in R/tp segments, each reduced like one rank of a TP=R group, combined
+    in fp32 in rank order, so TP=1 and TP=R give bit-identical activations (default 1: one segment)."""
     if mode not in ("decode", "prefill"):
         raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
     T = 1 if mode == "decode" else (tokens_per_seq or context_len)
@@ -27,6 +30,10 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         raise ValueError("decode graphs have tokens_per_seq == 1")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
+    if tp_invariant < 1 or (tp_invariant > 1 and tp_invariant % tp):
+        raise ValueError(f"tp_invariant={tp_invariant} must be 1 (off) or a multiple of tp={tp} (the TP degree whose "
+                         "reduction order every rank reproduces)")
+    kseg = tp_invariant // tp if tp_invariant > 1 else 1
     max_seq_len = max_seq_len or max(context_len + T, 1)
     if context_len + (T if mode == "prefill" else 1) > max_seq_len:
         raise ValueError(f"context_len {context_len} (+ new tokens) exceeds max_seq_len {max_seq_len}")
@@ -85,7 +92,7 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
             B * kv_read * nkv * D * eb * 2 + 2 * M * nq * D * eb, 4 * M * nq * D * kv_read)
 
         x = _proj(t, w, add, cfg, tp, f"L{i}.o_proj", x_in=attn, residual=x, wnames=[p + "self_attn.o_proj.weight"],
-                  K=nq * D, N=H, M=M, eb=eb, prenorm=None)
+                  K=nq * D, N=H, M=M, eb=eb, prenorm=None, kseg=kseg)
         ln2 = w(p + "post_attention_layernorm.weight", (H,))
         wg, wu = w(p + "mlp.gate_proj.weight", (I, H)), w(p + "mlp.up_proj.weight", (I, H))
         act = t(f"L{i}.act", (M, I), "act")
@@ -94,7 +101,7 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
              "residual": None, "out": act, "push": False, "row_select": None},
             2 * I * H * eb + M * H * eb + M * I * eb, 2 * M * 2 * I * H)
         x = _proj(t, w, add, cfg, tp, f"L{i}.down", x_in=act, residual=x, wnames=[p + "mlp.down_proj.weight"],
-                  K=I, N=H, M=M, eb=eb, prenorm=None)
+                  K=I, N=H, M=M, eb=eb, prenorm=None, kseg=kseg)
 
     # Final norm + LM head on the last token of each sequence (decode: every row).
     lnf = w("model.norm.weight", (H,))
@@ -117,21 +124,25 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
     return Graph(cfg, mode, B, T, context_len, max_seq_len, tp, rank, tensors, ops)
 
 
-def _proj(t, w, add, cfg, tp, name, *, x_in, residual, wnames, K, N, M, eb, prenorm):
-    """A row-parallel projection back to the hidden size: fused residual at tp == 1, else push + allreduce."""
+def _proj(t, w, add, cfg, tp, name, *, x_in, residual, wnames, K, N, M, eb, prenorm, kseg=1):
+    """A row-parallel projection back to the hidden size: fused residual at tp == 1, else push + allreduce.
+    kseg: K is reduced in kseg equal segments (see build_graph's tp_invariant)."""
+    if kseg > 1 and K % (8 * kseg):
+        raise ValueError(f"{name}: K={K} does not split into {kseg} segments of whole 16-byte vectors; "
+                         "use a tp_invariant that divides it")
     for wn in wnames:
         w(wn, (N, K))
     if tp == 1:
         out = t(f"{name}.out", (M, N), "act")
         add(name, "linear", [x_in, *wnames, residual], [out],
             {"x": x_in, "weights": wnames, "norm": prenorm, "eps": cfg.rms_norm_eps, "epilogue": "none",
-             "residual": residual, "out": out, "push": False, "row_select": None},
+             "residual": residual, "out": out, "push": False, "row_select": None, "k_segments": kseg},
             N * K * eb + M * K * eb + 2 * M * N * eb, 2 * M * N * K)
         return out
     part = t(f"{name}.part", (tp, M, N), "sym", "float32")
     add(name, "linear", [x_in, *wnames], [part],
         {"x": x_in, "weights": wnames, "norm": prenorm, "eps": cfg.rms_norm_eps, "epilogue": "none",
-         "residual": None, "out": part, "push": True, "row_select": None},
+         "residual": None, "out": part, "push": True, "row_select": None, "k_segments": kseg},
         N * K * eb + M * K * eb + tp * M * N * 4, 2 * M * N * K)
     out = t(f"{name}.out", (M, N), "act")
     add(f"{name}.allreduce", "allreduce", [part, residual], [out],

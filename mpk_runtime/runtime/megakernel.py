@@ -157,8 +157,8 @@ class TaskPacker:
 
     def _pack_attn_partial(self, p):
         kc = self.mem.kv(p["k_cache"])
-        self._need((L.CONSTANTS["MAX_GS"] * L.CONSTANTS["MAX_HEAD_DIM"]
-                    + _NWARPS * L.CONSTANTS["MAX_GS"] * (L.CONSTANTS["MAX_HEAD_DIM"] + 2)) * 4)
+        gs_max, d_max = L.CONSTANTS["MAX_GS"], L.CONSTANTS["MAX_HEAD_DIM"]   # attention.cuh: qs + ATT_WARP_FLOATS
+        self._need((gs_max * d_max + _NWARPS * gs_max * (2 + 32 + d_max)) * 4)
         return dict(self._attn_common(p), q=self._t(p["q"]), k_cache=kc.data_ptr(),
                     v_cache=self.mem.kv(p["v_cache"]).data_ptr(), part=self._t(p["part"]), lse=self._t(p["lse"]),
                     split=p["split"], n_kv=kc.shape[2], scale=f32_bits(p["scale"]))
@@ -177,7 +177,9 @@ class TaskPacker:
         d = dict(x=x.data_ptr(), w0=wp[0], w1=wp[1] if len(wp) > 1 else 0, norm=self._t(p["norm"]),
                  residual=self._t(p["residual"]), m_in=M_in, k=K, n0=p["n0"], n1=p["n1"],
                  eps=f32_bits(p["eps"] or 0.0), epilogue=L.EPILOGUES.index(p["epilogue"]),
-                 row_off=rs["offset"] if rs else 0, row_stride=rs["stride"] if rs else 1, slot=self.tg.rank)
+                 row_off=rs["offset"] if rs else 0, row_stride=rs["stride"] if rs else 1, slot=self.tg.rank,
+                 kseg=p.get("k_segments", 1))
+        assert (K // 8) % d["kseg"] == 0, f"K={K} does not split into {d['kseg']} segments of 16-byte vectors"
         if p["push"]:
             base, stride = self._sym(p["out"])
             peers, npeers = self._peers(p["out"])
@@ -188,7 +190,8 @@ class TaskPacker:
             out = self.mem.t(p["out"])
             d.update(out=out.data_ptr(), m=out.shape[0], n=out.shape[1],
                      out_kind=L.OUT_KINDS.index("f32" if out.dtype == torch.float32 else "bf16"))
-        self._need(L.CONSTANTS["ROW_TILE"] * K * 2)
+        rt = L.CONSTANTS["ROW_TILE"]   # xs (rt, K) bf16, then the fp32 result tile(s) (rt, n1 - n0)
+        self._need(((rt * K * 2 + 15) & ~15) + rt * (p["n1"] - p["n0"]) * 4 * len(wp))
         return d
 
     def _pack_allreduce(self, p):

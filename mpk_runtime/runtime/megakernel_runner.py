@@ -27,7 +27,8 @@ from .memory import KVStore, RankMemory
 
 def build_rank_kernel(cfg, weights: dict, *, rank: int, world: int, heap=None, batch: int, max_seq_len: int,
                       page_size: int, num_pages: int, num_sms: int, attn_splits: int = 2, dtype: str = "bfloat16",
-                      timeout_s: float = 2.0, trace_steps: int = 0, device="cuda", tiling: Tiling | None = None):
+                      timeout_s: float = 2.0, trace_steps: int = 0, device="cuda", tiling: Tiling | None = None,
+                      tp_invariant: int = 1):
     """One rank's Megakernel for decode at `batch` (world > 1 needs a SymmetricHeap; collective then: every
     rank calls this with the same arguments but its own rank). Returns a namespace: mk, mem, tg, pos, tables."""
     from types import SimpleNamespace
@@ -37,7 +38,7 @@ def build_rank_kernel(cfg, weights: dict, *, rank: int, world: int, heap=None, b
     n_kv = cfg.num_kv_heads if world == 1 else shard_for(cfg, world, rank).n_kv
     kv = KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(dtype), device=dev)
     gs = [build_graph(cfg, mode="decode", batch=batch, context_len=0, max_seq_len=max_seq_len, tp=world, rank=r,
-                      attn_splits=attn_splits, dtype=dtype) for r in range(world)]
+                      attn_splits=attn_splits, dtype=dtype, tp_invariant=tp_invariant) for r in range(world)]
     tgs = build_task_graphs(gs, tiling or Tiling(num_sms=num_sms))   # events of a rank come from every rank
     tg = tgs[rank]
     mem = RankMemory(gs[rank], weights, kv, device=dev)
@@ -65,7 +66,7 @@ class MegakernelRunner(ModelRunner):
                  seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int = 512,
                  page_size: int = 16, num_pages: int | None = None, num_sms: int | None = None,
                  attn_splits: int = 2, timeout_s: float = 2.0, device: str = "cuda", comm=None,
-                 nvshmem_uid: bytes | None = None, **_: object):
+                 nvshmem_uid: bytes | None = None, tp_invariant: int = 1, **_: object):
         world = world_size or tp
         self.config = cfg = load_config(model)
         self.rank, self.world_size = rank, world
@@ -88,7 +89,8 @@ class MegakernelRunner(ModelRunner):
         num_sms = num_sms or torch.cuda.get_device_properties(dev).multi_processor_count
         r = build_rank_kernel(cfg, w, rank=rank, world=world, heap=self.heap, batch=max_batch,
                               max_seq_len=max_seq_len, page_size=page_size, num_pages=num_pages, num_sms=num_sms,
-                              attn_splits=attn_splits, dtype=dtype, timeout_s=timeout_s, device=dev)
+                              attn_splits=attn_splits, dtype=dtype, timeout_s=timeout_s, device=dev,
+                              tp_invariant=tp_invariant)
         self.mk, self.mem, self.tg, self.kv = r.mk, r.mem, r.tg, r.kv
         self.tables, self.pos, self.width = r.tables, r.pos, r.width
         self._gather = None

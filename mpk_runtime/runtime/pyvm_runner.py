@@ -39,8 +39,9 @@ class TPGroup:
     def __init__(self, cfg: ModelConfig, rank_weights: list[dict[str, torch.Tensor]], *, num_pages: int,
                  page_size: int, max_seq_len: int, num_sms: int = 8, tiling: Tiling | None = None,
                  mode: str = "random", seed: int = 0, check: bool = True, attn_splits: int = 2,
-                 dtype: str | None = None, comm=None, tp: int | None = None):
-        """rank_weights: one dict per rank held here. Normally all ranks (tp = len(rank_weights)); with a
+                 dtype: str | None = None, comm=None, tp: int | None = None, tp_invariant: int = 1):
+        """tp_invariant: see ir.build.build_graph (row-parallel reductions in the order of a TP=R group).
+        rank_weights: one dict per rank held here. Normally all ranks (tp = len(rank_weights)); with a
         `comm` (ranks in separate processes) just this process's rank, comm.rank, of a group of `tp`."""
         self.cfg = cfg
         self.comm = comm if comm is not None and comm.world_size > 1 else None
@@ -53,6 +54,7 @@ class TPGroup:
         self.page_size, self.max_seq_len, self.num_pages = page_size, max_seq_len, num_pages
         self.tiling = tiling or Tiling(num_sms=num_sms)
         self.mode, self.seed, self.check, self.attn_splits = mode, seed, check, attn_splits
+        self.tp_invariant = tp_invariant
         n_kv = shard_for(cfg, self.tp, 0).n_kv
         self.kv = [KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(self.dtype))
                    for _ in self.local]
@@ -63,7 +65,8 @@ class TPGroup:
     def graphs(self, mode: str, batch: int, T: int) -> list[Graph]:
         return [build_graph(self.cfg, mode=mode, batch=batch, tokens_per_seq=T if mode == "prefill" else None,
                             context_len=0, max_seq_len=self.max_seq_len, tp=self.tp, rank=r, dtype=self.dtype,
-                            attn_splits=self.attn_splits if mode == "decode" else 1) for r in self.local]
+                            attn_splits=self.attn_splits if mode == "decode" else 1,
+                            tp_invariant=self.tp_invariant) for r in self.local]
 
     def _mems(self, graphs: list[Graph]) -> list[RankMemory]:
         mems = [RankMemory(g, self.rank_weights[i], self.kv[i]) for i, g in enumerate(graphs)]

@@ -4,7 +4,10 @@ Fusions (each saves a dependency, which costs about as much as streaming 2 MB of
   norm       RMSNorm of the input rows recomputed in every tile (reads B x K, tiny next to the weight tile)
   silu_mul   two weights (gate, up): y = silu(x Wg^T) * (x Wu^T) on the same columns
   residual   y += residual[:, n0:n1]                                  (tp == 1 row-parallel projections)
-  push       y goes, in fp32, into slot `rank` of every rank's symmetric partial-sum buffer (tp > 1)
+  push       y goes, in fp32 (not rounded to bf16), into slot `rank` of every rank's symmetric partial-sum buffer
+             (tp > 1)
+  k_segments K reduced in equal segments, each as one rank of a wider TP group would, summed in fp32 in order
+             (build_graph tp_invariant: TP=1 and TP=R then produce bit-identical activations on the GPU)
   row_select the LM head of a prefill chunk reads only each sequence's last row
 """
 from __future__ import annotations
@@ -36,7 +39,7 @@ def decompose(op, graph, tiling, rank):
         if a["residual"]:
             reads.append(Region(a["residual"], rank, ((0, M), (n0, n1))))
         params = {k: a[k] for k in ("x", "weights", "norm", "eps", "epilogue", "residual", "out", "push", "row_select")}
-        params.update(n0=n0, n1=n1, weight_row0=a.get("weight_row0", 0))
+        params.update(n0=n0, n1=n1, weight_row0=a.get("weight_row0", 0), k_segments=a.get("k_segments", 1))
         tasks.append(Task(-1, rank, "linear", op.name, params, reads=reads, writes=writes,
                           est_bytes=nw * (n1 - n0) * K * 2 + M_in * K * 2 + M * (n1 - n0) * 2,
                           est_flops=2 * nw * M * (n1 - n0) * K))
@@ -53,14 +56,21 @@ def execute(task, mem, ctx):
         x = x[p["row_select"]["offset"]::p["row_select"]["stride"]]
     if p["norm"]:
         x = rms_norm(x, mem.t(p["norm"]), p["eps"])
-    ys = [x @ mem.t(w)[r0 + n0:r0 + n1].T for w in p["weights"]]
-    y = F.silu(ys[0]) * ys[1] if p["epilogue"] == "silu_mul" else ys[0]
+    kseg = p.get("k_segments", 1)
+    if p["push"] or kseg > 1:   # fp32 partial sums, segment by segment, added in order
+        assert p["epilogue"] == "none" and len(p["weights"]) == 1
+        w = mem.t(p["weights"][0])[r0 + n0:r0 + n1]
+        ks = x.shape[1] // kseg
+        y = sum(x[:, s * ks:(s + 1) * ks].float() @ w[:, s * ks:(s + 1) * ks].float().T for s in range(kseg))
+        if p["push"]:
+            for peer in mem.peers:  # stores through peer pointers (nvshmem_ptr) on the GPU
+                peer.sym(p["out"], ctx.parity)[mem.rank, :, n0:n1] = y
+            return
+        y = y.to(x.dtype)   # the bf16 matmul result, as a single-segment tile rounds it
+    else:
+        ys = [x @ mem.t(w)[r0 + n0:r0 + n1].T for w in p["weights"]]
+        y = F.silu(ys[0]) * ys[1] if p["epilogue"] == "silu_mul" else ys[0]
     if p["residual"]:
         y = mem.t(p["residual"])[:, n0:n1] + y
-    if p["push"]:
-        yf = y.float()
-        for peer in mem.peers:  # stores through peer pointers (nvshmem_ptr) on the GPU
-            peer.sym(p["out"], ctx.parity)[mem.rank, :, n0:n1] = yf
-        return
     out = mem.t(p["out"])
     out[:, n0:n1] = y.to(out.dtype)
