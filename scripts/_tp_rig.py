@@ -41,7 +41,7 @@ def shard_weights(cfg, seed, rank, world, device="cuda"):
     return full, part
 
 
-def rig(cfg, w, B, rank, world, heap, timeout_s=5.0, max_seq=512, ps=16, num_sms=None):
+def rig(cfg, w, B, rank, world, heap, timeout_s=5.0, max_seq=512, ps=16, num_sms=None, tp_invariant=1):
     """One rank's decode megakernel at batch B via build_rank_kernel (context_len 0, its default attn_splits);
     block tables 1..B*pages. gpu_check_tp's rig."""
     import torch
@@ -50,7 +50,7 @@ def rig(cfg, w, B, rank, world, heap, timeout_s=5.0, max_seq=512, ps=16, num_sms
     pps = -(-max_seq // ps)
     num_sms = num_sms or torch.cuda.get_device_properties(0).multi_processor_count
     r = build_rank_kernel(cfg, w, rank=rank, world=world, heap=heap, batch=B, max_seq_len=max_seq, page_size=ps,
-                          num_pages=B * pps + 1, num_sms=num_sms, timeout_s=timeout_s)
+                          num_pages=B * pps + 1, num_sms=num_sms, timeout_s=timeout_s, tp_invariant=tp_invariant)
     r.tables.copy_((torch.arange(B * pps) + 1).view(B, pps))
     return r
 

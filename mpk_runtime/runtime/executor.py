@@ -75,8 +75,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Worker:
     """One rank. Every public method is callable through `Executor.collective_rpc(name, ...)`."""
 
-    def __init__(self, rank: int, world_size: int):
+    def __init__(self, rank: int, world_size: int, logits_on_every_rank: bool = False):
         self.rank, self.world_size = rank, world_size
+        self.logits_on_every_rank = logits_on_every_rank   # SPMD: every process runs an engine and needs them
         self.runner = None
         self.backend: str | None = None
         self._fault: tuple[str, float] | None = None
@@ -115,7 +116,7 @@ class Worker:
                 raise RuntimeError(f"injected fault on rank {self.rank}")
         logits = self._need_runner().step(chunks)
         self._steps += 1
-        return logits if self.rank == 0 else None
+        return logits if self.rank == 0 or self.logits_on_every_rank else None
 
     def free(self, seq_ids: list[int]) -> None:
         runner = self._need_runner()
@@ -222,6 +223,52 @@ class InProcessExecutor(Executor):
         for p in self._pools:
             p.shutdown(wait=False)
         self._closed = True
+
+
+class SPMDExecutor(Executor):
+    """One rank per process, every process running the same engine in lockstep (torchrun / tp_launch style).
+
+    The engine is deterministic given its inputs (same requests, same order, greedy or seeded sampling), so
+    each process makes the same scheduling decisions and calls its own rank's runner with the same chunks; the
+    runners synchronise among themselves (NVSHMEM heap barriers, torch.distributed). `collective_rpc` runs the
+    local worker and returns its result in every rank's slot. Submit the same requests on every rank.
+    comm_spec: what the runner needs to find its group (a torch.distributed dict, a Communicator, or None
+    when NVSHMEM is initialised already in this process).
+    """
+
+    def __init__(self, rank: int, world_size: int, comm_spec: Any = None):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        self.rank, self.world_size, self.comm_spec = rank, world_size, comm_spec
+        self.worker = Worker(rank, world_size, logits_on_every_rank=True)
+        self._closed = False
+
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
+                       timeout: float | None = None) -> list:
+        if self._closed:
+            raise WorkerError("executor is shut down; create a new LLM / executor")
+        try:
+            out = getattr(self.worker, method)(*args, **(kwargs or {}))
+        except Exception as e:
+            raise WorkerError(f"rank {self.rank} failed in {method!r}: {type(e).__name__}: {e}", self.rank, method) from e
+        return [out] * self.world_size
+
+    def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:
+        if self.world_size > 1 and self.comm_spec is None:
+            from .comm import SingleComm
+            comm: Any = SingleComm()   # the runner finds its peers itself (an initialised NVSHMEM heap)
+            comm.world_size = self.world_size
+        else:
+            comm = self.comm_spec
+        return self.collective_rpc("init_model", (backend, comm), runner_kwargs)
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            try:
+                self.worker.shutdown()
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+            self._closed = True
 
 
 # --- registry -----------------------------------------------------------------------------------------------
