@@ -1,182 +1,357 @@
 """Validate the partition planner against measurements: every candidate plan it keeps is run and timed.
 
     PYTHONPATH=. python3 scripts/validate_planner.py [--models llama-3.2-1b,qwen3-8b] [--batches 1,8,32,128]
+        [--tp 1|2] [--budget-s 330] [--hf off|measure|PATH]
+    PYTHONPATH=. python3 scripts/validate_planner.py --hf-only --budget-s 540          # HF peer numbers only
+    PYTHONPATH=. python3 scripts/validate_planner.py --summarize ROWS.jsonl[,ROWS2.jsonl] --hf hf_peer.json
     PYTHONPATH=. python3 scripts/validate_planner.py --cpu --models tiny-qwen3 --batches 1,4   # logic check only
 
-For each (model, batch): candidates() predicts every plan (mono, megaK, per-layer, attn-conv, conventional);
-each is executed on the GPU (megakernel segments as Megakernel launches sharing one RankMemory, conventional
-segments as torch ops captured in a CUDA graph), each step timed alone (CUDA events, synchronised, median),
-and per segment. Reports per-segment MAPE, Spearman rank correlation of plans, and the regret of the chosen
-plan; writes planner_validation.json and a predicted-vs-measured plot under --out.
+For each (model, batch): candidates() predicts the plans of --families; each is executed on the GPU through
+PlanExecutor, captured as CUDA graphs: the step time is one whole-step graph replay (megakernel launches
+inside the graph at TP=1), segment times come from per-segment graphs with CUDA events between them; each
+replay is timed alone (synchronised), median. TP=2 runs two processes (runtime/tp_launch.py, NVSHMEM peers for
+the megakernels, NCCL for conventional segments; megakernel launches stay eager between segment graphs).
+Work runs in priority order (per point: the chosen plan, mono, conventional; then the other families) inside
+--budget-s; what does not fit is recorded as skipped with the reason. Reports per-segment MAPE, step MAPE,
+Spearman rank correlation of plans per point, regret of the chosen plan, chosen vs best of {mono,
+conventional}, and chosen vs the HF transformers + torch.compile peer (scripts/bench_decode.py's bench_hf);
+writes planner_validation.json, planner_validation_rows.jsonl and planner_pred_vs_measured.png under --out.
+The rows carry each segment's cost features, so `python -m mpk_runtime.planner.fit` can refit the profile.
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
 import json
 import os
 import sys
 import time
+import traceback
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
 from mpk_runtime.ir import build_graph  # noqa: E402
 from mpk_runtime.models import load_config, random_weights  # noqa: E402
 from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
 from mpk_runtime.planner import HardwareProfile, candidates  # noqa: E402
+from mpk_runtime.planner.fit import spearman, summarize  # noqa: E402
 from mpk_runtime.runtime.memory import KVStore, RankMemory, StepCtx  # noqa: E402
 from mpk_runtime.runtime.plan_exec import PlanExecutor  # noqa: E402
 
-
-def spearman(a: list[float], b: list[float]) -> float:
-    def ranks(x):
-        order = sorted(range(len(x)), key=lambda i: x[i])
-        r = [0.0] * len(x)
-        for k, i in enumerate(order):
-            r[i] = float(k)
-        return r
-    ra, rb = ranks(a), ranks(b)
-    n = len(a)
-    if n < 2:
-        return 1.0
-    ma, mb = sum(ra) / n, sum(rb) / n
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    va = sum((x - ma) ** 2 for x in ra) ** 0.5
-    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
-    return cov / (va * vb) if va and vb else 1.0
+T0 = time.time()
+DEFAULT_FAMILIES = "mono,mega2,per-layer,attn-conv,conventional"
+PRIORITY = ("mono", "conventional")
 
 
-class Timer:
-    def __init__(self, cuda: bool):
-        self.cuda = cuda
-
-    def mark(self):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def ms(self, a, b) -> float:
-        if self.cuda:
-            b.synchronize()
-            return a.elapsed_time(b)
-        return (b - a) * 1e3
+def log(*a):
+    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
 
-PARTIAL = ""
+def med(x):
+    x = sorted(x)
+    return x[len(x) // 2]
 
 
-def run_model(model: str, batches: list[int], context: int, cpu: bool, steps: int, prof, out_rows: list) -> None:
-    dev = "cpu" if cpu else "cuda"
-    dtype = "float32" if cpu else "bfloat16"
-    cfg = load_config(model).replace(dtype=dtype)
-    w = random_weights(cfg, seed=0, device=dev)
-    for B in batches:
-        plans = candidates(cfg, tp=1, batch=B, context=context, prof=prof)
+class Point:
+    """One (model, batch) on this rank: graph, memory, KV cache, step inputs (device tensors, fixed in place)."""
+
+    def __init__(self, cfg, w, B, context, dev, splits, tp=1, rank=0, heap=None):
         ps, max_seq = 16, context + 64
         pps = -(-max_seq // ps)
-        g = build_graph(cfg, batch=B, context_len=context, max_seq_len=max_seq, attn_splits=plans[0].attn_splits)
-        kv = KVStore(cfg.num_layers, B * pps + 1, ps, g.tensors["L0.k_cache"].shape[1], cfg.head_dim,
-                     w["model.norm.weight"].dtype, device=dev, poison=False)
-        for c in kv.k + kv.v:
+        self.graphs = [build_graph(cfg, batch=B, context_len=context, max_seq_len=max_seq, attn_splits=splits, tp=tp,
+                                   rank=r) for r in range(tp)]
+        g = self.graphs[rank]
+        self.kv = KVStore(cfg.num_layers, B * pps + 1, ps, g.tensors["L0.k_cache"].shape[1], cfg.head_dim,
+                          w["model.norm.weight"].dtype, device=dev, poison=False)
+        for c in self.kv.k + self.kv.v:
             c.normal_(0, 1.0)
-        mem = RankMemory(g, w, kv, device=dev)
-        tables = ((torch.arange(B * pps) + 1).view(B, pps)).to(dev)
-        pos = torch.full((B,), context, dtype=torch.int64, device=dev)
-        mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B,)))
-        inv = rope_inv_freq(cfg).to(dev)
-        ctx = StepCtx(cfg, 0, pos, tables, ps, 1, inv, kv_len_cap=context + 1)
+        self.mem = RankMemory(g, w, self.kv, device=dev)
+        self.syms = None
+        if heap is not None:
+            from mpk_runtime.runtime.nvshmem import place_symmetric
+            self.syms = place_symmetric(self.mem, heap)
+        self.tables = ((torch.arange(B * pps) + 1).view(B, pps)).to(dev)
+        self.pos = torch.full((B,), context, dtype=torch.int64, device=dev)
+        gen = torch.Generator().manual_seed(1)
+        self.mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B,), generator=gen))
+        self.inv = rope_inv_freq(cfg).to(dev)
+        self.ctx = StepCtx(cfg, 1, self.pos, self.tables, ps, 1, self.inv, kv_len_cap=context + 1)
+        self.cfg, self.ps, self.heap = cfg, ps, heap
 
-        def make_mk(tg, m):
-            from mpk_runtime.runtime.megakernel import Megakernel
-            return Megakernel(tg, m, page_size=ps, block_tables=tables, pos=pos, inv_freq=inv.cpu(),
-                              head_dim=cfg.head_dim)
+    def make_mk(self, tg, m):
+        from mpk_runtime.runtime.megakernel import Megakernel, PeerTable
+        peers = counters = None
+        if self.heap is not None:   # TP: counters of this segment on the heap, peers' addresses
+            n = 1 << max(6, (len(tg.events) + 1 - 1).bit_length())   # same size on every rank (collective)
+            counters = self.heap.tensor((n,), torch.int64)
+            peers = PeerTable(self.heap.rank, self.heap.nranks, self.heap.peer_ptrs(counters), self.syms)
+        return Megakernel(tg, m, page_size=self.ps, block_tables=self.tables, pos=self.pos,
+                          inv_freq=self.inv.cpu(), head_dim=self.cfg.head_dim, peers=peers, counters=counters)
 
-        for plan in plans:
-            t0 = time.time()
-            try:
-                ex = PlanExecutor(plan, [g], [mem], backend="pyvm" if cpu else "megakernel", check=False,
-                                  num_sms=None if not cpu else 4, make_megakernel=make_mk, mode="ordered")
-            except Exception as e:  # noqa: BLE001 - report, keep validating the others
-                out_rows.append({"model": model, "batch": B, "plan": plan.name, "error": f"{type(e).__name__}: {e}"[:300]})
-                print(json.dumps(out_rows[-1]), flush=True)
-                continue
-            graphs = {}
-            if not cpu:  # conventional segments as CUDA graphs (capture after a warm-up run)
-                for i, (kind, seg) in enumerate(ex.segments):
-                    if kind == "conventional":
-                        seg.run([ctx])
-                        torch.cuda.synchronize()
-                        cg = torch.cuda.CUDAGraph()
-                        with torch.cuda.graph(cg):
-                            seg.run([ctx])
-                        graphs[i] = cg
-            timer = Timer(not cpu)
-            seg_ms = [[] for _ in ex.segments]
-            tot_ms = []
-            for s in range(steps + 2):
-                marks = [timer.mark()]
-                for i, (kind, seg) in enumerate(ex.segments):
-                    if i in graphs:
-                        graphs[i].replay()
-                    elif kind == "conventional":
-                        seg.run([ctx])
-                    elif cpu:
-                        seg.launch(lambda r, k: ctx, 1)
-                    else:
-                        seg.launch(1)
-                    marks.append(timer.mark())
-                if not cpu:
-                    torch.cuda.synchronize()
-                    for kind, seg in ex.segments:
-                        if kind == "megakernel":
-                            seg.check()
-                if s >= 2:  # warm-up steps excluded
-                    for i in range(len(ex.segments)):
-                        seg_ms[i].append(timer.ms(marks[i], marks[i + 1]))
-                    tot_ms.append(timer.ms(marks[0], marks[-1]))
-            med = lambda x: sorted(x)[len(x) // 2]
-            row = {"model": model, "batch": B, "context": context, "plan": plan.name, "chosen": plan is plans[0],
-                   "predicted_us": plan.predicted_us, "measured_us": 1e3 * med(tot_ms),
-                   "segments": [{"kind": sg.kind, "ops": len(sg.ops), "predicted_us": sg.predicted_us,
-                                 "measured_us": 1e3 * med(m)} for sg, m in zip(plan.segments, seg_ms)],
-                   "setup_s": round(time.time() - t0, 1)}
-            out_rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "segments"}), flush=True)
-            if PARTIAL:  # keep what was measured even if the run is cut short
-                with open(PARTIAL, "a") as f:
+
+def _sync_all(ex, heap):
+    torch.cuda.synchronize()
+    for kind, seg in ex.segments:
+        if kind == "megakernel":
+            seg.check()
+    if heap is not None:
+        heap.barrier()
+
+
+def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None) -> dict:
+    """Step and per-segment times of one plan (ms lists), and how it ran."""
+    heap = pt.heap
+    ex = PlanExecutor(plan, pt.graphs, [pt.mem], backend="pyvm" if cpu else "megakernel", check=False,
+                      num_sms=4 if cpu else None, make_megakernel=pt.make_mk, mode="ordered", comm=comm)
+    ctx_for = lambda r: pt.ctx  # noqa: E731
+    info = {}
+    if cpu:   # logic check: eager pyvm, host timers
+        tot, seg = [], [[] for _ in ex.segments]
+        for s in range(steps + 1):
+            t = [time.perf_counter()]
+            for kind, e in ex.segments:
+                e.run([pt.ctx]) if kind == "conventional" else e.launch(lambda r, k: pt.ctx, 1)
+                t.append(time.perf_counter())
+            if s:
+                tot.append((t[-1] - t[0]) * 1e3)
+                for i in range(len(seg)):
+                    seg[i].append((t[i + 1] - t[i]) * 1e3)
+        return dict(step_ms=tot, seg_ms=seg, exec="cpu eager (pyvm)")
+    if heap is not None:
+        heap.barrier()   # every rank's segment counters exist and are zero before any launch
+    ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+    # whole step: one graph (TP=1); TP>1: per-segment graphs with eager megakernel launches between
+    try:
+        ex.capture(ctx_for, mode="step", warmup=1)
+        info["exec"] = f"cuda graph ({ex.graph_mode})"
+    except Exception as e:  # noqa: BLE001 - keep measuring, eagerly, and say so
+        ex.graphs = None
+        torch.cuda.synchronize()
+        info["exec"] = f"eager (capture failed: {type(e).__name__}: {str(e)[:200]})"
+    _sync_all(ex, heap)
+    tot = []
+    for s in range(steps + 1):
+        a, b = ev(), ev()
+        a.record()
+        ex.run(ctx_for)
+        b.record()
+        _sync_all(ex, heap)
+        if s:
+            tot.append(a.elapsed_time(b))
+    # per segment: one graph per segment, events between
+    seg = [[] for _ in ex.segments]
+    if ex.graphs is not None and ex.graph_mode == "step" and len(ex.segments) > 1:
+        ex.graphs = None
+        try:
+            ex.capture(ctx_for, mode="segments", warmup=0)
+        except Exception as e:  # noqa: BLE001
+            ex.graphs = None
+            info["exec_segments"] = f"eager (capture failed: {type(e).__name__}: {str(e)[:200]})"
+    units = ex.replay_units() if ex.graphs is not None else \
+        [(lambda i=i: ex._seg_eager(i, [pt.ctx])) for i in range(len(ex.segments))]
+    if len(ex.segments) == 1:
+        seg = [list(tot)]
+    else:
+        for s in range(steps + 1):
+            marks = [ev() for _ in range(len(units) + 1)]
+            marks[0].record()
+            for i, u in enumerate(units):
+                u()
+                marks[i + 1].record()
+            _sync_all(ex, heap)
+            if s:
+                for i in range(len(units)):
+                    seg[i].append(marks[i].elapsed_time(marks[i + 1]))
+    del ex
+    return dict(step_ms=tot, seg_ms=seg, **info)
+
+
+def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:
+    return {"model": model, "batch": B, "context": context, "tp": tp, "plan": plan.name, "chosen": chosen,
+            "predicted_us": plan.predicted_us, "measured_us": 1e3 * med(m["step_ms"]),
+            "exec": m.get("exec"), "exec_segments": m.get("exec_segments"),
+            "segments": [{"kind": sg.kind, "ops": len(sg.ops), "first_op": sg.ops[0], "predicted_us": sg.predicted_us,
+                          "measured_us": 1e3 * med(ms), "features": sg.features}
+                         for sg, ms in zip(plan.segments, m["seg_ms"])],
+            "setup_s": round(setup_s, 1)}
+
+
+def _predict(args):
+    m, B, tp, context, prof, families, cpu = args
+    cfg = load_config(m).replace(dtype="float32" if cpu else "bfloat16")
+    t = time.time()
+    plans = candidates(cfg, tp=tp, batch=B, context=context, prof=prof, families=families)
+    return (m, B), plans, time.time() - t
+
+
+def predict_all(models, batches, families, context, tp, prof, cpu, parallel: bool = False) -> dict:
+    """Predicted candidates per point; in parallel processes (fork, before CUDA is touched) when asked."""
+    jobs = [(m, B, tp, context, prof, families, cpu) for m in models for B in batches]
+    if parallel and len(jobs) > 1:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        n = max(1, min(len(jobs), (os.cpu_count() or 2) - 1))
+        with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
+            res = list(pool.map(_predict, jobs))
+    else:
+        res = [_predict(j) for j in jobs]
+    out = {}
+    for key, plans, dt in res:
+        out[key] = plans
+        log(f"predicted {key[0]} B={key[1]} tp={tp} in {dt:.1f}s: " +
+            ", ".join(f"{p.name} {p.predicted_us:.0f}" for p in plans))
+    return out
+
+
+def save_plans(preds: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump([{"model": m, "batch": B, "plans": [p.to_dict() for p in ps]} for (m, B), ps in preds.items()], f)
+
+
+def load_plans(path: str) -> dict:
+    from mpk_runtime.planner import Plan
+    return {(d["model"], d["batch"]): [Plan.from_dict(p) for p in d["plans"]] for d in json.load(open(path))}
+
+
+def work_list(preds: dict):
+    """(model, B, plan, chosen) in run order: every point's chosen/mono/conventional plans first."""
+    first, rest = [], []
+    for (m, B), plans in preds.items():
+        for p in plans:
+            item = (m, B, p, p is plans[0])
+            (first if (p is plans[0] or p.name in PRIORITY) else rest).append(item)
+    return first + rest
+
+
+def est_s(plan, steps, tp) -> float:
+    """Time a plan's measurement takes: setup (task graphs, packing; per segment) + ~(3 + 2 steps) steps."""
+    return 3.0 + 0.15 * len(plan.segments) + (5 + 2 * steps) * plan.predicted_us * 1.6e-6 + (2.0 if tp > 1 else 0)
+
+
+def validate(preds, context, tp, steps, budget_s, cpu, out, rank=0, heap=None, comm=None,
+             deadline=None) -> list[dict]:
+    deadline = deadline or (T0 + budget_s)
+    dev = "cpu" if cpu else "cuda"
+    work = work_list(preds)
+    rows: list[dict] = []
+    weights: dict = {}
+    cur = None   # (model, B) -> Point
+    partial = os.path.join(out, "planner_validation_rows.jsonl" if tp == 1 else f"planner_validation_rows_tp{tp}.jsonl")
+    for m, B, plan, chosen in work:
+        key = dict(model=m, batch=B, context=context, tp=tp, plan=plan.name, chosen=chosen,
+                   predicted_us=plan.predicted_us)
+        left = deadline - time.time()
+        need = est_s(plan, steps, tp)
+        if comm is not None:   # every rank takes the same decision (rank 0's clock)
+            t = torch.tensor([left], dtype=torch.float64, device=dev)
+            left = float(comm.all_gather(t, dim=0)[0])
+        if need > left:
+            row = dict(key, skipped=f"time budget: needs ~{need:.0f}s, {max(0.0, left):.0f}s left of --budget-s")
+            rows.append(row)
+            log(json.dumps(row))
+            if rank == 0:
+                with open(partial, "a") as f:
                     f.write(json.dumps(row) + "\n")
-            del ex, graphs
-        del mem, kv
-        if not cpu:
-            torch.cuda.empty_cache()
+            continue
+        t0 = time.time()
+        try:
+            cfg = load_config(m).replace(dtype="float32" if cpu else "bfloat16")
+            if m not in weights:
+                w = random_weights(cfg, seed=0, device=dev)
+                if tp > 1:
+                    from mpk_runtime.ir.shard import shard_for, weight_slice
+                    sh = shard_for(cfg, tp, rank)
+                    for n, t in list(w.items()):
+                        idx = weight_slice(cfg, sh, n, tuple(t.shape))
+                        if idx is not None:
+                            w[n] = t[idx].contiguous()
+                weights[m] = w
+            if cur is None or cur[0] != (m, B):
+                cur = None
+                gc.collect()
+                if not cpu:
+                    torch.cuda.empty_cache()
+                cur = ((m, B), Point(cfg, weights[m], B, context, dev, plan.attn_splits, tp, rank, heap))
+            meas = measure_plan(plan, cur[1], steps if plan.predicted_us < 50e3 else max(2, steps // 2), cpu, comm)
+            row = plan_row(m, B, context, tp, plan, chosen, meas, time.time() - t0)
+        except Exception as e:  # noqa: BLE001 - report, keep validating the others
+            row = dict(key, error=f"{type(e).__name__}: {e}"[:400], trace=traceback.format_exc()[-1500:])
+            if not cpu:
+                torch.cuda.synchronize()
+        rows.append(row)
+        log(json.dumps({k: v for k, v in row.items() if k not in ("segments", "trace")}))
+        if rank == 0:
+            with open(partial, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    return rows
 
 
-def summarize(rows: list[dict]) -> dict:
-    ok = [r for r in rows if "measured_us" in r]
-    seg_err = [abs(s["predicted_us"] - s["measured_us"]) / s["measured_us"] for r in ok for s in r["segments"]
-               if s["measured_us"] > 0]
-    groups: dict = {}
-    for r in ok:
-        groups.setdefault((r["model"], r["batch"]), []).append(r)
-    per_point = []
-    for (m, b), rs in groups.items():
-        best = min(x["measured_us"] for x in rs)
-        chosen = next((x for x in rs if x["chosen"]), None)
-        conv = next((x["measured_us"] for x in rs if x["plan"] == "conventional"), None)
-        mono = next((x["measured_us"] for x in rs if x["plan"] == "mono"), None)
-        per_point.append({"model": m, "batch": b, "plans": len(rs),
-                          "spearman": spearman([x["predicted_us"] for x in rs], [x["measured_us"] for x in rs]),
-                          "regret": (chosen["measured_us"] / best - 1) if chosen else None,
-                          "chosen": chosen["plan"] if chosen else None,
-                          "best_measured": min(rs, key=lambda x: x["measured_us"])["plan"],
-                          "chosen_vs_best_of_mono_conv": (chosen["measured_us"] / min(v for v in (conv, mono) if v)
-                                                          - 1) if chosen and (conv or mono) else None})
-    return {"segment_mape": sum(seg_err) / len(seg_err) if seg_err else None,
-            "step_mape": (sum(abs(r["predicted_us"] - r["measured_us"]) / r["measured_us"] for r in ok) / len(ok))
-            if ok else None,
-            "points": per_point, "errors": [r for r in rows if "error" in r]}
+# ------------------------------------------------------------------------------------------------- HF peer
+def _bench_decode():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_decode.py")
+    spec = importlib.util.spec_from_file_location("bench_decode", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def measure_hf(models, batches, context, deadline, out) -> list[dict]:
+    """HF transformers + StaticCache + torch.compile peer per point (bench_decode.bench_hf), within the budget."""
+    bd = _bench_decode()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "16")
+    rows = []
+    for m in models:
+        cfg = load_config(m)
+        for B in batches:
+            est = (90 if "8b" in m else 45) + (20 if B >= 32 else 0)
+            key = dict(model=m, batch=B, context=context, system="hf")
+            if time.time() + est > deadline:
+                rows.append(dict(key, skipped=f"time budget (HF compile+run ~{est}s)"))
+            else:
+                try:
+                    r = bd.bench_hf(cfg, B, context, steps=12, warm=4)
+                    rows.append(dict(key, ms=r["ms"], compile_s=r["compile_s"], timing=r["timing"]))
+                except Exception as e:  # noqa: BLE001
+                    rows.append(dict(key, error=f"{type(e).__name__}: {e}"[:400]))
+                gc.collect()
+                torch.cuda.empty_cache()
+                try:
+                    torch._dynamo.reset()
+                except Exception:  # noqa: BLE001
+                    pass
+            log(json.dumps(rows[-1]))
+            with open(os.path.join(out, "hf_peer.json"), "w") as f:
+                json.dump({"rows": rows}, f, indent=1)
+    return rows
+
+
+def load_hf(spec: str) -> dict:
+    """HF ms per (model, batch) from hf_peer.json, bench_decode.json or a planner_validation.json."""
+    if not spec or spec in ("off", "measure"):
+        return {}
+    out = {}
+    for path in spec.split(","):
+        d = json.load(open(path))
+        rows = d.get("rows", []) + d.get("hf", [])
+        for r in rows:
+            if r.get("system") == "hf" and "ms" in r and r.get("status", "ok") == "ok":
+                out[(r["model"], int(r["batch"]))] = float(r["ms"])
+    return out
+
+
+# -------------------------------------------------------------------------------------------------- TP > 1
+def _tp_worker(ctx, args_d, plans_path):
+    from mpk_runtime.runtime.comm import TorchDistComm
+    ctx.dist()
+    comm = TorchDistComm()
+    heap = ctx.heap()
+    rows = validate(load_plans(plans_path), args_d["context"], args_d["tp"], args_d["steps"], args_d["budget_s"],
+                    False, args_d["out"], rank=ctx.rank, heap=heap, comm=comm, deadline=args_d["deadline"])
+    return rows if ctx.rank == 0 else None
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -187,47 +362,111 @@ def plot(rows: list[dict], path: str) -> None:
     except ImportError:
         return
     ok = [r for r in rows if "measured_us" in r]
-    fig, ax = plt.subplots(figsize=(6, 6))
-    for m in sorted({r["model"] for r in ok}):
-        xs = [r["measured_us"] for r in ok if r["model"] == m]
-        ys = [r["predicted_us"] for r in ok if r["model"] == m]
-        ax.scatter(xs, ys, label=m, s=14)
-    allv = [r["measured_us"] for r in ok] + [r["predicted_us"] for r in ok]
-    lim = [min(allv + [1e9]), max(allv + [1])]
-    ax.plot(lim, lim, "k--", lw=0.8)
-    ax.set_xscale("log"), ax.set_yscale("log")
-    ax.set_xlabel("measured step time (us)"), ax.set_ylabel("predicted (us)")
-    ax.set_title("planner: predicted vs measured, every candidate plan")
-    ax.legend()
+    if not ok:
+        return
+    fig, axs = plt.subplots(1, 2, figsize=(12, 6))
+    for m in sorted({(r["model"], r.get("tp", 1)) for r in ok}):
+        sel = [r for r in ok if (r["model"], r.get("tp", 1)) == m]
+        axs[0].scatter([r["measured_us"] for r in sel], [r["predicted_us"] for r in sel], s=14,
+                       label=f"{m[0]} tp{m[1]}")
+        segs = [s for r in sel for s in r["segments"]]
+        axs[1].scatter([s["measured_us"] for s in segs], [s["predicted_us"] for s in segs], s=6,
+                       label=f"{m[0]} tp{m[1]}")
+    for ax, what in zip(axs, ("step (every candidate plan)", "segment")):
+        lo = min([min(c.get_offsets()[:, 0].min(), c.get_offsets()[:, 1].min()) for c in ax.collections] + [1e9])
+        hi = max([max(c.get_offsets()[:, 0].max(), c.get_offsets()[:, 1].max()) for c in ax.collections] + [1])
+        ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        ax.plot([lo, hi], [lo * 1.1, hi * 1.1], "k:", lw=0.5)
+        ax.plot([lo, hi], [lo / 1.1, hi / 1.1], "k:", lw=0.5)
+        ax.set_xscale("log"), ax.set_yscale("log")
+        ax.set_xlabel("measured (us)"), ax.set_ylabel("predicted (us)")
+        ax.set_title(f"planner: predicted vs measured, {what}")
+        ax.legend(fontsize=7)
     fig.savefig(path, dpi=120, bbox_inches="tight")
+
+
+def write_report(rows, hf, meta, out, tag=""):
+    summ = summarize(rows, hf)
+    with open(os.path.join(out, f"planner_validation{tag}.json"), "w") as f:
+        json.dump({"meta": meta, "summary": summ, "hf": [dict(model=m, batch=b, system="hf", ms=v)
+                                                        for (m, b), v in sorted(hf.items())], "rows": rows}, f, indent=1)
+    plot(rows, os.path.join(out, f"planner_pred_vs_measured{tag}.png"))
+    print(f"segment MAPE {summ['segment_mape']}, step MAPE {summ['step_mape']}, "
+          f"all targets met: {summ['targets_met']}")
+    for p in summ["points"]:
+        print(f"{p['model']:14s} tp={p['tp']} B={p['batch']:4d} plans={p['plans']} spearman={p['spearman']} "
+              f"chosen={p['chosen']} best={p['best_measured']} regret={p['regret']} "
+              f"vs_best_mono_conv={p['chosen_vs_best_of_mono_conv']} vs_hf={p['chosen_vs_hf']}")
+    return summ
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="llama-3.2-1b,qwen3-8b")
     ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--families", default=DEFAULT_FAMILIES)
+    ap.add_argument("--budget-s", type=float, default=330.0, help="whole run; work beyond it is recorded as skipped")
+    ap.add_argument("--hf", default="off", help="off | measure (after the plans, inside the budget) | JSON path(s)")
+    ap.add_argument("--hf-only", action="store_true", help="measure the HF peer per point only (hf_peer.json)")
+    ap.add_argument("--summarize", default="", help="rows JSONL path(s): recompute the summary, no GPU")
     ap.add_argument("--cpu", action="store_true", help="pyvm + CPU timers: checks the script's logic only")
     ap.add_argument("--profile", default="h200_measured")
+    ap.add_argument("--plans", default="", help="predicted plans JSON (--predict-only) instead of predicting here")
+    ap.add_argument("--predict-only", action="store_true", help="write the predicted plans (plans_tpN.json), CPU")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    models, batches = a.models.split(","), [int(b) for b in a.batches.split(",")]
+    families = tuple(a.families.split(","))
     prof = HardwareProfile.load(a.profile)
-    global PARTIAL
-    PARTIAL = os.path.join(a.out, "planner_validation_rows.jsonl")
-    rows: list[dict] = []
-    for m in a.models.split(","):
-        run_model(m, [int(b) for b in a.batches.split(",")], a.context, a.cpu, a.steps, prof, rows)
-    summ = summarize(rows)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": os.environ.get("GIT_COMMIT", "?"),
-            "machine": "cpu (logic check)" if a.cpu else torch.cuda.get_device_name(), "profile": prof.name}
-    with open(os.path.join(a.out, "planner_validation.json"), "w") as f:
-        json.dump({"meta": meta, "summary": summ, "rows": rows}, f, indent=1)
-    plot(rows, os.path.join(a.out, "planner_pred_vs_measured.png"))
-    print(f"segment MAPE {summ['segment_mape']}, step MAPE {summ['step_mape']}")
-    for p in summ["points"]:
-        print(f"{p['model']:14s} B={p['batch']:4d} plans={p['plans']} spearman={p['spearman']:.2f} "
-              f"chosen={p['chosen']} best={p['best_measured']} regret={p['regret']}")
+            "profile": prof.name, "families": families, "context": a.context, "steps": a.steps, "tp": a.tp,
+            "budget_s": a.budget_s}
+    if a.summarize:
+        rows = [json.loads(line) for p in a.summarize.split(",") for line in open(p) if line.strip()]
+        meta["machine"] = "summary of " + a.summarize
+        write_report(rows, load_hf(a.hf), meta, a.out, "_summary")
+        return
+    meta["machine"] = "cpu (logic check)" if a.cpu or a.predict_only else torch.cuda.get_device_name()
+    if a.hf_only:
+        measure_hf(models, batches, a.context, T0 + a.budget_s, a.out)
+        return
+    if a.plans:
+        preds = load_plans(a.plans)
+        preds = {k: v for k, v in preds.items() if k[0] in models and k[1] in batches}
+    else:
+        preds = predict_all(models, batches, families, a.context, a.tp, prof, a.cpu, parallel=not a.cpu)
+    plans_path = os.path.join(a.out, f"plans_tp{a.tp}.json")
+    save_plans(preds, plans_path)
+    if a.predict_only:
+        log(f"wrote {plans_path}")
+        return
+    if a.tp > 1:
+        from mpk_runtime.runtime import tp_launch
+        args_d = dict(context=a.context, tp=a.tp, steps=a.steps, budget_s=a.budget_s, out=a.out,
+                      deadline=T0 + a.budget_s - 20)
+        try:
+            res = tp_launch.run(_tp_worker, nranks=a.tp, args=(args_d, plans_path), timeout_s=a.budget_s + 120)
+            rows = res[0]
+        except Exception as e:  # noqa: BLE001 - keep what rank 0 wrote before it failed
+            log(f"TP={a.tp} run failed: {type(e).__name__}: {str(e)[:2000]}")
+            p = os.path.join(a.out, f"planner_validation_rows_tp{a.tp}.jsonl")
+            rows = [json.loads(x) for x in open(p)] if os.path.exists(p) else []
+            meta["tp_error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+        write_report(rows, load_hf(a.hf), meta, a.out, f"_tp{a.tp}")
+        return
+    rows = validate(preds, a.context, 1, a.steps, a.budget_s, a.cpu, a.out)
+    hf = load_hf(a.hf)
+    if a.hf == "measure" and not a.cpu:
+        gc.collect()
+        torch.cuda.empty_cache()
+        for r in measure_hf(models, batches, a.context, T0 + a.budget_s, a.out):
+            if "ms" in r:
+                hf[(r["model"], r["batch"])] = r["ms"]
+    write_report(rows, hf, meta, a.out)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ class Features:
 
 
 def features(cfg: ModelConfig, tp: int, batch: int, context: int, prof: HardwareProfile) -> Features:
+    prof = prof.for_batch(batch)
     g = build_graph(cfg, batch=batch, context_len=context, tp=tp)
     conv = [conventional_op_us(o, g, prof) for o in g.ops]
     total = sum(conv)

@@ -1,9 +1,18 @@
 """Cost of plan segments: megakernel segments by simulating their schedule, conventional ones op by op.
 
-Conventional ops are priced as the kernels a good torch.compile'd decoder launches for them (counts below):
-each kernel costs a fixed `conv_kernel_us` (launch gap in a CUDA graph plus a small kernel's ramp), plus the
-op's bytes at `conv_bw_fraction` of the full-GPU streaming bandwidth, or its Tensor Core time if larger.
-All-reduces outside megakernels are NCCL calls inside the CUDA graph (measured curve).
+Conventional ops are priced as the torch kernels `runtime/conventional_ops.py` / `torch_exec.py` launch for them,
+captured in one CUDA graph (PlanExecutor.capture): per op a fixed cost (measured per kernel sequence,
+`conv_fixed_us_by_kind`, else kernels x `conv_kernel_us`), plus the larger of its bytes at the full-GPU streaming
+bandwidth / `conv_bw_fraction` and its Tensor Core time at its row count (wgmma M=64 granularity) /
+`conv_tc_eff` (cuBLAS: at batch 32/128 the conventional path's matmuls are Tensor Core GEMMs, which is why it
+overtakes the CUDA-core megakernel there). Conventional attention moves the gathered KV bytes
+`conv_attn_kv_passes` times. All-reduces outside megakernels are NCCL calls inside the graph (measured curve).
+
+A megakernel segment = launch + mk_scale x simulated makespan + mk_offset_us (calibration, fit.py); the
+simulator already re-streams weight tiles once per row group at batch > row_tile.
+
+`segment_features` returns the terms of a segment's price that `fit.py` refits from measurements, such that
+`price_from_features(features, profile)` == the price candidates() gives (tested).
 """
 from __future__ import annotations
 
@@ -30,23 +39,62 @@ def conv_key(op: Op) -> str:
     return f"{op.kind}:{conv_kernels(op)}"
 
 
-def conventional_op_us(op: Op, graph: Graph, prof: HardwareProfile) -> float:
+def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
+    """fixed_us (kernel sequence + NCCL), stream_us (bytes at full bandwidth), tc_us (Tensor Core at M rows,
+    efficiency 1), attn_kv_us (attention: KV bytes at full bandwidth, one pass)."""
     k = conv_kernels(op)
-    t = prof.conv_fixed_us_by_kind.get(conv_key(op), k * prof.conv_kernel_us)
+    fixed = prof.conv_fixed_us_by_kind.get(conv_key(op), k * prof.conv_kernel_us)
+    bw = prof.bw(prof.num_sms)
     if op.kind == "allreduce":
         W, M, N = graph.tensors[op.attrs["part"]].shape
-        return t + prof.nccl_allreduce_us(M * N * 2)
+        return {"fixed_us": fixed + prof.nccl_allreduce_us(M * N * 2), "stream_us": 0.0, "tc_us": 0.0,
+                "attn_kv_us": 0.0}
     if op.kind == "argmax" and graph.tp > 1:
-        t += prof.nccl_allreduce_us(graph.batch * 16)
-    stream = op.bytes / (prof.bw(prof.num_sms) * prof.conv_bw_fraction) * 1e6
+        fixed += prof.nccl_allreduce_us(graph.batch * 16)
+    if op.kind == "attention":
+        return {"fixed_us": fixed, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": op.bytes / bw * 1e6}
     rows = graph.rows if op.kind != "argmax" else 1
-    tc = prof.tc_time_us(op.flops, rows, prof.num_sms) if op.kind in ("linear", "qkv_rope", "attention") else 0.0
-    return t + max(stream, tc)
+    tc = prof.tc_time_us(op.flops, rows, prof.num_sms) if op.kind in ("linear", "qkv_rope") else 0.0
+    return {"fixed_us": fixed, "stream_us": op.bytes / bw * 1e6, "tc_us": tc, "attn_kv_us": 0.0}
+
+
+def _conv_price(fixed: float, stream: float, tc: float, kv: float, prof: HardwareProfile) -> float:
+    return prof.conv_fixed_scale * fixed + max(stream / prof.conv_bw_fraction, tc / prof.conv_tc_eff) + \
+        kv * prof.conv_attn_kv_passes
+
+
+def conventional_op_us(op: Op, graph: Graph, prof: HardwareProfile) -> float:
+    t = conv_op_terms(op, graph, prof)
+    return _conv_price(t["fixed_us"], t["stream_us"], t["tc_us"], t["attn_kv_us"], prof)
 
 
 def conventional_us(graph: Graph, ops: list[str], prof: HardwareProfile) -> float:
     by = {o.name: o for o in graph.ops}
     return sum(conventional_op_us(by[n], graph, prof) for n in ops)
+
+
+def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -> dict:
+    """Per-segment terms for fit.py: summed fixed and KV terms, and the (stream, tc) pairs with counts."""
+    by = {o.name: o for o in graph.ops}
+    fixed = kv = 0.0
+    pairs: dict[tuple, int] = {}
+    for n in ops:
+        t = conv_op_terms(by[n], graph, prof)
+        fixed += t["fixed_us"]
+        kv += t["attn_kv_us"]
+        if t["stream_us"] or t["tc_us"]:
+            key = (round(t["stream_us"], 4), round(t["tc_us"], 4))
+            pairs[key] = pairs.get(key, 0) + 1
+    return {"kind": "conventional", "fixed_us": fixed, "attn_kv_us": kv,
+            "st": [[s, t, c] for (s, t), c in sorted(pairs.items())]}
+
+
+def price_from_features(f: dict, prof: HardwareProfile) -> float:
+    """A segment's price from its features under `prof` (fit.py): the same arithmetic as the cost functions."""
+    if f["kind"] == "megakernel":
+        return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
+    st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
+    return prof.conv_fixed_scale * f["fixed_us"] + st + f["attn_kv_us"] * prof.conv_attn_kv_passes
 
 
 class SegmentCoster:
@@ -68,11 +116,15 @@ class SegmentCoster:
                         bool(o.attrs.get("residual")), o.name in ("embed", "lm_head", "argmax")))
         return tuple(sig), tuple(sorted(tiling.to_dict().items()))
 
-    def megakernel_us(self, ops: list[str], tiling: Tiling) -> float:
+    def sim_us(self, ops: list[str], tiling: Tiling) -> float:
+        """Simulated makespan of the segment (no launch, no calibration)."""
         key = self._signature(ops, tiling)
         if key not in self._memo:
             sub = [g.subgraph(ops) for g in self.graphs]
             tgs = build_task_graphs(sub, tiling)
-            self._memo[key] = simulate(tgs, self.prof).makespan_us + self.prof.megakernel_launch_us
+            self._memo[key] = simulate(tgs, self.prof).makespan_us
             self.simulations += 1
         return self._memo[key]
+
+    def megakernel_us(self, ops: list[str], tiling: Tiling) -> float:
+        return price_from_features({"kind": "megakernel", "sim_us": self.sim_us(ops, tiling)}, self.prof)

@@ -16,6 +16,7 @@ class Segment:
     ops: list[str]                   # op names, consecutive in the Graph
     tiling: dict = field(default_factory=dict)   # Tiling fields for megakernel segments
     predicted_us: float = 0.0
+    features: dict = field(default_factory=dict)   # the price's terms (cost.segment features; fit.py refits)
 
 
 @dataclass

@@ -49,6 +49,21 @@ class HardwareProfile:
     stream_eff_by_kind: dict[str, float] = field(default_factory=dict)   # achieved / fair-share streaming rate
     flop_us_by_kind: dict[str, float] = field(default_factory=dict)      # per-flop time not hidden under loads
     conv_fixed_us_by_kind: dict[str, float] = field(default_factory=dict)  # measured fixed cost per conventional op
+    # megakernel linear tiles loop over row groups of `row_tile` rows (device_kernels/ops/linear.cuh ROW_TILE):
+    # every group re-streams the weight tile (from HBM: `restream_frac` of it); 0 = one pass whatever the batch
+    row_tile: int = 0
+    restream_frac: float = 1.0
+    # calibration of a simulated megakernel segment: measured ~ mk_scale * simulated + mk_offset_us (+ launch)
+    mk_scale: float = 1.0
+    mk_offset_us: float = 0.0
+    # conventional (graph-captured torch) path: matmul Tensor Core efficiency (cuBLAS at M rows vs the wgmma
+    # peak), and how many times conventional attention moves the KV bytes (gather, mask, fp32 cast, matmuls)
+    conv_tc_eff: float = 1.0
+    conv_fixed_scale: float = 1.0          # multiplies the conventional fixed costs (fit.py's calibration)
+    conv_attn_kv_passes: float = 1.0
+    # batch regimes: {"min batch": {field: value}}; for_batch(B) applies the largest key <= B (fit.py writes
+    # them: the B=1 kernels and the B>=8 row-group kernels are different code paths with different constants)
+    regimes: dict[str, dict] = field(default_factory=dict)
     source: str = ""
 
     def bw(self, active_sms: int) -> float:
@@ -77,6 +92,19 @@ class HardwareProfile:
         """Tensor Core time for `flops` on `sms` SMs; wgmma computes M=64 rows, so M < 64 wastes the rest."""
         eff = min(1.0, max(1, m_rows) / self.wgmma_m)
         return flops / (self.tc_flops_per_s * sms / self.num_sms * eff) * 1e6
+
+    def for_batch(self, batch: int) -> "HardwareProfile":
+        """This profile with the overrides of the batch regime that `batch` falls in (itself if none)."""
+        keys = sorted((int(k) for k in self.regimes if int(k) <= batch), reverse=True)
+        if not keys:
+            return self
+        from dataclasses import replace
+        over = {k: v for k, v in self.regimes[str(keys[0])].items() if k in self.__dataclass_fields__}
+        merged = {}
+        for k, v in over.items():   # dict-valued fields: per-key override, the rest inherited
+            base = getattr(self, k)
+            merged[k] = {**base, **v} if isinstance(base, dict) and isinstance(v, dict) else v
+        return replace(self, regimes={}, **merged)
 
     @classmethod
     def load(cls, name_or_path: str = "h200_measured") -> "HardwareProfile":

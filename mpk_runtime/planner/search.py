@@ -14,10 +14,11 @@ from ..ir.build import build_graph
 from ..ir.graph import Graph
 from ..models.config import ModelConfig
 from ..tasks.tiling import Tiling
-from .cost import SegmentCoster, conventional_us
+from .cost import SegmentCoster, conventional_features, conventional_us
 from .plan import Plan, Segment
 from .profile import HardwareProfile
 
+ALL_FAMILIES = ("mono", "mono-w2", "mega2", "mega3", "mega4", "per-layer", "attn-conv", "conventional")
 BAND = 0.12  # relative uncertainty until validate_planner.py has measured the model's error
 
 
@@ -43,14 +44,14 @@ def _attn_splits(cfg: ModelConfig, tp: int, batch: int, context: int, num_sms: i
 
 def candidates(cfg: ModelConfig, *, tp: int = 1, batch: int = 1, context: int = 512,
                prof: HardwareProfile | None = None, families: tuple[str, ...] | None = None) -> list[Plan]:
-    prof = prof or HardwareProfile.load()
+    prof = (prof or HardwareProfile.load()).for_batch(batch)
     splits = _attn_splits(cfg, tp, batch, context, prof.num_sms)
     graphs = [build_graph(cfg, batch=batch, context_len=context, tp=tp, rank=r, attn_splits=splits) for r in range(tp)]
     g = graphs[0]
     coster = SegmentCoster(graphs, prof)
     groups = _layer_groups(g)
     all_ops = [o.name for o in g.ops]
-    fams = families or ("mono", "mega2", "mega3", "mega4", "per-layer", "attn-conv", "conventional")
+    fams = families or ALL_FAMILIES
     plans: list[Plan] = []
 
     def mk(name: str, parts: list[tuple[str, list[str]]], tiling: Tiling) -> Plan:
@@ -59,20 +60,21 @@ def candidates(cfg: ModelConfig, *, tp: int = 1, batch: int = 1, context: int = 
         for kind, ops in parts:
             if kind == "megakernel":
                 us = coster.megakernel_us(ops, tiling)
-                segs.append(Segment(kind, ops, tiling.to_dict(), us))
+                segs.append(Segment(kind, ops, tiling.to_dict(), us,
+                                    {"kind": "megakernel", "sim_us": coster.sim_us(ops, tiling)}))
             else:
                 us = conventional_us(g, ops, prof)
-                segs.append(Segment(kind, ops, {}, us))
+                segs.append(Segment(kind, ops, {}, us, conventional_features(g, ops, prof)))
             total += us
         total += prof.graph_kernel_gap_us * max(0, len(segs) - 1)
         return Plan(cfg.name, tp, batch, context, name, segs, attn_splits=splits, predicted_us=total,
                     band=(total * (1 - BAND), total * (1 + BAND)), profile=prof.name)
 
     base = Tiling(num_sms=prof.num_sms)
-    if "mono" in fams:
-        for waves in (1.0, 2.0):
+    for waves, name in ((1.0, "mono"), (2.0, "mono-w2")):
+        if name in fams:
             t = Tiling(num_sms=prof.num_sms, waves=waves)
-            plans.append(mk("mono" if waves == 1.0 else f"mono-w{waves:g}", [("megakernel", all_ops)], t))
+            plans.append(mk(name, [("megakernel", all_ops)], t))
     for k in (2, 3, 4):
         if f"mega{k}" in fams and len(groups) >= k:
             cuts = [round(i * len(groups) / k) for i in range(k + 1)]

@@ -43,6 +43,23 @@ def task_tc_us(t: Task, prof: HardwareProfile) -> float:
     return max(prof.tc_time_us(t.est_flops, rows), t.est_flops * prof.flop_us(t.kind))
 
 
+def task_stream_bytes(t: Task, prof: HardwareProfile) -> float:
+    """Bytes a task streams from HBM. A megakernel linear tile loops over row groups of `prof.row_tile` rows
+    (device_kernels/ops/linear.cuh) and every group re-reads its weight tile: at batch 32 the 8-row kernel
+    streams each weight tile 4 times (the batch >= 8 cost that no Tensor Core path removes yet)."""
+    if t.kind != "linear" or prof.row_tile <= 0 or not t.reads:
+        return t.est_bytes
+    rng = t.reads[0].ranges
+    M = rng[0][1] - rng[0][0]
+    groups = -(-M // prof.row_tile)
+    if groups <= 1:
+        return t.est_bytes
+    K = rng[1][1] - rng[1][0] if len(rng) > 1 else 0
+    p = t.params
+    wbytes = len(p.get("weights", ())) * (p.get("n1", 0) - p.get("n0", 0)) * K * 2
+    return t.est_bytes + (groups - 1) * wbytes * prof.restream_frac
+
+
 def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, record: bool = False) -> SimResult:
     R = len(graphs)
     cap = prof.per_sm_bw(1)
@@ -138,11 +155,12 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
             r, sm, t0 = p
             t = current(r, sm)
             starts[(r, sm)] = t0
-            total_bytes += t.est_bytes
-            if t.est_bytes:
+            nbytes = task_stream_bytes(t, prof)
+            total_bytes += nbytes
+            if nbytes:
                 advance(r, now)
                 # a kernel that streams below its fair share (latency-bound) moves "more" bytes in the fluid
-                streaming[r][sm] = V[r] + t.est_bytes / prof.stream_eff(t.kind)
+                streaming[r][sm] = V[r] + nbytes / prof.stream_eff(t.kind)
                 stream_t0[r][sm] = now
                 reschedule(r, now)
             else:
@@ -168,5 +186,5 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
     res.per_rank_us = last_end
     res.makespan_us = max(last_end)
     res.busy_fraction = busy / max(1e-9, sum(g.num_sms for g in graphs) * res.makespan_us)
-    res.stream_bytes = total_bytes
+    res.stream_bytes = int(total_bytes)
     return res

@@ -42,31 +42,37 @@ def qkv_rope(op, mem, ctx) -> None:
 
 
 def attention(op, mem, ctx) -> None:
-    """All sequences and heads at once; keys [0, L_cap) gathered per sequence, masked beyond each query."""
+    """All sequences and heads at once; keys [0, L_cap) gathered per sequence, masked beyond each query.
+
+    GQA without expanding K/V: the g = n_q / n_kv query heads of a KV head are stacked as rows of one matmul
+    against that head's keys (fp32 scores and softmax, as the task kernels), so the gathered cache is read
+    once instead of being copied g times."""
     a = op.attrs
     D, T = ctx.config.head_dim, ctx.tokens_per_seq
     nq, nkv = a["n_q"], a["n_kv"]
+    g = nq // nkv
     q = mem.t(a["q"])
     B = q.shape[0] // T
     L = ctx.kv_len_cap or int(ctx.pos.max()) + T                # static on a GPU (kv_len_cap), dynamic on CPU
     kpos = torch.arange(L, device=q.device)
     pages = ctx.block_tables[:, kpos // ctx.page_size]          # (B, L)
     valid = kpos[None, :] < (ctx.pos[:, None] + T)              # (B, L): keys this sequence has written
-    k = mem.kv(a["k_cache"])[pages, kpos % ctx.page_size]       # (B, L, nkv, D)
-    v = mem.kv(a["v_cache"])[pages, kpos % ctx.page_size]
-    zero = torch.zeros((), dtype=k.dtype, device=k.device)
-    k = torch.where(valid[..., None, None], k, zero)            # slots past the sequence may hold anything
-    v = torch.where(valid[..., None, None], v, zero)
+    slot = kpos % ctx.page_size
+    k = mem.kv(a["k_cache"])[pages, slot].transpose(1, 2)       # (B, nkv, L, D)
+    v = mem.kv(a["v_cache"])[pages, slot].transpose(1, 2)
+    v = torch.where(valid[:, None, :, None], v, torch.zeros((), dtype=v.dtype, device=v.device))  # garbage/NaN
     qpos = ctx.pos[:, None] + torch.arange(T, device=q.device)  # (B, T)
-    mask = kpos[None, None, :] <= qpos[:, :, None]              # (B, T, L) causal
-    qh = q.view(B, T, nq, D).transpose(1, 2).float()            # (B, nq, T, D)
-    kh = k.transpose(1, 2).float().repeat_interleave(nq // nkv, dim=1)  # (B, nq, L, D)
-    vh = v.transpose(1, 2).float().repeat_interleave(nq // nkv, dim=1)
+    mask = (kpos[None, None, :] <= qpos[:, :, None]) & valid[:, None, :]   # (B, T, L) causal, written keys
     mask = mask | (ctx.pos < 0)[:, None, None]                  # inactive rows: any finite result, zeroed below
-    o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask[:, None], scale=a["scale"])
-    o = torch.where((ctx.pos >= 0)[:, None, None, None], o, torch.zeros_like(o))
+    qg = q.view(B, T, nkv, g, D).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * T, D).float()
+    s = torch.matmul(qg, k.float().transpose(-1, -2)) * a["scale"]          # (B, nkv, g*T, L)
+    m = mask[:, None, None].expand(B, 1, g, T, L).reshape(B, 1, g * T, L)
+    s = s.masked_fill(~m, float("-inf"))                        # also drops scores of garbage (NaN) keys
+    o = torch.matmul(torch.softmax(s, -1), v.float())           # (B, nkv, g*T, D)
+    o = o.view(B, nkv, g, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, nq * D)
+    o = torch.where((ctx.pos >= 0)[:, None, None], o, torch.zeros_like(o))
     out = mem.t(a["out"])
-    out.copy_(o.transpose(1, 2).reshape(B * T, nq * D).to(out.dtype))
+    out.copy_(o.reshape(B * T, nq * D).to(out.dtype))
 
 
 OPS = {"qkv_rope": qkv_rope, "attention": attention}

@@ -3,10 +3,24 @@
 Segments share one RankMemory per rank (the same Graph's tensors and the same KV cache), so activations and
 cache hand over through memory; a segment boundary is a launch boundary, which orders everything before it.
 Megakernel segments run on `pyvm` (CPU twin) or the GPU `Megakernel`, each with its own counters.
+
+CUDA graphs (GPU): `capture(ctx_for)` records the step once per (plan, batch) and `run` replays it. Graph
+replays read the StepCtx tensors captured (pos, block_tables, tokens in the RankMemory), so the caller updates
+them in place between steps (`run` refuses a ctx whose tensors are not the captured ones). Two granularities:
+  "step"      one graph for the whole step: conventional ops and megakernel launches (cuLaunchKernel on torch's
+              current stream is captured like any kernel). A replayed launch cannot advance its step argument,
+              so inside the graph each megakernel's counters are zeroed and it runs as step 1 (`_graph_launch`):
+              the same protocol state as a fresh kernel, valid because the previous replay finished (stream
+              order). World size 1 only: a peer could signal our counters before we zero them.
+  "segments"  one graph per segment (megakernel segments too at world size 1, else launched eagerly between
+              the replays): what per-segment timing uses.
+The eager path (`run` before any capture, and always on a CPU) is unchanged and is what the CPU tests check.
 """
 from __future__ import annotations
 
 from typing import Callable
+
+import torch
 
 from ..ir.graph import Graph
 from ..planner.plan import Plan
@@ -41,7 +55,9 @@ class PlanExecutor:
         for seg in plan.segments:
             sub = [g.subgraph(seg.ops) for g in graphs]
             if seg.kind == "conventional":
-                self.segments.append(("conventional", ConventionalExecutor(sub, mems, comm=comm)))
+                # graphs of every rank but only this process's rank held (GPU TP): its own graph
+                held = sub if len(sub) == len(mems) else [sub[m.rank] for m in mems]
+                self.segments.append(("conventional", ConventionalExecutor(held, mems, comm=comm)))
                 continue
             tgs = build_task_graphs(sub, _tiling(seg.tiling, num_sms))
             if check:
@@ -53,8 +69,81 @@ class PlanExecutor:
                     raise ValueError("backend 'megakernel' needs make_megakernel(task_graph, mem)")
                 self.segments.append(("megakernel", make_megakernel(tgs[mems[0].rank if len(tgs) > 1 else 0], mems[0])))
 
+    # ------------------------------------------------------------------------------------------- CUDA graphs
+    graphs: list | None = None          # captured units: (kind, CUDAGraph | eager segment) in step order
+    graph_mode: str | None = None
+
+    def _seg_eager(self, i: int, ctxs: list[StepCtx]) -> None:
+        kind, ex = self.segments[i]
+        if kind == "conventional":
+            ex.run(ctxs)
+        else:
+            ex.launch(1)
+
+    def _seg_graphed(self, i: int, ctxs: list[StepCtx]) -> None:
+        """What a graph records for segment i: the eager op sequence; a megakernel as a fresh step-1 launch."""
+        kind, ex = self.segments[i]
+        if kind == "conventional":
+            ex.run(ctxs)
+        else:
+            _graph_launch(ex)
+
+    def can_capture_megakernels(self) -> bool:
+        return self.backend != "pyvm" and self.mems[0].world == 1
+
+    def capture(self, ctx_for: Callable[[int], StepCtx], mode: str = "step", warmup: int = 1) -> None:
+        """Capture the step as CUDA graph(s) (see the module doc). Runs `warmup` eager steps first (cuBLAS
+        handles, lazy allocations); those steps execute for real (they write the KV slot at pos)."""
+        if self.backend == "pyvm" or self.mems[0].t("tokens").device.type != "cuda":
+            raise RuntimeError("CUDA graph capture needs the GPU backend and CUDA memory (CPU: eager run())")
+        if mode == "step" and not self.can_capture_megakernels() and \
+                any(k == "megakernel" for k, _ in self.segments):
+            mode = "segments"   # world > 1: megakernel launches stay eager between per-segment graphs
+        ctxs = [ctx_for(m.rank) for m in self.mems]
+        for _ in range(warmup):
+            self.run(ctx_for)
+        torch.cuda.synchronize()
+        units: list = []
+        if mode == "step":
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for i in range(len(self.segments)):
+                    self._seg_graphed(i, ctxs)
+            units.append(("graph", g))
+        elif mode == "segments":
+            pool = None   # the segment graphs replay one after another: one memory pool for all of them
+            for i, (kind, ex) in enumerate(self.segments):
+                if kind == "megakernel" and not self.can_capture_megakernels():
+                    units.append(("eager", i))
+                    continue
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    self._seg_graphed(i, ctxs)
+                pool = pool or g.pool()
+                units.append(("graph", g))
+        else:
+            raise ValueError(f"capture mode {mode!r}: 'step' or 'segments'")
+        torch.cuda.synchronize()
+        self.graphs, self.graph_mode = units, mode
+        self._captured = [_ctx_key(c) for c in ctxs]
+
+    def replay_units(self):
+        """The captured units in order, each a zero-argument callable (per-segment timing puts events between)."""
+        out = []
+        for kind, u in self.graphs or []:
+            out.append(u.replay if kind == "graph" else (lambda i=u: self.segments[i][1].launch(1)))
+        return out
+
     def run(self, ctx_for: Callable[[int], StepCtx]) -> None:
         """One step. ctx_for(rank) gives the step's inputs for each rank held here."""
+        if self.graphs is not None:
+            got = [_ctx_key(ctx_for(m.rank)) for m in self.mems]
+            if got != self._captured:
+                raise ValueError("CUDA graph replay needs the captured StepCtx tensors (pos, block_tables, inv_freq) "
+                                 "updated in place and the same static fields; got different ones")
+            for f in self.replay_units():
+                f()
+            return
         if self.backend == "pyvm":  # NaN-poison activations once per step (segments share them)
             for m in self.mems:
                 m.poison()
@@ -65,3 +154,17 @@ class PlanExecutor:
                 ex.launch(lambda r, k: ctx_for(r), 1)
             else:
                 ex.launch(1)
+
+
+def _ctx_key(c: StepCtx) -> tuple:
+    """What a captured graph baked in: tensor addresses and the static fields (the step number is not)."""
+    return (c.pos.data_ptr(), c.block_tables.data_ptr(), c.inv_freq.data_ptr(), c.page_size, c.tokens_per_seq,
+            c.kv_len_cap)
+
+
+def _graph_launch(mk) -> None:
+    """A megakernel launch as a graph records it: counters zeroed, step 1 (see the module doc). After a replay
+    the counters hold exactly step 1's values, so eager launches may continue from steps_done = 1."""
+    mk.counters.zero_()
+    mk.steps_done = 0
+    mk.launch(1)

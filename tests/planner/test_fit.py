@@ -1,0 +1,105 @@
+"""fit.py recovers known calibration terms from synthetic measurements; prices from features equal candidates()'
+prices; batch regimes; row-group re-streaming in the simulator."""
+import dataclasses
+
+import pytest
+
+from mpk_runtime.ir import build_graph
+from mpk_runtime.models import PRESETS
+from mpk_runtime.planner import HardwareProfile, candidates, simulate
+from mpk_runtime.planner.cost import price_from_features
+from mpk_runtime.planner.simulate import task_stream_bytes
+from mpk_runtime.planner.fit import fit_profile, holdout, reprice, spearman, summarize
+from mpk_runtime.tasks import Tiling, build_task_graphs
+
+TRUE = {"1": {"mk_scale": 0.8, "mk_offset_us": 12.0, "conv_fixed_scale": 1.7, "conv_bw_fraction": 0.6,
+              "conv_tc_eff": 0.5, "conv_attn_kv_passes": 2.5},
+        "8": {"mk_scale": 1.3, "mk_offset_us": -20.0, "conv_fixed_scale": 0.6, "conv_bw_fraction": 0.85,
+              "conv_tc_eff": 0.3, "conv_attn_kv_passes": 4.0}}
+
+
+def synthetic_rows(prof_true: HardwareProfile, base: HardwareProfile) -> list[dict]:
+    """Rows as validate_planner writes them, with 'measured' = the true profile's price of each segment."""
+    rows = []
+    for name in ("tiny-llama", "tiny-qwen3"):
+        for B in (1, 2, 8, 16, 64):
+            for p in candidates(PRESETS[name], batch=B, context=64, prof=base):
+                pt = prof_true.for_batch(B)
+                segs = [dict(kind=s.kind, ops=len(s.ops), predicted_us=s.predicted_us, features=s.features,
+                             measured_us=price_from_features(s.features, pt)) for s in p.segments]
+                meas = sum(s["measured_us"] for s in segs) + pt.graph_kernel_gap_us * (len(segs) - 1)
+                rows.append(dict(model=name, batch=B, tp=1, plan=p.name, chosen=p is candidates, segments=segs,
+                                 predicted_us=p.predicted_us, measured_us=meas))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def base():
+    return HardwareProfile.load()
+
+
+def test_price_from_features_equals_candidate_prices(base):
+    prof = dataclasses.replace(base, regimes=TRUE)
+    for B in (1, 8):
+        for p in candidates(PRESETS["tiny-qwen3"], batch=B, context=64, prof=prof):
+            for s in p.segments:
+                assert price_from_features(s.features, prof.for_batch(B)) == pytest.approx(s.predicted_us, rel=1e-6)
+
+
+def test_for_batch_applies_the_regime(base):
+    prof = dataclasses.replace(base, regimes={"8": {"mk_scale": 2.0, "conv_fixed_us_by_kind": {"embed:1": 99.0}}})
+    assert prof.for_batch(1).mk_scale == base.mk_scale
+    p8 = prof.for_batch(32)
+    assert p8.mk_scale == 2.0 and p8.regimes == {}
+    assert p8.conv_fixed_us_by_kind["embed:1"] == 99.0
+    assert p8.conv_fixed_us_by_kind["attention:2"] == base.conv_fixed_us_by_kind["attention:2"]  # inherited
+
+
+def test_fit_recovers_known_terms(base):
+    true = dataclasses.replace(base, regimes=TRUE)
+    rows = synthetic_rows(true, base)
+    fitted, rep = fit_profile(rows, base)
+    for key, want in TRUE.items():
+        got = fitted.regimes[key]
+        for k, v in want.items():
+            if key == "1" and k == "conv_tc_eff":
+                assert got[k] >= v   # not identifiable at batch 1 (Tensor Core time never binds): the prior stays
+                continue
+            assert got[k] == pytest.approx(v, rel=1e-3, abs=1e-3), (key, k, got[k], v)
+    s = summarize(reprice(rows, fitted))
+    assert s["segment_mape"] < 1e-6
+    assert all(p["regret"] == 0 for p in s["points"])
+
+
+def test_holdout_reports_both_halves(base):
+    rows = synthetic_rows(dataclasses.replace(base, regimes=TRUE), base)
+    h = holdout(rows, base)
+    assert h["half_a"] and h["half_b"] and not set(map(tuple, h["half_a"])) & set(map(tuple, h["half_b"]))
+    for k in ("fit_a_test_b", "fit_b_test_a"):
+        assert h[k]["test"]["segment_mape"] < 1e-3    # noise-free synthetic data: exact out of sample too
+    assert h["base_profile"]["segment_mape"] > 0.05
+
+
+def test_spearman_and_summary_checks():
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    rows = [dict(model="m", batch=1, tp=1, plan=n, chosen=n == "mono", predicted_us=p, measured_us=q,
+                 segments=[dict(predicted_us=p, measured_us=q)])
+            for n, p, q in (("mono", 100, 100), ("conventional", 200, 210), ("mega2", 150, 104))]
+    rows.append(dict(model="m", batch=1, tp=1, plan="per-layer", skipped="time budget"))
+    s = summarize(rows, {("m", 1): 0.2})
+    p = s["points"][0]
+    assert p["regret"] == 0 and p["chosen_vs_best_of_mono_conv"] == 0 and p["faster_than_hf"]
+    assert s["skipped"][0]["plan"] == "per-layer"
+
+
+def test_megakernel_row_groups_restream_weights(base):
+    cfg = PRESETS["tiny-llama"]
+    tgs = build_task_graphs([build_graph(cfg, batch=32)], Tiling(num_sms=8))
+    one = simulate(tgs, dataclasses.replace(base, num_sms=8, row_tile=0))
+    grp = simulate(tgs, dataclasses.replace(base, num_sms=8, row_tile=8))
+    assert grp.stream_bytes > one.stream_bytes and grp.makespan_us >= one.makespan_us
+    lin = next(t for t in tgs[0].tasks if t.kind == "linear" and t.op.endswith("gate_up"))
+    K = lin.reads[0].ranges[1][1]
+    wbytes = 2 * (lin.params["n1"] - lin.params["n0"]) * K * 2
+    assert task_stream_bytes(lin, dataclasses.replace(base, row_tile=8)) == lin.est_bytes + 3 * wbytes  # 4 groups

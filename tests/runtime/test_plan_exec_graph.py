@@ -1,0 +1,77 @@
+"""CUDA-graph replay of a plan step (PlanExecutor.capture) computes what the eager step computes (GPU only).
+
+Whole-step graphs (megakernel launches captured, counters zeroed and the step run as step 1 inside the graph)
+and per-segment graphs, for one megakernel, attention-conventional and all-conventional plans; the graph is
+replayed twice with pos / tokens updated in place between replays (the graph must stay valid across steps)."""
+import pytest
+import torch
+
+from mpk_runtime.ir import build_graph
+from mpk_runtime.models import PRESETS, random_weights
+from mpk_runtime.models.reference import rope_inv_freq
+from mpk_runtime.planner import candidates
+from mpk_runtime.runtime.memory import KVStore, RankMemory, StepCtx
+from mpk_runtime.runtime.plan_exec import PlanExecutor
+
+pytestmark = pytest.mark.gpu
+
+
+def _rig(cfg, B=2, context=24, ps=16):
+    dev = "cuda"
+    w = random_weights(cfg, seed=0, device=dev)
+    max_seq = context + 16
+    pps = -(-max_seq // ps)
+    g = build_graph(cfg, batch=B, context_len=context, max_seq_len=max_seq, attn_splits=2)
+    kv = KVStore(cfg.num_layers, B * pps + 1, ps, g.tensors["L0.k_cache"].shape[1], cfg.head_dim,
+                 w["model.norm.weight"].dtype, device=dev, poison=False)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for c in kv.k + kv.v:
+        c.normal_(0, 1.0, generator=gen)
+    mem = RankMemory(g, w, kv, device=dev)
+    tables = ((torch.arange(B * pps) + 1).view(B, pps)).to(dev)
+    pos = torch.full((B,), context, dtype=torch.int64, device=dev)
+    inv = rope_inv_freq(cfg).to(dev)
+    ctx = StepCtx(cfg, 1, pos, tables, ps, 1, inv, kv_len_cap=max_seq)
+
+    def make_mk(tg, m):
+        from mpk_runtime.runtime.megakernel import Megakernel
+        return Megakernel(tg, m, page_size=ps, block_tables=tables, pos=pos, inv_freq=inv.cpu(), head_dim=cfg.head_dim)
+    return g, mem, pos, ctx, make_mk
+
+
+@pytest.mark.parametrize("mode", ["step", "segments"])
+@pytest.mark.parametrize("family", ["mono", "attn-conv", "conventional"])
+def test_graph_replay_matches_eager(family, mode):
+    cfg = PRESETS["tiny-llama"].replace(dtype="bfloat16")
+    B, context = 2, 24
+    plan = candidates(cfg, batch=B, context=context, families=(family,))[0]
+    for s in plan.segments:
+        s.tiling.update(num_sms=16)
+    g, mem, pos, ctx, make_mk = _rig(cfg, B, context)
+    ex = PlanExecutor(plan, [g], [mem], backend="megakernel", make_megakernel=make_mk, check=False)
+    toks = [torch.tensor([3, 7], device="cuda"), torch.tensor([11, 5], device="cuda")]
+    want = []
+    for s, t in enumerate(toks):   # eager reference: two steps at positions context, context + 1
+        mem.t("tokens").copy_(t)
+        pos.fill_(context + s)
+        ex.run(lambda r: ctx)
+        torch.cuda.synchronize()
+        want.append((mem.t("logits").clone(), mem.t("next_tokens").clone()))
+    mem.t("tokens").copy_(toks[0])
+    pos.fill_(context)
+    ex.capture(lambda r: ctx, mode=mode, warmup=1)
+    for s, t in enumerate(toks):   # the same steps replayed, inputs updated in place
+        mem.t("tokens").copy_(t)
+        pos.fill_(context + s)
+        ex.run(lambda r: ctx)
+        torch.cuda.synchronize()
+        for kind, seg in ex.segments:
+            if kind == "megakernel":
+                seg.check()
+        lg, nt = want[s]
+        err = ((mem.t("logits") - lg).abs().max() / lg.abs().max()).item()
+        assert err < 1e-3, (family, mode, s, err)
+        assert torch.equal(mem.t("next_tokens"), nt), (family, mode, s)
+    other = StepCtx(cfg, 1, pos.clone(), ctx.block_tables, ctx.page_size, 1, ctx.inv_freq, ctx.kv_len_cap)
+    with pytest.raises(ValueError, match="captured StepCtx"):
+        ex.run(lambda r: other)
