@@ -1,13 +1,175 @@
-// argmax_partial / argmax_reduce: greedy next token over a vocab-parallel LM head  (tasks/ops/argmax.py)
-// Ties go to the lowest index, as torch.argmax.
+// argmax_partial / argmax_reduce: the next token over a vocab-parallel LM head (tasks/ops/argmax.py), greedy
+// or sampled on device (mpk_runtime/ir/sampling.py is the definition; the CPU semantics mirror this file op for
+// op). Greedy ties go to the lowest index, as torch.argmax. Sampling uses only single IEEE fp32 operations
+// (__fadd_rn / __fmul_rn / __fdiv_rn: no contraction into FMA, no library exp) so pyvm draws the same tokens.
 #pragma once
 #include "../common.cuh"
 
 namespace mpk {
 
+static_assert(THREADS == 256, "argmax.cuh: one histogram bin (radix digit) per thread");
+static_assert(SAMPLE_C <= THREADS, "argmax.cuh: one candidate per thread");
+
 __device__ __forceinline__ bool better(float v, float i, float bv, float bi) { return v > bv || (v == bv && i < bi); }
 
-__device__ inline void op_argmax_partial(const Ctx& c) {
+// --- sampling helpers (each has a twin in tasks/ops/argmax.py; constants from ir/sampling.py) -----------------
+constexpr float SAMPLE_PAD_INDEX = 16777215.0f;   // ir/sampling.py PAD_INDEX
+
+// order-preserving key of an fp32 bit pattern: larger key = larger float
+__device__ __forceinline__ uint32_t order_key(float x) {
+  const uint32_t u = __float_as_uint(x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+// candidate order: key descending, then index ascending
+__device__ __forceinline__ bool cand_before(uint32_t ka, float ia, uint32_t kb, float ib) {
+  return ka > kb || (ka == kb && ia < ib);
+}
+__device__ __forceinline__ uint32_t hash32(uint32_t x) {   // lowbias32
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+// u in [0, 1) from 24 bits of hash(seed, position of the row's last token)
+__device__ __forceinline__ float sample_uniform(int64_t seed, int64_t pos) {
+  const uint64_t s = static_cast<uint64_t>(seed);
+  uint32_t h = hash32(static_cast<uint32_t>(pos) + 0x9e3779b9u);
+  h = hash32(h ^ static_cast<uint32_t>(s >> 32));
+  h = hash32(h ^ static_cast<uint32_t>(s));
+  return __fmul_rn(static_cast<float>(h >> 8), 0x1p-24f);
+}
+// 2^t for t <= 0: 2^floor(t) from the exponent bits times a degree-6 Horner polynomial of the fraction
+__device__ __forceinline__ float exp2_neg(float t) {
+  if (!(t >= -126.0f)) return 0.0f;
+  const float n = floorf(t);
+  const float f = __fsub_rn(t, n);
+  float p = 0x1.cacdf6p-13f;
+  p = __fadd_rn(__fmul_rn(p, f), 0x1.44bd44p-10f);
+  p = __fadd_rn(__fmul_rn(p, f), 0x1.3d5826p-7f);
+  p = __fadd_rn(__fmul_rn(p, f), 0x1.c67ee4p-5f);
+  p = __fadd_rn(__fmul_rn(p, f), 0x1.ebfdf8p-3f);
+  p = __fadd_rn(__fmul_rn(p, f), 0x1.62e428p-1f);
+  p = __fadd_rn(__fmul_rn(p, f), 0x1.000000p+0f);
+  return __fmul_rn(p, __int_as_float((static_cast<int>(n) + 127) << 23));
+}
+// inclusive sum over threadIdx order; *total = the block's sum. Two __syncthreads (sc reusable on return).
+__device__ __forceinline__ int block_incl_scan(int x, int* sc, int* total) {
+  constexpr int NW = THREADS / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) sc[warp] = x;
+  __syncthreads();
+  int off = 0, tot = 0;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    const int s = sc[w];
+    off += (w < warp) ? s : 0;
+    tot += s;
+  }
+  __syncthreads();
+  *total = tot;
+  return x + off;
+}
+
+// One sampled row: this rank's top-C logits by (key desc, index asc), pushed sorted into every peer's slot.
+// Radix select of the C-th key (4 passes of 8-bit digits, one histogram bin per thread), then an ordered
+// compaction (index order, so ties at the threshold key keep the lowest indices), then a rank sort.
+__device__ inline void partial_top_candidates(const float* lb, int64_t V, int64_t vocab0, int* hist, int* scan,
+                                              int* misc, float* cv, float* ci, const int64_t* peers, int npeers,
+                                              int64_t dst_off) {
+  const int tid = threadIdx.x;
+  const int want = V < SAMPLE_C ? static_cast<int>(V) : SAMPLE_C;
+  uint32_t prefix = 0, mask = 0;
+  int need = want;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    hist[tid] = 0;
+    __syncthreads();
+    for (int64_t base = 0; base < V; base += THREADS) {   // warp-uniform trip count (__match_any_sync)
+      const int64_t v = base + tid;
+      uint32_t bin = 256u;                                 // 256: out of range or not under the prefix
+      if (v < V) {
+        const uint32_t k = order_key(ld_act_f32(lb + v));
+        if ((k & mask) == prefix) bin = (k >> shift) & 255u;
+      }
+      const unsigned same = __match_any_sync(0xffffffffu, bin);   // one shared-memory atomic per distinct bin
+      if (bin < 256u && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
+    }
+    __syncthreads();
+    const int d = 255 - tid;           // thread order = digits descending: the scan counts digits >= d
+    const int h = hist[d];
+    int tot;
+    const int s = block_incl_scan(h, scan, &tot);
+    if (s >= need && s - h < need) {
+      misc[0] = d;
+      misc[1] = need - (s - h);
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(misc[0]) << shift;
+    mask |= 255u << shift;
+    need = misc[1];
+    __syncthreads();
+  }
+  // prefix = the threshold key: every key above it, and the `need` lowest-index keys equal to it
+  // (in index order: groups of 4 x THREADS elements, one block vote per group, scans only where candidates are)
+  int n_sel = 0, eq_seen = 0;
+  for (int64_t base = 0; base < V; base += 4 * THREADS) {
+    float xs[4];
+    bool hit = false;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t v = base + u * THREADS + tid;
+      xs[u] = v < V ? ld_act_f32(lb + v) : 0.f;
+      hit |= v < V && order_key(xs[u]) >= prefix;
+    }
+    if (!__syncthreads_or(hit)) continue;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t v = base + u * THREADS + tid;
+      const uint32_t k = order_key(xs[u]);
+      const bool gt = v < V && k > prefix, eq = v < V && k == prefix;
+      if (!__syncthreads_or(gt || eq)) continue;
+      int eq_tot, sel_tot;
+      const int eq_incl = block_incl_scan(eq ? 1 : 0, scan, &eq_tot);
+      const bool sel = gt || (eq && eq_seen + eq_incl - 1 < need);
+      const int sel_incl = block_incl_scan(sel ? 1 : 0, scan, &sel_tot);
+      if (sel) {
+        cv[n_sel + sel_incl - 1] = xs[u];
+        ci[n_sel + sel_incl - 1] = static_cast<float>(v);
+      }
+      n_sel += sel_tot;
+      eq_seen += eq_tot;
+    }
+  }
+  __syncthreads();
+  if (tid < SAMPLE_C) {
+    float x = -INFINITY, i = SAMPLE_PAD_INDEX;
+    int rank = tid;
+    if (tid < want) {
+      x = cv[tid];
+      i = ci[tid];
+      const uint32_t k = order_key(x);
+      rank = 0;
+      for (int j = 0; j < want; ++j) rank += cand_before(order_key(cv[j]), ci[j], k, i) ? 1 : 0;
+      i += static_cast<float>(vocab0);
+    }
+    for (int p = 0; p < npeers; ++p) {   // dst_off: parity offset of the buffer + this rank's row, in bytes
+      float* dst = ptr<float>(peers[p] + dst_off) + rank * 2;
+      dst[0] = x;
+      dst[1] = i;
+    }
+  }
+  __syncthreads();
+}
+
+// The two ops are __noinline__: inlined into the megakernel's switch they pushed the kernel's register allocation
+// (255 max at 1 CTA/SM) into spills.
+__device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   const int64_t* a = c.rec;
   const float* logits = ptr<const float>(a[A_ARGMAX_PARTIAL_LOGITS]);
   const int B = (int)a[A_ARGMAX_PARTIAL_B];
@@ -15,12 +177,26 @@ __device__ inline void op_argmax_partial(const Ctx& c) {
   const int64_t* peers = ptr<const int64_t>(a[A_ARGMAX_PARTIAL_PEERS]);
   const int npeers = (int)a[A_ARGMAX_PARTIAL_NPEERS], slot = (int)a[A_ARGMAX_PARTIAL_SLOT];
   const int64_t sym_off = c.parity * a[A_ARGMAX_PARTIAL_PAR_STRIDE];
+  const float* temp = ptr<const float>(a[A_ARGMAX_PARTIAL_TEMP]);   // nullptr: every row greedy
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
+  // smem (megakernel.py _pack_argmax_partial): sv, si [nwarps] | hist [256] | scan [2 (nwarps + 1)] | misc [8]
+  // | cv, ci [SAMPLE_C]
   float* sv = reinterpret_cast<float*>(c.smem);
   float* si = sv + nwarps;
+  int* hist = reinterpret_cast<int*>(si + nwarps);
+  int* scan = hist + 256;
+  int* misc = scan + 2 * (nwarps + 1);
+  float* cv = reinterpret_cast<float*>(misc + 8);
+  float* ci = cv + SAMPLE_C;
   for (int b = 0; b < B; ++b) {
-    float bv = -INFINITY, bi = 3.0e38f;
     const float* lb = logits + b * V;
+    const int64_t row = ((int64_t)slot * B + b) * SAMPLE_C * 2;   // this rank's candidates of row b
+    if (temp != nullptr && temp[b] > 0.f) {
+      partial_top_candidates(lb, V, vocab0, hist, scan, misc, cv, ci, peers, npeers,
+                             sym_off + row * (int64_t)sizeof(float));
+      continue;
+    }
+    float bv = -INFINITY, bi = 3.0e38f;
     int64_t v0 = 0;
     if ((V & 3) == 0) {   // 16-byte loads, 4 vectors in flight per thread (one CTA reads the whole vocab)
       const float4* l4 = reinterpret_cast<const float4*>(lb);
@@ -54,8 +230,8 @@ __device__ inline void op_argmax_partial(const Ctx& c) {
     if (threadIdx.x == 0) {
       for (int w = 1; w < nwarps; ++w)
         if (better(sv[w], si[w], bv, bi)) { bv = sv[w]; bi = si[w]; }
-      for (int p = 0; p < npeers; ++p) {
-        float* dst = ptr<float>(peers[p] + sym_off) + ((int64_t)slot * B + b) * 2;
+      for (int p = 0; p < npeers; ++p) {   // greedy: entry 0 only
+        float* dst = ptr<float>(peers[p] + sym_off) + row;
         dst[0] = bv;
         dst[1] = bi + (float)vocab0;
       }
@@ -64,20 +240,101 @@ __device__ inline void op_argmax_partial(const Ctx& c) {
   }
 }
 
-__device__ inline void op_argmax_reduce(const Ctx& c) {
+// Steps 3-5 of ir/sampling.py for one row, on merged candidates mv/mi [C] (best first); one thread.
+__device__ inline int64_t sample_from_candidates(const float* mv, const float* mi, float* es, float* cs, float T,
+                                                 int64_t top_k, float top_p, int64_t seed, int64_t pos) {
+  constexpr int C = SAMPLE_C;
+  const int k = (top_k >= 1 && top_k <= C) ? static_cast<int>(top_k) : C;
+  const float LOG2E = 0x1.715476p+0f;
+  for (int j = 0; j < C; ++j) {
+    const float d = __fdiv_rn(__fsub_rn(mv[j], mv[0]), T);
+    const float t = __fmul_rn(d, LOG2E);
+    es[j] = j == 0 ? 1.0f : (j < k ? exp2_neg(t) : 0.0f);
+  }
+  cs[0] = 0.0f;
+  for (int j = 0; j < C; ++j) cs[j + 1] = __fadd_rn(cs[j], es[j]);
+  const float thr = __fmul_rn(top_p, cs[k]);
+  int m = 1;
+  while (m < k && cs[m] < thr) ++m;            // c is non-decreasing: the kept set is a prefix
+  const float r = __fmul_rn(sample_uniform(seed, pos), cs[m]);
+  int chosen = -1, last = 0;
+  for (int j = 0; j < m; ++j) {
+    if (es[j] > 0.0f) last = j;
+    if (chosen < 0 && r < cs[j + 1]) chosen = j;
+  }
+  if (chosen < 0) chosen = last;
+  return static_cast<int64_t>(mi[chosen]);
+}
+
+__device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
+  constexpr int C = SAMPLE_C;
   const int64_t* a = c.rec;
   const float* part = ptr<const float>(a[A_ARGMAX_REDUCE_PART] + c.parity * a[A_ARGMAX_REDUCE_PAR_STRIDE]);
   int64_t* out = ptr<int64_t>(a[A_ARGMAX_REDUCE_OUT]);
   int64_t* tokens = ptr<int64_t>(a[A_ARGMAX_REDUCE_TOKENS]);
   const int W = (int)a[A_ARGMAX_REDUCE_WORLD], B = (int)a[A_ARGMAX_REDUCE_B];
-  for (int b = threadIdx.x; b < B; b += THREADS) {
-    float bv = ld_act_f32(part + (int64_t)b * 2), bi = ld_act_f32(part + (int64_t)b * 2 + 1);
+  const float* temp = ptr<const float>(a[A_ARGMAX_REDUCE_TEMP]);     // nullptr: every row greedy
+  const int64_t* top_k = ptr<const int64_t>(a[A_ARGMAX_REDUCE_TOP_K]);
+  const float* top_p = ptr<const float>(a[A_ARGMAX_REDUCE_TOP_P]);
+  const int64_t* seed = ptr<const int64_t>(a[A_ARGMAX_REDUCE_SEED]);
+  for (int b = threadIdx.x; b < B; b += THREADS) {   // greedy rows: best entry 0 over the slots
+    if (temp != nullptr && temp[b] > 0.f) continue;
+    float bv = ld_act_f32(part + (int64_t)b * C * 2), bi = ld_act_f32(part + (int64_t)b * C * 2 + 1);
     for (int r = 1; r < W; ++r) {
-      const float v = ld_act_f32(part + ((int64_t)r * B + b) * 2), i = ld_act_f32(part + ((int64_t)r * B + b) * 2 + 1);
+      const float* e = part + ((int64_t)r * B + b) * C * 2;
+      const float v = ld_act_f32(e), i = ld_act_f32(e + 1);
       if (better(v, i, bv, bi)) { bv = v; bi = i; }
     }
     out[b] = (int64_t)bi;
     if (tokens != nullptr) tokens[b] = (int64_t)bi;
+  }
+  if (temp == nullptr) return;
+  // smem (megakernel.py _pack_argmax_reduce): pv, pi [W C] | mv, mi [C] | es [C] | cs [C + 1]
+  float* pv = reinterpret_cast<float*>(c.smem);
+  float* pi = pv + W * C;
+  float* mv = pi + W * C;
+  float* mi = mv + C;
+  float* es = mi + C;
+  float* cs = es + C;
+  for (int b = 0; b < B; ++b) {
+    if (!(temp[b] > 0.f)) continue;
+    for (int e = threadIdx.x; e < W * C; e += THREADS) {
+      const float* src = part + (((int64_t)(e / C) * B + b) * C + e % C) * 2;
+      pv[e] = ld_act_f32(src);
+      pi[e] = ld_act_f32(src + 1);
+    }
+    __syncthreads();
+    // merge: rank of each entry = its position in its (sorted) slot + the entries of other slots before it
+    // (binary search; identical padding entries are ordered by slot)
+    for (int e = threadIdx.x; e < W * C; e += THREADS) {
+      const int r = e / C;
+      const uint32_t k = order_key(pv[e]);
+      const float i = pi[e];
+      int rank = e % C;
+      for (int q = 0; q < W && rank < C; ++q) {
+        if (q == r) continue;
+        int lo = 0, hi = C;
+        while (lo < hi) {
+          const int mid = (lo + hi) >> 1;
+          const uint32_t km = order_key(pv[q * C + mid]);
+          const float im = pi[q * C + mid];
+          const bool before = km > k || (km == k && (im < i || (im == i && q < r)));
+          if (before) lo = mid + 1; else hi = mid;
+        }
+        rank += lo;
+      }
+      if (rank < C) {
+        mv[rank] = pv[e];
+        mi[rank] = i;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int64_t tok = sample_from_candidates(mv, mi, es, cs, temp[b], top_k[b], top_p[b], seed[b], seq_pos(c, b));
+      out[b] = tok;
+      if (tokens != nullptr) tokens[b] = tok;
+    }
+    __syncthreads();
   }
 }
 

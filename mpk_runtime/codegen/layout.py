@@ -7,6 +7,7 @@ int64 device addresses; floats as their fp32 bit pattern in the low 32 bits of a
 """
 from __future__ import annotations
 
+from ..ir.sampling import SAMPLE_CANDIDATES
 from ..tasks.ops import OPCODES
 
 # --- task record: TASK_WORDS int64 per task ------------------------------------------------------------------
@@ -30,8 +31,9 @@ OP_ARGS: dict[str, list[str]] = {
                "out_kind", "row_off", "row_stride", "peers", "npeers", "par_stride", "slot", "kseg"],
     # out[:, n0:n1] = residual + sum_r part[parity][r]
     "allreduce": ["part", "par_stride", "residual", "out", "world", "m", "n", "n0", "n1"],
-    "argmax_partial": ["logits", "b", "v", "vocab0", "peers", "npeers", "par_stride", "slot"],
-    "argmax_reduce": ["part", "par_stride", "out", "tokens", "world", "b"],
+    # sampler (ir/sampling.py): part (2, W, B, SAMPLE_C, 2) fp32 candidates; temp/top_k/top_p/seed: (B,) params
+    "argmax_partial": ["logits", "b", "v", "vocab0", "peers", "npeers", "par_stride", "slot", "temp"],
+    "argmax_reduce": ["part", "par_stride", "out", "tokens", "world", "b", "temp", "top_k", "top_p", "seed"],
 }
 EPILOGUES = ["none", "silu_mul"]
 OUT_KINDS = ["bf16", "f32", "push"]
@@ -64,6 +66,7 @@ CONSTANTS = {
     "UNROLL": 8,           # 16-byte weight loads in flight per lane per column (batch <= 2)
     "MAX_GS": 8,           # q heads per KV group handled by one attention task
     "MAX_HEAD_DIM": 128,
+    "SAMPLE_C": SAMPLE_CANDIDATES,   # sampling candidates per rank / after the merge (= the largest device top_k)
     # L2 weight prefetch: measured slower on llama-3.2-1b B=1 (1.49 ms off vs 1.64-1.75 on), so off by default
     "PF_CUR": 0,            # bytes of a task's weights pulled into L2 before waiting on its events (0 = off)
     "PF_NEXT": 0,           # bytes of the following task's weights pulled into L2 at the same time

@@ -15,7 +15,9 @@ from ..runtime.executor import Executor
 from .block_allocator import BlockAllocator
 from .errors import InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError
 from .request import Request, RequestOutput, Status
-from .sampling import SamplingParams, make_generator, sample
+from ..runtime.device_sampling import StepOutput
+from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, check_device_sampling, device_sampling_for,
+                       make_generator, request_seed, sample)
 from .scheduler import Scheduler
 from .tokenizer import LazyTokenizer
 
@@ -24,7 +26,13 @@ log = logging.getLogger(__name__)
 
 class LLMEngine:
     def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
-                 seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None):
+                 seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
+                 device_sampling: str = "auto"):
+        """device_sampling: "auto" | "on" | "off": which requests the runner samples on device (SamplingParams
+        doc); runners without device sampling always return logits, and the host samples."""
+        if device_sampling not in DEVICE_SAMPLING_MODES:
+            raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
+        self.device_sampling = device_sampling
         self.executor = executor
         self.kv_spec = kv_spec
         self.vocab_size = vocab_size
@@ -60,6 +68,7 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(f"prompt token ids must be ints in [0, {self.vocab_size}); got e.g. {bad[:3]}")
+        check_device_sampling(params, self.device_sampling)
         bad_stop = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad_stop:
             raise InvalidRequestError(f"stop_token_ids must be < vocab size {self.vocab_size}; got {bad_stop}")
@@ -119,12 +128,19 @@ class LLMEngine:
         chunks = []
         for s in sched:
             r = s.request
+            last = r.num_computed + s.num_tokens >= r.num_tokens   # this chunk yields the next token
+            ds = device_sampling_for(r.params, self.device_sampling, request_seed(r.params, self.seed, r.seq_id)) \
+                if last else None
             chunks.append(SeqChunk(seq_id=r.seq_id, start_pos=r.num_computed, block_table=list(r.block_table),
-                                   token_ids=r.all_token_ids[r.num_computed:r.num_computed + s.num_tokens]))
+                                   token_ids=r.all_token_ids[r.num_computed:r.num_computed + s.num_tokens],
+                                   sampling=ds))
         try:
             logits = self.executor.collective_rpc("execute", (chunks,), timeout=self.step_timeout)[0]
         except Exception as e:  # a worker died, hung or raised: fail what ran, keep what waits
             return self._on_failure(e)
+        dev_tokens = None
+        if isinstance(logits, StepOutput):
+            logits, dev_tokens = logits.logits, logits.tokens.tolist()
         self.stats["steps"] += 1
         self.stats["last_batch_size"] = len(chunks)
         self.stats["sequences_scheduled"] += len(chunks)
@@ -138,7 +154,10 @@ class LLMEngine:
             r.num_computed += s.num_tokens
             if r.num_computed < r.num_tokens:
                 continue  # a prompt chunk that is not the last: nothing to sample yet
-            tok = sample(logits[i], r.params, r.generator)
+            if dev_tokens is not None and chunks[i].sampling is not None and dev_tokens[i] >= 0:
+                tok = int(dev_tokens[i])
+            else:
+                tok = sample(logits[i], r.params, r.generator)
             r.output_token_ids.append(tok)
             self.stats["tokens_generated"] += 1
             if r.first_token_time is None:

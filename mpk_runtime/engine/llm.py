@@ -14,7 +14,7 @@ from ..runtime.executor import Executor, make_executor
 from .engine import LLMEngine
 from .errors import InvalidRequestError, RequestFailedError, UnknownModelError
 from .request import RequestOutput
-from .sampling import SamplingParams
+from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
 from .tokenizer import LazyTokenizer
 
 Prompt = "str | list[int]"
@@ -60,11 +60,14 @@ class LLM:
                  seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int | None = None,
                  page_size: int = 16, num_pages: int | None = None, tokenizer: Any = None,
                  max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
-                 executor_kwargs: dict | None = None, **runner_kwargs: Any):
+                 executor_kwargs: dict | None = None, device_sampling: str = "auto", **runner_kwargs: Any):
         """model: preset name or local HF directory. backend: runner registry name ("reference", "pyvm",
         "torch", "megakernel"). tp: ranks per replica. executor: "inprocess", "ray" (after `import cluster`)
         or an Executor instance (not yet initialised). tokenizer: None = from the model directory if present,
-        a path, or a tokenizer object. Other keywords go to the runner."""
+        a path, or a tokenizer object. device_sampling: "auto" | "on" | "off", which requests the runner samples
+        on device (see SamplingParams). Other keywords go to the runner."""
+        if device_sampling not in DEVICE_SAMPLING_MODES:
+            raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         self.model = model
         self.config = resolve_model(model)
         if not isinstance(tp, int) or tp < 1:
@@ -86,7 +89,8 @@ class LLM:
             raise
         src = tokenizer if tokenizer is not None else model
         self.engine = LLMEngine(executor, kv_spec, self.config.vocab_size, LazyTokenizer(src), seed=seed,
-                                max_num_batched_tokens=max_num_batched_tokens, step_timeout=step_timeout)
+                                max_num_batched_tokens=max_num_batched_tokens, step_timeout=step_timeout,
+                                device_sampling=device_sampling)
 
     @property
     def tokenizer(self):

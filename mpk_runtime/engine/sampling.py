@@ -1,7 +1,11 @@
-"""Sampling parameters and host-side sampling of one token from fp32 logits.
+"""Sampling parameters; where a token is drawn (device or host); host-side sampling from fp32 logits.
 
-Sampling is per request with its own `torch.Generator` (seeded from `SamplingParams.seed`, or from the engine
-seed and the request id), so a request's tokens do not depend on what else shares its batch.
+Device sampling (the runner's graph draws the token: megakernel, pyvm and the conventional executor share one
+definition, ir/sampling.py) is used by runners that support it for the requests `device_sampling` routes there;
+the others use the host sampler below. Either way a request's tokens do not depend on what else shares its
+batch: the host sampler has a `torch.Generator` per request, the device one hashes (seed, position). The seed is
+`SamplingParams.seed`, or derived from the engine seed and the request index. The two samplers draw different
+(equally distributed) streams for the same seed.
 """
 from __future__ import annotations
 
@@ -9,11 +13,23 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..ir.sampling import SAMPLE_CANDIDATES
+from ..runtime.device_sampling import DeviceSampling
 from .errors import InvalidRequestError
+
+
+DEVICE_SAMPLING_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """Per-request sampling. On device the candidate set is capped at C = SAMPLE_CANDIDATES (64) tokens:
+    top_k must be <= C there, and with top_k disabled (0 / -1) the device samples from the top C tokens only
+    (top_p's mass measured over those C), an approximation. The engine's `device_sampling` mode decides:
+    "auto" (default) sends greedy and 1 <= top_k <= C requests to the device (exact) and the rest to the host
+    sampler (exact); "on" sends everything to the device, accepting the top-C cap for top_k = 0 and rejecting
+    top_k > C; "off" samples everything on the host."""
+
     temperature: float = 1.0          # 0 = greedy (argmax)
     top_k: int = 0                    # 0 or -1 = all tokens
     top_p: float = 1.0                # nucleus mass in (0, 1]
@@ -48,6 +64,10 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
 
+    def device_exact(self) -> bool:
+        """The device sampler follows these params exactly (no top-C cap involved)."""
+        return self.greedy or 1 <= self.top_k <= SAMPLE_CANDIDATES
+
     @classmethod
     def from_dict(cls, d: dict) -> "SamplingParams":
         """From a JSON-ish dict (jobs, HTTP); unknown keys are an error that lists the allowed ones."""
@@ -58,11 +78,33 @@ class SamplingParams:
         return cls(**d)
 
 
+def request_seed(params: SamplingParams, engine_seed: int, request_index: int) -> int:
+    return params.seed if params.seed is not None else engine_seed * 1_000_003 + request_index
+
+
 def make_generator(params: SamplingParams, engine_seed: int, request_index: int) -> torch.Generator | None:
     if params.greedy:
         return None
-    seed = params.seed if params.seed is not None else engine_seed * 1_000_003 + request_index
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator().manual_seed(request_seed(params, engine_seed, request_index))
+
+
+def check_device_sampling(params: SamplingParams, mode: str) -> None:
+    """Raise InvalidRequestError for params the device cannot do in mode "on" (top_k > C)."""
+    if mode == "on" and not params.greedy and params.top_k > SAMPLE_CANDIDATES:
+        raise InvalidRequestError(
+            f"top_k={params.top_k} exceeds the on-device sampling limit of {SAMPLE_CANDIDATES} candidates: use "
+            f"top_k <= {SAMPLE_CANDIDATES}, or create the LLM with device_sampling='auto' (host sampling for such "
+            "requests) or 'off'")
+
+
+def device_sampling_for(params: SamplingParams, mode: str, seed: int) -> DeviceSampling | None:
+    """The DeviceSampling a request's chunk carries under `mode` (None: sample on the host)."""
+    if mode == "off" or (mode == "auto" and not params.device_exact()):
+        return None
+    if params.greedy:
+        return DeviceSampling(0.0, 0, 1.0, 0)
+    k = params.top_k if params.top_k > 0 else 0
+    return DeviceSampling(float(params.temperature), k, float(params.top_p), seed)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:

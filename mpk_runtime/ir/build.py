@@ -14,6 +14,7 @@ from __future__ import annotations
 from ..models.config import ModelConfig
 from ..models.weights import lm_head_name
 from .graph import DTYPE_BYTES, Graph, Op, TensorSpec
+from .sampling import SAMPLE_CANDIDATES, TENSORS as SAMPLE_TENSORS
 from .shard import shard_for
 
 
@@ -115,11 +116,15 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
          "out": logits, "push": False, "row_select": row_sel,
          "weight_row0": sh.vocab[0] if cfg.tie_word_embeddings else 0},
         V * H * eb + B * H * eb + B * V * 4, 2 * B * V * H)
-    amax = t("argmax.part", (tp, B, 2), "sym", "float32")
+    # argmax = the sampler (ir/sampling.py): per-row params in io tensors the runner fills (zeros = greedy);
+    # each rank pushes its top-C candidates (value, index) into slot `rank` of every rank's buffer
+    amax = t("argmax.part", (tp, B, SAMPLE_CANDIDATES, 2), "sym", "float32")
     nxt = t("next_tokens", (B,), "io", "int64")
-    add("argmax", "argmax", [logits], [amax, nxt],
+    sp = [t(n, (B,), "io", "int64" if n in ("sample.top_k", "sample.seed") else "float32") for n in SAMPLE_TENSORS]
+    add("argmax", "argmax", [logits, *sp], [amax, nxt],
         {"logits": logits, "part": amax, "out": nxt, "vocab0": sh.vocab[0], "world": tp,
-         "feeds_next_step": mode == "decode"},
+         "feeds_next_step": mode == "decode", "temperature": sp[0], "top_k": sp[1], "top_p": sp[2],
+         "seed": sp[3]},
         B * V * 4 + B * 8, B * V)
     return Graph(cfg, mode, B, T, context_len, max_seq_len, tp, rank, tensors, ops)
 

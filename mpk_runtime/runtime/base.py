@@ -43,6 +43,7 @@ class SeqChunk:
     token_ids: list[int]        # the tokens to run: a prompt chunk, or the single newest token when decoding
     start_pos: int              # position of token_ids[0] in the sequence
     block_table: list[int]      # KV page ids covering positions [0, start_pos + len(token_ids))
+    sampling: Any = None        # runtime.device_sampling.DeviceSampling: sample the next token on device
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -51,7 +52,8 @@ class SeqChunk:
 
 class ModelRunner(abc.ABC):
     """One rank's compute. `step` returns fp32 logits (len(chunks), vocab) of each chunk's last token
-    on every rank (vocab-parallel shards are gathered before returning)."""
+    on every rank (vocab-parallel shards are gathered before returning); runners that sample on device return a
+    runtime.device_sampling.StepOutput (logits + tokens) when some chunk carries `sampling`."""
 
     config: ModelConfig
     rank: int = 0

@@ -22,6 +22,7 @@ from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling
 from .base import KVSpec, ModelRunner, SeqChunk, register_runner
+from .device_sampling import fill_sampling, step_output
 from .memory import KVStore, RankMemory
 
 
@@ -104,7 +105,9 @@ class MegakernelRunner(ModelRunner):
     def kv_spec(self) -> KVSpec:
         return self._spec
 
-    def _decode(self, toks: list[int], pos: list[int], tables: list[list[int]]) -> torch.Tensor:
+    def _decode(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling=None) -> torch.Tensor:
+        """One launch of one step; returns the logits (n, V). The tokens the kernel drew (greedy, or with
+        `sampling`: one DeviceSampling or None per row) are in `self.last_next_tokens` afterwards."""
         B = self._spec.max_batch
         n = len(toks)
         t = torch.zeros(B, dtype=torch.int64)
@@ -116,11 +119,13 @@ class MegakernelRunner(ModelRunner):
         self.mem.t("tokens").copy_(t)
         self.pos.copy_(p)
         self.tables.copy_(tab)
+        fill_sampling(self.mem, sampling or [])
         if self.heap is not None:
             self.heap.barrier()   # no rank overwrites tokens/pos while a peer still reads the last step
         self.mk.launch(1)
         torch.cuda.synchronize(self.pos.device)
         self.mk.check()
+        self.last_next_tokens = self.mem.t("next_tokens")[:n].cpu()
         if self._gather is None:
             return self.mem.t("logits")[:n].float().cpu()
         buf, views, nv = self._gather
@@ -131,22 +136,27 @@ class MegakernelRunner(ModelRunner):
         self.heap.barrier()   # peers have read this rank's logits before the next step writes them
         return out
 
-    def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
+    def step(self, chunks: list[SeqChunk]):
         B = self._spec.max_batch
         out: list[torch.Tensor | None] = [None] * len(chunks)
+        toks: list[int | None] = [None] * len(chunks)
         dec = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
         for i, c in enumerate(chunks):
-            if len(c.token_ids) > 1:   # prefill as a run of single-token steps
+            if len(c.token_ids) > 1:   # prefill as a run of single-token steps (the last one samples)
+                n = len(c.token_ids)
                 for j, tok in enumerate(c.token_ids):
-                    lg = self._decode([tok], [c.start_pos + j], [c.block_table])
+                    lg = self._decode([tok], [c.start_pos + j], [c.block_table],
+                                      [c.sampling] if j == n - 1 else None)
                 out[i] = lg[0]
+                toks[i] = int(self.last_next_tokens[0])
         for s in range(0, len(dec), B):
             part = dec[s:s + B]
             lg = self._decode([chunks[i].token_ids[0] for i in part], [chunks[i].start_pos for i in part],
-                              [chunks[i].block_table for i in part])
+                              [chunks[i].block_table for i in part], [chunks[i].sampling for i in part])
             for j, i in enumerate(part):
                 out[i] = lg[j]
-        return torch.stack(out)  # type: ignore[arg-type]
+                toks[i] = int(self.last_next_tokens[j])
+        return step_output(chunks, torch.stack(out), toks)  # type: ignore[arg-type]
 
 
 def _local_device(rank: int) -> int:

@@ -19,6 +19,7 @@ from ..tasks.check import check_task_graphs
 from ..tasks.tiling import Tiling
 from .base import KVSpec, ModelRunner, SeqChunk, register_runner
 from .comm import ThreadComm
+from .device_sampling import fill_sampling, step_output
 from .memory import KVStore, RankMemory, StepCtx, connect
 from .pyvm import PyVM
 from .torch_exec import ConventionalExecutor
@@ -103,34 +104,42 @@ class TPGroup:
             return self.comm.all_gather(mems[0].t("logits").contiguous(), dim=-1)
         return torch.cat([m.t("logits") for m in mems], dim=-1).clone()
 
-    def decode(self, tokens, pos, tables, backend: str = "pyvm", nsteps: int = 1) -> torch.Tensor:
-        """One (or nsteps greedy) decode step(s) for a batch; returns logits (B, V) of the last step."""
+    def decode(self, tokens, pos, tables, backend: str = "pyvm", nsteps: int = 1, sampling=None) -> torch.Tensor:
+        """One (or nsteps) decode step(s) for a batch; returns logits (B, V) of the last step. sampling: one
+        DeviceSampling or None (greedy) per row; the tokens drawn are in `last_next_tokens` afterwards."""
         B = len(tokens)
         if backend == "pyvm":
             gs, mems, vm = self.decode_vm(B)
             for m in mems:
                 m.t("tokens").copy_(torch.as_tensor(tokens, dtype=torch.long))
+                fill_sampling(m, sampling or [])
             pos = torch.as_tensor(pos, dtype=torch.long)
             vm.launch(lambda r, k: self.ctx(torch.where(pos >= 0, pos + k, pos), tables, 1), nsteps)
+            self.last_next_tokens = mems[0].t("next_tokens").clone()
             return self._gather_logits(mems)
         if nsteps != 1:
             raise ValueError("the conventional path runs one step per call")
         gs, mems, ex = self.conventional("decode", B, 1)
         for m in mems:
             m.t("tokens").copy_(torch.as_tensor(tokens, dtype=torch.long))
+            fill_sampling(m, sampling or [])
         ex.run([self.ctx(pos, tables, 1) for _ in mems])
+        self.last_next_tokens = mems[0].t("next_tokens").clone()
         return self._gather_logits(mems)
 
     def next_tokens(self, batch: int) -> torch.Tensor:
         return self.decode_vm(batch)[1][0].t("next_tokens").clone()
 
-    def prefill(self, tokens: list[int], start_pos: int, table) -> torch.Tensor:
-        """One sequence's chunk through the conventional path; returns logits (V,) of its last token."""
+    def prefill(self, tokens: list[int], start_pos: int, table, sampling=None) -> torch.Tensor:
+        """One sequence's chunk through the conventional path; returns logits (V,) of its last token (the token
+        drawn with `sampling`, or greedy, is in `last_next_tokens[0]` afterwards)."""
         T = len(tokens)
         gs, mems, ex = self.conventional("prefill", 1, T)
         for m in mems:
             m.t("tokens").copy_(torch.as_tensor(tokens, dtype=torch.long))
+            fill_sampling(m, [sampling])
         ex.run([self.ctx([start_pos], [table], T) for _ in mems])
+        self.last_next_tokens = mems[0].t("next_tokens").clone()
         return self._gather_logits(mems)[0]
 
 
@@ -204,19 +213,23 @@ class _CPURunner(ModelRunner):
             raise out
         return out
 
-    def _step(self, chunks: list[SeqChunk]) -> torch.Tensor:
+    def _step(self, chunks: list[SeqChunk]):
         out: list[torch.Tensor | None] = [None] * len(chunks)
+        toks: list[int | None] = [None] * len(chunks)
         width = -(-self._spec.max_seq_len // self._spec.page_size)
         dec = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
         for i, c in enumerate(chunks):
             if len(c.token_ids) > 1:
-                out[i] = self.group.prefill(c.token_ids, c.start_pos, _pad(c.block_table, width))
+                out[i] = self.group.prefill(c.token_ids, c.start_pos, _pad(c.block_table, width), c.sampling)
+                toks[i] = int(self.group.last_next_tokens[0])
         if dec:
             logits = self.group.decode([chunks[i].token_ids[0] for i in dec], [chunks[i].start_pos for i in dec],
-                                       [_pad(chunks[i].block_table, width) for i in dec], backend=self.backend)
+                                       [_pad(chunks[i].block_table, width) for i in dec], backend=self.backend,
+                                       sampling=[chunks[i].sampling for i in dec])
             for j, i in enumerate(dec):
                 out[i] = logits[j]
-        return torch.stack(out)  # type: ignore[arg-type]
+                toks[i] = int(self.group.last_next_tokens[j])
+        return step_output(chunks, torch.stack(out), toks)  # type: ignore[arg-type]
 
 
 _LOCK = threading.Lock()

@@ -1,16 +1,27 @@
-"""argmax: greedy next token over a vocab-parallel LM head.
+"""argmax: the next token over a vocab-parallel LM head: greedy, or sampled on device (ir/sampling.py).
 
-argmax_partial: this rank's best (value, global index) per sequence, pushed into slot `rank` of every rank's
-symmetric buffer. argmax_reduce: every rank picks the best slot (ties -> lowest index, as torch.argmax), so
-all ranks agree on the token without a host round trip; in decode graphs it also writes the `tokens` input
-of the next step (a lag-1 dependency), which is what lets several steps run in one launch.
+argmax_partial: per row, this rank's candidates pushed into slot `rank` of every rank's symmetric buffer
+(W, B, C, 2) = (value, global index as fp32). Greedy rows (temperature 0): entry 0 is this rank's best
+(value, lowest index), as before. Sampled rows: the top-C by (order key desc, index asc).
+argmax_reduce: every rank merges the slots the same way (greedy: best entry 0, ties -> lowest index, as
+torch.argmax; sampled: the global top-C, temperature, top-k, top-p, a counter-based draw), so all ranks agree on
+the token without a host round trip; in decode graphs it also writes the `tokens` input of the next step (a
+lag-1 dependency), which is what lets several steps run in one launch.
+
+The CPU semantics below are vectorised over rows and use only single IEEE fp32 ops (no fused multiply-add, no
+library exp), in the order device_kernels/ops/argmax.cuh uses, so pyvm / the conventional executor and the
+megakernel draw identical tokens. They never sync with the host (no data-dependent branching on tensors that
+may live on a GPU): greedy and sampled results are both computed and selected per row.
 """
 from __future__ import annotations
 
 import torch
 
+from ...ir.sampling import EXP2_POLY, HASH_M1, HASH_M2, LOG2E, PAD_INDEX, POS_SALT
 from ..graph import Region, Task
 from . import decomposer, task_kind
+
+_M32 = 0xFFFFFFFF
 
 
 @decomposer("argmax")
@@ -18,40 +29,190 @@ def decompose(op, graph, tiling, rank):
     a = op.attrs
     B, V = graph.tensors[a["logits"]].shape
     W = a["world"]
+    sp = {k: a[k] for k in ("temperature", "top_k", "top_p", "seed")}
     part = Task(-1, rank, "argmax_partial", op.name,
-                {"logits": a["logits"], "part": a["part"], "vocab0": a["vocab0"]},
+                {"logits": a["logits"], "part": a["part"], "vocab0": a["vocab0"], "temperature": sp["temperature"]},
                 reads=[Region(a["logits"], rank, ((0, B), (0, V)))],
                 writes=[Region(a["part"], r, ((rank, rank + 1),)) for r in range(W)],
                 est_bytes=B * V * 4, est_flops=B * V)
     lag = [Region("tokens", rank, ((0, B),))] if a["feeds_next_step"] else []
     red = Task(-1, rank, "argmax_reduce", op.name,
-               {"part": a["part"], "out": a["out"], "world": W, "feeds_next_step": a["feeds_next_step"]},
+               {"part": a["part"], "out": a["out"], "world": W, "feeds_next_step": a["feeds_next_step"], **sp},
                reads=[Region(a["part"], rank, ((0, W),))], writes=[Region(a["out"], rank, ((0, B),))],
                lag_writes=lag, est_bytes=W * B * 8 + B * 8, est_flops=W * B)
     return [part, red]
+
+
+# --- helpers (mirrored one for one in argmax.cuh) --------------------------------------------------------------
+def order_key(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> int64 in [0, 2^32): the order-preserving unsigned key of the bit pattern (larger = larger float)."""
+    u = x.contiguous().view(torch.int32).to(torch.int64) & _M32
+    return torch.where(u >= 0x80000000, _M32 - u, u | 0x80000000)
+
+
+def _rank_order(key: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """A single int64 whose descending order is (key desc, idx asc); idx < 2^24."""
+    return (key << 24) | (PAD_INDEX - idx)
+
+
+def _mul32(x: torch.Tensor, m: int) -> torch.Tensor:
+    """(x * m) mod 2^32 for x in [0, 2^32) without int64 overflow (16-bit halves of m)."""
+    lo = x * (m & 0xFFFF)
+    hi = ((x * (m >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & _M32
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = _mul32(x, HASH_M1)
+    x = x ^ (x >> 15)
+    x = _mul32(x, HASH_M2)
+    return x ^ (x >> 16)
+
+
+def uniform(seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """(B,) fp32 in [0, 1): 24 bits of hash(seed, pos) (ir.sampling.uniform_bits) times 2^-24 (exact)."""
+    h = hash32((pos.to(torch.int64) + POS_SALT) & _M32)
+    h = hash32(h ^ ((seed >> 32) & _M32))
+    h = hash32(h ^ (seed & _M32))
+    return (h >> 8).to(torch.float32) * torch.tensor(2.0 ** -24, dtype=torch.float32, device=h.device)
+
+
+def _f32(x: float, dev) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.float32, device=dev)
+
+
+def exp2_neg(t: torch.Tensor) -> torch.Tensor:
+    """2^t for t <= 0 in fp32: 2^floor(t) (exact, from the exponent bits) times a Horner polynomial of the
+    fraction; 0 where !(t >= -126) (NaN included)."""
+    dev = t.device
+    ok = t >= -126.0
+    ts = torch.where(ok, t, _f32(0.0, dev))
+    n = torch.floor(ts)
+    f = ts - n
+    p = _f32(EXP2_POLY[6], dev).expand_as(f)
+    for c in EXP2_POLY[5::-1]:
+        p = p * f
+        p = p + _f32(c, dev)
+    scale = ((n.to(torch.int32) + 127) << 23).view(torch.float32)
+    return torch.where(ok, p * scale, _f32(0.0, dev))
+
+
+def sample_rows(vals: torch.Tensor, idx: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor,
+                top_p: torch.Tensor, seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Steps 3-5 of ir/sampling.py on merged candidates vals/idx (B, C) sorted best first. Returns (B,) int64
+    (rows with temperature <= 0 get a meaningless value: the caller selects the greedy result there)."""
+    B, C = vals.shape
+    dev = vals.device
+    T = torch.where(temp > 0, temp, _f32(1.0, dev))
+    d = (vals - vals[:, :1]) / T[:, None]
+    t = d * _f32(LOG2E, dev)
+    j = torch.arange(C, device=dev)
+    k = torch.where((top_k >= 1) & (top_k <= C), top_k, torch.full_like(top_k, C))
+    e = exp2_neg(t)
+    e = torch.where(j[None, :] == 0, _f32(1.0, dev), e)
+    e = torch.where(j[None, :] < k[:, None], e, _f32(0.0, dev))
+    c = torch.zeros(B, C + 1, dtype=torch.float32, device=dev)
+    for q in range(C):                       # serial prefix sums, as one device thread does them
+        c[:, q + 1] = c[:, q] + e[:, q]
+    S = c.gather(1, k[:, None])[:, 0]
+    thr = top_p * S
+    keep = (j[None, :] < k[:, None]) & ((j[None, :] == 0) | (c[:, :C] < thr[:, None]))
+    m = keep.sum(1)
+    r = uniform(seed, pos) * c.gather(1, m[:, None])[:, 0]
+    live = j[None, :] < m[:, None]
+    chosen = (live & (c[:, 1:] <= r[:, None])).sum(1)
+    last = torch.where(live & (e > 0), j[None, :], torch.zeros_like(j)[None, :]).amax(1)
+    chosen = torch.where(chosen < m, chosen, last)
+    return idx.gather(1, chosen[:, None])[:, 0].to(torch.int64)
+
+
+def row_last_positions(ctx, B: int) -> torch.Tensor:
+    """Position of each row's last token this step (the counter of the RNG): pos + tokens_per_seq - 1."""
+    pos = ctx.pos.to(torch.int64)
+    if pos.numel() != B:
+        raise ValueError(f"StepCtx has {pos.numel()} positions for {B} rows")
+    return torch.where(pos >= 0, pos + (ctx.tokens_per_seq - 1), pos)
+
+
+# --- task semantics ---------------------------------------------------------------------------------------------
+def partial_candidates(logits: torch.Tensor, vocab0: int, C: int, temp: torch.Tensor) -> torch.Tensor:
+    """(B, V_local) fp32 -> (B, C, 2) this rank's candidates (value, global index), as argmax_partial pushes."""
+    B, V = logits.shape
+    dev = logits.device
+    out = torch.empty(B, C, 2, dtype=torch.float32, device=dev)
+    if dev.type != "cpu" or bool((temp > 0).any()):   # GPU: no host sync, always compute the candidates
+        n = min(C, V)
+        local = torch.arange(V, device=dev).expand(B, V)
+        order = _rank_order(order_key(logits), local)
+        top = torch.topk(order, n, dim=-1, sorted=True).indices                 # (B, n), best first
+        out[:, :n, 0] = logits.gather(1, top)
+        out[:, :n, 1] = (top + vocab0).float()
+        out[:, n:, 0] = float("-inf")
+        out[:, n:, 1] = float(PAD_INDEX)
+    else:
+        out.fill_(float("nan"))   # greedy rows: only entry 0 is defined (the device writes nothing else)
+    val, idx = logits.max(-1)    # first occurrence on ties
+    greedy = temp <= 0
+    out[:, 0, 0] = torch.where(greedy, val, out[:, 0, 0])
+    out[:, 0, 1] = torch.where(greedy, (idx + vocab0).float(), out[:, 0, 1])
+    return out
+
+
+def reduce_tokens(part: torch.Tensor, temp: torch.Tensor | None, top_k=None, top_p=None, seed=None,
+                  pos=None) -> torch.Tensor:
+    """part (W, B, C, 2) of every rank -> (B,) int64 tokens, as argmax_reduce computes them (temp None: greedy)."""
+    W, B, C, _ = part.shape
+    best_v, best_i = part[0, :, 0, 0].clone(), part[0, :, 0, 1].clone()
+    for r in range(1, W):
+        v, i = part[r, :, 0, 0], part[r, :, 0, 1]
+        better = (v > best_v) | ((v == best_v) & (i < best_i))
+        best_v = torch.where(better, v, best_v)
+        best_i = torch.where(better, i, best_i)
+    tok = best_i.long()
+    if temp is not None and (temp.device.type != "cpu" or bool((temp > 0).any())):
+        vals = part[..., 0].permute(1, 0, 2).reshape(B, W * C)             # slot-major, as the device
+        idx = part[..., 1].permute(1, 0, 2).reshape(B, W * C)
+        ii = torch.where(temp[:, None] > 0, idx, torch.zeros_like(idx)).to(torch.int64)
+        order = _rank_order(order_key(torch.where(temp[:, None] > 0, vals, torch.zeros_like(vals))), ii)
+        top = torch.topk(order, C, dim=-1, sorted=True).indices
+        drawn = sample_rows(vals.gather(1, top), ii.gather(1, top), temp, top_k, top_p, seed, pos)
+        tok = torch.where(temp > 0, drawn, tok)
+    return tok
+
+
+def sample_logits(logits: torch.Tensor, temperature, top_k, top_p, seed, pos, C: int) -> torch.Tensor:
+    """The whole op for one rank holding the full vocab: (B, V) fp32 logits + per-row params -> (B,) tokens."""
+    temp = torch.as_tensor(temperature, dtype=torch.float32)
+    part = partial_candidates(logits.float().contiguous(), 0, C, temp)[None]
+    return reduce_tokens(part, temp, torch.as_tensor(top_k, dtype=torch.int64),
+                         torch.as_tensor(top_p, dtype=torch.float32), torch.as_tensor(seed, dtype=torch.int64),
+                         torch.as_tensor(pos, dtype=torch.int64))
 
 
 @task_kind("argmax_partial")
 def execute_partial(task, mem, ctx):
     p = task.params
     logits = mem.t(p["logits"])  # (B, V_local) fp32
-    val, idx = logits.max(-1)    # first occurrence on ties
-    pair = torch.stack([val, (idx + p["vocab0"]).float()], -1)
+    B = logits.shape[0]
+    C = mem.sym(p["part"], ctx.parity).shape[-2]
+    temp = mem.t(p["temperature"]) if p.get("temperature") else torch.zeros(B, device=logits.device)
+    out = partial_candidates(logits, p["vocab0"], C, temp)
     for peer in mem.peers:
-        peer.sym(p["part"], ctx.parity)[mem.rank] = pair
+        peer.sym(p["part"], ctx.parity)[mem.rank] = out
 
 
 @task_kind("argmax_reduce")
 def execute_reduce(task, mem, ctx):
     p = task.params
-    part = mem.sym(p["part"], ctx.parity)  # (W, B, 2)
-    best_v, best_i = part[0, :, 0].clone(), part[0, :, 1].clone()
-    for r in range(1, p["world"]):
-        v, i = part[r, :, 0], part[r, :, 1]
-        better = (v > best_v) | ((v == best_v) & (i < best_i))
-        best_v = torch.where(better, v, best_v)
-        best_i = torch.where(better, i, best_i)
-    tok = best_i.long()
+    part = mem.sym(p["part"], ctx.parity)  # (W, B, C, 2)
+    temp = mem.t(p["temperature"]) if p.get("temperature") else None
+    if temp is not None and (temp.device.type != "cpu" or bool((temp > 0).any())):
+        tok = reduce_tokens(part[:p["world"]], temp, mem.t(p["top_k"]), mem.t(p["top_p"]), mem.t(p["seed"]),
+                            row_last_positions(ctx, part.shape[1]))
+    else:
+        tok = reduce_tokens(part[:p["world"]], None)
     mem.t(p["out"]).copy_(tok)
     if p["feeds_next_step"]:
         mem.t("tokens").copy_(tok)

@@ -1,0 +1,72 @@
+"""Per-sequence sampling parameters travelling from the engine to a runner, and the step result with the
+tokens the runner's graph sampled on "device" (the sampler is the graph's `argmax` op; ir/sampling.py).
+
+A `SeqChunk` may carry `sampling` (a `DeviceSampling`); a runner that supports device sampling writes those into
+the graph's `sample.*` io tensors before the step and returns a `StepOutput` whose `tokens[i]` is the token drawn
+for chunk i (-1 where chunk i had no `sampling`). Runners that do not support it ignore the field and return
+plain logits: the engine then samples on the host.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..ir.sampling import SAMPLE_CANDIDATES, TENSORS, seed_to_int64
+
+
+@dataclass(frozen=True)
+class DeviceSampling:
+    temperature: float     # 0 = greedy (exact argmax)
+    top_k: int             # 1..SAMPLE_CANDIDATES; 0 = SAMPLE_CANDIDATES (the documented cap)
+    top_p: float           # (0, 1]
+    seed: int              # any int (its low 64 bits are used)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.top_k <= SAMPLE_CANDIDATES:
+            raise ValueError(f"device sampling supports top_k in [0, {SAMPLE_CANDIDATES}], got {self.top_k}")
+
+
+@dataclass
+class StepOutput:
+    """What a runner's `step` returns when some chunk asked for device sampling."""
+
+    logits: torch.Tensor   # (n, vocab) fp32, as a plain step returns
+    tokens: torch.Tensor   # (n,) int64: the device-sampled token of chunk i, -1 where not requested
+
+
+def has_sampling_tensors(mem) -> bool:
+    return all(n in mem.tensors for n in TENSORS)
+
+
+def fill_sampling(mem, rows: list[DeviceSampling | None]) -> None:
+    """Write rows' params into a RankMemory's sample.* tensors (rows past len(rows), and None rows: greedy)."""
+    if not has_sampling_tensors(mem):
+        return
+    B = mem.t("sample.temperature").shape[0]
+    if len(rows) > B:
+        raise ValueError(f"{len(rows)} sampling rows for a graph of batch {B}")
+    temp = torch.zeros(B, dtype=torch.float32)
+    top_k = torch.zeros(B, dtype=torch.int64)
+    top_p = torch.ones(B, dtype=torch.float32)
+    seed = torch.zeros(B, dtype=torch.int64)
+    for i, s in enumerate(rows):
+        if s is None:
+            continue
+        temp[i], top_k[i], top_p[i], seed[i] = float(s.temperature), int(s.top_k), float(s.top_p), \
+            seed_to_int64(int(s.seed))
+    for name, v in zip(TENSORS, (temp, top_k, top_p, seed)):
+        mem.t(name).copy_(v)
+
+
+def wants_sampling(chunks) -> bool:
+    return any(getattr(c, "sampling", None) is not None for c in chunks)
+
+
+def step_output(chunks, logits: torch.Tensor, tokens: list[int | None]):
+    """logits alone when no chunk asked for device sampling (the classic return), else a StepOutput."""
+    if not wants_sampling(chunks):
+        return logits
+    t = torch.tensor([tok if (tok is not None and getattr(c, "sampling", None) is not None) else -1
+                      for c, tok in zip(chunks, tokens)], dtype=torch.int64)
+    return StepOutput(logits, t)
