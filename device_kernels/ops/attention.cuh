@@ -46,6 +46,24 @@ __device__ inline void op_attn_partial(const Ctx& c) {
   float* wl = wmx + MAX_GS;
   float* wp = wl + MAX_GS;
   float* wacc = wp + MAX_GS * 32;
+  // A 32-key block: lane = key. The page-table entry and the key's whole K row ; scores and online-softmax statistics for every head; then the V element pairs of all 32 keys
+  // in one batch of loads, and P.V per head: three dependent memory round trips per block.
+  constexpr int KV8 = MAX_HEAD_DIM / 8;
+  uint4 kr[KV8];
+  long long off = 0;
+  int nk = 0;
+  auto issue = [&](int64_t j0) {
+    nk = (int)min((int64_t)32, hi - j0);   // warp-uniform
+    const int64_t j = j0 + lane;
+    off = 0;
+    if (lane < nk) {
+      const int64_t page = ld_act_s64(bt + j / ps);
+      off = ((page * ps + j % ps) * n_kv + g) * D;
+    }
+#pragma unroll
+    for (int e = 0; e < KV8; ++e) kr[e] = (lane < nk && e * 8 < D) ? ld_act16(kc + off + e * 8) : make_uint4(0, 0, 0, 0);
+  };
+  int64_t j0 = lo + (int64_t)warp * 32;
 #pragma unroll 1
   for (int i = threadIdx.x; i < gs * D; i += THREADS)
     qs[i] = ld_act_bf16(q + m0 * (int64_t)nq * D + (int64_t)(g * gs) * D + i);
@@ -56,20 +74,9 @@ __device__ inline void op_attn_partial(const Ctx& c) {
     for (int d = lane; d < D; d += 32) wacc[h * D + d] = 0.f;
   }
   __syncthreads();
-  constexpr int KV8 = MAX_HEAD_DIM / 8;
-  for (int64_t j0 = lo + (int64_t)warp * 32; j0 < hi; j0 += (int64_t)nwarps * 32) {
-    const int nk = (int)min((int64_t)32, hi - j0);   // warp-uniform
-    const int64_t j = j0 + lane;
+  for (; j0 < hi; j0 += (int64_t)nwarps * 32) {
+    issue(j0);
     const bool valid = lane < nk;
-    long long off = 0;
-    if (valid) {
-      const int64_t page = ld_act_s64(bt + j / ps);
-      off = ((page * ps + j % ps) * n_kv + g) * D;
-    }
-    // scores: lane = key, the whole K row in registers, one q head at a time
-    uint4 kr[KV8];
-#pragma unroll
-    for (int e = 0; e < KV8; ++e) kr[e] = (valid && e * 8 < D) ? ld_act16(kc + off + e * 8) : make_uint4(0, 0, 0, 0);
 #pragma unroll 1
     for (int h = 0; h < gs; ++h) {
       const float* qh = qs + h * D;
@@ -92,25 +99,29 @@ __device__ inline void op_attn_partial(const Ctx& c) {
       const float p = valid ? expf(sc - mn) : 0.f;
       const float ln = wl[h] * corr + warp_sum(p);
       wp[h * 32 + lane] = p;
-#pragma unroll 1
-      for (int d = lane; d < D; d += 32) wacc[h * D + d] *= corr;
+#pragma unroll
+      for (int i = 0; i < ATT_PAIRS; ++i) {   // rescale this lane's accumulator pairs
+        const int d = 2 * lane + 64 * i;
+        if (d < D) { wacc[h * D + d] *= corr; wacc[h * D + d + 1] *= corr; }
+      }
       __syncwarp();
       if (lane == 0) { wmx[h] = mn; wl[h] = ln; }
-      __syncwarp();
     }
-    // values: lane owns element pairs d = 2 * lane + 64 * i; 8 keys' V rows in flight, heads a runtime loop
+    // V rows of the block, all its keys in one batch of loads: lane owns element pairs d = 2 * lane + 64 * i; keys past
+    // nk load 0 (and have p == 0)
 #pragma unroll 1
-    for (int jb = 0; jb < nk; jb += 8) {
-      uint32_t vu[8][ATT_PAIRS];
+    for (int kb = 0; kb < nk; kb += 32) {
+      uint32_t vu[32][ATT_PAIRS];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const long long o = __shfl_sync(0xffffffffu, off, jb + u);
+      for (int u = 0; u < 32; ++u) {
+        const long long o = __shfl_sync(0xffffffffu, off, kb + u);
 #pragma unroll
         for (int i = 0; i < ATT_PAIRS; ++i) {
           const int d = 2 * lane + 64 * i;
-          vu[u][i] = (jb + u < nk && d < D) ? __ldcg(reinterpret_cast<const unsigned int*>(vc + o + d)) : 0u;
+          vu[u][i] = (kb + u < nk && d < D) ? __ldcg(reinterpret_cast<const unsigned int*>(vc + o + d)) : 0u;
         }
       }
+      __syncwarp();
 #pragma unroll 1
       for (int h = 0; h < gs; ++h) {
         float ac[2 * ATT_PAIRS];
@@ -121,12 +132,12 @@ __device__ inline void op_attn_partial(const Ctx& c) {
           ac[2 * i + 1] = d < D ? wacc[h * D + d + 1] : 0.f;
         }
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const float p = wp[h * 32 + ((jb + u) & 31)];   // 0 for keys past nk
+        for (int u = 0; u < 32; ++u) {
+          const float pu = wp[h * 32 + kb + u];
 #pragma unroll
           for (int i = 0; i < ATT_PAIRS; ++i) {
-            ac[2 * i] = fmaf(p, bf16_lo(vu[u][i]), ac[2 * i]);
-            ac[2 * i + 1] = fmaf(p, bf16_hi(vu[u][i]), ac[2 * i + 1]);
+            ac[2 * i] = fmaf(pu, bf16_lo(vu[u][i]), ac[2 * i]);
+            ac[2 * i + 1] = fmaf(pu, bf16_hi(vu[u][i]), ac[2 * i + 1]);
           }
         }
 #pragma unroll
