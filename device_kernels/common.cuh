@@ -135,17 +135,17 @@ __device__ __forceinline__ int64_t seq_pos(const Ctx& c, int b) {
   return p >= 0 ? p + c.lstep : p;
 }
 
-// Load rows [0, M) (M <= ROW_TILE) of x (bf16, row r at x + (row_off + r*row_stride)*K), optionally RMSNorm'd
-// with weight nw, into shared memory as bf16 (K multiple of 8). All threads share every row (16-byte vectors),
+// Load rows [0, M) (M <= MAX_PASS_ROWS) of x (bf16, row r at x + (row_off + r*row_stride)*K), optionally RMSNorm'd
+// with weight nw, into shared memory as bf16 rows of stride ldx (K, ldx multiples of 8). All threads share every row (16-byte vectors),
 // so a batch-1 norm costs one pass over K by the whole CTA. Numerics of tasks/ops/common.py rms_norm:
 // xn = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))). Ends with __syncthreads().
-__device__ inline void load_rows_norm(bf16* xs, const bf16* x, int M, int K, int64_t row_off, int64_t row_stride,
-                                      const bf16* nw, float eps) {
-  __shared__ float red[ROW_TILE][THREADS / 32];
+__device__ inline void load_rows_norm(bf16* xs, int ldx, const bf16* x, int M, int K, int64_t row_off,
+                                      int64_t row_stride, const bf16* nw, float eps) {
+  __shared__ float red[MAX_PASS_ROWS][THREADS / 32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, KV = K >> 3;
   for (int m = 0; m < M; ++m) {
     const bf16* xr = x + (row_off + m * row_stride) * (int64_t)K;
-    bf16* dst = xs + (int64_t)m * K;
+    bf16* dst = xs + (int64_t)m * ldx;
     float ss = 0.f;
     for (int k8 = threadIdx.x; k8 < KV; k8 += THREADS) {
       const uint4 v = ld_act16(xr + k8 * 8);
@@ -169,7 +169,7 @@ __device__ inline void load_rows_norm(bf16* xs, const bf16* x, int M, int K, int
 #pragma unroll
     for (int w = 0; w < THREADS / 32; ++w) tot += red[m][w];
     const float r = rsqrtf(tot / (float)K + eps);
-    bf16* dst = xs + (int64_t)m * K;
+    bf16* dst = xs + (int64_t)m * ldx;
     for (int k8 = threadIdx.x; k8 < KV; k8 += THREADS) {  // same thread wrote this vector above
       const uint4 v = *reinterpret_cast<const uint4*>(dst + k8 * 8);
       const uint4 wv = ld_weight16(nw + k8 * 8);

@@ -92,7 +92,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         case OP_QKV_ROPE: op_qkv_rope(c); break;
         case OP_ATTN_PARTIAL: op_attn_partial(c); break;
         case OP_ATTN_MERGE: op_attn_merge(c); break;
-        case OP_LINEAR: op_linear(c); break;
+        case OP_LINEAR:
+          if (rec[A_LINEAR_TC_ROWS] > 0) op_linear_tc(c); else op_linear(c);
+          break;
         case OP_ALLREDUCE: op_allreduce(c); break;
         case OP_ARGMAX_PARTIAL: op_argmax_partial(c); break;
         case OP_ARGMAX_REDUCE: op_argmax_reduce(c); break;

@@ -114,56 +114,208 @@ __device__ inline void linear_core(const bf16* xs, int M, int K, const bf16* w0,
   __syncthreads();
 }
 
-// Shared-memory layout of a linear tile: xs (ROW_TILE, K) bf16, then the fp32 result tile(s) (ROW_TILE, n1 - n0).
-__device__ __forceinline__ float* linear_ytile(unsigned char* smem, int K) {
-  return reinterpret_cast<float*>(smem + (((int64_t)ROW_TILE * K * 2 + 15) & ~15LL));
+// ---- Tensor Core path (batch >= TC_MIN_M): Y^T = W . X^T with mma.sync m16n8k16 (bf16 in, fp32 accumulate).
+// A = 16 weight rows x 16 k (W's own row-major layout), B = 16 k x 8 batch rows (xs rows in shared memory), C = 16
+// output columns x 8 rows. The k order inside an mma is permuted consistently for A and B: thread (g, t) loads 16
+// contiguous bytes of a row (k = 8t .. 8t+7 of a 32-wide round) and feeds k 8t+0..3 to the first mma and 8t+4..7
+// to the second, in both operands, so a dot product's terms are all present once. Every weight vector is loaded
+// once for all rows of the pass (the CUDA-core path re-streams it per 8 rows).
+// Warps: a tile of w columns has ntn = ceil(w/16) n-tiles; when ntn < 8 the warps also split each K segment
+// into wk slices (wk * ntn <= 8) whose partials are added in slice order through `red` (deterministic).
+__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+template <bool TWO, int MT8>
+__device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
+                                         int n0, int n1, int kseg, float* y0s, float* y1s, float* red) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int w = n1 - n0, ntn = (w + 15) / 16;
+  int wk = 1;
+  while (wk * 2 * ntn <= nwarps) wk *= 2;
+  const int ks = warp % wk, R = (K / kseg) / 32;  // 32-wide k rounds per segment
+  const int r0 = (R * ks) / wk, r1 = (R * (ks + 1)) / wk;
+  constexpr int UN = TWO ? 2 : 4;                  // rounds in flight per pass (2 x 16 B per row per round)
+#pragma unroll 1
+  for (int sg = 0; sg < kseg; ++sg) {
+    const int kb = sg * (K / kseg);
+#pragma unroll 1
+    for (int nt = warp / wk; nt < ntn; nt += nwarps / wk) {
+      const int na = min(n0 + nt * 16 + g, n1 - 1), nb = min(n0 + nt * 16 + g + 8, n1 - 1);  // clamped: dropped
+      float c0[MT8][4], c1[MT8][4];
+#pragma unroll
+      for (int i = 0; i < MT8; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) { c0[i][j] = 0.f; c1[i][j] = 0.f; }
+#pragma unroll 1
+      for (int r = r0; r < r1; r += UN) {
+        uint4 a0[UN], b0[UN], a1[UN], b1[UN];
+#pragma unroll
+        for (int u = 0; u < UN; ++u) {
+          const int k = kb + (r + u) * 32 + 8 * t;
+          const bool ok = r + u < r1;
+          a0[u] = ok ? ld_weight16(w0 + (int64_t)na * K + k) : make_uint4(0, 0, 0, 0);
+          b0[u] = ok ? ld_weight16(w0 + (int64_t)nb * K + k) : make_uint4(0, 0, 0, 0);
+          if (TWO) {
+            a1[u] = ok ? ld_weight16(w1 + (int64_t)na * K + k) : make_uint4(0, 0, 0, 0);
+            b1[u] = ok ? ld_weight16(w1 + (int64_t)nb * K + k) : make_uint4(0, 0, 0, 0);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < UN; ++u) {
+          if (r + u < r1) {
+            const int k = kb + (r + u) * 32 + 8 * t;
+#pragma unroll
+            for (int mt = 0; mt < MT8; ++mt) {
+              const uint4 xv = *reinterpret_cast<const uint4*>(xs + (int64_t)(mt * 8 + g) * ldx + k);
+              mma_bf16_16816(c0[mt], a0[u].x, b0[u].x, a0[u].y, b0[u].y, xv.x, xv.y);
+              mma_bf16_16816(c0[mt], a0[u].z, b0[u].z, a0[u].w, b0[u].w, xv.z, xv.w);
+              if (TWO) {
+                mma_bf16_16816(c1[mt], a1[u].x, b1[u].x, a1[u].y, b1[u].y, xv.x, xv.y);
+                mma_bf16_16816(c1[mt], a1[u].z, b1[u].z, a1[u].w, b1[u].w, xv.z, xv.w);
+              }
+            }
+          }
+        }
+      }
+      // C fragment: c[mt][0..1] = (column n0+nt*16+g, rows mt*8+2t, +1), c[mt][2..3] = (column +8, same rows)
+#pragma unroll
+      for (int mt = 0; mt < MT8; ++mt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int m = mt * 8 + 2 * t + (j & 1), col = nt * 16 + g + (j >> 1) * 8;
+          if (m >= M || col >= w) continue;
+          if (wk == 1) {
+            y0s[m * w + col] = sg == 0 ? c0[mt][j] : y0s[m * w + col] + c0[mt][j];
+            if (TWO) y1s[m * w + col] = sg == 0 ? c1[mt][j] : y1s[m * w + col] + c1[mt][j];
+          } else {
+            float* rr = red + ((int64_t)(nt * wk + ks) * 16 * MT8 * 8) * (TWO ? 2 : 1);
+            rr[(g + (j >> 1) * 8) * MT8 * 8 + m] = c0[mt][j];
+            if (TWO) rr[16 * MT8 * 8 + (g + (j >> 1) * 8) * MT8 * 8 + m] = c1[mt][j];
+          }
+        }
+    }
+    if (wk > 1) {  // partials of the wk k-slices, added in slice order
+      __syncthreads();
+      for (int i = threadIdx.x; i < M * w; i += THREADS) {
+        const int m = i / w, col = i % w, nt = col / 16, cc = col % 16;
+        float s0 = 0.f, s1 = 0.f;
+        for (int q = 0; q < wk; ++q) {
+          const float* rr = red + ((int64_t)(nt * wk + q) * 16 * MT8 * 8) * (TWO ? 2 : 1);
+          s0 = q == 0 ? rr[cc * MT8 * 8 + m] : s0 + rr[cc * MT8 * 8 + m];
+          if (TWO) s1 = q == 0 ? rr[16 * MT8 * 8 + cc * MT8 * 8 + m] : s1 + rr[16 * MT8 * 8 + cc * MT8 * 8 + m];
+        }
+        y0s[i] = sg == 0 ? s0 : y0s[i] + s0;
+        if (TWO) y1s[i] = sg == 0 ? s1 : y1s[i] + s1;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// qkv_rope's Tensor Core matmul (<= ROW_TILE rows, one weight): one out-of-line entry. Ends with __syncthreads().
+__device__ __noinline__ void linear_tc_rows8(const bf16* xs, int ldx, int M, int K, const bf16* w, int n0, int n1,
+                                             float* ys, float* red) {
+  linear_tc_t<false, 1>(xs, ldx, M, K, w, nullptr, n0, n1, 1, ys, nullptr, red);
+  __syncthreads();
+}
+
+// Shared-memory layout of a linear tile (runtime/megakernel.py _pack_linear sizes it): xs (xrows, ldx) bf16, the
+// fp32 result tile(s) (rows, n1 - n0), then the Tensor Core k-slice partials.
+__device__ __forceinline__ float* linear_ytile(unsigned char* smem, int xrows, int ldx) {
+  return reinterpret_cast<float*>(smem + (((int64_t)xrows * ldx * 2 + 15) & ~15LL));
+}
+
+// out[:, n0:n1] of rows [g0, g0 + Mg) from the fp32 result tile(s): SiLU*up, residual, bf16 / fp32 / push stores.
+__device__ __forceinline__ void linear_epilogue(const Ctx& c, int g0, int Mg, const float* y0s, const float* y1s) {
+  const int64_t* a = c.rec;
+  const bf16* res = ptr<const bf16>(a[A_LINEAR_RESIDUAL]);
+  const int n0 = (int)a[A_LINEAR_N0], w = (int)a[A_LINEAR_N1] - n0;
+  const int N = (int)a[A_LINEAR_N], M = (int)a[A_LINEAR_M];
+  const int epilogue = (int)a[A_LINEAR_EPILOGUE], out_kind = (int)a[A_LINEAR_OUT_KIND];
+  for (int i = threadIdx.x; i < Mg * w; i += THREADS) {
+    const int64_t mo = g0 + i / w;
+    const int n = n0 + i % w;
+    if (out_kind == OUT_PUSH) {  // fp32 partial sum, unrounded, into slot `slot` of every rank's buffer
+      const int64_t* peers = ptr<const int64_t>(a[A_LINEAR_PEERS]);
+      const int64_t sym_off = c.parity * a[A_LINEAR_PAR_STRIDE];
+      for (int p = 0; p < (int)a[A_LINEAR_NPEERS]; ++p)
+        ptr<float>(peers[p] + sym_off)[((int64_t)a[A_LINEAR_SLOT] * M + mo) * N + n] = y0s[i];
+      continue;
+    }
+    float y = bf(y0s[i]);  // the bf16 matmul result
+    if (epilogue == EPI_SILU_MUL) {
+      const float s = bf(y / (1.f + expf(-y)));
+      y = bf(s * bf(y1s[i]));
+    }
+    if (res != nullptr) y = bf(ld_act_bf16(res + mo * N + n) + y);
+    if (out_kind == OUT_BF16)
+      ptr<bf16>(a[A_LINEAR_OUT])[mo * N + n] = __float2bfloat16_rn(y);
+    else
+      ptr<float>(a[A_LINEAR_OUT])[mo * N + n] = y;
+  }
+}
+
+// A linear tile on CUDA cores (batch < TC_MIN_M, or K not in 32-wide rounds): ROW_TILE rows per pass.
 __device__ inline void op_linear(const Ctx& c) {
   const int64_t* a = c.rec;
   const bf16* x = ptr<const bf16>(a[A_LINEAR_X]);
   const bf16* w0 = ptr<const bf16>(a[A_LINEAR_W0]);
   const bf16* w1 = ptr<const bf16>(a[A_LINEAR_W1]);
-  const bf16* nw = ptr<const bf16>(a[A_LINEAR_NORM]);
-  const bf16* res = ptr<const bf16>(a[A_LINEAR_RESIDUAL]);
   const int K = (int)a[A_LINEAR_K], n0 = (int)a[A_LINEAR_N0], n1 = (int)a[A_LINEAR_N1];
-  const int N = (int)a[A_LINEAR_N], M = (int)a[A_LINEAR_M], kseg = (int)a[A_LINEAR_KSEG];
-  const float eps = f32(a[A_LINEAR_EPS]);
-  const int epilogue = (int)a[A_LINEAR_EPILOGUE], out_kind = (int)a[A_LINEAR_OUT_KIND];
-  const int64_t row_off = a[A_LINEAR_ROW_OFF], row_stride = a[A_LINEAR_ROW_STRIDE];
-  const int64_t* peers = ptr<const int64_t>(a[A_LINEAR_PEERS]);
-  const int npeers = (int)a[A_LINEAR_NPEERS];
-  const int64_t sym_off = c.parity * a[A_LINEAR_PAR_STRIDE];
-  const int slot = (int)a[A_LINEAR_SLOT];
+  const int M = (int)a[A_LINEAR_M], kseg = (int)a[A_LINEAR_KSEG];
   const int w = n1 - n0;
   bf16* xs = reinterpret_cast<bf16*>(c.smem);
-  float* y0s = linear_ytile(c.smem, K);
+  float* y0s = linear_ytile(c.smem, ROW_TILE, K);
   float* y1s = y0s + ROW_TILE * w;
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
-    load_rows_norm(xs, x, Mg, K, row_off + g0 * row_stride, row_stride, nw, eps);
-    if (epilogue == EPI_SILU_MUL)
+    load_rows_norm(xs, K, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
+                   ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
+    if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
       linear_core<true>(xs, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s);
     else
       linear_core<false>(xs, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr);
-    for (int i = threadIdx.x; i < Mg * w; i += THREADS) {
-      const int64_t mo = g0 + i / w;
-      const int n = n0 + i % w;
-      if (out_kind == OUT_PUSH) {  // fp32 partial sum, unrounded, into slot `slot` of every rank's buffer
-        for (int p = 0; p < npeers; ++p) ptr<float>(peers[p] + sym_off)[((int64_t)slot * M + mo) * N + n] = y0s[i];
-        continue;
-      }
-      float y = bf(y0s[i]);  // the bf16 matmul result
-      if (epilogue == EPI_SILU_MUL) {
-        const float s = bf(y / (1.f + expf(-y)));
-        y = bf(s * bf(y1s[i]));
-      }
-      if (res != nullptr) y = bf(ld_act_bf16(res + mo * N + n) + y);
-      if (out_kind == OUT_BF16)
-        ptr<bf16>(a[A_LINEAR_OUT])[mo * N + n] = __float2bfloat16_rn(y);
-      else
-        ptr<float>(a[A_LINEAR_OUT])[mo * N + n] = y;
+    linear_epilogue(c, g0, Mg, y0s, y1s);
+    __syncthreads();
+  }
+}
+
+// A linear tile on Tensor Cores: passes of tc_rows (8, 16 or 32) rows, each streaming the weights once. Out of
+// line: its registers are allocated apart from the persistent loop's.
+__device__ __noinline__ void op_linear_tc(const Ctx& c) {
+  const int64_t* a = c.rec;
+  const bf16* x = ptr<const bf16>(a[A_LINEAR_X]);
+  const bf16* w0 = ptr<const bf16>(a[A_LINEAR_W0]);
+  const bf16* w1 = ptr<const bf16>(a[A_LINEAR_W1]);
+  const int K = (int)a[A_LINEAR_K], n0 = (int)a[A_LINEAR_N0], n1 = (int)a[A_LINEAR_N1];
+  const int M = (int)a[A_LINEAR_M], kseg = (int)a[A_LINEAR_KSEG], rows = (int)a[A_LINEAR_TC_ROWS];
+  const bool two = (int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL;
+  const int w = n1 - n0, ldx = K + 8;  // +8: rows start in different banks
+  bf16* xs = reinterpret_cast<bf16*>(c.smem);
+  float* y0s = linear_ytile(c.smem, rows, ldx);
+  float* y1s = y0s + rows * w;
+  float* red = y1s + rows * w;
+  for (int g0 = 0; g0 < M; g0 += rows) {
+    const int Mg = min(rows, M - g0);
+    load_rows_norm(xs, ldx, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
+                   ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
+    if (two) {
+      if (Mg <= 8) linear_tc_t<true, 1>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, red);
+      else if (Mg <= 16) linear_tc_t<true, 2>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, red);
+      else linear_tc_t<true, 4>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, red);
+    } else {
+      if (Mg <= 8) linear_tc_t<false, 1>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, red);
+      else if (Mg <= 16) linear_tc_t<false, 2>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, red);
+      else linear_tc_t<false, 4>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, red);
     }
+    __syncthreads();
+    linear_epilogue(c, g0, Mg, y0s, y1s);
     __syncthreads();
   }
 }

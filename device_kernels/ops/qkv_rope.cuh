@@ -21,11 +21,15 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
   const int64_t max_pages = c.P[P_MAX_PAGES], ps = c.P[P_PAGE_SIZE];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   bf16* xs = reinterpret_cast<bf16*>(c.smem);
-  float* ys = linear_ytile(c.smem, K);  // (ROW_TILE, D) fp32
+  float* ys = linear_ytile(c.smem, ROW_TILE, K);  // (ROW_TILE, D) fp32
+  float* red = ys + ROW_TILE * MAX_HEAD_DIM;       // Tensor Core k-slice partials (8 x 16 x 8 fp32)
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
-    load_rows_norm(xs, x + (int64_t)g0 * K, Mg, K, 0, 1, nw, eps);
-    linear_core<false>(xs, Mg, K, w, nullptr, 0, D, 1, ys, nullptr);
+    load_rows_norm(xs, K, x + (int64_t)g0 * K, Mg, K, 0, 1, nw, eps);
+    if (Mg >= TC_MIN_M && K % 32 == 0)
+      linear_tc_rows8(xs, K, Mg, K, w, 0, D, ys, red);
+    else
+      linear_core<false>(xs, Mg, K, w, nullptr, 0, D, 1, ys, nullptr);
     for (int i = threadIdx.x; i < Mg * D; i += THREADS) ys[i] = bf(ys[i]);  // the bf16 matmul result
     __syncthreads();
     for (int m = warp; m < Mg; m += nwarps) {

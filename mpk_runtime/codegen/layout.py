@@ -28,7 +28,7 @@ OP_ARGS: dict[str, list[str]] = {
     "attn_merge": ["part", "lse", "out", "b", "g", "gs", "d", "nq", "splits"],
     # y[:, n0:n1] = epilogue(norm?(x) @ W[r0+n0 : r0+n1].T) (+ residual); out_kind: OUT_BF16 | OUT_F32 | OUT_PUSH
     "linear": ["x", "w0", "w1", "norm", "residual", "out", "m_in", "k", "n0", "n1", "n", "m", "eps", "epilogue",
-               "out_kind", "row_off", "row_stride", "peers", "npeers", "par_stride", "slot", "kseg"],
+               "out_kind", "row_off", "row_stride", "peers", "npeers", "par_stride", "slot", "kseg", "tc_rows"],
     # out[:, n0:n1] = residual + sum_r part[parity][r]
     "allreduce": ["part", "par_stride", "residual", "out", "world", "m", "n", "n0", "n1"],
     # sampler (ir/sampling.py): part (2, W, B, SAMPLE_C, 2) fp32 candidates; temp/top_k/top_p/seed: (B,) params
@@ -62,7 +62,9 @@ STATUS_OK, STATUS_TIMEOUT = 0, 1
 # --- specialisation constants (part of the cache key) ----------------------------------------------------------
 CONSTANTS = {
     "THREADS": 256,        # threads per CTA (8 warps); one CTA per SM (512 spills at 128 regs)
-    "ROW_TILE": 8,         # rows (sequences) per pass of a linear tile; batch > 8 loops over row groups
+    "ROW_TILE": 8,         # rows (sequences) per pass of a CUDA-core linear tile; batch > 8 loops over row groups
+    "TC_MIN_M": 3,         # rows from which linear tiles use Tensor Cores (mma.sync m16n8k16, bf16 -> fp32)
+    "MAX_PASS_ROWS": 32,   # rows per Tensor Core pass at most (weights stream once per pass)
     "UNROLL": 8,           # 16-byte weight loads in flight per lane per column (batch <= 2)
     "MAX_GS": 8,           # q heads per KV group handled by one attention task
     "MAX_HEAD_DIM": 128,

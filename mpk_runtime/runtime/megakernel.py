@@ -144,7 +144,8 @@ class TaskPacker:
         which = p["which"]
         cache = self.mem.kv(p[f"{which}_cache"]) if which != "q" else None
         q = self.mem.t(p["q"])
-        self._need(((L.CONSTANTS["ROW_TILE"] * K * 2 + 15) & ~15) + L.CONSTANTS["ROW_TILE"] * D * 4)
+        rt, dm = L.CONSTANTS["ROW_TILE"], L.CONSTANTS["MAX_HEAD_DIM"]   # qkv_rope.cuh: xs, ys, k-slice partials
+        self._need(((rt * K * 2 + 15) & ~15) + rt * dm * 4 + 8 * 16 * 8 * 4)
         return dict(x=x.data_ptr(), norm=self._t(p["norm"]), w=w.data_ptr() + h * D * K * w.element_size(),
                     head_norm=self._t(p["head_norm"]), q=q.data_ptr(), ldq=q.shape[1],
                     cache=cache.data_ptr() if cache is not None else 0, which=L.WHICH.index(which), head=h, m=M, k=K,
@@ -190,9 +191,28 @@ class TaskPacker:
             out = self.mem.t(p["out"])
             d.update(out=out.data_ptr(), m=out.shape[0], n=out.shape[1],
                      out_kind=L.OUT_KINDS.index("f32" if out.dtype == torch.float32 else "bf16"))
-        rt = L.CONSTANTS["ROW_TILE"]   # xs (rt, K) bf16, then the fp32 result tile(s) (rt, n1 - n0)
-        self._need(((rt * K * 2 + 15) & ~15) + rt * (p["n1"] - p["n0"]) * 4 * len(wp))
+        d["tc_rows"], need = self._linear_geometry(d["m"], K, p["n1"] - p["n0"], len(wp),
+                                                   d["kseg"])
+        self._need(need)
         return d
+
+    @staticmethod
+    def _linear_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:
+        """(tc_rows, shared bytes) of a linear tile, as linear.cuh lays it out: xs (xrows, ldx) bf16, the fp32
+        result tile(s) (rows, w), then (Tensor Cores) the k-slice partials, 8 blocks of (16, mt8 * 8) per weight.
+        Tensor Cores from TC_MIN_M rows when K splits into 32-wide rounds per segment; rows per pass 32, 16 or 8,
+        the largest that fits SMEM_BUDGET (weights stream once per pass)."""
+        C = L.CONSTANTS
+        cuda_core = ((C["ROW_TILE"] * K * 2 + 15) & ~15) + C["ROW_TILE"] * w * 4 * nw
+        if M < C["TC_MIN_M"] or K % (32 * kseg):
+            return 0, cuda_core
+        for rows in (32, 16, 8):
+            if rows > C["MAX_PASS_ROWS"] or (rows > 8 and rows // 2 >= M):
+                continue
+            need = ((rows * (K + 8) * 2 + 15) & ~15) + 2 * rows * w * 4 + 8 * 16 * rows * nw * 4
+            if need <= SMEM_BUDGET:
+                return rows, need
+        return 0, cuda_core
 
     def _pack_allreduce(self, p):
         base, stride = self._sym(p["part"])
@@ -224,6 +244,7 @@ class TaskPacker:
 from ..tasks.ops import OPCODES  # noqa: E402
 
 L_OPCODE = {k: i for i, k in enumerate(OPCODES)}
+SMEM_BUDGET = 200 * 1024   # a linear tile's shared memory when choosing its Tensor Core rows per pass
 
 
 def _cu():

@@ -124,3 +124,20 @@ def test_real_kernel_compiles_without_spills(tmp_path, monkeypatch):
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0
     assert res["registers"] <= 65536 // layout.CONSTANTS["THREADS"]
     assert r.cubin.stat().st_size > 0
+
+
+def test_linear_tensor_core_geometry():
+    """Which linear tiles run on Tensor Cores and with how many rows per pass (weights stream once per pass)."""
+    from mpk_runtime.runtime.megakernel import SMEM_BUDGET, TaskPacker
+    geo = TaskPacker._linear_geometry
+    assert geo(1, 2048, 16, 1, 1)[0] == 0                     # batch 1: CUDA cores
+    assert geo(2, 2048, 16, 1, 1)[0] == 0
+    assert geo(8, 2048, 64, 2, 1)[0] == 8                     # gate_up at batch 8: one pass
+    assert geo(32, 2048, 16, 1, 1)[0] == 32                   # o_proj at batch 32: one pass of 32 rows
+    assert geo(128, 8192, 16, 1, 1)[0] == 8                   # down (K=8192): only 8 rows of x fit
+    assert geo(16, 2048, 16, 1, 3)[0] == 0                    # K not in 32-wide rounds per segment
+    for M in (3, 8, 13, 32, 128):
+        for K, w, nw in ((2048, 972, 1), (4096, 1151, 1), (12288, 32, 1), (2048, 64, 2), (4096, 96, 2)):
+            rows, need = geo(M, K, w, nw, 1)
+            assert need <= 227 * 1024 and (rows == 0 or need <= SMEM_BUDGET)
+            assert rows in (0, 8, 16, 32)
