@@ -67,6 +67,11 @@ def log(*a):
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
 
+def _ints(csv: str) -> list[int]:
+    """'1,8' -> [1, 8]; '' -> [] (a peer switched off)."""
+    return [int(x) for x in csv.split(",") if x.strip()]
+
+
 def floor_ms(cfg) -> tuple[float, int]:
     from mpk_runtime.models.weights import weight_shapes
     n = 0
@@ -382,8 +387,8 @@ def main():
         work += [("gptfast", 1, ctxs[0]), ("hf", 1, ctxs[0])]
         work += [("megakernel", b, c) for b in batches if 1 < b <= args.mk_max_batch for c in ctxs]
         work += [("gptfast", 1, c) for c in ctxs[1:]]
-        work += [("gptfast", b, c) for b in (int(x) for x in args.peer_batches.split(",")) if b > 1 for c in ctxs]
-        work += [("hf", b, c) for b in (int(x) for x in args.hf_batches.split(",")) for c in ctxs
+        work += [("gptfast", b, c) for b in _ints(args.peer_batches) if b > 1 for c in ctxs]
+        work += [("hf", b, c) for b in _ints(args.hf_batches) for c in ctxs
                  if (b, c) != (1, ctxs[0])]
         weights = None
         for system, B, ctx in work:
@@ -751,7 +756,7 @@ def main_tp(args):
     ctxs = [int(c) for c in args.contexts.split(",")]
     trace_b = {int(b) for b in args.comm_trace_batches.split(",")} if args.comm_trace else set()
     n_layers = {m: load_config(m).num_layers for m in models}
-    peer_b = {int(b) for b in args.peer_batches.split(",")}
+    peer_b = set(_ints(args.peer_batches))
     cells = [c for ctx in ctxs for c in tp_cells(models, batches, ctx, trace_b, n_layers, peer_b)]
     for i, c in enumerate(cells):
         c["cell"] = i
