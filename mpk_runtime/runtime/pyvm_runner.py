@@ -156,7 +156,7 @@ class _CPURunner(ModelRunner):
     def __init__(self, model: str = "tiny-llama", *, world_size: int = 1, rank: int = 0, comm=None,
                  seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int | None = None,
                  page_size: int = 16, num_pages: int | None = None, num_sms: int = 8, mode: str = "ordered",
-                 device: str = "cpu", tp: int | None = None, **_: object):
+                 device: str = "cpu", tp: int | None = None, tp_invariant: int = 1, **_: object):
         self.config = cfg = load_config(model)
         self.rank, self.world_size = rank, world_size
         tp = tp or world_size
@@ -181,7 +181,7 @@ class _CPURunner(ModelRunner):
                                slicer=lambda n, shape: weight_slice(cfg, sh, n, shape))
 
         kw = dict(num_pages=num_pages, page_size=page_size, max_seq_len=max_seq_len, num_sms=num_sms, mode=mode,
-                  seed=seed, dtype=dtype)
+                  seed=seed, dtype=dtype, tp_invariant=tp_invariant)
         if threads:
             shared = comm.group.shared
             with _LOCK:

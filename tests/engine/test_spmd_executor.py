@@ -33,3 +33,14 @@ def test_spmd_ranks_agree_with_inprocess():
     assert not errs, errs
     assert got[0] == got[1] == want
     assert all(len(t) == 6 for t in want)
+
+
+def test_tp_invariant_reaches_the_graphs():
+    """LLM(..., tp_invariant=2) reaches every rank's graphs: TP=1 reduces o_proj/down in 2 K segments, TP=2 in 1."""
+    for tp, kseg in ((1, 2), (2, 1)):
+        llm = LLM("tiny-llama", backend="pyvm", tp=tp, max_batch=2, max_seq_len=32, tp_invariant=2)
+        grp = llm.executor.workers[0].runner.group
+        ops = {op.name: op for op in grp.graphs("decode", 1, 1)[0].ops}
+        assert ops["L0.o_proj"].attrs["k_segments"] == kseg and ops["L1.down"].attrs["k_segments"] == kseg
+        assert "k_segments" not in ops["L0.gate_up"].attrs
+        llm.shutdown()
