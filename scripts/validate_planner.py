@@ -5,6 +5,8 @@
     PYTHONPATH=. python3 scripts/validate_planner.py --hf-only --budget-s 540          # HF peer numbers only
     PYTHONPATH=. python3 scripts/validate_planner.py --summarize ROWS.jsonl[,ROWS2.jsonl] --hf hf_peer.json
     PYTHONPATH=. python3 scripts/validate_planner.py --cpu --models tiny-qwen3 --batches 1,4   # logic check only
+    PYTHONPATH=. python3 scripts/validate_planner.py --predict-only --out DIR    # CPU, ~20 s: DIR/plans_tp1.json
+    PYTHONPATH=. python3 scripts/validate_planner.py --plans DIR/plans_tp1.json  # GPU: measure those plans
 
 For each (model, batch): candidates() predicts the plans of --families; each is executed on the GPU through
 PlanExecutor, captured as CUDA graphs: the step time is one whole-step graph replay (megakernel launches
@@ -180,30 +182,47 @@ def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:
 
 
 def _predict(args):
-    m, B, tp, context, prof, families, cpu = args
+    m, B, tp, context, prof, families, cpu, exact = args
     cfg = load_config(m).replace(dtype="float32" if cpu else "bfloat16")
     t = time.time()
-    plans = candidates(cfg, tp=tp, batch=B, context=context, prof=prof, families=families)
+    plans = candidates(cfg, tp=tp, batch=B, context=context, prof=prof, families=families, extrapolate=not exact)
     return (m, B), plans, time.time() - t
 
 
-def predict_all(models, batches, families, context, tp, prof, cpu, parallel: bool = False) -> dict:
-    """Predicted candidates per point; in parallel processes (fork, before CUDA is touched) when asked."""
-    jobs = [(m, B, tp, context, prof, families, cpu) for m in models for B in batches]
-    if parallel and len(jobs) > 1:
+def _log_pred(key, plans, dt, tp):
+    log(f"predicted {key[0]} B={key[1]} tp={tp} in {dt:.1f}s: " +
+        ", ".join(f"{p.name} {p.predicted_us:.0f}" for p in plans))
+
+
+def predict_all(models, batches, families, context, tp, prof, cpu, parallel: bool = False,
+                exact: bool = False) -> dict:
+    """Predicted candidates per point; in parallel processes (fork, before CUDA is touched) when asked, one per
+    core, the largest points first; each point is logged as soon as it is done."""
+    jobs = [(m, B, tp, context, prof, families, cpu, exact) for m in models for B in batches]
+    done = {}
+    if parallel and len(jobs) > 1 and (os.cpu_count() or 1) > 1:
         import concurrent.futures as cf
         import multiprocessing as mp
-        n = max(1, min(len(jobs), (os.cpu_count() or 2) - 1))
+        order = sorted(jobs, key=lambda j: -_job_size(j))
+        n = min(len(jobs), os.cpu_count() or 2)
         with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
-            res = list(pool.map(_predict, jobs))
+            futs = [pool.submit(_predict, j) for j in order]
+            for f in cf.as_completed(futs):
+                key, plans, dt = f.result()
+                done[key] = plans
+                _log_pred(key, plans, dt, tp)
     else:
-        res = [_predict(j) for j in jobs]
-    out = {}
-    for key, plans, dt in res:
-        out[key] = plans
-        log(f"predicted {key[0]} B={key[1]} tp={tp} in {dt:.1f}s: " +
-            ", ".join(f"{p.name} {p.predicted_us:.0f}" for p in plans))
-    return out
+        for j in jobs:
+            key, plans, dt = _predict(j)
+            done[key] = plans
+            _log_pred(key, plans, dt, tp)
+    return {(m, B): done[(m, B)] for m in models for B in batches}   # the order of --models / --batches
+
+
+def _job_size(job) -> float:
+    """Rough prediction cost of a point: tasks ~ layers x (tiles + batch x KV heads)."""
+    cfg = load_config(job[0])
+    return cfg.num_layers * (600 + job[1] * cfg.num_kv_heads)
 
 
 def save_plans(preds: dict, path: str) -> None:
@@ -416,6 +435,9 @@ def main() -> None:
     ap.add_argument("--profile", default="h200_measured")
     ap.add_argument("--plans", default="", help="predicted plans JSON (--predict-only) instead of predicting here")
     ap.add_argument("--predict-only", action="store_true", help="write the predicted plans (plans_tpN.json), CPU")
+    ap.add_argument("--exact", action="store_true",
+                    help="simulate long segments in full (no extrapolation from short ones; ~3x slower, same "
+                         "predictions to ~1e-7)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -438,7 +460,8 @@ def main() -> None:
         preds = load_plans(a.plans)
         preds = {k: v for k, v in preds.items() if k[0] in models and k[1] in batches}
     else:
-        preds = predict_all(models, batches, families, a.context, a.tp, prof, a.cpu, parallel=not a.cpu)
+        preds = predict_all(models, batches, families, a.context, a.tp, prof, a.cpu, parallel=not a.cpu,
+                            exact=a.exact)
     plans_path = os.path.join(a.out, f"plans_tp{a.tp}.json")
     save_plans(preds, plans_path)
     if a.predict_only:

@@ -99,12 +99,31 @@ def price_from_features(f: dict, prof: HardwareProfile) -> float:
 
 class SegmentCoster:
     """Prices megakernel segments by simulation, memoised on the segment's structure: identical layers give
-    identical task graphs, so a per-layer plan simulates one layer, not all of them."""
+    identical task graphs, so a per-layer plan simulates one layer, not all of them.
 
-    def __init__(self, graphs: list[Graph], prof: HardwareProfile):
+    Segments of many whole layers (`make_graphs` given): every decoder layer is the same, and the simulated
+    makespan of n consecutive layer groups of one position type (with / without the embedding group, with /
+    without the LM-head group) is T(n) = T(k) + (n - k) * d from a small k on (the static schedule and the
+    simulation reach a periodic steady state after a layer or two). The coster simulates the same segment type
+    with k, k+1, k+2 layer groups (from `make_graphs(num_layers)`, a smaller model of the same shape) and, if
+    the two increments agree to `EXTRAP_RTOL`, extrapolates; otherwise it tries a larger k, and in the end
+    simulates the real segment. Checked against the full simulation on every point of the validation sweep
+    (tests/planner/test_planner.py on small models; docs/planner.md, "prediction speed")."""
+
+    EXTRAP_MIN = 6         # segments of fewer layer groups are simulated as they are
+    EXTRAP_K = (1, 2, 3, 4)
+    EXTRAP_RTOL = 1e-9
+
+    def __init__(self, graphs: list[Graph], prof: HardwareProfile, make_graphs=None, groups=None):
         self.graphs, self.prof = graphs, prof
+        self.make_graphs = make_graphs          # num_layers -> [Graph per rank] of the same model, fewer layers
+        self.groups = groups                    # layer groups of graphs[0] (search._layer_groups)
+        self._group_of = {n: i for i, grp in enumerate(groups or []) for n in grp}
         self._memo: dict = {}
+        self._small: dict = {}
+        self._steady: dict = {}                 # tiling -> (k, per-layer increment from k groups on)
         self.simulations = 0
+        self.extrapolated = 0
 
     def _signature(self, ops: list[str], tiling: Tiling) -> tuple:
         by = {o.name: o for o in self.graphs[0].ops}
@@ -116,14 +135,65 @@ class SegmentCoster:
                         bool(o.attrs.get("residual")), o.name in ("embed", "lm_head", "argmax")))
         return tuple(sig), tuple(sorted(tiling.to_dict().items()))
 
+    def _simulate(self, graphs: list[Graph], ops: list[str], tiling: Tiling) -> float:
+        sub = [g.subgraph(ops) for g in graphs]
+        tgs = build_task_graphs(sub, tiling)
+        self.simulations += 1
+        return simulate(tgs, self.prof).makespan_us
+
+    def _span(self, ops: list[str]):
+        """(first group, number of groups) if `ops` are whole consecutive layer groups, else None."""
+        if not self.groups or ops[0] not in self._group_of:
+            return None
+        i0 = self._group_of[ops[0]]
+        i1 = self._group_of.get(ops[-1], -1)
+        if i1 < i0 or ops != [n for grp in self.groups[i0:i1 + 1] for n in grp]:
+            return None
+        return i0, i1 - i0 + 1
+
+    def _small_sim(self, first: bool, last: bool, k: int, tiling: Tiling) -> float:
+        """Makespan of k layer groups of this position type, in a model of just enough layers."""
+        key = (first, last, k, tuple(sorted(tiling.to_dict().items())))
+        if key not in self._small:
+            start = 0 if first else 1
+            graphs = self.make_graphs(start + k + (0 if last else 1))
+            from .search import _layer_groups
+            groups = _layer_groups(graphs[0])
+            self._small[key] = self._simulate(graphs, [n for grp in groups[start:start + k] for n in grp], tiling)
+        return self._small[key]
+
+    def _extrapolate(self, first: bool, last: bool, n: int, tiling: Tiling) -> float | None:
+        tkey = tuple(sorted(tiling.to_dict().items()))
+        steady = self._steady.get(tkey)
+        if steady is not None and steady[0] + 1 < n:
+            # another position type already showed the per-layer increment d from k groups on: two sims of this
+            # type (k, k+1 groups) whose difference is d (the layers are the same; only the ends differ)
+            k, d = steady
+            t0, t1 = self._small_sim(first, last, k, tiling), self._small_sim(first, last, k + 1, tiling)
+            if abs((t1 - t0) - d) <= self.EXTRAP_RTOL * t1:
+                self.extrapolated += 1
+                return t1 + (n - k - 1) * (t1 - t0)
+        for k in self.EXTRAP_K:   # this type's own increments: T(k+1) - T(k) == T(k+2) - T(k+1)
+            if k + 2 >= n:
+                break
+            t0, t1, t2 = (self._small_sim(first, last, k + i, tiling) for i in range(3))
+            d1, d2 = t1 - t0, t2 - t1
+            if abs(d2 - d1) <= self.EXTRAP_RTOL * t2:
+                self.extrapolated += 1
+                self._steady.setdefault(tkey, (k, d2))
+                return t2 + (n - k - 2) * d2
+        return None
+
     def sim_us(self, ops: list[str], tiling: Tiling) -> float:
         """Simulated makespan of the segment (no launch, no calibration)."""
         key = self._signature(ops, tiling)
         if key not in self._memo:
-            sub = [g.subgraph(ops) for g in self.graphs]
-            tgs = build_task_graphs(sub, tiling)
-            self._memo[key] = simulate(tgs, self.prof).makespan_us
-            self.simulations += 1
+            us = None
+            span = self._span(ops) if self.make_graphs is not None else None
+            if span is not None and span[1] >= self.EXTRAP_MIN:
+                i0, n = span
+                us = self._extrapolate(i0 == 0, i0 + n == len(self.groups), n, tiling)
+            self._memo[key] = us if us is not None else self._simulate(self.graphs, ops, tiling)
         return self._memo[key]
 
     def megakernel_us(self, ops: list[str], tiling: Tiling) -> float:

@@ -10,6 +10,8 @@ The best predicted plan is chosen; the others are kept (sorted) for validation.
 """
 from __future__ import annotations
 
+import gc
+
 from ..ir.build import build_graph
 from ..ir.graph import Graph
 from ..models.config import ModelConfig
@@ -43,13 +45,31 @@ def _attn_splits(cfg: ModelConfig, tp: int, batch: int, context: int, num_sms: i
 
 
 def candidates(cfg: ModelConfig, *, tp: int = 1, batch: int = 1, context: int = 512,
-               prof: HardwareProfile | None = None, families: tuple[str, ...] | None = None) -> list[Plan]:
+               prof: HardwareProfile | None = None, families: tuple[str, ...] | None = None,
+               extrapolate: bool = True) -> list[Plan]:
+    """Every candidate of `families`, priced, best first. `extrapolate=False` simulates every long segment in
+    full instead of extrapolating it from short ones (SegmentCoster; same predictions up to rounding)."""
+    gc_was = gc.isenabled()
+    gc.disable()   # millions of short-lived task objects, no cycles: the cyclic GC only costs time here
+    try:
+        return _candidates(cfg, tp, batch, context, prof, families, extrapolate)
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def _candidates(cfg, tp, batch, context, prof, families, extrapolate) -> list[Plan]:
     prof = (prof or HardwareProfile.load()).for_batch(batch)
     splits = _attn_splits(cfg, tp, batch, context, prof.num_sms)
-    graphs = [build_graph(cfg, batch=batch, context_len=context, tp=tp, rank=r, attn_splits=splits) for r in range(tp)]
+
+    def make_graphs(num_layers: int | None = None) -> list[Graph]:
+        c = cfg if num_layers is None else cfg.replace(num_layers=num_layers)
+        return [build_graph(c, batch=batch, context_len=context, tp=tp, rank=r, attn_splits=splits) for r in range(tp)]
+
+    graphs = make_graphs()
     g = graphs[0]
-    coster = SegmentCoster(graphs, prof)
     groups = _layer_groups(g)
+    coster = SegmentCoster(graphs, prof, make_graphs if extrapolate else None, groups)
     all_ops = [o.name for o in g.ops]
     fams = families or ALL_FAMILIES
     plans: list[Plan] = []
@@ -96,6 +116,7 @@ def candidates(cfg: ModelConfig, *, tp: int = 1, batch: int = 1, context: int = 
     plans.sort(key=lambda p: p.predicted_us)
     for p in plans:
         p.notes["simulations"] = coster.simulations
+        p.notes["extrapolated_segments"] = coster.extrapolated
     return plans
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from itertools import compress
 from typing import Callable
 
 from ..ir.graph import Graph
@@ -23,6 +24,7 @@ class _WriterIndex:
     def __init__(self) -> None:
         self._raw: dict[tuple[str, int], list[tuple[Region, tuple[int, int]]]] = defaultdict(list)
         self._idx: dict[tuple[str, int], tuple[int, list[int], list, int]] = {}
+        self._memo: dict[tuple, list[tuple[int, int]]] = {}
 
     def add(self, region: Region, who: tuple[int, int]) -> None:
         self._raw[(region.tensor, region.rank)].append((region, who))
@@ -38,6 +40,15 @@ class _WriterIndex:
             self._idx[key] = (best, los, items, width)
 
     def writers(self, region: Region) -> list[tuple[int, int]]:
+        """Writers whose regions overlap `region`, in index order (memoised: many tiles read the same region)."""
+        mkey = (region.tensor, region.rank, region.ranges)
+        hit = self._memo.get(mkey)
+        if hit is None:
+            w = self._writers(region)
+            hit = self._memo[mkey] = self._writers(region)
+        return hit
+
+    def _writers(self, region: Region) -> list[tuple[int, int]]:
         key = (region.tensor, region.rank)
         if key not in self._idx:
             return []
@@ -49,22 +60,33 @@ class _WriterIndex:
             cand = items[lo:hi]
         else:
             cand = items
-        return [who for r, who in cand if r.overlaps(region)]
+        out = []
+        q = region.ranges
+        for r, who in cand:   # Region.overlaps, inlined (same tensor and rank by construction)
+            for (a0, a1), (b0, b1) in zip(r.ranges, q):
+                if a1 <= b0 or b1 <= a0:
+                    break
+            else:
+                out.append(who)
+        return out
 
 
-def _wait_groups(ps: set, ranks: list[list[Task]], producers: dict) -> list[set]:
+def _wait_groups(ps: set, ranks: list[list[Task]], producers: dict, op_of: dict | None = None) -> list[set]:
     """Split a task's producers into one group per producing op, and drop groups already implied by another
     group (every member is a direct producer of one task of that group, which the consumer waits for anyway).
 
     Why: a consumer's producer set often mixes a big shared group (all gate_up tiles) with one private task
     (the residual's tile). One event per distinct mixed set would make every tile of the big group signal
     one event per consumer (128 atomics per task); per-op groups keep each producer's signals to a few."""
-    groups: dict[str, set] = {}
-    for who in ps:
-        groups.setdefault(ranks[who[0]][who[1]].op, set()).add(who)
-    out = list(groups.values())
-    if len(out) == 1:
-        return out
+    if op_of is None:
+        op_of = {(t.rank, t.id): t.op for ts in ranks for t in ts}
+    ops = list(map(op_of.__getitem__, ps))          # in ps's iteration order
+    first = dict.fromkeys(ops)                        # distinct ops, in order of first appearance
+    if len(first) == 1:
+        return [ps]   # one group: its element order is never consulted (only frozenset / sorted / len)
+    # each group built by adding its members in ps's order, as a per-element loop would (next(iter(h)) below
+    # depends on the set's layout)
+    out = [set(compress(ps, map(op.__eq__, ops))) for op in first]
     keep = []
     for i, g in enumerate(out):
         implied = any(g <= producers.get(next(iter(h)), set()) for j, h in enumerate(out) if j != i)
@@ -105,17 +127,40 @@ def build_task_graphs(graphs: list[Graph], tiling: Tiling | None = None,
     producers: dict[tuple[int, int], set[tuple[int, int]]] = {}
     events: list[list[Event]] = [[] for _ in range(world)]
     event_of: list[dict[tuple[frozenset, int], int]] = [dict() for _ in range(world)]
+    # Tiles of one op mostly read the same regions, so they get the same producer set and wait groups: both are
+    # memoised on the read regions (pure speed-up: the same sets, built in the same insertion order, as before).
+    # A memoised entry is reused only for a task that is not itself in the set and once every member has been
+    # visited (their own producer sets, which _wait_groups consults, are final by then).
+    memo: list[dict] = [dict(), dict()]
+    op_of = {(t.rank, t.id): t.op for ts in ranks for t in ts}
+    lag_tensors = {w.tensor for ts in ranks for t in ts for w in t.lag_writes}
     for ts in ranks:
         for t in ts:
             me = (t.rank, t.id)
             for lag, index in ((0, writers), (1, lag_writers)):
-                ps = {who for reg in t.reads for who in index.writers(reg)} - ({me} if lag == 0 else set())
+                if lag and not any(reg.tensor in lag_tensors for reg in t.reads):
+                    continue   # no lag-1 writer of anything it reads: ps would be empty
+                mkey = tuple(t.reads)
+                hit = memo[lag].get(mkey)
+                if hit is not None and hit[3] is None:   # first reuse: were all members visited when it was made?
+                    hit[3] = max(hit[0]) < hit[2]
+                if hit is not None and hit[3] and me not in hit[0]:
+                    ps, groups = hit[0], hit[1]
+                else:
+                    union = {who for reg in t.reads for who in index.writers(reg)}
+                    ps = union - ({me} if lag == 0 else set())
+                    groups = None
                 if not ps:
                     continue
                 if lag == 0:
                     producers[me] = ps
-                for group in _wait_groups(ps, ranks, producers) if lag == 0 else [ps]:
-                    key = (frozenset(group), lag)
+                if groups is None:
+                    groups = [(g, frozenset(g))
+                              for g in (_wait_groups(ps, ranks, producers, op_of) if lag == 0 else [ps])]
+                    if hit is None and me not in union:
+                        memo[lag][mkey] = [ps, groups, me, None]   # usable once max(ps) < me is confirmed
+                for group, fgroup in groups:
+                    key = (fgroup, lag)
                     eid = event_of[t.rank].get(key)
                     if eid is None:
                         eid = len(events[t.rank])

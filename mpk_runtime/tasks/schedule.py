@@ -35,14 +35,23 @@ def list_schedule(ranks: list[list[Task]], num_sms: int, producers: dict[tuple[i
     heaps = [[(0.0, k) for k in range(num_sms)] for _ in ranks]
     counts = [[0] * num_sms for _ in ranks]
     n = max(len(ts) for ts in ranks)
+    # tiles of one op often share one producer-set object (build_task_graphs memoises them): its ready time is
+    # computed once (the producers are all placed before the first consumer, so it cannot change afterwards)
+    ready_of: dict[int, tuple[set, float]] = {}
     for i in range(n):
         for r, ts in enumerate(ranks):
             if i >= len(ts):
                 continue
             t = ts[i]
-            ready = 0.0
-            for pkey in producers.get((r, t.id), ()):
-                ready = max(ready, finish[pkey] + sync_us)
+            ps = producers.get((r, t.id), ())
+            hit = ready_of.get(id(ps)) if ps else None
+            if hit is not None and hit[0] is ps:
+                ready = hit[1]
+            else:
+                # == the running max of finish + sync_us from 0.0 (rounding is monotonic; all terms > 0)
+                ready = max(0.0, max(map(finish.__getitem__, ps)) + sync_us) if ps else 0.0
+                if ps:
+                    ready_of[id(ps)] = (ps, ready)
             free, sm = heapq.heappop(heaps[r])
             start = max(free, ready)
             end = start + cost(t)

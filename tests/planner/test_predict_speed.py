@@ -1,0 +1,71 @@
+"""The fast prediction path gives the same numbers as the slow one.
+
+* `simulate` (flat tables, streaming heap) == `simulate_reference` (the original event loop), start times too;
+* candidates() == predictions recorded with the code before the speed work (commit d11eed4, exact floats);
+* segments extrapolated from short simulations == the full simulation of the segment.
+"""
+import json
+import os
+
+import pytest
+
+from mpk_runtime.ir import build_graph
+from mpk_runtime.models import PRESETS
+from mpk_runtime.planner import HardwareProfile, candidates, simulate
+from mpk_runtime.planner.simulate_ref import simulate_reference
+from mpk_runtime.tasks import Tiling, build_task_graphs
+
+REF = os.path.join(os.path.dirname(__file__), "data", "pred_ref_d11eed4.json")
+
+
+@pytest.mark.parametrize("name,tp,batch,sms,profile", [
+    ("tiny-qwen3", 2, 2, 6, "h200_measured"), ("tiny-llama", 1, 8, 132, "h200_measured"),
+    ("tiny-qwen3", 4, 3, 8, "h200"), ("tiny-qwen3", 2, 64, 132, "h200_measured")])
+def test_fast_simulator_matches_reference(name, tp, batch, sms, profile):
+    prof = HardwareProfile.load(profile).for_batch(batch)
+    gs = [build_graph(PRESETS[name], batch=batch, context_len=64, tp=tp, rank=r, attn_splits=2) for r in range(tp)]
+    tgs = build_task_graphs(gs, Tiling(num_sms=sms))
+    for steps in (1, 2):
+        a = simulate_reference(tgs, prof, steps=steps, record=True)
+        b = simulate(tgs, prof, steps=steps, record=True)
+        assert b.makespan_us == pytest.approx(a.makespan_us, rel=1e-12, abs=0)
+        assert b.per_rank_us == pytest.approx(a.per_rank_us, rel=1e-12, abs=0)
+        assert b.stream_bytes == a.stream_bytes
+        assert b.busy_fraction == pytest.approx(a.busy_fraction, rel=1e-12)
+        assert a.start.keys() == b.start.keys() and a.end.keys() == b.end.keys()
+        assert max(abs(a.start[k] - b.start[k]) for k in a.start) <= 1e-9 * a.makespan_us
+        assert max(abs(a.end[k] - b.end[k]) for k in a.end) <= 1e-9 * a.makespan_us
+
+
+def _point(d, **kw):
+    cfg = PRESETS[d["model"]].replace(num_layers=d["num_layers"])
+    return candidates(cfg, tp=d["tp"], batch=d["batch"], context=d["context"],
+                      prof=HardwareProfile.load(d["profile"]), **kw)
+
+
+def test_predictions_unchanged_vs_recorded():
+    """Recorded by the code before the speed work. A deliberate change of the cost model re-records them (run
+    candidates() on these points and rewrite the JSON) and says so in its commit."""
+    ref = json.load(open(REF))
+    extrapolated = 0
+    for d in ref["points"]:
+        plans = _point(d)
+        got = {p.name: p for p in plans}
+        assert set(got) == set(d["predicted_us"]), d
+        for name, (total, segs) in d["predicted_us"].items():
+            assert got[name].predicted_us == pytest.approx(total, rel=1e-9, abs=0), (d["model"], d["batch"], name)
+            assert [s.predicted_us for s in got[name].segments] == pytest.approx(segs, rel=1e-9, abs=0)
+        extrapolated += plans[0].notes["extrapolated_segments"]
+    assert extrapolated > 0   # the recorded points do exercise the extrapolation
+
+
+def test_extrapolated_segments_equal_full_simulation():
+    d = {"model": "tiny-qwen3", "num_layers": 12, "tp": 2, "batch": 8, "context": 64, "profile": "h200_measured"}
+    fast, full = _point(d), _point(d, extrapolate=False)
+    assert fast[0].notes["extrapolated_segments"] > 0 and full[0].notes["extrapolated_segments"] == 0
+    f = {p.name: p for p in full}
+    for p in fast:
+        assert p.predicted_us == pytest.approx(f[p.name].predicted_us, rel=1e-9, abs=0), p.name
+        for a, b in zip(p.segments, f[p.name].segments):
+            assert a.ops == b.ops and a.features["kind"] == b.features["kind"]
+            assert a.predicted_us == pytest.approx(b.predicted_us, rel=1e-9, abs=0)
