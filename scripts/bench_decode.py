@@ -117,18 +117,9 @@ def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12):
                     head_dim=cfg.head_dim, timeout_s=5.0)
     mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B,)))
     setup = time.time() - t
-    for _ in range(2):
-        pos.fill_(ctx); mk.launch(nsteps)
-    torch.cuda.synchronize(); mk.check()
-    ts = []
-    for _ in range(launches):
-        pos.fill_(ctx)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); mk.launch(nsteps); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) / nsteps)
-    mk.check()
-    ts.sort()
-    r = dict(system="megakernel", ms=ts[len(ts) // 2], ms_min=ts[0], timing=f"{nsteps} steps per launch / {nsteps}, "
+    from _tp_rig import time_launches
+    ms, ms_min = time_launches(mk, pos, torch.full((B,), ctx, dtype=torch.int64, device="cuda"), nsteps, launches)
+    r = dict(system="megakernel", ms=ms, ms_min=ms_min, timing=f"{nsteps} steps per launch / {nsteps}, "
              f"median of {launches} synchronised launches", attn_splits=S, tasks=len(tg.tasks),
              setup_s=round(setup, 1), registers=mk.build.resources)
     del mk, mem, kv
