@@ -1,10 +1,11 @@
 """Whole-op torch implementations for the conventional path (prefill, conventional plan segments).
 
 Ops whose task kernels already work on whole tensors (embed, linear, allreduce, argmax) run their task
-semantics with one coarse tile. qkv_rope and attention get batched versions here: every head at once, keys
-gathered through the page tables into a padded (B, L, n_kv, D) block with a causal mask, no host round trips,
-so on a GPU the segment can be captured in a CUDA graph. Same numerics as the task kernels (fp32 softmax,
-RMSNorm statistics in fp32, bf16/fp32 rounding at the same points).
+semantics with one coarse tile. qkv_rope and attention get batched versions here: every head at once, key
+pages gathered through the page tables into a padded (B, L, n_kv, D) block with a causal mask and one fused
+attention call, no host round trips (no host-to-device copies either), so on a GPU the segment can be
+captured in a CUDA graph. qkv_rope has the task kernels' numerics (RMSNorm statistics in fp32, bf16/fp32
+rounding at the same points); attention agrees to bf16 tolerance (see attention()).
 """
 from __future__ import annotations
 
@@ -42,35 +43,41 @@ def qkv_rope(op, mem, ctx) -> None:
 
 
 def attention(op, mem, ctx) -> None:
-    """All sequences and heads at once; keys [0, L_cap) gathered per sequence, masked beyond each query.
+    """All sequences and heads at once: the pages of keys [0, L_cap) gathered per sequence (one indexed copy of
+    whole pages, in the cache dtype), then one fused scaled-dot-product attention call.
 
-    GQA without expanding K/V: the g = n_q / n_kv query heads of a KV head are stacked as rows of one matmul
-    against that head's keys (fp32 scores and softmax, as the task kernels), so the gathered cache is read
-    once instead of being copied g times."""
+    GQA without expanding K/V: the g = n_q / n_kv query heads of a KV head are stacked as g*T query rows of
+    that head (a boolean mask keeps each row causal and inside the keys its sequence has written), so the
+    gathered cache is read once. Scores and softmax accumulate in fp32 inside the fused kernel; on bf16 the
+    probabilities are rounded to bf16 before the PV product (the task kernels keep them in fp32: agreement to
+    bf16 tolerance, not bitwise). Unwritten slots are masked out of the scores and get probability 0, which is
+    exact for any finite garbage; a NaN-poisoned cache (KVStore(poison=True), the CPU twin's debug fill) is
+    sanitised first because 0 * NaN is NaN."""
     a = op.attrs
-    D, T = ctx.config.head_dim, ctx.tokens_per_seq
+    D, T, ps = ctx.config.head_dim, ctx.tokens_per_seq, ctx.page_size
     nq, nkv = a["n_q"], a["n_kv"]
     g = nq // nkv
     q = mem.t(a["q"])
     B = q.shape[0] // T
     L = ctx.kv_len_cap or int(ctx.pos.max()) + T                # static on a GPU (kv_len_cap), dynamic on CPU
+    npg = -(-L // ps)
+    pages = ctx.block_tables[:, :npg]                           # (B, npg): whole pages, one gather each
+    kc, vc = mem.kv(a["k_cache"]), mem.kv(a["v_cache"])         # (pages, ps, nkv, D)
+    k = kc[pages].view(B, npg * ps, nkv, D)[:, :L].transpose(1, 2)   # (B, nkv, L, D), D contiguous
+    v = vc[pages].view(B, npg * ps, nkv, D)[:, :L].transpose(1, 2)
     kpos = torch.arange(L, device=q.device)
-    pages = ctx.block_tables[:, kpos // ctx.page_size]          # (B, L)
-    valid = kpos[None, :] < (ctx.pos[:, None] + T)              # (B, L): keys this sequence has written
-    slot = kpos % ctx.page_size
-    k = mem.kv(a["k_cache"])[pages, slot].transpose(1, 2)       # (B, nkv, L, D)
-    v = mem.kv(a["v_cache"])[pages, slot].transpose(1, 2)
-    v = torch.where(valid[:, None, :, None], v, torch.zeros((), dtype=v.dtype, device=v.device))  # garbage/NaN
     qpos = ctx.pos[:, None] + torch.arange(T, device=q.device)  # (B, T)
-    mask = (kpos[None, None, :] <= qpos[:, :, None]) & valid[:, None, :]   # (B, T, L) causal, written keys
+    mask = kpos[None, None, :] <= qpos[:, :, None]             # (B, T, L): causal and written (pos + t >= key)
     mask = mask | (ctx.pos < 0)[:, None, None]                  # inactive rows: any finite result, zeroed below
-    qg = q.view(B, T, nkv, g, D).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * T, D).float()
-    s = torch.matmul(qg, k.float().transpose(-1, -2)) * a["scale"]          # (B, nkv, g*T, L)
+    if mem.kvstore.poisoned:
+        w = (kpos[None, :] < (ctx.pos[:, None] + T))[:, None, :, None]    # (B, 1, L, 1): written keys
+        zero = torch.zeros((), dtype=k.dtype, device=k.device)
+        k, v = torch.where(w, k, zero), torch.where(w, v, zero)
+    qg = q.view(B, T, nkv, g, D).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * T, D)
     m = mask[:, None, None].expand(B, 1, g, T, L).reshape(B, 1, g * T, L)
-    s = s.masked_fill(~m, float("-inf"))                        # also drops scores of garbage (NaN) keys
-    o = torch.matmul(torch.softmax(s, -1), v.float())           # (B, nkv, g*T, D)
+    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=m, scale=a["scale"])   # (B, nkv, g*T, D)
     o = o.view(B, nkv, g, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, nq * D)
-    o = torch.where((ctx.pos >= 0)[:, None, None], o, torch.zeros_like(o))
+    o = torch.where((ctx.pos >= 0)[:, None, None], o, torch.zeros((), dtype=o.dtype, device=o.device))
     out = mem.t(a["out"])
     out.copy_(o.reshape(B * T, nq * D).to(out.dtype))
 

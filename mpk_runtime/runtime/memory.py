@@ -29,7 +29,8 @@ class KVStore:
         self.num_pages, self.page_size = num_pages, page_size
         self.scratch = num_pages
         shape = (num_pages + 1, page_size, n_kv, head_dim)
-        fill = float("nan") if poison and dtype.is_floating_point else 0
+        self.poisoned = bool(poison and dtype.is_floating_point)   # unwritten slots hold NaN (CPU twin's debug fill)
+        fill = float("nan") if self.poisoned else 0
         self.k = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(num_layers)]
 

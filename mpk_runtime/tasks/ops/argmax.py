@@ -76,11 +76,12 @@ def uniform(seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     h = hash32((pos.to(torch.int64) + POS_SALT) & _M32)
     h = hash32(h ^ ((seed >> 32) & _M32))
     h = hash32(h ^ (seed & _M32))
-    return (h >> 8).to(torch.float32) * torch.tensor(2.0 ** -24, dtype=torch.float32, device=h.device)
+    return (h >> 8).to(torch.float32) * (2.0 ** -24)   # a power of two: exact in fp32
 
 
 def _f32(x: float, dev) -> torch.Tensor:
-    return torch.tensor(x, dtype=torch.float32, device=dev)
+    # torch.full, not torch.tensor: a fill kernel, no host-to-device copy (capturable in a CUDA graph)
+    return torch.full((), x, dtype=torch.float32, device=dev)
 
 
 def exp2_neg(t: torch.Tensor) -> torch.Tensor:
@@ -136,21 +137,27 @@ def row_last_positions(ctx, B: int) -> torch.Tensor:
     return torch.where(pos >= 0, pos + (ctx.tokens_per_seq - 1), pos)
 
 
+def host_syncs_ok(dev: torch.device) -> bool:
+    """CPU tensors may skip the sampling work of all-greedy batches (a host check); on a GPU that check would
+    sync the host and break CUDA graph capture, so the candidates are always computed there."""
+    return dev.type == "cpu"
+
+
 # --- task semantics ---------------------------------------------------------------------------------------------
 def partial_candidates(logits: torch.Tensor, vocab0: int, C: int, temp: torch.Tensor) -> torch.Tensor:
     """(B, V_local) fp32 -> (B, C, 2) this rank's candidates (value, global index), as argmax_partial pushes."""
     B, V = logits.shape
     dev = logits.device
     out = torch.empty(B, C, 2, dtype=torch.float32, device=dev)
-    if dev.type != "cpu" or bool((temp > 0).any()):   # GPU: no host sync, always compute the candidates
+    if not host_syncs_ok(dev) or bool((temp > 0).any()):   # GPU: no host sync, always compute the candidates
         n = min(C, V)
         local = torch.arange(V, device=dev).expand(B, V)
         order = _rank_order(order_key(logits), local)
         top = torch.topk(order, n, dim=-1, sorted=True).indices                 # (B, n), best first
         out[:, :n, 0] = logits.gather(1, top)
         out[:, :n, 1] = (top + vocab0).float()
-        out[:, n:, 0] = float("-inf")
-        out[:, n:, 1] = float(PAD_INDEX)
+        out[:, n:, 0].fill_(float("-inf"))   # fill_, not setitem: no scalar tensor to copy (graph capture)
+        out[:, n:, 1].fill_(float(PAD_INDEX))
     else:
         out.fill_(float("nan"))   # greedy rows: only entry 0 is defined (the device writes nothing else)
     val, idx = logits.max(-1)    # first occurrence on ties
@@ -171,7 +178,7 @@ def reduce_tokens(part: torch.Tensor, temp: torch.Tensor | None, top_k=None, top
         best_v = torch.where(better, v, best_v)
         best_i = torch.where(better, i, best_i)
     tok = best_i.long()
-    if temp is not None and (temp.device.type != "cpu" or bool((temp > 0).any())):
+    if temp is not None and (not host_syncs_ok(temp.device) or bool((temp > 0).any())):
         vals = part[..., 0].permute(1, 0, 2).reshape(B, W * C)             # slot-major, as the device
         idx = part[..., 1].permute(1, 0, 2).reshape(B, W * C)
         ii = torch.where(temp[:, None] > 0, idx, torch.zeros_like(idx)).to(torch.int64)
@@ -208,7 +215,7 @@ def execute_reduce(task, mem, ctx):
     p = task.params
     part = mem.sym(p["part"], ctx.parity)  # (W, B, C, 2)
     temp = mem.t(p["temperature"]) if p.get("temperature") else None
-    if temp is not None and (temp.device.type != "cpu" or bool((temp > 0).any())):
+    if temp is not None and (not host_syncs_ok(temp.device) or bool((temp > 0).any())):
         tok = reduce_tokens(part[:p["world"]], temp, mem.t(p["top_k"]), mem.t(p["top_p"]), mem.t(p["seed"]),
                             row_last_positions(ctx, part.shape[1]))
     else:

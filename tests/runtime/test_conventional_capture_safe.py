@@ -1,0 +1,49 @@
+"""The conventional path must be capturable in a CUDA graph: no host-to-device copies of Python data
+(torch.tensor / as_tensor -> aten.lift_fresh, which a capture refuses unless the source is pinned) and no host
+syncs (.item(), bool(tensor) -> aten._local_scalar_dense). Checked on a CPU by recording the aten ops of a
+whole all-conventional step (greedy and sampled argmax), with the static key count a GPU run uses.
+
+This is the CPU guard for the bug the first GPU validation hit (conventional plans ran eagerly: 'Cannot copy
+between CPU and CUDA tensors during CUDA graph capture'); tests/runtime/test_plan_exec_graph.py is the GPU check."""
+import dataclasses
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mpk_runtime.models import PRESETS
+from mpk_runtime.planner import Plan, candidates
+from mpk_runtime.runtime.plan_exec import PlanExecutor
+from mpk_runtime.tasks.ops import argmax as argmax_ops
+from tests.runtime.test_pyvm import setup
+
+FORBIDDEN = {"aten.lift_fresh.default", "aten._local_scalar_dense.default"}
+
+
+class _Record(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_all_conventional_step_has_no_host_copies_or_syncs(monkeypatch):
+    monkeypatch.setattr(argmax_ops, "host_syncs_ok", lambda dev: False)   # take the GPU branches
+    cfg = PRESETS["tiny-qwen3"]
+    grp, lens, tables, _, toks = setup(cfg, 1, 4)
+    plan = candidates(cfg.replace(dtype="float32"), tp=1, batch=4, context=16, families=("conventional",))[0]
+    plan = Plan.from_json(plan.to_json())
+    graphs = grp.graphs("decode", 4, 1)
+    mems = grp._mems(graphs)
+    ex = PlanExecutor(plan, graphs, mems, backend="pyvm")
+    ctx = dataclasses.replace(grp.ctx(lens, tables, 1), kv_len_cap=16)   # static key count, as on a GPU
+    mems[0].t("tokens").copy_(toks[0])
+    ex.run(lambda r: ctx)                                                 # warm-up (lazy init off the record)
+    rec = _Record()
+    with rec:
+        ex.run(lambda r: ctx)
+    assert len(rec.ops) > 50, "the step ran no ops under the recorder"
+    bad = sorted({o for o in rec.ops if o in FORBIDDEN})
+    assert not bad, f"not capturable in a CUDA graph: {bad}"
