@@ -218,10 +218,11 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
   }
 }
 
-// qkv_rope's Tensor Core matmul (<= ROW_TILE rows, one weight): one out-of-line entry. Ends with __syncthreads().
-__device__ __noinline__ void linear_tc_rows8(const bf16* xs, int ldx, int M, int K, const bf16* w, int n0, int n1,
-                                             float* ys, float* red) {
-  linear_tc_t<false, 1>(xs, ldx, M, K, w, nullptr, n0, n1, 1, ys, nullptr, red);
+// qkv_rope's Tensor Core matmul (<= ROW_TILE rows, two weights: the two halves of a head's RoPE pairs): one
+// out-of-line entry. Ends with __syncthreads().
+__device__ __noinline__ void linear_tc_rows8(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
+                                             int n0, int n1, float* y0s, float* y1s, float* red) {
+  linear_tc_t<true, 1>(xs, ldx, M, K, w0, w1, n0, n1, 1, y0s, y1s, red);
   __syncthreads();
 }
 

@@ -19,9 +19,10 @@ TASK_WORDS = 32                   # header + up to 24 argument words
 OP_ARGS: dict[str, list[str]] = {
     # out (M, H) = table[max(tokens, 0)]
     "embed": ["tokens", "table", "out", "m", "h"],
-    # one head: x (M, K) -> norm -> W rows [head*D, head*D+D) -> [q/k norm] -> rope -> q or paged cache
+    # part of a head: x (M, K) -> norm -> W rows head*D + [r0, r0+nr) and head*D + D/2 + [r0, r0+nr) (w = row
+    # head*D) -> [q/k norm: nr == D/2] -> rope (pairs r0..r0+nr-1) -> q or paged cache
     "qkv_rope": ["x", "norm", "w", "head_norm", "q", "ldq", "cache", "which", "head", "m", "k", "d", "eps",
-                 "n_kv"],
+                 "n_kv", "r0", "nr"],
     # part (M, nq, S, D) fp32, lse (M, nq, S) fp32 for q heads [g*gs, g*gs+gs) of sequence b, split s
     "attn_partial": ["q", "k_cache", "v_cache", "part", "lse", "b", "g", "split", "splits", "gs", "d", "nq", "n_kv",
                      "scale"],

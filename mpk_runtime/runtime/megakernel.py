@@ -122,8 +122,9 @@ class TaskPacker:
         if kind == "linear":
             n0, n1, K = a["n0"], a["n1"], a["k"]
             return [(w + n0 * K * 2, (n1 - n0) * K * 2) for w in (a["w0"], a["w1"]) if w]
-        if kind == "qkv_rope":
-            return [(a["w"], a["d"] * a["k"] * 2)]
+        if kind == "qkv_rope":   # rows [r0, r0+nr) and [D/2 + r0, D/2 + r0 + nr) of the head at a["w"]
+            K, r0, nr = a["k"], a["r0"], a["nr"]
+            return [(a["w"] + r0 * K * 2, nr * K * 2), (a["w"] + (a["d"] // 2 + r0) * K * 2, nr * K * 2)]
         return []
 
     def _need(self, nbytes: int):
@@ -144,12 +145,18 @@ class TaskPacker:
         which = p["which"]
         cache = self.mem.kv(p[f"{which}_cache"]) if which != "q" else None
         q = self.mem.t(p["q"])
-        rt, dm = L.CONSTANTS["ROW_TILE"], L.CONSTANTS["MAX_HEAD_DIM"]   # qkv_rope.cuh: xs, ys, k-slice partials
-        self._need(((rt * K * 2 + 15) & ~15) + rt * dm * 4 + 8 * 16 * 8 * 4)
+        r0 = p.get("r0", 0)
+        nr = p.get("r1", D // 2) - r0
+        assert D % 2 == 0 and 0 <= r0 and nr > 0 and r0 + nr <= D // 2
+        assert p["head_norm"] is None or nr == D // 2, "a per-head q/k norm needs the whole head in one task"
+        rt, dm = L.CONSTANTS["ROW_TILE"], L.CONSTANTS["MAX_HEAD_DIM"]
+        # qkv_rope.cuh: xs, the two fp32 result tiles (ROW_TILE x nr each, <= ROW_TILE x MAX_HEAD_DIM together),
+        # the Tensor Core k-slice partials of two weights (8 x 16 x 8 fp32 each)
+        self._need(((rt * K * 2 + 15) & ~15) + rt * dm * 4 + 2 * 8 * 16 * 8 * 4)
         return dict(x=x.data_ptr(), norm=self._t(p["norm"]), w=w.data_ptr() + h * D * K * w.element_size(),
                     head_norm=self._t(p["head_norm"]), q=q.data_ptr(), ldq=q.shape[1],
                     cache=cache.data_ptr() if cache is not None else 0, which=L.WHICH.index(which), head=h, m=M, k=K,
-                    d=D, eps=f32_bits(p["eps"]), n_kv=(cache.shape[2] if cache is not None else 0))
+                    d=D, eps=f32_bits(p["eps"]), n_kv=(cache.shape[2] if cache is not None else 0), r0=r0, nr=nr)
 
     def _attn_common(self, p):
         part = self.mem.t(p["part"])

@@ -16,6 +16,7 @@ class Tiling:
     allreduce_cols: int = 0    # columns per reduce tile; 0 = auto
     waves: float = 1.0         # auto: target tiles per SM for each linear op
     min_cols: int = 16
+    qkv_parts: int = 0         # tasks per qkv_rope head (RoPE-pair slices); 0 = auto
 
     def linear_n(self, graph, op, N: int) -> int:
         if self.linear_cols:
@@ -23,6 +24,12 @@ class Tiling:
         target = max(1, int(self.num_sms * self.waves))
         n = max(self.min_cols, -(-N // target))
         return -(-n // 16) * 16 if N >= 16 else N
+
+    def qkv_p(self, graph, op, heads: int, pairs: int) -> int:
+        """Parts per qkv_rope head (each owns a slice of the D/2 RoPE pairs, >= 4 pairs): auto fills the SMs
+        with one wave of head parts, so the layer's qkv weights stream on ~all SMs instead of one per head."""
+        p = self.qkv_parts or max(1, self.num_sms // max(1, heads))
+        return max(1, min(p, pairs // 4 if pairs >= 4 else 1))
 
     def allreduce_n(self, graph, op, N: int) -> int:
         if self.allreduce_cols:

@@ -17,7 +17,7 @@ ODD = ModelConfig(name="odd-qwen3", family="qwen3", vocab_size=300, hidden_size=
 STEPS, SEEDS, PAGE = 8, 20, 4
 
 
-def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0):
+def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0):
     cfg = cfg.replace(dtype="float32")
     w = random_weights(cfg, seed=5)
     ref = ReferenceModel(cfg, w)
@@ -25,7 +25,7 @@ def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0):
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in lens]
     grp = TPGroup(cfg, [shard_weights(cfg, w, tp, r) for r in range(tp)], num_pages=batch * 8 + 1, page_size=PAGE,
-                  max_seq_len=32, tiling=Tiling(num_sms=num_sms, linear_cols=16, allreduce_cols=24), mode=mode,
+                  max_seq_len=32, tiling=Tiling(num_sms=num_sms, linear_cols=16, allreduce_cols=24, qkv_parts=qkv_parts), mode=mode,
                   seed=seed, attn_splits=2)
     # pages handed out in a scrambled order, as an allocator would after churn
     perm = torch.randperm(batch * 8, generator=g) + 1
@@ -74,6 +74,23 @@ def test_pyvm_matches_reference_in_random_interleavings(cfg, tp, batch):
         orders.add(tuple(vm.trace))
     assert len(orders) == SEEDS  # the seeds really explored different interleavings
     assert vm.steps_done == SEEDS * STEPS  # counters were never reset
+
+
+@pytest.mark.parametrize("cfg,tp,parts", [(PRESETS["tiny-llama"], 1, 2), (PRESETS["tiny-llama"], 2, 2),
+                                           (PRESETS["tiny-qwen3"], 1, 4), (ODD, 1, 3)],
+                         ids=lambda x: getattr(x, "name", x))
+def test_qkv_heads_split_by_rope_pairs(cfg, tp, parts):
+    """qkv_rope heads cut into RoPE-pair parts (Qwen3 q/k heads, which carry a per-head norm, stay whole)."""
+    grp, lens, tables, ref_logits, toks = setup(cfg, tp, 4, qkv_parts=parts)
+    _, mems, vm = grp.decode_vm(4)
+    qkv = [t for t in vm.graphs[0].tasks if t.kind == "qkv_rope"]
+    heads = {(t.params["which"], t.params["head"]) for t in qkv}
+    assert len(qkv) > len(heads)   # some heads really are split (checked by check_task_graphs in decode_vm)
+    for t in qkv:
+        assert t.params["head_norm"] is None or (t.params["r0"], t.params["r1"]) == (0, cfg.head_dim // 2)
+    for seed in range(3):
+        vm.rng.seed(seed)
+        run_steps(grp, lens, tables, ref_logits, toks)
 
 
 def test_conventional_path_matches_reference():

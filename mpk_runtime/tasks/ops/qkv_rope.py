@@ -1,10 +1,12 @@
-"""qkv_rope: one task per attention head of this rank (q heads, then k heads, then v heads).
+"""qkv_rope: a head of this rank (q heads, then k heads, then v heads) is cut into `parts` tasks by RoPE pairs.
 
-A head's task normalises the input rows (RMSNorm, recomputed per task: B x H reads, cheaper than a sync),
-projects them onto the head's D rows of W_q / W_k / W_v, applies the Qwen3 per-head q/k RMSNorm and RoPE,
-and writes q, or appends k / v into the paged KV cache at each row's position.
-Per-head tiles keep norm and RoPE local to the task, and let attention of KV group g start as soon as
-group g's heads are done.
+A task normalises the input rows (RMSNorm, recomputed per task: cheaper than a sync), projects them onto its
+weight rows of the head, applies the Qwen3 per-head q/k RMSNorm and RoPE, and writes q, or appends k / v into
+the paged KV cache at each row's position. Part [r0, r1) of a head owns pair indices r0..r1-1 of [0, D/2), i.e.
+head rows [r0, r1) and [D/2 + r0, D/2 + r1): RoPE mixes d with d + D/2 only, so it stays local to the task and a
+head's weights stream on several SMs without a reduction. A per-head q/k RMSNorm needs every row of the head:
+those heads stay whole (one part). Tiles per head let attention of KV group g start as soon as group g's heads
+are done.
 """
 from __future__ import annotations
 
@@ -21,21 +23,32 @@ def decompose(op, graph, tiling, rank):
     M, H = graph.tensors[a["x"]].shape
     B = graph.batch
     D = graph.config.head_dim
-    head_bytes = D * H * 2 + M * H * 2
+    h2 = D // 2
+    P = tiling.qkv_p(graph, op, a["n_q"] + 2 * a["n_kv"], h2)
     tasks = []
     for which, n in (("q", a["n_q"]), ("k", a["n_kv"]), ("v", a["n_kv"])):
+        head_norm = a["q_norm"] if which == "q" else (a["k_norm"] if which == "k" else None)
+        parts = 1 if head_norm is not None else P
         for h in range(n):
-            if which == "q":
-                writes = [Region(a["q"], rank, ((0, M), (h * D, (h + 1) * D)))]
-            else:
-                writes = [Region(a[f"{which}_cache"], rank, ((0, B), (h, h + 1)))]
-            params = {k: a[k] for k in ("x", "norm", "eps", "q", "k_cache", "v_cache", "layer")}
-            params.update(which=which, head=h, weight=a["w" + which],
-                          head_norm=a["q_norm"] if which == "q" else (a["k_norm"] if which == "k" else None))
-            tasks.append(Task(-1, rank, "qkv_rope", op.name, params,
-                              reads=[Region(a["x"], rank, ((0, M), (0, H)))], writes=writes,
-                              est_bytes=head_bytes, est_flops=2 * M * D * H))
+            for p in range(parts):
+                r0, r1 = h2 * p // parts, h2 * (p + 1) // parts
+                rows = 2 * (r1 - r0)
+                if which == "q":
+                    writes = [Region(a["q"], rank, ((0, M), (h * D + r0, h * D + r1))),
+                              Region(a["q"], rank, ((0, M), (h * D + h2 + r0, h * D + h2 + r1)))]
+                else:
+                    writes = [Region(a[f"{which}_cache"], rank, ((0, B), (h, h + 1)))]
+                params = {k: a[k] for k in ("x", "norm", "eps", "q", "k_cache", "v_cache", "layer")}
+                params.update(which=which, head=h, weight=a["w" + which], head_norm=head_norm, r0=r0, r1=r1)
+                tasks.append(Task(-1, rank, "qkv_rope", op.name, params,
+                                  reads=[Region(a["x"], rank, ((0, M), (0, H)))], writes=writes,
+                                  est_bytes=rows * H * 2 + M * H * 2, est_flops=2 * M * rows * H))
     return tasks
+
+
+def part_rows(D: int, r0: int, r1: int) -> list[int]:
+    """Head rows of the part owning RoPE pairs [r0, r1): [r0, r1) then [D/2 + r0, D/2 + r1)."""
+    return list(range(r0, r1)) + list(range(D // 2 + r0, D // 2 + r1))
 
 
 def rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -53,19 +66,23 @@ def execute(task, mem, ctx):
     x = mem.t(p["x"])
     D = ctx.config.head_dim
     h = p["head"]
+    r0, r1 = p.get("r0", 0), p.get("r1", D // 2)
+    rows = part_rows(D, r0, r1)
     xn = rms_norm(x, mem.t(p["norm"]), p["eps"])
-    y = xn @ mem.t(p["weight"])[h * D:(h + 1) * D].T  # (M, D)
+    y = xn @ mem.t(p["weight"])[[h * D + r for r in rows]].T  # (M, 2 (r1 - r0)): pairs' first, then second rows
     pos = row_positions(ctx)
     if p["which"] != "v":
         if p["head_norm"] is not None:
+            assert (r0, r1) == (0, D // 2), "a per-head q/k norm needs the whole head in one task"
             y = rms_norm(y, mem.t(p["head_norm"]), p["eps"])
-        y = rope(y, pos, ctx.inv_freq)
+        y = rope(y, pos, ctx.inv_freq[r0:r1])
+    cols = torch.tensor(rows, device=y.device)
     if p["which"] == "q":
-        mem.t(p["q"])[:, h * D:(h + 1) * D] = y
+        mem.t(p["q"])[:, h * D + cols] = y
         return
     cache = mem.kv(p[f"{p['which']}_cache"])  # (pages, page_size, n_kv, D)
     live = pos >= 0                            # rows of padded (inactive) sequences have pos < 0
     T = ctx.tokens_per_seq
     b = torch.arange(x.shape[0], device=x.device) // T
     page = ctx.block_tables[b[live], pos[live] // ctx.page_size]
-    cache[page, pos[live] % ctx.page_size, h] = y[live]
+    cache[page[:, None], (pos[live] % ctx.page_size)[:, None], h, cols[None, :]] = y[live]
