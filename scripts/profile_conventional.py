@@ -1,0 +1,70 @@
+"""Where a conventional (torch ops) decode step spends GPU time: one eager step per (model, batch) under
+torch.profiler, kernels grouped by name, top-N by total GPU time, plus the kernel count per step.
+
+    PYTHONPATH=. python3 scripts/profile_conventional.py --models qwen3-8b --batches 1,128 --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from validate_planner import Point  # noqa: E402
+
+from mpk_runtime.models import load_config, random_weights  # noqa: E402
+from mpk_runtime.planner import candidates  # noqa: E402
+from mpk_runtime.runtime.plan_exec import PlanExecutor  # noqa: E402
+
+
+def profile(model: str, B: int, context: int, top: int) -> dict:
+    cfg = load_config(model).replace(dtype="bfloat16")
+    w = random_weights(cfg, seed=0, device="cuda")
+    plan = candidates(cfg, tp=1, batch=B, context=context, families=("conventional",))[0]
+    pt = Point(cfg, w, B, context, "cuda", plan.attn_splits)
+    ex = PlanExecutor(plan, pt.graphs, [pt.mem], backend="megakernel", check=False, make_megakernel=pt.make_mk)
+    for _ in range(2):
+        ex.run(lambda r: pt.ctx)
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile as tprof
+    with tprof(activities=[ProfilerActivity.CUDA]) as prof:
+        ex.run(lambda r: pt.ctx)
+        torch.cuda.synchronize()
+    rows = {}
+    n = 0
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        n += 1
+        r = rows.setdefault(e.name[:90], [0, 0.0])
+        r[0] += 1
+        r[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    tot = sum(v[1] for v in rows.values())
+    out = sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]
+    print(f"== {model} B={B} ctx={context}: {n} GPU kernels/copies per step, {tot / 1e3:.2f} ms GPU busy")
+    for name, (c, us) in out:
+        print(f"  {us:10.1f} us {c:6d}x  {name}")
+    del ex, pt, w
+    torch.cuda.empty_cache()
+    return dict(model=model, batch=B, context=context, kernels=n, gpu_busy_us=tot,
+                top=[dict(name=k, count=c, us=us) for k, (c, us) in out])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="qwen3-8b")
+    ap.add_argument("--batches", default="1,128")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args()
+    res = [profile(m, int(b), a.context, a.top) for m in a.models.split(",") for b in a.batches.split(",")]
+    with open(os.path.join(a.out, "profile_conventional.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
