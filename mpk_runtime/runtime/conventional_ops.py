@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from ..tasks.ops.common import rms_norm, row_positions
-from ..tasks.ops.qkv_rope import rope
 
 
 def qkv_rope(op, mem, ctx) -> None:
@@ -23,6 +22,11 @@ def qkv_rope(op, mem, ctx) -> None:
     M = x.shape[0]
     xn = rms_norm(x, mem.t(a["norm"]), a["eps"])
     pos = row_positions(ctx)                                   # (M,)
+    # cos/sin once per row, broadcast over heads and shared by q and k (rope() per head row computed them
+    # n_q + n_kv times); the same values and elementwise ops as rope(), so the same numerics
+    ang = pos.float()[:, None] * ctx.inv_freq[None, :]
+    emb = torch.cat((ang, ang), dim=-1)[:, None, :]             # (M, 1, D)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
     out = {}
     for which, n in (("q", a["n_q"]), ("k", a["n_kv"]), ("v", a["n_kv"])):
         y = (xn @ mem.t(a["w" + which]).T).view(M, n, D)      # (M, heads, D)
@@ -30,7 +34,8 @@ def qkv_rope(op, mem, ctx) -> None:
             hn = a["q_norm"] if which == "q" else a["k_norm"]
             if hn is not None:
                 y = rms_norm(y, mem.t(hn), a["eps"])
-            y = rope(y.reshape(M * n, D), pos.repeat_interleave(n), ctx.inv_freq).view(M, n, D)
+            y1, y2 = y.chunk(2, dim=-1)
+            y = y * cos + torch.cat((-y2, y1), dim=-1) * sin
         out[which] = y
     mem.t(a["q"]).copy_(out["q"].reshape(M, -1))
     T = ctx.tokens_per_seq
@@ -61,10 +66,12 @@ def attention(op, mem, ctx) -> None:
     B = q.shape[0] // T
     L = ctx.kv_len_cap or int(ctx.pos.max()) + T                # static on a GPU (kv_len_cap), dynamic on CPU
     npg = -(-L // ps)
-    pages = ctx.block_tables[:, :npg]                           # (B, npg): whole pages, one gather each
+    pages = ctx.block_tables[:, :npg].reshape(-1)               # (B * npg): whole pages
     kc, vc = mem.kv(a["k_cache"]), mem.kv(a["v_cache"])         # (pages, ps, nkv, D)
-    k = kc[pages].view(B, npg * ps, nkv, D)[:, :L].transpose(1, 2)   # (B, nkv, L, D), D contiguous
-    v = vc[pages].view(B, npg * ps, nkv, D)[:, :L].transpose(1, 2)
+    # index_select copies whole contiguous pages (a vectorised gather); advanced indexing kc[pages] ran an
+    # element-wise index kernel: 24.6 of 45.6 ms GPU time of a qwen3-8b batch-128 step (H200 profile)
+    k = kc.index_select(0, pages).view(B, npg * ps, nkv, D)[:, :L].transpose(1, 2)   # (B, nkv, L, D)
+    v = vc.index_select(0, pages).view(B, npg * ps, nkv, D)[:, :L].transpose(1, 2)
     kpos = torch.arange(L, device=q.device)
     qpos = ctx.pos[:, None] + torch.arange(T, device=q.device)  # (B, T)
     mask = kpos[None, None, :] <= qpos[:, :, None]             # (B, T, L): causal and written (pos + t >= key)
