@@ -78,6 +78,36 @@ CONSTANTS = {
 
 KERNEL_NAME = "mpk_megakernel"
 
+# --- linear tile geometry (device_kernels/ops/linear.cuh): the packer (runtime/megakernel.py) and the planner's
+# simulator (planner/simulate.py) both call linear_geometry, so the rows per pass are defined once ------------
+SMEM_BUDGET = 200 * 1024   # a linear tile's shared memory when choosing its Tensor Core rows per pass
+
+
+def linear_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:
+    """(tc_rows, shared bytes) of a linear tile of M rows, K inputs, w output columns, nw weights, kseg K
+    segments, as linear.cuh lays it out: xs (xrows, ldx) bf16, the fp32 result tile(s) (rows, w), then (Tensor
+    Cores) the k-slice partials, 8 blocks of (16, mt8 * 8) per weight. Tensor Cores from TC_MIN_M rows when K
+    splits into 32-wide rounds per segment; rows per pass 32, 16 or 8, the largest that fits SMEM_BUDGET (weights
+    stream once per pass). tc_rows 0 = the CUDA-core path (ROW_TILE rows per pass). Pure: no CUDA, no torch."""
+    C = CONSTANTS
+    cuda_core = ((C["ROW_TILE"] * K * 2 + 15) & ~15) + C["ROW_TILE"] * w * 4 * nw
+    if M < C["TC_MIN_M"] or K % (32 * kseg):
+        return 0, cuda_core
+    for rows in (32, 16, 8):
+        if rows > C["MAX_PASS_ROWS"] or (rows > 8 and rows // 2 >= M):
+            continue
+        need = ((rows * (K + 8) * 2 + 15) & ~15) + 2 * rows * w * 4 + 8 * 16 * rows * nw * 4
+        if need <= SMEM_BUDGET:
+            return rows, need
+    return 0, cuda_core
+
+
+def linear_passes(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:
+    """(rows per pass, passes) of a linear tile: the kernel streams its weight tile once per pass
+    (op_linear_tc: passes of tc_rows rows; op_linear: passes of ROW_TILE rows)."""
+    rows = linear_geometry(M, K, w, nw, kseg)[0] or CONSTANTS["ROW_TILE"]
+    return rows, max(1, -(-M // rows))
+
 
 def arg_index(op: str, name: str) -> int:
     return ARG_BASE + OP_ARGS[op].index(name)

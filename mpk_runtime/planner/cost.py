@@ -9,7 +9,8 @@ overtakes the CUDA-core megakernel there). Conventional attention moves the gath
 `conv_attn_kv_passes` times. All-reduces outside megakernels are NCCL calls inside the graph (measured curve).
 
 A megakernel segment = launch + mk_scale x simulated makespan + mk_offset_us (calibration, fit.py); the
-simulator already re-streams weight tiles once per row group at batch > row_tile.
+simulator streams each linear weight tile once per pass of the kernel (Tensor Core passes of tc_rows rows from
+codegen/layout.linear_geometry at batch >= TC_MIN_M, the packer's own function) and prices the mma.sync math.
 
 `segment_features` returns the terms of a segment's price that `fit.py` refits from measurements, such that
 `price_from_features(features, profile)` == the price candidates() gives (tested).

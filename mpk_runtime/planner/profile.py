@@ -51,6 +51,18 @@ class HardwareProfile:
     conv_fixed_us_by_kind: dict[str, float] = field(default_factory=dict)  # measured fixed cost per conventional op
     # megakernel linear tiles loop over row groups of `row_tile` rows (device_kernels/ops/linear.cuh ROW_TILE):
     # every group re-streams the weight tile (from HBM: `restream_frac` of it); 0 = one pass whatever the batch
+    # Megakernel linear cost model (planner/simulate.py): "tc" (default) = the kernel since commit 7cee539: a
+    # linear tile of M >= TC_MIN_M rows runs on Tensor Cores (mma.sync) in passes of tc_rows rows
+    # (codegen/layout.linear_geometry, as the packer picks them), streaming its weight tile once per pass; below
+    # TC_MIN_M rows the CUDA-core path (one pass, flop_us_by_kind["linear"] per flop). qkv_rope heads make
+    # ROW_TILE-row passes. "row_tile" = the legacy CUDA-core model (re-stream per `row_tile` rows, per-flop cost
+    # at every batch): only when a profile asks for it.
+    mk_linear_model: str = "tc"
+    mk_tc_eff: float = 1.0                 # mma.sync rate per SM / (tc_flops_per_s / num_sms)
+    mk_tc_stream_eff: float = 1.0          # streaming rate of a Tensor Core tile / the CUDA-core tile's
+    linear_pass_us: float = 0.0            # per extra pass of a linear / qkv_rope tile (x reload, norm, epilogue)
+    # legacy model: linear tiles loop over row groups of `row_tile` rows (the pre-7cee539 linear.cuh) and every
+    # group re-streams the weight tile; both models re-stream `restream_frac` of a weight tile per extra pass
     row_tile: int = 0
     restream_frac: float = 1.0
     # calibration of a simulated megakernel segment: measured ~ mk_scale * simulated + mk_offset_us (+ launch)

@@ -13,6 +13,7 @@ import heapq
 from dataclasses import dataclass, field
 from math import ulp
 
+from ..codegen import layout as L
 from ..tasks.graph import Task, TaskGraph
 from .profile import HardwareProfile
 
@@ -35,18 +36,85 @@ class SimResult:
         return ev
 
 
+def linear_shape(t: Task) -> tuple[int, int, int, int, int]:
+    """(M, K, w, nw, kseg) of a linear task as the packer passes them to the kernel: M output rows (the kernel's
+    loop bound; row_select reads fewer rows than x has), K inputs, w = n1 - n0 columns, nw weights, K segments."""
+    p = t.params
+    M = t.writes[0].ranges[-2][1] - t.writes[0].ranges[-2][0]
+    rng = t.reads[0].ranges
+    K = rng[1][1] - rng[1][0]
+    return M, K, p["n1"] - p["n0"], len(p["weights"]), p.get("k_segments", 1)
+
+
+def linear_passes(t: Task) -> tuple[int, int]:
+    """(tc_rows, passes) of a linear task: codegen/layout.linear_geometry, the function the packer calls
+    (TaskPacker._linear_geometry), so the simulator's rows per pass are the kernel's. tc_rows 0 = CUDA cores
+    (op_linear, ROW_TILE rows per pass). The weight tile is streamed once per pass."""
+    M, K, w, nw, kseg = linear_shape(t)
+    tc_rows = L.linear_geometry(M, K, w, nw, kseg)[0]
+    return tc_rows, L.linear_passes(M, K, w, nw, kseg)[1]
+
+
+def qkv_shape(t: Task) -> tuple[int, int, int]:
+    """(M rows, K = hidden, D = head dim) of a qkv_rope head task (est_flops = 2 M D K)."""
+    rng = t.reads[0].ranges
+    M, K = rng[0][1] - rng[0][0], rng[1][1] - rng[1][0]
+    return M, K, t.est_flops // max(1, 2 * M * K)
+
+
+def _mma_us(rows_list, w: int, K: int, nw: int, prof: HardwareProfile) -> float:
+    """mma.sync m16n8k16 time of passes of `rows_list` rows: batch rows padded to 8 (the mma's n), columns to
+    16 (its m), at the Tensor Core rate of one SM x mk_tc_eff."""
+    w16 = -(-w // 16) * 16
+    fl = sum(2 * nw * w16 * K * (-(-r // 8) * 8) for r in rows_list)
+    return fl / (prof.tc_flops_per_s / prof.num_sms * prof.mk_tc_eff) * 1e6
+
+
 def task_tc_us(t: Task, prof: HardwareProfile) -> float:
-    """The compute floor of a task: Tensor Core time, or the measured per-flop cost of this kernel kind."""
+    """The compute floor of a task. Linear tiles (mk_linear_model "tc", the kernel since 7cee539): passes of
+    tc_rows rows on Tensor Cores (mma.sync, `_mma_us`) plus `linear_pass_us` per pass after the first (x rows
+    reloaded and normed, epilogue, barriers), or below TC_MIN_M rows the fitted CUDA-core per-flop cost;
+    qkv_rope likewise in ROW_TILE-row passes. Other kinds (and the "row_tile" legacy model): Tensor Core time at
+    the wgmma granularity or the kind's measured per-flop cost, the larger."""
     if not t.est_flops:
         return 0.0
+    if prof.mk_linear_model == "tc" and t.kind == "linear" and t.reads:
+        tc_rows, passes = linear_passes(t)
+        extra = (passes - 1) * prof.linear_pass_us
+        if not tc_rows:
+            return t.est_flops * prof.flop_us(t.kind) + extra
+        M, K, w, nw, _ = linear_shape(t)
+        rows = [min(tc_rows, M - g) for g in range(0, M, tc_rows)]
+        return _mma_us(rows, w, K, nw, prof) + extra
+    if prof.mk_linear_model == "tc" and t.kind == "qkv_rope" and t.reads:
+        M, K, D = qkv_shape(t)
+        RT, tmin = L.CONSTANTS["ROW_TILE"], L.CONSTANTS["TC_MIN_M"]
+        rows = [min(RT, M - g) for g in range(0, M, RT)]   # qkv_rope.cuh: ROW_TILE rows per pass
+        us = _mma_us([r for r in rows if r >= tmin and K % 32 == 0], D, K, 1, prof)
+        cc = sum(r for r in rows if r < tmin or K % 32)
+        return us + 2 * cc * D * K * prof.flop_us(t.kind) + (len(rows) - 1) * prof.linear_pass_us
     rows = max(1, round(t.est_flops / max(1, t.est_bytes)))  # flops per weight byte ~ rows for a GEMM tile
     return max(prof.tc_time_us(t.est_flops, rows), t.est_flops * prof.flop_us(t.kind))
 
 
 def task_stream_bytes(t: Task, prof: HardwareProfile) -> float:
-    """Bytes a task streams from HBM. A megakernel linear tile loops over row groups of `prof.row_tile` rows
-    (device_kernels/ops/linear.cuh) and every group re-reads its weight tile: at batch 32 the 8-row kernel
-    streams each weight tile 4 times (the batch >= 8 cost that no Tensor Core path removes yet)."""
+    """Bytes a task streams from HBM: its own bytes, plus its weight tile again for every pass after the first
+    (`restream_frac` of it from HBM). mk_linear_model "tc" (default, the kernel since 7cee539): a linear tile
+    makes `linear_passes` passes (tc_rows rows each on Tensor Cores, ROW_TILE on CUDA cores), a qkv_rope head
+    one pass per ROW_TILE rows. "row_tile" (legacy, the CUDA-core kernel before it): a linear tile re-streams
+    per group of `prof.row_tile` rows (0 = never)."""
+    if prof.mk_linear_model == "tc":
+        if t.kind == "qkv_rope" and t.reads:
+            M, K, D = qkv_shape(t)
+            passes = -(-M // L.CONSTANTS["ROW_TILE"])
+            return t.est_bytes + (passes - 1) * D * K * 2 * prof.restream_frac
+        if t.kind != "linear" or not t.reads:
+            return t.est_bytes
+        _, passes = linear_passes(t)
+        if passes <= 1:
+            return t.est_bytes
+        M, K, w, nw, _ = linear_shape(t)
+        return t.est_bytes + (passes - 1) * nw * w * K * 2 * prof.restream_frac
     if t.kind != "linear" or prof.row_tile <= 0 or not t.reads:
         return t.est_bytes
     rng = t.reads[0].ranges
@@ -58,6 +126,19 @@ def task_stream_bytes(t: Task, prof: HardwareProfile) -> float:
     p = t.params
     wbytes = len(p.get("weights", ())) * (p.get("n1", 0) - p.get("n0", 0)) * K * 2
     return t.est_bytes + (groups - 1) * wbytes * prof.restream_frac
+
+
+def task_stream_eff(t: Task, prof: HardwareProfile) -> float:
+    """Achieved / fair-share streaming rate of a task: the kind's, times `mk_tc_stream_eff` for a Tensor Core
+    tile (linear with tc_rows > 0, qkv_rope from TC_MIN_M rows): it keeps fewer weight bytes in flight per warp
+    (UN 16-byte rounds of two rows) than the CUDA-core batch-1 loop (UNROLL vectors x 2 columns)."""
+    e = prof.stream_eff(t.kind)
+    if prof.mk_linear_model == "tc" and prof.mk_tc_stream_eff != 1.0 and t.reads:
+        if t.kind == "linear" and linear_passes(t)[0]:
+            return e * prof.mk_tc_stream_eff
+        if t.kind == "qkv_rope" and qkv_shape(t)[0] >= L.CONSTANTS["TC_MIN_M"]:
+            return e * prof.mk_tc_stream_eff
+    return e
 
 
 def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, record: bool = False) -> SimResult:
@@ -94,7 +175,7 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
             nb = task_stream_bytes(t, prof)
             nbytes_of.append(nb)
             # a kernel that streams below its fair share (latency-bound) moves "more" bytes in the fluid
-            vbytes.append(nb / prof.stream_eff(t.kind) if nb else 0.0)
+            vbytes.append(nb / task_stream_eff(t, prof) if nb else 0.0)
             tc.append(task_tc_us(t, prof))
             waits.append([(ev_off[r] + e, ev[e].triggers, lag) for e, lag in t.waits])
             sig = []

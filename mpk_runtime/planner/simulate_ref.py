@@ -18,7 +18,7 @@ import itertools
 
 from ..tasks.graph import Task, TaskGraph
 from .profile import HardwareProfile
-from .simulate import SimResult, task_stream_bytes, task_tc_us
+from .simulate import SimResult, task_stream_bytes, task_stream_eff, task_tc_us
 
 
 def simulate_reference(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1,
@@ -122,7 +122,7 @@ def simulate_reference(graphs: list[TaskGraph], prof: HardwareProfile, steps: in
             if nbytes:
                 advance(r, now)
                 # a kernel that streams below its fair share (latency-bound) moves "more" bytes in the fluid
-                streaming[r][sm] = V[r] + nbytes / prof.stream_eff(t.kind)
+                streaming[r][sm] = V[r] + nbytes / task_stream_eff(t, prof)
                 stream_t0[r][sm] = now
                 reschedule(r, now)
             else:

@@ -205,21 +205,9 @@ class TaskPacker:
 
     @staticmethod
     def _linear_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:
-        """(tc_rows, shared bytes) of a linear tile, as linear.cuh lays it out: xs (xrows, ldx) bf16, the fp32
-        result tile(s) (rows, w), then (Tensor Cores) the k-slice partials, 8 blocks of (16, mt8 * 8) per weight.
-        Tensor Cores from TC_MIN_M rows when K splits into 32-wide rounds per segment; rows per pass 32, 16 or 8,
-        the largest that fits SMEM_BUDGET (weights stream once per pass)."""
-        C = L.CONSTANTS
-        cuda_core = ((C["ROW_TILE"] * K * 2 + 15) & ~15) + C["ROW_TILE"] * w * 4 * nw
-        if M < C["TC_MIN_M"] or K % (32 * kseg):
-            return 0, cuda_core
-        for rows in (32, 16, 8):
-            if rows > C["MAX_PASS_ROWS"] or (rows > 8 and rows // 2 >= M):
-                continue
-            need = ((rows * (K + 8) * 2 + 15) & ~15) + 2 * rows * w * 4 + 8 * 16 * rows * nw * 4
-            if need <= SMEM_BUDGET:
-                return rows, need
-        return 0, cuda_core
+        """(tc_rows, shared bytes) of a linear tile: codegen/layout.linear_geometry (one definition, also used
+        by the planner's simulator for the rows per pass)."""
+        return L.linear_geometry(M, K, w, nw, kseg)
 
     def _pack_allreduce(self, p):
         base, stride = self._sym(p["part"])
@@ -251,7 +239,7 @@ class TaskPacker:
 from ..tasks.ops import OPCODES  # noqa: E402
 
 L_OPCODE = {k: i for i, k in enumerate(OPCODES)}
-SMEM_BUDGET = 200 * 1024   # a linear tile's shared memory when choosing its Tensor Core rows per pass
+SMEM_BUDGET = L.SMEM_BUDGET   # a linear tile's shared memory budget (defined in codegen/layout.py)
 
 
 def _cu():

@@ -94,12 +94,69 @@ def test_spearman_and_summary_checks():
 
 
 def test_megakernel_row_groups_restream_weights(base):
+    """The legacy CUDA-core model (mk_linear_model "row_tile", only when a profile asks for it)."""
     cfg = PRESETS["tiny-llama"]
     tgs = build_task_graphs([build_graph(cfg, batch=32)], Tiling(num_sms=8))
-    one = simulate(tgs, dataclasses.replace(base, num_sms=8, row_tile=0))
-    grp = simulate(tgs, dataclasses.replace(base, num_sms=8, row_tile=8))
+    legacy = dataclasses.replace(base, num_sms=8, mk_linear_model="row_tile")
+    one = simulate(tgs, dataclasses.replace(legacy, row_tile=0))
+    grp = simulate(tgs, dataclasses.replace(legacy, row_tile=8))
     assert grp.stream_bytes > one.stream_bytes and grp.makespan_us >= one.makespan_us
     lin = next(t for t in tgs[0].tasks if t.kind == "linear" and t.op.endswith("gate_up"))
     K = lin.reads[0].ranges[1][1]
     wbytes = 2 * (lin.params["n1"] - lin.params["n0"]) * K * 2
-    assert task_stream_bytes(lin, dataclasses.replace(base, row_tile=8)) == lin.est_bytes + 3 * wbytes  # 4 groups
+    assert task_stream_bytes(lin, dataclasses.replace(legacy, row_tile=8)) == lin.est_bytes + 3 * wbytes  # 4 groups
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 8, 32, 128])
+@pytest.mark.parametrize("name", ["qwen3-8b", "llama-3.2-1b"])
+def test_simulator_passes_equal_the_packer(name, M, base):
+    """Rows per pass / passes per linear tile in the simulator == what the packer hands the kernel
+    (TaskPacker._linear_geometry -> tc_rows; op_linear_tc loops M in tc_rows passes, op_linear in ROW_TILE),
+    and the weight tile is streamed once per pass (Tensor Core model, the default)."""
+    from mpk_runtime.codegen import layout as L
+    from mpk_runtime.runtime.megakernel import TaskPacker
+    from mpk_runtime.planner.simulate import linear_passes, linear_shape
+    cfg = PRESETS[name].replace(num_layers=1)
+    g = build_graph(cfg, batch=M, context_len=64)
+    tgs = build_task_graphs([g], Tiling(num_sms=132))
+    assert base.mk_linear_model == "tc"
+    seen = set()
+    for t in tgs[0].tasks:
+        if t.kind != "linear":
+            continue
+        Mo, K, w, nw, kseg = linear_shape(t)
+        assert Mo == M
+        tc_rows, need = TaskPacker._linear_geometry(Mo, K, w, nw, kseg)
+        assert need <= 227 * 1024
+        rows = tc_rows or L.CONSTANTS["ROW_TILE"]
+        passes = -(-M // rows)
+        assert linear_passes(t) == (tc_rows, passes), (t.op, M, K, w)
+        assert (tc_rows > 0) == (M >= L.CONSTANTS["TC_MIN_M"]) or K % 32, (t.op, M, K, w, nw)
+        wbytes = nw * w * K * 2
+        assert task_stream_bytes(t, base) == pytest.approx(t.est_bytes + (passes - 1) * wbytes * base.restream_frac)
+        seen.add((t.op.split(".")[-1], tc_rows, passes))
+    assert seen
+    if name == "qwen3-8b" and M == 128:   # K = 12288 (down) fits only 8 rows per pass, gate_up 16: many passes
+        assert ("down", 8, 16) in seen and ("gate_up", 16, 8) in seen
+    if M <= 2:
+        assert all(tc == 0 and p == 1 for _, tc, p in seen)
+
+
+def test_packer_geometry_is_the_layout_function():
+    """One definition: the packer's staticmethod delegates to codegen/layout.linear_geometry (the simulator's)."""
+    from mpk_runtime.codegen import layout as L
+    from mpk_runtime.runtime.megakernel import SMEM_BUDGET, TaskPacker
+    assert SMEM_BUDGET == L.SMEM_BUDGET
+    for args in [(1, 2048, 64, 2, 1), (8, 4096, 32, 1, 1), (32, 2048, 16, 1, 1), (128, 12288, 32, 1, 1),
+                 (128, 12288, 64, 1, 1), (32, 4096, 96, 2, 1), (64, 4096, 32, 1, 2)]:
+        assert TaskPacker._linear_geometry(*args) == L.linear_geometry(*args)
+    assert L.linear_passes(128, 12288, 32, 1, 1) == (8, 16)
+    assert L.linear_passes(2, 4096, 32, 1, 1) == (8, 1)
+
+
+def test_tensor_core_model_is_cheaper_than_the_legacy_one_at_batch_32(base):
+    cfg = PRESETS["tiny-llama"]
+    tgs = build_task_graphs([build_graph(cfg, batch=32)], Tiling(num_sms=8))
+    tc = simulate(tgs, dataclasses.replace(base, num_sms=8, row_tile=8))
+    legacy = simulate(tgs, dataclasses.replace(base, num_sms=8, row_tile=8, mk_linear_model="row_tile"))
+    assert tc.stream_bytes < legacy.stream_bytes

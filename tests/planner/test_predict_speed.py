@@ -1,7 +1,8 @@
 """The fast prediction path gives the same numbers as the slow one.
 
 * `simulate` (flat tables, streaming heap) == `simulate_reference` (the original event loop), start times too;
-* candidates() == predictions recorded with the code before the speed work (commit d11eed4, exact floats);
+* candidates() == predictions recorded by the full simulation (data/pred_ref_tc.json; re-recorded for the
+  Tensor Core linear model, was pred_ref_d11eed4.json from before the speed work);
 * segments extrapolated from short simulations == the full simulation of the segment.
 """
 import json
@@ -15,7 +16,7 @@ from mpk_runtime.planner import HardwareProfile, candidates, simulate
 from mpk_runtime.planner.simulate_ref import simulate_reference
 from mpk_runtime.tasks import Tiling, build_task_graphs
 
-REF = os.path.join(os.path.dirname(__file__), "data", "pred_ref_d11eed4.json")
+REF = os.path.join(os.path.dirname(__file__), "data", "pred_ref_tc.json")
 
 
 @pytest.mark.parametrize("name,tp,batch,sms,profile", [
@@ -44,8 +45,10 @@ def _point(d, **kw):
 
 
 def test_predictions_unchanged_vs_recorded():
-    """Recorded by the code before the speed work. A deliberate change of the cost model re-records them (run
-    candidates() on these points and rewrite the JSON) and says so in its commit."""
+    """Recorded with the full simulation (extrapolate=False). A deliberate change of the cost model re-records
+    them (run candidates() on these points and rewrite the JSON) and says so in its commit. Re-recorded in
+    session 3 for the Tensor Core linear model + refit h200_measured (was pred_ref_d11eed4.json, the speed work's
+    reference, recorded before it with the CUDA-core row_tile model)."""
     ref = json.load(open(REF))
     extrapolated = 0
     for d in ref["points"]:
