@@ -30,6 +30,17 @@ REGIMES = ((1, "1"), (8, "8"))   # (min batch, key)
 BATCH_REGIMES = ((1, "1"), (8, "8"), (32, "32"), (128, "128"))   # --regimes batch: one per measured batch
 CONV_FIELDS = ("conv_fixed_scale", "conv_bw_fraction", "conv_tc_eff", "conv_attn_kv_passes")
 SIM_FIELDS = ("mk_tc_stream_eff", "mk_tc_eff", "linear_pass_us", "restream_frac")   # --grid: re-simulated
+FIXED_PREFIX = "fixed."   # --grid fixed.<task kind>=...: the per-kind task fixed cost (task_fixed_us_by_kind)
+
+
+def with_terms(base: HardwareProfile, combo) -> HardwareProfile:
+    """base with the simulator terms of a grid combo: SIM_FIELDS directly, fixed.<kind> into
+    task_fixed_us_by_kind (a copy)."""
+    plain = {k: v for k, v in combo if not k.startswith(FIXED_PREFIX)}
+    fixed = {k[len(FIXED_PREFIX):]: v for k, v in combo if k.startswith(FIXED_PREFIX)}
+    if fixed:
+        plain["task_fixed_us_by_kind"] = {**base.task_fixed_us_by_kind, **fixed}
+    return replace(base, **plain)
 
 
 def regime_of(batch: int, regimes=REGIMES) -> str:
@@ -278,7 +289,7 @@ def fit_with_sim_grid(sims: dict, base: HardwareProfile, pts=None, **kw) -> tupl
     best = None
     for combo, rows in sims.items():
         tr = rows if pts is None else _sel(rows, pts)
-        prof, rep = fit_profile(tr, replace(base, **dict(combo)), **kw)
+        prof, rep = fit_profile(tr, with_terms(base, combo), **kw)
         err = _mk_err(tr, prof)
         if best is None or err < best[0]:
             best = (err, prof, rep, combo)
@@ -373,7 +384,8 @@ def _grid(spec: str) -> list[tuple]:
     axes = []
     for part in filter(None, spec.split(";")):
         k, vs = part.split("=")
-        assert k in SIM_FIELDS, f"--grid field {k!r} not one of {SIM_FIELDS}"
+        assert k in SIM_FIELDS or k.startswith(FIXED_PREFIX), \
+            f"--grid field {k!r}: one of {SIM_FIELDS} or {FIXED_PREFIX}<task kind>"
         axes.append([(k, float(v)) for v in vs.split(",")])
     return [tuple(c) for c in itertools.product(*axes)] if axes else [()]
 
@@ -391,7 +403,8 @@ def main() -> None:
                     help="price from the recorded features (sim_us of the simulator that made the plans); default: "
                          "re-simulate every measured plan with the current simulator under the profile")
     ap.add_argument("--grid", default="", help="simulator terms to choose by re-simulation, e.g. "
-                    "'mk_tc_stream_eff=0.4,0.5,0.6;mk_tc_eff=0.5,1' (chosen on the training half in --holdout)")
+                    "'mk_tc_stream_eff=0.4,0.5,0.6;mk_tc_eff=0.5,1;fixed.qkv_rope=5,15' (fixed.<kind>: per-kind task "
+                    "fixed cost; chosen on the training half in --holdout)")
     ap.add_argument("--procs", type=int, default=0, help="processes for re-simulation (default: all cores)")
     a = ap.parse_args()
     rows = []
@@ -410,7 +423,7 @@ def main() -> None:
         for combo in _grid(a.grid):
             import time
             t = time.time()
-            sims[combo] = resimulate(rows, replace(base, **dict(combo)), procs=a.procs or None)
+            sims[combo] = resimulate(rows, with_terms(base, combo), procs=a.procs or None)
             print(f"re-simulated {len(sims[combo])} rows under {dict(combo) or 'the profile'} in {time.time() - t:.0f} s")
     if sims:
         prof, rep, combo = fit_with_sim_grid(sims, base, **kw)
