@@ -160,3 +160,17 @@ def test_tensor_core_model_is_cheaper_than_the_legacy_one_at_batch_32(base):
     tc = simulate(tgs, dataclasses.replace(base, num_sms=8, row_tile=8))
     legacy = simulate(tgs, dataclasses.replace(base, num_sms=8, row_tile=8, mk_linear_model="row_tile"))
     assert tc.stream_bytes < legacy.stream_bytes
+
+
+def test_grid_fixed_cost_terms_apply_to_a_copy():
+    from mpk_runtime.planner.fit import _grid, with_terms
+    from mpk_runtime.planner.profile import HardwareProfile
+    base = HardwareProfile.load("h200_measured")
+    before = dict(base.task_fixed_us_by_kind)
+    combos = _grid("fixed.qkv_rope=4,12;mk_tc_eff=0.5")
+    assert len(combos) == 2
+    p = with_terms(base, combos[1])
+    assert p.task_fixed_us_by_kind["qkv_rope"] == 12.0 and p.mk_tc_eff == 0.5
+    assert p.task_fixed_us_by_kind["attn_partial"] == before["attn_partial"]
+    assert base.task_fixed_us_by_kind == before            # the base profile is not modified
+    assert p.fixed_us("qkv_rope") == 12.0 and base.fixed_us("qkv_rope") == before["qkv_rope"]
