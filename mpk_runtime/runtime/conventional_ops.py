@@ -1,53 +1,209 @@
 """Whole-op torch implementations for the conventional path (prefill, conventional plan segments).
 
-Ops whose task kernels already work on whole tensors (embed, linear, allreduce, argmax) run their task
-semantics with one coarse tile. qkv_rope and attention get batched versions here: every head at once, key
-pages gathered through the page tables into a padded (B, L, n_kv, D) block with a causal mask and one fused
-attention call, no host round trips (no host-to-device copies either), so on a GPU the segment can be
-captured in a CUDA graph. qkv_rope has the task kernels' numerics (RMSNorm statistics in fp32, bf16/fp32
-rounding at the same points); attention agrees to bf16 tolerance (see attention()).
+Every op of a step runs here as a handful of batched torch kernels: on a GPU each small kernel costs ~2-3 us
+even inside a CUDA graph, so the kernel count per layer is what a small-batch conventional step pays for
+(tests/runtime/test_conventional_op_count.py pins it). No host round trips (no host-to-device copies either),
+so on a GPU the segment can be captured in a CUDA graph.
+
+Numerics: embed, linear and qkv_rope compute bit for bit what their task kinds (tasks/ops/*.py, the pyvm /
+megakernel contract) compute with one coarse tile, only with fewer kernels: matmuls write straight into their
+destination (`out=`), residuals and SiLU are applied in place, RMSNorm is `rms_norm` below (the same fp32
+statistics and roundings as tasks/ops/common.rms_norm), RoPE is rotate-half with the sign folded into a
+per-step sin table (exact: negation commutes with rounding). Attention agrees to bf16 tolerance (see
+attention()).
+
+Per-step values every layer needs (row positions, RoPE cos/sin, the KV slots the step writes, the key pages,
+causal mask and live-row mask of attention) are computed once per step, by the first op that needs them, into
+the `step` dict the executor passes along (torch_exec.ConventionalExecutor.run makes a fresh one per run, so a
+CUDA graph capture records them inside the step and every replay recomputes them from the current pos /
+block_tables).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..tasks.ops.common import rms_norm, row_positions
+from ..tasks.ops.common import row_positions
 
 
-def qkv_rope(op, mem, ctx) -> None:
+# --- shared pieces -------------------------------------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """tasks/ops/common.rms_norm bit for bit (fp32 statistics, xn = w * (x * rsqrt(mean(x^2) + eps)).to(x.dtype))
+    in 7 kernels instead of 8: eps and rsqrt in place, and the fp32 product rounded straight into x's dtype by
+    the multiply (`out=`: computed in fp32, cast once, as .to() does)."""
+    xf = x.float()
+    r = xf.pow(2).mean(-1, keepdim=True)
+    r.add_(eps).rsqrt_()
+    xn = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    torch.mul(xf, r, out=xn)
+    if w.dtype == xn.dtype and torch.broadcast_shapes(w.shape, xn.shape) == xn.shape:
+        return xn.mul_(w)           # w * xn: one rounding of the same product either way
+    return w * xn
+
+
+def _wt(cache: dict, mem, name: str) -> torch.Tensor:
+    """mem.t(name).T, the view made once per executor (cache["const"] outlives the step; checked by identity, so
+    a replaced weight tensor gets a fresh view). Views launch nothing; this only trims host dispatch."""
+    const = cache.setdefault("const", {})     # the executor passes its persistent dict in every step's
+    w = mem.t(name)
+    ent = const.get(name)
+    if ent is None or ent[0] is not w:
+        ent = const[name] = (w, w.T)
+    return ent[1]
+
+
+def _rows(cache: dict, ctx) -> torch.Tensor:
+    """Absolute position of every row of the step (row_positions), once per step."""
+    if "pos" not in cache:
+        cache["pos"] = row_positions(ctx)
+    return cache["pos"]
+
+
+def _rope_tables(cache: dict, ctx, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, 1, D) cos and signed sin in `dtype`, once per step: y * cos + cat(y2, y1) * sin_s is rope()'s
+    y * cos + cat(-y2, y1) * sin with the sign moved onto the table (sin_s = cat(-sin, sin); both halves of
+    rope()'s sin are the same sin(ang), and (-a) * b == a * (-b) exactly, so the values are rope()'s bit for bit)."""
+    key = ("rope", dtype)
+    if key not in cache:
+        ang = _rows(cache, ctx).float()[:, None] * ctx.inv_freq[None, :]     # (M, D/2), as rope()
+        cos = ang.cos().to(dtype)
+        sin = ang.sin().to(dtype)
+        cache[key] = (torch.cat((cos, cos), -1)[:, None, :], torch.cat((-sin, sin), -1)[:, None, :])
+    return cache[key]
+
+
+def _kv_slots(cache: dict, mem, ctx) -> torch.Tensor:
+    """(M,) flat slot (page * page_size + offset) each row's K/V goes to, once per step; inactive rows (pos < 0)
+    write into the scratch page, so the write needs no data-dependent mask."""
+    if "slots" not in cache:
+        pos = _rows(cache, ctx)
+        T, ps = ctx.tokens_per_seq, ctx.page_size
+        b = torch.arange(pos.numel(), device=pos.device) // T
+        p = pos.clamp(min=0)
+        page = torch.where(pos >= 0, ctx.block_tables[b, p // ps], torch.full_like(p, mem.kvstore.scratch))
+        cache["slots"] = page * ps + p % ps
+    return cache["slots"]
+
+
+# --- ops ---------------------------------------------------------------------------------------------------------
+def embed(op, mem, ctx, cache) -> None:
+    """tasks/ops/embed.py: table rows gathered straight into out (index_select; same values as table[tok])."""
+    a = op.attrs
+    tok = mem.t(a["tokens"])
+    torch.index_select(mem.t(a["table"]), 0, tok.clamp(min=0), out=mem.t(a["out"]))
+
+
+def linear_whole(op) -> bool:
+    """The linears run whole here: all but the TP paths (push of fp32 partials, K segments), which run as their
+    coarse task (tasks/ops/linear.py)."""
+    a = op.attrs
+    return not a["push"] and a.get("k_segments", 1) == 1
+
+
+def linear(op, mem, ctx, cache) -> None:
+    """tasks/ops/linear.py with one tile of all N columns (no push, one K segment), bit for bit: y = x @ W.T in
+    x's dtype, silu(g) * u, residual + y, cast to out's dtype; the matmul or the epilogue writes into out."""
+    a = op.attrs
+    x = mem.t(a["x"])
+    out = mem.t(a["out"])
+    N = out.shape[-1]
+    r0 = a.get("weight_row0", 0)
+    if a["row_select"]:
+        x = x[a["row_select"]["offset"]::a["row_select"]["stride"]]
+    if a["norm"]:
+        x = rms_norm(x, mem.t(a["norm"]), a["eps"])
+    ws = [_wt(cache, mem, name) if (r0 == 0 and mem.t(name).shape[0] == N) else mem.t(name)[r0:r0 + N].T
+          for name in a["weights"]]
+    direct = out.dtype == x.dtype and out.is_contiguous()
+    if a["epilogue"] == "silu_mul":
+        g = x @ ws[0]
+        u = x @ ws[1]
+        F.silu(g, inplace=True)
+        if direct:
+            torch.mul(g, u, out=out)
+        else:
+            out.copy_(g * u)
+        return
+    res = mem.t(a["residual"]) if a["residual"] else None
+    if direct and (res is None or res.dtype == out.dtype):
+        torch.mm(x, ws[0], out=out)
+        if res is not None:
+            out.add_(res)           # residual + y: the same single rounding
+        return
+    y = x @ ws[0]
+    if res is not None:
+        y = res + y
+    out.copy_(y)
+
+
+def qkv_rope(op, mem, ctx, cache) -> None:
+    """All heads at once, the task kernels' numerics: RMSNorm, the q/k/v projections, (Qwen3) per-head q/k
+    RMSNorm, RoPE, q written, k/v appended to the paged cache. q and k heads are stacked as (M, n_q + n_kv, D)
+    so the per-head norm statistics and RoPE run once for both (per-row reductions over D and elementwise ops:
+    the same values as per tensor); at batch 1 the projections write straight into that stack."""
     a = op.attrs
     D = ctx.config.head_dim
+    nq, nkv = a["n_q"], a["n_kv"]
     x = mem.t(a["x"])
     M = x.shape[0]
     xn = rms_norm(x, mem.t(a["norm"]), a["eps"])
-    pos = row_positions(ctx)                                   # (M,)
-    # cos/sin once per row, broadcast over heads and shared by q and k (rope() per head row computed them
-    # n_q + n_kv times); the same values and elementwise ops as rope(), so the same numerics
-    ang = pos.float()[:, None] * ctx.inv_freq[None, :]
-    emb = torch.cat((ang, ang), dim=-1)[:, None, :]             # (M, 1, D)
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    out = {}
-    for which, n in (("q", a["n_q"]), ("k", a["n_kv"]), ("v", a["n_kv"])):
-        y = (xn @ mem.t(a["w" + which]).T).view(M, n, D)      # (M, heads, D)
-        if which != "v":
-            hn = a["q_norm"] if which == "q" else a["k_norm"]
-            if hn is not None:
-                y = rms_norm(y, mem.t(hn), a["eps"])
-            y1, y2 = y.chunk(2, dim=-1)
-            y = y * cos + torch.cat((-y2, y1), dim=-1) * sin
-        out[which] = y
-    mem.t(a["q"]).copy_(out["q"].reshape(M, -1))
-    T = ctx.tokens_per_seq
-    b = torch.arange(M, device=x.device) // T
-    live = pos >= 0
-    p = pos.clamp(min=0)
-    page = torch.where(live, ctx.block_tables[b, p // ctx.page_size], torch.full_like(p, mem.kvstore.scratch))
-    for which in ("k", "v"):
-        mem.kv(a[f"{which}_cache"])[page, p % ctx.page_size] = out[which]
+    wq, wk, wv = (_wt(cache, mem, a[n]) for n in ("wq", "wk", "wv"))
+    if M == 1:   # a (1, n) column slice of the stack is contiguous: the matmuls write into it
+        qk = torch.empty(1, nq + nkv, D, dtype=xn.dtype, device=x.device)
+        fq, fk = qk.view(1, -1).split((nq * D, nkv * D), 1)
+        torch.mm(xn, wq, out=fq)
+        torch.mm(xn, wk, out=fk)
+    else:
+        qk = torch.cat(((xn @ wq).view(M, nq, D), (xn @ wk).view(M, nkv, D)), 1)
+    yv = (xn @ wv).view(M, nkv, D)
+    qh, kh = qk.split((nq, nkv), 1)
+    if a["q_norm"] is not None:      # per-head RMSNorm (rms_norm's numerics), statistics of all heads at once
+        qf = qk.float()
+        r = qf.pow(2).mean(-1, keepdim=True)
+        r.add_(a["eps"]).rsqrt_()
+        torch.mul(qf, r, out=qk)
+        qh.mul_(mem.t(a["q_norm"]))
+        kh.mul_(mem.t(a["k_norm"]))
+    cos, sin_s = _rope_tables(cache, ctx, qk.dtype)
+    y1, y2 = qk.chunk(2, -1)
+    rot = torch.cat((y2, y1), -1)
+    rot.mul_(sin_s)
+    qk.mul_(cos)
+    rq, rk = rot.split((nq, nkv), 1)
+    q = mem.t(a["q"])
+    if q.dtype == qk.dtype and q.is_contiguous():
+        torch.add(qh, rq, out=q.view(M, nq, D))
+    else:
+        q.copy_((qh + rq).reshape(M, -1))
+    k = kh.add_(rk)
+    slots = _kv_slots(cache, mem, ctx)
+    for which, y in (("k", k), ("v", yv)):
+        kc = mem.kv(a[f"{which}_cache"])
+        kc.view(-1, *kc.shape[2:])[slots] = y
 
 
-def attention(op, mem, ctx) -> None:
+def _attn_step(cache: dict, ctx, g: int, dtype, dev) -> dict:
+    """What every layer's attention shares in a step: key count L, pages to gather, the (B, 1, g*T, L) mask
+    (causal and written keys; inactive rows see every key) as the additive 0 / -inf mask in the query dtype that
+    SDPA would make of the boolean one in every call (the same values), the live-row mask."""
+    key = ("attn", g, dtype)
+    if key not in cache:
+        T, ps = ctx.tokens_per_seq, ctx.page_size
+        B = ctx.pos.numel()
+        L = ctx.kv_len_cap or int(ctx.pos.max()) + T          # static on a GPU (kv_len_cap), dynamic on CPU
+        npg = -(-L // ps)
+        kpos = torch.arange(L, device=dev)
+        qpos = ctx.pos[:, None] + torch.arange(T, device=dev)   # (B, T)
+        mask = (kpos[None, None, :] <= qpos[:, :, None]) | (ctx.pos < 0)[:, None, None]    # (B, T, L)
+        cache[key] = dict(
+            L=L, npg=npg, pages=ctx.block_tables[:, :npg].reshape(-1),
+            mask=torch.full((B, 1, g * T, L), float("-inf"), dtype=dtype, device=dev).masked_fill_(
+                mask[:, None, None].expand(B, 1, g, T, L).reshape(B, 1, g * T, L), 0.0),
+            live=(ctx.pos >= 0).view(B, 1, 1, 1, 1), kpos=kpos)
+    return cache[key]
+
+
+def attention(op, mem, ctx, cache) -> None:
     """All sequences and heads at once: the pages of keys [0, L_cap) gathered per sequence (one indexed copy of
     whole pages, in the cache dtype), then one fused scaled-dot-product attention call.
 
@@ -57,36 +213,46 @@ def attention(op, mem, ctx) -> None:
     probabilities are rounded to bf16 before the PV product (the task kernels keep them in fp32: agreement to
     bf16 tolerance, not bitwise). Unwritten slots are masked out of the scores and get probability 0, which is
     exact for any finite garbage; a NaN-poisoned cache (KVStore(poison=True), the CPU twin's debug fill) is
-    sanitised first because 0 * NaN is NaN."""
+    sanitised first because 0 * NaN is NaN. Pages, masks and L are per-step values (_attn_step); inactive rows
+    are zeroed by the select that writes the output."""
     a = op.attrs
     D, T, ps = ctx.config.head_dim, ctx.tokens_per_seq, ctx.page_size
     nq, nkv = a["n_q"], a["n_kv"]
     g = nq // nkv
     q = mem.t(a["q"])
     B = q.shape[0] // T
-    L = ctx.kv_len_cap or int(ctx.pos.max()) + T                # static on a GPU (kv_len_cap), dynamic on CPU
-    npg = -(-L // ps)
-    pages = ctx.block_tables[:, :npg].reshape(-1)               # (B * npg): whole pages
+    st = _attn_step(cache, ctx, g, q.dtype, q.device)
+    L, npg = st["L"], st["npg"]
     kc, vc = mem.kv(a["k_cache"]), mem.kv(a["v_cache"])         # (pages, ps, nkv, D)
     # index_select copies whole contiguous pages (a vectorised gather); advanced indexing kc[pages] ran an
     # element-wise index kernel: 24.6 of 45.6 ms GPU time of a qwen3-8b batch-128 step (H200 profile)
-    k = kc.index_select(0, pages).view(B, npg * ps, nkv, D)[:, :L].transpose(1, 2)   # (B, nkv, L, D)
-    v = vc.index_select(0, pages).view(B, npg * ps, nkv, D)[:, :L].transpose(1, 2)
-    kpos = torch.arange(L, device=q.device)
-    qpos = ctx.pos[:, None] + torch.arange(T, device=q.device)  # (B, T)
-    mask = kpos[None, None, :] <= qpos[:, :, None]             # (B, T, L): causal and written (pos + t >= key)
-    mask = mask | (ctx.pos < 0)[:, None, None]                  # inactive rows: any finite result, zeroed below
+    k = kc.index_select(0, st["pages"]).view(B, npg * ps, nkv, D)
+    v = vc.index_select(0, st["pages"]).view(B, npg * ps, nkv, D)
+    if L < npg * ps:
+        k, v = k[:, :L], v[:, :L]
+    k, v = k.transpose(1, 2), v.transpose(1, 2)                 # (B, nkv, L, D)
     if mem.kvstore.poisoned:
-        w = (kpos[None, :] < (ctx.pos[:, None] + T))[:, None, :, None]    # (B, 1, L, 1): written keys
+        if "written" not in st:                                  # (B, 1, L, 1): written keys
+            st["written"] = (st["kpos"][None, :] < (ctx.pos[:, None] + T))[:, None, :, None]
         zero = torch.zeros((), dtype=k.dtype, device=k.device)
-        k, v = torch.where(w, k, zero), torch.where(w, v, zero)
+        k, v = torch.where(st["written"], k, zero), torch.where(st["written"], v, zero)
     qg = q.view(B, T, nkv, g, D).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * T, D)
-    m = mask[:, None, None].expand(B, 1, g, T, L).reshape(B, 1, g * T, L)
-    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=m, scale=a["scale"])   # (B, nkv, g*T, D)
-    o = o.view(B, nkv, g, T, D).permute(0, 3, 1, 2, 4).reshape(B, T, nq * D)
-    o = torch.where((ctx.pos >= 0)[:, None, None], o, torch.zeros((), dtype=o.dtype, device=o.device))
+    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=st["mask"], scale=a["scale"])   # (B, nkv, g*T, D)
+    o = o.view(B, nkv, g, T, D).permute(0, 3, 1, 2, 4)         # (B, T, nkv, g, D)
+    if "zero" not in st:
+        st["zero"] = torch.zeros((), dtype=o.dtype, device=o.device)
     out = mem.t(a["out"])
-    out.copy_(o.reshape(B * T, nq * D).to(out.dtype))
+    if out.dtype == o.dtype and out.is_contiguous():
+        torch.where(st["live"], o, st["zero"], out=out.view(B, T, nkv, g, D))
+    else:
+        out.copy_(torch.where(st["live"], o, st["zero"]).reshape(B * T, nq * D))
 
 
-OPS = {"qkv_rope": qkv_rope, "attention": attention}
+# kind -> (whole-op implementation, which ops of that kind run whole; the rest run as their coarse task)
+OPS = {"embed": (embed, None), "linear": (linear, linear_whole), "qkv_rope": (qkv_rope, None),
+       "attention": (attention, None)}
+
+
+def runs_whole(op) -> bool:
+    impl = OPS.get(op.kind)
+    return impl is not None and (impl[1] is None or impl[1](op))

@@ -1,9 +1,12 @@
-"""The conventional path: run a Graph op by op with torch (one coarse task per op tile, in program order).
+"""The conventional path: run a Graph op by op with torch, in program order.
 
-It reuses the task kinds' semantics with a coarse tiling, so every op has exactly one definition of what it
-computes; ranks of a TP group are interleaved task by task (their decompositions are identical, and every
-cross-rank producer precedes its consumer in that order). Used for prefill chunks and as the CPU "torch"
-backend; on a GPU the same ops run as torch kernels.
+Ops with a whole-op version (conventional_ops: embed, linear without TP push, qkv_rope, attention) run as
+batched torch kernels with the task kinds' numerics; the rest run their task kinds' semantics with one coarse
+tile, so every op has exactly one definition of what it computes. Ranks of a TP group are interleaved task by
+task (their decompositions are identical, and every cross-rank producer precedes its consumer in that order).
+Values every layer needs (positions, RoPE tables, KV slots, attention masks) are built once per step, inside
+run() (a CUDA graph capture records them; see conventional_ops). Used for prefill chunks and as the CPU
+"torch" backend; on a GPU the same ops run as torch kernels.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from ..ir.graph import Graph
 from ..tasks.build import decompose
 from ..tasks.ops import get_task_kind
 from ..tasks.tiling import Tiling
-from .conventional_ops import OPS as WHOLE_OPS
+from .conventional_ops import OPS as WHOLE_OPS, runs_whole
 from .memory import RankMemory, StepCtx
 
 COARSE = Tiling(num_sms=1, linear_cols=1 << 30, allreduce_cols=1 << 30)
@@ -29,12 +32,13 @@ class ConventionalExecutor:
         for g in graphs:
             ts = []
             for op in g.ops:
-                if op.kind in WHOLE_OPS:
+                if runs_whole(op):
                     ts.append(_WholeOp(op))
                 else:
                     ts.extend(decompose(g.subgraph([op.name]), COARSE))
             self.tasks.append(ts)
-        self.kernels = {t.kind: (WHOLE_OPS[t.kind] if isinstance(t, _WholeOp) else get_task_kind(t.kind))
+        self.consts = [{} for _ in self.tasks]   # per rank, kept across steps: views of weights (conventional_ops._wt)
+        self.kernels = {t.kind: (WHOLE_OPS[t.op.kind][0] if isinstance(t, _WholeOp) else get_task_kind(t.kind))
                         for ts in self.tasks for t in ts}
         if comm is not None and comm.world_size > 1:
             if len(mems) != 1:
@@ -50,16 +54,22 @@ class ConventionalExecutor:
         return run
 
     def run(self, ctxs: list[StepCtx]) -> None:
+        # per-step values shared by the layers, one dict per rank; fresh every run (never reused across steps:
+        # a captured graph must recompute them from the pos / block_tables of the step it replays)
+        steps = [{"const": c} for c in self.consts]
         n = max(len(ts) for ts in self.tasks)
         for i in range(n):
             for r, ts in enumerate(self.tasks):
                 if i < len(ts):
                     t = ts[i]
-                    self.kernels[t.kind](t.op if isinstance(t, _WholeOp) else t, self.mems[r], ctxs[r])
+                    if isinstance(t, _WholeOp):
+                        self.kernels[t.kind](t.op, self.mems[r], ctxs[r], steps[r])
+                    else:
+                        self.kernels[t.kind](t, self.mems[r], ctxs[r])
 
 
 class _WholeOp:
     """An op run whole (conventional_ops) in the executor's program order."""
 
     def __init__(self, op):
-        self.op, self.kind = op, op.kind
+        self.op, self.kind = op, "whole:" + op.kind    # apart from the task kind (a TP linear runs as tasks)

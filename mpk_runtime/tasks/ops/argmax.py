@@ -115,8 +115,9 @@ def sample_rows(vals: torch.Tensor, idx: torch.Tensor, temp: torch.Tensor, top_k
     e = torch.where(j[None, :] == 0, _f32(1.0, dev), e)
     e = torch.where(j[None, :] < k[:, None], e, _f32(0.0, dev))
     c = torch.zeros(B, C + 1, dtype=torch.float32, device=dev)
+    cc, ee = c.unbind(1), e.unbind(1)
     for q in range(C):                       # serial prefix sums, as one device thread does them
-        c[:, q + 1] = c[:, q] + e[:, q]
+        torch.add(cc[q], ee[q], out=cc[q + 1])   # one kernel per step (no temporary + copy), the same fp32 add
     S = c.gather(1, k[:, None])[:, 0]
     thr = top_p * S
     keep = (j[None, :] < k[:, None]) & ((j[None, :] == 0) | (c[:, :C] < thr[:, None]))

@@ -1,0 +1,159 @@
+"""Kernel count of a conventional decode step (a CPU proxy for the GPU launches of a CUDA-graphed step: every
+non-view aten op is a kernel or a copy on the GPU, ~2-3 us each inside a graph), and the whole-op versions
+(runtime/conventional_ops.py) computing bit for bit what the task kinds' semantics compute.
+
+Per-layer counts are taken over layers 1.. (layer 0 also builds the per-step values every layer shares:
+positions, RoPE tables, KV slots, attention masks). Before the whole-op linear/embed, per-step values and
+in-place epilogues (07e32f7), bf16, batch 1, GPU branches of argmax, per layer:
+    tiny-qwen3 150 aten ops (96 kernels), tiny-llama 134 (80), qwen3-0.6b 150 (96); per step 1045 / 863 / 4795
+after: 70 (44), 62 (36), 70 (44); per step 601 / 515 / 2351 (docs/perf-notes.md, v7)
+Run `python tests/runtime/test_conventional_op_count.py [models]` for the breakdown per op kind."""
+from __future__ import annotations
+
+import collections
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mpk_runtime.ir import build_graph
+from mpk_runtime.models import PRESETS, load_config, random_weights
+from mpk_runtime.models.reference import rope_inv_freq
+from mpk_runtime.runtime import torch_exec
+from mpk_runtime.runtime.memory import KVStore, RankMemory, StepCtx
+from mpk_runtime.runtime.torch_exec import ConventionalExecutor
+from mpk_runtime.tasks.ops import argmax as argmax_ops
+
+# ops that launch no GPU kernel: views / aliases, and allocations
+VIEWS = {"view", "_unsafe_view", "unsqueeze", "squeeze", "permute", "transpose", "t", "slice", "select", "expand",
+         "alias", "split", "split_with_sizes", "unbind", "chunk", "detach", "as_strided", "narrow", "reshape",
+         "_reshape_alias", "empty"}
+
+# upper bounds (aten ops per layer, of which kernels; aten ops per step), batch 1, bf16: measured + ~5%
+# (measured: tiny-qwen3 70 / 44 / 601, tiny-llama 62 / 36 / 515; qwen3-0.6b 70 / 44 per layer)
+BOUNDS = {"tiny-qwen3": (74, 46, 630), "tiny-llama": (66, 38, 540)}
+
+
+class _Record(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple[str, str]] = []
+        self.tag = ""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append((self.tag, str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def is_kernel(op: str) -> bool:
+    return op.split(".")[1] not in VIEWS
+
+
+def build(model: str, B: int = 1, context: int = 40, T: int = 1, dtype: str = "bfloat16", seed: int = 0,
+          dev: str = "cpu"):
+    """A bf16 rank-0 memory with a random, filled KV cache and one conventional executor (as on a GPU: static key
+    count kv_len_cap, unpoisoned cache). Row 1 (if B > 1) is inactive (pos -1)."""
+    cfg = load_config(model).replace(dtype=dtype)
+    ps, max_seq = 16, context + T + 16
+    pps = -(-max_seq // ps)
+    mode = "decode" if T == 1 else "prefill"
+    g = build_graph(cfg, mode=mode, batch=B, tokens_per_seq=None if T == 1 else T, context_len=context,
+                    max_seq_len=max_seq)
+    w = {k: v.to(dev) for k, v in random_weights(cfg, seed=seed).items()}
+    kv = KVStore(cfg.num_layers, B * pps + 1, ps, g.tensors["L0.k_cache"].shape[1], cfg.head_dim,
+                 w["model.norm.weight"].dtype, device=dev, poison=False)
+    gen = torch.Generator().manual_seed(seed)
+    for c in kv.k + kv.v:
+        c.copy_(torch.randn(c.shape, generator=gen))
+    mem = RankMemory(g, w, kv, device=dev)
+    mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B * T,), generator=gen))
+    tables = (torch.randperm(B * pps, generator=gen) + 1).view(B, pps)
+    pos = torch.tensor([context - 3 * b for b in range(B)])
+    if B > 1:
+        pos[1] = -1
+    ctx = StepCtx(cfg, 1, pos.to(dev), tables.to(dev), ps, T, rope_inv_freq(cfg).to(dev), kv_len_cap=context + T)
+    return cfg, g, mem, ConventionalExecutor([g], [mem]), ctx
+
+
+def count(model: str, B: int = 1) -> dict:
+    """Aten ops of one conventional decode step (GPU branches of argmax), per op and per layer."""
+    cfg, g, mem, ex, ctx = build(model, B)
+    old = argmax_ops.host_syncs_ok
+    argmax_ops.host_syncs_ok = lambda dev: False
+    try:
+        ex.run([ctx])                                   # warm-up (lazy init off the record)
+        rec = _Record()
+        kernels = dict(ex.kernels)
+        for kind, f in kernels.items():
+            def tagged(t, *args, f=f):
+                rec.tag = t.name if hasattr(t, "name") else getattr(t.op, "name", t.op)   # Op / task
+                f(t, *args)
+                rec.tag = ""
+            ex.kernels[kind] = tagged
+        with rec:
+            ex.run([ctx])
+        ex.kernels = kernels
+    finally:
+        argmax_ops.host_syncs_ok = old
+    L = cfg.num_layers
+    steady = [o for tag, o in rec.ops if tag.startswith("L") and int(tag[1:].split(".")[0]) >= 1]
+    by_op = collections.Counter(tag.split(".")[-1] if tag.startswith("L") else tag for tag, _ in rec.ops)
+    return dict(model=model, layers=L, step=len(rec.ops), step_kernels=sum(map(is_kernel, (o for _, o in rec.ops))),
+                layer=len(steady) / (L - 1), layer_kernels=sum(map(is_kernel, steady)) / (L - 1), by_op=by_op,
+                steady=collections.Counter(steady))
+
+
+@pytest.mark.parametrize("model", sorted(BOUNDS))
+def test_conventional_decode_step_op_count(model):
+    c = count(model)
+    ops, kernels, step = BOUNDS[model]
+    assert c["step"] <= step, f"{model}: {c['step']} aten ops per step, bound {step}; {dict(c['by_op'])}"
+    assert c["layer"] <= ops and c["layer_kernels"] <= kernels, (
+        f"{model}: {c['layer']:.1f} aten ops ({c['layer_kernels']:.1f} kernels) per layer, bound {ops} ({kernels}); "
+        f"{dict(c['steady'].most_common())}")
+
+
+def _acts(mem, g):
+    out = {n: mem.t(n).clone() for n, s in g.tensors.items() if s.kind in ("act", "io")}
+    sc = mem.kvstore.scratch     # the whole op parks inactive rows' K/V there (the tasks skip them): garbage
+    for i, (k, v) in enumerate(zip(mem.kvstore.k, mem.kvstore.v)):
+        out[f"k{i}"], out[f"v{i}"] = k[:sc].clone(), v[:sc].clone()
+    return out
+
+
+CASES = [("tiny-qwen3", 1, 1), ("tiny-qwen3", 3, 1), ("tiny-llama", 3, 1), ("tiny-qwen3", 1, 5), ("tiny-llama", 2, 4)]
+
+
+@pytest.mark.parametrize("model,B,T", CASES)
+def test_whole_ops_match_task_semantics_bitwise(model, B, T, monkeypatch, dev="cpu"):
+    """embed / linear / qkv_rope whole ops vs their task kinds with one coarse tile (the pyvm / megakernel
+    contract), bf16: every activation, the logits, the next tokens and the KV cache bit for bit. Attention is
+    the same whole op in both runs."""
+    res = []
+    for whole in (True, False):
+        if not whole:
+            monkeypatch.setattr(torch_exec, "runs_whole", lambda op: op.kind == "attention")
+        cfg, g, mem, ex, ctx = build(model, B, T=T, dev=dev)
+        ex.run([ctx])
+        res.append(_acts(mem, g))
+    a, b = res
+    assert a.keys() == b.keys()
+    bad = {n: (a[n].float() - b[n].float()).abs().max().item() for n in a if not torch.equal(a[n], b[n])}
+    assert not bad, (model, B, T, bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model,B,T", CASES)
+def test_whole_ops_match_task_semantics_bitwise_gpu(model, B, T, monkeypatch):
+    """The same on a GPU (cuBLAS / CUDA elementwise kernels, `out=` and in-place variants)."""
+    test_whole_ops_match_task_semantics_bitwise(model, B, T, monkeypatch, dev="cuda")
+
+
+if __name__ == "__main__":
+    for m in (sys.argv[1] if len(sys.argv) > 1 else "tiny-qwen3,tiny-llama,qwen3-0.6b").split(","):
+        c = count(m)
+        print(f"== {m}: {c['step']} aten ops / step ({c['step_kernels']} kernels); per layer (1..{c['layers'] - 1}): "
+              f"{c['layer']:.1f} aten ops, {c['layer_kernels']:.1f} kernels")
+        print("   by op:", dict(c["by_op"].most_common()))
+        print("   per layer:", {k: round(v / (c['layers'] - 1), 1) for k, v in c["steady"].most_common()})
