@@ -4,11 +4,14 @@
 #     OUT=/some/dir bash scripts/gpu_memcheck.sh
 # Writes $OUT/memcheck.log; exits non-zero if the sanitizer reports an error or the check fails. The kernel's
 # spin-wait timeout is raised (MPK_KERNEL_TIMEOUT_S) because every instrumented access is slow under memcheck.
+# API return codes are not reported (--report-api-errors no): cuda-bindings probes driver entry points with
+# cuGetProcAddress at import and 34 of those probes return CUDA_ERROR_INVALID_VALUE on the H200 machine's
+# driver, which memcheck otherwise counts as errors (first run, 2026-11-30: 34 such reports, 0 memory errors).
 set -u
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-MPK_KERNEL_TIMEOUT_S=${MPK_KERNEL_TIMEOUT_S:-60} "$CS" --tool memcheck --error-exitcode 9 --print-limit 100 \
+MPK_KERNEL_TIMEOUT_S=${MPK_KERNEL_TIMEOUT_S:-60} "$CS" --tool memcheck --report-api-errors no --error-exitcode 9 --print-limit 100 \
     python3 scripts/gpu_check.py --models tiny-llama,tiny-qwen3 --steps 4 > "$OUT/memcheck.log" 2>&1
 rc=$?
 grep -E "^correct|ERROR|ERROR SUMMARY|Invalid __global__|Invalid __shared__|Program hit" "$OUT/memcheck.log" | head -20
