@@ -49,24 +49,26 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
     if op.kind == "allreduce":
         W, M, N = graph.tensors[op.attrs["part"]].shape
         return {"fixed_us": fixed + prof.nccl_allreduce_us(M * N * 2), "stream_us": 0.0, "tc_us": 0.0,
-                "attn_kv_us": 0.0}
+                "attn_kv_us": 0.0, "coll": 1}
+    coll = 0
     if op.kind == "argmax" and graph.tp > 1:
         fixed += prof.nccl_allreduce_us(graph.batch * 16)
+        coll = 1
     if op.kind == "attention":
-        return {"fixed_us": fixed, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": op.bytes / bw * 1e6}
+        return {"fixed_us": fixed, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": op.bytes / bw * 1e6, "coll": 0}
     rows = graph.rows if op.kind != "argmax" else 1
     tc = prof.tc_time_us(op.flops, rows, prof.num_sms) if op.kind in ("linear", "qkv_rope") else 0.0
-    return {"fixed_us": fixed, "stream_us": op.bytes / bw * 1e6, "tc_us": tc, "attn_kv_us": 0.0}
+    return {"fixed_us": fixed, "stream_us": op.bytes / bw * 1e6, "tc_us": tc, "attn_kv_us": 0.0, "coll": coll}
 
 
-def _conv_price(fixed: float, stream: float, tc: float, kv: float, prof: HardwareProfile) -> float:
+def _conv_price(fixed: float, stream: float, tc: float, kv: float, coll: int, prof: HardwareProfile) -> float:
     return prof.conv_fixed_scale * fixed + max(stream / prof.conv_bw_fraction, tc / prof.conv_tc_eff) + \
-        kv * prof.conv_attn_kv_passes
+        kv * prof.conv_attn_kv_passes + coll * prof.conv_collective_us
 
 
 def conventional_op_us(op: Op, graph: Graph, prof: HardwareProfile) -> float:
     t = conv_op_terms(op, graph, prof)
-    return _conv_price(t["fixed_us"], t["stream_us"], t["tc_us"], t["attn_kv_us"], prof)
+    return _conv_price(t["fixed_us"], t["stream_us"], t["tc_us"], t["attn_kv_us"], t["coll"], prof)
 
 
 def conventional_us(graph: Graph, ops: list[str], prof: HardwareProfile) -> float:
@@ -78,15 +80,17 @@ def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -
     """Per-segment terms for fit.py: summed fixed and KV terms, and the (stream, tc) pairs with counts."""
     by = {o.name: o for o in graph.ops}
     fixed = kv = 0.0
+    coll = 0
     pairs: dict[tuple, int] = {}
     for n in ops:
         t = conv_op_terms(by[n], graph, prof)
         fixed += t["fixed_us"]
         kv += t["attn_kv_us"]
+        coll += t["coll"]
         if t["stream_us"] or t["tc_us"]:
             key = (round(t["stream_us"], 4), round(t["tc_us"], 4))
             pairs[key] = pairs.get(key, 0) + 1
-    return {"kind": "conventional", "fixed_us": fixed, "attn_kv_us": kv,
+    return {"kind": "conventional", "fixed_us": fixed, "attn_kv_us": kv, "n_coll": coll,
             "st": [[s, t, c] for (s, t), c in sorted(pairs.items())]}
 
 
@@ -95,7 +99,8 @@ def price_from_features(f: dict, prof: HardwareProfile) -> float:
     if f["kind"] == "megakernel":
         return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
-    return prof.conv_fixed_scale * f["fixed_us"] + st + f["attn_kv_us"] * prof.conv_attn_kv_passes
+    return prof.conv_fixed_scale * f["fixed_us"] + st + f["attn_kv_us"] * prof.conv_attn_kv_passes + \
+        f.get("n_coll", 0) * prof.conv_collective_us
 
 
 class SegmentCoster:

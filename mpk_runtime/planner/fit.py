@@ -28,7 +28,7 @@ from .profile import HardwareProfile
 
 REGIMES = ((1, "1"), (8, "8"))   # (min batch, key)
 BATCH_REGIMES = ((1, "1"), (8, "8"), (32, "32"), (128, "128"))   # --regimes batch: one per measured batch
-CONV_FIELDS = ("conv_fixed_scale", "conv_bw_fraction", "conv_tc_eff", "conv_attn_kv_passes")
+CONV_FIELDS = ("conv_fixed_scale", "conv_bw_fraction", "conv_tc_eff", "conv_attn_kv_passes", "conv_collective_us")
 SIM_FIELDS = ("mk_tc_stream_eff", "mk_tc_eff", "linear_pass_us", "restream_frac")   # --grid: re-simulated
 FIXED_PREFIX = "fixed."   # --grid fixed.<task kind>=...: the per-kind task fixed cost (task_fixed_us_by_kind)
 
@@ -224,6 +224,7 @@ def fit_conventional(segs: list[dict]) -> dict:
     best = None
     w = [1.0 / s["measured_us"] ** 2 for s in segs]
     has_kv = any(s["features"]["attn_kv_us"] > 0 for s in segs)
+    has_coll = any(s["features"].get("n_coll", 0) > 0 for s in segs)
     # descending, strict improvement: where a term never binds (Tensor Cores at batch 1), keep the prior (1.0)
     for frac in [1.0 - 0.05 * i for i in range(15)]:
         for eff in [1.0 - 0.1 * i for i in range(10)]:
@@ -232,6 +233,8 @@ def fit_conventional(segs: list[dict]) -> dict:
             cols = [[s["features"]["fixed_us"] for s in segs]]
             if has_kv:
                 cols.append([s["features"]["attn_kv_us"] for s in segs])
+            if has_coll:
+                cols.append([float(s["features"].get("n_coll", 0)) for s in segs])
             b = _wls(cols, y, w)
             pred = [v + sum(bi * ci for bi, ci in zip(b, col)) for v, col in zip(st, zip(*cols))]
             err = sum(((p - s["measured_us"]) / s["measured_us"]) ** 2 for p, s in zip(pred, segs))
@@ -239,7 +242,8 @@ def fit_conventional(segs: list[dict]) -> dict:
                 best = (err, frac, eff, b)
     _, frac, eff, b = best
     return {"conv_fixed_scale": b[0], "conv_bw_fraction": round(frac, 4), "conv_tc_eff": round(eff, 4),
-            "conv_attn_kv_passes": b[1] if has_kv else 1.0}
+            "conv_attn_kv_passes": b[1] if has_kv else 1.0,
+            "conv_collective_us": b[1 + has_kv] if has_coll else 0.0}
 
 
 def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, regimes=REGIMES,

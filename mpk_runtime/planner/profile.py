@@ -73,6 +73,9 @@ class HardwareProfile:
     conv_tc_eff: float = 1.0
     conv_fixed_scale: float = 1.0          # multiplies the conventional fixed costs (fit.py's calibration)
     conv_attn_kv_passes: float = 1.0
+    # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
+    # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
+    conv_collective_us: float = 0.0
     # batch regimes: {"min batch": {field: value}}; for_batch(B) applies the largest key <= B (fit.py writes
     # them: the B=1 kernels and the B>=8 row-group kernels are different code paths with different constants)
     regimes: dict[str, dict] = field(default_factory=dict)

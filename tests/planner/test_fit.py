@@ -174,3 +174,21 @@ def test_grid_fixed_cost_terms_apply_to_a_copy():
     assert p.task_fixed_us_by_kind["attn_partial"] == before["attn_partial"]
     assert base.task_fixed_us_by_kind == before            # the base profile is not modified
     assert p.fixed_us("qkv_rope") == 12.0 and base.fixed_us("qkv_rope") == before["qkv_rope"]
+
+
+def test_conventional_collectives_priced_at_tp2(base):
+    """TP > 1: every conventional all-reduce and the distributed argmax pay conv_collective_us (features and the
+    cost function agree); TP = 1 segments have none."""
+    regs = {k: dict(v, conv_collective_us=0.0) for k, v in TRUE.items()}
+    p0 = dataclasses.replace(base, regimes=regs)
+    p1 = dataclasses.replace(base, regimes={k: dict(v, conv_collective_us=50.0) for k, v in TRUE.items()})
+    cfg = PRESETS["tiny-qwen3"]
+    a = {p.name: p for p in candidates(cfg, tp=2, batch=2, context=64, prof=p0, families=("conventional",))}
+    b = {p.name: p for p in candidates(cfg, tp=2, batch=2, context=64, prof=p1, families=("conventional",))}
+    seg0, seg1 = a["conventional"].segments[0], b["conventional"].segments[0]
+    n = seg1.features["n_coll"]
+    assert n == 2 * cfg.num_layers + 1        # two all-reduces per layer + the distributed argmax
+    assert seg1.predicted_us - seg0.predicted_us == pytest.approx(50.0 * n, rel=1e-9)
+    assert price_from_features(seg1.features, p1.for_batch(2)) == pytest.approx(seg1.predicted_us, rel=1e-6)
+    one = candidates(cfg, tp=1, batch=2, context=64, prof=p1, families=("conventional",))[0]
+    assert one.segments[0].features["n_coll"] == 0
