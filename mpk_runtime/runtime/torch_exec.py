@@ -44,7 +44,8 @@ class ConventionalExecutor:
             if len(mems) != 1:
                 raise ValueError("with a communicator each process holds exactly one rank")
             for kind, sym_param in (("allreduce", "part"), ("argmax_reduce", "part")):
-                self.kernels[kind] = self._gathering(self.kernels[kind], sym_param)
+                if kind in self.kernels:   # a segment without that op (e.g. attention only) has nothing to wrap
+                    self.kernels[kind] = self._gathering(self.kernels[kind], sym_param)
 
     def _gathering(self, kernel, sym_param):
         def run(task, mem, ctx):

@@ -47,3 +47,23 @@ def test_all_conventional_step_has_no_host_copies_or_syncs(monkeypatch):
     assert len(rec.ops) > 50, "the step ran no ops under the recorder"
     bad = sorted({o for o in rec.ops if o in FORBIDDEN})
     assert not bad, f"not capturable in a CUDA graph: {bad}"
+
+
+def test_conventional_segment_without_collectives_at_tp2():
+    """A TP>1 conventional segment holding no all-reduce / argmax (attention only, as the attn-conv plans cut
+    it) builds: the GPU TP=2 validation of attn-conv failed with KeyError 'allreduce' (07e32f7)."""
+    from mpk_runtime.runtime.torch_exec import ConventionalExecutor
+
+    class _Comm:   # one process holds one rank; this segment never calls it
+        world_size = 2
+
+        def all_gather(self, t, dim=0):
+            raise AssertionError("an attention-only segment has no collective")
+
+    cfg = PRESETS["tiny-qwen3"]
+    grp, lens, tables, _, toks = setup(cfg, 2, 4)
+    graphs = grp.graphs("decode", 4, 1)
+    mems = grp._mems(graphs)
+    attn = [o.name for o in graphs[0].ops if o.kind == "attention"][:1]
+    ex = ConventionalExecutor([graphs[0].subgraph(attn)], [mems[0]], comm=_Comm())
+    assert set(ex.kernels) == {"whole:attention"}
