@@ -211,7 +211,8 @@ class InProcessExecutor(Executor):
         return results
 
     def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:
-        return self.collective_rpc("init_model", (backend, self.group), runner_kwargs)
+        return self.collective_rpc("init_model", (backend, self.group), plan_once(backend, self.world_size,
+                                                                                   runner_kwargs))
 
     def shutdown(self) -> None:
         if self._closed:
@@ -260,7 +261,7 @@ class SPMDExecutor(Executor):
             comm.world_size = self.world_size
         else:
             comm = self.comm_spec
-        return self.collective_rpc("init_model", (backend, comm), runner_kwargs)
+        return self.collective_rpc("init_model", (backend, comm), plan_once(backend, self.world_size, runner_kwargs))
 
     def shutdown(self) -> None:
         if not self._closed:
@@ -269,6 +270,26 @@ class SPMDExecutor(Executor):
             except Exception:  # noqa: BLE001 - best effort at exit
                 pass
             self._closed = True
+
+
+def plan_once(backend: str, world_size: int, runner_kwargs: dict) -> dict:
+    """runner_kwargs with plan="auto" replaced by a plan book made here, once for every rank (the executor is the
+    controller: ranks only look plans up). Plans run on the "pyvm" backend; GPU runners do not take plans yet."""
+    plan = runner_kwargs.get("plan")
+    if plan is None:
+        return runner_kwargs
+    if backend != "pyvm":
+        raise ValueError(f"plan={plan!r}: plans run on the 'pyvm' backend; the {backend!r} runner does not take "
+                         "plans yet (on GPUs, scripts/validate_planner.py runs any plan through PlanExecutor)")
+    if isinstance(plan, dict):
+        return runner_kwargs
+    from ..models.config import load_config
+    from .pyvm_runner import resolve_plan
+    cfg = load_config(runner_kwargs.get("model", "tiny-llama"))
+    max_seq_len = runner_kwargs.get("max_seq_len") or min(cfg.max_position_embeddings, 2048)
+    book = resolve_plan(plan, cfg, runner_kwargs.get("tp") or world_size, runner_kwargs.get("max_batch", 8),
+                        max_seq_len, runner_kwargs.get("plan_buckets"), runner_kwargs.get("plan_context", 512))
+    return dict(runner_kwargs, plan=book)
 
 
 # --- registry -----------------------------------------------------------------------------------------------

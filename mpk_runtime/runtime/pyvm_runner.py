@@ -21,6 +21,7 @@ from .base import KVSpec, ModelRunner, SeqChunk, register_runner
 from .comm import ThreadComm
 from .device_sampling import fill_sampling, step_output
 from .memory import KVStore, RankMemory, StepCtx, connect
+from .plan_exec import PlanExecutor
 from .pyvm import PyVM
 from .torch_exec import ConventionalExecutor
 
@@ -40,8 +41,11 @@ class TPGroup:
     def __init__(self, cfg: ModelConfig, rank_weights: list[dict[str, torch.Tensor]], *, num_pages: int,
                  page_size: int, max_seq_len: int, num_sms: int = 8, tiling: Tiling | None = None,
                  mode: str = "random", seed: int = 0, check: bool = True, attn_splits: int = 2,
-                 dtype: str | None = None, comm=None, tp: int | None = None, tp_invariant: int = 1):
+                 dtype: str | None = None, comm=None, tp: int | None = None, tp_invariant: int = 1,
+                 plans: dict | None = None):
         """tp_invariant: see ir.build.build_graph (row-parallel reductions in the order of a TP=R group).
+        plans: a planner PlanBook (planner.book.plan_book): "pyvm" decode then runs each batch as the plan of its
+        bucket (megakernel segments on pyvm, conventional segments as torch ops) instead of one task graph.
         rank_weights: one dict per rank held here. Normally all ranks (tp = len(rank_weights)); with a
         `comm` (ranks in separate processes) just this process's rank, comm.rank, of a group of `tp`."""
         self.cfg = cfg
@@ -61,13 +65,15 @@ class TPGroup:
                    for _ in self.local]
         self.inv_freq = rope_inv_freq(cfg)
         self._decode: dict[int, tuple[list[Graph], list[RankMemory], PyVM]] = {}
+        self.plans = plans
+        self._planned: dict[int, tuple] = {}
         self._conv: dict[tuple[str, int, int], tuple[list[Graph], list[RankMemory], ConventionalExecutor]] = {}
 
-    def graphs(self, mode: str, batch: int, T: int) -> list[Graph]:
+    def graphs(self, mode: str, batch: int, T: int, attn_splits: int | None = None) -> list[Graph]:
+        splits = (attn_splits or self.attn_splits) if mode == "decode" else 1
         return [build_graph(self.cfg, mode=mode, batch=batch, tokens_per_seq=T if mode == "prefill" else None,
                             context_len=0, max_seq_len=self.max_seq_len, tp=self.tp, rank=r, dtype=self.dtype,
-                            attn_splits=self.attn_splits if mode == "decode" else 1,
-                            tp_invariant=self.tp_invariant) for r in self.local]
+                            attn_splits=splits, tp_invariant=self.tp_invariant) for r in self.local]
 
     def _mems(self, graphs: list[Graph]) -> list[RankMemory]:
         mems = [RankMemory(g, self.rank_weights[i], self.kv[i]) for i, g in enumerate(graphs)]
@@ -86,6 +92,22 @@ class TPGroup:
             mems = self._mems(gs)
             self._decode[batch] = (gs, mems, PyVM(tgs, mems, mode=self.mode, seed=self.seed))
         return self._decode[batch]
+
+    def plan_exec(self, batch: int):
+        """(graphs, memories, PlanExecutor, plan) for a decode batch under the plan book (cached per batch)."""
+        if self.comm is not None:
+            raise ValueError("plans run their megakernel segments on pyvm, which needs every rank in one process")
+        if batch not in self._planned:
+            from ..planner.book import pick_plan
+            plan = pick_plan(self.plans, batch)
+            if plan.tp != self.tp:
+                raise ValueError(f"the plan book was made for tp={plan.tp}, this group has tp={self.tp}")
+            gs = self.graphs("decode", batch, 1, attn_splits=plan.attn_splits)
+            mems = self._mems(gs)
+            ex = PlanExecutor(plan, gs, mems, backend="pyvm", num_sms=self.tiling.num_sms, mode=self.mode,
+                              seed=self.seed, check=self.check)
+            self._planned[batch] = (gs, mems, ex, plan)
+        return self._planned[batch]
 
     def conventional(self, mode: str, batch: int, T: int):
         key = (mode, batch, T)
@@ -108,6 +130,19 @@ class TPGroup:
         """One (or nsteps) decode step(s) for a batch; returns logits (B, V) of the last step. sampling: one
         DeviceSampling or None (greedy) per row; the tokens drawn are in `last_next_tokens` afterwards."""
         B = len(tokens)
+        if backend == "pyvm" and self.plans is not None:
+            gs, mems, ex, _ = self.plan_exec(B)
+            for m in mems:
+                m.t("tokens").copy_(torch.as_tensor(tokens, dtype=torch.long))
+                fill_sampling(m, sampling or [])
+            pos = torch.as_tensor(pos, dtype=torch.long)
+            for k in range(nsteps):   # a plan runs one step per call; later steps feed back the drawn tokens
+                if k:
+                    for m in mems:
+                        m.t("tokens").copy_(mems[0].t("next_tokens"))
+                ex.run(lambda r, k=k: self.ctx(torch.where(pos >= 0, pos + k, pos), tables, 1))
+            self.last_next_tokens = mems[0].t("next_tokens").clone()
+            return self._gather_logits(mems)
         if backend == "pyvm":
             gs, mems, vm = self.decode_vm(B)
             for m in mems:
@@ -156,7 +191,8 @@ class _CPURunner(ModelRunner):
     def __init__(self, model: str = "tiny-llama", *, world_size: int = 1, rank: int = 0, comm=None,
                  seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int | None = None,
                  page_size: int = 16, num_pages: int | None = None, num_sms: int = 8, mode: str = "ordered",
-                 device: str = "cpu", tp: int | None = None, tp_invariant: int = 1, **_: object):
+                 device: str = "cpu", tp: int | None = None, tp_invariant: int = 1, plan=None,
+                 plan_buckets=None, plan_context: int = 512, **_: object):
         self.config = cfg = load_config(model)
         self.rank, self.world_size = rank, world_size
         tp = tp or world_size
@@ -180,8 +216,12 @@ class _CPURunner(ModelRunner):
             return get_weights(model, cfg, seed=seed, dtype=dtype,
                                slicer=lambda n, shape: weight_slice(cfg, sh, n, shape))
 
+        plans = resolve_plan(plan, cfg, tp, max_batch, max_seq_len, plan_buckets, plan_context)
+        if plans is not None and self.backend != "pyvm":
+            raise ValueError(f"plan=... is run by the 'pyvm' backend (and on GPUs by scripts/validate_planner.py); "
+                             f"the {self.backend!r} backend is conventional already")
         kw = dict(num_pages=num_pages, page_size=page_size, max_seq_len=max_seq_len, num_sms=num_sms, mode=mode,
-                  seed=seed, dtype=dtype, tp_invariant=tp_invariant)
+                  seed=seed, dtype=dtype, tp_invariant=tp_invariant, plans=plans)
         if threads:
             shared = comm.group.shared
             with _LOCK:
@@ -233,6 +273,22 @@ class _CPURunner(ModelRunner):
 
 
 _LOCK = threading.Lock()
+
+
+def resolve_plan(plan, cfg, tp: int, max_batch: int, max_seq_len: int, buckets=None, context: int = 512):
+    """plan=None: no planner (one task graph per batch). "auto": plan here (one process holds the whole group,
+    so this is still planning once). A dict: a PlanBook made by the controller (cluster/plan.py)."""
+    if plan is None:
+        return None
+    if isinstance(plan, dict):
+        if "buckets" not in plan:
+            raise ValueError("plan must be None, 'auto' or a plan book dict (planner.book.plan_book)")
+        return plan
+    if plan != "auto":
+        raise ValueError(f"plan must be None, 'auto' or a plan book dict, got {plan!r}")
+    from ..planner.book import DEFAULT_BUCKETS, plan_book
+    buckets = buckets or sorted({b for b in DEFAULT_BUCKETS if b < max_batch} | {max_batch})
+    return plan_book(cfg, tp, buckets, context=min(context, max_seq_len))
 
 
 def _pad(table: list[int], width: int) -> list[int]:
