@@ -126,8 +126,12 @@ class Worker:
                 fn(s)
 
     def health(self) -> dict:
+        group = getattr(self.runner, "group", None)
+        planned = getattr(group, "_planned", None) or {}
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "host": socket.gethostname(),
-                "backend": self.backend, "ready": self.runner is not None, "steps": self._steps}
+                "backend": self.backend, "ready": self.runner is not None, "steps": self._steps,
+                # decode batches run through a plan (batch -> plan family), when the runner was given a plan book
+                "plans_used": {b: v[-1].name for b, v in list(planned.items())}}
 
     def check_comm(self) -> float:
         """All-reduce of 1.0 over the ranks: returns world_size when the communicator works."""
