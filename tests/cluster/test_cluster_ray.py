@@ -32,6 +32,26 @@ def test_tp1_ray_equals_inprocess(ray_local, ref_greedy):
         assert o.token_ids == ref_greedy("tiny-qwen3", p, 8)
 
 
+def test_plan_book_shipped_to_ray_workers(ray_local, ref_greedy):
+    """plan="auto" on a Ray replica: the controller plans (cluster/plan.make_plan), the actor decodes through the
+    shipped book's plan and gives the reference tokens; a book of conventional plans too. (Placed before the
+    ray_server tests: their replicas hold both logical GPUs until the module ends.)"""
+    import cluster  # noqa: F401 - registers executor="ray"
+    from mpk_runtime.models import PRESETS
+    from mpk_runtime.planner import plan_book
+    conv = plan_book(PRESETS["tiny-qwen3"], 1, (1, 4), context=32, families=("conventional",))
+    for plan, family in (("auto", None), (conv, "conventional")):
+        with LLM("tiny-qwen3", backend="pyvm", dtype="float32", max_seq_len=64, max_batch=4, executor="ray",
+                 plan=plan) as llm:
+            outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+            used = llm.executor.collective_rpc("health")[0]["plans_used"]
+        for p, o in zip(PROMPTS, outs):
+            assert o.token_ids == ref_greedy("tiny-qwen3", p, 8)
+        assert used, "the worker decoded without the shipped plan"
+        if family:
+            assert set(used.values()) == {family}
+
+
 def test_tp2_gloo_rendezvous_through_ray(ray_local):
     from cluster.ray_executor import RayExecutor
     ex = RayExecutor(2, name="tp2-comm")
@@ -155,21 +175,3 @@ def test_health_check_notices_dead_idle_worker(ray_server):
         time.sleep(0.2)
     assert rep.loop.stats()["recoveries"] == before + 1  # rebuilt with no request in flight
 
-
-def test_plan_book_shipped_to_ray_workers(ray_local, ref_greedy):
-    """plan="auto" on a Ray replica: the controller plans (cluster/plan.make_plan), the actor decodes through the
-    shipped book's plan and gives the reference tokens; a book of conventional plans too."""
-    import cluster  # noqa: F401 - registers executor="ray"
-    from mpk_runtime.models import PRESETS
-    from mpk_runtime.planner import plan_book
-    conv = plan_book(PRESETS["tiny-qwen3"], 1, (1, 4), context=32, families=("conventional",))
-    for plan, family in (("auto", None), (conv, "conventional")):
-        with LLM("tiny-qwen3", backend="pyvm", dtype="float32", max_seq_len=64, max_batch=4, executor="ray",
-                 plan=plan) as llm:
-            outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-            used = llm.executor.collective_rpc("health")[0]["plans_used"]
-        for p, o in zip(PROMPTS, outs):
-            assert o.token_ids == ref_greedy("tiny-qwen3", p, 8)
-        assert used, "the worker decoded without the shipped plan"
-        if family:
-            assert set(used.values()) == {family}
