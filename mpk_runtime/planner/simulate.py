@@ -316,6 +316,12 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
             ptr[gs] = p
             try_start(gs, now)
     unfinished = [(sm_rank[gs], gs - sm_off[sm_rank[gs]]) for gs in range(nsm) if lists[gs] and kstep[gs] <= steps]
+    return finish_result(res, graphs, unfinished, last_end, busy, total_bytes)
+
+
+def finish_result(res: SimResult, graphs: list[TaskGraph], unfinished: list, last_end: list[float], busy: float,
+                  total_bytes: float) -> SimResult:
+    """The end of a simulation (this one and simulate_ref's): refuse a stalled schedule, fill the totals."""
     if unfinished:
         raise RuntimeError(f"simulation stalled (deadlock in the schedule?) on (rank, SM) {unfinished[:5]}")
     res.per_rank_us = last_end

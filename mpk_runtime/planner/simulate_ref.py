@@ -18,7 +18,7 @@ import itertools
 
 from ..tasks.graph import Task, TaskGraph
 from .profile import HardwareProfile
-from .simulate import SimResult, task_stream_bytes, task_stream_eff, task_tc_us
+from .simulate import SimResult, finish_result, task_stream_bytes, task_stream_eff, task_tc_us
 
 
 def simulate_reference(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1,
@@ -143,10 +143,4 @@ def simulate_reference(graphs: list[TaskGraph], prof: HardwareProfile, steps: in
             r, sm = p
             finish(r, sm, now, starts.pop((r, sm)))
     unfinished = [(r, sm) for r, g in enumerate(graphs) for sm in range(g.num_sms) if current(r, sm) is not None]
-    if unfinished:
-        raise RuntimeError(f"simulation stalled (deadlock in the schedule?) on (rank, SM) {unfinished[:5]}")
-    res.per_rank_us = last_end
-    res.makespan_us = max(last_end)
-    res.busy_fraction = busy / max(1e-9, sum(g.num_sms for g in graphs) * res.makespan_us)
-    res.stream_bytes = int(total_bytes)
-    return res
+    return finish_result(res, graphs, unfinished, last_end, busy, total_bytes)

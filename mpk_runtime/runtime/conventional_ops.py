@@ -7,8 +7,8 @@ so on a GPU the segment can be captured in a CUDA graph.
 
 Numerics: embed, linear and qkv_rope compute bit for bit what their task kinds (tasks/ops/*.py, the pyvm /
 megakernel contract) compute with one coarse tile, only with fewer kernels: matmuls write straight into their
-destination (`out=`), residuals and SiLU are applied in place, RMSNorm is `rms_norm` below (the same fp32
-statistics and roundings as tasks/ops/common.rms_norm), RoPE is rotate-half with the sign folded into a
+destination (`out=`), residuals and SiLU are applied in place, RMSNorm is tasks/ops/common.rms_norm (the task
+kinds' own function, written for few kernels), RoPE is rotate-half with the sign folded into a
 per-step sin table (exact: negation commutes with rounding). Attention agrees to bf16 tolerance (see
 attention()).
 
@@ -23,24 +23,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..tasks.ops.common import row_positions
+from ..tasks.ops.common import rms_norm, row_positions
 
 
-# --- shared pieces -------------------------------------------------------------------------------------------------
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """tasks/ops/common.rms_norm bit for bit (fp32 statistics, xn = w * (x * rsqrt(mean(x^2) + eps)).to(x.dtype))
-    in 7 kernels instead of 8: eps and rsqrt in place, and the fp32 product rounded straight into x's dtype by
-    the multiply (`out=`: computed in fp32, cast once, as .to() does)."""
-    xf = x.float()
-    r = xf.pow(2).mean(-1, keepdim=True)
-    r.add_(eps).rsqrt_()
-    xn = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    torch.mul(xf, r, out=xn)
-    if w.dtype == xn.dtype and torch.broadcast_shapes(w.shape, xn.shape) == xn.shape:
-        return xn.mul_(w)           # w * xn: one rounding of the same product either way
-    return w * xn
-
-
+# --- shared pieces -----------------------------------------------------------------------------------------------
 def _wt(cache: dict, mem, name: str) -> torch.Tensor:
     """mem.t(name).T, the view made once per executor (cache["const"] outlives the step; checked by identity, so
     a replaced weight tensor gets a fresh view). Views launch nothing; this only trims host dispatch."""
@@ -157,11 +143,9 @@ def qkv_rope(op, mem, ctx, cache) -> None:
         qk = torch.cat(((xn @ wq).view(M, nq, D), (xn @ wk).view(M, nkv, D)), 1)
     yv = (xn @ wv).view(M, nkv, D)
     qh, kh = qk.split((nq, nkv), 1)
-    if a["q_norm"] is not None:      # per-head RMSNorm (rms_norm's numerics), statistics of all heads at once
-        qf = qk.float()
-        r = qf.pow(2).mean(-1, keepdim=True)
-        r.add_(a["eps"]).rsqrt_()
-        torch.mul(qf, r, out=qk)
+    if a["q_norm"] is not None:      # per-head RMSNorm, statistics of all heads at once, then each part's weight
+        qk = rms_norm(qk, None, a["eps"])
+        qh, kh = qk.split((nq, nkv), 1)
         qh.mul_(mem.t(a["q_norm"]))
         kh.mul_(mem.t(a["k_norm"]))
     cos, sin_s = _rope_tables(cache, ctx, qk.dtype)

@@ -289,10 +289,10 @@ def plan_once(backend: str, world_size: int, runner_kwargs: dict) -> dict:
         return runner_kwargs
     from ..models.config import load_config
     from .pyvm_runner import resolve_plan
-    cfg = load_config(runner_kwargs.get("model", "tiny-llama"))
-    max_seq_len = runner_kwargs.get("max_seq_len") or min(cfg.max_position_embeddings, 2048)
-    book = resolve_plan(plan, cfg, runner_kwargs.get("tp") or world_size, runner_kwargs.get("max_batch", 8),
-                        max_seq_len, runner_kwargs.get("plan_buckets"), runner_kwargs.get("plan_context", 512))
+    book = resolve_plan(plan, load_config(runner_kwargs.get("model", "tiny-llama")),
+                        runner_kwargs.get("tp") or world_size, runner_kwargs.get("max_batch", 8),
+                        runner_kwargs.get("max_seq_len"), runner_kwargs.get("plan_buckets"),
+                        runner_kwargs.get("plan_context", 512))
     return dict(runner_kwargs, plan=book)
 
 

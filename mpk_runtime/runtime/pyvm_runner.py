@@ -201,7 +201,7 @@ class _CPURunner(ModelRunner):
         if device != "cpu":
             raise ValueError(f"the {self.backend} backend runs on the CPU; use backend='megakernel' for GPUs")
         dtype = dtype or "float32"  # CPU: bf16 matmuls are slow and far from the fp32 reference
-        max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 2048)
+        max_seq_len = default_max_seq_len(cfg, max_seq_len)
         num_pages = num_pages or max_batch * (-(-max_seq_len // page_size)) + 1
         self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
         self._comm = comm
@@ -275,7 +275,11 @@ class _CPURunner(ModelRunner):
 _LOCK = threading.Lock()
 
 
-def resolve_plan(plan, cfg, tp: int, max_batch: int, max_seq_len: int, buckets=None, context: int = 512):
+def default_max_seq_len(cfg: ModelConfig, max_seq_len: int | None) -> int:
+    return max_seq_len or min(cfg.max_position_embeddings, 2048)
+
+
+def resolve_plan(plan, cfg, tp: int, max_batch: int, max_seq_len: int | None, buckets=None, context: int = 512):
     """plan=None: no planner (one task graph per batch). "auto": plan here (one process holds the whole group,
     so this is still planning once). A dict: a PlanBook made by the controller (cluster/plan.py)."""
     if plan is None:
@@ -288,7 +292,7 @@ def resolve_plan(plan, cfg, tp: int, max_batch: int, max_seq_len: int, buckets=N
         raise ValueError(f"plan must be None, 'auto' or a plan book dict, got {plan!r}")
     from ..planner.book import DEFAULT_BUCKETS, plan_book
     buckets = buckets or sorted({b for b in DEFAULT_BUCKETS if b < max_batch} | {max_batch})
-    return plan_book(cfg, tp, buckets, context=min(context, max_seq_len))
+    return plan_book(cfg, tp, buckets, context=min(context, default_max_seq_len(cfg, max_seq_len)))
 
 
 def _pad(table: list[int], width: int) -> list[int]:

@@ -4,11 +4,21 @@ from __future__ import annotations
 import torch
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """(.., H) -> (.., H) in x's dtype; the statistics in fp32, as Hugging Face does."""
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """(.., H) -> (.., H) in x's dtype; the statistics in fp32, as Hugging Face does:
+    w * (x * rsqrt(mean(x^2) + eps)).to(x.dtype). Written for few kernels (the conventional path runs it on the
+    GPU: eps and rsqrt in place, the fp32 product rounded straight into x's dtype by `out=`, as .to() rounds).
+    w None: the normalised rows only (the caller applies its weights)."""
     xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
+    r = xf.pow(2).mean(-1, keepdim=True)
+    r.add_(eps).rsqrt_()
+    xn = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    torch.mul(xf, r, out=xn)
+    if w is None:
+        return xn
+    if w.dtype == xn.dtype and torch.broadcast_shapes(w.shape, xn.shape) == xn.shape:
+        return xn.mul_(w)           # w * xn: one rounding of the same product either way
+    return w * xn
 
 
 def split_range(n: int, tile: int) -> list[tuple[int, int]]:
