@@ -122,6 +122,8 @@ __device__ inline void linear_core(const bf16* xs, int M, int K, const bf16* w0,
 // once for all rows of the pass (the CUDA-core path re-streams it per 8 rows).
 // Warps: a tile of w columns has ntn = ceil(w/16) n-tiles; when ntn < 8 the warps also split each K segment
 // into wk slices (wk * ntn <= 8) whose partials are added in slice order through `red` (deterministic).
+// kslices = 1 fixes wk = 1: one fp32 chain over each K segment, whatever the tile width (tp_invariant graphs,
+// whose TP=1 and TP=R tiles differ in width, need it for bit-identical sums; other fixed counts cost registers).
 __device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -132,12 +134,14 @@ __device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a
 
 template <bool TWO, int MT8>
 __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
-                                         int n0, int n1, int kseg, float* y0s, float* y1s, float* red) {
+                                         int n0, int n1, int kseg, int kslices, float* y0s, float* y1s,
+                                         float* red) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   const int g = lane >> 2, t = lane & 3;
   const int w = n1 - n0, ntn = (w + 15) / 16;
-  int wk = 1;
-  while (wk * 2 * ntn <= nwarps) wk *= 2;
+  int wk = 1;   // kslices: 0 = auto, 1 = one slice (the only fixed count: the packer refuses others)
+  if (kslices == 0)
+    while (wk * 2 * ntn <= nwarps) wk *= 2;
   const int ks = warp % wk, R = (K / kseg) / 32;  // 32-wide k rounds per segment
   const int r0 = (R * ks) / wk, r1 = (R * (ks + 1)) / wk;
   constexpr int UN = TWO ? 2 : 4;                  // rounds in flight per pass (2 x 16 B per row per round)
@@ -221,8 +225,8 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
 // qkv_rope's Tensor Core matmul (<= ROW_TILE rows, two weights: the two halves of a head's RoPE pairs): one
 // out-of-line entry. Ends with __syncthreads().
 __device__ __noinline__ void linear_tc_rows8(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
-                                             int n0, int n1, float* y0s, float* y1s, float* red) {
-  linear_tc_t<true, 1>(xs, ldx, M, K, w0, w1, n0, n1, 1, y0s, y1s, red);
+                                             int n0, int n1, int kslices, float* y0s, float* y1s, float* red) {
+  linear_tc_t<true, 1>(xs, ldx, M, K, w0, w1, n0, n1, 1, kslices, y0s, y1s, red);
   __syncthreads();
 }
 
@@ -296,6 +300,7 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
   const bf16* w1 = ptr<const bf16>(a[A_LINEAR_W1]);
   const int K = (int)a[A_LINEAR_K], n0 = (int)a[A_LINEAR_N0], n1 = (int)a[A_LINEAR_N1];
   const int M = (int)a[A_LINEAR_M], kseg = (int)a[A_LINEAR_KSEG], rows = (int)a[A_LINEAR_TC_ROWS];
+  const int ksl = (int)a[A_LINEAR_KSLICES];
   const bool two = (int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL;
   const int w = n1 - n0, ldx = K + 8;  // +8: rows start in different banks
   bf16* xs = reinterpret_cast<bf16*>(c.smem);
@@ -307,13 +312,13 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
     load_rows_norm(xs, ldx, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
                    ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
     if (two) {
-      if (Mg <= 8) linear_tc_t<true, 1>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, red);
-      else if (Mg <= 16) linear_tc_t<true, 2>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, red);
-      else linear_tc_t<true, 4>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, red);
+      if (Mg <= 8) linear_tc_t<true, 1>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, y0s, y1s, red);
+      else if (Mg <= 16) linear_tc_t<true, 2>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, y0s, y1s, red);
+      else linear_tc_t<true, 4>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, y0s, y1s, red);
     } else {
-      if (Mg <= 8) linear_tc_t<false, 1>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, red);
-      else if (Mg <= 16) linear_tc_t<false, 2>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, red);
-      else linear_tc_t<false, 4>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, red);
+      if (Mg <= 8) linear_tc_t<false, 1>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, y0s, nullptr, red);
+      else if (Mg <= 16) linear_tc_t<false, 2>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, y0s, nullptr, red);
+      else linear_tc_t<false, 4>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, y0s, nullptr, red);
     }
     __syncthreads();
     linear_epilogue(c, g0, Mg, y0s, y1s);

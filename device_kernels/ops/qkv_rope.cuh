@@ -30,7 +30,8 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
     const int Mg = min(ROW_TILE, M - g0);
     load_rows_norm(xs, K, x + (int64_t)g0 * K, Mg, K, 0, 1, nw, eps);
     if (Mg >= TC_MIN_M && K % 32 == 0)
-      linear_tc_rows8(xs, K, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, y0s, y1s, red);
+      linear_tc_rows8(xs, K, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, (int)a[A_QKV_ROPE_KSLICES], y0s,
+                      y1s, red);
     else
       linear_core<true>(xs, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, 1, y0s, y1s);
     for (int i = threadIdx.x; i < Mg * nr; i += THREADS) { y0s[i] = bf(y0s[i]); y1s[i] = bf(y1s[i]); }  // bf16 matmul result

@@ -22,14 +22,15 @@ OP_ARGS: dict[str, list[str]] = {
     # part of a head: x (M, K) -> norm -> W rows head*D + [r0, r0+nr) and head*D + D/2 + [r0, r0+nr) (w = row
     # head*D) -> [q/k norm: nr == D/2] -> rope (pairs r0..r0+nr-1) -> q or paged cache
     "qkv_rope": ["x", "norm", "w", "head_norm", "q", "ldq", "cache", "which", "head", "m", "k", "d", "eps",
-                 "n_kv", "r0", "nr"],
+                 "n_kv", "r0", "nr", "kslices"],
     # part (M, nq, S, D) fp32, lse (M, nq, S) fp32 for q heads [g*gs, g*gs+gs) of sequence b, split s
     "attn_partial": ["q", "k_cache", "v_cache", "part", "lse", "b", "g", "split", "splits", "gs", "d", "nq", "n_kv",
                      "scale"],
     "attn_merge": ["part", "lse", "out", "b", "g", "gs", "d", "nq", "splits"],
-    # y[:, n0:n1] = epilogue(norm?(x) @ W[r0+n0 : r0+n1].T) (+ residual); out_kind: OUT_BF16 | OUT_F32 | OUT_PUSH
+    # y[:, n0:n1] = epilogue(norm?(x) @ W[r0+n0 : r0+n1].T) (+ residual); out_kind: OUT_BF16 | OUT_F32 | OUT_PUSH;
+    # kslices: Tensor Core warp k-slices per n-tile (0 = auto from the tile width; tasks/ops/linear.py k_slices)
     "linear": ["x", "w0", "w1", "norm", "residual", "out", "m_in", "k", "n0", "n1", "n", "m", "eps", "epilogue",
-               "out_kind", "row_off", "row_stride", "peers", "npeers", "par_stride", "slot", "kseg", "tc_rows"],
+               "out_kind", "row_off", "row_stride", "peers", "npeers", "par_stride", "slot", "kseg", "tc_rows", "kslices"],
     # out[:, n0:n1] = residual + sum_r part[parity][r]
     "allreduce": ["part", "par_stride", "residual", "out", "world", "m", "n", "n0", "n1"],
     # sampler (ir/sampling.py): part (2, W, B, SAMPLE_C, 2) fp32 candidates; temp/top_k/top_p/seed: (B,) params

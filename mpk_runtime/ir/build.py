@@ -126,7 +126,7 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
          "feeds_next_step": mode == "decode", "temperature": sp[0], "top_k": sp[1], "top_p": sp[2],
          "seed": sp[3]},
         B * V * 4 + B * 8, B * V)
-    return Graph(cfg, mode, B, T, context_len, max_seq_len, tp, rank, tensors, ops)
+    return Graph(cfg, mode, B, T, context_len, max_seq_len, tp, rank, tensors, ops, tp_invariant)
 
 
 def _proj(t, w, add, cfg, tp, name, *, x_in, residual, wnames, K, N, M, eb, prenorm, kseg=1):

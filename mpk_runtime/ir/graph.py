@@ -62,6 +62,7 @@ class Graph:
     rank: int
     tensors: dict[str, TensorSpec]
     ops: list[Op]
+    tp_invariant: int = 1      # build_graph's tp_invariant: reductions ordered as a TP=R group's (1 = off)
 
     @property
     def rows(self) -> int:
@@ -82,7 +83,7 @@ class Graph:
         if unknown:
             raise KeyError(f"ops not in graph: {sorted(unknown)[:5]}")
         return Graph(self.config, self.mode, self.batch, self.tokens_per_seq, self.context_len, self.max_seq_len,
-                     self.tp, self.rank, self.tensors, [o for o in self.ops if o.name in keep])
+                     self.tp, self.rank, self.tensors, [o for o in self.ops if o.name in keep], self.tp_invariant)
 
     def total_bytes(self) -> int:
         return sum(o.bytes for o in self.ops)
@@ -98,7 +99,7 @@ class Graph:
         return {
             "config": self.config.to_dict(), "mode": self.mode, "batch": self.batch,
             "tokens_per_seq": self.tokens_per_seq, "context_len": self.context_len, "max_seq_len": self.max_seq_len,
-            "tp": self.tp, "rank": self.rank,
+            "tp": self.tp, "rank": self.rank, "tp_invariant": self.tp_invariant,
             "tensors": [asdict(t) for t in self.tensors.values()],
             "ops": [o.to_dict() for o in self.ops],
         }
@@ -112,7 +113,7 @@ class Graph:
                    for t in d["tensors"]}
         ops = [Op(**o) for o in d["ops"]]
         return cls(ModelConfig.from_dict(d["config"]), d["mode"], d["batch"], d["tokens_per_seq"], d["context_len"],
-                   d["max_seq_len"], d["tp"], d["rank"], tensors, ops)
+                   d["max_seq_len"], d["tp"], d["rank"], tensors, ops, d.get("tp_invariant", 1))
 
     @classmethod
     def from_json(cls, s: str) -> "Graph":

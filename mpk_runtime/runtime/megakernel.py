@@ -153,10 +153,12 @@ class TaskPacker:
         # qkv_rope.cuh: xs, the two fp32 result tiles (ROW_TILE x nr each, <= ROW_TILE x MAX_HEAD_DIM together),
         # the Tensor Core k-slice partials of two weights (8 x 16 x 8 fp32 each)
         self._need(((rt * K * 2 + 15) & ~15) + rt * dm * 4 + 2 * 8 * 16 * 8 * 4)
+        _check_kslices(p.get("k_slices", 0), nr)
         return dict(x=x.data_ptr(), norm=self._t(p["norm"]), w=w.data_ptr() + h * D * K * w.element_size(),
                     head_norm=self._t(p["head_norm"]), q=q.data_ptr(), ldq=q.shape[1],
                     cache=cache.data_ptr() if cache is not None else 0, which=L.WHICH.index(which), head=h, m=M, k=K,
-                    d=D, eps=f32_bits(p["eps"]), n_kv=(cache.shape[2] if cache is not None else 0), r0=r0, nr=nr)
+                    d=D, eps=f32_bits(p["eps"]), n_kv=(cache.shape[2] if cache is not None else 0), r0=r0, nr=nr,
+                    kslices=p.get("k_slices", 0))
 
     def _attn_common(self, p):
         part = self.mem.t(p["part"])
@@ -186,7 +188,7 @@ class TaskPacker:
                  residual=self._t(p["residual"]), m_in=M_in, k=K, n0=p["n0"], n1=p["n1"],
                  eps=f32_bits(p["eps"] or 0.0), epilogue=L.EPILOGUES.index(p["epilogue"]),
                  row_off=rs["offset"] if rs else 0, row_stride=rs["stride"] if rs else 1, slot=self.tg.rank,
-                 kseg=p.get("k_segments", 1))
+                 kseg=p.get("k_segments", 1), kslices=p.get("k_slices", 0))
         assert (K // 8) % d["kseg"] == 0, f"K={K} does not split into {d['kseg']} segments of 16-byte vectors"
         if p["push"]:
             base, stride = self._sym(p["out"])
@@ -200,6 +202,7 @@ class TaskPacker:
                      out_kind=L.OUT_KINDS.index("f32" if out.dtype == torch.float32 else "bf16"))
         d["tc_rows"], need = self._linear_geometry(d["m"], K, p["n1"] - p["n0"], len(wp),
                                                    d["kseg"])
+        _check_kslices(d["kslices"], p["n1"] - p["n0"])
         self._need(need)
         return d
 
@@ -234,6 +237,12 @@ class TaskPacker:
                     tokens=self._t("tokens") if p["feeds_next_step"] else 0, world=p["world"], b=out.shape[0],
                     temp=self._t(p.get("temperature")), top_k=self._t(p.get("top_k")),
                     top_p=self._t(p.get("top_p")), seed=self._t(p.get("seed")))
+
+
+def _check_kslices(k: int, w: int) -> None:
+    """linear.cuh linear_tc_t takes k_slices 0 (auto from the tile width) or 1 (one chain over K)."""
+    if k not in (0, 1):
+        raise ValueError(f"k_slices={k} for a {w}-column tile: the kernel takes 0 (auto) or 1 (one k-slice)")
 
 
 from ..tasks.ops import OPCODES  # noqa: E402

@@ -8,6 +8,9 @@ Fusions (each saves a dependency, which costs about as much as streaming 2 MB of
              (tp > 1)
   k_segments K reduced in equal segments, each as one rank of a wider TP group would, summed in fp32 in order
              (build_graph tp_invariant: TP=1 and TP=R then produce bit-identical activations on the GPU)
+  k_slices   Tensor Core tiles: how many warp k-slices each 16-column n-tile's K segment is summed in (0 = auto
+             from the tile width, which differs between a TP=1 and a TP=R tile; tp_invariant graphs fix it to 1,
+             one fp32 chain over K per column, so the sum order no longer depends on the tile width)
   row_select the LM head of a prefill chunk reads only each sequence's last row
 """
 from __future__ import annotations
@@ -39,7 +42,8 @@ def decompose(op, graph, tiling, rank):
         if a["residual"]:
             reads.append(Region(a["residual"], rank, ((0, M), (n0, n1))))
         params = {k: a[k] for k in ("x", "weights", "norm", "eps", "epilogue", "residual", "out", "push", "row_select")}
-        params.update(n0=n0, n1=n1, weight_row0=a.get("weight_row0", 0), k_segments=a.get("k_segments", 1))
+        params.update(n0=n0, n1=n1, weight_row0=a.get("weight_row0", 0), k_segments=a.get("k_segments", 1),
+                      k_slices=1 if graph.tp_invariant > 1 else 0)
         tasks.append(Task(-1, rank, "linear", op.name, params, reads=reads, writes=writes,
                           est_bytes=nw * (n1 - n0) * K * 2 + M_in * K * 2 + M * (n1 - n0) * 2,
                           est_flops=2 * nw * M * (n1 - n0) * K))

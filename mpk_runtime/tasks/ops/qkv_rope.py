@@ -39,7 +39,8 @@ def decompose(op, graph, tiling, rank):
                 else:
                     writes = [Region(a[f"{which}_cache"], rank, ((0, B), (h, h + 1)))]
                 params = {k: a[k] for k in ("x", "norm", "eps", "q", "k_cache", "v_cache", "layer")}
-                params.update(which=which, head=h, weight=a["w" + which], head_norm=head_norm, r0=r0, r1=r1)
+                params.update(which=which, head=h, weight=a["w" + which], head_norm=head_norm, r0=r0, r1=r1,
+                              k_slices=1 if graph.tp_invariant > 1 else 0)   # see linear.py k_slices
                 tasks.append(Task(-1, rank, "qkv_rope", op.name, params,
                                   reads=[Region(a["x"], rank, ((0, M), (0, H)))], writes=writes,
                                   est_bytes=rows * H * 2 + M * H * 2, est_flops=2 * M * rows * H))
