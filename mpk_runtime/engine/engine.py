@@ -156,6 +156,8 @@ class LLMEngine:
                 continue  # a prompt chunk that is not the last: nothing to sample yet
             if dev_tokens is not None and chunks[i].sampling is not None and dev_tokens[i] >= 0:
                 tok = int(dev_tokens[i])
+            elif logits is None:
+                raise RuntimeError(f"the runner returned no logits and no device-sampled token for request {r.seq_id}")
             else:
                 tok = sample(logits[i], r.params, r.generator)
             r.output_token_ids.append(tok)

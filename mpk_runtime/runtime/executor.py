@@ -126,12 +126,11 @@ class Worker:
                 fn(s)
 
     def health(self) -> dict:
-        group = getattr(self.runner, "group", None)
-        planned = getattr(group, "_planned", None) or {}
+        used = getattr(self.runner, "plans_used", None)
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "host": socket.gethostname(),
                 "backend": self.backend, "ready": self.runner is not None, "steps": self._steps,
                 # decode batches run through a plan (batch -> plan family), when the runner was given a plan book
-                "plans_used": {b: v[-1].name for b, v in list(planned.items())}}
+                "plans_used": used() if used is not None else {}}
 
     def check_comm(self) -> float:
         """All-reduce of 1.0 over the ranks: returns world_size when the communicator works."""
@@ -278,13 +277,17 @@ class SPMDExecutor(Executor):
 
 def plan_once(backend: str, world_size: int, runner_kwargs: dict) -> dict:
     """runner_kwargs with plan="auto" replaced by a plan book made here, once for every rank (the executor is the
-    controller: ranks only look plans up). Plans run on the "pyvm" backend; GPU runners do not take plans yet."""
+    controller: ranks only look plans up). Plans run on the "pyvm" backend (CPU) and the "megakernel" backend
+    (GPU, world size 1)."""
     plan = runner_kwargs.get("plan")
     if plan is None:
         return runner_kwargs
-    if backend != "pyvm":
-        raise ValueError(f"plan={plan!r}: plans run on the 'pyvm' backend; the {backend!r} runner does not take "
-                         "plans yet (on GPUs, scripts/validate_planner.py runs any plan through PlanExecutor)")
+    if backend not in ("pyvm", "megakernel"):
+        raise ValueError(f"plan={plan!r}: plans run on the 'pyvm' (CPU) and 'megakernel' (GPU) backends; the "
+                         f"{backend!r} backend is conventional already")
+    if backend == "megakernel" and (runner_kwargs.get("tp") or world_size) > 1:
+        raise ValueError("plan=...: the GPU runner runs plans at world size 1; at TP > 1 use plan=None (one "
+                         "megakernel per rank) or scripts/validate_planner.py")
     if isinstance(plan, dict):
         return runner_kwargs
     from ..models.config import load_config

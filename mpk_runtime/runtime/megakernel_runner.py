@@ -5,9 +5,15 @@ symmetric buffers and event counters live on the NVSHMEM heap (runtime/nvshmem.p
 `nvshmem_uid` bytes, or through the communicator, or NVSHMEM was initialised already by the cluster layer), and
 the partial sums travel inside the kernel (pushes + remote signals through nvshmem_ptr peer addresses).
 
-Mirrors `_CPURunner` (pyvm_runner.py). Prefill: the prompt's tokens run as single-token decode steps through
-the same megakernel (one launch per token; correct, not fast) because the conventional executor's StepCtx
-helpers build CPU index tensors. Batches are padded to the graph's batch with inactive rows (pos = -1).
+Mirrors `_CPURunner` (pyvm_runner.py). Prefill (world size 1): each prompt chunk as one prefill graph through the
+conventional executor on the GPU (megakernel_plans.ConventionalPrefill); world size > 1: the prompt's tokens run as
+single-token decode steps through the megakernel (one launch per token; correct, not fast: the conventional
+executor's collectives would need the torch.distributed group). Batches are padded to the graph's batch with
+inactive rows (pos = -1).
+
+plan="auto" | a plan book (world size 1): decode runs the planner's plan for each batch bucket, replayed as CUDA
+graphs (megakernel_plans.PlannedDecoder): one megakernel at small batches, conventional segments where the
+planner predicts they win. Without a plan: one megakernel over max_batch rows, launched per step.
 torch.cuda / cuda-python are touched only when a runner is created.
 """
 from __future__ import annotations
@@ -22,7 +28,7 @@ from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling
 from .base import KVSpec, ModelRunner, SeqChunk, register_runner
-from .device_sampling import fill_sampling, step_output
+from .device_sampling import all_device_sampled, fill_sampling, step_output
 from .memory import KVStore, RankMemory
 
 
@@ -67,7 +73,8 @@ class MegakernelRunner(ModelRunner):
                  seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int = 512,
                  page_size: int = 16, num_pages: int | None = None, num_sms: int | None = None,
                  attn_splits: int = 2, timeout_s: float = 2.0, device: str = "cuda", comm=None,
-                 nvshmem_uid: bytes | None = None, tp_invariant: int = 1, **_: object):
+                 nvshmem_uid: bytes | None = None, tp_invariant: int = 1, plan=None, plan_buckets=None,
+                 plan_context: int = 512, **_: object):
         world = world_size or tp
         self.config = cfg = load_config(model)
         self.rank, self.world_size = rank, world
@@ -84,17 +91,40 @@ class MegakernelRunner(ModelRunner):
         if world > 1:
             sh = shard_for(cfg, world, rank)
             slicer = lambda n, shape: weight_slice(cfg, sh, n, shape)  # noqa: E731
-        w = {k: v.to(dev) for k, v in get_weights(model, cfg, seed=seed, dtype=dtype, slicer=slicer).items()}
+        # drawn (preset) or loaded (directory) on the GPU: an 8B model's random init on the host took minutes
+        w = get_weights(model, cfg, seed=seed, dtype=dtype, device=dev, slicer=slicer)
         num_pages = num_pages or max_batch * (-(-max_seq_len // page_size)) + 1
         self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
         num_sms = num_sms or torch.cuda.get_device_properties(dev).multi_processor_count
+        from .pyvm_runner import resolve_plan
+        book = resolve_plan(plan, cfg, world, max_batch, max_seq_len, plan_buckets, plan_context)
+        self.planned = self.prefiller = None
+        self._gather = None
+        if book is not None:
+            if world > 1 or tp_invariant != 1:
+                raise ValueError("plan=...: the GPU runner runs plans at world size 1 (tp=1, tp_invariant=1); at "
+                                 "TP > 1 use plan=None (one megakernel per rank) or scripts/validate_planner.py")
+            from .megakernel_plans import ConventionalPrefill, PlannedDecoder
+            n_kv = cfg.num_kv_heads
+            self.kv = KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(dtype),
+                              device=dev, poison=False)
+            self.planned = PlannedDecoder(cfg, w, self.kv, book, max_seq_len=max_seq_len, page_size=page_size,
+                                          num_sms=num_sms, dtype=dtype, device=dev, timeout_s=timeout_s,
+                                          attn_splits=attn_splits)
+            self.prefiller = ConventionalPrefill(cfg, w, self.kv, max_seq_len=max_seq_len, page_size=page_size,
+                                                 dtype=dtype, device=dev)
+            self.mk = None
+            return
         r = build_rank_kernel(cfg, w, rank=rank, world=world, heap=self.heap, batch=max_batch,
                               max_seq_len=max_seq_len, page_size=page_size, num_pages=num_pages, num_sms=num_sms,
                               attn_splits=attn_splits, dtype=dtype, timeout_s=timeout_s, device=dev,
                               tp_invariant=tp_invariant)
         self.mk, self.mem, self.tg, self.kv = r.mk, r.mem, r.tg, r.kv
         self.tables, self.pos, self.width = r.tables, r.pos, r.width
-        self._gather = None
+        if world == 1:
+            from .megakernel_plans import ConventionalPrefill
+            self.prefiller = ConventionalPrefill(cfg, w, self.kv, max_seq_len=max_seq_len, page_size=page_size,
+                                                 dtype=dtype, device=dev)
         if world > 1:   # vocab-parallel logits gathered through the heap (peer reads after a barrier)
             vmax = max(shard_for(cfg, world, q).n_vocab for q in range(world))
             buf = self.heap.tensor((max_batch, vmax), torch.float32)
@@ -105,9 +135,11 @@ class MegakernelRunner(ModelRunner):
     def kv_spec(self) -> KVSpec:
         return self._spec
 
-    def _decode(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling=None) -> torch.Tensor:
-        """One launch of one step; returns the logits (n, V). The tokens the kernel drew (greedy, or with
-        `sampling`: one DeviceSampling or None per row) are in `self.last_next_tokens` afterwards."""
+    def _decode(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling=None,
+                want_logits: bool = True) -> torch.Tensor | None:
+        """One launch of one step; returns the logits (n, V) (None when not wanted: no host copy). The tokens the
+        kernel drew (greedy, or with `sampling`: one DeviceSampling or None per row) are in
+        `self.last_next_tokens` afterwards."""
         B = self._spec.max_batch
         n = len(toks)
         t = torch.zeros(B, dtype=torch.int64)
@@ -126,6 +158,8 @@ class MegakernelRunner(ModelRunner):
         torch.cuda.synchronize(self.pos.device)
         self.mk.check()
         self.last_next_tokens = self.mem.t("next_tokens")[:n].cpu()
+        if not want_logits:   # the same on every rank (same chunks): no rank enters the gather's barriers
+            return None
         if self._gather is None:
             return self.mem.t("logits")[:n].float().cpu()
         buf, views, nv = self._gather
@@ -136,13 +170,26 @@ class MegakernelRunner(ModelRunner):
         self.heap.barrier()   # peers have read this rank's logits before the next step writes them
         return out
 
+    def plans_used(self) -> dict:
+        return dict(self.planned.used) if self.planned is not None else {}
+
+    def _decode_rows(self, toks, pos, tables, sampling, want_logits: bool = True):
+        """(logits (n, V) or None, drawn tokens) of one decode step of n <= max_batch rows."""
+        if self.planned is not None:
+            return self.planned.decode(toks, pos, tables, sampling, want_logits)
+        lg = self._decode(toks, pos, tables, sampling, want_logits)
+        return lg, self.last_next_tokens
+
     def step(self, chunks: list[SeqChunk]):
         B = self._spec.max_batch
         out: list[torch.Tensor | None] = [None] * len(chunks)
         toks: list[int | None] = [None] * len(chunks)
         dec = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
+        host = not all_device_sampled(chunks)   # else the engine reads only the drawn tokens: no logits copy
         for i, c in enumerate(chunks):
-            if len(c.token_ids) > 1:   # prefill as a run of single-token steps (the last one samples)
+            if len(c.token_ids) > 1 and self.prefiller is not None:   # one prefill graph, conventional ops
+                out[i], toks[i] = self.prefiller.run(c.token_ids, c.start_pos, c.block_table, c.sampling)
+            elif len(c.token_ids) > 1:   # prefill as a run of single-token steps (the last one samples)
                 n = len(c.token_ids)
                 for j, tok in enumerate(c.token_ids):
                     lg = self._decode([tok], [c.start_pos + j], [c.block_table],
@@ -151,12 +198,13 @@ class MegakernelRunner(ModelRunner):
                 toks[i] = int(self.last_next_tokens[0])
         for s in range(0, len(dec), B):
             part = dec[s:s + B]
-            lg = self._decode([chunks[i].token_ids[0] for i in part], [chunks[i].start_pos for i in part],
-                              [chunks[i].block_table for i in part], [chunks[i].sampling for i in part])
+            lg, nxt = self._decode_rows([chunks[i].token_ids[0] for i in part], [chunks[i].start_pos for i in part],
+                                        [chunks[i].block_table for i in part], [chunks[i].sampling for i in part],
+                                        host)
             for j, i in enumerate(part):
-                out[i] = lg[j]
-                toks[i] = int(self.last_next_tokens[j])
-        return step_output(chunks, torch.stack(out), toks)  # type: ignore[arg-type]
+                out[i] = lg[j] if lg is not None else None
+                toks[i] = int(nxt[j])
+        return step_output(chunks, torch.stack(out) if host else None, toks)  # type: ignore[arg-type]
 
 
 def _local_device(rank: int) -> int:

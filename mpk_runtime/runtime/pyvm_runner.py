@@ -238,6 +238,10 @@ class _CPURunner(ModelRunner):
     def kv_spec(self) -> KVSpec:
         return self._spec
 
+    def plans_used(self) -> dict:
+        """Decode batches run through a plan (batch -> plan family), when the runner was given a plan book."""
+        return {b: v[-1].name for b, v in list(self.group._planned.items())}
+
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor:
         if not self._threads:
             return self._step(chunks)

@@ -1,0 +1,191 @@
+"""GPU decode and prefill for the "megakernel" ModelRunner beyond one task graph (world size 1).
+
+PlannedDecoder: decode under a plan book (planner/book.py). Each batch bucket of the book gets its own decode graph
+at that batch, a RankMemory over the shared weights and KV cache, and a PlanExecutor running the bucket's plan
+(megakernel segments as GPU Megakernels, conventional segments as torch ops). A step is replayed as one CUDA graph
+per bucket (PlanExecutor.capture, mode "step"). The conventional attention gathers a static number of keys inside a
+graph (StepCtx.kv_len_cap): the cap is the smallest power of two (>= 256, <= max_seq_len) covering the batch's
+longest sequence, and a bucket re-captures when a step needs a larger cap (at most log2(max_seq_len / 256) + 1
+captures per bucket; the cap never shrinks, so a graph is never captured twice for the same cap).
+
+backend="pyvm" runs the same buckets eagerly on the CPU twin (no capture, no cap): what the CPU tests check.
+
+Capture runs one eager warm-up step first (cuBLAS handles, lazy allocations). It runs with every row inactive
+(pos = -1: KV writes go to the scratch page, nothing of the live sequences changes), then the step's real inputs are
+written back and the graph replays them.
+
+ConventionalPrefill: a prompt chunk as one prefill graph through the conventional executor (torch ops on the GPU,
+eager), instead of one megakernel launch per prompt token. Executors are cached per chunk length (a few).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from ..ir.build import build_graph
+from ..models.reference import rope_inv_freq
+from ..planner.plan import Plan
+from .base import KernelTimeout
+from .device_sampling import fill_sampling
+from .memory import KVStore, RankMemory, StepCtx
+from .plan_exec import PlanExecutor
+from .torch_exec import ConventionalExecutor
+
+MIN_CAP = 256
+
+
+def kv_cap(need: int, max_seq_len: int) -> int:
+    """The key-length cap of a captured step: the smallest power of two >= need (and >= MIN_CAP), at most
+    max_seq_len."""
+    c = MIN_CAP
+    while c < need:
+        c *= 2
+    return min(c, max_seq_len)
+
+
+def _fill_step(mem: RankMemory, pos_t, tables_t, toks, pos, tables, width: int, sampling) -> None:
+    """Write a step's inputs in place (what a captured graph reads): rows past len(toks) inactive."""
+    B = pos_t.shape[0]
+    n = len(toks)
+    t = torch.zeros(B, dtype=torch.int64)
+    p = torch.full((B,), -1, dtype=torch.int64)
+    tab = torch.zeros((B, width), dtype=torch.int64)
+    t[:n], p[:n] = torch.tensor(toks, dtype=torch.int64), torch.tensor(pos, dtype=torch.int64)
+    for i, row in enumerate(tables):
+        tab[i, :len(row)] = torch.tensor(row, dtype=torch.int64)
+    mem.t("tokens").copy_(t)
+    pos_t.copy_(p)
+    tables_t.copy_(tab)
+    fill_sampling(mem, sampling or [])
+
+
+class _Bucket:
+    def __init__(self, batch: int, plan: Plan, ex: PlanExecutor, mem: RankMemory, pos, tables):
+        self.batch, self.plan, self.ex, self.mem, self.pos, self.tables = batch, plan, ex, mem, pos, tables
+        self.cap = 0                      # kv_len_cap of the captured graph (0 = none captured yet)
+        self.ctx: StepCtx | None = None
+        self.captures = 0
+
+
+class PlannedDecoder:
+    def __init__(self, cfg, weights: dict, kv: KVStore, book: dict, *, max_seq_len: int, page_size: int,
+                 num_sms: int, dtype: str, device: torch.device, timeout_s: float = 2.0, attn_splits: int = 2,
+                 backend: str = "megakernel"):
+        from ..planner.book import pick_plan
+        if backend not in ("megakernel", "pyvm"):
+            raise ValueError(f"backend {backend!r}: 'megakernel' (GPU) or 'pyvm' (CPU twin)")
+        self.backend = backend
+        self.cfg, self.weights, self.kv, self.book = cfg, weights, kv, book
+        self.max_seq_len, self.page_size, self.num_sms, self.dtype = max_seq_len, page_size, num_sms, dtype
+        self.device, self.timeout_s, self.attn_splits = device, timeout_s, attn_splits
+        self.width = -(-max_seq_len // page_size)
+        self.keys = sorted(int(k) for k in book["buckets"])
+        self._pick = pick_plan
+        self.inv_cpu = rope_inv_freq(cfg)
+        self.inv = self.inv_cpu.to(device)
+        self._buckets: dict[int, _Bucket] = {}
+        self.used: dict[int, str] = {}    # bucket -> plan name, for health()/tests
+
+    def bucket_of(self, n: int) -> int:
+        b = next((k for k in self.keys if k >= n), None)
+        if b is None:
+            raise ValueError(f"{n} decode rows but the plan book's largest bucket is {self.keys[-1]}")
+        return b
+
+    def _bucket(self, b: int) -> _Bucket:
+        if b not in self._buckets:
+            plan = self._pick(self.book, b)
+            if plan.tp != 1:
+                raise ValueError(f"the plan book was made for tp={plan.tp}; the GPU runner takes plans at tp=1")
+            g = build_graph(self.cfg, mode="decode", batch=b, context_len=0, max_seq_len=self.max_seq_len,
+                            attn_splits=plan.attn_splits or self.attn_splits, dtype=self.dtype)
+            mem = RankMemory(g, self.weights, self.kv, device=self.device)
+            pos = torch.full((b,), -1, dtype=torch.int64, device=self.device)
+            tables = torch.zeros((b, self.width), dtype=torch.int64, device=self.device)
+
+            def make_mk(tg, m):
+                from .megakernel import Megakernel
+                return Megakernel(tg, m, page_size=self.page_size, block_tables=tables, pos=pos,
+                                  inv_freq=self.inv_cpu, head_dim=self.cfg.head_dim, timeout_s=self.timeout_s)
+            ex = PlanExecutor(plan, [g], [mem], backend=self.backend, num_sms=self.num_sms, mode="ordered",
+                              check=self.backend == "pyvm", make_megakernel=make_mk)
+            self._buckets[b] = _Bucket(b, plan, ex, mem, pos, tables)
+        return self._buckets[b]
+
+    def _check(self, bk: _Bucket) -> None:
+        if self.backend == "pyvm":
+            return
+        torch.cuda.synchronize(self.device)
+        for kind, seg in bk.ex.segments:
+            if kind == "megakernel":
+                seg.check()
+
+    def decode(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling=None,
+               want_logits: bool = True):
+        """One step for len(toks) rows; returns (logits (n, V) fp32 on the CPU or None when not wanted, drawn
+        tokens (n,) int64)."""
+        n = len(toks)
+        bk = self._bucket(self.bucket_of(n))
+        need = kv_cap(max(pos) + 1, self.max_seq_len)
+        if self.backend == "pyvm":   # eager, keys as needed
+            bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv)
+        elif need > bk.cap:   # (re)capture with the larger key cap, warm-up on inactive rows
+            _fill_step(bk.mem, bk.pos, bk.tables, [], [], [], self.width, None)
+            bk.ex.graphs = None
+            bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv, kv_len_cap=need)
+            ctx = bk.ctx
+            bk.ex.capture(lambda r: ctx, mode="step", warmup=1)
+            self._check(bk)
+            bk.cap, bk.captures = need, bk.captures + 1
+        _fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
+        ctx = bk.ctx
+        bk.ex.run(lambda r: ctx)
+        try:
+            self._check(bk)
+        except KernelTimeout:
+            self._buckets.pop(bk.batch, None)   # counters are inconsistent: rebuilt on next use
+            raise
+        self.used[bk.batch] = bk.plan.name
+        nxt = bk.mem.t("next_tokens")[:n].cpu()
+        return (bk.mem.t("logits")[:n].float().cpu() if want_logits else None), nxt
+
+
+class ConventionalPrefill:
+    """Prompt chunks through the conventional executor on the GPU (one chunk = one prefill graph of 1 x T)."""
+
+    def __init__(self, cfg, weights: dict, kv: KVStore, *, max_seq_len: int, page_size: int, dtype: str,
+                 device: torch.device, keep: int = 8):
+        self.cfg, self.weights, self.kv = cfg, weights, kv
+        self.max_seq_len, self.page_size, self.dtype, self.device = max_seq_len, page_size, dtype, device
+        self.width = -(-max_seq_len // page_size)
+        self.inv = rope_inv_freq(cfg).to(device)
+        self.keep = keep
+        self._ex: OrderedDict[int, tuple] = OrderedDict()
+
+    def _get(self, T: int):
+        if T in self._ex:
+            self._ex.move_to_end(T)
+            return self._ex[T]
+        g = build_graph(self.cfg, mode="prefill", batch=1, tokens_per_seq=T, context_len=0,
+                        max_seq_len=self.max_seq_len, dtype=self.dtype)
+        mem = RankMemory(g, self.weights, self.kv, device=self.device)
+        self._ex[T] = (mem, ConventionalExecutor([g], [mem]))
+        while len(self._ex) > self.keep:
+            self._ex.popitem(last=False)
+        return self._ex[T]
+
+    def run(self, tokens: list[int], start_pos: int, table: list[int], sampling=None):
+        """Returns (logits (V,) fp32 on the CPU of the chunk's last token, the token drawn for it)."""
+        T = len(tokens)
+        if start_pos + T > self.max_seq_len:
+            raise ValueError(f"prompt chunk ends at position {start_pos + T} > max_seq_len {self.max_seq_len}")
+        mem, ex = self._get(T)
+        mem.t("tokens").copy_(torch.tensor(tokens, dtype=torch.int64))
+        fill_sampling(mem, [sampling])
+        tab = torch.zeros((1, self.width), dtype=torch.int64)
+        tab[0, :len(table)] = torch.tensor(table, dtype=torch.int64)
+        ctx = StepCtx(self.cfg, 1, torch.tensor([start_pos], dtype=torch.int64, device=self.device),
+                      tab.to(self.device), self.page_size, T, self.inv)
+        ex.run([ctx])
+        return mem.t("logits")[0].float().cpu(), int(mem.t("next_tokens")[0])
