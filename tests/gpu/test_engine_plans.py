@@ -1,0 +1,43 @@
+"""GPU: the planner's plans in the megakernel runner. Every plan family of a tiny model, prefilled through the
+conventional path and decoded through PlannedDecoder (CUDA-graph replays, a key-cap re-capture), stays within
+bf16 tolerance of the pure-torch reference, teacher-forced (scripts/gpu_check_plans.py forced()); and
+LLM(backend="megakernel", plan="auto") generates through its plans (skips without a CUDA GPU + nvcc)."""
+import pytest
+import torch
+
+from mpk_runtime.codegen import nvcc
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.skipif(nvcc.find_nvcc() is None, reason="needs nvcc to build the kernel")]
+
+
+def _script():
+    import importlib.util
+    import pathlib
+    spec = importlib.util.spec_from_file_location("gpu_check_plans",
+                                                  pathlib.Path(__file__).parents[2] / "scripts/gpu_check_plans.py")
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+@pytest.mark.parametrize("family", ["mono", "mega2", "attn-conv", "conventional"])
+def test_plan_families_match_reference(family):
+    from mpk_runtime.models.config import load_config
+    from mpk_runtime.planner import plan_book
+    book = plan_book(load_config("tiny-qwen3"), 1, (2, 4), context=256, families=(family,))
+    r = _script().forced("tiny-qwen3", book, 3, 250, 10)
+    assert r["plan"] == family and r["captures"] == 2 and r["ok"], r
+
+
+def test_llm_plan_auto_generates_through_plans():
+    from mpk_runtime import LLM, SamplingParams
+    llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan="auto")
+    try:
+        outs = llm.generate([[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]],
+                            SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        assert [len(o.token_ids) for o in outs] == [6] * 4
+        assert llm.executor.collective_rpc("health")[0]["plans_used"]
+    finally:
+        llm.shutdown()
