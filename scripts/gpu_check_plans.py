@@ -118,8 +118,12 @@ def engine(name: str, book: dict, max_tokens: int) -> dict:
                 steps = llm.engine.stats["steps"] - s0
                 n = sum(len(x.token_ids) for x in o)
                 toks[(tag, wl)] = [list(x.token_ids) for x in o]
+                ttft = sorted(x.metrics.time_to_first_token for x in o if x.metrics.time_to_first_token is not None)
+                tpot = sorted(x.metrics.per_token_latency for x in o if x.metrics.per_token_latency is not None)
                 r[wl] = dict(seconds=round(dt, 3), tokens=n, tokens_per_s=round(n / dt, 1), engine_steps=steps,
-                             ms_per_step=round(1e3 * dt / max(steps, 1), 3))
+                             ms_per_step=round(1e3 * dt / max(steps, 1), 3),
+                             ttft_p50_ms=round(1e3 * ttft[len(ttft) // 2], 2) if ttft else None,
+                             per_token_ms_p50=round(1e3 * tpot[len(tpot) // 2], 3) if tpot else None)
             r["plans_used"] = llm.executor.collective_rpc("health")[0]["plans_used"]
         finally:
             llm.shutdown()

@@ -133,7 +133,7 @@ class LLMEngine:
                 if last else None
             chunks.append(SeqChunk(seq_id=r.seq_id, start_pos=r.num_computed, block_table=list(r.block_table),
                                    token_ids=r.all_token_ids[r.num_computed:r.num_computed + s.num_tokens],
-                                   sampling=ds))
+                                   sampling=ds, wants_logits=last and ds is None))
         try:
             logits = self.executor.collective_rpc("execute", (chunks,), timeout=self.step_timeout)[0]
         except Exception as e:  # a worker died, hung or raised: fail what ran, keep what waits

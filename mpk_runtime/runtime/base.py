@@ -44,6 +44,8 @@ class SeqChunk:
     start_pos: int              # position of token_ids[0] in the sequence
     block_table: list[int]      # KV page ids covering positions [0, start_pos + len(token_ids))
     sampling: Any = None        # runtime.device_sampling.DeviceSampling: sample the next token on device
+    wants_logits: bool = True   # False: the engine will not read this chunk's logits (a prompt chunk that is not the
+    #                             last, or a device-sampled one), so a runner may skip copying them to the host
 
     def __post_init__(self) -> None:
         if not self.token_ids:

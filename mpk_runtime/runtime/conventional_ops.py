@@ -174,11 +174,17 @@ def _attn_step(cache: dict, ctx, g: int, dtype, dev) -> dict:
     if key not in cache:
         T, ps = ctx.tokens_per_seq, ctx.page_size
         B = ctx.pos.numel()
-        L = ctx.kv_len_cap or int(ctx.pos.max()) + T          # static on a GPU (kv_len_cap), dynamic on CPU
+        if ctx.pad is None:
+            L = ctx.kv_len_cap or int(ctx.pos.max()) + T          # static on a GPU (kv_len_cap), dynamic on CPU
+            qpos = ctx.pos[:, None] + torch.arange(T, device=dev)   # (B, T)
+            dead = (ctx.pos < 0)[:, None, None]
+        else:   # left-padded prefill: padding rows (position -1) see every key, like inactive sequences
+            qpos = _rows(cache, ctx).view(B, T)
+            L = ctx.kv_len_cap or max(int(qpos.max()) + 1, 1)
+            dead = (qpos < 0)[:, :, None]
         npg = -(-L // ps)
         kpos = torch.arange(L, device=dev)
-        qpos = ctx.pos[:, None] + torch.arange(T, device=dev)   # (B, T)
-        mask = (kpos[None, None, :] <= qpos[:, :, None]) | (ctx.pos < 0)[:, None, None]    # (B, T, L)
+        mask = (kpos[None, None, :] <= qpos[:, :, None]) | dead    # (B, T, L)
         cache[key] = dict(
             L=L, npg=npg, pages=ctx.block_tables[:, :npg].reshape(-1),
             mask=torch.full((B, 1, g * T, L), float("-inf"), dtype=dtype, device=dev).masked_fill_(
@@ -217,7 +223,8 @@ def attention(op, mem, ctx, cache) -> None:
     k, v = k.transpose(1, 2), v.transpose(1, 2)                 # (B, nkv, L, D)
     if mem.kvstore.poisoned:
         if "written" not in st:                                  # (B, 1, L, 1): written keys
-            st["written"] = (st["kpos"][None, :] < (ctx.pos[:, None] + T))[:, None, :, None]
+            end = ctx.pos[:, None] + T if ctx.pad is None else _rows(cache, ctx).view(B, T).amax(1, keepdim=True) + 1
+            st["written"] = (st["kpos"][None, :] < end)[:, None, :, None]
         zero = torch.zeros((), dtype=k.dtype, device=k.device)
         k, v = torch.where(st["written"], k, zero), torch.where(st["written"], v, zero)
     qg = q.view(B, T, nkv, g, D).permute(0, 2, 3, 1, 4).reshape(B, nkv, g * T, D)

@@ -32,7 +32,7 @@ class StepOutput:
     """What a runner's `step` returns when some chunk asked for device sampling."""
 
     logits: torch.Tensor | None   # (n, vocab) fp32, as a plain step returns; None when every chunk was sampled
-    #                               on the device (all_device_sampled: the runner skipped the host copy)
+    #                               on the device (host_logits_needed false: no host copy)
     tokens: torch.Tensor   # (n,) int64: the device-sampled token of chunk i, -1 where not requested
 
 
@@ -64,16 +64,17 @@ def wants_sampling(chunks) -> bool:
     return any(getattr(c, "sampling", None) is not None for c in chunks)
 
 
-def all_device_sampled(chunks) -> bool:
-    """Every chunk carries device sampling: the engine then reads only the drawn tokens, never the logits."""
-    return bool(chunks) and all(getattr(c, "sampling", None) is not None for c in chunks)
+def host_logits_needed(chunks) -> bool:
+    """Some chunk's logits will be read on the host (SeqChunk.wants_logits and no device sampling); else the engine
+    reads only the drawn tokens and a runner may return StepOutput(logits=None)."""
+    return any(getattr(c, "sampling", None) is None and getattr(c, "wants_logits", True) for c in chunks)
 
 
 def step_output(chunks, logits: torch.Tensor | None, tokens: list[int | None]):
     """logits alone when no chunk asked for device sampling (the classic return), else a StepOutput (logits may
-    be None when all_device_sampled(chunks))."""
-    if logits is None and not all_device_sampled(chunks):
-        raise ValueError("step_output without logits needs every chunk sampled on the device")
+    be None when not host_logits_needed(chunks))."""
+    if logits is None and host_logits_needed(chunks):
+        raise ValueError("step_output without logits: some chunk wants logits and was not sampled on the device")
     if not wants_sampling(chunks):
         return logits
     t = torch.tensor([tok if (tok is not None and getattr(c, "sampling", None) is not None) else -1

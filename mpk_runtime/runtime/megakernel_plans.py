@@ -14,8 +14,8 @@ Capture runs one eager warm-up step first (cuBLAS handles, lazy allocations). It
 (pos = -1: KV writes go to the scratch page, nothing of the live sequences changes), then the step's real inputs are
 written back and the graph replays them.
 
-ConventionalPrefill: a prompt chunk as one prefill graph through the conventional executor (torch ops on the GPU,
-eager), instead of one megakernel launch per prompt token. Executors are cached per chunk length (a few).
+ConventionalPrefill: the prompt chunks of a step as a few left-padded prefill graphs through the conventional
+executor (torch ops on the GPU, eager), instead of one megakernel launch per prompt token.
 """
 from __future__ import annotations
 
@@ -48,12 +48,11 @@ def _fill_step(mem: RankMemory, pos_t, tables_t, toks, pos, tables, width: int, 
     """Write a step's inputs in place (what a captured graph reads): rows past len(toks) inactive."""
     B = pos_t.shape[0]
     n = len(toks)
-    t = torch.zeros(B, dtype=torch.int64)
-    p = torch.full((B,), -1, dtype=torch.int64)
-    tab = torch.zeros((B, width), dtype=torch.int64)
-    t[:n], p[:n] = torch.tensor(toks, dtype=torch.int64), torch.tensor(pos, dtype=torch.int64)
-    for i, row in enumerate(tables):
-        tab[i, :len(row)] = torch.tensor(row, dtype=torch.int64)
+    # one host tensor per input, built from padded lists (a tensor per row cost ~1 ms at 128 rows)
+    t = torch.tensor(list(toks) + [0] * (B - n), dtype=torch.int64)
+    p = torch.tensor(list(pos) + [-1] * (B - n), dtype=torch.int64)
+    tab = torch.tensor([list(r) + [0] * (width - len(r)) for r in tables] + [[0] * width] * (B - len(tables)),
+                       dtype=torch.int64)
     mem.t("tokens").copy_(t)
     pos_t.copy_(p)
     tables_t.copy_(tab)
@@ -152,7 +151,11 @@ class PlannedDecoder:
 
 
 class ConventionalPrefill:
-    """Prompt chunks through the conventional executor on the GPU (one chunk = one prefill graph of 1 x T)."""
+    """Prompt chunks through the conventional executor on the GPU, eagerly. The chunks of a step are grouped by
+    length bucket (powers of two >= 16) and each group runs as one prefill graph of (sequences, tokens) bucketed to
+    powers of two, the chunks left-padded (StepCtx.pad: padding rows have position -1, write the scratch page and
+    are masked out of attention; each chunk's last token is the graph's last row); padding sequences are inactive.
+    Executors are cached per (sequences, tokens) bucket (a few)."""
 
     def __init__(self, cfg, weights: dict, kv: KVStore, *, max_seq_len: int, page_size: int, dtype: str,
                  device: torch.device, keep: int = 8):
@@ -161,31 +164,67 @@ class ConventionalPrefill:
         self.width = -(-max_seq_len // page_size)
         self.inv = rope_inv_freq(cfg).to(device)
         self.keep = keep
-        self._ex: OrderedDict[int, tuple] = OrderedDict()
+        self._ex: OrderedDict[tuple[int, int], tuple] = OrderedDict()
+        self.graph_runs = 0          # prefill graphs run (tests: chunks of a step share graphs)
 
-    def _get(self, T: int):
-        if T in self._ex:
-            self._ex.move_to_end(T)
-            return self._ex[T]
-        g = build_graph(self.cfg, mode="prefill", batch=1, tokens_per_seq=T, context_len=0,
+    def _get(self, B: int, T: int):
+        key = (B, T)
+        if key in self._ex:
+            self._ex.move_to_end(key)
+            return self._ex[key]
+        g = build_graph(self.cfg, mode="prefill", batch=B, tokens_per_seq=T, context_len=0,
                         max_seq_len=self.max_seq_len, dtype=self.dtype)
         mem = RankMemory(g, self.weights, self.kv, device=self.device)
-        self._ex[T] = (mem, ConventionalExecutor([g], [mem]))
+        self._ex[key] = (mem, ConventionalExecutor([g], [mem]))
         while len(self._ex) > self.keep:
             self._ex.popitem(last=False)
-        return self._ex[T]
+        return self._ex[key]
+
+    @staticmethod
+    def _pow2(n: int, lo: int = 1) -> int:
+        p = lo
+        while p < n:
+            p *= 2
+        return p
+
+    def run_many(self, chunks: list[tuple[list[int], int, list[int], object]], want_logits: bool = True):
+        """chunks: (tokens, start_pos, block table, sampling or None). Returns (logits (n, V) fp32 on the CPU of
+        each chunk's last token, or None when not wanted; the tokens drawn for them, list of n ints)."""
+        for toks, start, _, _ in chunks:
+            if start + len(toks) > self.max_seq_len:
+                raise ValueError(f"prompt chunk ends at position {start + len(toks)} > max_seq_len {self.max_seq_len}")
+        groups: dict[int, list[int]] = {}
+        for i, (toks, *_rest) in enumerate(chunks):
+            groups.setdefault(min(self._pow2(len(toks), 16), self.max_seq_len), []).append(i)
+        logits: list[torch.Tensor | None] = [None] * len(chunks)
+        drawn = [0] * len(chunks)
+        for T, idx in sorted(groups.items()):
+            B = self._pow2(len(idx))
+            mem, ex = self._get(B, T)
+            tok = torch.zeros((B, T), dtype=torch.int64)
+            pos = torch.full((B,), -1, dtype=torch.int64)
+            pad = torch.full((B,), T, dtype=torch.int64)
+            tab = torch.zeros((B, self.width), dtype=torch.int64)
+            for j, i in enumerate(idx):
+                toks, start, table, _ = chunks[i]
+                n = len(toks)
+                tok[j, T - n:] = torch.tensor(toks, dtype=torch.int64)
+                pos[j], pad[j] = start, T - n
+                tab[j, :len(table)] = torch.tensor(table, dtype=torch.int64)
+            mem.t("tokens").copy_(tok.view(-1))
+            fill_sampling(mem, [chunks[i][3] for i in idx])
+            ctx = StepCtx(self.cfg, 1, pos.to(self.device), tab.to(self.device), self.page_size, T, self.inv,
+                          pad=pad.to(self.device))
+            ex.run([ctx])
+            self.graph_runs += 1
+            nxt = mem.t("next_tokens")[:len(idx)].tolist()
+            lg = mem.t("logits")[:len(idx)].float().cpu() if want_logits else None
+            for j, i in enumerate(idx):
+                drawn[i] = int(nxt[j])
+                logits[i] = lg[j] if lg is not None else None
+        return (torch.stack(logits) if want_logits else None), drawn   # type: ignore[arg-type]
 
     def run(self, tokens: list[int], start_pos: int, table: list[int], sampling=None):
-        """Returns (logits (V,) fp32 on the CPU of the chunk's last token, the token drawn for it)."""
-        T = len(tokens)
-        if start_pos + T > self.max_seq_len:
-            raise ValueError(f"prompt chunk ends at position {start_pos + T} > max_seq_len {self.max_seq_len}")
-        mem, ex = self._get(T)
-        mem.t("tokens").copy_(torch.tensor(tokens, dtype=torch.int64))
-        fill_sampling(mem, [sampling])
-        tab = torch.zeros((1, self.width), dtype=torch.int64)
-        tab[0, :len(table)] = torch.tensor(table, dtype=torch.int64)
-        ctx = StepCtx(self.cfg, 1, torch.tensor([start_pos], dtype=torch.int64, device=self.device),
-                      tab.to(self.device), self.page_size, T, self.inv)
-        ex.run([ctx])
-        return mem.t("logits")[0].float().cpu(), int(mem.t("next_tokens")[0])
+        """One chunk: (logits (V,) fp32 on the CPU of its last token, the token drawn for it)."""
+        lg, drawn = self.run_many([(tokens, start_pos, table, sampling)])
+        return lg[0], drawn[0]

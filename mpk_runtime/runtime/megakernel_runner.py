@@ -28,7 +28,7 @@ from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling
 from .base import KVSpec, ModelRunner, SeqChunk, register_runner
-from .device_sampling import all_device_sampled, fill_sampling, step_output
+from .device_sampling import fill_sampling, host_logits_needed, step_output
 from .memory import KVStore, RankMemory
 
 
@@ -185,17 +185,21 @@ class MegakernelRunner(ModelRunner):
         out: list[torch.Tensor | None] = [None] * len(chunks)
         toks: list[int | None] = [None] * len(chunks)
         dec = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
-        host = not all_device_sampled(chunks)   # else the engine reads only the drawn tokens: no logits copy
-        for i, c in enumerate(chunks):
-            if len(c.token_ids) > 1 and self.prefiller is not None:   # one prefill graph, conventional ops
-                out[i], toks[i] = self.prefiller.run(c.token_ids, c.start_pos, c.block_table, c.sampling)
-            elif len(c.token_ids) > 1:   # prefill as a run of single-token steps (the last one samples)
-                n = len(c.token_ids)
-                for j, tok in enumerate(c.token_ids):
-                    lg = self._decode([tok], [c.start_pos + j], [c.block_table],
-                                      [c.sampling] if j == n - 1 else None)
-                out[i] = lg[0]
-                toks[i] = int(self.last_next_tokens[0])
+        host = host_logits_needed(chunks)   # else the engine reads only the drawn tokens: no logits copy
+        pre = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
+        if pre and self.prefiller is not None:   # a few left-padded prefill graphs, conventional ops
+            lg, drawn = self.prefiller.run_many([(chunks[i].token_ids, chunks[i].start_pos, chunks[i].block_table,
+                                                  chunks[i].sampling) for i in pre], host)
+            for j, i in enumerate(pre):
+                out[i], toks[i] = (lg[j] if lg is not None else None), drawn[j]
+            pre = []
+        for i in pre:   # world size > 1: prefill as a run of single-token steps (the last one samples)
+            c = chunks[i]
+            n = len(c.token_ids)
+            for j, tok in enumerate(c.token_ids):
+                lg = self._decode([tok], [c.start_pos + j], [c.block_table], [c.sampling] if j == n - 1 else None)
+            out[i] = lg[0]
+            toks[i] = int(self.last_next_tokens[0])
         for s in range(0, len(dec), B):
             part = dec[s:s + B]
             lg, nxt = self._decode_rows([chunks[i].token_ids[0] for i in part], [chunks[i].start_pos for i in part],

@@ -95,6 +95,8 @@ class StepCtx:
     tokens_per_seq: int
     inv_freq: torch.Tensor
     kv_len_cap: int = 0            # conventional attention gathers this many keys (static shapes); 0 = as needed
+    pad: torch.Tensor | None = None   # (B,) leading padding rows per sequence (batched prefill of unequal chunks,
+    #                                   conventional path): rows t < pad[b] are inactive, row t is token t - pad[b]
 
     @property
     def parity(self) -> int:

@@ -65,3 +65,54 @@ def test_gpu_runner_plans_refused_at_tp2():
     from mpk_runtime.engine.llm import LLM
     with pytest.raises(Exception, match="world size 1"):
         LLM("tiny-llama", backend="megakernel", tp=2, max_batch=2, plan="auto")
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_batched_prefill_of_unequal_chunks_matches_reference(name):
+    """The chunks of a step, of different lengths and start positions (a continued chunk too), run left-padded
+    in few graphs; each chunk's last-token logits, its KV (checked by decoding after) and its drawn token equal
+    the reference."""
+    cfg, w, kv = _setup(name)
+    pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="float32",
+                              device=torch.device("cpu"))
+    ref = ReferenceModel(cfg, w)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25], [10, 11],
+               [14, 15, 16, 17, 18]]
+    tables = [list(range(1 + 8 * i, 9 + 8 * i)) for i in range(4)]
+    caches = [ref.new_cache(1, MAXLEN) for _ in prompts]
+    # sequence 3 already holds its first 2 tokens (a continued chunk starting at position 2)
+    pre.run_many([(prompts[3][:2], 0, tables[3], None)])
+    ref.forward(torch.tensor([prompts[3][:2]]), torch.zeros(1, dtype=torch.long), caches[3])
+    runs = pre.graph_runs
+    chunks = [(p, 0, tables[i], None) for i, p in enumerate(prompts[:3])] + [(prompts[3][2:], 2, tables[3], None)]
+    lg, drawn = pre.run_many(chunks)
+    assert pre.graph_runs - runs == 2          # lengths 3, 2, 3 -> one 16-token graph; 18 -> one 32-token graph
+    for i, (toks, start, _, _) in enumerate(chunks):
+        want = ref.forward(torch.tensor([toks]), torch.tensor([start]), caches[i])[0, -1]
+        assert ((lg[i] - want).abs().max() / want.abs().max()) < 1e-5, i
+        assert drawn[i] == int(want.argmax())
+    # the KV written by the padded graphs is the reference's: one decode step per sequence through the prefill path
+    for i, p in enumerate(prompts):
+        got, _ = pre.run([drawn[i], 1], len(p), tables[i])
+        want = ref.forward(torch.tensor([[drawn[i], 1]]), torch.tensor([len(p)]), caches[i])[0, -1]
+        assert ((got - want).abs().max() / want.abs().max()) < 1e-5, i
+
+
+def test_batched_prefill_samples_like_a_lone_chunk():
+    """Device sampling in a padded group draws what the chunk draws alone (the RNG counter is the chunk's last
+    position, not the padded row's)."""
+    from mpk_runtime.runtime.device_sampling import DeviceSampling
+    cfg, w, kv = _setup("tiny-llama")
+    pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="float32",
+                              device=torch.device("cpu"))
+    sp = [DeviceSampling(1.0, 0, 1.0, 1000 + i) for i in range(3)]
+    chunks = [([5, 6, 7], 0, list(range(1, 9)), sp[0]), ([8, 9], 0, list(range(9, 17)), sp[1]),
+              ([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2], 0, list(range(17, 25)), sp[2])]
+    _, together = pre.run_many(chunks, want_logits=False)
+    from mpk_runtime.runtime.pyvm_runner import TPGroup     # the unpadded prefill (one graph of exactly T rows)
+    grp = TPGroup(cfg, [w], num_pages=40, page_size=PS, max_seq_len=MAXLEN, dtype="float32")
+    alone = []
+    for toks, start, table, s in chunks:
+        grp.prefill(toks, start, table, s)
+        alone.append(int(grp.last_next_tokens[0]))
+    assert together == alone

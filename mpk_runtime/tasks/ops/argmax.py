@@ -135,7 +135,10 @@ def row_last_positions(ctx, B: int) -> torch.Tensor:
     pos = ctx.pos.to(torch.int64)
     if pos.numel() != B:
         raise ValueError(f"StepCtx has {pos.numel()} positions for {B} rows")
-    return torch.where(pos >= 0, pos + (ctx.tokens_per_seq - 1), pos)
+    last = pos + (ctx.tokens_per_seq - 1)
+    if getattr(ctx, "pad", None) is not None:   # left-padded prefill: the last row is token T - 1 - pad
+        last = last - ctx.pad.to(pos.device)
+    return torch.where(pos >= 0, last, pos)
 
 
 def host_syncs_ok(dev: torch.device) -> bool:

@@ -28,7 +28,13 @@ def split_range(n: int, tile: int) -> list[tuple[int, int]]:
 
 
 def row_positions(ctx, rows: range | None = None) -> torch.Tensor:
-    """Absolute position of every row m = b * T + t of the step: pos[b] + t. (M,) int64."""
+    """Absolute position of every row m = b * T + t of the step: pos[b] + t. (M,) int64. With ctx.pad (batched
+    prefill, left-padded chunks): pos[b] + t - pad[b], and -1 for padding rows and inactive sequences."""
     T = ctx.tokens_per_seq
     pos = ctx.pos.repeat_interleave(T) + torch.arange(T, device=ctx.pos.device).repeat(ctx.pos.numel())
+    pad = getattr(ctx, "pad", None)
+    if pad is not None:
+        p = pad.to(pos.device).repeat_interleave(T)
+        t = torch.arange(T, device=ctx.pos.device).repeat(ctx.pos.numel())
+        pos = torch.where((t >= p) & (ctx.pos.repeat_interleave(T) >= 0), pos - p, torch.full_like(pos, -1))
     return pos if rows is None else pos[rows.start:rows.stop]
