@@ -73,7 +73,9 @@ def _generate(a: argparse.Namespace) -> int:
         raise SystemExit("give --prompt-ids 1,2,3 (repeatable) or --prompt TEXT (needs a tokenizer in the model dir)")
     sp = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, max_tokens=a.max_tokens, seed=a.seed)
     t0 = time.perf_counter()
-    llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len)
+    extra = {"plan": a.plan} if a.plan != "none" else {}   # backends without plans keep their signature
+    llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len,
+              max_batch=max(a.max_batch, len(prompts)), **extra)
     t1 = time.perf_counter()
     try:
         outs = llm.generate(prompts, sp, use_tqdm=len(prompts) > 1)
@@ -120,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-seq-len", type=int, default=None)
+    g.add_argument("--max-batch", type=int, default=8)
+    g.add_argument("--plan", default="none", choices=["none", "auto"],
+                   help="auto: the planner's plan per batch bucket (backends pyvm, megakernel)")
     a = p.parse_args(argv)
     try:
         return _plan(a) if a.cmd == "plan" else _generate(a)

@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-seq-len", type=int, default=None)
+    ap.add_argument("--plan", default="none", choices=["none", "auto"],
+                    help="auto: the planner's plan per decode batch bucket (backends pyvm, megakernel at tp=1)")
     a = ap.parse_args(argv)
     reqs = read_requests(a.input)
     executor = a.executor
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         ensure_ray(a.ray_address)
     t0 = time.monotonic()
     with LLM(a.model, backend=a.backend, tp=a.tp, executor=executor, dtype=a.dtype, seed=a.seed,
-             max_batch=a.max_batch, max_seq_len=a.max_seq_len) as llm:
+             max_batch=a.max_batch, max_seq_len=a.max_seq_len,
+             **({"plan": a.plan} if a.plan != "none" else {})) as llm:
         outs = llm.generate([r["prompt"] for r in reqs], [r["params"] for r in reqs], use_tqdm=sys.stderr.isatty())
     with open(a.output, "w") as f:
         for r, o in zip(reqs, outs):

@@ -30,6 +30,30 @@ def test_generate_job_inprocess(tmp_path, demo_dir, ref_greedy):
     assert rows[1]["id"] == "b" and len(rows[1]["token_ids"]) == 4 and isinstance(rows[1]["text"], str)
 
 
+def test_generate_job_with_planner(tmp_path, ref_greedy, demo_dir):
+    """--plan auto: the job's engine decodes through the planner's plans (pyvm) and still gives the reference."""
+    from cluster.jobs.generate import main
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, [{"prompt_token_ids": [1, 2, 3], "temperature": 0, "max_tokens": 5, "ignore_eos": True},
+                 {"prompt_token_ids": [4, 5], "temperature": 0, "max_tokens": 5, "ignore_eos": True}])
+    assert main(["--model", demo_dir, "--dtype", "float32", "--executor", "inprocess", "--max-seq-len", "64",
+                 "--backend", "pyvm", "--max-batch", "2", "--plan", "auto",
+                 "--input", str(inp), "--output", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert rows[0]["token_ids"] == ref_greedy(demo_dir, [1, 2, 3], 5)
+    assert rows[1]["token_ids"] == ref_greedy(demo_dir, [4, 5], 5)
+
+
+def test_cli_generate_plan_auto(capsys):
+    from mpk_runtime.__main__ import main
+    outs = []
+    for plan in ("none", "auto"):
+        assert main(["generate", "--model", "tiny-llama", "--prompt-ids", "1,2,3", "--prompt-ids", "4,5",
+                     "--backend", "pyvm", "--max-tokens", "4", "--plan", plan]) == 0
+        outs.append([json.loads(x)["token_ids"] for x in capsys.readouterr().out.splitlines()])
+    assert outs[0] == outs[1] and len(outs[0]) == 2
+
+
 def test_generate_job_bad_line_names_it(tmp_path):
     from cluster.jobs.generate import read_requests
     inp = tmp_path / "in.jsonl"
