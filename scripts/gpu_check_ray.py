@@ -41,9 +41,11 @@ def spmd_rank(ctx, a):
     from mpk_runtime import LLM, SamplingParams
     from mpk_runtime.models.config import load_config
     from mpk_runtime.runtime.executor import SPMDExecutor
+    from mpk_runtime.runtime.comm import TorchDistComm
     ctx.heap()   # NVSHMEM up (the unique id travelled from rank 0 as bytes); the runner attaches to it
-    llm = LLM(a.model, backend="megakernel", tp=ctx.nranks, executor=SPMDExecutor(ctx.rank, ctx.nranks),
-              **runner_kwargs(a))
+    ctx.dist()   # and an NCCL group, as Ray workers have: prefill runs through the conventional path over it
+    llm = LLM(a.model, backend="megakernel", tp=ctx.nranks,
+              executor=SPMDExecutor(ctx.rank, ctx.nranks, comm_spec=TorchDistComm()), **runner_kwargs(a))
     t0 = time.time()
     outs = llm.generate(prompts(load_config(a.model).vocab_size, a.prompts),
                         SamplingParams(max_tokens=a.max_tokens, temperature=0.0), use_tqdm=False)

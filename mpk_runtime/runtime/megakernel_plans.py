@@ -158,7 +158,12 @@ class ConventionalPrefill:
     Executors are cached per (sequences, tokens) bucket (a few)."""
 
     def __init__(self, cfg, weights: dict, kv: KVStore, *, max_seq_len: int, page_size: int, dtype: str,
-                 device: torch.device, keep: int = 8):
+                 device: torch.device, keep: int = 8, tp: int = 1, rank: int = 0, comm=None):
+        """tp > 1: this process's rank of the group (`weights` its shard) and a multi-process communicator
+        (torch.distributed): the all-reduces and the distributed argmax run as all-gathers through it."""
+        if tp > 1 and (comm is None or getattr(comm, "world_size", 1) != tp):
+            raise ValueError(f"tp={tp} prefill through the conventional path needs the group's communicator")
+        self.tp, self.rank, self.comm = tp, rank, comm
         self.cfg, self.weights, self.kv = cfg, weights, kv
         self.max_seq_len, self.page_size, self.dtype, self.device = max_seq_len, page_size, dtype, device
         self.width = -(-max_seq_len // page_size)
@@ -173,9 +178,9 @@ class ConventionalPrefill:
             self._ex.move_to_end(key)
             return self._ex[key]
         g = build_graph(self.cfg, mode="prefill", batch=B, tokens_per_seq=T, context_len=0,
-                        max_seq_len=self.max_seq_len, dtype=self.dtype)
+                        max_seq_len=self.max_seq_len, dtype=self.dtype, tp=self.tp, rank=self.rank)
         mem = RankMemory(g, self.weights, self.kv, device=self.device)
-        self._ex[key] = (mem, ConventionalExecutor([g], [mem]))
+        self._ex[key] = (mem, ConventionalExecutor([g], [mem], comm=self.comm if self.tp > 1 else None))
         while len(self._ex) > self.keep:
             self._ex.popitem(last=False)
         return self._ex[key]
@@ -218,11 +223,23 @@ class ConventionalPrefill:
             ex.run([ctx])
             self.graph_runs += 1
             nxt = mem.t("next_tokens")[:len(idx)].tolist()
-            lg = mem.t("logits")[:len(idx)].float().cpu() if want_logits else None
+            lg = self._logits(mem, len(idx)) if want_logits else None
             for j, i in enumerate(idx):
                 drawn[i] = int(nxt[j])
                 logits[i] = lg[j] if lg is not None else None
         return (torch.stack(logits) if want_logits else None), drawn   # type: ignore[arg-type]
+
+    def _logits(self, mem: RankMemory, n: int) -> torch.Tensor:
+        """(n, V) fp32 on the CPU; at tp > 1 the vocab shards of every rank, gathered (padded to the largest)."""
+        lg = mem.t("logits")[:n].float()
+        if self.tp == 1:
+            return lg.cpu()
+        from ..ir.shard import shard_for
+        nv = [shard_for(self.cfg, self.tp, q).n_vocab for q in range(self.tp)]
+        buf = torch.zeros((n, max(nv)), dtype=torch.float32, device=lg.device)
+        buf[:, :lg.shape[1]] = lg
+        parts = self.comm.all_gather(buf, dim=0).view(self.tp, n, max(nv))
+        return torch.cat([parts[q, :, :nv[q]] for q in range(self.tp)], dim=-1).cpu()
 
     def run(self, tokens: list[int], start_pos: int, table: list[int], sampling=None):
         """One chunk: (logits (V,) fp32 on the CPU of its last token, the token drawn for it)."""

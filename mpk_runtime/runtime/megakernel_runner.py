@@ -5,10 +5,11 @@ symmetric buffers and event counters live on the NVSHMEM heap (runtime/nvshmem.p
 `nvshmem_uid` bytes, or through the communicator, or NVSHMEM was initialised already by the cluster layer), and
 the partial sums travel inside the kernel (pushes + remote signals through nvshmem_ptr peer addresses).
 
-Mirrors `_CPURunner` (pyvm_runner.py). Prefill (world size 1): each prompt chunk as one prefill graph through the
-conventional executor on the GPU (megakernel_plans.ConventionalPrefill); world size > 1: the prompt's tokens run as
-single-token decode steps through the megakernel (one launch per token; correct, not fast: the conventional
-executor's collectives would need the torch.distributed group). Batches are padded to the graph's batch with
+Mirrors `_CPURunner` (pyvm_runner.py). Prefill: the prompt chunks of a step as a few left-padded prefill graphs
+through the conventional executor on the GPU (megakernel_plans.ConventionalPrefill; at world size > 1 its
+all-reduces run over the torch.distributed group the executor gave, e.g. NCCL under Ray). World size > 1 without
+such a group (only an NVSHMEM heap): the prompt's tokens run as single-token decode steps through the megakernel
+(one launch per token; correct, not fast). Batches are padded to the graph's batch with
 inactive rows (pos = -1).
 
 plan="auto" | a plan book (world size 1): decode runs the planner's plan for each batch bucket, replayed as CUDA
@@ -121,10 +122,11 @@ class MegakernelRunner(ModelRunner):
                               tp_invariant=tp_invariant)
         self.mk, self.mem, self.tg, self.kv = r.mk, r.mem, r.tg, r.kv
         self.tables, self.pos, self.width = r.tables, r.pos, r.width
-        if world == 1:
+        from .comm import TorchDistComm
+        if world == 1 or (isinstance(comm, TorchDistComm) and comm.world_size == world):
             from .megakernel_plans import ConventionalPrefill
             self.prefiller = ConventionalPrefill(cfg, w, self.kv, max_seq_len=max_seq_len, page_size=page_size,
-                                                 dtype=dtype, device=dev)
+                                                 dtype=dtype, device=dev, tp=world, rank=rank, comm=comm)
         if world > 1:   # vocab-parallel logits gathered through the heap (peer reads after a barrier)
             vmax = max(shard_for(cfg, world, q).n_vocab for q in range(world))
             buf = self.heap.tensor((max_batch, vmax), torch.float32)

@@ -116,3 +116,40 @@ def test_batched_prefill_samples_like_a_lone_chunk():
         grp.prefill(toks, start, table, s)
         alone.append(int(grp.last_next_tokens[0]))
     assert together == alone
+
+
+def test_batched_prefill_tp2_over_a_communicator():
+    """TP=2 ranks in separate "processes" (threads, each holding one shard and a communicator, as Ray workers hold
+    an NCCL group): the padded prefill gathers partial sums and vocab shards through it and gives the reference."""
+    import threading
+    from mpk_runtime.runtime.comm import ThreadGroup
+    from mpk_runtime.runtime.pyvm_runner import shard_weights
+    cfg = PRESETS["tiny-qwen3"].replace(dtype="float32")
+    w = random_weights(cfg, seed=3)
+    ref = ReferenceModel(cfg, w)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    tables = [list(range(1, 9)), list(range(9, 17))]
+    group = ThreadGroup(2)
+    out, errs = {}, []
+
+    def rank(r):
+        try:
+            kv = KVStore(cfg.num_layers, 40, PS, shard_for(cfg, 2, r).n_kv, cfg.head_dim, torch.float32, poison=False)
+            pre = ConventionalPrefill(cfg, shard_weights(cfg, w, 2, r), kv, max_seq_len=MAXLEN, page_size=PS,
+                                      dtype="float32", device=torch.device("cpu"), tp=2, rank=r, comm=group.comm(r))
+            out[r] = pre.run_many([(p, 0, tables[i], None) for i, p in enumerate(prompts)])
+        except Exception as e:  # noqa: BLE001
+            errs.append(e)
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    [t.start() for t in ts]
+    [t.join(60) for t in ts]
+    assert not errs, errs
+    for r in range(2):
+        lg, drawn = out[r]
+        for i, p in enumerate(prompts):
+            want = ref.forward(torch.tensor([p]), torch.zeros(1, dtype=torch.long), ref.new_cache(1, MAXLEN))[0, -1]
+            assert ((lg[i] - want).abs().max() / want.abs().max()) < 1e-5, (r, i)
+            assert drawn[i] == int(want.argmax())
+    with pytest.raises(ValueError, match="communicator"):
+        ConventionalPrefill(cfg, w, KVStore(1, 2, PS, 1, cfg.head_dim, torch.float32), max_seq_len=MAXLEN,
+                            page_size=PS, dtype="float32", device=torch.device("cpu"), tp=2)
