@@ -120,8 +120,12 @@ class LLMEngine:
     def num_unfinished(self) -> int:
         return len(self.scheduler.waiting) + len(self.scheduler.running)
 
-    def step(self) -> list[RequestOutput]:
-        """Run one batch; returns a snapshot for every request that produced a token or finished."""
+    def step(self, outputs: str = "all") -> list[RequestOutput]:
+        """Run one batch; returns a snapshot for every request that produced a token or finished
+        (outputs="finished": only for the requests that finished: generate() needs no others, and a snapshot copies
+        the request's tokens)."""
+        if outputs not in ("all", "finished"):
+            raise ValueError(f"outputs must be 'all' or 'finished', got {outputs!r}")
         sched = self.scheduler.schedule()
         if not sched:
             return []
@@ -129,10 +133,9 @@ class LLMEngine:
         for s in sched:
             r = s.request
             last = r.num_computed + s.num_tokens >= r.num_tokens   # this chunk yields the next token
-            ds = device_sampling_for(r.params, self.device_sampling, request_seed(r.params, self.seed, r.seq_id)) \
-                if last else None
+            ds = self._device_sampling(r) if last else None
             chunks.append(SeqChunk(seq_id=r.seq_id, start_pos=r.num_computed, block_table=list(r.block_table),
-                                   token_ids=r.all_token_ids[r.num_computed:r.num_computed + s.num_tokens],
+                                   token_ids=r.token_slice(r.num_computed, r.num_computed + s.num_tokens),
                                    sampling=ds, wants_logits=last and ds is None))
         try:
             logits = self.executor.collective_rpc("execute", (chunks,), timeout=self.step_timeout)[0]
@@ -146,6 +149,7 @@ class LLMEngine:
         self.stats["sequences_scheduled"] += len(chunks)
         self.stats["max_batch_size_seen"] = max(self.stats["max_batch_size_seen"], len(chunks))
         now = time.monotonic()
+        want_all = outputs == "all"
         outputs, done = [], []
         for i, s in enumerate(sched):
             r = s.request
@@ -169,13 +173,21 @@ class LLMEngine:
             if reason:
                 r.finish(reason)
                 done.append(r)
-            outputs.append(r.snapshot())
+            if want_all or reason:
+                outputs.append(r.snapshot())
         for r in done:
             self.scheduler.release(r)
             self.stats["requests_finished"] += 1
         if done:
             self._forget_many(done)
         return outputs
+
+    def _device_sampling(self, r: Request):
+        """The request's DeviceSampling (or None: host sampling), fixed for its life: made once."""
+        if r.device_sampling is None:
+            r.device_sampling = (device_sampling_for(r.params, self.device_sampling,
+                                                     request_seed(r.params, self.seed, r.seq_id)),)
+        return r.device_sampling[0]
 
     def _stop_reason(self, r: Request, tok: int) -> str | None:
         if tok in r.params.stop_token_ids:

@@ -123,7 +123,7 @@ class LLM:
             bar = tqdm(total=len(rids), desc="generate", unit="req")
         try:
             while len(final) < len(rids) and self.engine.has_unfinished():
-                for o in self.engine.step():
+                for o in self.engine.step(outputs="finished"):
                     if o.finished:
                         final[o.request_id] = o
                         if bar is not None:

@@ -81,6 +81,7 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     text: str | None = None             # detokenized output so far (when a tokenizer exists)
+    device_sampling: tuple | None = None   # (DeviceSampling or None,) once the engine decided (engine._device_sampling)
     _sent_tokens: int = 0               # how much of the output the last snapshot already reported
     _sent_text: int = 0
 
@@ -91,6 +92,15 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_slice(self, a: int, b: int) -> list[int]:
+        """all_token_ids[a:b] without building the whole list (a decode step reads one token of a long sequence)."""
+        n = len(self.prompt_token_ids)
+        if a >= n:
+            return self.output_token_ids[a - n:b - n]
+        if b <= n:
+            return self.prompt_token_ids[a:b]
+        return self.prompt_token_ids[a:] + self.output_token_ids[:b - n]
 
     @property
     def finished(self) -> bool:
