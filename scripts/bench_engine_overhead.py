@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import random
 import time
 from pathlib import Path
@@ -66,6 +67,7 @@ def main() -> int:
     res = {"requests": a.requests, "max_tokens": a.max_tokens, "prompt_len": [lo, hi],
            "ms_per_step": sorted(runs), "median_ms_per_step": sorted(runs)[len(runs) // 2],
            "commit": os.environ.get("GIT_COMMIT", "unknown"), "cpu_count": os.cpu_count(),
+           "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = Path(os.environ.get("OUT") or "gpu_out")
     out.mkdir(parents=True, exist_ok=True)
