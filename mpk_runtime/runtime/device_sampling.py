@@ -41,23 +41,26 @@ def has_sampling_tensors(mem) -> bool:
 
 
 def fill_sampling(mem, rows: list[DeviceSampling | None]) -> None:
-    """Write rows' params into a RankMemory's sample.* tensors (rows past len(rows), and None rows: greedy)."""
+    """Write rows' params into a RankMemory's sample.* tensors (rows past len(rows), and None rows: greedy).
+    The values are built as lists and copied once per tensor; a step whose rows equal the previous step's (the
+    usual decode step) copies nothing."""
     if not has_sampling_tensors(mem):
         return
     B = mem.t("sample.temperature").shape[0]
     if len(rows) > B:
         raise ValueError(f"{len(rows)} sampling rows for a graph of batch {B}")
-    temp = torch.zeros(B, dtype=torch.float32)
-    top_k = torch.zeros(B, dtype=torch.int64)
-    top_p = torch.ones(B, dtype=torch.float32)
-    seed = torch.zeros(B, dtype=torch.int64)
+    key = tuple(rows)
+    if getattr(mem, "_sampling_rows", None) == key:
+        return
+    temp, top_k, top_p, seed = [0.0] * B, [0] * B, [1.0] * B, [0] * B
     for i, s in enumerate(rows):
-        if s is None:
-            continue
-        temp[i], top_k[i], top_p[i], seed[i] = float(s.temperature), int(s.top_k), float(s.top_p), \
-            seed_to_int64(int(s.seed))
-    for name, v in zip(TENSORS, (temp, top_k, top_p, seed)):
-        mem.t(name).copy_(v)
+        if s is not None:
+            temp[i], top_k[i], top_p[i], seed[i] = float(s.temperature), int(s.top_k), float(s.top_p), \
+                seed_to_int64(int(s.seed))
+    for name, v, dt in zip(TENSORS, (temp, top_k, top_p, seed),
+                           (torch.float32, torch.int64, torch.float32, torch.int64)):
+        mem.t(name).copy_(torch.tensor(v, dtype=dt))
+    mem._sampling_rows = key
 
 
 def wants_sampling(chunks) -> bool:
