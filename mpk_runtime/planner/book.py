@@ -7,6 +7,12 @@ runs any batch of that bucket.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import os
+from pathlib import Path
+
 from ..models.config import ModelConfig
 from .plan import Plan
 from .profile import HardwareProfile
@@ -15,17 +21,63 @@ from .search import candidates
 DEFAULT_BUCKETS = (1, 8, 32, 128)
 
 
+@functools.lru_cache(maxsize=1)
+def _planner_code_hash() -> str:
+    """What a plan depends on besides its inputs: the IR, task decomposition, layout and planner sources."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for sub in ("ir", "tasks", "planner", "codegen"):
+        for f in sorted((root / sub).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _cache_path(cfg: ModelConfig, tp: int, buckets: list[int], context: int, p: HardwareProfile,
+                families) -> Path | None:
+    if os.environ.get("MPK_PLAN_CACHE", "1") == "0":
+        return None
+    key = json.dumps([cfg.to_dict(), tp, buckets, context, p.to_json(), list(families or []), _planner_code_hash()],
+                     sort_keys=True, default=str)
+    from ..codegen.nvcc import cache_dir
+    return cache_dir() / "plans" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
 def plan_book(cfg: ModelConfig, tp: int, buckets=DEFAULT_BUCKETS, context: int = 512,
-              prof: HardwareProfile | str | None = None, families: tuple[str, ...] | None = None) -> dict:
-    """{"buckets": {batch: plan dict}, "profile", "context", "tp"}: the lowest predicted plan per bucket."""
+              prof: HardwareProfile | str | None = None, families: tuple[str, ...] | None = None,
+              cache: bool = True) -> dict:
+    """{"buckets": {batch: plan dict}, "profile", "context", "tp"}: the lowest predicted plan per bucket.
+
+    Searching takes seconds per bucket (tens for an 8B model), so books are cached on disk under
+    $MPK_CACHE_DIR/plans (MPK_PLAN_CACHE=0 or cache=False: off), keyed by the model config, TP, buckets, context,
+    the profile's contents, the plan families and a hash of the planner's own sources (a code change re-plans)."""
     if not buckets or any(int(b) < 1 for b in buckets):
         raise ValueError(f"plan buckets must be positive batch sizes, got {buckets!r}")
     p = prof if isinstance(prof, HardwareProfile) else (HardwareProfile.load(prof) if prof else HardwareProfile.load())
+    bs = sorted({int(b) for b in buckets})
+    path = _cache_path(cfg, tp, bs, context, p, families) if cache else None
+    if path is not None and path.exists():
+        try:
+            book = json.loads(path.read_text())
+            book["buckets"] = {int(k): v for k, v in book["buckets"].items()}
+            return book
+        except (OSError, ValueError, KeyError, AttributeError):
+            pass   # unreadable: plan again and overwrite
     out = {}
-    for b in sorted({int(b) for b in buckets}):
+    for b in bs:
         plan = candidates(cfg, tp=tp, batch=b, context=context, prof=p, families=families)[0]
         out[b] = plan.to_dict()
-    return {"buckets": out, "profile": p.name, "context": context, "tp": tp}
+    book = json.loads(json.dumps({"buckets": out, "profile": p.name, "context": context, "tp": tp}))
+    book["buckets"] = {int(k): v for k, v in book["buckets"].items()}   # plain JSON data, as a cached book reads
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(book))
+            os.replace(tmp, path)   # atomic: concurrent planners never see half a file
+        except OSError:
+            pass   # a read-only cache only costs the next call a re-plan
+    return book
 
 
 def pick_plan(book: dict, batch: int) -> Plan:

@@ -66,3 +66,33 @@ def test_controller_make_plan_ships_one_book():
     assert sorted(book["buckets"]) == [1, 8] and book["tp"] == 2
     assert all(p["tp"] == 2 for p in book["buckets"].values())
     assert make_plan(None, 2, "pyvm", dict(kw, plan=book)) is book     # a given book travels as is
+
+
+def test_plan_book_disk_cache(tmp_path, monkeypatch):
+    """A book is searched once per (config, tp, buckets, context, profile, families, planner sources): the second
+    call reads it from $MPK_CACHE_DIR/plans; other inputs miss; a corrupt file is re-planned; MPK_PLAN_CACHE=0 off."""
+    from mpk_runtime.planner import book as bk
+    monkeypatch.setenv("MPK_CACHE_DIR", str(tmp_path))
+    calls = []
+    real = bk.candidates
+
+    def counting(*a, **k):
+        calls.append(k.get("batch"))
+        return real(*a, **k)
+    monkeypatch.setattr(bk, "candidates", counting)
+    cfg = PRESETS["tiny-llama"]
+    first = plan_book(cfg, 1, (1, 4), context=64)
+    assert calls == [1, 4]
+    again = plan_book(cfg, 1, (4, 1), context=64)
+    assert calls == [1, 4] and again == first and pick_plan(again, 3).batch == 4
+    plan_book(cfg, 1, (1, 4), context=32)                      # another context: searched
+    assert calls == [1, 4, 1, 4]
+    files = list((tmp_path / "plans").glob("*.json"))
+    assert len(files) == 2
+    for f in files:
+        f.write_text("{not json")
+    assert plan_book(cfg, 1, (1, 4), context=64) == first      # corrupt: re-planned and rewritten
+    assert calls == [1, 4, 1, 4, 1, 4]
+    monkeypatch.setenv("MPK_PLAN_CACHE", "0")
+    plan_book(cfg, 1, (1, 4), context=64)
+    assert len(calls) == 8
