@@ -165,6 +165,41 @@ class TPGroup:
     def next_tokens(self, batch: int) -> torch.Tensor:
         return self.decode_vm(batch)[1][0].t("next_tokens").clone()
 
+    def prefill_many(self, chunks: list[tuple[list[int], int, list[int], object]]) -> tuple[torch.Tensor, list[int]]:
+        """Prompt chunks (tokens, start_pos, padded block table, sampling) of one step, left-padded into a few
+        prefill graphs grouped by power-of-two length (StepCtx.pad; as the GPU runner's ConventionalPrefill).
+        Returns the logits (n, V) of each chunk's last token and the tokens drawn for them."""
+        from .megakernel_plans import ConventionalPrefill
+        pow2 = ConventionalPrefill._pow2
+        groups: dict[int, list[int]] = {}
+        for i, (toks, *_rest) in enumerate(chunks):
+            groups.setdefault(min(pow2(len(toks), 16), self.max_seq_len), []).append(i)
+        logits: list = [None] * len(chunks)
+        drawn = [0] * len(chunks)
+        width = len(chunks[0][2])
+        for T, idx in sorted(groups.items()):
+            B = pow2(len(idx))
+            gs, mems, ex = self.conventional("prefill", B, T)
+            tok = torch.zeros((B, T), dtype=torch.long)
+            pos = torch.full((B,), -1, dtype=torch.long)
+            pad = torch.full((B,), T, dtype=torch.long)
+            tab = torch.zeros((B, width), dtype=torch.long)
+            for j, i in enumerate(idx):
+                toks, start, table, _ = chunks[i]
+                tok[j, T - len(toks):] = torch.tensor(toks, dtype=torch.long)
+                pos[j], pad[j] = start, T - len(toks)
+                tab[j, :len(table)] = torch.tensor(table, dtype=torch.long)
+            for m in mems:
+                m.t("tokens").copy_(tok.view(-1))
+                fill_sampling(m, [chunks[i][3] for i in idx])
+            ctx = StepCtx(self.cfg, 0, pos, tab, self.page_size, T, self.inv_freq, pad=pad)
+            ex.run([ctx for _ in mems])
+            lg = self._gather_logits(mems)
+            nxt = mems[0].t("next_tokens")
+            for j, i in enumerate(idx):
+                logits[i], drawn[i] = lg[j], int(nxt[j])
+        return torch.stack(logits), drawn
+
     def prefill(self, tokens: list[int], start_pos: int, table, sampling=None) -> torch.Tensor:
         """One sequence's chunk through the conventional path; returns logits (V,) of its last token (the token
         drawn with `sampling`, or greedy, is in `last_next_tokens[0]` afterwards)."""
@@ -262,10 +297,13 @@ class _CPURunner(ModelRunner):
         toks: list[int | None] = [None] * len(chunks)
         width = -(-self._spec.max_seq_len // self._spec.page_size)
         dec = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
-        for i, c in enumerate(chunks):
-            if len(c.token_ids) > 1:
-                out[i] = self.group.prefill(c.token_ids, c.start_pos, _pad(c.block_table, width), c.sampling)
-                toks[i] = int(self.group.last_next_tokens[0])
+        pre = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
+        if pre:   # the step's prompt chunks in a few left-padded prefill graphs
+            lg, drawn = self.group.prefill_many([(chunks[i].token_ids, chunks[i].start_pos,
+                                                  _pad(chunks[i].block_table, width), chunks[i].sampling)
+                                                 for i in pre])
+            for j, i in enumerate(pre):
+                out[i], toks[i] = lg[j], drawn[j]
         if dec:
             logits = self.group.decode([chunks[i].token_ids[0] for i in dec], [chunks[i].start_pos for i in dec],
                                        [_pad(chunks[i].block_table, width) for i in dec], backend=self.backend,
