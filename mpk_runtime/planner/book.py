@@ -80,11 +80,16 @@ def plan_book(cfg: ModelConfig, tp: int, buckets=DEFAULT_BUCKETS, context: int =
     return book
 
 
-def pick_plan(book: dict, batch: int) -> Plan:
-    """The plan for a decode batch: the smallest bucket >= batch, else the largest bucket."""
+def bucket_key(book: dict, batch: int) -> int:
+    """The bucket a decode batch runs in: the smallest bucket >= batch, else the largest bucket."""
     if not book or not book.get("buckets"):
         raise ValueError("empty plan book: make one with planner.book.plan_book(cfg, tp, buckets)")
     keys = sorted(int(k) for k in book["buckets"])
-    b = next((k for k in keys if k >= batch), keys[-1])
+    return next((k for k in keys if k >= batch), keys[-1])
+
+
+def pick_plan(book: dict, batch: int) -> Plan:
+    """The plan for a decode batch: that of bucket_key(book, batch)."""
+    b = bucket_key(book, batch)
     d = book["buckets"].get(b, book["buckets"].get(str(b)))   # JSON round trips turn int keys into strings
     return Plan.from_dict(d)

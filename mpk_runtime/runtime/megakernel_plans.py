@@ -25,12 +25,13 @@ import torch
 
 from ..ir.build import build_graph
 from ..models.reference import rope_inv_freq
+from ..planner.book import bucket_key, pick_plan
 from ..planner.plan import Plan
 from .base import KernelTimeout
 from .device_sampling import fill_sampling
 from .memory import KVStore, RankMemory, StepCtx
 from .plan_exec import PlanExecutor
-from .torch_exec import ConventionalExecutor
+from .torch_exec import ConventionalExecutor, pow2, prefill_groups
 
 MIN_CAP = 256
 
@@ -38,13 +39,10 @@ MIN_CAP = 256
 def kv_cap(need: int, max_seq_len: int) -> int:
     """The key-length cap of a captured step: the smallest power of two >= need (and >= MIN_CAP), at most
     max_seq_len."""
-    c = MIN_CAP
-    while c < need:
-        c *= 2
-    return min(c, max_seq_len)
+    return min(pow2(need, MIN_CAP), max_seq_len)
 
 
-def _fill_step(mem: RankMemory, pos_t, tables_t, toks, pos, tables, width: int, sampling) -> None:
+def fill_step(mem: RankMemory, pos_t, tables_t, toks, pos, tables, width: int, sampling) -> None:
     """Write a step's inputs in place (what a captured graph reads): rows past len(toks) inactive."""
     B = pos_t.shape[0]
     n = len(toks)
@@ -71,7 +69,6 @@ class PlannedDecoder:
     def __init__(self, cfg, weights: dict, kv: KVStore, book: dict, *, max_seq_len: int, page_size: int,
                  num_sms: int, dtype: str, device: torch.device, timeout_s: float = 2.0, attn_splits: int = 2,
                  backend: str = "megakernel"):
-        from ..planner.book import pick_plan
         if backend not in ("megakernel", "pyvm"):
             raise ValueError(f"backend {backend!r}: 'megakernel' (GPU) or 'pyvm' (CPU twin)")
         self.backend = backend
@@ -79,22 +76,20 @@ class PlannedDecoder:
         self.max_seq_len, self.page_size, self.num_sms, self.dtype = max_seq_len, page_size, num_sms, dtype
         self.device, self.timeout_s, self.attn_splits = device, timeout_s, attn_splits
         self.width = -(-max_seq_len // page_size)
-        self.keys = sorted(int(k) for k in book["buckets"])
-        self._pick = pick_plan
         self.inv_cpu = rope_inv_freq(cfg)
         self.inv = self.inv_cpu.to(device)
         self._buckets: dict[int, _Bucket] = {}
         self.used: dict[int, str] = {}    # bucket -> plan name, for health()/tests
 
     def bucket_of(self, n: int) -> int:
-        b = next((k for k in self.keys if k >= n), None)
-        if b is None:
-            raise ValueError(f"{n} decode rows but the plan book's largest bucket is {self.keys[-1]}")
+        b = bucket_key(self.book, n)
+        if b < n:
+            raise ValueError(f"{n} decode rows but the plan book's largest bucket is {b}")
         return b
 
     def _bucket(self, b: int) -> _Bucket:
         if b not in self._buckets:
-            plan = self._pick(self.book, b)
+            plan = pick_plan(self.book, b)
             if plan.tp != 1:
                 raise ValueError(f"the plan book was made for tp={plan.tp}; the GPU runner takes plans at tp=1")
             g = build_graph(self.cfg, mode="decode", batch=b, context_len=0, max_seq_len=self.max_seq_len,
@@ -130,14 +125,14 @@ class PlannedDecoder:
         if self.backend == "pyvm":   # eager, keys as needed
             bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv)
         elif need > bk.cap:   # (re)capture with the larger key cap, warm-up on inactive rows
-            _fill_step(bk.mem, bk.pos, bk.tables, [], [], [], self.width, None)
+            fill_step(bk.mem, bk.pos, bk.tables, [], [], [], self.width, None)
             bk.ex.graphs = None
             bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv, kv_len_cap=need)
             ctx = bk.ctx
             bk.ex.capture(lambda r: ctx, mode="step", warmup=1)
             self._check(bk)
             bk.cap, bk.captures = need, bk.captures + 1
-        _fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
+        fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
         ctx = bk.ctx
         bk.ex.run(lambda r: ctx)
         try:
@@ -185,46 +180,22 @@ class ConventionalPrefill:
             self._ex.popitem(last=False)
         return self._ex[key]
 
-    @staticmethod
-    def _pow2(n: int, lo: int = 1) -> int:
-        p = lo
-        while p < n:
-            p *= 2
-        return p
-
     def run_many(self, chunks: list[tuple[list[int], int, list[int], object]], want_logits: bool = True):
         """chunks: (tokens, start_pos, block table, sampling or None). Returns (logits (n, V) fp32 on the CPU of
         each chunk's last token, or None when not wanted; the tokens drawn for them, list of n ints)."""
-        for toks, start, _, _ in chunks:
-            if start + len(toks) > self.max_seq_len:
-                raise ValueError(f"prompt chunk ends at position {start + len(toks)} > max_seq_len {self.max_seq_len}")
-        groups: dict[int, list[int]] = {}
-        for i, (toks, *_rest) in enumerate(chunks):
-            groups.setdefault(min(self._pow2(len(toks), 16), self.max_seq_len), []).append(i)
         logits: list[torch.Tensor | None] = [None] * len(chunks)
         drawn = [0] * len(chunks)
-        for T, idx in sorted(groups.items()):
-            B = self._pow2(len(idx))
-            mem, ex = self._get(B, T)
-            tok = torch.zeros((B, T), dtype=torch.int64)
-            pos = torch.full((B,), -1, dtype=torch.int64)
-            pad = torch.full((B,), T, dtype=torch.int64)
-            tab = torch.zeros((B, self.width), dtype=torch.int64)
-            for j, i in enumerate(idx):
-                toks, start, table, _ = chunks[i]
-                n = len(toks)
-                tok[j, T - n:] = torch.tensor(toks, dtype=torch.int64)
-                pos[j], pad[j] = start, T - n
-                tab[j, :len(table)] = torch.tensor(table, dtype=torch.int64)
-            mem.t("tokens").copy_(tok.view(-1))
-            fill_sampling(mem, [chunks[i][3] for i in idx])
-            ctx = StepCtx(self.cfg, 1, pos.to(self.device), tab.to(self.device), self.page_size, T, self.inv,
-                          pad=pad.to(self.device))
+        for g in prefill_groups(chunks, self.max_seq_len, self.width):
+            mem, ex = self._get(g.B, g.T)
+            mem.t("tokens").copy_(g.tokens)
+            fill_sampling(mem, g.sampling)
+            ctx = StepCtx(self.cfg, 1, g.pos.to(self.device), g.tables.to(self.device), self.page_size, g.T,
+                          self.inv, pad=g.pad.to(self.device))
             ex.run([ctx])
             self.graph_runs += 1
-            nxt = mem.t("next_tokens")[:len(idx)].tolist()
-            lg = self._logits(mem, len(idx)) if want_logits else None
-            for j, i in enumerate(idx):
+            nxt = mem.t("next_tokens")[:len(g.idx)].tolist()
+            lg = self._logits(mem, len(g.idx)) if want_logits else None
+            for j, i in enumerate(g.idx):
                 drawn[i] = int(nxt[j])
                 logits[i] = lg[j] if lg is not None else None
         return (torch.stack(logits) if want_logits else None), drawn   # type: ignore[arg-type]

@@ -29,7 +29,8 @@ from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling
 from .base import KVSpec, ModelRunner, SeqChunk, register_runner
-from .device_sampling import fill_sampling, host_logits_needed, step_output
+from .device_sampling import host_logits_needed, step_output
+from .megakernel_plans import ConventionalPrefill, PlannedDecoder, fill_step
 from .memory import KVStore, RankMemory
 
 
@@ -105,7 +106,6 @@ class MegakernelRunner(ModelRunner):
             if world > 1 or tp_invariant != 1:
                 raise ValueError("plan=...: the GPU runner runs plans at world size 1 (tp=1, tp_invariant=1); at "
                                  "TP > 1 use plan=None (one megakernel per rank) or scripts/validate_planner.py")
-            from .megakernel_plans import ConventionalPrefill, PlannedDecoder
             n_kv = cfg.num_kv_heads
             self.kv = KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(dtype),
                               device=dev, poison=False)
@@ -124,7 +124,6 @@ class MegakernelRunner(ModelRunner):
         self.tables, self.pos, self.width = r.tables, r.pos, r.width
         from .comm import TorchDistComm
         if world == 1 or (isinstance(comm, TorchDistComm) and comm.world_size == world):
-            from .megakernel_plans import ConventionalPrefill
             self.prefiller = ConventionalPrefill(cfg, w, self.kv, max_seq_len=max_seq_len, page_size=page_size,
                                                  dtype=dtype, device=dev, tp=world, rank=rank, comm=comm)
         if world > 1:   # vocab-parallel logits gathered through the heap (peer reads after a barrier)
@@ -142,18 +141,8 @@ class MegakernelRunner(ModelRunner):
         """One launch of one step; returns the logits (n, V) (None when not wanted: no host copy). The tokens the
         kernel drew (greedy, or with `sampling`: one DeviceSampling or None per row) are in
         `self.last_next_tokens` afterwards."""
-        B = self._spec.max_batch
         n = len(toks)
-        t = torch.zeros(B, dtype=torch.int64)
-        p = torch.full((B,), -1, dtype=torch.int64)
-        tab = torch.zeros((B, self.width), dtype=torch.int64)
-        t[:n], p[:n] = torch.tensor(toks), torch.tensor(pos)
-        for i, row in enumerate(tables):
-            tab[i, :len(row)] = torch.tensor(row)
-        self.mem.t("tokens").copy_(t)
-        self.pos.copy_(p)
-        self.tables.copy_(tab)
-        fill_sampling(self.mem, sampling or [])
+        fill_step(self.mem, self.pos, self.tables, toks, pos, tables, self.width, sampling)
         if self.heap is not None:
             self.heap.barrier()   # no rank overwrites tokens/pos while a peer still reads the last step
         self.mk.launch(1)

@@ -23,7 +23,7 @@ from .device_sampling import fill_sampling, step_output
 from .memory import KVStore, RankMemory, StepCtx, connect
 from .plan_exec import PlanExecutor
 from .pyvm import PyVM
-from .torch_exec import ConventionalExecutor
+from .torch_exec import ConventionalExecutor, prefill_groups
 
 
 def shard_weights(cfg: ModelConfig, full: dict[str, torch.Tensor], tp: int, rank: int) -> dict[str, torch.Tensor]:
@@ -169,34 +169,18 @@ class TPGroup:
         """Prompt chunks (tokens, start_pos, padded block table, sampling) of one step, left-padded into a few
         prefill graphs grouped by power-of-two length (StepCtx.pad; as the GPU runner's ConventionalPrefill).
         Returns the logits (n, V) of each chunk's last token and the tokens drawn for them."""
-        from .megakernel_plans import ConventionalPrefill
-        pow2 = ConventionalPrefill._pow2
-        groups: dict[int, list[int]] = {}
-        for i, (toks, *_rest) in enumerate(chunks):
-            groups.setdefault(min(pow2(len(toks), 16), self.max_seq_len), []).append(i)
         logits: list = [None] * len(chunks)
         drawn = [0] * len(chunks)
-        width = len(chunks[0][2])
-        for T, idx in sorted(groups.items()):
-            B = pow2(len(idx))
-            gs, mems, ex = self.conventional("prefill", B, T)
-            tok = torch.zeros((B, T), dtype=torch.long)
-            pos = torch.full((B,), -1, dtype=torch.long)
-            pad = torch.full((B,), T, dtype=torch.long)
-            tab = torch.zeros((B, width), dtype=torch.long)
-            for j, i in enumerate(idx):
-                toks, start, table, _ = chunks[i]
-                tok[j, T - len(toks):] = torch.tensor(toks, dtype=torch.long)
-                pos[j], pad[j] = start, T - len(toks)
-                tab[j, :len(table)] = torch.tensor(table, dtype=torch.long)
+        for g in prefill_groups(chunks, self.max_seq_len, len(chunks[0][2])):
+            gs, mems, ex = self.conventional("prefill", g.B, g.T)
             for m in mems:
-                m.t("tokens").copy_(tok.view(-1))
-                fill_sampling(m, [chunks[i][3] for i in idx])
-            ctx = StepCtx(self.cfg, 0, pos, tab, self.page_size, T, self.inv_freq, pad=pad)
+                m.t("tokens").copy_(g.tokens)
+                fill_sampling(m, g.sampling)
+            ctx = StepCtx(self.cfg, 0, g.pos, g.tables, self.page_size, g.T, self.inv_freq, pad=g.pad)
             ex.run([ctx for _ in mems])
             lg = self._gather_logits(mems)
             nxt = mems[0].t("next_tokens")
-            for j, i in enumerate(idx):
+            for j, i in enumerate(g.idx):
                 logits[i], drawn[i] = lg[j], int(nxt[j])
         return torch.stack(logits), drawn
 

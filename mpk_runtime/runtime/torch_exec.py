@@ -10,6 +10,10 @@ run() (a CUDA graph capture records them; see conventional_ops). Used for prefil
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
 from ..ir.graph import Graph
 from ..tasks.build import decompose
 from ..tasks.ops import get_task_kind
@@ -74,3 +78,52 @@ class _WholeOp:
 
     def __init__(self, op):
         self.op, self.kind = op, "whole:" + op.kind    # apart from the task kind (a TP linear runs as tasks)
+
+
+# --- batched prefill of unequal chunks -----------------------------------------------------------------------
+def pow2(n: int, lo: int = 1) -> int:
+    """The smallest power of two >= max(n, lo) (lo a power of two)."""
+    p = lo
+    while p < n:
+        p *= 2
+    return p
+
+
+@dataclass
+class PrefillGroup:
+    """Prompt chunks run as one prefill graph of (B sequences, T tokens), left-padded (StepCtx.pad): chunk j of
+    the group is chunks[idx[j]]; sequences past len(idx) are inactive (pos -1). Host tensors."""
+
+    idx: list[int]
+    B: int
+    T: int
+    tokens: torch.Tensor    # (B * T,)
+    pos: torch.Tensor       # (B,) start position of each chunk; -1 inactive
+    pad: torch.Tensor       # (B,) leading padding rows
+    tables: torch.Tensor    # (B, width)
+    sampling: list
+
+
+def prefill_groups(chunks, max_seq_len: int, width: int) -> list[PrefillGroup]:
+    """chunks: (tokens, start_pos, block table, sampling) of one step, grouped by power-of-two length (>= 16,
+    <= max_seq_len), each group's sequence count a power of two: few graph shapes, < 2x padding per dimension."""
+    for toks, start, _, _ in chunks:
+        if start + len(toks) > max_seq_len:
+            raise ValueError(f"prompt chunk ends at position {start + len(toks)} > max_seq_len {max_seq_len}")
+    by_len: dict[int, list[int]] = {}
+    for i, (toks, *_rest) in enumerate(chunks):
+        by_len.setdefault(min(pow2(len(toks), 16), max_seq_len), []).append(i)
+    out = []
+    for T, idx in sorted(by_len.items()):
+        B = pow2(len(idx))
+        tok = torch.zeros((B, T), dtype=torch.int64)
+        pos = torch.full((B,), -1, dtype=torch.int64)
+        pad = torch.full((B,), T, dtype=torch.int64)
+        tab = torch.zeros((B, width), dtype=torch.int64)
+        for j, i in enumerate(idx):
+            toks, start, table, _ = chunks[i]
+            tok[j, T - len(toks):] = torch.tensor(toks, dtype=torch.int64)
+            pos[j], pad[j] = start, T - len(toks)
+            tab[j, :len(table)] = torch.tensor(table, dtype=torch.int64)
+        out.append(PrefillGroup(idx, B, T, tok.view(-1), pos, pad, tab, [chunks[i][3] for i in idx]))
+    return out
