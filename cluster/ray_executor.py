@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from mpk_runtime.runtime.executor import Executor, Worker, WorkerError, WorkerTimeout, free_port
+from mpk_runtime.runtime.executor import Executor, Worker, WorkerError, WorkerTimeout, call_timing, free_port
 
 from .plan import make_plan
 from .ray_utils import local_device_index, nvshmem_init_from_bytes, nvshmem_unique_id_bytes, require_ray
@@ -165,8 +165,17 @@ class RayExecutor(Executor):
         if not self.actors:
             raise WorkerError(f"{self.name} is shut down")
         kwargs = kwargs or {}
-        refs = [getattr(a, method).remote(*args, **kwargs) for a in self.actors]
-        return self._gather(refs, method, timeout)
+        if method != "execute":
+            return self._gather([getattr(a, method).remote(*args, **kwargs) for a in self.actors], method, timeout)
+        # a step: each rank also returns its own timing (Worker.execute_timed), so the engine can tell the
+        # model's time from the call's (submit, object store, result transfer)
+        submit_wall, t_submit = time.time(), time.perf_counter()
+        refs = [a.execute_timed.remote(*args, **kwargs) for a in self.actors]
+        t_submitted = time.perf_counter()
+        pairs = self._gather(refs, method, timeout)
+        self.last_timing = call_timing(submit_wall, t_submit, t_submitted, time.perf_counter(), time.time(),
+                                       [p[1] for p in pairs])
+        return [p[0] for p in pairs]
 
     def comm_spec(self) -> dict | None:
         """torch.distributed rendezvous: rank 0 picks a free port on its node; the address travels by actor call."""

@@ -7,7 +7,11 @@
 The HTTP client runs in a separate process (in the server's process it shared the GIL with the server and the
 engine loop, and the harness's own work showed up as per-step time). Reports throughput (generated tokens/s),
 request latency p50/p99, time to first token p50/p99, errors, and batch occupancy (sequences per engine step: > 1 means the requests really shared decode steps), and writes
-load_test.json under --out.
+load_test.json under --out. It also prints where the engine's time went during the load, in ms per step (engine loop
+idle / admitting / stepping / delivering; inside a step: scheduling, the executor call - split into dispatch,
+waiting, the model's own runner time on the critical rank and the transfer either side - output work and freeing;
+prefill vs decode-only steps), from the engine's always-on phase counters (mpk_runtime/engine/step_stats.py), and
+writes it to load_test.json as "time_breakdown".
 """
 from __future__ import annotations
 
@@ -68,6 +72,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     from cluster.router import build_router
+    from mpk_runtime.engine.step_stats import breakdown, diff_stats, format_breakdown, sum_stats
     from cluster.server import ServerThread, create_app
     from mpk_runtime.models import load_config
     if a.executor == "ray":
@@ -81,11 +86,13 @@ def main() -> None:
         import multiprocessing as mp
         with mp.get_context("spawn").Pool(1) as pool:
             pool.apply(_fire_in_child, ((srv.url, a.model, 1, 1, load_config(a.model).vocab_size, 1),))  # warm
+            before = router.stats()
             t0 = time.perf_counter()
             res = pool.apply(_fire_in_child, ((srv.url, a.model, a.requests, a.max_tokens,
                                                load_config(a.model).vocab_size, 0),))
             wall = time.perf_counter() - t0
-        stats = router.stats()
+        # the load alone (no start-up idle, no warm-up request): counters differenced over the measured window
+        stats = {k: diff_stats(v, before.get(k, {})) for k, v in router.stats().items()}
     finally:
         srv.stop()
         router.shutdown()
@@ -102,10 +109,13 @@ def main() -> None:
                "ttft_p99_s": pct([r["ttft_s"] for r in ok if r.get("ttft_s") is not None], 0.99),
                "engine_steps": steps, "mean_batch_occupancy": seqs / steps if steps else 0.0,
                "max_batch": a.max_batch, "max_batch_seen": max((s.get("max_batch_size_seen", 0) for s in stats.values()), default=0),
+               "time_breakdown": breakdown(sum_stats(list(stats.values())), wall),
                "first_errors": [r for r in res if not r["ok"]][:3], "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "load_test.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    print(json.dumps({k: v for k, v in summary.items() if k != "first_errors"}, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("first_errors", "time_breakdown")}, indent=1))
+    print(format_breakdown(summary["time_breakdown"]))
 
 
 if __name__ == "__main__":

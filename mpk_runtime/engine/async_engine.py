@@ -17,6 +17,7 @@ from .engine import LLMEngine
 from .errors import RequestFailedError
 from .request import RequestOutput
 from .sampling import SamplingParams
+from .step_stats import new_loop_stats
 
 log = logging.getLogger(__name__)
 OutputCallback = Callable[[RequestOutput], None]
@@ -32,6 +33,7 @@ class EngineLoop:
         self._outstanding = 0           # submitted and not finished (read by the router without a lock)
         self._lock = threading.Lock()
         self._ids = 0
+        self._times = new_loop_stats()  # where the loop thread's time goes (step_stats.py: loop_*_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"mpk-{name}", daemon=True)
         self._thread.start()
@@ -59,6 +61,7 @@ class EngineLoop:
 
     def stats(self) -> dict:
         s = dict(self.engine.stats)
+        s.update(self._times)
         s.update(waiting=len(self.engine.scheduler.waiting), running=len(self.engine.scheduler.running),
                  outstanding=self._outstanding, dead=self.engine.dead)
         return s
@@ -98,20 +101,38 @@ class EngineLoop:
 
     def _run(self) -> None:
         last_health = time.monotonic()
+        tm = self._times
+        pc = time.perf_counter
         while not self._stop.is_set():
             busy = self.engine.has_unfinished()
+            t0 = pc()
             try:
                 cmd = self._cmds.get_nowait() if busy else self._cmds.get(timeout=0.5)
-                self._apply(cmd)
-                while True:  # drain everything that arrived: they join this step
-                    self._apply(self._cmds.get_nowait())
             except queue.Empty:
-                pass
+                cmd = None
+            t1 = pc()
+            if not busy:
+                tm["loop_idle_s"] += t1 - t0
+            if cmd is not None:
+                self._apply(cmd)
+                try:
+                    while True:  # drain everything that arrived: they join this step
+                        self._apply(self._cmds.get_nowait())
+                except queue.Empty:
+                    pass
+                t2 = pc()
+                tm["loop_apply_s"] += t2 - t1
+                t1 = t2
             if self.engine.has_unfinished():
-                for out in self.engine.step():
+                outs = self.engine.step()
+                t2 = pc()
+                tm["loop_step_s"] += t2 - t1
+                for out in outs:
                     self._deliver(out)
+                tm["loop_deliver_s"] += pc() - t2
                 last_health = time.monotonic()
             elif self.health_interval and time.monotonic() - last_health > self.health_interval:
                 last_health = time.monotonic()
                 for out in self.engine.check_health():
                     self._deliver(out)
+                tm["loop_health_s"] += pc() - t1

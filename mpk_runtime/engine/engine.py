@@ -19,6 +19,7 @@ from ..runtime.device_sampling import StepOutput
 from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, check_device_sampling, device_sampling_for,
                        make_generator, request_seed, sample)
 from .scheduler import Scheduler
+from .step_stats import new_step_stats
 from .tokenizer import LazyTokenizer
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,8 @@ class LLMEngine:
         # counters for /metrics
         self.stats = {"steps": 0, "tokens_generated": 0, "prompt_tokens": 0, "requests_finished": 0,
                       "requests_failed": 0, "recoveries": 0, "last_batch_size": 0, "max_batch_size_seen": 0,
-                      "sequences_scheduled": 0}  # / steps = mean batch occupancy
+                      "sequences_scheduled": 0,  # / steps = mean batch occupancy
+                      **new_step_stats()}        # where each step's time goes (step_stats.py; load_test prints it)
 
     # --- admission ----------------------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -126,21 +128,29 @@ class LLMEngine:
         the request's tokens)."""
         if outputs not in ("all", "finished"):
             raise ValueError(f"outputs must be 'all' or 'finished', got {outputs!r}")
+        t0 = time.perf_counter()
+        c0 = time.thread_time()
         sched = self.scheduler.schedule()
         if not sched:
             return []
         chunks = []
+        n_prompt = 0  # prompt chunks (the scheduler's "still prefilling": no output token yet); the rest decode rows
         for s in sched:
             r = s.request
             last = r.num_computed + s.num_tokens >= r.num_tokens   # this chunk yields the next token
             ds = self._device_sampling(r) if last else None
+            if not r.output_token_ids:
+                n_prompt += 1
             chunks.append(SeqChunk(seq_id=r.seq_id, start_pos=r.num_computed, block_table=list(r.block_table),
                                    token_ids=r.token_slice(r.num_computed, r.num_computed + s.num_tokens),
                                    sampling=ds, wants_logits=last and ds is None))
+        t1 = time.perf_counter()
         try:
             logits = self.executor.collective_rpc("execute", (chunks,), timeout=self.step_timeout)[0]
         except Exception as e:  # a worker died, hung or raised: fail what ran, keep what waits
             return self._on_failure(e)
+        t2 = time.perf_counter()
+        timing = getattr(self.executor, "last_timing", None)
         dev_tokens = None
         if isinstance(logits, StepOutput):
             logits, dev_tokens = logits.logits, logits.tokens.tolist()
@@ -148,6 +158,8 @@ class LLMEngine:
         self.stats["last_batch_size"] = len(chunks)
         self.stats["sequences_scheduled"] += len(chunks)
         self.stats["max_batch_size_seen"] = max(self.stats["max_batch_size_seen"], len(chunks))
+        if logits is not None:
+            self.stats["logits_bytes"] += logits.numel() * logits.element_size()
         now = time.monotonic()
         want_all = outputs == "all"
         outputs, done = [], []
@@ -178,9 +190,37 @@ class LLMEngine:
         for r in done:
             self.scheduler.release(r)
             self.stats["requests_finished"] += 1
+        t3 = time.perf_counter()
         if done:
             self._forget_many(done)
+        self._account_step(n_prompt, len(chunks) - n_prompt, t0, t1, t2, t3, time.perf_counter(),
+                           time.thread_time() - c0, timing)
         return outputs
+
+    def _account_step(self, n_prompt: int, n_decode: int, t0: float, t1: float, t2: float, t3: float, t4: float,
+                      cpu: float, timing: dict | None) -> None:
+        """Add one finished step to the phase totals (step_stats.py): t0 start, t1 chunks built, t2 executor
+        returned, t3 outputs made, t4 end (after freeing finished sequences on the workers)."""
+        st = self.stats
+        kind = "prefill" if n_prompt else "decode"
+        st[kind + "_steps"] += 1
+        st["prompt_chunks"] += n_prompt
+        st["decode_rows"] += n_decode
+        if n_prompt:
+            st["decode_rows_in_prefill_steps"] += n_decode
+        st["t_step_s"] += t4 - t0
+        st[f"t_step_{kind}_s"] += t4 - t0
+        st["t_step_cpu_s"] += cpu
+        st["t_schedule_s"] += t1 - t0
+        st["t_execute_s"] += t2 - t1
+        st[f"t_execute_{kind}_s"] += t2 - t1
+        st["t_output_s"] += t3 - t2
+        st["t_free_s"] += t4 - t3
+        if timing:
+            st["timed_steps"] += 1
+            for k in ("dispatch", "wait", "to_worker", "worker", "from_worker"):
+                st[f"t_exec_{k}_s"] += timing[k + "_s"]
+            st[f"t_exec_worker_{kind}_s"] += timing["worker_s"]
 
     def _device_sampling(self, r: Request):
         """The request's DeviceSampling (or None: host sampling), fixed for its life: made once."""
@@ -223,6 +263,7 @@ class LLMEngine:
     def _forget_many(self, reqs: list[Request]) -> None:
         for r in reqs:
             self._requests.pop(r.request_id, None)
+        self.stats["free_calls"] += 1
         try:
             self.executor.collective_rpc("free", ([r.seq_id for r in reqs],), timeout=self.step_timeout)
         except Exception as e:

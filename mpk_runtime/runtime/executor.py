@@ -82,6 +82,9 @@ class Worker:
         self.backend: str | None = None
         self._fault: tuple[str, float] | None = None
         self._steps = 0
+        self._runner_s = 0.0   # total seconds inside runner.step (health() reports it)
+        self.last_timing: tuple[float, float, float] | None = None  # last execute: (time.time() at entry,
+        #                                                              seconds in runner.step, time.time() at exit)
         self._comm: Communicator | None = None
 
     def init_model(self, backend: str, comm_spec: Any = None, **runner_kwargs: Any) -> dict:
@@ -114,9 +117,18 @@ class Worker:
                 os._exit(1)
             elif kind == "raise":
                 raise RuntimeError(f"injected fault on rank {self.rank}")
-        logits = self._need_runner().step(chunks)
+        runner = self._need_runner()
+        w0, t0 = time.time(), time.perf_counter()
+        logits = runner.step(chunks)
+        dt = time.perf_counter() - t0
         self._steps += 1
+        self._runner_s += dt
+        self.last_timing = (w0, dt, time.time())
         return logits if self.rank == 0 or self.logits_on_every_rank else None
+
+    def execute_timed(self, chunks: list[SeqChunk]):
+        """`execute`, plus this rank's `last_timing`, for an executor in another process to account the call."""
+        return self.execute(chunks), self.last_timing
 
     def free(self, seq_ids: list[int]) -> None:
         runner = self._need_runner()
@@ -129,6 +141,7 @@ class Worker:
         used = getattr(self.runner, "plans_used", None)
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "host": socket.gethostname(),
                 "backend": self.backend, "ready": self.runner is not None, "steps": self._steps,
+                "runner_s": self._runner_s,
                 # decode batches run through a plan (batch -> plan family), when the runner was given a plan book
                 "plans_used": used() if used is not None else {}}
 
@@ -157,10 +170,27 @@ class Worker:
 
 # --- executors ----------------------------------------------------------------------------------------------
 
+def call_timing(submit_wall: float, t_submit: float, t_submitted: float, t_done: float, done_wall: float,
+                ranks: list) -> dict | None:
+    """One collective "execute" call's phases (seconds) from the caller's clocks and each rank's
+    `Worker.last_timing` (entry wall time, runner seconds, exit wall time): dispatch (submitting to every
+    rank), wait (until every result was back), and along the critical rank (the last to return) to_worker
+    (submit -> its entry), worker (its runner.step) and from_worker (its exit -> every result back). The wall
+    clock spans processes; to_worker/from_worker mean something when the caller and the ranks share a host."""
+    if not ranks or any(r is None for r in ranks):
+        return None
+    w0, dt, w1 = max(ranks, key=lambda r: r[2])
+    return {"dispatch_s": t_submitted - t_submit, "wait_s": t_done - t_submitted,
+            "to_worker_s": max(0.0, w0 - submit_wall), "worker_s": dt, "from_worker_s": max(0.0, done_wall - w1)}
+
+
 class Executor:
     """Calls workers by method name. Subclasses: `InProcessExecutor` here, `cluster.RayExecutor`."""
 
     world_size: int = 1
+    # where the latest "execute" call's time went (`call_timing`), for the engine's step accounting; executors
+    # that do not measure leave it None
+    last_timing: dict | None = None
 
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
                        timeout: float | None = None) -> list:
@@ -200,7 +230,9 @@ class InProcessExecutor(Executor):
         if self._closed:
             raise WorkerError("executor is shut down; create a new LLM / executor")
         kwargs = kwargs or {}
+        submit_wall, t_submit = time.time(), time.perf_counter()
         futs = [pool.submit(getattr(w, method), *args, **kwargs) for w, pool in zip(self.workers, self._pools)]
+        t_submitted = time.perf_counter()
         results = []
         deadline = None if timeout is None else time.monotonic() + timeout
         for rank, f in enumerate(futs):
@@ -211,6 +243,9 @@ class InProcessExecutor(Executor):
                 raise WorkerTimeout(f"rank {rank} did not finish {method!r} within {timeout} s", rank, method) from None
             except Exception as e:
                 raise WorkerError(f"rank {rank} failed in {method!r}: {type(e).__name__}: {e}", rank, method) from e
+        if method == "execute":
+            self.last_timing = call_timing(submit_wall, t_submit, t_submitted, time.perf_counter(), time.time(),
+                                           [w.last_timing for w in self.workers])
         return results
 
     def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:
@@ -251,10 +286,14 @@ class SPMDExecutor(Executor):
                        timeout: float | None = None) -> list:
         if self._closed:
             raise WorkerError("executor is shut down; create a new LLM / executor")
+        submit_wall, t_submit = time.time(), time.perf_counter()
         try:
             out = getattr(self.worker, method)(*args, **(kwargs or {}))
         except Exception as e:
             raise WorkerError(f"rank {self.rank} failed in {method!r}: {type(e).__name__}: {e}", self.rank, method) from e
+        if method == "execute":
+            self.last_timing = call_timing(submit_wall, t_submit, t_submit, time.perf_counter(), time.time(),
+                                           [self.worker.last_timing])
         return [out] * self.world_size
 
     def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:

@@ -27,9 +27,19 @@ def test_tp1_ray_equals_inprocess(ray_local, ref_greedy):
     with LLM("tiny-qwen3", dtype="float32", max_seq_len=64, executor="ray") as llm:
         info = llm.executor.collective_rpc("node_info")
         assert info[0]["gpu_ids"] == ["0"] or len(info[0]["gpu_ids"]) == 1  # one logical GPU per actor
+        t0 = time.perf_counter()
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        s = dict(llm.engine.stats)
+        runner_s = llm.executor.collective_rpc("health")[0]["runner_s"]
     for p, o in zip(PROMPTS, outs):
         assert o.token_ids == ref_greedy("tiny-qwen3", p, 8)
+    # step phase accounting through Ray: every step timed by its actor, the phases nest inside the step
+    assert s["timed_steps"] == s["steps"] == 8 and (s["prefill_steps"], s["decode_steps"]) == (1, 7)
+    assert s["t_exec_worker_s"] == pytest.approx(runner_s)  # the actor's own total of its runner calls
+    assert 0 < s["t_exec_worker_s"] <= s["t_exec_dispatch_s"] + s["t_exec_wait_s"] <= s["t_execute_s"]
+    assert s["t_schedule_s"] + s["t_execute_s"] + s["t_output_s"] + s["t_free_s"] <= s["t_step_s"] <= wall
+    assert s["t_exec_to_worker_s"] > 0 and s["t_exec_from_worker_s"] > 0  # a real process hop either way
 
 
 def test_plan_book_shipped_to_ray_workers(ray_local, ref_greedy):

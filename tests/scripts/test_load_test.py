@@ -1,0 +1,37 @@
+"""scripts/load_test.py end to end on CPU (in-process replica, a few requests): the JSON carries the per-step time
+breakdown of the measured window (the warm-up request excluded), consistent with the run's own counts and wall."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def test_load_test_writes_time_breakdown(tmp_path):
+    pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test.py"), "--model", "tiny-qwen3",
+                        "--backend", "reference", "--requests", "6", "--max-tokens", "5", "--max-batch", "4",
+                        "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "where the time went:" in r.stdout and "execute ms/step:" in r.stdout
+    d = json.loads((tmp_path / "load_test.json").read_text())
+    assert d["succeeded"] == 6 and d["tokens"] == 30
+    b = d["time_breakdown"]
+    assert b["steps"] == d["engine_steps"] == b["prefill_steps"] + b["decode_steps"] >= 5
+    assert b["prefill_steps"] >= 2  # 6 requests in batches of at most 4: at least two admissions
+    ms = b["ms_per_step"]
+    assert all(v >= 0 for v in ms.values())
+    assert ms["schedule"] + ms["execute"] + ms["output"] + ms["free"] <= ms["step"] + 1e-2
+    assert ms["step"] <= b["wall_ms_per_step"] and 0 < b["steps_share_of_wall"] <= 1
+    assert b["execute_ms_per_step"]["worker"] > 0
+    loop = b["loop_ms_per_step"]
+    assert loop["step"] >= ms["step"] - 1e-2 and loop["other"] >= 0
