@@ -11,6 +11,19 @@
 #include "ops/allreduce.cuh"
 #include "ops/argmax.cuh"
 
+namespace mpk {
+// The small, once-per-step or per-group ops behind one call site: each call site of a not-inlined op costs the
+// kernel's switch registers around the call (a third call site made it spill).
+__device__ __noinline__ void op_small(const Ctx& c) {
+  switch ((int)c.rec[T_OPCODE]) {
+    case OP_ARGMAX_PARTIAL: op_argmax_partial(c); break;
+    case OP_ARGMAX_REDUCE: op_argmax_reduce(c); break;
+    case OP_QK_NORM_ROPE: op_qk_norm_rope(c); break;
+    default: break;
+  }
+}
+}  // namespace mpk
+
 using namespace mpk;
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -96,8 +109,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (rec[A_LINEAR_TC_ROWS] > 0) op_linear_tc(c); else op_linear(c);
           break;
         case OP_ALLREDUCE: op_allreduce(c); break;
-        case OP_ARGMAX_PARTIAL: op_argmax_partial(c); break;
-        case OP_ARGMAX_REDUCE: op_argmax_reduce(c); break;
+        case OP_ARGMAX_PARTIAL:
+        case OP_ARGMAX_REDUCE:
+        case OP_QK_NORM_ROPE: op_small(c); break;
         default: break;
       }
       __syncthreads();

@@ -1,5 +1,6 @@
 // qkv_rope: part of a head (RoPE pairs [r0, r0+nr): head rows r0+i and D/2+r0+i): RMSNorm(x) @ W_rows.T ->
-// [q/k RMSNorm, whole head only] -> RoPE -> q or paged KV cache  (tasks/ops/qkv_rope.py)
+// [q/k RMSNorm, whole head only] -> RoPE -> q or paged KV cache; or (which == raw) only the projection of a normed
+// head's part, into qk_raw, and op_qk_norm_rope finishes whole normed heads  (tasks/ops/qkv_rope.py)
 #pragma once
 #include "../common.cuh"
 #include "linear.cuh"
@@ -41,7 +42,7 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
       const int64_t pos = seq_pos(c, row);
       float* y0 = y0s + m * nr;
       float* y1 = y1s + m * nr;
-      if (which != WHICH_V) {
+      if (which == WHICH_Q || which == WHICH_K) {
         if (hn != nullptr) {  // whole head here (nr == h2): y0 = rows [0, h2), y1 = rows [h2, D)
           float ss = 0.f;
           for (int d = lane; d < nr; d += 32) { ss = fmaf(y0[d], y0[d], ss); ss = fmaf(y1[d], y1[d], ss); }
@@ -63,7 +64,7 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
         __syncwarp();
       }
       bf16* dst = nullptr;
-      if (which == WHICH_Q) {
+      if (which == WHICH_Q || which == WHICH_RAW) {   // raw: q = the head's column block of qk_raw
         dst = ptr<bf16>(a[A_QKV_ROPE_Q]) + row * ldq + (int64_t)head * D;
       } else if (pos >= 0) {
         const int64_t page = ld_act_s64(bt + row * max_pages + pos / ps);
@@ -77,6 +78,67 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
       }
     }
     __syncthreads();
+  }
+}
+
+// Whole normed heads from qk_raw (bf16 projections, as the whole-head path rounds them): one warp per (row, head),
+// lane owns head rows d = lane + 32 j of each half (the pairs RoPE mixes), so the sum of squares, the norm and RoPE
+// run in the order of op_qkv_rope's whole-head branch and give the same values.
+__device__ inline void op_qk_norm_rope(const Ctx& c) {
+  constexpr int J = MAX_HEAD_DIM / 64;   // values per lane per half
+  const int64_t* a = c.rec;
+  const bf16* raw = ptr<const bf16>(a[A_QK_NORM_ROPE_RAW]);
+  const int64_t ldraw = a[A_QK_NORM_ROPE_LDRAW], ldq = a[A_QK_NORM_ROPE_LDQ];
+  const bf16* qn = ptr<const bf16>(a[A_QK_NORM_ROPE_Q_NORM]);
+  const bf16* kn = ptr<const bf16>(a[A_QK_NORM_ROPE_K_NORM]);
+  bf16* q = ptr<bf16>(a[A_QK_NORM_ROPE_Q]);
+  bf16* cache = ptr<bf16>(a[A_QK_NORM_ROPE_CACHE]);
+  const int M = (int)a[A_QK_NORM_ROPE_M], D = (int)a[A_QK_NORM_ROPE_D], h2 = D / 2;
+  const int n_kv = (int)a[A_QK_NORM_ROPE_N_KV], nq = (int)a[A_QK_NORM_ROPE_NQ];
+  const int qh0 = (int)a[A_QK_NORM_ROPE_QH0], nqh = (int)a[A_QK_NORM_ROPE_NQH];
+  const int kh0 = (int)a[A_QK_NORM_ROPE_KH0], nkh = (int)a[A_QK_NORM_ROPE_NKH];
+  const float eps = f32(a[A_QK_NORM_ROPE_EPS]);
+  const float* inv_freq = ptr<const float>(c.P[P_INV_FREQ]);
+  const int64_t* bt = ptr<const int64_t>(c.P[P_BLOCK_TABLES]);
+  const int64_t max_pages = c.P[P_MAX_PAGES], ps = c.P[P_PAGE_SIZE];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
+  const int heads = nqh + nkh;
+  for (int it = warp; it < M * heads; it += nwarps) {
+    const int row = it / heads, j = it % heads;
+    const bool is_q = j < nqh;
+    const int head = is_q ? qh0 + j : kh0 + (j - nqh);
+    const bf16* src = raw + (int64_t)row * ldraw + (int64_t)(is_q ? head : nq + head) * D;
+    const bf16* hn = is_q ? qn : kn;
+    float y0[J], y1[J];
+    float ss = 0.f;
+#pragma unroll
+    for (int t = 0; t < J; ++t) {
+      const int d = lane + 32 * t;
+      y0[t] = d < h2 ? ld_act_bf16(src + d) : 0.f;
+      y1[t] = d < h2 ? ld_act_bf16(src + h2 + d) : 0.f;
+      if (d < h2) { ss = fmaf(y0[t], y0[t], ss); ss = fmaf(y1[t], y1[t], ss); }
+    }
+    ss = warp_sum(ss);
+    const float r = rsqrtf(ss / (float)D + eps);
+    const int64_t pos = seq_pos(c, row);   // decode: row == sequence
+    bf16* dst = nullptr;
+    if (is_q) {
+      dst = q + row * ldq + (int64_t)head * D;
+    } else if (pos >= 0) {
+      const int64_t page = ld_act_s64(bt + row * max_pages + pos / ps);
+      dst = cache + ((page * ps + pos % ps) * n_kv + head) * D;
+    }
+    if (dst == nullptr) continue;
+#pragma unroll
+    for (int t = 0; t < J; ++t) {
+      const int d = lane + 32 * t;
+      if (d >= h2) continue;
+      const float x1 = bf(w_bf16(hn + d) * bf(y0[t] * r)), x2 = bf(w_bf16(hn + h2 + d) * bf(y1[t] * r));
+      const float ang = (float)pos * inv_freq[d];
+      const float cs = bf(cosf(ang)), sn = bf(sinf(ang));
+      dst[d] = __float2bfloat16_rn(bf(bf(x1 * cs) + bf(-x2 * sn)));
+      dst[h2 + d] = __float2bfloat16_rn(bf(bf(x2 * cs) + bf(x1 * sn)));
+    }
   }
 }
 

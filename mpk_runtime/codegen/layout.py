@@ -21,8 +21,14 @@ OP_ARGS: dict[str, list[str]] = {
     "embed": ["tokens", "table", "out", "m", "h"],
     # part of a head: x (M, K) -> norm -> W rows head*D + [r0, r0+nr) and head*D + D/2 + [r0, r0+nr) (w = row
     # head*D) -> [q/k norm: nr == D/2] -> rope (pairs r0..r0+nr-1) -> q or paged cache
+    # which "raw" (a normed head's part): only the bf16 projection rows, to q = qk_raw (row stride ldq) at the
+    # head's column block, no norm / rope
     "qkv_rope": ["x", "norm", "w", "head_norm", "q", "ldq", "cache", "which", "head", "m", "k", "d", "eps",
                  "n_kv", "r0", "nr", "kslices"],
+    # whole normed heads of qk_raw: q heads [qh0, qh0+nqh) (raw column block qh)
+    # and k heads [kh0, kh0+nkh) (block nq + kh) -> q-/k-norm -> rope -> q or the paged k cache
+    "qk_norm_rope": ["raw", "ldraw", "q_norm", "k_norm", "q", "ldq", "cache", "m", "d", "eps", "n_kv", "nq", "qh0",
+                     "nqh", "kh0", "nkh"],
     # part (M, nq, S, D) fp32, lse (M, nq, S) fp32 for q heads [g*gs, g*gs+gs) of sequence b, split s
     "attn_partial": ["q", "k_cache", "v_cache", "part", "lse", "b", "g", "split", "splits", "gs", "d", "nq", "n_kv",
                      "scale"],
@@ -39,7 +45,7 @@ OP_ARGS: dict[str, list[str]] = {
 }
 EPILOGUES = ["none", "silu_mul"]
 OUT_KINDS = ["bf16", "f32", "push"]
-WHICH = ["q", "k", "v"]
+WHICH = ["q", "k", "v", "raw"]
 
 # --- waits: WAIT_WORDS int64 per wait; signals: one int64 counter address each ---------------------------------
 WAIT_FIELDS = ["event", "triggers", "lag", "scope"]   # scope: 0 = gpu, 1 = sys (a peer rank signals the event)

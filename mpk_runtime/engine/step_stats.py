@@ -98,7 +98,8 @@ def breakdown(s: dict, wall_s: float | None = None) -> dict:
         out["wall_s"] = round(wall_s, 4)
         out["wall_ms_per_step"] = round(1e3 * wall_s / steps, 3) if steps else 0.0
         out["steps_share_of_wall"] = round(s.get("t_step_s", 0.0) / wall_s, 4)
-        if "loop_ms_per_step" in out and steps:  # wall time the loop's phases do not account for
+        if "loop_ms_per_step" in out and steps:  # wall time the loop's phases do not account for (slightly
+            # negative when idle time before the measured window's first request is counted)
             out["loop_ms_per_step"]["other"] = round(out["wall_ms_per_step"] - sum(out["loop_ms_per_step"].values()), 3)
     return out
 

@@ -78,10 +78,14 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         vc = t(f"L{i}.v_cache", (B, nkv, max_seq_len, D), "kv", layer=i)
         q = t(f"L{i}.q", (M, nq * D), "act")
         n_qkv = (nq + 2 * nkv) * D
+        # Qwen3: the q and k heads' projections before their per-head RMSNorm (bf16, q heads then k heads), so
+        # a normed head's rows can stream on several SMs and one finishing task normalises the whole head
+        # (tasks/ops/qkv_rope.py); whole-op (conventional) execution never touches it
+        raw = t(f"L{i}.qk_raw", (M, (nq + nkv) * D), "act") if cfg.qk_norm else None
         add(f"L{i}.qkv_rope", "qkv_rope", [x, ln1, wq, wk, wv] + [n for n in (qn, kn) if n], [q, kc, vc],
             {"layer": i, "x": x, "norm": ln1, "wq": wq, "wk": wk, "wv": wv, "q_norm": qn, "k_norm": kn,
              "q": q, "k_cache": kc, "v_cache": vc, "eps": cfg.rms_norm_eps, "n_q": nq, "n_kv": nkv,
-             "q_head0": sh.q_heads[0], "kv_head0": sh.kv_heads[0]},
+             "q_head0": sh.q_heads[0], "kv_head0": sh.kv_heads[0], "qk_raw": raw},
             n_qkv * H * eb + M * H * eb + M * n_qkv * eb, 2 * M * n_qkv * H)
 
         attn = t(f"L{i}.attn", (M, nq * D), "act")

@@ -154,11 +154,23 @@ class TaskPacker:
         # the Tensor Core k-slice partials of two weights (8 x 16 x 8 fp32 each)
         self._need(((rt * K * 2 + 15) & ~15) + rt * dm * 4 + 2 * 8 * 16 * 8 * 4)
         _check_kslices(p.get("k_slices", 0), nr)
+        dst, head = q, h
+        if p.get("raw") is not None:   # a normed head's part: projection rows to its column block of qk_raw
+            dst, head, which, cache = self.mem.t(p["raw"]), p["raw_slot"], "raw", None
         return dict(x=x.data_ptr(), norm=self._t(p["norm"]), w=w.data_ptr() + h * D * K * w.element_size(),
-                    head_norm=self._t(p["head_norm"]), q=q.data_ptr(), ldq=q.shape[1],
-                    cache=cache.data_ptr() if cache is not None else 0, which=L.WHICH.index(which), head=h, m=M, k=K,
-                    d=D, eps=f32_bits(p["eps"]), n_kv=(cache.shape[2] if cache is not None else 0), r0=r0, nr=nr,
+                    head_norm=self._t(p["head_norm"]), q=dst.data_ptr(), ldq=dst.shape[1],
+                    cache=cache.data_ptr() if cache is not None else 0, which=L.WHICH.index(which), head=head, m=M,
+                    k=K, d=D, eps=f32_bits(p["eps"]), n_kv=(cache.shape[2] if cache is not None else 0), r0=r0, nr=nr,
                     kslices=p.get("k_slices", 0))
+
+    def _pack_qk_norm_rope(self, p):
+        raw, q, kc = self.mem.t(p["raw"]), self.mem.t(p["q"]), self.mem.kv(p["k_cache"])
+        D = self.D
+        assert D % 2 == 0 and D <= L.CONSTANTS["MAX_HEAD_DIM"]
+        return dict(raw=raw.data_ptr(), ldraw=raw.shape[1], q_norm=self._t(p["q_norm"]), k_norm=self._t(p["k_norm"]),
+                    q=q.data_ptr(), ldq=q.shape[1], cache=kc.data_ptr(), m=raw.shape[0], d=D, eps=f32_bits(p["eps"]),
+                    n_kv=kc.shape[2], nq=q.shape[1] // D, qh0=p["q_head0"], nqh=p["n_qh"], kh0=p["k_head0"],
+                    nkh=p["n_kh"])
 
     def _attn_common(self, p):
         part = self.mem.t(p["part"])

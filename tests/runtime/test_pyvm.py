@@ -80,14 +80,21 @@ def test_pyvm_matches_reference_in_random_interleavings(cfg, tp, batch):
                                            (PRESETS["tiny-qwen3"], 1, 4), (ODD, 1, 3)],
                          ids=lambda x: getattr(x, "name", x))
 def test_qkv_heads_split_by_rope_pairs(cfg, tp, parts):
-    """qkv_rope heads cut into RoPE-pair parts (Qwen3 q/k heads, which carry a per-head norm, stay whole)."""
+    """qkv_rope heads cut into RoPE-pair parts. Qwen3's q/k heads, which carry a per-head norm, are split too:
+    their parts write the projection into qk_raw and one qk_norm_rope task per KV group finishes whole heads."""
     grp, lens, tables, ref_logits, toks = setup(cfg, tp, 4, qkv_parts=parts)
     _, mems, vm = grp.decode_vm(4)
     qkv = [t for t in vm.graphs[0].tasks if t.kind == "qkv_rope"]
-    heads = {(t.params["which"], t.params["head"]) for t in qkv}
-    assert len(qkv) > len(heads)   # some heads really are split (checked by check_task_graphs in decode_vm)
-    for t in qkv:
-        assert t.params["head_norm"] is None or (t.params["r0"], t.params["r1"]) == (0, cfg.head_dim // 2)
+    heads = {(t.op, t.params["which"], t.params["head"]) for t in qkv}
+    assert len(qkv) == len(heads) * parts   # every head really is split (checked by check_task_graphs in decode_vm)
+    fin = [t for t in vm.graphs[0].tasks if t.kind == "qk_norm_rope"]
+    if cfg.qk_norm:
+        assert all(t.params["head_norm"] is None for t in qkv)
+        assert {t.params["raw"] is not None for t in qkv if t.params["which"] != "v"} == {True}
+        n_kv = cfg.num_kv_heads // tp
+        assert sorted(t.params["k_head0"] for t in fin) == sorted(list(range(n_kv)) * cfg.num_layers)
+    else:
+        assert not fin
     for seed in range(3):
         vm.rng.seed(seed)
         run_steps(grp, lens, tables, ref_logits, toks)

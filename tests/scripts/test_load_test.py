@@ -34,4 +34,7 @@ def test_load_test_writes_time_breakdown(tmp_path):
     assert ms["step"] <= b["wall_ms_per_step"] and 0 < b["steps_share_of_wall"] <= 1
     assert b["execute_ms_per_step"]["worker"] > 0
     loop = b["loop_ms_per_step"]
-    assert loop["step"] >= ms["step"] - 1e-2 and loop["other"] >= 0
+    assert loop["step"] >= ms["step"] - 1e-2
+    # idle can include time before the first request of the measured window (so "other" may dip below 0);
+    # the busy phases cannot exceed the wall time
+    assert loop["apply"] + loop["step"] + loop["deliver"] + loop["health"] <= b["wall_ms_per_step"] + 1e-2

@@ -5,8 +5,11 @@ weight rows of the head, applies the Qwen3 per-head q/k RMSNorm and RoPE, and wr
 the paged KV cache at each row's position. Part [r0, r1) of a head owns pair indices r0..r1-1 of [0, D/2), i.e.
 head rows [r0, r1) and [D/2 + r0, D/2 + r1): RoPE mixes d with d + D/2 only, so it stays local to the task and a
 head's weights stream on several SMs without a reduction. A per-head q/k RMSNorm needs every row of the head:
-those heads stay whole (one part). Tiles per head let attention of KV group g start as soon as group g's heads
-are done.
+those heads are split like the others when the op has a `qk_raw` activation: their parts write the bf16
+projection rows there, and one `qk_norm_rope` task per KV group (its q heads and its k head) normalises whole
+heads, applies RoPE and writes q / the k cache, in the same arithmetic order as a whole-head task (so the values
+are the same). Without `qk_raw`, or with one part per head, a normed head is one task that does everything.
+Tiles per head let attention of KV group g start as soon as group g's heads are done.
 """
 from __future__ import annotations
 
@@ -25,26 +28,54 @@ def decompose(op, graph, tiling, rank):
     D = graph.config.head_dim
     h2 = D // 2
     P = tiling.qkv_p(graph, op, a["n_q"] + 2 * a["n_kv"], h2)
+    raw = a.get("qk_raw") if P > 1 else None   # split the normed heads (finished by qk_norm_rope tasks)
     tasks = []
     for which, n in (("q", a["n_q"]), ("k", a["n_kv"]), ("v", a["n_kv"])):
         head_norm = a["q_norm"] if which == "q" else (a["k_norm"] if which == "k" else None)
-        parts = 1 if head_norm is not None else P
+        to_raw = head_norm is not None and raw is not None
+        parts = 1 if head_norm is not None and not to_raw else P
         for h in range(n):
+            slot = h if which == "q" else a["n_q"] + h   # the head's column block in qk_raw
             for p in range(parts):
                 r0, r1 = h2 * p // parts, h2 * (p + 1) // parts
                 rows = 2 * (r1 - r0)
-                if which == "q":
+                if to_raw:
+                    writes = [Region(raw, rank, ((0, M), (slot * D + r0, slot * D + r1))),
+                              Region(raw, rank, ((0, M), (slot * D + h2 + r0, slot * D + h2 + r1)))]
+                elif which == "q":
                     writes = [Region(a["q"], rank, ((0, M), (h * D + r0, h * D + r1))),
                               Region(a["q"], rank, ((0, M), (h * D + h2 + r0, h * D + h2 + r1)))]
                 else:
                     writes = [Region(a[f"{which}_cache"], rank, ((0, B), (h, h + 1)))]
                 params = {k: a[k] for k in ("x", "norm", "eps", "q", "k_cache", "v_cache", "layer")}
-                params.update(which=which, head=h, weight=a["w" + which], head_norm=head_norm, r0=r0, r1=r1,
+                params.update(which=which, head=h, weight=a["w" + which], head_norm=None if to_raw else head_norm,
+                              r0=r0, r1=r1, raw=raw if to_raw else None, raw_slot=slot,
                               k_slices=1 if graph.tp_invariant > 1 else 0)   # see linear.py k_slices
                 tasks.append(Task(-1, rank, "qkv_rope", op.name, params,
                                   reads=[Region(a["x"], rank, ((0, M), (0, H)))], writes=writes,
                                   est_bytes=rows * H * 2 + M * H * 2, est_flops=2 * M * rows * H))
+    if raw is not None:
+        tasks += _norm_tasks(op, graph, rank, raw, M, B, D)
     return tasks
+
+
+def _norm_tasks(op, graph, rank, raw, M, B, D):
+    """One qk_norm_rope task per KV group g: q heads [g gs, (g+1) gs) and k head g, read whole from qk_raw."""
+    a = op.attrs
+    nq, nkv = a["n_q"], a["n_kv"]
+    gs = nq // nkv
+    out = []
+    for g in range(nkv):
+        reads = [Region(raw, rank, ((0, M), (g * gs * D, (g + 1) * gs * D))),
+                 Region(raw, rank, ((0, M), ((nq + g) * D, (nq + g + 1) * D)))]
+        writes = [Region(a["q"], rank, ((0, M), (g * gs * D, (g + 1) * gs * D))),
+                  Region(a["k_cache"], rank, ((0, B), (g, g + 1)))]
+        params = {k: a[k] for k in ("q", "k_cache", "q_norm", "k_norm", "eps", "layer")}
+        params.update(raw=raw, q_head0=g * gs, n_qh=gs, k_head0=g, n_kh=1)
+        heads = gs + 1
+        out.append(Task(-1, rank, "qk_norm_rope", op.name, params, reads=reads, writes=writes,
+                        est_bytes=2 * M * heads * D * 2 + heads * D * 2, est_flops=6 * M * heads * D))
+    return out
 
 
 def part_rows(D: int, r0: int, r1: int) -> list[int]:
@@ -71,19 +102,44 @@ def execute(task, mem, ctx):
     rows = part_rows(D, r0, r1)
     xn = rms_norm(x, mem.t(p["norm"]), p["eps"])
     y = xn @ mem.t(p["weight"])[[h * D + r for r in rows]].T  # (M, 2 (r1 - r0)): pairs' first, then second rows
+    cols = torch.tensor(rows, device=y.device)
+    if p.get("raw") is not None:               # a normed head's part: projection only (qk_norm_rope finishes it)
+        mem.t(p["raw"])[:, p["raw_slot"] * D + cols] = y
+        return
     pos = row_positions(ctx)
     if p["which"] != "v":
         if p["head_norm"] is not None:
             assert (r0, r1) == (0, D // 2), "a per-head q/k norm needs the whole head in one task"
             y = rms_norm(y, mem.t(p["head_norm"]), p["eps"])
         y = rope(y, pos, ctx.inv_freq[r0:r1])
-    cols = torch.tensor(rows, device=y.device)
-    if p["which"] == "q":
+    _store(mem, ctx, p, p["which"], h, cols, y, pos)
+
+
+def _store(mem, ctx, p, which, h, cols, y, pos):
+    """y (M, len(cols)): columns `cols` of head h -> q, or the k / v cache at each live row's position."""
+    D = ctx.config.head_dim
+    if which == "q":
         mem.t(p["q"])[:, h * D + cols] = y
         return
-    cache = mem.kv(p[f"{p['which']}_cache"])  # (pages, page_size, n_kv, D)
+    cache = mem.kv(p[f"{which}_cache"])       # (pages, page_size, n_kv, D)
     live = pos >= 0                            # rows of padded (inactive) sequences have pos < 0
     T = ctx.tokens_per_seq
-    b = torch.arange(x.shape[0], device=x.device) // T
+    b = torch.arange(y.shape[0], device=y.device) // T
     page = ctx.block_tables[b[live], pos[live] // ctx.page_size]
     cache[page[:, None], (pos[live] % ctx.page_size)[:, None], h, cols[None, :]] = y[live]
+
+
+@task_kind("qk_norm_rope")
+def execute_norm(task, mem, ctx):
+    """Whole normed heads from qk_raw: q heads [q_head0, +n_qh), k heads [k_head0, +n_kh) (raw slot n_q + h)."""
+    p = task.params
+    D = ctx.config.head_dim
+    raw = mem.t(p["raw"])
+    nq = mem.t(p["q"]).shape[1] // D
+    pos = row_positions(ctx)
+    cols = torch.arange(D, device=raw.device)
+    for which, h0, n, slot0 in (("q", p["q_head0"], p["n_qh"], 0), ("k", p["k_head0"], p["n_kh"], nq)):
+        for h in range(h0, h0 + n):
+            y = raw[:, (slot0 + h) * D:(slot0 + h + 1) * D]
+            y = rope(rms_norm(y, mem.t(p[f"{which}_norm"]), p["eps"]), pos, ctx.inv_freq)
+            _store(mem, ctx, p, which, h, cols, y, pos)

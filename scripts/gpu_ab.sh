@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# A/B check of this tree ("new") against a baseline tree ("base", e.g. the commit before a device-code change),
+# in GPU commands of < 10 min each. Usage on the GPU machine, after `source .gpubundle/install.sh`:
+#     BASE=/path/to/base/tree OUT=$OUT bash scripts/gpu_ab.sh check     # correctness of new + 1-GPU A/B bench
+#     BASE=/path/to/base/tree OUT=$OUT bash scripts/gpu_ab.sh tp        # TP=2 A/B bench (2 GPUs) + new's trace
+# MODELS (default llama-3.2-1b,qwen3-8b) and BATCHES (default 1,8) narrow it. Every stage runs even if an earlier
+# one fails; logs and result files under $OUT/{new,base}; each stage has its own time limit.
+set -u
+OUT=${OUT:-gpu_out}
+MODELS=${MODELS:-llama-3.2-1b,qwen3-8b}
+BATCHES=${BATCHES:-1,8}
+ROOT=$(pwd)
+BASE=${BASE:?set BASE to the baseline tree}
+mkdir -p "$OUT/new" "$OUT/base"
+PP=${PYTHONPATH:-}
+new() { (cd "$ROOT" && PYTHONPATH="$ROOT:$PP" OUT="$OUT/new" GIT_COMMIT="${GIT_COMMIT:-unknown}" "$@"); }
+base() { (cd "$BASE" && PYTHONPATH="$BASE:$PP" OUT="$OUT/base" GIT_COMMIT="${BASE_COMMIT:-base}" "$@"); }
+stage() { echo "[$(date +%T)] $*"; }
+case "${1:-check}" in
+check)
+    stage "new: pytest -m gpu tests/gpu"
+    new timeout 120 python3 -m pytest -q -m gpu tests/gpu > "$OUT/new/pytest_gpu.log" 2>&1
+    tail -1 "$OUT/new/pytest_gpu.log"
+    stage "new: vs the pure-torch reference"
+    new timeout 150 python3 scripts/gpu_check_ref.py --models "$MODELS" --batches "$BATCHES" --steps 32 --no-hf \
+        --trace '' > "$OUT/new/check_ref.log" 2>&1
+    grep -E "ok=|ERROR|Error" "$OUT/new/check_ref.log" | tail -8
+    stage "new: TP=1 == TP=2 (tp_invariant 2)"
+    new timeout 150 python3 scripts/gpu_check_tp.py --models "$MODELS" --batches "$BATCHES" --steps 64 --no-timing \
+        --skip-stall --tp-invariant 2 > "$OUT/new/check_tp.log" 2>&1
+    tail -6 "$OUT/new/check_tp.log"
+    for t in base new; do
+        stage "$t: bench_decode 1 GPU"
+        $t timeout 75 python3 scripts/bench_decode.py --models "$MODELS" --batches "$BATCHES" --contexts 512 \
+            --peer-batches "" --hf-batches "" --budget-s 60 > "$OUT/$t/bench.log" 2>&1
+        grep -E " megakernel " "$OUT/$t/bench.log" | tail -8
+    done
+    stage "new: memcheck (tiny configs)"
+    new timeout 120 bash scripts/gpu_memcheck.sh > "$OUT/new/memcheck_summary.log" 2>&1
+    tail -2 "$OUT/new/memcheck_summary.log"
+    ;;
+tp)
+    stage "new: bench_decode TP=2 with peers, traced B=1"
+    new timeout 170 python3 scripts/bench_decode.py --tp 2 --models "$MODELS" --batches "$BATCHES" \
+        --budget-s 140 > "$OUT/new/bench_tp2.log" 2>&1
+    grep -E "megakernel|gptfast" "$OUT/new/bench_tp2.log" | tail -12
+    stage "base: bench_decode TP=2, no peers, no trace"
+    base timeout 80 python3 scripts/bench_decode.py --tp 2 --models "$MODELS" --batches "$BATCHES" \
+        --peer-batches "" --no-comm-trace --budget-s 60 > "$OUT/base/bench_tp2.log" 2>&1
+    grep -E "megakernel_tp2" "$OUT/base/bench_tp2.log" | tail -8
+    for f in "$OUT"/new/tp2_trace_*_r0.json.gz; do
+        [ -e "$f" ] || continue
+        m=$(basename "$f" | sed -E 's/tp2_trace_(.*)_b1_r0.json.gz/\1/')
+        stage "new: trace phases $m"
+        new timeout 60 python3 scripts/trace_phases.py --model "$m" --tp 2 --batch 1 --context 512 "$f" \
+            > "$OUT/new/phases_$m.txt" 2>&1
+        head -30 "$OUT/new/phases_$m.txt"
+    done
+    ;;
+*) echo "usage: gpu_ab.sh check|tp"; exit 2 ;;
+esac
