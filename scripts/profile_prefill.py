@@ -70,7 +70,7 @@ def rank_main(rank: int, a, port: int) -> None:
     res = {"model": a.model, "tp": a.tp, "chunks": a.chunks, "len": [a.min_len, a.max_len],
            "step_ms": [round(t, 2) for t, _ in times], "new_executors": [m for _, m in times],
            "steady_ms_median": round(statistics.median(t for t, _ in times[a.steps // 2:]), 2),
-           "executors_cached": len(pre._ex)}
+           "executors_cached": len(pre._ex), "graphs_captured": pre.captures, "graph_replays": pre.replays}
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         res["profiled_step_ms"] = round(step()[0], 2)

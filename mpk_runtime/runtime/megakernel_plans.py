@@ -15,10 +15,13 @@ Capture runs one eager warm-up step first (cuBLAS handles, lazy allocations). It
 written back and the graph replays them.
 
 ConventionalPrefill: the prompt chunks of a step as a few left-padded prefill graphs through the conventional
-executor (torch ops on the GPU, eager), instead of one megakernel launch per prompt token.
+executor (torch ops on the GPU, replayed as CUDA graphs per shape), instead of one megakernel launch per prompt
+token.
 """
 from __future__ import annotations
 
+import logging
+import os
 from collections import OrderedDict
 
 import torch
@@ -34,6 +37,7 @@ from .plan_exec import PlanExecutor
 from .torch_exec import ConventionalExecutor, pow2, prefill_groups
 
 MIN_CAP = 256
+log = logging.getLogger(__name__)
 
 
 def kv_cap(need: int, max_seq_len: int) -> int:
@@ -145,15 +149,37 @@ class PlannedDecoder:
         return (bk.mem.t("logits")[:n].float().cpu() if want_logits else None), nxt
 
 
+class _PrefillShape:
+    """One (sequences, tokens) bucket of ConventionalPrefill: its graph's memory and executor, the step inputs a
+    captured CUDA graph reads (updated in place), and the graphs captured so far, one per key cap."""
+
+    def __init__(self, mem: RankMemory, ex: ConventionalExecutor, B: int, width: int, device):
+        self.mem, self.ex = mem, ex
+        self.pos = torch.full((B,), -1, dtype=torch.int64, device=device)
+        self.pad = torch.zeros((B,), dtype=torch.int64, device=device)
+        self.tables = torch.zeros((B, width), dtype=torch.int64, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+
 class ConventionalPrefill:
-    """Prompt chunks through the conventional executor on the GPU, eagerly. The chunks of a step are grouped by
-    length bucket (powers of two >= 16) and each group runs as one prefill graph of (sequences, tokens) bucketed to
+    """Prompt chunks through the conventional executor on the GPU. The chunks of a step are grouped by length
+    bucket (powers of two >= 16) and each group runs as one prefill graph of (sequences, tokens) bucketed to
     powers of two, the chunks left-padded (StepCtx.pad: padding rows have position -1, write the scratch page and
     are masked out of attention; each chunk's last token is the graph's last row); padding sequences are inactive.
-    Executors are cached per (sequences, tokens) bucket (a few)."""
+    Attention gathers a static key count per group (PrefillGroup.kv_cap, a power of two), so shapes repeat.
+    Executors are cached per (sequences, tokens) bucket (a few).
+
+    CUDA graphs (`capture`, GPU): a bucket of at most `capture_tokens` rows is captured once per key cap (warm-up
+    and capture on inactive rows: their KV writes go to the scratch page) and replayed after its inputs are
+    written in place: eager, a short prompt's prefill was ~60-100 ms of host time per group (~800 kernel launches
+    for llama-3.2-1b; measured, scripts/profile_prefill.py). At tp > 1 the graphs hold the NCCL all-gathers;
+    every rank captures the same buckets in the same order (the engine sends every rank the same chunks). The
+    graphs share one memory pool (they never run concurrently). MPK_PREFILL_GRAPHS=0 turns capture off; a failed
+    capture turns it off for this runner and runs eagerly."""
 
     def __init__(self, cfg, weights: dict, kv: KVStore, *, max_seq_len: int, page_size: int, dtype: str,
-                 device: torch.device, keep: int = 8, tp: int = 1, rank: int = 0, comm=None):
+                 device: torch.device, keep: int = 8, tp: int = 1, rank: int = 0, comm=None,
+                 capture: bool | None = None, capture_tokens: int = 4096):
         """tp > 1: this process's rank of the group (`weights` its shard) and a multi-process communicator
         (torch.distributed): the all-reduces and the distributed argmax run as all-gathers through it."""
         if tp > 1 and (comm is None or getattr(comm, "world_size", 1) != tp):
@@ -164,10 +190,17 @@ class ConventionalPrefill:
         self.width = -(-max_seq_len // page_size)
         self.inv = rope_inv_freq(cfg).to(device)
         self.keep = keep
-        self._ex: OrderedDict[tuple[int, int], tuple] = OrderedDict()
+        if capture is None:
+            capture = os.environ.get("MPK_PREFILL_GRAPHS", "1") != "0"
+        self.capture = bool(capture) and torch.device(device).type == "cuda"
+        self.capture_tokens = capture_tokens
+        self._pool = None
+        self._ex: OrderedDict[tuple[int, int], _PrefillShape] = OrderedDict()
         self.graph_runs = 0          # prefill graphs run (tests: chunks of a step share graphs)
+        self.captures = 0            # CUDA graphs captured
+        self.replays = 0             # steps' groups run by replaying one
 
-    def _get(self, B: int, T: int):
+    def _get(self, B: int, T: int) -> _PrefillShape:
         key = (B, T)
         if key in self._ex:
             self._ex.move_to_end(key)
@@ -175,10 +208,36 @@ class ConventionalPrefill:
         g = build_graph(self.cfg, mode="prefill", batch=B, tokens_per_seq=T, context_len=0,
                         max_seq_len=self.max_seq_len, dtype=self.dtype, tp=self.tp, rank=self.rank)
         mem = RankMemory(g, self.weights, self.kv, device=self.device)
-        self._ex[key] = (mem, ConventionalExecutor([g], [mem], comm=self.comm if self.tp > 1 else None))
+        ex = ConventionalExecutor([g], [mem], comm=self.comm if self.tp > 1 else None)
+        self._ex[key] = _PrefillShape(mem, ex, B, self.width, self.device)
         while len(self._ex) > self.keep:
             self._ex.popitem(last=False)
         return self._ex[key]
+
+    def _ctx(self, sh: _PrefillShape, T: int, cap: int) -> StepCtx:
+        return StepCtx(self.cfg, 1, sh.pos, sh.tables, self.page_size, T, self.inv, pad=sh.pad, kv_len_cap=cap)
+
+    def _capture(self, sh: _PrefillShape, T: int, cap: int) -> None:
+        """Warm up and capture bucket `sh` at key cap `cap`, every row inactive (nothing live is written)."""
+        sh.pos.fill_(-1)
+        sh.pad.fill_(T)
+        sh.tables.zero_()
+        fill_sampling(sh.mem, [])
+        ctx = self._ctx(sh, T, cap)
+        try:
+            sh.ex.run([ctx])                 # warm-up: cuBLAS / attention plans, lazy allocations
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                sh.ex.run([ctx])
+            torch.cuda.synchronize(self.device)
+        except Exception as e:   # eager from now on (every rank fails alike: same ops, same shapes)
+            log.warning("prefill CUDA graph capture failed (%s: %s); prefill runs eagerly", type(e).__name__, e)
+            self.capture = False
+            return
+        self._pool = self._pool or graph.pool()
+        sh.graphs[cap] = graph
+        self.captures += 1
 
     def run_many(self, chunks: list[tuple[list[int], int, list[int], object]], want_logits: bool = True):
         """chunks: (tokens, start_pos, block table, sampling or None). Returns (logits (n, V) fp32 on the CPU of
@@ -186,12 +245,22 @@ class ConventionalPrefill:
         logits: list[torch.Tensor | None] = [None] * len(chunks)
         drawn = [0] * len(chunks)
         for g in prefill_groups(chunks, self.max_seq_len, self.width):
-            mem, ex = self._get(g.B, g.T)
+            sh = self._get(g.B, g.T)
+            graphed = self.capture and g.B * g.T <= self.capture_tokens
+            if graphed and g.kv_cap not in sh.graphs:
+                self._capture(sh, g.T, g.kv_cap)
+                graphed = g.kv_cap in sh.graphs
+            mem = sh.mem
             mem.t("tokens").copy_(g.tokens)
+            sh.pos.copy_(g.pos)
+            sh.pad.copy_(g.pad)
+            sh.tables.copy_(g.tables)
             fill_sampling(mem, g.sampling)
-            ctx = StepCtx(self.cfg, 1, g.pos.to(self.device), g.tables.to(self.device), self.page_size, g.T,
-                          self.inv, pad=g.pad.to(self.device))
-            ex.run([ctx])
+            if graphed:
+                sh.graphs[g.kv_cap].replay()
+                self.replays += 1
+            else:
+                sh.ex.run([self._ctx(sh, g.T, g.kv_cap)])
             self.graph_runs += 1
             nxt = mem.t("next_tokens")[:len(g.idx)].tolist()
             lg = self._logits(mem, len(g.idx)) if want_logits else None

@@ -102,6 +102,8 @@ class PrefillGroup:
     pad: torch.Tensor       # (B,) leading padding rows
     tables: torch.Tensor    # (B, width)
     sampling: list
+    kv_cap: int = 0         # keys attention gathers at most: a power of two (>= 16, <= max_seq_len) covering
+    #                         every chunk's end, so a GPU step's shapes repeat (StepCtx.kv_len_cap)
 
 
 def prefill_groups(chunks, max_seq_len: int, width: int) -> list[PrefillGroup]:
@@ -125,5 +127,7 @@ def prefill_groups(chunks, max_seq_len: int, width: int) -> list[PrefillGroup]:
             tok[j, T - len(toks):] = torch.tensor(toks, dtype=torch.int64)
             pos[j], pad[j] = start, T - len(toks)
             tab[j, :len(table)] = torch.tensor(table, dtype=torch.int64)
-        out.append(PrefillGroup(idx, B, T, tok.view(-1), pos, pad, tab, [chunks[i][3] for i in idx]))
+        end = max(chunks[i][1] + len(chunks[i][0]) for i in idx)
+        out.append(PrefillGroup(idx, B, T, tok.view(-1), pos, pad, tab, [chunks[i][3] for i in idx],
+                                min(pow2(end, 16), max_seq_len)))
     return out
