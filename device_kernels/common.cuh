@@ -74,6 +74,16 @@ __device__ __forceinline__ uint4 ld_weight16(const void* p) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
+// The linear tiles' weight stream, loaded "cache streaming" (.cs: lines allocated evict-first in L1 and L2): a step
+// streams far more weight bytes than L2 holds, and with the default policy they evict what is re-read - the
+// kernel's instructions, activations, KV, counters - so a task's code and inputs would come from HBM again.
+// (.cs rather than an L2::cache_hint policy operand: the policy's register made the kernel spill at 255.)
+__device__ __forceinline__ uint4 ld_weight_stream16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.cs.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
 // L2 prefetch (no completion, no register result): a bulk range through the TMA unit, or one 128-byte line.
 __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {  // p, bytes: multiples of 16
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");

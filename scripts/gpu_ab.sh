@@ -3,6 +3,8 @@
 # in GPU commands of < 10 min each. Usage on the GPU machine, after `source .gpubundle/install.sh`:
 #     BASE=/path/to/base/tree OUT=$OUT bash scripts/gpu_ab.sh check     # correctness of new + 1-GPU A/B bench
 #     BASE=/path/to/base/tree OUT=$OUT bash scripts/gpu_ab.sh tp        # TP=2 A/B bench (2 GPUs) + new's trace
+#     BASE=/path/to/base/tree OUT=$OUT bash scripts/gpu_ab.sh perf      # one command: tests/gpu, vs reference,
+#                                                  1-GPU and TP=2 A/B bench without peers, new's TP=2 trace
 # MODELS (default llama-3.2-1b,qwen3-8b) and BATCHES (default 1,8) narrow it. Every stage runs even if an earlier
 # one fails; logs and result files under $OUT/{new,base}; each stage has its own time limit.
 set -u
@@ -57,5 +59,34 @@ tp)
         head -30 "$OUT/new/phases_$m.txt"
     done
     ;;
-*) echo "usage: gpu_ab.sh check|tp"; exit 2 ;;
+perf)
+    stage "new: pytest -m gpu tests/gpu"
+    new timeout 120 python3 -m pytest -q -m gpu tests/gpu > "$OUT/new/pytest_gpu.log" 2>&1
+    tail -1 "$OUT/new/pytest_gpu.log"
+    stage "new: vs the pure-torch reference"
+    new timeout 120 python3 scripts/gpu_check_ref.py --models "$MODELS" --batches "$BATCHES" --steps 32 --no-hf \
+        --trace '' > "$OUT/new/check_ref.log" 2>&1
+    grep -E "ok=|ERROR|Error" "$OUT/new/check_ref.log" | tail -8
+    for t in base new; do
+        stage "$t: bench_decode 1 GPU"
+        $t timeout 75 python3 scripts/bench_decode.py --models "$MODELS" --batches "$BATCHES" --contexts 512 \
+            --peer-batches "" --hf-batches "" --budget-s 60 > "$OUT/$t/bench.log" 2>&1
+        grep -E " megakernel " "$OUT/$t/bench.log" | tail -4
+    done
+    for t in base new; do
+        stage "$t: bench_decode TP=2, no peers"
+        trace=--no-comm-trace; [ "$t" = new ] && trace=--comm-trace
+        $t timeout 90 python3 scripts/bench_decode.py --tp 2 --models "$MODELS" --batches "$BATCHES" \
+            --peer-batches "" $trace --budget-s 70 > "$OUT/$t/bench_tp2.log" 2>&1
+        grep -E "megakernel_tp2" "$OUT/$t/bench_tp2.log" | tail -4
+    done
+    for f in "$OUT"/new/tp2_trace_*_r0.json.gz; do
+        [ -e "$f" ] || continue
+        m=$(basename "$f" | sed -E 's/tp2_trace_(.*)_b1_r0.json.gz/\1/')
+        new timeout 60 python3 scripts/trace_phases.py --model "$m" --tp 2 --batch 1 --context 512 "$f" \
+            > "$OUT/new/phases_$m.txt" 2>&1
+        head -14 "$OUT/new/phases_$m.txt"
+    done
+    ;;
+*) echo "usage: gpu_ab.sh check|tp|perf"; exit 2 ;;
 esac

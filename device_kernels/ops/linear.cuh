@@ -52,8 +52,8 @@ __device__ __noinline__ void linear_core_t(const bf16* xs, int M, int K, const b
             v0[c][u] = make_uint4(0, 0, 0, 0);
             v1[c][u] = make_uint4(0, 0, 0, 0);
             if (kk < ke) {
-              v0[c][u] = ld_weight16(w0 + (int64_t)n * K + kk * 8);
-              if (TWO) v1[c][u] = ld_weight16(w1 + (int64_t)n * K + kk * 8);
+              v0[c][u] = ld_weight_stream16(w0 + (int64_t)n * K + kk * 8);
+              if (TWO) v1[c][u] = ld_weight_stream16(w1 + (int64_t)n * K + kk * 8);
             }
           }
         }
@@ -163,11 +163,11 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
         for (int u = 0; u < UN; ++u) {
           const int k = kb + (r + u) * 32 + 8 * t;
           const bool ok = r + u < r1;
-          a0[u] = ok ? ld_weight16(w0 + (int64_t)na * K + k) : make_uint4(0, 0, 0, 0);
-          b0[u] = ok ? ld_weight16(w0 + (int64_t)nb * K + k) : make_uint4(0, 0, 0, 0);
+          a0[u] = ok ? ld_weight_stream16(w0 + (int64_t)na * K + k) : make_uint4(0, 0, 0, 0);
+          b0[u] = ok ? ld_weight_stream16(w0 + (int64_t)nb * K + k) : make_uint4(0, 0, 0, 0);
           if (TWO) {
-            a1[u] = ok ? ld_weight16(w1 + (int64_t)na * K + k) : make_uint4(0, 0, 0, 0);
-            b1[u] = ok ? ld_weight16(w1 + (int64_t)nb * K + k) : make_uint4(0, 0, 0, 0);
+            a1[u] = ok ? ld_weight_stream16(w1 + (int64_t)na * K + k) : make_uint4(0, 0, 0, 0);
+            b1[u] = ok ? ld_weight_stream16(w1 + (int64_t)nb * K + k) : make_uint4(0, 0, 0, 0);
           }
         }
 #pragma unroll
