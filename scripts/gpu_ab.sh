@@ -18,8 +18,7 @@ PP=${PYTHONPATH:-}
 new() { (cd "$ROOT" && PYTHONPATH="$ROOT:$PP" OUT="$OUT/new" GIT_COMMIT="${GIT_COMMIT:-unknown}" "$@"); }
 base() { (cd "$BASE" && PYTHONPATH="$BASE:$PP" OUT="$OUT/base" GIT_COMMIT="${BASE_COMMIT:-base}" "$@"); }
 stage() { echo "[$(date +%T)] $*"; }
-case "${1:-check}" in
-check)
+tests_and_ref() {   # new tree: tests/gpu, then teacher-forced vs the pure-torch reference
     stage "new: pytest -m gpu tests/gpu"
     new timeout 120 python3 -m pytest -q -m gpu tests/gpu > "$OUT/new/pytest_gpu.log" 2>&1
     tail -1 "$OUT/new/pytest_gpu.log"
@@ -27,16 +26,33 @@ check)
     new timeout 150 python3 scripts/gpu_check_ref.py --models "$MODELS" --batches "$BATCHES" --steps 32 --no-hf \
         --trace '' > "$OUT/new/check_ref.log" 2>&1
     grep -E "ok=|ERROR|Error" "$OUT/new/check_ref.log" | tail -8
-    stage "new: TP=1 == TP=2 (tp_invariant 2)"
-    new timeout 150 python3 scripts/gpu_check_tp.py --models "$MODELS" --batches "$BATCHES" --steps 64 --no-timing \
-        --skip-stall --tp-invariant 2 > "$OUT/new/check_tp.log" 2>&1
-    tail -6 "$OUT/new/check_tp.log"
+}
+bench_1gpu() {     # base then new, megakernel only
     for t in base new; do
         stage "$t: bench_decode 1 GPU"
         $t timeout 75 python3 scripts/bench_decode.py --models "$MODELS" --batches "$BATCHES" --contexts 512 \
             --peer-batches "" --hf-batches "" --budget-s 60 > "$OUT/$t/bench.log" 2>&1
         grep -E " megakernel " "$OUT/$t/bench.log" | tail -8
     done
+}
+phases() {         # trace_phases of new's traced TP=2 launches
+    for f in "$OUT"/new/tp2_trace_*_r0.json.gz; do
+        [ -e "$f" ] || continue
+        m=$(basename "$f" | sed -E 's/tp2_trace_(.*)_b1_r0.json.gz/\1/')
+        stage "new: trace phases $m"
+        new timeout 60 python3 scripts/trace_phases.py --model "$m" --tp 2 --batch 1 --context 512 "$f" \
+            > "$OUT/new/phases_$m.txt" 2>&1
+        head -14 "$OUT/new/phases_$m.txt"
+    done
+}
+case "${1:-check}" in
+check)
+    tests_and_ref
+    stage "new: TP=1 == TP=2 (tp_invariant 2)"
+    new timeout 150 python3 scripts/gpu_check_tp.py --models "$MODELS" --batches "$BATCHES" --steps 64 --no-timing \
+        --skip-stall --tp-invariant 2 > "$OUT/new/check_tp.log" 2>&1
+    tail -6 "$OUT/new/check_tp.log"
+    bench_1gpu
     stage "new: memcheck (tiny configs)"
     new timeout 120 bash scripts/gpu_memcheck.sh > "$OUT/new/memcheck_summary.log" 2>&1
     tail -2 "$OUT/new/memcheck_summary.log"
@@ -50,29 +66,11 @@ tp)
     base timeout 80 python3 scripts/bench_decode.py --tp 2 --models "$MODELS" --batches "$BATCHES" \
         --peer-batches "" --no-comm-trace --budget-s 60 > "$OUT/base/bench_tp2.log" 2>&1
     grep -E "megakernel_tp2" "$OUT/base/bench_tp2.log" | tail -8
-    for f in "$OUT"/new/tp2_trace_*_r0.json.gz; do
-        [ -e "$f" ] || continue
-        m=$(basename "$f" | sed -E 's/tp2_trace_(.*)_b1_r0.json.gz/\1/')
-        stage "new: trace phases $m"
-        new timeout 60 python3 scripts/trace_phases.py --model "$m" --tp 2 --batch 1 --context 512 "$f" \
-            > "$OUT/new/phases_$m.txt" 2>&1
-        head -30 "$OUT/new/phases_$m.txt"
-    done
+    phases
     ;;
 perf)
-    stage "new: pytest -m gpu tests/gpu"
-    new timeout 120 python3 -m pytest -q -m gpu tests/gpu > "$OUT/new/pytest_gpu.log" 2>&1
-    tail -1 "$OUT/new/pytest_gpu.log"
-    stage "new: vs the pure-torch reference"
-    new timeout 120 python3 scripts/gpu_check_ref.py --models "$MODELS" --batches "$BATCHES" --steps 32 --no-hf \
-        --trace '' > "$OUT/new/check_ref.log" 2>&1
-    grep -E "ok=|ERROR|Error" "$OUT/new/check_ref.log" | tail -8
-    for t in base new; do
-        stage "$t: bench_decode 1 GPU"
-        $t timeout 75 python3 scripts/bench_decode.py --models "$MODELS" --batches "$BATCHES" --contexts 512 \
-            --peer-batches "" --hf-batches "" --budget-s 60 > "$OUT/$t/bench.log" 2>&1
-        grep -E " megakernel " "$OUT/$t/bench.log" | tail -4
-    done
+    tests_and_ref
+    bench_1gpu
     for t in base new; do
         stage "$t: bench_decode TP=2, no peers"
         trace=--no-comm-trace; [ "$t" = new ] && trace=--comm-trace
@@ -80,13 +78,7 @@ perf)
             --peer-batches "" $trace --budget-s 70 > "$OUT/$t/bench_tp2.log" 2>&1
         grep -E "megakernel_tp2" "$OUT/$t/bench_tp2.log" | tail -4
     done
-    for f in "$OUT"/new/tp2_trace_*_r0.json.gz; do
-        [ -e "$f" ] || continue
-        m=$(basename "$f" | sed -E 's/tp2_trace_(.*)_b1_r0.json.gz/\1/')
-        new timeout 60 python3 scripts/trace_phases.py --model "$m" --tp 2 --batch 1 --context 512 "$f" \
-            > "$OUT/new/phases_$m.txt" 2>&1
-        head -14 "$OUT/new/phases_$m.txt"
-    done
+    phases
     ;;
 *) echo "usage: gpu_ab.sh check|tp|perf"; exit 2 ;;
 esac
