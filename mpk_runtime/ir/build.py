@@ -82,7 +82,7 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         # a normed head's rows can stream on several SMs and one finishing task normalises the whole head
         # (tasks/ops/qkv_rope.py); whole-op (conventional) execution never touches it
         raw = t(f"L{i}.qk_raw", (M, (nq + nkv) * D), "act") if cfg.qk_norm else None
-        add(f"L{i}.qkv_rope", "qkv_rope", [x, ln1, wq, wk, wv] + [n for n in (qn, kn) if n], [q, kc, vc],
+        add(f"L{i}.qkv_rope", "qkv_rope", [x, ln1, wq, wk, wv] + [n for n in (qn, kn) if n], [q, kc, vc] + [raw] * bool(raw),
             {"layer": i, "x": x, "norm": ln1, "wq": wq, "wk": wk, "wv": wv, "q_norm": qn, "k_norm": kn,
              "q": q, "k_cache": kc, "v_cache": vc, "eps": cfg.rms_norm_eps, "n_q": nq, "n_kv": nkv,
              "q_head0": sh.q_heads[0], "kv_head0": sh.kv_heads[0], "qk_raw": raw},

@@ -207,7 +207,7 @@ class ConventionalPrefill:
             return self._ex[key]
         g = build_graph(self.cfg, mode="prefill", batch=B, tokens_per_seq=T, context_len=0,
                         max_seq_len=self.max_seq_len, dtype=self.dtype, tp=self.tp, rank=self.rank)
-        mem = RankMemory(g, self.weights, self.kv, device=self.device)
+        mem = RankMemory(g, self.weights, self.kv, device=self.device, share_activations=True)
         ex = ConventionalExecutor([g], [mem], comm=self.comm if self.tp > 1 else None)
         self._ex[key] = _PrefillShape(mem, ex, B, self.width, self.device)
         while len(self._ex) > self.keep:

@@ -38,11 +38,25 @@ class KVStore:
 class RankMemory:
     """What one rank's tasks address for one Graph: `t(name)` tensors, `kv(name)` pages, `sym(name, parity)`."""
 
-    def __init__(self, graph: Graph, weights: dict[str, torch.Tensor], kv: KVStore, device="cpu"):
+    def __init__(self, graph: Graph, weights: dict[str, torch.Tensor], kv: KVStore, device="cpu",
+                 share_activations: bool = False):
+        """share_activations: activations and symmetric buffers whose live ranges (first to last op that names
+        them) do not overlap share storage (`share_plan`). Only for executors that run the ops one after another
+        (the conventional path); a megakernel overlaps ops, so its memory must not alias."""
         self.graph, self.rank, self.world = graph, graph.rank, graph.tp
         self.weights, self.kvstore = weights, kv
         self.tensors: dict[str, torch.Tensor] = {}
         self.syms: dict[str, torch.Tensor] = {}
+        slot = share_plan(graph) if share_activations else {}
+        bufs: dict[int, torch.Tensor] = {}
+
+        def alloc(spec, shape):
+            if spec.name not in slot:
+                return torch.zeros(shape, dtype=_DT[spec.dtype], device=device)
+            b = slot[spec.name]
+            if b not in bufs:
+                bufs[b] = torch.zeros(shape, dtype=_DT[spec.dtype], device=device)
+            return bufs[b]
         for spec in graph.tensors.values():
             if spec.kind == "weight":
                 if spec.name not in weights:
@@ -53,9 +67,9 @@ class RankMemory:
                     raise ValueError(f"weight {spec.name} has shape {have}, graph expects {spec.shape}")
                 self.tensors[spec.name] = weights[spec.name]
             elif spec.kind in ("act", "io"):
-                self.tensors[spec.name] = torch.zeros(spec.shape, dtype=_DT[spec.dtype], device=device)
+                self.tensors[spec.name] = alloc(spec, spec.shape)
             elif spec.kind == "sym":
-                self.syms[spec.name] = torch.zeros((2, *spec.shape), dtype=_DT[spec.dtype], device=device)
+                self.syms[spec.name] = alloc(spec, (2, *spec.shape))
         self.peers: list[RankMemory] = [self]
 
     def t(self, name: str) -> torch.Tensor:
@@ -75,6 +89,41 @@ class RankMemory:
                 self.tensors[spec.name].fill_(float("nan"))
         for s in self.syms.values():
             s.fill_(float("nan"))
+
+
+def share_plan(graph: Graph) -> dict[str, int]:
+    """Storage slots for a graph whose ops run one after another: tensor name -> slot, for activations and
+    symmetric buffers named by some op's inputs or outputs. A tensor is live from the first op that names it to the
+    last; slots are reused by tensors of the same kind, shape and dtype once free, and an op's outputs take their
+    slots before its inputs' slots are freed (so no op writes over what it reads). io tensors (what the runner
+    fills and reads) and tensors no op names keep storage of their own. A prefill graph of qwen3-8b at 4096 rows:
+    11.6 GiB of activations unshared (every layer its own), about three layers' worth shared."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, op in enumerate(graph.ops):
+        for n in list(op.outputs) + list(op.inputs):
+            first.setdefault(n, i)
+            last[n] = i
+    specs = [t for t in graph.tensors.values() if t.kind in ("act", "sym") and t.name in first]
+    starts: dict[int, list] = {}
+    ends: dict[int, list] = {}
+    for t in specs:
+        starts.setdefault(first[t.name], []).append(t)
+        ends.setdefault(last[t.name], []).append(t)
+    free: dict[tuple, list[int]] = {}
+    slot: dict[str, int] = {}
+    n_slots = 0
+    for i in range(len(graph.ops)):
+        for t in starts.get(i, []):
+            key = (t.kind, t.shape, t.dtype)
+            if free.get(key):
+                slot[t.name] = free[key].pop()
+            else:
+                slot[t.name] = n_slots
+                n_slots += 1
+        for t in ends.get(i, []):
+            free.setdefault((t.kind, t.shape, t.dtype), []).append(slot[t.name])
+    return slot
 
 
 def connect(mems: list[RankMemory]) -> None:

@@ -75,8 +75,9 @@ class TPGroup:
                             context_len=0, max_seq_len=self.max_seq_len, tp=self.tp, rank=r, dtype=self.dtype,
                             attn_splits=splits, tp_invariant=self.tp_invariant) for r in self.local]
 
-    def _mems(self, graphs: list[Graph]) -> list[RankMemory]:
-        mems = [RankMemory(g, self.rank_weights[i], self.kv[i]) for i, g in enumerate(graphs)]
+    def _mems(self, graphs: list[Graph], share: bool = False) -> list[RankMemory]:
+        mems = [RankMemory(g, self.rank_weights[i], self.kv[i], share_activations=share)
+                for i, g in enumerate(graphs)]
         connect(mems)
         return mems
 
@@ -113,7 +114,7 @@ class TPGroup:
         key = (mode, batch, T)
         if key not in self._conv:
             gs = self.graphs(mode, batch, T)
-            mems = self._mems(gs)
+            mems = self._mems(gs, share=True)   # ops run one after another: activations share storage
             self._conv[key] = (gs, mems, ConventionalExecutor(gs, mems, comm=self.comm))
         return self._conv[key]
 
