@@ -1,6 +1,7 @@
 """GPU: ConventionalPrefill replays CUDA graphs (one per (sequences, tokens) bucket and key cap) and gives the
 same logits and tokens as its eager run, and the pure-torch reference's logits to bf16 tolerance, over steps whose
-chunk sets differ (new lengths, new block tables, a second key cap) (skips without a CUDA GPU)."""
+chunk sets differ (new lengths, new block tables, a second key cap); also with the layers' activations sharing
+storage (share_activations) (skips without a CUDA GPU)."""
 import random
 
 import pytest
@@ -24,8 +25,8 @@ def _steps(cfg, width):
     return out
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
-def test_prefill_graph_replays_equal_eager_and_reference(model):
+@pytest.mark.parametrize("model,share", [("tiny-llama", False), ("tiny-qwen3", False), ("tiny-qwen3", True)])
+def test_prefill_graph_replays_equal_eager_and_reference(model, share):
     from mpk_runtime.models import ReferenceModel, load_config, random_weights
     from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill
     from mpk_runtime.runtime.memory import KVStore
@@ -38,7 +39,7 @@ def test_prefill_graph_replays_equal_eager_and_reference(model):
         kv = KVStore(cfg.num_layers, 8 * width + 1, PS, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, device=dev,
                      poison=False)
         pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="bfloat16", device=dev,
-                                  capture=capture)
+                                  capture=capture, share_activations=share)
         runs[capture] = [pre.run_many(chunks) for chunks in _steps(cfg, width)]
         if capture:
             assert pre.capture and pre.captures >= 3 and pre.replays == pre.graph_runs, (pre.captures, pre.replays)

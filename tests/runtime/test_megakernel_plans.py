@@ -26,14 +26,15 @@ def test_kv_cap():
     assert kv_cap(3000, 2048) == 2048
 
 
-@pytest.mark.parametrize("family", ["mono", "attn-conv", "conventional"])
-def test_planned_decoder_matches_reference(family):
+@pytest.mark.parametrize("family,share", [("mono", False), ("attn-conv", False), ("conventional", False),
+                                          ("conventional", True)])
+def test_planned_decoder_matches_reference(family, share):
     cfg, w, kv = _setup("tiny-qwen3")
     book = plan_book(cfg, 1, (2, 4), context=16, families=(family,))
     dec = PlannedDecoder(cfg, w, kv, book, max_seq_len=MAXLEN, page_size=PS, num_sms=4, dtype="float32",
                          device=torch.device("cpu"), backend="pyvm")
     pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="float32",
-                              device=torch.device("cpu"))
+                              device=torch.device("cpu"), share_activations=share)
     ref = ReferenceModel(cfg, w)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
     tables = [list(range(1 + 8 * i, 9 + 8 * i)) for i in range(4)]
