@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import gzip
 import json
 import os
 import platform
@@ -90,7 +91,10 @@ def attn_splits(cfg, B: int, ctx: int, num_sms: int = 132) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ megakernel
-def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12):
+def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False, splits=None):
+    """ms per step of the one-GPU megakernel. trace: one extra traced launch after the timed ones (per-task
+    globaltimer, so the timed launches run untraced), its last two steps written as a Chrome trace under $OUT.
+    splits: attention key splits (default attn_splits())."""
     from mpk_runtime.ir.build import build_graph
     from mpk_runtime.models.config import load_config
     from mpk_runtime.models.reference import rope_inv_freq
@@ -101,7 +105,7 @@ def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12):
     cfg = load_config(model)
     ps = 16
     max_seq = ctx + nsteps + 16
-    S = attn_splits(cfg, B, ctx)
+    S = splits or attn_splits(cfg, B, ctx)
     t = time.time()
     g = build_graph(cfg, mode="decode", batch=B, context_len=ctx, max_seq_len=max_seq, attn_splits=S, dtype="bfloat16")
     tg = build_task_graphs([g], Tiling(num_sms=torch.cuda.get_device_properties(0).multi_processor_count))[0]
@@ -114,12 +118,25 @@ def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12):
     tables = (torch.arange(B * pps) + 1).view(B, pps).to("cuda")
     pos = torch.full((B,), ctx, dtype=torch.int64, device="cuda")
     mk = Megakernel(tg, mem, page_size=ps, block_tables=tables, pos=pos, inv_freq=rope_inv_freq(cfg),
-                    head_dim=cfg.head_dim, timeout_s=5.0)
+                    head_dim=cfg.head_dim, timeout_s=5.0, trace_steps=nsteps if trace else 0)
     mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B,)))
     setup = time.time() - t
-    from _tp_rig import time_launches
+    from _tp_rig import set_trace, time_launches
+    if trace:
+        set_trace(mk, 0)
     ms, ms_min = time_launches(mk, pos, torch.full((B,), ctx, dtype=torch.int64, device="cuda"), nsteps, launches)
-    r = dict(system="megakernel", ms=ms, ms_min=ms_min, timing=f"{nsteps} steps per launch / {nsteps}, "
+    extra = {}
+    if trace:
+        set_trace(mk, nsteps)
+        mk.trace.zero_()
+        pos.fill_(ctx); mk.launch(nsteps); torch.cuda.synchronize(); mk.check()
+        d = mk.chrome_trace()
+        d["traceEvents"] = [e for e in d["traceEvents"] if e["args"]["step"] >= nsteps - 2]
+        name = f"trace_{model}_b{B}_c{ctx}_s{S}.json.gz"
+        with gzip.open(OUT / name, "wt") as f:
+            json.dump(d, f)
+        extra["chrome_trace"] = name
+    r = dict(**extra, system="megakernel", ms=ms, ms_min=ms_min, timing=f"{nsteps} steps per launch / {nsteps}, "
              f"median of {launches} synchronised launches", attn_splits=S, tasks=len(tg.tasks),
              setup_s=round(setup, 1), registers=mk.build.resources)
     del mk, mem, kv
@@ -140,6 +157,9 @@ def parse_args(argv=None):
     ap.add_argument("--peer-batches", default="1,8", help="batches for the gpt-fast peer")
     ap.add_argument("--hf-batches", default="1", help="batches for the HF peer (--tp 1)")
     ap.add_argument("--mk-max-batch", type=int, default=128)
+    ap.add_argument("--trace", action="store_true", help="--tp 1: one traced megakernel launch per cell -> "
+                    "$OUT/trace_<model>_b<B>_c<ctx>_s<splits>.json.gz (scripts/trace_phases.py reads it)")
+    ap.add_argument("--attn-splits", type=int, default=None, help="--tp 1: attention key splits (default: fill the SMs)")
     ap.add_argument("--tp", type=int, default=1, help="2: TP=2 megakernel vs TP=2 gpt-fast peer vs 1-GPU megakernel")
     ap.add_argument("--steps-per-launch", type=int, default=8, help="--tp 2: megakernel steps per launch (ms = launch / N)")
     ap.add_argument("--launches", type=int, default=12, help="--tp 2: timed megakernel launches (median)")
@@ -204,7 +224,8 @@ def main():
                 if system == "megakernel":
                     if weights is None:
                         weights = random_weights(cfg, seed=0, dtype="bfloat16", device="cuda")
-                    r = bench_megakernel(model, weights, B, ctx, *((8, 12) if B <= 8 else (2, 4)))
+                    r = bench_megakernel(model, weights, B, ctx, *((8, 12) if B <= 8 else (2, 4)), trace=args.trace,
+                                         splits=args.attn_splits)
                 else:
                     if weights is not None:   # peers bring their own weights: free ours first
                         weights = None
