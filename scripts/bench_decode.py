@@ -159,6 +159,7 @@ def parse_args(argv=None):
     ap.add_argument("--mk-max-batch", type=int, default=128)
     ap.add_argument("--trace", action="store_true", help="--tp 1: one traced megakernel launch per cell -> "
                     "$OUT/trace_<model>_b<B>_c<ctx>_s<splits>.json.gz (scripts/trace_phases.py reads it)")
+    ap.add_argument("--no-peers", action="store_true", help="--tp 1: the megakernel only (A/B runs)")
     ap.add_argument("--attn-splits", type=int, default=None, help="--tp 1: attention key splits (default: fill the SMs)")
     ap.add_argument("--tp", type=int, default=1, help="2: TP=2 megakernel vs TP=2 gpt-fast peer vs 1-GPU megakernel")
     ap.add_argument("--steps-per-launch", type=int, default=8, help="--tp 2: megakernel steps per launch (ms = launch / N)")
@@ -212,6 +213,8 @@ def main():
         work += [("gptfast", b, c) for b in _ints(args.peer_batches) if b > 1 for c in ctxs]
         work += [("hf", b, c) for b in _ints(args.hf_batches) for c in ctxs
                  if (b, c) != (1, ctxs[0])]
+        if args.no_peers:
+            work = [w for w in work if w[0] == "megakernel"]
         weights = None
         for system, B, ctx in work:
             key = dict(model=model, system=system, batch=B, context=ctx, floor_ms=fl, weight_bytes=nbytes)
