@@ -15,8 +15,15 @@ struct Ctx {
   int64_t step;
   int64_t lstep;
   int parity;
-  unsigned char* smem;
 };
+
+// The CTA's dynamic shared memory. Ops take their shared-memory pointers from here, never through a pointer passed
+// in a struct: across an out-of-line call the compiler cannot tell a struct member's pointer is shared, and it
+// emitted generic LD/ST (long-scoreboard latency) for every shared access of op_linear_tc and of attention.
+__device__ __forceinline__ unsigned char* dyn_smem() {
+  extern __shared__ __align__(16) unsigned char mpk_dyn_smem[];
+  return mpk_dyn_smem;
+}
 
 template <typename T>
 __device__ __forceinline__ T* ptr(int64_t v) { return reinterpret_cast<T*>(static_cast<uintptr_t>(v)); }
@@ -67,6 +74,14 @@ __device__ __forceinline__ int64_t ld_volatile_s64(const int64_t* p) {
   return v;
 }
 
+// A word of the kernel's parameter block, loaded where it is used (volatile asm: never hoisted into a register
+// that would live across the task loop).
+__device__ __forceinline__ int64_t param(const int64_t* P, int k) {
+  int64_t v;
+  asm volatile("ld.global.nc.s64 %0, [%1];" : "=l"(v) : "l"(P + k));
+  return v;
+}
+
 // Weights are immutable for the kernel's lifetime: read-only path, no L1 allocation (streamed once).
 __device__ __forceinline__ uint4 ld_weight16(const void* p) {
   uint4 r;
@@ -104,6 +119,14 @@ __device__ inline void prefetch_task_weights(const int64_t* pf, int64_t from, in
     }
   }
 }
+
+// 16 bytes global -> shared without registers (cp.async.cg: L2 only, so it reads what other SMs wrote in this launch
+// after an acquire, like ld.cg); ok == false zero-fills the 16 bytes and reads nothing.
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool ok) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // Activations / KV / counters-protected data written earlier in this launch by other SMs: L2 (coherent) loads.
 __device__ __forceinline__ uint4 ld_act16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }

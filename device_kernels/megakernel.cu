@@ -12,13 +12,16 @@
 #include "ops/argmax.cuh"
 
 namespace mpk {
-// The small, once-per-step or per-group ops behind one call site: each call site of a not-inlined op costs the
-// kernel's switch registers around the call (a third call site made it spill).
+// The small, once-per-step or per-group ops, and attention (79 registers alone; inlined into the kernel it made the
+// kernel spill), behind one call site: each call site of a not-inlined op costs the kernel's switch registers
+// around the call (a third call site made it spill).
 __device__ __noinline__ void op_small(const Ctx& c) {
   switch ((int)c.rec[T_OPCODE]) {
     case OP_ARGMAX_PARTIAL: op_argmax_partial(c); break;
     case OP_ARGMAX_REDUCE: op_argmax_reduce(c); break;
     case OP_QK_NORM_ROPE: op_qk_norm_rope(c); break;
+    case OP_ATTN_PARTIAL: op_attn_partial(c); break;
+    case OP_ATTN_MERGE: op_attn_merge(c); break;
     default: break;
   }
 }
@@ -28,20 +31,14 @@ using namespace mpk;
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     MPK_KERNEL_NAME(const int64_t* __restrict__ P, int64_t first_step, int nsteps) {
-  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int s_abort;
   const int sm = blockIdx.x;
+  // Only the task list stays in registers across the task loop; the tables thread 0 alone uses are re-read from
+  // the parameter block when needed (an L1 hit per task) so that every op keeps the registers (the kernel sits at
+  // 255 and spilled with them held).
   const int32_t* offs = ptr<const int32_t>(P[P_SM_OFFSETS]);
   const int32_t* list = ptr<const int32_t>(P[P_SM_TASKS]);
   const int64_t* tasks = ptr<const int64_t>(P[P_TASKS]);
-  const int64_t* waits = ptr<const int64_t>(P[P_WAITS]);
-  const int64_t* signals = ptr<const int64_t>(P[P_SIGNALS]);
-  const uint64_t* counters = ptr<const uint64_t>(P[P_COUNTERS]);
-  int64_t* status = ptr<int64_t>(P[P_STATUS]);
-  uint64_t* trace = ptr<uint64_t>(P[P_TRACE]);
-  const int64_t trace_steps = P[P_TRACE_STEPS], num_tasks = P[P_NUM_TASKS];
-  const uint64_t timeout_ns = (uint64_t)P[P_TIMEOUT_NS];
-  const int64_t* pft = ptr<const int64_t>(P[P_PREFETCH]);
   const int beg = offs[sm], end = offs[sm + 1];
   int64_t la_done = 0;  // thread 0: bytes per weight range of this task already prefetched as the lookahead
   for (int ls = 0; ls < nsteps; ++ls) {
@@ -50,6 +47,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       const int tid = list[i];
       const int64_t* rec = tasks + (int64_t)tid * TASK_WORDS;
       if (threadIdx.x == 0) {
+        const int64_t* waits = ptr<const int64_t>(param(P, P_WAITS));
+        const uint64_t* counters = ptr<const uint64_t>(param(P, P_COUNTERS));
+        int64_t* status = ptr<int64_t>(param(P, P_STATUS));
+        uint64_t* trace = ptr<uint64_t>(param(P, P_TRACE));
+        const uint64_t timeout_ns = (uint64_t)param(P, P_TIMEOUT_NS);
+        const int64_t* pft = ptr<const int64_t>(param(P, P_PREFETCH));
         if (PF_CUR > 0 && pft != nullptr) {  // weights never wait on events: start streaming them now
           const int64_t* pf = pft + (int64_t)tid * PF_WORDS;
           const int nr = (pf[0] != 0) + (pf[2] != 0);
@@ -95,20 +98,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           }
         }
         s_abort = abort;
-        if (trace != nullptr && ls < trace_steps) trace[((int64_t)ls * num_tasks + tid) * 2] = globaltimer();
+        if (trace != nullptr && ls < param(P, P_TRACE_STEPS))
+          trace[((int64_t)ls * param(P, P_NUM_TASKS) + tid) * 2] = globaltimer();
       }
       __syncthreads();
       if (s_abort) return;
-      const Ctx c{P, rec, step, ls, (int)(step & 1), smem};
+      const Ctx c{P, rec, step, ls, (int)(step & 1)};
       switch ((int)rec[T_OPCODE]) {
         case OP_EMBED: op_embed(c); break;
         case OP_QKV_ROPE: op_qkv_rope(c); break;
-        case OP_ATTN_PARTIAL: op_attn_partial(c); break;
-        case OP_ATTN_MERGE: op_attn_merge(c); break;
         case OP_LINEAR:
           if (rec[A_LINEAR_TC_ROWS] > 0) op_linear_tc(c); else op_linear(c);
           break;
         case OP_ALLREDUCE: op_allreduce(c); break;
+        case OP_ATTN_PARTIAL:
+        case OP_ATTN_MERGE:
         case OP_ARGMAX_PARTIAL:
         case OP_ARGMAX_REDUCE:
         case OP_QK_NORM_ROPE: op_small(c); break;
@@ -116,10 +120,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
       __syncthreads();
       if (threadIdx.x == 0) {
+        const int64_t* signals = ptr<const int64_t>(param(P, P_SIGNALS));
+        uint64_t* trace = ptr<uint64_t>(param(P, P_TRACE));
         __threadfence();
         for (int64_t s = rec[T_SIG_BEGIN]; s < rec[T_SIG_END]; ++s)
           signal_counter(signals[s]);  // local: release.gpu; a peer's (tagged): fence.sys + release.sys
-        if (trace != nullptr && ls < trace_steps) trace[((int64_t)ls * num_tasks + tid) * 2 + 1] = globaltimer();
+        if (trace != nullptr && ls < param(P, P_TRACE_STEPS))
+          trace[((int64_t)ls * param(P, P_NUM_TASKS) + tid) * 2 + 1] = globaltimer();
       }
     }
   }

@@ -181,7 +181,7 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   // smem (megakernel.py _pack_argmax_partial): sv, si [nwarps] | hist [256] | scan [2 (nwarps + 1)] | misc [8]
   // | cv, ci [SAMPLE_C]
-  float* sv = reinterpret_cast<float*>(c.smem);
+  float* sv = reinterpret_cast<float*>(dyn_smem());
   float* si = sv + nwarps;
   int* hist = reinterpret_cast<int*>(si + nwarps);
   int* scan = hist + 256;
@@ -290,7 +290,7 @@ __device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
   }
   if (temp == nullptr) return;
   // smem (megakernel.py _pack_argmax_reduce): pv, pi [W C] | mv, mi [C] | es [C] | cs [C + 1]
-  float* pv = reinterpret_cast<float*>(c.smem);
+  float* pv = reinterpret_cast<float*>(dyn_smem());
   float* pi = pv + W * C;
   float* mv = pi + W * C;
   float* mi = mv + C;

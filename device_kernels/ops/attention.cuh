@@ -1,7 +1,9 @@
 // attention: split-KV causal GQA decode attention over the paged cache   (tasks/ops/attention.py)
-// attn_partial(b, g, s): warps take 32-key blocks of chunk s round-robin (lane = key for the scores, lane =
-// element pairs d = 2*lane + 64*i for the output), online softmax per q head, warps merged in shared memory.
-// Keep in sync: runtime/megakernel.py _pack_attn_partial sizes the shared memory from ATT_WARP_FLOATS.
+// attn_partial(b, g, s): warps take 32-key blocks of chunk s round-robin; a block's K and V rows are copied into
+// the warp's shared memory (cp.async, one round trip after the page-table load, which runs a block ahead); scores
+// with lane = key, online softmax per q head, P.V with lane = element pairs d = 2*lane + 64*i; warps merged in
+// shared memory at the end.
+// Keep in sync: runtime/megakernel.py _pack_attn_partial sizes the shared memory (ATT_WARP_FLOATS, K/V rows).
 #pragma once
 #include "../common.cuh"
 
@@ -9,6 +11,7 @@ namespace mpk {
 
 constexpr int ATT_PAIRS = (MAX_HEAD_DIM + 63) / 64;  // bf16 pairs per lane
 constexpr int ATT_WARP_FLOATS = MAX_GS * (2 + 32 + MAX_HEAD_DIM);  // per-warp softmax state in shared memory
+static_assert(MAX_GS % 4 == 0, "attention reads p of (key, heads) as 16-byte vectors");
 
 // Code size matters as much as work here: every attn_partial runs its body about once per SM per layer, so
 // each instruction is an instruction-cache miss (the fully unrolled v3 body was 120 KB and cost ~18 us per task
@@ -39,115 +42,151 @@ __device__ inline void op_attn_partial(const Ctx& c) {
     for (int i = threadIdx.x; i < gs; i += THREADS) lse[(m0 * nq + g * gs + i) * S + s] = -INFINITY;
     return;
   }
-  float* qs = reinterpret_cast<float*>(c.smem);   // (gs, D)
-  float* wst = qs + MAX_GS * MAX_HEAD_DIM;        // per warp: mx (gs), l (gs), p (gs, 32), acc (gs, D)
+  float* qs = reinterpret_cast<float*>(dyn_smem());   // (gs, D)
+  float* wst = qs + MAX_GS * MAX_HEAD_DIM;        // per warp: mx (gs), l (gs), p (32, MAX_GS), acc (gs, D)
   constexpr int WSTRIDE = ATT_WARP_FLOATS;
   float* wmx = wst + warp * WSTRIDE;
   float* wl = wmx + MAX_GS;
   float* wp = wl + MAX_GS;
   float* wacc = wp + MAX_GS * 32;
-  // A 32-key block: lane = key. The page-table entry and the key's whole K row ; scores and online-softmax statistics for every head; then the V element pairs of all 32 keys
-  // in one batch of loads, and P.V per head: three dependent memory round trips per block.
-  constexpr int KV8 = MAX_HEAD_DIM / 8;
-  uint4 kr[KV8];
-  long long off = 0;
-  int nk = 0;
-  auto issue = [&](int64_t j0) {
-    nk = (int)min((int64_t)32, hi - j0);   // warp-uniform
-    const int64_t j = j0 + lane;
-    off = 0;
-    if (lane < nk) {
-      const int64_t page = ld_act_s64(bt + j / ps);
-      off = ((page * ps + j % ps) * n_kv + g) * D;
+  // Per warp, the K and V rows of its current 32-key block, copied global -> shared by cp.async (no registers held
+  // while the loads fly: register-held loads made the compiler issue the 32 V loads of a block one after another,
+  // ~15 us per block). K rows are padded by 16 bytes so that lanes (= keys) reading their rows hit distinct banks.
+  // Shared-memory and load/store-unit traffic is what a block costs once its loads are asynchronous, so: copies
+  // are coalesced (consecutive lanes take consecutive 16-byte pieces of the rows), each K piece and each V element
+  // is read from shared memory once for all heads, q is read as broadcast 16-byte vectors, and the softmax state
+  // and accumulators stay in registers until the end.
+  const int KST = D + 8, CPR = D >> 3;   // bf16 per K row in shared memory; 16-byte pieces per row
+  bf16* ks = reinterpret_cast<bf16*>(wst + nwarps * WSTRIDE) + (int64_t)warp * 32 * (KST + D);
+  bf16* vs = ks + 32 * KST;
+  const int64_t kstep = (int64_t)nwarps * 32;
+  const int psi = (int)ps;
+  // lane's key of the block at j0: its element offset in the caches, or -1 past the chunk
+  auto key_off = [&](int64_t j0) -> long long {
+    const int j = (int)(j0 + lane);
+    if (j >= hi) return -1;
+    const int pg = j / psi;
+    const int64_t page = ld_act_s64(bt + pg);
+    return ((page * ps + (j - pg * psi)) * n_kv + g) * D;
+  };
+  // one instruction covers 32 pieces = kpi keys (CPR a power of two <= 32), else lane = key
+  const bool coal = (CPR & (CPR - 1)) == 0;
+  const int kpi = coal ? 32 / CPR : 1, lkey = coal ? lane / CPR : 0, lpart = coal ? lane % CPR : 0;
+  auto issue = [&](long long off) {   // the block's K and V rows (zeros past the chunk)
+    if (coal) {
+#pragma unroll 1
+      for (int u0 = 0; u0 < 32; u0 += kpi) {
+        const int u = u0 + lkey;
+        const long long o = __shfl_sync(0xffffffffu, off, u);
+        const bool ok = o >= 0;
+        const long long src = (ok ? o : 0) + lpart * 8;
+        cp_async16(ks + u * KST + lpart * 8, kc + src, ok);
+        cp_async16(vs + u * D + lpart * 8, vc + src, ok);
+      }
+    } else {
+      const bool ok = off >= 0;
+      const long long src = ok ? off : 0;
+#pragma unroll 1
+      for (int e = 0; e < CPR; ++e) {
+        cp_async16(ks + lane * KST + e * 8, kc + src + e * 8, ok);
+        cp_async16(vs + lane * D + e * 8, vc + src + e * 8, ok);
+      }
     }
-#pragma unroll
-    for (int e = 0; e < KV8; ++e) kr[e] = (lane < nk && e * 8 < D) ? ld_act16(kc + off + e * 8) : make_uint4(0, 0, 0, 0);
   };
   int64_t j0 = lo + (int64_t)warp * 32;
+  if (j0 < hi) issue(key_off(j0));   // the first block flies while q is staged
 #pragma unroll 1
   for (int i = threadIdx.x; i < gs * D; i += THREADS)
     qs[i] = ld_act_bf16(q + m0 * (int64_t)nq * D + (int64_t)(g * gs) * D + i);
-#pragma unroll 1
-  for (int h = 0; h < gs; ++h) {
-    if (lane == 0) { wmx[h] = -INFINITY; wl[h] = 0.f; }
-#pragma unroll 1
-    for (int d = lane; d < D; d += 32) wacc[h * D + d] = 0.f;
-  }
   __syncthreads();
-  for (; j0 < hi; j0 += (int64_t)nwarps * 32) {
-    issue(j0);
-    const bool valid = lane < nk;
+  float mx[MAX_GS], sl[MAX_GS], acc[MAX_GS][2 * ATT_PAIRS];
+#pragma unroll
+  for (int h = 0; h < MAX_GS; ++h) {
+    mx[h] = -INFINITY; sl[h] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 2 * ATT_PAIRS; ++i) acc[h][i] = 0.f;
+  }
+  for (; j0 < hi; j0 += kstep) {
+    const bool valid = j0 + lane < hi;
+    const long long off_next = key_off(j0 + kstep);   // the next block's page-table entry, in flight meanwhile
+    cp_async_wait_all();
+    __syncwarp();
+    // scores of this lane's key, every head: d = 0 .. D-1 in order (as the reference)
+    float sc[MAX_GS];
+#pragma unroll
+    for (int h = 0; h < MAX_GS; ++h) sc[h] = 0.f;
 #pragma unroll 1
-    for (int h = 0; h < gs; ++h) {
-      const float* qh = qs + h * D;
-      float sc = 0.f;
+    for (int e = 0; e < CPR; ++e) {
+      const uint4 kv = *reinterpret_cast<const uint4*>(ks + lane * KST + e * 8);
 #pragma unroll
-      for (int e = 0; e < KV8; ++e) {
-        if (e * 8 < D) {
-          const uint32_t u[4] = {kr[e].x, kr[e].y, kr[e].z, kr[e].w};
-#pragma unroll
-          for (int t = 0; t < 4; ++t) {
-            sc = fmaf(qh[e * 8 + 2 * t], bf16_lo(u[t]), sc);
-            sc = fmaf(qh[e * 8 + 2 * t + 1], bf16_hi(u[t]), sc);
-          }
+      for (int h = 0; h < MAX_GS; ++h) {
+        if (h < gs) {
+          const float4 qa = *reinterpret_cast<const float4*>(qs + h * D + e * 8);
+          const float4 qb = *reinterpret_cast<const float4*>(qs + h * D + e * 8 + 4);
+          float t = sc[h];
+          t = fmaf(qa.x, bf16_lo(kv.x), t); t = fmaf(qa.y, bf16_hi(kv.x), t);
+          t = fmaf(qa.z, bf16_lo(kv.y), t); t = fmaf(qa.w, bf16_hi(kv.y), t);
+          t = fmaf(qb.x, bf16_lo(kv.z), t); t = fmaf(qb.y, bf16_hi(kv.z), t);
+          t = fmaf(qb.z, bf16_lo(kv.w), t); t = fmaf(qb.w, bf16_hi(kv.w), t);
+          sc[h] = t;
         }
       }
-      sc = valid ? sc * scale : -INFINITY;
-      const float mo = wmx[h];
-      const float mn = fmaxf(mo, warp_max(sc));   // finite: lane 0 always holds a key
-      const float corr = expf(mo - mn);
-      const float p = valid ? expf(sc - mn) : 0.f;
-      const float ln = wl[h] * corr + warp_sum(p);
-      wp[h * 32 + lane] = p;
-#pragma unroll
-      for (int i = 0; i < ATT_PAIRS; ++i) {   // rescale this lane's accumulator pairs
-        const int d = 2 * lane + 64 * i;
-        if (d < D) { wacc[h * D + d] *= corr; wacc[h * D + d + 1] *= corr; }
-      }
-      __syncwarp();
-      if (lane == 0) { wmx[h] = mn; wl[h] = ln; }
     }
-    // V rows of the block, all its keys in one batch of loads: lane owns element pairs d = 2 * lane + 64 * i; keys past
-    // nk load 0 (and have p == 0)
-#pragma unroll 1
-    for (int kb = 0; kb < nk; kb += 32) {
-      uint32_t vu[32][ATT_PAIRS];
+    // online softmax per head; p of (key, head) to shared memory for P.V
 #pragma unroll
-      for (int u = 0; u < 32; ++u) {
-        const long long o = __shfl_sync(0xffffffffu, off, kb + u);
+    for (int h = 0; h < MAX_GS; ++h) {
+      if (h < gs) {
+        const float s1 = valid ? sc[h] * scale : -INFINITY;
+        const float mn = fmaxf(mx[h], warp_max(s1));   // finite: lane 0 always holds a key
+        const float corr = expf(mx[h] - mn);
+        const float p = valid ? expf(s1 - mn) : 0.f;
+        sl[h] = sl[h] * corr + warp_sum(p);
+        mx[h] = mn;
 #pragma unroll
-        for (int i = 0; i < ATT_PAIRS; ++i) {
-          const int d = 2 * lane + 64 * i;
-          vu[u][i] = (kb + u < nk && d < D) ? __ldcg(reinterpret_cast<const unsigned int*>(vc + o + d)) : 0u;
-        }
-      }
-      __syncwarp();
-#pragma unroll 1
-      for (int h = 0; h < gs; ++h) {
-        float ac[2 * ATT_PAIRS];
-#pragma unroll
-        for (int i = 0; i < ATT_PAIRS; ++i) {
-          const int d = 2 * lane + 64 * i;
-          ac[2 * i] = d < D ? wacc[h * D + d] : 0.f;
-          ac[2 * i + 1] = d < D ? wacc[h * D + d + 1] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < 32; ++u) {
-          const float pu = wp[h * 32 + kb + u];
-#pragma unroll
-          for (int i = 0; i < ATT_PAIRS; ++i) {
-            ac[2 * i] = fmaf(pu, bf16_lo(vu[u][i]), ac[2 * i]);
-            ac[2 * i + 1] = fmaf(pu, bf16_hi(vu[u][i]), ac[2 * i + 1]);
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < ATT_PAIRS; ++i) {
-          const int d = 2 * lane + 64 * i;
-          if (d < D) { wacc[h * D + d] = ac[2 * i]; wacc[h * D + d + 1] = ac[2 * i + 1]; }
-        }
+        for (int i = 0; i < 2 * ATT_PAIRS; ++i) acc[h][i] *= corr;
+        wp[lane * MAX_GS + h] = p;
       }
     }
     __syncwarp();
+    // P.V: lane owns element pairs d = 2 * lane + 64 * i; keys past the chunk are zero rows with p == 0
+#pragma unroll 4
+    for (int u = 0; u < 32; ++u) {
+      float pu[MAX_GS];
+#pragma unroll
+      for (int h = 0; h < MAX_GS; h += 4) {
+        const float4 p4 = *reinterpret_cast<const float4*>(wp + u * MAX_GS + h);
+        pu[h] = p4.x; pu[h + 1] = p4.y; pu[h + 2] = p4.z; pu[h + 3] = p4.w;
+      }
+#pragma unroll
+      for (int i = 0; i < ATT_PAIRS; ++i) {
+        const int d = 2 * lane + 64 * i;
+        if (d < D) {
+          const uint32_t v2 = *reinterpret_cast<const uint32_t*>(vs + u * D + d);
+          const float vlo = bf16_lo(v2), vhi = bf16_hi(v2);
+#pragma unroll
+          for (int h = 0; h < MAX_GS; ++h) {
+            if (h < gs) {
+              acc[h][2 * i] = fmaf(pu[h], vlo, acc[h][2 * i]);
+              acc[h][2 * i + 1] = fmaf(pu[h], vhi, acc[h][2 * i + 1]);
+            }
+          }
+        }
+      }
+    }
+    __syncwarp();   // every lane is done with ks / vs / wp before the next block's copies and scores land there
+    if (j0 + kstep < hi) issue(off_next);
+  }
+  // this warp's state for the cross-warp merge
+#pragma unroll
+  for (int h = 0; h < MAX_GS; ++h) {
+    if (h < gs) {
+      if (lane == 0) { wmx[h] = mx[h]; wl[h] = sl[h]; }
+#pragma unroll
+      for (int i = 0; i < ATT_PAIRS; ++i) {
+        const int d = 2 * lane + 64 * i;
+        if (d < D) { wacc[h * D + d] = acc[h][2 * i]; wacc[h * D + d + 1] = acc[h][2 * i + 1]; }
+      }
+    }
   }
   __syncthreads();
 #pragma unroll 1

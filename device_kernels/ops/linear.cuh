@@ -275,8 +275,8 @@ __device__ inline void op_linear(const Ctx& c) {
   const int K = (int)a[A_LINEAR_K], n0 = (int)a[A_LINEAR_N0], n1 = (int)a[A_LINEAR_N1];
   const int M = (int)a[A_LINEAR_M], kseg = (int)a[A_LINEAR_KSEG];
   const int w = n1 - n0;
-  bf16* xs = reinterpret_cast<bf16*>(c.smem);
-  float* y0s = linear_ytile(c.smem, ROW_TILE, K);
+  bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
+  float* y0s = linear_ytile(dyn_smem(), ROW_TILE, K);
   float* y1s = y0s + ROW_TILE * w;
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
@@ -303,8 +303,8 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
   const int ksl = (int)a[A_LINEAR_KSLICES];
   const bool two = (int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL;
   const int w = n1 - n0, ldx = K + 8;  // +8: rows start in different banks
-  bf16* xs = reinterpret_cast<bf16*>(c.smem);
-  float* y0s = linear_ytile(c.smem, rows, ldx);
+  bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
+  float* y0s = linear_ytile(dyn_smem(), rows, ldx);
   float* y1s = y0s + rows * w;
   float* red = y1s + rows * w;
   for (int g0 = 0; g0 < M; g0 += rows) {

@@ -23,8 +23,8 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
   const int64_t* bt = ptr<const int64_t>(c.P[P_BLOCK_TABLES]);
   const int64_t max_pages = c.P[P_MAX_PAGES], ps = c.P[P_PAGE_SIZE];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
-  bf16* xs = reinterpret_cast<bf16*>(c.smem);
-  float* y0s = linear_ytile(c.smem, ROW_TILE, K);  // (ROW_TILE, nr) fp32: head rows r0 + i
+  bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
+  float* y0s = linear_ytile(dyn_smem(), ROW_TILE, K);  // (ROW_TILE, nr) fp32: head rows r0 + i
   float* y1s = y0s + ROW_TILE * nr;                // (ROW_TILE, nr) fp32: head rows h2 + r0 + i
   float* red = y0s + ROW_TILE * MAX_HEAD_DIM;      // Tensor Core k-slice partials (2 x 8 x 16 x 8 fp32)
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {

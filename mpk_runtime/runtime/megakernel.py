@@ -179,8 +179,13 @@ class TaskPacker:
 
     def _pack_attn_partial(self, p):
         kc = self.mem.kv(p["k_cache"])
-        gs_max, d_max = L.CONSTANTS["MAX_GS"], L.CONSTANTS["MAX_HEAD_DIM"]   # attention.cuh: qs + ATT_WARP_FLOATS
-        self._need((gs_max * d_max + _NWARPS * gs_max * (2 + 32 + d_max)) * 4)
+        gs_max, d_max = L.CONSTANTS["MAX_GS"], L.CONSTANTS["MAX_HEAD_DIM"]
+        if self.D % 8 or self.D > d_max:
+            raise ValueError(f"the megakernel's attention copies K/V rows in 16-byte pieces: head_dim must be a multiple "
+                             f"of 8 and <= {d_max} (got {self.D}); use backend='torch' for this model")
+        # attention.cuh: qs + ATT_WARP_FLOATS per warp (fp32), then per warp the K (padded rows) and V rows of a
+        # 32-key block (bf16)
+        self._need((gs_max * d_max + _NWARPS * gs_max * (2 + 32 + d_max)) * 4 + _NWARPS * 32 * (2 * self.D + 8) * 2)
         return dict(self._attn_common(p), q=self._t(p["q"]), k_cache=kc.data_ptr(),
                     v_cache=self.mem.kv(p["v_cache"]).data_ptr(), part=self._t(p["part"]), lse=self._t(p["lse"]),
                     split=p["split"], n_kv=kc.shape[2], scale=f32_bits(p["scale"]))
