@@ -173,7 +173,9 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   const int64_t* a = c.rec;
   const float* logits = ptr<const float>(a[A_ARGMAX_PARTIAL_LOGITS]);
   const int B = (int)a[A_ARGMAX_PARTIAL_B];
-  const int64_t V = a[A_ARGMAX_PARTIAL_V], vocab0 = a[A_ARGMAX_PARTIAL_VOCAB0];
+  // vocabulary slices [sl * V, (sl + 1) * V) of the rank's logits (row stride ld), sl < nsl: slot `slot + sl`
+  const int64_t V = a[A_ARGMAX_PARTIAL_V], ld = a[A_ARGMAX_PARTIAL_LD];
+  const int nsl = (int)a[A_ARGMAX_PARTIAL_NSLICES];
   const int64_t* peers = ptr<const int64_t>(a[A_ARGMAX_PARTIAL_PEERS]);
   const int npeers = (int)a[A_ARGMAX_PARTIAL_NPEERS], slot = (int)a[A_ARGMAX_PARTIAL_SLOT];
   const int64_t sym_off = c.parity * a[A_ARGMAX_PARTIAL_PAR_STRIDE];
@@ -188,9 +190,11 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   int* misc = scan + 2 * (nwarps + 1);
   float* cv = reinterpret_cast<float*>(misc + 8);
   float* ci = cv + SAMPLE_C;
-  for (int b = 0; b < B; ++b) {
-    const float* lb = logits + b * V;
-    const int64_t row = ((int64_t)slot * B + b) * SAMPLE_C * 2;   // this rank's candidates of row b
+  for (int q = 0; q < nsl * B; ++q) {
+    const int sl = q / B, b = q % B;
+    const float* lb = logits + b * ld + sl * V;
+    const int64_t vocab0 = a[A_ARGMAX_PARTIAL_VOCAB0] + sl * V;
+    const int64_t row = ((int64_t)(slot + sl) * B + b) * SAMPLE_C * 2;   // this slice's candidates of row b
     if (temp != nullptr && temp[b] > 0.f) {
       partial_top_candidates(lb, V, vocab0, hist, scan, misc, cv, ci, peers, npeers,
                              sym_off + row * (int64_t)sizeof(float));
@@ -198,7 +202,7 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
     }
     float bv = -INFINITY, bi = 3.0e38f;
     int64_t v0 = 0;
-    if ((V & 3) == 0) {   // 16-byte loads, 4 vectors in flight per thread (one CTA reads the whole vocab)
+    if (((V | ld) & 3) == 0) {   // 16-byte loads, 4 vectors in flight per thread (one CTA reads the whole vocab)
       const float4* l4 = reinterpret_cast<const float4*>(lb);
       const int64_t V4 = V >> 2;
       for (int64_t q = threadIdx.x; q < V4; q += 4 * THREADS) {

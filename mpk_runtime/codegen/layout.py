@@ -39,8 +39,9 @@ OP_ARGS: dict[str, list[str]] = {
                "out_kind", "row_off", "row_stride", "peers", "npeers", "par_stride", "slot", "kseg", "tc_rows", "kslices"],
     # out[:, n0:n1] = residual + sum_r part[parity][r]
     "allreduce": ["part", "par_stride", "residual", "out", "world", "m", "n", "n0", "n1"],
-    # sampler (ir/sampling.py): part (2, W, B, SAMPLE_C, 2) fp32 candidates; temp/top_k/top_p/seed: (B,) params
-    "argmax_partial": ["logits", "b", "v", "vocab0", "peers", "npeers", "par_stride", "slot", "temp"],
+    # sampler (ir/sampling.py): part (2, W * S, B, SAMPLE_C, 2) fp32 candidates (S vocabulary slices per rank;
+    # a partial covers nslices slices of v logits each, row stride ld); temp/top_k/top_p/seed: (B,) params
+    "argmax_partial": ["logits", "b", "v", "ld", "nslices", "vocab0", "peers", "npeers", "par_stride", "slot", "temp"],
     "argmax_reduce": ["part", "par_stride", "out", "tokens", "world", "b", "temp", "top_k", "top_p", "seed"],
 }
 EPILOGUES = ["none", "silu_mul"]

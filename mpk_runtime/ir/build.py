@@ -121,16 +121,27 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
          "weight_row0": sh.vocab[0] if cfg.tie_word_embeddings else 0},
         V * H * eb + B * H * eb + B * V * 4, 2 * B * V * H)
     # argmax = the sampler (ir/sampling.py): per-row params in io tensors the runner fills (zeros = greedy);
-    # each rank pushes its top-C candidates (value, index) into slot `rank` of every rank's buffer
-    amax = t("argmax.part", (tp, B, SAMPLE_CANDIDATES, 2), "sym", "float32")
+    # each rank's vocabulary is cut into S equal slices, and the top-C candidates (value, index) of slice s go into
+    # slot rank * S + s of every rank's buffer (several SMs share the scan of a rank's logits)
+    S = argmax_slices(sh.vocab[1] - sh.vocab[0])
+    amax = t("argmax.part", (tp * S, B, SAMPLE_CANDIDATES, 2), "sym", "float32")
     nxt = t("next_tokens", (B,), "io", "int64")
     sp = [t(n, (B,), "io", "int64" if n in ("sample.top_k", "sample.seed") else "float32") for n in SAMPLE_TENSORS]
     add("argmax", "argmax", [logits, *sp], [amax, nxt],
-        {"logits": logits, "part": amax, "out": nxt, "vocab0": sh.vocab[0], "world": tp,
+        {"logits": logits, "part": amax, "out": nxt, "vocab0": sh.vocab[0], "world": tp, "slices": S,
          "feeds_next_step": mode == "decode", "temperature": sp[0], "top_k": sp[1], "top_p": sp[2],
          "seed": sp[3]},
         B * V * 4 + B * 8, B * V)
     return Graph(cfg, mode, B, T, context_len, max_seq_len, tp, rank, tensors, ops, tp_invariant)
+
+
+def argmax_slices(v_local: int, most: int = 16, least_len: int = 4096) -> int:
+    """Vocabulary slices per rank for the sampler: the largest power of two <= `most` that divides the rank's
+    vocabulary into slices of >= `least_len` logits (1 for small vocabularies)."""
+    s = most
+    while s > 1 and (v_local % s or v_local // s < least_len):
+        s //= 2
+    return s
 
 
 def _proj(t, w, add, cfg, tp, name, *, x_in, residual, wnames, K, N, M, eb, prenorm, kseg=1):

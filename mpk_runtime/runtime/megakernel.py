@@ -242,16 +242,20 @@ class TaskPacker:
         C = L.CONSTANTS["SAMPLE_C"]
         assert self.mem.syms[p["part"]].shape[-2] == C, "argmax.part candidates != layout SAMPLE_C"
         self._need((2 * _NWARPS + 256 + 2 * (_NWARPS + 1) + 8 + 2 * C) * 4)   # argmax.cuh: partial smem
-        return dict(logits=lg.data_ptr(), b=lg.shape[0], v=lg.shape[1], vocab0=p["vocab0"], peers=peers,
-                    npeers=npeers, par_stride=stride, slot=self.tg.rank, temp=self._t(p.get("temperature")))
+        n, vs = p.get("nslices", 1), p.get("slice_len", lg.shape[1])
+        v0 = p.get("s0", 0) * vs
+        return dict(logits=lg.data_ptr() + v0 * lg.element_size(), b=lg.shape[0], v=vs, ld=lg.shape[1], nslices=n,
+                    vocab0=p["vocab0"] + v0, peers=peers, npeers=npeers, par_stride=stride,
+                    slot=p.get("slot0", self.tg.rank), temp=self._t(p.get("temperature")))
 
     def _pack_argmax_reduce(self, p):
         base, stride = self._sym(p["part"])
         out = self.mem.t(p["out"])
         C = L.CONSTANTS["SAMPLE_C"]
-        self._need((2 * p["world"] * C + 4 * C + 8) * 4)   # argmax.cuh: reduce smem
+        slots = p.get("slots", p["world"])   # the kernel's "world": candidate slots to merge (W * S)
+        self._need((2 * slots * C + 4 * C + 8) * 4)   # argmax.cuh: reduce smem
         return dict(part=base, par_stride=stride, out=out.data_ptr(),
-                    tokens=self._t("tokens") if p["feeds_next_step"] else 0, world=p["world"], b=out.shape[0],
+                    tokens=self._t("tokens") if p["feeds_next_step"] else 0, world=slots, b=out.shape[0],
                     temp=self._t(p.get("temperature")), top_k=self._t(p.get("top_k")),
                     top_p=self._t(p.get("top_p")), seed=self._t(p.get("seed")))
 

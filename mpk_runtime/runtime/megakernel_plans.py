@@ -161,6 +161,15 @@ class _PrefillShape:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
 
+def _pow2s(lo: int, hi: int) -> list[int]:
+    """lo, 2 lo, 4 lo, ... <= hi (lo a power of two)."""
+    out, p = [], lo
+    while p <= hi:
+        out.append(p)
+        p *= 2
+    return out
+
+
 class ConventionalPrefill:
     """Prompt chunks through the conventional executor on the GPU. The chunks of a step are grouped by length
     bucket (powers of two >= 16) and each group runs as one prefill graph of (sequences, tokens) bucketed to
@@ -179,11 +188,11 @@ class ConventionalPrefill:
 
     def __init__(self, cfg, weights: dict, kv: KVStore, *, max_seq_len: int, page_size: int, dtype: str,
                  device: torch.device, keep: int = 8, tp: int = 1, rank: int = 0, comm=None,
-                 capture: bool | None = None, capture_tokens: int = 4096, share_activations: bool = False):
+                 capture: bool | None = None, capture_tokens: int = 4096, share_activations: bool = True):
         """tp > 1: this process's rank of the group (`weights` its shard) and a multi-process communicator
         (torch.distributed): the all-reduces and the distributed argmax run as all-gathers through it.
         share_activations: the layers' activations share storage (RankMemory; 11.6 -> 0.3 GiB for a qwen3-8b
-        shape of 4096 rows). Off by default until it has run on a GPU (CPU-tested; tests/gpu checks both)."""
+        shape of 4096 rows; replays equal to eager bitwise on the GPU, tests/gpu/test_prefill_graphs.py)."""
         if tp > 1 and (comm is None or getattr(comm, "world_size", 1) != tp):
             raise ValueError(f"tp={tp} prefill through the conventional path needs the group's communicator")
         self.tp, self.rank, self.comm = tp, rank, comm
@@ -241,6 +250,25 @@ class ConventionalPrefill:
         self._pool = self._pool or graph.pool()
         sh.graphs[cap] = graph
         self.captures += 1
+
+    def warm(self, max_batch: int, max_tokens: int) -> int:
+        """Capture the short-prompt buckets now rather than in the first requests' path (~0.25 s each): sequences
+        1, 2, 4 .. max_batch (powers of two) x tokens 16, 32 .. max_tokens, key cap = tokens (a chunk that starts a
+        sequence). Every rank of a group calls it with the same arguments (same captures, same order). Returns
+        the number of graphs captured."""
+        if not self.capture:
+            return 0
+        shapes = [(B, T) for B in _pow2s(1, max_batch) for T in _pow2s(16, min(max_tokens, self.max_seq_len))
+                  if B * T <= self.capture_tokens]
+        self.keep = max(self.keep, len(shapes) + 4)
+        before = self.captures
+        for B, T in shapes:
+            sh = self._get(B, T)
+            if T not in sh.graphs:
+                self._capture(sh, T, T)
+            if not self.capture:   # a capture failed: eager from now on
+                break
+        return self.captures - before
 
     def run_many(self, chunks: list[tuple[list[int], int, list[int], object]], want_logits: bool = True):
         """chunks: (tokens, start_pos, block table, sampling or None). Returns (logits (n, V) fp32 on the CPU of

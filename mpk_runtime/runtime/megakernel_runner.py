@@ -76,7 +76,7 @@ class MegakernelRunner(ModelRunner):
                  page_size: int = 16, num_pages: int | None = None, num_sms: int | None = None,
                  attn_splits: int = 2, timeout_s: float = 2.0, device: str = "cuda", comm=None,
                  nvshmem_uid: bytes | None = None, tp_invariant: int = 1, plan=None, plan_buckets=None,
-                 plan_context: int = 512, **_: object):
+                 plan_context: int = 512, prefill_warmup_tokens: int = 64, **_: object):
         world = world_size or tp
         self.config = cfg = load_config(model)
         self.rank, self.world_size = rank, world
@@ -114,6 +114,7 @@ class MegakernelRunner(ModelRunner):
                                           attn_splits=attn_splits)
             self.prefiller = ConventionalPrefill(cfg, w, self.kv, max_seq_len=max_seq_len, page_size=page_size,
                                                  dtype=dtype, device=dev)
+            self.prefiller.warm(max_batch, prefill_warmup_tokens)
             self.mk = None
             return
         r = build_rank_kernel(cfg, w, rank=rank, world=world, heap=self.heap, batch=max_batch,
@@ -126,6 +127,7 @@ class MegakernelRunner(ModelRunner):
         if world == 1 or (isinstance(comm, TorchDistComm) and comm.world_size == world):
             self.prefiller = ConventionalPrefill(cfg, w, self.kv, max_seq_len=max_seq_len, page_size=page_size,
                                                  dtype=dtype, device=dev, tp=world, rank=rank, comm=comm)
+            self.prefiller.warm(max_batch, prefill_warmup_tokens)   # the same on every rank (NCCL in the graphs)
         if world > 1:   # vocab-parallel logits gathered through the heap (peer reads after a barrier)
             vmax = max(shard_for(cfg, world, q).n_vocab for q in range(world))
             buf = self.heap.tensor((max_batch, vmax), torch.float32)

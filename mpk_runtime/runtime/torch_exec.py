@@ -21,7 +21,7 @@ from ..tasks.tiling import Tiling
 from .conventional_ops import OPS as WHOLE_OPS, runs_whole
 from .memory import RankMemory, StepCtx
 
-COARSE = Tiling(num_sms=1, linear_cols=1 << 30, allreduce_cols=1 << 30)
+COARSE = Tiling(num_sms=1, linear_cols=1 << 30, allreduce_cols=1 << 30, argmax_tasks=1)
 
 
 class ConventionalExecutor:
@@ -53,8 +53,9 @@ class ConventionalExecutor:
 
     def _gathering(self, kernel, sym_param):
         def run(task, mem, ctx):
-            buf = mem.sym(task.params[sym_param], ctx.parity)  # (W, ...)
-            buf.copy_(self.comm.all_gather(buf[mem.rank][None].contiguous(), dim=0))
+            buf = mem.sym(task.params[sym_param], ctx.parity)  # (W * k, ...): k slots per rank, rank-major
+            k = buf.shape[0] // self.comm.world_size
+            buf.copy_(self.comm.all_gather(buf[mem.rank * k:(mem.rank + 1) * k].contiguous(), dim=0))
             kernel(task, mem, ctx)
         return run
 

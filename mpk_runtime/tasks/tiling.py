@@ -17,6 +17,7 @@ class Tiling:
     waves: float = 1.0         # auto: target tiles per SM for each linear op
     min_cols: int = 16
     qkv_parts: int = 0         # tasks per qkv_rope head (RoPE-pair slices); 0 = auto
+    argmax_tasks: int = 0      # argmax_partial tasks per rank (each a run of vocabulary slices); 0 = one per slice
 
     def linear_n(self, graph, op, N: int) -> int:
         if self.linear_cols:
@@ -30,6 +31,13 @@ class Tiling:
         with one wave of head parts, so the layer's qkv weights stream on ~all SMs instead of one per head."""
         p = self.qkv_parts or max(1, self.num_sms // max(1, heads))
         return max(1, min(p, pairs // 4 if pairs >= 4 else 1))
+
+    def argmax_t(self, slices: int) -> int:
+        """argmax_partial tasks per rank: a divisor of the op's vocabulary slices."""
+        n = min(self.argmax_tasks or slices, slices)
+        while slices % n:
+            n -= 1
+        return n
 
     def allreduce_n(self, graph, op, N: int) -> int:
         if self.allreduce_cols:

@@ -54,3 +54,30 @@ def test_prefill_graph_replays_equal_eager_and_reference(model, share):
                                ref.new_cache(1, MAXLEN))[0, -1].float().cpu()
             err = ((lg[i] - want).abs().max() / want.abs().max()).item()
             assert err < 3e-2, f"step {s} chunk {i}: relative error {err} vs the reference"
+
+
+def test_warm_captures_short_prompt_buckets_ahead():
+    """warm() captures the (sequences, tokens) buckets of short prompts up front: a step of such prompts then
+    replays without capturing, and gives the logits of an unwarmed run."""
+    from mpk_runtime.models import load_config, random_weights
+    from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill
+    from mpk_runtime.runtime.memory import KVStore
+    cfg = load_config("tiny-llama")
+    dev = torch.device("cuda")
+    w = {k: v.to(dev, torch.bfloat16) for k, v in random_weights(cfg, seed=3).items()}
+    width = -(-MAXLEN // PS)
+    chunks = [([(7 * i + j) % cfg.vocab_size for j in range(4 + 3 * i)], 0, [1 + i * width + j for j in range(width)],
+               None) for i in range(3)]                      # 3 prompts of 4-10 tokens: bucket (4 seqs, 16 tokens)
+    out = {}
+    for warm in (False, True):
+        kv = KVStore(cfg.num_layers, 8 * width + 1, PS, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, device=dev,
+                     poison=False)
+        pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="bfloat16", device=dev)
+        if warm:
+            n = pre.warm(max_batch=4, max_tokens=32)
+            assert n == 6 == pre.captures, n                # sequences 1, 2, 4 x tokens 16, 32
+        before = pre.captures
+        out[warm] = pre.run_many(chunks)
+        assert pre.replays == pre.graph_runs == 1
+        assert (pre.captures == before) if warm else (pre.captures == before + 1)
+    assert torch.equal(out[False][0], out[True][0]) and out[False][1] == out[True][1]

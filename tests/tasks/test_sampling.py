@@ -27,8 +27,9 @@ class FakeMem:
         return self.syms[name][parity]
 
 
-def run_sampler(logits, temp, top_k=None, top_p=None, seed=None, pos=None, world=1, T=1):
-    """The argmax op over `world` vocab-parallel ranks (contiguous equal shards), CPU semantics; (B,) tokens."""
+def run_sampler(logits, temp, top_k=None, top_p=None, seed=None, pos=None, world=1, T=1, slices=1, per_task=1):
+    """The argmax op over `world` vocab-parallel ranks (contiguous equal shards), each rank's vocabulary cut into
+    `slices` slices and scanned by tasks of `per_task` slices, CPU semantics; (B,) tokens."""
     B, V = logits.shape
     z = lambda dt: torch.zeros(B, dtype=dt)  # noqa: E731
     temp = torch.as_tensor(temp, dtype=torch.float32).expand(B).clone()
@@ -41,19 +42,24 @@ def run_sampler(logits, temp, top_k=None, top_p=None, seed=None, pos=None, world
     for r in range(world):
         ts = {"logits": logits[:, bounds[r]:bounds[r + 1]].contiguous(), "next": z(torch.int64),
               "sample.temperature": temp, "sample.top_k": top_k, "sample.top_p": top_p, "sample.seed": seed}
-        mems.append(FakeMem(r, ts, {"part": torch.full((2, world, B, C, 2), float("nan"))}))
+        mems.append(FakeMem(r, ts, {"part": torch.full((2, world * slices, B, C, 2), float("nan"))}))
     for m in mems:
         m.peers = mems
     ctx = SimpleNamespace(parity=1, pos=pos, tokens_per_seq=T)
     sp = {"temperature": "sample.temperature", "top_k": "sample.top_k", "top_p": "sample.top_p",
           "seed": "sample.seed"}
     for r, m in enumerate(mems):
-        A.execute_partial(Task(0, r, "argmax_partial", "argmax", {"logits": "logits", "part": "part",
-                                                                  "vocab0": bounds[r], "temperature": sp["temperature"]},
-                               [], []), m, ctx)
+        vs = (bounds[r + 1] - bounds[r]) // slices
+        assert vs * slices == bounds[r + 1] - bounds[r], "slices must divide every rank's vocabulary"
+        for s0 in range(0, slices, per_task):
+            A.execute_partial(Task(0, r, "argmax_partial", "argmax",
+                                   {"logits": "logits", "part": "part", "vocab0": bounds[r],
+                                    "temperature": sp["temperature"], "s0": s0, "nslices": per_task,
+                                    "slice_len": vs, "slot0": r * slices + s0}, [], []), m, ctx)
     outs = []
     for r, m in enumerate(mems):
         A.execute_reduce(Task(1, r, "argmax_reduce", "argmax", {"part": "part", "out": "next", "world": world,
+                                                                "slots": world * slices,
                                                                 "feeds_next_step": False, **sp}, [], []), m, ctx)
         outs.append(m.t("next").clone())
     for o in outs[1:]:
@@ -235,3 +241,23 @@ def test_engine_validation_and_routing():
     d = device_sampling_for(SamplingParams(temperature=0.5, top_k=3, top_p=0.9), "auto", 77)
     assert (d.temperature, d.top_k, d.top_p, d.seed) == (0.5, 3, 0.9, 77)
     assert device_sampling_for(SamplingParams(temperature=2.0, top_k=1), "auto", 5).temperature == 0.0
+
+
+@pytest.mark.parametrize("world,slices,per_task", [(1, 4, 1), (1, 4, 4), (2, 4, 2), (2, 8, 1)])
+def test_vocabulary_slices_draw_the_same_tokens(world, slices, per_task):
+    """Cutting each rank's vocabulary into slices (several argmax_partial tasks, more candidate slots) draws the
+    tokens one slot per rank draws: greedy with ties across slice borders, and sampled rows."""
+    g = torch.Generator().manual_seed(5)
+    B, V = 6, 64 * world * slices
+    x = torch.randn(B, V, generator=g)
+    x[0, 3] = x[0, V - 1] = x[0].max() + 1.0              # a tie across slices and ranks: lowest index wins
+    x[1, :] = 0.25                                          # every logit equal
+    x[2, V // 2 - 1] = x[2, V // 2] = x[2].max() + 2.0    # a tie at a slice border
+    greedy = run_sampler(x, 0.0, world=world, slices=slices, per_task=per_task)
+    assert torch.equal(greedy, x.argmax(-1)), (greedy, x.argmax(-1))
+    temp = torch.tensor([0.0, 0.7, 1.0, 1.3, 0.0, 0.9])
+    kw = dict(top_k=torch.tensor([0, 5, 40, 64, 0, 3]), top_p=torch.tensor([1.0, 0.9, 0.5, 1.0, 1.0, 0.95]),
+              seed=torch.arange(B) * 7919, pos=torch.arange(B) + 11)
+    one = run_sampler(x, temp, world=world, **kw)
+    cut = run_sampler(x, temp, world=world, slices=slices, per_task=per_task, **kw)
+    assert torch.equal(one, cut), (one, cut)

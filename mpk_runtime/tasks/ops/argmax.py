@@ -1,8 +1,12 @@
 """argmax: the next token over a vocab-parallel LM head: greedy, or sampled on device (ir/sampling.py).
 
-argmax_partial: per row, this rank's candidates pushed into slot `rank` of every rank's symmetric buffer
-(W, B, C, 2) = (value, global index as fp32). Greedy rows (temperature 0): entry 0 is this rank's best
-(value, lowest index), as before. Sampled rows: the top-C by (order key desc, index asc).
+argmax_partial: the rank's vocabulary is cut into S equal slices (graph attr "slices"); per row and slice, the
+candidates go into slot rank * S + s of every rank's symmetric buffer (W * S, B, C, 2) = (value, global index as
+fp32). A task covers a run of slices (one per task in the megakernel: the scan of the logits spreads over SMs;
+all of them in the conventional executor). Greedy rows (temperature 0): entry 0 is the slice's best (value,
+lowest index). Sampled rows: the slice's top-C by (order key desc, index asc). Merging the slots gives what one
+slot per rank gave: the best entry (ties -> lowest index) and the global top-C (a total order) do not depend on
+how the vocabulary was cut.
 argmax_reduce: every rank merges the slots the same way (greedy: best entry 0, ties -> lowest index, as
 torch.argmax; sampled: the global top-C, temperature, top-k, top-p, a counter-based draw), so all ranks agree on
 the token without a host round trip; in decode graphs it also writes the `tokens` input of the next step (a
@@ -30,17 +34,27 @@ def decompose(op, graph, tiling, rank):
     B, V = graph.tensors[a["logits"]].shape
     W = a["world"]
     sp = {k: a[k] for k in ("temperature", "top_k", "top_p", "seed")}
-    part = Task(-1, rank, "argmax_partial", op.name,
-                {"logits": a["logits"], "part": a["part"], "vocab0": a["vocab0"], "temperature": sp["temperature"]},
-                reads=[Region(a["logits"], rank, ((0, B), (0, V)))],
-                writes=[Region(a["part"], r, ((rank, rank + 1),)) for r in range(W)],
-                est_bytes=B * V * 4, est_flops=B * V)
+    S = a.get("slices", 1)
+    n = tiling.argmax_t(S)
+    vs, per = V // S, S // n   # logits per slice, slices per task
+    parts = []
+    for k in range(n):
+        s0 = k * per
+        slot0 = rank * S + s0
+        parts.append(Task(-1, rank, "argmax_partial", op.name,
+                          {"logits": a["logits"], "part": a["part"], "vocab0": a["vocab0"],
+                           "temperature": sp["temperature"], "s0": s0, "nslices": per, "slice_len": vs,
+                           "slot0": slot0},
+                          reads=[Region(a["logits"], rank, ((0, B), (s0 * vs, (s0 + per) * vs)))],
+                          writes=[Region(a["part"], r, ((slot0, slot0 + per),)) for r in range(W)],
+                          est_bytes=B * vs * per * 4, est_flops=B * vs * per))
     lag = [Region("tokens", rank, ((0, B),))] if a["feeds_next_step"] else []
     red = Task(-1, rank, "argmax_reduce", op.name,
-               {"part": a["part"], "out": a["out"], "world": W, "feeds_next_step": a["feeds_next_step"], **sp},
-               reads=[Region(a["part"], rank, ((0, W),))], writes=[Region(a["out"], rank, ((0, B),))],
-               lag_writes=lag, est_bytes=W * B * 8 + B * 8, est_flops=W * B)
-    return [part, red]
+               {"part": a["part"], "out": a["out"], "world": W, "slots": W * S,
+                "feeds_next_step": a["feeds_next_step"], **sp},
+               reads=[Region(a["part"], rank, ((0, W * S),))], writes=[Region(a["out"], rank, ((0, B),))],
+               lag_writes=lag, est_bytes=W * S * B * 8 + B * 8, est_flops=W * S * B)
+    return [*parts, red]
 
 
 # --- helpers (mirrored one for one in argmax.cuh) --------------------------------------------------------------
@@ -209,21 +223,28 @@ def execute_partial(task, mem, ctx):
     B = logits.shape[0]
     C = mem.sym(p["part"], ctx.parity).shape[-2]
     temp = mem.t(p["temperature"]) if p.get("temperature") else torch.zeros(B, device=logits.device)
-    out = partial_candidates(logits, p["vocab0"], C, temp)
+    n, vs = p.get("nslices", 1), p.get("slice_len", logits.shape[1])
+    v0 = p.get("s0", 0) * vs
+    x = logits[:, v0:v0 + n * vs].reshape(B * n, vs)   # row b * n + j: slice j of row b
+    out = partial_candidates(x, 0, C, temp.repeat_interleave(n))
+    off = p["vocab0"] + v0 + vs * torch.arange(n, device=logits.device).repeat(B)
+    out[:, :, 1] += off.to(torch.float32)[:, None]     # exact: indices < 2^24
+    out = out.view(B, n, C, 2).transpose(0, 1)
+    slot0 = p.get("slot0", mem.rank)
     for peer in mem.peers:
-        peer.sym(p["part"], ctx.parity)[mem.rank] = out
+        peer.sym(p["part"], ctx.parity)[slot0:slot0 + n] = out
 
 
 @task_kind("argmax_reduce")
 def execute_reduce(task, mem, ctx):
     p = task.params
-    part = mem.sym(p["part"], ctx.parity)  # (W, B, C, 2)
+    part = mem.sym(p["part"], ctx.parity)[:p.get("slots", p["world"])]  # (W * S, B, C, 2)
     temp = mem.t(p["temperature"]) if p.get("temperature") else None
     if temp is not None and (not host_syncs_ok(temp.device) or bool((temp > 0).any())):
-        tok = reduce_tokens(part[:p["world"]], temp, mem.t(p["top_k"]), mem.t(p["top_p"]), mem.t(p["seed"]),
+        tok = reduce_tokens(part, temp, mem.t(p["top_k"]), mem.t(p["top_p"]), mem.t(p["seed"]),
                             row_last_positions(ctx, part.shape[1]))
     else:
-        tok = reduce_tokens(part[:p["world"]], None)
+        tok = reduce_tokens(part, None)
     mem.t(p["out"]).copy_(tok)
     if p["feeds_next_step"]:
         mem.t("tokens").copy_(tok)
