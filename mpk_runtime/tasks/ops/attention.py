@@ -24,7 +24,7 @@ def decompose(op, graph, tiling, rank):
     eb = 2
     kv_bytes = int((graph.context_len + T) * D * eb * 2 / S)
     base = {k: a[k] for k in ("q", "k_cache", "v_cache", "part", "lse", "out", "scale", "splits", "layer")}
-    tasks = []
+    tasks, merges = [], []
     for b in range(B):
         m0, m1 = b * T, (b + 1) * T
         for g in range(a["n_kv"]):
@@ -37,12 +37,12 @@ def decompose(op, graph, tiling, rank):
                                   writes=[Region(a["part"], rank, ((m0, m1), (h0, h1), (s, s + 1))),
                                           Region(a["lse"], rank, ((m0, m1), (h0, h1), (s, s + 1)))],
                                   est_bytes=kv_bytes + T * gs * D * eb, est_flops=4 * T * gs * D * (graph.context_len + T) // S))
-            tasks.append(Task(-1, rank, "attn_merge", op.name, {**base, "b": b, "g": g, "gs": gs},
+            merges.append(Task(-1, rank, "attn_merge", op.name, {**base, "b": b, "g": g, "gs": gs},
                               reads=[Region(a["part"], rank, ((m0, m1), (h0, h1))),
                                      Region(a["lse"], rank, ((m0, m1), (h0, h1)))],
                               writes=[Region(a["out"], rank, ((m0, m1), (h0 * D, h1 * D)))],
                               est_bytes=T * gs * D * (4 * S + eb), est_flops=3 * T * gs * D * S))
-    return tasks
+    return tasks + merges
 
 
 def _keys(cache: torch.Tensor, table: torch.Tensor, lo: int, hi: int, page_size: int, g: int) -> torch.Tensor:
