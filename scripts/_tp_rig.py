@@ -171,9 +171,9 @@ def floor_ms_per_rank(cfg, tp: int, hbm_bytes_per_s: float) -> tuple[float, int]
 
 
 def attn_splits_for(n_kv: int, B: int, ctx: int, num_sms: int = 132) -> int:
-    """bench_decode.attn_splits with the KV heads this rank holds: batch x KV heads x splits roughly fills the
-    SMs, >= 64 keys per split, at most 32."""
-    return max(1, min(num_sms // max(1, B * n_kv), -(-ctx // 64), 32))
+    """bench_decode.attn_splits with the KV heads this rank holds (tasks.tiling.attn_splits_for)."""
+    from mpk_runtime.tasks.tiling import attn_splits_for as splits
+    return splits(B, n_kv, ctx, num_sms)
 
 
 def comm_meta(tg) -> dict:

@@ -87,7 +87,8 @@ def floor_ms(cfg) -> tuple[float, int]:
 
 def attn_splits(cfg, B: int, ctx: int, num_sms: int = 132) -> int:
     """Split the keys so that batch x KV groups x splits roughly fills the SMs, >= 64 keys per split."""
-    return max(1, min(num_sms // max(1, B * cfg.num_kv_heads), -(-ctx // 64), 32))
+    from mpk_runtime.tasks.tiling import attn_splits_for
+    return attn_splits_for(B, cfg.num_kv_heads, ctx, num_sms)
 
 
 # ------------------------------------------------------------------------------------------------ megakernel

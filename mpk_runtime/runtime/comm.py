@@ -52,8 +52,11 @@ class ThreadComm(Communicator):
         g = self.group
         g._slots[self.rank] = t
         g._barrier.wait()
-        parts = list(g._slots)  # type: ignore[arg-type]
-        g._barrier.wait()  # nobody overwrites a slot before all have read it
+        # copy the contents now: a slot is often a view of the rank's own buffer (a symmetric slot), which that
+        # rank may overwrite as soon as it passes the next barrier (its next task) - reading it after the barrier
+        # raced (a flaky TP=2 prefill test)
+        parts = [p.clone() for p in g._slots]  # type: ignore[union-attr]
+        g._barrier.wait()  # nobody overwrites a slot before all have copied it
         return parts
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:

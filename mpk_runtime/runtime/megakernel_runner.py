@@ -27,7 +27,7 @@ from ..models.config import load_config
 from ..models.reference import rope_inv_freq
 from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
-from ..tasks.tiling import Tiling
+from ..tasks.tiling import Tiling, attn_splits_for
 from .base import KVSpec, ModelRunner, SeqChunk, register_runner
 from .device_sampling import host_logits_needed, step_output
 from .megakernel_plans import ConventionalPrefill, PlannedDecoder, fill_step
@@ -74,7 +74,7 @@ class MegakernelRunner(ModelRunner):
     def __init__(self, model: str = "tiny-llama", *, world_size: int | None = None, tp: int = 1, rank: int = 0,
                  seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int = 512,
                  page_size: int = 16, num_pages: int | None = None, num_sms: int | None = None,
-                 attn_splits: int = 2, timeout_s: float = 2.0, device: str = "cuda", comm=None,
+                 attn_splits: int | None = None, timeout_s: float = 2.0, device: str = "cuda", comm=None,
                  nvshmem_uid: bytes | None = None, tp_invariant: int = 1, plan=None, plan_buckets=None,
                  plan_context: int = 512, prefill_warmup_tokens: int = 64, **_: object):
         world = world_size or tp
@@ -111,12 +111,14 @@ class MegakernelRunner(ModelRunner):
                               device=dev, poison=False)
             self.planned = PlannedDecoder(cfg, w, self.kv, book, max_seq_len=max_seq_len, page_size=page_size,
                                           num_sms=num_sms, dtype=dtype, device=dev, timeout_s=timeout_s,
-                                          attn_splits=attn_splits)
+                                          attn_splits=attn_splits or 2)   # plans carry their own
             self.prefiller = ConventionalPrefill(cfg, w, self.kv, max_seq_len=max_seq_len, page_size=page_size,
                                                  dtype=dtype, device=dev)
             self.prefiller.warm(max_batch, prefill_warmup_tokens)
             self.mk = None
             return
+        if attn_splits is None:   # fill the SMs at a full batch: 2 at 8 rows x 8 KV heads, 16 for one sequence
+            attn_splits = attn_splits_for(max_batch, shard_for(cfg, world, rank).n_kv, max_seq_len, num_sms)
         r = build_rank_kernel(cfg, w, rank=rank, world=world, heap=self.heap, batch=max_batch,
                               max_seq_len=max_seq_len, page_size=page_size, num_pages=num_pages, num_sms=num_sms,
                               attn_splits=attn_splits, dtype=dtype, timeout_s=timeout_s, device=dev,

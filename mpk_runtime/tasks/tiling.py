@@ -46,3 +46,11 @@ class Tiling:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def attn_splits_for(rows: int, kv_heads: int, keys: int, num_sms: int = 132, most: int = 32,
+                    least_keys: int = 64) -> int:
+    """Key splits of decode attention: rows x KV heads (of this rank) x splits roughly fills the SMs, with at
+    least `least_keys` keys per split of `keys` and at most `most` splits."""
+    return max(1, min(num_sms // max(1, rows * kv_heads), -(-keys // least_keys), most))
+
