@@ -7,9 +7,12 @@
      the device tokens must equal the CPU semantics (tasks/ops/argmax.py) on the same logits, bit for bit.
   2. end to end: tiny-llama / tiny-qwen3 megakernel vs pyvm on the same bf16 weights, batch 4 with mixed params
      (greedy, temperature only (top_k 0 = the top-C cap), top-k, top-k + top-p), 32 steps teacher-forced by pyvm's
-     tokens: the tokens must be identical. Each step also checks the megakernel's token against the CPU sampler
-     run on the megakernel's own logits (exactness of the sampler, independent of logit rounding differences),
-     and every mismatch is reported with whether the two logit vectors alone explain it.
+     tokens. Each step checks the megakernel's token against the CPU sampler run on the megakernel's own logits
+     and pyvm's against it on pyvm's (exactness of the sampler, independent of logit rounding differences); every
+     token mismatch is reported with whether the two logit vectors alone explain it. Passes when the sampler is
+     exact on both sides, every mismatch is explained by the logits, and the logits agree within LOGIT_TOL
+     (relative norm; bf16 weights, different accumulation orders). Identical tokens are not required: a sampled
+     draw flips where the two bf16 logit vectors differ in the last bits (5-6 of 128 draws on the tiny models).
 
     PYTHONPATH=. python3 scripts/gpu_check_sampling.py [--steps 32] [--trials 60]
 """
@@ -88,6 +91,9 @@ def adversarial_logits(g, B, V, style):
     if B > 6:
         x[6, torch.randperm(V, generator=g)[: min(V, 3 * C)]] = 1e4   # more than C equal top values
     return x
+
+
+LOGIT_TOL = 2e-2   # relative norm of megakernel - pyvm logits (measured 4.2e-3 / 4.4e-3 on the tiny models)
 
 
 def check_sampler(res, trials):
@@ -186,7 +192,10 @@ def check_end_to_end(model, res, steps, B=4):
     r = dict(check="end_to_end", model=model, batch=B, steps=steps, rows=[str(x) for x in rows],
              token_mismatches=len(mism), mismatches=mism[:10], sampler_mismatches=sampler_mism,
              worst_rel_logit_err=worst, distinct_sequences=len({tuple(x) for x in seqs}), tokens=seqs,
-             ok=(not mism and sampler_mism == 0))
+             unexplained_mismatches=sum(not m["explained_by_logits"] for m in mism),
+             # the sampler must be exact on both sides' logits, and the logits within bf16 tolerance; a sampled
+             # draw may still differ where the two logit vectors differ in the last bits (explained_by_logits)
+             ok=(sampler_mism == 0 and all(m["explained_by_logits"] for m in mism) and worst < LOGIT_TOL))
     log(json.dumps({k: v for k, v in r.items() if k != "tokens"}))
     res.append(r)
 
@@ -214,9 +223,9 @@ def main():
             log(f"sampler V={r['vocab']:>6} {r['style']:5s}: {r['mismatches']}/{r['draws']} mismatches, "
                 f"{r['mean_launch_ms']:.3f} ms/launch ok={r['ok']}")
         else:
-            log(f"{r['model']:10s} B={r['batch']} {r['steps']} steps: token mismatches {r['token_mismatches']}, "
-                f"sampler mismatches {r['sampler_mismatches']}, rel logit err {r['worst_rel_logit_err']:.2e} "
-                f"ok={r['ok']}")
+            log(f"{r['model']:10s} B={r['batch']} {r['steps']} steps: token mismatches {r['token_mismatches']} "
+                f"({r['unexplained_mismatches']} not explained by the logits), sampler mismatches "
+                f"{r['sampler_mismatches']}, rel logit err {r['worst_rel_logit_err']:.2e} ok={r['ok']}")
     log(f"{'PASS' if ok else 'FAIL'} in {out['seconds']:.1f}s -> {OUT / 'gpu_check_sampling.json'}")
     return 0 if ok else 1
 
