@@ -111,3 +111,30 @@ def test_real_model_graph_checks():
     tgs = build_task_graphs([build_graph(cfg, batch=1)], Tiling(num_sms=132))
     check_task_graphs(tgs, steps=2)
     assert tgs[0].meta["makespan_us"] > 0
+
+
+def test_attention_partials_spread_over_the_sms():
+    """A layer's attention partials get an SM each when there are SMs for all of them (llama-3.2-1b shapes, 8
+    sequences x 8 KV heads x 2 splits = 128 partials on 132 SMs): the merges, which wait on the partials, come
+    after them in the task order and so cannot take an SM a partial needs (they did: 128 partials on 88 SMs)."""
+    import collections
+    from mpk_runtime.tasks.tiling import attn_splits_for
+    cfg = ModelConfig.from_name("llama-3.2-1b").replace(num_layers=2)
+    S = attn_splits_for(8, cfg.num_kv_heads, 4096)
+    assert S == 2
+    tg = build_task_graphs([build_graph(cfg, batch=8, context_len=4096, max_seq_len=4128, attn_splits=S)],
+                           Tiling(num_sms=132))[0]
+    for layer in ("L0", "L1"):
+        per_sm = collections.Counter(t.sm for t in tg.tasks
+                                     if t.op == f"{layer}.attention" and t.kind == "attn_partial")
+        assert sum(per_sm.values()) == 128 and max(per_sm.values()) == 1, (layer, len(per_sm))
+    check_task_graphs([tg], steps=2)
+
+
+def test_attn_splits_for():
+    from mpk_runtime.tasks.tiling import attn_splits_for
+    assert attn_splits_for(8, 8, 512) == 2          # a full batch of 8 rows x 8 KV heads: 128 tasks
+    assert attn_splits_for(1, 8, 4096) == 16        # one sequence: 128 tasks of 256 keys
+    assert attn_splits_for(1, 8, 100) == 2          # >= 64 keys per split
+    assert attn_splits_for(128, 8, 4096) == 1
+    assert attn_splits_for(1, 1, 1 << 20) == 32     # at most 32
