@@ -9,7 +9,6 @@ GPU side (torch.cuda / NVSHMEM touched only when called):
   set_trace       switch the per-task globaltimer trace of a built Megakernel on/off between launches
 Pure (CPU-tested in tests/scripts/test_tp_rig.py):
   rank_weight_bytes / floor_ms_per_rank   bytes of weights one rank streams per decode step, and its floor
-  attn_splits_for                         bench_decode's attention split rule with this rank's KV heads
   comm_meta / analyze_comm / chrome_trace exposed-communication analysis of a traced TP launch
   StoreSync                               rank-0 decisions and per-cell results through a c10d Store (host side,
                                           independent of the NCCL / NVSHMEM streams, so a failed cell cannot
@@ -168,12 +167,6 @@ def floor_ms_per_rank(cfg, tp: int, hbm_bytes_per_s: float) -> tuple[float, int]
     """(floor ms, bytes) of the rank that streams the most: that rank's weight bytes / HBM bandwidth."""
     nb = max(rank_weight_bytes(cfg, tp, r) for r in range(tp))
     return nb / hbm_bytes_per_s * 1e3, nb
-
-
-def attn_splits_for(n_kv: int, B: int, ctx: int, num_sms: int = 132) -> int:
-    """bench_decode.attn_splits with the KV heads this rank holds (tasks.tiling.attn_splits_for)."""
-    from mpk_runtime.tasks.tiling import attn_splits_for as splits
-    return splits(B, n_kv, ctx, num_sms)
 
 
 def comm_meta(tg) -> dict:

@@ -85,28 +85,22 @@ def floor_ms(cfg) -> tuple[float, int]:
     return n / HBM * 1e3, n
 
 
-def attn_splits(cfg, B: int, ctx: int, num_sms: int = 132) -> int:
-    """Split the keys so that batch x KV groups x splits roughly fills the SMs, >= 64 keys per split."""
-    from mpk_runtime.tasks.tiling import attn_splits_for
-    return attn_splits_for(B, cfg.num_kv_heads, ctx, num_sms)
-
-
 # ------------------------------------------------------------------------------------------------ megakernel
 def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False, splits=None):
     """ms per step of the one-GPU megakernel. trace: one extra traced launch after the timed ones (per-task
     globaltimer, so the timed launches run untraced), its last two steps written as a Chrome trace under $OUT.
-    splits: attention key splits (default attn_splits())."""
+    splits: attention key splits (default tasks.tiling.attn_splits_for: fill the SMs)."""
     from mpk_runtime.ir.build import build_graph
     from mpk_runtime.models.config import load_config
     from mpk_runtime.models.reference import rope_inv_freq
     from mpk_runtime.runtime.megakernel import Megakernel
     from mpk_runtime.runtime.memory import KVStore, RankMemory
     from mpk_runtime.tasks.build import build_task_graphs
-    from mpk_runtime.tasks.tiling import Tiling
+    from mpk_runtime.tasks.tiling import Tiling, attn_splits_for
     cfg = load_config(model)
     ps = 16
     max_seq = ctx + nsteps + 16
-    S = splits or attn_splits(cfg, B, ctx)
+    S = splits or attn_splits_for(B, cfg.num_kv_heads, ctx)
     t = time.time()
     g = build_graph(cfg, mode="decode", batch=B, context_len=ctx, max_seq_len=max_seq, attn_splits=S, dtype="bfloat16")
     tg = build_task_graphs([g], Tiling(num_sms=torch.cuda.get_device_properties(0).multi_processor_count))[0]
@@ -321,16 +315,17 @@ class _Weights:
 def _cell_megakernel_tp2(tctx, heap, cell, cfg, wts, opts):
     import gzip
 
-    from _tp_rig import analyze_comm, attn_splits_for, bench_rig, chrome_trace, comm_meta, set_trace, time_launches
+    from _tp_rig import analyze_comm, bench_rig, chrome_trace, comm_meta, set_trace, time_launches
 
     from mpk_runtime.ir.shard import shard_for
+    from mpk_runtime.tasks.tiling import attn_splits_for
     rank, W = tctx.rank, tctx.nranks
     B, ctx, n = cell["batch"], cell["context"], opts["steps_per_launch"]
     if heap is None:
         raise RuntimeError(f"no NVSHMEM heap: {opts.get('heap_error')}")
     t = time.time()
     _, part = wts.get(cell["model"], cfg, rank, W)
-    S = attn_splits_for(shard_for(cfg, W, rank).n_kv, B, ctx, torch.cuda.get_device_properties(rank).multi_processor_count)
+    S = attn_splits_for(B, shard_for(cfg, W, rank).n_kv, ctx, torch.cuda.get_device_properties(rank).multi_processor_count)
     r = bench_rig(cfg, part, B, rank, W, heap, context_len=ctx, max_seq=ctx + n + 16, attn_splits=S,
                   trace_steps=n if cell["trace"] else 0)
     g = torch.Generator().manual_seed(1)

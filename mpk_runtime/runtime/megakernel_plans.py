@@ -253,12 +253,12 @@ class ConventionalPrefill:
 
     def warm(self, max_batch: int, max_tokens: int) -> int:
         """Capture the short-prompt buckets now rather than in the first requests' path (~0.25 s each): sequences
-        1, 2, 4 .. max_batch (powers of two) x tokens 16, 32 .. max_tokens, key cap = tokens (a chunk that starts a
-        sequence). Every rank of a group calls it with the same arguments (same captures, same order). Returns
-        the number of graphs captured."""
+        1, 2, 4 .. max_batch rounded up to a power of two (as prefill_groups rounds) x tokens 16, 32 .. max_tokens,
+        key cap = tokens (a chunk that starts a sequence). Every rank of a group calls it with the same arguments
+        (same captures, same order). Returns the number of graphs captured."""
         if not self.capture:
             return 0
-        shapes = [(B, T) for B in _pow2s(1, max_batch) for T in _pow2s(16, min(max_tokens, self.max_seq_len))
+        shapes = [(B, T) for B in _pow2s(1, pow2(max_batch)) for T in _pow2s(16, min(max_tokens, self.max_seq_len))
                   if B * T <= self.capture_tokens]
         self.keep = max(self.keep, len(shapes) + 4)
         before = self.captures
