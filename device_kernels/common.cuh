@@ -106,6 +106,7 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) 
 __device__ __forceinline__ void prefetch_l2_line(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 // Prefetch bytes [from, to) of each of a task's (up to two) weight ranges, pf = {ptr0, n0, ptr1, n1}.
 __device__ inline void prefetch_task_weights(const int64_t* pf, int64_t from, int64_t to) {
 #pragma unroll
@@ -162,20 +163,54 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
   return acc;
 }
 
-// Row position of sequence b at this step (decode: T == 1); < 0 = inactive sequence.
+// Host-written, constant for a launch (positions, page tables): the read-only path, so an SM that reads the same
+// words every layer hits L1 instead of making an L2 round trip before its first KV access.
+__device__ __forceinline__ int64_t ld_const_s64(const int64_t* p) {
+  int64_t v;
+  asm volatile("ld.global.nc.s64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
+
+// Row position of sequence b at this step (decode: T == 1); < 0 = inactive sequence. P_POS holds the launch's
+// first-step positions (the kernel never writes it), so it is read as a launch constant.
 __device__ __forceinline__ int64_t seq_pos(const Ctx& c, int b) {
-  int64_t p = ld_act_s64(ptr<const int64_t>(c.P[P_POS]) + b);
+  int64_t p = ld_const_s64(ptr<const int64_t>(c.P[P_POS]) + b);
   return p >= 0 ? p + c.lstep : p;
+}
+
+// One 16-byte vector of a normed row: xn = bf16(w * bf16(x * r)), in place in shared memory.
+__device__ __forceinline__ void norm_vec16(bf16* dst, const uint4& wv, float r) {
+  const uint4 v = *reinterpret_cast<const uint4*>(dst);
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w}, wu[4] = {wv.x, wv.y, wv.z, wv.w};
+  uint32_t o[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float lo = bf(bf16_lo(wu[j]) * bf(bf16_lo(u[j]) * r));
+    const float hi = bf(bf16_hi(wu[j]) * bf(bf16_hi(u[j]) * r));
+    o[j] = (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 // Load rows [0, M) (M <= MAX_PASS_ROWS) of x (bf16, row r at x + (row_off + r*row_stride)*K), optionally RMSNorm'd
 // with weight nw, into shared memory as bf16 rows of stride ldx (K, ldx multiples of 8). All threads share every row (16-byte vectors),
 // so a batch-1 norm costs one pass over K by the whole CTA. Numerics of tasks/ops/common.py rms_norm:
-// xn = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))). Ends with __syncthreads().
+// xn = bf16(w * bf16(x * rsqrt(mean(x^2) + eps))). The norm weight does not depend on x: its first NORM_PRE vectors
+// per thread are loaded with x and the rest prefetched to L1, so the norm pass does not start a second round trip.
+// Ends with __syncthreads().
+constexpr int NORM_PRE = 1;
 __device__ inline void load_rows_norm(bf16* xs, int ldx, const bf16* x, int M, int K, int64_t row_off,
                                       int64_t row_stride, const bf16* nw, float eps) {
   __shared__ float red[MAX_PASS_ROWS][THREADS / 32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, KV = K >> 3;
+  uint4 wpre[NORM_PRE];
+#pragma unroll
+  for (int j = 0; j < NORM_PRE; ++j) {
+    const int k8 = threadIdx.x + j * THREADS;
+    wpre[j] = (nw != nullptr && k8 < KV) ? ld_weight16(nw + k8 * 8) : make_uint4(0, 0, 0, 0);
+  }
+  if (nw != nullptr)  // the rest of this thread's norm weight towards L1 (no registers held), read after the barrier
+    for (int k8 = threadIdx.x + NORM_PRE * THREADS; k8 < KV; k8 += THREADS) prefetch_l1(nw + k8 * 8);
   for (int m = 0; m < M; ++m) {
     const bf16* xr = x + (row_off + m * row_stride) * (int64_t)K;
     bf16* dst = xs + (int64_t)m * ldx;
@@ -203,19 +238,13 @@ __device__ inline void load_rows_norm(bf16* xs, int ldx, const bf16* x, int M, i
     for (int w = 0; w < THREADS / 32; ++w) tot += red[m][w];
     const float r = rsqrtf(tot / (float)K + eps);
     bf16* dst = xs + (int64_t)m * ldx;
-    for (int k8 = threadIdx.x; k8 < KV; k8 += THREADS) {  // same thread wrote this vector above
-      const uint4 v = *reinterpret_cast<const uint4*>(dst + k8 * 8);
-      const uint4 wv = ld_weight16(nw + k8 * 8);
-      const uint32_t u[4] = {v.x, v.y, v.z, v.w}, wu[4] = {wv.x, wv.y, wv.z, wv.w};
-      uint32_t o[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float lo = bf(bf16_lo(wu[j]) * bf(bf16_lo(u[j]) * r));
-        const float hi = bf(bf16_hi(wu[j]) * bf(bf16_hi(u[j]) * r));
-        o[j] = (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u);
-      }
-      *reinterpret_cast<uint4*>(dst + k8 * 8) = make_uint4(o[0], o[1], o[2], o[3]);
+    for (int j = 0; j < NORM_PRE; ++j) {  // same thread wrote these vectors above
+      const int k8 = threadIdx.x + j * THREADS;
+      if (k8 < KV) norm_vec16(dst + k8 * 8, wpre[j], r);
     }
+    for (int k8 = threadIdx.x + NORM_PRE * THREADS; k8 < KV; k8 += THREADS)
+      norm_vec16(dst + k8 * 8, *reinterpret_cast<const uint4*>(nw + k8 * 8), r);   // an L1 hit (prefetched)
   }
   __syncthreads();
 }

@@ -66,7 +66,7 @@ __device__ inline void op_attn_partial(const Ctx& c) {
     const int j = (int)(j0 + lane);
     if (j >= hi) return -1;
     const int pg = j / psi;
-    const int64_t page = ld_act_s64(bt + pg);
+    const int64_t page = ld_const_s64(bt + pg);
     return ((page * ps + (j - pg * psi)) * n_kv + g) * D;
   };
   // one instruction covers 32 pieces = kpi keys (CPR a power of two <= 32), else lane = key
@@ -211,6 +211,7 @@ __device__ inline void op_attn_partial(const Ctx& c) {
   }
 }
 
+constexpr int MERGE_CHUNK = 8;   // splits whose lse / partial loads are issued together
 __device__ inline void op_attn_merge(const Ctx& c) {
   const int64_t* a = c.rec;
   const float* part = ptr<const float>(a[A_ATTN_MERGE_PART]);
@@ -222,14 +223,36 @@ __device__ inline void op_attn_merge(const Ctx& c) {
   for (int i = threadIdx.x; i < gs * D; i += THREADS) {
     const int h = i / D, d = i % D;
     const int64_t hq = m0 * nq + g * gs + h;
+    // The splits in chunks of MERGE_CHUNK whose loads fly together: 2 S / MERGE_CHUNK round trips instead of 2 S
+    // dependent ones; the arithmetic (max in split order, then weights and sums in split order) is unchanged.
     float mx = -INFINITY;
-    for (int s = 0; s < S; ++s) mx = fmaxf(mx, ld_act_f32(lse + hq * S + s));
+#pragma unroll 1
+    for (int s0 = 0; s0 < S; s0 += MERGE_CHUNK) {
+      float l[MERGE_CHUNK];
+#pragma unroll
+      for (int u = 0; u < MERGE_CHUNK; ++u) l[u] = s0 + u < S ? ld_act_f32(lse + hq * S + s0 + u) : -INFINITY;
+#pragma unroll
+      for (int u = 0; u < MERGE_CHUNK; ++u)
+        if (s0 + u < S) mx = fmaxf(mx, l[u]);
+    }
     if (isinf(mx)) mx = 0.f;
     float ws = 0.f, o = 0.f;
-    for (int s = 0; s < S; ++s) {
-      const float wgt = expf(ld_act_f32(lse + hq * S + s) - mx);
-      ws += wgt;
-      o += ld_act_f32(part + (hq * S + s) * D + d) * wgt;
+#pragma unroll 1
+    for (int s0 = 0; s0 < S; s0 += MERGE_CHUNK) {
+      float l[MERGE_CHUNK], pv[MERGE_CHUNK];
+#pragma unroll
+      for (int u = 0; u < MERGE_CHUNK; ++u) {
+        l[u] = s0 + u < S ? ld_act_f32(lse + hq * S + s0 + u) : 0.f;
+        pv[u] = s0 + u < S ? ld_act_f32(part + (hq * S + s0 + u) * D + d) : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < MERGE_CHUNK; ++u) {
+        if (s0 + u < S) {
+          const float wgt = expf(l[u] - mx);
+          ws += wgt;
+          o += pv[u] * wgt;
+        }
+      }
     }
     out[m0 * (int64_t)nq * D + (int64_t)(g * gs + h) * D + d] = __float2bfloat16_rn(o / fmaxf(ws, 1e-30f));
   }

@@ -67,7 +67,7 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
       if (which == WHICH_Q || which == WHICH_RAW) {   // raw: q = the head's column block of qk_raw
         dst = ptr<bf16>(a[A_QKV_ROPE_Q]) + row * ldq + (int64_t)head * D;
       } else if (pos >= 0) {
-        const int64_t page = ld_act_s64(bt + row * max_pages + pos / ps);
+        const int64_t page = ld_const_s64(bt + row * max_pages + pos / ps);
         dst = ptr<bf16>(a[A_QKV_ROPE_CACHE]) + ((page * ps + pos % ps) * n_kv + head) * D;
       }
       if (dst != nullptr) {
@@ -125,7 +125,7 @@ __device__ inline void op_qk_norm_rope(const Ctx& c) {
     if (is_q) {
       dst = q + row * ldq + (int64_t)head * D;
     } else if (pos >= 0) {
-      const int64_t page = ld_act_s64(bt + row * max_pages + pos / ps);
+      const int64_t page = ld_const_s64(bt + row * max_pages + pos / ps);
       dst = cache + ((page * ps + pos % ps) * n_kv + head) * D;
     }
     if (dst == nullptr) continue;
