@@ -50,14 +50,13 @@ __device__ __forceinline__ uint64_t ld_acquire_scoped_u64(const uint64_t* p, boo
 __device__ __forceinline__ void red_release_sys_add_u64(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 // One signal word of the task record (codegen/layout.py SIGNAL_REMOTE_BIT): a counter address; bit 0 set = the
-// counter is a peer rank's (an nvshmem_ptr peer address over NVLink). Remote: make this CTA's data stores (made
-// before the caller's __syncthreads, some of them peer stores) visible system-wide, then a system-scope release
-// add on the peer's counter. Local: the gpu-scope release add (the caller already did __threadfence()).
+// counter is a peer rank's (an nvshmem_ptr peer address over NVLink). Called by thread 0 after the CTA's barrier:
+// the release add is cumulative over the CTA's stores that the barrier ordered before it (some of them peer
+// stores), at system scope for a peer's counter, at gpu scope for a local one. No separate fence: each release
+// add already compiles to its MEMBAR (.SYS / .GPU) before the RED.
 __device__ __forceinline__ void signal_counter(int64_t word) {
   if (word & SIGNAL_REMOTE_BIT) {
-    fence_acq_rel_sys();
     red_release_sys_add_u64(reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(word & ~(int64_t)SIGNAL_REMOTE_BIT)), 1ull);
   } else {
     red_release_add_u64(reinterpret_cast<uint64_t*>(static_cast<uintptr_t>(word)), 1ull);
@@ -74,12 +73,10 @@ __device__ __forceinline__ int64_t ld_volatile_s64(const int64_t* p) {
   return v;
 }
 
-// A word of the kernel's parameter block, loaded where it is used (volatile asm: never hoisted into a register
-// that would live across the task loop).
+// A word of the kernel's parameter block (the kernel's shared-memory copy), loaded where it is used (volatile: never
+// hoisted into a register that would live across the task loop).
 __device__ __forceinline__ int64_t param(const int64_t* P, int k) {
-  int64_t v;
-  asm volatile("ld.global.nc.s64 %0, [%1];" : "=l"(v) : "l"(P + k));
-  return v;
+  return *reinterpret_cast<const volatile int64_t*>(P + k);
 }
 
 // Weights are immutable for the kernel's lifetime: read-only path, no L1 allocation (streamed once).

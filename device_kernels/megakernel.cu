@@ -2,7 +2,7 @@
 // [first_step, first_step + nsteps). Protocol (mpk_runtime/tasks/graph.py): before a task of step s,
 // counter[e] >= triggers * (s - lag) for each wait (ld.acquire.gpu, bounded spin on %globaltimer; on timeout
 // the first SM records {sm, task, event, counter, needed} in the status block and every SM exits); after it,
-// __syncthreads + __threadfence + red.release.gpu.add on every signalled counter (local or a peer's).
+// __syncthreads + red.release.gpu.add (.sys for a peer's) on every signalled counter.
 #include "common.cuh"
 #include "ops/embed.cuh"
 #include "ops/linear.cuh"
@@ -32,6 +32,14 @@ using namespace mpk;
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     MPK_KERNEL_NAME(const int64_t* __restrict__ P, int64_t first_step, int nsteps) {
   __shared__ int s_abort;
+  // The parameter block and the current task's record live in shared memory: every wait's ld.acquire compiles to
+  // a load + CCTL.IVALL (all of L1 invalidated), so global copies of them would be an L2 round trip again in every
+  // task. Ops see them through Ctx.P / Ctx.rec (generic pointers into shared memory).
+  __shared__ int64_t s_par[NUM_PARAMS];
+  __shared__ int64_t s_rec[TASK_WORDS];
+  static_assert(TASK_WORDS <= 32, "warp 1 copies a task record, one word per lane");
+  if (threadIdx.x < NUM_PARAMS) s_par[threadIdx.x] = P[threadIdx.x];
+  __syncthreads();
   const int sm = blockIdx.x;
   // Only the task list stays in registers across the task loop; the tables thread 0 alone uses are re-read from
   // the parameter block when needed (an L1 hit per task) so that every op keeps the registers (the kernel sits at
@@ -46,13 +54,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     for (int i = beg; i < end; ++i) {
       const int tid = list[i];
       const int64_t* rec = tasks + (int64_t)tid * TASK_WORDS;
+      // warp 1 copies the record while thread 0 waits (the previous task's readers passed the barrier that ended it)
+      if (threadIdx.x >= 32 && threadIdx.x < 32 + TASK_WORDS) s_rec[threadIdx.x - 32] = rec[threadIdx.x - 32];
       if (threadIdx.x == 0) {
-        const int64_t* waits = ptr<const int64_t>(param(P, P_WAITS));
-        const uint64_t* counters = ptr<const uint64_t>(param(P, P_COUNTERS));
-        int64_t* status = ptr<int64_t>(param(P, P_STATUS));
-        uint64_t* trace = ptr<uint64_t>(param(P, P_TRACE));
-        const uint64_t timeout_ns = (uint64_t)param(P, P_TIMEOUT_NS);
-        const int64_t* pft = ptr<const int64_t>(param(P, P_PREFETCH));
+        const int64_t* waits = ptr<const int64_t>(param(s_par, P_WAITS));
+        const uint64_t* counters = ptr<const uint64_t>(param(s_par, P_COUNTERS));
+        int64_t* status = ptr<int64_t>(param(s_par, P_STATUS));
+        uint64_t* trace = ptr<uint64_t>(param(s_par, P_TRACE));
+        const uint64_t timeout_ns = (uint64_t)param(s_par, P_TIMEOUT_NS);
+        const int64_t* pft = ptr<const int64_t>(param(s_par, P_PREFETCH));
         if (PF_CUR > 0 && pft != nullptr) {  // weights never wait on events: start streaming them now
           const int64_t* pf = pft + (int64_t)tid * PF_WORDS;
           const int nr = (pf[0] != 0) + (pf[2] != 0);
@@ -98,17 +108,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           }
         }
         s_abort = abort;
-        if (trace != nullptr && ls < param(P, P_TRACE_STEPS))
-          trace[((int64_t)ls * param(P, P_NUM_TASKS) + tid) * 2] = globaltimer();
+        if (trace != nullptr && ls < param(s_par, P_TRACE_STEPS))
+          trace[((int64_t)ls * param(s_par, P_NUM_TASKS) + tid) * 2] = globaltimer();
       }
       __syncthreads();
       if (s_abort) return;
-      const Ctx c{P, rec, step, ls, (int)(step & 1)};
-      switch ((int)rec[T_OPCODE]) {
+      const Ctx c{s_par, s_rec, step, ls, (int)(step & 1)};
+      switch ((int)c.rec[T_OPCODE]) {
         case OP_EMBED: op_embed(c); break;
         case OP_QKV_ROPE: op_qkv_rope(c); break;
         case OP_LINEAR:
-          if (rec[A_LINEAR_TC_ROWS] > 0) op_linear_tc(c); else op_linear(c);
+          if (c.rec[A_LINEAR_TC_ROWS] > 0) op_linear_tc(c); else op_linear(c);
           break;
         case OP_ALLREDUCE: op_allreduce(c); break;
         case OP_ATTN_PARTIAL:
@@ -120,13 +130,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
       __syncthreads();
       if (threadIdx.x == 0) {
-        const int64_t* signals = ptr<const int64_t>(param(P, P_SIGNALS));
-        uint64_t* trace = ptr<uint64_t>(param(P, P_TRACE));
-        __threadfence();
+        const int64_t* signals = ptr<const int64_t>(param(s_par, P_SIGNALS));
+        uint64_t* trace = ptr<uint64_t>(param(s_par, P_TRACE));
+        // No __threadfence() first (MEMBAR.SC.GPU + CCTL.IVALL): after the barrier, the release add orders every
+        // write of the CTA before it (release is cumulative over what the barrier made visible to thread 0; the
+        // fence.acq_rel + relaxed-add form CUTLASS's barrier uses). rec: the global record (warp 1 may already be
+        // copying the next task's into s_rec).
         for (int64_t s = rec[T_SIG_BEGIN]; s < rec[T_SIG_END]; ++s)
-          signal_counter(signals[s]);  // local: release.gpu; a peer's (tagged): fence.sys + release.sys
-        if (trace != nullptr && ls < param(P, P_TRACE_STEPS))
-          trace[((int64_t)ls * param(P, P_NUM_TASKS) + tid) * 2 + 1] = globaltimer();
+          signal_counter(signals[s]);  // local: release.gpu; a peer's (tagged): fence.acq_rel.sys + release.sys
+        if (trace != nullptr && ls < param(s_par, P_TRACE_STEPS))
+          trace[((int64_t)ls * param(s_par, P_NUM_TASKS) + tid) * 2 + 1] = globaltimer();
       }
     }
   }
