@@ -29,21 +29,13 @@ from mpk_runtime.models import load_config, random_weights  # noqa: E402
 from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
 from mpk_runtime.planner import HardwareProfile  # noqa: E402
 from mpk_runtime.planner.cost import conv_kernels  # noqa: E402
+from mpk_runtime.planner.trace_fit import fit_task_costs, med, merge_points, task_points  # noqa: E402
 from mpk_runtime.runtime.memory import KVStore, RankMemory, StepCtx  # noqa: E402
 from mpk_runtime.runtime.megakernel import Megakernel  # noqa: E402
 from mpk_runtime.runtime.torch_exec import ConventionalExecutor  # noqa: E402
 from mpk_runtime.tasks import Tiling, build_task_graphs  # noqa: E402
 
 
-def med(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
-
-
-def lstsq(rows: list[list[float]], y: list[float]) -> list[float]:
-    A = torch.tensor(rows, dtype=torch.float64)
-    b = torch.tensor(y, dtype=torch.float64)[:, None]
-    return torch.linalg.lstsq(A, b).solution[:, 0].tolist()
 
 
 class Rig:
@@ -110,7 +102,7 @@ def main() -> None:
     prof["megakernel_launch_us"] = rig.time_mk(mk, reps=50)
     print(f"megakernel launch + drain: {prof['megakernel_launch_us']:.1f} us", flush=True)
     # 3. per-kind task fixed cost and streaming efficiency from a traced full step (batch 1 and 8)
-    pts: dict[str, list[tuple[float, float]]] = {}
+    pts: dict[str, list[tuple[float, float, float]]] = {}
     for B in (1, 8):
         r = rig if B == 1 else Rig(a.model, B)
         tg, mk = r.megakernel(None, sms=132, trace=1)
@@ -119,29 +111,13 @@ def main() -> None:
         mk.launch(1)
         torch.cuda.synchronize()
         tr = mk.chrome_trace()["traceEvents"]
-        for e in tr:
-            t = tg.tasks[int(e["args"]["label"].split("task")[1].split("[")[0])]
-            pts.setdefault(t.kind, []).append((float(t.est_bytes), float(t.est_flops), float(e["dur"])))
+        pts = merge_points(pts, task_points(tr, tg))
         print(f"mono step B={B}: {step_us:.1f} us, {len(tr)} traced tasks", flush=True)
         del mk
-    fair = base.bw(132) / 132 / 1e6  # bytes per us per SM when all stream
-    fixed, eff, fl = {}, {}, {}
-    for kind, xy in pts.items():
-        # duration = fixed + bytes * s_b + flops * s_f over both batch sizes (flops separate the two regimes)
-        ys = [y for _, _, y in xy]
-        cols = [[1.0, b / 1e6, f / 1e6] for b, f, _ in xy]
-        if len({(b, f) for b, f, _ in xy}) < 3:
-            c0, sb, sf = med(ys), 0.0, 0.0
-        else:
-            c0, sb, sf = lstsq(cols, ys)
-            if sb < 0 or sf < 0:  # keep the model physical: refit without the negative term
-                keep = 1 if sb >= 0 else 2
-                c0, sx = lstsq([[1.0, c[keep]] for c in cols], ys)
-                sb, sf = (sx, 0.0) if keep == 1 else (0.0, sx)
-        fixed[kind] = max(0.0, c0)
-        eff[kind] = min(1.0, max(0.02, 1e6 / (fair * sb))) if sb > 0 else 1.0  # sb: us per MB
-        fl[kind] = max(0.0, sf) / 1e6
-        print(f"  {kind:15s} n={len(xy):5d} fixed {fixed[kind]:6.2f} us  streaming eff {eff[kind]:.2f}  "
+    # duration = fixed + bytes * s_b + flops * s_f over both batch sizes (planner/trace_fit.py)
+    fixed, eff, fl = fit_task_costs(pts, base.bw(132) / 132 / 1e6)
+    for kind in fixed:
+        print(f"  {kind:15s} n={len(pts[kind]):5d} fixed {fixed[kind]:6.2f} us  streaming eff {eff[kind]:.2f}  "
               f"{fl[kind] * 1e6:.3f} us/Mflop", flush=True)
     prof["flop_us_by_kind"] = fl
     prof["task_fixed_us_by_kind"], prof["stream_eff_by_kind"] = fixed, eff

@@ -88,14 +88,18 @@ class HardwareProfile:
     def per_sm_bw(self, active_sms: int) -> float:
         return self.bw(active_sms) / max(1, active_sms)
 
+    # kind: a task kind, or a simulate.cost_key ("<kind>@tc"), which falls back to its kind when not fitted
     def fixed_us(self, kind: str) -> float:
-        return self.task_fixed_us_by_kind.get(kind, self.task_fixed_us)
+        d = self.task_fixed_us_by_kind
+        return d[kind] if kind in d else d.get(kind.split("@")[0], self.task_fixed_us)
 
     def stream_eff(self, kind: str) -> float:
-        return self.stream_eff_by_kind.get(kind, 1.0)
+        d = self.stream_eff_by_kind
+        return d[kind] if kind in d else d.get(kind.split("@")[0], 1.0)
 
     def flop_us(self, kind: str) -> float:
-        return self.flop_us_by_kind.get(kind, 0.0)
+        d = self.flop_us_by_kind
+        return d[kind] if kind in d else d.get(kind.split("@")[0], 0.0)
 
     def remote_signal_us(self, nbytes: int) -> float:
         return _curve(self.remote_signal_us_by_bytes, max(64, nbytes))

@@ -62,6 +62,17 @@ def qkv_shape(t: Task) -> tuple[int, int, int]:
     return M, K, t.est_flops // max(1, 2 * M * K)
 
 
+def cost_key(t: Task) -> str:
+    """The profile key a task's fitted terms are looked up under: its kind, or "<kind>@tc" for a linear tile or
+    qkv_rope part that runs on Tensor Cores (a different code path from the batch-1 CUDA-core loop, with its own
+    fixed cost and streaming rate). Profiles without "@tc" keys fall back to the kind (profile.fixed_us etc.)."""
+    if t.kind == "linear" and t.reads and linear_passes(t)[0]:
+        return "linear@tc"
+    if t.kind == "qkv_rope" and t.reads and qkv_shape(t)[0] >= L.CONSTANTS["TC_MIN_M"]:
+        return "qkv_rope@tc"
+    return t.kind
+
+
 def _mma_us(rows_list, w: int, K: int, nw: int, prof: HardwareProfile) -> float:
     """mma.sync m16n8k16 time of passes of `rows_list` rows: batch rows padded to 8 (the mma's n), columns to
     16 (its m), at the Tensor Core rate of one SM x mk_tc_eff."""
@@ -132,6 +143,9 @@ def task_stream_eff(t: Task, prof: HardwareProfile) -> float:
     """Achieved / fair-share streaming rate of a task: the kind's, times `mk_tc_stream_eff` for a Tensor Core
     tile (linear with tc_rows > 0, qkv_rope from TC_MIN_M rows): it keeps fewer weight bytes in flight per warp
     (UN 16-byte rounds of two rows) than the CUDA-core batch-1 loop (UNROLL vectors x 2 columns)."""
+    key = cost_key(t)
+    if key != t.kind and key in prof.stream_eff_by_kind:   # fitted for the Tensor Core path itself
+        return prof.stream_eff_by_kind[key]
     e = prof.stream_eff(t.kind)
     if prof.mk_linear_model == "tc" and prof.mk_tc_stream_eff != 1.0 and t.reads:
         if t.kind == "linear" and linear_passes(t)[0]:
@@ -164,13 +178,14 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
     sm_rank = [r for r, g in enumerate(graphs) for _ in range(g.num_sms)]
     lists = [[task_off[r] + tid for tid in lst] for r, g in enumerate(graphs) for lst in g.sm_lists]
     fixed, vbytes, nbytes_of, tc, waits, signals = [], [], [], [], [], []
-    fixed_by_kind: dict[str, float] = {}
+    fixed_by_key: dict[str, float] = {}
     for r, g in enumerate(graphs):
         ev = g.events
         for t in g.tasks:
-            f = fixed_by_kind.get(t.kind)
+            key = cost_key(t)
+            f = fixed_by_key.get(key)
             if f is None:
-                f = fixed_by_kind[t.kind] = prof.fixed_us(t.kind)
+                f = fixed_by_key[key] = prof.fixed_us(key)
             fixed.append(f)
             nb = task_stream_bytes(t, prof)
             nbytes_of.append(nb)

@@ -1,0 +1,85 @@
+"""Per-kind megakernel task costs from traced steps: the simulator's `task_fixed_us_by_kind`,
+`stream_eff_by_kind` and `flop_us_by_kind`.
+
+A traced task's duration (globaltimer after its waits to after its signals, Megakernel.chrome_trace) is fitted per
+task kind (Tensor Core linear / qkv_rope tiles apart: simulate.cost_key) as  duration = fixed + bytes * s_b + flops * s_f  by least squares over every traced task of that kind
+(both batch regimes and every model given: flops separate the regimes); s_b against the fair-share rate when all
+SMs stream gives the streaming efficiency. A negative slope is dropped and the fit redone without it, so the model
+stays physical. Used on the GPU by scripts/profile_hw.py (its own traced steps) and offline by
+scripts/refit_from_traces.py (traces stored under bench/results). Pure Python + torch.linalg on CPU tensors.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .simulate import cost_key
+
+_TASK_ID = re.compile(r"task(\d+)\[")
+
+
+def med(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def lstsq(rows: list[list[float]], y: list[float]) -> list[float]:
+    A = torch.tensor(rows, dtype=torch.float64)
+    b = torch.tensor(y, dtype=torch.float64)[:, None]
+    return torch.linalg.lstsq(A, b).solution[:, 0].tolist()
+
+
+def task_points(events: list[dict], tg, step: int | None = None) -> dict[str, list[tuple[float, float, float]]]:
+    """{cost key: [(est_bytes, est_flops, duration us), ...]} (simulate.cost_key: the kind, "<kind>@tc" for Tensor
+    Core tiles, which the simulator prices apart) of one traced step (default: the last in `events`) of
+    the task graph `tg` the trace was recorded from (task ids from the events' labels, "rank0/task17[...]")."""
+    ev = [e for e in events if e.get("ph") == "X"]
+    if not ev:
+        raise ValueError("trace has no task events")
+    s = max(e["args"]["step"] for e in ev) if step is None else step
+    pts: dict[str, list[tuple[float, float, float]]] = {}
+    for e in ev:
+        if e["args"]["step"] != s:
+            continue
+        m = _TASK_ID.search(e["args"]["label"])
+        if m is None:
+            raise ValueError(f"trace event without a task id in its label: {e['args']['label']!r}")
+        t = tg.tasks[int(m.group(1))]
+        if t.kind != e["name"]:
+            raise ValueError(f"trace does not match the task graph: task {t.id} is {t.kind}, traced as {e['name']} "
+                             "(rebuild the graph with the traced model, batch, context and attention splits)")
+        pts.setdefault(cost_key(t), []).append((float(t.est_bytes), float(t.est_flops), float(e["dur"])))
+    return pts
+
+
+def merge_points(*parts: dict) -> dict[str, list[tuple[float, float, float]]]:
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for p in parts:
+        for k, v in p.items():
+            out.setdefault(k, []).extend(v)
+    return out
+
+
+def fit_task_costs(pts: dict[str, list[tuple[float, float, float]]], fair_bytes_per_us: float
+                   ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """(fixed us, streaming efficiency, us per flop) per kind. fair_bytes_per_us: one SM's share of the HBM
+    bandwidth when all SMs stream (profile.bw(num_sms) / num_sms / 1e6)."""
+    fixed, eff, fl = {}, {}, {}
+    for kind, xy in pts.items():
+        ys = [y for _, _, y in xy]
+        cols = [[1.0, b / 1e6, f / 1e6] for b, f, _ in xy]
+        if len({(b, f) for b, f, _ in xy}) < 3:
+            c0, sb, sf = med(ys), 0.0, 0.0
+        else:
+            c0, sb, sf = lstsq(cols, ys)
+            if sb < 0 or sf < 0:
+                keep = 1 if sb >= 0 else 2
+                c0, sx = lstsq([[1.0, c[keep]] for c in cols], ys)
+                sb, sf = (sx, 0.0) if keep == 1 else (0.0, sx)
+                if sx < 0:
+                    c0, sb, sf = med(ys), 0.0, 0.0
+        fixed[kind] = max(0.0, c0)
+        eff[kind] = min(1.0, max(0.02, 1e6 / (fair_bytes_per_us * sb))) if sb > 0 else 1.0   # sb: us per MB
+        fl[kind] = max(0.0, sf) / 1e6
+    return fixed, eff, fl
