@@ -5,6 +5,11 @@
 #     BASE=/path/to/base/tree OUT=$OUT bash scripts/gpu_ab.sh tp        # TP=2 A/B bench (2 GPUs) + new's trace
 #     BASE=/path/to/base/tree OUT=$OUT bash scripts/gpu_ab.sh perf      # one command: tests/gpu, vs reference,
 #                                                  1-GPU and TP=2 A/B bench without peers, new's TP=2 trace
+#     BASE=/path/to/base/tree OUT=$OUT bash scripts/gpu_ab.sh session   # one < 9.5 min command on 2 GPUs (the
+#         session-7 recipe): tests/gpu, 1-GPU A/B at contexts 512 and 4096 (new traced), memcheck, vs reference,
+#         TP=1 == TP=2, new's TP=2 bench, Ray load test; $OUT/ab.tar.gz is refreshed after every stage, so a
+#         command cut short still returns what ran. BASE may equal the tree for an A/B of an environment switch:
+#         BASE_ENV / NEW_ENV (e.g. NEW_ENV="MPK_SOMETHING=1") are set for the respective bench runs.
 # MODELS (default llama-3.2-1b,qwen3-8b) and BATCHES (default 1,8) narrow it. Every stage runs even if an earlier
 # one fails; logs and result files under $OUT/{new,base}; each stage has its own time limit.
 set -u
@@ -80,5 +85,38 @@ perf)
     done
     phases
     ;;
-*) echo "usage: gpu_ab.sh check|tp|perf"; exit 2 ;;
+session)
+    snap() { tar -czf "$OUT/ab.tar.gz" -C "$OUT" new base 2>/dev/null; }
+    stage "new: pytest -m gpu tests/gpu"
+    new timeout 100 python3 -m pytest -q -m gpu tests/gpu > "$OUT/new/pytest_gpu.log" 2>&1
+    tail -1 "$OUT/new/pytest_gpu.log"; snap
+    for t in base new; do
+        stage "$t: bench_decode 1 GPU, contexts 512 and 4096"
+        tr=""; envs="${BASE_ENV:-}"; [ "$t" = new ] && tr=--trace && envs="${NEW_ENV:-}"
+        $t env $envs timeout 85 python3 scripts/bench_decode.py --models "$MODELS" --batches "$BATCHES" \
+            --contexts 512,4096 --mk-max-batch 8 --no-peers $tr --budget-s 72 > "$OUT/$t/bench.log" 2>&1
+        grep -E " megakernel " "$OUT/$t/bench.log" | grep -v "^\[" | tail -8; snap
+    done
+    stage "new: memcheck (tiny configs)"
+    new env MPK_KERNEL_TIMEOUT_S=60 timeout 80 bash scripts/gpu_memcheck.sh > "$OUT/new/memcheck_summary.log" 2>&1
+    tail -1 "$OUT/new/memcheck_summary.log"; snap
+    stage "new: vs the pure-torch reference"
+    new timeout 70 python3 scripts/gpu_check_ref.py --models "$MODELS" --batches "$BATCHES" --steps 32 --no-hf \
+        --trace '' > "$OUT/new/check_ref.log" 2>&1
+    grep -o '"ok": [a-z]*' "$OUT/new/check_ref.log" | sort | uniq -c; snap
+    stage "new: TP=1 == TP=2 (tp_invariant 2)"
+    new timeout 70 python3 scripts/gpu_check_tp.py --models "$MODELS" --batches "$BATCHES" --steps 32 --no-timing \
+        --skip-stall --tp-invariant 2 > "$OUT/new/check_tp.log" 2>&1
+    grep -o '"ok": [a-z]*' "$OUT/new/check_tp.log" | sort | uniq -c; snap
+    stage "new: bench_decode TP=2, no peers"
+    new timeout 65 python3 scripts/bench_decode.py --tp 2 --models "$MODELS" --batches "$BATCHES" --peer-batches "" \
+        --budget-s 50 > "$OUT/new/bench_tp2.log" 2>&1
+    grep -E "ms/token" "$OUT/new/bench_tp2.log" | tail -8; snap
+    stage "new: Ray TP=2 load test"
+    new timeout 110 python3 scripts/load_test.py --model llama-3.2-1b --backend megakernel --tp 2 --executor ray \
+        --requests 100 --out "$OUT/new/load" > "$OUT/new/load.log" 2>&1
+    grep -E '"(succeeded|tokens_per_s|latency_p50_s|latency_p99_s|ttft_p50_s|ttft_p99_s)"' \
+        "$OUT/new/load/load_test.json"; snap
+    ;;
+*) echo "usage: gpu_ab.sh check|tp|perf|session"; exit 2 ;;
 esac
