@@ -25,9 +25,11 @@ def med(xs: list[float]) -> float:
 
 
 def lstsq(rows: list[list[float]], y: list[float]) -> list[float]:
+    """Least squares by SVD (gelsd): a rank-deficient design gets the minimum-norm solution on every LAPACK build
+    (the default gelsy's answer for a column of zeros differed between machines)."""
     A = torch.tensor(rows, dtype=torch.float64)
     b = torch.tensor(y, dtype=torch.float64)[:, None]
-    return torch.linalg.lstsq(A, b).solution[:, 0].tolist()
+    return torch.linalg.lstsq(A, b, driver="gelsd").solution[:, 0].tolist()
 
 
 def task_points(events: list[dict], tg, step: int | None = None) -> dict[str, list[tuple[float, float, float]]]:
@@ -68,17 +70,26 @@ def fit_task_costs(pts: dict[str, list[tuple[float, float, float]]], fair_bytes_
     fixed, eff, fl = {}, {}, {}
     for kind, xy in pts.items():
         ys = [y for _, _, y in xy]
-        cols = [[1.0, b / 1e6, f / 1e6] for b, f, _ in xy]
-        if len({(b, f) for b, f, _ in xy}) < 3:
-            c0, sb, sf = med(ys), 0.0, 0.0
-        else:
-            c0, sb, sf = lstsq(cols, ys)
-            if sb < 0 or sf < 0:
-                keep = 1 if sb >= 0 else 2
-                c0, sx = lstsq([[1.0, c[keep]] for c in cols], ys)
-                sb, sf = (sx, 0.0) if keep == 1 else (0.0, sx)
-                if sx < 0:
-                    c0, sb, sf = med(ys), 0.0, 0.0
+        # Candidate models: intercept plus bytes and/or flops, each used only if it varies over the points; the
+        # one with the smallest squared error among those with no negative slope wins; a later (richer) one must
+        # beat it by more than rounding, so on a tie (collinear bytes and flops, as within one task kind) the
+        # simpler one stays, bytes before flops. Deterministic whatever
+        # the LAPACK build: the choice never rests on how a rank-deficient solve splits a slope.
+        varies = [j for j in (0, 1) if len({p[j] for p in xy}) > 1]
+        cands = [()] + [c for c in ((0,), (1,), (0, 1)) if all(j in varies for j in c)]   # simplest first
+        best = None
+        for c in cands:
+            sol = lstsq([[1.0] + [p[j] / 1e6 for j in c] for p in xy], ys) if c else [med(ys)]
+            if any(v < 0 for v in sol[1:]):
+                continue
+            sse = sum((sol[0] + sum(v * p[j] / 1e6 for j, v in zip(c, sol[1:])) - y) ** 2 for p, y in zip(xy, ys))
+            if best is None or sse < best[0] * (1 - 1e-9) - 1e-12:
+                best = (sse, c, sol)
+        _, c, sol = best
+        c0 = sol[0]
+        coef = {0: 0.0, 1: 0.0}
+        coef.update(zip(c, sol[1:]))
+        sb, sf = coef[0], coef[1]
         fixed[kind] = max(0.0, c0)
         eff[kind] = min(1.0, max(0.02, 1e6 / (fair_bytes_per_us * sb))) if sb > 0 else 1.0   # sb: us per MB
         fl[kind] = max(0.0, sf) / 1e6
