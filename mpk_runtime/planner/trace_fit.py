@@ -6,13 +6,11 @@ task kind (Tensor Core linear / qkv_rope tiles apart: simulate.cost_key) as  dur
 (both batch regimes and every model given: flops separate the regimes); s_b against the fair-share rate when all
 SMs stream gives the streaming efficiency. A negative slope is dropped and the fit redone without it, so the model
 stays physical. Used on the GPU by scripts/profile_hw.py (its own traced steps) and offline by
-scripts/refit_from_traces.py (traces stored under bench/results). Pure Python + torch.linalg on CPU tensors.
+scripts/refit_from_traces.py (traces stored under bench/results). Pure Python.
 """
 from __future__ import annotations
 
 import re
-
-import torch
 
 from .simulate import cost_key
 
@@ -24,12 +22,24 @@ def med(xs: list[float]) -> float:
     return xs[len(xs) // 2]
 
 
-def lstsq(rows: list[list[float]], y: list[float]) -> list[float]:
-    """Least squares by SVD (gelsd): a rank-deficient design gets the minimum-norm solution on every LAPACK build
-    (the default gelsy's answer for a column of zeros differed between machines)."""
-    A = torch.tensor(rows, dtype=torch.float64)
-    b = torch.tensor(y, dtype=torch.float64)[:, None]
-    return torch.linalg.lstsq(A, b, driver="gelsd").solution[:, 0].tolist()
+def lstsq(rows: list[list[float]], y: list[float]) -> list[float] | None:
+    """Least squares of a few columns by the normal equations in Python floats (Gaussian elimination with partial
+    pivoting): no LAPACK, so the same answer in every process (a fresh-clone CI run once got another answer from
+    torch.linalg.lstsq for the same points). None when the columns are (nearly) linearly dependent."""
+    n = len(rows[0])
+    M = [[sum(r[i] * r[j] for r in rows) for j in range(n)] + [sum(r[i] * v for r, v in zip(rows, y))]
+         for i in range(n)]
+    scale = max(abs(M[i][i]) for i in range(n)) or 1.0
+    for c in range(n):
+        piv = max(range(c, n), key=lambda i: abs(M[i][c]))
+        if abs(M[piv][c]) <= 1e-12 * scale:
+            return None
+        M[c], M[piv] = M[piv], M[c]
+        for i in range(n):
+            if i != c:
+                f = M[i][c] / M[c][c]
+                M[i] = [a - f * b for a, b in zip(M[i], M[c])]
+    return [M[i][n] / M[i][i] for i in range(n)]
 
 
 def task_points(events: list[dict], tg, step: int | None = None) -> dict[str, list[tuple[float, float, float]]]:
@@ -80,7 +90,7 @@ def fit_task_costs(pts: dict[str, list[tuple[float, float, float]]], fair_bytes_
         best = None
         for c in cands:
             sol = lstsq([[1.0] + [p[j] / 1e6 for j in c] for p in xy], ys) if c else [med(ys)]
-            if any(v < 0 for v in sol[1:]):
+            if sol is None or any(v < 0 for v in sol[1:]):
                 continue
             sse = sum((sol[0] + sum(v * p[j] / 1e6 for j, v in zip(c, sol[1:])) - y) ** 2 for p, y in zip(xy, ys))
             if best is None or sse < best[0] * (1 - 1e-9) - 1e-12:
