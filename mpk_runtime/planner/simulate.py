@@ -113,10 +113,7 @@ def task_stream_bytes(t: Task, prof: HardwareProfile) -> float:
     (`restream_frac` of it from HBM). mk_linear_model "tc" (default, the kernel since 7cee539): a linear tile
     makes `linear_passes` passes (tc_rows rows each on Tensor Cores, ROW_TILE on CUDA cores), a qkv_rope head
     one pass per ROW_TILE rows. "row_tile" (legacy, the CUDA-core kernel before it): a linear tile re-streams
-    per group of `prof.row_tile` rows (0 = never). A weight_prefetch task streams nothing itself (its L2
-    prefetches run in the background; neither their HBM traffic nor the later L2 hits are modelled yet)."""
-    if t.kind == "weight_prefetch":
-        return 0
+    per group of `prof.row_tile` rows (0 = never)."""
     if prof.mk_linear_model == "tc":
         if t.kind == "qkv_rope" and t.reads:
             M, K, D = qkv_shape(t)
