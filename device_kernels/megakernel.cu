@@ -42,8 +42,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   __syncthreads();
   const int sm = blockIdx.x;
   // Only the task list stays in registers across the task loop; the tables thread 0 alone uses are re-read from
-  // the parameter block when needed (an L1 hit per task) so that every op keeps the registers (the kernel sits at
-  // 255 and spilled with them held).
+  // the shared-memory parameter block when needed, so that every op keeps the registers (held across the loop,
+  // they made the kernel spill).
   const int32_t* offs = ptr<const int32_t>(P[P_SM_OFFSETS]);
   const int32_t* list = ptr<const int32_t>(P[P_SM_TASKS]);
   const int64_t* tasks = ptr<const int64_t>(P[P_TASKS]);
@@ -137,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         // fence.acq_rel + relaxed-add form CUTLASS's barrier uses). rec: the global record (warp 1 may already be
         // copying the next task's into s_rec).
         for (int64_t s = rec[T_SIG_BEGIN]; s < rec[T_SIG_END]; ++s)
-          signal_counter(signals[s]);  // local: release.gpu; a peer's (tagged): fence.acq_rel.sys + release.sys
+          signal_counter(signals[s]);  // local: red.release.gpu; a peer's (tagged): red.release.sys
         if (trace != nullptr && ls < param(s_par, P_TRACE_STEPS))
           trace[((int64_t)ls * param(s_par, P_NUM_TASKS) + tid) * 2 + 1] = globaltimer();
       }

@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 
 
+def _by_key(d: dict[str, float], key: str, default: float) -> float:
+    """d[key], else d[the kind before "@"], else default."""
+    return d[key] if key in d else d.get(key.split("@")[0], default)
+
+
 def _curve(points: dict[str, float], x: float) -> float:
     """Interpolate a measured curve {x: y} at x (log-log between points, clamped at the ends)."""
     xs = sorted((float(k), float(v)) for k, v in points.items())
@@ -90,16 +95,13 @@ class HardwareProfile:
 
     # kind: a task kind, or a simulate.cost_key ("<kind>@tc"), which falls back to its kind when not fitted
     def fixed_us(self, kind: str) -> float:
-        d = self.task_fixed_us_by_kind
-        return d[kind] if kind in d else d.get(kind.split("@")[0], self.task_fixed_us)
+        return _by_key(self.task_fixed_us_by_kind, kind, self.task_fixed_us)
 
     def stream_eff(self, kind: str) -> float:
-        d = self.stream_eff_by_kind
-        return d[kind] if kind in d else d.get(kind.split("@")[0], 1.0)
+        return _by_key(self.stream_eff_by_kind, kind, 1.0)
 
     def flop_us(self, kind: str) -> float:
-        d = self.flop_us_by_kind
-        return d[kind] if kind in d else d.get(kind.split("@")[0], 0.0)
+        return _by_key(self.flop_us_by_kind, kind, 0.0)
 
     def remote_signal_us(self, nbytes: int) -> float:
         return _curve(self.remote_signal_us_by_bytes, max(64, nbytes))

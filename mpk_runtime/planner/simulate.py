@@ -144,15 +144,12 @@ def task_stream_eff(t: Task, prof: HardwareProfile) -> float:
     tile (linear with tc_rows > 0, qkv_rope from TC_MIN_M rows): it keeps fewer weight bytes in flight per warp
     (UN 16-byte rounds of two rows) than the CUDA-core batch-1 loop (UNROLL vectors x 2 columns)."""
     key = cost_key(t)
-    if key != t.kind and key in prof.stream_eff_by_kind:   # fitted for the Tensor Core path itself
+    if key == t.kind:
+        return prof.stream_eff(key)
+    if key in prof.stream_eff_by_kind:   # fitted for the Tensor Core path itself
         return prof.stream_eff_by_kind[key]
     e = prof.stream_eff(t.kind)
-    if prof.mk_linear_model == "tc" and prof.mk_tc_stream_eff != 1.0 and t.reads:
-        if t.kind == "linear" and linear_passes(t)[0]:
-            return e * prof.mk_tc_stream_eff
-        if t.kind == "qkv_rope" and qkv_shape(t)[0] >= L.CONSTANTS["TC_MIN_M"]:
-            return e * prof.mk_tc_stream_eff
-    return e
+    return e * prof.mk_tc_stream_eff if prof.mk_linear_model == "tc" else e
 
 
 def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, record: bool = False) -> SimResult:
