@@ -10,6 +10,7 @@
 #include "ops/attention.cuh"
 #include "ops/allreduce.cuh"
 #include "ops/argmax.cuh"
+#include "ops/prefetch.cuh"
 
 namespace mpk {
 // The small, once-per-step or per-group ops, and attention (79 registers alone; inlined into the kernel it made the
@@ -121,6 +122,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (c.rec[A_LINEAR_TC_ROWS] > 0) op_linear_tc(c); else op_linear(c);
           break;
         case OP_ALLREDUCE: op_allreduce(c); break;
+        case OP_WEIGHT_PREFETCH: op_weight_prefetch(c); break;
         case OP_ATTN_PARTIAL:
         case OP_ATTN_MERGE:
         case OP_ARGMAX_PARTIAL:

@@ -86,10 +86,11 @@ def floor_ms(cfg) -> tuple[float, int]:
 
 
 # ------------------------------------------------------------------------------------------------ megakernel
-def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False, splits=None):
+def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False, splits=None, l2_prefetch_mb=0.0):
     """ms per step of the one-GPU megakernel. trace: one extra traced launch after the timed ones (per-task
     globaltimer, so the timed launches run untraced), its last two steps written as a Chrome trace under $OUT.
-    splits: attention key splits (default tasks.tiling.attn_splits_for: fill the SMs)."""
+    splits: attention key splits (default tasks.tiling.attn_splits_for: fill the SMs). l2_prefetch_mb: Tiling's
+    per-layer weight prefetch into L2 during attention (tasks/ops/prefetch.py; 0 = off)."""
     from mpk_runtime.ir.build import build_graph
     from mpk_runtime.models.config import load_config
     from mpk_runtime.models.reference import rope_inv_freq
@@ -103,7 +104,8 @@ def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False,
     S = splits or attn_splits_for(B, cfg.num_kv_heads, ctx)
     t = time.time()
     g = build_graph(cfg, mode="decode", batch=B, context_len=ctx, max_seq_len=max_seq, attn_splits=S, dtype="bfloat16")
-    tg = build_task_graphs([g], Tiling(num_sms=torch.cuda.get_device_properties(0).multi_processor_count))[0]
+    tg = build_task_graphs([g], Tiling(num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
+                                       l2_prefetch_mb=l2_prefetch_mb))[0]
     pps = -(-max_seq // ps)
     kv = KVStore(cfg.num_layers, B * pps + 1, ps, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, device="cuda",
                  poison=False)
@@ -132,7 +134,8 @@ def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False,
             json.dump(d, f)
         extra["chrome_trace"] = name
     r = dict(**extra, system="megakernel", ms=ms, ms_min=ms_min, timing=f"{nsteps} steps per launch / {nsteps}, "
-             f"median of {launches} synchronised launches", attn_splits=S, tasks=len(tg.tasks),
+             f"median of {launches} synchronised launches", attn_splits=S, l2_prefetch_mb=l2_prefetch_mb,
+             tasks=len(tg.tasks),
              setup_s=round(setup, 1), registers=mk.build.resources)
     del mk, mem, kv
     return r
@@ -156,6 +159,8 @@ def parse_args(argv=None):
                     "$OUT/trace_<model>_b<B>_c<ctx>_s<splits>.json.gz (scripts/trace_phases.py reads it)")
     ap.add_argument("--no-peers", action="store_true", help="--tp 1: the megakernel only (A/B runs)")
     ap.add_argument("--attn-splits", type=int, default=None, help="--tp 1: attention key splits (default: fill the SMs)")
+    ap.add_argument("--l2-prefetch-mb", type=float, default=0.0,
+                    help="--tp 1: weight bytes per layer prefetched into L2 during attention (Tiling.l2_prefetch_mb)")
     ap.add_argument("--tp", type=int, default=1, help="2: TP=2 megakernel vs TP=2 gpt-fast peer vs 1-GPU megakernel")
     ap.add_argument("--steps-per-launch", type=int, default=8, help="--tp 2: megakernel steps per launch (ms = launch / N)")
     ap.add_argument("--launches", type=int, default=12, help="--tp 2: timed megakernel launches (median)")
@@ -201,10 +206,10 @@ def main():
         fl, nbytes = floor_ms(cfg)
         deadline = T0 + share * (mi + 1)
         # priority order inside one model's share: B=1 everywhere first, then peers, then larger batches
-        work = [("megakernel", 1, c) for c in ctxs]
-        work += [("gptfast", 1, ctxs[0]), ("hf", 1, ctxs[0])]
+        work = [("megakernel", 1, c) for c in ctxs] if 1 in batches else []
+        work += [("gptfast", 1, ctxs[0]), ("hf", 1, ctxs[0])] if 1 in batches else []
         work += [("megakernel", b, c) for b in batches if 1 < b <= args.mk_max_batch for c in ctxs]
-        work += [("gptfast", 1, c) for c in ctxs[1:]]
+        work += [("gptfast", 1, c) for c in ctxs[1:]] if 1 in batches else []
         work += [("gptfast", b, c) for b in _ints(args.peer_batches) if b > 1 for c in ctxs]
         work += [("hf", b, c) for b in _ints(args.hf_batches) for c in ctxs
                  if (b, c) != (1, ctxs[0])]
@@ -223,7 +228,7 @@ def main():
                     if weights is None:
                         weights = random_weights(cfg, seed=0, dtype="bfloat16", device="cuda")
                     r = bench_megakernel(model, weights, B, ctx, *((8, 12) if B <= 8 else (2, 4)), trace=args.trace,
-                                         splits=args.attn_splits)
+                                         splits=args.attn_splits, l2_prefetch_mb=args.l2_prefetch_mb)
                 else:
                     if weights is not None:   # peers bring their own weights: free ours first
                         weights = None

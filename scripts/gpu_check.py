@@ -47,7 +47,7 @@ class Rig:
     """A CUDA megakernel for one model/batch, and (optionally) a CPU pyvm twin on the same bf16 weights."""
 
     def __init__(self, model, B, *, seed=0, max_seq=512, ps=16, num_sms=None, cpu_ref=True, trace_steps=0,
-                 splits=2, build=None):
+                 splits=2, build=None, tiling=None):
         self.cfg = cfg = load_config(model)
         self.B, self.ps, self.max_seq = B, ps, max_seq
         t0 = time.time()
@@ -58,7 +58,7 @@ class Rig:
         g = build_graph(cfg, mode="decode", batch=B, context_len=0, max_seq_len=max_seq, attn_splits=splits,
                         dtype="bfloat16")
         self.graph = g
-        self.tg = build_task_graphs([g], Tiling(num_sms=num_sms))[0]
+        self.tg = build_task_graphs([g], tiling or Tiling(num_sms=num_sms))[0]
         log(self.tg.summary())
         pps = -(-max_seq // ps)
         self.num_pages = B * pps + 1

@@ -61,12 +61,26 @@ def with_fit(base: HardwareProfile, pts: dict) -> HardwareProfile:
                    mk_scale=1.0, mk_offset_us=0.0, regimes={})
 
 
-def predict_ms(tg, prof: HardwareProfile, nsteps: int) -> float:
-    """(launch + makespan of nsteps steps) / nsteps, in ms; makespan(nsteps) from 1 and 2 simulated steps
-    (the steady-state step is the difference: the schedule repeats)."""
+def sim_us(tg, prof: HardwareProfile, nsteps: int) -> float:
+    """Simulated makespan of nsteps steps, from 1 and 2 simulated steps (the steady-state step is the
+    difference: the schedule repeats)."""
     s1 = simulate([tg], prof, steps=1).makespan_us
     s2 = simulate([tg], prof, steps=2).makespan_us
-    return (prof.megakernel_launch_us + s1 + (nsteps - 1) * (s2 - s1)) / nsteps / 1e3
+    return s1 + (nsteps - 1) * (s2 - s1)
+
+
+def predict_ms(tg, prof: HardwareProfile, nsteps: int) -> float:
+    """ms per token as planner/cost.py prices a megakernel segment: (launch + mk_scale x makespan of nsteps
+    steps + mk_offset_us) / nsteps."""
+    return (prof.megakernel_launch_us + prof.mk_scale * sim_us(tg, prof, nsteps) + prof.mk_offset_us) / nsteps / 1e3
+
+
+def fit_scale(pairs: list[tuple[float, float]], launch_us: float) -> float:
+    """mk_scale minimising the squared relative error of launch + scale x sim against measured, over
+    (simulated makespan us, measured us) pairs of one launch each."""
+    num = sum(s * (m - launch_us) / m ** 2 for s, m in pairs)
+    den = sum(s * s / m ** 2 for s, m in pairs)
+    return num / den if den else 1.0
 
 
 def mape(rows: list[dict], key: str) -> float:
@@ -82,6 +96,9 @@ def main() -> int:
     ap.add_argument("--num-sms", type=int, default=132)
     ap.add_argument("--out", default=None, help="default: the traces folder")
     ap.add_argument("--write-profile", default=None, help="save the in-sample refit under planner/profiles/")
+    ap.add_argument("--fit-scale", action="store_true",
+                    help="also fit mk_scale (launch + mk_scale x simulated = measured, least relative squares), in "
+                         "sample and per hold-out, and write it into the profile")
     a = ap.parse_args()
     base = HardwareProfile.load(a.base)
     bench = json.loads(Path(a.bench).read_text())
@@ -106,6 +123,14 @@ def main() -> int:
     models = sorted({c["model"] for c in cells})
     insample = with_fit(base, merge_points(*(c["pts"] for c in cells)))
     holdout = {m: with_fit(base, merge_points(*(c["pts"] for c in cells if c["model"] != m))) for m in models}
+    if a.fit_scale:   # the simulated step misses what no task's duration holds (gaps between tasks, waits)
+        def scaled(prof, cs):
+            pairs = [(sim_us(c["tg"], prof, a.nsteps), c["measured_ms"] * 1e3 * a.nsteps) for c in cs]
+            return replace(prof, mk_scale=fit_scale(pairs, prof.megakernel_launch_us))
+        insample = scaled(insample, cells)
+        holdout = {m: scaled(p, [c for c in cells if c["model"] != m]) for m, p in holdout.items()}
+        print(f"mk_scale in sample {insample.mk_scale:.4f}; hold-out "
+              + ", ".join(f"without {m} {p.mk_scale:.4f}" for m, p in holdout.items()))
     rows = []
     for c in cells:
         B = c["batch"]
@@ -123,7 +148,7 @@ def main() -> int:
     summary = {k: mape(rows, k) for k in keys}
     print("MAPE vs measured: " + ", ".join(f"{k} {v:.1f}%" for k, v in summary.items()))
     fitted = {"task_fixed_us_by_kind": insample.task_fixed_us_by_kind, "stream_eff_by_kind": insample.stream_eff_by_kind,
-              "flop_us_by_kind": insample.flop_us_by_kind}
+              "flop_us_by_kind": insample.flop_us_by_kind, "mk_scale": insample.mk_scale}
     out = Path(a.out or a.traces)
     out.mkdir(parents=True, exist_ok=True)
     (out / "refit_scores.json").write_text(json.dumps(dict(base=a.base, bench=a.bench, bench_meta=bench.get("meta"),
@@ -132,9 +157,11 @@ def main() -> int:
     print("wrote", out / "refit_scores.json")
     if a.write_profile:
         d = json.loads(base.to_json())
-        d.update(fitted, name=a.write_profile, mk_scale=1.0, mk_offset_us=0.0, regimes={},
+        cal = (f"mk_scale {insample.mk_scale:.4f} fitted on the same traces' measured steps (--fit-scale), offset 0, "
+               "no regimes") if a.fit_scale else "calibration terms reset (mk_scale 1, offset 0, no regimes)"
+        d.update(fitted, name=a.write_profile, mk_scale=insample.mk_scale, mk_offset_us=0.0, regimes={},
                  source=f"{base.source}; megakernel task terms refit offline from the traces in {a.traces} "
-                        f"(scripts/refit_from_traces.py), calibration terms reset (mk_scale 1, offset 0, no regimes)")
+                        f"(scripts/refit_from_traces.py), {cal}")
         path = Path(__file__).resolve().parents[1] / "mpk_runtime/planner/profiles" / f"{a.write_profile}.json"
         path.write_text(json.dumps(d, indent=1))
         print("wrote", path)

@@ -144,7 +144,20 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
     while (wk * 2 * ntn <= nwarps) wk *= 2;
   const int ks = warp % wk, R = (K / kseg) / 32;  // 32-wide k rounds per segment
   const int r0 = (R * ks) / wk, r1 = (R * (ks + 1)) / wk;
-  constexpr int UN = TWO ? 2 : 4;                  // rounds in flight per pass (2 x 16 B per row per round)
+  // H rounds of 32 k per stage. PIPE: two stages in flight, software-pipelined (the next stage's loads are
+  // issued before this stage's mma.sync), so that however ptxas orders a stage's loads and mma's, a full stage
+  // of loads is always outstanding; else one stage: load H rounds, then compute them. Either way the rounds
+  // accumulate in order r0, r0 + 1, ..., so the sums do not depend on the choice. One weight: pipelined, 2
+  // rounds per stage; two weights (gate_up, qkv_rope): one stage of 2 rounds (measured faster than pipelined
+  // stages of 1: docs/perf-notes.md v18a). MPK_TC_TWO_H / MPK_TC_TWO_PIPE override the two-weight choice.
+#ifndef MPK_TC_TWO_H
+#define MPK_TC_TWO_H 2
+#endif
+#ifndef MPK_TC_TWO_PIPE
+#define MPK_TC_TWO_PIPE 0
+#endif
+  constexpr int H = TWO ? MPK_TC_TWO_H : 2;
+  constexpr bool PIPE = TWO ? (MPK_TC_TWO_PIPE != 0) : true;
 #pragma unroll 1
   for (int sg = 0; sg < kseg; ++sg) {
     const int kb = sg * (K / kseg);
@@ -156,35 +169,59 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
       for (int i = 0; i < MT8; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) { c0[i][j] = 0.f; c1[i][j] = 0.f; }
-#pragma unroll 1
-      for (int r = r0; r < r1; r += UN) {
-        uint4 a0[UN], b0[UN], a1[UN], b1[UN];
+      const bf16* wa0 = w0 + (int64_t)na * K + kb + 8 * t;
+      const bf16* wb0 = w0 + (int64_t)nb * K + kb + 8 * t;
+      const bf16* wa1 = TWO ? w1 + (int64_t)na * K + kb + 8 * t : nullptr;
+      const bf16* wb1 = TWO ? w1 + (int64_t)nb * K + kb + 8 * t : nullptr;
+      // stage loads: rounds [rr, rr + H) (zeros past r1, nothing read)
+      auto load = [&](int rr, uint4 (&A0)[H], uint4 (&B0)[H], uint4 (&A1)[H], uint4 (&B1)[H]) {
 #pragma unroll
-        for (int u = 0; u < UN; ++u) {
-          const int k = kb + (r + u) * 32 + 8 * t;
-          const bool ok = r + u < r1;
-          a0[u] = ok ? ld_weight_stream16(w0 + (int64_t)na * K + k) : make_uint4(0, 0, 0, 0);
-          b0[u] = ok ? ld_weight_stream16(w0 + (int64_t)nb * K + k) : make_uint4(0, 0, 0, 0);
+        for (int u = 0; u < H; ++u) {
+          const bool ok = rr + u < r1;
+          const int o = (rr + u) * 32;
+          A0[u] = ok ? ld_weight_stream16(wa0 + o) : make_uint4(0, 0, 0, 0);
+          B0[u] = ok ? ld_weight_stream16(wb0 + o) : make_uint4(0, 0, 0, 0);
           if (TWO) {
-            a1[u] = ok ? ld_weight_stream16(w1 + (int64_t)na * K + k) : make_uint4(0, 0, 0, 0);
-            b1[u] = ok ? ld_weight_stream16(w1 + (int64_t)nb * K + k) : make_uint4(0, 0, 0, 0);
+            A1[u] = ok ? ld_weight_stream16(wa1 + o) : make_uint4(0, 0, 0, 0);
+            B1[u] = ok ? ld_weight_stream16(wb1 + o) : make_uint4(0, 0, 0, 0);
           }
         }
+      };
+      auto compute = [&](int rr, const uint4 (&A0)[H], const uint4 (&B0)[H], const uint4 (&A1)[H],
+                         const uint4 (&B1)[H]) {
 #pragma unroll
-        for (int u = 0; u < UN; ++u) {
-          if (r + u < r1) {
-            const int k = kb + (r + u) * 32 + 8 * t;
+        for (int u = 0; u < H; ++u) {
+          if (rr + u < r1) {
+            const int k = kb + (rr + u) * 32 + 8 * t;
 #pragma unroll
             for (int mt = 0; mt < MT8; ++mt) {
               const uint4 xv = *reinterpret_cast<const uint4*>(xs + (int64_t)(mt * 8 + g) * ldx + k);
-              mma_bf16_16816(c0[mt], a0[u].x, b0[u].x, a0[u].y, b0[u].y, xv.x, xv.y);
-              mma_bf16_16816(c0[mt], a0[u].z, b0[u].z, a0[u].w, b0[u].w, xv.z, xv.w);
+              mma_bf16_16816(c0[mt], A0[u].x, B0[u].x, A0[u].y, B0[u].y, xv.x, xv.y);
+              mma_bf16_16816(c0[mt], A0[u].z, B0[u].z, A0[u].w, B0[u].w, xv.z, xv.w);
               if (TWO) {
-                mma_bf16_16816(c1[mt], a1[u].x, b1[u].x, a1[u].y, b1[u].y, xv.x, xv.y);
-                mma_bf16_16816(c1[mt], a1[u].z, b1[u].z, a1[u].w, b1[u].w, xv.z, xv.w);
+                mma_bf16_16816(c1[mt], A1[u].x, B1[u].x, A1[u].y, B1[u].y, xv.x, xv.y);
+                mma_bf16_16816(c1[mt], A1[u].z, B1[u].z, A1[u].w, B1[u].w, xv.z, xv.w);
               }
             }
           }
+        }
+      };
+      uint4 pa0[H], pb0[H], pa1[H], pb1[H];
+      if constexpr (PIPE) {
+        uint4 qa0[H], qb0[H], qa1[H], qb1[H];
+        load(r0, pa0, pb0, pa1, pb1);
+#pragma unroll 1
+        for (int r = r0; r < r1; r += 2 * H) {
+          load(r + H, qa0, qb0, qa1, qb1);
+          compute(r, pa0, pb0, pa1, pb1);
+          load(r + 2 * H, pa0, pb0, pa1, pb1);
+          compute(r + H, qa0, qb0, qa1, qb1);
+        }
+      } else {
+#pragma unroll 1
+        for (int r = r0; r < r1; r += H) {
+          load(r, pa0, pb0, pa1, pb1);
+          compute(r, pa0, pb0, pa1, pb1);
         }
       }
       // C fragment: c[mt][0..1] = (column n0+nt*16+g, rows mt*8+2t, +1), c[mt][2..3] = (column +8, same rows)

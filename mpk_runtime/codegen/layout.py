@@ -43,6 +43,8 @@ OP_ARGS: dict[str, list[str]] = {
     # a partial covers nslices slices of v logits each, row stride ld); temp/top_k/top_p/seed: (B,) params
     "argmax_partial": ["logits", "b", "v", "ld", "nslices", "vocab0", "peers", "npeers", "par_stride", "slot", "temp"],
     "argmax_reduce": ["part", "par_stride", "out", "tokens", "world", "b", "temp", "top_k", "top_p", "seed"],
+    # n (address, bytes) weight ranges to prefetch into L2 (tasks/ops/prefetch.py PREFETCH_RANGES)
+    "weight_prefetch": ["n"] + [f"{w}{i}" for i in range(11) for w in ("p", "b")],
 }
 EPILOGUES = ["none", "silu_mul"]
 OUT_KINDS = ["bf16", "f32", "push"]

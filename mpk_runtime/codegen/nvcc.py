@@ -113,7 +113,13 @@ def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags:
         raise CompileError("nvcc not found: put the CUDA toolkit's bin/ on PATH (nvcc 13.0 builds sm_90a)")
     consts = {**CONSTANTS, **(constants or {})}
     header = generate_header(consts)
-    flags = BASE_FLAGS + list(extra_flags or [])
+    # MPK_NVCC_DEFINES="-DNAME=VALUE ...": compile-time switches of the device code for same-run A/B builds
+    # (part of the cache key, like every flag); only -D options are accepted.
+    defines = os.environ.get("MPK_NVCC_DEFINES", "").split()
+    bad = [d for d in defines if not d.startswith("-D")]
+    if bad:
+        raise CompileError(f"MPK_NVCC_DEFINES accepts only -DNAME[=VALUE] options, got {bad}")
+    flags = BASE_FLAGS + list(extra_flags or []) + defines
     key = cache_key(header, consts, flags, nvcc_version(nvcc), root, source)
     out_dir = cache_dir() / key
     out_dir.parent.mkdir(parents=True, exist_ok=True)

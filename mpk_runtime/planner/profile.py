@@ -14,9 +14,22 @@ from dataclasses import dataclass, field
 _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 
 
+def key_fallbacks(key: str) -> list[str]:
+    """A cost key and the keys it falls back to, most specific first: "linear@tc2" -> ["linear@tc2",
+    "linear@tc", "linear"]; "linear@tc" -> ["linear@tc", "linear"]; "embed" -> ["embed"]."""
+    if "@" not in key:
+        return [key]
+    kind, path = key.split("@", 1)
+    bare = path.rstrip("0123456789")
+    return [key] + ([f"{kind}@{bare}"] if bare != path else []) + [kind]
+
+
 def _by_key(d: dict[str, float], key: str, default: float) -> float:
-    """d[key], else d[the kind before "@"], else default."""
-    return d[key] if key in d else d.get(key.split("@")[0], default)
+    """d at the first of key_fallbacks(key) it has, else default."""
+    for k in key_fallbacks(key):
+        if k in d:
+            return d[k]
+    return default
 
 
 def _curve(points: dict[str, float], x: float) -> float:

@@ -15,7 +15,7 @@ from math import ulp
 
 from ..codegen import layout as L
 from ..tasks.graph import Task, TaskGraph
-from .profile import HardwareProfile
+from .profile import HardwareProfile, key_fallbacks
 
 
 @dataclass
@@ -65,9 +65,11 @@ def qkv_shape(t: Task) -> tuple[int, int, int]:
 def cost_key(t: Task) -> str:
     """The profile key a task's fitted terms are looked up under: its kind, or "<kind>@tc" for a linear tile or
     qkv_rope part that runs on Tensor Cores (a different code path from the batch-1 CUDA-core loop, with its own
-    fixed cost and streaming rate). Profiles without "@tc" keys fall back to the kind (profile.fixed_us etc.)."""
+    fixed cost and streaming rate), "linear@tc2" for a Tensor Core tile of two weights (gate_up: the k loop is
+    not software-pipelined there, device_kernels/ops/linear.cuh, so it streams at its own rate). A profile
+    without the key falls back to "<kind>@tc", then to the kind (profile._by_key)."""
     if t.kind == "linear" and t.reads and linear_passes(t)[0]:
-        return "linear@tc"
+        return "linear@tc2" if len(t.params.get("weights", ())) == 2 else "linear@tc"
     if t.kind == "qkv_rope" and t.reads and qkv_shape(t)[0] >= L.CONSTANTS["TC_MIN_M"]:
         return "qkv_rope@tc"
     return t.kind
@@ -113,7 +115,10 @@ def task_stream_bytes(t: Task, prof: HardwareProfile) -> float:
     (`restream_frac` of it from HBM). mk_linear_model "tc" (default, the kernel since 7cee539): a linear tile
     makes `linear_passes` passes (tc_rows rows each on Tensor Cores, ROW_TILE on CUDA cores), a qkv_rope head
     one pass per ROW_TILE rows. "row_tile" (legacy, the CUDA-core kernel before it): a linear tile re-streams
-    per group of `prof.row_tile` rows (0 = never)."""
+    per group of `prof.row_tile` rows (0 = never). A weight_prefetch task streams nothing itself (its L2
+    prefetches run in the background; neither their HBM traffic nor the later L2 hits are modelled yet)."""
+    if t.kind == "weight_prefetch":
+        return 0
     if prof.mk_linear_model == "tc":
         if t.kind == "qkv_rope" and t.reads:
             M, K, D = qkv_shape(t)
@@ -146,8 +151,9 @@ def task_stream_eff(t: Task, prof: HardwareProfile) -> float:
     key = cost_key(t)
     if key == t.kind:
         return prof.stream_eff(key)
-    if key in prof.stream_eff_by_kind:   # fitted for the Tensor Core path itself
-        return prof.stream_eff_by_kind[key]
+    for k in key_fallbacks(key)[:-1]:        # fitted for the Tensor Core path itself
+        if k in prof.stream_eff_by_kind:
+            return prof.stream_eff_by_kind[k]
     e = prof.stream_eff(t.kind)
     return e * prof.mk_tc_stream_eff if prof.mk_linear_model == "tc" else e
 

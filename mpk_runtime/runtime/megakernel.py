@@ -235,6 +235,21 @@ class TaskPacker:
         return dict(part=base, par_stride=stride, residual=self._t(p["residual"]), out=self._t(p["out"]), world=W,
                     m=M, n=N, n0=p["n0"], n1=p["n1"])
 
+    def _pack_weight_prefetch(self, p):
+        """(address, bytes) of each (weight, first row, rows, K) range; bytes whole rows (K % 8 == 0: 16-byte
+        multiples, as the bulk prefetch needs)."""
+        from ..tasks.ops.prefetch import PREFETCH_RANGES
+        rs = p["ranges"]
+        assert len(rs) <= PREFETCH_RANGES, f"{len(rs)} prefetch ranges > {PREFETCH_RANGES}"
+        d = {"n": len(rs)}
+        for i, (name, r0, rows, K) in enumerate(rs):
+            w = self.mem.t(name)
+            assert K % 8 == 0 and w.shape[-1] == K, (name, tuple(w.shape), K)
+            d[f"p{i}"] = w.data_ptr() + r0 * K * w.element_size()
+            d[f"b{i}"] = rows * K * w.element_size()
+            assert d[f"p{i}"] % 16 == 0, f"weight {name} row {r0} is not 16-byte aligned"
+        return d
+
     def _pack_argmax_partial(self, p):
         lg = self.mem.t(p["logits"])
         base, stride = self._sym(p["part"])

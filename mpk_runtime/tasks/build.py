@@ -14,6 +14,7 @@ from typing import Callable
 from ..ir.graph import Graph
 from .graph import Event, Region, Task, TaskGraph
 from .ops import get_decomposer
+from .ops.prefetch import prefetch_tasks
 from .schedule import default_cost, list_schedule, sm_lists
 from .tiling import Tiling
 
@@ -95,9 +96,16 @@ def _wait_groups(ps: set, ranks: list[list[Task]], producers: dict, op_of: dict 
 
 
 def decompose(graph: Graph, tiling: Tiling) -> list[Task]:
+    per_op = {op.name: get_decomposer(op.kind)(op, graph, tiling, graph.rank) for op in graph.ops}
     tasks: list[Task] = []
     for op in graph.ops:
-        for t in get_decomposer(op.kind)(op, graph, tiling, graph.rank):
+        extra = []
+        if op.kind == "attention" and tiling.l2_prefetch_mb > 0:   # tasks/ops/prefetch.py
+            layer = op.name.rsplit(".", 1)[0]
+            extra = prefetch_tasks(per_op[op.name], per_op.get(f"{layer}.o_proj", []),
+                                   per_op.get(f"{layer}.gate_up", []), tiling.l2_prefetch_mb * 1e6,
+                                   tiling.num_sms, graph.rank)
+        for t in per_op[op.name] + extra:
             t.id = len(tasks)
             tasks.append(t)
     return tasks

@@ -21,6 +21,8 @@ H200 = {"hbm_bytes_per_us": 4.55e6, "num_sms": 132, "sync_us": 0.41, "task_fixed
 
 def default_cost(task: Task, hw: dict = H200) -> float:
     """Microseconds for one task on one SM when all SMs stream together (fair share of HBM bandwidth)."""
+    if task.kind == "weight_prefetch":   # issues asynchronous L2 prefetches and ends: the SM is free at once
+        return hw["task_fixed_us"]
     bw_sm = hw["hbm_bytes_per_us"] / hw["num_sms"]
     return hw["task_fixed_us"] + max(task.est_bytes / bw_sm, task.est_flops / hw["tc_flops_per_us_per_sm"])
 

@@ -18,6 +18,8 @@ class Tiling:
     min_cols: int = 16
     qkv_parts: int = 0         # tasks per qkv_rope head (RoPE-pair slices); 0 = auto
     argmax_tasks: int = 0      # argmax_partial tasks per rank (each a run of vocabulary slices); 0 = one per slice
+    l2_prefetch_mb: float = 0.0   # per layer: weight bytes of o_proj / gate_up pulled into L2 during attention by
+    #                               weight_prefetch tasks (tasks/ops/prefetch.py); 0 = none (not yet GPU-measured)
 
     def linear_n(self, graph, op, N: int) -> int:
         if self.linear_cols:

@@ -91,6 +91,20 @@ def test_cache_hit_and_miss(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache").rglob(".build-*"))       # temp dirs cleaned, outputs renamed in
 
 
+def test_nvcc_defines_env_keys_the_cache_and_rejects_other_flags(tmp_path, monkeypatch):
+    monkeypatch.setenv("MPK_CACHE_DIR", str(tmp_path / "cache"))
+    fake, root = _fake_nvcc(tmp_path), _src_tree(tmp_path)
+    r1 = nvcc.build(root=root, nvcc=fake)
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_TC_TWO_H=1 -DMPK_TC_TWO_PIPE=1")
+    r2 = nvcc.build(root=root, nvcc=fake)
+    assert not r2.cached and r2.key != r1.key and "-DMPK_TC_TWO_H=1" in r2.log
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-O0")
+    with pytest.raises(nvcc.CompileError, match="only -DNAME"):
+        nvcc.build(root=root, nvcc=fake)
+    monkeypatch.delenv("MPK_NVCC_DEFINES")
+    assert nvcc.build(root=root, nvcc=fake).key == r1.key
+
+
 def test_cache_warning_is_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MPK_CACHE_DIR", str(tmp_path / "cache"))
     fake, root = _fake_nvcc(tmp_path), _src_tree(tmp_path)

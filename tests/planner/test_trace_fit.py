@@ -12,9 +12,9 @@ from mpk_runtime.tasks.build import build_task_graphs
 from mpk_runtime.tasks.tiling import Tiling
 
 FAIR = 4.55e12 / 132 / 1e6   # bytes per us per SM
-TRUE_FIXED = {"linear": 3.0, "linear@tc": 5.0, "qkv_rope": 4.0, "qkv_rope@tc": 6.0, "attn_partial": 7.0,
+TRUE_FIXED = {"linear": 3.0, "linear@tc": 5.0, "linear@tc2": 6.5, "qkv_rope": 4.0, "qkv_rope@tc": 6.0, "attn_partial": 7.0,
               "attn_merge": 2.0, "embed": 1.5, "argmax_partial": 2.5, "argmax_reduce": 2.0, "qk_norm_rope": 2.2}
-TRUE_EFF = {"linear": 0.7, "linear@tc": 0.5, "qkv_rope": 0.6, "qkv_rope@tc": 0.45, "attn_partial": 0.3}
+TRUE_EFF = {"linear": 0.7, "linear@tc": 0.5, "linear@tc2": 0.4, "qkv_rope": 0.6, "qkv_rope@tc": 0.45, "attn_partial": 0.3}
 
 
 def _graph(model, B, ctx=512, S=2):
@@ -38,7 +38,18 @@ def test_cost_key_separates_tensor_core_tiles():
     keys1 = {cost_key(t) for t in _graph("tiny-llama", 1).tasks}
     keys8 = {cost_key(t) for t in _graph("tiny-llama", 8).tasks}
     assert "linear" in keys1 and "linear@tc" not in keys1 and "qkv_rope@tc" not in keys1
-    assert "linear@tc" in keys8 and "qkv_rope@tc" in keys8
+    assert "linear@tc" in keys8 and "qkv_rope@tc" in keys8 and "linear@tc2" in keys8   # gate_up: two weights
+    assert all(len(t.params["weights"]) == 2 for t in _graph("tiny-llama", 8).tasks if cost_key(t) == "linear@tc2")
+
+
+def test_cost_key_fallbacks():
+    from mpk_runtime.planner.profile import HardwareProfile, key_fallbacks
+    assert key_fallbacks("linear@tc2") == ["linear@tc2", "linear@tc", "linear"]
+    assert key_fallbacks("qkv_rope@tc") == ["qkv_rope@tc", "qkv_rope"]
+    assert key_fallbacks("embed") == ["embed"]
+    from dataclasses import replace
+    p = replace(HardwareProfile.load("h200_measured"), task_fixed_us_by_kind={"linear": 3.0, "linear@tc": 5.0})
+    assert p.fixed_us("linear@tc2") == 5.0 and p.fixed_us("linear@tc") == 5.0 and p.fixed_us("linear") == 3.0
 
 
 def test_fit_recovers_the_terms_that_made_the_trace():
@@ -46,13 +57,13 @@ def test_fit_recovers_the_terms_that_made_the_trace():
                          (_graph("tiny-llama", 1), _graph("tiny-llama", 8), _graph("tiny-qwen3", 1, 256, 4),
                           _graph("tiny-qwen3", 8))))
     fixed, eff, fl = fit_task_costs(pts, FAIR)
-    assert {"linear", "linear@tc", "qkv_rope@tc"} <= set(fixed)
+    assert {"linear", "linear@tc", "linear@tc2", "qkv_rope@tc"} <= set(fixed)
     for k, xy in pts.items():   # every key: the fitted terms reproduce the durations
         for b, f, y in xy:
             pred = fixed[k] + b / (eff[k] * FAIR) * (eff[k] < 1.0 or k in TRUE_EFF) + f * fl[k]
             assert pred == pytest.approx(y, rel=0.05), k   # collinear bytes / flops (qkv_rope) split the slope
     # where bytes vary independently of flops the terms themselves are identified
-    for k in ("linear", "linear@tc"):
+    for k in ("linear", "linear@tc", "linear@tc2"):
         assert fixed[k] == pytest.approx(TRUE_FIXED[k], abs=0.05), k
         assert eff[k] == pytest.approx(TRUE_EFF[k], rel=0.02), k
 
