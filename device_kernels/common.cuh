@@ -67,6 +67,24 @@ __device__ __forceinline__ uint64_t globaltimer() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+// Stage stamps (diagnostic builds only: MPK_NVCC_DEFINES="-DMPK_STAGE_WORDS=K"): thread 0 writes the globaltimer
+// at MPK_STAMP(k) points inside an op into this task's row of K words (after the trace's start/end words; the
+// host reads them with Megakernel.stage_stamps()). Default builds compile every stamp to nothing.
+#ifndef MPK_STAGE_WORDS
+#define MPK_STAGE_WORDS 0
+#endif
+#if MPK_STAGE_WORDS > 0
+__shared__ uint64_t* mpk_stage_row;   // set by thread 0 after the task's waits; null when this step is untraced
+#define MPK_STAMP(k)                                                                              \
+  do {                                                                                            \
+    if (threadIdx.x == 0 && (k) < MPK_STAGE_WORDS && mpk_stage_row != nullptr)                    \
+      mpk_stage_row[(k)] = globaltimer();                                                         \
+  } while (0)
+#else
+#define MPK_STAMP(k) \
+  do {               \
+  } while (0)
+#endif
 __device__ __forceinline__ int64_t ld_volatile_s64(const int64_t* p) {
   int64_t v;
   asm volatile("ld.volatile.global.s64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -125,6 +143,14 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// 8 bytes through L1 (read-only data the host wrote before the launch: page tables)
+__device__ __forceinline__ void cp_async8_ca(void* smem_dst, const void* src) {
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // Activations / KV / counters-protected data written earlier in this launch by other SMs: L2 (coherent) loads.
 __device__ __forceinline__ uint4 ld_act16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }

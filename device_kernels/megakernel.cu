@@ -111,6 +111,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         s_abort = abort;
         if (trace != nullptr && ls < param(s_par, P_TRACE_STEPS))
           trace[((int64_t)ls * param(s_par, P_NUM_TASKS) + tid) * 2] = globaltimer();
+#if MPK_STAGE_WORDS > 0
+        // stamp rows follow the start/end words of all traced steps
+        mpk_stage_row = (trace != nullptr && ls < param(s_par, P_TRACE_STEPS))
+                            ? trace + param(s_par, P_TRACE_STEPS) * param(s_par, P_NUM_TASKS) * 2 +
+                                  ((int64_t)ls * param(s_par, P_NUM_TASKS) + tid) * MPK_STAGE_WORDS
+                            : nullptr;
+#endif
       }
       __syncthreads();
       if (s_abort) return;
@@ -131,6 +138,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         default: break;
       }
       __syncthreads();
+      MPK_STAMP(MPK_STAGE_WORDS - 2);   // every thread's op work done (the signals follow)
       if (threadIdx.x == 0) {
         const int64_t* signals = ptr<const int64_t>(param(s_par, P_SIGNALS));
         uint64_t* trace = ptr<uint64_t>(param(s_par, P_TRACE));
@@ -142,6 +150,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           signal_counter(signals[s]);  // local: red.release.gpu; a peer's (tagged): red.release.sys
         if (trace != nullptr && ls < param(s_par, P_TRACE_STEPS))
           trace[((int64_t)ls * param(s_par, P_NUM_TASKS) + tid) * 2 + 1] = globaltimer();
+        MPK_STAMP(MPK_STAGE_WORDS - 1);   // signals issued
       }
     }
   }

@@ -54,17 +54,21 @@ def rig(cfg, w, B, rank, world, heap, timeout_s=5.0, max_seq=512, ps=16, num_sms
     return r
 
 
-def graph_kwargs(world: int) -> dict:
-    """Extra build_graph arguments for a TP group: tp_invariant=world (one K segment per rank: the plain TP
-    reduction) where this checkout's build_graph has that argument."""
+def graph_kwargs(world: int, tp_invariant: int = 1) -> dict:
+    """Extra build_graph arguments for a TP group: tp_invariant (1 = off, what the engine runs; world = reductions
+    ordered as a TP=world group, bit-identical to TP=1 but with every Tensor Core tile's K unsliced, which is
+    slower at batch >= 3: session 8's 'TP=2 slower than one GPU at B=8' was this setting) where this checkout's
+    build_graph has that argument."""
     import inspect
 
     from mpk_runtime.ir.build import build_graph
-    return {"tp_invariant": world} if "tp_invariant" in inspect.signature(build_graph).parameters else {}
+    if tp_invariant != 1 and "tp_invariant" in inspect.signature(build_graph).parameters:
+        return {"tp_invariant": tp_invariant}
+    return {}
 
 
 def bench_rig(cfg, w, B, rank, world, heap, *, context_len, max_seq, attn_splits, ps=16, num_sms=None,
-              timeout_s=5.0, trace_steps=0):
+              timeout_s=5.0, trace_steps=0, tp_invariant=1):
     """As megakernel_runner.build_rank_kernel, but the graphs carry `context_len` (the attention tasks' cost
     estimates, which the list scheduler uses: bench_decode's single-GPU kernel is built the same way) and the
     attention split count is the caller's. KV pages are random N(0, 1) (decode over `context_len` cached keys),
@@ -87,7 +91,7 @@ def bench_rig(cfg, w, B, rank, world, heap, *, context_len, max_seq, attn_splits
     kv = KVStore(cfg.num_layers, B * pps + 1, ps, n_kv, cfg.head_dim, torch.bfloat16, device=dev, poison=False)
     for c in kv.k + kv.v:
         c.normal_(0, 1.0)
-    gkw = graph_kwargs(world) if world > 1 else {}
+    gkw = graph_kwargs(world, tp_invariant) if world > 1 else {}
     gs = [build_graph(cfg, mode="decode", batch=B, context_len=context_len, max_seq_len=max_seq, tp=world, rank=r,
                       attn_splits=attn_splits, dtype="bfloat16", **gkw) for r in range(world)]
     tgs = build_task_graphs(gs, Tiling(num_sms=num_sms))   # events of a rank come from every rank

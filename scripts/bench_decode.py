@@ -86,11 +86,13 @@ def floor_ms(cfg) -> tuple[float, int]:
 
 
 # ------------------------------------------------------------------------------------------------ megakernel
-def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False, splits=None, l2_prefetch_mb=0.0):
+def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False, splits=None, l2_prefetch_mb=0.0,
+                     waves=1.0):
     """ms per step of the one-GPU megakernel. trace: one extra traced launch after the timed ones (per-task
     globaltimer, so the timed launches run untraced), its last two steps written as a Chrome trace under $OUT.
     splits: attention key splits (default tasks.tiling.attn_splits_for: fill the SMs). l2_prefetch_mb: Tiling's
-    per-layer weight prefetch into L2 during attention (tasks/ops/prefetch.py; 0 = off)."""
+    per-layer weight prefetch into L2 during attention (tasks/ops/prefetch.py; 0 = off). waves: Tiling.waves
+    (linear tiles per SM per op; 2 puts two tiles of one op back to back on an SM)."""
     from mpk_runtime.ir.build import build_graph
     from mpk_runtime.models.config import load_config
     from mpk_runtime.models.reference import rope_inv_freq
@@ -105,7 +107,7 @@ def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False,
     t = time.time()
     g = build_graph(cfg, mode="decode", batch=B, context_len=ctx, max_seq_len=max_seq, attn_splits=S, dtype="bfloat16")
     tg = build_task_graphs([g], Tiling(num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
-                                       l2_prefetch_mb=l2_prefetch_mb))[0]
+                                       l2_prefetch_mb=l2_prefetch_mb, waves=waves))[0]
     pps = -(-max_seq // ps)
     kv = KVStore(cfg.num_layers, B * pps + 1, ps, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, device="cuda",
                  poison=False)
@@ -129,16 +131,45 @@ def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False,
         pos.fill_(ctx); mk.launch(nsteps); torch.cuda.synchronize(); mk.check()
         d = mk.chrome_trace()
         d["traceEvents"] = [e for e in d["traceEvents"] if e["args"]["step"] >= nsteps - 2]
-        name = f"trace_{model}_b{B}_c{ctx}_s{S}.json.gz"
+        name = f"trace_{model}_b{B}_c{ctx}_s{S}" + (f"_w{waves:g}" if waves != 1.0 else "") + ".json.gz"
         with gzip.open(OUT / name, "wt") as f:
             json.dump(d, f)
         extra["chrome_trace"] = name
+        if mk.stage_words:
+            extra["stages"] = stage_summary(mk, nsteps - 1, OUT / name.replace("trace_", "stages_"))
     r = dict(**extra, system="megakernel", ms=ms, ms_min=ms_min, timing=f"{nsteps} steps per launch / {nsteps}, "
              f"median of {launches} synchronised launches", attn_splits=S, l2_prefetch_mb=l2_prefetch_mb,
-             tasks=len(tg.tasks),
+             waves=waves, tasks=len(tg.tasks),
              setup_s=round(setup, 1), registers=mk.build.resources)
     del mk, mem, kv
     return r
+
+
+def stage_summary(mk, step: int, path) -> dict:
+    """Per op (layer prefix dropped): median us from the task's start (after its waits) to each stage stamp of a
+    -DMPK_STAGE_WORDS build, over the tasks of one traced step; the raw rows go to `path` (.json.gz)."""
+    import statistics
+    st = mk.stage_stamps()[step]
+    tr = mk.trace[:mk.trace_steps * len(mk.tg.tasks) * 2].view(-1, len(mk.tg.tasks), 2)[step].cpu()
+    rows, by = [], {}
+    for t in mk.tg.tasks:
+        a, b = int(tr[t.id, 0]), int(tr[t.id, 1])
+        if not (a and b):
+            continue
+        ks = [int(v) for v in st[t.id]]
+        rows.append([t.id, t.kind, t.op, t.sm, a, b, ks])
+        key = f"{t.kind}:{t.op.split('.', 1)[-1]}"
+        d = by.setdefault(key, {"n": 0, "dur": [], "stages": [[] for _ in ks]})
+        d["n"] += 1
+        d["dur"].append((b - a) / 1e3)
+        for k, v in enumerate(ks):
+            if v:
+                d["stages"][k].append((v - a) / 1e3)
+    with gzip.open(path, "wt") as f:
+        json.dump({"stage_words": mk.stage_words, "step": step, "rows": rows}, f)
+    return {k: {"n": d["n"], "dur_us": round(statistics.median(d["dur"]), 3),
+                "stage_us": [round(statistics.median(x), 3) if x else None for x in d["stages"]]}
+            for k, d in by.items()}
 
 
 # ------------------------------------------------------------------------ peers (scripts/_peers.py, re-exported)
@@ -161,9 +192,14 @@ def parse_args(argv=None):
     ap.add_argument("--attn-splits", type=int, default=None, help="--tp 1: attention key splits (default: fill the SMs)")
     ap.add_argument("--l2-prefetch-mb", type=float, default=0.0,
                     help="--tp 1: weight bytes per layer prefetched into L2 during attention (Tiling.l2_prefetch_mb)")
+    ap.add_argument("--waves", type=float, default=1.0,
+                    help="--tp 1: linear tiles per SM per op (Tiling.waves; 2 = two tiles of an op back to back per SM)")
     ap.add_argument("--tp", type=int, default=1, help="2: TP=2 megakernel vs TP=2 gpt-fast peer vs 1-GPU megakernel")
     ap.add_argument("--steps-per-launch", type=int, default=8, help="--tp 2: megakernel steps per launch (ms = launch / N)")
     ap.add_argument("--launches", type=int, default=12, help="--tp 2: timed megakernel launches (median)")
+    ap.add_argument("--tp-invariant", type=int, default=1,
+                    help="--tp 2: build_graph tp_invariant of the TP megakernel (1 = the engine's setting; 2 = bitwise "
+                         "TP=1 reductions, Tensor Core tiles unsliced: slower at batch >= 3)")
     ap.add_argument("--comm-trace", action=argparse.BooleanOptionalAction, default=True,
                     help="--tp 2: one traced TP megakernel launch per rank -> exposed-communication numbers")
     ap.add_argument("--comm-trace-batches", default="1", help="--tp 2: batches that get the traced launch")
@@ -228,7 +264,8 @@ def main():
                     if weights is None:
                         weights = random_weights(cfg, seed=0, dtype="bfloat16", device="cuda")
                     r = bench_megakernel(model, weights, B, ctx, *((8, 12) if B <= 8 else (2, 4)), trace=args.trace,
-                                         splits=args.attn_splits, l2_prefetch_mb=args.l2_prefetch_mb)
+                                         splits=args.attn_splits, l2_prefetch_mb=args.l2_prefetch_mb,
+                                         waves=args.waves)
                 else:
                     if weights is not None:   # peers bring their own weights: free ours first
                         weights = None
@@ -332,7 +369,7 @@ def _cell_megakernel_tp2(tctx, heap, cell, cfg, wts, opts):
     _, part = wts.get(cell["model"], cfg, rank, W)
     S = attn_splits_for(B, shard_for(cfg, W, rank).n_kv, ctx, torch.cuda.get_device_properties(rank).multi_processor_count)
     r = bench_rig(cfg, part, B, rank, W, heap, context_len=ctx, max_seq=ctx + n + 16, attn_splits=S,
-                  trace_steps=n if cell["trace"] else 0)
+                  trace_steps=n if cell["trace"] else 0, tp_invariant=opts.get("tp_invariant", 1))
     g = torch.Generator().manual_seed(1)
     r.mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B,), generator=g))   # same on every rank
     if cell["trace"]:
@@ -341,6 +378,7 @@ def _cell_megakernel_tp2(tctx, heap, cell, cfg, wts, opts):
     pos = torch.full((B,), ctx, dtype=torch.int64)
     med, mn = time_launches(r.mk, r.pos, pos, n, opts["launches"], barrier=heap.barrier)
     res = dict(ms=med, ms_min=mn, attn_splits=S, tasks=len(r.tg.tasks), setup_s=round(setup, 1),
+               tp_invariant=opts.get("tp_invariant", 1),
                cross_rank_signals=sum(1 for x in r.tg.tasks for q, _ in x.signals if q != rank),
                timing=f"{n} steps per launch / {n}, median of {opts['launches']} launches, both ranks released "
                       "together by an NVSHMEM barrier before each launch (CUDA events on each rank; ms = the slower "
@@ -630,7 +668,7 @@ def main_tp(args):
     deadline = T0 + args.budget_s
     rows_path = Path(tempfile.mkdtemp(prefix="bench_tp_")) / "rows.json"
     opts = dict(t0=T0, steps_per_launch=args.steps_per_launch, launches=args.launches,
-                sync_timeout_s=args.budget_s + args.grace_s + 120)
+                sync_timeout_s=args.budget_s + args.grace_s + 120, tp_invariant=args.tp_invariant)
     launch_error = None
     try:
         res = tp_launch.run(tp_rank_main, args.tp, (cells, deadline, opts, str(rows_path)),

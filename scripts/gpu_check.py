@@ -122,6 +122,31 @@ def check_correct(model, B, steps, res, splits=2):
     return rig
 
 
+def check_long_context(model, B, ctx, splits, res, seed=3):
+    """One decode step over a long cached context (the same random K/V pages on the GPU and in the CPU twin),
+    sequences of different lengths (ctx - 37 b): attention's multi-pass path (more than ATT_KP keys per split,
+    double-buffered copies) against pyvm."""
+    rig = Rig(model, B, max_seq=ctx + 16, splits=splits)
+    g = torch.Generator().manual_seed(seed)
+    gk, ck = rig.mem.kvstore, rig.ref.kv[0]
+    for L in range(rig.cfg.num_layers):
+        for dst_gpu, dst_cpu in ((gk.k[L], ck.k[L]), (gk.v[L], ck.v[L])):
+            x = torch.randn(dst_cpu.shape, generator=g).to(dst_cpu.dtype)
+            dst_cpu.copy_(x)
+            dst_gpu.copy_(x.to(dst_gpu.device))
+    tok = torch.randint(0, rig.cfg.vocab_size, (B,), generator=g)
+    pos = torch.tensor([max(1, ctx - 37 * b) for b in range(B)], dtype=torch.int64)
+    lr, nr = rig.ref_step(tok, pos)
+    lm, nm = rig.mk_step(tok, pos)
+    rel = ((lm - lr).norm() / lr.norm()).item()
+    r = dict(model=model, batch=B, context=ctx, splits=splits, rel_logit_err=rel,
+             tokens_equal=bool((nr == nm).all()), finite=bool(torch.isfinite(lm).all()))
+    r["ok"] = r["finite"] and r["tokens_equal"] and rel < 2e-2
+    log(json.dumps(r))
+    res.append(r)
+    return r
+
+
 def trace_tiny(res):
     rig = Rig("tiny-llama", 1, cpu_ref=False, trace_steps=2, max_seq=128)
     rig.mk_step([1], [0], nsteps=2)

@@ -1,22 +1,28 @@
 // attention: split-KV causal GQA decode attention over the paged cache   (tasks/ops/attention.py)
-// attn_partial(b, g, s): warps take 32-key blocks of chunk s round-robin; a block's K and V rows are copied into
-// the warp's shared memory (cp.async, one round trip after the page-table load, which runs a block ahead); scores
-// with lane = key, online softmax per q head, P.V with lane = element pairs d = 2*lane + 64*i; warps merged in
-// shared memory at the end.
-// Keep in sync: runtime/megakernel.py _pack_attn_partial sizes the shared memory (ATT_WARP_FLOATS, K/V rows).
+// attn_partial(b, g, s): the whole CTA walks chunk s of the keys in passes of up to ATT_KP keys. A pass's K and V
+// rows are copied into shared memory (cp.async, double-buffered: the next pass's rows fly while this one
+// computes); then one thread per (head, key) computes a score (d = 0 .. D-1 in order, as the reference), one warp
+// per head updates that head's running max / sum (online softmax across passes), and one thread per (head, pair
+// of d) accumulates P.V over the pass's keys in key order. q, the sequence's page table and its position are
+// fetched together, so the first K/V copy is one round trip after the task starts.
+// Keep in sync: codegen/layout.py att_smem_bytes (the packer sizes the shared memory with it).
 #pragma once
 #include "../common.cuh"
 
 namespace mpk {
 
-constexpr int ATT_PAIRS = (MAX_HEAD_DIM + 63) / 64;  // bf16 pairs per lane
-constexpr int ATT_WARP_FLOATS = MAX_GS * (2 + 32 + MAX_HEAD_DIM);  // per-warp softmax state in shared memory
-static_assert(MAX_GS % 4 == 0, "attention reads p of (key, heads) as 16-byte vectors");
+// ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)
+constexpr int ATT_PV = (MAX_GS * MAX_HEAD_DIM / 2 + THREADS - 1) / THREADS;   // (head, d pair) outputs per thread
+static_assert(MAX_GS <= THREADS / 32, "attention: one warp per q head of the group for the softmax");
+// shared-memory layout (bytes): q (bf16) | scores / p (f32, MAX_GS x ATT_KP) | m, l, corr (f32, MAX_GS each, in
+// 128 bytes) | page table (s64, ATT_MAX_PAGES) | K rows 2 x ATT_KP x (D + 8) (bf16) | V rows 2 x ATT_KP x D (bf16)
+constexpr int ATT_OFF_SP = MAX_GS * MAX_HEAD_DIM * 2;
+constexpr int ATT_OFF_ST = ATT_OFF_SP + MAX_GS * ATT_KP * 4;
+constexpr int ATT_OFF_PAGES = ATT_OFF_ST + 128;
+constexpr int ATT_OFF_K = ATT_OFF_PAGES + ATT_MAX_PAGES * 8;
+static_assert(3 * MAX_GS * 4 <= 128 && ATT_OFF_K % 16 == 0, "attention shared-memory layout");
+static_assert(2 * THREADS <= MAX_GS * ATT_KP && ATT_KP % 32 == 0, "attention: key-group sums fit in the score buffer; whole warps of keys");
 
-// Code size matters as much as work here: every attn_partial runs its body about once per SM per layer, so
-// each instruction is an instruction-cache miss (the fully unrolled v3 body was 120 KB and cost ~18 us per task
-// whatever the key count). Heads are therefore a runtime loop and the per-warp online-softmax state (max, sum,
-// probabilities, accumulator) lives in shared memory; only the per-key dot products are unrolled.
 __device__ inline void op_attn_partial(const Ctx& c) {
   const int64_t* a = c.rec;
   const bf16* q = ptr<const bf16>(a[A_ATTN_PARTIAL_Q]);
@@ -28,187 +34,183 @@ __device__ inline void op_attn_partial(const Ctx& c) {
   const int S = (int)a[A_ATTN_PARTIAL_SPLITS], gs = (int)a[A_ATTN_PARTIAL_GS], D = (int)a[A_ATTN_PARTIAL_D];
   const int nq = (int)a[A_ATTN_PARTIAL_NQ], n_kv = (int)a[A_ATTN_PARTIAL_N_KV];
   const float scale = f32(a[A_ATTN_PARTIAL_SCALE]);
-  const int64_t* bt = ptr<const int64_t>(c.P[P_BLOCK_TABLES]) + b * c.P[P_MAX_PAGES];
+  const int64_t max_pages = c.P[P_MAX_PAGES];
+  const int64_t* bt = ptr<const int64_t>(c.P[P_BLOCK_TABLES]) + b * max_pages;
   const int64_t ps = c.P[P_PAGE_SIZE];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t m0 = b;  // decode: T == 1
+  MPK_STAMP(0);
+  char* sm = reinterpret_cast<char*>(dyn_smem());
+  bf16* qs = reinterpret_cast<bf16*>(sm);
+  float* sp = reinterpret_cast<float*>(sm + ATT_OFF_SP);
+  float* s_m = reinterpret_cast<float*>(sm + ATT_OFF_ST);
+  float* s_l = s_m + MAX_GS;
+  float* s_c = s_l + MAX_GS;
+  int64_t* pages = reinterpret_cast<int64_t*>(sm + ATT_OFF_PAGES);
+  const int KST = D + 8, CPR = D >> 3;   // bf16 per K row in shared memory (padded: lanes = keys hit distinct banks)
+  bf16* ks = reinterpret_cast<bf16*>(sm + ATT_OFF_K);
+  bf16* vs = ks + 2 * ATT_KP * KST;
+  // q, the page table and the position in flight together
+  const bf16* qg = q + (m0 * nq + (int64_t)g * gs) * D;
+  for (int i = tid; i < gs * CPR; i += THREADS) cp_async16(qs + i * 8, qg + i * 8, true);
+  const bool full = max_pages <= ATT_MAX_PAGES;
+  if (full)
+    for (int i = tid; i < max_pages; i += THREADS) cp_async8_ca(pages + i, bt + i);
+  cp_async_commit();
   const int64_t pos = seq_pos(c, b);
-  const int64_t L = pos + 1;
-  const int64_t lo = (L * s) / S, hi = (L * (s + 1)) / S;
+  const int L = (int)(pos + 1);   // positions and key indices fit in 32 bits: no 64-bit divisions below
+  const int lo = L * s / S, hi = L * (s + 1) / S;
   if (pos < 0 || hi <= lo) {  // inactive sequence or empty chunk
+    cp_async_wait_all();
 #pragma unroll 1
-    for (int i = threadIdx.x; i < gs * D; i += THREADS)
+    for (int i = tid; i < gs * D; i += THREADS)
       part[((m0 * nq + g * gs + i / D) * S + s) * D + i % D] = 0.f;
-    for (int i = threadIdx.x; i < gs; i += THREADS) lse[(m0 * nq + g * gs + i) * S + s] = -INFINITY;
+    for (int i = tid; i < gs; i += THREADS) lse[(m0 * nq + g * gs + i) * S + s] = -INFINITY;
     return;
   }
-  float* qs = reinterpret_cast<float*>(dyn_smem());   // (gs, D)
-  float* wst = qs + MAX_GS * MAX_HEAD_DIM;        // per warp: mx (gs), l (gs), p (32, MAX_GS), acc (gs, D)
-  constexpr int WSTRIDE = ATT_WARP_FLOATS;
-  float* wmx = wst + warp * WSTRIDE;
-  float* wl = wmx + MAX_GS;
-  float* wp = wl + MAX_GS;
-  float* wacc = wp + MAX_GS * 32;
-  // Per warp, the K and V rows of its current 32-key block, copied global -> shared by cp.async (no registers held
-  // while the loads fly: register-held loads made the compiler issue the 32 V loads of a block one after another,
-  // ~15 us per block). K rows are padded by 16 bytes so that lanes (= keys) reading their rows hit distinct banks.
-  // Shared-memory and load/store-unit traffic is what a block costs once its loads are asynchronous, so: copies
-  // are coalesced (consecutive lanes take consecutive 16-byte pieces of the rows), each K piece and each V element
-  // is read from shared memory once for all heads, q is read as broadcast 16-byte vectors, and the softmax state
-  // and accumulators stay in registers until the end.
-  const int KST = D + 8, CPR = D >> 3;   // bf16 per K row in shared memory; 16-byte pieces per row
-  bf16* ks = reinterpret_cast<bf16*>(wst + nwarps * WSTRIDE) + (int64_t)warp * 32 * (KST + D);
-  bf16* vs = ks + 32 * KST;
-  const int64_t kstep = (int64_t)nwarps * 32;
+  if (tid < MAX_GS) { s_m[tid] = -INFINITY; s_l[tid] = 0.f; }
+  cp_async_wait_all();
+  __syncthreads();
+  MPK_STAMP(1);
+  // pass p's K and V rows (keys j0 .. j0 + n - 1) into buffer p & 1
   const int psi = (int)ps;
-  // lane's key of the block at j0: its element offset in the caches, or -1 past the chunk
-  auto key_off = [&](int64_t j0) -> long long {
-    const int j = (int)(j0 + lane);
-    if (j >= hi) return -1;
-    const int pg = j / psi;
-    const int64_t page = ld_const_s64(bt + pg);
-    return ((page * ps + (j - pg * psi)) * n_kv + g) * D;
+  const bool cpow = (CPR & (CPR - 1)) == 0, ppow = (psi & (psi - 1)) == 0;   // shifts instead of divisions
+  const int cs = __ffs(CPR) - 1, pss = __ffs(psi) - 1;
+  auto issue = [&](int j0, int bf) {   // consecutive threads take consecutive 16-byte pieces of the rows
+    const int n = min(ATT_KP, hi - j0);
+    bf16* kb = ks + bf * ATT_KP * KST;
+    bf16* vb = vs + bf * ATT_KP * D;
+#pragma unroll 1
+    for (int i = tid; i < n * CPR; i += THREADS) {
+      const int u = cpow ? i >> cs : i / CPR, e = i - u * CPR;
+      const int j = j0 + u, pg = ppow ? j >> pss : j / psi;
+      const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
+      const int64_t src = ((page * ps + (j - pg * psi)) * n_kv + g) * D + e * 8;
+      cp_async16(kb + u * KST + e * 8, kc + src, true);
+      cp_async16(vb + u * D + e * 8, vc + src, true);
+    }
+    cp_async_commit();
   };
-  // one instruction covers 32 pieces = kpi keys (CPR a power of two <= 32), else lane = key
-  const bool coal = (CPR & (CPR - 1)) == 0;
-  const int kpi = coal ? 32 / CPR : 1, lkey = coal ? lane / CPR : 0, lpart = coal ? lane % CPR : 0;
-  auto issue = [&](long long off) {   // the block's K and V rows (zeros past the chunk)
-    if (coal) {
+  const int passes = (hi - lo + ATT_KP - 1) / ATT_KP;
+  issue(lo, 0);
+  if (passes > 1) issue(lo + ATT_KP, 1);
+  const int DP = D >> 1, PVN = gs * DP;   // P.V outputs: (head, pair of d)
+  // with fewer outputs than threads, the idle threads take keys too: kg key groups (every kg-th key), summed once
+  // at the end
+  int kg = 1;
+  while (kg * 2 * PVN <= THREADS) kg *= 2;
+  const int kgrp = tid < PVN * kg ? tid / PVN : 0;
+  float acc[ATT_PV][2];
+#pragma unroll
+  for (int r = 0; r < ATT_PV; ++r) { acc[r][0] = 0.f; acc[r][1] = 0.f; }
 #pragma unroll 1
-      for (int u0 = 0; u0 < 32; u0 += kpi) {
-        const int u = u0 + lkey;
-        const long long o = __shfl_sync(0xffffffffu, off, u);
-        const bool ok = o >= 0;
-        const long long src = (ok ? o : 0) + lpart * 8;
-        cp_async16(ks + u * KST + lpart * 8, kc + src, ok);
-        cp_async16(vs + u * D + lpart * 8, vc + src, ok);
-      }
-    } else {
-      const bool ok = off >= 0;
-      const long long src = ok ? off : 0;
+  for (int p = 0; p < passes; ++p) {
+    const int j0 = lo + p * ATT_KP;
+    const int n = min(ATT_KP, hi - j0);
+    const bf16* kb = ks + (p & 1) * ATT_KP * KST;
+    const bf16* vb = vs + (p & 1) * ATT_KP * D;
+    if (p + 1 < passes) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
+    __syncthreads();
+    if (p == 0) MPK_STAMP(2);
+    // scores: thread = (head, key), keys fastest (a warp reads 32 K rows, q broadcast)
 #pragma unroll 1
-      for (int e = 0; e < CPR; ++e) {
-        cp_async16(ks + lane * KST + e * 8, kc + src + e * 8, ok);
-        cp_async16(vs + lane * D + e * 8, vc + src + e * 8, ok);
-      }
-    }
-  };
-  int64_t j0 = lo + (int64_t)warp * 32;
-  if (j0 < hi) issue(key_off(j0));   // the first block flies while q is staged
-#pragma unroll 1
-  for (int i = threadIdx.x; i < gs * D; i += THREADS)
-    qs[i] = ld_act_bf16(q + m0 * (int64_t)nq * D + (int64_t)(g * gs) * D + i);
-  __syncthreads();
-  float mx[MAX_GS], sl[MAX_GS], acc[MAX_GS][2 * ATT_PAIRS];
-#pragma unroll
-  for (int h = 0; h < MAX_GS; ++h) {
-    mx[h] = -INFINITY; sl[h] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 2 * ATT_PAIRS; ++i) acc[h][i] = 0.f;
-  }
-  for (; j0 < hi; j0 += kstep) {
-    const bool valid = j0 + lane < hi;
-    const long long off_next = key_off(j0 + kstep);   // the next block's page-table entry, in flight meanwhile
-    cp_async_wait_all();
-    __syncwarp();
-    // scores of this lane's key, every head: d = 0 .. D-1 in order (as the reference)
-    float sc[MAX_GS];
-#pragma unroll
-    for (int h = 0; h < MAX_GS; ++h) sc[h] = 0.f;
-#pragma unroll 1
-    for (int e = 0; e < CPR; ++e) {
-      const uint4 kv = *reinterpret_cast<const uint4*>(ks + lane * KST + e * 8);
-#pragma unroll
-      for (int h = 0; h < MAX_GS; ++h) {
-        if (h < gs) {
-          const float4 qa = *reinterpret_cast<const float4*>(qs + h * D + e * 8);
-          const float4 qb = *reinterpret_cast<const float4*>(qs + h * D + e * 8 + 4);
-          float t = sc[h];
-          t = fmaf(qa.x, bf16_lo(kv.x), t); t = fmaf(qa.y, bf16_hi(kv.x), t);
-          t = fmaf(qa.z, bf16_lo(kv.y), t); t = fmaf(qa.w, bf16_hi(kv.y), t);
-          t = fmaf(qb.x, bf16_lo(kv.z), t); t = fmaf(qb.y, bf16_hi(kv.z), t);
-          t = fmaf(qb.z, bf16_lo(kv.w), t); t = fmaf(qb.w, bf16_hi(kv.w), t);
-          sc[h] = t;
-        }
-      }
-    }
-    // online softmax per head; p of (key, head) to shared memory for P.V
-#pragma unroll
-    for (int h = 0; h < MAX_GS; ++h) {
-      if (h < gs) {
-        const float s1 = valid ? sc[h] * scale : -INFINITY;
-        const float mn = fmaxf(mx[h], warp_max(s1));   // finite: lane 0 always holds a key
-        const float corr = expf(mx[h] - mn);
-        const float p = valid ? expf(s1 - mn) : 0.f;
-        sl[h] = sl[h] * corr + warp_sum(p);
-        mx[h] = mn;
-#pragma unroll
-        for (int i = 0; i < 2 * ATT_PAIRS; ++i) acc[h][i] *= corr;
-        wp[lane * MAX_GS + h] = p;
-      }
-    }
-    __syncwarp();
-    // P.V: lane owns element pairs d = 2 * lane + 64 * i; keys past the chunk are zero rows with p == 0
+    for (int i = tid; i < gs * n; i += THREADS) {
+      const int h = i / n, u = i - h * n;
+      const bf16* kr = kb + u * KST;
+      const bf16* qh = qs + h * D;
+      float t = 0.f;
 #pragma unroll 4
-    for (int u = 0; u < 32; ++u) {
-      float pu[MAX_GS];
-#pragma unroll
-      for (int h = 0; h < MAX_GS; h += 4) {
-        const float4 p4 = *reinterpret_cast<const float4*>(wp + u * MAX_GS + h);
-        pu[h] = p4.x; pu[h + 1] = p4.y; pu[h + 2] = p4.z; pu[h + 3] = p4.w;
+      for (int e = 0; e < CPR; ++e) {
+        const uint4 kv = *reinterpret_cast<const uint4*>(kr + e * 8);
+        const uint4 qv = *reinterpret_cast<const uint4*>(qh + e * 8);
+        t = fmaf(bf16_lo(qv.x), bf16_lo(kv.x), t); t = fmaf(bf16_hi(qv.x), bf16_hi(kv.x), t);
+        t = fmaf(bf16_lo(qv.y), bf16_lo(kv.y), t); t = fmaf(bf16_hi(qv.y), bf16_hi(kv.y), t);
+        t = fmaf(bf16_lo(qv.z), bf16_lo(kv.z), t); t = fmaf(bf16_hi(qv.z), bf16_hi(kv.z), t);
+        t = fmaf(bf16_lo(qv.w), bf16_lo(kv.w), t); t = fmaf(bf16_hi(qv.w), bf16_hi(kv.w), t);
       }
+      sp[h * ATT_KP + u] = t * scale;
+    }
+    __syncthreads();
+    // online softmax: warp h owns head h's running max and sum; p = exp(score - max) replaces the score
+    if (warp < gs) {
+      float* sh = sp + warp * ATT_KP;
+      constexpr int PL = ATT_KP / 32;   // scores per lane
+      float v[PL];
+      float mx = -INFINITY;
 #pragma unroll
-      for (int i = 0; i < ATT_PAIRS; ++i) {
-        const int d = 2 * lane + 64 * i;
-        if (d < D) {
-          const uint32_t v2 = *reinterpret_cast<const uint32_t*>(vs + u * D + d);
-          const float vlo = bf16_lo(v2), vhi = bf16_hi(v2);
+      for (int k = 0; k < PL; ++k) {
+        v[k] = lane + 32 * k < n ? sh[lane + 32 * k] : -INFINITY;
+        mx = fmaxf(mx, v[k]);
+      }
+      mx = warp_max(mx);
+      const float mo = s_m[warp], mn = fmaxf(mo, mx);
+      float sum = 0.f;
 #pragma unroll
-          for (int h = 0; h < MAX_GS; ++h) {
-            if (h < gs) {
-              acc[h][2 * i] = fmaf(pu[h], vlo, acc[h][2 * i]);
-              acc[h][2 * i + 1] = fmaf(pu[h], vhi, acc[h][2 * i + 1]);
-            }
-          }
+      for (int k = 0; k < PL; ++k) {
+        if (lane + 32 * k < n) {
+          const float e = expf(v[k] - mn);
+          sh[lane + 32 * k] = e;
+          sum += e;
         }
       }
-    }
-    __syncwarp();   // every lane is done with ks / vs / wp before the next block's copies and scores land there
-    if (j0 + kstep < hi) issue(off_next);
-  }
-  // this warp's state for the cross-warp merge
-#pragma unroll
-  for (int h = 0; h < MAX_GS; ++h) {
-    if (h < gs) {
-      if (lane == 0) { wmx[h] = mx[h]; wl[h] = sl[h]; }
-#pragma unroll
-      for (int i = 0; i < ATT_PAIRS; ++i) {
-        const int d = 2 * lane + 64 * i;
-        if (d < D) { wacc[h * D + d] = acc[h][2 * i]; wacc[h * D + d + 1] = acc[h][2 * i + 1]; }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        const float cr = expf(mo - mn);   // 0 on the first pass (mo = -inf)
+        s_c[warp] = cr;
+        s_l[warp] = s_l[warp] * cr + sum;
+        s_m[warp] = mn;
       }
     }
-  }
-  __syncthreads();
-#pragma unroll 1
-  for (int i = threadIdx.x; i < gs * D; i += THREADS) {
-    const int h = i / D, d = i % D;
-    float M = -INFINITY;
-#pragma unroll 1
-    for (int w = 0; w < nwarps; ++w) M = fmaxf(M, wst[w * WSTRIDE + h]);
-    float den = 0.f, o = 0.f;
-#pragma unroll 1
-    for (int w = 0; w < nwarps; ++w) {
-      const float* ws = wst + w * WSTRIDE;
-      const float wm = ws[h];
-      if (wm == -INFINITY) continue;  // a warp that saw no key
-      const float e = expf(wm - M);
-      den += ws[MAX_GS + h] * e;
-      o += ws[2 * MAX_GS + MAX_GS * 32 + h * D + d] * e;
+    __syncthreads();
+    // P.V: thread = (head, pair of d) output [, key group], keys in order; the activity test outside the key loop
+    // (inside it, every key became its own branch region with a dependent shared-memory load)
+#pragma unroll
+    for (int r = 0; r < ATT_PV; ++r) {
+      const int idx = tid + r * THREADS;
+      if (idx < PVN * kg) {
+        const int o = idx % PVN, h = o / DP;
+        const float cr = s_c[h];
+        float a0 = acc[r][0] * cr, a1 = acc[r][1] * cr;
+        const float* pp = sp + h * ATT_KP;
+        const bf16* vp = vb + 2 * (o - h * DP);
+#pragma unroll 8
+        for (int u = kgrp; u < n; u += kg) {
+          const float pu = pp[u];
+          const uint32_t v2 = *reinterpret_cast<const uint32_t*>(vp + u * D);
+          a0 = fmaf(pu, bf16_lo(v2), a0);
+          a1 = fmaf(pu, bf16_hi(v2), a1);
+        }
+        acc[r][0] = a0;
+        acc[r][1] = a1;
+      }
     }
-    const int64_t hq = m0 * nq + g * gs + h;
-    part[(hq * S + s) * D + d] = o / fmaxf(den, 1e-30f);
-    if (d == 0) lse[hq * S + s] = M + logf(den);
+    __syncthreads();   // buffer p & 1 and the p values are free again
+    if (p + 2 < passes) issue(j0 + 2 * ATT_KP, p & 1);
   }
+  MPK_STAMP(3);
+  if (kg > 1) {   // key groups 1 .. kg-1 hand their sums to group 0 (through the free score buffer), added in order
+    if (kgrp > 0 && tid < PVN * kg) { sp[2 * tid] = acc[0][0]; sp[2 * tid + 1] = acc[0][1]; }
+    __syncthreads();
+    if (tid < PVN)
+      for (int k = 1; k < kg; ++k) {
+        acc[0][0] += sp[2 * (k * PVN + tid)];
+        acc[0][1] += sp[2 * (k * PVN + tid) + 1];
+      }
+  }
+#pragma unroll
+  for (int r = 0; r < ATT_PV; ++r) {
+    const int idx = tid + r * THREADS;
+    if (idx < PVN) {
+      const int h = idx / DP, d = 2 * (idx - h * DP);
+      const float den = fmaxf(s_l[h], 1e-30f);
+      const int64_t hq = m0 * nq + g * gs + h;
+      float* dst = part + (hq * S + s) * D + d;
+      dst[0] = acc[r][0] / den;
+      dst[1] = acc[r][1] / den;
+    }
+  }
+  if (tid < gs) lse[(m0 * nq + g * gs + tid) * S + s] = s_m[tid] + logf(s_l[tid]);
+  MPK_STAMP(4);
 }
 
 constexpr int MERGE_CHUNK = 8;   // splits whose lse / partial loads are issued together
@@ -220,6 +222,7 @@ __device__ inline void op_attn_merge(const Ctx& c) {
   const int b = (int)a[A_ATTN_MERGE_B], g = (int)a[A_ATTN_MERGE_G], gs = (int)a[A_ATTN_MERGE_GS];
   const int D = (int)a[A_ATTN_MERGE_D], nq = (int)a[A_ATTN_MERGE_NQ], S = (int)a[A_ATTN_MERGE_SPLITS];
   const int64_t m0 = b;
+  MPK_STAMP(0);
   for (int i = threadIdx.x; i < gs * D; i += THREADS) {
     const int h = i / D, d = i % D;
     const int64_t hq = m0 * nq + g * gs + h;
@@ -256,6 +259,7 @@ __device__ inline void op_attn_merge(const Ctx& c) {
     }
     out[m0 * (int64_t)nq * D + (int64_t)(g * gs + h) * D + d] = __float2bfloat16_rn(o / fmaxf(ws, 1e-30f));
   }
+  MPK_STAMP(1);
 }
 
 }  // namespace mpk

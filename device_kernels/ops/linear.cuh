@@ -315,15 +315,19 @@ __device__ inline void op_linear(const Ctx& c) {
   bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
   float* y0s = linear_ytile(dyn_smem(), ROW_TILE, K);
   float* y1s = y0s + ROW_TILE * w;
+  MPK_STAMP(0);
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
     load_rows_norm(xs, K, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
                    ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
+    MPK_STAMP(1);
     if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
       linear_core<true>(xs, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s);
     else
       linear_core<false>(xs, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr);
+    MPK_STAMP(2);
     linear_epilogue(c, g0, Mg, y0s, y1s);
+    MPK_STAMP(3);
     __syncthreads();
   }
 }
@@ -344,10 +348,12 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
   float* y0s = linear_ytile(dyn_smem(), rows, ldx);
   float* y1s = y0s + rows * w;
   float* red = y1s + rows * w;
+  MPK_STAMP(0);
   for (int g0 = 0; g0 < M; g0 += rows) {
     const int Mg = min(rows, M - g0);
     load_rows_norm(xs, ldx, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
                    ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
+    MPK_STAMP(1);
     if (two) {
       if (Mg <= 8) linear_tc_t<true, 1>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, y0s, y1s, red);
       else if (Mg <= 16) linear_tc_t<true, 2>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, y0s, y1s, red);
@@ -358,7 +364,9 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
       else linear_tc_t<false, 4>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, y0s, nullptr, red);
     }
     __syncthreads();
+    MPK_STAMP(2);
     linear_epilogue(c, g0, Mg, y0s, y1s);
+    MPK_STAMP(3);
     __syncthreads();
   }
 }

@@ -27,14 +27,17 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
   float* y0s = linear_ytile(dyn_smem(), ROW_TILE, K);  // (ROW_TILE, nr) fp32: head rows r0 + i
   float* y1s = y0s + ROW_TILE * nr;                // (ROW_TILE, nr) fp32: head rows h2 + r0 + i
   float* red = y0s + ROW_TILE * MAX_HEAD_DIM;      // Tensor Core k-slice partials (2 x 8 x 16 x 8 fp32)
+  MPK_STAMP(0);
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
     load_rows_norm(xs, K, x + (int64_t)g0 * K, Mg, K, 0, 1, nw, eps);
+    MPK_STAMP(1);
     if (Mg >= TC_MIN_M && K % 32 == 0)
       linear_tc_rows8(xs, K, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, (int)a[A_QKV_ROPE_KSLICES], y0s,
                       y1s, red);
     else
       linear_core<true>(xs, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, 1, y0s, y1s);
+    MPK_STAMP(2);
     for (int i = threadIdx.x; i < Mg * nr; i += THREADS) { y0s[i] = bf(y0s[i]); y1s[i] = bf(y1s[i]); }  // bf16 matmul result
     __syncthreads();
     for (int m = warp; m < Mg; m += nwarps) {

@@ -79,6 +79,8 @@ CONSTANTS = {
     "UNROLL": 8,           # 16-byte weight loads in flight per lane per column (batch <= 2)
     "MAX_GS": 8,           # q heads per KV group handled by one attention task
     "MAX_HEAD_DIM": 128,
+    "ATT_KP": 128,         # attention: keys per pass (K/V rows of a pass in shared memory, double-buffered)
+    "ATT_MAX_PAGES": 1024,  # attention: page-table entries fetched with the position (longer tables: per key)
     "SAMPLE_C": SAMPLE_CANDIDATES,   # sampling candidates per rank / after the merge (= the largest device top_k)
     # L2 weight prefetch: measured slower on llama-3.2-1b B=1 (1.49 ms off vs 1.64-1.75 on), so off by default
     "PF_CUR": 0,            # bytes of a task's weights pulled into L2 before waiting on its events (0 = off)
@@ -87,6 +89,15 @@ CONSTANTS = {
 }
 
 KERNEL_NAME = "mpk_megakernel"
+
+
+def att_smem_bytes(D: int, C: dict | None = None) -> int:
+    """Shared memory of an attn_partial task with head dim D (device_kernels/ops/attention.cuh layout): q (bf16,
+    MAX_GS x MAX_HEAD_DIM), scores (f32, MAX_GS x ATT_KP), 128 bytes of per-head state, the page table (s64,
+    ATT_MAX_PAGES), then two buffers of ATT_KP K rows (padded to D + 8) and ATT_KP V rows (bf16)."""
+    C = C or CONSTANTS
+    head = C["MAX_GS"] * C["MAX_HEAD_DIM"] * 2 + C["MAX_GS"] * C["ATT_KP"] * 4 + 128 + C["ATT_MAX_PAGES"] * 8
+    return head + 2 * C["ATT_KP"] * (D + 8) * 2 + 2 * C["ATT_KP"] * D * 2
 
 # --- linear tile geometry (device_kernels/ops/linear.cuh): the packer (runtime/megakernel.py) and the planner's
 # simulator (planner/simulate.py) both call linear_geometry, so the rows per pass are defined once ------------

@@ -105,6 +105,18 @@ def parse_ptxas(log: str) -> dict:
     return res
 
 
+def define_int(name: str, default: int = 0) -> int:
+    """The integer value of -D<name>=<value> in MPK_NVCC_DEFINES (the build's compile-time switches), else default:
+    the host side of a diagnostic switch (e.g. MPK_STAGE_WORDS sizes the trace buffer) reads it from here."""
+    for d in os.environ.get("MPK_NVCC_DEFINES", "").split():
+        if d.startswith(f"-D{name}="):
+            try:
+                return int(d.split("=", 1)[1], 0)
+            except ValueError:
+                raise CompileError(f"MPK_NVCC_DEFINES: {d} is not an integer") from None
+    return default
+
+
 def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags: list[str] | None = None,
           root: Path = DEVICE_DIR, nvcc: str | None = None, force: bool = False) -> BuildResult:
     """Compile `root/source` to an sm_90a cubin (cached). Raises CompileError on any error or warning."""

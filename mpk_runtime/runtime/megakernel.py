@@ -179,13 +179,11 @@ class TaskPacker:
 
     def _pack_attn_partial(self, p):
         kc = self.mem.kv(p["k_cache"])
-        gs_max, d_max = L.CONSTANTS["MAX_GS"], L.CONSTANTS["MAX_HEAD_DIM"]
+        d_max = L.CONSTANTS["MAX_HEAD_DIM"]
         if self.D % 8 or self.D > d_max:
             raise ValueError(f"the megakernel's attention copies K/V rows in 16-byte pieces: head_dim must be a multiple "
                              f"of 8 and <= {d_max} (got {self.D}); use backend='torch' for this model")
-        # attention.cuh: qs + ATT_WARP_FLOATS per warp (fp32), then per warp the K (padded rows) and V rows of a
-        # 32-key block (bf16)
-        self._need((gs_max * d_max + _NWARPS * gs_max * (2 + 32 + d_max)) * 4 + _NWARPS * 32 * (2 * self.D + 8) * 2)
+        self._need(L.att_smem_bytes(self.D))   # attention.cuh's layout
         return dict(self._attn_common(p), q=self._t(p["q"]), k_cache=kc.data_ptr(),
                     v_cache=self.mem.kv(p["v_cache"]).data_ptr(), part=self._t(p["part"]), lse=self._t(p["lse"]),
                     split=p["split"], n_kv=kc.shape[2], scale=f32_bits(p["scale"]))
@@ -329,7 +327,10 @@ class Megakernel:
         self.pos, self.block_tables = pos, block_tables            # (B,) int64, (B, max_pages) int64 on dev
         self.inv_freq = inv_freq.to(device=dev, dtype=torch.float32).contiguous()
         self.trace_steps = trace_steps
-        self.trace = torch.zeros(max(trace_steps, 1) * len(tg.tasks) * 2, dtype=torch.int64, device=dev)
+        # a diagnostic build (-DMPK_STAGE_WORDS=K) writes K stage stamps per task after the start/end words
+        self.stage_words = nvcc.define_int("MPK_STAGE_WORDS", 0)
+        self.trace = torch.zeros(max(trace_steps, 1) * len(tg.tasks) * (2 + self.stage_words), dtype=torch.int64,
+                                 device=dev)
         packer = TaskPacker(tg, mem, self.counters.data_ptr(), head_dim, peers=peers, device=dev)
         tasks, waits, signals, offs, flat = packer.pack()
         self._keep = packer._peer_arrays
@@ -400,9 +401,20 @@ class Megakernel:
                 f"{t.label()} waits on event {s['event']} (counter {s['counter']}, needed {s['needed']}); "
                 f"the kernel exited, counters are now inconsistent: rebuild the Megakernel")
 
+    def stage_stamps(self) -> torch.Tensor:
+        """(trace_steps, tasks, K) globaltimer stamps of a -DMPK_STAGE_WORDS=K build (0 where not reached); the
+        last two words of a task are 'op done, all threads' and 'signals issued' (megakernel.cu), the others the
+        MPK_STAMP points of its op (device_kernels/ops)."""
+        nt, k = len(self.tg.tasks), self.stage_words
+        if k == 0 or self.trace_steps == 0:
+            raise ValueError("stage stamps need a build with MPK_NVCC_DEFINES=-DMPK_STAGE_WORDS=K and trace_steps > 0")
+        base = self.trace_steps * nt * 2
+        return self.trace[base:base + self.trace_steps * nt * k].view(self.trace_steps, nt, k).cpu()
+
     def chrome_trace(self, path: str | None = None) -> dict:
         """Per-task globaltimer start/end of the first trace_steps steps of the last launch, as Chrome trace JSON."""
-        tr = self.trace.view(-1, len(self.tg.tasks), 2).cpu()
+        nt = len(self.tg.tasks)
+        tr = self.trace[:max(self.trace_steps, 1) * nt * 2].view(-1, nt, 2).cpu()
         t0 = int(tr[tr > 0].min()) if (tr > 0).any() else 0
         ev = []
         for k in range(self.trace_steps):

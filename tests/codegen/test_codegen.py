@@ -105,6 +105,28 @@ def test_nvcc_defines_env_keys_the_cache_and_rejects_other_flags(tmp_path, monke
     assert nvcc.build(root=root, nvcc=fake).key == r1.key
 
 
+def test_define_int_reads_the_build_switches(monkeypatch):
+    # the host side of a diagnostic switch (MPK_STAGE_WORDS sizes the trace buffer) reads the same variable
+    monkeypatch.delenv("MPK_NVCC_DEFINES", raising=False)
+    assert nvcc.define_int("MPK_STAGE_WORDS") == 0 and nvcc.define_int("MPK_STAGE_WORDS", 5) == 5
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_TC_TWO_H=1 -DMPK_STAGE_WORDS=12")
+    assert nvcc.define_int("MPK_STAGE_WORDS") == 12 and nvcc.define_int("MPK_TC_TWO_H") == 1
+    assert nvcc.define_int("MPK_STAGE") == 0     # a prefix of another name is not a match
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_STAGE_WORDS=twelve")
+    with pytest.raises(nvcc.CompileError, match="not an integer"):
+        nvcc.define_int("MPK_STAGE_WORDS")
+
+
+def test_attention_shared_memory_fits_one_cta():
+    # attention.cuh's layout (two buffers of ATT_KP K/V rows) must fit the 227 KiB a CTA can have, for every
+    # head dim the packer accepts, and grow with the head dim
+    from mpk_runtime.codegen import layout as L
+    C = L.CONSTANTS
+    sizes = [L.att_smem_bytes(d) for d in range(8, C["MAX_HEAD_DIM"] + 1, 8)]
+    assert max(sizes) <= 227 * 1024 and sizes == sorted(sizes)
+    assert L.att_smem_bytes(128) - L.att_smem_bytes(64) == 2 * C["ATT_KP"] * 64 * 2 * 2
+
+
 def test_cache_warning_is_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MPK_CACHE_DIR", str(tmp_path / "cache"))
     fake, root = _fake_nvcc(tmp_path), _src_tree(tmp_path)

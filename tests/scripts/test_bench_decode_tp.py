@@ -175,7 +175,7 @@ def test_comm_meta_on_a_real_tp2_graph():
     from mpk_runtime.tasks.tiling import Tiling
     cfg = load_config("tiny-llama")
     gs = [build_graph(cfg, mode="decode", batch=1, context_len=16, max_seq_len=32, tp=2, rank=r, attn_splits=1,
-                      dtype="bfloat16", **_tp_rig.graph_kwargs(2)) for r in range(2)]
+                      dtype="bfloat16", **_tp_rig.graph_kwargs(2, 2)) for r in range(2)]
     tg = build_task_graphs(gs, Tiling(num_sms=8))[1]
     meta = _tp_rig.comm_meta(tg)
     kinds = {meta["kind"][t] for t, r in enumerate(meta["remote"]) if r}
@@ -305,3 +305,21 @@ def test_cli_without_gpus_records_every_cell(tmp_path, monkeypatch):
     assert ("megakernel_tp2", "qwen3-8b", 1) in systems and ("gptfast_tp2", "llama-3.2-1b", 8) in systems
     assert all(r["status"].startswith("skipped (needs 2 GPUs") for r in d["rows"])
     assert len(d["skipped"]) == len(d["rows"])
+
+
+def test_graph_kwargs_default_is_the_engine_setting():
+    # bench_decode --tp 2 measures what the engine runs (tp_invariant 1: Tensor Core tiles k-sliced); the
+    # bitwise-TP=1 setting is opt-in, and it changes the tiles (k_slices forced to 1)
+    from mpk_runtime.ir.build import build_graph
+    from mpk_runtime.tasks.build import build_task_graphs
+    from mpk_runtime.tasks.tiling import Tiling
+    assert _tp_rig.graph_kwargs(2) == {} and _tp_rig.graph_kwargs(2, 2) == {"tp_invariant": 2}
+    cfg = load_config("llama-3.2-1b")
+
+    def kslices(kw):
+        gs = [build_graph(cfg, mode="decode", batch=8, context_len=64, max_seq_len=96, tp=2, rank=r, attn_splits=1,
+                          dtype="bfloat16", **kw) for r in range(2)]
+        tg = build_task_graphs(gs, Tiling(num_sms=132))[0]
+        return {t.params.get("k_slices") for t in tg.tasks if t.kind == "linear" and t.op.endswith("down")}
+    assert kslices(_tp_rig.graph_kwargs(2, 2)) == {1}
+    assert kslices(_tp_rig.graph_kwargs(2)) == {0}
