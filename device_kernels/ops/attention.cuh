@@ -131,6 +131,7 @@ __device__ inline void op_attn_partial(const Ctx& c) {
       sp[h * ATT_KP + u] = t * scale;
     }
     __syncthreads();
+    if (p == 0) MPK_STAMP(5);   // pass 0's scores
     // online softmax: warp h owns head h's running max and sum; p = exp(score - max) replaces the score
     if (warp < gs) {
       float* sh = sp + warp * ATT_KP;
@@ -162,6 +163,7 @@ __device__ inline void op_attn_partial(const Ctx& c) {
       }
     }
     __syncthreads();
+    if (p == 0) MPK_STAMP(6);   // pass 0's softmax
     // P.V: thread = (head, pair of d) output [, key group], keys in order; the activity test outside the key loop
     // (inside it, every key became its own branch region with a dependent shared-memory load)
 #pragma unroll
@@ -184,7 +186,9 @@ __device__ inline void op_attn_partial(const Ctx& c) {
         acc[r][1] = a1;
       }
     }
+    if (p == 0) MPK_STAMP(7);   // thread 0's P.V of pass 0
     __syncthreads();   // buffer p & 1 and the p values are free again
+    if (p == 0) MPK_STAMP(8);   // every thread's P.V of pass 0
     if (p + 2 < passes) issue(j0 + 2 * ATT_KP, p & 1);
   }
   MPK_STAMP(3);
