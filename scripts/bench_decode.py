@@ -150,7 +150,7 @@ def stage_summary(mk, step: int, path) -> dict:
     -DMPK_STAGE_WORDS build, over the tasks of one traced step; the raw rows go to `path` (.json.gz)."""
     import statistics
     st = mk.stage_stamps()[step]
-    tr = mk.trace[:mk.trace_steps * len(mk.tg.tasks) * 2].view(-1, len(mk.tg.tasks), 2)[step].cpu()
+    tr = mk.trace_times()[step]
     rows, by = [], {}
     for t in mk.tg.tasks:
         a, b = int(tr[t.id, 0]), int(tr[t.id, 1])
@@ -391,7 +391,7 @@ def _cell_megakernel_tp2(tctx, heap, cell, cfg, wts, opts):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record(); r.mk.launch(n); b.record(); b.synchronize()
         r.mk.check()
-        tr = r.mk.trace.view(-1, len(r.tg.tasks), 2)[:n].cpu().tolist()
+        tr = r.mk.trace_times()[:n].tolist()
         meta = comm_meta(r.tg)
         res["comm"] = analyze_comm(tr, meta)
         res["comm"]["traced_launch_ms_per_step"] = a.elapsed_time(b) / n

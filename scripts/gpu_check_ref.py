@@ -148,7 +148,7 @@ def trace(name: str, B: int, ctx: int) -> dict:
         times.append(a.elapsed_time(b))
     r.mk.check()
     d = r.mk.chrome_trace(str(OUT / f"trace_{name}_b{B}_ctx{ctx}.json"))
-    tr = r.mk.trace.view(-1, len(r.tg.tasks), 2)[0].cpu()
+    tr = r.mk.trace_times()[0]
     per = defaultdict(list)
     for t in r.tg.tasks:
         per[t.kind].append((tr[t.id, 1] - tr[t.id, 0]).item() / 1e3)

@@ -105,10 +105,20 @@ def parse_ptxas(log: str) -> dict:
     return res
 
 
+def _defines() -> list[str]:
+    """MPK_NVCC_DEFINES="-DNAME=VALUE ...": compile-time switches of the device code for same-run A/B builds
+    (part of the cache key, like every flag); only -D options are accepted."""
+    defines = os.environ.get("MPK_NVCC_DEFINES", "").split()
+    bad = [d for d in defines if not d.startswith("-D")]
+    if bad:
+        raise CompileError(f"MPK_NVCC_DEFINES accepts only -DNAME[=VALUE] options, got {bad}")
+    return defines
+
+
 def define_int(name: str, default: int = 0) -> int:
     """The integer value of -D<name>=<value> in MPK_NVCC_DEFINES (the build's compile-time switches), else default:
     the host side of a diagnostic switch (e.g. MPK_STAGE_WORDS sizes the trace buffer) reads it from here."""
-    for d in os.environ.get("MPK_NVCC_DEFINES", "").split():
+    for d in _defines():
         if d.startswith(f"-D{name}="):
             try:
                 return int(d.split("=", 1)[1], 0)
@@ -125,13 +135,7 @@ def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags:
         raise CompileError("nvcc not found: put the CUDA toolkit's bin/ on PATH (nvcc 13.0 builds sm_90a)")
     consts = {**CONSTANTS, **(constants or {})}
     header = generate_header(consts)
-    # MPK_NVCC_DEFINES="-DNAME=VALUE ...": compile-time switches of the device code for same-run A/B builds
-    # (part of the cache key, like every flag); only -D options are accepted.
-    defines = os.environ.get("MPK_NVCC_DEFINES", "").split()
-    bad = [d for d in defines if not d.startswith("-D")]
-    if bad:
-        raise CompileError(f"MPK_NVCC_DEFINES accepts only -DNAME[=VALUE] options, got {bad}")
-    flags = BASE_FLAGS + list(extra_flags or []) + defines
+    flags = BASE_FLAGS + list(extra_flags or []) + _defines()
     key = cache_key(header, consts, flags, nvcc_version(nvcc), root, source)
     out_dir = cache_dir() / key
     out_dir.parent.mkdir(parents=True, exist_ok=True)

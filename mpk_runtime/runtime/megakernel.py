@@ -401,6 +401,12 @@ class Megakernel:
                 f"{t.label()} waits on event {s['event']} (counter {s['counter']}, needed {s['needed']}); "
                 f"the kernel exited, counters are now inconsistent: rebuild the Megakernel")
 
+    def trace_times(self) -> torch.Tensor:
+        """(trace_steps, tasks, 2) globaltimer start / end of each task in the traced steps of the last launch (the
+        first words of the trace buffer; a stage-stamp build's rows follow them), on the CPU."""
+        nt = len(self.tg.tasks)
+        return self.trace[:self.trace_steps * nt * 2].view(self.trace_steps, nt, 2).cpu()
+
     def stage_stamps(self) -> torch.Tensor:
         """(trace_steps, tasks, K) globaltimer stamps of a -DMPK_STAGE_WORDS=K build (0 where not reached); the
         last two words of a task are 'op done, all threads' and 'signals issued' (megakernel.cu), the others the
@@ -413,8 +419,7 @@ class Megakernel:
 
     def chrome_trace(self, path: str | None = None) -> dict:
         """Per-task globaltimer start/end of the first trace_steps steps of the last launch, as Chrome trace JSON."""
-        nt = len(self.tg.tasks)
-        tr = self.trace[:max(self.trace_steps, 1) * nt * 2].view(-1, nt, 2).cpu()
+        tr = self.trace_times()
         t0 = int(tr[tr > 0].min()) if (tr > 0).any() else 0
         ev = []
         for k in range(self.trace_steps):

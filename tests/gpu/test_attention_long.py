@@ -1,8 +1,5 @@
 """GPU: decode attention over long cached contexts (several key passes per split, sequences of different lengths)
 matches the CPU pyvm on the same K/V pages (skips without a CUDA GPU + nvcc)."""
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 
@@ -13,16 +10,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(nvcc.find_nvcc() is None, reason="needs nvcc to build the kernel")]
 
 
-def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", pathlib.Path(__file__).parents[2] / "scripts/gpu_check.py")
-    gc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gc)
-    return gc
-
-
 @pytest.mark.parametrize("model,batch,ctx,splits", [("tiny-llama", 1, 700, 1), ("tiny-llama", 3, 520, 2),
                                                     ("tiny-qwen3", 2, 600, 1), ("tiny-qwen3", 1, 300, 3)])
-def test_long_context_attention_matches_pyvm(model, batch, ctx, splits):
+def test_long_context_attention_matches_pyvm(model, batch, ctx, splits, gpu_check):
     res = []
-    r = _gpu_check().check_long_context(model, batch, ctx, splits, res)
+    r = gpu_check.check_long_context(model, batch, ctx, splits, res)
     assert r["ok"], r

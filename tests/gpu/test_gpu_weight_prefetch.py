@@ -1,8 +1,5 @@
 """GPU: weight_prefetch tasks (Tiling.l2_prefetch_mb, tasks/ops/prefetch.py) change no value - logits and tokens
 of a prefetching build equal those of the build without prefetch bit for bit, over several steps."""
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 
@@ -13,17 +10,10 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(nvcc.find_nvcc() is None, reason="needs nvcc to build the kernel")]
 
 
-def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", pathlib.Path(__file__).parents[2] / "scripts/gpu_check.py")
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    return m
-
-
 @pytest.mark.parametrize("model,mb", [("tiny-qwen3", 0.05), ("llama-3.2-1b", 16.0)])
-def test_prefetch_is_bitwise_neutral(model, mb):
+def test_prefetch_is_bitwise_neutral(model, mb, gpu_check):
     from mpk_runtime.tasks.tiling import Tiling
-    gc = _gpu_check()
+    gc = gpu_check
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = {}
     for budget in (0.0, mb):

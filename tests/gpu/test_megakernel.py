@@ -11,12 +11,7 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("batch", [1, 8])
-def test_megakernel_matches_pyvm(model, batch):
-    import importlib.util
-    import pathlib
-    spec = importlib.util.spec_from_file_location("gpu_check", pathlib.Path(__file__).parents[2] / "scripts/gpu_check.py")
-    gc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gc)
+def test_megakernel_matches_pyvm(model, batch, gpu_check):
     res = []
-    gc.check_correct(model, batch, 8, res)
+    gpu_check.check_correct(model, batch, 8, res)
     assert res[-1]["ok"], res[-1]
