@@ -3,6 +3,10 @@
 // counter[e] >= triggers * (s - lag) for each wait (ld.acquire.gpu, bounded spin on %globaltimer; on timeout
 // the first SM records {sm, task, event, counter, needed} in the status block and every SM exits); after it,
 // __syncthreads + red.release.gpu.add (.sys for a peer's) on every signalled counter.
+// Per task, only the counter polls and the release adds are global round trips: the record (with its first waits
+// and signal words inlined, codegen/layout.py) of the SM's next task is copied into the other of two shared
+// buffers (cp.async) while the current op runs, and thread 32 issues a finished task's signals while thread 0
+// already polls the next task's counters.
 #include "common.cuh"
 #include "ops/embed.cuh"
 #include "ops/linear.cuh"
@@ -30,35 +34,65 @@ __device__ __noinline__ void op_small(const Ctx& c) {
 
 using namespace mpk;
 
+// Thread 0: spin until *ctr >= need (acquire; system scope for a counter a peer rank signals). On timeout the first
+// SM to notice records the wait in the status block; returns 1 when this SM must exit (timeout here or elsewhere).
+__device__ __forceinline__ int wait_counter(const uint64_t* ctr, int64_t need, bool sys, int64_t* status,
+                                            uint64_t timeout_ns, int sm, int tid, int64_t event, int64_t step) {
+  uint64_t v = ld_acquire_scoped_u64(ctr, sys);
+  if ((int64_t)v >= need) return 0;
+  const uint64_t t0 = globaltimer();
+  for (uint32_t it = 1;; ++it) {
+    v = ld_acquire_scoped_u64(ctr, sys);
+    if ((int64_t)v >= need) return 0;
+    if ((it & 255) == 0) {
+      if (ld_volatile_s64(status + S_FLAG) != STATUS_OK) return 1;
+      const uint64_t el = globaltimer() - t0;
+      if (el > timeout_ns) {
+        if (atomicCAS(reinterpret_cast<unsigned long long*>(status + S_FLAG), 0ull,
+                      (unsigned long long)STATUS_TIMEOUT) == 0ull) {
+          status[S_SM] = sm; status[S_TASK] = tid; status[S_EVENT] = event;
+          status[S_COUNTER] = (int64_t)v; status[S_NEEDED] = need; status[S_STEP] = step;
+          status[S_ELAPSED_NS] = (int64_t)el;
+          __threadfence();
+        }
+        return 1;
+      }
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     MPK_KERNEL_NAME(const int64_t* __restrict__ P, int64_t first_step, int nsteps) {
   __shared__ int s_abort;
-  // The parameter block and the current task's record live in shared memory: every wait's ld.acquire compiles to
-  // a load + CCTL.IVALL (all of L1 invalidated), so global copies of them would be an L2 round trip again in every
-  // task. Ops see them through Ctx.P / Ctx.rec (generic pointers into shared memory).
+  // The parameter block and the records live in shared memory: every wait's ld.acquire compiles to a load +
+  // CCTL.IVALL (all of L1 invalidated), so global copies of them would be an L2 round trip again in every task.
+  // Ops see them through Ctx.P / Ctx.rec (generic pointers into shared memory). s_rec[b]: the running task's record
+  // and the next one's (double-buffered; the next is copied in while the op runs).
   __shared__ int64_t s_par[NUM_PARAMS];
-  __shared__ int64_t s_rec[TASK_WORDS];
-  static_assert(TASK_WORDS <= 32, "warp 1 copies a task record, one word per lane");
+  __shared__ __align__(16) int64_t s_rec[2][TASK_WORDS];
+  static_assert(TASK_WORDS % 2 == 0 && TASK_WORDS / 2 <= 32, "warp 0 copies a record, 16 bytes per lane");
   if (threadIdx.x < NUM_PARAMS) s_par[threadIdx.x] = P[threadIdx.x];
-  __syncthreads();
   const int sm = blockIdx.x;
-  // Only the task list stays in registers across the task loop; the tables thread 0 alone uses are re-read from
-  // the shared-memory parameter block when needed, so that every op keeps the registers (held across the loop,
-  // they made the kernel spill).
   const int32_t* offs = ptr<const int32_t>(P[P_SM_OFFSETS]);
-  const int32_t* list = ptr<const int32_t>(P[P_SM_TASKS]);
-  const int64_t* tasks = ptr<const int64_t>(P[P_TASKS]);
   const int beg = offs[sm], end = offs[sm + 1];
+  if (beg == end) return;
+  const int64_t* tasks = ptr<const int64_t>(P[P_TASKS]);
+  if (threadIdx.x < TASK_WORDS)   // the first task's record
+    s_rec[0][threadIdx.x] = tasks[(int64_t)ptr<const int32_t>(P[P_SM_TASKS])[beg] * TASK_WORDS + threadIdx.x];
+  __syncthreads();
+  int buf = 0;
   int64_t la_done = 0;  // thread 0: bytes per weight range of this task already prefetched as the lookahead
   for (int ls = 0; ls < nsteps; ++ls) {
     const int64_t step = first_step + ls;
-    for (int i = beg; i < end; ++i) {
-      const int tid = list[i];
-      const int64_t* rec = tasks + (int64_t)tid * TASK_WORDS;
-      // warp 1 copies the record while thread 0 waits (the previous task's readers passed the barrier that ended it)
-      if (threadIdx.x >= 32 && threadIdx.x < 32 + TASK_WORDS) s_rec[threadIdx.x - 32] = rec[threadIdx.x - 32];
+    for (int i = beg; i < end; ++i, buf ^= 1) {
+      const int64_t* rec = s_rec[buf];
+      // the SM's next task (the list wraps to the next step's first): its record into the other buffer, which
+      // nobody reads any more (thread 32 took the previous task's signal words before the barrier that ended it)
+      if (threadIdx.x < TASK_WORDS / 2)
+        cp_async16(&s_rec[buf ^ 1][threadIdx.x * 2], tasks + rec[T_NEXT_TASK] * TASK_WORDS + threadIdx.x * 2, true);
       if (threadIdx.x == 0) {
-        const int64_t* waits = ptr<const int64_t>(param(s_par, P_WAITS));
+        cp_async_commit();
+        const int tid = (int)rec[T_TASK_ID];
         const uint64_t* counters = ptr<const uint64_t>(param(s_par, P_COUNTERS));
         int64_t* status = ptr<int64_t>(param(s_par, P_STATUS));
         uint64_t* trace = ptr<uint64_t>(param(s_par, P_TRACE));
@@ -69,9 +103,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           const int nr = (pf[0] != 0) + (pf[2] != 0);
           if (nr > 0) prefetch_task_weights(pf, la_done, PF_CUR / nr);
           la_done = 0;
-          const int nx = (i + 1 < end) ? i + 1 : ((ls + 1 < nsteps) ? beg : -1);
-          if (PF_NEXT > 0 && nx >= 0) {
-            const int64_t* pn = pft + (int64_t)list[nx] * PF_WORDS;
+          if (PF_NEXT > 0 && (i + 1 < end || ls + 1 < nsteps)) {
+            const int64_t* pn = pft + rec[T_NEXT_TASK] * PF_WORDS;
             const int nrn = (pn[0] != 0) + (pn[2] != 0);
             if (nrn > 0) {
               la_done = PF_NEXT / nrn;
@@ -79,33 +112,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
           }
         }
-        int abort = 0;
-        for (int64_t w = rec[T_WAIT_BEGIN]; w < rec[T_WAIT_END] && !abort; ++w) {
-          const int64_t* wr = waits + w * WAIT_WORDS;
-          const uint64_t* ctr = counters + wr[W_EVENT];
-          const int64_t need = wr[W_TRIGGERS] * (step - wr[W_LAG]);
-          const bool sys = wr[W_SCOPE] != 0;  // signalled by another rank: acquire at system scope
-          uint64_t v = ld_acquire_scoped_u64(ctr, sys);
-          if ((int64_t)v >= need) continue;
-          const uint64_t t0 = globaltimer();
-          for (uint32_t it = 1;; ++it) {
-            v = ld_acquire_scoped_u64(ctr, sys);
-            if ((int64_t)v >= need) break;
-            if ((it & 255) == 0) {
-              if (ld_volatile_s64(status + S_FLAG) != STATUS_OK) { abort = 1; break; }
-              const uint64_t el = globaltimer() - t0;
-              if (el > timeout_ns) {
-                if (atomicCAS(reinterpret_cast<unsigned long long*>(status + S_FLAG), 0ull,
-                              (unsigned long long)STATUS_TIMEOUT) == 0ull) {
-                  status[S_SM] = sm; status[S_TASK] = tid; status[S_EVENT] = wr[W_EVENT];
-                  status[S_COUNTER] = (int64_t)v; status[S_NEEDED] = need; status[S_STEP] = step;
-                  status[S_ELAPSED_NS] = (int64_t)el;
-                  __threadfence();
-                }
-                abort = 1;
-                break;
-              }
-            }
+        int abort = 0, ninl = 0;
+#pragma unroll
+        for (int j = 0; j < INLINE_WAITS; ++j) {
+          const int64_t pw = rec[T_INLINE_WAIT + j];
+          if (pw == 0 || abort) break;
+          ++ninl;
+          const int64_t ev = pw & 0xffffffffLL;
+          const int64_t need = ((pw >> PW_TRIGGERS_SHIFT) & 0xffffff) * (step - ((pw >> PW_LAG_SHIFT) & 63));
+          abort = wait_counter(counters + ev, need, ((pw >> PW_SCOPE_SHIFT) & 1) != 0, status, timeout_ns, sm, tid,
+                               ev, step);
+        }
+        if (!abort && rec[T_WAIT_BEGIN] + ninl < rec[T_WAIT_END]) {
+          const int64_t* waits = ptr<const int64_t>(param(s_par, P_WAITS));
+          for (int64_t w = rec[T_WAIT_BEGIN] + ninl; w < rec[T_WAIT_END] && !abort; ++w) {
+            const int64_t* wr = waits + w * WAIT_WORDS;
+            abort = wait_counter(counters + wr[W_EVENT], wr[W_TRIGGERS] * (step - wr[W_LAG]), wr[W_SCOPE] != 0,
+                                 status, timeout_ns, sm, tid, wr[W_EVENT], step);
           }
         }
         s_abort = abort;
@@ -118,10 +141,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                                   ((int64_t)ls * param(s_par, P_NUM_TASKS) + tid) * MPK_STAGE_WORDS
                             : nullptr;
 #endif
+      } else if (threadIdx.x < TASK_WORDS / 2) {
+        cp_async_commit();
       }
       __syncthreads();
-      if (s_abort) return;
-      const Ctx c{s_par, s_rec, step, ls, (int)(step & 1)};
+      if (s_abort) {
+        if (threadIdx.x < TASK_WORDS / 2) cp_async_wait_all();
+        return;
+      }
+      const Ctx c{s_par, rec, step, ls, (int)(step & 1)};
       switch ((int)c.rec[T_OPCODE]) {
         case OP_EMBED: op_embed(c); break;
         case OP_QKV_ROPE: op_qkv_rope(c); break;
@@ -137,20 +165,46 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         case OP_QK_NORM_ROPE: op_small(c); break;
         default: break;
       }
+      if (threadIdx.x < TASK_WORDS / 2) cp_async_wait_all();   // the next record has landed
+      // Thread 32 signals this task's counters after the barrier, while thread 0 goes on to the next task's waits:
+      // it takes the signal words (and the trace coordinates) now, before the barrier frees this buffer.
+      int64_t sg[INLINE_SIGNALS], sb = 0, se = 0;
+      int tid = 0;
+#if MPK_STAGE_WORDS > 0
+      uint64_t* stage_row = nullptr;
+#endif
+      if (threadIdx.x == 32) {
+        sb = rec[T_SIG_BEGIN];
+#pragma unroll
+        for (int j = 0; j < INLINE_SIGNALS; ++j) {
+          sg[j] = rec[T_INLINE_SIG + j];
+          sb += sg[j] != 0;
+        }
+        se = rec[T_SIG_END];
+        tid = (int)rec[T_TASK_ID];
+#if MPK_STAGE_WORDS > 0
+        stage_row = mpk_stage_row;
+#endif
+      }
       __syncthreads();
       MPK_STAMP(MPK_STAGE_WORDS - 2);   // every thread's op work done (the signals follow)
-      if (threadIdx.x == 0) {
-        const int64_t* signals = ptr<const int64_t>(param(s_par, P_SIGNALS));
-        uint64_t* trace = ptr<uint64_t>(param(s_par, P_TRACE));
+      if (threadIdx.x == 32) {
         // No __threadfence() first (MEMBAR.SC.GPU + CCTL.IVALL): after the barrier, the release add orders every
-        // write of the CTA before it (release is cumulative over what the barrier made visible to thread 0; the
-        // fence.acq_rel + relaxed-add form CUTLASS's barrier uses). rec: the global record (warp 1 may already be
-        // copying the next task's into s_rec).
-        for (int64_t s = rec[T_SIG_BEGIN]; s < rec[T_SIG_END]; ++s)
-          signal_counter(signals[s]);  // local: red.release.gpu; a peer's (tagged): red.release.sys
+        // write of the CTA before it (release is cumulative over what the barrier made visible to this thread; the
+        // fence.acq_rel + relaxed-add form CUTLASS's barrier uses).
+#pragma unroll
+        for (int j = 0; j < INLINE_SIGNALS; ++j)
+          if (sg[j] != 0) signal_counter(sg[j]);  // local: red.release.gpu; a peer's (tagged): red.release.sys
+        if (sb < se) {
+          const int64_t* signals = ptr<const int64_t>(param(s_par, P_SIGNALS));
+          for (int64_t s = sb; s < se; ++s) signal_counter(signals[s]);
+        }
+        uint64_t* trace = ptr<uint64_t>(param(s_par, P_TRACE));
         if (trace != nullptr && ls < param(s_par, P_TRACE_STEPS))
           trace[((int64_t)ls * param(s_par, P_NUM_TASKS) + tid) * 2 + 1] = globaltimer();
-        MPK_STAMP(MPK_STAGE_WORDS - 1);   // signals issued
+#if MPK_STAGE_WORDS > 0
+        if (stage_row != nullptr) stage_row[MPK_STAGE_WORDS - 1] = globaltimer();   // signals issued
+#endif
       }
     }
   }

@@ -120,8 +120,11 @@ __device__ inline void linear_core(const bf16* xs, int M, int K, const bf16* w0,
 // contiguous bytes of a row (k = 8t .. 8t+7 of a 32-wide round) and feeds k 8t+0..3 to the first mma and 8t+4..7
 // to the second, in both operands, so a dot product's terms are all present once. Every weight vector is loaded
 // once for all rows of the pass (the CUDA-core path re-streams it per 8 rows).
-// Warps: a tile of w columns has ntn = ceil(w/16) n-tiles; when ntn < 8 the warps also split each K segment
-// into wk slices (wk * ntn <= 8) whose partials are added in slice order through `red` (deterministic).
+// Warps: a tile of w columns has ntn = ceil(w/16) n-tiles; its work is a list of units, one (weight, n-tile) each:
+// ntn for one weight, 2 ntn for two (gate's n-tiles, then up's). A warp runs one unit at a time on the
+// software-pipelined one-weight loop (one weight's fragments, one accumulator set), writing y0s (weight 0) or y1s
+// (weight 1). Each K segment of a unit may be cut into wk k-slices (tc_kslices) whose partials are added in slice
+// order through `red` (deterministic).
 // kslices = 1 fixes wk = 1: one fp32 chain over each K segment, whatever the tile width (tp_invariant graphs,
 // whose TP=1 and TP=R tiles differ in width, need it for bit-identical sums; other fixed counts cost registers).
 __device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -132,10 +135,145 @@ __device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// MPK_TC_TWO_UNITS: 1 (default) = two-weight tiles as 2 ntn one-weight units (above); 0 = the v18 two-weight loop
+// (a warp streams both weights of its n-tile, one stage of 2 rounds, not pipelined), kept for a same-tree A/B
+// (MPK_NVCC_DEFINES=-DMPK_TC_TWO_UNITS=0). codegen/layout.py linear_geometry sizes `red` for either.
+#ifndef MPK_TC_TWO_UNITS
+#define MPK_TC_TWO_UNITS 1
+#endif
+
+// k-slices per unit (codegen/layout.py tc_kslices mirrors this rule; keep them equal). kslices 1: wk = 1. Auto
+// (kslices 0): one weight: the largest power of two with wk * ntn <= nwarps (v17). Two weights: the smallest power
+// of two wk <= min(nwarps, R) (R: 32-wide k rounds per segment, so no slice is empty) minimising the makespan
+// ceil(2 ntn wk / nwarps) / wk in units, among those whose 2 ntn wk partial blocks fit `cap` (0 = no limit).
+__host__ __device__ __forceinline__ int tc_kslices(int ntn, bool two, int R, int kslices, int cap) {
+  const int nwarps = THREADS / 32;
+  int wk = 1;  // kslices: 0 = auto, 1 = one slice (the only fixed count: the packer refuses others)
+  if (kslices != 0) return wk;
+  if (!two) {
+    while (wk * 2 * ntn <= nwarps) wk *= 2;
+    return wk;
+  }
+  const int units = 2 * ntn;
+  int best = (units + nwarps - 1) / nwarps * nwarps;  // makespan x nwarps (an integer: wk divides nwarps)
+  for (int c = 2; c <= nwarps && c <= R && (cap == 0 || units * c <= cap); c *= 2) {
+    const int span = (units * c + nwarps - 1) / nwarps * (nwarps / c);
+    if (span < best) best = span, wk = c;
+  }
+  return wk;
+}
+
+// The tile's units over the warps: pairs p = warp, warp + nwarps, ... of [0, units * wk), unit u = p / wk, k-slice
+// ks = p % wk (= warp % wk: wk divides nwarps). TWO: units [0, ntn) are w0's n-tiles into y0s, [ntn, 2 ntn) w1's
+// into y1s. red_cap: `red`'s size in blocks of (16, MT8 * 8) fp32 (0 = sized by linear_geometry for this rule).
 template <bool TWO, int MT8>
 __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
-                                         int n0, int n1, int kseg, int kslices, float* y0s, float* y1s,
-                                         float* red) {
+                                         int n0, int n1, int kseg, int kslices, int red_cap, float* y0s,
+                                         float* y1s, float* red) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int w = n1 - n0, ntn = (w + 15) / 16, units = TWO ? 2 * ntn : ntn;
+  const int R = (K / kseg) / 32;  // 32-wide k rounds per segment
+  const int wk = tc_kslices(ntn, TWO, R, kslices, red_cap);
+  const int ks = warp % wk;
+  const int r0 = (R * ks) / wk, r1 = (R * (ks + 1)) / wk;
+  constexpr int BLK = 16 * MT8 * 8;  // one (unit, k-slice) block of `red`: (16 columns, MT8 * 8 rows) fp32
+  // H rounds of 32 k per stage, two stages in flight, software-pipelined (the next stage's loads are issued before
+  // this stage's mma.sync), so that however ptxas orders a stage's loads and mma's, a full stage of loads is
+  // always outstanding. The rounds accumulate in order r0, r0 + 1, ..., r1 - 1.
+  constexpr int H = 2;
+#pragma unroll 1
+  for (int sg = 0; sg < kseg; ++sg) {
+    const int kb = sg * (K / kseg);
+#pragma unroll 1
+    for (int u = warp / wk; u < units; u += nwarps / wk) {
+      const bool second = TWO && u >= ntn;  // w1's n-tile -> y1s
+      const int nt = second ? u - ntn : u;
+      const bf16* wt = second ? w1 : w0;
+      float* ys = second ? y1s : y0s;
+      const int na = min(n0 + nt * 16 + g, n1 - 1), nb = min(n0 + nt * 16 + g + 8, n1 - 1);  // clamped: dropped
+      float c0[MT8][4];
+#pragma unroll
+      for (int i = 0; i < MT8; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) c0[i][j] = 0.f;
+      const bf16* wa = wt + (int64_t)na * K + kb + 8 * t;
+      const bf16* wb = wt + (int64_t)nb * K + kb + 8 * t;
+      // stage loads: rounds [rr, rr + H) (zeros past r1, nothing read)
+      auto load = [&](int rr, uint4 (&A)[H], uint4 (&B)[H]) {
+#pragma unroll
+        for (int i = 0; i < H; ++i) {
+          const bool ok = rr + i < r1;
+          const int o = (rr + i) * 32;
+          A[i] = ok ? ld_weight_stream16(wa + o) : make_uint4(0, 0, 0, 0);
+          B[i] = ok ? ld_weight_stream16(wb + o) : make_uint4(0, 0, 0, 0);
+        }
+      };
+      auto compute = [&](int rr, const uint4 (&A)[H], const uint4 (&B)[H]) {
+#pragma unroll
+        for (int i = 0; i < H; ++i) {
+          if (rr + i < r1) {
+            const int k = kb + (rr + i) * 32 + 8 * t;
+#pragma unroll
+            for (int mt = 0; mt < MT8; ++mt) {
+              const uint4 xv = *reinterpret_cast<const uint4*>(xs + (int64_t)(mt * 8 + g) * ldx + k);
+              mma_bf16_16816(c0[mt], A[i].x, B[i].x, A[i].y, B[i].y, xv.x, xv.y);
+              mma_bf16_16816(c0[mt], A[i].z, B[i].z, A[i].w, B[i].w, xv.z, xv.w);
+            }
+          }
+        }
+      };
+      uint4 pa[H], pb[H], qa[H], qb[H];
+      load(r0, pa, pb);
+#pragma unroll 1
+      for (int r = r0; r < r1; r += 2 * H) {
+        load(r + H, qa, qb);
+        compute(r, pa, pb);
+        load(r + 2 * H, pa, pb);
+        compute(r + H, qa, qb);
+      }
+      // C fragment: c[mt][0..1] = (column n0+nt*16+g, rows mt*8+2t, +1), c[mt][2..3] = (column +8, same rows)
+#pragma unroll
+      for (int mt = 0; mt < MT8; ++mt)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int m = mt * 8 + 2 * t + (j & 1), col = nt * 16 + g + (j >> 1) * 8;
+          if (m >= M || col >= w) continue;
+          if (wk == 1)
+            ys[m * w + col] = sg == 0 ? c0[mt][j] : ys[m * w + col] + c0[mt][j];
+          else
+            red[(int64_t)(u * wk + ks) * BLK + (g + (j >> 1) * 8) * MT8 * 8 + m] = c0[mt][j];
+        }
+    }
+    if (wk > 1) {  // partials of the wk k-slices of each unit, added in slice order
+      __syncthreads();
+      for (int i = threadIdx.x; i < M * w; i += THREADS) {
+        const int m = i / w, col = i % w, nt = col / 16, cc = col % 16;
+        const float* rr = red + (int64_t)(nt * wk) * BLK + cc * MT8 * 8 + m;  // unit nt, slice 0
+        float s0 = 0.f, s1 = 0.f;
+        for (int q = 0; q < wk; ++q) {
+          s0 = q == 0 ? rr[q * BLK] : s0 + rr[q * BLK];
+          if (TWO) {  // unit ntn + nt: blocks (ntn + nt) * wk + q
+            const float v = rr[(int64_t)(ntn * wk + q) * BLK];
+            s1 = q == 0 ? v : s1 + v;
+          }
+        }
+        y0s[i] = sg == 0 ? s0 : y0s[i] + s0;
+        if (TWO) y1s[i] = sg == 0 ? s1 : y1s[i] + s1;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+#if !MPK_TC_TWO_UNITS
+// The v18 two-weight loop (MPK_TC_TWO_UNITS=0 only): warp (nt, ks) streams both weights' rows of n-tile nt, k-slice
+// ks (wk * ntn <= nwarps), one stage of H = 2 rounds (measured faster than pipelined stages of 1: docs/perf-notes.md
+// v18a), c0 and c1 accumulators; partial blocks of two weights: (nt * wk + ks) * 2 + weight.
+template <int MT8>
+__device__ __forceinline__ void linear_tc_two_v18(const bf16* xs, int ldx, int M, int K, const bf16* w0,
+                                                  const bf16* w1, int n0, int n1, int kseg, int kslices, float* y0s,
+                                                  float* y1s, float* red) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   const int g = lane >> 2, t = lane & 3;
   const int w = n1 - n0, ntn = (w + 15) / 16;
@@ -144,20 +282,7 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
     while (wk * 2 * ntn <= nwarps) wk *= 2;
   const int ks = warp % wk, R = (K / kseg) / 32;  // 32-wide k rounds per segment
   const int r0 = (R * ks) / wk, r1 = (R * (ks + 1)) / wk;
-  // H rounds of 32 k per stage. PIPE: two stages in flight, software-pipelined (the next stage's loads are
-  // issued before this stage's mma.sync), so that however ptxas orders a stage's loads and mma's, a full stage
-  // of loads is always outstanding; else one stage: load H rounds, then compute them. Either way the rounds
-  // accumulate in order r0, r0 + 1, ..., so the sums do not depend on the choice. One weight: pipelined, 2
-  // rounds per stage; two weights (gate_up, qkv_rope): one stage of 2 rounds (measured faster than pipelined
-  // stages of 1: docs/perf-notes.md v18a). MPK_TC_TWO_H / MPK_TC_TWO_PIPE override the two-weight choice.
-#ifndef MPK_TC_TWO_H
-#define MPK_TC_TWO_H 2
-#endif
-#ifndef MPK_TC_TWO_PIPE
-#define MPK_TC_TWO_PIPE 0
-#endif
-  constexpr int H = TWO ? MPK_TC_TWO_H : 2;
-  constexpr bool PIPE = TWO ? (MPK_TC_TWO_PIPE != 0) : true;
+  constexpr int H = 2;
 #pragma unroll 1
   for (int sg = 0; sg < kseg; ++sg) {
     const int kb = sg * (K / kseg);
@@ -171,57 +296,33 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
         for (int j = 0; j < 4; ++j) { c0[i][j] = 0.f; c1[i][j] = 0.f; }
       const bf16* wa0 = w0 + (int64_t)na * K + kb + 8 * t;
       const bf16* wb0 = w0 + (int64_t)nb * K + kb + 8 * t;
-      const bf16* wa1 = TWO ? w1 + (int64_t)na * K + kb + 8 * t : nullptr;
-      const bf16* wb1 = TWO ? w1 + (int64_t)nb * K + kb + 8 * t : nullptr;
-      // stage loads: rounds [rr, rr + H) (zeros past r1, nothing read)
-      auto load = [&](int rr, uint4 (&A0)[H], uint4 (&B0)[H], uint4 (&A1)[H], uint4 (&B1)[H]) {
+      const bf16* wa1 = w1 + (int64_t)na * K + kb + 8 * t;
+      const bf16* wb1 = w1 + (int64_t)nb * K + kb + 8 * t;
+#pragma unroll 1
+      for (int r = r0; r < r1; r += H) {
+        uint4 A0[H], B0[H], A1[H], B1[H];
 #pragma unroll
         for (int u = 0; u < H; ++u) {
-          const bool ok = rr + u < r1;
-          const int o = (rr + u) * 32;
+          const bool ok = r + u < r1;
+          const int o = (r + u) * 32;
           A0[u] = ok ? ld_weight_stream16(wa0 + o) : make_uint4(0, 0, 0, 0);
           B0[u] = ok ? ld_weight_stream16(wb0 + o) : make_uint4(0, 0, 0, 0);
-          if (TWO) {
-            A1[u] = ok ? ld_weight_stream16(wa1 + o) : make_uint4(0, 0, 0, 0);
-            B1[u] = ok ? ld_weight_stream16(wb1 + o) : make_uint4(0, 0, 0, 0);
-          }
+          A1[u] = ok ? ld_weight_stream16(wa1 + o) : make_uint4(0, 0, 0, 0);
+          B1[u] = ok ? ld_weight_stream16(wb1 + o) : make_uint4(0, 0, 0, 0);
         }
-      };
-      auto compute = [&](int rr, const uint4 (&A0)[H], const uint4 (&B0)[H], const uint4 (&A1)[H],
-                         const uint4 (&B1)[H]) {
 #pragma unroll
         for (int u = 0; u < H; ++u) {
-          if (rr + u < r1) {
-            const int k = kb + (rr + u) * 32 + 8 * t;
+          if (r + u < r1) {
+            const int k = kb + (r + u) * 32 + 8 * t;
 #pragma unroll
             for (int mt = 0; mt < MT8; ++mt) {
               const uint4 xv = *reinterpret_cast<const uint4*>(xs + (int64_t)(mt * 8 + g) * ldx + k);
               mma_bf16_16816(c0[mt], A0[u].x, B0[u].x, A0[u].y, B0[u].y, xv.x, xv.y);
               mma_bf16_16816(c0[mt], A0[u].z, B0[u].z, A0[u].w, B0[u].w, xv.z, xv.w);
-              if (TWO) {
-                mma_bf16_16816(c1[mt], A1[u].x, B1[u].x, A1[u].y, B1[u].y, xv.x, xv.y);
-                mma_bf16_16816(c1[mt], A1[u].z, B1[u].z, A1[u].w, B1[u].w, xv.z, xv.w);
-              }
+              mma_bf16_16816(c1[mt], A1[u].x, B1[u].x, A1[u].y, B1[u].y, xv.x, xv.y);
+              mma_bf16_16816(c1[mt], A1[u].z, B1[u].z, A1[u].w, B1[u].w, xv.z, xv.w);
             }
           }
-        }
-      };
-      uint4 pa0[H], pb0[H], pa1[H], pb1[H];
-      if constexpr (PIPE) {
-        uint4 qa0[H], qb0[H], qa1[H], qb1[H];
-        load(r0, pa0, pb0, pa1, pb1);
-#pragma unroll 1
-        for (int r = r0; r < r1; r += 2 * H) {
-          load(r + H, qa0, qb0, qa1, qb1);
-          compute(r, pa0, pb0, pa1, pb1);
-          load(r + 2 * H, pa0, pb0, pa1, pb1);
-          compute(r + H, qa0, qb0, qa1, qb1);
-        }
-      } else {
-#pragma unroll 1
-        for (int r = r0; r < r1; r += H) {
-          load(r, pa0, pb0, pa1, pb1);
-          compute(r, pa0, pb0, pa1, pb1);
         }
       }
       // C fragment: c[mt][0..1] = (column n0+nt*16+g, rows mt*8+2t, +1), c[mt][2..3] = (column +8, same rows)
@@ -233,11 +334,11 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
           if (m >= M || col >= w) continue;
           if (wk == 1) {
             y0s[m * w + col] = sg == 0 ? c0[mt][j] : y0s[m * w + col] + c0[mt][j];
-            if (TWO) y1s[m * w + col] = sg == 0 ? c1[mt][j] : y1s[m * w + col] + c1[mt][j];
+            y1s[m * w + col] = sg == 0 ? c1[mt][j] : y1s[m * w + col] + c1[mt][j];
           } else {
-            float* rr = red + ((int64_t)(nt * wk + ks) * 16 * MT8 * 8) * (TWO ? 2 : 1);
+            float* rr = red + ((int64_t)(nt * wk + ks) * 16 * MT8 * 8) * 2;
             rr[(g + (j >> 1) * 8) * MT8 * 8 + m] = c0[mt][j];
-            if (TWO) rr[16 * MT8 * 8 + (g + (j >> 1) * 8) * MT8 * 8 + m] = c1[mt][j];
+            rr[16 * MT8 * 8 + (g + (j >> 1) * 8) * MT8 * 8 + m] = c1[mt][j];
           }
         }
     }
@@ -247,23 +348,37 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
         const int m = i / w, col = i % w, nt = col / 16, cc = col % 16;
         float s0 = 0.f, s1 = 0.f;
         for (int q = 0; q < wk; ++q) {
-          const float* rr = red + ((int64_t)(nt * wk + q) * 16 * MT8 * 8) * (TWO ? 2 : 1);
+          const float* rr = red + ((int64_t)(nt * wk + q) * 16 * MT8 * 8) * 2;
           s0 = q == 0 ? rr[cc * MT8 * 8 + m] : s0 + rr[cc * MT8 * 8 + m];
-          if (TWO) s1 = q == 0 ? rr[16 * MT8 * 8 + cc * MT8 * 8 + m] : s1 + rr[16 * MT8 * 8 + cc * MT8 * 8 + m];
+          s1 = q == 0 ? rr[16 * MT8 * 8 + cc * MT8 * 8 + m] : s1 + rr[16 * MT8 * 8 + cc * MT8 * 8 + m];
         }
         y0s[i] = sg == 0 ? s0 : y0s[i] + s0;
-        if (TWO) y1s[i] = sg == 0 ? s1 : y1s[i] + s1;
+        y1s[i] = sg == 0 ? s1 : y1s[i] + s1;
       }
       __syncthreads();
     }
   }
 }
+#endif
+
+// A two-weight Tensor Core matmul (gate_up; qkv_rope's two halves of a head's RoPE pairs), red_cap as linear_tc_t.
+template <int MT8>
+__device__ __forceinline__ void linear_tc_two(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
+                                              int n0, int n1, int kseg, int kslices, int red_cap, float* y0s,
+                                              float* y1s, float* red) {
+#if MPK_TC_TWO_UNITS
+  linear_tc_t<true, MT8>(xs, ldx, M, K, w0, w1, n0, n1, kseg, kslices, red_cap, y0s, y1s, red);
+#else
+  linear_tc_two_v18<MT8>(xs, ldx, M, K, w0, w1, n0, n1, kseg, kslices, y0s, y1s, red);
+#endif
+}
 
 // qkv_rope's Tensor Core matmul (<= ROW_TILE rows, two weights: the two halves of a head's RoPE pairs): one
-// out-of-line entry. Ends with __syncthreads().
+// out-of-line entry. Its caller's `red` holds 2 x 8 blocks of (16, 8) fp32 (qkv_rope.cuh, the packer's
+// _pack_qkv_rope): the k-slice count is capped to fit them. Ends with __syncthreads().
 __device__ __noinline__ void linear_tc_rows8(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
                                              int n0, int n1, int kslices, float* y0s, float* y1s, float* red) {
-  linear_tc_t<true, 1>(xs, ldx, M, K, w0, w1, n0, n1, 1, kslices, y0s, y1s, red);
+  linear_tc_two<1>(xs, ldx, M, K, w0, w1, n0, n1, 1, kslices, 2 * 8, y0s, y1s, red);
   __syncthreads();
 }
 
@@ -354,14 +469,14 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
     load_rows_norm(xs, ldx, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
                    ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
     MPK_STAMP(1);
-    if (two) {
-      if (Mg <= 8) linear_tc_t<true, 1>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, y0s, y1s, red);
-      else if (Mg <= 16) linear_tc_t<true, 2>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, y0s, y1s, red);
-      else linear_tc_t<true, 4>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, y0s, y1s, red);
+    if (two) {  // red: sized by codegen/layout.py linear_geometry for tc_kslices' rule (cap 0)
+      if (Mg <= 8) linear_tc_two<1>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
+      else if (Mg <= 16) linear_tc_two<2>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
+      else linear_tc_two<4>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
     } else {
-      if (Mg <= 8) linear_tc_t<false, 1>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, y0s, nullptr, red);
-      else if (Mg <= 16) linear_tc_t<false, 2>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, y0s, nullptr, red);
-      else linear_tc_t<false, 4>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, y0s, nullptr, red);
+      if (Mg <= 8) linear_tc_t<false, 1>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, 0, y0s, nullptr, red);
+      else if (Mg <= 16) linear_tc_t<false, 2>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, 0, y0s, nullptr, red);
+      else linear_tc_t<false, 4>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, 0, y0s, nullptr, red);
     }
     __syncthreads();
     MPK_STAMP(2);

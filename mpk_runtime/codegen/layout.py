@@ -11,9 +11,19 @@ from ..ir.sampling import SAMPLE_CANDIDATES
 from ..tasks.ops import OPCODES
 
 # --- task record: TASK_WORDS int64 per task ------------------------------------------------------------------
-TASK_HEADER = ["opcode", "task_id", "wait_begin", "wait_end", "sig_begin", "sig_end"]
+# next_task: the task that follows on the same SM (the list wraps to its first task for the next step): while a
+# task's op runs, the kernel copies the next record into shared memory (cp.async), so a task starts with its
+# record, waits and signal words at hand and no global round trip but the counter poll.
+TASK_HEADER = ["opcode", "task_id", "wait_begin", "wait_end", "sig_begin", "sig_end", "next_task"]
 ARG_BASE = 8                      # header words reserved (room to grow)
-TASK_WORDS = 32                   # header + up to 24 argument words
+ARG_END = 32                      # up to 24 argument words
+# The first INLINE_WAITS waits of a task (packed, pack_wait) and its first INLINE_SIGNALS signal words, copied
+# into the record; 0 = none. The kernel reads the rest from the wait / signal tables: [begin + inlined, end).
+INLINE_WAITS = 2
+INLINE_SIGNALS = 2
+T_INLINE_WAIT = ARG_END
+T_INLINE_SIG = ARG_END + INLINE_WAITS
+TASK_WORDS = ARG_END + INLINE_WAITS + INLINE_SIGNALS   # 36 words = 288 bytes = 18 16-byte cp.async pieces
 
 # Argument slots per opcode (index = ARG_BASE + position). Shapes in comments; ptr = device address.
 OP_ARGS: dict[str, list[str]] = {
@@ -55,6 +65,21 @@ WAIT_FIELDS = ["event", "triggers", "lag", "scope"]   # scope: 0 = gpu, 1 = sys 
 # A signal word is a counter address; bit SIGNAL_REMOTE_BIT set = a peer rank's counter (an nvshmem_ptr address
 # on the symmetric heap): the kernel then fences at system scope and releases at system scope.
 SIGNAL_REMOTE_BIT = 1
+# A wait packed in one word for the record (never 0: triggers >= 1): event (bits 0-31), triggers (32-55),
+# lag (56-61), scope (62).
+PW_TRIGGERS_SHIFT, PW_LAG_SHIFT, PW_SCOPE_SHIFT = 32, 56, 62
+
+
+def pack_wait(event: int, triggers: int, lag: int, scope: int) -> int:
+    if not (0 <= event < 1 << 32 and 1 <= triggers < 1 << 24 and 0 <= lag < 64 and scope in (0, 1)):
+        raise ValueError(f"wait (event {event}, triggers {triggers}, lag {lag}, scope {scope}) does not fit the "
+                         "packed record word (event < 2^32, 1 <= triggers < 2^24, 0 <= lag < 64)")
+    return event | triggers << PW_TRIGGERS_SHIFT | lag << PW_LAG_SHIFT | scope << PW_SCOPE_SHIFT
+
+
+def unpack_wait(word: int) -> tuple[int, int, int, int]:
+    return (word & 0xFFFFFFFF, (word >> PW_TRIGGERS_SHIFT) & 0xFFFFFF, (word >> PW_LAG_SHIFT) & 63,
+            (word >> PW_SCOPE_SHIFT) & 1)
 
 # --- kernel parameter block (int64 words, device resident) -----------------------------------------------------
 PARAMS = ["tasks", "sm_offsets", "sm_tasks", "waits", "signals", "counters", "status", "trace", "trace_steps",
@@ -104,20 +129,56 @@ def att_smem_bytes(D: int, C: dict | None = None) -> int:
 SMEM_BUDGET = 200 * 1024   # a linear tile's shared memory when choosing its Tensor Core rows per pass
 
 
+def tc_kslices(ntn: int, nw: int, R: int, kslices: int = 0, cap: int = 0) -> int:
+    """Warp k-slices wk of each unit of a Tensor Core linear tile (device_kernels/ops/linear.cuh tc_kslices: the
+    same rule, keep them equal). A tile of ntn 16-column n-tiles has ntn units (one weight) or 2 ntn (two: gate's
+    n-tiles, then up's), one (weight, n-tile) each, run by the nwarps warps as wk k-slices per unit.
+    kslices 1 (tp_invariant graphs): 1. Auto (0): one weight: the largest power of two with wk * ntn <= nwarps;
+    two weights: the smallest power of two wk <= min(nwarps, R) (R: 32-wide k rounds per K segment, so no slice
+    is empty) minimising the makespan ceil(2 ntn wk / nwarps) / wk (in units), among those whose 2 ntn wk
+    partial blocks fit `cap` blocks (0 = no limit; qkv_rope's linear_tc_rows8 passes 16)."""
+    nwarps = CONSTANTS["THREADS"] // 32
+    wk = 1
+    if kslices != 0:
+        return wk
+    if nw == 1:
+        while wk * 2 * ntn <= nwarps:
+            wk *= 2
+        return wk
+    units = 2 * ntn
+    best = -(-units // nwarps) * nwarps   # makespan x nwarps (an integer: wk divides nwarps)
+    c = 2
+    while c <= nwarps and c <= R and (cap == 0 or units * c <= cap):
+        span = -(-(units * c) // nwarps) * (nwarps // c)
+        if span < best:
+            best, wk = span, c
+        c *= 2
+    return wk
+
+
 def linear_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:
     """(tc_rows, shared bytes) of a linear tile of M rows, K inputs, w output columns, nw weights, kseg K
     segments, as linear.cuh lays it out: xs (xrows, ldx) bf16, the fp32 result tile(s) (rows, w), then (Tensor
-    Cores) the k-slice partials, 8 blocks of (16, mt8 * 8) per weight. Tensor Cores from TC_MIN_M rows when K
-    splits into 32-wide rounds per segment; rows per pass 32, 16 or 8, the largest that fits SMEM_BUDGET (weights
-    stream once per pass). tc_rows 0 = the CUDA-core path (ROW_TILE rows per pass). Pure: no CUDA, no torch."""
+    Cores) the k-slice partials `red` in blocks of (16, mt8 * 8) fp32, one per (unit, k-slice) pair: one weight
+    8 (ntn * wk <= 8); two weights 2 ntn wk with wk = tc_kslices(ntn, 2, R) (auto: the kslices = 1 of tp_invariant
+    graphs uses none), at least 16 (the MPK_TC_TWO_UNITS=0 build's loop: (nt wk + ks) * 2 + weight < 16). Tensor
+    Cores from TC_MIN_M rows when K splits into 32-wide rounds per segment; rows per pass 32, 16 or 8, the largest
+    that fits SMEM_BUDGET (weights stream once per pass). tc_rows 0 = the CUDA-core path (ROW_TILE rows per
+    pass). Pure: no CUDA, no torch."""
     C = CONSTANTS
     cuda_core = ((C["ROW_TILE"] * K * 2 + 15) & ~15) + C["ROW_TILE"] * w * 4 * nw
     if M < C["TC_MIN_M"] or K % (32 * kseg):
         return 0, cuda_core
+    if nw == 1:
+        blocks = 8
+    else:
+        ntn = -(-w // 16)
+        wk = tc_kslices(ntn, 2, K // kseg // 32)
+        blocks = max(16, 2 * ntn * wk if wk > 1 else 0)
     for rows in (32, 16, 8):
         if rows > C["MAX_PASS_ROWS"] or (rows > 8 and rows // 2 >= M):
             continue
-        need = ((rows * (K + 8) * 2 + 15) & ~15) + 2 * rows * w * 4 + 8 * 16 * rows * nw * 4
+        need = ((rows * (K + 8) * 2 + 15) & ~15) + 2 * rows * w * 4 + blocks * 16 * rows * 4
         if need <= SMEM_BUDGET:
             return rows, need
     return 0, cuda_core
@@ -138,7 +199,8 @@ def check_layout() -> None:
     assert len(TASK_HEADER) <= ARG_BASE
     for op, args in OP_ARGS.items():
         assert op in OPCODES, op
-        assert ARG_BASE + len(args) <= TASK_WORDS, (op, len(args))
+        assert ARG_BASE + len(args) <= ARG_END, (op, len(args))
+    assert TASK_WORDS * 8 % 16 == 0   # the kernel copies records in 16-byte pieces
     assert set(OP_ARGS) == set(OPCODES), set(OPCODES) ^ set(OP_ARGS)
 
 

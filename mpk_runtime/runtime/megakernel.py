@@ -86,21 +86,30 @@ class TaskPacker:
         tasks = torch.zeros((n, L.TASK_WORDS), dtype=torch.int64)
         waits, signals = [], []
         self.prefetch = torch.zeros((max(n, 1), L.PF_WORDS), dtype=torch.int64)
+        nxt = {}   # task -> the task after it on its SM (the last wraps to the first: the next step's)
+        for lst in tg.sm_lists:
+            for j, tid in enumerate(lst):
+                nxt[tid] = lst[(j + 1) % len(lst)]
         for t in tg.tasks:
             row = tasks[t.id]
             row[L.TASK_HEADER.index("opcode")] = L_OPCODE[t.kind]
             row[L.TASK_HEADER.index("task_id")] = t.id
+            row[L.TASK_HEADER.index("next_task")] = nxt.get(t.id, t.id)
             row[L.TASK_HEADER.index("wait_begin")] = len(waits)
-            for e, lag in t.waits:
+            for j, (e, lag) in enumerate(t.waits):
                 remote = any(r != tg.rank for r, _ in tg.events[e].producers)
                 waits.append([e, tg.events[e].triggers, lag, int(remote)])
+                if j < L.INLINE_WAITS:
+                    row[L.T_INLINE_WAIT + j] = L.pack_wait(*waits[-1])
             row[L.TASK_HEADER.index("wait_end")] = len(waits)
             row[L.TASK_HEADER.index("sig_begin")] = len(signals)
-            for r, e in t.signals:
+            for j, (r, e) in enumerate(t.signals):
                 if r != tg.rank:
                     signals.append((self.peers.counters[r] + 8 * e) | L.SIGNAL_REMOTE_BIT)
                 else:
                     signals.append(self.counters_ptr + 8 * e)
+                if j < L.INLINE_SIGNALS:
+                    row[L.T_INLINE_SIG + j] = signals[-1]
             row[L.TASK_HEADER.index("sig_end")] = len(signals)
             args = getattr(self, "_pack_" + t.kind)(t.params)
             for k, v in args.items():

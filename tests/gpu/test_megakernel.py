@@ -15,3 +15,41 @@ def test_megakernel_matches_pyvm(model, batch, gpu_check):
     res = []
     gpu_check.check_correct(model, batch, 8, res)
     assert res[-1]["ok"], res[-1]
+
+
+def test_megakernel_with_waits_and_signals_past_the_inlined_words(gpu_check, monkeypatch):
+    """One inlined wait / signal word per record (a separate build): tasks with two waits or two signals take the
+    rest from the wait / signal tables (the path TP all-reduces with many producers take), and still match pyvm."""
+    from mpk_runtime.codegen import layout as L
+    monkeypatch.setattr(L, "INLINE_WAITS", 1)
+    monkeypatch.setattr(L, "INLINE_SIGNALS", 1)
+    monkeypatch.setattr(L, "T_INLINE_SIG", L.ARG_END + 1)
+    res = []
+    gpu_check.check_correct("tiny-llama", 8, 8, res)
+    assert res[-1]["ok"], res[-1]
+
+
+@pytest.mark.parametrize("inlined", [True, False])
+def test_a_wait_that_is_never_met_raises_naming_the_task(gpu_check, inlined):
+    """A task whose event can never fire (its inlined wait word, or its table entry, asks for more triggers than
+    the event has): the kernel's bounded spin gives up, the status block names the task and check() raises,
+    within seconds, instead of hanging."""
+    import re
+    import time
+    from mpk_runtime.codegen import layout as L
+    from mpk_runtime.runtime.base import KernelTimeout
+    rig = gpu_check.Rig("tiny-llama", 1, max_seq=64, cpu_ref=False)
+    mk = rig.mk
+    t = next(t for t in mk.tg.tasks if t.kind == "attn_merge")
+    e, lag = t.waits[0]
+    if inlined:
+        mk.tasks[t.id, L.T_INLINE_WAIT] = L.pack_wait(e, (1 << 24) - 1, lag, 0)
+    else:
+        mk.tasks[t.id, L.T_INLINE_WAIT:L.T_INLINE_WAIT + L.INLINE_WAITS] = 0   # the kernel reads the table entry
+        mk.waits[int(mk.tasks[t.id, L.TASK_HEADER.index("wait_begin")]), L.WAIT_FIELDS.index("triggers")] = 1 << 40
+    mk.timeout_ns = int(0.5e9)
+    mk._write_params()
+    t0 = time.time()
+    with pytest.raises(KernelTimeout, match=re.escape(f"task{t.id}[{t.kind}")):
+        rig.mk_step(torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    assert time.time() - t0 < 10

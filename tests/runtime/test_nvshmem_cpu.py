@@ -129,3 +129,53 @@ def test_safe_env_forces_multicast_off(monkeypatch):
     n.safe_env()
     import os
     assert os.environ["NVSHMEM_DISABLE_NVLS"] == "1" and os.environ["NCCL_NVLS_ENABLE"] == "0"
+
+
+def _kernel_view(tasks, waits, signals, tid):
+    """A task's waits and signals as megakernel.cu reads them: the inlined words first, then the tables from
+    begin + (number inlined) to end."""
+    row = tasks[tid].tolist()
+    inl_w = [L.unpack_wait(w) for w in row[L.T_INLINE_WAIT:L.T_INLINE_WAIT + L.INLINE_WAITS] if w != 0]
+    b, e = row[L.TASK_HEADER.index("wait_begin")], row[L.TASK_HEADER.index("wait_end")]
+    ws = [tuple(w) for w in inl_w] + [tuple(w) for w in waits[b + len(inl_w):e].tolist()]
+    inl_s = [s for s in row[L.T_INLINE_SIG:L.T_INLINE_SIG + L.INLINE_SIGNALS] if s != 0]
+    b, e = row[L.TASK_HEADER.index("sig_begin")], row[L.TASK_HEADER.index("sig_end")]
+    return ws, inl_s + signals[b + len(inl_s):e].tolist()
+
+
+def _check_records(packs):
+    many = 0
+    for tg, (tasks, waits, signals, offs, flat) in packs:
+        for lst in tg.sm_lists:
+            walk = [lst[0]]
+            for _ in range(2 * len(lst) - 1):
+                walk.append(int(tasks[walk[-1], L.TASK_HEADER.index("next_task")]))
+            assert walk == lst + lst
+        for t in tg.tasks:
+            ws, ss = _kernel_view(tasks, waits, signals, t.id)
+            b, e = int(tasks[t.id, L.TASK_HEADER.index("wait_begin")]), int(tasks[t.id, L.TASK_HEADER.index("wait_end")])
+            assert ws == [tuple(w) for w in waits[b:e].tolist()] and [w[0] for w in ws] == [ev for ev, _ in t.waits]
+            b, e = int(tasks[t.id, L.TASK_HEADER.index("sig_begin")]), int(tasks[t.id, L.TASK_HEADER.index("sig_end")])
+            assert ss == signals[b:e].tolist() and len(ss) == len(t.signals)
+            many += len(t.waits) > L.INLINE_WAITS or len(t.signals) > L.INLINE_SIGNALS
+    return many
+
+
+def test_records_carry_next_task_and_inlined_waits_and_signals(packed, monkeypatch):
+    """The kernel copies a task's successor record by `next_task` and reads the first waits / signals from the
+    record: following the chain must walk each SM's list (wrapping to the next step's first task), and the
+    inlined words plus the table remainder must be exactly the task's waits and signals, in order."""
+    _check_records([(tg, pk) for tg, _m, _t, _p, pk in packed])
+    # one inlined word each (as a -DMPK build of the GPU test does): tasks with two waits / signals overflow
+    monkeypatch.setattr(L, "INLINE_WAITS", 1)
+    monkeypatch.setattr(L, "INLINE_SIGNALS", 1)
+    monkeypatch.setattr(L, "T_INLINE_SIG", L.ARG_END + 1)
+    assert _check_records([(tg, p.pack()) for tg, _m, _t, p, _pk in packed]) > 0
+
+
+def test_packed_wait_round_trips_and_rejects_what_does_not_fit():
+    for w in [(0, 1, 0, 0), (123456, 264, 1, 1), ((1 << 32) - 1, (1 << 24) - 1, 63, 1)]:
+        assert L.pack_wait(*w) != 0 and L.unpack_wait(L.pack_wait(*w)) == w
+    for bad in [(1 << 32, 1, 0, 0), (0, 0, 0, 0), (0, 1 << 24, 0, 0), (0, 1, 64, 0), (0, 1, -1, 0)]:
+        with pytest.raises(ValueError, match="packed record word"):
+            L.pack_wait(*bad)
