@@ -155,6 +155,7 @@ __device__ inline void op_attn_partial(const Ctx& c) {
         }
       }
       sum = warp_sum(sum);
+      __syncwarp();   // every lane read s_m[warp] (mo) before lane 0 overwrites it (racecheck: no warp-synchronous reliance)
       if (lane == 0) {
         const float cr = expf(mo - mn);   // 0 on the first pass (mo = -inf)
         s_c[warp] = cr;

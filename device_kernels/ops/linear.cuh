@@ -180,8 +180,15 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
   constexpr int BLK = 16 * MT8 * 8;  // one (unit, k-slice) block of `red`: (16 columns, MT8 * 8 rows) fp32
   // H rounds of 32 k per stage, two stages in flight, software-pipelined (the next stage's loads are issued before
   // this stage's mma.sync), so that however ptxas orders a stage's loads and mma's, a full stage of loads is
-  // always outstanding. The rounds accumulate in order r0, r0 + 1, ..., r1 - 1.
-  constexpr int H = 2;
+  // always outstanding. The rounds accumulate in order r0, r0 + 1, ..., r1 - 1. MPK_TC_H: rounds per stage (bytes
+  // in flight per warp: 2 stages x H rounds x 2 rows x 512 B).
+#ifndef MPK_TC_H
+#define MPK_TC_H 2
+#endif
+#ifndef MPK_TC_H32
+#define MPK_TC_H32 2
+#endif
+  constexpr int H = MT8 >= 4 ? MPK_TC_H32 : MPK_TC_H;   // 32-row passes: their accumulators take the registers
 #pragma unroll 1
   for (int sg = 0; sg < kseg; ++sg) {
     const int kb = sg * (K / kseg);
