@@ -1,0 +1,79 @@
+// Micro-benchmark of weight-streaming access patterns (scripts/bench_stream.py): does the order in which a linear
+// tile's loads reach HBM, not the bytes in flight, set the Tensor Core tiles' rate? CTA b streams rows
+// [b * rows, (b + 1) * rows) of a (N, K) bf16 matrix with the megakernel's evict-first 16-byte loads and folds every
+// loaded word into a checksum (so each load is waited for, like an mma operand), three ways:
+//   mode 0 "tc":   linear_tc_t's pattern: a warp owns a (16-row n-tile, k-slice) unit; per 32-wide k round
+//                  thread (g, t) loads 16 B of rows g and g + 8 at k = 8t: one instruction = 8 rows x 64 B;
+//                  two stages of H = 2 rounds in flight (v18c's software pipeline).
+//   mode 1 "frag": the same units, stages and bytes, from a fragment-major layout (each 16-row x 32-k block of
+//                  1 KB stored contiguously, in the order the lanes load it): one instruction = 512 B contiguous.
+//   mode 2 "row":  linear_core_t's CUDA-core pattern: a warp streams one row at a time, 16 B per lane,
+//                  UN = 8 vectors per lane in flight (4 KB of one row).
+// The matrix is only memory here: modes 0 and 1 read the same bytes in different orders.
+#include "common.cuh"
+
+using namespace mpk;
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    mpk_bench_stream(const bf16* __restrict__ W, int N, int K, int rows, int mode, int wk, int iters,
+                     unsigned* __restrict__ sink) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * rows, n1 = min(N, n0 + rows);
+  unsigned acc = 0;
+  for (int it = 0; it < iters; ++it) {
+    if (mode == 2) {
+      constexpr int UN = 8;
+      const int KV = K >> 3;   // 16-byte vectors per row
+      for (int n = n0 + warp; n < n1; n += nwarps) {
+        for (int base = lane; base < KV; base += 32 * UN) {
+          uint4 v[UN];
+#pragma unroll
+          for (int u = 0; u < UN; ++u)
+            v[u] = base + u * 32 < KV ? ld_weight_stream16(W + (int64_t)n * K + (base + u * 32) * 8) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int u = 0; u < UN; ++u) acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+        }
+      }
+      continue;
+    }
+    const int ntn = (n1 - n0) / 16, R = K / 32;
+    const int ks = warp % wk, r0 = (R * ks) / wk, r1 = (R * (ks + 1)) / wk;
+    constexpr int H = 2;
+    for (int u = warp / wk; u < ntn; u += nwarps / wk) {
+      const bf16* wa;
+      const bf16* wb;
+      int64_t step;   // elements between consecutive rounds
+      if (mode == 0) {
+        wa = W + (int64_t)(n0 + u * 16 + g) * K + 8 * t;
+        wb = wa + 8 * (int64_t)K;
+        step = 32;
+      } else {
+        wa = W + ((int64_t)(n0 / 16 + u) * R) * 512 + lane * 8;   // block (n-tile, round 0): 16 x 32 bf16
+        wb = wa + 256;
+        step = 512;
+      }
+      auto load = [&](int rr, uint4 (&A)[H], uint4 (&B)[H]) {
+#pragma unroll
+        for (int i = 0; i < H; ++i) {
+          const bool ok = rr + i < r1;
+          A[i] = ok ? ld_weight_stream16(wa + (rr + i) * step) : make_uint4(0, 0, 0, 0);
+          B[i] = ok ? ld_weight_stream16(wb + (rr + i) * step) : make_uint4(0, 0, 0, 0);
+        }
+      };
+      auto use = [&](const uint4 (&A)[H], const uint4 (&B)[H]) {
+#pragma unroll
+        for (int i = 0; i < H; ++i) acc += (A[i].x ^ A[i].y ^ A[i].z ^ A[i].w) + (B[i].x ^ B[i].y ^ B[i].z ^ B[i].w);
+      };
+      uint4 pa[H], pb[H], qa[H], qb[H];
+      load(r0, pa, pb);
+      for (int r = r0; r < r1; r += 2 * H) {
+        load(r + H, qa, qb);
+        use(pa, pb);
+        load(r + 2 * H, pa, pb);
+        use(qa, qb);
+      }
+    }
+  }
+  sink[blockIdx.x * THREADS + threadIdx.x] = acc;
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Weight-streaming rate of three load patterns on the GPU (device_kernels/bench_stream.cu): the Tensor Core
+tiles' (8 rows x 64 B per warp instruction), the same units from a fragment-major layout (512 B contiguous per
+instruction), and the CUDA-core tiles' (one row, 4 KB in flight per warp). Same bytes, same evict-first loads;
+the question it answers: is the Tensor Core path's rate at batch >= 8 set by its access order (DRAM locality)?
+
+Shapes: a linear op of N rows x K over `tiles` CTAs (one tile per CTA, as the megakernel's 128 tiles per op):
+qwen3-8b gate_up (2 x 12288 rows, K 4096), down (4096 x 12288), llama-3.2-1b gate_up (2 x 8192, 2048).
+GB/s = N x K x 2 bytes x iters / kernel time (CUDA events, median of `reps` launches), vs 4.55 TB/s.
+
+    PYTHONPATH=. python3 scripts/bench_stream.py      -> $OUT/bench_stream.json
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+OUT = Path(os.environ.get("OUT") or "gpu_out")
+SHAPES = [("qwen3-8b gate_up", 24576, 4096), ("qwen3-8b down", 4096, 12288), ("llama-3.2-1b gate_up", 16384, 2048)]
+MODES = {"tc": 0, "frag": 1, "row": 2}
+
+
+def main():
+    import argparse
+    import torch
+    from mpk_runtime.codegen import nvcc
+    from mpk_runtime.codegen import layout as L
+    from mpk_runtime.runtime.megakernel import _check, _cu
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiles", type=int, default=128)
+    ap.add_argument("--iters", type=int, default=4, help="passes over the matrix per launch")
+    ap.add_argument("--reps", type=int, default=15)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_stream needs a CUDA GPU")
+    cu = _cu()
+    torch.cuda.init()
+    b = nvcc.build(source="bench_stream.cu")
+    _check(cu.cuInit(0), "cuInit")
+    mod = _check(cu.cuModuleLoadData(Path(b.cubin).read_bytes()), "cuModuleLoadData")
+    fn = _check(cu.cuModuleGetFunction(mod, b"mpk_bench_stream"), "cuModuleGetFunction")
+    dev = torch.device("cuda", 0)
+    stream = torch.cuda.current_stream(dev)
+    sink = torch.zeros(a.tiles * L.CONSTANTS["THREADS"], dtype=torch.int32, device=dev)
+    rows_out = []
+    for name, N, K in SHAPES:
+        W = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
+        rows = -(-N // a.tiles)
+        rows = -(-rows // 16) * 16
+        nbytes = N * K * 2
+        for mode, code in MODES.items():
+            for wk in ((1, 2) if mode != "row" else (1,)):
+                args = ((W.data_ptr(), N, K, rows, code, wk, a.iters, sink.data_ptr()),
+                        (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                         ctypes.c_int, ctypes.c_void_p))
+                ts = []
+                for rep in range(a.reps + 2):
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record(stream)
+                    _check(cu.cuLaunchKernel(fn, a.tiles, 1, 1, L.CONSTANTS["THREADS"], 1, 1, 0,
+                                             cu.CUstream(stream.cuda_stream), args, 0), "cuLaunchKernel")
+                    e1.record(stream)
+                    torch.cuda.synchronize()
+                    if rep >= 2:
+                        ts.append(e0.elapsed_time(e1) * 1e-3)
+                t = statistics.median(ts)
+                gbs = nbytes * a.iters / t / 1e9
+                r = dict(shape=name, N=N, K=K, rows_per_tile=rows, tiles=a.tiles, mode=mode, wk=wk,
+                         us_per_pass=t / a.iters * 1e6, GB_s=gbs, pct_of_4550=100 * gbs / 4550)
+                rows_out.append(r)
+                print(f"{name:<22} {mode:<5} wk={wk}  {r['us_per_pass']:8.1f} us/pass  {gbs:7.0f} GB/s "
+                      f"({r['pct_of_4550']:.0f}% of 4.55 TB/s)", flush=True)
+        del W
+    OUT.mkdir(parents=True, exist_ok=True)
+    meta = dict(machine=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                git_commit=os.environ.get("GIT_COMMIT", ""), iters=a.iters, reps=a.reps)
+    (OUT / "bench_stream.json").write_text(json.dumps(dict(meta=meta, rows=rows_out), indent=1))
+    print(f"wrote {OUT / 'bench_stream.json'}")
+
+
+if __name__ == "__main__":
+    main()
