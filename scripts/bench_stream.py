@@ -44,6 +44,11 @@ def main():
     torch.cuda.init()
     b = nvcc.build(source="bench_stream.cu")
     _check(cu.cuInit(0), "cuInit")
+    torch.zeros(1, device="cuda")   # the primary context, current on this thread (as the megakernel loader needs)
+    ctx = _check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if ctx is None or int(ctx) == 0:
+        d = _check(cu.cuDeviceGet(0), "cuDeviceGet")
+        _check(cu.cuCtxSetCurrent(_check(cu.cuDevicePrimaryCtxRetain(d), "cuDevicePrimaryCtxRetain")), "cuCtxSetCurrent")
     mod = _check(cu.cuModuleLoadData(Path(b.cubin).read_bytes()), "cuModuleLoadData")
     fn = _check(cu.cuModuleGetFunction(mod, b"mpk_bench_stream"), "cuModuleGetFunction")
     dev = torch.device("cuda", 0)
