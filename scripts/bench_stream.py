@@ -37,6 +37,7 @@ def main():
     ap.add_argument("--tiles", type=int, default=128)
     ap.add_argument("--iters", type=int, default=4, help="passes over the matrix per launch")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--wks", default="1,2,4", help="k-slices per unit for the tc / frag patterns")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_stream needs a CUDA GPU")
@@ -61,7 +62,7 @@ def main():
         rows = -(-rows // 16) * 16
         nbytes = N * K * 2
         for mode, code in MODES.items():
-            for wk in ((1, 2) if mode != "row" else (1,)):
+            for wk in ([int(x) for x in a.wks.split(",")] if mode != "row" else (1,)):
                 args = ((W.data_ptr(), N, K, rows, code, wk, a.iters, sink.data_ptr()),
                         (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                          ctypes.c_int, ctypes.c_void_p))
