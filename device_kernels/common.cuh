@@ -263,19 +263,36 @@ __device__ inline void load_rows_norm(bf16* xs, int ldx, const bf16* x, int M, i
   }
   __syncthreads();
   if (nw == nullptr) return;
-  for (int m = 0; m < M; ++m) {
+  // Each row's rstd once (thread m), then the norm weight vector by vector, each vector applied to all M rows: the
+  // weight is read once per tile, not once per row (M dependent reads when the L1 prefetch does not hold).
+  __shared__ float s_rstd[MAX_PASS_ROWS];
+  if (threadIdx.x < M) {
     float tot = 0.f;
 #pragma unroll
-    for (int w = 0; w < THREADS / 32; ++w) tot += red[m][w];
-    const float r = rsqrtf(tot / (float)K + eps);
-    bf16* dst = xs + (int64_t)m * ldx;
+    for (int w = 0; w < THREADS / 32; ++w) tot += red[threadIdx.x][w];
+    s_rstd[threadIdx.x] = rsqrtf(tot / (float)K + eps);
+  }
+  __syncthreads();
 #pragma unroll
-    for (int j = 0; j < NORM_PRE; ++j) {  // same thread wrote these vectors above
-      const int k8 = threadIdx.x + j * THREADS;
-      if (k8 < KV) norm_vec16(dst + k8 * 8, wpre[j], r);
+  for (int j = 0; j < NORM_PRE; ++j) {  // same thread wrote these vectors above
+    const int k8 = threadIdx.x + j * THREADS;
+    if (k8 < KV)
+      for (int m = 0; m < M; ++m) norm_vec16(xs + (int64_t)m * ldx + k8 * 8, wpre[j], s_rstd[m]);
+  }
+  constexpr int NWC = 4;   // weight vectors loaded together
+  for (int k0 = threadIdx.x + NORM_PRE * THREADS; k0 < KV; k0 += NWC * THREADS) {
+    uint4 wv[NWC];
+#pragma unroll
+    for (int c = 0; c < NWC; ++c) {
+      const int k8 = k0 + c * THREADS;
+      wv[c] = k8 < KV ? ld_weight16(nw + k8 * 8) : make_uint4(0, 0, 0, 0);   // L1 hits where the prefetch held
     }
-    for (int k8 = threadIdx.x + NORM_PRE * THREADS; k8 < KV; k8 += THREADS)
-      norm_vec16(dst + k8 * 8, *reinterpret_cast<const uint4*>(nw + k8 * 8), r);   // an L1 hit (prefetched)
+#pragma unroll
+    for (int c = 0; c < NWC; ++c) {
+      const int k8 = k0 + c * THREADS;
+      if (k8 < KV)
+        for (int m = 0; m < M; ++m) norm_vec16(xs + (int64_t)m * ldx + k8 * 8, wv[c], s_rstd[m]);
+    }
   }
   __syncthreads();
 }
