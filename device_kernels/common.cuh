@@ -244,6 +244,7 @@ __device__ inline void load_rows_norm(bf16* xs, int ldx, const bf16* x, int M, i
   }
   cp_async_commit();
   cp_async_wait_all();
+  MPK_STAMP(4);   // (stage-stamp builds) thread 0's x vectors landed
   for (int m = 0; m < M; ++m) {
     const bf16* dst = xs + (int64_t)m * ldx;
     float ss = 0.f;
@@ -262,6 +263,7 @@ __device__ inline void load_rows_norm(bf16* xs, int ldx, const bf16* x, int M, i
     }
   }
   __syncthreads();
+  MPK_STAMP(5);   // every row's sums of squares
   if (nw == nullptr) return;
   // Each row's rstd once (thread m), then the norm weight vector by vector, each vector applied to all M rows: the
   // weight is read once per tile, not once per row (M dependent reads when the L1 prefetch does not hold).
@@ -273,6 +275,7 @@ __device__ inline void load_rows_norm(bf16* xs, int ldx, const bf16* x, int M, i
     s_rstd[threadIdx.x] = rsqrtf(tot / (float)K + eps);
   }
   __syncthreads();
+  MPK_STAMP(6);   // rstd per row
 #pragma unroll
   for (int j = 0; j < NORM_PRE; ++j) {  // same thread wrote these vectors above
     const int k8 = threadIdx.x + j * THREADS;
