@@ -471,6 +471,28 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
   float* y1s = y0s + rows * w;
   float* red = y1s + rows * w;
   MPK_STAMP(0);
+#ifndef MPK_TC_L2_PF_KB
+#define MPK_TC_L2_PF_KB 0
+#endif
+#if MPK_TC_L2_PF_KB > 0
+  // Experiment (off by default; MPK_NVCC_DEFINES=-DMPK_TC_L2_PF_KB=N): while the x rows load and are normed (5-10 us
+  // at B=8 before the first weight load, session 10 stamps), pull the first bytes of every weight row at every
+  // k-slice start of K segment 0 into L2 (TMA bulk prefetch, no registers): N KB per tile in all.
+  {
+    const int ntn = (w + 15) / 16, R = (K / kseg) / 32;
+    const int wk = tc_kslices(ntn, two, R, ksl, 0);
+    const int nrows = two ? 2 * w : w;
+    const int64_t per = (((int64_t)MPK_TC_L2_PF_KB * 1024 / (nrows * wk)) & ~15LL);   // bytes per (row, slice)
+    if (per >= 128)
+      for (int i = threadIdx.x; i < nrows * wk; i += THREADS) {
+        const int rr = i / wk, q = i % wk;
+        const bf16* row = rr < w ? w0 + (int64_t)(n0 + rr) * K : w1 + (int64_t)(n0 + rr - w) * K;
+        const int64_t off = (int64_t)((R * q) / wk) * 64;   // the slice's first round, bytes
+        const int64_t len = min(per, (int64_t)(K / kseg) * 2 - off);
+        if (len >= 16) prefetch_l2_bulk(reinterpret_cast<const unsigned char*>(row) + off, (uint32_t)(len & ~15LL));
+      }
+  }
+#endif
   for (int g0 = 0; g0 < M; g0 += rows) {
     const int Mg = min(rows, M - g0);
     load_rows_norm(xs, ldx, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
