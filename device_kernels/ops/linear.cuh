@@ -135,13 +135,6 @@ __device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// MPK_TC_TWO_UNITS: 1 (default) = two-weight tiles as 2 ntn one-weight units (above); 0 = the v18 two-weight loop
-// (a warp streams both weights of its n-tile, one stage of 2 rounds, not pipelined), kept for a same-tree A/B
-// (MPK_NVCC_DEFINES=-DMPK_TC_TWO_UNITS=0). codegen/layout.py linear_geometry sizes `red` for either.
-#ifndef MPK_TC_TWO_UNITS
-#define MPK_TC_TWO_UNITS 1
-#endif
-
 // k-slices per unit (codegen/layout.py tc_kslices mirrors this rule; keep them equal). kslices 1: wk = 1. Auto
 // (kslices 0): one weight: the largest power of two with wk * ntn <= nwarps (v17). Two weights: the smallest power
 // of two wk <= min(nwarps, R) (R: 32-wide k rounds per segment, so no slice is empty) minimising the makespan
@@ -273,111 +266,12 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
   }
 }
 
-#if !MPK_TC_TWO_UNITS
-// The v18 two-weight loop (MPK_TC_TWO_UNITS=0 only): warp (nt, ks) streams both weights' rows of n-tile nt, k-slice
-// ks (wk * ntn <= nwarps), one stage of H = 2 rounds (measured faster than pipelined stages of 1: docs/perf-notes.md
-// v18a), c0 and c1 accumulators; partial blocks of two weights: (nt * wk + ks) * 2 + weight.
-template <int MT8>
-__device__ __forceinline__ void linear_tc_two_v18(const bf16* xs, int ldx, int M, int K, const bf16* w0,
-                                                  const bf16* w1, int n0, int n1, int kseg, int kslices, float* y0s,
-                                                  float* y1s, float* red) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
-  const int g = lane >> 2, t = lane & 3;
-  const int w = n1 - n0, ntn = (w + 15) / 16;
-  int wk = 1;   // kslices: 0 = auto, 1 = one slice (the only fixed count: the packer refuses others)
-  if (kslices == 0)
-    while (wk * 2 * ntn <= nwarps) wk *= 2;
-  const int ks = warp % wk, R = (K / kseg) / 32;  // 32-wide k rounds per segment
-  const int r0 = (R * ks) / wk, r1 = (R * (ks + 1)) / wk;
-  constexpr int H = 2;
-#pragma unroll 1
-  for (int sg = 0; sg < kseg; ++sg) {
-    const int kb = sg * (K / kseg);
-#pragma unroll 1
-    for (int nt = warp / wk; nt < ntn; nt += nwarps / wk) {
-      const int na = min(n0 + nt * 16 + g, n1 - 1), nb = min(n0 + nt * 16 + g + 8, n1 - 1);  // clamped: dropped
-      float c0[MT8][4], c1[MT8][4];
-#pragma unroll
-      for (int i = 0; i < MT8; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) { c0[i][j] = 0.f; c1[i][j] = 0.f; }
-      const bf16* wa0 = w0 + (int64_t)na * K + kb + 8 * t;
-      const bf16* wb0 = w0 + (int64_t)nb * K + kb + 8 * t;
-      const bf16* wa1 = w1 + (int64_t)na * K + kb + 8 * t;
-      const bf16* wb1 = w1 + (int64_t)nb * K + kb + 8 * t;
-#pragma unroll 1
-      for (int r = r0; r < r1; r += H) {
-        uint4 A0[H], B0[H], A1[H], B1[H];
-#pragma unroll
-        for (int u = 0; u < H; ++u) {
-          const bool ok = r + u < r1;
-          const int o = (r + u) * 32;
-          A0[u] = ok ? ld_weight_stream16(wa0 + o) : make_uint4(0, 0, 0, 0);
-          B0[u] = ok ? ld_weight_stream16(wb0 + o) : make_uint4(0, 0, 0, 0);
-          A1[u] = ok ? ld_weight_stream16(wa1 + o) : make_uint4(0, 0, 0, 0);
-          B1[u] = ok ? ld_weight_stream16(wb1 + o) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < H; ++u) {
-          if (r + u < r1) {
-            const int k = kb + (r + u) * 32 + 8 * t;
-#pragma unroll
-            for (int mt = 0; mt < MT8; ++mt) {
-              const uint4 xv = *reinterpret_cast<const uint4*>(xs + (int64_t)(mt * 8 + g) * ldx + k);
-              mma_bf16_16816(c0[mt], A0[u].x, B0[u].x, A0[u].y, B0[u].y, xv.x, xv.y);
-              mma_bf16_16816(c0[mt], A0[u].z, B0[u].z, A0[u].w, B0[u].w, xv.z, xv.w);
-              mma_bf16_16816(c1[mt], A1[u].x, B1[u].x, A1[u].y, B1[u].y, xv.x, xv.y);
-              mma_bf16_16816(c1[mt], A1[u].z, B1[u].z, A1[u].w, B1[u].w, xv.z, xv.w);
-            }
-          }
-        }
-      }
-      // C fragment: c[mt][0..1] = (column n0+nt*16+g, rows mt*8+2t, +1), c[mt][2..3] = (column +8, same rows)
-#pragma unroll
-      for (int mt = 0; mt < MT8; ++mt)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int m = mt * 8 + 2 * t + (j & 1), col = nt * 16 + g + (j >> 1) * 8;
-          if (m >= M || col >= w) continue;
-          if (wk == 1) {
-            y0s[m * w + col] = sg == 0 ? c0[mt][j] : y0s[m * w + col] + c0[mt][j];
-            y1s[m * w + col] = sg == 0 ? c1[mt][j] : y1s[m * w + col] + c1[mt][j];
-          } else {
-            float* rr = red + ((int64_t)(nt * wk + ks) * 16 * MT8 * 8) * 2;
-            rr[(g + (j >> 1) * 8) * MT8 * 8 + m] = c0[mt][j];
-            rr[16 * MT8 * 8 + (g + (j >> 1) * 8) * MT8 * 8 + m] = c1[mt][j];
-          }
-        }
-    }
-    if (wk > 1) {  // partials of the wk k-slices, added in slice order
-      __syncthreads();
-      for (int i = threadIdx.x; i < M * w; i += THREADS) {
-        const int m = i / w, col = i % w, nt = col / 16, cc = col % 16;
-        float s0 = 0.f, s1 = 0.f;
-        for (int q = 0; q < wk; ++q) {
-          const float* rr = red + ((int64_t)(nt * wk + q) * 16 * MT8 * 8) * 2;
-          s0 = q == 0 ? rr[cc * MT8 * 8 + m] : s0 + rr[cc * MT8 * 8 + m];
-          s1 = q == 0 ? rr[16 * MT8 * 8 + cc * MT8 * 8 + m] : s1 + rr[16 * MT8 * 8 + cc * MT8 * 8 + m];
-        }
-        y0s[i] = sg == 0 ? s0 : y0s[i] + s0;
-        y1s[i] = sg == 0 ? s1 : y1s[i] + s1;
-      }
-      __syncthreads();
-    }
-  }
-}
-#endif
-
 // A two-weight Tensor Core matmul (gate_up; qkv_rope's two halves of a head's RoPE pairs), red_cap as linear_tc_t.
 template <int MT8>
 __device__ __forceinline__ void linear_tc_two(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
                                               int n0, int n1, int kseg, int kslices, int red_cap, float* y0s,
                                               float* y1s, float* red) {
-#if MPK_TC_TWO_UNITS
   linear_tc_t<true, MT8>(xs, ldx, M, K, w0, w1, n0, n1, kseg, kslices, red_cap, y0s, y1s, red);
-#else
-  linear_tc_two_v18<MT8>(xs, ldx, M, K, w0, w1, n0, n1, kseg, kslices, y0s, y1s, red);
-#endif
 }
 
 // qkv_rope's Tensor Core matmul (<= ROW_TILE rows, two weights: the two halves of a head's RoPE pairs): one

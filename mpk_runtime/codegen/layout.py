@@ -161,7 +161,7 @@ def linear_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, in
     segments, as linear.cuh lays it out: xs (xrows, ldx) bf16, the fp32 result tile(s) (rows, w), then (Tensor
     Cores) the k-slice partials `red` in blocks of (16, mt8 * 8) fp32, one per (unit, k-slice) pair: one weight
     8 (ntn * wk <= 8); two weights 2 ntn wk with wk = tc_kslices(ntn, 2, R) (auto: the kslices = 1 of tp_invariant
-    graphs uses none), at least 16 (the MPK_TC_TWO_UNITS=0 build's loop: (nt wk + ks) * 2 + weight < 16). Tensor
+    graphs uses none), at least 16 (v18's two-weight loop, replaced in v20: kept so tile geometries stay). Tensor
     Cores from TC_MIN_M rows when K splits into 32-wide rounds per segment; rows per pass 32, 16 or 8, the largest
     that fits SMEM_BUDGET (weights stream once per pass). tc_rows 0 = the CUDA-core path (ROW_TILE rows per
     pass). Pure: no CUDA, no torch."""

@@ -125,8 +125,6 @@ def _red_fits(M: int, K: int, w: int, nw: int, kseg: int) -> None:
         for ksl in (0, 1):
             used = red_blocks_used(ntn, nw == 2, L.tc_kslices(ntn, nw, R, ksl))
             assert red_off + used * blk <= need, (M, K, w, nw, kseg, ksl)
-            if nw == 2:   # the MPK_TC_TWO_UNITS=0 loop: blocks (nt * wk + ks) * 2 + weight
-                assert red_off + (2 * ntn * old_wk(ntn, ksl) if old_wk(ntn, ksl) > 1 else 0) * blk <= need
 
 
 def test_red_buffer_covers_what_the_kernel_indexes():
