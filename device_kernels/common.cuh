@@ -136,6 +136,30 @@ __device__ inline void prefetch_task_weights(const int64_t* pf, int64_t from, in
   }
 }
 
+// Experiment (off by default; MPK_NVCC_DEFINES=-DMPK_CC_L2_PF_KB=N): a CUDA-core tile (op_linear, qkv_rope below
+// the Tensor Core batch) pulls the first N KB of its weight rows into L2 at its start, while its x rows load and
+// are normed, so its first weight loads do not pay the HBM latency (session 10: a batch-1 qkv_rope part streams
+// 128 KB at ~24 GB/s per SM, the first bytes' latency included). nw ranges of `rows` contiguous rows of K bf16
+// each (w[r] may be null); thread 0 issues them.
+#ifndef MPK_CC_L2_PF_KB
+#define MPK_CC_L2_PF_KB 0
+#endif
+__device__ __forceinline__ void prefetch_tile_rows_l2(const bf16* const* w, int nw, int rows, int K) {
+#if MPK_CC_L2_PF_KB > 0
+  if (threadIdx.x != 0) return;
+  for (int r = 0; r < nw; ++r) {
+    if (w[r] == nullptr) continue;
+    const int64_t total = (int64_t)rows * K * 2;
+    int64_t want = ((int64_t)MPK_CC_L2_PF_KB * 1024 / nw) & ~15LL;
+    if (want > total) want = total & ~15LL;
+    for (int64_t o = 0; o < want; o += 32768) {
+      const int64_t len = want - o < 32768 ? want - o : 32768;
+      prefetch_l2_bulk(reinterpret_cast<const unsigned char*>(w[r]) + o, (uint32_t)len);
+    }
+  }
+#endif
+}
+
 // 16 bytes global -> shared without registers (cp.async.cg: L2 only, so it reads what other SMs wrote in this launch
 // after an acquire, like ld.cg); ok == false zero-fills the 16 bytes and reads nothing.
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool ok) {

@@ -332,6 +332,10 @@ __device__ inline void op_linear(const Ctx& c) {
   float* y0s = linear_ytile(dyn_smem(), ROW_TILE, K);
   float* y1s = y0s + ROW_TILE * w;
   MPK_STAMP(0);
+  {
+    const bf16* pw[2] = {w0 + (int64_t)n0 * K, w1 != nullptr ? w1 + (int64_t)n0 * K : nullptr};
+    prefetch_tile_rows_l2(pw, 2, w, K);   // compiled away unless MPK_CC_L2_PF_KB > 0
+  }
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
     load_rows_norm(xs, K, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],

@@ -28,6 +28,10 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
   float* y1s = y0s + ROW_TILE * nr;                // (ROW_TILE, nr) fp32: head rows h2 + r0 + i
   float* red = y0s + ROW_TILE * MAX_HEAD_DIM;      // Tensor Core k-slice partials (2 x 8 x 16 x 8 fp32)
   MPK_STAMP(0);
+  if (M < TC_MIN_M) {   // the part's two row ranges (compiled away unless MPK_CC_L2_PF_KB > 0)
+    const bf16* pw[2] = {w + (int64_t)r0 * K, w + (int64_t)(h2 + r0) * K};
+    prefetch_tile_rows_l2(pw, 2, nr, K);
+  }
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
     load_rows_norm(xs, K, x + (int64_t)g0 * K, Mg, K, 0, 1, nw, eps);
