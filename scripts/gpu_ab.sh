@@ -9,7 +9,8 @@
 #         session-7 recipe): tests/gpu, 1-GPU A/B at contexts 512 and 4096 (new traced), memcheck, vs reference,
 #         TP=1 == TP=2, new's TP=2 bench, Ray load test; $OUT/ab.tar.gz is refreshed after every stage, so a
 #         command cut short still returns what ran. BASE may equal the tree for an A/B of an environment switch:
-#         BASE_ENV / NEW_ENV (e.g. NEW_ENV="MPK_SOMETHING=1") are set for the respective bench runs.
+#         BASE_ENV / NEW_ENV (e.g. NEW_ENV="MPK_NVCC_DEFINES=-DMPK_CC_L2_PF_KB=64": one word, no spaces) are set
+#         for the respective bench runs (modes check, perf's 1-GPU bench and session).
 # MODELS (default llama-3.2-1b,qwen3-8b) and BATCHES (default 1,8) narrow it. Every stage runs even if an earlier
 # one fails; logs and result files under $OUT/{new,base}; each stage has its own time limit.
 set -u
@@ -32,10 +33,11 @@ tests_and_ref() {   # new tree: tests/gpu, then teacher-forced vs the pure-torch
         --trace '' > "$OUT/new/check_ref.log" 2>&1
     grep -E "ok=|ERROR|Error" "$OUT/new/check_ref.log" | tail -8
 }
-bench_1gpu() {     # base then new, megakernel only
+bench_1gpu() {     # base then new, megakernel only (BASE_ENV / NEW_ENV set for the respective runs)
     for t in base new; do
         stage "$t: bench_decode 1 GPU"
-        $t timeout 75 python3 scripts/bench_decode.py --models "$MODELS" --batches "$BATCHES" --contexts 512 \
+        envs="${BASE_ENV:-}"; [ "$t" = new ] && envs="${NEW_ENV:-}"
+        $t env $envs timeout 75 python3 scripts/bench_decode.py --models "$MODELS" --batches "$BATCHES" --contexts 512 \
             --peer-batches "" --hf-batches "" --budget-s 60 > "$OUT/$t/bench.log" 2>&1
         grep -E " megakernel " "$OUT/$t/bench.log" | tail -8
     done
@@ -59,7 +61,7 @@ check)
     tail -6 "$OUT/new/check_tp.log"
     bench_1gpu
     stage "new: memcheck (tiny configs)"
-    new timeout 120 bash scripts/gpu_memcheck.sh > "$OUT/new/memcheck_summary.log" 2>&1
+    new timeout 180 bash scripts/gpu_memcheck.sh > "$OUT/new/memcheck_summary.log" 2>&1
     tail -2 "$OUT/new/memcheck_summary.log"
     ;;
 tp)
@@ -98,7 +100,7 @@ session)
         grep -E " megakernel " "$OUT/$t/bench.log" | grep -v "^\[" | tail -8; snap
     done
     stage "new: memcheck (tiny configs)"
-    new env MPK_KERNEL_TIMEOUT_S=60 timeout 80 bash scripts/gpu_memcheck.sh > "$OUT/new/memcheck_summary.log" 2>&1
+    new env MPK_KERNEL_TIMEOUT_S=60 timeout 150 bash scripts/gpu_memcheck.sh > "$OUT/new/memcheck_summary.log" 2>&1
     tail -1 "$OUT/new/memcheck_summary.log"; snap
     stage "new: vs the pure-torch reference"
     new timeout 70 python3 scripts/gpu_check_ref.py --models "$MODELS" --batches "$BATCHES" --steps 32 --no-hf \
