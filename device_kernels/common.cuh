@@ -122,17 +122,21 @@ __device__ __forceinline__ void prefetch_l2_line(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+// bytes of [p, p + bytes) into L2 in bulk prefetches of up to 32 KB (p and bytes multiples of 16).
+__device__ __forceinline__ void prefetch_l2_range(const void* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 32768) {
+    const int64_t len = (bytes - o) < 32768 ? (bytes - o) : 32768;
+    prefetch_l2_bulk(reinterpret_cast<const unsigned char*>(p) + o, (uint32_t)len);
+  }
+}
 // Prefetch bytes [from, to) of each of a task's (up to two) weight ranges, pf = {ptr0, n0, ptr1, n1}.
 __device__ inline void prefetch_task_weights(const int64_t* pf, int64_t from, int64_t to) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t base = pf[2 * r], n = pf[2 * r + 1];
     const int64_t e = to < n ? to : n;
-    if (base == 0) continue;
-    for (int64_t o = from; o < e; o += 32768) {
-      const int64_t len = (e - o) < 32768 ? (e - o) : 32768;
-      prefetch_l2_bulk(reinterpret_cast<const void*>(static_cast<uintptr_t>(base + o)), (uint32_t)(len & ~15LL));
-    }
+    if (base == 0 || from >= e) continue;
+    prefetch_l2_range(reinterpret_cast<const void*>(static_cast<uintptr_t>(base + from)), (e - from) & ~15LL);
   }
 }
 
@@ -149,13 +153,8 @@ __device__ __forceinline__ void prefetch_tile_rows_l2(const bf16* const* w, int 
   if (threadIdx.x != 0) return;
   for (int r = 0; r < nw; ++r) {
     if (w[r] == nullptr) continue;
-    const int64_t total = (int64_t)rows * K * 2;
-    int64_t want = ((int64_t)MPK_CC_L2_PF_KB * 1024 / nw) & ~15LL;
-    if (want > total) want = total & ~15LL;
-    for (int64_t o = 0; o < want; o += 32768) {
-      const int64_t len = want - o < 32768 ? want - o : 32768;
-      prefetch_l2_bulk(reinterpret_cast<const unsigned char*>(w[r]) + o, (uint32_t)len);
-    }
+    const int64_t total = (int64_t)rows * K * 2, want = ((int64_t)MPK_CC_L2_PF_KB * 1024 / nw) & ~15LL;
+    prefetch_l2_range(w[r], want < total ? want : total & ~15LL);
   }
 #endif
 }

@@ -266,20 +266,12 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
   }
 }
 
-// A two-weight Tensor Core matmul (gate_up; qkv_rope's two halves of a head's RoPE pairs), red_cap as linear_tc_t.
-template <int MT8>
-__device__ __forceinline__ void linear_tc_two(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
-                                              int n0, int n1, int kseg, int kslices, int red_cap, float* y0s,
-                                              float* y1s, float* red) {
-  linear_tc_t<true, MT8>(xs, ldx, M, K, w0, w1, n0, n1, kseg, kslices, red_cap, y0s, y1s, red);
-}
-
 // qkv_rope's Tensor Core matmul (<= ROW_TILE rows, two weights: the two halves of a head's RoPE pairs): one
 // out-of-line entry. Its caller's `red` holds 2 x 8 blocks of (16, 8) fp32 (qkv_rope.cuh, the packer's
 // _pack_qkv_rope): the k-slice count is capped to fit them. Ends with __syncthreads().
 __device__ __noinline__ void linear_tc_rows8(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
                                              int n0, int n1, int kslices, float* y0s, float* y1s, float* red) {
-  linear_tc_two<1>(xs, ldx, M, K, w0, w1, n0, n1, 1, kslices, 2 * 8, y0s, y1s, red);
+  linear_tc_t<true, 1>(xs, ldx, M, K, w0, w1, n0, n1, 1, kslices, 2 * 8, y0s, y1s, red);
   __syncthreads();
 }
 
@@ -387,7 +379,7 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
         const bf16* row = rr < w ? w0 + (int64_t)(n0 + rr) * K : w1 + (int64_t)(n0 + rr - w) * K;
         const int64_t off = (int64_t)((R * q) / wk) * 64;   // the slice's first round, bytes
         const int64_t len = min(per, (int64_t)(K / kseg) * 2 - off);
-        if (len >= 16) prefetch_l2_bulk(reinterpret_cast<const unsigned char*>(row) + off, (uint32_t)(len & ~15LL));
+        if (len >= 16) prefetch_l2_range(reinterpret_cast<const unsigned char*>(row) + off, len & ~15LL);
       }
   }
 #endif
@@ -397,9 +389,9 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
                    ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
     MPK_STAMP(1);
     if (two) {  // red: sized by codegen/layout.py linear_geometry for tc_kslices' rule (cap 0)
-      if (Mg <= 8) linear_tc_two<1>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
-      else if (Mg <= 16) linear_tc_two<2>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
-      else linear_tc_two<4>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
+      if (Mg <= 8) linear_tc_t<true, 1>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
+      else if (Mg <= 16) linear_tc_t<true, 2>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
+      else linear_tc_t<true, 4>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
     } else {
       if (Mg <= 8) linear_tc_t<false, 1>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, 0, y0s, nullptr, red);
       else if (Mg <= 16) linear_tc_t<false, 2>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, 0, y0s, nullptr, red);

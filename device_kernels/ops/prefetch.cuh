@@ -10,6 +10,8 @@ __device__ inline void op_weight_prefetch(const Ctx& c) {
   if (threadIdx.x != 0) return;
   const int64_t* a = c.rec;
   const int n = (int)a[A_WEIGHT_PREFETCH_N];
+  // the split of common.cuh prefetch_l2_range, written out: using the helper changes this reachable op's code, so
+  // it waits for the next GPU-verified device change (session 10 kept the default build identical to 566c577's)
   for (int i = 0; i < n; ++i) {
     const int64_t base = a[A_WEIGHT_PREFETCH_P0 + 2 * i], nb = a[A_WEIGHT_PREFETCH_B0 + 2 * i];
     for (int64_t o = 0; o < nb; o += 32768) {
