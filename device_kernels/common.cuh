@@ -8,13 +8,16 @@ namespace mpk {
 
 typedef __nv_bfloat16 bf16;
 
-// Per-task context: the parameter block, the task's record, the global step and the step inside the launch.
+// Per-task context: the parameter block, the task's record, the global step and the step inside the launch; the
+// shared address of the CTA's weight-stage mbarrier and the phase parity this task's staged rows complete.
 struct Ctx {
   const int64_t* P;
   const int64_t* rec;
   int64_t step;
   int64_t lstep;
   int parity;
+  uint32_t stage_bar;
+  uint32_t stage_par;
 };
 
 // The CTA's dynamic shared memory. Ops take their shared-memory pointers from here, never through a pointer passed
@@ -158,6 +161,34 @@ __device__ __forceinline__ void prefetch_tile_rows_l2(const bf16* const* w, int 
   }
 #endif
 }
+
+// --- weight staging (codegen/layout.py TASK_HEADER "stage"): TMA bulk copies global -> shared that complete on an
+// mbarrier (transaction bytes), so they neither hold registers nor join the cp.async groups that load_rows_norm
+// waits on. One mbarrier per CTA, arrival count 1; each staged task is one phase.
+__device__ __forceinline__ void mbar_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// bytes (a multiple of 16, 16-byte aligned ends) from global src to shared dst, completing on bar
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// Until the phase of parity `par` has completed (its bytes are then visible to the waiting thread).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t par) {
+  uint32_t done;
+  do {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(par) : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// x rows a CUDA-core linear / qkv_rope tile keeps in shared memory (codegen/layout.py cc_xrows)
+__device__ __forceinline__ int cc_xrows(int M) { return M < TC_MIN_M ? M : ROW_TILE; }
 
 // 16 bytes global -> shared without registers (cp.async.cg: L2 only, so it reads what other SMs wrote in this launch
 // after an acquire, like ld.cg); ok == false zero-fills the 16 bytes and reads nothing.

@@ -34,6 +34,37 @@ __device__ __noinline__ void op_small(const Ctx& c) {
 
 using namespace mpk;
 
+// Thread 0, before the task's waits: TMA bulk copies of the first `rows` weight rows of each of the task's weight
+// ranges (stage word: codegen/layout.py pack_stage; the ranges as TaskPacker._weight_ranges) into the dynamic shared
+// memory above the op's own layout, completing on the CTA's stage mbarrier. Weights never depend on events, so the
+// copy overlaps the wait; the op reads those rows from shared memory (linear.cuh linear_core).
+__device__ __noinline__ void stage_task_weights(const int64_t* rec, int64_t sw, uint32_t bar) {
+  const uint32_t rows = (uint32_t)(sw & 0xffffff), off = (uint32_t)((sw >> STAGE_OFF_SHIFT) & 0xffffff);
+  const bf16* w[2];
+  int64_t K;
+  if ((int)rec[T_OPCODE] == OP_LINEAR) {
+    K = rec[A_LINEAR_K];
+    w[0] = ptr<const bf16>(rec[A_LINEAR_W0]) + rec[A_LINEAR_N0] * K;
+    w[1] = rec[A_LINEAR_W1] != 0 ? ptr<const bf16>(rec[A_LINEAR_W1]) + rec[A_LINEAR_N0] * K : nullptr;
+  } else {  // OP_QKV_ROPE: the part's rows r0.. and D/2 + r0.. of the head
+    K = rec[A_QKV_ROPE_K];
+    const bf16* hw = ptr<const bf16>(rec[A_QKV_ROPE_W]);
+    w[0] = hw + rec[A_QKV_ROPE_R0] * K;
+    w[1] = hw + (rec[A_QKV_ROPE_D] / 2 + rec[A_QKV_ROPE_R0]) * K;
+  }
+  const uint32_t per = rows * (uint32_t)K * 2u;
+  // the previous tasks' shared-memory accesses (ordered before this thread by the barrier that ended them) come
+  // before the async proxy's writes
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  mbar_expect_tx(bar, w[1] != nullptr ? 2u * per : per);
+  const uint32_t dst = smem_addr(dyn_smem()) + off;
+  for (int r = 0; r < 2; ++r) {
+    if (w[r] == nullptr) continue;
+    for (uint32_t o = 0; o < per; o += 32768u)
+      bulk_g2s(dst + r * per + o, reinterpret_cast<const unsigned char*>(w[r]) + o, min(32768u, per - o), bar);
+  }
+}
+
 // Thread 0: spin until *ctr >= need (acquire; system scope for a counter a peer rank signals). On timeout the first
 // SM to notice records the wait in the status block; returns 1 when this SM must exit (timeout here or elsewhere).
 __device__ __forceinline__ int wait_counter(const uint64_t* ctr, int64_t need, bool sys, int64_t* status,
@@ -70,6 +101,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   // and the next one's (double-buffered; the next is copied in while the op runs).
   __shared__ int64_t s_par[NUM_PARAMS];
   __shared__ __align__(16) int64_t s_rec[2][TASK_WORDS];
+  __shared__ __align__(8) uint64_t s_stage_bar;   // weight staging (stage_task_weights): one phase per staged task
+  const uint32_t stage_bar = smem_addr(&s_stage_bar);
+  uint32_t stage_par = 0;
+  if (threadIdx.x == 0) mbar_init(stage_bar);
   static_assert(TASK_WORDS % 2 == 0 && TASK_WORDS / 2 <= 32, "warp 0 copies a record, 16 bytes per lane");
   if (threadIdx.x < NUM_PARAMS) s_par[threadIdx.x] = P[threadIdx.x];
   const int sm = blockIdx.x;
@@ -92,6 +127,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         cp_async16(&s_rec[buf ^ 1][threadIdx.x * 2], tasks + rec[T_NEXT_TASK] * TASK_WORDS + threadIdx.x * 2, true);
       if (threadIdx.x == 0) {
         cp_async_commit();
+        if (rec[T_STAGE] != 0) stage_task_weights(rec, rec[T_STAGE], stage_bar);
         const int tid = (int)rec[T_TASK_ID];
         const uint64_t* counters = ptr<const uint64_t>(param(s_par, P_COUNTERS));
         int64_t* status = ptr<int64_t>(param(s_par, P_STATUS));
@@ -147,9 +183,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       __syncthreads();
       if (s_abort) {
         if (threadIdx.x < TASK_WORDS / 2) cp_async_wait_all();
+        if (threadIdx.x == 0 && rec[T_STAGE] != 0) mbar_wait(stage_bar, stage_par);   // no copy into an exited CTA
         return;
       }
-      const Ctx c{s_par, rec, step, ls, (int)(step & 1)};
+      const Ctx c{s_par, rec, step, ls, (int)(step & 1), stage_bar, stage_par};
       switch ((int)c.rec[T_OPCODE]) {
         case OP_EMBED: op_embed(c); break;
         case OP_QKV_ROPE: op_qkv_rope(c); break;
@@ -166,6 +203,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         default: break;
       }
       if (threadIdx.x < TASK_WORDS / 2) cp_async_wait_all();   // the next record has landed
+      // the staged copy is complete before the barrier that frees the shared memory (the op's warps wait on it only
+      // where they read staged rows), and the next staged task is the next phase
+      if (rec[T_STAGE] != 0) {   // (re-read from the record: no register held across the op)
+        if (threadIdx.x == 0) mbar_wait(stage_bar, stage_par);
+        stage_par ^= 1u;
+      }
       // Thread 32 signals this task's counters after the barrier, while thread 0 goes on to the next task's waits:
       // it takes the signal words (and the trace coordinates) now, before the barrier frees this buffer.
       int64_t sg[INLINE_SIGNALS], sb = 0, se = 0;

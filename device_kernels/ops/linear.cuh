@@ -8,97 +8,126 @@
 
 namespace mpk {
 
-// For columns n in [n0, n1) (warp-strided): y0s[m * (n1 - n0) + n - n0] = xs[m] . w0[n] (and y1s with w1 when
-// TWO) for m < M. xs: (M, K) bf16 in shared memory, w: (N, K) bf16 rows. K is reduced in kseg equal segments:
-// each segment exactly as a rank holding only that K slice would (lane-strided from the segment start, then a
-// warp butterfly), the segment sums added in fp32 in order (tasks/ops/linear.py k_segments).
-template <bool TWO, int MT, int UN, int NC>
-__device__ __noinline__ void linear_core_t(const bf16* xs, int M, int K, const bf16* w0, const bf16* w1, int n0,
-                                           int n1, int kseg, float* y0s, float* y1s) {
+// One warp pass: columns nb .. nb + NC - 1 (clamped to n1 - 1; a missing column re-reads the last one and its
+// result is dropped). SMEM: the columns' weight rows are staged in shared memory (row n at s0 / s1 + (n - n0) K);
+// else they stream from global memory. The sums are the same either way.
+template <bool TWO, int MT, int UN, int NC, bool SMEM>
+__device__ __forceinline__ void linear_pass(const bf16* xs, int M, int K, const bf16* w0, const bf16* w1,
+                                            const bf16* s0, const bf16* s1, int nb, int n0, int n1, int kseg,
+                                            float* y0s, float* y1s) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   const int KVs = (K >> 3) / kseg;  // 16-byte vectors per row segment
   const int ldy = n1 - n0;
-  // each warp pass: NC columns, UN vectors per lane per column in flight before the first FMA
-  for (int nb = n0 + warp * NC; nb < n1; nb += nwarps * NC) {
-    if (PF_DIST > 0) {  // this warp's rows PF_DIST passes ahead -> L2 (keeps HBM busy between round trips)
+  if (!SMEM && PF_DIST > 0) {  // this warp's rows PF_DIST passes ahead -> L2 (keeps HBM busy between round trips)
 #pragma unroll
-      for (int c = 0; c < NC; ++c) {
-        const int n = nb + PF_DIST * nwarps * NC + c;
-        if (n < n1) {
-          for (int off = lane * 64; off < K; off += 32 * 64) {  // 64 bf16 = one 128-byte line per lane
-            prefetch_l2_line(w0 + (int64_t)n * K + off);
-            if (TWO) prefetch_l2_line(w1 + (int64_t)n * K + off);
-          }
+    for (int c = 0; c < NC; ++c) {
+      const int n = nb + PF_DIST * nwarps * NC + c;
+      if (n < n1) {
+        for (int off = lane * 64; off < K; off += 32 * 64) {  // 64 bf16 = one 128-byte line per lane
+          prefetch_l2_line(w0 + (int64_t)n * K + off);
+          if (TWO) prefetch_l2_line(w1 + (int64_t)n * K + off);
         }
       }
     }
-    float tot0[NC][MT], tot1[NC][MT];
+  }
+  (void)warp;
+  float tot0[NC][MT], tot1[NC][MT];
 #pragma unroll 1
-    for (int sg = 0; sg < kseg; ++sg) {
-      const int kb = sg * KVs, ke = kb + KVs;
-      float acc0[NC][MT], acc1[NC][MT];
+  for (int sg = 0; sg < kseg; ++sg) {
+    const int kb = sg * KVs, ke = kb + KVs;
+    float acc0[NC][MT], acc1[NC][MT];
 #pragma unroll
-      for (int c = 0; c < NC; ++c)
+    for (int c = 0; c < NC; ++c)
 #pragma unroll
-        for (int m = 0; m < MT; ++m) { acc0[c][m] = 0.f; acc1[c][m] = 0.f; }
-      for (int base = kb + lane; base < ke; base += 32 * UN) {
-        uint4 v0[NC][UN], v1[NC][UN];
+      for (int m = 0; m < MT; ++m) { acc0[c][m] = 0.f; acc1[c][m] = 0.f; }
+    for (int base = kb + lane; base < ke; base += 32 * UN) {
+      uint4 v0[NC][UN], v1[NC][UN];
 #pragma unroll
-        for (int c = 0; c < NC; ++c) {
-          const int n = min(nb + c, n1 - 1);  // a missing column re-reads the last one; its result is dropped
+      for (int c = 0; c < NC; ++c) {
+        const int n = min(nb + c, n1 - 1);
 #pragma unroll
-          for (int u = 0; u < UN; ++u) {
-            const int kk = base + u * 32;
-            v0[c][u] = make_uint4(0, 0, 0, 0);
-            v1[c][u] = make_uint4(0, 0, 0, 0);
-            if (kk < ke) {
+        for (int u = 0; u < UN; ++u) {
+          const int kk = base + u * 32;
+          v0[c][u] = make_uint4(0, 0, 0, 0);
+          v1[c][u] = make_uint4(0, 0, 0, 0);
+          if (kk < ke) {
+            if (SMEM) {
+              v0[c][u] = *reinterpret_cast<const uint4*>(s0 + (int64_t)(n - n0) * K + kk * 8);
+              if (TWO) v1[c][u] = *reinterpret_cast<const uint4*>(s1 + (int64_t)(n - n0) * K + kk * 8);
+            } else {
               v0[c][u] = ld_weight_stream16(w0 + (int64_t)n * K + kk * 8);
               if (TWO) v1[c][u] = ld_weight_stream16(w1 + (int64_t)n * K + kk * 8);
             }
           }
         }
+      }
 #pragma unroll
-        for (int u = 0; u < UN; ++u) {
-          const int kk = base + u * 32;
-          if (kk < ke) {
+      for (int u = 0; u < UN; ++u) {
+        const int kk = base + u * 32;
+        if (kk < ke) {
 #pragma unroll
-            for (int m = 0; m < MT; ++m) {
-              if (m < M) {
-                const uint4 xv = *reinterpret_cast<const uint4*>(xs + (int64_t)m * K + kk * 8);
+          for (int m = 0; m < MT; ++m) {
+            if (m < M) {
+              const uint4 xv = *reinterpret_cast<const uint4*>(xs + (int64_t)m * K + kk * 8);
 #pragma unroll
-                for (int c = 0; c < NC; ++c) {
-                  acc0[c][m] = dot8(v0[c][u], xv, acc0[c][m]);
-                  if (TWO) acc1[c][m] = dot8(v1[c][u], xv, acc1[c][m]);
-                }
+              for (int c = 0; c < NC; ++c) {
+                acc0[c][m] = dot8(v0[c][u], xv, acc0[c][m]);
+                if (TWO) acc1[c][m] = dot8(v1[c][u], xv, acc1[c][m]);
               }
             }
           }
         }
       }
+    }
 #pragma unroll
-      for (int c = 0; c < NC; ++c)
+    for (int c = 0; c < NC; ++c)
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          if (m < M) {
-            const float s0 = warp_sum(acc0[c][m]);
-            tot0[c][m] = sg == 0 ? s0 : tot0[c][m] + s0;
-            if (TWO) {
-              const float s1 = warp_sum(acc1[c][m]);
-              tot1[c][m] = sg == 0 ? s1 : tot1[c][m] + s1;
-            }
+      for (int m = 0; m < MT; ++m) {
+        if (m < M) {
+          const float s0v = warp_sum(acc0[c][m]);
+          tot0[c][m] = sg == 0 ? s0v : tot0[c][m] + s0v;
+          if (TWO) {
+            const float s1v = warp_sum(acc1[c][m]);
+            tot1[c][m] = sg == 0 ? s1v : tot1[c][m] + s1v;
           }
         }
-    }
-    if (lane == 0) {
+      }
+  }
+  if (lane == 0) {
 #pragma unroll
-      for (int c = 0; c < NC; ++c)
+    for (int c = 0; c < NC; ++c)
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
-          if (m < M && nb + c < n1) {
-            y0s[m * ldy + nb + c - n0] = tot0[c][m];
-            if (TWO) y1s[m * ldy + nb + c - n0] = tot1[c][m];
-          }
-    }
+      for (int m = 0; m < MT; ++m)
+        if (m < M && nb + c < n1) {
+          y0s[m * ldy + nb + c - n0] = tot0[c][m];
+          if (TWO) y1s[m * ldy + nb + c - n0] = tot1[c][m];
+        }
+  }
+}
+
+// For columns n in [n0, n1) (warp-strided): y0s[m * (n1 - n0) + n - n0] = xs[m] . w0[n] (and y1s with w1 when
+// TWO) for m < M. xs: (M, K) bf16 in shared memory, w: (N, K) bf16 rows. K is reduced in kseg equal segments:
+// each segment exactly as a rank holding only that K slice would (lane-strided from the segment start, then a
+// warp butterfly), the segment sums added in fp32 in order (tasks/ops/linear.py k_segments).
+// Staged rows (nst > 0): rows n0 .. n0 + nst - 1 of w0 (and w1) are being copied to the dynamic shared memory at byte
+// offset soff (w1's after w0's) and complete on the mbarrier phase (bar, par) (megakernel.cu stage_task_weights). A
+// warp first streams its passes that are not wholly staged from global memory, then waits for the copy and runs its
+// staged passes (the first ones in column order) from shared memory.
+template <bool TWO, int MT, int UN, int NC>
+__device__ __noinline__ void linear_core_t(const bf16* xs, int M, int K, const bf16* w0, const bf16* w1, int n0,
+                                           int n1, int kseg, float* y0s, float* y1s, int soff, int nst,
+                                           uint32_t bar, uint32_t par) {
+  const int warp = threadIdx.x >> 5, nwarps = THREADS / 32;
+  // a pass is staged when its last real column is: staged passes are each warp's first ones
+  auto staged = [&](int nb) { return min(nb + NC - 1, n1 - 1) - n0 < nst; };
+  for (int nb = n0 + warp * NC; nb < n1; nb += nwarps * NC)
+    if (!staged(nb)) linear_pass<TWO, MT, UN, NC, false>(xs, M, K, w0, w1, nullptr, nullptr, nb, n0, n1, kseg, y0s, y1s);
+  if (nst > 0 && n0 + warp * NC < n1 && staged(n0 + warp * NC)) {
+    const bf16* s0 = reinterpret_cast<const bf16*>(dyn_smem() + soff);
+    const bf16* s1 = s0 + (int64_t)nst * K;
+    mbar_wait(bar, par);
+    for (int nb = n0 + warp * NC; nb < n1 && staged(nb); nb += nwarps * NC)
+      linear_pass<TWO, MT, UN, NC, true>(xs, M, K, w0, w1, s0, s1, nb, n0, n1, kseg, y0s, y1s);
   }
 }
 
@@ -106,11 +135,15 @@ __device__ __noinline__ void linear_core_t(const bf16* xs, int M, int K, const b
 // keep fewer weight vectors in flight to stay within the 1-CTA/SM register budget. Ends with __syncthreads().
 template <bool TWO>
 __device__ inline void linear_core(const bf16* xs, int M, int K, const bf16* w0, const bf16* w1, int n0, int n1,
-                                   int kseg, float* y0s, float* y1s) {
-  if (M <= 1) linear_core_t<TWO, 1, UNROLL, (TWO ? 1 : 2)>(xs, M, K, w0, w1, n0, n1, kseg, y0s, y1s);
-  else if (M <= 2) linear_core_t<TWO, 2, UNROLL, 1>(xs, M, K, w0, w1, n0, n1, kseg, y0s, y1s);
-  else if (M <= 4) linear_core_t<TWO, 4, (UNROLL > 2 ? UNROLL / 2 : 1), 1>(xs, M, K, w0, w1, n0, n1, kseg, y0s, y1s);
-  else linear_core_t<TWO, ROW_TILE, (UNROLL > 4 ? UNROLL / 4 : 1), 1>(xs, M, K, w0, w1, n0, n1, kseg, y0s, y1s);
+                                   int kseg, float* y0s, float* y1s, int soff = 0, int nst = 0, uint32_t bar = 0,
+                                   uint32_t par = 0) {
+  if (M <= 1) linear_core_t<TWO, 1, UNROLL, (TWO ? 1 : 2)>(xs, M, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst, bar, par);
+  else if (M <= 2) linear_core_t<TWO, 2, UNROLL, 1>(xs, M, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst, bar, par);
+  else if (M <= 4)
+    linear_core_t<TWO, 4, (UNROLL > 2 ? UNROLL / 2 : 1), 1>(xs, M, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst, bar, par);
+  else
+    linear_core_t<TWO, ROW_TILE, (UNROLL > 4 ? UNROLL / 4 : 1), 1>(xs, M, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst,
+                                                                   bar, par);
   __syncthreads();
 }
 
@@ -321,8 +354,10 @@ __device__ inline void op_linear(const Ctx& c) {
   const int M = (int)a[A_LINEAR_M], kseg = (int)a[A_LINEAR_KSEG];
   const int w = n1 - n0;
   bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
-  float* y0s = linear_ytile(dyn_smem(), ROW_TILE, K);
+  float* y0s = linear_ytile(dyn_smem(), cc_xrows(M), K);
   float* y1s = y0s + ROW_TILE * w;
+  const int64_t sw = a[T_STAGE];   // staged weight rows (megakernel.cu stage_task_weights)
+  const int nst = (int)(sw & 0xffffff), soff = (int)((sw >> STAGE_OFF_SHIFT) & 0xffffff);
   MPK_STAMP(0);
   {
     const bf16* pw[2] = {w0 + (int64_t)n0 * K, w1 != nullptr ? w1 + (int64_t)n0 * K : nullptr};
@@ -334,9 +369,9 @@ __device__ inline void op_linear(const Ctx& c) {
                    ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
     MPK_STAMP(1);
     if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
-      linear_core<true>(xs, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s);
+      linear_core<true>(xs, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst, c.stage_bar, c.stage_par);
     else
-      linear_core<false>(xs, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr);
+      linear_core<false>(xs, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, soff, nst, c.stage_bar, c.stage_par);
     MPK_STAMP(2);
     linear_epilogue(c, g0, Mg, y0s, y1s);
     MPK_STAMP(3);

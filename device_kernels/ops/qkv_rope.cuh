@@ -24,7 +24,7 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
   const int64_t max_pages = c.P[P_MAX_PAGES], ps = c.P[P_PAGE_SIZE];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
-  float* y0s = linear_ytile(dyn_smem(), ROW_TILE, K);  // (ROW_TILE, nr) fp32: head rows r0 + i
+  float* y0s = linear_ytile(dyn_smem(), cc_xrows(M), K);  // (ROW_TILE, nr) fp32: head rows r0 + i
   float* y1s = y0s + ROW_TILE * nr;                // (ROW_TILE, nr) fp32: head rows h2 + r0 + i
   float* red = y0s + ROW_TILE * MAX_HEAD_DIM;      // Tensor Core k-slice partials (2 x 8 x 16 x 8 fp32)
   MPK_STAMP(0);
@@ -40,7 +40,9 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
       linear_tc_rows8(xs, K, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, (int)a[A_QKV_ROPE_KSLICES], y0s,
                       y1s, red);
     else
-      linear_core<true>(xs, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, 1, y0s, y1s);
+      linear_core<true>(xs, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, 1, y0s, y1s,
+                        (int)((a[T_STAGE] >> STAGE_OFF_SHIFT) & 0xffffff), (int)(a[T_STAGE] & 0xffffff), c.stage_bar,
+                        c.stage_par);
     MPK_STAMP(2);
     for (int i = threadIdx.x; i < Mg * nr; i += THREADS) { y0s[i] = bf(y0s[i]); y1s[i] = bf(y1s[i]); }  // bf16 matmul result
     __syncthreads();

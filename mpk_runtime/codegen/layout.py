@@ -7,6 +7,8 @@ int64 device addresses; floats as their fp32 bit pattern in the low 32 bits of a
 """
 from __future__ import annotations
 
+import os
+
 from ..ir.sampling import SAMPLE_CANDIDATES
 from ..tasks.ops import OPCODES
 
@@ -14,7 +16,10 @@ from ..tasks.ops import OPCODES
 # next_task: the task that follows on the same SM (the list wraps to its first task for the next step): while a
 # task's op runs, the kernel copies the next record into shared memory (cp.async), so a task starts with its
 # record, waits and signal words at hand and no global round trip but the counter poll.
-TASK_HEADER = ["opcode", "task_id", "wait_begin", "wait_end", "sig_begin", "sig_end", "next_task"]
+# stage: weight rows the kernel copies into shared memory (one TMA bulk copy per weight range) before it waits on the
+# task's events (pack_stage; 0 = none): a batch-1 tile's SM would otherwise idle through the wait (up to ~15 us before
+# o_proj while attention runs on a few SMs) and then stream every byte after it.
+TASK_HEADER = ["opcode", "task_id", "wait_begin", "wait_end", "sig_begin", "sig_end", "next_task", "stage"]
 ARG_BASE = 8                      # header words reserved (room to grow)
 ARG_END = 32                      # up to 24 argument words
 # The first INLINE_WAITS waits of a task (packed, pack_wait) and its first INLINE_SIGNALS signal words, copied
@@ -68,6 +73,10 @@ SIGNAL_REMOTE_BIT = 1
 # A wait packed in one word for the record (never 0: triggers >= 1): event (bits 0-31), triggers (32-55),
 # lag (56-61), scope (62).
 PW_TRIGGERS_SHIFT, PW_LAG_SHIFT, PW_SCOPE_SHIFT = 32, 56, 62
+# The stage word: rows (bits 0-23) staged from the start of each of the task's weight ranges (linear: w0 / w1 rows
+# [n0, n0 + rows); qkv_rope: the part's two row ranges), at byte offset (bits 24-47) of the dynamic shared memory,
+# range j at offset + j * rows * K * 2.
+STAGE_OFF_SHIFT = 24
 
 
 def pack_wait(event: int, triggers: int, lag: int, scope: int) -> int:
@@ -77,9 +86,34 @@ def pack_wait(event: int, triggers: int, lag: int, scope: int) -> int:
     return event | triggers << PW_TRIGGERS_SHIFT | lag << PW_LAG_SHIFT | scope << PW_SCOPE_SHIFT
 
 
+def pack_stage(rows: int, offset: int) -> int:
+    if rows == 0:
+        return 0
+    if not (0 < rows < 1 << 24 and 0 <= offset < 1 << 24 and offset % 128 == 0):
+        raise ValueError(f"stage (rows {rows}, offset {offset}) does not fit the stage word (offset 128-aligned)")
+    return rows | offset << STAGE_OFF_SHIFT
+
+
+def unpack_stage(word: int) -> tuple[int, int]:
+    return word & 0xFFFFFF, (word >> STAGE_OFF_SHIFT) & 0xFFFFFF
+
+
 def unpack_wait(word: int) -> tuple[int, int, int, int]:
     return (word & 0xFFFFFFFF, (word >> PW_TRIGGERS_SHIFT) & 0xFFFFFF, (word >> PW_LAG_SHIFT) & 63,
             (word >> PW_SCOPE_SHIFT) & 1)
+
+def _env_kb(name: str, default_kb: int) -> int:
+    v = os.environ.get(name)
+    if v is None or v == "":
+        return default_kb * 1024
+    try:
+        kb = int(v)
+    except ValueError:
+        raise ValueError(f"{name}={v!r}: expected kilobytes of shared memory as an integer (0 = off)") from None
+    if not 0 <= kb <= 227:
+        raise ValueError(f"{name}={kb}: shared memory per CTA is at most 227 KB (0 = off)")
+    return kb * 1024
+
 
 # --- kernel parameter block (int64 words, device resident) -----------------------------------------------------
 PARAMS = ["tasks", "sm_offsets", "sm_tasks", "waits", "signals", "counters", "status", "trace", "trace_steps",
@@ -111,9 +145,19 @@ CONSTANTS = {
     "PF_CUR": 0,            # bytes of a task's weights pulled into L2 before waiting on its events (0 = off)
     "PF_NEXT": 0,           # bytes of the following task's weights pulled into L2 at the same time
     "PF_DIST": 0,           # linear: L2-prefetch the weight rows this many warp passes ahead (0 = off)
+    # Weight staging (TASK_HEADER "stage"): CUDA-core linear / qkv_rope tiles get the first weight rows that fit
+    # below this many bytes of dynamic shared memory copied in while they wait on their events (0 = off; the
+    # packer's default, runtime/megakernel.py TaskPacker; MPK_STAGE_KB overrides it for A/B runs).
+    "STAGE_SMEM": _env_kb("MPK_STAGE_KB", 0),
 }
 
 KERNEL_NAME = "mpk_megakernel"
+
+
+def cc_xrows(M: int) -> int:
+    """x rows a CUDA-core linear / qkv_rope tile keeps in shared memory (linear.cuh cc_xrows): its M rows below
+    the Tensor Core batch (so a batch-1 tile leaves the rest to staged weights), else ROW_TILE per pass."""
+    return M if M < CONSTANTS["TC_MIN_M"] else CONSTANTS["ROW_TILE"]
 
 
 def att_smem_bytes(D: int, C: dict | None = None) -> int:
@@ -166,7 +210,7 @@ def linear_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, in
     that fits SMEM_BUDGET (weights stream once per pass). tc_rows 0 = the CUDA-core path (ROW_TILE rows per
     pass). Pure: no CUDA, no torch."""
     C = CONSTANTS
-    cuda_core = ((C["ROW_TILE"] * K * 2 + 15) & ~15) + C["ROW_TILE"] * w * 4 * nw
+    cuda_core = ((cc_xrows(M) * K * 2 + 15) & ~15) + C["ROW_TILE"] * w * 4 * nw
     if M < C["TC_MIN_M"] or K % (32 * kseg):
         return 0, cuda_core
     if nw == 1:

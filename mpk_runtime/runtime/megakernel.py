@@ -45,8 +45,14 @@ class TaskPacker:
     on an event with a producer on another rank acquires at system scope."""
 
     def __init__(self, tg: TaskGraph, mem: RankMemory, counters_ptr: int, head_dim: int,
-                 peers: PeerTable | None = None, device: torch.device | str | None = None):
+                 peers: PeerTable | None = None, device: torch.device | str | None = None,
+                 stage_smem: int | None = None):
+        """stage_smem: shared bytes per CTA up to which CUDA-core linear / qkv_rope tasks get weight rows staged
+        while they wait (layout.CONSTANTS["STAGE_SMEM"] by default; 0 = none)."""
         self.tg, self.mem, self.D = tg, mem, head_dim
+        self.stage_smem = L.CONSTANTS["STAGE_SMEM"] if stage_smem is None else int(stage_smem)
+        if not 0 <= self.stage_smem <= 227 * 1024:
+            raise ValueError(f"stage_smem={self.stage_smem}: 0 (off) .. 227 KiB of shared memory per CTA")
         self.counters_ptr = counters_ptr
         self.peers = peers
         self.device = device
@@ -59,6 +65,9 @@ class TaskPacker:
                              f"does not match TaskGraph rank {tg.rank}/{tg.world_size}")
         self._peer_arrays: dict[str, torch.Tensor] = {}   # keep alive
         self.smem = 0
+        self._task_need = 0     # the shared bytes of the task being packed (its op's layout)
+        self.staged_bytes = 0   # weight bytes staged per step, all tasks (diagnostics)
+        self.stage_info: dict[int, tuple[int, int, int, int]] = {}   # task -> (op's shared bytes, offset, rows, bytes)
         self.prefetch: torch.Tensor | None = None   # (n, PF_WORDS) int64 weight ranges, filled by pack()
 
     def _t(self, name):
@@ -111,11 +120,14 @@ class TaskPacker:
                 if j < L.INLINE_SIGNALS:
                     row[L.T_INLINE_SIG + j] = signals[-1]
             row[L.TASK_HEADER.index("sig_end")] = len(signals)
+            self._task_need, self._task_id = 0, t.id
             args = getattr(self, "_pack_" + t.kind)(t.params)
             for k, v in args.items():
                 row[L.arg_index(t.kind, k)] = int(v)
-            for j, (a, nb) in enumerate(self._weight_ranges(t.kind, args)[:2]):
+            ranges = self._weight_ranges(t.kind, args)
+            for j, (a, nb) in enumerate(ranges[:2]):
                 self.prefetch[t.id, 2 * j], self.prefetch[t.id, 2 * j + 1] = int(a), int(nb)
+            row[L.TASK_HEADER.index("stage")] = self._stage_word(t.kind, args, ranges)
         offs = [0]
         flat: list[int] = []
         for lst in tg.sm_lists:
@@ -138,6 +150,29 @@ class TaskPacker:
 
     def _need(self, nbytes: int):
         self.smem = max(self.smem, int(nbytes))
+        self._task_need = max(self._task_need, int(nbytes))
+
+    def _stage_word(self, kind: str, a: dict, ranges: list) -> int:
+        """The task's stage word (layout.pack_stage): CUDA-core tiles (linear without Tensor Core rows, qkv_rope
+        below TC_MIN_M) get the first rows of each weight range copied into the shared memory above their op's own
+        layout, as many as fit below stage_smem (even, so two-column warp passes are whole; or all rows). The
+        kernel then reads those rows from shared memory (bitwise the same sums). 0 = nothing staged."""
+        if self.stage_smem == 0 or not ranges:
+            return 0
+        if not ((kind == "linear" and a["tc_rows"] == 0) or (kind == "qkv_rope" and a["m"] < L.CONSTANTS["TC_MIN_M"])):
+            return 0
+        row_bytes = a["k"] * 2
+        rows = ranges[0][1] // row_bytes
+        off = (self._task_need + 127) & ~127
+        fit = max(0, self.stage_smem - off) // (len(ranges) * row_bytes)
+        n = rows if fit >= rows else fit & ~1
+        if n <= 0:
+            return 0
+        nbytes = n * len(ranges) * row_bytes
+        self.smem = max(self.smem, off + nbytes)
+        self.staged_bytes += nbytes
+        self.stage_info[self._task_id] = (self._task_need, off, n, nbytes)
+        return L.pack_stage(n, off)
 
     # --- per task kind: argument words (names from codegen.layout.OP_ARGS) -------------------------------------
     def _pack_embed(self, p):
@@ -159,9 +194,10 @@ class TaskPacker:
         assert D % 2 == 0 and 0 <= r0 and nr > 0 and r0 + nr <= D // 2
         assert p["head_norm"] is None or nr == D // 2, "a per-head q/k norm needs the whole head in one task"
         rt, dm = L.CONSTANTS["ROW_TILE"], L.CONSTANTS["MAX_HEAD_DIM"]
-        # qkv_rope.cuh: xs, the two fp32 result tiles (ROW_TILE x nr each, <= ROW_TILE x MAX_HEAD_DIM together),
+        xr = L.cc_xrows(M)
+        # qkv_rope.cuh: xs (cc_xrows rows), the two fp32 result tiles (ROW_TILE x nr each, <= ROW_TILE x MAX_HEAD_DIM together),
         # the Tensor Core k-slice partials of two weights (8 x 16 x 8 fp32 each)
-        self._need(((rt * K * 2 + 15) & ~15) + rt * dm * 4 + 2 * 8 * 16 * 8 * 4)
+        self._need(((xr * K * 2 + 15) & ~15) + rt * dm * 4 + 2 * 8 * 16 * 8 * 4)
         _check_kslices(p.get("k_slices", 0), nr)
         dst, head = q, h
         if p.get("raw") is not None:   # a normed head's part: projection rows to its column block of qk_raw
@@ -318,7 +354,7 @@ class Megakernel:
     def __init__(self, tg: TaskGraph, mem: RankMemory, *, page_size: int, block_tables: torch.Tensor,
                  pos: torch.Tensor, inv_freq: torch.Tensor, head_dim: int, timeout_s: float = 2.0,
                  trace_steps: int = 0, build_result=None, peers: PeerTable | None = None,
-                 counters: torch.Tensor | None = None):
+                 counters: torch.Tensor | None = None, stage_smem: int | None = None):
         """World size > 1: `counters` (int64, >= len(tg.events) + 1 words, zeroed, on the symmetric heap) and
         `peers` (their and the symmetric buffers' peer addresses) come from runtime.nvshmem.SymmetricHeap."""
         from ..codegen import nvcc
@@ -340,12 +376,15 @@ class Megakernel:
         self.stage_words = nvcc.define_int("MPK_STAGE_WORDS", 0)
         self.trace = torch.zeros(max(trace_steps, 1) * len(tg.tasks) * (2 + self.stage_words), dtype=torch.int64,
                                  device=dev)
-        packer = TaskPacker(tg, mem, self.counters.data_ptr(), head_dim, peers=peers, device=dev)
+        packer = TaskPacker(tg, mem, self.counters.data_ptr(), head_dim, peers=peers, device=dev,
+                            stage_smem=stage_smem)
         tasks, waits, signals, offs, flat = packer.pack()
         self._keep = packer._peer_arrays
         self.prefetch = packer.prefetch.to(dev)
         self.tasks, self.waits, self.signals = tasks.to(dev), waits.to(dev), signals.to(dev)
         self.sm_offsets, self.sm_tasks = offs.to(dev), flat.to(dev)
+        self.staged_bytes = packer.staged_bytes   # weight bytes copied into shared memory during waits, per step
+        self.stage_info = packer.stage_info
         self.smem = max(packer.smem, 1024)
         if self.smem > 227 * 1024:
             raise ValueError(f"megakernel needs {self.smem} B of shared memory per CTA (> 227 KiB): lower ROW_TILE")
