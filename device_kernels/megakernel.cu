@@ -34,7 +34,7 @@ __device__ __noinline__ void op_small(const Ctx& c) {
 
 using namespace mpk;
 
-// Thread 0, before the task's waits: TMA bulk copies of the first `rows` weight rows of each of the task's weight
+// Thread 64, while thread 0 polls the task's waits: TMA bulk copies of the first `rows` weight rows of each of the task's weight
 // ranges (stage word: codegen/layout.py pack_stage; the ranges as TaskPacker._weight_ranges) into the dynamic shared
 // memory above the op's own layout, completing on the CTA's stage mbarrier. Weights never depend on events, so the
 // copy overlaps the wait; the op reads those rows from shared memory (linear.cuh linear_core).
@@ -125,9 +125,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       // nobody reads any more (thread 32 took the previous task's signal words before the barrier that ended it)
       if (threadIdx.x < TASK_WORDS / 2)
         cp_async16(&s_rec[buf ^ 1][threadIdx.x * 2], tasks + rec[T_NEXT_TASK] * TASK_WORDS + threadIdx.x * 2, true);
+      // thread 64 (not the poller: issuing the bulk copies can stall the issuing thread) stages the weights
+      if (threadIdx.x == 64 && rec[T_STAGE] != 0) stage_task_weights(rec, rec[T_STAGE], stage_bar);
       if (threadIdx.x == 0) {
         cp_async_commit();
-        if (rec[T_STAGE] != 0) stage_task_weights(rec, rec[T_STAGE], stage_bar);
         const int tid = (int)rec[T_TASK_ID];
         const uint64_t* counters = ptr<const uint64_t>(param(s_par, P_COUNTERS));
         int64_t* status = ptr<int64_t>(param(s_par, P_STATUS));
@@ -183,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       __syncthreads();
       if (s_abort) {
         if (threadIdx.x < TASK_WORDS / 2) cp_async_wait_all();
-        if (threadIdx.x == 0 && rec[T_STAGE] != 0) mbar_wait(stage_bar, stage_par);   // no copy into an exited CTA
+        if (threadIdx.x == 64 && rec[T_STAGE] != 0) mbar_wait(stage_bar, stage_par);   // no copy into an exited CTA
         return;
       }
       const Ctx c{s_par, rec, step, ls, (int)(step & 1), stage_bar, stage_par};

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,10 +48,12 @@ class TaskPacker:
 
     def __init__(self, tg: TaskGraph, mem: RankMemory, counters_ptr: int, head_dim: int,
                  peers: PeerTable | None = None, device: torch.device | str | None = None,
-                 stage_smem: int | None = None):
+                 stage_smem: int | None = None, stage_ops: str | None = None):
         """stage_smem: shared bytes per CTA up to which CUDA-core linear / qkv_rope tasks get weight rows staged
-        while they wait (layout.CONSTANTS["STAGE_SMEM"] by default; 0 = none)."""
+        while they wait (layout.CONSTANTS["STAGE_SMEM"] by default; 0 = none). stage_ops: a regular expression;
+        only tasks of ops whose name it matches are staged (default $MPK_STAGE_OPS, empty = all)."""
         self.tg, self.mem, self.D = tg, mem, head_dim
+        self.stage_ops = re.compile(os.environ.get("MPK_STAGE_OPS", "") if stage_ops is None else stage_ops)
         self.stage_smem = L.CONSTANTS["STAGE_SMEM"] if stage_smem is None else int(stage_smem)
         if not 0 <= self.stage_smem <= 227 * 1024:
             raise ValueError(f"stage_smem={self.stage_smem}: 0 (off) .. 227 KiB of shared memory per CTA")
@@ -120,7 +124,7 @@ class TaskPacker:
                 if j < L.INLINE_SIGNALS:
                     row[L.T_INLINE_SIG + j] = signals[-1]
             row[L.TASK_HEADER.index("sig_end")] = len(signals)
-            self._task_need, self._task_id = 0, t.id
+            self._task_need, self._task_id, self._task_op = 0, t.id, t.op
             args = getattr(self, "_pack_" + t.kind)(t.params)
             for k, v in args.items():
                 row[L.arg_index(t.kind, k)] = int(v)
@@ -160,6 +164,8 @@ class TaskPacker:
         if self.stage_smem == 0 or not ranges:
             return 0
         if not ((kind == "linear" and a["tc_rows"] == 0) or (kind == "qkv_rope" and a["m"] < L.CONSTANTS["TC_MIN_M"])):
+            return 0
+        if not self.stage_ops.search(self._task_op):
             return 0
         row_bytes = a["k"] * 2
         rows = ranges[0][1] // row_bytes
@@ -385,7 +391,8 @@ class Megakernel:
         self.sm_offsets, self.sm_tasks = offs.to(dev), flat.to(dev)
         self.staged_bytes = packer.staged_bytes   # weight bytes copied into shared memory during waits, per step
         self.stage_info = packer.stage_info
-        self.smem = max(packer.smem, 1024)
+        # MPK_SMEM_FLOOR_KB (diagnostic): launch with at least this much dynamic shared memory (a smaller L1)
+        self.smem = max(packer.smem, 1024, int(os.environ.get("MPK_SMEM_FLOOR_KB", "0")) * 1024)
         if self.smem > 227 * 1024:
             raise ValueError(f"megakernel needs {self.smem} B of shared memory per CTA (> 227 KiB): lower ROW_TILE")
         self.timeout_ns = int(timeout_s * 1e9)
