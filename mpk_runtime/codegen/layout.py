@@ -102,14 +102,17 @@ def unpack_wait(word: int) -> tuple[int, int, int, int]:
     return (word & 0xFFFFFFFF, (word >> PW_TRIGGERS_SHIFT) & 0xFFFFFF, (word >> PW_LAG_SHIFT) & 63,
             (word >> PW_SCOPE_SHIFT) & 1)
 
-def _env_kb(name: str, default_kb: int) -> int:
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return default_kb * 1024
+STAGE_AUTO = -1
+
+
+def _env_kb(name: str, default: str) -> int:
+    v = os.environ.get(name) or default
+    if v == "auto":
+        return STAGE_AUTO
     try:
         kb = int(v)
     except ValueError:
-        raise ValueError(f"{name}={v!r}: expected kilobytes of shared memory as an integer (0 = off)") from None
+        raise ValueError(f"{name}={v!r}: expected 'auto' or kilobytes of shared memory as an integer (0 = off)") from None
     if not 0 <= kb <= 227:
         raise ValueError(f"{name}={kb}: shared memory per CTA is at most 227 KB (0 = off)")
     return kb * 1024
@@ -145,10 +148,10 @@ CONSTANTS = {
     "PF_CUR": 0,            # bytes of a task's weights pulled into L2 before waiting on its events (0 = off)
     "PF_NEXT": 0,           # bytes of the following task's weights pulled into L2 at the same time
     "PF_DIST": 0,           # linear: L2-prefetch the weight rows this many warp passes ahead (0 = off)
-    # Weight staging (TASK_HEADER "stage"): CUDA-core linear / qkv_rope tiles get the first weight rows that fit
-    # below this many bytes of dynamic shared memory copied in while they wait on their events (0 = off; the
-    # packer's default, runtime/megakernel.py TaskPacker; MPK_STAGE_KB overrides it for A/B runs).
-    "STAGE_SMEM": _env_kb("MPK_STAGE_KB", 0),
+    # Weight staging (TASK_HEADER "stage"): chosen CUDA-core linear / qkv_rope tiles get the first weight rows that
+    # fit below this many bytes of dynamic shared memory copied in while they wait on their events (STAGE_AUTO: the
+    # shared memory the graph needs anyway; 0 = off; runtime/megakernel.py TaskPacker; $MPK_STAGE_KB: auto | KB).
+    "STAGE_SMEM": _env_kb("MPK_STAGE_KB", "auto"),
 }
 
 KERNEL_NAME = "mpk_megakernel"

@@ -49,14 +49,21 @@ class TaskPacker:
     def __init__(self, tg: TaskGraph, mem: RankMemory, counters_ptr: int, head_dim: int,
                  peers: PeerTable | None = None, device: torch.device | str | None = None,
                  stage_smem: int | None = None, stage_ops: str | None = None):
-        """stage_smem: shared bytes per CTA up to which CUDA-core linear / qkv_rope tasks get weight rows staged
-        while they wait (layout.CONSTANTS["STAGE_SMEM"] by default; 0 = none). stage_ops: a regular expression;
-        only tasks of ops whose name it matches are staged (default $MPK_STAGE_OPS, empty = all)."""
+        """Weight staging (layout.TASK_HEADER "stage"): stage_smem is the shared bytes per CTA below which staged
+        rows must fit: STAGE_AUTO (-1) = the shared memory the graph needs anyway (its largest op layout), so the
+        launch's shared / L1 split does not change (a 224 KB carveout measured 6% slower at batch 1 on its own:
+        the L1 shrinks to ~28 KB); 0 = off; > 0 bytes. Default layout.CONSTANTS["STAGE_SMEM"] ($MPK_STAGE_KB).
+        stage_ops: a regular expression on op names choosing the staged tasks; default ($MPK_STAGE_OPS unset or
+        empty): the tasks that wait on attention (o_proj), whose SMs idle while attention runs on a few of them
+        and HBM is quiet (staging tiles that wait on a weight-streaming phase measured slower: their copies
+        compete with that phase)."""
         self.tg, self.mem, self.D = tg, mem, head_dim
-        self.stage_ops = re.compile(os.environ.get("MPK_STAGE_OPS", "") if stage_ops is None else stage_ops)
+        ops = os.environ.get("MPK_STAGE_OPS", "") if stage_ops is None else stage_ops
+        self.stage_ops = re.compile(ops) if ops else None
         self.stage_smem = L.CONSTANTS["STAGE_SMEM"] if stage_smem is None else int(stage_smem)
-        if not 0 <= self.stage_smem <= 227 * 1024:
-            raise ValueError(f"stage_smem={self.stage_smem}: 0 (off) .. 227 KiB of shared memory per CTA")
+        if not (self.stage_smem == L.STAGE_AUTO or 0 <= self.stage_smem <= 227 * 1024):
+            raise ValueError(f"stage_smem={self.stage_smem}: {L.STAGE_AUTO} (auto), 0 (off) .. 227 KiB of shared "
+                             "memory per CTA")
         self.counters_ptr = counters_ptr
         self.peers = peers
         self.device = device
@@ -99,6 +106,7 @@ class TaskPacker:
         tasks = torch.zeros((n, L.TASK_WORDS), dtype=torch.int64)
         waits, signals = [], []
         self.prefetch = torch.zeros((max(n, 1), L.PF_WORDS), dtype=torch.int64)
+        cands = []
         nxt = {}   # task -> the task after it on its SM (the last wraps to the first: the next step's)
         for lst in tg.sm_lists:
             for j, tid in enumerate(lst):
@@ -124,14 +132,18 @@ class TaskPacker:
                 if j < L.INLINE_SIGNALS:
                     row[L.T_INLINE_SIG + j] = signals[-1]
             row[L.TASK_HEADER.index("sig_end")] = len(signals)
-            self._task_need, self._task_id, self._task_op = 0, t.id, t.op
+            self._task_need = 0
             args = getattr(self, "_pack_" + t.kind)(t.params)
             for k, v in args.items():
                 row[L.arg_index(t.kind, k)] = int(v)
             ranges = self._weight_ranges(t.kind, args)
             for j, (a, nb) in enumerate(ranges[:2]):
                 self.prefetch[t.id, 2 * j], self.prefetch[t.id, 2 * j + 1] = int(a), int(nb)
-            row[L.TASK_HEADER.index("stage")] = self._stage_word(t.kind, args, ranges)
+            cands.append((t, args, ranges, self._task_need))
+        # second pass: the staging budget may depend on every task's layout (STAGE_AUTO)
+        budget = self.smem if self.stage_smem == L.STAGE_AUTO else self.stage_smem
+        for t, args, ranges, need in cands:
+            tasks[t.id, L.TASK_HEADER.index("stage")] = self._stage_word(t, args, ranges, need, budget)
         offs = [0]
         flat: list[int] = []
         for lst in tg.sm_lists:
@@ -156,28 +168,34 @@ class TaskPacker:
         self.smem = max(self.smem, int(nbytes))
         self._task_need = max(self._task_need, int(nbytes))
 
-    def _stage_word(self, kind: str, a: dict, ranges: list) -> int:
+    def _waits_on_attention(self, t) -> bool:
+        return any(self.tg.tasks[tid].kind in ("attn_merge", "attn_partial")
+                   for e, _lag in t.waits for _r, tid in self.tg.events[e].producers if _r == self.tg.rank)
+
+    def _stage_word(self, t, a: dict, ranges: list, need: int, budget: int) -> int:
         """The task's stage word (layout.pack_stage): CUDA-core tiles (linear without Tensor Core rows, qkv_rope
-        below TC_MIN_M) get the first rows of each weight range copied into the shared memory above their op's own
-        layout, as many as fit below stage_smem (even, so two-column warp passes are whole; or all rows). The
-        kernel then reads those rows from shared memory (bitwise the same sums). 0 = nothing staged."""
-        if self.stage_smem == 0 or not ranges:
+        below TC_MIN_M) chosen by stage_ops get the first rows of each weight range copied into the shared memory
+        above their op's own layout (`need` bytes), as many as fit below `budget` (even, so two-column warp passes
+        are whole; or all rows). The kernel then reads those rows from shared memory (bitwise the same sums).
+        0 = nothing staged."""
+        kind = t.kind
+        if budget <= 0 or not ranges:
             return 0
         if not ((kind == "linear" and a["tc_rows"] == 0) or (kind == "qkv_rope" and a["m"] < L.CONSTANTS["TC_MIN_M"])):
             return 0
-        if not self.stage_ops.search(self._task_op):
+        if not (self.stage_ops.search(t.op) if self.stage_ops is not None else self._waits_on_attention(t)):
             return 0
         row_bytes = a["k"] * 2
         rows = ranges[0][1] // row_bytes
-        off = (self._task_need + 127) & ~127
-        fit = max(0, self.stage_smem - off) // (len(ranges) * row_bytes)
+        off = (need + 127) & ~127
+        fit = max(0, budget - off) // (len(ranges) * row_bytes)
         n = rows if fit >= rows else fit & ~1
         if n <= 0:
             return 0
         nbytes = n * len(ranges) * row_bytes
         self.smem = max(self.smem, off + nbytes)
         self.staged_bytes += nbytes
-        self.stage_info[self._task_id] = (self._task_need, off, n, nbytes)
+        self.stage_info[t.id] = (need, off, n, nbytes)
         return L.pack_stage(n, off)
 
     # --- per task kind: argument words (names from codegen.layout.OP_ARGS) -------------------------------------

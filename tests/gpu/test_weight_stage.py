@@ -1,6 +1,7 @@
 """GPU: weight staging (rows copied into shared memory by TMA while a task waits, read from there by the batch-1
 linear / qkv_rope tiles) gives bit-identical logits and tokens to the same kernel streaming every row from global
-memory, with all rows staged and with an even prefix only (mixed global / shared passes in one tile)."""
+memory, with all rows staged and with an even prefix only (mixed global / shared passes in one tile), and with the
+default choice (the tiles that wait on attention, within the graph's own shared memory)."""
 import pytest
 import torch
 
@@ -27,7 +28,8 @@ def _run(rig, steps):
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_staged_weights_are_bitwise_neutral(model, batch, gpu_check):
+def test_staged_weights_are_bitwise_neutral(model, batch, gpu_check, monkeypatch):
+    monkeypatch.setenv("MPK_STAGE_OPS", ".")   # every CUDA-core tile (one- and two-weight passes, qkv_rope parts)
     ref = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, stage_smem=0)
     assert ref.mk.staged_bytes == 0
     base = _run(ref, 6)
@@ -39,7 +41,10 @@ def test_staged_weights_are_bitwise_neutral(model, batch, gpu_check):
     part_budget = off + nbytes // 2
     part = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, stage_smem=part_budget, build=ref.mk.build)
     assert full.mk.staged_bytes > part.mk.staged_bytes > 0
-    for rig in (full, part):
+    monkeypatch.delenv("MPK_STAGE_OPS")
+    dflt = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, stage_smem=None, build=ref.mk.build)
+    assert dflt.mk.staged_bytes > 0 and dflt.mk.smem == ref.mk.smem
+    for rig in (full, part, dflt):
         got = _run(rig, 6)
         for s, ((lb, nb), (lg, ng)) in enumerate(zip(base, got)):
             assert torch.equal(nb, ng), (s, nb, ng)

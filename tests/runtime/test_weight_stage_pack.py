@@ -27,9 +27,9 @@ def _rig(model, batch):
     return _CACHE[model, batch]
 
 
-def _pack(model, batch, stage_smem):
+def _pack(model, batch, stage_smem, stage_ops="."):
     cfg, tg, mem = _rig(model, batch)
-    p = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu", stage_smem=stage_smem)
+    p = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu", stage_smem=stage_smem, stage_ops=stage_ops)
     tasks = p.pack()[0]
     return tg, p, tasks
 
@@ -92,6 +92,19 @@ def test_tensor_core_tiles_are_not_staged():
     for t in tg.tasks:
         if t.kind == "linear" and int(tasks[t.id, L.arg_index("linear", "tc_rows")]) > 0:
             assert int(tasks[t.id, L.TASK_HEADER.index("stage")]) == 0
+
+
+def test_default_stages_the_tiles_that_wait_on_attention_within_the_graphs_own_shared_memory():
+    """STAGE_AUTO: the budget is the shared memory the graph needs anyway (the launch's L1 carveout is unchanged);
+    the default op choice: tasks waiting on attention (o_proj), whose SMs idle while attention runs."""
+    for model in ("tiny-llama", "tiny-qwen3"):
+        tg, off, _ = _pack(model, 1, 0)
+        _, p, tasks = _pack(model, 1, L.STAGE_AUTO, stage_ops="")
+        assert p.smem == off.smem and p.staged_bytes > 0
+        staged = {tg.tasks[i].op.split(".", 1)[1] for i in p.stage_info}
+        assert staged == {"o_proj"}, staged
+        for i, (need, o, rows, nbytes) in p.stage_info.items():
+            assert o + nbytes <= off.smem
 
 
 def test_stage_word_round_trip_and_bad_values():
