@@ -151,7 +151,7 @@ CONSTANTS = {
     # Weight staging (TASK_HEADER "stage"): chosen CUDA-core linear / qkv_rope tiles get the first weight rows that
     # fit below this many bytes of dynamic shared memory copied in while they wait on their events (STAGE_AUTO: the
     # shared memory the graph needs anyway; 0 = off; runtime/megakernel.py TaskPacker; $MPK_STAGE_KB: auto | KB).
-    "STAGE_SMEM": _env_kb("MPK_STAGE_KB", "auto"),
+    "STAGE_SMEM": _env_kb("MPK_STAGE_KB", "0"),     # off: measured neutral to slower (docs/perf-notes.md v22)
 }
 
 KERNEL_NAME = "mpk_megakernel"

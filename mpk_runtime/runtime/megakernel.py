@@ -52,7 +52,8 @@ class TaskPacker:
         """Weight staging (layout.TASK_HEADER "stage"): stage_smem is the shared bytes per CTA below which staged
         rows must fit: STAGE_AUTO (-1) = the shared memory the graph needs anyway (its largest op layout), so the
         launch's shared / L1 split does not change (a 224 KB carveout measured 6% slower at batch 1 on its own:
-        the L1 shrinks to ~28 KB); 0 = off; > 0 bytes. Default layout.CONSTANTS["STAGE_SMEM"] ($MPK_STAGE_KB).
+        the L1 shrinks to ~28 KB); 0 = off; > 0 bytes. Default layout.CONSTANTS["STAGE_SMEM"] ($MPK_STAGE_KB), off:
+        measured neutral at batch 1 and 3.7% slower for qwen3-8b at context 4096 (docs/perf-notes.md v22).
         stage_ops: a regular expression on op names choosing the staged tasks; default ($MPK_STAGE_OPS unset or
         empty): the tasks that wait on attention (o_proj), whose SMs idle while attention runs on a few of them
         and HBM is quiet (staging tiles that wait on a weight-streaming phase measured slower: their copies
