@@ -111,8 +111,19 @@ __device__ __forceinline__ uint4 ld_weight16(const void* p) {
 // streams far more weight bytes than L2 holds, and with the default policy they evict what is re-read - the
 // kernel's instructions, activations, KV, counters - so a task's code and inputs would come from HBM again.
 // (.cs rather than an L2::cache_hint policy operand: the policy's register made the kernel spill at 255.)
+// Experiment (off by default; MPK_NVCC_DEFINES=-DMPK_WEIGHT_NOALLOC=1): the stream bypasses L1 (no_allocate, L2
+// default priority) instead, so that it cannot evict L1's useful lines (session 11: shrinking L1 from ~92 to ~28 KB
+// alone cost 6% at batch 1, and batch-8 Tensor Core tiles already run with ~28 KB of L1).
+#ifndef MPK_WEIGHT_NOALLOC
+#define MPK_WEIGHT_NOALLOC 0
+#endif
 __device__ __forceinline__ uint4 ld_weight_stream16(const void* p) {
   uint4 r;
+#if MPK_WEIGHT_NOALLOC
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+#endif
   asm volatile("ld.global.cs.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
