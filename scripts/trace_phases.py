@@ -4,6 +4,8 @@
 mean over layers) against the time its bytes (Graph op.bytes) take at the streaming floor.
 
     PYTHONPATH=. python3 scripts/trace_phases.py TRACE.json[.gz] --model qwen3-8b --tp 2 [--step 2] [--bw 4.55e12]
+    PYTHONPATH=. python3 scripts/trace_phases.py TRACE.json[.gz] --gaps     # per op kind: task durations and the gap
+        before each task on its SM (its waits: how long the SM idled), with the op that ran before it there
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ def bytes_per_op(model: str, tp: int, batch: int, context: int) -> dict[str, flo
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", default=None, help="required unless --gaps")
+    ap.add_argument("--gaps", action="store_true", help="task durations and the idle gap before each task, per op kind")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--step", type=int, default=None, help="default: the last traced step")
     ap.add_argument("--batch", type=int, default=1)
@@ -50,6 +53,10 @@ def main() -> int:
     ev = load(a.trace)
     step = a.step or max(e["args"]["step"] for e in ev)
     ev = [e for e in ev if e["args"]["step"] == step]
+    if a.gaps:
+        return gaps(ev)
+    if a.model is None:
+        ap.error("--model is required (the bytes of each op come from its graph)")
     sms = len({e["tid"] for e in ev})
     t0, t1 = min(e["ts"] for e in ev), max(e["ts"] + e["dur"] for e in ev)
     kind = lambda c: re.sub(r"^L\d+\.", "", c)  # noqa: E731
@@ -72,6 +79,33 @@ def main() -> int:
         mb = wb.get(k, 0.0) / 1e6
         print(f"{k:20s} {sum(v) / nops:9.1f} {nops:6d} {ntask[k] / nops:8.0f} {mb:10.1f} {mb * 1e12 / a.bw:9.1f} "
               f"{busy[k] / (span * sms):8.1%}")
+    return 0
+
+
+def gaps(ev: list[dict]) -> int:
+    """Per op kind: median / p90 task duration, and the gap between the SM's previous task's end and this task's
+    start (the waits on its events plus the control path), median / p10 / p90, and the kinds that ran before."""
+    import statistics
+    kind = lambda c: re.sub(r"^L\d+\.", "", c)  # noqa: E731
+    by_sm: dict[int, list] = collections.defaultdict(list)
+    for e in ev:
+        by_sm[e["tid"]].append(e)
+    dur: dict[str, list[float]] = collections.defaultdict(list)
+    gap: dict[str, list[float]] = collections.defaultdict(list)
+    prev: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for lst in by_sm.values():
+        lst.sort(key=lambda e: e["ts"])
+        for x, y in zip(lst, lst[1:]):
+            gap[kind(y["cat"])].append(y["ts"] - x["ts"] - x["dur"])
+            prev[kind(y["cat"])][kind(x["cat"])] += 1
+    for e in ev:
+        dur[kind(e["cat"])].append(e["dur"])
+    q = lambda v, p: sorted(v)[min(len(v) - 1, int(p * len(v)))]  # noqa: E731
+    print(f"{'op':18s} {'tasks':>6s} {'dur med':>8s} {'dur p90':>8s} {'gap med':>8s} {'gap p10':>8s} {'gap p90':>8s}  before")
+    for k in sorted(dur, key=lambda k: -sum(dur[k])):
+        g = gap[k] or [0.0]
+        print(f"{k:18s} {len(dur[k]):6d} {statistics.median(dur[k]):8.2f} {q(dur[k], .9):8.2f} "
+              f"{statistics.median(g):8.2f} {q(g, .1):8.2f} {q(g, .9):8.2f}  {dict(prev[k].most_common(2))}")
     return 0
 
 
