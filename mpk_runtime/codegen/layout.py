@@ -150,7 +150,7 @@ CONSTANTS = {
     "PF_DIST": 0,           # linear: L2-prefetch the weight rows this many warp passes ahead (0 = off)
     # Weight staging (TASK_HEADER "stage"): chosen CUDA-core linear / qkv_rope tiles get the first weight rows that
     # fit below this many bytes of dynamic shared memory copied in while they wait on their events (STAGE_AUTO: the
-    # shared memory the graph needs anyway; 0 = off; runtime/megakernel.py TaskPacker; $MPK_STAGE_KB: auto | KB).
+    # shared memory the graph needs anyway; 0 = off; runtime/packer.py TaskPacker; $MPK_STAGE_KB: auto | KB).
     "STAGE_SMEM": _env_kb("MPK_STAGE_KB", "0"),     # off: measured neutral to slower (docs/perf-notes.md v22)
 }
 
@@ -171,7 +171,7 @@ def att_smem_bytes(D: int, C: dict | None = None) -> int:
     head = C["MAX_GS"] * C["MAX_HEAD_DIM"] * 2 + C["MAX_GS"] * C["ATT_KP"] * 4 + 128 + C["ATT_MAX_PAGES"] * 8
     return head + 2 * C["ATT_KP"] * (D + 8) * 2 + 2 * C["ATT_KP"] * D * 2
 
-# --- linear tile geometry (device_kernels/ops/linear.cuh): the packer (runtime/megakernel.py) and the planner's
+# --- linear tile geometry (device_kernels/ops/linear.cuh): the packer (runtime/packer.py) and the planner's
 # simulator (planner/simulate.py) both call linear_geometry, so the rows per pass are defined once ------------
 SMEM_BUDGET = 200 * 1024   # a linear tile's shared memory when choosing its Tensor Core rows per pass
 

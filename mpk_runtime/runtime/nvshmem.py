@@ -207,7 +207,7 @@ def place_symmetric(mem, heap: SymmetricHeap) -> dict[str, list[int]]:
 def rank_setup(heap: SymmetricHeap, mem, num_counters: int) -> tuple[Any, torch.Tensor]:
     """Symmetric buffers + event counters of one rank on the heap -> (megakernel.PeerTable, counters).
     `num_counters` must be the same on every rank (the max over ranks of len(events) + 1)."""
-    from .megakernel import PeerTable
+    from .packer import PeerTable
     syms = place_symmetric(mem, heap)
     counters = heap.tensor((num_counters,), torch.int64)
     table = PeerTable(heap.rank, heap.nranks, heap.peer_ptrs(counters), syms)

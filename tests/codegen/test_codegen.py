@@ -164,7 +164,7 @@ def test_real_kernel_compiles_without_spills(tmp_path, monkeypatch):
 
 def test_linear_tensor_core_geometry():
     """Which linear tiles run on Tensor Cores and with how many rows per pass (weights stream once per pass)."""
-    from mpk_runtime.runtime.megakernel import SMEM_BUDGET, TaskPacker
+    from mpk_runtime.runtime.packer import SMEM_BUDGET, TaskPacker
     geo = TaskPacker._linear_geometry
     assert geo(1, 2048, 16, 1, 1)[0] == 0                     # batch 1: CUDA cores
     assert geo(2, 2048, 16, 1, 1)[0] == 0

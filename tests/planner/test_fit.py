@@ -114,7 +114,7 @@ def test_simulator_passes_equal_the_packer(name, M, base):
     (TaskPacker._linear_geometry -> tc_rows; op_linear_tc loops M in tc_rows passes, op_linear in ROW_TILE),
     and the weight tile is streamed once per pass (Tensor Core model, the default)."""
     from mpk_runtime.codegen import layout as L
-    from mpk_runtime.runtime.megakernel import TaskPacker
+    from mpk_runtime.runtime.packer import TaskPacker
     from mpk_runtime.planner.simulate import linear_passes, linear_shape
     cfg = PRESETS[name].replace(num_layers=1)
     g = build_graph(cfg, batch=M, context_len=64)
@@ -145,7 +145,7 @@ def test_simulator_passes_equal_the_packer(name, M, base):
 def test_packer_geometry_is_the_layout_function():
     """One definition: the packer's staticmethod delegates to codegen/layout.linear_geometry (the simulator's)."""
     from mpk_runtime.codegen import layout as L
-    from mpk_runtime.runtime.megakernel import SMEM_BUDGET, TaskPacker
+    from mpk_runtime.runtime.packer import SMEM_BUDGET, TaskPacker
     assert SMEM_BUDGET == L.SMEM_BUDGET
     for args in [(1, 2048, 64, 2, 1), (8, 4096, 32, 1, 1), (32, 2048, 16, 1, 1), (128, 12288, 32, 1, 1),
                  (128, 12288, 64, 1, 1), (32, 4096, 96, 2, 1), (64, 4096, 32, 1, 2)]:

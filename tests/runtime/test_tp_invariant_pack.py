@@ -8,7 +8,7 @@ from mpk_runtime.ir.build import build_graph
 from mpk_runtime.ir.graph import Graph
 from mpk_runtime.models.config import load_config
 from mpk_runtime.models.weights import get_weights
-from mpk_runtime.runtime.megakernel import L_OPCODE, TaskPacker
+from mpk_runtime.runtime.packer import L_OPCODE, TaskPacker
 from mpk_runtime.runtime.memory import KVStore, RankMemory
 from mpk_runtime.tasks.build import build_task_graphs
 from mpk_runtime.tasks.tiling import Tiling

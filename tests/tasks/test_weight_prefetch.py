@@ -9,7 +9,7 @@ from mpk_runtime.codegen import layout as L
 from mpk_runtime.ir.build import build_graph
 from mpk_runtime.models.config import load_config
 from mpk_runtime.models.weights import get_weights
-from mpk_runtime.runtime.megakernel import L_OPCODE, TaskPacker
+from mpk_runtime.runtime.packer import L_OPCODE, TaskPacker
 from mpk_runtime.runtime.memory import KVStore, RankMemory
 from mpk_runtime.runtime.pyvm_runner import TPGroup
 from mpk_runtime.tasks.build import build_task_graphs
