@@ -23,7 +23,8 @@ constexpr int ATT_OFF_K = ATT_OFF_PAGES + ATT_MAX_PAGES * 8;
 static_assert(3 * MAX_GS * 4 <= 128 && ATT_OFF_K % 16 == 0, "attention shared-memory layout");
 static_assert(2 * THREADS <= MAX_GS * ATT_KP && ATT_KP % 32 == 0, "attention: key-group sums fit in the score buffer; whole warps of keys");
 
-__device__ inline void op_attn_partial(const Ctx& c) {
+// The chunk: part / lse of chunk s of group (b, g).
+__device__ inline void attn_partial_chunk(const Ctx& c) {
   const int64_t* a = c.rec;
   const bf16* q = ptr<const bf16>(a[A_ATTN_PARTIAL_Q]);
   const bf16* kc = ptr<const bf16>(a[A_ATTN_PARTIAL_K_CACHE]);
@@ -219,15 +220,10 @@ __device__ inline void op_attn_partial(const Ctx& c) {
 }
 
 constexpr int MERGE_CHUNK = 8;   // splits whose lse / partial loads are issued together
-__device__ inline void op_attn_merge(const Ctx& c) {
-  const int64_t* a = c.rec;
-  const float* part = ptr<const float>(a[A_ATTN_MERGE_PART]);
-  const float* lse = ptr<const float>(a[A_ATTN_MERGE_LSE]);
-  bf16* out = ptr<bf16>(a[A_ATTN_MERGE_OUT]);
-  const int b = (int)a[A_ATTN_MERGE_B], g = (int)a[A_ATTN_MERGE_G], gs = (int)a[A_ATTN_MERGE_GS];
-  const int D = (int)a[A_ATTN_MERGE_D], nq = (int)a[A_ATTN_MERGE_NQ], S = (int)a[A_ATTN_MERGE_SPLITS];
+// out[b, group g's heads] = the chunks of part weighted by exp(lse_s - max) (tasks/ops/attention.py _merge).
+__device__ inline void attn_merge_group(const float* part, const float* lse, bf16* out, int b, int g, int gs, int D,
+                                        int nq, int S) {
   const int64_t m0 = b;
-  MPK_STAMP(0);
   for (int i = threadIdx.x; i < gs * D; i += THREADS) {
     const int h = i / D, d = i % D;
     const int64_t hq = m0 * nq + g * gs + h;
@@ -264,7 +260,41 @@ __device__ inline void op_attn_merge(const Ctx& c) {
     }
     out[m0 * (int64_t)nq * D + (int64_t)(g * gs + h) * D + d] = __float2bfloat16_rn(o / fmaxf(ws, 1e-30f));
   }
+}
+
+__device__ inline void op_attn_merge(const Ctx& c) {
+  const int64_t* a = c.rec;
+  MPK_STAMP(0);
+  attn_merge_group(ptr<const float>(a[A_ATTN_MERGE_PART]), ptr<const float>(a[A_ATTN_MERGE_LSE]),
+                   ptr<bf16>(a[A_ATTN_MERGE_OUT]), (int)a[A_ATTN_MERGE_B], (int)a[A_ATTN_MERGE_G],
+                   (int)a[A_ATTN_MERGE_GS], (int)a[A_ATTN_MERGE_D], (int)a[A_ATTN_MERGE_NQ],
+                   (int)a[A_ATTN_MERGE_SPLITS]);
   MPK_STAMP(1);
+}
+
+// attn_partial: the chunk; folded (ticket != 0), then the group's ticket, and the partial that takes the group's
+// last ticket of this step (tickets never reset: step k's chunks take k S .. k S + S - 1) merges the group. The
+// acq_rel add releases this CTA's part / lse stores (ordered before thread 0 by the barrier) and acquires the other
+// chunks' (their adds released them), as a signal / wait pair would; the merge then reads them through L2.
+__device__ inline void op_attn_partial(const Ctx& c) {
+  attn_partial_chunk(c);
+  const int64_t* a = c.rec;
+  if (a[A_ATTN_PARTIAL_TICKET] == 0) return;
+  __shared__ int s_last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int64_t S = a[A_ATTN_PARTIAL_SPLITS];
+    uint64_t old;
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], 1;"
+                 : "=l"(old) : "l"(ptr<uint64_t>(a[A_ATTN_PARTIAL_TICKET])) : "memory");
+    s_last = (int64_t)((old + 1) % (uint64_t)S) == 0;
+  }
+  __syncthreads();
+  if (s_last)
+    attn_merge_group(ptr<const float>(a[A_ATTN_PARTIAL_PART]), ptr<const float>(a[A_ATTN_PARTIAL_LSE]),
+                     ptr<bf16>(a[A_ATTN_PARTIAL_OUT]), (int)a[A_ATTN_PARTIAL_B], (int)a[A_ATTN_PARTIAL_G],
+                     (int)a[A_ATTN_PARTIAL_GS], (int)a[A_ATTN_PARTIAL_D], (int)a[A_ATTN_PARTIAL_NQ],
+                     (int)a[A_ATTN_PARTIAL_SPLITS]);
 }
 
 }  // namespace mpk

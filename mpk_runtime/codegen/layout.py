@@ -45,8 +45,10 @@ OP_ARGS: dict[str, list[str]] = {
     "qk_norm_rope": ["raw", "ldraw", "q_norm", "k_norm", "q", "ldq", "cache", "m", "d", "eps", "n_kv", "nq", "qh0",
                      "nqh", "kh0", "nkh"],
     # part (M, nq, S, D) fp32, lse (M, nq, S) fp32 for q heads [g*gs, g*gs+gs) of sequence b, split s
+    # folded merge (Tiling.attn_fold_merge): ticket = the group's int64 ticket counter (0 = not folded), out = the
+    # group's merged output (as attn_merge's)
     "attn_partial": ["q", "k_cache", "v_cache", "part", "lse", "b", "g", "split", "splits", "gs", "d", "nq", "n_kv",
-                     "scale"],
+                     "scale", "out", "ticket"],
     "attn_merge": ["part", "lse", "out", "b", "g", "gs", "d", "nq", "splits"],
     # y[:, n0:n1] = epilogue(norm?(x) @ W[r0+n0 : r0+n1].T) (+ residual); out_kind: OUT_BF16 | OUT_F32 | OUT_PUSH;
     # kslices: Tensor Core warp k-slices per n-tile (0 = auto from the tile width; tasks/ops/linear.py k_slices)

@@ -70,6 +70,7 @@ class Megakernel:
                             stage_smem=stage_smem)
         tasks, waits, signals, offs, flat = packer.pack()
         self._keep = packer._peer_arrays
+        self.tickets = packer.tickets   # folded attention merges' counters (zeroed here, never reset, as counters)
         self.prefetch = packer.prefetch.to(dev)
         self.tasks, self.waits, self.signals = tasks.to(dev), waits.to(dev), signals.to(dev)
         self.sm_offsets, self.sm_tasks = offs.to(dev), flat.to(dev)

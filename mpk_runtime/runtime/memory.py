@@ -6,6 +6,7 @@ process and `peers` are simply the other ranks' RankMemory objects: a push is a 
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +133,21 @@ def connect(mems: list[RankMemory]) -> None:
         m.peers = mems
 
 
+class Tickets:
+    """Monotonic counters (never reset, like the event counters) that tasks take a number from: the folded
+    attention merge's `last chunk of the group` test. Thread-safe (PyVM's threads mode)."""
+
+    def __init__(self) -> None:
+        self._n: dict = {}
+        self._lock = threading.Lock()
+
+    def take(self, key) -> int:
+        with self._lock:
+            v = self._n.get(key, 0)
+            self._n[key] = v + 1
+            return v
+
+
 @dataclass
 class StepCtx:
     """Per-step inputs every task may read: positions and page tables (host-written before a launch)."""
@@ -146,6 +162,13 @@ class StepCtx:
     kv_len_cap: int = 0            # conventional attention gathers this many keys (static shapes); 0 = as needed
     pad: torch.Tensor | None = None   # (B,) leading padding rows per sequence (batched prefill of unequal chunks,
     #                                   conventional path): rows t < pad[b] are inactive, row t is token t - pad[b]
+    tickets: "Tickets | None" = None   # the executor's ticket counters (folded attention merge), set by PyVM
+
+    def take_ticket(self, key) -> int:
+        if self.tickets is None:
+            raise RuntimeError("a folded attention merge needs ticket counters: run its tasks under PyVM (or the "
+                               "megakernel), which own them")
+        return self.tickets.take(key)
 
     @property
     def parity(self) -> int:
@@ -157,4 +180,4 @@ def make_ctx(cfg, step: int, pos, block_tables, page_size: int, tokens_per_seq: 
                    page_size, tokens_per_seq, inv_freq if inv_freq is not None else rope_inv_freq(cfg))
 
 
-__all__ = ["KVStore", "RankMemory", "StepCtx", "connect", "make_ctx", "torch_dtype"]
+__all__ = ["KVStore", "RankMemory", "StepCtx", "Tickets", "connect", "make_ctx", "torch_dtype"]

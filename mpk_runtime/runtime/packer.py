@@ -102,6 +102,12 @@ class TaskPacker:
         waits, signals = [], []
         self.prefetch = torch.zeros((max(n, 1), L.PF_WORDS), dtype=torch.int64)
         cands = []
+        # folded attention merges: one int64 ticket per (op, sequence, KV group), zeroed once, never reset
+        groups = sorted({(t.op, t.params["b"], t.params["g"]) for t in tg.tasks
+                         if t.kind == "attn_partial" and t.params.get("fold")})
+        self._ticket_of = {k: i for i, k in enumerate(groups)}
+        self.tickets = torch.zeros(max(len(groups), 1), dtype=torch.int64,
+                                   device=self.device if self.device is not None else "cpu")
         nxt = {}   # task -> the task after it on its SM (the last wraps to the first: the next step's)
         for lst in tg.sm_lists:
             for j, tid in enumerate(lst):
@@ -128,6 +134,7 @@ class TaskPacker:
                     row[L.T_INLINE_SIG + j] = signals[-1]
             row[L.TASK_HEADER.index("sig_end")] = len(signals)
             self._task_need = 0
+            self._task = t
             args = getattr(self, "_pack_" + t.kind)(t.params)
             for k, v in args.items():
                 row[L.arg_index(t.kind, k)] = int(v)
@@ -250,7 +257,10 @@ class TaskPacker:
         self._need(L.att_smem_bytes(self.D))   # attention.cuh's layout
         return dict(self._attn_common(p), q=self._t(p["q"]), k_cache=kc.data_ptr(),
                     v_cache=self.mem.kv(p["v_cache"]).data_ptr(), part=self._t(p["part"]), lse=self._t(p["lse"]),
-                    split=p["split"], n_kv=kc.shape[2], scale=f32_bits(p["scale"]))
+                    split=p["split"], n_kv=kc.shape[2], scale=f32_bits(p["scale"]),
+                    out=self._t(p["out"]) if p.get("fold") else 0,
+                    ticket=(self.tickets.data_ptr() + 8 * self._ticket_of[(self._task.op, p["b"], p["g"])]
+                            if p.get("fold") else 0))
 
     def _pack_attn_merge(self, p):
         return dict(self._attn_common(p), part=self._t(p["part"]), lse=self._t(p["lse"]), out=self._t(p["out"]))

@@ -19,7 +19,7 @@ from typing import Callable
 from ..tasks.graph import TaskGraph
 from ..tasks.ops import get_task_kind
 from .base import KernelTimeout
-from .memory import RankMemory, StepCtx
+from .memory import RankMemory, StepCtx, Tickets
 
 
 class PyVM:
@@ -31,6 +31,7 @@ class PyVM:
         self.rng = random.Random(seed)
         self.timeout_s, self.poison = timeout_s, poison
         self.counters = [[0] * len(g.events) for g in graphs]
+        self.tickets = [Tickets() for _ in graphs]   # per rank, never reset (as the counters)
         self.steps_done = 0  # global step counter: the next launch starts at steps_done + 1
         self._kernels = {k: get_task_kind(k) for g in graphs for k in {t.kind for t in g.tasks}}
         self.trace: list[tuple[int, int, int, int]] | None = None  # (rank, sm, step, task id) if enabled
@@ -54,6 +55,7 @@ class PyVM:
         ctxs = {(r, k): ctx_for(r, k) for r in range(len(self.graphs)) for k in range(nsteps)}
         for (r, k), c in ctxs.items():
             c.step = first + k
+            c.tickets = self.tickets[r]
         getattr(self, "_launch_" + self.mode)(ctxs, first, nsteps)
         self.steps_done += nsteps
 

@@ -6,7 +6,8 @@ the auto rule aims for about `waves` tiles per SM on every weight-streaming op, 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,10 @@ class Tiling:
     argmax_tasks: int = 0      # argmax_partial tasks per rank (each a run of vocabulary slices); 0 = one per slice
     l2_prefetch_mb: float = 0.0   # per layer: weight bytes of o_proj / gate_up pulled into L2 during attention by
     #                               weight_prefetch tasks (tasks/ops/prefetch.py); 0 = none (not yet GPU-measured)
+    # attention: the last attn_partial of each (sequence, KV group) to finish merges the group (a ticket counter
+    # decides which), instead of a separate attn_merge task: one dependent phase fewer per layer. Default
+    # $MPK_ATTN_FOLD ("1" = on).
+    attn_fold_merge: bool = field(default_factory=lambda: os.environ.get("MPK_ATTN_FOLD", "0") == "1")
 
     def linear_n(self, graph, op, N: int) -> int:
         if self.linear_cols:

@@ -194,3 +194,24 @@ def test_tp_invariant_bf16_tp1_equals_tp2_bitwise():
         return torch.stack(out)
 
     assert torch.equal(run(1, 2), run(2, 2))
+
+
+@pytest.mark.parametrize("cfg,tp,batch", [(PRESETS["tiny-llama"], 1, 4), (PRESETS["tiny-qwen3"], 2, 1), (ODD, 2, 4)],
+                         ids=lambda x: getattr(x, "name", x))
+@pytest.mark.parametrize("mode", ["random", "threads"])
+def test_folded_attention_merge_matches_the_reference_and_the_unfolded_graph(cfg, tp, batch, mode):
+    """Tiling.attn_fold_merge: no attn_merge tasks; the partial that takes its group's last ticket merges the group.
+    In random interleavings (any partial of a group may be last) and threads mode: the reference's logits, and
+    exactly the unfolded graph's (same merge arithmetic)."""
+    grp, lens, tables, ref_logits, toks = setup(cfg, tp, batch, mode=mode, seed=3)
+    plain = [grp.decode(toks[s].tolist(), [n + s for n in lens], tables) for s in range(3)]
+    fgrp, *_ = setup(cfg, tp, batch, mode=mode, seed=4)
+    fgrp.tiling = Tiling(**{**fgrp.tiling.to_dict(), "attn_fold_merge": True})
+    fgrp._decode.clear()
+    kinds = {t.kind for g in fgrp.decode_vm(batch)[2].graphs for t in g.tasks}
+    assert "attn_merge" not in kinds and "attn_partial" in kinds
+    for s in range(3):
+        got = fgrp.decode(toks[s].tolist(), [n + s for n in lens], tables)
+        err = ((got - ref_logits[s]).abs().max() / ref_logits[s].abs().max()).item()
+        assert err <= 1e-5, f"step {s}: relative error {err}"
+        assert torch.equal(got, plain[s])

@@ -4,6 +4,10 @@ attn_partial (b, g, s): the q heads of KV group g for sequence b against the s-t
 its keys [0, L) (L = pos[b] + T, known only at run time); writes the chunk's normalised output and its
 log-sum-exp. attn_merge (b, g): combines the chunks (weights exp(lse_s - max)). Splitting the keys lets
 batch-1 decode of long contexts use many SMs; the merge is cheap.
+Folded (Tiling.attn_fold_merge): no attn_merge tasks; every partial of a group declares the group's output as
+written, counts itself on the group's ticket (monotonic, never reset: step k's partials take tickets
+kS .. kS + S - 1) after writing its chunk, and the one that takes the group's last ticket merges the group, in the
+same arithmetic order as attn_merge, before it signals. Consumers of the output wait on all the group's partials.
 """
 from __future__ import annotations
 
@@ -24,19 +28,27 @@ def decompose(op, graph, tiling, rank):
     eb = 2
     kv_bytes = int((graph.context_len + T) * D * eb * 2 / S)
     base = {k: a[k] for k in ("q", "k_cache", "v_cache", "part", "lse", "out", "scale", "splits", "layer")}
+    fold = tiling.attn_fold_merge
     tasks, merges = [], []
     for b in range(B):
         m0, m1 = b * T, (b + 1) * T
         for g in range(a["n_kv"]):
             h0, h1 = g * gs, (g + 1) * gs
             for s in range(S):
-                tasks.append(Task(-1, rank, "attn_partial", op.name, {**base, "b": b, "g": g, "split": s, "gs": gs},
+                writes = [Region(a["part"], rank, ((m0, m1), (h0, h1), (s, s + 1))),
+                          Region(a["lse"], rank, ((m0, m1), (h0, h1), (s, s + 1)))]
+                if fold:   # (the group's other chunks, read by the merging partial, are ordered by the ticket)
+                    writes.append(Region(a["out"], rank, ((m0, m1), (h0 * D, h1 * D))))
+                tasks.append(Task(-1, rank, "attn_partial", op.name,
+                                  {**base, "b": b, "g": g, "split": s, "gs": gs, "fold": fold},
                                   reads=[Region(a["q"], rank, ((m0, m1), (h0 * D, h1 * D))),
                                          Region(a["k_cache"], rank, ((b, b + 1), (g, g + 1))),
                                          Region(a["v_cache"], rank, ((b, b + 1), (g, g + 1)))],
-                                  writes=[Region(a["part"], rank, ((m0, m1), (h0, h1), (s, s + 1))),
-                                          Region(a["lse"], rank, ((m0, m1), (h0, h1), (s, s + 1)))],
-                                  est_bytes=kv_bytes + T * gs * D * eb, est_flops=4 * T * gs * D * (graph.context_len + T) // S))
+                                  writes=writes,
+                                  est_bytes=kv_bytes + T * gs * D * eb + (T * gs * D * (4 * S + eb) // S if fold else 0),
+                                  est_flops=4 * T * gs * D * (graph.context_len + T) // S))
+            if fold:
+                continue
             merges.append(Task(-1, rank, "attn_merge", op.name, {**base, "b": b, "g": g, "gs": gs},
                               reads=[Region(a["part"], rank, ((m0, m1), (h0, h1))),
                                      Region(a["lse"], rank, ((m0, m1), (h0, h1)))],
@@ -64,7 +76,13 @@ def execute_partial(task, mem, ctx):
     if pos0 < 0 or hi <= lo:  # inactive sequence or empty chunk: contributes nothing to the merge
         part[m0:m0 + T, g * gs:(g + 1) * gs, s] = 0
         lse[m0:m0 + T, g * gs:(g + 1) * gs, s] = float("-inf")
-        return
+    else:
+        _partial_chunk(p, mem, ctx, b, g, s, gs, S, T, D, m0, pos0, lo, hi, part, lse)
+    if p.get("fold") and ctx.take_ticket((task.op, b, g)) % S == S - 1:   # the group's last chunk: merge it
+        _merge(p, mem, ctx, b, g, gs)
+
+
+def _partial_chunk(p, mem, ctx, b, g, s, gs, S, T, D, m0, pos0, lo, hi, part, lse):
     q = mem.t(p["q"])[m0:m0 + T, g * gs * D:(g + 1) * gs * D].reshape(T, gs, D).float()
     table = ctx.block_tables[b]
     k = _keys(mem.kv(p["k_cache"]), table, lo, hi, ctx.page_size, g).float()  # (n, D)
@@ -85,7 +103,10 @@ def execute_partial(task, mem, ctx):
 @task_kind("attn_merge")
 def execute_merge(task, mem, ctx):
     p = task.params
-    b, g, gs = p["b"], p["g"], p["gs"]
+    _merge(p, mem, ctx, p["b"], p["g"], p["gs"])
+
+
+def _merge(p, mem, ctx, b, g, gs):
     T, D = ctx.tokens_per_seq, ctx.config.head_dim
     m0 = b * T
     out = mem.t(p["out"])

@@ -1,0 +1,40 @@
+"""GPU: the folded attention merge (the partial that takes its group's last ticket merges the group; no attn_merge
+tasks) gives bit-identical logits and tokens to the separate merge tasks, over steps whose early chunks are empty
+(positions below the split count) and several steps per launch (tickets of consecutive steps)."""
+import pytest
+import torch
+
+from mpk_runtime.codegen import nvcc
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+              pytest.mark.skipif(nvcc.find_nvcc() is None, reason="needs nvcc to build the kernel")]
+
+
+def _run(rig, steps):
+    g = torch.Generator().manual_seed(9)
+    tok = torch.randint(0, rig.cfg.vocab_size, (rig.B,), generator=g)
+    pos = torch.arange(rig.B, dtype=torch.int64)   # sequences at different lengths
+    out = []
+    for _ in range(steps):
+        lg, nt = rig.mk_step(tok, pos)
+        out.append((lg.clone(), nt.clone()))
+        tok, pos = nt, pos + 1
+    lg, nt = rig.mk_step(tok, pos, nsteps=4)
+    out.append((lg.clone(), nt.clone()))
+    return out
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_folded_merge_is_bitwise_the_separate_merge(model, batch, gpu_check):
+    from mpk_runtime.tasks.tiling import Tiling
+    n = torch.cuda.get_device_properties(0).multi_processor_count
+    ref = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, splits=4, tiling=Tiling(num_sms=n))
+    fold = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, splits=4,
+                         tiling=Tiling(num_sms=n, attn_fold_merge=True), build=ref.mk.build)
+    assert not any(t.kind == "attn_merge" for t in fold.tg.tasks)
+    assert any(t.kind == "attn_merge" for t in ref.tg.tasks)
+    for s, ((la, na), (lb, nb)) in enumerate(zip(_run(ref, 8), _run(fold, 8))):
+        assert torch.equal(na, nb), (s, na, nb)
+        assert torch.equal(la, lb), (s, (la - lb).abs().max().item())
