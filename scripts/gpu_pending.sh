@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# What session 11 left for a GPU, in one command of < 9.5 min (stages time-limited; every stage runs even if an
-# earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
+# What session 11 left for a GPU, in two commands of < 9.5 min each (stages time-limited; every stage runs even if
+# an earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
-#     OUT=$OUT bash scripts/gpu_pending.sh          # 1 GPU: stages 1-4;  2 GPUs: also 5-7
+#     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-4 (one GPU)
+#     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-7 (two GPUs)
 #  1. tests/gpu (includes test_attn_fold.py, fixed after session 11's run, and test_weight_stage.py)
 #  2. the folded attention merge (MPK_ATTN_FOLD=1) vs the pure-torch reference, llama-3.2-1b / qwen3-8b, B=1 and 8
 #  3. bench_decode A/B, MPK_ATTN_FOLD=0 then 1, B=1,8, contexts 512 and 4096 (decides the default)
@@ -16,6 +17,8 @@ FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,off,fold,peers,ar,tp,tpbench}
 snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref off fold peers ar tp tpbench pytest_gpu.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
+MODE=${1:-one}
+if [ "$MODE" = one ]; then
 st "1 tests/gpu"
 timeout 110 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu.log" 2>&1; tail -1 "$OUT/pytest_gpu.log"; snap
 st "2 fold vs reference"
@@ -34,7 +37,9 @@ MPK_ATTN_FOLD=$FOLD OUT="$OUT/peers" timeout 150 python3 scripts/bench_decode.py
     --batches 1,8 --contexts 512 --mk-max-batch 8 --peer-batches 1,8 --hf-batches 1 --budget-s 140 \
     > "$OUT/peers/bench.log" 2>&1
 grep -A12 "====" "$OUT/peers/bench.log" | head -14; snap
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+elif [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
+    echo "mode two needs two GPUs"; exit 2
+else
     st "5 all-reduce (LL candidate)"
     OUT="$OUT/ar" timeout 100 python3 scripts/bench_allreduce.py > "$OUT/ar/log" 2>&1; tail -10 "$OUT/ar/log"; snap
     st "6 TP=1 == TP=2 with the fold"
