@@ -7,6 +7,7 @@
 #  1. tests/gpu (includes test_attn_fold.py, fixed after session 11's run, and test_weight_stage.py)
 #  2. the folded attention merge (MPK_ATTN_FOLD=1) vs the pure-torch reference, llama-3.2-1b / qwen3-8b, B=1 and 8
 #  3. bench_decode A/B, MPK_ATTN_FOLD=0 then 1, B=1,8, contexts 512 and 4096 (decides the default)
+#  3c. weight staging issued after the waits (an experiment: compare with stage 3's "off" at batch 1)
 #  4. bench_decode with the HF / gpt-fast peers at ctx 512 (fold as decided by $FOLD, default 1)
 #  5. (2 GPUs) bench_allreduce.py: the LL candidate beside the signal protocol and NCCL (16 KiB target <= 3 us)
 #  6. (2 GPUs) gpu_check_tp.py --tp-invariant 2 with the fold
@@ -14,8 +15,8 @@
 set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
-mkdir -p "$OUT"/{ref,off,fold,peers,ar,tp,tpbench}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref off fold peers ar tp tpbench pytest_gpu.log 2>/dev/null; }
+mkdir -p "$OUT"/{ref,off,fold,stage_after,peers,ar,tp,tpbench}
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref off fold stage_after peers ar tp tpbench pytest_gpu.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -32,6 +33,12 @@ for v in off fold; do
         --batches 1,8 --contexts 512,4096 --mk-max-batch 8 --no-peers --budget-s 70 > "$OUT/$v/bench.log" 2>&1
     grep -E " megakernel " "$OUT/$v/bench.log" | grep -v "^\[" | tail -8; snap
 done
+st "3c staged weights issued after the waits (MPK_STAGE_AFTER_WAIT=1, every CUDA-core tile, auto budget)"
+mkdir -p "$OUT/stage_after"
+MPK_ATTN_FOLD=0 MPK_STAGE_KB=auto MPK_STAGE_OPS=. MPK_NVCC_DEFINES=-DMPK_STAGE_AFTER_WAIT=1 OUT="$OUT/stage_after" \
+    timeout 60 python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b --batches 1 --contexts 512,4096 \
+    --mk-max-batch 8 --no-peers --budget-s 50 > "$OUT/stage_after/bench.log" 2>&1
+grep -E " megakernel " "$OUT/stage_after/bench.log" | grep -v "^\[" | tail -4; snap
 st "4 peers"
 MPK_ATTN_FOLD=$FOLD OUT="$OUT/peers" timeout 150 python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b \
     --batches 1,8 --contexts 512 --mk-max-batch 8 --peer-batches 1,8 --hf-batches 1 --budget-s 140 \
