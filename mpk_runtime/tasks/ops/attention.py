@@ -45,8 +45,11 @@ def decompose(op, graph, tiling, rank):
                                          Region(a["k_cache"], rank, ((b, b + 1), (g, g + 1))),
                                          Region(a["v_cache"], rank, ((b, b + 1), (g, g + 1)))],
                                   writes=writes,
-                                  est_bytes=kv_bytes + T * gs * D * eb + (T * gs * D * (4 * S + eb) // S if fold else 0),
-                                  est_flops=4 * T * gs * D * (graph.context_len + T) // S))
+                                  # folded: every partial is priced with the whole merge (the one that merges
+                                  # is the group's last, the one on the critical path)
+                                  est_bytes=kv_bytes + T * gs * D * eb + (T * gs * D * (4 * S + eb) if fold else 0),
+                                  est_flops=4 * T * gs * D * (graph.context_len + T) // S
+                                  + (3 * T * gs * D * S if fold else 0)))
             if fold:
                 continue
             merges.append(Task(-1, rank, "attn_merge", op.name, {**base, "b": b, "g": g, "gs": gs},
