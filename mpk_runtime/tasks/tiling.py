@@ -10,6 +10,13 @@ import os
 from dataclasses import asdict, dataclass, field
 
 
+def _env_flag(name: str) -> bool:
+    v = os.environ.get(name, "0").strip()
+    if v not in ("0", "1", ""):
+        raise ValueError(f"{name}={v!r}: expected 1 (on) or 0 (off)")
+    return v == "1"
+
+
 @dataclass(frozen=True)
 class Tiling:
     num_sms: int = 132
@@ -24,7 +31,7 @@ class Tiling:
     # attention: the last attn_partial of each (sequence, KV group) to finish merges the group (a ticket counter
     # decides which), instead of a separate attn_merge task: one dependent phase fewer per layer. Default
     # $MPK_ATTN_FOLD ("1" = on).
-    attn_fold_merge: bool = field(default_factory=lambda: os.environ.get("MPK_ATTN_FOLD", "0") == "1")
+    attn_fold_merge: bool = field(default_factory=lambda: _env_flag("MPK_ATTN_FOLD"))
 
     def linear_n(self, graph, op, N: int) -> int:
         if self.linear_cols:

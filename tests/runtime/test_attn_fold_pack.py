@@ -60,3 +60,14 @@ def test_unfolded_partials_carry_no_ticket():
     for t in tg.tasks:
         if t.kind == "attn_partial":
             assert int(tasks[t.id, L.arg_index("attn_partial", "ticket")]) == 0
+
+
+def test_the_fold_switch_takes_0_or_1_and_says_so_otherwise(monkeypatch):
+    import pytest
+    monkeypatch.setenv("MPK_ATTN_FOLD", "1")
+    assert Tiling().attn_fold_merge
+    monkeypatch.setenv("MPK_ATTN_FOLD", "0")
+    assert not Tiling().attn_fold_merge
+    monkeypatch.setenv("MPK_ATTN_FOLD", "yes")
+    with pytest.raises(ValueError, match="MPK_ATTN_FOLD='yes': expected 1"):
+        Tiling()

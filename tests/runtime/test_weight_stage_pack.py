@@ -114,3 +114,14 @@ def test_stage_word_round_trip_and_bad_values():
         L.pack_stage(3, 100)
     with pytest.raises(ValueError, match="227 KiB"):
         TaskPacker(*_rig("tiny-llama", 1)[1:], 0x6000, 64, device="cpu", stage_smem=300 * 1024)
+
+
+def test_the_stage_budget_variable_says_what_it_takes(monkeypatch):
+    monkeypatch.setenv("MPK_STAGE_KB", "lots")
+    with pytest.raises(ValueError, match="expected 'auto' or kilobytes"):
+        L._env_kb("MPK_STAGE_KB", "0")
+    monkeypatch.setenv("MPK_STAGE_KB", "400")
+    with pytest.raises(ValueError, match="at most 227 KB"):
+        L._env_kb("MPK_STAGE_KB", "0")
+    monkeypatch.setenv("MPK_STAGE_KB", "auto")
+    assert L._env_kb("MPK_STAGE_KB", "0") == L.STAGE_AUTO
