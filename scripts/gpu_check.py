@@ -89,6 +89,21 @@ class Rig:
         self.mk.check()
         return self.mem.t("logits").float().cpu(), self.mem.t("next_tokens").cpu()
 
+    def greedy_run(self, steps, seed=0, last_launch=4):
+        """(logits, next tokens) of `steps` greedy steps one launch each from random tokens at position 0 (every
+        sequence starts empty: unwritten KV is NaN-poisoned), then one launch of `last_launch` steps."""
+        g = torch.Generator().manual_seed(seed)
+        tok = torch.randint(0, self.cfg.vocab_size, (self.B,), generator=g)
+        pos = torch.zeros(self.B, dtype=torch.int64)
+        out = []
+        for _ in range(steps):
+            lg, nt = self.mk_step(tok, pos)
+            out.append((lg.clone(), nt.clone()))
+            tok, pos = nt, pos + 1
+        lg, nt = self.mk_step(tok, pos, nsteps=last_launch)
+        out.append((lg.clone(), nt.clone()))
+        return out
+
     def ref_step(self, tokens, pos, nsteps=1):
         lg = self.ref.decode(tokens, pos, self.tables_cpu, backend="pyvm", nsteps=nsteps)
         return lg.float(), self.ref.next_tokens(self.B)

@@ -13,27 +13,13 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(nvcc.find_nvcc() is None, reason="needs nvcc to build the kernel")]
 
 
-def _run(rig, steps):
-    g = torch.Generator().manual_seed(5)
-    tok = torch.randint(0, rig.cfg.vocab_size, (rig.B,), generator=g)
-    pos = torch.zeros(rig.B, dtype=torch.int64)
-    out = []
-    for _ in range(steps):
-        lg, nt = rig.mk_step(tok, pos)
-        out.append((lg.clone(), nt.clone()))
-        tok, pos = nt, pos + 1
-    lg, nt = rig.mk_step(tok, pos, nsteps=4)   # several steps per launch: the stage phases alternate parity
-    out.append((lg.clone(), nt.clone()))
-    return out
-
-
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_staged_weights_are_bitwise_neutral(model, batch, gpu_check, monkeypatch):
     monkeypatch.setenv("MPK_STAGE_OPS", ".")   # every CUDA-core tile (one- and two-weight passes, qkv_rope parts)
     ref = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, stage_smem=0)
     assert ref.mk.staged_bytes == 0
-    base = _run(ref, 6)
+    base = ref.greedy_run(6, seed=5)
     full = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, stage_smem=224 * 1024, build=ref.mk.build)
     # a budget that leaves the widest staged tile only part of its rows
     info = full.mk.stage_info
@@ -47,7 +33,7 @@ def test_staged_weights_are_bitwise_neutral(model, batch, gpu_check, monkeypatch
     dflt = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, stage_smem=L.STAGE_AUTO, build=ref.mk.build)
     assert dflt.mk.staged_bytes > 0 and dflt.mk.smem == ref.mk.smem
     for rig in (full, part, dflt):
-        got = _run(rig, 6)
+        got = rig.greedy_run(6, seed=5)
         for s, ((lb, nb), (lg, ng)) in enumerate(zip(base, got)):
             assert torch.equal(nb, ng), (s, nb, ng)
             assert torch.equal(lb, lg), (s, (lb - lg).abs().max().item())
