@@ -331,6 +331,19 @@ __device__ __forceinline__ void linear_epilogue(const Ctx& c, int g0, int Mg, co
         ptr<float>(peers[p] + sym_off)[((int64_t)a[A_LINEAR_SLOT] * M + mo) * N + n] = y0s[i];
       continue;
     }
+#if MPK_AR_LL
+    if (out_kind == OUT_PUSH_LL) {  // the same, as one 8-byte word {fp32 bits, step flag} (allreduce.cuh polls it)
+      const int64_t* peers = ptr<const int64_t>(a[A_LINEAR_PEERS]);
+      const int64_t sym_off = c.parity * a[A_LINEAR_PAR_STRIDE];
+      const uint32_t flag = (uint32_t)c.step;
+      for (int p = 0; p < (int)a[A_LINEAR_NPEERS]; ++p) {
+        uint32_t* dst = ptr<uint32_t>(peers[p] + sym_off) + (((int64_t)a[A_LINEAR_SLOT] * M + mo) * N + n) * 2;
+        asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(dst), "r"(__float_as_uint(y0s[i])),
+                     "r"(flag) : "memory");
+      }
+      continue;
+    }
+#endif
     float y = bf(y0s[i]);  // the bf16 matmul result
     if (epilogue == EPI_SILU_MUL) {
       const float s = bf(y / (1.f + expf(-y)));

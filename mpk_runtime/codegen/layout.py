@@ -55,7 +55,8 @@ OP_ARGS: dict[str, list[str]] = {
     "linear": ["x", "w0", "w1", "norm", "residual", "out", "m_in", "k", "n0", "n1", "n", "m", "eps", "epilogue",
                "out_kind", "row_off", "row_stride", "peers", "npeers", "par_stride", "slot", "kseg", "tc_rows", "kslices"],
     # out[:, n0:n1] = residual + sum_r part[parity][r]
-    "allreduce": ["part", "par_stride", "residual", "out", "world", "m", "n", "n0", "n1"],
+    # ll: the partials are (fp32, step flag) words, polled until the flags equal the step (device build MPK_AR_LL=1)
+    "allreduce": ["part", "par_stride", "residual", "out", "world", "m", "n", "n0", "n1", "ll"],
     # sampler (ir/sampling.py): part (2, W * S, B, SAMPLE_C, 2) fp32 candidates (S vocabulary slices per rank;
     # a partial covers nslices slices of v logits each, row stride ld); temp/top_k/top_p/seed: (B,) params
     "argmax_partial": ["logits", "b", "v", "ld", "nslices", "vocab0", "peers", "npeers", "par_stride", "slot", "temp"],
@@ -64,7 +65,7 @@ OP_ARGS: dict[str, list[str]] = {
     "weight_prefetch": ["n"] + [f"{w}{i}" for i in range(11) for w in ("p", "b")],
 }
 EPILOGUES = ["none", "silu_mul"]
-OUT_KINDS = ["bf16", "f32", "push"]
+OUT_KINDS = ["bf16", "f32", "push", "push_ll"]   # push_ll: (fp32, step flag) words (build_graph allreduce_ll)
 WHICH = ["q", "k", "v", "raw"]
 
 # --- waits: WAIT_WORDS int64 per wait; signals: one int64 counter address each ---------------------------------

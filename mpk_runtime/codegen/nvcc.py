@@ -112,6 +112,9 @@ def _defines() -> list[str]:
     bad = [d for d in defines if not d.startswith("-D")]
     if bad:
         raise CompileError(f"MPK_NVCC_DEFINES accepts only -DNAME[=VALUE] options, got {bad}")
+    # MPK_AR_LL=1 builds graphs with the LL all-reduce (ir/build.py) and the kernel that reads it, in one switch
+    if os.environ.get("MPK_AR_LL", "0").strip() == "1" and not any(d.startswith("-DMPK_AR_LL") for d in defines):
+        defines.append("-DMPK_AR_LL=1")
     return defines
 
 

@@ -11,6 +11,8 @@ then: linear (final RMSNorm + LM head, vocab-parallel) -> logits, argmax (distri
 """
 from __future__ import annotations
 
+import os
+
 from ..models.config import ModelConfig
 from ..models.weights import lm_head_name
 from .graph import DTYPE_BYTES, Graph, Op, TensorSpec
@@ -20,10 +22,14 @@ from .shard import shard_for
 
 def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, tokens_per_seq: int | None = None,
                 context_len: int = 512, max_seq_len: int | None = None, tp: int = 1, rank: int = 0,
-                dtype: str | None = None, attn_splits: int = 1, tp_invariant: int = 1) -> Graph:
+                dtype: str | None = None, attn_splits: int = 1, tp_invariant: int = 1,
+                allreduce_ll: bool | None = None) -> Graph:
     """tp_invariant: R = the TP degree whose reduction order every degree dividing it reproduces. Row-parallel
     projections (o_proj, down) then sum K in R/tp segments, each reduced like one rank of a TP=R group, combined
-    in fp32 in rank order, so TP=1 and TP=R give bit-identical activations (default 1: one segment)."""
+    in fp32 in rank order, so TP=1 and TP=R give bit-identical activations (default 1: one segment).
+    allreduce_ll (tp > 1; default $MPK_AR_LL, "1" = on): the all-reduce's partials travel as (fp32, step flag)
+    pairs, one 8-byte word each, and the reduce tiles poll the flags instead of waiting on the producers' events
+    (tasks/ops/allreduce.py); same sums, bit for bit."""
     if mode not in ("decode", "prefill"):
         raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
     T = 1 if mode == "decode" else (tokens_per_seq or context_len)
@@ -35,6 +41,12 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         raise ValueError(f"tp_invariant={tp_invariant} must be 1 (off) or a multiple of tp={tp} (the TP degree whose "
                          "reduction order every rank reproduces)")
     kseg = tp_invariant // tp if tp_invariant > 1 else 1
+    if allreduce_ll is None:
+        v = os.environ.get("MPK_AR_LL", "0").strip()
+        if v not in ("0", "1", ""):
+            raise ValueError(f"MPK_AR_LL={v!r}: expected 1 (on) or 0 (off)")
+        allreduce_ll = v == "1"
+    ll = bool(allreduce_ll) and tp > 1
     max_seq_len = max_seq_len or max(context_len + T, 1)
     if context_len + (T if mode == "prefill" else 1) > max_seq_len:
         raise ValueError(f"context_len {context_len} (+ new tokens) exceeds max_seq_len {max_seq_len}")
@@ -97,7 +109,7 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
             B * kv_read * nkv * D * eb * 2 + 2 * M * nq * D * eb, 4 * M * nq * D * kv_read)
 
         x = _proj(t, w, add, cfg, tp, f"L{i}.o_proj", x_in=attn, residual=x, wnames=[p + "self_attn.o_proj.weight"],
-                  K=nq * D, N=H, M=M, eb=eb, prenorm=None, kseg=kseg)
+                  K=nq * D, N=H, M=M, eb=eb, prenorm=None, kseg=kseg, ll=ll)
         ln2 = w(p + "post_attention_layernorm.weight", (H,))
         wg, wu = w(p + "mlp.gate_proj.weight", (I, H)), w(p + "mlp.up_proj.weight", (I, H))
         act = t(f"L{i}.act", (M, I), "act")
@@ -106,7 +118,7 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
              "residual": None, "out": act, "push": False, "row_select": None},
             2 * I * H * eb + M * H * eb + M * I * eb, 2 * M * 2 * I * H)
         x = _proj(t, w, add, cfg, tp, f"L{i}.down", x_in=act, residual=x, wnames=[p + "mlp.down_proj.weight"],
-                  K=I, N=H, M=M, eb=eb, prenorm=None, kseg=kseg)
+                  K=I, N=H, M=M, eb=eb, prenorm=None, kseg=kseg, ll=ll)
 
     # Final norm + LM head on the last token of each sequence (decode: every row).
     lnf = w("model.norm.weight", (H,))
@@ -144,9 +156,10 @@ def argmax_slices(v_local: int, most: int = 16, least_len: int = 4096) -> int:
     return s
 
 
-def _proj(t, w, add, cfg, tp, name, *, x_in, residual, wnames, K, N, M, eb, prenorm, kseg=1):
+def _proj(t, w, add, cfg, tp, name, *, x_in, residual, wnames, K, N, M, eb, prenorm, kseg=1, ll=False):
     """A row-parallel projection back to the hidden size: fused residual at tp == 1, else push + allreduce.
-    kseg: K is reduced in kseg equal segments (see build_graph's tp_invariant)."""
+    kseg: K is reduced in kseg equal segments (see build_graph's tp_invariant). ll: the partials as (fp32, flag)
+    pairs in int64 words (see build_graph's allreduce_ll)."""
     if kseg > 1 and K % (8 * kseg):
         raise ValueError(f"{name}: K={K} does not split into {kseg} segments of whole 16-byte vectors; "
                          "use a tp_invariant that divides it")
@@ -159,13 +172,14 @@ def _proj(t, w, add, cfg, tp, name, *, x_in, residual, wnames, K, N, M, eb, pren
              "residual": residual, "out": out, "push": False, "row_select": None, "k_segments": kseg},
             N * K * eb + M * K * eb + 2 * M * N * eb, 2 * M * N * K)
         return out
-    part = t(f"{name}.part", (tp, M, N), "sym", "float32")
+    pb = 8 if ll else 4
+    part = t(f"{name}.part", (tp, M, N), "sym", "int64" if ll else "float32")
     add(name, "linear", [x_in, *wnames], [part],
         {"x": x_in, "weights": wnames, "norm": prenorm, "eps": cfg.rms_norm_eps, "epilogue": "none",
-         "residual": None, "out": part, "push": True, "row_select": None, "k_segments": kseg},
-        N * K * eb + M * K * eb + tp * M * N * 4, 2 * M * N * K)
+         "residual": None, "out": part, "push": True, "row_select": None, "k_segments": kseg, "ll": ll},
+        N * K * eb + M * K * eb + tp * M * N * pb, 2 * M * N * K)
     out = t(f"{name}.out", (M, N), "act")
     add(f"{name}.allreduce", "allreduce", [part, residual], [out],
-        {"part": part, "residual": residual, "out": out, "world": tp},
-        tp * M * N * 4 + 2 * M * N * eb, tp * M * N)
+        {"part": part, "residual": residual, "out": out, "world": tp, "ll": ll},
+        tp * M * N * pb + 2 * M * N * eb, tp * M * N)
     return out

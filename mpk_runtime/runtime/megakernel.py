@@ -69,6 +69,9 @@ class Megakernel:
         packer = TaskPacker(tg, mem, self.counters.data_ptr(), head_dim, peers=peers, device=dev,
                             stage_smem=stage_smem)
         tasks, waits, signals, offs, flat = packer.pack()
+        if packer.uses_ll and not nvcc.define_int("MPK_AR_LL", 0):
+            raise ValueError("this graph's all-reduce uses LL words (allreduce_ll / MPK_AR_LL=1): build the kernel "
+                             "with them too, MPK_NVCC_DEFINES=-DMPK_AR_LL=1 (or build the graph without allreduce_ll)")
         self._keep = packer._peer_arrays
         self.tickets = packer.tickets   # folded attention merges' counters (zeroed here, never reset, as counters)
         self.prefetch = packer.prefetch.to(dev)

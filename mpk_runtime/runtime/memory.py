@@ -89,7 +89,7 @@ class RankMemory:
             if spec.kind == "act" and spec.dtype not in ("int64", "int32"):
                 self.tensors[spec.name].fill_(float("nan"))
         for s in self.syms.values():
-            s.fill_(float("nan"))
+            s.fill_(-1 if not s.dtype.is_floating_point else float("nan"))   # LL words: flag 0xffffffff, never a step
 
 
 def share_plan(graph: Graph) -> dict[str, int]:

@@ -72,6 +72,7 @@ class TaskPacker:
         self._peer_arrays: dict[str, torch.Tensor] = {}   # keep alive
         self.smem = 0
         self._task_need = 0     # the shared bytes of the task being packed (its op's layout)
+        self.uses_ll = False    # LL all-reduce words (graph built with allreduce_ll): the build needs MPK_AR_LL=1
         self.staged_bytes = 0   # weight bytes staged per step, all tasks (diagnostics)
         self.stage_info: dict[int, tuple[int, int, int, int]] = {}   # task -> (op's shared bytes, offset, rows, bytes)
         self.prefetch: torch.Tensor | None = None   # (n, PF_WORDS) int64 weight ranges, filled by pack()
@@ -283,8 +284,10 @@ class TaskPacker:
             base, stride = self._sym(p["out"])
             peers, npeers = self._peers(p["out"])
             shape = self.mem.syms[p["out"]].shape  # (2, W, M, N)
-            d.update(out=base, out_kind=L.OUT_KINDS.index("push"), peers=peers, npeers=npeers, par_stride=stride,
-                     m=shape[-2], n=shape[-1])
+            if p.get("ll"):
+                self.uses_ll = True
+            d.update(out=base, out_kind=L.OUT_KINDS.index("push_ll" if p.get("ll") else "push"), peers=peers,
+                     npeers=npeers, par_stride=stride, m=shape[-2], n=shape[-1])
         else:
             out = self.mem.t(p["out"])
             d.update(out=out.data_ptr(), m=out.shape[0], n=out.shape[1],
@@ -304,8 +307,10 @@ class TaskPacker:
     def _pack_allreduce(self, p):
         base, stride = self._sym(p["part"])
         W, M, N = self.mem.syms[p["part"]].shape[1:]
+        if p.get("ll"):
+            self.uses_ll = True
         return dict(part=base, par_stride=stride, residual=self._t(p["residual"]), out=self._t(p["out"]), world=W,
-                    m=M, n=N, n0=p["n0"], n1=p["n1"])
+                    m=M, n=N, n0=p["n0"], n1=p["n1"], ll=int(bool(p.get("ll"))))
 
     def _pack_weight_prefetch(self, p):
         """(address, bytes) of each (weight, first row, rows, K) range; bytes whole rows (K % 8 == 0: 16-byte

@@ -50,6 +50,10 @@ class PlanExecutor:
         if covered != names:
             raise ValueError(f"plan {plan.name!r} does not cover the graph's ops exactly once, in order "
                              f"({len(covered)} ops in segments, {len(names)} in the graph)")
+        if len(plan.segments) > 1 and any(o.attrs.get("ll") for o in graphs[0].ops):
+            raise ValueError(f"plan {plan.name!r} has {len(plan.segments)} segments, but the graph's all-reduce uses "
+                             "LL words (allreduce_ll / MPK_AR_LL=1), whose flags only a megakernel running the push "
+                             "and the reduce together keeps: use a one-megakernel plan, or unset MPK_AR_LL")
         self.plan, self.mems, self.backend = plan, mems, backend
         self.segments: list[tuple[str, object]] = []
         for seg in plan.segments:

@@ -17,7 +17,7 @@ import time
 from typing import Callable
 
 from ..tasks.graph import TaskGraph
-from ..tasks.ops import get_task_kind
+from ..tasks.ops import TASK_READY, get_task_kind
 from .base import KernelTimeout
 from .memory import RankMemory, StepCtx, Tickets
 
@@ -36,10 +36,13 @@ class PyVM:
         self._kernels = {k: get_task_kind(k) for g in graphs for k in {t.kind for t in g.tasks}}
         self.trace: list[tuple[int, int, int, int]] | None = None  # (rank, sm, step, task id) if enabled
 
-    def _ready(self, rank: int, task, step: int) -> bool:
+    def _ready(self, rank: int, task, step: int, ctx: StepCtx | None = None) -> bool:
         c = self.counters[rank]
         ev = self.graphs[rank].events
-        return all(c[e] >= ev[e].triggers * (step - lag) for e, lag in task.waits)
+        if not all(c[e] >= ev[e].triggers * (step - lag) for e, lag in task.waits):
+            return False
+        hook = TASK_READY.get(task.kind)   # a condition on data (the LL all-reduce's flags)
+        return hook is None or ctx is None or hook(task, self.mems[rank], ctx)
 
     def _run_task(self, rank: int, task, ctx: StepCtx) -> None:
         self._kernels[task.kind](task, self.mems[rank], ctx)
@@ -72,7 +75,7 @@ class PyVM:
                 r, sm = key
                 g = self.graphs[r]
                 t = g.tasks[g.sm_lists[sm][ptr[key]]]
-                if self._ready(r, t, first + k_of[key]):
+                if self._ready(r, t, first + k_of[key], ctxs[(r, k_of[key])]):
                     runnable.append(key)
             if not runnable:
                 raise KernelTimeout("pyvm deadlock: no SM can make progress:\n  " + "\n  ".join(
@@ -107,7 +110,7 @@ class PyVM:
                         t = g.tasks[tid]
                         deadline = time.monotonic() + self.timeout_s
                         with cond:
-                            while not self._ready(r, t, first + k):
+                            while not self._ready(r, t, first + k, ctxs[(r, k)]):
                                 if errors:
                                     return
                                 left = deadline - time.monotonic()

@@ -32,12 +32,11 @@ def _fake_sym_bases(mems, r):
     return out
 
 
-@pytest.fixture(scope="module")
-def packed():
+def _pack_tp(ll: bool = False):
     cfg = load_config("tiny-llama")
     full = get_weights("tiny-llama", cfg, seed=0, dtype="bfloat16")
     gs = [build_graph(cfg, mode="decode", batch=2, context_len=0, max_seq_len=64, tp=W, rank=r, attn_splits=2,
-                      dtype="bfloat16") for r in range(W)]
+                      dtype="bfloat16", allreduce_ll=ll) for r in range(W)]
     tgs = build_task_graphs(gs, Tiling(num_sms=8))
     mems = []
     for r in range(W):
@@ -50,6 +49,43 @@ def packed():
         p = TaskPacker(tgs[r], mems[r], 0x6000, cfg.head_dim, peers=table, device="cpu")
         out.append((tgs[r], mems[r], table, p, p.pack()))
     return out
+
+
+@pytest.fixture(scope="module")
+def packed():
+    return _pack_tp()
+
+
+def test_ll_allreduce_packs_flag_words_and_no_remote_signals_from_the_pushes():
+    """allreduce_ll: the push tiles store (fp32, flag) words (out_kind push_ll, twice the slot bytes) and signal no
+    peer; the reduce tiles carry ll = 1 and do not wait on the pushes; the packer tells the Megakernel the build
+    needs MPK_AR_LL."""
+    for (tg, mem, table, p, (tasks, waits, signals, offs, flat)), (_, mem0, *_rest) in zip(_pack_tp(True), _pack_tp()):
+        assert p.uses_ll
+        for t in tg.tasks:
+            row = tasks[t.id]
+            if t.kind == "linear" and t.params["push"]:
+                assert int(row[L.arg_index("linear", "out_kind")]) == L.OUT_KINDS.index("push_ll")
+                assert not any(r != tg.rank for r, _ in t.signals)
+                name = t.params["out"]
+                assert int(row[L.arg_index("linear", "par_stride")]) == 2 * mem0.syms[name][0].numel() * 4
+            if t.kind == "allreduce":
+                assert int(row[L.arg_index("allreduce", "ll")]) == 1
+                prods = {tg.tasks[tid].kind for e, _ in t.waits for _r, tid in tg.events[e].producers}
+                assert not any(tg.tasks[tid].params.get("push") for e, _ in t.waits
+                               for _r, tid in tg.events[e].producers), prods
+
+
+def test_ll_switch_builds_the_kernel_with_it(monkeypatch):
+    from mpk_runtime.codegen import nvcc
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "")
+    monkeypatch.setenv("MPK_AR_LL", "1")
+    assert "-DMPK_AR_LL=1" in nvcc._defines() and nvcc.define_int("MPK_AR_LL") == 1
+    monkeypatch.setenv("MPK_AR_LL", "0")
+    assert nvcc.define_int("MPK_AR_LL") == 0
+    monkeypatch.setenv("MPK_AR_LL", "maybe")
+    with pytest.raises(ValueError, match="MPK_AR_LL='maybe'"):
+        build_graph(load_config("tiny-llama"), tp=2, rank=0)
 
 
 def test_remote_signals_point_at_peer_counters(packed):

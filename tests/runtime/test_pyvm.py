@@ -215,3 +215,26 @@ def test_folded_attention_merge_matches_the_reference_and_the_unfolded_graph(cfg
         err = ((got - ref_logits[s]).abs().max() / ref_logits[s].abs().max()).item()
         assert err <= 1e-5, f"step {s}: relative error {err}"
         assert torch.equal(got, plain[s])
+
+
+@pytest.mark.parametrize("cfg,tp,batch", [(PRESETS["tiny-llama"], 2, 4), (PRESETS["tiny-qwen3"], 4, 1), (ODD, 2, 1)],
+                         ids=lambda x: getattr(x, "name", x))
+@pytest.mark.parametrize("mode", ["random", "threads"])
+def test_ll_allreduce_matches_the_reference_and_the_signal_protocol(cfg, tp, batch, mode, monkeypatch):
+    """allreduce_ll ($MPK_AR_LL=1): the partials travel as (fp32, step flag) words and the reduce tiles are ready
+    when the flags say so, with no events on the producers (no cross-rank signals from the push tiles): the
+    reference's logits, and exactly the signal protocol's, in random interleavings and threads mode."""
+    monkeypatch.setenv("MPK_AR_LL", "0")
+    grp, lens, tables, ref_logits, toks = setup(cfg, tp, batch, mode=mode, seed=5)
+    plain = [grp.decode(toks[s].tolist(), [n + s for n in lens], tables) for s in range(3)]
+    monkeypatch.setenv("MPK_AR_LL", "1")
+    lgrp, *_ = setup(cfg, tp, batch, mode=mode, seed=6)
+    vm = lgrp.decode_vm(batch)[2]
+    # the push tiles signal no other rank (the sampler's candidate merge still does)
+    assert all(r == t.rank for g in vm.graphs for t in g.tasks if t.kind == "linear" for r, _ in t.signals)
+    assert any(t.kind == "allreduce" and t.params["ll"] for t in vm.graphs[0].tasks)
+    for s in range(3):
+        got = lgrp.decode(toks[s].tolist(), [n + s for n in lens], tables)
+        err = ((got - ref_logits[s]).abs().max() / ref_logits[s].abs().max()).item()
+        assert err <= 1e-5, f"step {s}: relative error {err}"
+        assert torch.equal(got, plain[s])

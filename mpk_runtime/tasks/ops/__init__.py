@@ -4,6 +4,8 @@ One module per op (`tasks/ops/<op>.py`), paired with `device_kernels/ops/<op>.cu
 registers:
   @decomposer("<op kind>")  fn(op, graph, tiling, rank) -> list[Task]   (ids and events filled in later)
   @task_kind("<task kind>") fn(task, mem, ctx) -> None                    (pyvm / conventional semantics)
+  @task_ready("<task kind>") fn(task, mem, ctx) -> bool   (optional: a readiness condition on data, beyond the
+                                                          task's events: the LL all-reduce's flags)
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Callable
 
 DECOMPOSERS: dict[str, Callable] = {}
 TASK_KINDS: dict[str, Callable] = {}
+TASK_READY: dict[str, Callable] = {}
 
 
 def decomposer(kind: str):
@@ -23,6 +26,13 @@ def decomposer(kind: str):
 def task_kind(kind: str):
     def deco(fn):
         TASK_KINDS[kind] = fn
+        return fn
+    return deco
+
+
+def task_ready(kind: str):
+    def deco(fn):
+        TASK_READY[kind] = fn
         return fn
     return deco
 

@@ -42,12 +42,27 @@ def decompose(op, graph, tiling, rank):
         if a["residual"]:
             reads.append(Region(a["residual"], rank, ((0, M), (n0, n1))))
         params = {k: a[k] for k in ("x", "weights", "norm", "eps", "epilogue", "residual", "out", "push", "row_select")}
+        params["ll"] = bool(a.get("ll", False))
         params.update(n0=n0, n1=n1, weight_row0=a.get("weight_row0", 0), k_segments=a.get("k_segments", 1),
                       k_slices=1 if graph.tp_invariant > 1 else 0)
         tasks.append(Task(-1, rank, "linear", op.name, params, reads=reads, writes=writes,
                           est_bytes=nw * (n1 - n0) * K * 2 + M_in * K * 2 + M * (n1 - n0) * 2,
                           est_flops=2 * nw * M * (n1 - n0) * K))
     return tasks
+
+
+def ll_flag(step: int) -> int:
+    """The LL flag of a step: its low 32 bits, as a signed int32 (the kernel's uint32)."""
+    f = step & 0xFFFFFFFF
+    return f - (1 << 32) if f >= 1 << 31 else f
+
+
+def put_ll(words: torch.Tensor, y: torch.Tensor, step: int) -> None:
+    """words (..., n) int64: each the pair (fp32 bits of y, flag of step) in memory order (little endian: value
+    in the low half, as the kernel's 8-byte store {value, flag})."""
+    pairs = words.view(torch.int32).view(*words.shape, 2)
+    pairs[..., 0] = y.float().contiguous().view(torch.int32)
+    pairs[..., 1] = ll_flag(step)
 
 
 @task_kind("linear")
@@ -68,7 +83,10 @@ def execute(task, mem, ctx):
         y = sum(x[:, s * ks:(s + 1) * ks].float() @ w[:, s * ks:(s + 1) * ks].float().T for s in range(kseg))
         if p["push"]:
             for peer in mem.peers:  # stores through peer pointers (nvshmem_ptr) on the GPU
-                peer.sym(p["out"], ctx.parity)[mem.rank, :, n0:n1] = y
+                if p.get("ll"):     # (fp32 bits, step flag) in one 8-byte word per element
+                    put_ll(peer.sym(p["out"], ctx.parity)[mem.rank, :, n0:n1], y, ctx.step)
+                else:
+                    peer.sym(p["out"], ctx.parity)[mem.rank, :, n0:n1] = y
             return
         y = y.to(x.dtype)   # the bf16 matmul result, as a single-segment tile rounds it
     else:
