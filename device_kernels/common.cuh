@@ -110,20 +110,10 @@ __device__ __forceinline__ uint4 ld_weight16(const void* p) {
 // The linear tiles' weight stream, loaded "cache streaming" (.cs: lines allocated evict-first in L1 and L2): a step
 // streams far more weight bytes than L2 holds, and with the default policy they evict what is re-read - the
 // kernel's instructions, activations, KV, counters - so a task's code and inputs would come from HBM again.
-// (.cs rather than an L2::cache_hint policy operand: the policy's register made the kernel spill at 255.)
-// Experiment (off by default; MPK_NVCC_DEFINES=-DMPK_WEIGHT_NOALLOC=1): the stream bypasses L1 (no_allocate, L2
-// default priority) instead, so that it cannot evict L1's useful lines (session 11: shrinking L1 from ~92 to ~28 KB
-// alone cost 6% at batch 1, and batch-8 Tensor Core tiles already run with ~28 KB of L1).
-#ifndef MPK_WEIGHT_NOALLOC
-#define MPK_WEIGHT_NOALLOC 0
-#endif
+// (.cs rather than an L2::cache_hint policy operand: the policy's register made the kernel spill at 255; and
+// L1::no_allocate with L2's default priority measured 22% slower at qwen3-8b batch 8, session 11.)
 __device__ __forceinline__ uint4 ld_weight_stream16(const void* p) {
   uint4 r;
-#if MPK_WEIGHT_NOALLOC
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-#endif
   asm volatile("ld.global.cs.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
@@ -154,25 +144,6 @@ __device__ inline void prefetch_task_weights(const int64_t* pf, int64_t from, in
   }
 }
 
-// Experiment (off by default; MPK_NVCC_DEFINES=-DMPK_CC_L2_PF_KB=N): a CUDA-core tile (op_linear, qkv_rope below
-// the Tensor Core batch) pulls the first N KB of its weight rows into L2 at its start, while its x rows load and
-// are normed, so its first weight loads do not pay the HBM latency (session 10: a batch-1 qkv_rope part streams
-// 128 KB at ~24 GB/s per SM, the first bytes' latency included). nw ranges of `rows` contiguous rows of K bf16
-// each (w[r] may be null); thread 0 issues them.
-#ifndef MPK_CC_L2_PF_KB
-#define MPK_CC_L2_PF_KB 0
-#endif
-__device__ __forceinline__ void prefetch_tile_rows_l2(const bf16* const* w, int nw, int rows, int K) {
-#if MPK_CC_L2_PF_KB > 0
-  if (threadIdx.x != 0) return;
-  for (int r = 0; r < nw; ++r) {
-    if (w[r] == nullptr) continue;
-    const int64_t total = (int64_t)rows * K * 2, want = ((int64_t)MPK_CC_L2_PF_KB * 1024 / nw) & ~15LL;
-    prefetch_l2_range(w[r], want < total ? want : total & ~15LL);
-  }
-#endif
-}
-
 // --- weight staging (codegen/layout.py TASK_HEADER "stage"): TMA bulk copies global -> shared that complete on an
 // mbarrier (transaction bytes), so they neither hold registers nor join the cp.async groups that load_rows_norm
 // waits on. One mbarrier per CTA, arrival count 1; each staged task is one phase.
@@ -195,6 +166,9 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t par) {
                  : "=r"(done) : "r"(bar), "r"(par) : "memory");
   } while (!done);
 }
+// The stage word's fields (codegen/layout.py pack_stage): rows staged per weight range, byte offset in shared memory.
+__device__ __forceinline__ int stage_rows(int64_t sw) { return (int)(sw & 0xffffff); }
+__device__ __forceinline__ int stage_off(int64_t sw) { return (int)((sw >> STAGE_OFF_SHIFT) & 0xffffff); }
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

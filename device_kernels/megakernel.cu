@@ -39,7 +39,7 @@ using namespace mpk;
 // memory above the op's own layout, completing on the CTA's stage mbarrier. Weights never depend on events, so the
 // copy overlaps the wait; the op reads those rows from shared memory (linear.cuh linear_core).
 __device__ __noinline__ void stage_task_weights(const int64_t* rec, int64_t sw, uint32_t bar) {
-  const uint32_t rows = (uint32_t)(sw & 0xffffff), off = (uint32_t)((sw >> STAGE_OFF_SHIFT) & 0xffffff);
+  const uint32_t rows = (uint32_t)stage_rows(sw), off = (uint32_t)stage_off(sw);
   const bf16* w[2];
   int64_t K;
   if ((int)rec[T_OPCODE] == OP_LINEAR) {

@@ -369,13 +369,8 @@ __device__ inline void op_linear(const Ctx& c) {
   bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
   float* y0s = linear_ytile(dyn_smem(), cc_xrows(M), K);
   float* y1s = y0s + ROW_TILE * w;
-  const int64_t sw = a[T_STAGE];   // staged weight rows (megakernel.cu stage_task_weights)
-  const int nst = (int)(sw & 0xffffff), soff = (int)((sw >> STAGE_OFF_SHIFT) & 0xffffff);
+  const int nst = stage_rows(a[T_STAGE]), soff = stage_off(a[T_STAGE]);   // (megakernel.cu stage_task_weights)
   MPK_STAMP(0);
-  {
-    const bf16* pw[2] = {w0 + (int64_t)n0 * K, w1 != nullptr ? w1 + (int64_t)n0 * K : nullptr};
-    prefetch_tile_rows_l2(pw, 2, w, K);   // compiled away unless MPK_CC_L2_PF_KB > 0
-  }
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
     load_rows_norm(xs, K, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
@@ -409,28 +404,6 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
   float* y1s = y0s + rows * w;
   float* red = y1s + rows * w;
   MPK_STAMP(0);
-#ifndef MPK_TC_L2_PF_KB
-#define MPK_TC_L2_PF_KB 0
-#endif
-#if MPK_TC_L2_PF_KB > 0
-  // Experiment (off by default; MPK_NVCC_DEFINES=-DMPK_TC_L2_PF_KB=N): while the x rows load and are normed (5-10 us
-  // at B=8 before the first weight load, session 10 stamps), pull the first bytes of every weight row at every
-  // k-slice start of K segment 0 into L2 (TMA bulk prefetch, no registers): N KB per tile in all.
-  {
-    const int ntn = (w + 15) / 16, R = (K / kseg) / 32;
-    const int wk = tc_kslices(ntn, two, R, ksl, 0);
-    const int nrows = two ? 2 * w : w;
-    const int64_t per = (((int64_t)MPK_TC_L2_PF_KB * 1024 / (nrows * wk)) & ~15LL);   // bytes per (row, slice)
-    if (per >= 128)
-      for (int i = threadIdx.x; i < nrows * wk; i += THREADS) {
-        const int rr = i / wk, q = i % wk;
-        const bf16* row = rr < w ? w0 + (int64_t)(n0 + rr) * K : w1 + (int64_t)(n0 + rr - w) * K;
-        const int64_t off = (int64_t)((R * q) / wk) * 64;   // the slice's first round, bytes
-        const int64_t len = min(per, (int64_t)(K / kseg) * 2 - off);
-        if (len >= 16) prefetch_l2_range(reinterpret_cast<const unsigned char*>(row) + off, len & ~15LL);
-      }
-  }
-#endif
   for (int g0 = 0; g0 < M; g0 += rows) {
     const int Mg = min(rows, M - g0);
     load_rows_norm(xs, ldx, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],

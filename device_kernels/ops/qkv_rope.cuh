@@ -28,10 +28,6 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
   float* y1s = y0s + ROW_TILE * nr;                // (ROW_TILE, nr) fp32: head rows h2 + r0 + i
   float* red = y0s + ROW_TILE * MAX_HEAD_DIM;      // Tensor Core k-slice partials (2 x 8 x 16 x 8 fp32)
   MPK_STAMP(0);
-  if (M < TC_MIN_M) {   // the part's two row ranges (compiled away unless MPK_CC_L2_PF_KB > 0)
-    const bf16* pw[2] = {w + (int64_t)r0 * K, w + (int64_t)(h2 + r0) * K};
-    prefetch_tile_rows_l2(pw, 2, nr, K);
-  }
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
     load_rows_norm(xs, K, x + (int64_t)g0 * K, Mg, K, 0, 1, nw, eps);
@@ -41,8 +37,7 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
                       y1s, red);
     else
       linear_core<true>(xs, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, 1, y0s, y1s,
-                        (int)((a[T_STAGE] >> STAGE_OFF_SHIFT) & 0xffffff), (int)(a[T_STAGE] & 0xffffff), c.stage_bar,
-                        c.stage_par);
+                        stage_off(a[T_STAGE]), stage_rows(a[T_STAGE]), c.stage_bar, c.stage_par);
     MPK_STAMP(2);
     for (int i = threadIdx.x; i < Mg * nr; i += THREADS) { y0s[i] = bf(y0s[i]); y1s[i] = bf(y1s[i]); }  // bf16 matmul result
     __syncthreads();

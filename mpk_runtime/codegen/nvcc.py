@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..envflags import env_flag
 from .header import HEADER_NAME, generate_header
 from .layout import CONSTANTS
 
@@ -113,7 +114,7 @@ def _defines() -> list[str]:
     if bad:
         raise CompileError(f"MPK_NVCC_DEFINES accepts only -DNAME[=VALUE] options, got {bad}")
     # MPK_AR_LL=1 builds graphs with the LL all-reduce (ir/build.py) and the kernel that reads it, in one switch
-    if os.environ.get("MPK_AR_LL", "0").strip() == "1" and not any(d.startswith("-DMPK_AR_LL") for d in defines):
+    if env_flag("MPK_AR_LL") and not any(d.startswith("-DMPK_AR_LL") for d in defines):
         defines.append("-DMPK_AR_LL=1")
     return defines
 

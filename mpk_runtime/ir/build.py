@@ -11,7 +11,7 @@ then: linear (final RMSNorm + LM head, vocab-parallel) -> logits, argmax (distri
 """
 from __future__ import annotations
 
-import os
+from ..envflags import env_flag
 
 from ..models.config import ModelConfig
 from ..models.weights import lm_head_name
@@ -42,10 +42,7 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
                          "reduction order every rank reproduces)")
     kseg = tp_invariant // tp if tp_invariant > 1 else 1
     if allreduce_ll is None:
-        v = os.environ.get("MPK_AR_LL", "0").strip()
-        if v not in ("0", "1", ""):
-            raise ValueError(f"MPK_AR_LL={v!r}: expected 1 (on) or 0 (off)")
-        allreduce_ll = v == "1"
+        allreduce_ll = env_flag("MPK_AR_LL")
     ll = bool(allreduce_ll) and tp > 1
     max_seq_len = max_seq_len or max(context_len + T, 1)
     if context_len + (T if mode == "prefill" else 1) > max_seq_len:

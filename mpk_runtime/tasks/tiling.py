@@ -6,15 +6,9 @@ the auto rule aims for about `waves` tiles per SM on every weight-streaming op, 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 
-
-def _env_flag(name: str) -> bool:
-    v = os.environ.get(name, "0").strip()
-    if v not in ("0", "1", ""):
-        raise ValueError(f"{name}={v!r}: expected 1 (on) or 0 (off)")
-    return v == "1"
+from ..envflags import env_flag
 
 
 @dataclass(frozen=True)
@@ -31,7 +25,7 @@ class Tiling:
     # attention: the last attn_partial of each (sequence, KV group) to finish merges the group (a ticket counter
     # decides which), instead of a separate attn_merge task: one dependent phase fewer per layer. Default
     # $MPK_ATTN_FOLD ("1" = on).
-    attn_fold_merge: bool = field(default_factory=lambda: _env_flag("MPK_ATTN_FOLD"))
+    attn_fold_merge: bool = field(default_factory=lambda: env_flag("MPK_ATTN_FOLD"))
 
     def linear_n(self, graph, op, N: int) -> int:
         if self.linear_cols:
