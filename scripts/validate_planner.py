@@ -44,7 +44,7 @@ from mpk_runtime.runtime.memory import KVStore, RankMemory, StepCtx  # noqa: E40
 from mpk_runtime.runtime.plan_exec import PlanExecutor  # noqa: E402
 
 T0 = time.time()
-DEFAULT_FAMILIES = "mono,mega2,per-layer,attn-conv,conventional"
+DEFAULT_FAMILIES = "mono,mega2,per-layer,attn-conv,attn-mk,conventional"
 PRIORITY = ("mono", "conventional")
 
 

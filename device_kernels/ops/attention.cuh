@@ -1,10 +1,16 @@
 // attention: split-KV causal GQA decode attention over the paged cache   (tasks/ops/attention.py)
 // attn_partial(b, g, s): the whole CTA walks chunk s of the keys in passes of up to ATT_KP keys. A pass's K and V
 // rows are copied into shared memory (cp.async, double-buffered: the next pass's rows fly while this one
-// computes); then one thread per (head, key) computes a score (d = 0 .. D-1 in order, as the reference), one warp
-// per head updates that head's running max / sum (online softmax across passes), and one thread per (head, pair
-// of d) accumulates P.V over the pass's keys in key order. q, the sequence's page table and its position are
-// fetched together, so the first K/V copy is one round trip after the task starts.
+// computes). q, the sequence's page table and its position are fetched together, so the first K/V copy is one
+// round trip after the task starts.
+// v24 (default), Tensor Cores: warp w owns keys [16 w, 16 w + 16) of every pass and keeps its own online softmax
+// (running max and sum per head) and output, so a pass has no barrier between scores, softmax and P.V; the 8 warps'
+// (max, sum, output) are merged once at the end through shared memory. Scores S = Q K^T by mma m16n8k16 (rows: the
+// group's q heads, padded to 16; columns: 8 keys; the d order inside an mma permuted alike in both operands, as the
+// linear tiles do), P.V as O^T = V^T P^T by mma m16n8k8 tf32 (rows: 16 d, columns: the 8 heads, k: 8 keys), the
+// thread's own probabilities feeding the B operand directly (its score columns 2t, 2t+1 become k = t, t + 4).
+// -DMPK_ATT_CC=1 builds the v19c CUDA-core pass instead (one thread per (head, key) score, one warp per head's
+// softmax, one thread per (head, d pair) P.V; three barriers per pass), kept for the session-12 A/B.
 // Keep in sync: codegen/layout.py att_smem_bytes (the packer sizes the shared memory with it).
 #pragma once
 #include "../common.cuh"
@@ -14,14 +20,17 @@ namespace mpk {
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)
 constexpr int ATT_PV = (MAX_GS * MAX_HEAD_DIM / 2 + THREADS - 1) / THREADS;   // (head, d pair) outputs per thread
 static_assert(MAX_GS <= THREADS / 32, "attention: one warp per q head of the group for the softmax");
-// shared-memory layout (bytes): q (bf16) | scores / p (f32, MAX_GS x ATT_KP) | m, l, corr (f32, MAX_GS each, in
-// 128 bytes) | page table (s64, ATT_MAX_PAGES) | K rows 2 x ATT_KP x (D + 8) (bf16) | V rows 2 x ATT_KP x D (bf16)
+// shared-memory layout (bytes): q (bf16) | scores / p (f32, MAX_GS x ATT_KP; CUDA-core pass) | m, l, corr (f32,
+// MAX_GS each, in 128 bytes) | page table (s64, ATT_MAX_PAGES) | K rows 2 x ATT_KP x (D + 8) (bf16) | V rows
+// 2 x ATT_KP x (D + 8) (bf16; padded so the Tensor Core pass's V loads, lanes = (d, key pair), hit distinct banks).
+// The Tensor Core pass's end merge reuses the K buffers: output (f32, warps x MAX_GS x D), then max and sum.
 constexpr int ATT_OFF_SP = MAX_GS * MAX_HEAD_DIM * 2;
 constexpr int ATT_OFF_ST = ATT_OFF_SP + MAX_GS * ATT_KP * 4;
 constexpr int ATT_OFF_PAGES = ATT_OFF_ST + 128;
 constexpr int ATT_OFF_K = ATT_OFF_PAGES + ATT_MAX_PAGES * 8;
 static_assert(3 * MAX_GS * 4 <= 128 && ATT_OFF_K % 16 == 0, "attention shared-memory layout");
 static_assert(2 * THREADS <= MAX_GS * ATT_KP && ATT_KP % 32 == 0, "attention: key-group sums fit in the score buffer; whole warps of keys");
+static_assert(ATT_KP == 16 * (THREADS / 32) && MAX_GS <= 8, "attention (Tensor Cores): 16 keys of a pass per warp, <= 8 heads");
 
 // The chunk: part / lse of chunk s of group (b, g).
 __device__ inline void attn_partial_chunk(const Ctx& c) {
@@ -43,12 +52,10 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   MPK_STAMP(0);
   char* sm = reinterpret_cast<char*>(dyn_smem());
   bf16* qs = reinterpret_cast<bf16*>(sm);
-  float* sp = reinterpret_cast<float*>(sm + ATT_OFF_SP);
   float* s_m = reinterpret_cast<float*>(sm + ATT_OFF_ST);
   float* s_l = s_m + MAX_GS;
-  float* s_c = s_l + MAX_GS;
   int64_t* pages = reinterpret_cast<int64_t*>(sm + ATT_OFF_PAGES);
-  const int KST = D + 8, CPR = D >> 3;   // bf16 per K row in shared memory (padded: lanes = keys hit distinct banks)
+  const int KST = D + 8, CPR = D >> 3;   // bf16 per K / V row in shared memory (padded: fewer bank conflicts)
   bf16* ks = reinterpret_cast<bf16*>(sm + ATT_OFF_K);
   bf16* vs = ks + 2 * ATT_KP * KST;
   // q, the page table and the position in flight together
@@ -80,7 +87,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   auto issue = [&](int j0, int bf) {   // consecutive threads take consecutive 16-byte pieces of the rows
     const int n = min(ATT_KP, hi - j0);
     bf16* kb = ks + bf * ATT_KP * KST;
-    bf16* vb = vs + bf * ATT_KP * D;
+    bf16* vb = vs + bf * ATT_KP * KST;
 #pragma unroll 1
     for (int i = tid; i < n * CPR; i += THREADS) {
       const int u = cpow ? i >> cs : i / CPR, e = i - u * CPR;
@@ -88,13 +95,16 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
       const int64_t src = ((page * ps + (j - pg * psi)) * n_kv + g) * D + e * 8;
       cp_async16(kb + u * KST + e * 8, kc + src, true);
-      cp_async16(vb + u * D + e * 8, vc + src, true);
+      cp_async16(vb + u * KST + e * 8, vc + src, true);
     }
     cp_async_commit();
   };
   const int passes = (hi - lo + ATT_KP - 1) / ATT_KP;
   issue(lo, 0);
   if (passes > 1) issue(lo + ATT_KP, 1);
+#if MPK_ATT_CC
+  float* sp = reinterpret_cast<float*>(sm + ATT_OFF_SP);
+  float* s_c = s_l + MAX_GS;
   const int DP = D >> 1, PVN = gs * DP;   // P.V outputs: (head, pair of d)
   // with fewer outputs than threads, the idle threads take keys too: kg key groups (every kg-th key), summed once
   // at the end
@@ -109,7 +119,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     const int j0 = lo + p * ATT_KP;
     const int n = min(ATT_KP, hi - j0);
     const bf16* kb = ks + (p & 1) * ATT_KP * KST;
-    const bf16* vb = vs + (p & 1) * ATT_KP * D;
+    const bf16* vb = vs + (p & 1) * ATT_KP * KST;
     if (p + 1 < passes) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
     __syncthreads();
     if (p == 0) MPK_STAMP(2);
@@ -176,11 +186,11 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         const float cr = s_c[h];
         float a0 = acc[r][0] * cr, a1 = acc[r][1] * cr;
         const float* pp = sp + h * ATT_KP;
-        const bf16* vp = vb + 2 * (o - h * DP);
+        const bf16* vp = vb + 2 * (o - h * DP);   // key u's pair at vp + u * KST
 #pragma unroll 8
         for (int u = kgrp; u < n; u += kg) {
           const float pu = pp[u];
-          const uint32_t v2 = *reinterpret_cast<const uint32_t*>(vp + u * D);
+          const uint32_t v2 = *reinterpret_cast<const uint32_t*>(vp + u * KST);
           a0 = fmaf(pu, bf16_lo(v2), a0);
           a1 = fmaf(pu, bf16_hi(v2), a1);
         }
@@ -216,6 +226,120 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     }
   }
   if (tid < gs) lse[(m0 * nq + g * gs + tid) * S + s] = s_m[tid] + logf(s_l[tid]);
+#else
+  // Tensor Core pass (see the file comment). Thread (g8, t4) = (lane / 4, lane % 4) of warp w.
+  const int g8 = lane >> 2, t4 = lane & 3, kw = 16 * warp;
+  constexpr int QR = MAX_HEAD_DIM / 32, MT = MAX_HEAD_DIM / 16;   // 32-wide d rounds of scores, 16-wide d tiles of o
+  float o[MT][4];   // O^T: d = 16 mt + g8 (+ 8), heads 2 t4, 2 t4 + 1; unnormalised, relative to the head's m_run
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+  float m_run = -INFINITY, l_run = 0.f;   // this warp's running max / sum of head g8 (same in the 4 lanes of g8)
+#pragma unroll 1
+  for (int p = 0; p < passes; ++p) {
+    const int j0 = lo + p * ATT_KP;
+    const int n = min(ATT_KP, hi - j0);
+    const bf16* kb = ks + (p & 1) * ATT_KP * KST;
+    const bf16* vb = vs + (p & 1) * ATT_KP * KST;
+    if (p + 1 < passes) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
+    __syncthreads();
+    if (p == 0) MPK_STAMP(2);
+    if (kw < n) {   // warp-uniform: key kw is in the pass, so every head's max below is finite
+      // n-tile nt: sc[nt][0 / 1] = S[head g8][key kw + 8 nt + 2 t4 + 0 / 1] (sc[nt][2, 3]: padding rows)
+      float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      const bf16* kr = kb + (kw + g8) * KST;   // rows past n hold stale data: their scores are masked
+#pragma unroll
+      for (int r = 0; r < QR; ++r) {
+        const int d = 32 * r + 8 * t4;
+        if (32 * r < D) {   // q head g8, d .. d + 7 (zero past the group's heads and past D), from shared memory
+          const bool in = d < D;
+          const uint4 qv = in && g8 < gs ? *reinterpret_cast<const uint4*>(qs + g8 * D + d) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const uint4 kv = in ? *reinterpret_cast<const uint4*>(kr + 8 * nt * KST + d) : make_uint4(0u, 0u, 0u, 0u);
+            mma_bf16_16816(sc[nt], qv.x, 0u, qv.y, 0u, kv.x, kv.y);
+            mma_bf16_16816(sc[nt], qv.z, 0u, qv.w, 0u, kv.z, kv.w);
+          }
+        }
+      }
+      float v[4], mx = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kw + 8 * (e >> 1) + 2 * t4 + (e & 1);
+        v[e] = key < n ? sc[e >> 1][e & 1] * scale : -INFINITY;
+        mx = fmaxf(mx, v[e]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mn = fmaxf(m_run, mx), corr = expf(m_run - mn);   // corr 0 on the warp's first keys
+      float sum = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) { v[e] = expf(v[e] - mn); sum += v[e]; }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      l_run = l_run * corr + sum;
+      m_run = mn;
+      const float ca = __shfl_sync(0xffffffffu, corr, 8 * t4), cb = __shfl_sync(0xffffffffu, corr, 8 * t4 + 4);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) { o[mt][0] *= ca; o[mt][1] *= cb; o[mt][2] *= ca; o[mt][3] *= cb; }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int r0 = kw + 8 * nt + 2 * t4;   // k = t4 <-> key r0, k = t4 + 4 <-> key r0 + 1
+        const bool ok0 = r0 < n, ok1 = r0 + 1 < n;   // past n: stale rows read as 0 (0 * NaN would poison o)
+        const uint32_t b0 = tf32_rn(v[2 * nt]), b1 = tf32_rn(v[2 * nt + 1]);
+        const unsigned short* v0 = reinterpret_cast<const unsigned short*>(vb + r0 * KST);
+        const unsigned short* v1 = v0 + KST;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const int d = 16 * mt + g8;
+          if (16 * mt < D) {   // bf16 -> fp32 bits is exact, and a valid tf32 operand
+            const uint32_t a0 = ok0 && d < D ? (uint32_t)v0[d] << 16 : 0u;
+            const uint32_t a1 = ok0 && d + 8 < D ? (uint32_t)v0[d + 8] << 16 : 0u;
+            const uint32_t a2 = ok1 && d < D ? (uint32_t)v1[d] << 16 : 0u;
+            const uint32_t a3 = ok1 && d + 8 < D ? (uint32_t)v1[d + 8] << 16 : 0u;
+            mma_tf32_1688(o[mt], a0, a1, a2, a3, b0, b1);
+          }
+        }
+      }
+    }
+    __syncthreads();   // buffer p & 1 is free again
+    if (p + 2 < passes) issue(j0 + 2 * ATT_KP, p & 1);
+  }
+  MPK_STAMP(3);
+  // merge the warps: out = sum_w o_w exp(m_w - M) / sum_w l_w exp(m_w - M) (warps that saw no key: m_w = -inf,
+  // weight 0); through the K buffers, free after the loop's last barrier
+  constexpr int NW = THREADS / 32;
+  float* so = reinterpret_cast<float*>(ks);   // [warp][MAX_GS][D]
+  float* sm_m = so + NW * MAX_GS * D;
+  float* sm_l = sm_m + NW * MAX_GS;
+  if (t4 == 0 && g8 < gs) { sm_m[warp * MAX_GS + g8] = m_run; sm_l[warp * MAX_GS + g8] = l_run; }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int d = 16 * mt + g8, h0 = 2 * t4;
+    float* w0 = so + (warp * MAX_GS + h0) * D;
+    if (h0 < gs && d < D) w0[d] = o[mt][0];
+    if (h0 < gs && d + 8 < D) w0[d + 8] = o[mt][2];
+    if (h0 + 1 < gs && d < D) w0[D + d] = o[mt][1];
+    if (h0 + 1 < gs && d + 8 < D) w0[D + d + 8] = o[mt][3];
+  }
+  __syncthreads();
+#pragma unroll 1
+  for (int i = tid; i < gs * D; i += THREADS) {
+    const int h = i / D, d = i - h * D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_m[w * MAX_GS + h]);
+    float l = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float wt = expf(sm_m[w * MAX_GS + h] - M);
+      l += sm_l[w * MAX_GS + h] * wt;
+      acc += so[(w * MAX_GS + h) * D + d] * wt;
+    }
+    const int64_t hq = m0 * nq + g * gs + h;
+    part[(hq * S + s) * D + d] = acc / fmaxf(l, 1e-30f);
+    if (d == 0) lse[hq * S + s] = M + logf(l);
+  }
+#endif
   MPK_STAMP(4);
 }
 

@@ -160,13 +160,6 @@ __device__ inline void linear_core(const bf16* xs, int M, int K, const bf16* w0,
 // order through `red` (deterministic).
 // kslices = 1 fixes wk = 1: one fp32 chain over each K segment, whatever the tile width (tp_invariant graphs,
 // whose TP=1 and TP=R tiles differ in width, need it for bit-identical sums; other fixed counts cost registers).
-__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // k-slices per unit (codegen/layout.py tc_kslices mirrors this rule; keep them equal). kslices 1: wk = 1. Auto
 // (kslices 0): one weight: the largest power of two with wk * ntn <= nwarps (v17). Two weights: the smallest power

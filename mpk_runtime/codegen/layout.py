@@ -169,10 +169,10 @@ def cc_xrows(M: int) -> int:
 def att_smem_bytes(D: int, C: dict | None = None) -> int:
     """Shared memory of an attn_partial task with head dim D (device_kernels/ops/attention.cuh layout): q (bf16,
     MAX_GS x MAX_HEAD_DIM), scores (f32, MAX_GS x ATT_KP), 128 bytes of per-head state, the page table (s64,
-    ATT_MAX_PAGES), then two buffers of ATT_KP K rows (padded to D + 8) and ATT_KP V rows (bf16)."""
+    ATT_MAX_PAGES), then two buffers of ATT_KP K rows and ATT_KP V rows (bf16, both padded to D + 8)."""
     C = C or CONSTANTS
     head = C["MAX_GS"] * C["MAX_HEAD_DIM"] * 2 + C["MAX_GS"] * C["ATT_KP"] * 4 + 128 + C["ATT_MAX_PAGES"] * 8
-    return head + 2 * C["ATT_KP"] * (D + 8) * 2 + 2 * C["ATT_KP"] * D * 2
+    return head + 2 * 2 * C["ATT_KP"] * (D + 8) * 2
 
 # --- linear tile geometry (device_kernels/ops/linear.cuh): the packer (runtime/packer.py) and the planner's
 # simulator (planner/simulate.py) both call linear_geometry, so the rows per pass are defined once ------------

@@ -88,7 +88,7 @@ def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -
         kv += t["attn_kv_us"]
         coll += t["coll"]
         if t["stream_us"] or t["tc_us"]:
-            key = (round(t["stream_us"], 4), round(t["tc_us"], 4))
+            key = (round(t["stream_us"], 7), round(t["tc_us"], 7))
             pairs[key] = pairs.get(key, 0) + 1
     return {"kind": "conventional", "fixed_us": fixed, "attn_kv_us": kv, "n_coll": coll,
             "st": [[s, t, c] for (s, t), c in sorted(pairs.items())]}

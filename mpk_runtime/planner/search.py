@@ -5,6 +5,7 @@ Candidates (cut points at op boundaries, in families):
   megaK          K megakernels of consecutive layers (K = 2, 3, 4)
   per-layer      one megakernel per decoder layer
   attn-conv      attention as conventional kernels, everything between as megakernels
+  attn-mk        the reverse: attention as megakernels (paged KV read in place), everything between conventional
   conventional   every op as conventional kernels (torch ops in a CUDA graph)
 The best predicted plan is chosen; the others are kept (sorted) for validation.
 """
@@ -20,7 +21,7 @@ from .cost import SegmentCoster, conventional_features, conventional_us
 from .plan import Plan, Segment
 from .profile import HardwareProfile
 
-ALL_FAMILIES = ("mono", "mono-w2", "mega2", "mega3", "mega4", "per-layer", "attn-conv", "conventional")
+ALL_FAMILIES = ("mono", "mono-w2", "mega2", "mega3", "mega4", "per-layer", "attn-conv", "attn-mk", "conventional")
 BAND = 0.12  # relative uncertainty until validate_planner.py has measured the model's error
 
 
@@ -102,15 +103,17 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate) -> list[Pl
             plans.append(mk(f"mega{k}", parts, base))
     if "per-layer" in fams and len(groups) > 4:
         plans.append(mk("per-layer", [("megakernel", grp) for grp in groups], base))
-    if "attn-conv" in fams:
-        parts: list[tuple[str, list[str]]] = []
-        for n in all_ops:
-            kind = "conventional" if n.endswith(".attention") else "megakernel"
-            if parts and parts[-1][0] == kind:
-                parts[-1][1].append(n)
-            else:
-                parts.append((kind, [n]))
-        plans.append(mk("attn-conv", parts, base))
+    for name, attn_kind, other in (("attn-conv", "conventional", "megakernel"),
+                                   ("attn-mk", "megakernel", "conventional")):
+        if name in fams:
+            parts: list[tuple[str, list[str]]] = []
+            for n in all_ops:
+                kind = attn_kind if n.endswith(".attention") else other
+                if parts and parts[-1][0] == kind:
+                    parts[-1][1].append(n)
+                else:
+                    parts.append((kind, [n]))
+            plans.append(mk(name, parts, base))
     if "conventional" in fams:
         plans.append(mk("conventional", [("conventional", all_ops)], base))
     plans.sort(key=lambda p: p.predicted_us)

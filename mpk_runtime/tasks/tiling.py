@@ -23,9 +23,9 @@ class Tiling:
     l2_prefetch_mb: float = 0.0   # per layer: weight bytes of o_proj / gate_up pulled into L2 during attention by
     #                               weight_prefetch tasks (tasks/ops/prefetch.py); 0 = none (not yet GPU-measured)
     # attention: the last attn_partial of each (sequence, KV group) to finish merges the group (a ticket counter
-    # decides which), instead of a separate attn_merge task: one dependent phase fewer per layer. Default
-    # $MPK_ATTN_FOLD ("1" = on).
-    attn_fold_merge: bool = field(default_factory=lambda: env_flag("MPK_ATTN_FOLD"))
+    # decides which), instead of a separate attn_merge task: one dependent phase fewer per layer. On unless
+    # $MPK_ATTN_FOLD=0 (measured session 12: B=1 -0.6% both models, B=8 within noise; docs/perf-notes.md v23).
+    attn_fold_merge: bool = field(default_factory=lambda: env_flag("MPK_ATTN_FOLD", default=True))
 
     def linear_n(self, graph, op, N: int) -> int:
         if self.linear_cols:

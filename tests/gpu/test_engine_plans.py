@@ -22,7 +22,7 @@ def _script():
     return m
 
 
-@pytest.mark.parametrize("family", ["mono", "mega2", "attn-conv", "conventional"])
+@pytest.mark.parametrize("family", ["mono", "mega2", "attn-conv", "attn-mk", "conventional"])
 def test_plan_families_match_reference(family):
     from mpk_runtime.models.config import load_config
     from mpk_runtime.planner import plan_book

@@ -68,6 +68,8 @@ def test_the_fold_switch_takes_0_or_1_and_says_so_otherwise(monkeypatch):
     assert Tiling().attn_fold_merge
     monkeypatch.setenv("MPK_ATTN_FOLD", "0")
     assert not Tiling().attn_fold_merge
+    monkeypatch.delenv("MPK_ATTN_FOLD")
+    assert Tiling().attn_fold_merge            # on by default since session 12
     monkeypatch.setenv("MPK_ATTN_FOLD", "yes")
     with pytest.raises(ValueError, match="MPK_ATTN_FOLD='yes': expected 1"):
         Tiling()

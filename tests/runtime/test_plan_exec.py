@@ -16,7 +16,7 @@ def test_all_candidate_plans_match_reference(tp):
     cfg = PRESETS["tiny-qwen3"]
     grp, lens, tables, ref_logits, toks = setup(cfg, tp, 4)
     plans = candidates(cfg.replace(dtype="float32"), tp=tp, batch=4, context=16)
-    assert {"mono", "mega2", "mega3", "attn-conv", "conventional"} <= {p.name for p in plans}
+    assert {"mono", "mega2", "mega3", "attn-conv", "attn-mk", "conventional"} <= {p.name for p in plans}
     graphs = grp.graphs("decode", 4, 1)
     for plan in plans:
         plan = Plan.from_json(plan.to_json())  # plans travel as JSON (controller -> workers)
