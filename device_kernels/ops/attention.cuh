@@ -8,7 +8,9 @@
 // (max, sum, output) are merged once at the end through shared memory. Scores S = Q K^T by mma m16n8k16 (rows: the
 // group's q heads, padded to 16; columns: 8 keys; the d order inside an mma permuted alike in both operands, as the
 // linear tiles do), P.V as O^T = V^T P^T by mma m16n8k8 tf32 (rows: 16 d, columns: the 8 heads, k: 8 keys), the
-// thread's own probabilities feeding the B operand directly (its score columns 2t, 2t+1 become k = t, t + 4).
+// thread's own probabilities feeding the B operand directly (its score columns 2t, 2t+1 become k = t, t + 4), each
+// probability split into two tf32 parts (hi + lo, two mma's: ~fp32 accuracy). K/V passes in NB = 2 or 3 buffers
+// (the record's `stages`: 3 for long chunks, so two passes fly while one computes).
 // -DMPK_ATT_CC=1 builds the v19c CUDA-core pass instead (one thread per (head, key) score, one warp per head's
 // softmax, one thread per (head, d pair) P.V; three barriers per pass), kept for the session-12 A/B.
 // Keep in sync: codegen/layout.py att_smem_bytes (the packer sizes the shared memory with it).
@@ -22,7 +24,8 @@ constexpr int ATT_PV = (MAX_GS * MAX_HEAD_DIM / 2 + THREADS - 1) / THREADS;   //
 static_assert(MAX_GS <= THREADS / 32, "attention: one warp per q head of the group for the softmax");
 // shared-memory layout (bytes): q (bf16) | scores / p (f32, MAX_GS x ATT_KP; CUDA-core pass) | m, l, corr (f32,
 // MAX_GS each, in 128 bytes) | page table (s64, ATT_MAX_PAGES) | K rows 2 x ATT_KP x (D + 8) (bf16) | V rows
-// 2 x ATT_KP x (D + 8) (bf16; padded so the Tensor Core pass's V loads, lanes = (d, key pair), hit distinct banks).
+// NB x ATT_KP x (D + 8) (bf16; padded so the Tensor Core pass's V loads, lanes = (d, key pair), hit distinct banks);
+// the K rows are NB x ATT_KP x (D + 8) too.
 // The Tensor Core pass's end merge reuses the K buffers: output (f32, warps x MAX_GS x D), then max and sum.
 constexpr int ATT_OFF_SP = MAX_GS * MAX_HEAD_DIM * 2;
 constexpr int ATT_OFF_ST = ATT_OFF_SP + MAX_GS * ATT_KP * 4;
@@ -56,8 +59,9 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   float* s_l = s_m + MAX_GS;
   int64_t* pages = reinterpret_cast<int64_t*>(sm + ATT_OFF_PAGES);
   const int KST = D + 8, CPR = D >> 3;   // bf16 per K / V row in shared memory (padded: fewer bank conflicts)
+  const int NB = (int)a[A_ATTN_PARTIAL_STAGES];   // K/V pass buffers (2 or 3: tasks/ops/attention.py attn_stages)
   bf16* ks = reinterpret_cast<bf16*>(sm + ATT_OFF_K);
-  bf16* vs = ks + 2 * ATT_KP * KST;
+  bf16* vs = ks + NB * ATT_KP * KST;
   // q, the page table and the position in flight together
   const bf16* qg = q + (m0 * nq + (int64_t)g * gs) * D;
   for (int i = tid; i < gs * CPR; i += THREADS) cp_async16(qs + i * 8, qg + i * 8, true);
@@ -80,7 +84,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   cp_async_wait_all();
   __syncthreads();
   MPK_STAMP(1);
-  // pass p's K and V rows (keys j0 .. j0 + n - 1) into buffer p & 1
+  // pass p's K and V rows (keys j0 .. j0 + n - 1) into buffer p % NB
   const int psi = (int)ps;
   const bool cpow = (CPR & (CPR - 1)) == 0, ppow = (psi & (psi - 1)) == 0;   // shifts instead of divisions
   const int cs = __ffs(CPR) - 1, pss = __ffs(psi) - 1;
@@ -100,8 +104,12 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     cp_async_commit();
   };
   const int passes = (hi - lo + ATT_KP - 1) / ATT_KP;
-  issue(lo, 0);
-  if (passes > 1) issue(lo + ATT_KP, 1);
+  for (int i = 0; i < NB && i < passes; ++i) issue(lo + i * ATT_KP, i);   // passes NB - 1 ahead of the compute
+  // pass p's group complete: the groups issued after it (min(passes, p + NB) issued so far) may still fly
+  auto wait_pass = [&](int p) {
+    const int after = min(passes - p - 1, NB - 1);
+    if (after >= 2) cp_async_wait_group<2>(); else if (after == 1) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
+  };
 #if MPK_ATT_CC
   float* sp = reinterpret_cast<float*>(sm + ATT_OFF_SP);
   float* s_c = s_l + MAX_GS;
@@ -118,9 +126,10 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   for (int p = 0; p < passes; ++p) {
     const int j0 = lo + p * ATT_KP;
     const int n = min(ATT_KP, hi - j0);
-    const bf16* kb = ks + (p & 1) * ATT_KP * KST;
-    const bf16* vb = vs + (p & 1) * ATT_KP * KST;
-    if (p + 1 < passes) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
+    const int buf = p % NB;
+    const bf16* kb = ks + buf * ATT_KP * KST;
+    const bf16* vb = vs + buf * ATT_KP * KST;
+    wait_pass(p);
     __syncthreads();
     if (p == 0) MPK_STAMP(2);
     // scores: thread = (head, key), keys fastest (a warp reads 32 K rows, q broadcast)
@@ -199,9 +208,9 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       }
     }
     if (p == 0) MPK_STAMP(7);   // thread 0's P.V of pass 0
-    __syncthreads();   // buffer p & 1 and the p values are free again
+    __syncthreads();   // buffer p % NB and the p values are free again
     if (p == 0) MPK_STAMP(8);   // every thread's P.V of pass 0
-    if (p + 2 < passes) issue(j0 + 2 * ATT_KP, p & 1);
+    if (p + NB < passes) issue(j0 + NB * ATT_KP, buf);
   }
   MPK_STAMP(3);
   if (kg > 1) {   // key groups 1 .. kg-1 hand their sums to group 0 (through the free score buffer), added in order
@@ -238,9 +247,10 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   for (int p = 0; p < passes; ++p) {
     const int j0 = lo + p * ATT_KP;
     const int n = min(ATT_KP, hi - j0);
-    const bf16* kb = ks + (p & 1) * ATT_KP * KST;
-    const bf16* vb = vs + (p & 1) * ATT_KP * KST;
-    if (p + 1 < passes) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
+    const int buf = p % NB;
+    const bf16* kb = ks + buf * ATT_KP * KST;
+    const bf16* vb = vs + buf * ATT_KP * KST;
+    wait_pass(p);
     __syncthreads();
     if (p == 0) MPK_STAMP(2);
     if (kw < n) {   // warp-uniform: key kw is in the pass, so every head's max below is finite
@@ -285,7 +295,9 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       for (int nt = 0; nt < 2; ++nt) {
         const int r0 = kw + 8 * nt + 2 * t4;   // k = t4 <-> key r0, k = t4 + 4 <-> key r0 + 1
         const bool ok0 = r0 < n, ok1 = r0 + 1 < n;   // past n: stale rows read as 0 (0 * NaN would poison o)
+        // p = hi + lo, both tf32: two mma's give P.V at about fp32 accuracy (V is exact in tf32)
         const uint32_t b0 = tf32_rn(v[2 * nt]), b1 = tf32_rn(v[2 * nt + 1]);
+        const uint32_t l0 = tf32_rn(v[2 * nt] - __uint_as_float(b0)), l1 = tf32_rn(v[2 * nt + 1] - __uint_as_float(b1));
         const unsigned short* v0 = reinterpret_cast<const unsigned short*>(vb + r0 * KST);
         const unsigned short* v1 = v0 + KST;
 #pragma unroll
@@ -296,13 +308,14 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
             const uint32_t a1 = ok0 && d + 8 < D ? (uint32_t)v0[d + 8] << 16 : 0u;
             const uint32_t a2 = ok1 && d < D ? (uint32_t)v1[d] << 16 : 0u;
             const uint32_t a3 = ok1 && d + 8 < D ? (uint32_t)v1[d + 8] << 16 : 0u;
+            mma_tf32_1688(o[mt], a0, a1, a2, a3, l0, l1);
             mma_tf32_1688(o[mt], a0, a1, a2, a3, b0, b1);
           }
         }
       }
     }
-    __syncthreads();   // buffer p & 1 is free again
-    if (p + 2 < passes) issue(j0 + 2 * ATT_KP, p & 1);
+    __syncthreads();   // buffer p % NB is free again
+    if (p + NB < passes) issue(j0 + NB * ATT_KP, buf);
   }
   MPK_STAMP(3);
   // merge the warps: out = sum_w o_w exp(m_w - M) / sum_w l_w exp(m_w - M) (warps that saw no key: m_w = -inf,

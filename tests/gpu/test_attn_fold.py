@@ -18,7 +18,8 @@ pytestmark = [pytest.mark.gpu,
 def test_folded_merge_is_bitwise_the_separate_merge(model, batch, gpu_check):
     from mpk_runtime.tasks.tiling import Tiling
     n = torch.cuda.get_device_properties(0).multi_processor_count
-    ref = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, splits=4, tiling=Tiling(num_sms=n))
+    ref = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, splits=4,
+                        tiling=Tiling(num_sms=n, attn_fold_merge=False))
     fold = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, splits=4,
                          tiling=Tiling(num_sms=n, attn_fold_merge=True), build=ref.mk.build)
     assert not any(t.kind == "attn_merge" for t in fold.tg.tasks)
