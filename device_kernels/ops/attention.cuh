@@ -253,6 +253,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     wait_pass(p);
     __syncthreads();
     if (p == 0) MPK_STAMP(2);
+    if (p == 1) MPK_STAMP(5);   // (diagnostic stamps 5-10: pass 1, the steady state)
     if (kw < n) {   // warp-uniform: key kw is in the pass, so every head's max below is finite
       // n-tile nt: sc[nt][0 / 1] = S[head g8][key kw + 8 nt + 2 t4 + 0 / 1] (sc[nt][2, 3]: padding rows)
       float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -291,13 +292,16 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       const float ca = __shfl_sync(0xffffffffu, corr, 8 * t4), cb = __shfl_sync(0xffffffffu, corr, 8 * t4 + 4);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) { o[mt][0] *= ca; o[mt][1] *= cb; o[mt][2] *= ca; o[mt][3] *= cb; }
+      if (p == 1) MPK_STAMP(7);   // scores, softmax and rescale
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int r0 = kw + 8 * nt + 2 * t4;   // k = t4 <-> key r0, k = t4 + 4 <-> key r0 + 1
         const bool ok0 = r0 < n, ok1 = r0 + 1 < n;   // past n: stale rows read as 0 (0 * NaN would poison o)
         // p = hi + lo, both tf32: two mma's give P.V at about fp32 accuracy (V is exact in tf32)
         const uint32_t b0 = tf32_rn(v[2 * nt]), b1 = tf32_rn(v[2 * nt + 1]);
+#if !MPK_ATT_PV1   // (experiment: -DMPK_ATT_PV1=1 keeps one tf32 part)
         const uint32_t l0 = tf32_rn(v[2 * nt] - __uint_as_float(b0)), l1 = tf32_rn(v[2 * nt + 1] - __uint_as_float(b1));
+#endif
         const unsigned short* v0 = reinterpret_cast<const unsigned short*>(vb + r0 * KST);
         const unsigned short* v1 = v0 + KST;
 #pragma unroll
@@ -308,14 +312,19 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
             const uint32_t a1 = ok0 && d + 8 < D ? (uint32_t)v0[d + 8] << 16 : 0u;
             const uint32_t a2 = ok1 && d < D ? (uint32_t)v1[d] << 16 : 0u;
             const uint32_t a3 = ok1 && d + 8 < D ? (uint32_t)v1[d + 8] << 16 : 0u;
+#if !MPK_ATT_PV1
             mma_tf32_1688(o[mt], a0, a1, a2, a3, l0, l1);
+#endif
             mma_tf32_1688(o[mt], a0, a1, a2, a3, b0, b1);
           }
         }
       }
     }
+    if (p == 1) MPK_STAMP(8);   // thread 0's P.V
     __syncthreads();   // buffer p % NB is free again
     if (p + NB < passes) issue(j0 + NB * ATT_KP, buf);
+    if (p == 0) MPK_STAMP(10);   // pass 0 done, pass 2's copies issued
+    if (p == 1) MPK_STAMP(9);
   }
   MPK_STAMP(3);
   // merge the warps: out = sum_w o_w exp(m_w - M) / sum_w l_w exp(m_w - M) (warps that saw no key: m_w = -inf,
