@@ -141,8 +141,8 @@ def check_correct(model, B, steps, res, splits=2):
 def check_long_context(model, B, ctx, splits, res, seed=3, tiling=None):
     """One decode step over a long cached context (the same random K/V pages on the GPU and in the CPU twin),
     sequences of different lengths (ctx - 37 b): attention's multi-pass path (more than ATT_KP keys per split,
-    copies in 2 or 3 pass buffers: tiling.attn_stages) against pyvm. The result's "_logits" (not logged) are the
-    megakernel's."""
+    double-buffered copies) against pyvm; `tiling` for the megakernel's task graph. The result's "_logits" (not
+    logged) are the megakernel's."""
     rig = Rig(model, B, max_seq=ctx + 16, splits=splits, tiling=tiling)
     g = torch.Generator().manual_seed(seed)
     gk, ck = rig.mem.kvstore, rig.ref.kv[0]

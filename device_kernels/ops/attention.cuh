@@ -3,16 +3,14 @@
 // rows are copied into shared memory (cp.async, double-buffered: the next pass's rows fly while this one
 // computes). q, the sequence's page table and its position are fetched together, so the first K/V copy is one
 // round trip after the task starts.
-// v24 (default), Tensor Cores: warp w owns keys [16 w, 16 w + 16) of every pass and keeps its own online softmax
-// (running max and sum per head) and output, so a pass has no barrier between scores, softmax and P.V; the 8 warps'
-// (max, sum, output) are merged once at the end through shared memory. Scores S = Q K^T by mma m16n8k16 (rows: the
+// Tensor Cores (v24): warp w owns keys [16 w, 16 w + 16) of every pass and keeps its own online softmax (running
+// max and sum per head) and output, so a pass has no barrier between scores, softmax and P.V; the 8 warps' (max,
+// sum, output) are merged once at the end through shared memory. Scores S = Q K^T by mma m16n8k16 (rows: the
 // group's q heads, padded to 16; columns: 8 keys; the d order inside an mma permuted alike in both operands, as the
 // linear tiles do), P.V as O^T = V^T P^T by mma m16n8k8 tf32 (rows: 16 d, columns: the 8 heads, k: 8 keys), the
 // thread's own probabilities feeding the B operand directly (its score columns 2t, 2t+1 become k = t, t + 4), each
-// probability split into two tf32 parts (hi + lo, two mma's: ~fp32 accuracy). K/V passes in NB = 2 or 3 buffers
-// (the record's `stages`: 3 for long chunks, so two passes fly while one computes).
-// -DMPK_ATT_CC=1 builds the v19c CUDA-core pass instead (one thread per (head, key) score, one warp per head's
-// softmax, one thread per (head, d pair) P.V; three barriers per pass), kept for the session-12 A/B.
+// probability split into two tf32 parts (hi + lo, two mma's: P.V at about fp32 accuracy; one part measured 1-2%
+// faster at long contexts but 3-10x further from pyvm on the tiny configs, docs/perf-notes.md v24).
 // Keep in sync: codegen/layout.py att_smem_bytes (the packer sizes the shared memory with it).
 #pragma once
 #include "../common.cuh"
@@ -20,20 +18,13 @@
 namespace mpk {
 
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)
-constexpr int ATT_PV = (MAX_GS * MAX_HEAD_DIM / 2 + THREADS - 1) / THREADS;   // (head, d pair) outputs per thread
-static_assert(MAX_GS <= THREADS / 32, "attention: one warp per q head of the group for the softmax");
-// shared-memory layout (bytes): q (bf16) | scores / p (f32, MAX_GS x ATT_KP; CUDA-core pass) | m, l, corr (f32,
-// MAX_GS each, in 128 bytes) | page table (s64, ATT_MAX_PAGES) | K rows 2 x ATT_KP x (D + 8) (bf16) | V rows
-// NB x ATT_KP x (D + 8) (bf16; padded so the Tensor Core pass's V loads, lanes = (d, key pair), hit distinct banks);
-// the K rows are NB x ATT_KP x (D + 8) too.
-// The Tensor Core pass's end merge reuses the K buffers: output (f32, warps x MAX_GS x D), then max and sum.
-constexpr int ATT_OFF_SP = MAX_GS * MAX_HEAD_DIM * 2;
-constexpr int ATT_OFF_ST = ATT_OFF_SP + MAX_GS * ATT_KP * 4;
-constexpr int ATT_OFF_PAGES = ATT_OFF_ST + 128;
+// shared-memory layout (bytes): q (bf16, MAX_GS x MAX_HEAD_DIM) | page table (s64, ATT_MAX_PAGES) | K rows
+// 2 x ATT_KP x (D + 8) | V rows 2 x ATT_KP x (D + 8) (bf16; padded: the V loads, lanes = (d, key pair), hit distinct
+// banks). The end merge reuses the K buffers: outputs (f32, warps x MAX_GS x D), then maxima and sums.
+constexpr int ATT_OFF_PAGES = MAX_GS * MAX_HEAD_DIM * 2;
 constexpr int ATT_OFF_K = ATT_OFF_PAGES + ATT_MAX_PAGES * 8;
-static_assert(3 * MAX_GS * 4 <= 128 && ATT_OFF_K % 16 == 0, "attention shared-memory layout");
-static_assert(2 * THREADS <= MAX_GS * ATT_KP && ATT_KP % 32 == 0, "attention: key-group sums fit in the score buffer; whole warps of keys");
-static_assert(ATT_KP == 16 * (THREADS / 32) && MAX_GS <= 8, "attention (Tensor Cores): 16 keys of a pass per warp, <= 8 heads");
+static_assert(ATT_OFF_PAGES % 16 == 0 && ATT_OFF_K % 16 == 0, "attention shared-memory layout");
+static_assert(ATT_KP == 16 * (THREADS / 32) && MAX_GS <= 8, "attention: 16 keys of a pass per warp, <= 8 q heads");
 
 // The chunk: part / lse of chunk s of group (b, g).
 __device__ inline void attn_partial_chunk(const Ctx& c) {
@@ -55,13 +46,10 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   MPK_STAMP(0);
   char* sm = reinterpret_cast<char*>(dyn_smem());
   bf16* qs = reinterpret_cast<bf16*>(sm);
-  float* s_m = reinterpret_cast<float*>(sm + ATT_OFF_ST);
-  float* s_l = s_m + MAX_GS;
   int64_t* pages = reinterpret_cast<int64_t*>(sm + ATT_OFF_PAGES);
   const int KST = D + 8, CPR = D >> 3;   // bf16 per K / V row in shared memory (padded: fewer bank conflicts)
-  const int NB = (int)a[A_ATTN_PARTIAL_STAGES];   // K/V pass buffers (2 or 3: tasks/ops/attention.py attn_stages)
   bf16* ks = reinterpret_cast<bf16*>(sm + ATT_OFF_K);
-  bf16* vs = ks + NB * ATT_KP * KST;
+  bf16* vs = ks + 2 * ATT_KP * KST;
   // q, the page table and the position in flight together
   const bf16* qg = q + (m0 * nq + (int64_t)g * gs) * D;
   for (int i = tid; i < gs * CPR; i += THREADS) cp_async16(qs + i * 8, qg + i * 8, true);
@@ -80,11 +68,10 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     for (int i = tid; i < gs; i += THREADS) lse[(m0 * nq + g * gs + i) * S + s] = -INFINITY;
     return;
   }
-  if (tid < MAX_GS) { s_m[tid] = -INFINITY; s_l[tid] = 0.f; }
   cp_async_wait_all();
   __syncthreads();
   MPK_STAMP(1);
-  // pass p's K and V rows (keys j0 .. j0 + n - 1) into buffer p % NB
+  // pass p's K and V rows (keys j0 .. j0 + n - 1) into buffer p & 1
   const int psi = (int)ps;
   const bool cpow = (CPR & (CPR - 1)) == 0, ppow = (psi & (psi - 1)) == 0;   // shifts instead of divisions
   const int cs = __ffs(CPR) - 1, pss = __ffs(psi) - 1;
@@ -104,138 +91,8 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     cp_async_commit();
   };
   const int passes = (hi - lo + ATT_KP - 1) / ATT_KP;
-  for (int i = 0; i < NB && i < passes; ++i) issue(lo + i * ATT_KP, i);   // passes NB - 1 ahead of the compute
-  // pass p's group complete: the groups issued after it (min(passes, p + NB) issued so far) may still fly
-  auto wait_pass = [&](int p) {
-    const int after = min(passes - p - 1, NB - 1);
-    if (after >= 2) cp_async_wait_group<2>(); else if (after == 1) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
-  };
-#if MPK_ATT_CC
-  float* sp = reinterpret_cast<float*>(sm + ATT_OFF_SP);
-  float* s_c = s_l + MAX_GS;
-  const int DP = D >> 1, PVN = gs * DP;   // P.V outputs: (head, pair of d)
-  // with fewer outputs than threads, the idle threads take keys too: kg key groups (every kg-th key), summed once
-  // at the end
-  int kg = 1;
-  while (kg * 2 * PVN <= THREADS) kg *= 2;
-  const int kgrp = tid < PVN * kg ? tid / PVN : 0;
-  float acc[ATT_PV][2];
-#pragma unroll
-  for (int r = 0; r < ATT_PV; ++r) { acc[r][0] = 0.f; acc[r][1] = 0.f; }
-#pragma unroll 1
-  for (int p = 0; p < passes; ++p) {
-    const int j0 = lo + p * ATT_KP;
-    const int n = min(ATT_KP, hi - j0);
-    const int buf = p % NB;
-    const bf16* kb = ks + buf * ATT_KP * KST;
-    const bf16* vb = vs + buf * ATT_KP * KST;
-    wait_pass(p);
-    __syncthreads();
-    if (p == 0) MPK_STAMP(2);
-    // scores: thread = (head, key), keys fastest (a warp reads 32 K rows, q broadcast)
-#pragma unroll 1
-    for (int i = tid; i < gs * n; i += THREADS) {
-      const int h = i / n, u = i - h * n;
-      const bf16* kr = kb + u * KST;
-      const bf16* qh = qs + h * D;
-      float t = 0.f;
-#pragma unroll 4
-      for (int e = 0; e < CPR; ++e) {
-        const uint4 kv = *reinterpret_cast<const uint4*>(kr + e * 8);
-        const uint4 qv = *reinterpret_cast<const uint4*>(qh + e * 8);
-        t = fmaf(bf16_lo(qv.x), bf16_lo(kv.x), t); t = fmaf(bf16_hi(qv.x), bf16_hi(kv.x), t);
-        t = fmaf(bf16_lo(qv.y), bf16_lo(kv.y), t); t = fmaf(bf16_hi(qv.y), bf16_hi(kv.y), t);
-        t = fmaf(bf16_lo(qv.z), bf16_lo(kv.z), t); t = fmaf(bf16_hi(qv.z), bf16_hi(kv.z), t);
-        t = fmaf(bf16_lo(qv.w), bf16_lo(kv.w), t); t = fmaf(bf16_hi(qv.w), bf16_hi(kv.w), t);
-      }
-      sp[h * ATT_KP + u] = t * scale;
-    }
-    __syncthreads();
-    if (p == 0) MPK_STAMP(5);   // pass 0's scores
-    // online softmax: warp h owns head h's running max and sum; p = exp(score - max) replaces the score
-    if (warp < gs) {
-      float* sh = sp + warp * ATT_KP;
-      constexpr int PL = ATT_KP / 32;   // scores per lane
-      float v[PL];
-      float mx = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < PL; ++k) {
-        v[k] = lane + 32 * k < n ? sh[lane + 32 * k] : -INFINITY;
-        mx = fmaxf(mx, v[k]);
-      }
-      mx = warp_max(mx);
-      const float mo = s_m[warp], mn = fmaxf(mo, mx);
-      float sum = 0.f;
-#pragma unroll
-      for (int k = 0; k < PL; ++k) {
-        if (lane + 32 * k < n) {
-          const float e = expf(v[k] - mn);
-          sh[lane + 32 * k] = e;
-          sum += e;
-        }
-      }
-      sum = warp_sum(sum);
-      __syncwarp();   // every lane read s_m[warp] (mo) before lane 0 overwrites it (racecheck: no warp-synchronous reliance)
-      if (lane == 0) {
-        const float cr = expf(mo - mn);   // 0 on the first pass (mo = -inf)
-        s_c[warp] = cr;
-        s_l[warp] = s_l[warp] * cr + sum;
-        s_m[warp] = mn;
-      }
-    }
-    __syncthreads();
-    if (p == 0) MPK_STAMP(6);   // pass 0's softmax
-    // P.V: thread = (head, pair of d) output [, key group], keys in order; the activity test outside the key loop
-    // (inside it, every key became its own branch region with a dependent shared-memory load)
-#pragma unroll
-    for (int r = 0; r < ATT_PV; ++r) {
-      const int idx = tid + r * THREADS;
-      if (idx < PVN * kg) {
-        const int o = idx % PVN, h = o / DP;
-        const float cr = s_c[h];
-        float a0 = acc[r][0] * cr, a1 = acc[r][1] * cr;
-        const float* pp = sp + h * ATT_KP;
-        const bf16* vp = vb + 2 * (o - h * DP);   // key u's pair at vp + u * KST
-#pragma unroll 8
-        for (int u = kgrp; u < n; u += kg) {
-          const float pu = pp[u];
-          const uint32_t v2 = *reinterpret_cast<const uint32_t*>(vp + u * KST);
-          a0 = fmaf(pu, bf16_lo(v2), a0);
-          a1 = fmaf(pu, bf16_hi(v2), a1);
-        }
-        acc[r][0] = a0;
-        acc[r][1] = a1;
-      }
-    }
-    if (p == 0) MPK_STAMP(7);   // thread 0's P.V of pass 0
-    __syncthreads();   // buffer p % NB and the p values are free again
-    if (p == 0) MPK_STAMP(8);   // every thread's P.V of pass 0
-    if (p + NB < passes) issue(j0 + NB * ATT_KP, buf);
-  }
-  MPK_STAMP(3);
-  if (kg > 1) {   // key groups 1 .. kg-1 hand their sums to group 0 (through the free score buffer), added in order
-    if (kgrp > 0 && tid < PVN * kg) { sp[2 * tid] = acc[0][0]; sp[2 * tid + 1] = acc[0][1]; }
-    __syncthreads();
-    if (tid < PVN)
-      for (int k = 1; k < kg; ++k) {
-        acc[0][0] += sp[2 * (k * PVN + tid)];
-        acc[0][1] += sp[2 * (k * PVN + tid) + 1];
-      }
-  }
-#pragma unroll
-  for (int r = 0; r < ATT_PV; ++r) {
-    const int idx = tid + r * THREADS;
-    if (idx < PVN) {
-      const int h = idx / DP, d = 2 * (idx - h * DP);
-      const float den = fmaxf(s_l[h], 1e-30f);
-      const int64_t hq = m0 * nq + g * gs + h;
-      float* dst = part + (hq * S + s) * D + d;
-      dst[0] = acc[r][0] / den;
-      dst[1] = acc[r][1] / den;
-    }
-  }
-  if (tid < gs) lse[(m0 * nq + g * gs + tid) * S + s] = s_m[tid] + logf(s_l[tid]);
-#else
+  issue(lo, 0);
+  if (passes > 1) issue(lo + ATT_KP, 1);
   // Tensor Core pass (see the file comment). Thread (g8, t4) = (lane / 4, lane % 4) of warp w.
   const int g8 = lane >> 2, t4 = lane & 3, kw = 16 * warp;
   constexpr int QR = MAX_HEAD_DIM / 32, MT = MAX_HEAD_DIM / 16;   // 32-wide d rounds of scores, 16-wide d tiles of o
@@ -247,13 +104,12 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   for (int p = 0; p < passes; ++p) {
     const int j0 = lo + p * ATT_KP;
     const int n = min(ATT_KP, hi - j0);
-    const int buf = p % NB;
-    const bf16* kb = ks + buf * ATT_KP * KST;
-    const bf16* vb = vs + buf * ATT_KP * KST;
-    wait_pass(p);
+    const bf16* kb = ks + (p & 1) * ATT_KP * KST;
+    const bf16* vb = vs + (p & 1) * ATT_KP * KST;
+    if (p + 1 < passes) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
     __syncthreads();
     if (p == 0) MPK_STAMP(2);
-    if (p == 1) MPK_STAMP(5);   // (diagnostic stamps 5-10: pass 1, the steady state)
+    if (p == 1) MPK_STAMP(5);   // (diagnostic stamps 5, 7-9: pass 1, the steady state)
     if (kw < n) {   // warp-uniform: key kw is in the pass, so every head's max below is finite
       // n-tile nt: sc[nt][0 / 1] = S[head g8][key kw + 8 nt + 2 t4 + 0 / 1] (sc[nt][2, 3]: padding rows)
       float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -299,9 +155,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         const bool ok0 = r0 < n, ok1 = r0 + 1 < n;   // past n: stale rows read as 0 (0 * NaN would poison o)
         // p = hi + lo, both tf32: two mma's give P.V at about fp32 accuracy (V is exact in tf32)
         const uint32_t b0 = tf32_rn(v[2 * nt]), b1 = tf32_rn(v[2 * nt + 1]);
-#if !MPK_ATT_PV1   // (experiment: -DMPK_ATT_PV1=1 keeps one tf32 part)
         const uint32_t l0 = tf32_rn(v[2 * nt] - __uint_as_float(b0)), l1 = tf32_rn(v[2 * nt + 1] - __uint_as_float(b1));
-#endif
         const unsigned short* v0 = reinterpret_cast<const unsigned short*>(vb + r0 * KST);
         const unsigned short* v1 = v0 + KST;
 #pragma unroll
@@ -312,18 +166,15 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
             const uint32_t a1 = ok0 && d + 8 < D ? (uint32_t)v0[d + 8] << 16 : 0u;
             const uint32_t a2 = ok1 && d < D ? (uint32_t)v1[d] << 16 : 0u;
             const uint32_t a3 = ok1 && d + 8 < D ? (uint32_t)v1[d + 8] << 16 : 0u;
-#if !MPK_ATT_PV1
             mma_tf32_1688(o[mt], a0, a1, a2, a3, l0, l1);
-#endif
             mma_tf32_1688(o[mt], a0, a1, a2, a3, b0, b1);
           }
         }
       }
     }
     if (p == 1) MPK_STAMP(8);   // thread 0's P.V
-    __syncthreads();   // buffer p % NB is free again
-    if (p + NB < passes) issue(j0 + NB * ATT_KP, buf);
-    if (p == 0) MPK_STAMP(10);   // pass 0 done, pass 2's copies issued
+    __syncthreads();   // buffer p & 1 is free again
+    if (p + 2 < passes) issue(j0 + 2 * ATT_KP, p & 1);
     if (p == 1) MPK_STAMP(9);
   }
   MPK_STAMP(3);
@@ -361,7 +212,6 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     part[(hq * S + s) * D + d] = acc / fmaxf(l, 1e-30f);
     if (d == 0) lse[hq * S + s] = M + logf(l);
   }
-#endif
   MPK_STAMP(4);
 }
 

@@ -48,7 +48,7 @@ OP_ARGS: dict[str, list[str]] = {
     # folded merge (Tiling.attn_fold_merge): ticket = the group's int64 ticket counter (0 = not folded), out = the
     # group's merged output (as attn_merge's)
     "attn_partial": ["q", "k_cache", "v_cache", "part", "lse", "b", "g", "split", "splits", "gs", "d", "nq", "n_kv",
-                     "scale", "out", "ticket", "stages"],
+                     "scale", "out", "ticket"],
     "attn_merge": ["part", "lse", "out", "b", "g", "gs", "d", "nq", "splits"],
     # y[:, n0:n1] = epilogue(norm?(x) @ W[r0+n0 : r0+n1].T) (+ residual); out_kind: OUT_BF16 | OUT_F32 | OUT_PUSH;
     # kslices: Tensor Core warp k-slices per n-tile (0 = auto from the tile width; tasks/ops/linear.py k_slices)
@@ -166,13 +166,13 @@ def cc_xrows(M: int) -> int:
     return M if M < CONSTANTS["TC_MIN_M"] else CONSTANTS["ROW_TILE"]
 
 
-def att_smem_bytes(D: int, C: dict | None = None, stages: int = 2) -> int:
+def att_smem_bytes(D: int, C: dict | None = None) -> int:
     """Shared memory of an attn_partial task with head dim D (device_kernels/ops/attention.cuh layout): q (bf16,
-    MAX_GS x MAX_HEAD_DIM), scores (f32, MAX_GS x ATT_KP), 128 bytes of per-head state, the page table (s64,
-    ATT_MAX_PAGES), then `stages` buffers of ATT_KP K rows and ATT_KP V rows (bf16, both padded to D + 8)."""
+    MAX_GS x MAX_HEAD_DIM), the page table (s64, ATT_MAX_PAGES), then two buffers of ATT_KP K rows and ATT_KP V
+    rows (bf16, both padded to D + 8)."""
     C = C or CONSTANTS
-    head = C["MAX_GS"] * C["MAX_HEAD_DIM"] * 2 + C["MAX_GS"] * C["ATT_KP"] * 4 + 128 + C["ATT_MAX_PAGES"] * 8
-    return head + stages * 2 * C["ATT_KP"] * (D + 8) * 2
+    head = C["MAX_GS"] * C["MAX_HEAD_DIM"] * 2 + C["ATT_MAX_PAGES"] * 8
+    return head + 2 * 2 * C["ATT_KP"] * (D + 8) * 2
 
 # --- linear tile geometry (device_kernels/ops/linear.cuh): the packer (runtime/packer.py) and the planner's
 # simulator (planner/simulate.py) both call linear_geometry, so the rows per pass are defined once ------------

@@ -255,12 +255,11 @@ class TaskPacker:
         if self.D % 8 or self.D > d_max:
             raise ValueError(f"the megakernel's attention copies K/V rows in 16-byte pieces: head_dim must be a multiple "
                              f"of 8 and <= {d_max} (got {self.D}); use backend='torch' for this model")
-        stages = p.get("stages", 2)
-        self._need(L.att_smem_bytes(self.D, stages=stages))   # attention.cuh's layout
+        self._need(L.att_smem_bytes(self.D))   # attention.cuh's layout
         return dict(self._attn_common(p), q=self._t(p["q"]), k_cache=kc.data_ptr(),
                     v_cache=self.mem.kv(p["v_cache"]).data_ptr(), part=self._t(p["part"]), lse=self._t(p["lse"]),
                     split=p["split"], n_kv=kc.shape[2], scale=f32_bits(p["scale"]),
-                    out=self._t(p["out"]) if p.get("fold") else 0, stages=stages,
+                    out=self._t(p["out"]) if p.get("fold") else 0,
                     ticket=(self.tickets.data_ptr() + 8 * self._ticket_of[(self._task.op, p["b"], p["g"])]
                             if p.get("fold") else 0))
 

@@ -6,7 +6,6 @@ the auto rule aims for about `waves` tiles per SM on every weight-streaming op, 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 
 from ..envflags import env_flag
@@ -27,21 +26,6 @@ class Tiling:
     # decides which), instead of a separate attn_merge task: one dependent phase fewer per layer. On unless
     # $MPK_ATTN_FOLD=0 (measured session 12: B=1 -0.6% both models, B=8 within noise; docs/perf-notes.md v23).
     attn_fold_merge: bool = field(default_factory=lambda: env_flag("MPK_ATTN_FOLD", default=True))
-    # attention K/V pass buffers per task (attention.cuh): 2, 3, or 0 = auto (attn_stages_for). Default
-    # $MPK_ATT_STAGES (unset: auto).
-    attn_stages: int = field(default_factory=lambda: _att_stages_env())
-
-    def __post_init__(self):
-        if self.attn_stages not in (0, 2, 3):
-            raise ValueError(f"attn_stages={self.attn_stages}: 2 or 3 K/V pass buffers, or 0 (auto)")
-
-    def attn_stages_for(self, keys: int, splits: int, kp: int = 128) -> int:
-        """K/V pass buffers of an attention task: 3 (two passes in flight while one computes) when a task walks
-        more than two passes of `kp` keys at the graph's context, else 2 (a third buffer would only take shared
-        memory, and with it L1, from the kernel)."""
-        if self.attn_stages:
-            return self.attn_stages
-        return 2   # 3 for > 2 passes measured neutral at B >= 8 and +6% at qwen3-8b B=1 ctx 4096 (L1)
 
     def linear_n(self, graph, op, N: int) -> int:
         if self.linear_cols:
@@ -70,13 +54,6 @@ class Tiling:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _att_stages_env() -> int:
-    v = os.environ.get("MPK_ATT_STAGES", "").strip()
-    if v not in ("", "0", "2", "3"):
-        raise ValueError(f"MPK_ATT_STAGES={v!r}: expected 2 or 3 (K/V pass buffers per attention task), or unset")
-    return int(v or 0)
 
 
 def attn_splits_for(rows: int, kv_heads: int, keys: int, num_sms: int = 132, most: int = 32,

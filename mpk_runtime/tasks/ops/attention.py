@@ -29,7 +29,6 @@ def decompose(op, graph, tiling, rank):
     kv_bytes = int((graph.context_len + T) * D * eb * 2 / S)
     base = {k: a[k] for k in ("q", "k_cache", "v_cache", "part", "lse", "out", "scale", "splits", "layer")}
     fold = tiling.attn_fold_merge
-    stages = tiling.attn_stages_for(graph.context_len + T, S)
     tasks, merges = [], []
     for b in range(B):
         m0, m1 = b * T, (b + 1) * T
@@ -41,7 +40,7 @@ def decompose(op, graph, tiling, rank):
                 if fold:   # (the group's other chunks, read by the merging partial, are ordered by the ticket)
                     writes.append(Region(a["out"], rank, ((m0, m1), (h0 * D, h1 * D))))
                 tasks.append(Task(-1, rank, "attn_partial", op.name,
-                                  {**base, "b": b, "g": g, "split": s, "gs": gs, "fold": fold, "stages": stages},
+                                  {**base, "b": b, "g": g, "split": s, "gs": gs, "fold": fold},
                                   reads=[Region(a["q"], rank, ((m0, m1), (h0 * D, h1 * D))),
                                          Region(a["k_cache"], rank, ((b, b + 1), (g, g + 1))),
                                          Region(a["v_cache"], rank, ((b, b + 1), (g, g + 1)))],
