@@ -184,7 +184,7 @@ def parse_args(argv=None):
     ap.add_argument("--contexts", default=None, help="default 512,4096 (--tp 1) / 512 (--tp 2)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="whole run; work beyond it is skipped")
     ap.add_argument("--peer-batches", default="1,8", help="batches for the gpt-fast peer")
-    ap.add_argument("--hf-batches", default="1", help="batches for the HF peer (--tp 1)")
+    ap.add_argument("--hf-batches", default="1", help="batches for the HF peer (--tp 1); \"\" = none")
     ap.add_argument("--mk-max-batch", type=int, default=128)
     ap.add_argument("--trace", action="store_true", help="--tp 1: one traced megakernel launch per cell -> "
                     "$OUT/trace_<model>_b<B>_c<ctx>_s<splits>.json.gz (scripts/trace_phases.py reads it)")
@@ -243,7 +243,8 @@ def main():
         deadline = T0 + share * (mi + 1)
         # priority order inside one model's share: B=1 everywhere first, then peers, then larger batches
         work = [("megakernel", 1, c) for c in ctxs] if 1 in batches else []
-        work += [("gptfast", 1, ctxs[0]), ("hf", 1, ctxs[0])] if 1 in batches else []
+        work += [("gptfast", 1, ctxs[0])] if 1 in batches else []
+        work += [("hf", 1, ctxs[0])] if 1 in batches and 1 in _ints(args.hf_batches) else []
         work += [("megakernel", b, c) for b in batches if 1 < b <= args.mk_max_batch for c in ctxs]
         work += [("gptfast", 1, c) for c in ctxs[1:]] if 1 in batches else []
         work += [("gptfast", b, c) for b in _ints(args.peer_batches) if b > 1 for c in ctxs]
