@@ -125,13 +125,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       // nobody reads any more (thread 32 took the previous task's signal words before the barrier that ended it)
       if (threadIdx.x < TASK_WORDS / 2)
         cp_async16(&s_rec[buf ^ 1][threadIdx.x * 2], tasks + rec[T_NEXT_TASK] * TASK_WORDS + threadIdx.x * 2, true);
-      // thread 64 (not the poller: issuing the bulk copies can stall the issuing thread) stages the weights.
-      // MPK_STAGE_AFTER_WAIT=1 (experiment): only once the waits are met, as extra bytes in flight for the op
-      // itself (TMA: no registers) instead of a copy that overlaps the wait and competes with the phase before.
-#ifndef MPK_STAGE_AFTER_WAIT
-#define MPK_STAGE_AFTER_WAIT 0
-#endif
-      if (!MPK_STAGE_AFTER_WAIT && threadIdx.x == 64 && rec[T_STAGE] != 0)
+      // thread 64 (not the poller: issuing the bulk copies can stall the issuing thread) stages the weights
+      // (issuing them after the waits instead measured 5-8% slower at batch 1: docs/perf-notes.md, session 12)
+      if (threadIdx.x == 64 && rec[T_STAGE] != 0)
         stage_task_weights(rec, rec[T_STAGE], stage_bar);
       if (threadIdx.x == 0) {
         cp_async_commit();
@@ -190,12 +186,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       __syncthreads();
       if (s_abort) {
         if (threadIdx.x < TASK_WORDS / 2) cp_async_wait_all();
-        if (!MPK_STAGE_AFTER_WAIT && threadIdx.x == 64 && rec[T_STAGE] != 0)
+        if (threadIdx.x == 64 && rec[T_STAGE] != 0)
           mbar_wait(stage_bar, stage_par);   // no copy into an exited CTA
         return;
       }
-      if (MPK_STAGE_AFTER_WAIT && threadIdx.x == 64 && rec[T_STAGE] != 0)
-        stage_task_weights(rec, rec[T_STAGE], stage_bar);
       const Ctx c{s_par, rec, step, ls, (int)(step & 1), stage_bar, stage_par};
       switch ((int)c.rec[T_OPCODE]) {
         case OP_EMBED: op_embed(c); break;

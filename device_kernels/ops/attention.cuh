@@ -149,6 +149,33 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) { o[mt][0] *= ca; o[mt][1] *= cb; o[mt][2] *= ca; o[mt][3] *= cb; }
       if (p == 1) MPK_STAMP(7);   // scores, softmax and rescale
+#if MPK_ATT_PV_BF16
+      {   // experiment (not yet GPU-measured): P.V by m16n8k16 bf16, k = the warp's 16 keys in order, P^T as B
+          // (b0b1: keys 2t4, 2t4 + 1 = v[0], v[1]; b2b3: keys 8 + 2t4, + 1 = v[2], v[3]), split into bf16 hi + lo
+          // (residual ~2^-18); V^T fragments by ldmatrix.x4.trans (lane l addresses key kw + 8 (l >> 4) + (l & 7),
+          // d + 8 ((l >> 3) & 1)); keys past n zeroed after the load (0 * NaN would poison o)
+        __nv_bfloat162 h01 = __floats2bfloat162_rn(v[0], v[1]), h23 = __floats2bfloat162_rn(v[2], v[3]);
+        __nv_bfloat162 r01 = __floats2bfloat162_rn(v[0] - __low2float(h01), v[1] - __high2float(h01));
+        __nv_bfloat162 r23 = __floats2bfloat162_rn(v[2] - __low2float(h23), v[3] - __high2float(h23));
+        const uint32_t bh0 = *reinterpret_cast<uint32_t*>(&h01), bh1 = *reinterpret_cast<uint32_t*>(&h23);
+        const uint32_t bl0 = *reinterpret_cast<uint32_t*>(&r01), bl1 = *reinterpret_cast<uint32_t*>(&r23);
+        const int k0 = kw + 2 * t4;
+        const uint32_t mA = (k0 < n ? 0xffffu : 0u) | (k0 + 1 < n ? 0xffff0000u : 0u);
+        const uint32_t mB = (k0 + 8 < n ? 0xffffu : 0u) | (k0 + 9 < n ? 0xffff0000u : 0u);
+        const uint32_t vrow = smem_addr(vb + (kw + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if (16 * mt < D) {
+            uint32_t a0, a1, a2, a3;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(vrow + 32 * mt));
+            a0 &= mA; a1 &= mA; a2 &= mB; a3 &= mB;
+            mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
+            mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
+          }
+        }
+      }
+#else
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
         const int r0 = kw + 8 * nt + 2 * t4;   // k = t4 <-> key r0, k = t4 + 4 <-> key r0 + 1
@@ -171,6 +198,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
           }
         }
       }
+#endif
     }
     if (p == 1) MPK_STAMP(8);   // thread 0's P.V
     __syncthreads();   // buffer p & 1 is free again
