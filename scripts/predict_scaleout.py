@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--models", default="qwen3-8b,qwen3-32b")
     ap.add_argument("--tps", default="1,2,4,8")
     ap.add_argument("--batches", default="1")
-    ap.add_argument("--profile", default="h200_measured")
+    ap.add_argument("--profile", default=None)
     ap.add_argument("--out", default="bench/results")
     a = ap.parse_args()
     prof = HardwareProfile.load(a.profile)

@@ -432,7 +432,7 @@ def main() -> None:
     ap.add_argument("--hf-only", action="store_true", help="measure the HF peer per point only (hf_peer.json)")
     ap.add_argument("--summarize", default="", help="rows JSONL path(s): recompute the summary, no GPU")
     ap.add_argument("--cpu", action="store_true", help="pyvm + CPU timers: checks the script's logic only")
-    ap.add_argument("--profile", default="h200_measured")
+    ap.add_argument("--profile", default=None)
     ap.add_argument("--plans", default="", help="predicted plans JSON (--predict-only) instead of predicting here")
     ap.add_argument("--predict-only", action="store_true", help="write the predicted plans (plans_tpN.json), CPU")
     ap.add_argument("--exact", action="store_true",

@@ -12,6 +12,11 @@ import os
 from dataclasses import dataclass, field
 
 _DIR = os.path.join(os.path.dirname(__file__), "profiles")
+# The profile the planner prices with unless told otherwise. h200_v20_cal (session 10's per-regime calibration of the
+# v20 kernel) since session 12: it scored best on every measured set (docs/planner.md, session 12) - TP=1 validation
+# rows 2.5% / 5.9% segment / step MAPE (h200_measured 11.2% / 14.2%), TP=2 rows max regret 20.3% (41.6%), and the
+# v24 kernel's one-megakernel steps at contexts 512 / 4096, batch 1-32: 3.9% (43.8%).
+DEFAULT_PROFILE = "h200_v20_cal"
 
 
 def key_fallbacks(key: str) -> list[str]:
@@ -141,7 +146,8 @@ class HardwareProfile:
         return replace(self, regimes={}, **merged)
 
     @classmethod
-    def load(cls, name_or_path: str = "h200_measured") -> "HardwareProfile":
+    def load(cls, name_or_path: str | None = None) -> "HardwareProfile":
+        name_or_path = name_or_path or DEFAULT_PROFILE
         path = name_or_path if os.path.exists(name_or_path) else os.path.join(_DIR, f"{name_or_path}.json")
         if not os.path.exists(path):
             known = sorted(f[:-5] for f in os.listdir(_DIR) if f.endswith(".json"))
