@@ -200,9 +200,8 @@ __device__ __forceinline__ float ld_act_bf16(const bf16* p) {
 __device__ __forceinline__ float ld_act_f32(const float* p) { return __ldcg(p); }
 __device__ __forceinline__ int64_t ld_act_s64(const int64_t* p) { return __ldcg(reinterpret_cast<const long long*>(p)); }
 
-// D += A . B on Tensor Cores, one warp: m16n8k16 bf16 x bf16 (linear tiles, attention scores) and m16n8k8 tf32 x tf32
-// (attention's P.V: probabilities kept to tf32, not rounded to bf16), fp32 accumulate. Fragment layouts: PTX ISA,
-// "Matrix Fragments for mma.m16n8k16 / m16n8k8".
+// D += A . B on Tensor Cores, one warp: m16n8k16 bf16 x bf16, fp32 accumulate (linear tiles, attention). Fragment
+// layout: PTX ISA, "Matrix Fragments for mma.m16n8k16".
 __device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -210,17 +209,11 @@ __device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void mma_tf32_1688(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t tf32_rn(float x) {   // round to nearest (ties away), as a tf32 operand
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
+// Four 8x8 b16 matrices from shared memory, transposed (lanes 8i .. 8i + 7 address matrix i's rows): the A fragment
+// of an m16n8k16 whose rows are the stored matrix's columns (attention's V^T).
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
 }
 __device__ __forceinline__ float bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }  // round to bf16
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }

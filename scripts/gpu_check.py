@@ -109,12 +109,25 @@ class Rig:
         return lg.float(), self.ref.next_tokens(self.B)
 
 
+def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """One bf16 ulp at the magnitude of each x (8 significant bits)."""
+    return torch.exp2(torch.floor(torch.log2(x.abs() + 1e-30)) - 7)
+
+
+def tie_margins_ulps(lr, nr, nm) -> list[float]:
+    """For each row whose greedy tokens differ (reference nr, megakernel nm): how far below the reference's own top
+    logit it ranks the megakernel's token, in bf16 ulps of the top logit (0: an exact tie in bf16)."""
+    bad = (nr != nm).nonzero().flatten()
+    top = lr[bad, nr[bad]]
+    return ((top - lr[bad, nm[bad]]) / bf16_ulp(top)).tolist()
+
+
 def check_correct(model, B, steps, res, splits=2):
     rig = Rig(model, B, max_seq=256, splits=splits)
     g = torch.Generator().manual_seed(1)
     tok = torch.randint(0, rig.cfg.vocab_size, (B,), generator=g)
     pos = torch.zeros(B, dtype=torch.int64)  # every sequence starts empty (unwritten KV is NaN-poisoned)
-    mism, worst = 0, 0.0
+    mism, worst, ties = 0, 0.0, []
     for s in range(steps):
         lr, nr = rig.ref_step(tok, pos)
         lm, nm = rig.mk_step(tok, pos)
@@ -123,6 +136,7 @@ def check_correct(model, B, steps, res, splits=2):
         if not torch.isfinite(lm).all():
             raise AssertionError(f"non-finite logits at step {s}")
         mism += int((nr != nm).sum())
+        ties += tie_margins_ulps(lr, nr, nm)
         tok, pos = nr, pos + 1            # teacher forcing: both follow the reference's greedy tokens
     # several steps in one launch (tokens fed back on the device), vs pyvm's multi-step launch
     k = 8
@@ -130,9 +144,12 @@ def check_correct(model, B, steps, res, splits=2):
     lm, nm = rig.mk_step(tok, pos, nsteps=k)
     rel_multi = ((lm - lr).norm() / lr.norm()).item()
     multi_ok = bool((nr == nm).all())
-    r = dict(model=model, batch=B, splits=splits, steps=steps, token_mismatches=mism, worst_rel_logit_err=worst,
-             multi_step_launch=k, multi_tokens_equal=multi_ok, multi_rel_err=rel_multi,
-             ok=(mism == 0 and worst < 2e-2 and multi_ok))
+    # A mismatch passes only as a near-tie flip: the reference ranks the megakernel's token within 2 bf16 ulps of its
+    # own (the logits are bf16-rounded; random tiny models tie exactly now and then) - gpu_check_ref / _tp's rule.
+    r = dict(model=model, batch=B, splits=splits, steps=steps, token_mismatches=mism, mismatch_margins_ulps=ties,
+             worst_rel_logit_err=worst, multi_step_launch=k, multi_tokens_equal=multi_ok, multi_rel_err=rel_multi,
+             ok=(all(t <= 2.0 for t in ties) and worst < 2e-2
+                 and (multi_ok or all(t <= 2.0 for t in tie_margins_ulps(lr, nr, nm)))))
     log(json.dumps(r))
     res.append(r)
     return rig

@@ -7,10 +7,11 @@
 // max and sum per head) and output, so a pass has no barrier between scores, softmax and P.V; the 8 warps' (max,
 // sum, output) are merged once at the end through shared memory. Scores S = Q K^T by mma m16n8k16 (rows: the
 // group's q heads, padded to 16; columns: 8 keys; the d order inside an mma permuted alike in both operands, as the
-// linear tiles do), P.V as O^T = V^T P^T by mma m16n8k8 tf32 (rows: 16 d, columns: the 8 heads, k: 8 keys), the
-// thread's own probabilities feeding the B operand directly (its score columns 2t, 2t+1 become k = t, t + 4), each
-// probability split into two tf32 parts (hi + lo, two mma's: P.V at about fp32 accuracy; one part measured 1-2%
-// faster at long contexts but 3-10x further from pyvm on the tiny configs, docs/perf-notes.md v24).
+// linear tiles do), P.V as O^T = V^T P^T by mma m16n8k16 bf16 (rows: 16 d, columns: the 8 heads, k: the warp's 16
+// keys), the thread's own probabilities feeding the B operand directly (its score columns are exactly its B
+// fragment), each probability split into bf16 hi + lo (two mma's: P.V to ~2^-18 of fp32; a single rounded part
+// moved the tiny configs 3-10x further from pyvm, docs/perf-notes.md v24), V^T fragments by ldmatrix.trans (v25:
+// a quarter of v24b's tf32 tensor work, an eighth of its shared-memory loads).
 // Keep in sync: codegen/layout.py att_smem_bytes (the packer sizes the shared memory with it).
 #pragma once
 #include "../common.cuh"
@@ -149,11 +150,10 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) { o[mt][0] *= ca; o[mt][1] *= cb; o[mt][2] *= ca; o[mt][3] *= cb; }
       if (p == 1) MPK_STAMP(7);   // scores, softmax and rescale
-#if MPK_ATT_PV_BF16
-      {   // experiment (not yet GPU-measured): P.V by m16n8k16 bf16, k = the warp's 16 keys in order, P^T as B
-          // (b0b1: keys 2t4, 2t4 + 1 = v[0], v[1]; b2b3: keys 8 + 2t4, + 1 = v[2], v[3]), split into bf16 hi + lo
-          // (residual ~2^-18); V^T fragments by ldmatrix.x4.trans (lane l addresses key kw + 8 (l >> 4) + (l & 7),
-          // d + 8 ((l >> 3) & 1)); keys past n zeroed after the load (0 * NaN would poison o)
+      {   // P.V by m16n8k16 bf16, k = the warp's 16 keys in order, P^T as B (b0b1: keys 2t4, 2t4 + 1 = v[0], v[1];
+          // b2b3: keys 8 + 2t4, + 1 = v[2], v[3]), each probability split into bf16 hi + lo (residual ~2^-18); V^T
+          // fragments by ldmatrix.x4.trans (lane l addresses key kw + 8 (l >> 4) + (l & 7), d + 8 ((l >> 3) & 1));
+          // keys past n zeroed after the load (stale rows: 0 * NaN would poison o)
         __nv_bfloat162 h01 = __floats2bfloat162_rn(v[0], v[1]), h23 = __floats2bfloat162_rn(v[2], v[3]);
         __nv_bfloat162 r01 = __floats2bfloat162_rn(v[0] - __low2float(h01), v[1] - __high2float(h01));
         __nv_bfloat162 r23 = __floats2bfloat162_rn(v[2] - __low2float(h23), v[3] - __high2float(h23));
@@ -167,38 +167,13 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         for (int mt = 0; mt < MT; ++mt) {
           if (16 * mt < D) {
             uint32_t a0, a1, a2, a3;
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                         : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3) : "r"(vrow + 32 * mt));
+            ldsm_x4_trans(vrow + 32 * mt, a0, a1, a2, a3);
             a0 &= mA; a1 &= mA; a2 &= mB; a3 &= mB;
             mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
             mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
           }
         }
       }
-#else
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int r0 = kw + 8 * nt + 2 * t4;   // k = t4 <-> key r0, k = t4 + 4 <-> key r0 + 1
-        const bool ok0 = r0 < n, ok1 = r0 + 1 < n;   // past n: stale rows read as 0 (0 * NaN would poison o)
-        // p = hi + lo, both tf32: two mma's give P.V at about fp32 accuracy (V is exact in tf32)
-        const uint32_t b0 = tf32_rn(v[2 * nt]), b1 = tf32_rn(v[2 * nt + 1]);
-        const uint32_t l0 = tf32_rn(v[2 * nt] - __uint_as_float(b0)), l1 = tf32_rn(v[2 * nt + 1] - __uint_as_float(b1));
-        const unsigned short* v0 = reinterpret_cast<const unsigned short*>(vb + r0 * KST);
-        const unsigned short* v1 = v0 + KST;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const int d = 16 * mt + g8;
-          if (16 * mt < D) {   // bf16 -> fp32 bits is exact, and a valid tf32 operand
-            const uint32_t a0 = ok0 && d < D ? (uint32_t)v0[d] << 16 : 0u;
-            const uint32_t a1 = ok0 && d + 8 < D ? (uint32_t)v0[d + 8] << 16 : 0u;
-            const uint32_t a2 = ok1 && d < D ? (uint32_t)v1[d] << 16 : 0u;
-            const uint32_t a3 = ok1 && d + 8 < D ? (uint32_t)v1[d + 8] << 16 : 0u;
-            mma_tf32_1688(o[mt], a0, a1, a2, a3, l0, l1);
-            mma_tf32_1688(o[mt], a0, a1, a2, a3, b0, b1);
-          }
-        }
-      }
-#endif
     }
     if (p == 1) MPK_STAMP(8);   // thread 0's P.V
     __syncthreads();   // buffer p & 1 is free again

@@ -95,9 +95,9 @@ def test_nvcc_defines_env_keys_the_cache_and_rejects_other_flags(tmp_path, monke
     monkeypatch.setenv("MPK_CACHE_DIR", str(tmp_path / "cache"))
     fake, root = _fake_nvcc(tmp_path), _src_tree(tmp_path)
     r1 = nvcc.build(root=root, nvcc=fake)
-    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_PV_BF16=1 -DMPK_STAGE_WORDS=4")
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_TC_L2_PF_KB=64 -DMPK_STAGE_WORDS=4")
     r2 = nvcc.build(root=root, nvcc=fake)
-    assert not r2.cached and r2.key != r1.key and "-DMPK_ATT_PV_BF16=1" in r2.log
+    assert not r2.cached and r2.key != r1.key and "-DMPK_TC_L2_PF_KB=64" in r2.log
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-O0")
     with pytest.raises(nvcc.CompileError, match="only -DNAME"):
         nvcc.build(root=root, nvcc=fake)
@@ -109,8 +109,8 @@ def test_define_int_reads_the_build_switches(monkeypatch):
     # the host side of a diagnostic switch (MPK_STAGE_WORDS sizes the trace buffer) reads the same variable
     monkeypatch.delenv("MPK_NVCC_DEFINES", raising=False)
     assert nvcc.define_int("MPK_STAGE_WORDS") == 0 and nvcc.define_int("MPK_STAGE_WORDS", 5) == 5
-    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_PV_BF16=1 -DMPK_STAGE_WORDS=12")
-    assert nvcc.define_int("MPK_STAGE_WORDS") == 12 and nvcc.define_int("MPK_ATT_PV_BF16", 0) == 1
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_TC_L2_PF_KB=64 -DMPK_STAGE_WORDS=12")
+    assert nvcc.define_int("MPK_STAGE_WORDS") == 12 and nvcc.define_int("MPK_TC_L2_PF_KB", 0) == 64
     assert nvcc.define_int("MPK_STAGE") == 0     # a prefix of another name is not a match
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_STAGE_WORDS=twelve")
     with pytest.raises(nvcc.CompileError, match="not an integer"):
