@@ -152,8 +152,7 @@ def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None) -> dict:
         except Exception as e:  # noqa: BLE001
             ex.graphs = None
             info["exec_segments"] = f"eager (capture failed: {type(e).__name__}: {str(e)[:200]})"
-    units = ex.replay_units() if ex.graphs is not None else \
-        [(lambda i=i: ex._seg_eager(i, [pt.ctx])) for i in range(len(ex.segments))]
+    units = ex.replay_units() if ex.graphs is not None else ex.eager_units([pt.ctx])
     if len(ex.segments) == 1:
         seg = [list(tot)]
     else:

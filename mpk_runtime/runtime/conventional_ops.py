@@ -14,9 +14,9 @@ attention()).
 
 Per-step values every layer needs (row positions, RoPE cos/sin, the KV slots the step writes, the key pages,
 causal mask and live-row mask of attention) are computed once per step, by the first op that needs them, into
-the `step` dict the executor passes along (torch_exec.ConventionalExecutor.run makes a fresh one per run, so a
-CUDA graph capture records them inside the step and every replay recomputes them from the current pos /
-block_tables).
+the `step` dict the executor passes along (fresh every step - ConventionalExecutor.run's own, or the one a
+PlanExecutor shares among a step's conventional segments - so a CUDA graph capture records them inside the step
+and every replay recomputes them from the current pos / block_tables).
 """
 from __future__ import annotations
 

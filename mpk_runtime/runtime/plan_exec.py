@@ -15,6 +15,12 @@ them in place between steps (`run` refuses a ctx whose tensors are not the captu
   "segments"  one graph per segment (megakernel segments too at world size 1, else launched eagerly between
               the replays): what per-segment timing uses.
 The eager path (`run` before any capture, and always on a CPU) is unchanged and is what the CPU tests check.
+
+The conventional segments of one step share its per-step values (row positions, RoPE tables, KV slots, attention
+masks: conventional_ops): the first segment that needs one computes it, the later ones read it, so a plan with
+many conventional segments (attn-mk: one per layer) pays for them once per step, as the all-conventional plan
+does. In "segments" graphs the values a segment graph computed are read by later segment graphs: the executor
+keeps the captured dicts (their tensors live in the shared pool) for as long as the graphs.
 """
 from __future__ import annotations
 
@@ -55,6 +61,7 @@ class PlanExecutor:
                              "LL words (allreduce_ll / MPK_AR_LL=1), whose flags only a megakernel running the push "
                              "and the reduce together keeps: use a one-megakernel plan, or unset MPK_AR_LL")
         self.plan, self.mems, self.backend = plan, mems, backend
+        self._consts = [{} for _ in mems]   # per rank held, across steps: weight views (conventional_ops._wt)
         self.segments: list[tuple[str, object]] = []
         for seg in plan.segments:
             sub = [g.subgraph(seg.ops) for g in graphs]
@@ -77,18 +84,15 @@ class PlanExecutor:
     graphs: list | None = None          # captured units: (kind, CUDAGraph | eager segment) in step order
     graph_mode: str | None = None
 
-    def _seg_eager(self, i: int, ctxs: list[StepCtx]) -> None:
-        kind, ex = self.segments[i]
-        if kind == "conventional":
-            ex.run(ctxs)
-        else:
-            ex.launch(1)
+    def _new_step(self) -> list[dict]:
+        """The step's per-step value dicts (one per rank held), shared by its conventional segments."""
+        return [{"const": c} for c in self._consts]
 
-    def _seg_graphed(self, i: int, ctxs: list[StepCtx]) -> None:
+    def _seg_graphed(self, i: int, ctxs: list[StepCtx], steps: list[dict]) -> None:
         """What a graph records for segment i: the eager op sequence; a megakernel as a fresh step-1 launch."""
         kind, ex = self.segments[i]
         if kind == "conventional":
-            ex.run(ctxs)
+            ex.run(ctxs, steps)
         else:
             _graph_launch(ex)
 
@@ -108,11 +112,12 @@ class PlanExecutor:
             self.run(ctx_for)
         torch.cuda.synchronize()
         units: list = []
+        steps = self._new_step()
         if mode == "step":
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 for i in range(len(self.segments)):
-                    self._seg_graphed(i, ctxs)
+                    self._seg_graphed(i, ctxs, steps)
             units.append(("graph", g))
         elif mode == "segments":
             pool = None   # the segment graphs replay one after another: one memory pool for all of them
@@ -122,14 +127,32 @@ class PlanExecutor:
                     continue
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
-                    self._seg_graphed(i, ctxs)
+                    self._seg_graphed(i, ctxs, steps)
                 pool = pool or g.pool()
                 units.append(("graph", g))
         else:
             raise ValueError(f"capture mode {mode!r}: 'step' or 'segments'")
         torch.cuda.synchronize()
         self.graphs, self.graph_mode = units, mode
+        self._graph_steps = steps   # values computed inside one segment graph, read by later ones: kept alive
         self._captured = [_ctx_key(c) for c in ctxs]
+
+    def eager_units(self, ctxs: list[StepCtx]) -> list[Callable[[], None]]:
+        """The segments as zero-argument callables run eagerly in order (per-segment timing without graphs): the
+        first starts a step (fresh per-step values), the later ones share them, as run() does."""
+        cur: list = []
+
+        def unit(i: int) -> None:
+            if i == 0:
+                cur[:] = [self._new_step()]
+            kind, ex = self.segments[i]
+            if kind == "conventional":
+                ex.run(ctxs, cur[0])
+            elif self.backend == "pyvm":
+                ex.launch(lambda r, k: ctxs[r], 1)
+            else:
+                ex.launch(1)
+        return [lambda i=i: unit(i) for i in range(len(self.segments))]
 
     def replay_units(self):
         """The captured units in order, each a zero-argument callable (per-segment timing puts events between)."""
@@ -151,9 +174,10 @@ class PlanExecutor:
         if self.backend == "pyvm":  # NaN-poison activations once per step (segments share them)
             for m in self.mems:
                 m.poison()
+        steps = self._new_step()
         for kind, ex in self.segments:
             if kind == "conventional":
-                ex.run([ctx_for(m.rank) for m in self.mems])
+                ex.run([ctx_for(m.rank) for m in self.mems], steps)
             elif self.backend == "pyvm":
                 ex.launch(lambda r, k: ctx_for(r), 1)
             else:

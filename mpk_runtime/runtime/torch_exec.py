@@ -59,10 +59,17 @@ class ConventionalExecutor:
             kernel(task, mem, ctx)
         return run
 
-    def run(self, ctxs: list[StepCtx]) -> None:
-        # per-step values shared by the layers, one dict per rank; fresh every run (never reused across steps:
-        # a captured graph must recompute them from the pos / block_tables of the step it replays)
-        steps = [{"const": c} for c in self.consts]
+    def new_step(self) -> list[dict]:
+        """Fresh per-step value dicts, one per rank held (conventional_ops: row positions, RoPE tables, KV slots,
+        attention masks, computed by the first op that needs them), carrying this executor's weight views."""
+        return [{"const": c} for c in self.consts]
+
+    def run(self, ctxs: list[StepCtx], steps: list[dict] | None = None) -> None:
+        # per-step values shared by the layers, one dict per rank; fresh every step (never reused across steps:
+        # a captured graph must recompute them from the pos / block_tables of the step it replays). A caller
+        # running several conventional segments in one step (PlanExecutor) passes the same `steps` to each, so
+        # the values are computed once per step, not once per segment.
+        steps = steps if steps is not None else self.new_step()
         n = max(len(ts) for ts in self.tasks)
         for i in range(n):
             for r, ts in enumerate(self.tasks):
