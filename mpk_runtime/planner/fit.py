@@ -32,15 +32,18 @@ BATCH_REGIMES = ((1, "1"), (8, "8"), (32, "32"), (128, "128"))   # --regimes bat
 CONV_FIELDS = ("conv_fixed_scale", "conv_bw_fraction", "conv_tc_eff", "conv_attn_kv_passes", "conv_collective_us")
 SIM_FIELDS = ("mk_tc_stream_eff", "mk_tc_eff", "linear_pass_us", "restream_frac")   # --grid: re-simulated
 FIXED_PREFIX = "fixed."   # --grid fixed.<task kind>=...: the per-kind task fixed cost (task_fixed_us_by_kind)
+FLOP_PREFIX = "flop."     # --grid flop.<task kind>=...: the per-kind per-flop time not hidden (flop_us_by_kind)
+PREFIXES = {FIXED_PREFIX: "task_fixed_us_by_kind", FLOP_PREFIX: "flop_us_by_kind"}
 
 
 def with_terms(base: HardwareProfile, combo) -> HardwareProfile:
     """base with the simulator terms of a grid combo: SIM_FIELDS directly, fixed.<kind> into
-    task_fixed_us_by_kind (a copy)."""
-    plain = {k: v for k, v in combo if not k.startswith(FIXED_PREFIX)}
-    fixed = {k[len(FIXED_PREFIX):]: v for k, v in combo if k.startswith(FIXED_PREFIX)}
-    if fixed:
-        plain["task_fixed_us_by_kind"] = {**base.task_fixed_us_by_kind, **fixed}
+    task_fixed_us_by_kind and flop.<kind> into flop_us_by_kind (copies)."""
+    plain = {k: v for k, v in combo if not any(k.startswith(p) for p in PREFIXES)}
+    for pre, field_name in PREFIXES.items():
+        per_kind = {k[len(pre):]: v for k, v in combo if k.startswith(pre)}
+        if per_kind:
+            plain[field_name] = {**getattr(base, field_name), **per_kind}
     return replace(base, **plain)
 
 
@@ -395,8 +398,8 @@ def _grid(spec: str) -> list[tuple]:
     axes = []
     for part in filter(None, spec.split(";")):
         k, vs = part.split("=")
-        assert k in SIM_FIELDS or k.startswith(FIXED_PREFIX), \
-            f"--grid field {k!r}: one of {SIM_FIELDS} or {FIXED_PREFIX}<task kind>"
+        assert k in SIM_FIELDS or any(k.startswith(p) for p in PREFIXES), \
+            f"--grid field {k!r}: one of {SIM_FIELDS}, {FIXED_PREFIX}<task kind> or {FLOP_PREFIX}<task kind>"
         axes.append([(k, float(v)) for v in vs.split(",")])
     return [tuple(c) for c in itertools.product(*axes)] if axes else [()]
 
@@ -414,8 +417,8 @@ def main() -> None:
                     help="price from the recorded features (sim_us of the simulator that made the plans); default: "
                          "re-simulate every measured plan with the current simulator under the profile")
     ap.add_argument("--grid", default="", help="simulator terms to choose by re-simulation, e.g. "
-                    "'mk_tc_stream_eff=0.4,0.5,0.6;mk_tc_eff=0.5,1;fixed.qkv_rope=5,15' (fixed.<kind>: per-kind task "
-                    "fixed cost; chosen on the training half in --holdout)")
+                    "'mk_tc_stream_eff=0.4,0.5,0.6;mk_tc_eff=0.5,1;fixed.qkv_rope=5,15' (fixed.<kind> / flop.<kind>: "
+                    "per-kind task fixed cost / per-flop time; chosen on the training half in --holdout)")
     ap.add_argument("--procs", type=int, default=0, help="processes for re-simulation (default: all cores)")
     a = ap.parse_args()
     rows = []

@@ -174,6 +174,12 @@ def test_grid_fixed_cost_terms_apply_to_a_copy():
     assert p.task_fixed_us_by_kind["attn_partial"] == before["attn_partial"]
     assert base.task_fixed_us_by_kind == before            # the base profile is not modified
     assert p.fixed_us("qkv_rope") == 12.0 and base.fixed_us("qkv_rope") == before["qkv_rope"]
+    flops = dict(base.flop_us_by_kind)
+    q = with_terms(base, _grid("flop.attn_partial=3e-6;fixed.attn_partial=2")[0])
+    assert q.flop_us("attn_partial") == 3e-6 and q.fixed_us("attn_partial") == 2.0
+    assert base.flop_us_by_kind == flops and q.flop_us("linear") == base.flop_us("linear")
+    with pytest.raises(AssertionError, match="--grid field"):
+        _grid("attn_partial=3e-6")
 
 
 def test_conventional_collectives_priced_at_tp2(base):
