@@ -80,7 +80,9 @@ class Point:
         gen = torch.Generator().manual_seed(1)
         self.mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B,), generator=gen))
         self.inv = rope_inv_freq(cfg).to(dev)
-        self.ctx = StepCtx(cfg, 1, self.pos, self.tables, ps, 1, self.inv, kv_len_cap=context + 1)
+        # greedy steps (the sampling inputs stay zero), as the peers decode: the conventional argmax skips the
+        # sampling candidates (StepCtx.greedy)
+        self.ctx = StepCtx(cfg, 1, self.pos, self.tables, ps, 1, self.inv, kv_len_cap=context + 1, greedy=True)
         self.cfg, self.ps, self.heap = cfg, ps, heap
 
     def make_mk(self, tg, m):
@@ -130,7 +132,7 @@ def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None) -> dict:
         ex.capture(ctx_for, mode="step", warmup=1)
         info["exec"] = f"cuda graph ({ex.graph_mode})"
     except Exception as e:  # noqa: BLE001 - keep measuring, eagerly, and say so
-        ex.graphs = None
+        ex.drop_graphs()
         torch.cuda.synchronize()
         info["exec"] = f"eager (capture failed: {type(e).__name__}: {str(e)[:200]})"
     _sync_all(ex, heap)
@@ -146,11 +148,11 @@ def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None) -> dict:
     # per segment: one graph per segment, events between
     seg = [[] for _ in ex.segments]
     if ex.graphs is not None and ex.graph_mode == "step" and len(ex.segments) > 1:
-        ex.graphs = None
+        ex.drop_graphs()
         try:
             ex.capture(ctx_for, mode="segments", warmup=0)
         except Exception as e:  # noqa: BLE001
-            ex.graphs = None
+            ex.drop_graphs()
             info["exec_segments"] = f"eager (capture failed: {type(e).__name__}: {str(e)[:200]})"
     units = ex.replay_units() if ex.graphs is not None else ex.eager_units([pt.ctx])
     if len(ex.segments) == 1:

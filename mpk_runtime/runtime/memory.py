@@ -163,6 +163,9 @@ class StepCtx:
     pad: torch.Tensor | None = None   # (B,) leading padding rows per sequence (batched prefill of unequal chunks,
     #                                   conventional path): rows t < pad[b] are inactive, row t is token t - pad[b]
     tickets: "Tickets | None" = None   # the executor's ticket counters (folded attention merge), set by PyVM
+    greedy: bool = False           # the caller's promise that every row is greedy (temperature 0) this step: the
+    #                                conventional argmax then skips the sampling candidates and draw (~250 small
+    #                                kernels on a GPU), giving the same tokens; a static field (graphs key on it)
 
     def take_ticket(self, key) -> int:
         if self.tickets is None:

@@ -83,6 +83,14 @@ class PlanExecutor:
     # ------------------------------------------------------------------------------------------- CUDA graphs
     graphs: list | None = None          # captured units: (kind, CUDAGraph | eager segment) in step order
     graph_mode: str | None = None
+    # every capture kept, by what it baked in (_ctx_key): a step whose static fields differ from the current
+    # capture's (e.g. StepCtx.greedy) switches to its own capture if there is one
+    _captures: dict | None = None
+
+    def drop_graphs(self) -> None:
+        """Forget every capture (the next run() is eager until capture() is called again)."""
+        self.graphs = self.graph_mode = None
+        self._captures = {}
 
     def _new_step(self) -> list[dict]:
         """The step's per-step value dicts (one per rank held), shared by its conventional segments."""
@@ -136,6 +144,14 @@ class PlanExecutor:
         self.graphs, self.graph_mode = units, mode
         self._graph_steps = steps   # values computed inside one segment graph, read by later ones: kept alive
         self._captured = [_ctx_key(c) for c in ctxs]
+        if self._captures is None:
+            self._captures = {}
+        self._captures[tuple(self._captured)] = (units, mode, steps)
+
+    def has_capture(self, ctx_for: Callable[[int], StepCtx]) -> bool:
+        """Whether a step with these StepCtx fields would replay a capture (current or kept)."""
+        key = tuple(_ctx_key(ctx_for(m.rank)) for m in self.mems)
+        return self.graphs is not None and (key == tuple(self._captured) or key in (self._captures or {}))
 
     def eager_units(self, ctxs: list[StepCtx]) -> list[Callable[[], None]]:
         """The segments as zero-argument callables run eagerly in order (per-segment timing without graphs): the
@@ -165,6 +181,9 @@ class PlanExecutor:
         """One step. ctx_for(rank) gives the step's inputs for each rank held here."""
         if self.graphs is not None:
             got = [_ctx_key(ctx_for(m.rank)) for m in self.mems]
+            if got != self._captured and tuple(got) in (self._captures or {}):
+                self.graphs, self.graph_mode, self._graph_steps = self._captures[tuple(got)]
+                self._captured = got
             if got != self._captured:
                 raise ValueError("CUDA graph replay needs the captured StepCtx tensors (pos, block_tables, inv_freq) "
                                  "updated in place and the same static fields; got different ones")
@@ -187,7 +206,7 @@ class PlanExecutor:
 def _ctx_key(c: StepCtx) -> tuple:
     """What a captured graph baked in: tensor addresses and the static fields (the step number is not)."""
     return (c.pos.data_ptr(), c.block_tables.data_ptr(), c.inv_freq.data_ptr(), c.page_size, c.tokens_per_seq,
-            c.kv_len_cap)
+            c.kv_len_cap, c.greedy)
 
 
 def _graph_launch(mk) -> None:

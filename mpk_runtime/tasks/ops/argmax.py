@@ -162,12 +162,26 @@ def host_syncs_ok(dev: torch.device) -> bool:
 
 
 # --- task semantics ---------------------------------------------------------------------------------------------
-def partial_candidates(logits: torch.Tensor, vocab0: int, C: int, temp: torch.Tensor) -> torch.Tensor:
-    """(B, V_local) fp32 -> (B, C, 2) this rank's candidates (value, global index), as argmax_partial pushes."""
+def _sampling_rows(temp: torch.Tensor | None, greedy: bool) -> bool:
+    """Whether the sampling work must run: not when the caller promised an all-greedy step (StepCtx.greedy), nor
+    on a CPU when no row samples (a host check); on a GPU otherwise always (a check would sync the host)."""
+    if temp is None:
+        return False
+    if greedy:
+        if host_syncs_ok(temp.device) and bool((temp > 0).any()):
+            raise ValueError("StepCtx.greedy is set but some rows have temperature > 0: clear it for sampled steps")
+        return False
+    return not host_syncs_ok(temp.device) or bool((temp > 0).any())
+
+
+def partial_candidates(logits: torch.Tensor, vocab0: int, C: int, temp: torch.Tensor,
+                       greedy: bool = False) -> torch.Tensor:
+    """(B, V_local) fp32 -> (B, C, 2) this rank's candidates (value, global index), as argmax_partial pushes.
+    greedy: every row is greedy (the caller knows): only entry 0 is computed."""
     B, V = logits.shape
     dev = logits.device
     out = torch.empty(B, C, 2, dtype=torch.float32, device=dev)
-    if not host_syncs_ok(dev) or bool((temp > 0).any()):   # GPU: no host sync, always compute the candidates
+    if _sampling_rows(temp, greedy):   # GPU: no host sync, always compute the candidates unless promised greedy
         n = min(C, V)
         local = torch.arange(V, device=dev).expand(B, V)
         order = _rank_order(order_key(logits), local)
@@ -189,13 +203,11 @@ def reduce_tokens(part: torch.Tensor, temp: torch.Tensor | None, top_k=None, top
                   pos=None) -> torch.Tensor:
     """part (W, B, C, 2) of every rank -> (B,) int64 tokens, as argmax_reduce computes them (temp None: greedy)."""
     W, B, C, _ = part.shape
-    best_v, best_i = part[0, :, 0, 0].clone(), part[0, :, 0, 1].clone()
-    for r in range(1, W):
-        v, i = part[r, :, 0, 0], part[r, :, 0, 1]
-        better = (v > best_v) | ((v == best_v) & (i < best_i))
-        best_v = torch.where(better, v, best_v)
-        best_i = torch.where(better, i, best_i)
-    tok = best_i.long()
+    # the best entry 0 over the slots (value desc, index asc): the max value, then the lowest index holding it -
+    # what the device's merge in slot order picks (logits are finite; a NaN would order differently)
+    v, i = part[:, :, 0, 0], part[:, :, 0, 1]
+    best_v = v.amax(0)
+    tok = torch.where(v == best_v, i, torch.full_like(i, float(PAD_INDEX))).amin(0).long()
     if temp is not None and (not host_syncs_ok(temp.device) or bool((temp > 0).any())):
         vals = part[..., 0].permute(1, 0, 2).reshape(B, W * C)             # slot-major, as the device
         idx = part[..., 1].permute(1, 0, 2).reshape(B, W * C)
@@ -226,7 +238,7 @@ def execute_partial(task, mem, ctx):
     n, vs = p.get("nslices", 1), p.get("slice_len", logits.shape[1])
     v0 = p.get("s0", 0) * vs
     x = logits[:, v0:v0 + n * vs].reshape(B * n, vs)   # row b * n + j: slice j of row b
-    out = partial_candidates(x, 0, C, temp.repeat_interleave(n))
+    out = partial_candidates(x, 0, C, temp.repeat_interleave(n), greedy=getattr(ctx, "greedy", False))
     off = p["vocab0"] + v0 + vs * torch.arange(n, device=logits.device).repeat(B)
     out[:, :, 1] += off.to(torch.float32)[:, None]     # exact: indices < 2^24
     out = out.view(B, n, C, 2).transpose(0, 1)
@@ -240,7 +252,7 @@ def execute_reduce(task, mem, ctx):
     p = task.params
     part = mem.sym(p["part"], ctx.parity)[:p.get("slots", p["world"])]  # (W * S, B, C, 2)
     temp = mem.t(p["temperature"]) if p.get("temperature") else None
-    if temp is not None and (not host_syncs_ok(temp.device) or bool((temp > 0).any())):
+    if _sampling_rows(temp, getattr(ctx, "greedy", False)):
         tok = reduce_tokens(part, temp, mem.t(p["top_k"]), mem.t(p["top_p"]), mem.t(p["seed"]),
                             row_last_positions(ctx, part.shape[1]))
     else:
