@@ -350,7 +350,7 @@ def measure_hf(models, batches, context, deadline, out) -> list[dict]:
 
 
 def load_hf(spec: str) -> dict:
-    """HF ms per (model, batch) from hf_peer.json, bench_decode.json or a planner_validation.json."""
+    """HF ms per (model, batch, context) from hf_peer.json, bench_decode.json or a planner_validation.json."""
     if not spec or spec in ("off", "measure"):
         return {}
     out = {}
@@ -359,7 +359,7 @@ def load_hf(spec: str) -> dict:
         rows = d.get("rows", []) + d.get("hf", [])
         for r in rows:
             if r.get("system") == "hf" and "ms" in r and r.get("status", "ok") == "ok":
-                out[(r["model"], int(r["batch"]))] = float(r["ms"])
+                out[(r["model"], int(r["batch"]), int(r.get("context", 512)))] = float(r["ms"])
     return out
 
 
@@ -408,8 +408,9 @@ def plot(rows: list[dict], path: str) -> None:
 def write_report(rows, hf, meta, out, tag=""):
     summ = summarize(rows, hf)
     with open(os.path.join(out, f"planner_validation{tag}.json"), "w") as f:
-        json.dump({"meta": meta, "summary": summ, "hf": [dict(model=m, batch=b, system="hf", ms=v)
-                                                        for (m, b), v in sorted(hf.items())], "rows": rows}, f, indent=1)
+        json.dump({"meta": meta, "summary": summ, "hf": [dict(model=m, batch=b, context=c, system="hf", ms=v)
+                                                        for (m, b, c), v in sorted(hf.items())], "rows": rows},
+                  f, indent=1)
     plot(rows, os.path.join(out, f"planner_pred_vs_measured{tag}.png"))
     print(f"segment MAPE {summ['segment_mape']}, step MAPE {summ['step_mape']}, "
           f"all targets met: {summ['targets_met']}")
@@ -489,7 +490,7 @@ def main() -> None:
         torch.cuda.empty_cache()
         for r in measure_hf(models, batches, a.context, T0 + a.budget_s, a.out):
             if "ms" in r:
-                hf[(r["model"], r["batch"])] = r["ms"]
+                hf[(r["model"], r["batch"], a.context)] = r["ms"]
     write_report(rows, hf, meta, a.out)
 
 
