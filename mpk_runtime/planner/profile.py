@@ -12,11 +12,12 @@ import os
 from dataclasses import dataclass, field
 
 _DIR = os.path.join(os.path.dirname(__file__), "profiles")
-# The profile the planner prices with unless told otherwise. h200_v20_cal (session 10's per-regime calibration of the
-# v20 kernel) since session 12: it scored best on every measured set (docs/planner.md, session 12) - TP=1 validation
-# rows 2.5% / 5.9% segment / step MAPE (h200_measured 11.2% / 14.2%), TP=2 rows max regret 20.3% (41.6%), and the
-# v24 kernel's one-megakernel steps at contexts 512 / 4096, batch 1-32: 3.9% (43.8%).
-DEFAULT_PROFILE = "h200_v20_cal"
+# The profile the planner prices with unless told otherwise. h200_v26_cal since session 13: fitted on the validation
+# rows of commit 1f8638c (v25 attention, the conventional path's shared per-step values and greedy argmax) at contexts
+# 512 and 4096, then validated out of sample at context 2048 (9641b95, 48 plans): segment / step MAPE 8.7% / 7.4%,
+# regret 0 at all 8 points, Spearman >= 0.94 at 7 of 8 (docs/planner.md, session 13; h200_v20_cal on the same rows
+# 25% / 15% with regrets up to 116%: it priced the conventional path from before those fixes).
+DEFAULT_PROFILE = "h200_v26_cal"
 
 
 def key_fallbacks(key: str) -> list[str]:
