@@ -6,7 +6,9 @@ captured in one CUDA graph (PlanExecutor.capture): per op a fixed cost (measured
 bandwidth / `conv_bw_fraction` and its Tensor Core time at its row count (wgmma M=64 granularity) /
 `conv_tc_eff` (cuBLAS: at batch 32/128 the conventional path's matmuls are Tensor Core GEMMs, which is why it
 overtakes the CUDA-core megakernel there). Conventional attention moves the gathered KV bytes
-`conv_attn_kv_passes` times. All-reduces outside megakernels are NCCL calls inside the graph (measured curve).
+`conv_attn_kv_passes` times, and takes at least `conv_attn_key_us` per key (the larger: at small batch its few rows
+keep it latency-bound, measured ~30-50 ns per key per layer at B=1-8 where the bytes would take ~1). All-reduces
+outside megakernels are NCCL calls inside the graph (measured curve).
 
 A megakernel segment = launch + mk_scale x simulated makespan + mk_offset_us (calibration, fit.py); the
 simulator streams each linear weight tile once per pass of the kernel (Tensor Core passes of tc_rows rows from
@@ -55,20 +57,30 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
         fixed += prof.nccl_allreduce_us(graph.batch * 16)
         coll = 1
     if op.kind == "attention":
-        return {"fixed_us": fixed, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": op.bytes / bw * 1e6, "coll": 0}
+        a = op.attrs   # keys read per row: the op's flops are 4 x rows x q heads x head_dim x keys
+        keys = op.flops / max(1, 4 * graph.rows * a["n_q"] * graph.config.head_dim)
+        return {"fixed_us": fixed, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": op.bytes / bw * 1e6, "coll": 0,
+                "attn_keys": keys}
     rows = graph.rows if op.kind != "argmax" else 1
     tc = prof.tc_time_us(op.flops, rows, prof.num_sms) if op.kind in ("linear", "qkv_rope") else 0.0
     return {"fixed_us": fixed, "stream_us": op.bytes / bw * 1e6, "tc_us": tc, "attn_kv_us": 0.0, "coll": coll}
 
 
-def _conv_price(fixed: float, stream: float, tc: float, kv: float, coll: int, prof: HardwareProfile) -> float:
+def _attn_us(kv: float, keys: float, prof: HardwareProfile) -> float:
+    """Conventional attention beyond its fixed cost: the KV passes at bandwidth, or the per-key floor."""
+    return max(kv * prof.conv_attn_kv_passes, keys * prof.conv_attn_key_us)
+
+
+def _conv_price(fixed: float, stream: float, tc: float, kv: float, coll: int, prof: HardwareProfile,
+                keys: float = 0.0) -> float:
     return prof.conv_fixed_scale * fixed + max(stream / prof.conv_bw_fraction, tc / prof.conv_tc_eff) + \
-        kv * prof.conv_attn_kv_passes + coll * prof.conv_collective_us
+        _attn_us(kv, keys, prof) + coll * prof.conv_collective_us
 
 
 def conventional_op_us(op: Op, graph: Graph, prof: HardwareProfile) -> float:
     t = conv_op_terms(op, graph, prof)
-    return _conv_price(t["fixed_us"], t["stream_us"], t["tc_us"], t["attn_kv_us"], t["coll"], prof)
+    return _conv_price(t["fixed_us"], t["stream_us"], t["tc_us"], t["attn_kv_us"], t["coll"], prof,
+                       t.get("attn_keys", 0.0))
 
 
 def conventional_us(graph: Graph, ops: list[str], prof: HardwareProfile) -> float:
@@ -82,6 +94,7 @@ def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -
     fixed = kv = 0.0
     coll = 0
     pairs: dict[tuple, int] = {}
+    attn: dict[tuple, int] = {}
     for n in ops:
         t = conv_op_terms(by[n], graph, prof)
         fixed += t["fixed_us"]
@@ -90,8 +103,20 @@ def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -
         if t["stream_us"] or t["tc_us"]:
             key = (round(t["stream_us"], 7), round(t["tc_us"], 7))
             pairs[key] = pairs.get(key, 0) + 1
+        if "attn_keys" in t:
+            key = (round(t["attn_kv_us"], 7), round(t["attn_keys"], 3))
+            attn[key] = attn.get(key, 0) + 1
     return {"kind": "conventional", "fixed_us": fixed, "attn_kv_us": kv, "n_coll": coll,
-            "st": [[s, t, c] for (s, t), c in sorted(pairs.items())]}
+            "st": [[s, t, c] for (s, t), c in sorted(pairs.items())],
+            "attn": [[k, n, c] for (k, n), c in sorted(attn.items())]}
+
+
+def conv_attn_us(f: dict, prof: HardwareProfile) -> float:
+    """The attention part of a conventional segment's price from its features (rows recorded before the per-key
+    term carry only the summed KV time: bandwidth term alone)."""
+    if "attn" not in f:
+        return f["attn_kv_us"] * prof.conv_attn_kv_passes
+    return sum(c * _attn_us(kv, n, prof) for kv, n, c in f["attn"])
 
 
 def price_from_features(f: dict, prof: HardwareProfile) -> float:
@@ -99,7 +124,7 @@ def price_from_features(f: dict, prof: HardwareProfile) -> float:
     if f["kind"] == "megakernel":
         return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
-    return prof.conv_fixed_scale * f["fixed_us"] + st + f["attn_kv_us"] * prof.conv_attn_kv_passes + \
+    return prof.conv_fixed_scale * f["fixed_us"] + st + conv_attn_us(f, prof) + \
         f.get("n_coll", 0) * prof.conv_collective_us
 
 

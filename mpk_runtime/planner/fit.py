@@ -8,9 +8,11 @@ Input: scripts/validate_planner.py rows; each measured segment carries the featu
 "8": the batch-1 kernels and the 8-row-group kernels are different code paths) it fits:
   megakernel    measured - launch = mk_scale * simulated + mk_offset_us        (weighted least squares)
   conventional  measured = conv_fixed_scale * fixed + sum_ops max(stream / conv_bw_fraction, tc / conv_tc_eff)
-                           + conv_attn_kv_passes * attn_kv                       (grid over the two efficiencies
-                                                                                  and the KV passes, non-negative
-                                                                                  LS for the rest)
+                           + sum_attention max(conv_attn_kv_passes * attn_kv,
+                                               conv_attn_key_us * keys)           (grid over the two efficiencies,
+                                                                                  the KV passes and the per-key
+                                                                                  floor; non-negative LS for the
+                                                                                  rest)
 with relative-error weights (each segment counts by its relative error, as MAPE does). The result is the
 input profile plus `regimes` overrides (profile.for_batch applies them), so candidates() predicts with it.
 --holdout: points (model, tp, batch) sorted by (tp, batch, model) alternate into halves A and B; fit on A, score
@@ -29,7 +31,8 @@ from .profile import HardwareProfile
 
 REGIMES = ((1, "1"), (8, "8"))   # (min batch, key)
 BATCH_REGIMES = ((1, "1"), (8, "8"), (32, "32"), (128, "128"))   # --regimes batch: one per measured batch
-CONV_FIELDS = ("conv_fixed_scale", "conv_bw_fraction", "conv_tc_eff", "conv_attn_kv_passes", "conv_collective_us")
+CONV_FIELDS = ("conv_fixed_scale", "conv_bw_fraction", "conv_tc_eff", "conv_attn_kv_passes", "conv_attn_key_us",
+               "conv_collective_us")
 SIM_FIELDS = ("mk_tc_stream_eff", "mk_tc_eff", "linear_pass_us", "restream_frac")   # --grid: re-simulated
 FIXED_PREFIX = "fixed."   # --grid fixed.<task kind>=...: the per-kind task fixed cost (task_fixed_us_by_kind)
 FLOP_PREFIX = "flop."     # --grid flop.<task kind>=...: the per-kind per-flop time not hidden (flop_us_by_kind)
@@ -232,29 +235,51 @@ def fit_megakernel(segs: list[dict], launch_us: float) -> dict:
 KV_PASSES = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0)
 
 
+# Per-key floor of the conventional attention (us per key per layer): a grid of measured magnitudes (session 13:
+# ~0.03-0.05 at batch 1-8), 0 = the bandwidth term alone.
+KEY_US = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08)
+
+
 def fit_conventional(segs: list[dict]) -> dict:
-    best = None
-    w = [1.0 / s["measured_us"] ** 2 for s in segs]
+    import numpy as np
+    from .cost import conv_attn_us
+    meas = np.array([s["measured_us"] for s in segs], dtype=float)
+    w = 1.0 / meas ** 2
     has_kv = any(s["features"]["attn_kv_us"] > 0 for s in segs)
+    has_keys = any(n > 0 for s in segs for _, n, _ in s["features"].get("attn", []))
     has_coll = any(s["features"].get("n_coll", 0) > 0 for s in segs)
+    cols = [[s["features"]["fixed_us"] for s in segs]]
+    if has_coll:
+        cols.append([float(s["features"].get("n_coll", 0)) for s in segs])
+    X = np.array(cols, dtype=float).T
+    # the attention term of every segment for each (KV passes, per-key floor) on the grids
+    attn = {}
+    for kvp in (KV_PASSES if has_kv else (1.0,)):
+        for ku in (KEY_US if has_keys else (0.0,)):
+            pr = _AttnTerms(kvp, ku)
+            attn[(kvp, ku)] = np.array([conv_attn_us(s["features"], pr) for s in segs])
+    best = None
     # descending, strict improvement: where a term never binds (Tensor Cores at batch 1), keep the prior (1.0)
     for frac in [1.0 - 0.05 * i for i in range(15)]:
         for eff in [1.0 - 0.1 * i for i in range(10)]:
-            st = [sum(c * max(a / frac, t / eff) for a, t, c in s["features"]["st"]) for s in segs]
-            for kvp in (KV_PASSES if has_kv else (1.0,)):
-                y = [s["measured_us"] - v - kvp * s["features"]["attn_kv_us"] for s, v in zip(segs, st)]
-                cols = [[s["features"]["fixed_us"] for s in segs]]
-                if has_coll:
-                    cols.append([float(s["features"].get("n_coll", 0)) for s in segs])
-                b = _wls(cols, y, w)
-                pred = [s["measured_us"] - yi + sum(bi * ci for bi, ci in zip(b, col))
-                        for s, yi, col in zip(segs, y, zip(*cols))]
-                err = sum(((p - s["measured_us"]) / s["measured_us"]) ** 2 for p, s in zip(pred, segs))
+            st = np.array([sum(c * max(a / frac, t / eff) for a, t, c in s["features"]["st"]) for s in segs])
+            for (kvp, ku), at in attn.items():
+                y = meas - st - at
+                b = _wls([list(col) for col in X.T], list(y), list(w))
+                pred = st + at + X @ np.array(b)
+                err = float((((pred - meas) / meas) ** 2).sum())
                 if best is None or err < best[0] * (1 - 1e-9) - 1e-15:
-                    best = (err, frac, eff, kvp, b)
-    _, frac, eff, kvp, b = best
+                    best = (err, frac, eff, kvp, ku, b)
+    _, frac, eff, kvp, ku, b = best
     return {"conv_fixed_scale": b[0], "conv_bw_fraction": round(frac, 4), "conv_tc_eff": round(eff, 4),
-            "conv_attn_kv_passes": kvp, "conv_collective_us": b[1] if has_coll else 0.0}
+            "conv_attn_kv_passes": kvp, "conv_attn_key_us": ku, "conv_collective_us": b[1] if has_coll else 0.0}
+
+
+class _AttnTerms:
+    """The two attention terms conv_attn_us reads, without a whole profile."""
+
+    def __init__(self, kvp: float, key_us: float):
+        self.conv_attn_kv_passes, self.conv_attn_key_us = kvp, key_us
 
 
 def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, regimes=REGIMES,

@@ -97,6 +97,9 @@ class HardwareProfile:
     conv_tc_eff: float = 1.0
     conv_fixed_scale: float = 1.0          # multiplies the conventional fixed costs (fit.py's calibration)
     conv_attn_kv_passes: float = 1.0
+    # ... and at least this long per key it reads (latency-bound at small batch: few rows, one pass over the keys;
+    # measured ~30-50 ns per key per layer at B=1-8, session 13). 0 = the bandwidth term alone (older profiles)
+    conv_attn_key_us: float = 0.0
     # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
     # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
     conv_collective_us: float = 0.0
