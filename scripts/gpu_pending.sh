@@ -1,41 +1,44 @@
 #!/usr/bin/env bash
-# What session 12 left for a GPU, in two commands of < 9.5 min each (stages time-limited; every stage runs even if
-# an earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
+# What session 13 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
+# earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
-#     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU)
+#     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): the planner out of sample
+#     OUT=$OUT bash scripts/gpu_pending.sh bench    # stage 4 (one GPU): the decode benchmark with both peers
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-#  1. tests/gpu with -DMPK_ATT_PV_BF16=1 (attention's P.V as bf16 hi + lo mma's, V^T by ldmatrix.trans: not yet run
-#     on a GPU) - the attention tests against pyvm decide whether the variant is correct
-#  2. bench_decode A/B, default (v24b) then -DMPK_ATT_PV_BF16=1, B=1,8,32, contexts 512 and 4096 (docs/perf-notes.md
-#     v24: predicted B=8 ctx 4096 llama -9%, qwen3-8b -7%; B=32 -10 to -12%)
-#  3. gpu_check_ref with the variant, B=1 and 8
+#  1. tests/gpu (v25 attention, shared per-step values, greedy conventional argmax: all GPU-tested in session 13)
+#  2. validate_planner --tp 1 at context 1024 with the default h200_v27_cal: a context no profile was fitted on
+#     (session 13 at ctx 2048: segment MAPE 7.0%, regret 0; predicted here: <= 10%, regret <= 5%)
+#  3. the HF + torch.compile peer at B=32 (and 8, 128 again) at ctx 512 for validate_planner --summarize
+#  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with the gpt-fast peer at B=1,8 and HF at B=1,8 (issue 3's table)
 #  5. (2 GPUs) bench_allreduce.py: the LL candidate beside the signal protocol and NCCL (16 KiB target <= 3 us)
 #  6. (2 GPUs) gpu_check_tp.py --tp-invariant 2 (the fold is the default since session 12)
 #  7. (2 GPUs) bench_decode --tp 2 with the PyTorch TP peer, B=1,8 (qwen3-8b B=8 peer was skipped in session 11)
 #  8. (2 GPUs) the LL all-reduce in the megakernel (MPK_AR_LL=1): bitwise TP=1 == TP=2, and the TP=2 bench (compare
-#     with stage 7's megakernel column)
+#     with stage 7's megakernel column); then validate_planner --tp 2 (issue 5) if time is left
 set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
-mkdir -p "$OUT"/{ref,def,pvbf16,ar,tp,tpbench}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref def pvbf16 ar tp tpbench pytest_gpu.log 2>/dev/null; }
+mkdir -p "$OUT"/{ref,val,hf,bench,ar,tp,tpbench}
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val hf bench ar tp tpbench pytest_gpu.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
-st "1 tests/gpu with -DMPK_ATT_PV_BF16=1"
-MPK_NVCC_DEFINES=-DMPK_ATT_PV_BF16=1 timeout 110 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu.log" 2>&1
+st "1 tests/gpu"
+timeout 110 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
-for v in def pvbf16; do
-    st "2 bench $v"
-    D=""; [ $v = pvbf16 ] && D=-DMPK_ATT_PV_BF16=1
-    MPK_NVCC_DEFINES="$D" OUT="$OUT/$v" timeout 110 python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b \
-        --batches 1,8,32 --contexts 512,4096 --mk-max-batch 32 --no-peers --budget-s 100 > "$OUT/$v/bench.log" 2>&1
-    grep -E " megakernel " "$OUT/$v/bench.log" | grep -v "^\[" | tail -12; snap
-done
-st "3 the variant vs the reference"
-MPK_NVCC_DEFINES=-DMPK_ATT_PV_BF16=1 OUT="$OUT/ref" timeout 60 python3 scripts/gpu_check_ref.py \
-    --models llama-3.2-1b,qwen3-8b --batches 1,8 --steps 32 --no-hf --trace '' > "$OUT/ref/check_ref.log" 2>&1
-grep -o '"forced_max_rel_err_vs_ref": [0-9.e-]*\|"ok": [a-z]*' "$OUT/ref/check_ref.log" | paste - -; snap
+st "2 validate_planner ctx 1024 (out of sample)"
+timeout 330 python3 scripts/validate_planner.py --tp 1 --context 1024 --budget-s 310 --out "$OUT/val" \
+    > "$OUT/val/validate.log" 2>&1
+tail -9 "$OUT/val/validate.log"; snap
+st "3 HF peer B=8,32,128 ctx 512"
+timeout 120 python3 scripts/validate_planner.py --hf-only --models llama-3.2-1b,qwen3-8b --batches 32,8,128 \
+    --budget-s 110 --out "$OUT/hf" > "$OUT/hf/hf.log" 2>&1
+tail -4 "$OUT/hf/hf.log"; snap
+elif [ "$MODE" = bench ]; then
+st "4 bench_decode with both peers"
+OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b --batches 1,8,32,128 \
+    --contexts 512,4096 --mk-max-batch 128 --peer-batches 1,8 --hf-batches 1,8 --budget-s 540 > "$OUT/bench/bench.log" 2>&1
+grep -A30 "====" "$OUT/bench/bench.log" | head -40; snap
 elif [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
     echo "mode two needs two GPUs"; exit 2
 else
