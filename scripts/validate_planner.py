@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 scripts/validate_planner.py [--models llama-3.2-1b,qwen3-8b] [--batches 1,8,32,128]
         [--tp 1|2] [--budget-s 330] [--hf off|measure|PATH]
     PYTHONPATH=. python3 scripts/validate_planner.py --hf-only --budget-s 540          # HF peer numbers only
-    PYTHONPATH=. python3 scripts/validate_planner.py --summarize ROWS.jsonl[,ROWS2.jsonl] --hf hf_peer.json
+    PYTHONPATH=. python3 scripts/validate_planner.py --summarize ROWS.jsonl[,planner_validation.json] --hf hf_peer.json
     PYTHONPATH=. python3 scripts/validate_planner.py --cpu --models tiny-qwen3 --batches 1,4   # logic check only
     PYTHONPATH=. python3 scripts/validate_planner.py --predict-only --out DIR    # CPU, ~20 s: DIR/plans_tp1.json
     PYTHONPATH=. python3 scripts/validate_planner.py --plans DIR/plans_tp1.json  # GPU: measure those plans
@@ -39,7 +39,7 @@ from mpk_runtime.ir import build_graph  # noqa: E402
 from mpk_runtime.models import load_config, random_weights  # noqa: E402
 from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
 from mpk_runtime.planner import HardwareProfile, candidates  # noqa: E402
-from mpk_runtime.planner.fit import spearman, summarize  # noqa: E402
+from mpk_runtime.planner.score import load_rows, spearman, summarize  # noqa: E402
 from mpk_runtime.runtime.memory import KVStore, RankMemory, StepCtx  # noqa: E402
 from mpk_runtime.runtime.plan_exec import PlanExecutor  # noqa: E402
 
@@ -450,7 +450,7 @@ def main() -> None:
             "profile": prof.name, "families": families, "context": a.context, "steps": a.steps, "tp": a.tp,
             "budget_s": a.budget_s}
     if a.summarize:
-        rows = [json.loads(line) for p in a.summarize.split(",") for line in open(p) if line.strip()]
+        rows = load_rows(a.summarize)   # rows JSONL or planner_validation.json files
         meta["machine"] = "summary of " + a.summarize
         write_report(rows, load_hf(a.hf), meta, a.out, "_summary")
         return

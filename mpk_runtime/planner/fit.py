@@ -28,6 +28,7 @@ from dataclasses import replace
 
 from .cost import price_from_features
 from .profile import HardwareProfile
+from .score import _brief, _sel, load_rows, mape_by, reprice, resimulate, split_points, summarize, valid, valid_rows
 
 REGIMES = ((1, "1"), (8, "8"))   # (min batch, key)
 BATCH_REGIMES = ((1, "1"), (8, "8"), (32, "32"), (128, "128"))   # --regimes batch: one per measured batch
@@ -52,132 +53,6 @@ def with_terms(base: HardwareProfile, combo) -> HardwareProfile:
 
 def regime_of(batch: int, regimes=REGIMES) -> str:
     return [k for b, k in regimes if batch >= b][-1]
-
-
-# ------------------------------------------------------------------------------------------------ metrics
-def spearman(a: list[float], b: list[float]) -> float:
-    def ranks(x):
-        order = sorted(range(len(x)), key=lambda i: x[i])
-        r = [0.0] * len(x)
-        i = 0
-        while i < len(order):   # ties share their mean rank
-            j = i
-            while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-    n = len(a)
-    if n < 2:
-        return 1.0
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = sum(ra) / n, sum(rb) / n
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    va = sum((x - ma) ** 2 for x in ra) ** 0.5
-    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
-    return cov / (va * vb) if va and vb else 1.0
-
-
-TARGETS = {"segment_mape": 0.10, "spearman": 0.9, "regret": 0.05, "chosen_vs_best_of_mono_conv": 0.05}
-
-
-def summarize(rows: list[dict], hf: dict | None = None) -> dict:
-    """Segment / step MAPE, and per point (model, tp, batch): Spearman, regret, chosen vs best of {mono,
-    conventional}, chosen vs the HF peer (hf: {(model, batch): ms}). The chosen plan is the candidate with the
-    lowest prediction among all candidates (row["chosen"]); skipped/errored rows are listed, not scored. A point is
-    (model, tp, batch, context): rows of several contexts are scored as separate points."""
-    hf = hf or {}
-    ok = [r for r in rows if "measured_us" in r]
-    seg_err = [abs(s["predicted_us"] - s["measured_us"]) / s["measured_us"] for r in ok for s in r["segments"]
-               if s["measured_us"] > 0]
-    groups: dict = {}
-    for r in ok:
-        groups.setdefault((r["model"], r.get("tp", 1), r["batch"], r.get("context", 512)), []).append(r)
-    pts = []
-    for (m, tp, b, ctx), rs in sorted(groups.items()):
-        best = min(rs, key=lambda x: x["measured_us"])
-        chosen = next((x for x in rs if x["chosen"]), None)
-        conv = next((x["measured_us"] for x in rs if x["plan"] == "conventional"), None)
-        mono = next((x["measured_us"] for x in rs if x["plan"] == "mono"), None)
-        ref = min([v for v in (conv, mono) if v] or [0]) or None
-        h = hf.get((m, b, ctx), hf.get((m, b)) if ctx == 512 else None)   # (model, batch[, context]) -> ms
-        pts.append({"model": m, "tp": tp, "batch": b, "context": ctx, "plans": len(rs),
-                    "spearman": round(spearman([x["predicted_us"] for x in rs], [x["measured_us"] for x in rs]), 3),
-                    "chosen": chosen["plan"] if chosen else None, "best_measured": best["plan"],
-                    "chosen_us": chosen["measured_us"] if chosen else None, "best_us": best["measured_us"],
-                    "regret": round(chosen["measured_us"] / best["measured_us"] - 1, 4) if chosen else None,
-                    "chosen_vs_best_of_mono_conv": round(chosen["measured_us"] / ref - 1, 4) if chosen and ref else None,
-                    "hf_us": 1e3 * h if h else None,
-                    "chosen_vs_hf": round(chosen["measured_us"] / (1e3 * h) - 1, 4) if chosen and h else None,
-                    "faster_than_hf": (chosen["measured_us"] < 1e3 * h) if chosen and h else None})
-    s = {"segment_mape": sum(seg_err) / len(seg_err) if seg_err else None,
-         "step_mape": sum(abs(r["predicted_us"] - r["measured_us"]) / r["measured_us"] for r in ok) / len(ok)
-         if ok else None,
-         "points": pts,
-         "skipped": [{k: r.get(k) for k in ("model", "tp", "batch", "plan", "skipped")} for r in rows if "skipped" in r],
-         "errors": [{k: r.get(k) for k in ("model", "tp", "batch", "plan", "error")} for r in rows if "error" in r]}
-    chk = {"segment_mape": s["segment_mape"] is not None and s["segment_mape"] <= TARGETS["segment_mape"],
-           "spearman": bool(pts) and all(p["spearman"] >= TARGETS["spearman"] for p in pts if p["plans"] > 2),
-           "regret": bool(pts) and all(p["regret"] is not None and p["regret"] <= TARGETS["regret"] for p in pts),
-           "chosen_vs_best_of_mono_conv": bool(pts) and all(
-               p["chosen_vs_best_of_mono_conv"] is not None and p["chosen_vs_best_of_mono_conv"] <= 0.05 for p in pts),
-           "faster_than_hf_everywhere": bool(pts) and all(p["faster_than_hf"] for p in pts)}
-    s["targets"] = chk
-    s["targets_met"] = all(chk.values())
-    return s
-
-
-# ----------------------------------------------------------------------------------------------- rows
-def valid(r: dict) -> bool:
-    """A row whose measurement counts: measured, and not run eagerly because CUDA-graph capture failed (those
-    time the Python launch path, not the plan: validate_planner's c8feeb7 run has them for every conventional
-    plan)."""
-    return "measured_us" in r and not str(r.get("exec") or "").startswith("eager (capture failed")
-
-
-def valid_rows(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if valid(r)]
-
-
-def _resim_point(job):
-    from ..models import load_config
-    from .search import candidates
-    (m, tp, b, ctx), fams, prof = job
-    return (m, tp, b, ctx), {p.name: (p.predicted_us, [(len(sg.ops), sg.ops[0], sg.features, sg.predicted_us)
-                                                       for sg in p.segments])
-                             for p in candidates(load_config(m), tp=tp, batch=b, context=ctx, prof=prof,
-                                                 families=fams)}
-
-
-def resimulate(rows: list[dict], prof: HardwareProfile, families: tuple[str, ...] | None = None,
-               procs: int | None = None) -> list[dict]:
-    """Rows with every segment's features (and predicted_us) recomputed by candidates() under `prof` with the
-    current simulator: the recorded sim_us are the simulator's of the measuring run, stale once the cost model
-    changes (e.g. the Tensor Core linear model). Plans are matched by name, segments by position, checked by
-    their op count and first op; rows without a match are dropped."""
-    pts: dict = {}
-    for r in rows:
-        pts.setdefault((r["model"], r.get("tp", 1), r["batch"], r.get("context", 512)), set()).add(r["plan"])
-    jobs = [(k, tuple(sorted(names if families is None else names & set(families))), prof)
-            for k, names in sorted(pts.items(), key=lambda kv: -kv[0][1] * kv[0][2])]   # big points first
-    procs = max(1, min(procs or os.cpu_count() or 1, len(jobs)))
-    if procs > 1:
-        import multiprocessing as mp
-        with mp.get_context("fork").Pool(procs) as pool:
-            got = pool.map(_resim_point, jobs, chunksize=1)
-    else:
-        got = [_resim_point(j) for j in jobs]
-    plans = {k + (name,): v for k, d in got for name, v in d.items()}
-    out = []
-    for r in rows:
-        p = plans.get((r["model"], r.get("tp", 1), r["batch"], r.get("context", 512), r["plan"]))
-        if p is None or len(p[1]) != len(r["segments"]) or any(
-                n != s.get("ops", n) or first != s.get("first_op", first) for (n, first, _, _), s in zip(p[1], r["segments"])):
-            continue
-        segs = [dict(s, features=f, predicted_us=us) for (_, _, f, us), s in zip(p[1], r["segments"])]
-        out.append(dict(r, segments=segs, predicted_us=p[0]))
-    return out
 
 
 # ----------------------------------------------------------------------------------------------- fitting
@@ -338,71 +213,6 @@ def fit_with_sim_grid(sims: dict, base: HardwareProfile, pts=None, **kw) -> tupl
     return prof, rep, combo
 
 
-def mape_by(rows: list[dict], prof: HardwareProfile | None = None) -> dict:
-    """Segment MAPE of valid rows (re-priced under `prof` if given): megakernel and conventional segments,
-    overall and per batch."""
-    acc: dict = {}
-    for r in rows:
-        if not valid(r):
-            continue
-        p = prof.for_batch(r["batch"]) if prof is not None else None
-        for s in r["segments"]:
-            f = s.get("features")
-            if not f or s["measured_us"] <= 0:
-                continue
-            pred = price_from_features(f, p) if p is not None else s["predicted_us"]
-            e = abs(pred - s["measured_us"]) / s["measured_us"]
-            for k in ((f["kind"], "all"), (f["kind"], r["batch"])):
-                acc.setdefault(k, []).append(e)
-    out: dict = {}
-    for (kind, b), es in sorted(acc.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        out.setdefault(kind, {})[str(b)] = round(sum(es) / len(es), 4)
-    return out
-
-
-def reprice(rows: list[dict], prof: HardwareProfile) -> list[dict]:
-    """Rows with predicted_us (segments and step) recomputed from the features under `prof`; `chosen` becomes
-    the lowest re-priced plan among the measured ones of each point."""
-    out = []
-    for r in rows:
-        if not valid(r) or not all(s.get("features") for s in r["segments"]):
-            continue
-        p = prof.for_batch(r["batch"])
-        segs = [dict(s, predicted_us=price_from_features(s["features"], p)) for s in r["segments"]]
-        step = sum(s["predicted_us"] for s in segs) + p.graph_kernel_gap_us * max(0, len(segs) - 1)
-        out.append(dict(r, segments=segs, predicted_us=step))
-    best: dict = {}
-    for r in out:
-        k = _pt(r)
-        if k not in best or r["predicted_us"] < best[k]["predicted_us"]:
-            best[k] = r
-    for r in out:
-        r["chosen"] = best[_pt(r)] is r
-    return out
-
-
-def _pt(r: dict) -> tuple:
-    """A measured point: the plans of one (model, tp, batch, context) compete with each other."""
-    return (r["model"], r.get("tp", 1), r["batch"], r.get("context", 512))
-
-
-def split_points(rows: list[dict]) -> tuple[set, set]:
-    pts = sorted({(r.get("tp", 1), r["batch"], r["model"], r.get("context", 512)) for r in rows if valid(r)})
-    return set(pts[0::2]), set(pts[1::2])
-
-
-def _sel(rows, pts):
-    return [r for r in rows if (r.get("tp", 1), r["batch"], r["model"], r.get("context", 512)) in pts]
-
-
-def _brief(s: dict) -> dict:
-    return {"segment_mape": s["segment_mape"], "step_mape": s["step_mape"],
-            "min_spearman": min((p["spearman"] for p in s["points"] if p["plans"] > 2), default=None),
-            "max_regret": max((p["regret"] for p in s["points"] if p["regret"] is not None), default=None),
-            "points": [{k: p[k] for k in ("model", "tp", "batch", "context", "plans", "spearman", "chosen",
-                                          "best_measured", "regret")} for p in s["points"]]}
-
-
 def holdout(rows: list[dict], base: HardwareProfile, sims: dict | None = None, **kw) -> dict:
     """Fit on one half of the points, score the other, both ways. With `sims` (fit_with_sim_grid) the
     simulator terms are chosen on the training half too; the test half is scored on its rows simulated with
@@ -435,16 +245,6 @@ def _grid(spec: str) -> list[tuple]:
     return [tuple(c) for c in itertools.product(*axes)] if axes else [()]
 
 
-def _load_rows(spec: str) -> list[dict]:
-    rows = []
-    for p in spec.split(","):
-        if p.endswith(".json"):
-            rows += json.load(open(p))["rows"]
-        else:
-            rows += [json.loads(x) for x in open(p) if x.strip()]
-    return rows
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", required=True, help="validation rows JSONL (or planner_validation.json), comma-separated")
@@ -464,7 +264,7 @@ def main() -> None:
     ap.add_argument("--test", default="", help="rows never fitted on (e.g. another context): scored out of sample "
                     "with the fitted profile (re-simulated under the chosen grid terms)")
     a = ap.parse_args()
-    rows = _load_rows(a.rows)
+    rows = load_rows(a.rows)
     n_all = len(rows)
     rows = valid_rows(rows)
     print(f"{len(rows)} valid measured rows of {n_all} (skipped: unmeasured, or eager after a failed graph capture)")
@@ -495,7 +295,7 @@ def main() -> None:
     if a.holdout:
         report["holdout"] = holdout(base_rows, base, sims=sims if len(sims) > 1 else None, **kw)
     if a.test:
-        test = valid_rows(_load_rows(a.test))
+        test = valid_rows(load_rows(a.test))
         if not a.no_resimulate:
             test = resimulate(test, with_terms(base, combo), procs=a.procs or None)
         s_test = summarize(reprice(test, prof))

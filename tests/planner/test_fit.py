@@ -9,7 +9,8 @@ from mpk_runtime.models import PRESETS
 from mpk_runtime.planner import HardwareProfile, candidates, simulate
 from mpk_runtime.planner.cost import price_from_features
 from mpk_runtime.planner.simulate import task_stream_bytes
-from mpk_runtime.planner.fit import fit_profile, holdout, reprice, spearman, summarize
+from mpk_runtime.planner.fit import fit_profile, holdout
+from mpk_runtime.planner.score import reprice, spearman, summarize
 from mpk_runtime.tasks import Tiling, build_task_graphs
 
 TRUE = {"1": {"mk_scale": 0.8, "mk_offset_us": 12.0, "conv_fixed_scale": 1.7, "conv_bw_fraction": 0.6,
@@ -94,6 +95,14 @@ def test_spearman_and_summary_checks():
     p = s["points"][0]
     assert p["regret"] == 0 and p["chosen_vs_best_of_mono_conv"] == 0 and p["faster_than_hf"]
     assert s["skipped"][0]["plan"] == "per-layer"
+    # the same plans at another context are another point: their regret is their own, and the HF number of
+    # context 512 does not apply there
+    long = [dict(r, context=4096, measured_us=r["measured_us"] * (3 if r["plan"] == "mono" else 1))
+            for r in rows if "measured_us" in r]
+    s2 = summarize(rows + long, {("m", 1, 512): 0.2})
+    pts = {p["context"]: p for p in s2["points"]}
+    assert set(pts) == {512, 4096} and pts[512]["regret"] == 0 and pts[512]["faster_than_hf"]
+    assert pts[4096]["best_measured"] == "mega2" and pts[4096]["regret"] > 1.0 and pts[4096]["hf_us"] is None
 
 
 def test_megakernel_row_groups_restream_weights(base):
