@@ -54,7 +54,9 @@ class Rig:
         self.tables = ((torch.arange(B * pps) + 1).view(B, pps)).cuda()
         self.pos = torch.full((B,), context, dtype=torch.int64, device="cuda")
         self.inv = rope_inv_freq(cfg)
-        self.ctx = StepCtx(cfg, 0, self.pos, self.tables, self.ps, 1, self.inv.cuda(), kv_len_cap=context + 1)
+        # greedy steps (sampling inputs zero), as validate_planner measures and the planner prices them
+        self.ctx = StepCtx(cfg, 0, self.pos, self.tables, self.ps, 1, self.inv.cuda(), kv_len_cap=context + 1,
+                           greedy=True)
 
     def megakernel(self, ops=None, sms=132, trace=0):
         g = self.g.subgraph(ops) if ops else self.g
