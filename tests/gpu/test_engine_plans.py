@@ -41,3 +41,28 @@ def test_llm_plan_auto_generates_through_plans():
         assert llm.executor.collective_rpc("health")[0]["plans_used"]
     finally:
         llm.shutdown()
+
+
+def test_greedy_and_sampled_steps_replay_their_own_graphs():
+    """A conventional plan keeps one decode graph per sampling variant (StepCtx.greedy: all-greedy steps skip the
+    sampler's ~250 kernels): greedy rows draw the same tokens whether a sampled row shares their batch (sampled
+    graph) or not (greedy graph), a seeded sampled row draws the same tokens twice, and both variants were
+    captured for the bucket. (Added in session 13; first GPU run pending.)"""
+    from mpk_runtime import LLM, SamplingParams
+    from mpk_runtime.models.config import load_config
+    from mpk_runtime.planner import plan_book
+    book = plan_book(load_config("tiny-llama"), 1, (4,), context=128, families=("conventional",))
+    llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan=book)
+    try:
+        prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+        g = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        s = SamplingParams(max_tokens=6, temperature=0.9, top_k=20, seed=7, ignore_eos=True)
+        greedy = [o.token_ids for o in llm.generate(prompts, g, use_tqdm=False)]
+        mixed = [o.token_ids for o in llm.generate(prompts, [g, g, g, s], use_tqdm=False)]
+        again = [o.token_ids for o in llm.generate(prompts, [g, g, g, s], use_tqdm=False)]
+        assert mixed[:3] == greedy[:3] and again == mixed
+        planned = llm.executor.workers[0].runner.planned
+        keys = [k for bk in planned._buckets.values() for k in (bk.ex._captures or {})]
+        assert {k[0][-1] for k in keys} == {True, False}, keys    # the greedy flag is the key's last field
+    finally:
+        llm.shutdown()
