@@ -1,13 +1,10 @@
 """GPU: decode attention over long cached contexts (several key passes per split, sequences of different lengths)
 matches the CPU pyvm on the same K/V pages (skips without a CUDA GPU + nvcc)."""
 import pytest
-import torch
 
-from mpk_runtime.codegen import nvcc
+from tests.gpu.marks import KERNEL
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-              pytest.mark.skipif(nvcc.find_nvcc() is None, reason="needs nvcc to build the kernel")]
+pytestmark = KERNEL
 
 
 @pytest.mark.parametrize("model,batch,ctx,splits", [("tiny-llama", 1, 700, 1), ("tiny-llama", 3, 520, 2),

@@ -3,13 +3,10 @@ conventional path and decoded through PlannedDecoder (CUDA-graph replays, a key-
 bf16 tolerance of the pure-torch reference, teacher-forced (scripts/gpu_check_plans.py forced()); and
 LLM(backend="megakernel", plan="auto") generates through its plans (skips without a CUDA GPU + nvcc)."""
 import pytest
-import torch
 
-from mpk_runtime.codegen import nvcc
+from tests.gpu.marks import KERNEL
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-              pytest.mark.skipif(nvcc.find_nvcc() is None, reason="needs nvcc to build the kernel")]
+pytestmark = KERNEL
 
 
 def _script():

@@ -3,11 +3,9 @@ of a prefetching build equal those of the build without prefetch bit for bit, ov
 import pytest
 import torch
 
-from mpk_runtime.codegen import nvcc
+from tests.gpu.marks import KERNEL
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-              pytest.mark.skipif(nvcc.find_nvcc() is None, reason="needs nvcc to build the kernel")]
+pytestmark = KERNEL
 
 
 @pytest.mark.parametrize("model,mb", [("tiny-qwen3", 0.05), ("llama-3.2-1b", 16.0)])

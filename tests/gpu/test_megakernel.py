@@ -2,11 +2,9 @@
 import pytest
 import torch
 
-from mpk_runtime.codegen import nvcc
+from tests.gpu.marks import KERNEL
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-              pytest.mark.skipif(nvcc.find_nvcc() is None, reason="needs nvcc to build the kernel")]
+pytestmark = KERNEL
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])

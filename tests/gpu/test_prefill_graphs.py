@@ -7,7 +7,9 @@ import random
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+from tests.gpu.marks import GPU
+
+pytestmark = GPU
 
 PS, MAXLEN = 16, 256
 
