@@ -66,15 +66,15 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
     return {"fixed_us": fixed, "stream_us": op.bytes / bw * 1e6, "tc_us": tc, "attn_kv_us": 0.0, "coll": coll}
 
 
-def _attn_us(kv: float, keys: float, prof: HardwareProfile) -> float:
+def _attn_us(kv: float, keys: float, passes: float, key_us: float) -> float:
     """Conventional attention beyond its fixed cost: the KV passes at bandwidth, or the per-key floor."""
-    return max(kv * prof.conv_attn_kv_passes, keys * prof.conv_attn_key_us)
+    return max(kv * passes, keys * key_us)
 
 
 def _conv_price(fixed: float, stream: float, tc: float, kv: float, coll: int, prof: HardwareProfile,
                 keys: float = 0.0) -> float:
     return prof.conv_fixed_scale * fixed + max(stream / prof.conv_bw_fraction, tc / prof.conv_tc_eff) + \
-        _attn_us(kv, keys, prof) + coll * prof.conv_collective_us
+        _attn_us(kv, keys, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + coll * prof.conv_collective_us
 
 
 def conventional_op_us(op: Op, graph: Graph, prof: HardwareProfile) -> float:
@@ -111,12 +111,12 @@ def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -
             "attn": [[k, n, c] for (k, n), c in sorted(attn.items())]}
 
 
-def conv_attn_us(f: dict, prof: HardwareProfile) -> float:
+def conv_attn_us(f: dict, passes: float, key_us: float) -> float:
     """The attention part of a conventional segment's price from its features (rows recorded before the per-key
     term carry only the summed KV time: bandwidth term alone)."""
     if "attn" not in f:
-        return f["attn_kv_us"] * prof.conv_attn_kv_passes
-    return sum(c * _attn_us(kv, n, prof) for kv, n, c in f["attn"])
+        return f["attn_kv_us"] * passes
+    return sum(c * _attn_us(kv, n, passes, key_us) for kv, n, c in f["attn"])
 
 
 def price_from_features(f: dict, prof: HardwareProfile) -> float:
@@ -124,7 +124,7 @@ def price_from_features(f: dict, prof: HardwareProfile) -> float:
     if f["kind"] == "megakernel":
         return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
-    return prof.conv_fixed_scale * f["fixed_us"] + st + conv_attn_us(f, prof) + \
+    return prof.conv_fixed_scale * f["fixed_us"] + st + conv_attn_us(f, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + \
         f.get("n_coll", 0) * prof.conv_collective_us
 
 

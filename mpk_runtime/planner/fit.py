@@ -131,8 +131,7 @@ def fit_conventional(segs: list[dict]) -> dict:
     attn = {}
     for kvp in (KV_PASSES if has_kv else (1.0,)):
         for ku in (KEY_US if has_keys else (0.0,)):
-            pr = _AttnTerms(kvp, ku)
-            attn[(kvp, ku)] = np.array([conv_attn_us(s["features"], pr) for s in segs])
+            attn[(kvp, ku)] = np.array([conv_attn_us(s["features"], kvp, ku) for s in segs])
     best = None
     # descending, strict improvement: where a term never binds (Tensor Cores at batch 1), keep the prior (1.0)
     for frac in [1.0 - 0.05 * i for i in range(15)]:
@@ -148,13 +147,6 @@ def fit_conventional(segs: list[dict]) -> dict:
     _, frac, eff, kvp, ku, b = best
     return {"conv_fixed_scale": b[0], "conv_bw_fraction": round(frac, 4), "conv_tc_eff": round(eff, 4),
             "conv_attn_kv_passes": kvp, "conv_attn_key_us": ku, "conv_collective_us": b[1] if has_coll else 0.0}
-
-
-class _AttnTerms:
-    """The two attention terms conv_attn_us reads, without a whole profile."""
-
-    def __init__(self, kvp: float, key_us: float):
-        self.conv_attn_kv_passes, self.conv_attn_key_us = kvp, key_us
 
 
 def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, regimes=REGIMES,

@@ -219,11 +219,11 @@ def test_conventional_attention_per_key_floor(base):
     f = {"kind": "conventional", "fixed_us": 10.0, "attn_kv_us": 2.0, "n_coll": 0, "st": [],
          "attn": [[1.0, 4097.0, 2]]}
     p = dataclasses.replace(base, conv_attn_kv_passes=5.0, conv_attn_key_us=0.0)
-    assert conv_attn_us(f, p) == pytest.approx(10.0)                        # 2 ops x 1 us x 5 passes
+    assert conv_attn_us(f, p.conv_attn_kv_passes, p.conv_attn_key_us) == pytest.approx(10.0)                        # 2 ops x 1 us x 5 passes
     p = dataclasses.replace(base, conv_attn_kv_passes=5.0, conv_attn_key_us=0.03)
-    assert conv_attn_us(f, p) == pytest.approx(2 * 4097 * 0.03)             # the floor binds
+    assert conv_attn_us(f, p.conv_attn_kv_passes, p.conv_attn_key_us) == pytest.approx(2 * 4097 * 0.03)             # the floor binds
     old = {k: v for k, v in f.items() if k != "attn"}
-    assert conv_attn_us(old, p) == pytest.approx(10.0)
+    assert conv_attn_us(old, p.conv_attn_kv_passes, p.conv_attn_key_us) == pytest.approx(10.0)
     cfg = PRESETS["tiny-llama"]
     for B, ctx in ((1, 64), (8, 1000)):
         plans = candidates(cfg, batch=B, context=ctx, prof=p, families=("conventional",))
