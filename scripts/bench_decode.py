@@ -6,6 +6,9 @@ on seeded random bf16 weights (model shapes llama-3.2-1b and qwen3-8b); one GPU 
                each launch synchronised before the next (no back-to-back pipelining); median over launches.
   gptfast      gpt-fast-style decoder (plain torch, static KV cache, torch.compile(mode="reduce-overhead"));
                adapted from the project's ../shared/gpu/peer_baseline_tp.py (tp=1) with a batch dimension.
+  planned      the planner's chosen plan (plan_book, default profile) where it is not the one megakernel (from
+               batch 32: attention as megakernels, the rest conventional): the step as one CUDA graph, each replay
+               timed alone with CUDA events, median. Ratios compare the peers with this runtime's choice.
   hf           HF transformers + StaticCache + torch.compile(mode="reduce-overhead")
                (as ../shared/gpu/peer_baseline_hf.py).
   Peers: every step timed on its own with CUDA events (record, step, record), median over steps.
@@ -172,6 +175,31 @@ def stage_summary(mk, step: int, path) -> dict:
             for k, d in by.items()}
 
 
+# --------------------------------------------------------------------------------- planned (what a user gets)
+def chosen_plans(cfg, batches, ctx) -> dict:
+    """{batch: Plan}: the planner's choice per batch at this context (plan_book, the default hardware profile), as
+    LLM(..., plan="auto") would run it."""
+    from mpk_runtime.planner import plan_book
+    from mpk_runtime.planner.plan import Plan
+    book = plan_book(cfg, 1, tuple(batches), context=ctx)
+    return {int(b): Plan.from_dict(d) for b, d in book["buckets"].items()}
+
+
+def bench_planned(cfg, weights, B, ctx, plan, steps=12):
+    """ms per step of the planner's chosen plan when it is not the one megakernel (attention as megakernels and the
+    rest conventional, ...): the whole step as one CUDA graph, each replay timed alone with CUDA events (as the
+    peers), median (validate_planner.measure_plan; greedy steps)."""
+    from validate_planner import Point, measure_plan
+    t = time.time()
+    pt = Point(cfg, weights, B, ctx, "cuda", plan.attn_splits)
+    m = measure_plan(plan, pt, steps, cpu=False)
+    ms = sorted(m["step_ms"])[len(m["step_ms"]) // 2]
+    del pt
+    return dict(system="planned", ms=ms, ms_min=min(m["step_ms"]), plan=plan.name, predicted_ms=plan.predicted_us / 1e3,
+                exec=m.get("exec"), timing=f"each step timed alone (CUDA events, synchronised), median of {steps}",
+                setup_s=round(time.time() - t, 1))
+
+
 # ------------------------------------------------------------------------ peers (scripts/_peers.py, re-exported)
 from _peers import GptFast, NcclComm, bench_gptfast, bench_hf  # noqa: E402,F401
 
@@ -189,6 +217,8 @@ def parse_args(argv=None):
     ap.add_argument("--trace", action="store_true", help="--tp 1: one traced megakernel launch per cell -> "
                     "$OUT/trace_<model>_b<B>_c<ctx>_s<splits>.json.gz (scripts/trace_phases.py reads it)")
     ap.add_argument("--no-peers", action="store_true", help="--tp 1: the megakernel only (A/B runs)")
+    ap.add_argument("--planned", action=argparse.BooleanOptionalAction, default=True,
+                    help="--tp 1: also time the planner's chosen plan where it is not the one megakernel")
     ap.add_argument("--attn-splits", type=int, default=None, help="--tp 1: attention key splits (default: fill the SMs)")
     ap.add_argument("--l2-prefetch-mb", type=float, default=0.0,
                     help="--tp 1: weight bytes per layer prefetched into L2 during attention (Tiling.l2_prefetch_mb)")
@@ -246,22 +276,29 @@ def main():
         work += [("gptfast", 1, ctxs[0])] if 1 in batches else []
         work += [("hf", 1, ctxs[0])] if 1 in batches and 1 in _ints(args.hf_batches) else []
         work += [("megakernel", b, c) for b in batches if 1 < b <= args.mk_max_batch for c in ctxs]
+        # the planner's choice where it is not the one megakernel (at B >= 32 attention-only megakernels)
+        chosen = {c: chosen_plans(cfg, batches, c) for c in ctxs} if args.planned else {}
+        work += [("planned", b, c) for b in batches for c in ctxs if c in chosen and chosen[c][b].name != "mono"]
         work += [("gptfast", 1, c) for c in ctxs[1:]] if 1 in batches else []
-        work += [("gptfast", b, c) for b in _ints(args.peer_batches) if b > 1 for c in ctxs]
-        work += [("hf", b, c) for b in _ints(args.hf_batches) for c in ctxs
-                 if (b, c) != (1, ctxs[0])]
+        work += [("gptfast", b, c) for c in ctxs for b in _ints(args.peer_batches) if b > 1]   # first context first
+        work += [("hf", b, c) for c in ctxs for b in _ints(args.hf_batches) if (b, c) != (1, ctxs[0])]
         if args.no_peers:
-            work = [w for w in work if w[0] == "megakernel"]
+            work = [w for w in work if w[0] in ("megakernel", "planned")]
         weights = None
         for system, B, ctx in work:
             key = dict(model=model, system=system, batch=B, context=ctx, floor_ms=fl, weight_bytes=nbytes)
-            est = {"megakernel": 8, "gptfast": 45 if "8b" in model else 25, "hf": 90 if "8b" in model else 45}[system]
+            est = {"megakernel": 8, "planned": 25 if "8b" in model else 12, "gptfast": 45 if "8b" in model else 25,
+                   "hf": 90 if "8b" in model else 45}[system]
             if time.time() + est > deadline:
                 ROWS.append(dict(key, status="skipped (time budget)")); save()
                 log(f"skip {system} {model} B={B} ctx={ctx} (budget)")
                 continue
             try:
-                if system == "megakernel":
+                if system in ("megakernel", "planned") and weights is None:
+                    weights = random_weights(cfg, seed=0, dtype="bfloat16", device="cuda")
+                if system == "planned":
+                    r = bench_planned(cfg, weights, B, ctx, chosen[ctx][B])
+                elif system == "megakernel":
                     if weights is None:
                         weights = random_weights(cfg, seed=0, dtype="bfloat16", device="cuda")
                     r = bench_megakernel(model, weights, B, ctx, *((8, 12) if B <= 8 else (2, 4)), trace=args.trace,
@@ -287,13 +324,16 @@ def main():
             torch._dynamo.reset()
         except Exception:  # noqa: BLE001
             pass
-    # ratios: peer / ours at the same (model, batch, context)
+    # ratios: peer / ours at the same (model, batch, context); ours = the planner's choice (the one megakernel
+    # where it chose that, else its 'planned' row)
     ours = {(r["model"], r["batch"], r["context"]): r["ms"] for r in ROWS
             if r["system"] == "megakernel" and r.get("status") == "ok"}
+    ours.update({(r["model"], r["batch"], r["context"]): r["ms"] for r in ROWS
+                 if r["system"] == "planned" and r.get("status") == "ok"})
     for r in ROWS:
         k = (r["model"], r["batch"], r["context"])
         if r.get("status") == "ok" and k in ours:
-            r["ratio_vs_megakernel"] = r["ms"] / ours[k]   # > 1: the megakernel is faster
+            r["ratio_vs_ours"] = r["ms"] / ours[k]   # > 1: this runtime (its chosen plan) is faster
     save()
     print("\n==== bench_decode (ms/token, median) ====")
     print(f"{'model':13s} {'B':>3s} {'ctx':>5s} {'system':10s} {'ms':>8s} {'floor':>7s} {'%floor':>6s} {'peer/ours':>9s}")
@@ -302,7 +342,8 @@ def main():
             print(f"{r['model']:13s} {r['batch']:3d} {r['context']:5d} {r['system']:10s} {r['status'][:60]}")
             continue
         print(f"{r['model']:13s} {r['batch']:3d} {r['context']:5d} {r['system']:10s} {r['ms']:8.3f} {r['floor_ms']:7.3f} "
-              f"{r['pct_of_floor']:6.0f} {r.get('ratio_vs_megakernel', float('nan')):9.2f}")
+              f"{r['pct_of_floor']:6.0f} {r.get('ratio_vs_ours', float('nan')):9.2f}"
+              + (f"  ({r['plan']})" if r["system"] == "planned" else ""))
     print(f"wrote {OUT / 'bench_decode.json'}  total {time.time() - T0:.0f}s")
 
 

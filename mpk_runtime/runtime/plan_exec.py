@@ -87,6 +87,12 @@ class PlanExecutor:
     # capture's (e.g. StepCtx.greedy) switches to its own capture if there is one
     _captures: dict | None = None
 
+    def _key(self, c: StepCtx) -> tuple:
+        """_ctx_key, less the greedy flag when no conventional segment reads it (a megakernel samples on device
+        either way: one capture serves greedy and sampled steps)."""
+        k = _ctx_key(c)
+        return k if any(kind == "conventional" for kind, _ in self.segments) else k[:-1]
+
     def drop_graphs(self) -> None:
         """Forget every capture (the next run() is eager until capture() is called again)."""
         self.graphs = self.graph_mode = None
@@ -116,8 +122,8 @@ class PlanExecutor:
                 any(k == "megakernel" for k, _ in self.segments):
             mode = "segments"   # world > 1: megakernel launches stay eager between per-segment graphs
         ctxs = [ctx_for(m.rank) for m in self.mems]
-        for _ in range(warmup):
-            self.run(ctx_for)
+        for _ in range(warmup):   # eager even when another variant is captured (its graphs bake other fields)
+            self._run_eager(ctx_for)
         torch.cuda.synchronize()
         units: list = []
         steps = self._new_step()
@@ -143,14 +149,14 @@ class PlanExecutor:
         torch.cuda.synchronize()
         self.graphs, self.graph_mode = units, mode
         self._graph_steps = steps   # values computed inside one segment graph, read by later ones: kept alive
-        self._captured = [_ctx_key(c) for c in ctxs]
+        self._captured = [self._key(c) for c in ctxs]
         if self._captures is None:
             self._captures = {}
         self._captures[tuple(self._captured)] = (units, mode, steps)
 
     def has_capture(self, ctx_for: Callable[[int], StepCtx]) -> bool:
         """Whether a step with these StepCtx fields would replay a capture (current or kept)."""
-        key = tuple(_ctx_key(ctx_for(m.rank)) for m in self.mems)
+        key = tuple(self._key(ctx_for(m.rank)) for m in self.mems)
         return self.graphs is not None and (key == tuple(self._captured) or key in (self._captures or {}))
 
     def eager_units(self, ctxs: list[StepCtx]) -> list[Callable[[], None]]:
@@ -180,7 +186,7 @@ class PlanExecutor:
     def run(self, ctx_for: Callable[[int], StepCtx]) -> None:
         """One step. ctx_for(rank) gives the step's inputs for each rank held here."""
         if self.graphs is not None:
-            got = [_ctx_key(ctx_for(m.rank)) for m in self.mems]
+            got = [self._key(ctx_for(m.rank)) for m in self.mems]
             if got != self._captured and tuple(got) in (self._captures or {}):
                 self.graphs, self.graph_mode, self._graph_steps = self._captures[tuple(got)]
                 self._captured = got
@@ -190,6 +196,9 @@ class PlanExecutor:
             for f in self.replay_units():
                 f()
             return
+        self._run_eager(ctx_for)
+
+    def _run_eager(self, ctx_for: Callable[[int], StepCtx]) -> None:
         if self.backend == "pyvm":  # NaN-poison activations once per step (segments share them)
             for m in self.mems:
                 m.poison()

@@ -63,3 +63,24 @@ def test_greedy_and_sampled_steps_replay_their_own_graphs():
         assert {k[0][-1] for k in keys} == {True, False}, keys    # the greedy flag is the key's last field
     finally:
         llm.shutdown()
+
+
+def test_one_megakernel_plan_serves_greedy_and_sampled_steps_from_one_capture():
+    """A one-megakernel plan samples on device either way: a greedy step and a sampled one replay the same capture
+    (session 14: the second variant's warm-up used to replay the first one's graph and failed)."""
+    from mpk_runtime import LLM, SamplingParams
+    from mpk_runtime.models.config import load_config
+    from mpk_runtime.planner import plan_book
+    book = plan_book(load_config("tiny-llama"), 1, (4,), context=128, families=("mono",))
+    llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan=book)
+    try:
+        prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+        g = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        s = SamplingParams(max_tokens=6, temperature=0.9, top_k=20, seed=7, ignore_eos=True)
+        greedy = [o.token_ids for o in llm.generate(prompts, g, use_tqdm=False)]
+        mixed = [o.token_ids for o in llm.generate(prompts, [g, g, g, s], use_tqdm=False)]
+        assert mixed[:3] == greedy[:3]
+        planned = llm.executor.workers[0].runner.planned
+        assert [bk.captures for bk in planned._buckets.values()] == [1]
+    finally:
+        llm.shutdown()
