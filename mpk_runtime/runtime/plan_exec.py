@@ -35,7 +35,7 @@ from ..tasks.check import check_task_graphs
 from ..tasks.tiling import Tiling
 from .memory import RankMemory, StepCtx
 from .pyvm import PyVM
-from .torch_exec import ConventionalExecutor
+from .torch_exec import ConventionalExecutor, compile_segments
 
 
 def _tiling(d: dict, num_sms: int | None) -> Tiling:
@@ -68,7 +68,8 @@ class PlanExecutor:
             if seg.kind == "conventional":
                 # graphs of every rank but only this process's rank held (GPU TP): its own graph
                 held = sub if len(sub) == len(mems) else [sub[m.rank] for m in mems]
-                self.segments.append(("conventional", ConventionalExecutor(held, mems, comm=comm)))
+                self.segments.append(("conventional", ConventionalExecutor(
+                    held, mems, comm=comm, compile=backend != "pyvm" and compile_segments())))
                 continue
             tgs = build_task_graphs(sub, _tiling(seg.tiling, num_sms))
             if check:
@@ -122,6 +123,10 @@ class PlanExecutor:
                 any(k == "megakernel" for k, _ in self.segments):
             mode = "segments"   # world > 1: megakernel launches stay eager between per-segment graphs
         ctxs = [ctx_for(m.rank) for m in self.mems]
+        if any(kind == "conventional" and ex.compile for kind, ex in self.segments):
+            warmup = max(warmup, 2)   # torch.compile: the first run fills the weight views' cache, the second
+            #                           compiles against the filled one (or a new variant's fields); the capture
+            #                           then compiles nothing
         for _ in range(warmup):   # eager even when another variant is captured (its graphs bake other fields)
             self._run_eager(ctx_for)
         torch.cuda.synchronize()

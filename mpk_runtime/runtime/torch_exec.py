@@ -7,9 +7,17 @@ task (their decompositions are identical, and every cross-rank producer precedes
 Values every layer needs (positions, RoPE tables, KV slots, attention masks) are built once per step, inside
 run() (a CUDA graph capture records them; see conventional_ops). Used for prefill chunks and as the CPU
 "torch" backend; on a GPU the same ops run as torch kernels.
+
+Compiled (`compile=True`, or MPK_CONV_COMPILE=1 for the executors of conventional plan segments): run() goes through
+torch.compile (Inductor, no CUDA graphs of its own: the caller captures the step), which fuses the elementwise
+work around the matmuls (RMSNorm, RoPE, SiLU-mul, residual adds, the argmax merge) into a few generated kernels.
+Inductor keeps intermediates in fp32 inside a fused kernel, so the results agree with the eager ops to bf16
+tolerance, not bit for bit (emulate_precision_casts rounds where the eager ops round, which keeps them close);
+the first run compiles (seconds to a minute), and a new StepCtx shape or static field compiles again.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +29,23 @@ from ..tasks.tiling import Tiling
 from .conventional_ops import OPS as WHOLE_OPS, runs_whole
 from .memory import RankMemory, StepCtx
 
+def compile_segments() -> bool:
+    """MPK_CONV_COMPILE=1: conventional plan segments run through torch.compile (see the module doc)."""
+    v = os.environ.get("MPK_CONV_COMPILE", "0")
+    if v not in ("0", "1"):
+        raise ValueError(f"MPK_CONV_COMPILE={v!r}: set 0 (eager torch ops) or 1 (torch.compile)")
+    return v == "1"
+
+
+def _allow_recompiles() -> None:
+    """Every compiled executor (one per conventional segment: 17 in a 16-layer attention-megakernel plan) and
+    every variant of its StepCtx fields is a recompile of the same code (_run): without raising Dynamo's
+    per-code limit (8) the later segments would silently run eagerly."""
+    import torch._dynamo.config as dc
+    dc.recompile_limit = max(dc.recompile_limit, 512)
+    dc.accumulated_recompile_limit = max(dc.accumulated_recompile_limit, 4096)
+
+
 COARSE = Tiling(num_sms=1, linear_cols=1 << 30, allreduce_cols=1 << 30, argmax_tasks=1)
 
 
@@ -29,8 +54,9 @@ class ConventionalExecutor:
     process holds one rank and the symmetric slots of the other ranks are filled by an all-gather right before
     each task that reads them (allreduce, argmax_reduce), so the reductions are the same rank-ordered sums."""
 
-    def __init__(self, graphs: list[Graph], mems: list[RankMemory], comm=None):
+    def __init__(self, graphs: list[Graph], mems: list[RankMemory], comm=None, compile: bool = False):
         self.mems, self.comm = mems, comm
+        self.compile, self._compiled = compile, None
         # ops with a batched whole-op version run as one pseudo-task; the rest as their coarse tiles
         self.tasks = []
         for g in graphs:
@@ -70,6 +96,16 @@ class ConventionalExecutor:
         # running several conventional segments in one step (PlanExecutor) passes the same `steps` to each, so
         # the values are computed once per step, not once per segment.
         steps = steps if steps is not None else self.new_step()
+        if self.compile:
+            if self._compiled is None:
+                _allow_recompiles()
+                self._compiled = torch.compile(self._run, dynamic=False,
+                                               options={"emulate_precision_casts": True})
+            self._compiled(ctxs, steps)
+        else:
+            self._run(ctxs, steps)
+
+    def _run(self, ctxs: list[StepCtx], steps: list[dict]) -> None:
         n = max(len(ts) for ts in self.tasks)
         for i in range(n):
             for r, ts in enumerate(self.tasks):
