@@ -98,9 +98,8 @@ class Point:
 
 def _sync_all(ex, heap):
     torch.cuda.synchronize()
-    for kind, seg in ex.segments:
-        if kind == "megakernel":
-            seg.check()
+    for mk in ex.megakernels():
+        mk.check()
     if heap is not None:
         heap.barrier()
 

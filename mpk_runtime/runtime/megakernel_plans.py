@@ -117,9 +117,8 @@ class PlannedDecoder:
         if self.backend == "pyvm":
             return
         torch.cuda.synchronize(self.device)
-        for kind, seg in bk.ex.segments:
-            if kind == "megakernel":
-                seg.check()
+        for mk in bk.ex.megakernels():
+            mk.check()
 
     def decode(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling=None,
                want_logits: bool = True):

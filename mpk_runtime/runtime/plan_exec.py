@@ -62,24 +62,61 @@ class PlanExecutor:
                              "and the reduce together keeps: use a one-megakernel plan, or unset MPK_AR_LL")
         self.plan, self.mems, self.backend = plan, mems, backend
         self._consts = [{} for _ in mems]   # per rank held, across steps: weight views (conventional_ops._wt)
-        self.segments: list[tuple[str, object]] = []
-        for seg in plan.segments:
-            sub = [g.subgraph(seg.ops) for g in graphs]
-            if seg.kind == "conventional":
-                # graphs of every rank but only this process's rank held (GPU TP): its own graph
-                held = sub if len(sub) == len(mems) else [sub[m.rank] for m in mems]
-                self.segments.append(("conventional", ConventionalExecutor(
-                    held, mems, comm=comm, compile=backend != "pyvm" and compile_segments())))
-                continue
-            tgs = build_task_graphs(sub, _tiling(seg.tiling, num_sms))
-            if check:
-                check_task_graphs(tgs, steps=2)
-            if backend == "pyvm":
-                self.segments.append(("megakernel", PyVM(tgs, mems, mode=mode, seed=seed, poison=False)))
-            else:
-                if make_megakernel is None:
-                    raise ValueError("backend 'megakernel' needs make_megakernel(task_graph, mem)")
-                self.segments.append(("megakernel", make_megakernel(tgs[mems[0].rank if len(tgs) > 1 else 0], mems[0])))
+        self._build = dict(graphs=graphs, num_sms=num_sms, mode=mode, seed=seed, check=check,
+                           make_megakernel=make_megakernel, comm=comm)
+        self.segments: list[tuple[str, object]] = [self._segment(seg.kind, seg.ops, seg.tiling)
+                                                   for seg in plan.segments]
+        # StepCtx.greedy changes what runs only in a conventional argmax (a megakernel samples on device either way)
+        argmax = [o.name for o in graphs[0].ops if o.kind == "argmax"]
+        self._greedy_read = any(seg.kind == "conventional" and set(argmax) & set(seg.ops) for seg in plan.segments)
+        # Steps with sampled rows: the conventional argmax would run the whole sampler as ~340 small kernels
+        # (candidates, 64 serial prefix sums, the draw: ~0.5 ms on an H200), so they run the argmax op as a
+        # megakernel of its own instead (the sampling contract, ir/sampling.py, draws the same token on every
+        # executor and tiling). One rank per process only (a TP megakernel segment needs the peers' heap).
+        self._sampled: list[tuple[str, object]] | None = None
+        if self._greedy_read and len(graphs) == 1:
+            tiling = next((seg.tiling for seg in plan.segments if seg.kind == "megakernel"), {})
+            self._sampled = []
+            for (kind, ex), seg in zip(self.segments, plan.segments):
+                if kind == "conventional" and set(argmax) & set(seg.ops):
+                    rest = [n for n in seg.ops if n not in argmax]
+                    if rest:
+                        self._sampled.append(self._segment("conventional", rest, {}))
+                    self._sampled.append(self._segment("megakernel", [n for n in seg.ops if n in argmax], tiling))
+                else:
+                    self._sampled.append((kind, ex))
+
+    def _segment(self, kind: str, ops: list[str], tiling: dict) -> tuple[str, object]:
+        b = self._build
+        graphs, mems = b["graphs"], self.mems
+        sub = [g.subgraph(ops) for g in graphs]
+        if kind == "conventional":
+            # graphs of every rank but only this process's rank held (GPU TP): its own graph
+            held = sub if len(sub) == len(mems) else [sub[m.rank] for m in mems]
+            return ("conventional", ConventionalExecutor(
+                held, mems, comm=b["comm"], compile=self.backend != "pyvm" and compile_segments()))
+        tgs = build_task_graphs(sub, _tiling(tiling, b["num_sms"]))
+        if b["check"]:
+            check_task_graphs(tgs, steps=2)
+        if self.backend == "pyvm":
+            return ("megakernel", PyVM(tgs, mems, mode=b["mode"], seed=b["seed"], poison=False))
+        if b["make_megakernel"] is None:
+            raise ValueError("backend 'megakernel' needs make_megakernel(task_graph, mem)")
+        return ("megakernel", b["make_megakernel"](tgs[mems[0].rank if len(tgs) > 1 else 0], mems[0]))
+
+    def segments_for(self, greedy: bool) -> list[tuple[str, object]]:
+        """The segments a step runs: the plan's, or for a step with sampled rows the variant whose argmax is a
+        megakernel (when the plan's argmax is conventional)."""
+        return self.segments if greedy or self._sampled is None else self._sampled
+
+    def megakernels(self) -> list:
+        """Every megakernel executor of both variants (status checks after a launch)."""
+        seen, out = set(), []
+        for kind, ex in self.segments + (self._sampled or []):
+            if kind == "megakernel" and id(ex) not in seen:
+                seen.add(id(ex))
+                out.append(ex)
+        return out
 
     # ------------------------------------------------------------------------------------------- CUDA graphs
     graphs: list | None = None          # captured units: (kind, CUDAGraph | eager segment) in step order
@@ -89,10 +126,10 @@ class PlanExecutor:
     _captures: dict | None = None
 
     def _key(self, c: StepCtx) -> tuple:
-        """_ctx_key, less the greedy flag when no conventional segment reads it (a megakernel samples on device
-        either way: one capture serves greedy and sampled steps)."""
+        """_ctx_key, less the greedy flag when no conventional segment holds the argmax (a megakernel samples on
+        device either way: one capture serves greedy and sampled steps)."""
         k = _ctx_key(c)
-        return k if any(kind == "conventional" for kind, _ in self.segments) else k[:-1]
+        return k if self._greedy_read else k[:-1]
 
     def drop_graphs(self) -> None:
         """Forget every capture (the next run() is eager until capture() is called again)."""
@@ -103,9 +140,10 @@ class PlanExecutor:
         """The step's per-step value dicts (one per rank held), shared by its conventional segments."""
         return [{"const": c} for c in self._consts]
 
-    def _seg_graphed(self, i: int, ctxs: list[StepCtx], steps: list[dict]) -> None:
-        """What a graph records for segment i: the eager op sequence; a megakernel as a fresh step-1 launch."""
-        kind, ex = self.segments[i]
+    @staticmethod
+    def _seg_graphed(seg: tuple[str, object], ctxs: list[StepCtx], steps: list[dict]) -> None:
+        """What a graph records for a segment: the eager op sequence; a megakernel as a fresh step-1 launch."""
+        kind, ex = seg
         if kind == "conventional":
             ex.run(ctxs, steps)
         else:
@@ -123,7 +161,8 @@ class PlanExecutor:
                 any(k == "megakernel" for k, _ in self.segments):
             mode = "segments"   # world > 1: megakernel launches stay eager between per-segment graphs
         ctxs = [ctx_for(m.rank) for m in self.mems]
-        if any(kind == "conventional" and ex.compile for kind, ex in self.segments):
+        segs = self.segments_for(ctxs[0].greedy)
+        if any(kind == "conventional" and ex.compile for kind, ex in segs):
             warmup = max(warmup, 2)   # torch.compile: the first run fills the weight views' cache, the second
             #                           compiles against the filled one (or a new variant's fields); the capture
             #                           then compiles nothing
@@ -135,18 +174,18 @@ class PlanExecutor:
         if mode == "step":
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                for i in range(len(self.segments)):
-                    self._seg_graphed(i, ctxs, steps)
+                for seg in segs:
+                    self._seg_graphed(seg, ctxs, steps)
             units.append(("graph", g))
         elif mode == "segments":
             pool = None   # the segment graphs replay one after another: one memory pool for all of them
-            for i, (kind, ex) in enumerate(self.segments):
+            for kind, ex in segs:
                 if kind == "megakernel" and not self.can_capture_megakernels():
-                    units.append(("eager", i))
+                    units.append(("eager", ex))
                     continue
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, pool=pool):
-                    self._seg_graphed(i, ctxs, steps)
+                    self._seg_graphed((kind, ex), ctxs, steps)
                 pool = pool or g.pool()
                 units.append(("graph", g))
         else:
@@ -168,24 +207,25 @@ class PlanExecutor:
         """The segments as zero-argument callables run eagerly in order (per-segment timing without graphs): the
         first starts a step (fresh per-step values), the later ones share them, as run() does."""
         cur: list = []
+        segs = self.segments_for(ctxs[0].greedy)
 
         def unit(i: int) -> None:
             if i == 0:
                 cur[:] = [self._new_step()]
-            kind, ex = self.segments[i]
+            kind, ex = segs[i]
             if kind == "conventional":
                 ex.run(ctxs, cur[0])
             elif self.backend == "pyvm":
                 ex.launch(lambda r, k: ctxs[r], 1)
             else:
                 ex.launch(1)
-        return [lambda i=i: unit(i) for i in range(len(self.segments))]
+        return [lambda i=i: unit(i) for i in range(len(segs))]
 
     def replay_units(self):
         """The captured units in order, each a zero-argument callable (per-segment timing puts events between)."""
         out = []
         for kind, u in self.graphs or []:
-            out.append(u.replay if kind == "graph" else (lambda i=u: self.segments[i][1].launch(1)))
+            out.append(u.replay if kind == "graph" else (lambda mk=u: mk.launch(1)))
         return out
 
     def run(self, ctx_for: Callable[[int], StepCtx]) -> None:
@@ -208,7 +248,7 @@ class PlanExecutor:
             for m in self.mems:
                 m.poison()
         steps = self._new_step()
-        for kind, ex in self.segments:
+        for kind, ex in self.segments_for(ctx_for(self.mems[0].rank).greedy):
             if kind == "conventional":
                 ex.run([ctx_for(m.rank) for m in self.mems], steps)
             elif self.backend == "pyvm":

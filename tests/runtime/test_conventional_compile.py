@@ -22,6 +22,7 @@ def test_compile_segments_flag(monkeypatch):
 
 
 def test_compiled_segments_match_eager(monkeypatch):
+    """(Inductor C++ compile on the CPU: ~25 s.)"""
     import torch._dynamo.utils as du
     monkeypatch.setattr(argmax_ops, "host_syncs_ok", lambda dev: False)   # the GPU branches: no host syncs
     cfg, g, mem, eager, ctx = build("tiny-llama", 3, greedy=True)

@@ -83,3 +83,47 @@ def test_conventional_segments_of_a_step_share_its_per_step_values(family, monke
     for unit in ex.eager_units([ctx]):
         unit()
     assert sorted(calls) == once and torch.equal(mems[0].t("logits"), got)
+
+
+@pytest.mark.parametrize("family", ["attn-mk", "conventional"])
+def test_sampled_steps_run_the_argmax_as_a_megakernel(family):
+    """A plan whose argmax op is conventional runs steps with sampled rows through a variant where the argmax is a
+    megakernel of its own (the conventional sampler is ~340 small kernels on a GPU); greedy steps (StepCtx.greedy)
+    run the plan as it is. Both draw what the one-megakernel plan draws: the sampling contract is the same token
+    on every executor and tiling (ir/sampling.py)."""
+    import dataclasses
+    cfg = PRESETS["tiny-llama"]
+    grp, lens, tables, ref_logits, toks = setup(cfg, 1, 3)
+    graphs = grp.graphs("decode", 3, 1)
+    drawn = {}
+    for name in ("mono", family):
+        plan = candidates(cfg.replace(dtype="float32"), tp=1, batch=3, context=16, families=(name,))[0]
+        for s in plan.segments:
+            s.tiling.update(num_sms=4, linear_cols=16)
+        mems = grp._mems(graphs)
+        ex = PlanExecutor(plan, graphs, mems, backend="pyvm", seed=3)
+        if name != "mono":
+            kinds = [k for k, _ in ex.segments_for(False)]
+            assert kinds[-1] == "megakernel" and [k for k, _ in ex.segments_for(True)][-1] == "conventional"
+            assert ex.segments_for(False)[:-2] == ex.segments[:-1]     # the other segments are the same executors
+        m = mems[0]
+        m.t("sample.temperature").copy_(torch.tensor([0.0, 0.8, 1.3]))
+        m.t("sample.top_k").copy_(torch.tensor([0, 20, 5]))
+        m.t("sample.top_p").copy_(torch.tensor([1.0, 0.9, 1.0]))
+        m.t("sample.seed").copy_(torch.tensor([0, 11, -5]))
+        out = []
+        for s in range(3):
+            m.t("tokens").copy_(toks[s])
+            ctx = grp.ctx([n + s for n in lens], tables, 1)
+            ex.run(lambda r: ctx)
+            out.append(m.t("next_tokens").clone())
+            assert torch.equal(out[-1][0], toks[s + 1][0]), (name, s)   # the greedy row: the reference token
+        drawn[name] = out
+        if name != "mono":   # a greedy step (greedy rows only) through the plan's own conventional argmax
+            m.t("sample.temperature").zero_()
+            m.t("tokens").copy_(toks[0])
+            ctx = dataclasses.replace(grp.ctx(lens, tables, 1), greedy=True)
+            ex.run(lambda r: ctx)
+            assert torch.equal(m.t("next_tokens"), toks[1])
+    assert all(torch.equal(a, b) for a, b in zip(drawn["mono"], drawn[family])), drawn
+    assert any(not torch.equal(d[1:], t[1:]) for d, t in zip(drawn["mono"], toks[1:])), "no row sampled off-greedy"
