@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# What session 13 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
+# What session 14 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
-#     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): the planner out of sample
-#     OUT=$OUT bash scripts/gpu_pending.sh bench    # stage 4 (one GPU): the decode benchmark with both peers
+#     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU)
+#     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-#  1. tests/gpu (v25 attention, shared per-step values, greedy conventional argmax: all GPU-tested in session 13)
-#  2. validate_planner --tp 1 at context 1024 with the default h200_v27_cal: a context no profile was fitted on
-#     (session 13 at ctx 2048: segment MAPE 7.0%, regret 0; predicted here: <= 10%, regret <= 5%)
-#  3. the HF + torch.compile peer at B=32 (and 8, 128 again) at ctx 512 for validate_planner --summarize
-#  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with the gpt-fast peer at B=1,8 and HF at B=1,8 (issue 3's table)
+#  1. tests/gpu: new since the last GPU run - sampled steps of plans with a conventional argmax run it as a
+#     megakernel of its own (PlanExecutor.segments_for; CPU-tested), the one-megakernel plan serves greedy and sampled
+#     steps from one capture (test_one_megakernel_plan_serves_greedy_and_sampled_steps_from_one_capture)
+#  2. validate_planner --sampled (every row samples) for mono / attn-mk / conventional at B=1, 32, ctx 512: what a
+#     sampled step costs. Prediction (session 14): attn-mk sampled within ~3% of its greedy step (llama B=32 ~3.1-3.2
+#     ms; before the change a sampled step paid ~0.5 ms more, ~3.6), conventional likewise; mono unchanged
+#  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128, eager and MPK_CONV_COMPILE=1: which kernels
+#     take the 137-146 us per layer of attn-mk's conventional segments (docs/perf-notes.md session 14)
+#  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch (done in session 14 per model; rerun
+#     after a kernel change)
 #  5. (2 GPUs) bench_allreduce.py: the LL candidate beside the signal protocol and NCCL (16 KiB target <= 3 us)
 #  6. (2 GPUs) gpu_check_tp.py --tp-invariant 2 (the fold is the default since session 12)
 #  7. (2 GPUs) bench_decode --tp 2 with the PyTorch TP peer, B=1,8 (qwen3-8b B=8 peer was skipped in session 11)
@@ -18,26 +23,29 @@
 set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
-mkdir -p "$OUT"/{ref,val,hf,bench,ar,tp,tpbench}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val hf bench ar tp tpbench pytest_gpu.log 2>/dev/null; }
+mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench}
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
 st "1 tests/gpu"
 timeout 110 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
-st "2 validate_planner ctx 1024 (out of sample)"
-timeout 330 python3 scripts/validate_planner.py --tp 1 --context 1024 --budget-s 310 --out "$OUT/val" \
-    > "$OUT/val/validate.log" 2>&1
-tail -9 "$OUT/val/validate.log"; snap
-st "3 HF peer B=8,32,128 ctx 512"
-timeout 120 python3 scripts/validate_planner.py --hf-only --models llama-3.2-1b,qwen3-8b --batches 32,8,128 \
-    --budget-s 110 --out "$OUT/hf" > "$OUT/hf/hf.log" 2>&1
-tail -4 "$OUT/hf/hf.log"; snap
+st "2 validate_planner --sampled, ctx 512"
+timeout 260 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 1,32 --families mono,attn-mk,conventional \
+    --sampled --budget-s 240 --out "$OUT/val" > "$OUT/val/validate.log" 2>&1
+tail -6 "$OUT/val/validate.log"; snap
+st "3 profile attn-mk's conventional segments, eager and compiled"
+timeout 60 python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32,128 --family attn-mk \
+    --out "$OUT/prof" > "$OUT/prof/profile_eager.log" 2>&1
+mkdir -p "$OUT/prof/compiled"
+MPK_CONV_COMPILE=1 timeout 150 python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32,128 \
+    --family attn-mk --out "$OUT/prof/compiled" > "$OUT/prof/profile_compiled.log" 2>&1
+head -30 "$OUT/prof/profile_eager.log"; snap
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
-OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b --batches 1,8,32,128 \
-    --contexts 512,4096 --mk-max-batch 128 --peer-batches 1,8 --hf-batches 1,8 --budget-s 540 > "$OUT/bench/bench.log" 2>&1
+OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \
+    --contexts 512,4096 --mk-max-batch 128 --peer-batches 1,8,32,128 --hf-batches 1,8,32,128 --budget-s 540 > "$OUT/bench/bench.log" 2>&1
 grep -A30 "====" "$OUT/bench/bench.log" | head -40; snap
 elif [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
     echo "mode two needs two GPUs"; exit 2

@@ -1,7 +1,10 @@
 """Where a conventional (torch ops) decode step spends GPU time: one eager step per (model, batch) under
 torch.profiler, kernels grouped by name, top-N by total GPU time, plus the kernel count per step.
+--family attn-mk profiles the plan with attention as megakernels (its conventional segments' kernels, the
+megakernel launches as one name); MPK_CONV_COMPILE=1 profiles the compiled segments.
 
     PYTHONPATH=. python3 scripts/profile_conventional.py --models qwen3-8b --batches 1,128 --out $OUT
+    PYTHONPATH=. python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32,128 --family attn-mk
 """
 from __future__ import annotations
 
@@ -20,13 +23,13 @@ from mpk_runtime.planner import candidates  # noqa: E402
 from mpk_runtime.runtime.plan_exec import PlanExecutor  # noqa: E402
 
 
-def profile(model: str, B: int, context: int, top: int) -> dict:
+def profile(model: str, B: int, context: int, top: int, family: str = "conventional") -> dict:
     cfg = load_config(model).replace(dtype="bfloat16")
     w = random_weights(cfg, seed=0, device="cuda")
-    plan = candidates(cfg, tp=1, batch=B, context=context, families=("conventional",))[0]
+    plan = candidates(cfg, tp=1, batch=B, context=context, families=(family,))[0]
     pt = Point(cfg, w, B, context, "cuda", plan.attn_splits)
     ex = PlanExecutor(plan, pt.graphs, [pt.mem], backend="megakernel", check=False, make_megakernel=pt.make_mk)
-    for _ in range(2):
+    for _ in range(3):   # torch.compile (MPK_CONV_COMPILE=1) compiles in the first two
         ex.run(lambda r: pt.ctx)
     torch.cuda.synchronize()
     from torch.profiler import ProfilerActivity, profile as tprof
@@ -44,12 +47,13 @@ def profile(model: str, B: int, context: int, top: int) -> dict:
         r[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
     tot = sum(v[1] for v in rows.values())
     out = sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]
-    print(f"== {model} B={B} ctx={context}: {n} GPU kernels/copies per step, {tot / 1e3:.2f} ms GPU busy")
+    print(f"== {model} B={B} ctx={context} {family}: {n} GPU kernels/copies per step, {tot / 1e3:.2f} ms GPU busy")
     for name, (c, us) in out:
         print(f"  {us:10.1f} us {c:6d}x  {name}")
     del ex, pt, w
     torch.cuda.empty_cache()
-    return dict(model=model, batch=B, context=context, kernels=n, gpu_busy_us=tot,
+    return dict(model=model, batch=B, context=context, family=family, kernels=n, gpu_busy_us=tot,
+                compiled=os.environ.get("MPK_CONV_COMPILE", "0") == "1",
                 top=[dict(name=k, count=c, us=us) for k, (c, us) in out])
 
 
@@ -59,10 +63,11 @@ def main():
     ap.add_argument("--batches", default="1,128")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--family", default="conventional", help="plan family profiled (conventional, attn-mk, ...)")
     ap.add_argument("--out", default=".")
     a = ap.parse_args()
-    res = [profile(m, int(b), a.context, a.top) for m in a.models.split(",") for b in a.batches.split(",")]
-    with open(os.path.join(a.out, "profile_conventional.json"), "w") as f:
+    res = [profile(m, int(b), a.context, a.top, a.family) for m in a.models.split(",") for b in a.batches.split(",")]
+    with open(os.path.join(a.out, f"profile_{a.family}.json"), "w") as f:
         json.dump(res, f, indent=1)
 
 

@@ -60,7 +60,7 @@ def med(x):
 class Point:
     """One (model, batch) on this rank: graph, memory, KV cache, step inputs (device tensors, fixed in place)."""
 
-    def __init__(self, cfg, w, B, context, dev, splits, tp=1, rank=0, heap=None):
+    def __init__(self, cfg, w, B, context, dev, splits, tp=1, rank=0, heap=None, sampled=False):
         ps, max_seq = 16, context + 64
         pps = -(-max_seq // ps)
         self.graphs = [build_graph(cfg, batch=B, context_len=context, max_seq_len=max_seq, attn_splits=splits, tp=tp,
@@ -81,8 +81,13 @@ class Point:
         self.mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B,), generator=gen))
         self.inv = rope_inv_freq(cfg).to(dev)
         # greedy steps (the sampling inputs stay zero), as the peers decode: the conventional argmax skips the
-        # sampling candidates (StepCtx.greedy)
-        self.ctx = StepCtx(cfg, 1, self.pos, self.tables, ps, 1, self.inv, kv_len_cap=context + 1, greedy=True)
+        # sampling candidates (StepCtx.greedy). sampled: every row samples (temperature 0.8, top-k 50, top-p 0.9)
+        if sampled:
+            self.mem.t("sample.temperature").fill_(0.8)
+            self.mem.t("sample.top_k").fill_(50)
+            self.mem.t("sample.top_p").fill_(0.9)
+            self.mem.t("sample.seed").copy_(torch.arange(B) + 1)
+        self.ctx = StepCtx(cfg, 1, self.pos, self.tables, ps, 1, self.inv, kv_len_cap=context + 1, greedy=not sampled)
         self.cfg, self.ps, self.heap = cfg, ps, heap
 
     def make_mk(self, tg, m):
@@ -111,18 +116,19 @@ def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None) -> dict:
                       num_sms=4 if cpu else None, make_megakernel=pt.make_mk, mode="ordered", comm=comm)
     ctx_for = lambda r: pt.ctx  # noqa: E731
     info = {}
+    segs = ex.segments_for(pt.ctx.greedy)   # sampled steps: the plan's argmax may run as a megakernel
     if cpu:   # logic check: eager pyvm, host timers
-        tot, seg = [], [[] for _ in ex.segments]
+        tot, seg = [], [[] for _ in segs]
         for s in range(steps + 1):
             t = [time.perf_counter()]
-            for kind, e in ex.segments:
+            for kind, e in segs:
                 e.run([pt.ctx]) if kind == "conventional" else e.launch(lambda r, k: pt.ctx, 1)
                 t.append(time.perf_counter())
             if s:
                 tot.append((t[-1] - t[0]) * 1e3)
                 for i in range(len(seg)):
                     seg[i].append((t[i + 1] - t[i]) * 1e3)
-        return dict(step_ms=tot, seg_ms=seg, exec="cpu eager (pyvm)")
+        return dict(step_ms=tot, seg_ms=seg if pt.ctx.greedy else [], exec="cpu eager (pyvm)")
     if heap is not None:
         heap.barrier()   # every rank's segment counters exist and are zero before any launch
     ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
@@ -146,6 +152,9 @@ def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None) -> dict:
             tot.append(a.elapsed_time(b))
     # per segment: one graph per segment, events between
     seg = [[] for _ in ex.segments]
+    if not pt.ctx.greedy:   # the sampled variant's segments are not the plan's: step times only
+        del ex
+        return dict(step_ms=tot, seg_ms=[], **info)
     if ex.graphs is not None and ex.graph_mode == "step" and len(ex.segments) > 1:
         ex.drop_graphs()
         try:
@@ -251,7 +260,7 @@ def est_s(plan, steps, tp) -> float:
 
 
 def validate(preds, context, tp, steps, budget_s, cpu, out, rank=0, heap=None, comm=None,
-             deadline=None) -> list[dict]:
+             deadline=None, sampled=False) -> list[dict]:
     deadline = deadline or (T0 + budget_s)
     dev = "cpu" if cpu else "cuda"
     work = work_list(preds)
@@ -293,7 +302,8 @@ def validate(preds, context, tp, steps, budget_s, cpu, out, rank=0, heap=None, c
                 gc.collect()
                 if not cpu:
                     torch.cuda.empty_cache()
-                cur = ((m, B), Point(cfg, weights[m], B, context, dev, plan.attn_splits, tp, rank, heap))
+                cur = ((m, B), Point(cfg, weights[m], B, context, dev, plan.attn_splits, tp, rank, heap,
+                                           sampled=sampled))
             meas = measure_plan(plan, cur[1], steps if plan.predicted_us < 50e3 else max(2, steps // 2), cpu, comm)
             row = plan_row(m, B, context, tp, plan, chosen, meas, time.time() - t0)
         except Exception as e:  # noqa: BLE001 - report, keep validating the others
@@ -439,6 +449,9 @@ def main() -> None:
     ap.add_argument("--exact", action="store_true",
                     help="simulate long segments in full (no extrapolation from short ones; ~3x slower, same "
                          "predictions to ~1e-7)")
+    ap.add_argument("--sampled", action="store_true",
+                    help="--tp 1: every row samples (temperature 0.8, top-k 50, top-p 0.9) instead of greedy: what a "
+                         "sampled step costs each plan (its argmax as a megakernel where the plan's is conventional)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -447,7 +460,7 @@ def main() -> None:
     prof = HardwareProfile.load(a.profile)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": os.environ.get("GIT_COMMIT", "?"),
             "profile": prof.name, "families": families, "context": a.context, "steps": a.steps, "tp": a.tp,
-            "budget_s": a.budget_s}
+            "budget_s": a.budget_s, "sampled": a.sampled}
     if a.summarize:
         rows = load_rows(a.summarize)   # rows JSONL or planner_validation.json files
         meta["machine"] = "summary of " + a.summarize
@@ -482,7 +495,7 @@ def main() -> None:
             meta["tp_error"] = f"{type(e).__name__}: {str(e)[:2000]}"
         write_report(rows, load_hf(a.hf), meta, a.out, f"_tp{a.tp}")
         return
-    rows = validate(preds, a.context, 1, a.steps, a.budget_s, a.cpu, a.out)
+    rows = validate(preds, a.context, 1, a.steps, a.budget_s, a.cpu, a.out, sampled=a.sampled)
     hf = load_hf(a.hf)
     if a.hf == "measure" and not a.cpu:
         gc.collect()
