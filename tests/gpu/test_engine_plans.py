@@ -41,46 +41,29 @@ def test_llm_plan_auto_generates_through_plans():
 
 
 def test_greedy_and_sampled_steps_replay_their_own_graphs():
-    """A conventional plan keeps one decode graph per sampling variant (StepCtx.greedy: all-greedy steps skip the
-    sampler's ~250 kernels): greedy rows draw the same tokens whether a sampled row shares their batch (sampled
-    graph) or not (greedy graph), a seeded sampled row draws the same tokens twice, and both variants were
-    captured for the bucket. (Added in session 13; first GPU run pending.)"""
+    """Greedy rows draw the same tokens whether a sampled row shares their batch or not, a seeded sampled row draws
+    the same tokens twice and the same in every plan (the sampling contract), and the captures per bucket are what
+    each plan needs: a plan with a conventional argmax keeps one graph per variant (greedy steps skip the sampler's
+    ~250 kernels; sampled steps run the argmax as a megakernel), a one-megakernel plan one for both. (Session 13
+    added it; session 14's first GPU run found the second variant's warm-up replaying the first one's graph.)"""
     from mpk_runtime import LLM, SamplingParams
     from mpk_runtime.models.config import load_config
     from mpk_runtime.planner import plan_book
-    book = plan_book(load_config("tiny-llama"), 1, (4,), context=128, families=("conventional",))
-    llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan=book)
-    try:
-        prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
-        g = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-        s = SamplingParams(max_tokens=6, temperature=0.9, top_k=20, seed=7, ignore_eos=True)
-        greedy = [o.token_ids for o in llm.generate(prompts, g, use_tqdm=False)]
-        mixed = [o.token_ids for o in llm.generate(prompts, [g, g, g, s], use_tqdm=False)]
-        again = [o.token_ids for o in llm.generate(prompts, [g, g, g, s], use_tqdm=False)]
-        assert mixed[:3] == greedy[:3] and again == mixed
-        planned = llm.executor.workers[0].runner.planned
-        keys = [k for bk in planned._buckets.values() for k in (bk.ex._captures or {})]
-        assert {k[0][-1] for k in keys} == {True, False}, keys    # the greedy flag is the key's last field
-    finally:
-        llm.shutdown()
-
-
-def test_one_megakernel_plan_serves_greedy_and_sampled_steps_from_one_capture():
-    """A one-megakernel plan samples on device either way: a greedy step and a sampled one replay the same capture
-    (session 14: the second variant's warm-up used to replay the first one's graph and failed)."""
-    from mpk_runtime import LLM, SamplingParams
-    from mpk_runtime.models.config import load_config
-    from mpk_runtime.planner import plan_book
-    book = plan_book(load_config("tiny-llama"), 1, (4,), context=128, families=("mono",))
-    llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan=book)
-    try:
-        prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
-        g = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-        s = SamplingParams(max_tokens=6, temperature=0.9, top_k=20, seed=7, ignore_eos=True)
-        greedy = [o.token_ids for o in llm.generate(prompts, g, use_tqdm=False)]
-        mixed = [o.token_ids for o in llm.generate(prompts, [g, g, g, s], use_tqdm=False)]
-        assert mixed[:3] == greedy[:3]
-        planned = llm.executor.workers[0].runner.planned
-        assert [bk.captures for bk in planned._buckets.values()] == [1]
-    finally:
-        llm.shutdown()
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    g = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    s = SamplingParams(max_tokens=6, temperature=0.9, top_k=20, seed=7, ignore_eos=True)
+    sampled = {}
+    for family, captures in (("mono", 1), ("conventional", 2), ("attn-mk", 2)):
+        book = plan_book(load_config("tiny-llama"), 1, (4,), context=128, families=(family,))
+        llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan=book)
+        try:
+            greedy = [o.token_ids for o in llm.generate(prompts, g, use_tqdm=False)]
+            mixed = [o.token_ids for o in llm.generate(prompts, [g, g, g, s], use_tqdm=False)]
+            again = [o.token_ids for o in llm.generate(prompts, [g, g, g, s], use_tqdm=False)]
+            assert mixed[:3] == greedy[:3] and again == mixed, family
+            sampled[family] = mixed[3]
+            planned = llm.executor.workers[0].runner.planned
+            assert [bk.captures for bk in planned._buckets.values()] == [captures], family
+        finally:
+            llm.shutdown()
+    assert len({tuple(t) for t in sampled.values()}) == 1, sampled
