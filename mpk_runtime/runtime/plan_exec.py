@@ -72,9 +72,9 @@ class PlanExecutor:
         # Steps with sampled rows: the conventional argmax would run the whole sampler as ~340 small kernels
         # (candidates, 64 serial prefix sums, the draw: ~0.5 ms on an H200), so they run the argmax op as a
         # megakernel of its own instead (the sampling contract, ir/sampling.py, draws the same token on every
-        # executor and tiling). One rank per process only (a TP megakernel segment needs the peers' heap).
+        # executor and tiling). World size 1 only (a TP megakernel segment needs the peers' heap).
         self._sampled: list[tuple[str, object]] | None = None
-        if self._greedy_read and len(graphs) == 1:
+        if self._greedy_read and len(graphs) == 1 and mems[0].world == 1:
             tiling = next((seg.tiling for seg in plan.segments if seg.kind == "megakernel"), {})
             self._sampled = []
             for (kind, ex), seg in zip(self.segments, plan.segments):
