@@ -4,6 +4,7 @@
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
+#     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): attention's stage stamps at B=32, 128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
 #  1. tests/gpu: new since the last GPU run - sampled steps of plans with a conventional argmax run it as a
 #     megakernel of its own (PlanExecutor.segments_for; CPU-tested), the one-megakernel plan serves greedy and sampled
@@ -47,6 +48,12 @@ st "4 bench_decode with both peers"
 OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \
     --contexts 512,4096 --mk-max-batch 128 --peer-batches 1,8,32,128 --hf-batches 1,8,32,128 --budget-s 540 > "$OUT/bench/bench.log" 2>&1
 grep -A30 "====" "$OUT/bench/bench.log" | head -40; snap
+elif [ "$MODE" = stamps ]; then
+st "4b attention at large batch: stage stamps of the one-megakernel step at B=32, 128 (where a pass's time goes)"
+MPK_NVCC_DEFINES=-DMPK_STAGE_WORDS=12 OUT="$OUT/bench" timeout 300 python3 scripts/bench_decode.py \
+    --models llama-3.2-1b,qwen3-8b --batches 32,128 --contexts 512 --mk-max-batch 128 --no-peers --no-planned \
+    --trace --budget-s 280 > "$OUT/bench/stamps.log" 2>&1
+tail -12 "$OUT/bench/stamps.log"; snap
 elif [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
     echo "mode two needs two GPUs"; exit 2
 else
