@@ -10,8 +10,9 @@
 #     megakernel of its own (PlanExecutor.segments_for; CPU-tested), the one-megakernel plan serves greedy and sampled
 #     steps from one capture (test_one_megakernel_plan_serves_greedy_and_sampled_steps_from_one_capture)
 #  2. validate_planner --sampled (every row samples) for mono / attn-mk / conventional at B=1, 32, ctx 512: what a
-#     sampled step costs. Prediction (session 14): attn-mk sampled within ~3% of its greedy step (llama B=32 ~3.1-3.2
-#     ms; before the change a sampled step paid ~0.5 ms more, ~3.6), conventional likewise; mono unchanged
+#     sampled step costs, against the planner's notes["sampled_us"] (the row's predicted_us with --sampled): attn-mk
+#     sampled +1.1% / +1.6% over greedy at llama B=32 / 128 (measured greedy 3.10 ms -> ~3.13 sampled; before the
+#     change a sampled step paid ~0.5 ms more), conventional likewise; mono unchanged
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128, eager and MPK_CONV_COMPILE=1: which kernels
 #     take the 137-146 us per layer of attn-mk's conventional segments (docs/perf-notes.md session 14)
 #  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch (done in session 14 per model; rerun

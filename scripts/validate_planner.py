@@ -269,8 +269,8 @@ def validate(preds, context, tp, steps, budget_s, cpu, out, rank=0, heap=None, c
     cur = None   # (model, B) -> Point
     partial = os.path.join(out, "planner_validation_rows.jsonl" if tp == 1 else f"planner_validation_rows_tp{tp}.jsonl")
     for m, B, plan, chosen in work:
-        key = dict(model=m, batch=B, context=context, tp=tp, plan=plan.name, chosen=chosen,
-                   predicted_us=plan.predicted_us)
+        pred = plan.notes.get("sampled_us", plan.predicted_us) if sampled else plan.predicted_us
+        key = dict(model=m, batch=B, context=context, tp=tp, plan=plan.name, chosen=chosen, predicted_us=pred)
         left = deadline - time.time()
         need = est_s(plan, steps, tp)
         if comm is not None:   # every rank takes the same decision (rank 0's clock)
@@ -306,6 +306,7 @@ def validate(preds, context, tp, steps, budget_s, cpu, out, rank=0, heap=None, c
                                            sampled=sampled))
             meas = measure_plan(plan, cur[1], steps if plan.predicted_us < 50e3 else max(2, steps // 2), cpu, comm)
             row = plan_row(m, B, context, tp, plan, chosen, meas, time.time() - t0)
+            row["predicted_us"] = pred   # sampled: the sampled variant's price (notes["sampled_us"])
         except Exception as e:  # noqa: BLE001 - report, keep validating the others
             row = dict(key, error=f"{type(e).__name__}: {e}"[:400], trace=traceback.format_exc()[-1500:])
             if not cpu:

@@ -7,7 +7,8 @@ Candidates (cut points at op boundaries, in families):
   attn-conv      attention as conventional kernels, everything between as megakernels
   attn-mk        the reverse: attention as megakernels (paged KV read in place), everything between conventional
   conventional   every op as conventional kernels (torch ops in a CUDA graph)
-The best predicted plan is chosen; the others are kept (sorted) for validation.
+The best predicted plan is chosen; the others are kept (sorted) for validation. Plans whose argmax is conventional also
+carry notes["sampled_us"]: a step with sampled rows (its argmax as a megakernel, PlanExecutor.segments_for).
 """
 from __future__ import annotations
 
@@ -116,6 +117,13 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate) -> list[Pl
             plans.append(mk(name, parts, base))
     if "conventional" in fams:
         plans.append(mk("conventional", [("conventional", all_ops)], base))
+    # a step with sampled rows runs a conventional argmax as a megakernel of its own (PlanExecutor.segments_for,
+    # world size 1): its price, beside the greedy step's the plans are ranked by
+    argmax = [o.name for o in g.ops if o.kind == "argmax"]
+    for p in plans:
+        if tp == 1 and any(sg.kind == "conventional" and set(argmax) & set(sg.ops) for sg in p.segments):
+            p.notes["sampled_us"] = (p.predicted_us - conventional_us(g, argmax, prof) + prof.graph_kernel_gap_us
+                                     + coster.megakernel_us(argmax, base))
     plans.sort(key=lambda p: p.predicted_us)
     for p in plans:
         p.notes["simulations"] = coster.simulations

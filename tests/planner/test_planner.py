@@ -91,3 +91,21 @@ def test_classify_reports_category_and_features():
 def test_unknown_profile_lists_known():
     with pytest.raises(FileNotFoundError, match="known: .*h200"):
         HardwareProfile.load("a100-nonexistent")
+
+
+def test_plans_with_a_conventional_argmax_price_their_sampled_steps():
+    """A step with sampled rows runs a conventional argmax as a megakernel of its own (PlanExecutor.segments_for):
+    such plans carry that step's price beside the greedy one they are ranked by; a plan whose argmax is a megakernel
+    already samples on device (no second price)."""
+    from mpk_runtime.planner.cost import conventional_us
+    cfg = PRESETS["tiny-llama"]
+    plans = {p.name: p for p in candidates(cfg, batch=4, context=64, families=("mono", "attn-mk", "conventional"))}
+    assert "sampled_us" not in plans["mono"].notes
+    g = build_graph(cfg, batch=4, context_len=64, attn_splits=plans["attn-mk"].attn_splits)
+    prof = HardwareProfile.load().for_batch(4)
+    for name in ("attn-mk", "conventional"):
+        p = plans[name]
+        greedy_argmax = conventional_us(g, ["argmax"], prof)
+        # the greedy step less its conventional argmax, plus a launch gap and an argmax megakernel (> 0)
+        assert p.notes["sampled_us"] > p.predicted_us - greedy_argmax + prof.graph_kernel_gap_us, name
+        assert p.notes["sampled_us"] < p.predicted_us + 200, name     # a one-op megakernel: tens of us here
