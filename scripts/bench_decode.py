@@ -299,8 +299,6 @@ def main():
                 if system == "planned":
                     r = bench_planned(cfg, weights, B, ctx, chosen[ctx][B])
                 elif system == "megakernel":
-                    if weights is None:
-                        weights = random_weights(cfg, seed=0, dtype="bfloat16", device="cuda")
                     r = bench_megakernel(model, weights, B, ctx, *((8, 12) if B <= 8 else (2, 4)), trace=args.trace,
                                          splits=args.attn_splits, l2_prefetch_mb=args.l2_prefetch_mb,
                                          waves=args.waves)

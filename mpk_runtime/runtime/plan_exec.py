@@ -62,10 +62,23 @@ class PlanExecutor:
                              "and the reduce together keeps: use a one-megakernel plan, or unset MPK_AR_LL")
         self.plan, self.mems, self.backend = plan, mems, backend
         self._consts = [{} for _ in mems]   # per rank held, across steps: weight views (conventional_ops._wt)
-        self._build = dict(graphs=graphs, num_sms=num_sms, mode=mode, seed=seed, check=check,
-                           make_megakernel=make_megakernel, comm=comm)
-        self.segments: list[tuple[str, object]] = [self._segment(seg.kind, seg.ops, seg.tiling)
-                                                   for seg in plan.segments]
+        def make(kind: str, ops: list[str], tiling: dict) -> tuple[str, object]:
+            sub = [g.subgraph(ops) for g in graphs]
+            if kind == "conventional":
+                # graphs of every rank but only this process's rank held (GPU TP): its own graph
+                held = sub if len(sub) == len(mems) else [sub[m.rank] for m in mems]
+                return ("conventional", ConventionalExecutor(
+                    held, mems, comm=comm, compile=backend != "pyvm" and compile_segments()))
+            tgs = build_task_graphs(sub, _tiling(tiling, num_sms))
+            if check:
+                check_task_graphs(tgs, steps=2)
+            if backend == "pyvm":
+                return ("megakernel", PyVM(tgs, mems, mode=mode, seed=seed, poison=False))
+            if make_megakernel is None:
+                raise ValueError("backend 'megakernel' needs make_megakernel(task_graph, mem)")
+            return ("megakernel", make_megakernel(tgs[mems[0].rank if len(tgs) > 1 else 0], mems[0]))
+
+        self.segments: list[tuple[str, object]] = [make(seg.kind, seg.ops, seg.tiling) for seg in plan.segments]
         # StepCtx.greedy changes what runs only in a conventional argmax (a megakernel samples on device either way)
         argmax = [o.name for o in graphs[0].ops if o.kind == "argmax"]
         self._greedy_read = any(seg.kind == "conventional" and set(argmax) & set(seg.ops) for seg in plan.segments)
@@ -81,28 +94,10 @@ class PlanExecutor:
                 if kind == "conventional" and set(argmax) & set(seg.ops):
                     rest = [n for n in seg.ops if n not in argmax]
                     if rest:
-                        self._sampled.append(self._segment("conventional", rest, {}))
-                    self._sampled.append(self._segment("megakernel", [n for n in seg.ops if n in argmax], tiling))
+                        self._sampled.append(make("conventional", rest, {}))
+                    self._sampled.append(make("megakernel", [n for n in seg.ops if n in argmax], tiling))
                 else:
                     self._sampled.append((kind, ex))
-
-    def _segment(self, kind: str, ops: list[str], tiling: dict) -> tuple[str, object]:
-        b = self._build
-        graphs, mems = b["graphs"], self.mems
-        sub = [g.subgraph(ops) for g in graphs]
-        if kind == "conventional":
-            # graphs of every rank but only this process's rank held (GPU TP): its own graph
-            held = sub if len(sub) == len(mems) else [sub[m.rank] for m in mems]
-            return ("conventional", ConventionalExecutor(
-                held, mems, comm=b["comm"], compile=self.backend != "pyvm" and compile_segments()))
-        tgs = build_task_graphs(sub, _tiling(tiling, b["num_sms"]))
-        if b["check"]:
-            check_task_graphs(tgs, steps=2)
-        if self.backend == "pyvm":
-            return ("megakernel", PyVM(tgs, mems, mode=b["mode"], seed=b["seed"], poison=False))
-        if b["make_megakernel"] is None:
-            raise ValueError("backend 'megakernel' needs make_megakernel(task_graph, mem)")
-        return ("megakernel", b["make_megakernel"](tgs[mems[0].rank if len(tgs) > 1 else 0], mems[0]))
 
     def segments_for(self, greedy: bool) -> list[tuple[str, object]]:
         """The segments a step runs: the plan's, or for a step with sampled rows the variant whose argmax is a

@@ -17,11 +17,11 @@ the first run compiles (seconds to a minute), and a new StepCtx shape or static 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from ..envflags import env_flag
 from ..ir.graph import Graph
 from ..tasks.build import decompose
 from ..tasks.ops import get_task_kind
@@ -31,10 +31,7 @@ from .memory import RankMemory, StepCtx
 
 def compile_segments() -> bool:
     """MPK_CONV_COMPILE=1: conventional plan segments run through torch.compile (see the module doc)."""
-    v = os.environ.get("MPK_CONV_COMPILE", "0")
-    if v not in ("0", "1"):
-        raise ValueError(f"MPK_CONV_COMPILE={v!r}: set 0 (eager torch ops) or 1 (torch.compile)")
-    return v == "1"
+    return env_flag("MPK_CONV_COMPILE")
 
 
 def _allow_recompiles() -> None:
