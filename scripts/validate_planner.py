@@ -403,8 +403,9 @@ def plot(rows: list[dict], path: str) -> None:
         axs[1].scatter([s["measured_us"] for s in segs], [s["predicted_us"] for s in segs], s=6,
                        label=f"{m[0]} tp{m[1]}")
     for ax, what in zip(axs, ("step (every candidate plan)", "segment")):
-        lo = min([min(c.get_offsets()[:, 0].min(), c.get_offsets()[:, 1].min()) for c in ax.collections] + [1e9])
-        hi = max([max(c.get_offsets()[:, 0].max(), c.get_offsets()[:, 1].max()) for c in ax.collections] + [1])
+        pts = [c.get_offsets() for c in ax.collections if len(c.get_offsets())]   # --sampled: no segment points
+        lo = min([min(o[:, 0].min(), o[:, 1].min()) for o in pts] + [1e9])
+        hi = max([max(o[:, 0].max(), o[:, 1].max()) for o in pts] + [1])
         ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
         ax.plot([lo, hi], [lo * 1.1, hi * 1.1], "k:", lw=0.5)
         ax.plot([lo, hi], [lo / 1.1, hi / 1.1], "k:", lw=0.5)

@@ -77,14 +77,13 @@ __device__ __forceinline__ int block_incl_scan(int x, int* sc, int* total) {
   return x + off;
 }
 
-// One sampled row: this rank's top-C logits by (key desc, index asc), pushed sorted into every peer's slot.
-// Radix select of the C-th key (4 passes of 8-bit digits, one histogram bin per thread), then an ordered
-// compaction (index order, so ties at the threshold key keep the lowest indices), then a rank sort.
-__device__ inline void partial_top_candidates(const float* lb, int64_t V, int64_t vocab0, int* hist, int* scan,
-                                              int* misc, float* cv, float* ci, const int64_t* peers, int npeers,
-                                              int64_t dst_off) {
+// Radix select of the want-th largest key (4 passes of 8-bit digits, one histogram bin per thread) over keys
+// key_at(v), v < V. Returns the threshold key in *prefix_out and, in *need_out, how many keys equal to it belong
+// to the top `want` (every key above it does).
+template <class KeyAt>
+__device__ inline void radix_threshold(KeyAt key_at, int64_t V, int want, int* hist, int* scan, int* misc,
+                                       uint32_t* prefix_out, int* need_out) {
   const int tid = threadIdx.x;
-  const int want = V < SAMPLE_C ? static_cast<int>(V) : SAMPLE_C;
   uint32_t prefix = 0, mask = 0;
   int need = want;
   for (int shift = 24; shift >= 0; shift -= 8) {
@@ -94,7 +93,7 @@ __device__ inline void partial_top_candidates(const float* lb, int64_t V, int64_
       const int64_t v = base + tid;
       uint32_t bin = 256u;                                 // 256: out of range or not under the prefix
       if (v < V) {
-        const uint32_t k = order_key(ld_act_f32(lb + v));
+        const uint32_t k = key_at(v);
         if ((k & mask) == prefix) bin = (k >> shift) & 255u;
       }
       const unsigned same = __match_any_sync(0xffffffffu, bin);   // one shared-memory atomic per distinct bin
@@ -115,8 +114,113 @@ __device__ inline void partial_top_candidates(const float* lb, int64_t V, int64_
     need = misc[1];
     __syncthreads();
   }
+  *prefix_out = prefix;
+  *need_out = need;
+}
+
+__device__ __forceinline__ float key_value(uint32_t k) {   // inverse of order_key
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+__device__ __forceinline__ int stage_slot(int v) { return v + (v >> 5); }   // one pad word per 32: conflict-free chunks
+
+// The `want` selected candidates cv/ci [want] (any order): sorted by (key desc, index asc) and pushed, with
+// padding to C, into every peer's slot (dst_off: parity offset of the buffer + this row's slot, in bytes).
+__device__ inline void push_candidates(const float* cv, const float* ci, int want, int64_t vocab0,
+                                       const int64_t* peers, int npeers, int64_t dst_off) {
+  const int tid = threadIdx.x;
+  if (tid < SAMPLE_C) {
+    float x = -INFINITY, i = SAMPLE_PAD_INDEX;
+    int rank = tid;
+    if (tid < want) {
+      x = cv[tid];
+      i = ci[tid];
+      const uint32_t k = order_key(x);
+      rank = 0;
+      for (int j = 0; j < want; ++j) rank += cand_before(order_key(cv[j]), ci[j], k, i) ? 1 : 0;
+      i += static_cast<float>(vocab0);
+    }
+    for (int p = 0; p < npeers; ++p) {
+      float* dst = ptr<float>(peers[p] + dst_off) + rank * 2;
+      dst[0] = x;
+      dst[1] = i;
+    }
+  }
+  __syncthreads();
+}
+
+// One sampled row, slice of V <= SAMPLE_STAGE logits: the slice is read once (16-byte loads, 4 in flight per
+// thread) into shared memory as order keys, the radix select runs there, and the compaction gives each thread a
+// contiguous chunk (index order = thread order, so the `need` keys equal to the threshold taken are the lowest
+// indices): two block scans instead of a vote and two scans per 256 logits.
+__device__ inline void staged_top_candidates(const float* lb, int64_t V, int64_t vocab0, int* hist, int* scan,
+                                             int* misc, float* cv, float* ci, uint32_t* keys, const int64_t* peers,
+                                             int npeers, int64_t dst_off) {
+  const int tid = threadIdx.x;
+  const int n = static_cast<int>(V);
+  int v_done = 0;
+  if ((reinterpret_cast<uintptr_t>(lb) & 15) == 0) {
+    const float4* l4 = reinterpret_cast<const float4*>(lb);
+    const int V4 = n >> 2;
+#pragma unroll 4
+    for (int q = tid; q < V4; q += THREADS) {
+      const float4 x = __ldcg(l4 + q);
+      uint32_t* d = keys + stage_slot(4 * q);   // 4 | 32: a group never straddles a pad word
+      d[0] = order_key(x.x);
+      d[1] = order_key(x.y);
+      d[2] = order_key(x.z);
+      d[3] = order_key(x.w);
+    }
+    v_done = 4 * V4;
+  }
+  for (int v = v_done + tid; v < n; v += THREADS) keys[stage_slot(v)] = order_key(ld_act_f32(lb + v));
+  __syncthreads();
+  const int want = n < SAMPLE_C ? n : SAMPLE_C;
+  uint32_t prefix;
+  int need;
+  radix_threshold([&](int64_t v) { return keys[stage_slot(static_cast<int>(v))]; }, V, want, hist, scan, misc,
+                  &prefix, &need);
+  const int chunk = (n + THREADS - 1) / THREADS;
+  const int lo = tid * chunk < n ? tid * chunk : n, hi = lo + chunk < n ? lo + chunk : n;
+  int gt = 0, eq = 0;
+  for (int v = lo; v < hi; ++v) {
+    const uint32_t k = keys[stage_slot(v)];
+    gt += k > prefix;
+    eq += k == prefix;
+  }
+  int gt_tot, eq_tot;
+  const int gt_at = block_incl_scan(gt, scan, &gt_tot) - gt;   // exclusive: this chunk's first slot
+  int eq_at = block_incl_scan(eq, scan, &eq_tot) - eq;         // equal keys before this chunk
+  int g = gt_at;
+  for (int v = lo; v < hi && (g < gt_at + gt || eq_at < need); ++v) {
+    const uint32_t k = keys[stage_slot(v)];
+    if (k > prefix) {
+      cv[g] = key_value(k);
+      ci[g++] = static_cast<float>(v);
+    } else if (k == prefix) {
+      if (eq_at < need) {
+        cv[gt_tot + eq_at] = key_value(k);
+        ci[gt_tot + eq_at] = static_cast<float>(v);
+      }
+      ++eq_at;
+    }
+  }
+  __syncthreads();
+  push_candidates(cv, ci, want, vocab0, peers, npeers, dst_off);
+}
+
+// One sampled row, any V (the slice is longer than SAMPLE_STAGE): the radix select and an ordered compaction
+// (groups of 4 x THREADS logits in index order, one block vote per group, scans only where candidates are)
+// straight from global memory.
+__device__ inline void partial_top_candidates(const float* lb, int64_t V, int64_t vocab0, int* hist, int* scan,
+                                              int* misc, float* cv, float* ci, const int64_t* peers, int npeers,
+                                              int64_t dst_off) {
+  const int tid = threadIdx.x;
+  const int want = V < SAMPLE_C ? static_cast<int>(V) : SAMPLE_C;
+  uint32_t prefix;
+  int need;
+  radix_threshold([&](int64_t v) { return order_key(ld_act_f32(lb + v)); }, V, want, hist, scan, misc, &prefix,
+                  &need);
   // prefix = the threshold key: every key above it, and the `need` lowest-index keys equal to it
-  // (in index order: groups of 4 x THREADS elements, one block vote per group, scans only where candidates are)
   int n_sel = 0, eq_seen = 0;
   for (int64_t base = 0; base < V; base += 4 * THREADS) {
     float xs[4];
@@ -147,24 +251,7 @@ __device__ inline void partial_top_candidates(const float* lb, int64_t V, int64_
     }
   }
   __syncthreads();
-  if (tid < SAMPLE_C) {
-    float x = -INFINITY, i = SAMPLE_PAD_INDEX;
-    int rank = tid;
-    if (tid < want) {
-      x = cv[tid];
-      i = ci[tid];
-      const uint32_t k = order_key(x);
-      rank = 0;
-      for (int j = 0; j < want; ++j) rank += cand_before(order_key(cv[j]), ci[j], k, i) ? 1 : 0;
-      i += static_cast<float>(vocab0);
-    }
-    for (int p = 0; p < npeers; ++p) {   // dst_off: parity offset of the buffer + this rank's row, in bytes
-      float* dst = ptr<float>(peers[p] + dst_off) + rank * 2;
-      dst[0] = x;
-      dst[1] = i;
-    }
-  }
-  __syncthreads();
+  push_candidates(cv, ci, want, vocab0, peers, npeers, dst_off);
 }
 
 // The two ops are __noinline__: inlined into the megakernel's switch they pushed the kernel's register allocation
@@ -172,7 +259,7 @@ __device__ inline void partial_top_candidates(const float* lb, int64_t V, int64_
 __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   const int64_t* a = c.rec;
   const float* logits = ptr<const float>(a[A_ARGMAX_PARTIAL_LOGITS]);
-  const int B = (int)a[A_ARGMAX_PARTIAL_B];
+  const int B = (int)a[A_ARGMAX_PARTIAL_B], b0 = (int)a[A_ARGMAX_PARTIAL_B0], nb = (int)a[A_ARGMAX_PARTIAL_NB];
   // vocabulary slices [sl * V, (sl + 1) * V) of the rank's logits (row stride ld), sl < nsl: slot `slot + sl`
   const int64_t V = a[A_ARGMAX_PARTIAL_V], ld = a[A_ARGMAX_PARTIAL_LD];
   const int nsl = (int)a[A_ARGMAX_PARTIAL_NSLICES];
@@ -181,8 +268,8 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   const int64_t sym_off = c.parity * a[A_ARGMAX_PARTIAL_PAR_STRIDE];
   const float* temp = ptr<const float>(a[A_ARGMAX_PARTIAL_TEMP]);   // nullptr: every row greedy
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
-  // smem (megakernel.py _pack_argmax_partial): sv, si [nwarps] | hist [256] | scan [2 (nwarps + 1)] | misc [8]
-  // | cv, ci [SAMPLE_C]
+  // smem (packer.py _pack_argmax_partial): sv, si [nwarps] | hist [256] | scan [2 (nwarps + 1)] | misc [8]
+  // | cv, ci [SAMPLE_C] | keys [stage_slot(V) + 1] when sampling and V <= SAMPLE_STAGE
   float* sv = reinterpret_cast<float*>(dyn_smem());
   float* si = sv + nwarps;
   int* hist = reinterpret_cast<int*>(si + nwarps);
@@ -190,14 +277,19 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   int* misc = scan + 2 * (nwarps + 1);
   float* cv = reinterpret_cast<float*>(misc + 8);
   float* ci = cv + SAMPLE_C;
-  for (int q = 0; q < nsl * B; ++q) {
-    const int sl = q / B, b = q % B;
+  uint32_t* keys = reinterpret_cast<uint32_t*>(ci + SAMPLE_C);
+  for (int q = 0; q < nsl * nb; ++q) {
+    const int sl = q / nb, b = b0 + q % nb;
     const float* lb = logits + b * ld + sl * V;
     const int64_t vocab0 = a[A_ARGMAX_PARTIAL_VOCAB0] + sl * V;
     const int64_t row = ((int64_t)(slot + sl) * B + b) * SAMPLE_C * 2;   // this slice's candidates of row b
     if (temp != nullptr && temp[b] > 0.f) {
-      partial_top_candidates(lb, V, vocab0, hist, scan, misc, cv, ci, peers, npeers,
-                             sym_off + row * (int64_t)sizeof(float));
+      if (V <= SAMPLE_STAGE)
+        staged_top_candidates(lb, V, vocab0, hist, scan, misc, cv, ci, keys, peers, npeers,
+                              sym_off + row * (int64_t)sizeof(float));
+      else
+        partial_top_candidates(lb, V, vocab0, hist, scan, misc, cv, ci, peers, npeers,
+                               sym_off + row * (int64_t)sizeof(float));
       continue;
     }
     float bv = -INFINITY, bi = 3.0e38f;
@@ -244,30 +336,37 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   }
 }
 
-// Steps 3-5 of ir/sampling.py for one row, on merged candidates mv/mi [C] (best first); one thread.
+// Steps 3-5 of ir/sampling.py for one row, on merged candidates mv/mi [C] (best first): the weights e_j by C
+// threads at once, the serial sums and the draw by thread 0 (returns the token there; called by every thread).
 __device__ inline int64_t sample_from_candidates(const float* mv, const float* mi, float* es, float* cs, float T,
                                                  int64_t top_k, float top_p, int64_t seed, int64_t pos) {
   constexpr int C = SAMPLE_C;
   const int k = (top_k >= 1 && top_k <= C) ? static_cast<int>(top_k) : C;
   const float LOG2E = 0x1.715476p+0f;
-  for (int j = 0; j < C; ++j) {
+  const int j = threadIdx.x;
+  if (j < C) {
     const float d = __fdiv_rn(__fsub_rn(mv[j], mv[0]), T);
     const float t = __fmul_rn(d, LOG2E);
     es[j] = j == 0 ? 1.0f : (j < k ? exp2_neg(t) : 0.0f);
   }
-  cs[0] = 0.0f;
-  for (int j = 0; j < C; ++j) cs[j + 1] = __fadd_rn(cs[j], es[j]);
-  const float thr = __fmul_rn(top_p, cs[k]);
-  int m = 1;
-  while (m < k && cs[m] < thr) ++m;            // c is non-decreasing: the kept set is a prefix
-  const float r = __fmul_rn(sample_uniform(seed, pos), cs[m]);
-  int chosen = -1, last = 0;
-  for (int j = 0; j < m; ++j) {
-    if (es[j] > 0.0f) last = j;
-    if (chosen < 0 && r < cs[j + 1]) chosen = j;
+  __syncthreads();
+  int64_t tok = -1;
+  if (j == 0) {
+    cs[0] = 0.0f;
+    for (int q = 0; q < C; ++q) cs[q + 1] = __fadd_rn(cs[q], es[q]);
+    const float thr = __fmul_rn(top_p, cs[k]);
+    int m = 1;
+    while (m < k && cs[m] < thr) ++m;            // c is non-decreasing: the kept set is a prefix
+    const float r = __fmul_rn(sample_uniform(seed, pos), cs[m]);
+    int chosen = -1, last = 0;
+    for (int q = 0; q < m; ++q) {
+      if (es[q] > 0.0f) last = q;
+      if (chosen < 0 && r < cs[q + 1]) chosen = q;
+    }
+    if (chosen < 0) chosen = last;
+    tok = static_cast<int64_t>(mi[chosen]);
   }
-  if (chosen < 0) chosen = last;
-  return static_cast<int64_t>(mi[chosen]);
+  return tok;
 }
 
 __device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
@@ -277,11 +376,12 @@ __device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
   int64_t* out = ptr<int64_t>(a[A_ARGMAX_REDUCE_OUT]);
   int64_t* tokens = ptr<int64_t>(a[A_ARGMAX_REDUCE_TOKENS]);
   const int W = (int)a[A_ARGMAX_REDUCE_WORLD], B = (int)a[A_ARGMAX_REDUCE_B];
+  const int b0 = (int)a[A_ARGMAX_REDUCE_B0], b1 = b0 + (int)a[A_ARGMAX_REDUCE_NB];   // this task's rows
   const float* temp = ptr<const float>(a[A_ARGMAX_REDUCE_TEMP]);     // nullptr: every row greedy
   const int64_t* top_k = ptr<const int64_t>(a[A_ARGMAX_REDUCE_TOP_K]);
   const float* top_p = ptr<const float>(a[A_ARGMAX_REDUCE_TOP_P]);
   const int64_t* seed = ptr<const int64_t>(a[A_ARGMAX_REDUCE_SEED]);
-  for (int b = threadIdx.x; b < B; b += THREADS) {   // greedy rows: best entry 0 over the slots
+  for (int b = b0 + threadIdx.x; b < b1; b += THREADS) {   // greedy rows: best entry 0 over the slots
     if (temp != nullptr && temp[b] > 0.f) continue;
     float bv = ld_act_f32(part + (int64_t)b * C * 2), bi = ld_act_f32(part + (int64_t)b * C * 2 + 1);
     for (int r = 1; r < W; ++r) {
@@ -293,19 +393,19 @@ __device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
     if (tokens != nullptr) tokens[b] = (int64_t)bi;
   }
   if (temp == nullptr) return;
-  // smem (megakernel.py _pack_argmax_reduce): pv, pi [W C] | mv, mi [C] | es [C] | cs [C + 1]
+  // smem (packer.py _pack_argmax_reduce): pv, pi [W C] | mv, mi [C] | es [C] | cs [C + 1]
   float* pv = reinterpret_cast<float*>(dyn_smem());
   float* pi = pv + W * C;
   float* mv = pi + W * C;
   float* mi = mv + C;
   float* es = mi + C;
   float* cs = es + C;
-  for (int b = 0; b < B; ++b) {
+  for (int b = b0; b < b1; ++b) {
     if (!(temp[b] > 0.f)) continue;
     for (int e = threadIdx.x; e < W * C; e += THREADS) {
-      const float* src = part + (((int64_t)(e / C) * B + b) * C + e % C) * 2;
-      pv[e] = ld_act_f32(src);
-      pi[e] = ld_act_f32(src + 1);
+      const float2 x = __ldcg(reinterpret_cast<const float2*>(part + (((int64_t)(e / C) * B + b) * C + e % C) * 2));
+      pv[e] = x.x;
+      pi[e] = x.y;
     }
     __syncthreads();
     // merge: rank of each entry = its position in its (sorted) slot + the entries of other slots before it
@@ -333,8 +433,8 @@ __device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
       }
     }
     __syncthreads();
+    const int64_t tok = sample_from_candidates(mv, mi, es, cs, temp[b], top_k[b], top_p[b], seed[b], seq_pos(c, b));
     if (threadIdx.x == 0) {
-      const int64_t tok = sample_from_candidates(mv, mi, es, cs, temp[b], top_k[b], top_p[b], seed[b], seq_pos(c, b));
       out[b] = tok;
       if (tokens != nullptr) tokens[b] = tok;
     }

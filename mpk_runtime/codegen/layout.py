@@ -58,9 +58,12 @@ OP_ARGS: dict[str, list[str]] = {
     # ll: the partials are (fp32, step flag) words, polled until the flags equal the step (device build MPK_AR_LL=1)
     "allreduce": ["part", "par_stride", "residual", "out", "world", "m", "n", "n0", "n1", "ll"],
     # sampler (ir/sampling.py): part (2, W * S, B, SAMPLE_C, 2) fp32 candidates (S vocabulary slices per rank;
-    # a partial covers nslices slices of v logits each, row stride ld); temp/top_k/top_p/seed: (B,) params
-    "argmax_partial": ["logits", "b", "v", "ld", "nslices", "vocab0", "peers", "npeers", "par_stride", "slot", "temp"],
-    "argmax_reduce": ["part", "par_stride", "out", "tokens", "world", "b", "temp", "top_k", "top_p", "seed"],
+    # a partial covers nslices slices of v logits each, rows [b0, b0 + nb) of b, row stride ld; a reduce rows
+    # [b0, b0 + nb)); temp/top_k/top_p/seed: (B,) params
+    "argmax_partial": ["logits", "b", "v", "ld", "nslices", "vocab0", "peers", "npeers", "par_stride", "slot", "temp",
+                       "b0", "nb"],
+    "argmax_reduce": ["part", "par_stride", "out", "tokens", "world", "b", "temp", "top_k", "top_p", "seed", "b0",
+                      "nb"],
     # n (address, bytes) weight ranges to prefetch into L2 (tasks/ops/prefetch.py PREFETCH_RANGES)
     "weight_prefetch": ["n"] + [f"{w}{i}" for i in range(11) for w in ("p", "b")],
 }
@@ -147,6 +150,9 @@ CONSTANTS = {
     "ATT_KP": 128,         # attention: keys per pass (K/V rows of a pass in shared memory, double-buffered)
     "ATT_MAX_PAGES": 1024,  # attention: page-table entries fetched with the position (longer tables: per key)
     "SAMPLE_C": SAMPLE_CANDIDATES,   # sampling candidates per rank / after the merge (= the largest device top_k)
+    # sampled rows: a vocabulary slice of at most this many logits is copied into shared memory once (as order
+    # keys) and its top-C selected there; longer slices are selected from global memory (5 passes over them)
+    "SAMPLE_STAGE": 16384,
     # L2 weight prefetch: measured slower on llama-3.2-1b B=1 (1.49 ms off vs 1.64-1.75 on), so off by default
     "PF_CUR": 0,            # bytes of a task's weights pulled into L2 before waiting on its events (0 = off)
     "PF_NEXT": 0,           # bytes of the following task's weights pulled into L2 at the same time

@@ -333,12 +333,15 @@ class TaskPacker:
         peers, npeers = self._peers(p["part"])
         C = L.CONSTANTS["SAMPLE_C"]
         assert self.mem.syms[p["part"]].shape[-2] == C, "argmax.part candidates != layout SAMPLE_C"
-        self._need((2 * _NWARPS + 256 + 2 * (_NWARPS + 1) + 8 + 2 * C) * 4)   # argmax.cuh: partial smem
         n, vs = p.get("nslices", 1), p.get("slice_len", lg.shape[1])
+        # argmax.cuh: sv, si | hist | scan | misc | cv, ci, then the staged keys of a sampled slice (stage_slot)
+        staged = vs + (vs >> 5) + 1 if p.get("temperature") and vs <= L.CONSTANTS["SAMPLE_STAGE"] else 0
+        self._need((2 * _NWARPS + 256 + 2 * (_NWARPS + 1) + 8 + 2 * C + staged) * 4)
         v0 = p.get("s0", 0) * vs
+        b0, nb = p.get("b0", 0), p.get("nb", lg.shape[0])
         return dict(logits=lg.data_ptr() + v0 * lg.element_size(), b=lg.shape[0], v=vs, ld=lg.shape[1], nslices=n,
                     vocab0=p["vocab0"] + v0, peers=peers, npeers=npeers, par_stride=stride,
-                    slot=p.get("slot0", self.tg.rank), temp=self._t(p.get("temperature")))
+                    slot=p.get("slot0", self.tg.rank), temp=self._t(p.get("temperature")), b0=b0, nb=nb)
 
     def _pack_argmax_reduce(self, p):
         base, stride = self._sym(p["part"])
@@ -349,7 +352,8 @@ class TaskPacker:
         return dict(part=base, par_stride=stride, out=out.data_ptr(),
                     tokens=self._t("tokens") if p["feeds_next_step"] else 0, world=slots, b=out.shape[0],
                     temp=self._t(p.get("temperature")), top_k=self._t(p.get("top_k")),
-                    top_p=self._t(p.get("top_p")), seed=self._t(p.get("seed")))
+                    top_p=self._t(p.get("top_p")), seed=self._t(p.get("seed")), b0=p.get("b0", 0),
+                    nb=p.get("nb", out.shape[0]))
 
 
 def _check_kslices(k: int, w: int) -> None:

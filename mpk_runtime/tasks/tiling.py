@@ -19,7 +19,9 @@ class Tiling:
     waves: float = 1.0         # auto: target tiles per SM for each linear op
     min_cols: int = 16
     qkv_parts: int = 0         # tasks per qkv_rope head (RoPE-pair slices); 0 = auto
-    argmax_tasks: int = 0      # argmax_partial tasks per rank (each a run of vocabulary slices); 0 = one per slice
+    argmax_tasks: int = 0      # argmax_partial tasks per rank and row group (each a run of vocabulary slices);
+    #                            0 = one per slice
+    argmax_rows: int = 0       # rows per argmax_partial task; 0 = auto (row groups x slice tasks ~ the SMs)
     l2_prefetch_mb: float = 0.0   # per layer: weight bytes of o_proj / gate_up pulled into L2 during attention by
     #                               weight_prefetch tasks (tasks/ops/prefetch.py); 0 = none (not yet GPU-measured)
     # attention: the last attn_partial of each (sequence, KV group) to finish merges the group (a ticket counter
@@ -46,6 +48,18 @@ class Tiling:
         while slices % n:
             n -= 1
         return n
+
+    def argmax_row_groups(self, rows: int, tasks: int) -> list[tuple[int, int]]:
+        """(b0, nb) row groups of argmax_partial: with `tasks` slice tasks per group, auto puts about one task on
+        each SM (a sampled row costs a few us per slice, so rows spread over SMs rather than queue on one)."""
+        per = self.argmax_rows or -(-rows // max(1, min(rows, self.num_sms // max(1, tasks))))
+        return [(b, min(per, rows - b)) for b in range(0, rows, per)]
+
+    def argmax_reduce_groups(self, rows: int) -> list[tuple[int, int]]:
+        """(b0, nb) row groups of argmax_reduce: one row per SM up to the SM count (a sampled row's merge and draw
+        take one CTA)."""
+        per = -(-rows // max(1, min(rows, self.num_sms)))
+        return [(b, min(per, rows - b)) for b in range(0, rows, per)]
 
     def allreduce_n(self, graph, op, N: int) -> int:
         if self.allreduce_cols:

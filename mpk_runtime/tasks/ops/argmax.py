@@ -38,23 +38,28 @@ def decompose(op, graph, tiling, rank):
     n = tiling.argmax_t(S)
     vs, per = V // S, S // n   # logits per slice, slices per task
     parts = []
-    for k in range(n):
-        s0 = k * per
-        slot0 = rank * S + s0
-        parts.append(Task(-1, rank, "argmax_partial", op.name,
-                          {"logits": a["logits"], "part": a["part"], "vocab0": a["vocab0"],
-                           "temperature": sp["temperature"], "s0": s0, "nslices": per, "slice_len": vs,
-                           "slot0": slot0},
-                          reads=[Region(a["logits"], rank, ((0, B), (s0 * vs, (s0 + per) * vs)))],
-                          writes=[Region(a["part"], r, ((slot0, slot0 + per),)) for r in range(W)],
-                          est_bytes=B * vs * per * 4, est_flops=B * vs * per))
-    lag = [Region("tokens", rank, ((0, B),))] if a["feeds_next_step"] else []
-    red = Task(-1, rank, "argmax_reduce", op.name,
-               {"part": a["part"], "out": a["out"], "world": W, "slots": W * S,
-                "feeds_next_step": a["feeds_next_step"], **sp},
-               reads=[Region(a["part"], rank, ((0, W * S),))], writes=[Region(a["out"], rank, ((0, B),))],
-               lag_writes=lag, est_bytes=W * S * B * 8 + B * 8, est_flops=W * S * B)
-    return [*parts, red]
+    for b0, nb in tiling.argmax_row_groups(B, n):
+        rows = (b0, b0 + nb)
+        for k in range(n):
+            s0 = k * per
+            slot0 = rank * S + s0
+            parts.append(Task(-1, rank, "argmax_partial", op.name,
+                              {"logits": a["logits"], "part": a["part"], "vocab0": a["vocab0"],
+                               "temperature": sp["temperature"], "s0": s0, "nslices": per, "slice_len": vs,
+                               "slot0": slot0, "b0": b0, "nb": nb},
+                              reads=[Region(a["logits"], rank, (rows, (s0 * vs, (s0 + per) * vs)))],
+                              writes=[Region(a["part"], r, ((slot0, slot0 + per), rows)) for r in range(W)],
+                              est_bytes=nb * vs * per * 4, est_flops=nb * vs * per))
+    reds = []
+    for b0, nb in tiling.argmax_reduce_groups(B):
+        rows = (b0, b0 + nb)
+        lag = [Region("tokens", rank, (rows,))] if a["feeds_next_step"] else []
+        reds.append(Task(-1, rank, "argmax_reduce", op.name,
+                         {"part": a["part"], "out": a["out"], "world": W, "slots": W * S,
+                          "feeds_next_step": a["feeds_next_step"], "b0": b0, "nb": nb, **sp},
+                         reads=[Region(a["part"], rank, ((0, W * S), rows))], writes=[Region(a["out"], rank, (rows,))],
+                         lag_writes=lag, est_bytes=W * S * nb * 8 + nb * 8, est_flops=W * S * nb))
+    return [*parts, *reds]
 
 
 # --- helpers (mirrored one for one in argmax.cuh) --------------------------------------------------------------
@@ -228,35 +233,51 @@ def sample_logits(logits: torch.Tensor, temperature, top_k, top_p, seed, pos, C:
                          torch.as_tensor(pos, dtype=torch.int64))
 
 
+def _rows(t: torch.Tensor, b0: int, nb: int) -> torch.Tensor:
+    """Rows [b0, b0 + nb) of t; t itself when that is all of it (the conventional executor's one task: no extra
+    slice kernels in its graph)."""
+    return t if b0 == 0 and nb == t.shape[0] else t[b0:b0 + nb]
+
+
 @task_kind("argmax_partial")
 def execute_partial(task, mem, ctx):
     p = task.params
     logits = mem.t(p["logits"])  # (B, V_local) fp32
     B = logits.shape[0]
+    b0, nb = p.get("b0", 0), p.get("nb", B)
+    logits = _rows(logits, b0, nb)
     C = mem.sym(p["part"], ctx.parity).shape[-2]
-    temp = mem.t(p["temperature"]) if p.get("temperature") else torch.zeros(B, device=logits.device)
+    temp = _rows(mem.t(p["temperature"]), b0, nb) if p.get("temperature") else torch.zeros(nb, device=logits.device)
     n, vs = p.get("nslices", 1), p.get("slice_len", logits.shape[1])
     v0 = p.get("s0", 0) * vs
-    x = logits[:, v0:v0 + n * vs].reshape(B * n, vs)   # row b * n + j: slice j of row b
+    x = logits[:, v0:v0 + n * vs].reshape(nb * n, vs)   # row b * n + j: slice j of row b
     out = partial_candidates(x, 0, C, temp.repeat_interleave(n), greedy=getattr(ctx, "greedy", False))
-    off = p["vocab0"] + v0 + vs * torch.arange(n, device=logits.device).repeat(B)
+    off = p["vocab0"] + v0 + vs * torch.arange(n, device=logits.device).repeat(nb)
     out[:, :, 1] += off.to(torch.float32)[:, None]     # exact: indices < 2^24
-    out = out.view(B, n, C, 2).transpose(0, 1)
+    out = out.view(nb, n, C, 2).transpose(0, 1)
     slot0 = p.get("slot0", mem.rank)
     for peer in mem.peers:
-        peer.sym(p["part"], ctx.parity)[slot0:slot0 + n] = out
+        dst = peer.sym(p["part"], ctx.parity)[slot0:slot0 + n]
+        if nb == B:
+            dst[:] = out
+        else:
+            dst[:, b0:b0 + nb] = out
 
 
 @task_kind("argmax_reduce")
 def execute_reduce(task, mem, ctx):
     p = task.params
     part = mem.sym(p["part"], ctx.parity)[:p.get("slots", p["world"])]  # (W * S, B, C, 2)
-    temp = mem.t(p["temperature"]) if p.get("temperature") else None
+    B = part.shape[1]
+    b0, nb = p.get("b0", 0), p.get("nb", B)
+    if nb != B:
+        part = part[:, b0:b0 + nb]
+    temp = _rows(mem.t(p["temperature"]), b0, nb) if p.get("temperature") else None
     if _sampling_rows(temp, getattr(ctx, "greedy", False)):
-        tok = reduce_tokens(part, temp, mem.t(p["top_k"]), mem.t(p["top_p"]), mem.t(p["seed"]),
-                            row_last_positions(ctx, part.shape[1]))
+        tok = reduce_tokens(part, temp, _rows(mem.t(p["top_k"]), b0, nb), _rows(mem.t(p["top_p"]), b0, nb),
+                            _rows(mem.t(p["seed"]), b0, nb), _rows(row_last_positions(ctx, B), b0, nb))
     else:
         tok = reduce_tokens(part, None)
-    mem.t(p["out"]).copy_(tok)
+    _rows(mem.t(p["out"]), b0, nb).copy_(tok)
     if p["feeds_next_step"]:
-        mem.t("tokens").copy_(tok)
+        _rows(mem.t("tokens"), b0, nb).copy_(tok)
