@@ -203,26 +203,100 @@ def check_end_to_end(model, res, steps, B=4):
     res.append(r)
 
 
+def profile_sampler(res, vocabs=(128256, 151936), batches=(1, 8, 32, 128), launches=20):
+    """Where the sampler's time goes: the argmax op alone as a 132-SM megakernel, every row sampled (temperature
+    0.8, top-k 50, top-p 0.9) or every row greedy; per launch (CUDA events, launch included) and per task (one
+    traced launch: each argmax_partial / argmax_reduce task's globaltimer span, and in a -DMPK_STAGE_WORDS=8 build
+    the stage stamps of argmax.cuh: staged / threshold / compacted / pushed, loaded / merged / drawn)."""
+    base = load_config("tiny-qwen3")
+    for V in vocabs:
+        for B in batches:
+            cfg = dataclasses.replace(base, vocab_size=V, name=f"sampler-v{V}")
+            g_ = build_graph(cfg, mode="decode", batch=B, context_len=0, max_seq_len=32, dtype="bfloat16")
+            tg = build_task_graphs([g_.subgraph(["argmax"])], Tiling(num_sms=132))[0]
+            w = {n: torch.zeros(s.shape, dtype=torch.bfloat16, device="cuda") for n, s in g_.tensors.items()
+                 if s.kind == "weight"}
+            kv = KVStore(cfg.num_layers, 3, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, device="cuda")
+            mem = RankMemory(g_, w, kv, device="cuda")
+            pos = torch.arange(B, dtype=torch.int64, device="cuda")
+            tables = torch.zeros((B, 2), dtype=torch.int64, device="cuda")
+            mk = Megakernel(tg, mem, page_size=16, block_tables=tables, pos=pos, inv_freq=rope_inv_freq(cfg),
+                            head_dim=cfg.head_dim, trace_steps=1)
+            mem.t("logits").copy_(torch.randn(B, V, generator=torch.Generator().manual_seed(B)) * 3)
+            kinds = [t.kind for t in tg.tasks]
+            for mode in ("greedy", "sampled"):
+                fill_sampling(mem, [DeviceSampling(0.8, 50, 0.9, 11 + b) if mode == "sampled" else None
+                                    for b in range(B)])
+                mk.trace_steps = 0
+                mk._write_params()
+                mk.launch(1)
+                torch.cuda.synchronize()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                for _ in range(launches):
+                    mk.launch(1)
+                e1.record()
+                torch.cuda.synchronize()
+                mk.check()
+                mk.trace_steps = 1
+                mk._write_params()
+                mk.trace.zero_()
+                mk.launch(1)
+                torch.cuda.synchronize()
+                tr = mk.trace_times()[0].double()
+                r = dict(check="profile", vocab=V, batch=B, mode=mode, tasks=dict(
+                    partial=kinds.count("argmax_partial"), reduce=kinds.count("argmax_reduce")),
+                    launch_us=1e3 * e0.elapsed_time(e1) / launches,
+                    span_us=float(tr[:, 1].max() - tr[:, 0].min()) / 1e3)
+                for k in ("argmax_partial", "argmax_reduce"):
+                    idx = [i for i, x in enumerate(kinds) if x == k]
+                    d = (tr[idx, 1] - tr[idx, 0]) / 1e3
+                    r[k] = dict(mean_us=float(d.mean()), max_us=float(d.max()),
+                                start_spread_us=float(tr[idx, 0].max() - tr[idx, 0].min()) / 1e3)
+                if getattr(mk, "stage_words", 0) >= 7:
+                    st = mk.stage_stamps()[0].double()
+                    for k, a, names in (("argmax_partial", 0, ("stage", "radix", "compact", "push")),
+                                        ("argmax_reduce", 4, ("load", "merge", "draw"))):
+                        idx = [i for i, x in enumerate(kinds) if x == k and st[i, a] > 0]
+                        if not idx:
+                            continue
+                        marks = [st[idx, a + j] for j in range(len(names))]   # the task's last sampled row
+                        r[k]["last_row_stages_us"] = {n: float((m - p).mean()) / 1e3 for n, m, p in
+                                                      zip(names[1:], marks[1:], marks[:-1])}
+                        r[k]["to_first_stamp_us"] = float((marks[0] - tr[idx, 0]).mean()) / 1e3
+                log(json.dumps(r))
+                res.append(r)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--trials", type=int, default=60)
     ap.add_argument("--models", default="tiny-llama,tiny-qwen3")
+    ap.add_argument("--profile", action="store_true", help="only time the sampler (profile_sampler), no checks")
     args = ap.parse_args()
     t0 = time.time()
     res, errors = [], []
-    for name, fn in [("sampler", lambda: check_sampler(res, args.trials))] + \
-            [(m, (lambda m=m: check_end_to_end(m, res, args.steps))) for m in args.models.split(",") if m]:
+    parts = [("sampler", lambda: check_sampler(res, args.trials))] + \
+        [(m, (lambda m=m: check_end_to_end(m, res, args.steps))) for m in args.models.split(",") if m]
+    if args.profile:
+        parts = [("profile", lambda: profile_sampler(res))]
+    for name, fn in parts:
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - report every part
             traceback.print_exc()
             errors.append(dict(part=name, error=f"{type(e).__name__}: {e}"))
-    ok = not errors and all(r["ok"] for r in res)
+    ok = not errors and all(r.get("ok", True) for r in res)
     out = dict(ok=ok, seconds=time.time() - t0, results=res, errors=errors, device=torch.cuda.get_device_name(0))
     (OUT / "gpu_check_sampling.json").write_text(json.dumps(out, indent=1))
     for r in res:
-        if r["check"] == "sampler":
+        if r["check"] == "profile":
+            log(f"profile V={r['vocab']:>6} B={r['batch']:>3} {r['mode']:7s}: launch {r['launch_us']:7.1f} us, span "
+                f"{r['span_us']:6.1f} us, partial x{r['tasks']['partial']} {r['argmax_partial']['mean_us']:6.1f} / "
+                f"{r['argmax_partial']['max_us']:6.1f} us, reduce x{r['tasks']['reduce']} "
+                f"{r['argmax_reduce']['mean_us']:6.1f} / {r['argmax_reduce']['max_us']:6.1f} us")
+        elif r["check"] == "sampler":
             log(f"sampler V={r['vocab']:>6} {r['style']:5s}: {r['mismatches']}/{r['draws']} mismatches, "
                 f"{r['mean_launch_ms']:.3f} ms/launch ok={r['ok']}")
         else:

@@ -148,64 +148,139 @@ __device__ inline void push_candidates(const float* cv, const float* ci, int wan
   __syncthreads();
 }
 
-// One sampled row, slice of V <= SAMPLE_STAGE logits: the slice is read once (16-byte loads, 4 in flight per
-// thread) into shared memory as order keys, the radix select runs there, and the compaction gives each thread a
-// contiguous chunk (index order = thread order, so the `need` keys equal to the threshold taken are the lowest
-// indices): two block scans instead of a vote and two scans per 256 logits.
+// One sampled row, slice of V <= SAMPLE_STAGE logits, read once (16-byte loads, 4 in flight per thread) into
+// shared memory as order keys. Each thread keeps the largest key of the logits it read (a group of ~V / THREADS);
+// the want-th largest of those group maxima, L, has at least `want` keys >= L, so the top `want` are among the
+// keys >= L (typically ~1-2% of the slice). Those candidates are compacted and ranked by (key desc, index asc)
+// against each other, and each one of rank < want is pushed straight to its position. If more than SAMPLE_CAP
+// keys are >= L (heavy ties), the exact radix select over the staged keys takes over.
 __device__ inline void staged_top_candidates(const float* lb, int64_t V, int64_t vocab0, int* hist, int* scan,
-                                             int* misc, float* cv, float* ci, uint32_t* keys, const int64_t* peers,
-                                             int npeers, int64_t dst_off) {
+                                             int* misc, float* cv, float* ci, uint32_t* cand_k, int* cand_i,
+                                             uint32_t* keys, const int64_t* peers, int npeers, int64_t dst_off) {
   const int tid = threadIdx.x;
   const int n = static_cast<int>(V);
-  int v_done = 0;
-  if ((reinterpret_cast<uintptr_t>(lb) & 15) == 0) {
+  const bool vec = (reinterpret_cast<uintptr_t>(lb) & 15) == 0;
+  const int V4 = vec ? n >> 2 : 0;
+  uint32_t gmax = 0;
+  {
     const float4* l4 = reinterpret_cast<const float4*>(lb);
-    const int V4 = n >> 2;
 #pragma unroll 4
     for (int q = tid; q < V4; q += THREADS) {
       const float4 x = __ldcg(l4 + q);
       uint32_t* d = keys + stage_slot(4 * q);   // 4 | 32: a group never straddles a pad word
-      d[0] = order_key(x.x);
-      d[1] = order_key(x.y);
-      d[2] = order_key(x.z);
-      d[3] = order_key(x.w);
+      const uint32_t k0 = order_key(x.x), k1 = order_key(x.y), k2 = order_key(x.z), k3 = order_key(x.w);
+      d[0] = k0;
+      d[1] = k1;
+      d[2] = k2;
+      d[3] = k3;
+      gmax = max(gmax, max(max(k0, k1), max(k2, k3)));
     }
-    v_done = 4 * V4;
   }
-  for (int v = v_done + tid; v < n; v += THREADS) keys[stage_slot(v)] = order_key(ld_act_f32(lb + v));
+  for (int v = 4 * V4 + tid; v < n; v += THREADS) {
+    const uint32_t k = order_key(ld_act_f32(lb + v));
+    keys[stage_slot(v)] = k;
+    gmax = max(gmax, k);
+  }
+  uint32_t* gm = reinterpret_cast<uint32_t*>(hist);   // THREADS group maxima (0: a thread that read nothing)
+  gm[tid] = gmax;
   __syncthreads();
+  MPK_STAMP(0);   // (stage-stamp builds, the task's last sampled slice) keys staged
   const int want = n < SAMPLE_C ? n : SAMPLE_C;
-  uint32_t prefix;
-  int need;
-  radix_threshold([&](int64_t v) { return keys[stage_slot(static_cast<int>(v))]; }, V, want, hist, scan, misc,
-                  &prefix, &need);
-  const int chunk = (n + THREADS - 1) / THREADS;
-  const int lo = tid * chunk < n ? tid * chunk : n, hi = lo + chunk < n ? lo + chunk : n;
-  int gt = 0, eq = 0;
-  for (int v = lo; v < hi; ++v) {
-    const uint32_t k = keys[stage_slot(v)];
-    gt += k > prefix;
-    eq += k == prefix;
+  {
+    int r = 0;   // rank of this group's maximum among all (desc, ties by thread): a permutation of 0..THREADS-1
+    for (int j = 0; j < THREADS; ++j) {
+      const uint32_t o = gm[j];
+      r += (o > gmax || (o == gmax && j < tid)) ? 1 : 0;
+    }
+    if (r == want - 1) misc[0] = static_cast<int>(gmax);
   }
-  int gt_tot, eq_tot;
-  const int gt_at = block_incl_scan(gt, scan, &gt_tot) - gt;   // exclusive: this chunk's first slot
-  int eq_at = block_incl_scan(eq, scan, &eq_tot) - eq;         // equal keys before this chunk
-  int g = gt_at;
-  for (int v = lo; v < hi && (g < gt_at + gt || eq_at < need); ++v) {
-    const uint32_t k = keys[stage_slot(v)];
-    if (k > prefix) {
-      cv[g] = key_value(k);
-      ci[g++] = static_cast<float>(v);
-    } else if (k == prefix) {
-      if (eq_at < need) {
-        cv[gt_tot + eq_at] = key_value(k);
-        ci[gt_tot + eq_at] = static_cast<float>(v);
+  __syncthreads();
+  const uint32_t L = static_cast<uint32_t>(misc[0]);
+  int cnt = 0;   // this thread's keys >= L (the logits it staged)
+  for (int q = tid; q < V4; q += THREADS) {
+    const uint32_t* d = keys + stage_slot(4 * q);
+    cnt += (d[0] >= L) + (d[1] >= L) + (d[2] >= L) + (d[3] >= L);
+  }
+  for (int v = 4 * V4 + tid; v < n; v += THREADS) cnt += keys[stage_slot(v)] >= L;
+  int total;
+  int at = block_incl_scan(cnt, scan, &total) - cnt;
+  MPK_STAMP(1);   // threshold L and the candidate count
+  if (total > SAMPLE_CAP) {   // block-uniform: exact radix select over the staged keys, chunked compaction
+    uint32_t prefix;
+    int need;
+    radix_threshold([&](int64_t v) { return keys[stage_slot(static_cast<int>(v))]; }, V, want, hist, scan, misc,
+                    &prefix, &need);
+    const int chunk = (n + THREADS - 1) / THREADS;
+    const int lo = tid * chunk < n ? tid * chunk : n, hi = lo + chunk < n ? lo + chunk : n;
+    int gt = 0, eq = 0;
+    for (int v = lo; v < hi; ++v) {
+      const uint32_t k = keys[stage_slot(v)];
+      gt += k > prefix;
+      eq += k == prefix;
+    }
+    int gt_tot, eq_tot;
+    const int gt_at = block_incl_scan(gt, scan, &gt_tot) - gt;   // exclusive: this chunk's first slot
+    int eq_at = block_incl_scan(eq, scan, &eq_tot) - eq;         // equal keys before this chunk
+    int g = gt_at;
+    for (int v = lo; v < hi && (g < gt_at + gt || eq_at < need); ++v) {
+      const uint32_t k = keys[stage_slot(v)];
+      if (k > prefix) {
+        cv[g] = key_value(k);
+        ci[g++] = static_cast<float>(v);
+      } else if (k == prefix) {
+        if (eq_at < need) {
+          cv[gt_tot + eq_at] = key_value(k);
+          ci[gt_tot + eq_at] = static_cast<float>(v);
+        }
+        ++eq_at;
       }
-      ++eq_at;
+    }
+    __syncthreads();
+    push_candidates(cv, ci, want, vocab0, peers, npeers, dst_off);
+    return;
+  }
+  for (int q = tid; q < V4; q += THREADS) {
+    const uint32_t* d = keys + stage_slot(4 * q);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (d[u] >= L) {
+        cand_k[at] = d[u];
+        cand_i[at++] = 4 * q + u;
+      }
+  }
+  for (int v = 4 * V4 + tid; v < n; v += THREADS)
+    if (keys[stage_slot(v)] >= L) {
+      cand_k[at] = keys[stage_slot(v)];
+      cand_i[at++] = v;
+    }
+  __syncthreads();
+  MPK_STAMP(2);   // candidates compacted
+  for (int e = tid; e < total; e += THREADS) {   // rank among the candidates (indices are distinct)
+    const uint32_t k = cand_k[e];
+    const int i = cand_i[e];
+    int rank = 0;
+    for (int j = 0; j < total && rank < want; ++j) {
+      const uint32_t kj = cand_k[j];
+      rank += (kj > k || (kj == k && cand_i[j] < i)) ? 1 : 0;
+    }
+    if (rank < want) {
+      const float x = key_value(k), fi = static_cast<float>(i + vocab0);
+      for (int p = 0; p < npeers; ++p) {
+        float* dst = ptr<float>(peers[p] + dst_off) + rank * 2;
+        dst[0] = x;
+        dst[1] = fi;
+      }
+    }
+  }
+  if (tid >= want && tid < SAMPLE_C) {   // padding (a slice of fewer than C logits)
+    for (int p = 0; p < npeers; ++p) {
+      float* dst = ptr<float>(peers[p] + dst_off) + tid * 2;
+      dst[0] = -INFINITY;
+      dst[1] = SAMPLE_PAD_INDEX;
     }
   }
   __syncthreads();
-  push_candidates(cv, ci, want, vocab0, peers, npeers, dst_off);
+  MPK_STAMP(3);   // ranked and pushed
 }
 
 // One sampled row, any V (the slice is longer than SAMPLE_STAGE): the radix select and an ordered compaction
@@ -269,7 +344,8 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   const float* temp = ptr<const float>(a[A_ARGMAX_PARTIAL_TEMP]);   // nullptr: every row greedy
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   // smem (packer.py _pack_argmax_partial): sv, si [nwarps] | hist [256] | scan [2 (nwarps + 1)] | misc [8]
-  // | cv, ci [SAMPLE_C] | keys [stage_slot(V) + 1] when sampling and V <= SAMPLE_STAGE
+  // | cv, ci [SAMPLE_C] | cand_k, cand_i [SAMPLE_CAP] | keys [stage_slot(V) + 1] (the last two when sampling and
+  // V <= SAMPLE_STAGE)
   float* sv = reinterpret_cast<float*>(dyn_smem());
   float* si = sv + nwarps;
   int* hist = reinterpret_cast<int*>(si + nwarps);
@@ -277,7 +353,9 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   int* misc = scan + 2 * (nwarps + 1);
   float* cv = reinterpret_cast<float*>(misc + 8);
   float* ci = cv + SAMPLE_C;
-  uint32_t* keys = reinterpret_cast<uint32_t*>(ci + SAMPLE_C);
+  uint32_t* cand_k = reinterpret_cast<uint32_t*>(ci + SAMPLE_C);
+  int* cand_i = reinterpret_cast<int*>(cand_k + SAMPLE_CAP);
+  uint32_t* keys = reinterpret_cast<uint32_t*>(cand_i + SAMPLE_CAP);
   for (int q = 0; q < nsl * nb; ++q) {
     const int sl = q / nb, b = b0 + q % nb;
     const float* lb = logits + b * ld + sl * V;
@@ -285,7 +363,7 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
     const int64_t row = ((int64_t)(slot + sl) * B + b) * SAMPLE_C * 2;   // this slice's candidates of row b
     if (temp != nullptr && temp[b] > 0.f) {
       if (V <= SAMPLE_STAGE)
-        staged_top_candidates(lb, V, vocab0, hist, scan, misc, cv, ci, keys, peers, npeers,
+        staged_top_candidates(lb, V, vocab0, hist, scan, misc, cv, ci, cand_k, cand_i, keys, peers, npeers,
                               sym_off + row * (int64_t)sizeof(float));
       else
         partial_top_candidates(lb, V, vocab0, hist, scan, misc, cv, ci, peers, npeers,
@@ -393,13 +471,14 @@ __device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
     if (tokens != nullptr) tokens[b] = (int64_t)bi;
   }
   if (temp == nullptr) return;
-  // smem (packer.py _pack_argmax_reduce): pv, pi [W C] | mv, mi [C] | es [C] | cs [C + 1]
+  // smem (packer.py _pack_argmax_reduce): pv, pi [W C] | mv, mi [C] | es [C] | cs [C + 1] | heads [W]
   float* pv = reinterpret_cast<float*>(dyn_smem());
   float* pi = pv + W * C;
   float* mv = pi + W * C;
   float* mi = mv + C;
   float* es = mi + C;
   float* cs = es + C;
+  int* heads = reinterpret_cast<int*>(cs + C + 1);
   for (int b = b0; b < b1; ++b) {
     if (!(temp[b] > 0.f)) continue;
     for (int e = threadIdx.x; e < W * C; e += THREADS) {
@@ -408,37 +487,51 @@ __device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
       pi[e] = x.y;
     }
     __syncthreads();
-    // merge: rank of each entry = its position in its (sorted) slot + the entries of other slots before it
-    // (binary search; identical padding entries are ordered by slot)
-    for (int e = threadIdx.x; e < W * C; e += THREADS) {
-      const int r = e / C;
-      const uint32_t k = order_key(pv[e]);
-      const float i = pi[e];
-      int rank = e % C;
-      for (int q = 0; q < W && rank < C; ++q) {
-        if (q == r) continue;
-        int lo = 0, hi = C;
-        while (lo < hi) {
-          const int mid = (lo + hi) >> 1;
-          const uint32_t km = order_key(pv[q * C + mid]);
-          const float im = pi[q * C + mid];
-          const bool before = km > k || (km == k && (im < i || (im == i && q < r)));
-          if (before) lo = mid + 1; else hi = mid;
+    MPK_STAMP(4);   // (stage-stamp builds, the task's last sampled row) candidates of every slot loaded
+    // merge: each slot's candidates are sorted (key desc, index asc); warp 0 takes the best head C times, each
+    // lane holding the heads of slots lane, lane + 32, ... (ties of identical padding entries: lowest slot)
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      for (int q = lane; q < W; q += 32) heads[q] = 0;
+      __syncwarp();
+      for (int j = 0; j < C; ++j) {
+        uint32_t bk = 0;
+        float bi = 0.f;
+        int bs = -1;
+        for (int q = lane; q < W; q += 32) {
+          const int h = heads[q];
+          if (h >= C) continue;
+          const uint32_t k = order_key(pv[q * C + h]);
+          const float i = pi[q * C + h];
+          if (bs < 0 || k > bk || (k == bk && i < bi)) { bk = k; bi = i; bs = q; }   // q ascending: ties keep the lower slot
         }
-        rank += lo;
-      }
-      if (rank < C) {
-        mv[rank] = pv[e];
-        mi[rank] = i;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          const uint32_t ok = __shfl_xor_sync(0xffffffffu, bk, o);
+          const float oi = __shfl_xor_sync(0xffffffffu, bi, o);
+          const int os = __shfl_xor_sync(0xffffffffu, bs, o);
+          if (os >= 0 && (bs < 0 || ok > bk || (ok == bk && (oi < bi || (oi == bi && os < bs))))) {
+            bk = ok; bi = oi; bs = os;
+          }
+        }
+        if (lane == (bs & 31)) {   // the winner's owner lane: record it and advance that slot
+          const int h = heads[bs];
+          mv[j] = pv[bs * C + h];
+          mi[j] = pi[bs * C + h];
+          heads[bs] = h + 1;
+        }
+        __syncwarp();
       }
     }
     __syncthreads();
+    MPK_STAMP(5);   // merged
     const int64_t tok = sample_from_candidates(mv, mi, es, cs, temp[b], top_k[b], top_p[b], seed[b], seq_pos(c, b));
     if (threadIdx.x == 0) {
       out[b] = tok;
       if (tokens != nullptr) tokens[b] = tok;
     }
     __syncthreads();
+    MPK_STAMP(6);   // drawn
   }
 }
 

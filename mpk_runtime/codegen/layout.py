@@ -153,6 +153,9 @@ CONSTANTS = {
     # sampled rows: a vocabulary slice of at most this many logits is copied into shared memory once (as order
     # keys) and its top-C selected there; longer slices are selected from global memory (5 passes over them)
     "SAMPLE_STAGE": 16384,
+    # ... among at most this many candidates (the keys >= the C-th largest of the per-thread maxima; more, from
+    # heavy ties: the radix select over the staged keys)
+    "SAMPLE_CAP": 1024,
     # L2 weight prefetch: measured slower on llama-3.2-1b B=1 (1.49 ms off vs 1.64-1.75 on), so off by default
     "PF_CUR": 0,            # bytes of a task's weights pulled into L2 before waiting on its events (0 = off)
     "PF_NEXT": 0,           # bytes of the following task's weights pulled into L2 at the same time

@@ -334,8 +334,10 @@ class TaskPacker:
         C = L.CONSTANTS["SAMPLE_C"]
         assert self.mem.syms[p["part"]].shape[-2] == C, "argmax.part candidates != layout SAMPLE_C"
         n, vs = p.get("nslices", 1), p.get("slice_len", lg.shape[1])
-        # argmax.cuh: sv, si | hist | scan | misc | cv, ci, then the staged keys of a sampled slice (stage_slot)
-        staged = vs + (vs >> 5) + 1 if p.get("temperature") and vs <= L.CONSTANTS["SAMPLE_STAGE"] else 0
+        # argmax.cuh: sv, si | hist | scan | misc | cv, ci, then for a sampled slice staged in shared memory the
+        # candidates (key, index) [SAMPLE_CAP] and the keys (stage_slot: one pad word per 32)
+        staged = (2 * L.CONSTANTS["SAMPLE_CAP"] + vs + (vs >> 5) + 1
+                  if p.get("temperature") and vs <= L.CONSTANTS["SAMPLE_STAGE"] else 0)
         self._need((2 * _NWARPS + 256 + 2 * (_NWARPS + 1) + 8 + 2 * C + staged) * 4)
         v0 = p.get("s0", 0) * vs
         b0, nb = p.get("b0", 0), p.get("nb", lg.shape[0])
@@ -348,7 +350,7 @@ class TaskPacker:
         out = self.mem.t(p["out"])
         C = L.CONSTANTS["SAMPLE_C"]
         slots = p.get("slots", p["world"])   # the kernel's "world": candidate slots to merge (W * S)
-        self._need((2 * slots * C + 4 * C + 8) * 4)   # argmax.cuh: reduce smem
+        self._need((2 * slots * C + 4 * C + 8 + slots) * 4)   # argmax.cuh: reduce smem (pv, pi | mv, mi | es | cs | heads)
         return dict(part=base, par_stride=stride, out=out.data_ptr(),
                     tokens=self._t("tokens") if p["feeds_next_step"] else 0, world=slots, b=out.shape[0],
                     temp=self._t(p.get("temperature")), top_k=self._t(p.get("top_k")),
