@@ -101,9 +101,11 @@ def check_sampler(res, trials):
     base = load_config("tiny-qwen3")
     B = 8
     # 151936: 16 slices of 9496 staged in shared memory, rows spread over 132 SMs (row groups of 1 and a reduce
-    # task per row); 50257: one slice longer than SAMPLE_STAGE (selected from global memory), rows in one partial
-    # task, reduce tasks of 2 rows; 1000 / 50: one staged slice, heavy ties / fewer logits than C
-    for V, style, sms in ((151936, "randn", 132), (50257, "randn", 4), (1000, "ties", 4), (50, "randn", 132)):
+    # task per row; row 5's run of maxima and the "ties" style put more than SAMPLE_CAP keys over the threshold:
+    # the radix fallback); 50257: one slice longer than SAMPLE_STAGE (selected from global memory), rows in one
+    # partial task, reduce tasks of 2 rows; 1000 / 50: one staged slice, heavy ties / fewer logits than C
+    for V, style, sms in ((151936, "randn", 132), (151936, "ties", 132), (50257, "randn", 4), (1000, "ties", 4),
+                          (50, "randn", 132)):
         cfg = dataclasses.replace(base, vocab_size=V, name=f"sampler-v{V}")
         g_ = build_graph(cfg, mode="decode", batch=B, context_len=0, max_seq_len=32, dtype="bfloat16")
         tg = build_task_graphs([g_.subgraph(["argmax"])], Tiling(num_sms=sms))[0]
