@@ -276,13 +276,16 @@ def main():
     ap.add_argument("--trials", type=int, default=60)
     ap.add_argument("--models", default="tiny-llama,tiny-qwen3")
     ap.add_argument("--profile", action="store_true", help="only time the sampler (profile_sampler), no checks")
+    ap.add_argument("--profile-batches", default="1,8,32,128")
+    ap.add_argument("--profile-vocabs", default="128256,151936")
     args = ap.parse_args()
     t0 = time.time()
     res, errors = [], []
     parts = [("sampler", lambda: check_sampler(res, args.trials))] + \
         [(m, (lambda m=m: check_end_to_end(m, res, args.steps))) for m in args.models.split(",") if m]
     if args.profile:
-        parts = [("profile", lambda: profile_sampler(res))]
+        parts = [("profile", lambda: profile_sampler(
+            res, [int(v) for v in args.profile_vocabs.split(",")], [int(b) for b in args.profile_batches.split(",")]))]
     for name, fn in parts:
         try:
             fn()

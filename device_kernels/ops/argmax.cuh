@@ -187,12 +187,20 @@ __device__ inline void staged_top_candidates(const float* lb, int64_t V, int64_t
   MPK_STAMP(0);   // (stage-stamp builds, the task's last sampled slice) keys staged
   const int want = n < SAMPLE_C ? n : SAMPLE_C;
   {
-    int r = 0;   // rank of this group's maximum among all (desc, ties by thread): a permutation of 0..THREADS-1
-    for (int j = 0; j < THREADS; ++j) {
-      const uint32_t o = gm[j];
-      r += (o > gmax || (o == gmax && j < tid)) ? 1 : 0;
+    // rank of this group's maximum among all (desc, ties by thread): a permutation of 0..THREADS-1; 16-byte
+    // reads, four independent counts
+    const uint4* g4 = reinterpret_cast<const uint4*>(gm);
+    int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+#pragma unroll 4
+    for (int j = 0; j < THREADS / 4; ++j) {
+      const uint4 o = g4[j];
+      const int t = 4 * j;
+      r0 += (o.x > gmax || (o.x == gmax && t < tid)) ? 1 : 0;
+      r1 += (o.y > gmax || (o.y == gmax && t + 1 < tid)) ? 1 : 0;
+      r2 += (o.z > gmax || (o.z == gmax && t + 2 < tid)) ? 1 : 0;
+      r3 += (o.w > gmax || (o.w == gmax && t + 3 < tid)) ? 1 : 0;
     }
-    if (r == want - 1) misc[0] = static_cast<int>(gmax);
+    if (r0 + r1 + r2 + r3 == want - 1) misc[0] = static_cast<int>(gmax);
   }
   __syncthreads();
   const uint32_t L = static_cast<uint32_t>(misc[0]);
@@ -253,15 +261,24 @@ __device__ inline void staged_top_candidates(const float* lb, int64_t V, int64_t
       cand_k[at] = keys[stage_slot(v)];
       cand_i[at++] = v;
     }
+  if (tid < 3) {   // pad to a multiple of 4 (arrays of SAMPLE_CAP + 4): key 0, index INT_MAX never rank before
+    cand_k[total + tid] = 0u;
+    cand_i[total + tid] = 0x7fffffff;
+  }
   __syncthreads();
   MPK_STAMP(2);   // candidates compacted
+  const int total4 = (total + 3) >> 2;
+  const uint4* ck4 = reinterpret_cast<const uint4*>(cand_k);
+  const int4* ci4 = reinterpret_cast<const int4*>(cand_i);
   for (int e = tid; e < total; e += THREADS) {   // rank among the candidates (indices are distinct)
     const uint32_t k = cand_k[e];
     const int i = cand_i[e];
     int rank = 0;
-    for (int j = 0; j < total && rank < want; ++j) {
-      const uint32_t kj = cand_k[j];
-      rank += (kj > k || (kj == k && cand_i[j] < i)) ? 1 : 0;
+    for (int j = 0; j < total4 && rank < want; ++j) {
+      const uint4 kj = ck4[j];
+      const int4 ij = ci4[j];
+      rank += ((kj.x > k || (kj.x == k && ij.x < i)) ? 1 : 0) + ((kj.y > k || (kj.y == k && ij.y < i)) ? 1 : 0) +
+              ((kj.z > k || (kj.z == k && ij.z < i)) ? 1 : 0) + ((kj.w > k || (kj.w == k && ij.w < i)) ? 1 : 0);
     }
     if (rank < want) {
       const float x = key_value(k), fi = static_cast<float>(i + vocab0);
@@ -344,8 +361,8 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   const float* temp = ptr<const float>(a[A_ARGMAX_PARTIAL_TEMP]);   // nullptr: every row greedy
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   // smem (packer.py _pack_argmax_partial): sv, si [nwarps] | hist [256] | scan [2 (nwarps + 1)] | misc [8]
-  // | cv, ci [SAMPLE_C] | cand_k, cand_i [SAMPLE_CAP] | keys [stage_slot(V) + 1] (the last two when sampling and
-  // V <= SAMPLE_STAGE)
+  // | cv, ci [SAMPLE_C] | (16-byte aligned) cand_k, cand_i [SAMPLE_CAP + 4] | keys [stage_slot(V) + 1] (the last
+  // two when sampling and V <= SAMPLE_STAGE)
   float* sv = reinterpret_cast<float*>(dyn_smem());
   float* si = sv + nwarps;
   int* hist = reinterpret_cast<int*>(si + nwarps);
@@ -353,9 +370,10 @@ __device__ __noinline__ void op_argmax_partial(const Ctx& c) {
   int* misc = scan + 2 * (nwarps + 1);
   float* cv = reinterpret_cast<float*>(misc + 8);
   float* ci = cv + SAMPLE_C;
-  uint32_t* cand_k = reinterpret_cast<uint32_t*>(ci + SAMPLE_C);
-  int* cand_i = reinterpret_cast<int*>(cand_k + SAMPLE_CAP);
-  uint32_t* keys = reinterpret_cast<uint32_t*>(cand_i + SAMPLE_CAP);
+  static_assert(SAMPLE_CAP % 4 == 0, "argmax.cuh: candidate arrays are read 16 bytes at a time");
+  uint32_t* cand_k = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(ci + SAMPLE_C) + 15) & ~uintptr_t(15));
+  int* cand_i = reinterpret_cast<int*>(cand_k + SAMPLE_CAP + 4);
+  uint32_t* keys = reinterpret_cast<uint32_t*>(cand_i + SAMPLE_CAP + 4);
   for (int q = 0; q < nsl * nb; ++q) {
     const int sl = q / nb, b = b0 + q % nb;
     const float* lb = logits + b * ld + sl * V;
@@ -471,7 +489,8 @@ __device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
     if (tokens != nullptr) tokens[b] = (int64_t)bi;
   }
   if (temp == nullptr) return;
-  // smem (packer.py _pack_argmax_reduce): pv, pi [W C] | mv, mi [C] | es [C] | cs [C + 1] | heads [W]
+  // smem (packer.py _pack_argmax_reduce): pv, pi [W C] | mv, mi [C] | es [C] | cs [C + 1] | heads [W] |
+  // scan [2 (nwarps + 1)] | (16-byte aligned) ck, cx, ce [RED_CAP + 4]
   float* pv = reinterpret_cast<float*>(dyn_smem());
   float* pi = pv + W * C;
   float* mv = pi + W * C;
@@ -479,6 +498,12 @@ __device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
   float* es = mi + C;
   float* cs = es + C;
   int* heads = reinterpret_cast<int*>(cs + C + 1);
+  int* scan = heads + W;
+  constexpr int RED_CAP = 4 * SAMPLE_C;   // candidates ranked against each other at most (~2 C typical)
+  uint32_t* ck = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(scan + 2 * (THREADS / 32 + 1)) + 15) &
+                                             ~uintptr_t(15));
+  float* cx = reinterpret_cast<float*>(ck + RED_CAP + 4);
+  int* ce = reinterpret_cast<int*>(cx + RED_CAP + 4);
   for (int b = b0; b < b1; ++b) {
     if (!(temp[b] > 0.f)) continue;
     for (int e = threadIdx.x; e < W * C; e += THREADS) {
@@ -488,9 +513,64 @@ __device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
     }
     __syncthreads();
     MPK_STAMP(4);   // (stage-stamp builds, the task's last sampled row) candidates of every slot loaded
-    // merge: each slot's candidates are sorted (key desc, index asc); warp 0 takes the best head C times, each
-    // lane holding the heads of slots lane, lane + 32, ... (ties of identical padding entries: lowest slot)
+    // merge. Each slot's candidates are sorted (key desc, index asc), so every slot has ps + 1 entries >= its entry
+    // ps = ceil(C / W) - 1, and L = the smallest of those W entries has >= C entries >= it: the global top C are
+    // among the entries >= L (typically ~2 C). Those are compacted and ranked against each other by (key desc,
+    // index asc, position asc: identical padding entries); more than RED_CAP of them (ties): warp 0 merges the
+    // slots instead, taking the best head C times.
     if (threadIdx.x < 32) {
+      const int ps = (C + W - 1) / W - 1;
+      uint32_t m = 0xffffffffu;
+      for (int q = threadIdx.x; q < W; q += 32) m = min(m, order_key(pv[q * C + ps]));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = min(m, __shfl_xor_sync(0xffffffffu, m, o));
+      if (threadIdx.x == 0) heads[0] = static_cast<int>(m);
+    }
+    __syncthreads();
+    const uint32_t L = static_cast<uint32_t>(heads[0]);
+    int cnt = 0;
+    for (int e = threadIdx.x; e < W * C; e += THREADS) cnt += order_key(pv[e]) >= L;
+    int total;
+    int at = block_incl_scan(cnt, scan, &total) - cnt;
+    if (total <= RED_CAP) {
+      for (int e = threadIdx.x; e < W * C; e += THREADS) {
+        const uint32_t k = order_key(pv[e]);
+        if (k >= L) {
+          ck[at] = k;
+          cx[at] = pi[e];
+          ce[at++] = e;
+        }
+      }
+      if (threadIdx.x < 3) {   // pad to a multiple of 4: never ranked before a real entry
+        ck[total + threadIdx.x] = 0u;
+        cx[total + threadIdx.x] = 3.0e38f;
+        ce[total + threadIdx.x] = 0x7fffffff;
+      }
+      __syncthreads();
+      const int total4 = (total + 3) >> 2;
+      const uint4* k4 = reinterpret_cast<const uint4*>(ck);
+      const float4* x4 = reinterpret_cast<const float4*>(cx);
+      const int4* e4 = reinterpret_cast<const int4*>(ce);
+      for (int t = threadIdx.x; t < total; t += THREADS) {
+        const uint32_t k = ck[t];
+        const float i = cx[t];
+        const int e = ce[t];
+        int rank = 0;
+        for (int j = 0; j < total4 && rank < C; ++j) {
+          const uint4 kj = k4[j];
+          const float4 ij = x4[j];
+          const int4 ej = e4[j];
+          rank += ((kj.x > k || (kj.x == k && (ij.x < i || (ij.x == i && ej.x < e)))) ? 1 : 0) +
+                  ((kj.y > k || (kj.y == k && (ij.y < i || (ij.y == i && ej.y < e)))) ? 1 : 0) +
+                  ((kj.z > k || (kj.z == k && (ij.z < i || (ij.z == i && ej.z < e)))) ? 1 : 0) +
+                  ((kj.w > k || (kj.w == k && (ij.w < i || (ij.w == i && ej.w < e)))) ? 1 : 0);
+        }
+        if (rank < C) {
+          mv[rank] = pv[e];
+          mi[rank] = i;
+        }
+      }
+    } else if (threadIdx.x < 32) {
       const int lane = threadIdx.x;
       for (int q = lane; q < W; q += 32) heads[q] = 0;
       __syncwarp();

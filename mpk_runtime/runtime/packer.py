@@ -335,8 +335,8 @@ class TaskPacker:
         assert self.mem.syms[p["part"]].shape[-2] == C, "argmax.part candidates != layout SAMPLE_C"
         n, vs = p.get("nslices", 1), p.get("slice_len", lg.shape[1])
         # argmax.cuh: sv, si | hist | scan | misc | cv, ci, then for a sampled slice staged in shared memory the
-        # candidates (key, index) [SAMPLE_CAP] and the keys (stage_slot: one pad word per 32)
-        staged = (2 * L.CONSTANTS["SAMPLE_CAP"] + vs + (vs >> 5) + 1
+        # candidates (key, index) [SAMPLE_CAP + 4], 16-byte aligned, and the keys (stage_slot: one pad word per 32)
+        staged = (3 + 2 * (L.CONSTANTS["SAMPLE_CAP"] + 4) + vs + (vs >> 5) + 1
                   if p.get("temperature") and vs <= L.CONSTANTS["SAMPLE_STAGE"] else 0)
         self._need((2 * _NWARPS + 256 + 2 * (_NWARPS + 1) + 8 + 2 * C + staged) * 4)
         v0 = p.get("s0", 0) * vs
@@ -350,7 +350,8 @@ class TaskPacker:
         out = self.mem.t(p["out"])
         C = L.CONSTANTS["SAMPLE_C"]
         slots = p.get("slots", p["world"])   # the kernel's "world": candidate slots to merge (W * S)
-        self._need((2 * slots * C + 4 * C + 8 + slots) * 4)   # argmax.cuh: reduce smem (pv, pi | mv, mi | es | cs | heads)
+        # argmax.cuh reduce smem: pv, pi | mv, mi | es | cs | heads | scan | 16-byte aligned ck, cx, ce [4 C + 4]
+        self._need((2 * slots * C + 4 * C + 8 + slots + 2 * (_NWARPS + 1) + 3 + 3 * (4 * C + 4)) * 4)
         return dict(part=base, par_stride=stride, out=out.data_ptr(),
                     tokens=self._t("tokens") if p["feeds_next_step"] else 0, world=slots, b=out.shape[0],
                     temp=self._t(p.get("temperature")), top_k=self._t(p.get("top_k")),
