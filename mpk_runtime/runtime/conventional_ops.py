@@ -23,7 +23,42 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..tasks.ops.common import rms_norm, row_positions
+from ..envflags import env_flag
+from ..tasks.ops.common import rms_norm as _rms_norm_eager, row_positions
+
+
+# --- RMSNorm: eager (6-7 small kernels) or, on a GPU with MPK_CONV_FUSE_NORM=1, one generated kernel ------------
+def _rms_norm_fn(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """tasks/ops/common.rms_norm written functionally for torch.compile: the same ops and rounding points (fp32
+    statistics, x * r rounded to x's dtype, then the weight product rounded once); only the order of the mean's
+    fp32 sum is the generated kernel's."""
+    xf = x.float()
+    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xn = (xf * r).to(x.dtype)
+    if w is None:
+        return xn
+    if w.dtype == xn.dtype and torch.broadcast_shapes(w.shape, xn.shape) == xn.shape:
+        return xn * w
+    return w * xn
+
+
+_fused_norm = None
+
+
+def fuse_norm() -> bool:
+    """MPK_CONV_FUSE_NORM=1: the conventional path's RMSNorms on a GPU run as one torch.compile'd kernel each
+    (dynamic row count: one compile per hidden size), instead of pow / mean / add / rsqrt / mul / mul."""
+    return env_flag("MPK_CONV_FUSE_NORM")
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    global _fused_norm
+    if not (x.is_cuda and fuse_norm()):
+        return _rms_norm_eager(x, w, eps)
+    if _fused_norm is None:
+        _fused_norm = torch.compile(_rms_norm_fn, dynamic=True, fullgraph=True,
+                                    options={"emulate_precision_casts": True})
+    return _fused_norm(x, w, eps)
 
 
 # --- shared pieces -----------------------------------------------------------------------------------------------
