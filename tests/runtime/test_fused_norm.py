@@ -19,8 +19,11 @@ def test_functional_norm_equals_the_task_norm(shape, wshape, dtype):
 
 def test_fused_norm_is_gpu_only_and_checks_its_flag(monkeypatch):
     x = torch.randn(2, 64, dtype=torch.bfloat16)
+    monkeypatch.delenv("MPK_CONV_FUSE_NORM", raising=False)
+    assert conventional_ops.fuse_norm()   # default on
+    monkeypatch.setenv("MPK_CONV_FUSE_NORM", "0")
+    assert not conventional_ops.fuse_norm()
     monkeypatch.setenv("MPK_CONV_FUSE_NORM", "1")
-    assert conventional_ops.fuse_norm()
     assert torch.equal(conventional_ops.rms_norm(x, None, 1e-6), rms_norm(x, None, 1e-6))   # CPU: eager
     assert conventional_ops._fused_norm is None   # nothing compiled for a CPU tensor
     monkeypatch.setenv("MPK_CONV_FUSE_NORM", "yes")
