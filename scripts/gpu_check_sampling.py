@@ -96,9 +96,25 @@ def adversarial_logits(g, B, V, style):
 LOGIT_TOL = 2e-2   # relative norm of megakernel - pyvm logits (measured 4.2e-3 / 4.4e-3 on the tiny models)
 
 
+def argmax_kernel(V: int, B: int, sms: int, trace_steps: int = 0):
+    """The argmax op of a decode graph with vocabulary V and batch B, alone, as a megakernel of `sms` CTAs:
+    (RankMemory, Megakernel, pos, task graph); positions 0..B-1."""
+    cfg = dataclasses.replace(load_config("tiny-qwen3"), vocab_size=V, name=f"sampler-v{V}")
+    g_ = build_graph(cfg, mode="decode", batch=B, context_len=0, max_seq_len=32, dtype="bfloat16")
+    tg = build_task_graphs([g_.subgraph(["argmax"])], Tiling(num_sms=sms))[0]
+    w = {n: torch.zeros(s.shape, dtype=torch.bfloat16, device="cuda") for n, s in g_.tensors.items()
+         if s.kind == "weight"}
+    kv = KVStore(cfg.num_layers, 3, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, device="cuda")
+    mem = RankMemory(g_, w, kv, device="cuda")
+    pos = torch.arange(B, dtype=torch.int64, device="cuda")
+    tables = torch.zeros((B, 2), dtype=torch.int64, device="cuda")
+    mk = Megakernel(tg, mem, page_size=16, block_tables=tables, pos=pos, inv_freq=rope_inv_freq(cfg),
+                    head_dim=cfg.head_dim, trace_steps=trace_steps)
+    return mem, mk, pos, tg
+
+
 def check_sampler(res, trials):
     """The argmax op alone: device vs CPU semantics on identical logits."""
-    base = load_config("tiny-qwen3")
     B = 8
     # 151936: 16 slices of 9496 staged in shared memory, rows spread over 132 SMs (row groups of 1 and a reduce
     # task per row; row 5's run of maxima and the "ties" style put more than SAMPLE_CAP keys over the threshold:
@@ -106,17 +122,7 @@ def check_sampler(res, trials):
     # partial task, reduce tasks of 2 rows; 1000 / 50: one staged slice, heavy ties / fewer logits than C
     for V, style, sms in ((151936, "randn", 132), (151936, "ties", 132), (50257, "randn", 4), (1000, "ties", 4),
                           (50, "randn", 132)):
-        cfg = dataclasses.replace(base, vocab_size=V, name=f"sampler-v{V}")
-        g_ = build_graph(cfg, mode="decode", batch=B, context_len=0, max_seq_len=32, dtype="bfloat16")
-        tg = build_task_graphs([g_.subgraph(["argmax"])], Tiling(num_sms=sms))[0]
-        w = {n: torch.zeros(s.shape, dtype=torch.bfloat16, device="cuda") for n, s in g_.tensors.items()
-             if s.kind == "weight"}
-        kv = KVStore(cfg.num_layers, 3, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, device="cuda")
-        mem = RankMemory(g_, w, kv, device="cuda")
-        pos = torch.zeros(B, dtype=torch.int64, device="cuda")
-        tables = torch.zeros((B, 2), dtype=torch.int64, device="cuda")
-        mk = Megakernel(tg, mem, page_size=16, block_tables=tables, pos=pos, inv_freq=rope_inv_freq(cfg),
-                        head_dim=cfg.head_dim)
+        mem, mk, pos, _ = argmax_kernel(V, B, sms)
         g = torch.Generator().manual_seed(V)
         mism, n, t_dev = 0, 0, 0.0
         first_bad = None
@@ -210,20 +216,9 @@ def profile_sampler(res, vocabs=(128256, 151936), batches=(1, 8, 32, 128), launc
     0.8, top-k 50, top-p 0.9) or every row greedy; per launch (CUDA events, launch included) and per task (one
     traced launch: each argmax_partial / argmax_reduce task's globaltimer span, and in a -DMPK_STAGE_WORDS=8 build
     the stage stamps of argmax.cuh: staged / threshold / compacted / pushed, loaded / merged / drawn)."""
-    base = load_config("tiny-qwen3")
     for V in vocabs:
         for B in batches:
-            cfg = dataclasses.replace(base, vocab_size=V, name=f"sampler-v{V}")
-            g_ = build_graph(cfg, mode="decode", batch=B, context_len=0, max_seq_len=32, dtype="bfloat16")
-            tg = build_task_graphs([g_.subgraph(["argmax"])], Tiling(num_sms=132))[0]
-            w = {n: torch.zeros(s.shape, dtype=torch.bfloat16, device="cuda") for n, s in g_.tensors.items()
-                 if s.kind == "weight"}
-            kv = KVStore(cfg.num_layers, 3, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, device="cuda")
-            mem = RankMemory(g_, w, kv, device="cuda")
-            pos = torch.arange(B, dtype=torch.int64, device="cuda")
-            tables = torch.zeros((B, 2), dtype=torch.int64, device="cuda")
-            mk = Megakernel(tg, mem, page_size=16, block_tables=tables, pos=pos, inv_freq=rope_inv_freq(cfg),
-                            head_dim=cfg.head_dim, trace_steps=1)
+            mem, mk, _, tg = argmax_kernel(V, B, 132, trace_steps=1)
             mem.t("logits").copy_(torch.randn(B, V, generator=torch.Generator().manual_seed(B)) * 3)
             kinds = [t.kind for t in tg.tasks]
             for mode in ("greedy", "sampled"):

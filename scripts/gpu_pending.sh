@@ -1,22 +1,19 @@
 #!/usr/bin/env bash
-# What session 14 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
+# What session 15 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): attention's stage stamps at B=32, 128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-#  1. tests/gpu: new since the last GPU run - sampled steps of plans with a conventional argmax run it as a
-#     megakernel of its own (PlanExecutor.segments_for; CPU-tested), the one-megakernel plan serves greedy and sampled
-#     steps from one capture (test_one_megakernel_plan_serves_greedy_and_sampled_steps_from_one_capture)
-#  2. validate_planner --sampled (every row samples) for mono / attn-mk / conventional at B=1, 32, ctx 512: what a
-#     sampled step costs, against the planner's notes["sampled_us"] (the row's predicted_us with --sampled): attn-mk
-#     sampled +1.1% / +1.6% over greedy at llama B=32 / 128 (measured greedy 3.10 ms -> ~3.13 sampled; before the
-#     change a sampled step paid ~0.5 ms more), conventional likewise; mono unchanged
-#  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128, eager and MPK_CONV_COMPILE=1: which kernels
-#     take the 137-146 us per layer of attn-mk's conventional segments (docs/perf-notes.md session 14)
-#  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch (done in session 14 per model; rerun
-#     after a kernel change)
+#  1. tests/gpu (32 passed at f062fbb with the fused norms; rerun after any change)
+#  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile (measured session 15 at
+#     3bdf9b3: 24 / 54 / 204 us at B=1 / 32 / 128 for a 128256 vocab, all rows sampled)
+#  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (fused norms: 422 kernels per B=32 step; the
+#     q/k/v projections as three matmuls and the cat are next)
+#  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command: the issue-3 table
+#     with the fused norms and the reworked sampler (session 15 measured the chosen plans only, via validate_planner:
+#     llama B=32 / 128 2.36-2.51 / 3.96 ms, qwen3-8b 8.86 / 13.36; prediction: the same here, gpt-fast 1.3-1.6x ahead)
 #  5. (2 GPUs) bench_allreduce.py: the LL candidate beside the signal protocol and NCCL (16 KiB target <= 3 us)
 #  6. (2 GPUs) gpu_check_tp.py --tp-invariant 2 (the fold is the default since session 12)
 #  7. (2 GPUs) bench_decode --tp 2 with the PyTorch TP peer, B=1,8 (qwen3-8b B=8 peer was skipped in session 11)
@@ -33,17 +30,15 @@ if [ "$MODE" = one ]; then
 st "1 tests/gpu"
 timeout 110 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
-st "2 validate_planner --sampled, ctx 512"
-timeout 260 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 1,32 --families mono,attn-mk,conventional \
-    --sampled --budget-s 240 --out "$OUT/val" > "$OUT/val/validate.log" 2>&1
-tail -6 "$OUT/val/validate.log"; snap
-st "3 profile attn-mk's conventional segments, eager and compiled"
+st "2 the sampler: bitwise check and profile"
+OUT="$OUT/val" timeout 100 python3 scripts/gpu_check_sampling.py --trials 30 > "$OUT/val/sampling.log" 2>&1
+grep -E "^sampler V=|^tiny|PASS|FAIL" "$OUT/val/sampling.log"
+OUT="$OUT/val" timeout 80 python3 scripts/gpu_check_sampling.py --profile > "$OUT/val/sampler_profile.log" 2>&1
+grep "^profile" "$OUT/val/sampler_profile.log"; snap
+st "3 profile attn-mk's conventional segments (fused norms)"
 timeout 60 python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32,128 --family attn-mk \
     --out "$OUT/prof" > "$OUT/prof/profile_eager.log" 2>&1
-mkdir -p "$OUT/prof/compiled"
-MPK_CONV_COMPILE=1 timeout 150 python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32,128 \
-    --family attn-mk --out "$OUT/prof/compiled" > "$OUT/prof/profile_compiled.log" 2>&1
-head -30 "$OUT/prof/profile_eager.log"; snap
+head -30 "$OUT/prof/profile_eager.log"; snap   # (eager = no MPK_CONV_COMPILE; norms fused)
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
 OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \

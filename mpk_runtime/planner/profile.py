@@ -17,8 +17,11 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # 512 and 4096, with the conventional attention's per-key floor; out of sample at context 2048 (9641b95, 48 plans):
 # segment / step MAPE 7.0% / 6.6%, regret 0 at all 8 points, Spearman >= 0.94 at 7 of 8 (docs/planner.md, session
 # 13; h200_v26_cal, the same fit without the floor, 8.7% / 7.4%; h200_v20_cal 25% / 15% with regrets up to 116%:
-# it priced the conventional path from before those fixes).
-DEFAULT_PROFILE = "h200_v27_cal"
+# it priced the conventional path from before those fixes). h200_v28_cal since session 15: v27_cal with the
+# conventional terms refit for the fused RMSNorm (MPK_CONV_FUSE_NORM, default on) on rows of commit 3403612 at
+# context 512; out of sample at context 1024: segment / step MAPE 8.7% / 5.8%, max regret 0.09%, Spearman >= 0.94 at
+# 5 of 8 points (v27_cal on the same rows: 10.9% / 9.0%).
+DEFAULT_PROFILE = "h200_v28_cal"
 
 
 def key_fallbacks(key: str) -> list[str]:
