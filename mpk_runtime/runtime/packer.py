@@ -334,7 +334,7 @@ class TaskPacker:
         C = L.CONSTANTS["SAMPLE_C"]
         assert self.mem.syms[p["part"]].shape[-2] == C, "argmax.part candidates != layout SAMPLE_C"
         n, vs = p.get("nslices", 1), p.get("slice_len", lg.shape[1])
-        # argmax.cuh: sv, si | hist | scan | misc | cv, ci, then for a sampled slice staged in shared memory the
+        # argmax.cuh / sample_select.cuh: sv, si | hist | scan | misc | cv, ci, then for a sampled slice staged in shared memory the
         # candidates (key, index) [SAMPLE_CAP + 4], 16-byte aligned, and the keys (stage_slot: one pad word per 32)
         staged = (3 + 2 * (L.CONSTANTS["SAMPLE_CAP"] + 4) + vs + (vs >> 5) + 1
                   if p.get("temperature") and vs <= L.CONSTANTS["SAMPLE_STAGE"] else 0)

@@ -84,7 +84,7 @@ def reference_probs(logits, temperature, top_k, top_p):
 
 # --- constants and primitives -----------------------------------------------------------------------------------
 def test_device_constants_match_python():
-    src = (ROOT / "device_kernels/ops/argmax.cuh").read_text()
+    src = "".join((ROOT / "device_kernels/ops" / f).read_text() for f in ("argmax.cuh", "sample_select.cuh"))
     for h in S.EXP2_POLY_HEX + (S.LOG2E_HEX,):
         assert re.search(re.escape(h) + "f", src), f"{h} missing from argmax.cuh"
     assert f"0x{S.HASH_M1:08x}u" in src and f"0x{S.HASH_M2:08x}u" in src and f"0x{S.POS_SALT:08x}u" in src

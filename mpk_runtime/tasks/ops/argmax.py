@@ -13,7 +13,7 @@ the token without a host round trip; in decode graphs it also writes the `tokens
 lag-1 dependency), which is what lets several steps run in one launch.
 
 The CPU semantics below are vectorised over rows and use only single IEEE fp32 ops (no fused multiply-add, no
-library exp), in the order device_kernels/ops/argmax.cuh uses, so pyvm / the conventional executor and the
+library exp), in the order device_kernels/ops/argmax.cuh (and sample_select.cuh) uses, so pyvm / the conventional executor and the
 megakernel draw identical tokens. They never sync with the host (no data-dependent branching on tensors that
 may live on a GPU): greedy and sampled results are both computed and selected per row.
 """
