@@ -159,6 +159,61 @@ def linear(op, mem, ctx, cache) -> None:
     out.copy_(y)
 
 
+def _qk_epilogue(qk, nq, qn, kn, cos, sin_s, eps, q):
+    """The q/k tail of qkv_rope on the (M, n_q + n_kv, D) stack, eager and in place: (Qwen3) per-head RMSNorm and
+    its weights, RoPE; q written into `q`, the roped k returned (a view of the stack)."""
+    M, D = qk.shape[0], qk.shape[2]
+    nkv = qk.shape[1] - nq
+    qh, kh = qk.split((nq, nkv), 1)
+    if qn is not None:      # per-head RMSNorm, statistics of all heads at once, then each part's weight
+        qk = rms_norm(qk, None, eps)
+        qh, kh = qk.split((nq, nkv), 1)
+        qh.mul_(qn)
+        kh.mul_(kn)
+    y1, y2 = qk.chunk(2, -1)
+    rot = torch.cat((y2, y1), -1)
+    rot.mul_(sin_s)
+    qk.mul_(cos)
+    rq, rk = rot.split((nq, nkv), 1)
+    if q.dtype == qk.dtype and q.is_contiguous():
+        torch.add(qh, rq, out=q.view(M, nq, D))
+    else:
+        q.copy_((qh + rq).reshape(M, -1))
+    return kh.add_(rk)
+
+
+def _qk_epilogue_fn(q_raw, k_raw, qn, kn, cos, sin_s, eps, q_out):
+    """_qk_epilogue written functionally for torch.compile (MPK_CONV_FUSE_ROPE=1): the same ops and rounding points
+    on the q and k projections; writes q into q_out (M, n_q, D), returns k."""
+    nq = q_raw.shape[1]
+    qk = torch.cat((q_raw, k_raw), 1)
+    if qn is not None:
+        qk = _rms_norm_fn(qk, None, eps)
+        qk = torch.cat((qk[:, :nq] * qn, qk[:, nq:] * kn), 1)
+    y1, y2 = qk.chunk(2, -1)
+    out = qk * cos + torch.cat((y2, y1), -1) * sin_s
+    q_out.copy_(out[:, :nq])
+    return out[:, nq:]
+
+
+_fused_qk_fn = None
+
+
+def fuse_rope() -> bool:
+    """MPK_CONV_FUSE_ROPE=1 (off by default, not yet measured on a GPU): the q/k tail of the conventional qkv_rope
+    (the q/k stack, Qwen3's per-head norms and weights, RoPE, the q write) as one torch.compile'd kernel on a GPU,
+    instead of ~6-10 small kernels per layer."""
+    return env_flag("MPK_CONV_FUSE_ROPE")
+
+
+def _fused_qk():
+    global _fused_qk_fn
+    if _fused_qk_fn is None:
+        _fused_qk_fn = torch.compile(_qk_epilogue_fn, dynamic=True, fullgraph=True,
+                                     options={"emulate_precision_casts": True})
+    return _fused_qk_fn
+
+
 def qkv_rope(op, mem, ctx, cache) -> None:
     """All heads at once, the task kernels' numerics: RMSNorm, the q/k/v projections, (Qwen3) per-head q/k
     RMSNorm, RoPE, q written, k/v appended to the paged cache. q and k heads are stacked as (M, n_q + n_kv, D)
@@ -171,32 +226,22 @@ def qkv_rope(op, mem, ctx, cache) -> None:
     M = x.shape[0]
     xn = rms_norm(x, mem.t(a["norm"]), a["eps"])
     wq, wk, wv = (_wt(cache, mem, a[n]) for n in ("wq", "wk", "wv"))
-    if M == 1:   # a (1, n) column slice of the stack is contiguous: the matmuls write into it
-        qk = torch.empty(1, nq + nkv, D, dtype=xn.dtype, device=x.device)
-        fq, fk = qk.view(1, -1).split((nq * D, nkv * D), 1)
-        torch.mm(xn, wq, out=fq)
-        torch.mm(xn, wk, out=fk)
-    else:
-        qk = torch.cat(((xn @ wq).view(M, nq, D), (xn @ wk).view(M, nkv, D)), 1)
-    yv = (xn @ wv).view(M, nkv, D)
-    qh, kh = qk.split((nq, nkv), 1)
-    if a["q_norm"] is not None:      # per-head RMSNorm, statistics of all heads at once, then each part's weight
-        qk = rms_norm(qk, None, a["eps"])
-        qh, kh = qk.split((nq, nkv), 1)
-        qh.mul_(mem.t(a["q_norm"]))
-        kh.mul_(mem.t(a["k_norm"]))
-    cos, sin_s = _rope_tables(cache, ctx, qk.dtype)
-    y1, y2 = qk.chunk(2, -1)
-    rot = torch.cat((y2, y1), -1)
-    rot.mul_(sin_s)
-    qk.mul_(cos)
-    rq, rk = rot.split((nq, nkv), 1)
+    cos, sin_s = _rope_tables(cache, ctx, xn.dtype)
+    qn, kn = (mem.t(a["q_norm"]), mem.t(a["k_norm"])) if a["q_norm"] is not None else (None, None)
     q = mem.t(a["q"])
-    if q.dtype == qk.dtype and q.is_contiguous():
-        torch.add(qh, rq, out=q.view(M, nq, D))
+    if x.is_cuda and fuse_rope() and q.dtype == xn.dtype and q.is_contiguous():   # the q/k tail as one kernel
+        k = _fused_qk()((xn @ wq).view(M, nq, D), (xn @ wk).view(M, nkv, D), qn, kn, cos, sin_s, a["eps"],
+                        q.view(M, nq, D))
     else:
-        q.copy_((qh + rq).reshape(M, -1))
-    k = kh.add_(rk)
+        if M == 1:   # a (1, n) column slice of the stack is contiguous: the matmuls write into it
+            qk = torch.empty(1, nq + nkv, D, dtype=xn.dtype, device=x.device)
+            fq, fk = qk.view(1, -1).split((nq * D, nkv * D), 1)
+            torch.mm(xn, wq, out=fq)
+            torch.mm(xn, wk, out=fk)
+        else:
+            qk = torch.cat(((xn @ wq).view(M, nq, D), (xn @ wk).view(M, nkv, D)), 1)
+        k = _qk_epilogue(qk, nq, qn, kn, cos, sin_s, a["eps"], q)
+    yv = (xn @ wv).view(M, nkv, D)
     slots = _kv_slots(cache, mem, ctx)
     for which, y in (("k", k), ("v", yv)):
         kc = mem.kv(a[f"{which}_cache"])

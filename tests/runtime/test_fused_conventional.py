@@ -1,0 +1,59 @@
+"""The conventional path's fused pieces for torch.compile (RMSNorm: MPK_CONV_FUSE_NORM, the q/k tail: MPK_CONV_FUSE_ROPE)
+equal the eager task numerics; RMSNorm:
+the same ops and rounding points, so on the CPU (where both run as torch ops in the same order) bit for bit."""
+import pytest
+import torch
+
+from mpk_runtime.runtime import conventional_ops
+from mpk_runtime.tasks.ops.common import rms_norm
+
+
+@pytest.mark.parametrize("shape,wshape", [((7, 64), (64,)), ((3, 5, 64), (64,)), ((1, 2048), (2048,)),
+                                          ((4, 6, 128), None)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_functional_norm_equals_the_task_norm(shape, wshape, dtype):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    w = None if wshape is None else torch.randn(wshape, generator=g).to(dtype)
+    assert torch.equal(conventional_ops._rms_norm_fn(x, w, 1e-6), rms_norm(x, w, 1e-6))
+
+
+def test_fused_norm_is_gpu_only_and_checks_its_flag(monkeypatch):
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    monkeypatch.delenv("MPK_CONV_FUSE_NORM", raising=False)
+    assert conventional_ops.fuse_norm()   # default on
+    monkeypatch.setenv("MPK_CONV_FUSE_NORM", "0")
+    assert not conventional_ops.fuse_norm()
+    monkeypatch.setenv("MPK_CONV_FUSE_NORM", "1")
+    assert torch.equal(conventional_ops.rms_norm(x, None, 1e-6), rms_norm(x, None, 1e-6))   # CPU: eager
+    assert conventional_ops._fused_norm is None   # nothing compiled for a CPU tensor
+    monkeypatch.setenv("MPK_CONV_FUSE_NORM", "yes")
+    with pytest.raises(ValueError, match="MPK_CONV_FUSE_NORM"):
+        conventional_ops.fuse_norm()
+
+
+@pytest.mark.parametrize("qwen", [False, True])
+@pytest.mark.parametrize("M", [1, 5])
+def test_functional_qk_tail_equals_the_eager_one(qwen, M):
+    """The q/k tail of qkv_rope for torch.compile (MPK_CONV_FUSE_ROPE=1 on a GPU): per-head norms (Qwen3), their
+    weights, RoPE and the q write give, run eagerly on the CPU, the eager tail's q and k bit for bit."""
+    g = torch.Generator().manual_seed(M + 10 * qwen)
+    nq, nkv, D = 4, 2, 16
+    bf = torch.bfloat16
+    qr, kr = (torch.randn(M, nq, D, generator=g) * 2).to(bf), (torch.randn(M, nkv, D, generator=g) * 2).to(bf)
+    qn, kn = ((torch.randn(D, generator=g).to(bf), torch.randn(D, generator=g).to(bf)) if qwen else (None, None))
+    ang = torch.randn(M, D // 2, generator=g) * 3
+    cos = torch.cat((ang.cos(), ang.cos()), -1).to(bf)[:, None, :]
+    sin = ang.sin().to(bf)
+    sin_s = torch.cat((-sin, sin), -1)[:, None, :]
+    q_eager, q_fn = torch.empty(M, nq * D, dtype=bf), torch.empty(M, nq, D, dtype=bf)
+    k_eager = conventional_ops._qk_epilogue(torch.cat((qr, kr), 1), nq, qn, kn, cos, sin_s, 1e-6, q_eager)
+    k_fn = conventional_ops._qk_epilogue_fn(qr, kr, qn, kn, cos, sin_s, 1e-6, q_fn)
+    assert torch.equal(q_fn.view(M, -1), q_eager) and torch.equal(k_fn, k_eager)
+
+
+def test_fused_rope_is_off_by_default(monkeypatch):
+    monkeypatch.delenv("MPK_CONV_FUSE_ROPE", raising=False)
+    assert not conventional_ops.fuse_rope()
+    monkeypatch.setenv("MPK_CONV_FUSE_ROPE", "1")
+    assert conventional_ops.fuse_rope()
