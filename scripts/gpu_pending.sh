@@ -3,7 +3,7 @@
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU)
-#     OUT=$OUT bash scripts/gpu_pending.sh rope     # stage 3b (one GPU): the fused q/k tail, measured and tested
+#     OUT=$OUT bash scripts/gpu_pending.sh fuse     # stage 3b (one GPU): the fused q/k tail and projections, A/B + tests
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): attention's stage stamps at B=32, 128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
@@ -11,9 +11,10 @@
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile (measured session 15 at
 #     3bdf9b3: 24 / 54 / 204 us at B=1 / 32 / 128 for a 128256 vocab, all rows sampled)
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (fused norms: 422 kernels per B=32 step), and
-#     MPK_CONV_FUSE_ROPE=1 (the q/k tail of qkv_rope as one compiled kernel) against the default in one run: validate
-#     attn-mk / conventional at B=32,128 both models, then tests/gpu with it. Prediction (docs/perf-notes.md session
-#     15): llama attn-mk B=32 -5..8% (~4-5 kernels fewer per layer), qwen3-8b -8..10% (also its q/k norm weights)
+#  3b (mode fuse) MPK_CONV_FUSE_ROPE=1 (the q/k tail of qkv_rope as one compiled kernel) and MPK_CONV_FUSE_PROJ=1
+#     (q/k/v and gate/up weights back to back: one matmul per group) against the default in one run: validate attn-mk
+#     / conventional at B=32,128 both models, then tests/gpu with both. Predictions (docs/perf-notes.md session 15):
+#     rope llama attn-mk B=32 -5..8%, qwen3-8b -8..10%; proj llama B=32 ~-7% (~10 us per layer)
 #  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command: the issue-3 table
 #     with the fused norms and the reworked sampler (session 15 measured the chosen plans only, via validate_planner:
 #     llama B=32 / 128 2.36-2.51 / 3.96 ms, qwen3-8b 8.86 / 13.36; prediction: the same here, gpt-fast 1.3-1.6x ahead)
@@ -26,7 +27,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log pytest_gpu_rope.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log pytest_gpu_fuse.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -42,16 +43,16 @@ st "3 profile attn-mk's conventional segments (fused norms)"
 timeout 60 python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32,128 --family attn-mk \
     --out "$OUT/prof" > "$OUT/prof/profile_eager.log" 2>&1
 head -30 "$OUT/prof/profile_eager.log"; snap
-elif [ "$MODE" = rope ]; then
-st "3b MPK_CONV_FUSE_ROPE=1 vs default, then tests/gpu with it"
-mkdir -p "$OUT/val/rope0" "$OUT/val/rope1"
-for R in 0 1; do
-  MPK_CONV_FUSE_ROPE=$R timeout 150 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 32,128 \
-      --families attn-mk,conventional --budget-s 130 --out "$OUT/val/rope$R" > "$OUT/val/rope$R/validate.log" 2>&1
-  grep -h measured_us "$OUT/val/rope$R/validate.log" | sed "s/^/rope=$R /" | cut -c1-220
+elif [ "$MODE" = fuse ]; then
+st "3b MPK_CONV_FUSE_ROPE / MPK_CONV_FUSE_PROJ (0 0, 1 0, 0 1, 1 1), then tests/gpu with both"
+for RP in "0 0" "1 0" "0 1" "1 1"; do
+  set -- $RP; d="$OUT/val/rope$1_proj$2"; mkdir -p "$d"
+  MPK_CONV_FUSE_ROPE=$1 MPK_CONV_FUSE_PROJ=$2 timeout 110 python3 scripts/validate_planner.py --tp 1 --context 512 \
+      --batches 32,128 --families attn-mk,conventional --budget-s 95 --out "$d" > "$d/validate.log" 2>&1
+  grep -h measured_us "$d/validate.log" | sed "s/^/rope=$1 proj=$2 /" | cut -c1-200
 done
-MPK_CONV_FUSE_ROPE=1 timeout 110 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu_rope.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_rope.log" | tail -6; snap
+MPK_CONV_FUSE_ROPE=1 MPK_CONV_FUSE_PROJ=1 timeout 110 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu_fuse.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_fuse.log" | tail -6; snap
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
 OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \

@@ -19,13 +19,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from validate_planner import Point  # noqa: E402
 
 from mpk_runtime.models import load_config, random_weights  # noqa: E402
+from mpk_runtime.runtime.conventional_ops import prepare_weights  # noqa: E402
 from mpk_runtime.planner import candidates  # noqa: E402
 from mpk_runtime.runtime.plan_exec import PlanExecutor  # noqa: E402
 
 
 def profile(model: str, B: int, context: int, top: int, family: str = "conventional") -> dict:
     cfg = load_config(model).replace(dtype="bfloat16")
-    w = random_weights(cfg, seed=0, device="cuda")
+    w = prepare_weights(random_weights(cfg, seed=0, device="cuda"), cfg)   # (MPK_CONV_FUSE_PROJ)
     plan = candidates(cfg, tp=1, batch=B, context=context, families=(family,))[0]
     pt = Point(cfg, w, B, context, "cuda", plan.attn_splits)
     ex = PlanExecutor(plan, pt.graphs, [pt.mem], backend="megakernel", check=False, make_megakernel=pt.make_mk)

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
 from mpk_runtime.ir import build_graph  # noqa: E402
 from mpk_runtime.models import load_config, random_weights  # noqa: E402
+from mpk_runtime.runtime.conventional_ops import prepare_weights  # noqa: E402
 from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
 from mpk_runtime.planner import HardwareProfile, candidates  # noqa: E402
 from mpk_runtime.planner.score import load_rows, spearman, summarize  # noqa: E402
@@ -296,7 +297,7 @@ def validate(preds, context, tp, steps, budget_s, cpu, out, rank=0, heap=None, c
                         idx = weight_slice(cfg, sh, n, tuple(t.shape))
                         if idx is not None:
                             w[n] = t[idx].contiguous()
-                weights[m] = w
+                weights[m] = prepare_weights(w, cfg)   # (MPK_CONV_FUSE_PROJ: q/k/v and gate/up back to back)
             if cur is None or cur[0] != (m, B):
                 cur = None
                 gc.collect()

@@ -179,3 +179,49 @@ def get_weights(model: str, cfg: ModelConfig, seed: int = 0, dtype=None, device=
             if idx is not None:
                 w[n] = t[idx].contiguous()
     return w
+
+
+# projections that read the same input: stored back to back, one matmul can compute them all (conventional path)
+ADJACENT_GROUPS = (("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+                   ("mlp.gate_proj.weight", "mlp.up_proj.weight"))
+
+
+def pack_adjacent(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Make each layer's q/k/v and gate/up weights (out x in, row-major) consecutive row blocks of one buffer, in
+    place in `weights` (the names become views: same shapes and values, a contiguous block each, so the
+    megakernel reads them as before). One layer's group is copied at a time (peak memory: + one group)."""
+    for layer in range(cfg.num_layers):
+        for group in ADJACENT_GROUPS:
+            names = [f"model.layers.{layer}.{g}" for g in group]
+            if not all(n in weights for n in names):
+                continue
+            ts = [weights[n] for n in names]
+            K = ts[0].shape[1]
+            if any(t.dim() != 2 or t.shape[1] != K or t.dtype != ts[0].dtype or t.device != ts[0].device for t in ts):
+                continue
+            if adjacent_rows(ts) is not None:
+                continue
+            buf = torch.empty(sum(t.shape[0] for t in ts), K, dtype=ts[0].dtype, device=ts[0].device)
+            r = 0
+            for n, t in zip(names, ts):
+                buf[r:r + t.shape[0]].copy_(t)
+                weights[n] = buf[r:r + t.shape[0]]
+                r += t.shape[0]
+            del ts
+    return weights
+
+
+def adjacent_rows(ts: list[torch.Tensor]) -> torch.Tensor | None:
+    """The (sum of rows, K) view covering `ts` when they are contiguous row blocks laid back to back in one
+    storage (what pack_adjacent makes), else None."""
+    t0 = ts[0]
+    if not all(t.dim() == 2 and t.is_contiguous() and t.shape[1] == t0.shape[1] and t.dtype == t0.dtype for t in ts):
+        return None
+    if any(t.untyped_storage().data_ptr() != t0.untyped_storage().data_ptr() for t in ts):
+        return None
+    off = t0.storage_offset()
+    for t in ts:
+        if t.storage_offset() != off:
+            return None
+        off += t.numel()
+    return t0.as_strided((sum(t.shape[0] for t in ts), t0.shape[1]), (t0.shape[1], 1), t0.storage_offset())

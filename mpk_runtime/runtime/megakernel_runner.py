@@ -29,6 +29,7 @@ from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling, attn_splits_for
 from .base import KVSpec, ModelRunner, SeqChunk, register_runner
+from .conventional_ops import prepare_weights
 from .device_sampling import host_logits_needed, step_output
 from .megakernel_plans import ConventionalPrefill, PlannedDecoder, fill_step
 from .memory import KVStore, RankMemory
@@ -94,7 +95,7 @@ class MegakernelRunner(ModelRunner):
             sh = shard_for(cfg, world, rank)
             slicer = lambda n, shape: weight_slice(cfg, sh, n, shape)  # noqa: E731
         # drawn (preset) or loaded (directory) on the GPU: an 8B model's random init on the host took minutes
-        w = get_weights(model, cfg, seed=seed, dtype=dtype, device=dev, slicer=slicer)
+        w = prepare_weights(get_weights(model, cfg, seed=seed, dtype=dtype, device=dev, slicer=slicer), cfg)
         num_pages = num_pages or max_batch * (-(-max_seq_len // page_size)) + 1
         self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
         num_sms = num_sms or torch.cuda.get_device_properties(dev).multi_processor_count

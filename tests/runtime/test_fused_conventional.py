@@ -57,3 +57,26 @@ def test_fused_rope_is_off_by_default(monkeypatch):
     assert not conventional_ops.fuse_rope()
     monkeypatch.setenv("MPK_CONV_FUSE_ROPE", "1")
     assert conventional_ops.fuse_rope()
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("B", [1, 3])
+def test_projections_stored_back_to_back_compute_the_same_step(model, B):
+    """MPK_CONV_FUSE_PROJ: with each layer's q/k/v and gate/up weights packed back to back (pack_adjacent), the
+    conventional step runs one matmul per group (3-4 kernels fewer per layer) and computes the same logits and K/V
+    cache (on the CPU bit for bit; a GPU's matmul may pick another kernel for the wider output: bf16 tolerance)."""
+    from mpk_runtime.models.weights import pack_adjacent
+    from tests.runtime.test_conventional_op_count import _Record, build, is_kernel
+    outs = []
+    for pack in (False, True):
+        cfg, g, mem, ex, ctx = build(model, B=B)
+        if pack:
+            pack_adjacent(mem.tensors, cfg)
+        rec = _Record()
+        with rec:
+            ex.run([ctx])
+        outs.append((mem.t("logits").clone(), [c.clone() for c in mem.kvstore.k + mem.kvstore.v],
+                     sum(is_kernel(op) for _t, op in rec.ops)))
+    (l0, kv0, n0), (l1, kv1, n1) = outs
+    assert torch.equal(l1, l0) and all(torch.equal(a, b) for a, b in zip(kv0, kv1))
+    assert n1 <= n0 - 3 * cfg.num_layers, (n0, n1)   # q/k/v: 3 matmuls -> 1 (and no q/k stack copy); gate/up: 2 -> 1
