@@ -4,6 +4,7 @@
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU)
 #     OUT=$OUT bash scripts/gpu_pending.sh fuse     # stage 3b (one GPU): the fused q/k tail and projections, A/B + tests
+#     OUT=$OUT bash scripts/gpu_pending.sh direct   # stage 3c (one GPU): MPK_ATT_DIRECT, tests + A/B
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): attention's stage stamps at B=32, 128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
@@ -15,6 +16,9 @@
 #     (q/k/v and gate/up weights back to back: one matmul per group) against the default in one run: validate attn-mk
 #     / conventional at B=32,128 both models, then tests/gpu with both. Predictions (docs/perf-notes.md session 15):
 #     rope llama attn-mk B=32 -5..8%, qwen3-8b -8..10%; proj llama B=32 ~-7% (~10 us per layer)
+#  3c (mode direct) MPK_ATT_DIRECT=1: attention groups of one split (B >= ~17) write their output straight from the
+#     chunk (no part / lse, ticket, merge reloads). Prediction: ~2-3 us per task; llama B=128 attention 123 -> ~105 us
+#     per layer (-7% of the attn-mk step), B=32 -3%; mono plans at B >= 32 alike
 #  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command: the issue-3 table
 #     with the fused norms and the reworked sampler (session 15 measured the chosen plans only, via validate_planner:
 #     llama B=32 / 128 2.36-2.51 / 3.96 ms, qwen3-8b 8.86 / 13.36; prediction: the same here, gpt-fast 1.3-1.6x ahead)
@@ -27,7 +31,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log pytest_gpu_fuse.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log pytest_gpu_fuse.log pytest_gpu_direct.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -53,6 +57,17 @@ for RP in "0 0" "1 0" "0 1" "1 1"; do
 done
 MPK_CONV_FUSE_ROPE=1 MPK_CONV_FUSE_PROJ=1 timeout 110 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu_fuse.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_fuse.log" | tail -6; snap
+elif [ "$MODE" = direct ]; then
+st "3c MPK_ATT_DIRECT (one-split attention groups write their output directly): tests, then A/B"
+MPK_ATT_DIRECT=1 timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_engine_plans.py \
+    > "$OUT/pytest_gpu_direct.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_direct.log" | tail -6
+for D in 0 1; do
+  d="$OUT/val/direct$D"; mkdir -p "$d"
+  MPK_ATT_DIRECT=$D timeout 150 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 32,128 \
+      --families attn-mk,mono --budget-s 135 --out "$d" > "$d/validate.log" 2>&1
+  grep -h measured_us "$d/validate.log" | sed "s/^/direct=$D /" | cut -c1-200
+done; snap
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
 OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \

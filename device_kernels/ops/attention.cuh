@@ -39,6 +39,8 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int S = (int)a[A_ATTN_PARTIAL_SPLITS], gs = (int)a[A_ATTN_PARTIAL_GS], D = (int)a[A_ATTN_PARTIAL_D];
   const int nq = (int)a[A_ATTN_PARTIAL_NQ], n_kv = (int)a[A_ATTN_PARTIAL_N_KV];
   const float scale = f32(a[A_ATTN_PARTIAL_SCALE]);
+  // direct: one split, folded: the chunk is the group's output (packer.py attn_direct)
+  bf16* out = a[A_ATTN_PARTIAL_DIRECT] ? ptr<bf16>(a[A_ATTN_PARTIAL_OUT]) : nullptr;
   const int64_t max_pages = c.P[P_MAX_PAGES];
   const int64_t* bt = ptr<const int64_t>(c.P[P_BLOCK_TABLES]) + b * max_pages;
   const int64_t ps = c.P[P_PAGE_SIZE];
@@ -63,6 +65,11 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int lo = L * s / S, hi = L * (s + 1) / S;
   if (pos < 0 || hi <= lo) {  // inactive sequence or empty chunk
     cp_async_wait_all();
+    if (out != nullptr) {   // the merge of one empty chunk: zeros
+#pragma unroll 1
+      for (int i = tid; i < gs * D; i += THREADS) out[m0 * (int64_t)nq * D + (int64_t)g * gs * D + i] = __float2bfloat16_rn(0.f);
+      return;
+    }
 #pragma unroll 1
     for (int i = tid; i < gs * D; i += THREADS)
       part[((m0 * nq + g * gs + i / D) * S + s) * D + i % D] = 0.f;
@@ -212,7 +219,12 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       acc += so[(w * MAX_GS + h) * D + d] * wt;
     }
     const int64_t hq = m0 * nq + g * gs + h;
-    part[(hq * S + s) * D + d] = acc / fmaxf(l, 1e-30f);
+    const float pv = acc / fmaxf(l, 1e-30f);
+    if (out != nullptr) {   // attn_merge_group of this one chunk: weight expf(0) = 1, sum 1, o / 1 = pv
+      out[hq * D + d] = __float2bfloat16_rn(pv);
+      continue;
+    }
+    part[(hq * S + s) * D + d] = pv;
     if (d == 0) lse[hq * S + s] = M + logf(l);
   }
   MPK_STAMP(4);
@@ -278,7 +290,7 @@ __device__ inline void op_attn_merge(const Ctx& c) {
 __device__ inline void op_attn_partial(const Ctx& c) {
   attn_partial_chunk(c);
   const int64_t* a = c.rec;
-  if (a[A_ATTN_PARTIAL_TICKET] == 0) return;
+  if (a[A_ATTN_PARTIAL_TICKET] == 0 || a[A_ATTN_PARTIAL_DIRECT]) return;   // not folded, or written directly
   __shared__ int s_last;
   __syncthreads();
   if (threadIdx.x == 0) {

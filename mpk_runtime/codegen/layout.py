@@ -46,9 +46,10 @@ OP_ARGS: dict[str, list[str]] = {
                      "nqh", "kh0", "nkh"],
     # part (M, nq, S, D) fp32, lse (M, nq, S) fp32 for q heads [g*gs, g*gs+gs) of sequence b, split s
     # folded merge (Tiling.attn_fold_merge): ticket = the group's int64 ticket counter (0 = not folded), out = the
-    # group's merged output (as attn_merge's)
+    # group's merged output (as attn_merge's); direct = 1: one split and folded, so the chunk is the group's output:
+    # written as the merge of one chunk would write it, without part / lse, the ticket and the merge's reloads
     "attn_partial": ["q", "k_cache", "v_cache", "part", "lse", "b", "g", "split", "splits", "gs", "d", "nq", "n_kv",
-                     "scale", "out", "ticket"],
+                     "scale", "out", "ticket", "direct"],
     "attn_merge": ["part", "lse", "out", "b", "g", "gs", "d", "nq", "splits"],
     # y[:, n0:n1] = epilogue(norm?(x) @ W[r0+n0 : r0+n1].T) (+ residual); out_kind: OUT_BF16 | OUT_F32 | OUT_PUSH;
     # kslices: Tensor Core warp k-slices per n-tile (0 = auto from the tile width; tasks/ops/linear.py k_slices)

@@ -61,3 +61,13 @@ def test_a_wait_that_is_never_met_raises_naming_the_task(gpu_check, inlined):
     assert time.time() - t0 < 10
     named = int(re.search(r"rank0/task(\d+)\[", str(ei.value)).group(1))
     assert named in stuck and len(stuck) < len(mk.tg.tasks), (named, len(stuck))
+
+
+@pytest.mark.parametrize("direct", ["0", "1"])
+def test_one_split_attention_with_and_without_the_direct_write(gpu_check, monkeypatch, direct):
+    """One attention split per group (what every batch from ~17 sequences gets): the folded merge of one chunk, and
+    with MPK_ATT_DIRECT=1 the chunk written straight as the group's output (packer.attn_direct); both match pyvm."""
+    monkeypatch.setenv("MPK_ATT_DIRECT", direct)
+    res = []
+    gpu_check.check_correct("tiny-qwen3", 8, 8, res, splits=1)
+    assert res[-1]["ok"], res[-1]
