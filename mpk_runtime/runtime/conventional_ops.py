@@ -265,27 +265,27 @@ def qkv_rope(op, mem, ctx, cache) -> None:
     q = mem.t(a["q"])
     fused_tail = x.is_cuda and fuse_rope() and q.dtype == xn.dtype and q.is_contiguous()
     wqkv = _wt_cat(cache, mem, [a["wq"], a["wk"], a["wv"]])
+    yv = None
     if wqkv is not None:   # q/k/v stored back to back: one matmul, the q/k stack and v are views of its output
         out = xn @ wqkv
         qk, yv = out[:, :(nq + nkv) * D].view(M, nq + nkv, D), out[:, (nq + nkv) * D:].view(M, nkv, D)
-        if fused_tail:
-            k = _fused_qk()(qk[:, :nq], qk[:, nq:], qn, kn, cos, sin_s, a["eps"], q.view(M, nq, D))
-        else:
-            k = _qk_epilogue(qk, nq, qn, kn, cos, sin_s, a["eps"], q)
+        qr, kr = qk[:, :nq], qk[:, nq:]
     else:
         wq, wk, wv = (_wt(cache, mem, a[n]) for n in ("wq", "wk", "wv"))
-        if fused_tail:   # the q/k tail as one kernel
-            k = _fused_qk()((xn @ wq).view(M, nq, D), (xn @ wk).view(M, nkv, D), qn, kn, cos, sin_s, a["eps"],
-                            q.view(M, nq, D))
+        if fused_tail:   # the tail stacks q and k itself
+            qr, kr = (xn @ wq).view(M, nq, D), (xn @ wk).view(M, nkv, D)
+        elif M == 1:   # a (1, n) column slice of the stack is contiguous: the matmuls write into it
+            qk = torch.empty(1, nq + nkv, D, dtype=xn.dtype, device=x.device)
+            fq, fk = qk.view(1, -1).split((nq * D, nkv * D), 1)
+            torch.mm(xn, wq, out=fq)
+            torch.mm(xn, wk, out=fk)
         else:
-            if M == 1:   # a (1, n) column slice of the stack is contiguous: the matmuls write into it
-                qk = torch.empty(1, nq + nkv, D, dtype=xn.dtype, device=x.device)
-                fq, fk = qk.view(1, -1).split((nq * D, nkv * D), 1)
-                torch.mm(xn, wq, out=fq)
-                torch.mm(xn, wk, out=fk)
-            else:
-                qk = torch.cat(((xn @ wq).view(M, nq, D), (xn @ wk).view(M, nkv, D)), 1)
-            k = _qk_epilogue(qk, nq, qn, kn, cos, sin_s, a["eps"], q)
+            qk = torch.cat(((xn @ wq).view(M, nq, D), (xn @ wk).view(M, nkv, D)), 1)
+    if fused_tail:   # the q/k tail as one kernel
+        k = _fused_qk()(qr, kr, qn, kn, cos, sin_s, a["eps"], q.view(M, nq, D))
+    else:
+        k = _qk_epilogue(qk, nq, qn, kn, cos, sin_s, a["eps"], q)
+    if yv is None:
         yv = (xn @ wv).view(M, nkv, D)
     slots = _kv_slots(cache, mem, ctx)
     for which, y in (("k", k), ("v", yv)):

@@ -52,14 +52,12 @@ class Tiling:
     def argmax_row_groups(self, rows: int, tasks: int) -> list[tuple[int, int]]:
         """(b0, nb) row groups of argmax_partial: with `tasks` slice tasks per group, auto puts about one task on
         each SM (a sampled row costs a few us per slice, so rows spread over SMs rather than queue on one)."""
-        per = self.argmax_rows or -(-rows // max(1, min(rows, self.num_sms // max(1, tasks))))
-        return [(b, min(per, rows - b)) for b in range(0, rows, per)]
+        return _row_groups(rows, self.argmax_rows or -(-rows // max(1, min(rows, self.num_sms // max(1, tasks)))))
 
     def argmax_reduce_groups(self, rows: int) -> list[tuple[int, int]]:
         """(b0, nb) row groups of argmax_reduce: one row per SM up to the SM count (a sampled row's merge and draw
         take one CTA)."""
-        per = -(-rows // max(1, min(rows, self.num_sms)))
-        return [(b, min(per, rows - b)) for b in range(0, rows, per)]
+        return _row_groups(rows, -(-rows // max(1, min(rows, self.num_sms))))
 
     def allreduce_n(self, graph, op, N: int) -> int:
         if self.allreduce_cols:
@@ -68,6 +66,11 @@ class Tiling:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _row_groups(rows: int, per: int) -> list[tuple[int, int]]:
+    """(b0, nb): rows [0, rows) in runs of `per` (the last may be shorter)."""
+    return [(b, min(per, rows - b)) for b in range(0, rows, per)]
 
 
 def attn_splits_for(rows: int, kv_heads: int, keys: int, num_sms: int = 132, most: int = 32,
