@@ -90,11 +90,13 @@ def _wt_cat(cache: dict, mem, names: list[str]) -> torch.Tensor | None:
 
 
 def fuse_proj() -> bool:
-    """MPK_CONV_FUSE_PROJ=1 (off by default, not yet measured on a GPU): the runner stores each layer's q/k/v and
+    """MPK_CONV_FUSE_PROJ (default on since session 16; =0 for separate matmuls): the runner stores each layer's q/k/v and
     gate/up weights back to back (prepare_weights), and the conventional path computes each group with one matmul
     (llama-3.2-1b B=32: the k and v projections take 5.4 us each for 2 MB of weights, the fused q/k/v ~7 us for
-    12.6 MB is the prediction) and without the q/k stacking copy."""
-    return env_flag("MPK_CONV_FUSE_PROJ")
+    12.6 MB is the prediction) and without the q/k stacking copy. Measured with the fused q/k tail (1x H200,
+    48105cf, ctx 512, attn-mk plan; bench/results/s16/run1_one_fuse_48105cf): llama-3.2-1b B=32 2.595 -> 2.290 ms
+    with both (2.396 proj alone), B=128 4.212 -> 3.948; qwen3-8b B=32 9.992 -> 8.885, B=128 14.599 -> 13.804."""
+    return env_flag("MPK_CONV_FUSE_PROJ", default=True)
 
 
 def prepare_weights(weights: dict, cfg) -> dict:
@@ -235,10 +237,11 @@ _fused_qk_fn = None
 
 
 def fuse_rope() -> bool:
-    """MPK_CONV_FUSE_ROPE=1 (off by default, not yet measured on a GPU): the q/k tail of the conventional qkv_rope
+    """MPK_CONV_FUSE_ROPE (default on since session 16; =0 for eager): the q/k tail of the conventional qkv_rope
     (the q/k stack, Qwen3's per-head norms and weights, RoPE, the q write) as one torch.compile'd kernel on a GPU,
-    instead of ~6-10 small kernels per layer."""
-    return env_flag("MPK_CONV_FUSE_ROPE")
+    instead of ~6-10 small kernels per layer. Measured alone (48105cf): llama-3.2-1b attn-mk B=32 2.595 -> 2.481 ms,
+    qwen3-8b 9.992 -> 9.616."""
+    return env_flag("MPK_CONV_FUSE_ROPE", default=True)
 
 
 def _fused_qk():

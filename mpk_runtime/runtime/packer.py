@@ -362,11 +362,13 @@ class TaskPacker:
 
 
 def attn_direct() -> bool:
-    """MPK_ATT_DIRECT=1 (off until measured on a GPU): a folded attention group of one split (every batch from
+    """MPK_ATT_DIRECT (default on since session 16; =0 for the merge path): a folded attention group of one split (every batch from
     ~17 sequences: attn_splits_for) writes its output straight from the chunk: the same bf16 values as the merge of
     one chunk (weight exp(0) = 1, sum 1), without the part / lse stores, the ticket atomic and the merge's two
-    dependent reloads (~2-3 us per task, ~8 tasks per SM per layer at llama B=128)."""
-    return env_flag("MPK_ATT_DIRECT")
+    dependent reloads (~2-3 us per task, ~8 tasks per SM per layer at llama B=128). Measured (1x H200, 48105cf,
+    ctx 512, attn-mk plan): llama-3.2-1b B=32 2.602 -> 2.497 ms, B=128 4.232 -> 3.909; qwen3-8b B=32 9.997 -> 9.702,
+    B=128 14.603 -> 13.551 (bench/results/s16/run2_direct_stamps_48105cf)."""
+    return env_flag("MPK_ATT_DIRECT", default=True)
 
 
 def _check_kslices(k: int, w: int) -> None:

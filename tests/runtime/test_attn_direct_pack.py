@@ -13,8 +13,8 @@ from mpk_runtime.tasks.build import build_task_graphs
 from mpk_runtime.tasks.tiling import Tiling
 
 
-@pytest.mark.parametrize("splits,fold,env,want", [(1, True, "1", 1), (1, True, "", 0), (2, True, "1", 0),
-                                                  (1, False, "1", 0)])
+@pytest.mark.parametrize("splits,fold,env,want", [(1, True, "1", 1), (1, True, "", 1), (1, True, "0", 0),
+                                                  (2, True, "1", 0), (1, False, "1", 0)])
 def test_direct_flag_packed_only_for_a_folded_single_split(monkeypatch, splits, fold, env, want):
     monkeypatch.setenv("MPK_ATT_DIRECT", env)
     cfg = load_config("tiny-llama")

@@ -52,11 +52,12 @@ def test_functional_qk_tail_equals_the_eager_one(qwen, M):
     assert torch.equal(q_fn.view(M, -1), q_eager) and torch.equal(k_fn, k_eager)
 
 
-def test_fused_rope_is_off_by_default(monkeypatch):
-    monkeypatch.delenv("MPK_CONV_FUSE_ROPE", raising=False)
-    assert not conventional_ops.fuse_rope()
-    monkeypatch.setenv("MPK_CONV_FUSE_ROPE", "1")
-    assert conventional_ops.fuse_rope()
+def test_fused_rope_and_projections_are_on_by_default_and_can_be_turned_off(monkeypatch):
+    for name, fn in (("MPK_CONV_FUSE_ROPE", conventional_ops.fuse_rope), ("MPK_CONV_FUSE_PROJ", conventional_ops.fuse_proj)):
+        monkeypatch.delenv(name, raising=False)
+        assert fn()
+        monkeypatch.setenv(name, "0")
+        assert not fn()
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
