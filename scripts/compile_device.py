@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Compile every device source for sm_90a (CI entry point). Exits non-zero on any nvcc error or warning.
 
-    python scripts/compile_device.py [--force] [--cache-dir DIR]
+    python scripts/compile_device.py [--force] [--cache-dir DIR] [--no-variants]
+
+Besides the default build, the megakernel is built once per compile-time switch still in the tree (VARIANTS: the
+builds a GPU run A/Bs through MPK_NVCC_DEFINES), so a switch that no longer compiles fails CI, not a GPU session.
 """
 from __future__ import annotations
 
@@ -14,11 +17,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mpk_runtime.codegen import nvcc  # noqa: E402
 
+VARIANTS = ("-DMPK_ATT_WARP_PIPE=1", "-DMPK_AR_LL=1", "-DMPK_STAGE_WORDS=12")
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--force", action="store_true", help="rebuild even on a cache hit")
     ap.add_argument("--cache-dir", help="override MPK_CACHE_DIR")
+    ap.add_argument("--no-variants", action="store_true", help="only the default build of each source")
     args = ap.parse_args()
     if args.cache_dir:
         os.environ["MPK_CACHE_DIR"] = args.cache_dir
@@ -26,16 +32,22 @@ def main() -> int:
         print("error: nvcc not found on PATH (CUDA 13.0 toolkit needed to build sm_90a)", file=sys.stderr)
         return 2
     sources = sorted(p.name for p in nvcc.DEVICE_DIR.glob("*.cu"))
+    builds = [(src, "") for src in sources] + \
+        ([] if args.no_variants else [("megakernel.cu", v) for v in VARIANTS])
+    user_defines = os.environ.get("MPK_NVCC_DEFINES", "")
     failed = 0
-    for src in sources:
+    for src, variant in builds:
+        os.environ["MPK_NVCC_DEFINES"] = f"{user_defines} {variant}".strip()
+        tag = f"{src} [{variant}]" if variant else src
         try:
             r = nvcc.build(src, force=args.force)
         except nvcc.CompileError as e:
-            print(f"FAIL {src}\n{e}", file=sys.stderr)
+            print(f"FAIL {tag}\n{e}", file=sys.stderr)
             failed += 1
             continue
         for fn, res in r.resources.items():
-            print(f"ok   {src} -> {r.cubin} ({'cached' if r.cached else f'{r.seconds:.1f}s'}) {fn}: {res}")
+            print(f"ok   {tag} -> {r.cubin} ({'cached' if r.cached else f'{r.seconds:.1f}s'}) {fn}: {res}")
+    os.environ["MPK_NVCC_DEFINES"] = user_defines
     return 1 if failed else 0
 
 

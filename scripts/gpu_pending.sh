@@ -1,27 +1,28 @@
 #!/usr/bin/env bash
-# What session 15 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
+# What session 16 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
-#     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU)
-#     OUT=$OUT bash scripts/gpu_pending.sh fuse     # stage 3b (one GPU): the fused q/k tail and projections, A/B + tests
-#     OUT=$OUT bash scripts/gpu_pending.sh direct   # stage 3c (one GPU): MPK_ATT_DIRECT, tests + A/B
+#     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
+#     OUT=$OUT bash scripts/gpu_pending.sh warp     # stage 3d (one GPU): MPK_ATT_WARP_PIPE tests + A/B + stamps
+#     OUT=$OUT bash scripts/gpu_pending.sh consistency   # stage 3e (one GPU): validate_planner vs bench_decode, same point
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): attention's stage stamps at B=32, 128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-#  1. tests/gpu (32 passed at f062fbb with the fused norms; rerun after any change)
-#  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile (measured session 15 at
-#     3bdf9b3: 24 / 54 / 204 us at B=1 / 32 / 128 for a 128256 vocab, all rows sampled)
-#  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (fused norms: 422 kernels per B=32 step), and
-#  3b (mode fuse) MPK_CONV_FUSE_ROPE=1 (the q/k tail of qkv_rope as one compiled kernel) and MPK_CONV_FUSE_PROJ=1
-#     (q/k/v and gate/up weights back to back: one matmul per group) against the default in one run: validate attn-mk
-#     / conventional at B=32,128 both models, then tests/gpu with both. Predictions (docs/perf-notes.md session 15):
-#     rope llama attn-mk B=32 -5..8%, qwen3-8b -8..10%; proj llama B=32 ~-7% (~10 us per layer)
-#  3c (mode direct) MPK_ATT_DIRECT=1: attention groups of one split (B >= ~17) write their output straight from the
-#     chunk (no part / lse, ticket, merge reloads). Prediction: ~2-3 us per task; llama B=128 attention 123 -> ~105 us
-#     per layer (-7% of the attn-mk step), B=32 -3%; mono plans at B >= 32 alike
-#  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command: the issue-3 table
-#     with the fused norms and the reworked sampler (session 15 measured the chosen plans only, via validate_planner:
-#     llama B=32 / 128 2.36-2.51 / 3.96 ms, qwen3-8b 8.86 / 13.36; prediction: the same here, gpt-fast 1.3-1.6x ahead)
+#  1. tests/gpu (34 passed at 48105cf with MPK_CONV_FUSE_ROPE/PROJ=1; the session-16 defaults at 6524c80: 23 passed,
+#     none failed, before the command's 110 s limit on a cold compile cache - give it 150 s)
+#  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile (session 16: 24 / 54 / 204 us
+#     at B=1 / 32 / 128 for a 128256 vocab, all rows sampled)
+#  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128
+#  3d (mode warp) -DMPK_ATT_WARP_PIPE=1 (attention: each warp streams its own rows, no CTA barrier per pass): the
+#     megakernel / attention GPU tests with it, then bench_decode --no-peers (one megakernel, B=1,8,32,128, ctx 512 /
+#     4096) default vs the switch in one run, then its stage stamps at B=32/128. Prediction (docs/perf-notes.md
+#     session 16): a pass 1.75 -> ~1.0-1.2 us; llama B=128 ctx 512 attention task ~11.5 -> ~9 us (attn-mk step
+#     -6..8%), qwen3-8b B=128 -8..10%; B=1 within 1%
+#  3e (mode consistency) the bench's planned column measured 7-16% below validate_planner's measurement of the same
+#     plan in session 16 (llama B=32 attn-mk 2.056 vs ~2.2 ms expected from validate); both call measure_plan: run
+#     them on the same points back to back, twice, to see whether it is the order, the process or the code
+#  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command (session 16:
+#     48105cf with the three switches on = the defaults of 6524c80, bench/results/s16)
 #  5. (2 GPUs) bench_allreduce.py: the LL candidate beside the signal protocol and NCCL (16 KiB target <= 3 us)
 #  6. (2 GPUs) gpu_check_tp.py --tp-invariant 2 (the fold is the default since session 12)
 #  7. (2 GPUs) bench_decode --tp 2 with the PyTorch TP peer, B=1,8 (qwen3-8b B=8 peer was skipped in session 11)
@@ -31,12 +32,12 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log pytest_gpu_fuse.log pytest_gpu_direct.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log pytest_gpu_warp.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
 st "1 tests/gpu"
-timeout 110 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu.log" 2>&1
+timeout 150 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
 st "2 the sampler: bitwise check and profile"
 OUT="$OUT/val" timeout 100 python3 scripts/gpu_check_sampling.py --trials 30 > "$OUT/val/sampling.log" 2>&1
@@ -47,27 +48,31 @@ st "3 profile attn-mk's conventional segments (fused norms)"
 timeout 60 python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32,128 --family attn-mk \
     --out "$OUT/prof" > "$OUT/prof/profile_eager.log" 2>&1
 head -30 "$OUT/prof/profile_eager.log"; snap
-elif [ "$MODE" = fuse ]; then
-st "3b MPK_CONV_FUSE_ROPE / MPK_CONV_FUSE_PROJ (0 0, 1 0, 0 1, 1 1), then tests/gpu with both"
-for RP in "0 0" "1 0" "0 1" "1 1"; do
-  set -- $RP; d="$OUT/val/rope$1_proj$2"; mkdir -p "$d"
-  MPK_CONV_FUSE_ROPE=$1 MPK_CONV_FUSE_PROJ=$2 timeout 110 python3 scripts/validate_planner.py --tp 1 --context 512 \
-      --batches 32,128 --families attn-mk,conventional --budget-s 95 --out "$d" > "$d/validate.log" 2>&1
-  grep -h measured_us "$d/validate.log" | sed "s/^/rope=$1 proj=$2 /" | cut -c1-200
+elif [ "$MODE" = warp ]; then
+st "3d MPK_ATT_WARP_PIPE: attention tests with the switch, then the A/B and its stamps"
+MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=1 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
+    tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_warp.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_warp.log" | tail -6; snap
+for D in "" "-DMPK_ATT_WARP_PIPE=1"; do
+  d="$OUT/bench/warp${D:+1}"; mkdir -p "$d"
+  MPK_NVCC_DEFINES="$D" OUT="$d" timeout 150 python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b \
+      --batches 1,8,32,128 --contexts 512,4096 --mk-max-batch 128 --no-peers --no-planned --budget-s 140 > "$d/bench.log" 2>&1
+  grep -A20 "====" "$d/bench.log" | sed "s/^/[${D:-default}] /"; snap
 done
-MPK_CONV_FUSE_ROPE=1 MPK_CONV_FUSE_PROJ=1 timeout 110 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu_fuse.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_fuse.log" | tail -6; snap
-elif [ "$MODE" = direct ]; then
-st "3c MPK_ATT_DIRECT (one-split attention groups write their output directly): tests, then A/B"
-MPK_ATT_DIRECT=1 timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_engine_plans.py \
-    > "$OUT/pytest_gpu_direct.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_direct.log" | tail -6
-for D in 0 1; do
-  d="$OUT/val/direct$D"; mkdir -p "$d"
-  MPK_ATT_DIRECT=$D timeout 150 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 32,128 \
-      --families attn-mk,mono --budget-s 135 --out "$d" > "$d/validate.log" 2>&1
-  grep -h measured_us "$d/validate.log" | sed "s/^/direct=$D /" | cut -c1-200
-done; snap
+MPK_NVCC_DEFINES="-DMPK_ATT_WARP_PIPE=1 -DMPK_STAGE_WORDS=12" OUT="$OUT/bench/warp_stamps" timeout 100 python3 \
+    scripts/bench_decode.py --models llama-3.2-1b --batches 32,128 --contexts 512 --mk-max-batch 128 --no-peers \
+    --no-planned --trace --budget-s 90 > "$OUT/bench/warp_stamps.log" 2>&1; tail -4 "$OUT/bench/warp_stamps.log"; snap
+elif [ "$MODE" = consistency ]; then
+st "3e validate_planner vs bench_decode's planned column, llama-3.2-1b and qwen3-8b B=32, 128, ctx 512, twice"
+for k in 1 2; do
+  d="$OUT/val/cons$k"; mkdir -p "$d" "$OUT/bench/cons$k"
+  timeout 100 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 32,128 --families attn-mk \
+      --budget-s 90 --out "$d" > "$d/validate.log" 2>&1
+  grep -h measured_us "$d/validate.log" | cut -c1-160 | sed "s/^/[validate $k] /"
+  OUT="$OUT/bench/cons$k" timeout 100 python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b --batches 32,128 \
+      --contexts 512 --no-peers --budget-s 90 > "$OUT/bench/cons$k/bench.log" 2>&1
+  grep planned "$OUT/bench/cons$k/bench.log" | sed "s/^/[bench $k] /"; snap
+done
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
 OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \

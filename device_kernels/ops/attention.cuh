@@ -18,6 +18,14 @@
 
 namespace mpk {
 
+// MPK_ATT_WARP_PIPE=1 (compile-time A/B, MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=1; session 16, not yet run on a GPU):
+// each warp streams its own 16 rows of every pass and a pass has no CTA barrier (the stage stamps of session 16:
+// at B=32-128 a pass takes ~1.75 us for ~0.9 us of a warp's compute, the rest its two barriers and the CTA-wide
+// copy issue between them).
+#ifndef MPK_ATT_WARP_PIPE
+#define MPK_ATT_WARP_PIPE 0
+#endif
+
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)
 // shared-memory layout (bytes): q (bf16, MAX_GS x MAX_HEAD_DIM) | page table (s64, ATT_MAX_PAGES) | K rows
 // 2 x ATT_KP x (D + 8) | V rows 2 x ATT_KP x (D + 8) (bf16; padded: the V loads, lanes = (d, key pair), hit distinct
@@ -83,6 +91,19 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int psi = (int)ps;
   const bool cpow = (CPR & (CPR - 1)) == 0, ppow = (psi & (psi - 1)) == 0;   // shifts instead of divisions
   const int cs = __ffs(CPR) - 1, pss = __ffs(psi) - 1;
+#if MPK_ATT_WARP_PIPE
+  // warp-private pipelines: warp w copies only its own rows [16 w, 16 w + 16) of a pass (the only rows it reads),
+  // so a pass needs no CTA barrier: the warp waits on its own copies (cp.async groups are per thread) and
+  // __syncwarp orders its lanes' copies and reads.
+  const int wrow0 = 16 * (tid >> 5), wlane = tid & 31;
+  auto issue = [&](int j0, int bf) {
+    const int n = min(16, min(ATT_KP, hi - j0) - wrow0);   // this warp's rows of the pass (<= 0: none)
+    bf16* kb = ks + bf * ATT_KP * KST;
+    bf16* vb = vs + bf * ATT_KP * KST;
+#pragma unroll 1
+    for (int i = wlane; i < n * CPR; i += 32) {
+      const int u = wrow0 + (cpow ? i >> cs : i / CPR), e = i - (u - wrow0) * CPR;
+#else
   auto issue = [&](int j0, int bf) {   // consecutive threads take consecutive 16-byte pieces of the rows
     const int n = min(ATT_KP, hi - j0);
     bf16* kb = ks + bf * ATT_KP * KST;
@@ -90,6 +111,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #pragma unroll 1
     for (int i = tid; i < n * CPR; i += THREADS) {
       const int u = cpow ? i >> cs : i / CPR, e = i - u * CPR;
+#endif
       const int j = j0 + u, pg = ppow ? j >> pss : j / psi;
       const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
       const int64_t src = ((page * ps + (j - pg * psi)) * n_kv + g) * D + e * 8;
@@ -115,7 +137,11 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     const bf16* kb = ks + (p & 1) * ATT_KP * KST;
     const bf16* vb = vs + (p & 1) * ATT_KP * KST;
     if (p + 1 < passes) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
+#if MPK_ATT_WARP_PIPE
+    __syncwarp();   // the warp's rows of this pass have landed (each lane waited on its own copies)
+#else
     __syncthreads();
+#endif
     if (p == 0) MPK_STAMP(2);
     if (p == 1) MPK_STAMP(5);   // (diagnostic stamps 5, 7-9: pass 1, the steady state)
     if (kw < n) {   // warp-uniform: key kw is in the pass, so every head's max below is finite
@@ -183,10 +209,17 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       }
     }
     if (p == 1) MPK_STAMP(8);   // thread 0's P.V
+#if MPK_ATT_WARP_PIPE
+    __syncwarp();   // the warp's rows of buffer p & 1 are free again
+#else
     __syncthreads();   // buffer p & 1 is free again
+#endif
     if (p + 2 < passes) issue(j0 + 2 * ATT_KP, p & 1);
     if (p == 1) MPK_STAMP(9);
   }
+#if MPK_ATT_WARP_PIPE
+  __syncthreads();   // every warp is done with the K buffers the merge below reuses
+#endif
   MPK_STAMP(3);
   // merge the warps: out = sum_w o_w exp(m_w - M) / sum_w l_w exp(m_w - M) (warps that saw no key: m_w = -inf,
   // weight 0); through the K buffers, free after the loop's last barrier
