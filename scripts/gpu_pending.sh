@@ -19,8 +19,10 @@
 #     session 16): a pass 1.75 -> ~1.0-1.2 us; llama B=128 ctx 512 attention task ~11.5 -> ~9 us (attn-mk step
 #     -6..8%), qwen3-8b B=128 -8..10%; B=1 within 1%
 #  3e (mode consistency) the bench's planned column measured 7-16% below validate_planner's measurement of the same
-#     plan in session 16 (llama B=32 attn-mk 2.056 vs ~2.2 ms expected from validate); both call measure_plan: run
-#     them on the same points back to back, twice, to see whether it is the order, the process or the code
+#     plan in session 16 (llama B=32 attn-mk 2.056 vs ~2.2 ms expected from validate); both call measure_plan. A
+#     suspect: the fused norm compiled with every dim dynamic took 338 us per B=32 step after the tiny GPU-test configs
+#     compiled first (82 us in session 15); since session 16 only the rows are dynamic (compile_rows_dynamic). First
+#     the norm's time after the tests compiled first, then validate and bench on the same points back to back, twice
 #  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command (session 16:
 #     48105cf with the three switches on = the defaults of 6524c80, bench/results/s16)
 #  5. (2 GPUs) bench_allreduce.py: the LL candidate beside the signal protocol and NCCL (16 KiB target <= 3 us)
@@ -63,7 +65,12 @@ MPK_NVCC_DEFINES="-DMPK_ATT_WARP_PIPE=1 -DMPK_STAGE_WORDS=12" OUT="$OUT/bench/wa
     scripts/bench_decode.py --models llama-3.2-1b --batches 32,128 --contexts 512 --mk-max-batch 128 --no-peers \
     --no-planned --trace --budget-s 90 > "$OUT/bench/warp_stamps.log" 2>&1; tail -4 "$OUT/bench/warp_stamps.log"; snap
 elif [ "$MODE" = consistency ]; then
-st "3e validate_planner vs bench_decode's planned column, llama-3.2-1b and qwen3-8b B=32, 128, ctx 512, twice"
+st "3e the norm kernel after tiny configs compiled first (rows-only dynamic compile), then validate vs bench, twice"
+timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -3
+timeout 60 python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32 --family attn-mk \
+    --out "$OUT/prof" > "$OUT/prof/profile_after_tests.log" 2>&1
+grep -E "==|rsqrt" "$OUT/prof/profile_after_tests.log" | head -4   # s16 run 1: 33x 338 us (all dims dynamic); s15: 82 us
 for k in 1 2; do
   d="$OUT/val/cons$k"; mkdir -p "$d" "$OUT/bench/cons$k"
   timeout 100 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 32,128 --families attn-mk \

@@ -54,13 +54,30 @@ def fuse_norm() -> bool:
     return env_flag("MPK_CONV_FUSE_NORM", default=True)
 
 
+def compile_rows_dynamic(fn, rows_args: tuple[int, ...], backend="inductor"):
+    """fn through torch.compile with only the row count (dim 0 of the arguments at rows_args) dynamic: one compile per
+    hidden size / head layout (plus one for a single row: dynamo specialises size 1), each reduction over a
+    static width. Sessions 15-16 compiled with every dim dynamic, and llama-3.2-1b's 33 norms of a B=32 step took
+    338 us in one profile (bench/results/s16 run 1, after the tiny GPU-test configs had compiled first) and 82 us in
+    another (s15 run 7): the suspected cause is a generated kernel whose reduction block was sized for the first
+    (tiny) width it saw; with a static width each model's norm gets its own kernel (gpu_pending.sh consistency
+    checks it)."""
+    options = {"emulate_precision_casts": True} if backend == "inductor" else None
+    compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend, options=options)
+
+    def call(*args):
+        for i in rows_args:
+            torch._dynamo.maybe_mark_dynamic(args[i], 0)
+        return compiled(*args)
+    return call
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
     global _fused_norm
     if not (x.is_cuda and fuse_norm()):
         return _rms_norm_eager(x, w, eps)
     if _fused_norm is None:
-        _fused_norm = torch.compile(_rms_norm_fn, dynamic=True, fullgraph=True,
-                                    options={"emulate_precision_casts": True})
+        _fused_norm = compile_rows_dynamic(_rms_norm_fn, (0,))   # x (M, ..., K); w (K,) static
     return _fused_norm(x, w, eps)
 
 
@@ -247,8 +264,8 @@ def fuse_rope() -> bool:
 def _fused_qk():
     global _fused_qk_fn
     if _fused_qk_fn is None:
-        _fused_qk_fn = torch.compile(_qk_epilogue_fn, dynamic=True, fullgraph=True,
-                                     options={"emulate_precision_casts": True})
+        # q_raw, k_raw, cos, sin_s, q_out carry the rows; the per-head norm weights do not
+        _fused_qk_fn = compile_rows_dynamic(_qk_epilogue_fn, (0, 1, 4, 5, 7))
     return _fused_qk_fn
 
 

@@ -81,3 +81,25 @@ def test_projections_stored_back_to_back_compute_the_same_step(model, B):
     (l0, kv0, n0), (l1, kv1, n1) = outs
     assert torch.equal(l1, l0) and all(torch.equal(a, b) for a, b in zip(kv0, kv1))
     assert n1 <= n0 - 3 * cfg.num_layers, (n0, n1)   # q/k/v: 3 matmuls -> 1 (and no q/k stack copy); gate/up: 2 -> 1
+
+
+def test_compiled_pieces_are_dynamic_in_the_rows_only():
+    """compile_rows_dynamic (the fused norm and q/k tail on a GPU): the row count is symbolic, the widths the
+    reductions run over are not, so each hidden size gets its own kernel and new batch sizes compile nothing."""
+    graphs = []
+
+    def record(gm, example_inputs):   # per tensor input: which dims are plain ints (static) in the traced graph
+        vals = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        graphs.append([tuple(isinstance(d, int) for d in v.shape) for v in vals if isinstance(v, torch.Tensor)])
+        return gm.forward
+
+    torch._dynamo.reset()
+    f = conventional_ops.compile_rows_dynamic(conventional_ops._rms_norm_fn, (0,), backend=record)
+    bf = torch.bfloat16
+    for M, K in ((4, 64), (32, 64), (7, 64), (8, 128), (96, 128)):
+        x, w = torch.randn(M, K, dtype=bf), torch.randn(K, dtype=bf)
+        assert torch.equal(f(x, w, 1e-6), conventional_ops._rms_norm_fn(x, w, 1e-6))
+    assert len(graphs) == 2                    # one per width, none for the new row counts
+    for g in graphs:
+        assert (False, True) in g and (True,) in g   # x: rows symbolic, width static; the weight static
+    torch._dynamo.reset()
