@@ -80,6 +80,10 @@ for k in 1 2; do
       --contexts 512 --no-peers --budget-s 90 > "$OUT/bench/cons$k/bench.log" 2>&1
   grep planned "$OUT/bench/cons$k/bench.log" | sed "s/^/[bench $k] /"; snap
 done
+d="$OUT/val/silu1"; mkdir -p "$d"   # MPK_CONV_FUSE_SILU=1 against cons2's default (prediction: llama B=32 ~-2%)
+MPK_CONV_FUSE_SILU=1 timeout 100 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 32,128 \
+    --families attn-mk --budget-s 90 --out "$d" > "$d/validate.log" 2>&1
+grep -h measured_us "$d/validate.log" | cut -c1-160 | sed "s/^/[silu=1] /"; snap
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
 OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \

@@ -124,6 +124,29 @@ def prepare_weights(weights: dict, cfg) -> dict:
     return weights
 
 
+def _silu_mul_fn(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor) -> None:
+    """linear's silu_mul epilogue written functionally for torch.compile: silu(g) rounded to g's dtype, times u
+    rounded again (F.silu in place, then mul: the eager path's two roundings), cast into out. The generated fp32
+    silu may differ from ATen's in the last ulp (hidden by the bf16 rounding but for rare ties)."""
+    out.copy_(F.silu(g) * u)
+
+
+_fused_silu_fn = None
+
+
+def fuse_silu() -> bool:
+    """MPK_CONV_FUSE_SILU=1 (off until measured on a GPU): gate/up's SiLU-and-mul as one compiled kernel (one
+    launch fewer per layer; prediction: ~3 us per layer, llama-3.2-1b B=32 ~-2%)."""
+    return env_flag("MPK_CONV_FUSE_SILU")
+
+
+def _fused_silu():
+    global _fused_silu_fn
+    if _fused_silu_fn is None:
+        _fused_silu_fn = compile_rows_dynamic(_silu_mul_fn, (0, 1, 2))
+    return _fused_silu_fn
+
+
 def _rows(cache: dict, ctx) -> torch.Tensor:
     """Absolute position of every row of the step (row_positions), once per step."""
     if "pos" not in cache:
@@ -195,6 +218,9 @@ def linear(op, mem, ctx, cache) -> None:
         else:
             g = x @ ws[0]
             u = x @ ws[1]
+        if x.is_cuda and fuse_silu():   # one kernel instead of silu and mul (the same two roundings)
+            _fused_silu()(g, u, out)
+            return
         F.silu(g, inplace=True)
         if direct:
             torch.mul(g, u, out=out)

@@ -1,4 +1,5 @@
-"""The conventional path's fused pieces for torch.compile (RMSNorm: MPK_CONV_FUSE_NORM, the q/k tail: MPK_CONV_FUSE_ROPE)
+"""The conventional path's fused pieces for torch.compile (RMSNorm: MPK_CONV_FUSE_NORM, the q/k tail: MPK_CONV_FUSE_ROPE,
+SiLU-and-mul: MPK_CONV_FUSE_SILU)
 equal the eager task numerics; RMSNorm:
 the same ops and rounding points, so on the CPU (where both run as torch ops in the same order) bit for bit."""
 import pytest
@@ -103,3 +104,29 @@ def test_compiled_pieces_are_dynamic_in_the_rows_only():
     for g in graphs:
         assert (False, True) in g and (True,) in g   # x: rows symbolic, width static; the weight static
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_functional_silu_mul_equals_the_eager_epilogue(dtype):
+    """_silu_mul_fn (MPK_CONV_FUSE_SILU=1 on a GPU) on gate/up column views of one matmul output: the eager
+    epilogue's values bit for bit (silu rounded, then the product rounded), into a contiguous or wider out."""
+    g0 = torch.Generator().manual_seed(3)
+    gu = (torch.randn(5, 2 * 48, generator=g0) * 4).to(dtype)
+    g, u = gu[:, :48], gu[:, 48:]
+    ref = g.clone()
+    torch.nn.functional.silu(ref, inplace=True)
+    ref = ref * u
+    for out_dtype in (dtype, torch.float32):
+        out = torch.empty(5, 48, dtype=out_dtype)
+        conventional_ops._silu_mul_fn(g, u, out)
+        assert torch.equal(out, ref.to(out_dtype))
+    # the compiled path as the GPU runs it (inductor, emulate_precision_casts), here generating CPU code: its
+    # fp32 silu formula is not ATen's to the last ulp, which bf16's rounding hides (bit for bit on these rows)
+    compiled = conventional_ops.compile_rows_dynamic(conventional_ops._silu_mul_fn, (0, 1, 2))
+    for rows in (5, 3):
+        out = torch.empty(rows, 48, dtype=dtype)
+        compiled(g[:rows], u[:rows], out)
+        if dtype == torch.bfloat16:
+            assert torch.equal(out, ref[:rows])
+        else:
+            torch.testing.assert_close(out, ref[:rows], rtol=1e-6, atol=1e-7)
