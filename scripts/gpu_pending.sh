@@ -3,7 +3,9 @@
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
-#     OUT=$OUT bash scripts/gpu_pending.sh warp     # stage 3d (one GPU): MPK_ATT_WARP_PIPE tests + A/B + stamps
+#     OUT=$OUT bash scripts/gpu_pending.sh warp     # stage 3d (one GPU): MPK_ATT_WARP_PIPE / MPK_ATT_GROUPS tests + stamps
+#     OUT=$OUT bash scripts/gpu_pending.sh warpab   # stage 3d' (one GPU): default vs the warp pipe, B=1..128
+#     OUT=$OUT bash scripts/gpu_pending.sh groupab  # stage 3d'' (one GPU): MPK_ATT_GROUPS=2 without / with the warp pipe
 #     OUT=$OUT bash scripts/gpu_pending.sh consistency   # stage 3e (one GPU): validate_planner vs bench_decode, same point
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): attention's stage stamps at B=32, 128
@@ -13,11 +15,13 @@
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile (session 16: 24 / 54 / 204 us
 #     at B=1 / 32 / 128 for a 128256 vocab, all rows sampled)
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128
-#  3d (mode warp) -DMPK_ATT_WARP_PIPE=1 (attention: each warp streams its own rows, no CTA barrier per pass): the
-#     megakernel / attention GPU tests with it, then bench_decode --no-peers (one megakernel, B=1,8,32,128, ctx 512 /
-#     4096) default vs the switch in one run, then its stage stamps at B=32/128. Prediction (docs/perf-notes.md
-#     session 16): a pass 1.75 -> ~1.0-1.2 us; llama B=128 ctx 512 attention task ~11.5 -> ~9 us (attn-mk step
-#     -6..8%), qwen3-8b B=128 -8..10%; B=1 within 1%
+#  3d (modes warp, warpab, groupab) -DMPK_ATT_WARP_PIPE=1 (attention: each warp streams its own rows, no CTA
+#     barrier per pass) and MPK_ATT_GROUPS=2 (two KV groups of a sequence per task where the keys are one split: the
+#     page table and q once, the groups' passes one pipeline): the GPU tests with each, stamps, then the A/Bs
+#     (bench_decode --no-peers: one megakernel at B=1,8, the planned attn-mk at B=32,128; ctx 512 / 4096).
+#     Predictions (docs/perf-notes.md session 16): warp pipe: a pass 1.75 -> ~1.0-1.2 us; llama B=128 ctx 512
+#     attention task ~11.5 -> ~9 us (attn-mk step -6..8%), qwen3-8b B=128 -8..10%; B=1 within 1%. Groups: ~3 us of
+#     per-task start saved per extra group: llama B=128 -7%, B=32 -3%; with the warp pipe about additive
 #  3e (mode consistency) the bench's planned column measured 7-16% below validate_planner's measurement of the same
 #     plan in session 16 (llama B=32 attn-mk 2.056 vs ~2.2 ms expected from validate); both call measure_plan. A
 #     suspect: the fused norm compiled with every dim dynamic took 338 us per B=32 step after the tiny GPU-test configs
@@ -34,7 +38,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log pytest_gpu_warp.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log pytest_gpu_warp.log pytest_gpu_groups.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -51,19 +55,29 @@ timeout 60 python3 scripts/profile_conventional.py --models llama-3.2-1b --batch
     --out "$OUT/prof" > "$OUT/prof/profile_eager.log" 2>&1
 head -30 "$OUT/prof/profile_eager.log"; snap
 elif [ "$MODE" = warp ]; then
-st "3d MPK_ATT_WARP_PIPE: attention tests with the switch, then the A/B and its stamps"
+st "3d MPK_ATT_WARP_PIPE and MPK_ATT_GROUPS=2: the attention GPU tests with each, then the stamps of both"
 MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=1 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
     tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_warp.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_warp.log" | tail -6; snap
-for D in "" "-DMPK_ATT_WARP_PIPE=1"; do
-  d="$OUT/bench/warp${D:+1}"; mkdir -p "$d"
-  MPK_NVCC_DEFINES="$D" OUT="$d" timeout 150 python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b \
-      --batches 1,8,32,128 --contexts 512,4096 --mk-max-batch 128 --no-peers --no-planned --budget-s 140 > "$d/bench.log" 2>&1
-  grep -A20 "====" "$d/bench.log" | sed "s/^/[${D:-default}] /"; snap
-done
-MPK_NVCC_DEFINES="-DMPK_ATT_WARP_PIPE=1 -DMPK_STAGE_WORDS=12" OUT="$OUT/bench/warp_stamps" timeout 100 python3 \
-    scripts/bench_decode.py --models llama-3.2-1b --batches 32,128 --contexts 512 --mk-max-batch 128 --no-peers \
+MPK_ATT_GROUPS=2 timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py \
+    tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_groups.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_groups.log" | tail -6; snap
+MPK_ATT_GROUPS=2 MPK_NVCC_DEFINES="-DMPK_ATT_WARP_PIPE=1 -DMPK_STAGE_WORDS=12" OUT="$OUT/bench/warp_stamps" timeout 100 \
+    python3 scripts/bench_decode.py --models llama-3.2-1b --batches 32,128 --contexts 512 --mk-max-batch 128 --no-peers \
     --no-planned --trace --budget-s 90 > "$OUT/bench/warp_stamps.log" 2>&1; tail -4 "$OUT/bench/warp_stamps.log"; snap
+elif [ "$MODE" = warpab ] || [ "$MODE" = groupab ]; then
+# warpab: default vs -DMPK_ATT_WARP_PIPE=1 (one megakernel at B=1,8, the planned attn-mk at B=32,128; ctx 512, 4096)
+# groupab: MPK_ATT_GROUPS=2 without and with the warp pipe (B=32,128, where the keys are one split)
+if [ "$MODE" = warpab ]; then VARS="base warp"; BS=1,8,32,128; else VARS="groups warpgroups"; BS=32,128; fi
+st "3d' $MODE: $VARS"
+for V in $VARS; do
+  case $V in base) D=""; G=1;; warp) D="-DMPK_ATT_WARP_PIPE=1"; G=1;; groups) D=""; G=2;;
+             warpgroups) D="-DMPK_ATT_WARP_PIPE=1"; G=2;; esac
+  d="$OUT/bench/ab_$V"; mkdir -p "$d"
+  MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout 270 python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b \
+      --batches $BS --contexts 512,4096 --mk-max-batch 8 --no-peers --budget-s 255 > "$d/bench.log" 2>&1
+  grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
+done
 elif [ "$MODE" = consistency ]; then
 st "3e the norm kernel after tiny configs compiled first (rows-only dynamic compile), then validate vs bench, twice"
 timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu.log" 2>&1

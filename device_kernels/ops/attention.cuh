@@ -35,7 +35,9 @@ constexpr int ATT_OFF_K = ATT_OFF_PAGES + ATT_MAX_PAGES * 8;
 static_assert(ATT_OFF_PAGES % 16 == 0 && ATT_OFF_K % 16 == 0, "attention shared-memory layout");
 static_assert(ATT_KP == 16 * (THREADS / 32) && MAX_GS <= 8, "attention: 16 keys of a pass per warp, <= 8 q heads");
 
-// The chunk: part / lse of chunk s of group (b, g).
+// The chunk: part / lse of chunk s of group (b, g); with ng > 1 (one split, direct: packer.py), the outputs of
+// groups g .. g + ng - 1 of sequence b, their passes one pipeline (a group's first rows fly while the previous
+// group's last pass computes; the page table and q are fetched once): per group the same arithmetic as ng = 1.
 __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int64_t* a = c.rec;
   const bf16* q = ptr<const bf16>(a[A_ATTN_PARTIAL_Q]);
@@ -46,6 +48,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int b = (int)a[A_ATTN_PARTIAL_B], g = (int)a[A_ATTN_PARTIAL_G], s = (int)a[A_ATTN_PARTIAL_SPLIT];
   const int S = (int)a[A_ATTN_PARTIAL_SPLITS], gs = (int)a[A_ATTN_PARTIAL_GS], D = (int)a[A_ATTN_PARTIAL_D];
   const int nq = (int)a[A_ATTN_PARTIAL_NQ], n_kv = (int)a[A_ATTN_PARTIAL_N_KV];
+  const int ng = (int)a[A_ATTN_PARTIAL_NG];   // KV groups of this task (ng * gs <= MAX_GS)
   const float scale = f32(a[A_ATTN_PARTIAL_SCALE]);
   // direct: one split, folded: the chunk is the group's output (packer.py attn_direct)
   bf16* out = a[A_ATTN_PARTIAL_DIRECT] ? ptr<bf16>(a[A_ATTN_PARTIAL_OUT]) : nullptr;
@@ -61,9 +64,9 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int KST = D + 8, CPR = D >> 3;   // bf16 per K / V row in shared memory (padded: fewer bank conflicts)
   bf16* ks = reinterpret_cast<bf16*>(sm + ATT_OFF_K);
   bf16* vs = ks + 2 * ATT_KP * KST;
-  // q, the page table and the position in flight together
+  // q of the task's groups (contiguous heads), the page table and the position in flight together
   const bf16* qg = q + (m0 * nq + (int64_t)g * gs) * D;
-  for (int i = tid; i < gs * CPR; i += THREADS) cp_async16(qs + i * 8, qg + i * 8, true);
+  for (int i = tid; i < ng * gs * CPR; i += THREADS) cp_async16(qs + i * 8, qg + i * 8, true);
   const bool full = max_pages <= ATT_MAX_PAGES;
   if (full)
     for (int i = tid; i < max_pages; i += THREADS) cp_async8_ca(pages + i, bt + i);
@@ -73,9 +76,9 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int lo = L * s / S, hi = L * (s + 1) / S;
   if (pos < 0 || hi <= lo) {  // inactive sequence or empty chunk
     cp_async_wait_all();
-    if (out != nullptr) {   // the merge of one empty chunk: zeros
+    if (out != nullptr) {   // the merge of one empty chunk: zeros (the task's groups: contiguous heads)
 #pragma unroll 1
-      for (int i = tid; i < gs * D; i += THREADS) out[m0 * (int64_t)nq * D + (int64_t)g * gs * D + i] = __float2bfloat16_rn(0.f);
+      for (int i = tid; i < ng * gs * D; i += THREADS) out[m0 * (int64_t)nq * D + (int64_t)g * gs * D + i] = __float2bfloat16_rn(0.f);
       return;
     }
 #pragma unroll 1
@@ -87,7 +90,9 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   cp_async_wait_all();
   __syncthreads();
   MPK_STAMP(1);
-  // pass p's K and V rows (keys j0 .. j0 + n - 1) into buffer p & 1
+  // virtual pass vp = pass vp % passes of group g + vp / passes: its K and V rows (keys j0 .. j0 + n - 1) into
+  // buffer vp & 1
+  const int passes = (hi - lo + ATT_KP - 1) / ATT_KP, total = ng * passes;
   const int psi = (int)ps;
   const bool cpow = (CPR & (CPR - 1)) == 0, ppow = (psi & (psi - 1)) == 0;   // shifts instead of divisions
   const int cs = __ffs(CPR) - 1, pss = __ffs(psi) - 1;
@@ -96,7 +101,8 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   // so a pass needs no CTA barrier: the warp waits on its own copies (cp.async groups are per thread) and
   // __syncwarp orders its lanes' copies and reads.
   const int wrow0 = 16 * (tid >> 5), wlane = tid & 31;
-  auto issue = [&](int j0, int bf) {
+  auto issue = [&](int vp, int bf) {
+    const int gv = vp / passes, j0 = lo + (vp - gv * passes) * ATT_KP, gi = g + gv;
     const int n = min(16, min(ATT_KP, hi - j0) - wrow0);   // this warp's rows of the pass (<= 0: none)
     bf16* kb = ks + bf * ATT_KP * KST;
     bf16* vb = vs + bf * ATT_KP * KST;
@@ -104,7 +110,8 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     for (int i = wlane; i < n * CPR; i += 32) {
       const int u = wrow0 + (cpow ? i >> cs : i / CPR), e = i - (u - wrow0) * CPR;
 #else
-  auto issue = [&](int j0, int bf) {   // consecutive threads take consecutive 16-byte pieces of the rows
+  auto issue = [&](int vp, int bf) {   // consecutive threads take consecutive 16-byte pieces of the rows
+    const int gv = vp / passes, j0 = lo + (vp - gv * passes) * ATT_KP, gi = g + gv;
     const int n = min(ATT_KP, hi - j0);
     bf16* kb = ks + bf * ATT_KP * KST;
     bf16* vb = vs + bf * ATT_KP * KST;
@@ -114,36 +121,78 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #endif
       const int j = j0 + u, pg = ppow ? j >> pss : j / psi;
       const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
-      const int64_t src = ((page * ps + (j - pg * psi)) * n_kv + g) * D + e * 8;
+      const int64_t src = ((page * ps + (j - pg * psi)) * n_kv + gi) * D + e * 8;
       cp_async16(kb + u * KST + e * 8, kc + src, true);
       cp_async16(vb + u * KST + e * 8, vc + src, true);
     }
     cp_async_commit();
   };
-  const int passes = (hi - lo + ATT_KP - 1) / ATT_KP;
-  issue(lo, 0);
-  if (passes > 1) issue(lo + ATT_KP, 1);
+  issue(0, 0);
+  if (total > 1) issue(1, 1);
   // Tensor Core pass (see the file comment). Thread (g8, t4) = (lane / 4, lane % 4) of warp w.
   const int g8 = lane >> 2, t4 = lane & 3, kw = 16 * warp;
   constexpr int QR = MAX_HEAD_DIM / 32, MT = MAX_HEAD_DIM / 16;   // 32-wide d rounds of scores, 16-wide d tiles of o
+  constexpr int NW = THREADS / 32;
   float o[MT][4];   // O^T: d = 16 mt + g8 (+ 8), heads 2 t4, 2 t4 + 1; unnormalised, relative to the head's m_run
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
   float m_run = -INFINITY, l_run = 0.f;   // this warp's running max / sum of head g8 (same in the 4 lanes of g8)
+  // merge the warps of group gv: out = sum_w o_w exp(m_w - M) / sum_w l_w exp(m_w - M) (warps that saw no key:
+  // m_w = -inf, weight 0), through `so` (the K buffers after the last pass; a region of its own while another
+  // group's rows are in flight)
+  auto finish = [&](int gv, float* so) {
+    float* sm_m = so + NW * MAX_GS * D;
+    float* sm_l = sm_m + NW * MAX_GS;
+    if (t4 == 0 && g8 < gs) { sm_m[warp * MAX_GS + g8] = m_run; sm_l[warp * MAX_GS + g8] = l_run; }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int d = 16 * mt + g8, h0 = 2 * t4;
+      float* w0 = so + (warp * MAX_GS + h0) * D;
+      if (h0 < gs && d < D) w0[d] = o[mt][0];
+      if (h0 < gs && d + 8 < D) w0[d + 8] = o[mt][2];
+      if (h0 + 1 < gs && d < D) w0[D + d] = o[mt][1];
+      if (h0 + 1 < gs && d + 8 < D) w0[D + d + 8] = o[mt][3];
+    }
+    __syncthreads();
 #pragma unroll 1
-  for (int p = 0; p < passes; ++p) {
+    for (int i = tid; i < gs * D; i += THREADS) {
+      const int h = i / D, d = i - h * D;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_m[w * MAX_GS + h]);
+      float l = 0.f, acc = 0.f;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        const float wt = expf(sm_m[w * MAX_GS + h] - M);
+        l += sm_l[w * MAX_GS + h] * wt;
+        acc += so[(w * MAX_GS + h) * D + d] * wt;
+      }
+      const int64_t hq = m0 * nq + (g + gv) * gs + h;
+      const float pv = acc / fmaxf(l, 1e-30f);
+      if (out != nullptr) {   // attn_merge_group of this one chunk: weight expf(0) = 1, sum 1, o / 1 = pv
+        out[hq * D + d] = __float2bfloat16_rn(pv);
+        continue;
+      }
+      part[(hq * S + s) * D + d] = pv;
+      if (d == 0) lse[hq * S + s] = M + logf(l);
+    }
+  };
+  int p = 0, gv = 0;   // vp's pass and group
+#pragma unroll 1
+  for (int vp = 0; vp < total; ++vp) {
     const int j0 = lo + p * ATT_KP;
     const int n = min(ATT_KP, hi - j0);
-    const bf16* kb = ks + (p & 1) * ATT_KP * KST;
-    const bf16* vb = vs + (p & 1) * ATT_KP * KST;
-    if (p + 1 < passes) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
+    const bf16* kb = ks + (vp & 1) * ATT_KP * KST;
+    const bf16* vb = vs + (vp & 1) * ATT_KP * KST;
+    const bf16* qh = qs + gv * gs * D;   // this group's q heads
+    if (vp + 1 < total) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
 #if MPK_ATT_WARP_PIPE
     __syncwarp();   // the warp's rows of this pass have landed (each lane waited on its own copies)
 #else
     __syncthreads();
 #endif
-    if (p == 0) MPK_STAMP(2);
-    if (p == 1) MPK_STAMP(5);   // (diagnostic stamps 5, 7-9: pass 1, the steady state)
+    if (vp == 0) MPK_STAMP(2);
+    if (vp == 1) MPK_STAMP(5);   // (diagnostic stamps 5, 7-9: pass 1, the steady state)
     if (kw < n) {   // warp-uniform: key kw is in the pass, so every head's max below is finite
       // n-tile nt: sc[nt][0 / 1] = S[head g8][key kw + 8 nt + 2 t4 + 0 / 1] (sc[nt][2, 3]: padding rows)
       float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -153,7 +202,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         const int d = 32 * r + 8 * t4;
         if (32 * r < D) {   // q head g8, d .. d + 7 (zero past the group's heads and past D), from shared memory
           const bool in = d < D;
-          const uint4 qv = in && g8 < gs ? *reinterpret_cast<const uint4*>(qs + g8 * D + d) : make_uint4(0u, 0u, 0u, 0u);
+          const uint4 qv = in && g8 < gs ? *reinterpret_cast<const uint4*>(qh + g8 * D + d) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
             const uint4 kv = in ? *reinterpret_cast<const uint4*>(kr + 8 * nt * KST + d) : make_uint4(0u, 0u, 0u, 0u);
@@ -182,7 +231,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       const float ca = __shfl_sync(0xffffffffu, corr, 8 * t4), cb = __shfl_sync(0xffffffffu, corr, 8 * t4 + 4);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) { o[mt][0] *= ca; o[mt][1] *= cb; o[mt][2] *= ca; o[mt][3] *= cb; }
-      if (p == 1) MPK_STAMP(7);   // scores, softmax and rescale
+      if (vp == 1) MPK_STAMP(7);   // scores, softmax and rescale
       {   // P.V by m16n8k16 bf16, k = the warp's 16 keys in order, P^T as B (b0b1: keys 2t4, 2t4 + 1 = v[0], v[1];
           // b2b3: keys 8 + 2t4, + 1 = v[2], v[3]), each probability split into bf16 hi + lo (residual ~2^-18); V^T
           // fragments by ldmatrix.x4.trans (lane l addresses key kw + 8 (l >> 4) + (l & 7), d + 8 ((l >> 3) & 1));
@@ -208,58 +257,33 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         }
       }
     }
-    if (p == 1) MPK_STAMP(8);   // thread 0's P.V
+    if (vp == 1) MPK_STAMP(8);   // thread 0's P.V
 #if MPK_ATT_WARP_PIPE
-    __syncwarp();   // the warp's rows of buffer p & 1 are free again
+    __syncwarp();   // the warp's rows of buffer vp & 1 are free again
 #else
-    __syncthreads();   // buffer p & 1 is free again
+    __syncthreads();   // buffer vp & 1 is free again
 #endif
-    if (p + 2 < passes) issue(j0 + 2 * ATT_KP, p & 1);
-    if (p == 1) MPK_STAMP(9);
+    if (vp + 2 < total) issue(vp + 2, vp & 1);
+    if (vp == 1) MPK_STAMP(9);
+    if (++p == passes) {   // group gv's last pass
+      if (gv + 1 < ng) {   // another group follows (its rows in flight): merge this one in its own region, and
+        // a barrier after it (its reads done before the next group's writes, however far a warp runs ahead)
+        finish(gv, reinterpret_cast<float*>(vs + 2 * ATT_KP * KST));
+        __syncthreads();
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+        m_run = -INFINITY;
+        l_run = 0.f;
+      }
+      p = 0;
+      ++gv;
+    }
   }
 #if MPK_ATT_WARP_PIPE
   __syncthreads();   // every warp is done with the K buffers the merge below reuses
 #endif
   MPK_STAMP(3);
-  // merge the warps: out = sum_w o_w exp(m_w - M) / sum_w l_w exp(m_w - M) (warps that saw no key: m_w = -inf,
-  // weight 0); through the K buffers, free after the loop's last barrier
-  constexpr int NW = THREADS / 32;
-  float* so = reinterpret_cast<float*>(ks);   // [warp][MAX_GS][D]
-  float* sm_m = so + NW * MAX_GS * D;
-  float* sm_l = sm_m + NW * MAX_GS;
-  if (t4 == 0 && g8 < gs) { sm_m[warp * MAX_GS + g8] = m_run; sm_l[warp * MAX_GS + g8] = l_run; }
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int d = 16 * mt + g8, h0 = 2 * t4;
-    float* w0 = so + (warp * MAX_GS + h0) * D;
-    if (h0 < gs && d < D) w0[d] = o[mt][0];
-    if (h0 < gs && d + 8 < D) w0[d + 8] = o[mt][2];
-    if (h0 + 1 < gs && d < D) w0[D + d] = o[mt][1];
-    if (h0 + 1 < gs && d + 8 < D) w0[D + d + 8] = o[mt][3];
-  }
-  __syncthreads();
-#pragma unroll 1
-  for (int i = tid; i < gs * D; i += THREADS) {
-    const int h = i / D, d = i - h * D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < NW; ++w) M = fmaxf(M, sm_m[w * MAX_GS + h]);
-    float l = 0.f, acc = 0.f;
-#pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      const float wt = expf(sm_m[w * MAX_GS + h] - M);
-      l += sm_l[w * MAX_GS + h] * wt;
-      acc += so[(w * MAX_GS + h) * D + d] * wt;
-    }
-    const int64_t hq = m0 * nq + g * gs + h;
-    const float pv = acc / fmaxf(l, 1e-30f);
-    if (out != nullptr) {   // attn_merge_group of this one chunk: weight expf(0) = 1, sum 1, o / 1 = pv
-      out[hq * D + d] = __float2bfloat16_rn(pv);
-      continue;
-    }
-    part[(hq * S + s) * D + d] = pv;
-    if (d == 0) lse[hq * S + s] = M + logf(l);
-  }
+  finish(ng - 1, reinterpret_cast<float*>(ks));   // through the K buffers, free after the last pass's barrier
   MPK_STAMP(4);
 }
 

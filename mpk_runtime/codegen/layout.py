@@ -47,9 +47,10 @@ OP_ARGS: dict[str, list[str]] = {
     # part (M, nq, S, D) fp32, lse (M, nq, S) fp32 for q heads [g*gs, g*gs+gs) of sequence b, split s
     # folded merge (Tiling.attn_fold_merge): ticket = the group's int64 ticket counter (0 = not folded), out = the
     # group's merged output (as attn_merge's); direct = 1: one split and folded, so the chunk is the group's output:
-    # written as the merge of one chunk would write it, without part / lse, the ticket and the merge's reloads
+    # written as the merge of one chunk would write it, without part / lse, the ticket and the merge's reloads;
+    # ng: KV groups g .. g + ng - 1 of sequence b in one task (ng > 1 only with direct: Tiling.attn_groups)
     "attn_partial": ["q", "k_cache", "v_cache", "part", "lse", "b", "g", "split", "splits", "gs", "d", "nq", "n_kv",
-                     "scale", "out", "ticket", "direct"],
+                     "scale", "out", "ticket", "direct", "ng"],
     "attn_merge": ["part", "lse", "out", "b", "g", "gs", "d", "nq", "splits"],
     # y[:, n0:n1] = epilogue(norm?(x) @ W[r0+n0 : r0+n1].T) (+ residual); out_kind: OUT_BF16 | OUT_F32 | OUT_PUSH;
     # kslices: Tensor Core warp k-slices per n-tile (0 = auto from the tile width; tasks/ops/linear.py k_slices)
@@ -176,13 +177,15 @@ def cc_xrows(M: int) -> int:
     return M if M < CONSTANTS["TC_MIN_M"] else CONSTANTS["ROW_TILE"]
 
 
-def att_smem_bytes(D: int, C: dict | None = None) -> int:
+def att_smem_bytes(D: int, C: dict | None = None, ng: int = 1) -> int:
     """Shared memory of an attn_partial task with head dim D (device_kernels/ops/attention.cuh layout): q (bf16,
     MAX_GS x MAX_HEAD_DIM), the page table (s64, ATT_MAX_PAGES), then two buffers of ATT_KP K rows and ATT_KP V
-    rows (bf16, both padded to D + 8)."""
+    rows (bf16, both padded to D + 8); a task of ng > 1 groups merges all but its last group in a region after them
+    (fp32 outputs, maxima and sums of every warp: NW x MAX_GS x (D + 2))."""
     C = C or CONSTANTS
     head = C["MAX_GS"] * C["MAX_HEAD_DIM"] * 2 + C["ATT_MAX_PAGES"] * 8
-    return head + 2 * 2 * C["ATT_KP"] * (D + 8) * 2
+    merge = (C["THREADS"] // 32) * C["MAX_GS"] * (D + 2) * 4 if ng > 1 else 0
+    return head + 2 * 2 * C["ATT_KP"] * (D + 8) * 2 + merge
 
 # --- linear tile geometry (device_kernels/ops/linear.cuh): the packer (runtime/packer.py) and the planner's
 # simulator (planner/simulate.py) both call linear_geometry, so the rows per pass are defined once ------------

@@ -256,14 +256,22 @@ class TaskPacker:
         if self.D % 8 or self.D > d_max:
             raise ValueError(f"the megakernel's attention copies K/V rows in 16-byte pieces: head_dim must be a multiple "
                              f"of 8 and <= {d_max} (got {self.D}); use backend='torch' for this model")
-        self._need(L.att_smem_bytes(self.D))   # attention.cuh's layout
+        ng = p.get("ng", 1)
+        direct = int(bool(p.get("fold")) and p["splits"] == 1 and attn_direct())
+        if ng > 1 and not direct:
+            raise ValueError(f"an attention task of {ng} KV groups (Tiling.attn_groups / MPK_ATT_GROUPS) writes its "
+                             f"outputs directly: it needs one split, the folded merge and MPK_ATT_DIRECT on")
+        if ng * p["gs"] > L.CONSTANTS["MAX_GS"]:
+            raise ValueError(f"an attention task holds at most {L.CONSTANTS['MAX_GS']} q heads: {ng} groups of "
+                             f"{p['gs']} do not fit (Tiling.attn_g keeps to it)")
+        self._need(L.att_smem_bytes(self.D, ng=ng))   # attention.cuh's layout
         return dict(self._attn_common(p), q=self._t(p["q"]), k_cache=kc.data_ptr(),
                     v_cache=self.mem.kv(p["v_cache"]).data_ptr(), part=self._t(p["part"]), lse=self._t(p["lse"]),
                     split=p["split"], n_kv=kc.shape[2], scale=f32_bits(p["scale"]),
                     out=self._t(p["out"]) if p.get("fold") else 0,
                     ticket=(self.tickets.data_ptr() + 8 * self._ticket_of[(self._task.op, p["b"], p["g"])]
                             if p.get("fold") else 0),
-                    direct=int(bool(p.get("fold")) and p["splits"] == 1 and attn_direct()))
+                    direct=direct, ng=ng)
 
     def _pack_attn_merge(self, p):
         return dict(self._attn_common(p), part=self._t(p["part"]), lse=self._t(p["lse"]), out=self._t(p["out"]))

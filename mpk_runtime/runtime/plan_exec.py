@@ -24,6 +24,7 @@ keeps the captured dicts (their tensors live in the shared pool) for as long as 
 """
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
@@ -39,9 +40,13 @@ from .torch_exec import ConventionalExecutor, compile_segments
 
 
 def _tiling(d: dict, num_sms: int | None) -> Tiling:
+    """A plan segment's Tiling; MPK_ATT_GROUPS set in the environment (an A/B switch, not yet a planner choice)
+    overrides the value the plan was made with (plan books are cached on disk)."""
     d = dict(d)
     if num_sms:
         d["num_sms"] = num_sms
+    if os.environ.get("MPK_ATT_GROUPS", "").strip():
+        d.pop("attn_groups", None)
     return Tiling(**d)
 
 

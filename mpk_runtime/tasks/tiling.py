@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..envflags import env_flag
+from ..envflags import env_flag, env_int
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,10 @@ class Tiling:
     # decides which), instead of a separate attn_merge task: one dependent phase fewer per layer. On unless
     # $MPK_ATTN_FOLD=0 (measured session 12: B=1 -0.6% both models, B=8 within noise; docs/perf-notes.md v23).
     attn_fold_merge: bool = field(default_factory=lambda: env_flag("MPK_ATTN_FOLD", default=True))
+    # attention: KV groups of one sequence per attn_partial task where the keys are not split (one split, folded):
+    # the task fetches the page table and q once and runs the groups' passes as one pipeline. 1 unless
+    # $MPK_ATT_GROUPS (session 16, not yet measured: docs/perf-notes.md; needs MPK_ATT_DIRECT on)
+    attn_groups: int = field(default_factory=lambda: env_int("MPK_ATT_GROUPS", 1, 1, 8))
 
     def linear_n(self, graph, op, N: int) -> int:
         if self.linear_cols:
@@ -41,6 +45,16 @@ class Tiling:
         with one wave of head parts, so the layer's qkv weights stream on ~all SMs instead of one per head."""
         p = self.qkv_parts or max(1, self.num_sms // max(1, heads))
         return max(1, min(p, pairs // 4 if pairs >= 4 else 1))
+
+    def attn_g(self, splits: int, gs: int, n_kv: int, max_gs: int = 8) -> int:
+        """KV groups per attn_partial task: attn_groups where the keys are one split of a folded merge, as many as
+        fit in a task's q heads (max_gs, codegen MAX_GS) and divide the rank's KV heads; else 1."""
+        if splits != 1 or not self.attn_fold_merge:
+            return 1
+        n = max(1, min(self.attn_groups, max_gs // max(1, gs), n_kv))
+        while n_kv % n:
+            n -= 1
+        return n
 
     def argmax_t(self, slices: int) -> int:
         """argmax_partial tasks per rank: a divisor of the op's vocabulary slices."""

@@ -13,3 +13,14 @@ def test_long_context_attention_matches_pyvm(model, batch, ctx, splits, gpu_chec
     res = []
     r = gpu_check.check_long_context(model, batch, ctx, splits, res)
     assert r["ok"], r
+
+
+@pytest.mark.parametrize("model,batch,ctx", [("tiny-llama", 3, 700), ("tiny-qwen3", 2, 450)])
+def test_long_context_grouped_attention_matches_pyvm(model, batch, ctx, gpu_check, monkeypatch):
+    """MPK_ATT_GROUPS=2: several passes per group, the second group's first rows in flight during the first
+    group's last pass and merge (sequences of different lengths)."""
+    monkeypatch.setenv("MPK_ATT_DIRECT", "1")
+    monkeypatch.setenv("MPK_ATT_GROUPS", "2")
+    res = []
+    r = gpu_check.check_long_context(model, batch, ctx, 1, res)
+    assert r["ok"], r

@@ -71,3 +71,15 @@ def test_one_split_attention_with_and_without_the_direct_write(gpu_check, monkey
     res = []
     gpu_check.check_correct("tiny-qwen3", 8, 8, res, splits=1)
     assert res[-1]["ok"], res[-1]
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])
+def test_grouped_attention_tasks(gpu_check, monkeypatch, model):
+    """MPK_ATT_GROUPS=2 (Tiling.attn_groups): one task per two KV groups of a sequence, their passes one pipeline,
+    the page table and q fetched once, all but the last group merged in a region of its own: matches pyvm."""
+    monkeypatch.setenv("MPK_ATT_DIRECT", "1")
+    monkeypatch.setenv("MPK_ATT_GROUPS", "2")
+    res = []
+    rig = gpu_check.check_correct(model, 8, 8, res, splits=1)
+    assert {t.params.get("ng", 1) for t in rig.tg.tasks if t.kind == "attn_partial"} == {2}
+    assert res[-1]["ok"], res[-1]

@@ -27,3 +27,43 @@ def test_direct_flag_packed_only_for_a_folded_single_split(monkeypatch, splits, 
     col = L.arg_index("attn_partial", "direct")
     rows = [int(tasks[t.id][col]) for t in tg.tasks if t.kind == "attn_partial"]
     assert rows and all(r == want for r in rows)
+
+
+@pytest.mark.parametrize("direct_env,groups", [("1", 2), ("0", 2), ("1", 1)])
+def test_grouped_attention_tasks_are_packed_with_their_group_count_and_need_the_direct_write(monkeypatch, direct_env,
+                                                                                              groups):
+    """Tiling.attn_groups: the packed `ng` word is the task's group count, its smem need covers the merge region,
+    and a grouped task without the direct write is refused with what to change."""
+    monkeypatch.setenv("MPK_ATT_DIRECT", direct_env)
+    cfg = load_config("tiny-llama")
+    g = build_graph(cfg, mode="decode", batch=2, context_len=0, max_seq_len=64, tp=1, rank=0, attn_splits=1,
+                    dtype="bfloat16")
+    tg = build_task_graphs([g], Tiling(num_sms=8, attn_fold_merge=True, attn_groups=groups))[0]
+    kv = KVStore(cfg.num_layers, 9, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    mem = RankMemory(g, get_weights("tiny-llama", cfg, seed=0, dtype="bfloat16"), kv)
+    packer = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu")
+    if groups > 1 and direct_env == "0":
+        with pytest.raises(ValueError, match="MPK_ATT_DIRECT"):
+            packer.pack()
+        return
+    tasks = packer.pack()[0]
+    col = L.arg_index("attn_partial", "ng")
+    rows = [int(tasks[t.id][col]) for t in tg.tasks if t.kind == "attn_partial"]
+    assert rows and set(rows) == {groups}
+    assert len(rows) * groups == 2 * cfg.num_kv_heads * cfg.num_layers
+    assert packer.smem >= L.att_smem_bytes(cfg.head_dim, ng=groups) > (L.att_smem_bytes(cfg.head_dim)
+                                                                          if groups > 1 else 0)
+
+
+def test_att_groups_env_overrides_a_cached_plans_tiling(monkeypatch):
+    """A plan book on disk carries its tiling; MPK_ATT_GROUPS (the A/B switch) still applies to it, and a bad value
+    is refused with the variable's name."""
+    from mpk_runtime.runtime.plan_exec import _tiling
+    d = Tiling(num_sms=8, attn_groups=1).to_dict()
+    monkeypatch.delenv("MPK_ATT_GROUPS", raising=False)
+    assert _tiling(d, None).attn_groups == 1
+    monkeypatch.setenv("MPK_ATT_GROUPS", "2")
+    assert _tiling(d, 16).attn_groups == 2 and _tiling(d, 16).num_sms == 16
+    monkeypatch.setenv("MPK_ATT_GROUPS", "two")
+    with pytest.raises(ValueError, match="MPK_ATT_GROUPS"):
+        _tiling(d, None)

@@ -217,6 +217,32 @@ def test_folded_attention_merge_matches_the_reference_and_the_unfolded_graph(cfg
         assert torch.equal(got, plain[s])
 
 
+@pytest.mark.parametrize("cfg,tp,batch", [(PRESETS["tiny-llama"], 1, 4), (PRESETS["tiny-qwen3"], 2, 3), (ODD, 1, 2)],
+                         ids=lambda x: getattr(x, "name", x))
+@pytest.mark.parametrize("mode", ["random", "threads"])
+def test_grouped_attention_tasks_match_one_group_per_task(cfg, tp, batch, mode):
+    """Tiling.attn_groups (one split, folded): an attn_partial covers several KV groups of a sequence; the
+    reference's logits, and exactly those of one group per task, in random interleavings and threads mode."""
+    def grouped(n, seed):
+        grp, *rest = setup(cfg, tp, batch, mode=mode, seed=seed)
+        grp.attn_splits = 1
+        grp.tiling = Tiling(**{**grp.tiling.to_dict(), "attn_fold_merge": True, "attn_groups": n})
+        grp._decode.clear()
+        return (grp, *rest)
+    grp, lens, tables, ref_logits, toks = grouped(1, 3)
+    plain = [grp.decode(toks[s].tolist(), [n + s for n in lens], tables) for s in range(3)]
+    ggrp, *_ = grouped(8, 4)
+    tasks = [t for g in ggrp.decode_vm(batch)[2].graphs for t in g.tasks if t.kind == "attn_partial"]
+    n_kv = cfg.num_kv_heads // tp
+    assert {t.params.get("ng", 1) for t in tasks} == {min(n_kv, 8 // (cfg.num_heads // cfg.num_kv_heads))}
+    assert len(tasks) * tasks[0].params.get("ng", 1) == batch * n_kv * tp * cfg.num_layers   # (1 KV head per rank: 1)
+    for s in range(3):
+        got = ggrp.decode(toks[s].tolist(), [n + s for n in lens], tables)
+        err = ((got - ref_logits[s]).abs().max() / ref_logits[s].abs().max()).item()
+        assert err <= 1e-5, f"step {s}: relative error {err}"
+        assert torch.equal(got, plain[s])
+
+
 @pytest.mark.parametrize("cfg,tp,batch", [(PRESETS["tiny-llama"], 2, 4), (PRESETS["tiny-qwen3"], 4, 1), (ODD, 2, 1)],
                          ids=lambda x: getattr(x, "name", x))
 @pytest.mark.parametrize("mode", ["random", "threads"])

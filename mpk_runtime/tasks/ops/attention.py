@@ -8,6 +8,8 @@ Folded (Tiling.attn_fold_merge): no attn_merge tasks; every partial of a group d
 written, counts itself on the group's ticket (monotonic, never reset: step k's partials take tickets
 kS .. kS + S - 1) after writing its chunk, and the one that takes the group's last ticket merges the group, in the
 same arithmetic order as attn_merge, before it signals. Consumers of the output wait on all the group's partials.
+Grouped (Tiling.attn_g > 1: one split, folded): one attn_partial covers KV groups g .. g + ng - 1 of a sequence
+(params g, ng), each group computed as its own task would; on the device the groups' passes run as one pipeline.
 """
 from __future__ import annotations
 
@@ -29,34 +31,38 @@ def decompose(op, graph, tiling, rank):
     kv_bytes = int((graph.context_len + T) * D * eb * 2 / S)
     base = {k: a[k] for k in ("q", "k_cache", "v_cache", "part", "lse", "out", "scale", "splits", "layer")}
     fold = tiling.attn_fold_merge
+    ng = tiling.attn_g(S, gs, a["n_kv"])
     tasks, merges = [], []
     for b in range(B):
         m0, m1 = b * T, (b + 1) * T
-        for g in range(a["n_kv"]):
-            h0, h1 = g * gs, (g + 1) * gs
+        for g in range(0, a["n_kv"], ng):
+            h0, h1 = g * gs, (g + ng) * gs
             for s in range(S):
                 writes = [Region(a["part"], rank, ((m0, m1), (h0, h1), (s, s + 1))),
                           Region(a["lse"], rank, ((m0, m1), (h0, h1), (s, s + 1)))]
                 if fold:   # (the group's other chunks, read by the merging partial, are ordered by the ticket)
                     writes.append(Region(a["out"], rank, ((m0, m1), (h0 * D, h1 * D))))
                 tasks.append(Task(-1, rank, "attn_partial", op.name,
-                                  {**base, "b": b, "g": g, "split": s, "gs": gs, "fold": fold},
+                                  {**base, "b": b, "g": g, "split": s, "gs": gs, "fold": fold,
+                                   **({"ng": ng} if ng > 1 else {})},
                                   reads=[Region(a["q"], rank, ((m0, m1), (h0 * D, h1 * D))),
-                                         Region(a["k_cache"], rank, ((b, b + 1), (g, g + 1))),
-                                         Region(a["v_cache"], rank, ((b, b + 1), (g, g + 1)))],
+                                         Region(a["k_cache"], rank, ((b, b + 1), (g, g + ng))),
+                                         Region(a["v_cache"], rank, ((b, b + 1), (g, g + ng)))],
                                   writes=writes,
                                   # folded: every partial is priced with the whole merge (the one that merges
                                   # is the group's last, the one on the critical path)
-                                  est_bytes=kv_bytes + T * gs * D * eb + (T * gs * D * (4 * S + eb) if fold else 0),
-                                  est_flops=4 * T * gs * D * (graph.context_len + T) // S
-                                  + (3 * T * gs * D * S if fold else 0)))
-            if fold:
-                continue
+                                  est_bytes=ng * (kv_bytes + T * gs * D * eb + (T * gs * D * (4 * S + eb) if fold else 0)),
+                                  est_flops=ng * (4 * T * gs * D * (graph.context_len + T) // S
+                                                  + (3 * T * gs * D * S if fold else 0))))
+        if fold:
+            continue
+        for g in range(a["n_kv"]):
+            h0, h1 = g * gs, (g + 1) * gs
             merges.append(Task(-1, rank, "attn_merge", op.name, {**base, "b": b, "g": g, "gs": gs},
-                              reads=[Region(a["part"], rank, ((m0, m1), (h0, h1))),
-                                     Region(a["lse"], rank, ((m0, m1), (h0, h1)))],
-                              writes=[Region(a["out"], rank, ((m0, m1), (h0 * D, h1 * D)))],
-                              est_bytes=T * gs * D * (4 * S + eb), est_flops=3 * T * gs * D * S))
+                               reads=[Region(a["part"], rank, ((m0, m1), (h0, h1))),
+                                      Region(a["lse"], rank, ((m0, m1), (h0, h1)))],
+                               writes=[Region(a["out"], rank, ((m0, m1), (h0 * D, h1 * D)))],
+                               est_bytes=T * gs * D * (4 * S + eb), est_flops=3 * T * gs * D * S))
     return tasks + merges
 
 
@@ -69,20 +75,21 @@ def _keys(cache: torch.Tensor, table: torch.Tensor, lo: int, hi: int, page_size:
 @task_kind("attn_partial")
 def execute_partial(task, mem, ctx):
     p = task.params
-    b, g, s, gs, S = p["b"], p["g"], p["split"], p["gs"], p["splits"]
+    b, s, gs, S = p["b"], p["split"], p["gs"], p["splits"]
     T, D = ctx.tokens_per_seq, ctx.config.head_dim
     m0 = b * T
     part, lse = mem.t(p["part"]), mem.t(p["lse"])
     pos0 = int(ctx.pos[b])
     L = pos0 + T
     lo, hi = (L * s) // S, (L * (s + 1)) // S
-    if pos0 < 0 or hi <= lo:  # inactive sequence or empty chunk: contributes nothing to the merge
-        part[m0:m0 + T, g * gs:(g + 1) * gs, s] = 0
-        lse[m0:m0 + T, g * gs:(g + 1) * gs, s] = float("-inf")
-    else:
-        _partial_chunk(p, mem, ctx, b, g, s, gs, S, T, D, m0, pos0, lo, hi, part, lse)
-    if p.get("fold") and ctx.take_ticket((task.op, b, g)) % S == S - 1:   # the group's last chunk: merge it
-        _merge(p, mem, ctx, b, g, gs)
+    for g in range(p["g"], p["g"] + p.get("ng", 1)):   # each of the task's KV groups as its own task would
+        if pos0 < 0 or hi <= lo:  # inactive sequence or empty chunk: contributes nothing to the merge
+            part[m0:m0 + T, g * gs:(g + 1) * gs, s] = 0
+            lse[m0:m0 + T, g * gs:(g + 1) * gs, s] = float("-inf")
+        else:
+            _partial_chunk(p, mem, ctx, b, g, s, gs, S, T, D, m0, pos0, lo, hi, part, lse)
+        if p.get("fold") and ctx.take_ticket((task.op, b, g)) % S == S - 1:   # the group's last chunk: merge it
+            _merge(p, mem, ctx, b, g, gs)
 
 
 def _partial_chunk(p, mem, ctx, b, g, s, gs, S, T, D, m0, pos0, lo, hi, part, lse):
