@@ -38,7 +38,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log pytest_gpu_warp.log pytest_gpu_groups.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log pytest_gpu_warp.log pytest_gpu_groups.log pytest_gpu_silu_kv.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -94,10 +94,15 @@ for k in 1 2; do
       --contexts 512 --no-peers --budget-s 90 > "$OUT/bench/cons$k/bench.log" 2>&1
   grep planned "$OUT/bench/cons$k/bench.log" | sed "s/^/[bench $k] /"; snap
 done
-d="$OUT/val/silu1"; mkdir -p "$d"   # MPK_CONV_FUSE_SILU=1 against cons2's default (prediction: llama B=32 ~-2%)
-MPK_CONV_FUSE_SILU=1 timeout 100 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 32,128 \
-    --families attn-mk --budget-s 90 --out "$d" > "$d/validate.log" 2>&1
-grep -h measured_us "$d/validate.log" | cut -c1-160 | sed "s/^/[silu=1] /"; snap
+# MPK_CONV_FUSE_SILU=1 and MPK_CONV_FUSE_KV=1 against cons2's default (predictions: llama B=32 ~-2% and ~-4%)
+MPK_CONV_FUSE_SILU=1 MPK_CONV_FUSE_KV=1 timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_engine_plans.py \
+    > "$OUT/pytest_gpu_silu_kv.log" 2>&1; grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_silu_kv.log" | tail -3
+for SK in "1 0" "0 1" "1 1"; do
+  set -- $SK; d="$OUT/val/silu$1_kv$2"; mkdir -p "$d"
+  MPK_CONV_FUSE_SILU=$1 MPK_CONV_FUSE_KV=$2 timeout 100 python3 scripts/validate_planner.py --tp 1 --context 512 \
+      --batches 32,128 --families attn-mk --budget-s 90 --out "$d" > "$d/validate.log" 2>&1
+  grep -h measured_us "$d/validate.log" | cut -c1-160 | sed "s/^/[silu=$1 kv=$2] /"; snap
+done
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
 OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \
