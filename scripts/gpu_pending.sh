@@ -7,6 +7,7 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh warpab   # stage 3d' (one GPU): default vs the warp pipe, B=1..128
 #     OUT=$OUT bash scripts/gpu_pending.sh groupab  # stage 3d'' (one GPU): MPK_ATT_GROUPS=2 without / with the warp pipe
 #     OUT=$OUT bash scripts/gpu_pending.sh consistency   # stage 3e (one GPU): validate_planner vs bench_decode, same point
+#     OUT=$OUT bash scripts/gpu_pending.sh fuse2    # stage 3f (one GPU): MPK_CONV_FUSE_SILU / MPK_CONV_FUSE_KV tests + A/B
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): attention's stage stamps at B=32, 128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
@@ -27,6 +28,8 @@
 #     suspect: the fused norm compiled with every dim dynamic took 338 us per B=32 step after the tiny GPU-test configs
 #     compiled first (82 us in session 15); since session 16 only the rows are dynamic (compile_rows_dynamic). First
 #     the norm's time after the tests compiled first, then validate and bench on the same points back to back, twice
+#  3f (mode fuse2) MPK_CONV_FUSE_SILU=1 (SiLU-and-mul one kernel) and MPK_CONV_FUSE_KV=1 (the cache appends in the
+#     q/k tail kernel): the engine-plan GPU tests with both, then validate attn-mk B=32,128 with (0,0), (1,0), (0,1), (1,1)
 #  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command (session 16:
 #     48105cf with the three switches on = the defaults of 6524c80, bench/results/s16)
 #  5. (2 GPUs) bench_allreduce.py: the LL candidate beside the signal protocol and NCCL (16 KiB target <= 3 us)
@@ -94,7 +97,12 @@ for k in 1 2; do
       --contexts 512 --no-peers --budget-s 90 > "$OUT/bench/cons$k/bench.log" 2>&1
   grep planned "$OUT/bench/cons$k/bench.log" | sed "s/^/[bench $k] /"; snap
 done
-# MPK_CONV_FUSE_SILU=1 and MPK_CONV_FUSE_KV=1 against cons2's default (predictions: llama B=32 ~-2% and ~-4%)
+elif [ "$MODE" = fuse2 ]; then
+st "3f MPK_CONV_FUSE_SILU=1 and MPK_CONV_FUSE_KV=1 (predictions: llama B=32 ~-2% and ~-4%): tests, then A/B"
+mkdir -p "$OUT/val/silu0_kv0"
+timeout 100 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 32,128 --families attn-mk \
+    --budget-s 90 --out "$OUT/val/silu0_kv0" > "$OUT/val/silu0_kv0/validate.log" 2>&1
+grep -h measured_us "$OUT/val/silu0_kv0/validate.log" | cut -c1-160 | sed "s/^/[silu=0 kv=0] /"
 MPK_CONV_FUSE_SILU=1 MPK_CONV_FUSE_KV=1 timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_engine_plans.py \
     > "$OUT/pytest_gpu_silu_kv.log" 2>&1; grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_silu_kv.log" | tail -3
 for SK in "1 0" "0 1" "1 1"; do
