@@ -292,6 +292,8 @@ def main():
             for B in ((1,) if args.quick else (1, 8)):
                 sections.append((f"correct {m} B={B}", lambda m=m, B=B: check_correct(m, B, 4 if args.quick else args.steps, res)))
             sections.append((f"correct {m} B=1 splits=4", lambda m=m: check_correct(m, 1, 8, res, splits=4)))
+            # one split: the direct write, and grouped tasks under MPK_ATT_GROUPS (what batches >= ~17 run)
+            sections.append((f"correct {m} B=4 splits=1", lambda m=m: check_correct(m, 4, 4, res, splits=1)))
     if not args.quick:
         sections.append(("trace", lambda: trace_tiny(res)))
         if "llama-3.2-1b" in args.models:

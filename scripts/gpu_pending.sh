@@ -8,9 +8,13 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh groupab  # stage 3d'' (one GPU): MPK_ATT_GROUPS=2 without / with the warp pipe
 #     OUT=$OUT bash scripts/gpu_pending.sh consistency   # stage 3e (one GPU): validate_planner vs bench_decode, same point
 #     OUT=$OUT bash scripts/gpu_pending.sh fuse2    # stage 3f (one GPU): MPK_CONV_FUSE_SILU / MPK_CONV_FUSE_KV tests + A/B
+#     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck, warp pipe + groups
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): attention's stage stamps at B=32, 128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
+# Order for a 30-minute session (one GPU): one (~5 min: it also checks session 16's restructured attention on the
+# default path and the rows-only compile), warp (~6), consistency (~7), fuse2 (~5), then warpab / groupab (~5-8 each)
+# for what passed; the bench table (MODELS=... bench) when the defaults change; san when time is left.
 #  1. tests/gpu (34 passed at 48105cf with MPK_CONV_FUSE_ROPE/PROJ=1; the session-16 defaults at 6524c80: 23 passed,
 #     none failed, before the command's 110 s limit on a cold compile cache - give it 150 s)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile (session 16: 24 / 54 / 204 us
@@ -40,8 +44,8 @@
 set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
-mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench pytest_gpu.log pytest_gpu_warp.log pytest_gpu_groups.log pytest_gpu_silu_kv.log 2>/dev/null; }
+mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san}
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san pytest_gpu.log pytest_gpu_warp.log pytest_gpu_groups.log pytest_gpu_silu_kv.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -68,6 +72,9 @@ grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_groups.log" | tail -6; snap
 MPK_ATT_GROUPS=2 MPK_NVCC_DEFINES="-DMPK_ATT_WARP_PIPE=1 -DMPK_STAGE_WORDS=12" OUT="$OUT/bench/warp_stamps" timeout 100 \
     python3 scripts/bench_decode.py --models llama-3.2-1b --batches 32,128 --contexts 512 --mk-max-batch 128 --no-peers \
     --no-planned --trace --budget-s 90 > "$OUT/bench/warp_stamps.log" 2>&1; tail -4 "$OUT/bench/warp_stamps.log"; snap
+elif [ "$MODE" = san ]; then
+st "3g compute-sanitizer memcheck + racecheck with the warp pipe and grouped attention (tiny configs, incl. one split)"
+MPK_ATT_GROUPS=2 MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=1 OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
 elif [ "$MODE" = warpab ] || [ "$MODE" = groupab ]; then
 # warpab: default vs -DMPK_ATT_WARP_PIPE=1 (one megakernel at B=1,8, the planned attn-mk at B=32,128; ctx 512, 4096)
 # groupab: MPK_ATT_GROUPS=2 without and with the warp pipe (B=32,128, where the keys are one split)
