@@ -1,4 +1,4 @@
-"""CPU tests of the pure parts of `scripts/bench_decode.py --tp 2` and `scripts/_tp_rig.py`: the TP gpt-fast
+"""CPU tests of the pure parts of `scripts/bench_decode.py --tp 2` (scripts/_bench_tp.py) and `scripts/_tp_rig.py`: the TP gpt-fast
 peer's sharding (TP=2 simulated by two threads with an in-process all-reduce equals TP=1), per-rank weight
 bytes, the exposed-communication trace analysis, the store-based agreement and the rank loop's bookkeeping
 (skips, a failing cell, the summary) with fake cells."""
@@ -15,6 +15,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+import _bench_tp  # noqa: E402
 import _tp_rig  # noqa: E402
 import bench_decode  # noqa: E402
 
@@ -236,8 +237,8 @@ def test_rank_loop_records_skips_and_failures(tmp_path, monkeypatch):
 
     import torch.distributed as dist
     store = dist.PrefixStore("y", dist.HashStore())
-    monkeypatch.setattr(bench_decode, "_default_store", lambda d: store)
-    monkeypatch.setattr(bench_decode.gc, "collect", lambda *a: 0)   # 2 threads x 12 cells of full collections
+    monkeypatch.setattr(_bench_tp, "_default_store", lambda d: store)
+    monkeypatch.setattr(_bench_tp.gc, "collect", lambda *a: 0)   # 2 threads x 12 cells of full collections
 
     def mk(tctx, heap, cell, cfg, wts, opts):
         return dict(ms=1.0 + tctx.rank * 0.1, ms_min=0.9, comm={"rank": tctx.rank, "step_us": 1000.0,
@@ -252,7 +253,7 @@ def test_rank_loop_records_skips_and_failures(tmp_path, monkeypatch):
             raise RuntimeError("boom on rank 1")
         return dict(ms=2.0, ms_pipelined=1.8)
 
-    monkeypatch.setattr(bench_decode, "CELL_FNS", {"megakernel_tp2": mk, "megakernel": one, "gptfast_tp2": peer})
+    monkeypatch.setattr(_bench_tp, "CELL_FNS", {"megakernel_tp2": mk, "megakernel": one, "gptfast_tp2": peer})
 
     class Ctx:
         def __init__(self, r):
@@ -265,14 +266,14 @@ def test_rank_loop_records_skips_and_failures(tmp_path, monkeypatch):
             return dist
 
     models = ["llama-3.2-1b", "qwen3-8b"]
-    cells = bench_decode.tp_cells(models, [1, 8], 512, {1}, {m: load_config(m).num_layers for m in models},
+    cells = _bench_tp.tp_cells(models, [1, 8], 512, {1}, {m: load_config(m).num_layers for m in models},
                                   peer_batches={1})
     assert [c["system"] for c in cells[:6]] == ["megakernel_tp2", "megakernel"] * 2 + ["gptfast_tp2"] * 2
     for c in cells[6:]:
         c["est_s"] = 1e6                                  # B=8: never fits
     opts = dict(t0=time.time(), steps_per_launch=8, launches=12, sync_timeout_s=30)
     rows_path = tmp_path / "rows.json"
-    _threads(lambda r: bench_decode.tp_rank_main(Ctx(r), cells, time.time() + 100, opts, str(rows_path)))
+    _threads(lambda r: _bench_tp.tp_rank_main(Ctx(r), cells, time.time() + 100, opts, str(rows_path)))
     state = json.loads(rows_path.read_text())
     rows = state["rows"]
     assert [r["cell"] for r in rows] == list(range(len(cells)))
@@ -284,18 +285,19 @@ def test_rank_loop_records_skips_and_failures(tmp_path, monkeypatch):
     assert by[("megakernel", "qwen3-8b", 1)]["ms"] == 1.5
     assert "boom on rank 1" in by[("gptfast_tp2", "qwen3-8b", 1)]["status"]
     assert by[("megakernel_tp2", "qwen3-8b", 8)]["status"].startswith("skipped (time budget")
-    summ = bench_decode.summarize_tp(rows)
+    summ = _bench_tp.summarize_tp(rows)
     s = [x for x in summ if x["model"] == "llama-3.2-1b" and x["batch"] == 1][0]
     assert s["peer_over_megakernel_tp2"] == pytest.approx(2.0 / 1.1)
     assert s["megakernel_1gpu_over_tp2"] == pytest.approx(1.5 / 1.1)
     assert s["comm"][1]["allreduce_exposed_us"] == 100.0
-    bench_decode.print_tp(rows, summ)
+    _bench_tp.print_tp(rows, summ)
 
 
 def test_cli_without_gpus_records_every_cell(tmp_path, monkeypatch):
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has GPUs: the script would run")
     monkeypatch.setattr(bench_decode, "OUT", tmp_path)
+    monkeypatch.setattr(_bench_tp, "OUT", tmp_path)
     monkeypatch.setattr(sys, "argv", ["bench_decode.py", "--tp", "2", "--budget-s", "5"])
     bench_decode.main()
     d = json.loads((tmp_path / "bench_decode_tp2.json").read_text())

@@ -1,0 +1,124 @@
+"""What scripts/bench_decode.py's one-GPU run and its --tp 2 run (scripts/_bench_tp.py) share: the floor, the log,
+and the one-GPU megakernel measurement (bench_megakernel, with its optional trace and stage stamps)."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+HBM = 4.55e12
+OUT = Path(os.environ.get("OUT") or "gpu_out")
+T0 = time.time()   # the run's start (a --tp 2 rank process sets it to its parent's)
+
+
+def log(*a):
+    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
+
+
+def _ints(csv: str) -> list[int]:
+    """'1,8' -> [1, 8]; '' -> [] (a peer switched off)."""
+    return [int(x) for x in csv.split(",") if x.strip()]
+
+
+def floor_ms(cfg) -> tuple[float, int]:
+    from mpk_runtime.models.weights import weight_shapes
+    n = 0
+    for name, shape in weight_shapes(cfg).items():
+        k = 1
+        for s in shape:
+            k *= s
+        if name.endswith("embed_tokens.weight") and not cfg.tie_word_embeddings:
+            continue
+        n += 2 * k
+    return n / HBM * 1e3, n
+
+
+# ------------------------------------------------------------------------------------------------ megakernel
+def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False, splits=None, l2_prefetch_mb=0.0,
+                     waves=1.0):
+    """ms per step of the one-GPU megakernel. trace: one extra traced launch after the timed ones (per-task
+    globaltimer, so the timed launches run untraced), its last two steps written as a Chrome trace under $OUT.
+    splits: attention key splits (default tasks.tiling.attn_splits_for: fill the SMs). l2_prefetch_mb: Tiling's
+    per-layer weight prefetch into L2 during attention (tasks/ops/prefetch.py; 0 = off). waves: Tiling.waves
+    (linear tiles per SM per op; 2 puts two tiles of one op back to back on an SM)."""
+    from mpk_runtime.ir.build import build_graph
+    from mpk_runtime.models.config import load_config
+    from mpk_runtime.models.reference import rope_inv_freq
+    from mpk_runtime.runtime.megakernel import Megakernel
+    from mpk_runtime.runtime.memory import KVStore, RankMemory
+    from mpk_runtime.tasks.build import build_task_graphs
+    from mpk_runtime.tasks.tiling import Tiling, attn_splits_for
+    cfg = load_config(model)
+    ps = 16
+    max_seq = ctx + nsteps + 16
+    S = splits or attn_splits_for(B, cfg.num_kv_heads, ctx)
+    t = time.time()
+    g = build_graph(cfg, mode="decode", batch=B, context_len=ctx, max_seq_len=max_seq, attn_splits=S, dtype="bfloat16")
+    tg = build_task_graphs([g], Tiling(num_sms=torch.cuda.get_device_properties(0).multi_processor_count,
+                                       l2_prefetch_mb=l2_prefetch_mb, waves=waves))[0]
+    pps = -(-max_seq // ps)
+    kv = KVStore(cfg.num_layers, B * pps + 1, ps, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16, device="cuda",
+                 poison=False)
+    for c in kv.k + kv.v:
+        c.normal_(0, 1.0)
+    mem = RankMemory(g, weights, kv, device="cuda")
+    tables = (torch.arange(B * pps) + 1).view(B, pps).to("cuda")
+    pos = torch.full((B,), ctx, dtype=torch.int64, device="cuda")
+    mk = Megakernel(tg, mem, page_size=ps, block_tables=tables, pos=pos, inv_freq=rope_inv_freq(cfg),
+                    head_dim=cfg.head_dim, timeout_s=5.0, trace_steps=nsteps if trace else 0)
+    mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B,)))
+    setup = time.time() - t
+    from _tp_rig import set_trace, time_launches
+    if trace:
+        set_trace(mk, 0)
+    ms, ms_min = time_launches(mk, pos, torch.full((B,), ctx, dtype=torch.int64, device="cuda"), nsteps, launches)
+    extra = {}
+    if trace:
+        set_trace(mk, nsteps)
+        mk.trace.zero_()
+        pos.fill_(ctx); mk.launch(nsteps); torch.cuda.synchronize(); mk.check()
+        d = mk.chrome_trace()
+        d["traceEvents"] = [e for e in d["traceEvents"] if e["args"]["step"] >= nsteps - 2]
+        name = f"trace_{model}_b{B}_c{ctx}_s{S}" + (f"_w{waves:g}" if waves != 1.0 else "") + ".json.gz"
+        with gzip.open(OUT / name, "wt") as f:
+            json.dump(d, f)
+        extra["chrome_trace"] = name
+        if mk.stage_words:
+            extra["stages"] = stage_summary(mk, nsteps - 1, OUT / name.replace("trace_", "stages_"))
+    r = dict(**extra, system="megakernel", ms=ms, ms_min=ms_min, timing=f"{nsteps} steps per launch / {nsteps}, "
+             f"median of {launches} synchronised launches", attn_splits=S, l2_prefetch_mb=l2_prefetch_mb,
+             waves=waves, tasks=len(tg.tasks),
+             setup_s=round(setup, 1), registers=mk.build.resources)
+    del mk, mem, kv
+    return r
+
+
+def stage_summary(mk, step: int, path) -> dict:
+    """Per op (layer prefix dropped): median us from the task's start (after its waits) to each stage stamp of a
+    -DMPK_STAGE_WORDS build, over the tasks of one traced step; the raw rows go to `path` (.json.gz)."""
+    import statistics
+    st = mk.stage_stamps()[step]
+    tr = mk.trace_times()[step]
+    rows, by = [], {}
+    for t in mk.tg.tasks:
+        a, b = int(tr[t.id, 0]), int(tr[t.id, 1])
+        if not (a and b):
+            continue
+        ks = [int(v) for v in st[t.id]]
+        rows.append([t.id, t.kind, t.op, t.sm, a, b, ks])
+        key = f"{t.kind}:{t.op.split('.', 1)[-1]}"
+        d = by.setdefault(key, {"n": 0, "dur": [], "stages": [[] for _ in ks]})
+        d["n"] += 1
+        d["dur"].append((b - a) / 1e3)
+        for k, v in enumerate(ks):
+            if v:
+                d["stages"][k].append((v - a) / 1e3)
+    with gzip.open(path, "wt") as f:
+        json.dump({"stage_words": mk.stage_words, "step": step, "rows": rows}, f)
+    return {k: {"n": d["n"], "dur_us": round(statistics.median(d["dur"]), 3),
+                "stage_us": [round(statistics.median(x), 3) if x else None for x in d["stages"]]}
+            for k, d in by.items()}
