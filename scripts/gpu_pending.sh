@@ -11,6 +11,7 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck, warp pipe + groups
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): attention's stage stamps at B=32, 128
+#     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
 # Order for a 30-minute session (one GPU): one (~5 min: it also checks session 16's restructured attention on the
 # default path and the rows-only compile), warp (~6), consistency (~7), fuse2 (~5), then warpab / groupab (~5-8 each)
@@ -123,6 +124,12 @@ st "4 bench_decode with both peers"
 OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \
     --contexts 512,4096 --mk-max-batch 128 --peer-batches 1,8,32,128 --hf-batches 1,8,32,128 --budget-s 540 > "$OUT/bench/bench.log" 2>&1
 grep -A30 "====" "$OUT/bench/bench.log" | head -40; snap
+elif [ "$MODE" = hf ]; then
+st "4c the HF peer alone at B=8,32,128 x ctx 512,4096 (qwen3-8b's were skipped by the bench's budget in session 16)"
+OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-qwen3-8b}" --batches 8,32,128 \
+    --contexts 512,4096 --mk-max-batch 0 --no-planned --peer-batches "" --hf-batches 8,32,128 --budget-s 540 \
+    > "$OUT/bench/hf.log" 2>&1
+grep -A12 "====" "$OUT/bench/hf.log"; snap
 elif [ "$MODE" = stamps ]; then
 st "4b attention at large batch: stage stamps of the one-megakernel step at B=32, 128 (where a pass's time goes)"
 MPK_NVCC_DEFINES=-DMPK_STAGE_WORDS=12 OUT="$OUT/bench" timeout 300 python3 scripts/bench_decode.py \
