@@ -54,6 +54,9 @@ def fuse_norm() -> bool:
     return env_flag("MPK_CONV_FUSE_NORM", default=True)
 
 
+RECOMPILE_LIMIT = 64   # graphs per compiled piece (per distinct width / head layout / dtype, x2 for one-row steps)
+
+
 def compile_rows_dynamic(fn, rows_args: tuple[int, ...], backend="inductor"):
     """fn through torch.compile with only the row count (dim 0 of the arguments at rows_args) dynamic: one compile per
     hidden size / head layout (plus one for a single row: dynamo specialises size 1), each reduction over a
@@ -68,7 +71,11 @@ def compile_rows_dynamic(fn, rows_args: tuple[int, ...], backend="inductor"):
     def call(*args):
         for i in rows_args:
             torch._dynamo.maybe_mark_dynamic(args[i], 0)
-        return compiled(*args)
+        # one graph per width is the point, so more than dynamo's default 8 per function (with fullgraph a hard
+        # error) is expected in a process that serves or tests several models / TP degrees: the limit is raised for
+        # these calls only (a call that compiles nothing costs the context's attribute swaps)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return compiled(*args)
     return call
 
 

@@ -157,3 +157,17 @@ def test_tail_with_the_cache_appends_writes_only_the_step_slots(qwen):
             c.view(-1, nkv, D)[slots] = y
         compiled(qr, kr, qn, kn, cos, sin_s, 1e-6, q_got, v, kc, vc, slots)
         assert torch.equal(q_got, q_ref) and torch.equal(kc, caches[0]) and torch.equal(vc, caches[1])
+
+
+def test_many_widths_in_one_process_compile_past_dynamo_s_default_limit():
+    """A process that tests or serves several models meets more widths than dynamo's default 8 graphs per function
+    (a hard error with fullgraph=True): compile_rows_dynamic raises the limit for its own calls only."""
+    torch._dynamo.reset()
+    before = torch._dynamo.config.recompile_limit
+    f = conventional_ops.compile_rows_dynamic(conventional_ops._rms_norm_fn, (0,), backend="eager")
+    for K in range(16, 16 * 14, 16):        # 13 widths, one- and many-row graphs each: 26 graphs
+        for M in (1, 6):
+            x, w = torch.randn(M, K), torch.randn(K)
+            assert torch.equal(f(x, w, 1e-6), conventional_ops._rms_norm_fn(x, w, 1e-6))
+    assert torch._dynamo.config.recompile_limit == before
+    torch._dynamo.reset()
