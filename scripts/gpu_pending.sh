@@ -89,6 +89,7 @@ for V in $VARS; do
       --batches $BS --contexts 512,4096 --mk-max-batch 8 --no-peers --budget-s 255 > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done
+python3 scripts/ab_table.py $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
 elif [ "$MODE" = consistency ]; then
 st "3e the norm kernel after tiny configs compiled first (rows-only dynamic compile), then validate vs bench, twice"
 timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu.log" 2>&1
@@ -119,6 +120,8 @@ for SK in "1 0" "0 1" "1 1"; do
       --batches 32,128 --families attn-mk --budget-s 90 --out "$d" > "$d/validate.log" 2>&1
   grep -h measured_us "$d/validate.log" | cut -c1-160 | sed "s/^/[silu=$1 kv=$2] /"; snap
 done
+python3 scripts/ab_table.py $(for v in silu0_kv0 silu1_kv0 silu0_kv1 silu1_kv1; do
+  echo "$v=$OUT/val/$v/planner_validation_rows.jsonl"; done)
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
 OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \
