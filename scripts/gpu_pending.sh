@@ -78,15 +78,15 @@ st "3g compute-sanitizer memcheck + racecheck with the warp pipe and grouped att
 MPK_ATT_GROUPS=2 MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=1 OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
 elif [ "$MODE" = warpab ] || [ "$MODE" = groupab ]; then
 # warpab: default vs -DMPK_ATT_WARP_PIPE=1 (one megakernel at B=1,8, the planned attn-mk at B=32,128; ctx 512, 4096)
-# groupab: MPK_ATT_GROUPS=2 without and with the warp pipe (B=32,128, where the keys are one split)
-if [ "$MODE" = warpab ]; then VARS="base warp"; BS=1,8,32,128; else VARS="groups warpgroups"; BS=32,128; fi
+# groupab: default, MPK_ATT_GROUPS=2, and both with the warp pipe (B=32,128, where the keys are one split)
+if [ "$MODE" = warpab ]; then VARS="base warp"; BS=1,8,32,128; LIM=270; else VARS="base groups warpgroups"; BS=32,128; LIM=185; fi
 st "3d' $MODE: $VARS"
 for V in $VARS; do
   case $V in base) D=""; G=1;; warp) D="-DMPK_ATT_WARP_PIPE=1"; G=1;; groups) D=""; G=2;;
              warpgroups) D="-DMPK_ATT_WARP_PIPE=1"; G=2;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
-  MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout 270 python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b \
-      --batches $BS --contexts 512,4096 --mk-max-batch 8 --no-peers --budget-s 255 > "$d/bench.log" 2>&1
+  MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b \
+      --batches $BS --contexts 512,4096 --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done
 python3 scripts/ab_table.py $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
