@@ -110,6 +110,9 @@ def _sync_all(ex, heap):
         heap.barrier()
 
 
+WARM_S = 0.3   # seconds of untimed replays before a plan's timed ones
+
+
 def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None) -> dict:
     """Step and per-segment times of one plan (ms lists), and how it ran."""
     heap = pt.heap
@@ -141,6 +144,13 @@ def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None) -> dict:
         ex.drop_graphs()
         torch.cuda.synchronize()
         info["exec"] = f"eager (capture failed: {type(e).__name__}: {str(e)[:200]})"
+    _sync_all(ex, heap)
+    # GPU warm-up before timing: ~WARM_S of replays (the count from the plan's price, so every TP rank runs as many).
+    # The timed replays followed seconds of host-side compile / capture with one untimed replay; session 16's
+    # validate rows sat 7-16% above bench_decode's planned rows for the same plans at B >= 32 (bench's cells run
+    # back to back after long megakernel cells): an idle-clock ramp is one suspect (gpu_pending.sh consistency)
+    for s in range(max(2, min(500, int(WARM_S * 1e6 / max(plan.predicted_us, 1.0))))):
+        ex.run(ctx_for)
     _sync_all(ex, heap)
     tot = []
     for s in range(steps + 1):
