@@ -31,8 +31,9 @@
 #  3e (mode consistency) the bench's planned column measured 7-16% below validate_planner's measurement of the same
 #     plan in session 16 (llama B=32 attn-mk 2.056 vs ~2.2 ms expected from validate); both call measure_plan. A
 #     suspect: the fused norm compiled with every dim dynamic took 338 us per B=32 step after the tiny GPU-test configs
-#     compiled first (82 us in session 15); since session 16 only the rows are dynamic (compile_rows_dynamic). First
-#     the norm's time after the tests compiled first, then validate and bench on the same points back to back, twice
+#     compiled first (82 us in session 15); since session 16 only the rows are dynamic (compile_rows_dynamic). Another:
+#     validate timed its replays right after seconds of host-side compile (idle clocks); it now replays ~0.3 s first.
+#     First the norm's time after the tests compiled first, then validate and bench on the same points, twice
 #  3f (mode fuse2) MPK_CONV_FUSE_SILU=1 (SiLU-and-mul one kernel) and MPK_CONV_FUSE_KV=1 (the cache appends in the
 #     q/k tail kernel): the engine-plan GPU tests with both, then validate attn-mk B=32,128 with (0,0), (1,0), (0,1), (1,1)
 #  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command (session 16:
