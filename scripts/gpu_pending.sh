@@ -6,6 +6,7 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh warp     # stage 3d (one GPU): MPK_ATT_WARP_PIPE / MPK_ATT_GROUPS tests + stamps
 #     OUT=$OUT bash scripts/gpu_pending.sh warpab   # stage 3d' (one GPU): default vs the warp pipe, B=1..128
 #     OUT=$OUT bash scripts/gpu_pending.sh groupab  # stage 3d'' (one GPU): MPK_ATT_GROUPS=2 without / with the warp pipe
+#     OUT=$OUT bash scripts/gpu_pending.sh stageab  # stage 3d* (one GPU): the warp pipe with 3 K/V stages, ctx 4096
 #     OUT=$OUT bash scripts/gpu_pending.sh consistency   # stage 3e (one GPU): validate_planner vs bench_decode, same point
 #     OUT=$OUT bash scripts/gpu_pending.sh fuse2    # stage 3f (one GPU): MPK_CONV_FUSE_SILU / MPK_CONV_FUSE_KV tests + A/B
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck, warp pipe + groups
@@ -27,7 +28,10 @@
 #     (bench_decode --no-peers: one megakernel at B=1,8, the planned attn-mk at B=32,128; ctx 512 / 4096).
 #     Predictions (docs/perf-notes.md session 16): warp pipe: a pass 1.75 -> ~1.0-1.2 us; llama B=128 ctx 512
 #     attention task ~11.5 -> ~9 us (attn-mk step -6..8%), qwen3-8b B=128 -8..10%; B=1 within 1%. Groups: ~3 us of
-#     per-task start saved per extra group: llama B=128 -7%, B=32 -3%; with the warp pipe about additive
+#     per-task start saved per extra group: llama B=128 -7%, B=32 -3%; with the warp pipe about additive.
+#     -DMPK_ATT_STAGES=3 (warp pipe only): two passes in flight per warp; a pass's 32 KB in flight per SM caps an SM at
+#     ~16 GB/s at ~2 us latency (~2.1 TB/s over 132 SMs): if the warp pipe alone stalls near that, 3 stages lift the
+#     cap (prediction: llama B=128 ctx 4096 attention -15..25% on top of the warp pipe, if it is memory-bound)
 #  3e (mode consistency) the bench's planned column measured 7-16% below validate_planner's measurement of the same
 #     plan in session 16 (llama B=32 attn-mk 2.056 vs ~2.2 ms expected from validate); both call measure_plan. A
 #     suspect: the fused norm compiled with every dim dynamic took 338 us per B=32 step after the tiny GPU-test configs
@@ -47,7 +51,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san pytest_gpu.log pytest_gpu_warp.log pytest_gpu_groups.log pytest_gpu_silu_kv.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san pytest_gpu.log pytest_gpu_warp.log pytest_gpu_groups.log pytest_gpu_stages.log pytest_gpu_silu_kv.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -64,30 +68,42 @@ timeout 60 python3 scripts/profile_conventional.py --models llama-3.2-1b --batch
     --out "$OUT/prof" > "$OUT/prof/profile_eager.log" 2>&1
 head -30 "$OUT/prof/profile_eager.log"; snap
 elif [ "$MODE" = warp ]; then
-st "3d MPK_ATT_WARP_PIPE and MPK_ATT_GROUPS=2: the attention GPU tests with each, then the stamps of both"
+st "3d MPK_ATT_WARP_PIPE, MPK_ATT_GROUPS=2, MPK_ATT_STAGES=3: the attention GPU tests with each, then stamps"
 MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=1 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
     tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_warp.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_warp.log" | tail -6; snap
 MPK_ATT_GROUPS=2 timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py \
     tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_groups.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_groups.log" | tail -6; snap
+MPK_NVCC_DEFINES="-DMPK_ATT_WARP_PIPE=1 -DMPK_ATT_STAGES=3" timeout 90 python3 -m pytest -q -m gpu \
+    tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_stages.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
 MPK_ATT_GROUPS=2 MPK_NVCC_DEFINES="-DMPK_ATT_WARP_PIPE=1 -DMPK_STAGE_WORDS=12" OUT="$OUT/bench/warp_stamps" timeout 100 \
     python3 scripts/bench_decode.py --models llama-3.2-1b --batches 32,128 --contexts 512 --mk-max-batch 128 --no-peers \
     --no-planned --trace --budget-s 90 > "$OUT/bench/warp_stamps.log" 2>&1; tail -4 "$OUT/bench/warp_stamps.log"; snap
 elif [ "$MODE" = san ]; then
 st "3g compute-sanitizer memcheck + racecheck with the warp pipe and grouped attention (tiny configs, incl. one split)"
 MPK_ATT_GROUPS=2 MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=1 OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
-elif [ "$MODE" = warpab ] || [ "$MODE" = groupab ]; then
+elif [ "$MODE" = warpab ] || [ "$MODE" = groupab ] || [ "$MODE" = stageab ] || [ "$MODE" = ab ]; then
 # warpab: default vs -DMPK_ATT_WARP_PIPE=1 (one megakernel at B=1,8, the planned attn-mk at B=32,128; ctx 512, 4096)
 # groupab: default, MPK_ATT_GROUPS=2, and both with the warp pipe (B=32,128, where the keys are one split)
-if [ "$MODE" = warpab ]; then VARS="base warp"; BS=1,8,32,128; LIM=270; else VARS="base groups warpgroups"; BS=32,128; LIM=185; fi
-st "3d' $MODE: $VARS"
+# stageab: default, the warp pipe, and it with 3 K/V stages (MPK_ATT_STAGES=3: two passes in flight), B=8..128 at
+#          ctx 4096 where a pass's bytes in flight bound the rate
+# ab: VARS="..." BS=... CTXS=... of the variants below
+case $MODE in
+  warpab) VARS="base warp"; BS=1,8,32,128; CTXS=512,4096; LIM=270;;
+  groupab) VARS="base groups warpgroups"; BS=32,128; CTXS=512,4096; LIM=185;;
+  stageab) VARS="base warp warp3"; BS=8,32,128; CTXS=4096; LIM=185;;
+  ab) VARS=${VARS:-base warp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185};;
+esac
+st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
 for V in $VARS; do
-  case $V in base) D=""; G=1;; warp) D="-DMPK_ATT_WARP_PIPE=1"; G=1;; groups) D=""; G=2;;
-             warpgroups) D="-DMPK_ATT_WARP_PIPE=1"; G=2;; esac
+  case $V in base) D=""; G=1;; warp) D="-DMPK_ATT_WARP_PIPE=1"; G=1;; warp3) D="-DMPK_ATT_WARP_PIPE=1 -DMPK_ATT_STAGES=3"; G=1;;
+             groups) D=""; G=2;; warpgroups) D="-DMPK_ATT_WARP_PIPE=1"; G=2;;
+             warp3groups) D="-DMPK_ATT_WARP_PIPE=1 -DMPK_ATT_STAGES=3"; G=2;; *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b \
-      --batches $BS --contexts 512,4096 --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
+      --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done
 python3 scripts/ab_table.py $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)

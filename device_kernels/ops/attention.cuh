@@ -25,6 +25,15 @@ namespace mpk {
 #ifndef MPK_ATT_WARP_PIPE
 #define MPK_ATT_WARP_PIPE 0
 #endif
+// MPK_ATT_STAGES=N (with the warp pipe; default 2): a ring of N K/V pass buffers, N - 1 passes in flight while one
+// computes (two: the one pass in flight of the default schedule). Keep in sync: codegen/layout.py att_smem_bytes and
+// packer.py (nvcc.define_int("MPK_ATT_STAGES")).
+#ifndef MPK_ATT_STAGES
+#define MPK_ATT_STAGES 2
+#endif
+static_assert(MPK_ATT_STAGES >= 2 && MPK_ATT_STAGES <= 6, "attention: 2 to 6 K/V stages");
+static_assert(MPK_ATT_STAGES == 2 || MPK_ATT_WARP_PIPE, "attention: more than two K/V stages need -DMPK_ATT_WARP_PIPE=1");
+constexpr int ATT_NST = MPK_ATT_STAGES;
 
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)
 // shared-memory layout (bytes): q (bf16, MAX_GS x MAX_HEAD_DIM) | page table (s64, ATT_MAX_PAGES) | K rows
@@ -63,7 +72,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   int64_t* pages = reinterpret_cast<int64_t*>(sm + ATT_OFF_PAGES);
   const int KST = D + 8, CPR = D >> 3;   // bf16 per K / V row in shared memory (padded: fewer bank conflicts)
   bf16* ks = reinterpret_cast<bf16*>(sm + ATT_OFF_K);
-  bf16* vs = ks + 2 * ATT_KP * KST;
+  bf16* vs = ks + ATT_NST * ATT_KP * KST;
   // q of the task's groups (contiguous heads), the page table and the position in flight together
   const bf16* qg = q + (m0 * nq + (int64_t)g * gs) * D;
   for (int i = tid; i < ng * gs * CPR; i += THREADS) cp_async16(qs + i * 8, qg + i * 8, true);
@@ -101,9 +110,9 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   // so a pass needs no CTA barrier: the warp waits on its own copies (cp.async groups are per thread) and
   // __syncwarp orders its lanes' copies and reads.
   const int wrow0 = 16 * (tid >> 5), wlane = tid & 31;
-  auto issue = [&](int vp, int bf) {
+  auto issue = [&](int vp, int bf) {   // (vp >= total: an empty group, so every iteration commits one)
     const int gv = vp / passes, j0 = lo + (vp - gv * passes) * ATT_KP, gi = g + gv;
-    const int n = min(16, min(ATT_KP, hi - j0) - wrow0);   // this warp's rows of the pass (<= 0: none)
+    const int n = vp < total ? min(16, min(ATT_KP, hi - j0) - wrow0) : 0;   // this warp's rows (<= 0: none)
     bf16* kb = ks + bf * ATT_KP * KST;
     bf16* vb = vs + bf * ATT_KP * KST;
 #pragma unroll 1
@@ -127,8 +136,12 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     }
     cp_async_commit();
   };
+#if MPK_ATT_WARP_PIPE
+  for (int v = 0; v < ATT_NST - 1; ++v) issue(v, v);   // the first N - 1 passes in flight
+#else
   issue(0, 0);
   if (total > 1) issue(1, 1);
+#endif
   // Tensor Core pass (see the file comment). Thread (g8, t4) = (lane / 4, lane % 4) of warp w.
   const int g8 = lane >> 2, t4 = lane & 3, kw = 16 * warp;
   constexpr int QR = MAX_HEAD_DIM / 32, MT = MAX_HEAD_DIM / 16;   // 32-wide d rounds of scores, 16-wide d tiles of o
@@ -182,13 +195,18 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   for (int vp = 0; vp < total; ++vp) {
     const int j0 = lo + p * ATT_KP;
     const int n = min(ATT_KP, hi - j0);
-    const bf16* kb = ks + (vp & 1) * ATT_KP * KST;
-    const bf16* vb = vs + (vp & 1) * ATT_KP * KST;
+    const int bi = vp % ATT_NST;   // this pass's buffer
+    const bf16* kb = ks + bi * ATT_KP * KST;
+    const bf16* vb = vs + bi * ATT_KP * KST;
     const bf16* qh = qs + gv * gs * D;   // this group's q heads
-    if (vp + 1 < total) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
 #if MPK_ATT_WARP_PIPE
+    // pass vp + N - 1 into the buffer pass vp - 1 left (its reads ended at the last __syncwarp); one group per
+    // iteration, so N - 1 pending groups at most means pass vp's copies are done
+    issue(vp + ATT_NST - 1, (bi + ATT_NST - 1) % ATT_NST);
+    cp_async_wait_group<ATT_NST - 1>();
     __syncwarp();   // the warp's rows of this pass have landed (each lane waited on its own copies)
 #else
+    if (vp + 1 < total) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
     __syncthreads();
 #endif
     if (vp == 0) MPK_STAMP(2);
@@ -259,16 +277,16 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     }
     if (vp == 1) MPK_STAMP(8);   // thread 0's P.V
 #if MPK_ATT_WARP_PIPE
-    __syncwarp();   // the warp's rows of buffer vp & 1 are free again
+    __syncwarp();   // the warp's rows of this buffer are free again (refilled at the next iteration's top)
 #else
     __syncthreads();   // buffer vp & 1 is free again
-#endif
     if (vp + 2 < total) issue(vp + 2, vp & 1);
+#endif
     if (vp == 1) MPK_STAMP(9);
     if (++p == passes) {   // group gv's last pass
       if (gv + 1 < ng) {   // another group follows (its rows in flight): merge this one in its own region, and
         // a barrier after it (its reads done before the next group's writes, however far a warp runs ahead)
-        finish(gv, reinterpret_cast<float*>(vs + 2 * ATT_KP * KST));
+        finish(gv, reinterpret_cast<float*>(vs + ATT_NST * ATT_KP * KST));
         __syncthreads();
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;

@@ -67,3 +67,26 @@ def test_att_groups_env_overrides_a_cached_plans_tiling(monkeypatch):
     monkeypatch.setenv("MPK_ATT_GROUPS", "two")
     with pytest.raises(ValueError, match="MPK_ATT_GROUPS"):
         _tiling(d, None)
+
+
+def test_attention_stages_size_the_shared_memory_and_too_many_are_refused(monkeypatch):
+    """MPK_ATT_STAGES (a compile-time define of the warp-pipelined attention): the packer sizes the task's shared
+    memory for that many K/V buffers, and refuses a layout past 227 KiB with what to lower."""
+    cfg = load_config("tiny-llama")
+    g = build_graph(cfg, mode="decode", batch=2, context_len=0, max_seq_len=64, tp=1, rank=0, attn_splits=1,
+                    dtype="bfloat16")
+    tg = build_task_graphs([g], Tiling(num_sms=8, attn_fold_merge=True))[0]
+    kv = KVStore(cfg.num_layers, 9, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    mem = RankMemory(g, get_weights("tiny-llama", cfg, seed=0, dtype="bfloat16"), kv)
+    sizes = {}
+    for st in (2, 3):
+        monkeypatch.setenv("MPK_NVCC_DEFINES", f"-DMPK_ATT_WARP_PIPE=1 -DMPK_ATT_STAGES={st}")
+        p = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu")
+        p.pack()
+        sizes[st] = p.smem
+        assert p.smem >= L.att_smem_bytes(cfg.head_dim, stages=st)
+    assert sizes[3] >= L.att_smem_bytes(cfg.head_dim, stages=3) > L.att_smem_bytes(cfg.head_dim, stages=2)
+    packer = TaskPacker(tg, mem, 0x6000, 128, device="cpu")   # a 128-wide head with 6 stages: 421 KB
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_WARP_PIPE=1 -DMPK_ATT_STAGES=6")
+    with pytest.raises(ValueError, match="fewer stages"):
+        packer.pack()
