@@ -100,7 +100,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   __syncthreads();
   MPK_STAMP(1);
   // virtual pass vp = pass vp % passes of group g + vp / passes: its K and V rows (keys j0 .. j0 + n - 1) into
-  // buffer vp & 1
+  // buffer vp % ATT_NST
   const int passes = (hi - lo + ATT_KP - 1) / ATT_KP, total = ng * passes;
   const int psi = (int)ps;
   const bool cpow = (CPR & (CPR - 1)) == 0, ppow = (psi & (psi - 1)) == 0;   // shifts instead of divisions
