@@ -11,7 +11,7 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh fuse2    # stage 3f (one GPU): MPK_CONV_FUSE_SILU / MPK_CONV_FUSE_KV tests + A/B
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck, warp pipe + groups
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
-#     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): attention's stage stamps at B=32, 128
+#     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
 # Order for a 30-minute session (one GPU): one (~5 min: it also checks session 16's restructured attention on the
@@ -151,9 +151,10 @@ OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:
     > "$OUT/bench/hf.log" 2>&1
 grep -A12 "====" "$OUT/bench/hf.log"; snap
 elif [ "$MODE" = stamps ]; then
-st "4b attention at large batch: stage stamps of the one-megakernel step at B=32, 128 (where a pass's time goes)"
+st "4b stage stamps of the one-megakernel step at B=1, 8 (qwen3-8b B=8 is 0.82x gpt-fast; session 10's stamps are old)"
+st "   and B=32, 128 (attention's passes; session 16 has them for the default build)"
 MPK_NVCC_DEFINES=-DMPK_STAGE_WORDS=12 OUT="$OUT/bench" timeout 300 python3 scripts/bench_decode.py \
-    --models llama-3.2-1b,qwen3-8b --batches 32,128 --contexts 512 --mk-max-batch 128 --no-peers --no-planned \
+    --models llama-3.2-1b,qwen3-8b --batches ${STAMP_BATCHES:-1,8} --contexts 512 --mk-max-batch 128 --no-peers --no-planned \
     --trace --budget-s 280 > "$OUT/bench/stamps.log" 2>&1
 tail -12 "$OUT/bench/stamps.log"; snap
 elif [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
