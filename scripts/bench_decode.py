@@ -185,7 +185,7 @@ def main():
                 continue
             try:
                 if system in ("megakernel", "planned") and weights is None:
-                    from mpk_runtime.runtime.conventional_ops import prepare_weights
+                    from mpk_runtime.runtime.conventional_fused import prepare_weights
                     weights = prepare_weights(random_weights(cfg, seed=0, dtype="bfloat16", device="cuda"), cfg)
                 if system == "planned":
                     r = bench_planned(cfg, weights, B, ctx, chosen[ctx][B])

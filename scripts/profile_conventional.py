@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from validate_planner import Point  # noqa: E402
 
 from mpk_runtime.models import load_config, random_weights  # noqa: E402
-from mpk_runtime.runtime.conventional_ops import prepare_weights  # noqa: E402
+from mpk_runtime.runtime.conventional_fused import prepare_weights  # noqa: E402
 from mpk_runtime.planner import candidates  # noqa: E402
 from mpk_runtime.runtime.plan_exec import PlanExecutor  # noqa: E402
 

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
 from mpk_runtime.ir import build_graph  # noqa: E402
 from mpk_runtime.models import load_config, random_weights  # noqa: E402
-from mpk_runtime.runtime.conventional_ops import prepare_weights  # noqa: E402
+from mpk_runtime.runtime.conventional_fused import prepare_weights  # noqa: E402
 from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
 from mpk_runtime.planner import HardwareProfile, candidates  # noqa: E402
 from mpk_runtime.planner.score import load_rows, spearman, summarize  # noqa: E402

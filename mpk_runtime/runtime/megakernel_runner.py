@@ -29,7 +29,7 @@ from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling, attn_splits_for
 from .base import KVSpec, ModelRunner, SeqChunk, register_runner
-from .conventional_ops import prepare_weights
+from .conventional_fused import prepare_weights
 from .device_sampling import host_logits_needed, step_output
 from .megakernel_plans import ConventionalPrefill, PlannedDecoder, fill_step
 from .memory import KVStore, RankMemory

@@ -5,7 +5,7 @@ the same ops and rounding points, so on the CPU (where both run as torch ops in 
 import pytest
 import torch
 
-from mpk_runtime.runtime import conventional_ops
+from mpk_runtime.runtime import conventional_fused, conventional_ops
 from mpk_runtime.tasks.ops.common import rms_norm
 
 
@@ -16,21 +16,21 @@ def test_functional_norm_equals_the_task_norm(shape, wshape, dtype):
     g = torch.Generator().manual_seed(sum(shape))
     x = (torch.randn(shape, generator=g) * 3).to(dtype)
     w = None if wshape is None else torch.randn(wshape, generator=g).to(dtype)
-    assert torch.equal(conventional_ops._rms_norm_fn(x, w, 1e-6), rms_norm(x, w, 1e-6))
+    assert torch.equal(conventional_fused._rms_norm_fn(x, w, 1e-6), rms_norm(x, w, 1e-6))
 
 
 def test_fused_norm_is_gpu_only_and_checks_its_flag(monkeypatch):
     x = torch.randn(2, 64, dtype=torch.bfloat16)
     monkeypatch.delenv("MPK_CONV_FUSE_NORM", raising=False)
-    assert conventional_ops.fuse_norm()   # default on
+    assert conventional_fused.fuse_norm()   # default on
     monkeypatch.setenv("MPK_CONV_FUSE_NORM", "0")
-    assert not conventional_ops.fuse_norm()
+    assert not conventional_fused.fuse_norm()
     monkeypatch.setenv("MPK_CONV_FUSE_NORM", "1")
-    assert torch.equal(conventional_ops.rms_norm(x, None, 1e-6), rms_norm(x, None, 1e-6))   # CPU: eager
-    assert conventional_ops._fused_norm is None   # nothing compiled for a CPU tensor
+    assert torch.equal(conventional_fused.rms_norm(x, None, 1e-6), rms_norm(x, None, 1e-6))   # CPU: eager
+    assert conventional_fused._fused_norm is None   # nothing compiled for a CPU tensor
     monkeypatch.setenv("MPK_CONV_FUSE_NORM", "yes")
     with pytest.raises(ValueError, match="MPK_CONV_FUSE_NORM"):
-        conventional_ops.fuse_norm()
+        conventional_fused.fuse_norm()
 
 
 @pytest.mark.parametrize("qwen", [False, True])
@@ -49,12 +49,12 @@ def test_functional_qk_tail_equals_the_eager_one(qwen, M):
     sin_s = torch.cat((-sin, sin), -1)[:, None, :]
     q_eager, q_fn = torch.empty(M, nq * D, dtype=bf), torch.empty(M, nq, D, dtype=bf)
     k_eager = conventional_ops._qk_epilogue(torch.cat((qr, kr), 1), nq, qn, kn, cos, sin_s, 1e-6, q_eager)
-    k_fn = conventional_ops._qk_epilogue_fn(qr, kr, qn, kn, cos, sin_s, 1e-6, q_fn)
+    k_fn = conventional_fused._qk_epilogue_fn(qr, kr, qn, kn, cos, sin_s, 1e-6, q_fn)
     assert torch.equal(q_fn.view(M, -1), q_eager) and torch.equal(k_fn, k_eager)
 
 
 def test_fused_rope_and_projections_are_on_by_default_and_can_be_turned_off(monkeypatch):
-    for name, fn in (("MPK_CONV_FUSE_ROPE", conventional_ops.fuse_rope), ("MPK_CONV_FUSE_PROJ", conventional_ops.fuse_proj)):
+    for name, fn in (("MPK_CONV_FUSE_ROPE", conventional_fused.fuse_rope), ("MPK_CONV_FUSE_PROJ", conventional_fused.fuse_proj)):
         monkeypatch.delenv(name, raising=False)
         assert fn()
         monkeypatch.setenv(name, "0")
@@ -95,11 +95,11 @@ def test_compiled_pieces_are_dynamic_in_the_rows_only():
         return gm.forward
 
     torch._dynamo.reset()
-    f = conventional_ops.compile_rows_dynamic(conventional_ops._rms_norm_fn, (0,), backend=record)
+    f = conventional_fused.compile_rows_dynamic(conventional_fused._rms_norm_fn, (0,), backend=record)
     bf = torch.bfloat16
     for M, K in ((4, 64), (32, 64), (7, 64), (8, 128), (96, 128)):
         x, w = torch.randn(M, K, dtype=bf), torch.randn(K, dtype=bf)
-        assert torch.equal(f(x, w, 1e-6), conventional_ops._rms_norm_fn(x, w, 1e-6))
+        assert torch.equal(f(x, w, 1e-6), conventional_fused._rms_norm_fn(x, w, 1e-6))
     assert len(graphs) == 2                    # one per width, none for the new row counts
     for g in graphs:
         assert (False, True) in g and (True,) in g   # x: rows symbolic, width static; the weight static
@@ -118,11 +118,11 @@ def test_functional_silu_mul_equals_the_eager_epilogue(dtype):
     ref = ref * u
     for out_dtype in (dtype, torch.float32):
         out = torch.empty(5, 48, dtype=out_dtype)
-        conventional_ops._silu_mul_fn(g, u, out)
+        conventional_fused._silu_mul_fn(g, u, out)
         assert torch.equal(out, ref.to(out_dtype))
     # the compiled path as the GPU runs it (inductor, emulate_precision_casts), here generating CPU code: its
     # fp32 silu formula is not ATen's to the last ulp, which bf16's rounding hides (bit for bit on these rows)
-    compiled = conventional_ops.compile_rows_dynamic(conventional_ops._silu_mul_fn, (0, 1, 2))
+    compiled = conventional_fused.compile_rows_dynamic(conventional_fused._silu_mul_fn, (0, 1, 2))
     for rows in (5, 3):
         out = torch.empty(rows, 48, dtype=dtype)
         compiled(g[:rows], u[:rows], out)
@@ -139,7 +139,7 @@ def test_tail_with_the_cache_appends_writes_only_the_step_slots(qwen):
     g = torch.Generator().manual_seed(7 + qwen)
     nq, nkv, D, pages, ps = 4, 2, 16, 6, 4
     bf = torch.bfloat16
-    compiled = conventional_ops.compile_rows_dynamic(conventional_ops._qk_kv_fn, (0, 1, 4, 5, 7, 8, 11))
+    compiled = conventional_fused.compile_rows_dynamic(conventional_fused._qk_kv_fn, (0, 1, 4, 5, 7, 8, 11))
     for M in (3, 5):
         qr, kr = (torch.randn(M, nq, D, generator=g) * 2).to(bf), (torch.randn(M, nkv, D, generator=g) * 2).to(bf)
         v = torch.randn(M, nkv, D, generator=g).to(bf)
@@ -152,7 +152,7 @@ def test_tail_with_the_cache_appends_writes_only_the_step_slots(qwen):
         caches = [torch.randn(pages, ps, nkv, D, generator=g).to(bf) for _ in range(2)]
         kc, vc = (c.clone() for c in caches)
         q_ref, q_got = torch.empty(M, nq, D, dtype=bf), torch.empty(M, nq, D, dtype=bf)
-        k_ref = conventional_ops._qk_epilogue_fn(qr, kr, qn, kn, cos, sin_s, 1e-6, q_ref)
+        k_ref = conventional_fused._qk_epilogue_fn(qr, kr, qn, kn, cos, sin_s, 1e-6, q_ref)
         for c, y in zip(caches, (k_ref, v)):
             c.view(-1, nkv, D)[slots] = y
         compiled(qr, kr, qn, kn, cos, sin_s, 1e-6, q_got, v, kc, vc, slots)
@@ -164,10 +164,10 @@ def test_many_widths_in_one_process_compile_past_dynamo_s_default_limit():
     (a hard error with fullgraph=True): compile_rows_dynamic raises the limit for its own calls only."""
     torch._dynamo.reset()
     before = torch._dynamo.config.recompile_limit
-    f = conventional_ops.compile_rows_dynamic(conventional_ops._rms_norm_fn, (0,), backend="eager")
+    f = conventional_fused.compile_rows_dynamic(conventional_fused._rms_norm_fn, (0,), backend="eager")
     for K in range(16, 16 * 14, 16):        # 13 widths, one- and many-row graphs each: 26 graphs
         for M in (1, 6):
             x, w = torch.randn(M, K), torch.randn(K)
-            assert torch.equal(f(x, w, 1e-6), conventional_ops._rms_norm_fn(x, w, 1e-6))
+            assert torch.equal(f(x, w, 1e-6), conventional_fused._rms_norm_fn(x, w, 1e-6))
     assert torch._dynamo.config.recompile_limit == before
     torch._dynamo.reset()

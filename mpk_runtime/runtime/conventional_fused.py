@@ -1,0 +1,177 @@
+"""The conventional path's pieces that run through torch.compile on a GPU, and their switches.
+
+Each is a function of the same ops and rounding points as the eager code in conventional_ops.py (CPU tests: bit for
+bit in bf16), compiled with only the row count dynamic (`compile_rows_dynamic`): the RMSNorm (MPK_CONV_FUSE_NORM),
+the q/k tail of qkv_rope (MPK_CONV_FUSE_ROPE) and with it the K/V cache appends (MPK_CONV_FUSE_KV), SiLU-and-mul
+(MPK_CONV_FUSE_SILU); and the weight layout the conventional path prefers (MPK_CONV_FUSE_PROJ: q/k/v and gate/up
+stored back to back). Measured switches are on by default (docs/perf-notes.md sessions 15-16).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..envflags import env_flag
+from ..models.weights import pack_adjacent
+from ..tasks.ops.common import rms_norm as _rms_norm_eager
+
+
+# --- RMSNorm: on a GPU one generated kernel (MPK_CONV_FUSE_NORM, default on), else eager (6-7 small kernels) ------
+def _rms_norm_fn(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """tasks/ops/common.rms_norm written functionally for torch.compile: the same ops and rounding points (fp32
+    statistics, x * r rounded to x's dtype, then the weight product rounded once); only the order of the mean's
+    fp32 sum is the generated kernel's."""
+    xf = x.float()
+    r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xn = (xf * r).to(x.dtype)
+    if w is None:
+        return xn
+    if w.dtype == xn.dtype and torch.broadcast_shapes(w.shape, xn.shape) == xn.shape:
+        return xn * w
+    return w * xn
+
+
+_fused_norm = None
+
+
+def fuse_norm() -> bool:
+    """The conventional path's RMSNorms on a GPU run as one torch.compile'd kernel each (dynamic row count: one
+    compile per hidden size and weight layout, a few seconds the first time) instead of pow / mean / add / rsqrt /
+    mul / mul: measured session 15, attn-mk B=32 -17% (llama-3.2-1b 2.85 -> 2.36 ms, qwen3-8b 10.8 -> 8.87),
+    B=128 -13%. MPK_CONV_FUSE_NORM=0 turns it off (eager norms, no compile)."""
+    return env_flag("MPK_CONV_FUSE_NORM", default=True)
+
+
+RECOMPILE_LIMIT = 64   # graphs per compiled piece (per distinct width / head layout / dtype, x2 for one-row steps)
+
+
+def compile_rows_dynamic(fn, rows_args: tuple[int, ...], backend="inductor"):
+    """fn through torch.compile with only the row count (dim 0 of the arguments at rows_args) dynamic: one compile per
+    hidden size / head layout (plus one for a single row: dynamo specialises size 1), each reduction over a
+    static width. Sessions 15-16 compiled with every dim dynamic, and llama-3.2-1b's 33 norms of a B=32 step took
+    338 us in one profile (bench/results/s16 run 1, after the tiny GPU-test configs had compiled first) and 82 us in
+    another (s15 run 7): the suspected cause is a generated kernel whose reduction block was sized for the first
+    (tiny) width it saw; with a static width each model's norm gets its own kernel (gpu_pending.sh consistency
+    checks it)."""
+    options = {"emulate_precision_casts": True} if backend == "inductor" else None
+    compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend, options=options)
+
+    def call(*args):
+        for i in rows_args:
+            torch._dynamo.maybe_mark_dynamic(args[i], 0)
+        # one graph per width is the point, so more than dynamo's default 8 per function (with fullgraph a hard
+        # error) is expected in a process that serves or tests several models / TP degrees: the limit is raised for
+        # these calls only (a call that compiles nothing costs the context's attribute swaps)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return compiled(*args)
+    return call
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    global _fused_norm
+    if not (x.is_cuda and fuse_norm()):
+        return _rms_norm_eager(x, w, eps)
+    if _fused_norm is None:
+        _fused_norm = compile_rows_dynamic(_rms_norm_fn, (0,))   # x (M, ..., K); w (K,) static
+    return _fused_norm(x, w, eps)
+
+
+def fuse_proj() -> bool:
+    """MPK_CONV_FUSE_PROJ (default on since session 16; =0 for separate matmuls): the runner stores each layer's q/k/v and
+    gate/up weights back to back (prepare_weights), and the conventional path computes each group with one matmul
+    (llama-3.2-1b B=32: the k and v projections take 5.4 us each for 2 MB of weights, the fused q/k/v ~7 us for
+    12.6 MB is the prediction) and without the q/k stacking copy. Measured with the fused q/k tail (1x H200,
+    48105cf, ctx 512, attn-mk plan; bench/results/s16/run1_one_fuse_48105cf): llama-3.2-1b B=32 2.595 -> 2.290 ms
+    with both (2.396 proj alone), B=128 4.212 -> 3.948; qwen3-8b B=32 9.992 -> 8.885, B=128 14.599 -> 13.804."""
+    return env_flag("MPK_CONV_FUSE_PROJ", default=True)
+
+
+def prepare_weights(weights: dict, cfg) -> dict:
+    """What the conventional path wants of a GPU runner's weights: with MPK_CONV_FUSE_PROJ=1, the projections that
+    share an input stored back to back (the megakernel reads the same values through views)."""
+    if fuse_proj() and any(t.is_cuda for t in weights.values()):
+        pack_adjacent(weights, cfg)
+    return weights
+
+
+def _silu_mul_fn(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor) -> None:
+    """linear's silu_mul epilogue written functionally for torch.compile: silu(g) rounded to g's dtype, times u
+    rounded again (F.silu in place, then mul: the eager path's two roundings), cast into out. The generated fp32
+    silu may differ from ATen's in the last ulp (hidden by the bf16 rounding but for rare ties)."""
+    out.copy_(F.silu(g) * u)
+
+
+_fused_silu_fn = None
+
+
+def fuse_silu() -> bool:
+    """MPK_CONV_FUSE_SILU=1 (off until measured on a GPU): gate/up's SiLU-and-mul as one compiled kernel (one
+    launch fewer per layer; prediction: ~3 us per layer, llama-3.2-1b B=32 ~-2%)."""
+    return env_flag("MPK_CONV_FUSE_SILU")
+
+
+def fused_silu():
+    global _fused_silu_fn
+    if _fused_silu_fn is None:
+        _fused_silu_fn = compile_rows_dynamic(_silu_mul_fn, (0, 1, 2))
+    return _fused_silu_fn
+
+
+def _qk_epilogue_fn(q_raw, k_raw, qn, kn, cos, sin_s, eps, q_out):
+    """_qk_epilogue written functionally for torch.compile (MPK_CONV_FUSE_ROPE=1): the same ops and rounding points
+    on the q and k projections; writes q into q_out (M, n_q, D), returns k."""
+    nq = q_raw.shape[1]
+    qk = torch.cat((q_raw, k_raw), 1)
+    if qn is not None:
+        qk = _rms_norm_fn(qk, None, eps)
+        qk = torch.cat((qk[:, :nq] * qn, qk[:, nq:] * kn), 1)
+    y1, y2 = qk.chunk(2, -1)
+    out = qk * cos + torch.cat((y2, y1), -1) * sin_s
+    q_out.copy_(out[:, :nq])
+    return out[:, nq:]
+
+
+def _append_kv(k, v, kc, vc, slots) -> None:
+    """Rows of k and v into their cache slots (flat page * page_size + offset)."""
+    kc.view(-1, *kc.shape[2:])[slots] = k
+    vc.view(-1, *vc.shape[2:])[slots] = v
+
+
+def _qk_kv_fn(q_raw, k_raw, qn, kn, cos, sin_s, eps, q_out, v, kc, vc, slots):
+    """_qk_epilogue_fn and the K/V cache appends in one function for torch.compile (MPK_CONV_FUSE_KV=1): inductor
+    writes the slots in place (one scatter over the step's rows, no copy of the caches: checked on its CPU code)."""
+    _append_kv(_qk_epilogue_fn(q_raw, k_raw, qn, kn, cos, sin_s, eps, q_out), v, kc, vc, slots)
+
+
+_fused_qk_fn = None
+_fused_qk_kv_fn = None
+
+
+def fuse_kv() -> bool:
+    """MPK_CONV_FUSE_KV=1 (off until measured on a GPU; with MPK_CONV_FUSE_ROPE): the K and V cache appends inside
+    the fused q/k tail kernel (two index_put kernels fewer per layer; prediction ~6 us per layer: llama-3.2-1b B=32
+    ~-4%, qwen3-8b ~-2.5%)."""
+    return env_flag("MPK_CONV_FUSE_KV")
+
+
+def fused_qk_kv():
+    global _fused_qk_kv_fn
+    if _fused_qk_kv_fn is None:   # rows: q_raw, k_raw, cos, sin_s, q_out, v, slots; the caches and norms static
+        _fused_qk_kv_fn = compile_rows_dynamic(_qk_kv_fn, (0, 1, 4, 5, 7, 8, 11))
+    return _fused_qk_kv_fn
+
+
+def fuse_rope() -> bool:
+    """MPK_CONV_FUSE_ROPE (default on since session 16; =0 for eager): the q/k tail of the conventional qkv_rope
+    (the q/k stack, Qwen3's per-head norms and weights, RoPE, the q write) as one torch.compile'd kernel on a GPU,
+    instead of ~6-10 small kernels per layer. Measured alone (48105cf): llama-3.2-1b attn-mk B=32 2.595 -> 2.481 ms,
+    qwen3-8b 9.992 -> 9.616."""
+    return env_flag("MPK_CONV_FUSE_ROPE", default=True)
+
+
+def fused_qk():
+    global _fused_qk_fn
+    if _fused_qk_fn is None:
+        # q_raw, k_raw, cos, sin_s, q_out carry the rows; the per-head norm weights do not
+        _fused_qk_fn = compile_rows_dynamic(_qk_epilogue_fn, (0, 1, 4, 5, 7))
+    return _fused_qk_fn
