@@ -79,7 +79,7 @@ def bench_planned(cfg, weights, B, ctx, plan, steps=12):
     """ms per step of the planner's chosen plan when it is not the one megakernel (attention as megakernels and the
     rest conventional, ...): the whole step as one CUDA graph, each replay timed alone with CUDA events (as the
     peers), median (validate_planner.measure_plan; greedy steps)."""
-    from validate_planner import Point, measure_plan
+    from _plan_measure import Point, measure_plan
     t = time.time()
     pt = Point(cfg, weights, B, ctx, "cuda", plan.attn_splits)
     m = measure_plan(plan, pt, steps, cpu=False)

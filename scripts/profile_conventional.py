@@ -16,7 +16,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from validate_planner import Point  # noqa: E402
+from _plan_measure import Point  # noqa: E402
 
 from mpk_runtime.models import load_config, random_weights  # noqa: E402
 from mpk_runtime.runtime.conventional_fused import prepare_weights  # noqa: E402
