@@ -78,7 +78,7 @@ def chosen_plans(cfg, batches, ctx) -> dict:
 def bench_planned(cfg, weights, B, ctx, plan, steps=12):
     """ms per step of the planner's chosen plan when it is not the one megakernel (attention as megakernels and the
     rest conventional, ...): the whole step as one CUDA graph, each replay timed alone with CUDA events (as the
-    peers), median (validate_planner.measure_plan; greedy steps)."""
+    peers), median (_plan_measure.measure_plan, as validate_planner; greedy steps)."""
     from _plan_measure import Point, measure_plan
     t = time.time()
     pt = Point(cfg, weights, B, ctx, "cuda", plan.attn_splits)
