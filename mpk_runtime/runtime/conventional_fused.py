@@ -42,7 +42,13 @@ def fuse_norm() -> bool:
     return env_flag("MPK_CONV_FUSE_NORM", default=True)
 
 
-RECOMPILE_LIMIT = 64   # graphs per compiled piece (per distinct width / head layout / dtype, x2 for one-row steps)
+def recompiles_allowed():
+    """A context in which the conventional path's compiled functions may compile as many graphs as they need:
+    one per width (compile_rows_dynamic) or per segment and StepCtx variant (torch_exec, MPK_CONV_COMPILE: 17
+    segments of one code object in a 16-layer attn-mk plan). Dynamo's default, 8 per code object, would be a hard
+    error under fullgraph, or a silent eager fallback without it. Scoped to these calls: the process's own dynamo
+    settings stay as they are."""
+    return torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=4096)
 
 
 def compile_rows_dynamic(fn, rows_args: tuple[int, ...], backend="inductor"):
@@ -59,10 +65,7 @@ def compile_rows_dynamic(fn, rows_args: tuple[int, ...], backend="inductor"):
     def call(*args):
         for i in rows_args:
             torch._dynamo.maybe_mark_dynamic(args[i], 0)
-        # one graph per width is the point, so more than dynamo's default 8 per function (with fullgraph a hard
-        # error) is expected in a process that serves or tests several models / TP degrees: the limit is raised for
-        # these calls only (a call that compiles nothing costs the context's attribute swaps)
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        with recompiles_allowed():   # a graph per width: several models / TP degrees in a process need > 8
             return compiled(*args)
     return call
 

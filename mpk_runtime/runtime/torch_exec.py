@@ -26,21 +26,13 @@ from ..ir.graph import Graph
 from ..tasks.build import decompose
 from ..tasks.ops import get_task_kind
 from ..tasks.tiling import Tiling
+from .conventional_fused import recompiles_allowed
 from .conventional_ops import OPS as WHOLE_OPS, runs_whole
 from .memory import RankMemory, StepCtx
 
 def compile_segments() -> bool:
     """MPK_CONV_COMPILE=1: conventional plan segments run through torch.compile (see the module doc)."""
     return env_flag("MPK_CONV_COMPILE")
-
-
-def _allow_recompiles() -> None:
-    """Every compiled executor (one per conventional segment: 17 in a 16-layer attention-megakernel plan) and
-    every variant of its StepCtx fields is a recompile of the same code (_run): without raising Dynamo's
-    per-code limit (8) the later segments would silently run eagerly."""
-    import torch._dynamo.config as dc
-    dc.recompile_limit = max(dc.recompile_limit, 512)
-    dc.accumulated_recompile_limit = max(dc.accumulated_recompile_limit, 4096)
 
 
 COARSE = Tiling(num_sms=1, linear_cols=1 << 30, allreduce_cols=1 << 30, argmax_tasks=1)
@@ -95,10 +87,10 @@ class ConventionalExecutor:
         steps = steps if steps is not None else self.new_step()
         if self.compile:
             if self._compiled is None:
-                _allow_recompiles()
                 self._compiled = torch.compile(self._run, dynamic=False,
                                                options={"emulate_precision_casts": True})
-            self._compiled(ctxs, steps)
+            with recompiles_allowed():   # every segment and StepCtx variant is a graph of the same code (_run)
+                self._compiled(ctxs, steps)
         else:
             self._run(ctxs, steps)
 
