@@ -33,20 +33,21 @@ from ..ir.graph import Graph
 from ..planner.plan import Plan
 from ..tasks.build import build_task_graphs
 from ..tasks.check import check_task_graphs
-from ..tasks.tiling import Tiling
+from ..tasks.tiling import ENV_FIELDS, Tiling
 from .memory import RankMemory, StepCtx
 from .pyvm import PyVM
 from .torch_exec import ConventionalExecutor, compile_segments
 
 
 def _tiling(d: dict, num_sms: int | None) -> Tiling:
-    """A plan segment's Tiling; MPK_ATT_GROUPS set in the environment (an A/B switch, not yet a planner choice)
-    overrides the value the plan was made with (plan books are cached on disk)."""
+    """A plan segment's Tiling; a field's environment switch (tasks/tiling.py ENV_FIELDS), when set, overrides
+    the value the plan was made with (plan books are cached on disk)."""
     d = dict(d)
     if num_sms:
         d["num_sms"] = num_sms
-    if os.environ.get("MPK_ATT_GROUPS", "").strip():
-        d.pop("attn_groups", None)
+    for name, var in ENV_FIELDS.items():
+        if os.environ.get(var, "").strip():
+            d.pop(name, None)
     return Tiling(**d)
 
 

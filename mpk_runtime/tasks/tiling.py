@@ -11,6 +11,11 @@ from dataclasses import asdict, dataclass, field
 from ..envflags import env_flag, env_int
 
 
+# Tiling fields whose default comes from the environment (A/B switches): set, the variable overrides a plan's
+# recorded value too (plan books are cached on disk; runtime/plan_exec.py _tiling)
+ENV_FIELDS = {"attn_fold_merge": "MPK_ATTN_FOLD", "attn_groups": "MPK_ATT_GROUPS"}
+
+
 @dataclass(frozen=True)
 class Tiling:
     num_sms: int = 132

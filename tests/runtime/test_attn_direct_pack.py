@@ -59,6 +59,7 @@ def test_att_groups_env_overrides_a_cached_plans_tiling(monkeypatch):
     """A plan book on disk carries its tiling; MPK_ATT_GROUPS (the A/B switch) still applies to it, and a bad value
     is refused with the variable's name."""
     from mpk_runtime.runtime.plan_exec import _tiling
+    monkeypatch.delenv("MPK_ATTN_FOLD", raising=False)
     d = Tiling(num_sms=8, attn_groups=1).to_dict()
     monkeypatch.delenv("MPK_ATT_GROUPS", raising=False)
     assert _tiling(d, None).attn_groups == 1
@@ -67,6 +68,10 @@ def test_att_groups_env_overrides_a_cached_plans_tiling(monkeypatch):
     monkeypatch.setenv("MPK_ATT_GROUPS", "two")
     with pytest.raises(ValueError, match="MPK_ATT_GROUPS"):
         _tiling(d, None)
+    monkeypatch.delenv("MPK_ATT_GROUPS")
+    assert _tiling(d, None).attn_fold_merge is True    # every env-backed field alike (tiling.ENV_FIELDS)
+    monkeypatch.setenv("MPK_ATTN_FOLD", "0")
+    assert _tiling(d, None).attn_fold_merge is False
 
 
 def test_attention_stages_size_the_shared_memory_and_too_many_are_refused(monkeypatch):
