@@ -265,10 +265,11 @@ class TaskPacker:
         if ng * p["gs"] > L.CONSTANTS["MAX_GS"]:
             raise ValueError(f"an attention task holds at most {L.CONSTANTS['MAX_GS']} q heads: {ng} groups of "
                              f"{p['gs']} do not fit (Tiling.attn_g keeps to it)")
-        need = L.att_smem_bytes(self.D, ng=ng, stages=nvcc.define_int("MPK_ATT_STAGES", 2))   # attention.cuh's layout
+        stages = nvcc.define_int("MPK_ATT_STAGES", 2)   # the build's K/V buffers (attention.cuh)
+        need = L.att_smem_bytes(self.D, ng=ng, stages=stages)   # attention.cuh's layout
         if need > 227 * 1024:
             raise ValueError(f"attention with head_dim {self.D}, {ng} KV group(s) per task and "
-                             f"MPK_ATT_STAGES={nvcc.define_int('MPK_ATT_STAGES', 2)} needs {need} B of shared memory "
+                             f"MPK_ATT_STAGES={stages} needs {need} B of shared memory "
                              f"(> 227 KiB): fewer stages (MPK_NVCC_DEFINES) or groups (MPK_ATT_GROUPS)")
         self._need(need)
         return dict(self._attn_common(p), q=self._t(p["q"]), k_cache=kc.data_ptr(),
