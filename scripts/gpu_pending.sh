@@ -1,47 +1,29 @@
 #!/usr/bin/env bash
-# What session 16 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
+# What session 17 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
-#     OUT=$OUT bash scripts/gpu_pending.sh warp     # stage 3d (one GPU): MPK_ATT_WARP_PIPE / MPK_ATT_GROUPS tests + stamps
-#     OUT=$OUT bash scripts/gpu_pending.sh warpab   # stage 3d' (one GPU): default vs the warp pipe, B=1..128
-#     OUT=$OUT bash scripts/gpu_pending.sh groupab  # stage 3d'' (one GPU): MPK_ATT_GROUPS=2 without / with the warp pipe
-#     OUT=$OUT bash scripts/gpu_pending.sh stageab  # stage 3d* (one GPU): the warp pipe with 3 K/V stages, ctx 4096
-#     OUT=$OUT bash scripts/gpu_pending.sh consistency   # stage 3e (one GPU): validate_planner vs bench_decode, same point
-#     OUT=$OUT bash scripts/gpu_pending.sh fuse2    # stage 3f (one GPU): MPK_CONV_FUSE_SILU / MPK_CONV_FUSE_KV tests + A/B
-#     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck, warp pipe + groups
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
+#     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (h200_v30_cal)
+#     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
+#     VARS="base nowarp nogroups stages3" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs
+#     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU): one (~5 min: it also checks session 16's restructured attention on the
-# default path and the rows-only compile), warp (~6), consistency (~7), fuse2 (~5), then warpab / groupab (~5-8 each)
-# for what passed; the bench table (MODELS=... bench) when the defaults change; san when time is left.
-#  1. tests/gpu (34 passed at 48105cf with MPK_CONV_FUSE_ROPE/PROJ=1; the session-16 defaults at 6524c80: 23 passed,
-#     none failed, before the command's 110 s limit on a cold compile cache; session 16 added 4 attention tests: 200 s)
-#  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile (session 16: 24 / 54 / 204 us
-#     at B=1 / 32 / 128 for a 128256 vocab, all rows sampled)
-#  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128
-#  3d (modes warp, warpab, groupab) -DMPK_ATT_WARP_PIPE=1 (attention: each warp streams its own rows, no CTA
-#     barrier per pass) and MPK_ATT_GROUPS=2 (two KV groups of a sequence per task where the keys are one split: the
-#     page table and q once, the groups' passes one pipeline): the GPU tests with each, stamps, then the A/Bs
-#     (bench_decode --no-peers: one megakernel at B=1,8, the planned attn-mk at B=32,128; ctx 512 / 4096).
-#     Predictions (docs/perf-notes.md session 16): warp pipe: a pass 1.75 -> ~1.0-1.2 us; llama B=128 ctx 512
-#     attention task ~11.5 -> ~9 us (attn-mk step -6..8%), qwen3-8b B=128 -8..10%; B=1 within 1%. Groups: ~3 us of
-#     per-task start saved per extra group: llama B=128 -7%, B=32 -3%; with the warp pipe about additive.
-#     -DMPK_ATT_STAGES=3 (warp pipe only): two passes in flight per warp; a pass's 32 KB in flight per SM caps an SM at
-#     ~16 GB/s at ~2 us latency (~2.1 TB/s over 132 SMs): if the warp pipe alone stalls near that, 3 stages lift the
-#     cap (prediction: llama B=128 ctx 4096 attention -15..25% on top of the warp pipe, if it is memory-bound)
-#  3e (mode consistency) the bench's planned column measured 7-16% below validate_planner's measurement of the same
-#     plan in session 16 (llama B=32 attn-mk 2.056 vs ~2.2 ms expected from validate); both call measure_plan. A
-#     suspect: the fused norm compiled with every dim dynamic took 338 us per B=32 step after the tiny GPU-test configs
-#     compiled first (82 us in session 15); since session 16 only the rows are dynamic (compile_rows_dynamic). Another:
-#     validate timed its replays right after seconds of host-side compile (idle clocks); it now replays ~0.3 s first.
-#     First the norm's time after the tests compiled first, then validate and bench on the same points, twice
-#  3f (mode fuse2) MPK_CONV_FUSE_SILU=1 (SiLU-and-mul one kernel) and MPK_CONV_FUSE_KV=1 (the cache appends in the
-#     q/k tail kernel): the engine-plan GPU tests with both, then validate attn-mk B=32,128 with (0,0), (1,0), (0,1), (1,1)
-#  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command (session 16:
-#     48105cf with the three switches on = the defaults of 6524c80, bench/results/s16)
+# Order for a 30-minute session (one GPU): one (~4 min: session 17's defaults - warp-pipelined attention, grouped
+# attention tasks, the fused SiLU - and the test changes on the GPU), bench for llama-3.2-1b and qwen3-8b (~9 each:
+# issue 3's table with both peers, the first with the session-17 defaults), val (~5: issue 5, h200_v30_cal), san.
+#  1. tests/gpu (38 passed at cf19493; session 17 changed the grouped-attention tests: the default now groups)
+#  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
+#  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (session 17: 33 fused norms 60 us per B=32 step)
+#  3d (mode attn) the non-default sides of the attention switches: -DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1,
+#     -DMPK_ATT_STAGES=3 (opt-in: -3.7% at llama B=128 ctx 4096 beyond the warp pipe, +7.4% at qwen3-8b B=1)
+#  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command. Expected from
+#     session 17's validate run (ctx 512, attn-mk): llama B=32 ~1.83 ms (gpt-fast 1.83 in session 16), B=128 ~3.16
+#     (2.50); qwen3-8b B=32 ~6.97 (6.44), B=128 ~10.7 (9.15)
+#  4d (mode val) validate_planner TP=1, ctx 512 B=1,8,32,128 and ctx 4096 B=1,8,32, all families: h200_v30_cal (fit on
+#     session 17's rows at ctx 512 and session 16's at ctx 4096, before the warp pipe) out of sample on the new defaults
 #  5. (2 GPUs) bench_allreduce.py: the LL candidate beside the signal protocol and NCCL (16 KiB target <= 3 us)
 #  6. (2 GPUs) gpu_check_tp.py --tp-invariant 2 (the fold is the default since session 12)
 #  7. (2 GPUs) bench_decode --tp 2 with the PyTorch TP peer, B=1,8 (qwen3-8b B=8 peer was skipped in session 11)
@@ -51,7 +33,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san pytest_gpu.log pytest_gpu_warp.log pytest_gpu_groups.log pytest_gpu_stages.log pytest_gpu_silu_kv.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -67,78 +49,42 @@ st "3 profile attn-mk's conventional segments (fused norms)"
 timeout 60 python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32,128 --family attn-mk \
     --out "$OUT/prof" > "$OUT/prof/profile_eager.log" 2>&1
 head -30 "$OUT/prof/profile_eager.log"; snap
-elif [ "$MODE" = warp ]; then
-st "3d MPK_ATT_WARP_PIPE, MPK_ATT_GROUPS=2, MPK_ATT_STAGES=3: the attention GPU tests with each, then stamps"
-MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=1 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
-    tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_warp.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_warp.log" | tail -6; snap
-MPK_ATT_GROUPS=2 timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py \
-    tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_groups.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_groups.log" | tail -6; snap
-MPK_NVCC_DEFINES="-DMPK_ATT_WARP_PIPE=1 -DMPK_ATT_STAGES=3" timeout 90 python3 -m pytest -q -m gpu \
+elif [ "$MODE" = attn ]; then
+st "3d the attention switches' other sides: -DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1, -DMPK_ATT_STAGES=3"
+MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=0 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
+    tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py > "$OUT/pytest_gpu_nowarp.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_nowarp.log" | tail -6; snap
+MPK_ATT_GROUPS=1 timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py \
+    tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_groups1.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_groups1.log" | tail -6; snap
+MPK_NVCC_DEFINES=-DMPK_ATT_STAGES=3 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_stages.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
-MPK_ATT_GROUPS=2 MPK_NVCC_DEFINES="-DMPK_ATT_WARP_PIPE=1 -DMPK_STAGE_WORDS=12" OUT="$OUT/bench/warp_stamps" timeout 100 \
-    python3 scripts/bench_decode.py --models llama-3.2-1b --batches 32,128 --contexts 512 --mk-max-batch 128 --no-peers \
-    --no-planned --trace --budget-s 90 > "$OUT/bench/warp_stamps.log" 2>&1; tail -4 "$OUT/bench/warp_stamps.log"; snap
 elif [ "$MODE" = san ]; then
-st "3g compute-sanitizer memcheck + racecheck with the warp pipe and grouped attention (tiny configs, incl. one split)"
-MPK_ATT_GROUPS=2 MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=1 OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
-elif [ "$MODE" = warpab ] || [ "$MODE" = groupab ] || [ "$MODE" = stageab ] || [ "$MODE" = ab ]; then
-# warpab: default vs -DMPK_ATT_WARP_PIPE=1 (one megakernel at B=1,8, the planned attn-mk at B=32,128; ctx 512, 4096)
-# groupab: default, MPK_ATT_GROUPS=2, and both with the warp pipe (B=32,128, where the keys are one split)
-# stageab: default, the warp pipe, and it with 3 K/V stages (MPK_ATT_STAGES=3: two passes in flight), B=8..128 at
-#          ctx 4096 where a pass's bytes in flight bound the rate
-# ab: VARS="..." BS=... CTXS=... of the variants below
-case $MODE in
-  warpab) VARS="base warp"; BS=1,8,32,128; CTXS=512,4096; LIM=270;;
-  groupab) VARS="base groups warpgroups"; BS=32,128; CTXS=512,4096; LIM=185;;
-  stageab) VARS="base warp warp3"; BS=8,32,128; CTXS=4096; LIM=185;;
-  ab) VARS=${VARS:-base warp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185};;
-esac
+st "3g compute-sanitizer memcheck + racecheck of the defaults (warp pipe, grouped attention; tiny configs, incl. one split)"
+OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
+elif [ "$MODE" = ab ]; then
+# ab: VARS="..." BS=... CTXS=... of the variants below (one megakernel up to B=8, the planned plan above), one table
+VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
 for V in $VARS; do
-  case $V in base) D=""; G=1;; warp) D="-DMPK_ATT_WARP_PIPE=1"; G=1;; warp3) D="-DMPK_ATT_WARP_PIPE=1 -DMPK_ATT_STAGES=3"; G=1;;
-             groups) D=""; G=2;; warpgroups) D="-DMPK_ATT_WARP_PIPE=1"; G=2;;
-             warp3groups) D="-DMPK_ATT_WARP_PIPE=1 -DMPK_ATT_STAGES=3"; G=2;; *) echo "unknown variant $V"; continue;; esac
+  case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
+             stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
+             *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done
 python3 scripts/ab_table.py $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
-elif [ "$MODE" = consistency ]; then
-st "3e the norm kernel after tiny configs compiled first (rows-only dynamic compile), then validate vs bench, twice"
-timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -3
-timeout 60 python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32 --family attn-mk \
-    --out "$OUT/prof" > "$OUT/prof/profile_after_tests.log" 2>&1
-grep -E "==|rsqrt" "$OUT/prof/profile_after_tests.log" | head -4   # s16 run 1: 33x 338 us (all dims dynamic); s15: 82 us
-for k in 1 2; do
-  d="$OUT/val/cons$k"; mkdir -p "$d" "$OUT/bench/cons$k"
-  timeout 100 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 32,128 --families attn-mk \
-      --budget-s 90 --out "$d" > "$d/validate.log" 2>&1
-  grep -h measured_us "$d/validate.log" | cut -c1-160 | sed "s/^/[validate $k] /"
-  OUT="$OUT/bench/cons$k" timeout 100 python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b --batches 32,128 \
-      --contexts 512 --no-peers --budget-s 90 > "$OUT/bench/cons$k/bench.log" 2>&1
-  grep planned "$OUT/bench/cons$k/bench.log" | sed "s/^/[bench $k] /"; snap
+elif [ "$MODE" = val ]; then
+st "4d validate_planner TP=1, all families: ctx 512 B=1,8,32,128, then ctx 4096 B=1,8,32 (h200_v30_cal out of sample)"
+for C in 512 4096; do
+  d="$OUT/val/c$C"; mkdir -p "$d"; [ $C = 512 ] && BB=1,8,32,128 || BB=1,8,32
+  timeout 270 python3 scripts/validate_planner.py --tp 1 --context $C --batches $BB --budget-s 255 --out "$d" \
+      > "$d/validate.log" 2>&1
+  grep -E "spearman|MAPE|regret" "$d/validate.log" | tail -14; snap
 done
-elif [ "$MODE" = fuse2 ]; then
-st "3f MPK_CONV_FUSE_SILU=1 and MPK_CONV_FUSE_KV=1 (predictions: llama B=32 ~-2% and ~-4%): tests, then A/B"
-mkdir -p "$OUT/val/silu0_kv0"
-timeout 100 python3 scripts/validate_planner.py --tp 1 --context 512 --batches 32,128 --families attn-mk \
-    --budget-s 90 --out "$OUT/val/silu0_kv0" > "$OUT/val/silu0_kv0/validate.log" 2>&1
-grep -h measured_us "$OUT/val/silu0_kv0/validate.log" | cut -c1-160 | sed "s/^/[silu=0 kv=0] /"
-MPK_CONV_FUSE_SILU=1 MPK_CONV_FUSE_KV=1 timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_engine_plans.py \
-    > "$OUT/pytest_gpu_silu_kv.log" 2>&1; grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_silu_kv.log" | tail -3
-for SK in "1 0" "0 1" "1 1"; do
-  set -- $SK; d="$OUT/val/silu$1_kv$2"; mkdir -p "$d"
-  MPK_CONV_FUSE_SILU=$1 MPK_CONV_FUSE_KV=$2 timeout 100 python3 scripts/validate_planner.py --tp 1 --context 512 \
-      --batches 32,128 --families attn-mk --budget-s 90 --out "$d" > "$d/validate.log" 2>&1
-  grep -h measured_us "$d/validate.log" | cut -c1-160 | sed "s/^/[silu=$1 kv=$2] /"; snap
-done
-python3 scripts/ab_table.py $(for v in silu0_kv0 silu1_kv0 silu0_kv1 silu1_kv1; do
-  echo "$v=$OUT/val/$v/planner_validation_rows.jsonl"; done)
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
 OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \

@@ -18,12 +18,13 @@
 
 namespace mpk {
 
-// MPK_ATT_WARP_PIPE=1 (compile-time A/B, MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=1; session 16, not yet run on a GPU):
-// each warp streams its own 16 rows of every pass and a pass has no CTA barrier (the stage stamps of session 16:
-// at B=32-128 a pass takes ~1.75 us for ~0.9 us of a warp's compute, the rest its two barriers and the CTA-wide
-// copy issue between them).
+// MPK_ATT_WARP_PIPE (default 1 since session 17; -DMPK_ATT_WARP_PIPE=0 through MPK_NVCC_DEFINES for the CTA-barrier
+// schedule): each warp streams its own 16 rows of every pass and a pass has no CTA barrier (session 16's stage
+// stamps: at B=32-128 a pass took ~1.75 us for ~0.9 us of a warp's compute, the rest its two barriers and the
+// CTA-wide copy issue between them). Measured (1x H200, cf19493, planned attn-mk): llama-3.2-1b B=128 ctx 512 / 4096
+// -2.5% / -6.8%, qwen3-8b -2.3% / -7.1%; one megakernel at B=1, 8 within 1% (bench/results/s17).
 #ifndef MPK_ATT_WARP_PIPE
-#define MPK_ATT_WARP_PIPE 0
+#define MPK_ATT_WARP_PIPE 1
 #endif
 // MPK_ATT_STAGES=N (with the warp pipe; default 2): a ring of N K/V pass buffers, N - 1 passes in flight while one
 // computes (two: the one pass in flight of the default schedule). Keep in sync: codegen/layout.py att_smem_bytes and
@@ -32,7 +33,7 @@ namespace mpk {
 #define MPK_ATT_STAGES 2
 #endif
 static_assert(MPK_ATT_STAGES >= 2 && MPK_ATT_STAGES <= 6, "attention: 2 to 6 K/V stages");
-static_assert(MPK_ATT_STAGES == 2 || MPK_ATT_WARP_PIPE, "attention: more than two K/V stages need -DMPK_ATT_WARP_PIPE=1");
+static_assert(MPK_ATT_STAGES == 2 || MPK_ATT_WARP_PIPE, "attention: more than two K/V stages need the warp pipe (MPK_ATT_WARP_PIPE=1, the default)");
 constexpr int ATT_NST = MPK_ATT_STAGES;
 
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)

@@ -177,6 +177,9 @@ def cc_xrows(M: int) -> int:
     return M if M < CONSTANTS["TC_MIN_M"] else CONSTANTS["ROW_TILE"]
 
 
+ATT_SMEM_MAX = 227 * 1024   # an H100 / H200 CTA's dynamic shared memory limit
+
+
 def att_smem_bytes(D: int, C: dict | None = None, ng: int = 1, stages: int = 2) -> int:
     """Shared memory of an attn_partial task with head dim D (device_kernels/ops/attention.cuh layout): q (bf16,
     MAX_GS x MAX_HEAD_DIM), the page table (s64, ATT_MAX_PAGES), then `stages` (MPK_ATT_STAGES, 2 by default)

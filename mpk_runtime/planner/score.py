@@ -8,6 +8,7 @@ profile from their features (no simulation); `resimulate` recomputes the feature
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -104,22 +105,44 @@ def valid_rows(rows: list[dict]) -> list[dict]:
 def _resim_point(job):
     from ..models import load_config
     from .search import candidates
-    (m, tp, b, ctx), fams, prof = job
-    return (m, tp, b, ctx), {p.name: (p.predicted_us, [(len(sg.ops), sg.ops[0], sg.features, sg.predicted_us)
-                                                       for sg in p.segments])
-                             for p in candidates(load_config(m), tp=tp, batch=b, context=ctx, prof=prof,
-                                                 families=fams)}
+    (m, tp, b, ctx, env), fams, prof = job
+    with _environ(dict(env)):
+        return (m, tp, b, ctx, env), {p.name: (p.predicted_us, [(len(sg.ops), sg.ops[0], sg.features, sg.predicted_us)
+                                                                for sg in p.segments])
+                                      for p in candidates(load_config(m), tp=tp, batch=b, context=ctx, prof=prof,
+                                                          families=fams)}
+
+
+@contextlib.contextmanager
+def _environ(env: dict):
+    """The environment a row was measured under (its A/B switches, load_rows' `path@VAR=VALUE`), for the time of a
+    re-simulation: plans are rebuilt as they ran (e.g. Tiling fields whose default comes from the environment)."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _point(r: dict) -> tuple:
+    return r["model"], r.get("tp", 1), r["batch"], r.get("context", 512), tuple(sorted(r.get("env", {}).items()))
 
 
 def resimulate(rows: list[dict], prof: HardwareProfile, families: tuple[str, ...] | None = None,
                procs: int | None = None) -> list[dict]:
     """Rows with every segment's features (and predicted_us) recomputed by candidates() under `prof` with the
     current simulator: the recorded sim_us are the simulator's of the measuring run, stale once the cost model
-    changes (e.g. the Tensor Core linear model). Plans are matched by name, segments by position, checked by
-    their op count and first op; rows without a match are dropped."""
+    changes (e.g. the Tensor Core linear model). Each point is re-planned under the environment its rows were
+    measured with (row["env"]). Plans are matched by name, segments by position, checked by their op count and
+    first op; rows without a match are dropped."""
     pts: dict = {}
     for r in rows:
-        pts.setdefault((r["model"], r.get("tp", 1), r["batch"], r.get("context", 512)), set()).add(r["plan"])
+        pts.setdefault(_point(r), set()).add(r["plan"])
     jobs = [(k, tuple(sorted(names if families is None else names & set(families))), prof)
             for k, names in sorted(pts.items(), key=lambda kv: -kv[0][1] * kv[0][2])]   # big points first
     procs = max(1, min(procs or os.cpu_count() or 1, len(jobs)))
@@ -132,7 +155,7 @@ def resimulate(rows: list[dict], prof: HardwareProfile, families: tuple[str, ...
     plans = {k + (name,): v for k, d in got for name, v in d.items()}
     out = []
     for r in rows:
-        p = plans.get((r["model"], r.get("tp", 1), r["batch"], r.get("context", 512), r["plan"]))
+        p = plans.get(_point(r) + (r["plan"],))
         if p is None or len(p[1]) != len(r["segments"]) or any(
                 n != s.get("ops", n) or first != s.get("first_op", first) for (n, first, _, _), s in zip(p[1], r["segments"])):
             continue
@@ -207,10 +230,18 @@ def _brief(s: dict) -> dict:
 
 
 def load_rows(spec: str) -> list[dict]:
+    """Rows of comma-separated files (JSONL, or planner_validation.json). `path@VAR=VALUE@...`: the rows were
+    measured with those environment switches (e.g. `@MPK_ATT_GROUPS=1` for rows from before grouped attention was
+    the default); resimulate re-plans them under it."""
     rows = []
-    for p in spec.split(","):
-        if p.endswith(".json"):
-            rows += json.load(open(p))["rows"]
-        else:
-            rows += [json.loads(x) for x in open(p) if x.strip()]
+    for item in spec.split(","):
+        p, *envs = item.split("@")
+        env = {}
+        for e in envs:
+            k, eq, v = e.partition("=")
+            if not eq or not k:
+                raise ValueError(f"rows {item!r}: expected path@VAR=VALUE, got {e!r}")
+            env[k] = v
+        got = json.load(open(p))["rows"] if p.endswith(".json") else [json.loads(x) for x in open(p) if x.strip()]
+        rows += [dict(r, env={**r.get("env", {}), **env}) if env else r for r in got]
     return rows

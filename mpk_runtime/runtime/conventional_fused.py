@@ -2,7 +2,7 @@
 
 Each is a function of the same ops and rounding points as the eager code in conventional_ops.py (CPU tests: bit for
 bit in bf16), compiled with only the row count dynamic (`compile_rows_dynamic`): the RMSNorm (MPK_CONV_FUSE_NORM),
-the q/k tail of qkv_rope (MPK_CONV_FUSE_ROPE) and with it the K/V cache appends (MPK_CONV_FUSE_KV), SiLU-and-mul
+the q/k tail of qkv_rope (MPK_CONV_FUSE_ROPE), SiLU-and-mul
 (MPK_CONV_FUSE_SILU); and the weight layout the conventional path prefers (MPK_CONV_FUSE_PROJ: q/k/v and gate/up
 stored back to back). Measured switches are on by default (docs/perf-notes.md sessions 15-16).
 """
@@ -108,9 +108,12 @@ _fused_silu_fn = None
 
 
 def fuse_silu() -> bool:
-    """MPK_CONV_FUSE_SILU=1 (off until measured on a GPU): gate/up's SiLU-and-mul as one compiled kernel (one
-    launch fewer per layer; prediction: ~3 us per layer, llama-3.2-1b B=32 ~-2%)."""
-    return env_flag("MPK_CONV_FUSE_SILU")
+    """MPK_CONV_FUSE_SILU (default on since session 17; =0 for eager): gate/up's SiLU-and-mul as one compiled kernel
+    (one launch fewer per layer; predicted ~3 us per layer, llama-3.2-1b B=32 ~-2%). Measured (1x H200, cf19493,
+    attn-mk ctx 512): llama-3.2-1b B=32 1.954 -> 1.884 ms (-3.6%), B=128 -2.3%; qwen3-8b B=32 / 128 -2.1% / -2.0%.
+    (Session 16's MPK_CONV_FUSE_KV, the cache appends inside the q/k tail kernel, measured +28..90%: inductor's
+    scatter into the cache was not re-inplaced on the GPU build, so every step copied the layer's caches; removed.)"""
+    return env_flag("MPK_CONV_FUSE_SILU", default=True)
 
 
 def fused_silu():
@@ -140,28 +143,7 @@ def _append_kv(k, v, kc, vc, slots) -> None:
     vc.view(-1, *vc.shape[2:])[slots] = v
 
 
-def _qk_kv_fn(q_raw, k_raw, qn, kn, cos, sin_s, eps, q_out, v, kc, vc, slots):
-    """_qk_epilogue_fn and the K/V cache appends in one function for torch.compile (MPK_CONV_FUSE_KV=1): inductor
-    writes the slots in place (one scatter over the step's rows, no copy of the caches: checked on its CPU code)."""
-    _append_kv(_qk_epilogue_fn(q_raw, k_raw, qn, kn, cos, sin_s, eps, q_out), v, kc, vc, slots)
-
-
 _fused_qk_fn = None
-_fused_qk_kv_fn = None
-
-
-def fuse_kv() -> bool:
-    """MPK_CONV_FUSE_KV=1 (off until measured on a GPU; with MPK_CONV_FUSE_ROPE): the K and V cache appends inside
-    the fused q/k tail kernel (two index_put kernels fewer per layer; prediction ~6 us per layer: llama-3.2-1b B=32
-    ~-4%, qwen3-8b ~-2.5%)."""
-    return env_flag("MPK_CONV_FUSE_KV")
-
-
-def fused_qk_kv():
-    global _fused_qk_kv_fn
-    if _fused_qk_kv_fn is None:   # rows: q_raw, k_raw, cos, sin_s, q_out, v, slots; the caches and norms static
-        _fused_qk_kv_fn = compile_rows_dynamic(_qk_kv_fn, (0, 1, 4, 5, 7, 8, 11))
-    return _fused_qk_kv_fn
 
 
 def fuse_rope() -> bool:

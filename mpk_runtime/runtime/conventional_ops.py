@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..models.weights import adjacent_rows
 from ..tasks.ops.common import row_positions
-from .conventional_fused import _append_kv, fuse_kv, fuse_rope, fuse_silu, fused_qk, fused_qk_kv, fused_silu, rms_norm
+from .conventional_fused import _append_kv, fuse_rope, fuse_silu, fused_qk, fused_silu, rms_norm
 
 
 # --- shared pieces -----------------------------------------------------------------------------------------------
@@ -205,9 +205,6 @@ def qkv_rope(op, mem, ctx, cache) -> None:
         yv = (xn @ wv).view(M, nkv, D)
     slots = _kv_slots(cache, mem, ctx)
     kc, vc = mem.kv(a["k_cache"]), mem.kv(a["v_cache"])
-    if fused_tail and fuse_kv():   # the q/k tail and both cache appends as one kernel
-        fused_qk_kv()(qr, kr, qn, kn, cos, sin_s, a["eps"], q.view(M, nq, D), yv, kc, vc, slots)
-        return
     if fused_tail:   # the q/k tail as one kernel
         k = fused_qk()(qr, kr, qn, kn, cos, sin_s, a["eps"], q.view(M, nq, D))
     else:

@@ -15,6 +15,7 @@ from ..codegen import layout as L
 from ..codegen import nvcc
 from ..envflags import env_flag
 from ..tasks.graph import TaskGraph
+from ..tasks.tiling import attn_direct
 from .memory import RankMemory
 
 _NWARPS = L.CONSTANTS["THREADS"] // 32
@@ -267,7 +268,7 @@ class TaskPacker:
                              f"{p['gs']} do not fit (Tiling.attn_g keeps to it)")
         stages = nvcc.define_int("MPK_ATT_STAGES", 2)   # the build's K/V buffers (attention.cuh)
         need = L.att_smem_bytes(self.D, ng=ng, stages=stages)   # attention.cuh's layout
-        if need > 227 * 1024:
+        if need > L.ATT_SMEM_MAX:
             raise ValueError(f"attention with head_dim {self.D}, {ng} KV group(s) per task and "
                              f"MPK_ATT_STAGES={stages} needs {need} B of shared memory "
                              f"(> 227 KiB): fewer stages (MPK_NVCC_DEFINES) or groups (MPK_ATT_GROUPS)")
@@ -374,16 +375,6 @@ class TaskPacker:
                     temp=self._t(p.get("temperature")), top_k=self._t(p.get("top_k")),
                     top_p=self._t(p.get("top_p")), seed=self._t(p.get("seed")), b0=p.get("b0", 0),
                     nb=p.get("nb", out.shape[0]))
-
-
-def attn_direct() -> bool:
-    """MPK_ATT_DIRECT (default on since session 16; =0 for the merge path): a folded attention group of one split (every batch from
-    ~17 sequences: attn_splits_for) writes its output straight from the chunk: the same bf16 values as the merge of
-    one chunk (weight exp(0) = 1, sum 1), without the part / lse stores, the ticket atomic and the merge's two
-    dependent reloads (~2-3 us per task, ~8 tasks per SM per layer at llama B=128). Measured (1x H200, 48105cf,
-    ctx 512, attn-mk plan): llama-3.2-1b B=32 2.602 -> 2.497 ms, B=128 4.232 -> 3.909; qwen3-8b B=32 9.997 -> 9.702,
-    B=128 14.603 -> 13.551 (bench/results/s16/run2_direct_stamps_48105cf)."""
-    return env_flag("MPK_ATT_DIRECT", default=True)
 
 
 def _check_kslices(k: int, w: int) -> None:

@@ -14,6 +14,24 @@ from ..envflags import env_flag, env_int
 # Tiling fields whose default comes from the environment (A/B switches): set, the variable overrides a plan's
 # recorded value too (plan books are cached on disk; runtime/plan_exec.py _tiling)
 ENV_FIELDS = {"attn_fold_merge": "MPK_ATTN_FOLD", "attn_groups": "MPK_ATT_GROUPS"}
+AUTO_ATTN_GROUPS = 2   # Tiling.attn_groups = 0: the groups per attention task where they apply (measured: 2)
+AUTO_GROUP_UNITS_PER_SM = 1.5   # ... and where the step has this many (sequence, KV group) units per SM
+
+
+def attn_direct() -> bool:
+    """MPK_ATT_DIRECT (default on since session 16; =0 for the merge path): a folded attention group of one split
+    (every batch from ~17 sequences: attn_splits_for) writes its output straight from the chunk: the same bf16 values
+    as the merge of one chunk (weight exp(0) = 1, sum 1), without the part / lse stores, the ticket atomic and the
+    merge's two dependent reloads (~2-3 us per task, ~8 tasks per SM per layer at llama B=128). Measured (1x H200,
+    48105cf, ctx 512, attn-mk plan): llama-3.2-1b B=32 2.602 -> 2.497 ms, B=128 4.232 -> 3.909; qwen3-8b B=32
+    9.997 -> 9.702, B=128 14.603 -> 13.551 (bench/results/s16/run2_direct_stamps_48105cf)."""
+    return env_flag("MPK_ATT_DIRECT", default=True)
+
+
+def _att_smem_fits(head_dim: int, ng: int) -> bool:
+    """An attention task of ng groups fits the SM's shared memory with the build's K/V stages (MPK_ATT_STAGES)."""
+    from ..codegen import layout, nvcc   # (codegen reads the tasks' opcodes at import)
+    return layout.att_smem_bytes(head_dim, ng=ng, stages=nvcc.define_int("MPK_ATT_STAGES", 2)) <= layout.ATT_SMEM_MAX
 
 
 @dataclass(frozen=True)
@@ -33,10 +51,13 @@ class Tiling:
     # decides which), instead of a separate attn_merge task: one dependent phase fewer per layer. On unless
     # $MPK_ATTN_FOLD=0 (measured session 12: B=1 -0.6% both models, B=8 within noise; docs/perf-notes.md v23).
     attn_fold_merge: bool = field(default_factory=lambda: env_flag("MPK_ATTN_FOLD", default=True))
-    # attention: KV groups of one sequence per attn_partial task where the keys are not split (one split, folded):
-    # the task fetches the page table and q once and runs the groups' passes as one pipeline. 1 unless
-    # $MPK_ATT_GROUPS (session 16, not yet measured: docs/perf-notes.md; needs MPK_ATT_DIRECT on)
-    attn_groups: int = field(default_factory=lambda: env_int("MPK_ATT_GROUPS", 1, 1, 8))
+    # attention: KV groups of one sequence per attn_partial task where the keys are not split (one split, folded,
+    # direct write): the task fetches the page table and q once and runs the groups' passes as one pipeline.
+    # 0 = auto (attn_g): 2 where the direct write is on, two groups' q heads and shared memory fit and there are
+    # enough groups per SM, else 1 (default since session 17, measured with the warp pipe: llama-3.2-1b B=128 ctx
+    # 512 -3.3%, qwen3-8b -2.4%; docs/perf-notes.md);
+    # $MPK_ATT_GROUPS=n asks for n (an error where the direct write is off)
+    attn_groups: int = field(default_factory=lambda: env_int("MPK_ATT_GROUPS", 0, 0, 8))
 
     def linear_n(self, graph, op, N: int) -> int:
         if self.linear_cols:
@@ -51,13 +72,20 @@ class Tiling:
         p = self.qkv_parts or max(1, self.num_sms // max(1, heads))
         return max(1, min(p, pairs // 4 if pairs >= 4 else 1))
 
-    def attn_g(self, splits: int, gs: int, n_kv: int, max_gs: int = 8) -> int:
+    def attn_g(self, splits: int, gs: int, n_kv: int, head_dim: int = 128, seqs: int = 0, max_gs: int = 8) -> int:
         """KV groups per attn_partial task: attn_groups where the keys are one split of a folded merge, as many as
-        fit in a task's q heads (max_gs, codegen MAX_GS) and divide the rank's KV heads; else 1."""
+        fit in a task's q heads (max_gs, codegen MAX_GS) and divide the rank's KV heads; else 1. Auto (0):
+        AUTO_ATTN_GROUPS where attention writes directly, the shared memory fits the build's K/V stages and the
+        step has at least AUTO_GROUP_UNITS_PER_SM (sequence, KV group) units per SM (`seqs` sequences x n_kv):
+        fewer, and grouping only lengthens each SM's one task (measured: llama-3.2-1b B=8, 64 units on 132 SMs,
+        +9% with 2 groups; B=32, 256 units, -1%; B=128 -3%)."""
         if splits != 1 or not self.attn_fold_merge:
             return 1
-        n = max(1, min(self.attn_groups, max_gs // max(1, gs), n_kv))
-        while n_kv % n:
+        auto = self.attn_groups == 0
+        if auto and (not attn_direct() or seqs * n_kv < AUTO_GROUP_UNITS_PER_SM * self.num_sms):
+            return 1
+        n = max(1, min(self.attn_groups or AUTO_ATTN_GROUPS, max_gs // max(1, gs), n_kv))
+        while n_kv % n or (auto and n > 1 and not _att_smem_fits(head_dim, n)):
             n -= 1
         return n
 

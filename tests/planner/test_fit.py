@@ -1,6 +1,8 @@
 """fit.py recovers known calibration terms from synthetic measurements; prices from features equal candidates()'
 prices; batch regimes; row-group re-streaming in the simulator."""
 import dataclasses
+import json
+import os
 
 import pytest
 
@@ -231,3 +233,33 @@ def test_conventional_attention_per_key_floor(base):
         keys = [n for _, n, _ in s.features["attn"]]
         assert keys == [pytest.approx(ctx + 1)]                             # keys read per row, from the op
         assert price_from_features(s.features, p.for_batch(B)) == pytest.approx(s.predicted_us, rel=1e-9)
+
+
+def test_rows_are_resimulated_under_the_environment_they_were_measured_in(base, tmp_path, monkeypatch):
+    """load_rows' `path@VAR=VALUE`: rows measured before a switch became the default (here grouped attention tasks,
+    auto since session 17) are re-planned with the switch as it was, so the fit compares like with like; the
+    process environment is left as it was."""
+    from mpk_runtime.planner.score import load_rows, resimulate
+    monkeypatch.delenv("MPK_ATT_GROUPS", raising=False)
+    B = 128   # tiny-qwen3: 128 sequences x 2 KV heads = 256 units >= 1.5 x 132 SMs: auto groups them in twos
+    rows = synthetic_rows_at("tiny-qwen3", B, base)
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    now, then = load_rows(str(path)), load_rows(f"{path}@MPK_ATT_GROUPS=1")
+    assert all("env" not in r for r in now) and all(r["env"] == {"MPK_ATT_GROUPS": "1"} for r in then)
+    a, b = resimulate(now, base, procs=1), resimulate(then, base, procs=1)
+    assert len(a) == len(b) == len(rows) and "MPK_ATT_GROUPS" not in os.environ
+    mono = [next(r for r in x if r["plan"] == "mono")["segments"][0]["features"]["sim_us"] for x in (a, b)]
+    assert mono[0] != mono[1]   # one task per two groups vs one per group: a different schedule
+    monkeypatch.setenv("MPK_ATT_GROUPS", "1")                 # the same plan as the process-wide switch gives
+    c = resimulate(now, base, procs=1)
+    assert next(r for r in c if r["plan"] == "mono")["segments"][0]["features"]["sim_us"] == mono[1]
+    with pytest.raises(ValueError, match="path@VAR=VALUE"):
+        load_rows(f"{path}@MPK_ATT_GROUPS")
+
+
+def synthetic_rows_at(name: str, B: int, base: HardwareProfile) -> list[dict]:
+    return [dict(model=name, batch=B, tp=1, context=64, plan=p.name, predicted_us=p.predicted_us, measured_us=1.0,
+                 segments=[dict(kind=s.kind, ops=len(s.ops), predicted_us=s.predicted_us, features=s.features,
+                                measured_us=1.0) for s in p.segments])
+            for p in candidates(PRESETS[name], batch=B, context=64, prof=base)]

@@ -1,4 +1,4 @@
-"""MPK_ATT_DIRECT (packer.attn_direct): only a folded attention group of one split is packed for the direct write
+"""MPK_ATT_DIRECT (tiling.attn_direct): only a folded attention group of one split is packed for the direct write
 of its output (attention.cuh: the chunk written as the merge of one chunk writes it)."""
 import pytest
 import torch
@@ -95,3 +95,36 @@ def test_attention_stages_size_the_shared_memory_and_too_many_are_refused(monkey
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_WARP_PIPE=1 -DMPK_ATT_STAGES=6")
     with pytest.raises(ValueError, match="fewer stages"):
         packer.pack()
+
+
+def test_attention_groups_auto_default_applies_only_where_it_can(monkeypatch):
+    """Tiling.attn_groups = 0 (the default): two KV groups per task where the keys are one split, the direct write is
+    on and two groups' q heads and shared memory fit; one group elsewhere (no error: the user asked for nothing).
+    An explicit MPK_ATT_GROUPS is taken as asked (the packer refuses what cannot run)."""
+    for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD"):
+        monkeypatch.delenv(v, raising=False)
+    t = Tiling()   # 132 SMs: grouped from 1.5 x 132 = 198 (sequence, KV group) units
+    assert t.attn_groups == 0
+    assert t.attn_g(1, 4, 8, 128, 32) == 2 and t.attn_g(1, 4, 8, 64, 128) == 2
+    assert t.attn_g(1, 4, 8, 128, 16) == 1                      # 128 units: one per SM, grouping would only serialise
+    assert t.attn_g(2, 4, 8, 128, 32) == 1                      # keys split: groups do not apply
+    assert t.attn_g(1, 8, 8, 128, 32) == 1                      # 2 x 8 q heads > MAX_GS
+    assert t.attn_g(1, 4, 1, 128, 256) == 1                     # one KV head
+    assert Tiling(num_sms=8).attn_g(1, 4, 8, 128, 2) == 2      # 16 units on 8 SMs
+    assert Tiling(attn_fold_merge=False).attn_g(1, 4, 8, 128, 32) == 1
+    assert Tiling(attn_groups=2).attn_g(1, 4, 8, 128, 1) == 2   # asked for: taken whatever the batch
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_STAGES=3")   # 3 K/V stages of 128-wide heads: no room
+    assert L.att_smem_bytes(128, ng=2, stages=3) > L.ATT_SMEM_MAX >= L.att_smem_bytes(64, ng=2, stages=3)
+    assert t.attn_g(1, 4, 8, 128, 32) == 1 and t.attn_g(1, 4, 8, 64, 32) == 2
+    assert Tiling(attn_groups=2).attn_g(1, 4, 8, 128, 32) == 2  # asked for: kept (the packer says what to lower)
+    monkeypatch.delenv("MPK_NVCC_DEFINES")
+    monkeypatch.setenv("MPK_ATT_DIRECT", "0")
+    assert t.attn_g(1, 4, 8, 128, 32) == 1 and Tiling(attn_groups=2).attn_g(1, 4, 8, 128, 32) == 2
+    cfg = load_config("tiny-llama")   # the default with the direct write off packs (one group per task)
+    g = build_graph(cfg, mode="decode", batch=2, context_len=0, max_seq_len=64, tp=1, rank=0, attn_splits=1,
+                    dtype="bfloat16")
+    tg = build_task_graphs([g], Tiling(num_sms=8))[0]
+    kv = KVStore(cfg.num_layers, 9, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    mem = RankMemory(g, get_weights("tiny-llama", cfg, seed=0, dtype="bfloat16"), kv)
+    tasks = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu").pack()[0]
+    assert {int(tasks[u.id][L.arg_index("attn_partial", "ng")]) for u in tg.tasks if u.kind == "attn_partial"} == {1}

@@ -31,7 +31,7 @@ def decompose(op, graph, tiling, rank):
     kv_bytes = int((graph.context_len + T) * D * eb * 2 / S)
     base = {k: a[k] for k in ("q", "k_cache", "v_cache", "part", "lse", "out", "scale", "splits", "layer")}
     fold = tiling.attn_fold_merge
-    ng = tiling.attn_g(S, gs, a["n_kv"])
+    ng = tiling.attn_g(S, gs, a["n_kv"], D, B)
     tasks, merges = [], []
     for b in range(B):
         m0, m1 = b * T, (b + 1) * T
