@@ -8,6 +8,8 @@ stored back to back). Measured switches are on by default (docs/perf-notes.md se
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -29,9 +31,6 @@ def _rms_norm_fn(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.T
     if w.dtype == xn.dtype and torch.broadcast_shapes(w.shape, xn.shape) == xn.shape:
         return xn * w
     return w * xn
-
-
-_fused_norm = None
 
 
 def fuse_norm() -> bool:
@@ -57,8 +56,8 @@ def compile_rows_dynamic(fn, rows_args: tuple[int, ...], backend="inductor"):
     static width. Sessions 15-16 compiled with every dim dynamic, and llama-3.2-1b's 33 norms of a B=32 step took
     338 us in one profile (bench/results/s16 run 1, after the tiny GPU-test configs had compiled first) and 82 us in
     another (s15 run 7): the suspected cause is a generated kernel whose reduction block was sized for the first
-    (tiny) width it saw; with a static width each model's norm gets its own kernel (gpu_pending.sh consistency
-    checks it)."""
+    (tiny) width it saw; with a static width each model's norm gets its own kernel (session 17, the same order
+    of compiles: 60 us)."""
     options = {"emulate_precision_casts": True} if backend == "inductor" else None
     compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend, options=options)
 
@@ -70,13 +69,15 @@ def compile_rows_dynamic(fn, rows_args: tuple[int, ...], backend="inductor"):
     return call
 
 
+@functools.cache
+def fused_norm():
+    return compile_rows_dynamic(_rms_norm_fn, (0,))   # x (M, ..., K); w (K,) static
+
+
 def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
-    global _fused_norm
     if not (x.is_cuda and fuse_norm()):
         return _rms_norm_eager(x, w, eps)
-    if _fused_norm is None:
-        _fused_norm = compile_rows_dynamic(_rms_norm_fn, (0,))   # x (M, ..., K); w (K,) static
-    return _fused_norm(x, w, eps)
+    return fused_norm()(x, w, eps)
 
 
 def fuse_proj() -> bool:
@@ -104,9 +105,6 @@ def _silu_mul_fn(g: torch.Tensor, u: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(F.silu(g) * u)
 
 
-_fused_silu_fn = None
-
-
 def fuse_silu() -> bool:
     """MPK_CONV_FUSE_SILU (default on since session 17; =0 for eager): gate/up's SiLU-and-mul as one compiled kernel
     (one launch fewer per layer; predicted ~3 us per layer, llama-3.2-1b B=32 ~-2%). Measured (1x H200, cf19493,
@@ -116,11 +114,9 @@ def fuse_silu() -> bool:
     return env_flag("MPK_CONV_FUSE_SILU", default=True)
 
 
+@functools.cache
 def fused_silu():
-    global _fused_silu_fn
-    if _fused_silu_fn is None:
-        _fused_silu_fn = compile_rows_dynamic(_silu_mul_fn, (0, 1, 2))
-    return _fused_silu_fn
+    return compile_rows_dynamic(_silu_mul_fn, (0, 1, 2))
 
 
 def _qk_epilogue_fn(q_raw, k_raw, qn, kn, cos, sin_s, eps, q_out):
@@ -137,15 +133,6 @@ def _qk_epilogue_fn(q_raw, k_raw, qn, kn, cos, sin_s, eps, q_out):
     return out[:, nq:]
 
 
-def _append_kv(k, v, kc, vc, slots) -> None:
-    """Rows of k and v into their cache slots (flat page * page_size + offset)."""
-    kc.view(-1, *kc.shape[2:])[slots] = k
-    vc.view(-1, *vc.shape[2:])[slots] = v
-
-
-_fused_qk_fn = None
-
-
 def fuse_rope() -> bool:
     """MPK_CONV_FUSE_ROPE (default on since session 16; =0 for eager): the q/k tail of the conventional qkv_rope
     (the q/k stack, Qwen3's per-head norms and weights, RoPE, the q write) as one torch.compile'd kernel on a GPU,
@@ -154,9 +141,7 @@ def fuse_rope() -> bool:
     return env_flag("MPK_CONV_FUSE_ROPE", default=True)
 
 
+@functools.cache
 def fused_qk():
-    global _fused_qk_fn
-    if _fused_qk_fn is None:
-        # q_raw, k_raw, cos, sin_s, q_out carry the rows; the per-head norm weights do not
-        _fused_qk_fn = compile_rows_dynamic(_qk_epilogue_fn, (0, 1, 4, 5, 7))
-    return _fused_qk_fn
+    # q_raw, k_raw, cos, sin_s, q_out carry the rows; the per-head norm weights do not
+    return compile_rows_dynamic(_qk_epilogue_fn, (0, 1, 4, 5, 7))

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..models.weights import adjacent_rows
 from ..tasks.ops.common import row_positions
-from .conventional_fused import _append_kv, fuse_rope, fuse_silu, fused_qk, fused_silu, rms_norm
+from .conventional_fused import fuse_rope, fuse_silu, fused_qk, fused_silu, rms_norm
 
 
 # --- shared pieces -----------------------------------------------------------------------------------------------
@@ -167,6 +167,12 @@ def _qk_epilogue(qk, nq, qn, kn, cos, sin_s, eps, q):
     else:
         q.copy_((qh + rq).reshape(M, -1))
     return kh.add_(rk)
+
+
+def _append_kv(k, v, kc, vc, slots) -> None:
+    """Rows of k and v into their cache slots (flat page * page_size + offset), in place."""
+    kc.view(-1, *kc.shape[2:])[slots] = k
+    vc.view(-1, *vc.shape[2:])[slots] = v
 
 
 def qkv_rope(op, mem, ctx, cache) -> None:

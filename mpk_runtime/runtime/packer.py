@@ -13,7 +13,6 @@ import torch
 
 from ..codegen import layout as L
 from ..codegen import nvcc
-from ..envflags import env_flag
 from ..tasks.graph import TaskGraph
 from ..tasks.tiling import attn_direct
 from .memory import RankMemory

@@ -72,7 +72,7 @@ class Tiling:
         p = self.qkv_parts or max(1, self.num_sms // max(1, heads))
         return max(1, min(p, pairs // 4 if pairs >= 4 else 1))
 
-    def attn_g(self, splits: int, gs: int, n_kv: int, head_dim: int = 128, seqs: int = 0, max_gs: int = 8) -> int:
+    def attn_g(self, splits: int, gs: int, n_kv: int, head_dim: int, seqs: int, max_gs: int = 8) -> int:
         """KV groups per attn_partial task: attn_groups where the keys are one split of a folded merge, as many as
         fit in a task's q heads (max_gs, codegen MAX_GS) and divide the rank's KV heads; else 1. Auto (0):
         AUTO_ATTN_GROUPS where attention writes directly, the shared memory fits the build's K/V stages and the
