@@ -27,7 +27,10 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # session 17: megakernel and conventional terms refit with the session-17 defaults (warp-pipelined and grouped
 # attention, fused SiLU) after the validate / bench gap closed (v29_cal over-predicted attn-mk by 25-30%); in sample
 # 6.5% / 5.8%, Spearman >= 0.94, regret 0 at 14 points; hold-out 16% / 12-14%, regret 0 (profile's source).
-DEFAULT_PROFILE = "h200_v30_cal"
+# h200_v31_cal since session 18: the same terms refit on rows of the session-17 defaults only (de4fe7e, ctx 512 and
+# 4096); v30_cal out of sample on them 8.0% / 6.7% with regret 12.5% at qwen3-8b B=8; v31_cal in sample 5.7% / 5.5%,
+# regret 0 at 14 points; hold-out by context halves 13.7% / 13.2% and 12.8% / 9.1%, regret 0.
+DEFAULT_PROFILE = "h200_v31_cal"
 
 
 def key_fallbacks(key: str) -> list[str]:
