@@ -1,29 +1,32 @@
 #!/usr/bin/env bash
-# What session 17 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
+# What session 18 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
+#     OUT=$OUT bash scripts/gpu_pending.sh kv       # stage 3k (one GPU): the head-major KV layout's tests (MPK_KV_LAYOUT=hnd)
+#     VARS="base hnd hnd3" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=... one model)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
-#     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (h200_v30_cal)
+#     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (h200_v31_cal)
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
-#     VARS="base nowarp nogroups stages3" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU): one (~4 min: session 17's defaults - warp-pipelined attention, grouped
-# attention tasks, the fused SiLU - and the test changes on the GPU), bench for llama-3.2-1b and qwen3-8b (~9 each:
-# issue 3's table with both peers, the first with the session-17 defaults), val (~5: issue 5, h200_v30_cal), san.
-#  1. tests/gpu (38 passed at cf19493; session 17 changed the grouped-attention tests: the default now groups)
+# Order for a 30-minute session (one GPU): one (~3 min: session 18's split rule for the plans in the GPU tests),
+# kv (~3: MPK_KV_LAYOUT=hnd against pyvm and the reference), `VARS="base hnd" BS=1,8,32,128 CTXS=512,4096
+# MODELS=llama-3.2-1b ab` then the same for qwen3-8b (the prediction: llama attn-mk B=128 ctx 4096 9.87 -> ~5.5 ms,
+# B=32 ctx 512 1.96 -> ~1.65; qwen3-8b -3..15%; B=1 +-2%; docs/perf-notes.md session 18), `hnd3` if hnd holds; then
+# val (the split rule and v31_cal out of sample: B=1/8 planned = bench's one-megakernel cells), bench if time is left.
+#  1. tests/gpu (40 passed at de4fe7e)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
-#  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (session 17: 33 fused norms 60 us per B=32 step)
+#  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step)
 #  3d (mode attn) the non-default sides of the attention switches: -DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1,
-#     -DMPK_ATT_STAGES=3 (opt-in: -3.7% at llama B=128 ctx 4096 beyond the warp pipe, +7.4% at qwen3-8b B=1)
-#  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command. Expected from
-#     session 17's validate run (ctx 512, attn-mk): llama B=32 ~1.83 ms (gpt-fast 1.83 in session 16), B=128 ~3.16
-#     (2.50); qwen3-8b B=32 ~6.97 (6.44), B=128 ~10.7 (9.15)
-#  4d (mode val) validate_planner TP=1, ctx 512 B=1,8,32,128 and ctx 4096 B=1,8,32, all families: h200_v30_cal (fit on
-#     session 17's rows at ctx 512 and session 16's at ctx 4096, before the warp pipe) out of sample on the new defaults
+#     -DMPK_ATT_STAGES=3 (s18: groups1 26 passed, stages3 19 passed; nowarp not rerun since s17)
+#  3k (mode kv) tests/gpu/test_kv_layout.py, then test_megakernel / test_attention_long / test_engine_plans under
+#     MPK_KV_LAYOUT=hnd
+#  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command (s18 table in
+#     docs/benchmarks.md)
+#  4d (mode val) validate_planner TP=1, ctx 512 B=1,8,32,128 and ctx 4096 B=1,8,32, all families
 #  5. (2 GPUs) bench_allreduce.py: the LL candidate beside the signal protocol and NCCL (16 KiB target <= 3 us)
 #  6. (2 GPUs) gpu_check_tp.py --tp-invariant 2 (the fold is the default since session 12)
 #  7. (2 GPUs) bench_decode --tp 2 with the PyTorch TP peer, B=1,8 (qwen3-8b B=8 peer was skipped in session 11)
@@ -33,7 +36,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_kv.log pytest_gpu_kv_all.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -60,6 +63,14 @@ grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_groups1.log" | tail -6; snap
 MPK_NVCC_DEFINES=-DMPK_ATT_STAGES=3 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_stages.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
+elif [ "$MODE" = kv ]; then
+st "3k the head-major KV layout (MPK_KV_LAYOUT=hnd): its GPU tests, then the tests/gpu files it touches under it"
+timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_kv_layout.py > "$OUT/pytest_gpu_kv.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_kv.log" | tail -6
+MPK_KV_LAYOUT=hnd timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py \
+    tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_kv_all.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_kv_all.log" | tail -6
+snap
 elif [ "$MODE" = san ]; then
 st "3g compute-sanitizer memcheck + racecheck of the defaults (warp pipe, grouped attention; tiny configs, incl. one split)"
 OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
@@ -68,11 +79,13 @@ elif [ "$MODE" = ab ]; then
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
 for V in $VARS; do
+  K=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
+             hnd) D=""; G=""; K=hnd;; hnd3) D="-DMPK_ATT_STAGES=3"; G=""; K=hnd;;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
-  MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models llama-3.2-1b,qwen3-8b \
+  MPK_KV_LAYOUT=$K MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done

@@ -51,7 +51,8 @@ def log(*a):
 
 
 def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:
-    return {"model": model, "batch": B, "context": context, "tp": tp, "plan": plan.name, "chosen": chosen,
+    return {"model": model, "batch": B, "context": context, "tp": tp, "attn_splits": plan.attn_splits,
+            "plan": plan.name, "chosen": chosen,
             "predicted_us": plan.predicted_us, "measured_us": 1e3 * med(m["step_ms"]),
             "exec": m.get("exec"), "exec_segments": m.get("exec_segments"),
             "segments": [{"kind": sg.kind, "ops": len(sg.ops), "first_op": sg.ops[0], "predicted_us": sg.predicted_us,

@@ -65,6 +65,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int64_t max_pages = c.P[P_MAX_PAGES];
   const int64_t* bt = ptr<const int64_t>(c.P[P_BLOCK_TABLES]) + b * max_pages;
   const int64_t ps = c.P[P_PAGE_SIZE];
+  const bool hnd = c.P[P_KV_HND] != 0;   // head-major KV pages (common.cuh kv_row)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t m0 = b;  // decode: T == 1
   MPK_STAMP(0);
@@ -131,7 +132,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #endif
       const int j = j0 + u, pg = ppow ? j >> pss : j / psi;
       const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
-      const int64_t src = ((page * ps + (j - pg * psi)) * n_kv + gi) * D + e * 8;
+      const int64_t src = kv_row(hnd, page, j - pg * psi, gi, n_kv, ps, D) + e * 8;
       cp_async16(kb + u * KST + e * 8, kc + src, true);
       cp_async16(vb + u * KST + e * 8, vc + src, true);
     }

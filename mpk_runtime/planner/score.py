@@ -105,12 +105,12 @@ def valid_rows(rows: list[dict]) -> list[dict]:
 def _resim_point(job):
     from ..models import load_config
     from .search import candidates
-    (m, tp, b, ctx, env), fams, prof = job
+    (m, tp, b, ctx, env, splits), fams, prof = job
     with _environ(dict(env)):
-        return (m, tp, b, ctx, env), {p.name: (p.predicted_us, [(len(sg.ops), sg.ops[0], sg.features, sg.predicted_us)
-                                                                for sg in p.segments])
-                                      for p in candidates(load_config(m), tp=tp, batch=b, context=ctx, prof=prof,
-                                                          families=fams)}
+        return (m, tp, b, ctx, env, splits), {
+            p.name: (p.predicted_us, [(len(sg.ops), sg.ops[0], sg.features, sg.predicted_us) for sg in p.segments])
+            for p in candidates(load_config(m), tp=tp, batch=b, context=ctx, prof=prof, families=fams,
+                                splits=splits)}
 
 
 @contextlib.contextmanager
@@ -129,8 +129,16 @@ def _environ(env: dict):
                 os.environ[k] = v
 
 
-def _point(r: dict) -> tuple:
-    return r["model"], r.get("tp", 1), r["batch"], r.get("context", 512), tuple(sorted(r.get("env", {}).items()))
+def _point(r: dict, num_sms: int = 132) -> tuple:
+    """(model, tp, batch, context, env, attention splits) a row was measured at; rows from before session 18 carry
+    no "attn_splits": their plans had search.legacy_attn_splits."""
+    m, tp, b, ctx = r["model"], r.get("tp", 1), r["batch"], r.get("context", 512)
+    splits = r.get("attn_splits")
+    if splits is None:
+        from ..models import load_config
+        from .search import legacy_attn_splits
+        splits = legacy_attn_splits(load_config(m), tp, b, ctx, num_sms)
+    return m, tp, b, ctx, tuple(sorted(r.get("env", {}).items())), splits
 
 
 def resimulate(rows: list[dict], prof: HardwareProfile, families: tuple[str, ...] | None = None,
@@ -142,7 +150,7 @@ def resimulate(rows: list[dict], prof: HardwareProfile, families: tuple[str, ...
     first op; rows without a match are dropped."""
     pts: dict = {}
     for r in rows:
-        pts.setdefault(_point(r), set()).add(r["plan"])
+        pts.setdefault(_point(r, prof.num_sms), set()).add(r["plan"])
     jobs = [(k, tuple(sorted(names if families is None else names & set(families))), prof)
             for k, names in sorted(pts.items(), key=lambda kv: -kv[0][1] * kv[0][2])]   # big points first
     procs = max(1, min(procs or os.cpu_count() or 1, len(jobs)))
@@ -155,7 +163,7 @@ def resimulate(rows: list[dict], prof: HardwareProfile, families: tuple[str, ...
     plans = {k + (name,): v for k, d in got for name, v in d.items()}
     out = []
     for r in rows:
-        p = plans.get(_point(r) + (r["plan"],))
+        p = plans.get(_point(r, prof.num_sms) + (r["plan"],))
         if p is None or len(p[1]) != len(r["segments"]) or any(
                 n != s.get("ops", n) or first != s.get("first_op", first) for (n, first, _, _), s in zip(p[1], r["segments"])):
             continue

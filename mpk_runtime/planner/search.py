@@ -17,7 +17,7 @@ import gc
 from ..ir.build import build_graph
 from ..ir.graph import Graph
 from ..models.config import ModelConfig
-from ..tasks.tiling import Tiling
+from ..tasks.tiling import Tiling, attn_splits_for
 from .cost import SegmentCoster, conventional_features, conventional_us
 from .plan import Plan, Segment
 from .profile import HardwareProfile
@@ -39,8 +39,19 @@ def _layer_groups(g: Graph) -> list[list[str]]:
     return groups
 
 
-def _attn_splits(cfg: ModelConfig, tp: int, batch: int, context: int, num_sms: int) -> int:
-    """Enough KV splits that attention fills about half the SMs, keeping each split >= 256 keys."""
+def attn_splits(cfg: ModelConfig, tp: int, batch: int, context: int, num_sms: int) -> int:
+    """Attention key splits of every plan: tasks.tiling.attn_splits_for, the rule the one-megakernel bench has used
+    (sequences x KV heads x splits ~ the SMs, >= 64 keys per split). Until session 18 the plans had their own rule
+    (legacy_attn_splits: 1 split at batch 8, 2 at batch 1 ctx 512, where this one gives 2 and 8); measured on the same
+    commit (s18, validate_planner vs bench_decode, one megakernel, 1x H200): llama-3.2-1b B=8 ctx 4096 2.418 vs
+    2.004 ms, qwen3-8b 10.273 vs 8.965, llama B=1 ctx 512 1.104 vs 1.058, ctx 4096 1.212 vs 1.146; the simulator
+    ranks them alike (llama B=8 ctx 4096 2195 vs 1824 us predicted)."""
+    return attn_splits_for(batch, max(1, cfg.num_kv_heads // tp), context, num_sms)
+
+
+def legacy_attn_splits(cfg: ModelConfig, tp: int, batch: int, context: int, num_sms: int) -> int:
+    """The plans' split rule before session 18 (enough splits to fill about half the SMs, >= 256 keys each): what
+    validation rows without an "attn_splits" field were measured with (score.resimulate re-plans them under it)."""
     n_kv = max(1, cfg.num_kv_heads // tp)
     want = max(1, (num_sms // 2) // max(1, batch * n_kv))
     return max(1, min(want, context // 256 or 1, 16))
@@ -48,21 +59,25 @@ def _attn_splits(cfg: ModelConfig, tp: int, batch: int, context: int, num_sms: i
 
 def candidates(cfg: ModelConfig, *, tp: int = 1, batch: int = 1, context: int = 512,
                prof: HardwareProfile | None = None, families: tuple[str, ...] | None = None,
-               extrapolate: bool = True) -> list[Plan]:
+               extrapolate: bool = True, splits: int | None = None) -> list[Plan]:
     """Every candidate of `families`, priced, best first. `extrapolate=False` simulates every long segment in
-    full instead of extrapolating it from short ones (SegmentCoster; same predictions up to rounding)."""
+    full instead of extrapolating it from short ones (SegmentCoster; same predictions up to rounding). `splits`:
+    the attention key splits of every plan (default attn_splits(); re-pricing measured rows passes theirs)."""
     gc_was = gc.isenabled()
     gc.disable()   # millions of short-lived task objects, no cycles: the cyclic GC only costs time here
     try:
-        return _candidates(cfg, tp, batch, context, prof, families, extrapolate)
+        return _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits)
     finally:
         if gc_was:
             gc.enable()
 
 
-def _candidates(cfg, tp, batch, context, prof, families, extrapolate) -> list[Plan]:
+def _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits) -> list[Plan]:
     prof = (prof or HardwareProfile.load()).for_batch(batch)
-    splits = _attn_splits(cfg, tp, batch, context, prof.num_sms)
+    if splits is None:
+        splits = attn_splits(cfg, tp, batch, context, prof.num_sms)
+    elif splits < 1:
+        raise ValueError(f"attention splits must be >= 1 (got {splits})")
 
     def make_graphs(num_layers: int | None = None) -> list[Graph]:
         c = cfg if num_layers is None else cfg.replace(num_layers=num_layers)

@@ -74,16 +74,17 @@ def _rope_tables(cache: dict, ctx, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return cache[key]
 
 
-def _kv_slots(cache: dict, mem, ctx) -> torch.Tensor:
-    """(M,) flat slot (page * page_size + offset) each row's K/V goes to, once per step; inactive rows (pos < 0)
-    write into the scratch page, so the write needs no data-dependent mask."""
+def _kv_slots(cache: dict, mem, ctx):
+    """Where each of the (M,) rows' K/V goes, once per step: the flat slot (page * page_size + offset) for a
+    token-major cache, the (page, offset) pair for a head-major one (KVStore layout "hnd": permuted views, no flat
+    view); inactive rows (pos < 0) write into the scratch page, so the write needs no data-dependent mask."""
     if "slots" not in cache:
         pos = _rows(cache, ctx)
         T, ps = ctx.tokens_per_seq, ctx.page_size
         b = torch.arange(pos.numel(), device=pos.device) // T
         p = pos.clamp(min=0)
         page = torch.where(pos >= 0, ctx.block_tables[b, p // ps], torch.full_like(p, mem.kvstore.scratch))
-        cache["slots"] = page * ps + p % ps
+        cache["slots"] = (page, p % ps) if mem.kvstore.layout == "hnd" else page * ps + p % ps
     return cache["slots"]
 
 
@@ -170,7 +171,12 @@ def _qk_epilogue(qk, nq, qn, kn, cos, sin_s, eps, q):
 
 
 def _append_kv(k, v, kc, vc, slots) -> None:
-    """Rows of k and v into their cache slots (flat page * page_size + offset), in place."""
+    """Rows of k and v into their cache slots (_kv_slots: flat page * page_size + offset, or (page, offset) for a
+    head-major cache, whose kc / vc are permuted views), in place."""
+    if isinstance(slots, tuple):
+        kc[slots] = k
+        vc[slots] = v
+        return
     kc.view(-1, *kc.shape[2:])[slots] = k
     vc.view(-1, *vc.shape[2:])[slots] = v
 
