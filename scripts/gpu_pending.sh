@@ -22,7 +22,7 @@
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step)
 #  3d (mode attn) the non-default sides of the attention switches: -DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1,
 #     -DMPK_ATT_STAGES=3 (s18: groups1 26 passed, stages3 19 passed; nowarp not rerun since s17)
-#  3k (mode kv) tests/gpu/test_kv_layout.py, then test_megakernel / test_attention_long / test_engine_plans under
+#  3k (mode kv) tests/gpu/test_gpu_kv_layout.py, then test_megakernel / test_attention_long / test_engine_plans under
 #     MPK_KV_LAYOUT=hnd
 #  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command (s18 table in
 #     docs/benchmarks.md)
@@ -65,7 +65,7 @@ MPK_NVCC_DEFINES=-DMPK_ATT_STAGES=3 timeout 90 python3 -m pytest -q -m gpu \
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
 elif [ "$MODE" = kv ]; then
 st "3k the head-major KV layout (MPK_KV_LAYOUT=hnd): its GPU tests, then the tests/gpu files it touches under it"
-timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_kv_layout.py > "$OUT/pytest_gpu_kv.log" 2>&1
+timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_gpu_kv_layout.py > "$OUT/pytest_gpu_kv.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_kv.log" | tail -6
 MPK_KV_LAYOUT=hnd timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py \
     tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_kv_all.log" 2>&1
