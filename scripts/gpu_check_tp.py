@@ -183,7 +183,7 @@ def stall(ctx, res):
         try:
             torch.cuda.synchronize()
             tp.mk.check()
-            r = dict(stall_test="no error (FAIL)", seconds=time.time() - t0)
+            r = dict(stall_test="no error (FAIL)", seconds=time.time() - t0, ok=False)
         except KernelTimeout as e:
             r = dict(stall_test="KernelTimeout", seconds=time.time() - t0, message=str(e)[:600], ok=True)
         _log(rank, json.dumps(r))
@@ -251,7 +251,10 @@ def main():
     print(f"\n==== gpu_check_tp summary ({time.time() - t0:.0f}s) ====")
     for r in res:
         print(json.dumps(r)[:400])
+    bad = [r for r in res if "launch_error" in r or "error" in r or r.get("ok") is False]
+    print(f"gpu_check_tp: {len(bad)} of {len(res)} checks failed" if bad else f"gpu_check_tp: all {len(res)} ok")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

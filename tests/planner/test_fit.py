@@ -263,3 +263,29 @@ def synthetic_rows_at(name: str, B: int, base: HardwareProfile) -> list[dict]:
                  segments=[dict(kind=s.kind, ops=len(s.ops), predicted_us=s.predicted_us, features=s.features,
                                 measured_us=1.0) for s in p.segments])
             for p in candidates(PRESETS[name], batch=B, context=64, prof=base)]
+
+
+def test_plans_split_attention_like_the_bench_and_old_rows_keep_their_rule(base):
+    """Every plan's attention splits come from tasks.tiling.attn_splits_for (what the one-megakernel bench runs);
+    candidates(splits=n) prices n; rows that record no attn_splits (validate rows before session 18) are re-priced
+    under the rule they ran with (search.legacy_attn_splits), rows that record it under theirs."""
+    from mpk_runtime.planner.score import resimulate
+    from mpk_runtime.planner.search import legacy_attn_splits
+    from mpk_runtime.tasks.tiling import attn_splits_for
+    cfg = PRESETS["tiny-llama"]
+    new, old = attn_splits_for(1, cfg.num_kv_heads, 512), legacy_attn_splits(cfg, 1, 1, 512, base.num_sms)
+    assert (new, old) == (8, 2)
+    assert {p.attn_splits for p in candidates(cfg, batch=1, context=512, prof=base, families=("mono",))} == {new}
+    assert candidates(cfg, batch=1, context=512, prof=base, families=("mono",), splits=old)[0].attn_splits == old
+    with pytest.raises(ValueError, match="splits must be >= 1"):
+        candidates(cfg, batch=1, context=512, prof=base, families=("mono",), splits=0)
+    sims = {}
+    for s in (old, new):
+        p = candidates(cfg, batch=1, context=512, prof=base, families=("mono",), splits=s)[0]
+        sims[s] = p.segments[0].features["sim_us"]
+    row = dict(model="tiny-llama", batch=1, tp=1, context=512, plan="mono", predicted_us=1.0, measured_us=1.0,
+               segments=[dict(kind="megakernel", ops=len(p.segments[0].ops), first_op=p.segments[0].ops[0],
+                              measured_us=1.0, predicted_us=1.0, features={})])
+    legacy, recorded = resimulate([row], base, procs=1), resimulate([dict(row, attn_splits=new)], base, procs=1)
+    assert legacy[0]["segments"][0]["features"]["sim_us"] == sims[old] != sims[new]
+    assert recorded[0]["segments"][0]["features"]["sim_us"] == sims[new]
