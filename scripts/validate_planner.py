@@ -42,8 +42,8 @@ from mpk_runtime.planner.score import load_rows, summarize  # noqa: E402
 from _plan_measure import Point, measure_plan, med  # noqa: E402,F401
 
 T0 = time.time()
-DEFAULT_FAMILIES = "mono,mega2,per-layer,attn-conv,attn-mk,conventional"
-PRIORITY = ("mono", "conventional")
+DEFAULT_FAMILIES = "mono,mega2,mega3,per-layer,attn-conv,attn-mk,conventional"
+PRIORITY = ("mono", "mega3", "conventional")   # issue 5: one, three and no megakernels at every point
 
 
 def log(*a):
