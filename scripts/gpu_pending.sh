@@ -4,7 +4,7 @@
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
 #     OUT=$OUT bash scripts/gpu_pending.sh kv       # stage 3k (one GPU): the head-major KV layout's tests (MPK_KV_LAYOUT=hnd)
-#     VARS="base hnd hnd3" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=... one model)
+#     VARS="base hnd addnorm" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=one model)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (h200_v31_cal)
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
@@ -13,7 +13,7 @@
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
 # Order for a 30-minute session (one GPU): one (~3 min: session 18's split rule for the plans in the GPU tests),
-# kv (~3: MPK_KV_LAYOUT=hnd against pyvm and the reference), `VARS="base hnd" BS=1,8,32,128 CTXS=512,4096
+# kv (~3: MPK_KV_LAYOUT=hnd against pyvm and the reference), `VARS="base hnd addnorm" BS=1,8,32,128 CTXS=512,4096
 # MODELS=llama-3.2-1b ab` then the same for qwen3-8b (the prediction: llama attn-mk B=128 ctx 4096 9.87 -> ~5.5 ms,
 # B=32 ctx 512 1.96 -> ~1.65; qwen3-8b -3..15%; B=1 +-2%; docs/perf-notes.md session 18), `hnd3` if hnd holds; then
 # val (the split rule and v31_cal out of sample: B=1/8 planned = bench's one-megakernel cells), bench if time is left.
@@ -79,13 +79,14 @@ elif [ "$MODE" = ab ]; then
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
 for V in $VARS; do
-  K=""
+  K=""; A=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              hnd) D=""; G=""; K=hnd;; hnd3) D="-DMPK_ATT_STAGES=3"; G=""; K=hnd;;
+             addnorm) D=""; G=""; A=1;; hndaddnorm) D=""; G=""; K=hnd; A=1;;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
-  MPK_KV_LAYOUT=$K MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_CONV_FUSE_ADD_NORM=$A MPK_KV_LAYOUT=$K MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done
