@@ -77,3 +77,34 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   }
   sink[blockIdx.x * THREADS + threadIdx.x] = acc;
 }
+
+// The paged KV cache's access pattern (scripts/bench_stream.py --pieces): a buffer of `rows` rows, each `heads`
+// pieces of `piece` bytes side by side (a token-major page: (slot, head, D) -> piece = D x 2 bytes of one head;
+// head-major: (head, slot, D) -> piece = page_size x D x 2 bytes). CTA b reads head b % heads of its share of the rows
+// (rows split over gridDim.x / heads CTAs), as an attention task reads one KV head of its sequences, with UN
+// 16-byte loads in flight per thread; every byte of the buffer is read once per iteration, by some CTA. Only the
+// piece size (the contiguous run one CTA reads before it jumps heads x piece bytes) differs between runs.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    mpk_bench_pieces(const uint8_t* __restrict__ buf, int64_t rows, int piece, int heads, int iters,
+                     unsigned* __restrict__ sink) {
+  constexpr int UN = 8;
+  const int h = blockIdx.x % heads, ng = gridDim.x / heads, gi = blockIdx.x / heads;
+  const int64_t r0 = rows * gi / ng, r1 = rows * (gi + 1) / ng;
+  const int vpp = piece / 16, sh = __ffs(vpp) - 1;      // 16-byte vectors per piece (a power of two)
+  const int64_t nv = (r1 - r0) * vpp, row_bytes = (int64_t)heads * piece;
+  const uint8_t* base = buf + r0 * row_bytes + (int64_t)h * piece;
+  unsigned acc = 0;
+  for (int it = 0; it < iters; ++it) {
+    for (int64_t v0 = threadIdx.x; v0 < nv; v0 += (int64_t)THREADS * UN) {
+      uint4 v[UN];
+#pragma unroll
+      for (int u = 0; u < UN; ++u) {
+        const int64_t i = v0 + (int64_t)u * THREADS;
+        v[u] = i < nv ? ld_weight_stream16(base + (i >> sh) * row_bytes + (i & (vpp - 1)) * 16) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < UN; ++u) acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+  }
+  sink[blockIdx.x * THREADS + threadIdx.x] = acc;
+}

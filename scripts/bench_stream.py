@@ -9,6 +9,13 @@ qwen3-8b gate_up (2 x 12288 rows, K 4096), down (4096 x 12288), llama-3.2-1b gat
 GB/s = N x K x 2 bytes x iters / kernel time (CUDA events, median of `reps` launches), vs 4.55 TB/s.
 
     PYTHONPATH=. python3 scripts/bench_stream.py      -> $OUT/bench_stream.json
+
+--pieces (instead of the weight patterns): the paged KV cache's pattern (kernel mpk_bench_pieces): 8 heads' pieces
+side by side in every row, each CTA reading one head's pieces of its rows; GB/s per piece size (64 B .. 8 KB) and
+one contiguous stream, the same bytes. A token-major cache gives attention pieces of head_dim x 2 bytes (128 B at
+llama-3.2-1b's 64), a head-major one page_size x head_dim x 2 (2 KB). Writes $OUT/bench_pieces.json, whose
+"kv_piece_eff_by_bytes" (rate / the contiguous rate) is the hardware profile's field of that name (the planner
+prices an attention task's K/V bytes with it: planner/simulate.py task_stream_eff).
 """
 from __future__ import annotations
 
@@ -38,6 +45,9 @@ def main():
     ap.add_argument("--iters", type=int, default=4, help="passes over the matrix per launch")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--wks", default="1,2,4", help="k-slices per unit for the tc / frag patterns")
+    ap.add_argument("--pieces", action="store_true", help="the paged KV cache's pattern instead (see the doc)")
+    ap.add_argument("--piece-sizes", default="64,128,256,512,1024,2048,4096,8192")
+    ap.add_argument("--mib", type=int, default=1024, help="--pieces: buffer size")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_stream needs a CUDA GPU")
@@ -55,6 +65,22 @@ def main():
     dev = torch.device("cuda", 0)
     stream = torch.cuda.current_stream(dev)
     sink = torch.zeros(a.tiles * L.CONSTANTS["THREADS"], dtype=torch.int32, device=dev)
+
+    def timed(f, args, grid):
+        ts = []
+        for rep in range(a.reps + 2):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record(stream)
+            _check(cu.cuLaunchKernel(f, grid, 1, 1, L.CONSTANTS["THREADS"], 1, 1, 0,
+                                     cu.CUstream(stream.cuda_stream), args, 0), "cuLaunchKernel")
+            e1.record(stream)
+            torch.cuda.synchronize()
+            if rep >= 2:
+                ts.append(e0.elapsed_time(e1) * 1e-3)
+        return statistics.median(ts)
+
+    if a.pieces:
+        return pieces(a, cu, mod, dev, sink, timed, torch)
     rows_out = []
     for name, N, K in SHAPES:
         W = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
@@ -66,17 +92,7 @@ def main():
                 args = ((W.data_ptr(), N, K, rows, code, wk, a.iters, sink.data_ptr()),
                         (ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                          ctypes.c_int, ctypes.c_void_p))
-                ts = []
-                for rep in range(a.reps + 2):
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record(stream)
-                    _check(cu.cuLaunchKernel(fn, a.tiles, 1, 1, L.CONSTANTS["THREADS"], 1, 1, 0,
-                                             cu.CUstream(stream.cuda_stream), args, 0), "cuLaunchKernel")
-                    e1.record(stream)
-                    torch.cuda.synchronize()
-                    if rep >= 2:
-                        ts.append(e0.elapsed_time(e1) * 1e-3)
-                t = statistics.median(ts)
+                t = timed(fn, args, a.tiles)
                 gbs = nbytes * a.iters / t / 1e9
                 r = dict(shape=name, N=N, K=K, rows_per_tile=rows, tiles=a.tiles, mode=mode, wk=wk,
                          us_per_pass=t / a.iters * 1e6, GB_s=gbs, pct_of_4550=100 * gbs / 4550)
@@ -89,6 +105,39 @@ def main():
                 git_commit=os.environ.get("GIT_COMMIT", ""), iters=a.iters, reps=a.reps)
     (OUT / "bench_stream.json").write_text(json.dumps(dict(meta=meta, rows=rows_out), indent=1))
     print(f"wrote {OUT / 'bench_stream.json'}")
+
+
+def pieces(a, cu, mod, dev, sink, timed, torch, heads: int = 8):
+    """GB/s of mpk_bench_pieces per piece size (heads pieces per row), and of the same bytes as one stream."""
+    from mpk_runtime.runtime.megakernel import _check
+    fn = _check(cu.cuModuleGetFunction(mod, b"mpk_bench_pieces"), "cuModuleGetFunction")
+    nbytes = a.mib << 20
+    buf = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=dev)
+    if a.tiles % heads:
+        raise SystemExit(f"--tiles {a.tiles}: a multiple of the {heads} heads")
+    rows_out = []
+    for piece, h in [(int(x), heads) for x in a.piece_sizes.split(",")] + [(8192, 1)]:
+        if piece < 16 or piece & (piece - 1):
+            raise SystemExit(f"piece {piece}: a power of two >= 16 bytes (the kernel shifts)")
+        rows = nbytes // (h * piece)
+        args = ((buf.data_ptr(), rows, piece, h, a.iters, sink.data_ptr()),
+                (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p))
+        t = timed(fn, args, a.tiles)
+        gbs = rows * h * piece * a.iters / t / 1e9
+        r = dict(pattern="pieces" if h > 1 else "contiguous", piece=piece, heads=h, tiles=a.tiles, GB_s=gbs,
+                 pct_of_4550=100 * gbs / 4550)
+        rows_out.append(r)
+        print(f"{r['pattern']:<10} piece {piece:>5} B x {h} heads  {gbs:7.0f} GB/s ({r['pct_of_4550']:.0f}% of 4.55 TB/s)",
+              flush=True)
+    top = rows_out[-1]["GB_s"]
+    eff = {str(r["piece"]): round(min(1.0, r["GB_s"] / top), 3) for r in rows_out if r["heads"] > 1}
+    print("kv_piece_eff_by_bytes", json.dumps(eff))
+    OUT.mkdir(parents=True, exist_ok=True)
+    meta = dict(machine=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                git_commit=os.environ.get("GIT_COMMIT", ""), iters=a.iters, reps=a.reps, mib=a.mib)
+    (OUT / "bench_pieces.json").write_text(json.dumps(dict(meta=meta, rows=rows_out, kv_piece_eff_by_bytes=eff),
+                                                      indent=1))
+    print(f"wrote {OUT / 'bench_pieces.json'}")
 
 
 if __name__ == "__main__":

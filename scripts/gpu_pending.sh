@@ -13,7 +13,8 @@
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
 # Order for a 30-minute session (one GPU): one (~3 min: session 18's split rule for the plans in the GPU tests),
-# kv (~3: MPK_KV_LAYOUT=hnd against pyvm and the reference), `VARS="base hnd addnorm" BS=1,8,32,128 CTXS=512,4096
+# kv (~3: the piece rate of the KV access pattern, prediction: 128-byte pieces ~25-35% of the contiguous rate, 2 KB
+# pieces >= 85%; then MPK_KV_LAYOUT=hnd against pyvm and the reference), `VARS="base hnd addnorm" BS=1,8,32,128 CTXS=512,4096
 # MODELS=llama-3.2-1b ab` then the same for qwen3-8b (the prediction: llama attn-mk B=128 ctx 4096 9.87 -> ~5.5 ms,
 # B=32 ctx 512 1.96 -> ~1.65; qwen3-8b -3..15%; B=1 +-2%; docs/perf-notes.md session 18), `hnd3` if hnd holds; then
 # val (the split rule and v31_cal out of sample: B=1/8 planned = bench's one-megakernel cells), bench if time is left.
@@ -64,7 +65,9 @@ MPK_NVCC_DEFINES=-DMPK_ATT_STAGES=3 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_stages.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
 elif [ "$MODE" = kv ]; then
-st "3k the head-major KV layout (MPK_KV_LAYOUT=hnd): its GPU tests, then the tests/gpu files it touches under it"
+st "3k the KV cache's piece rate (bench_stream --pieces), then the head-major KV layout (MPK_KV_LAYOUT=hnd): its GPU tests and the tests/gpu files it touches under it"
+OUT="$OUT/bench" timeout 60 python3 scripts/bench_stream.py --pieces > "$OUT/bench/pieces.log" 2>&1
+grep -E "piece|kv_piece" "$OUT/bench/pieces.log"; snap
 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_gpu_kv_layout.py > "$OUT/pytest_gpu_kv.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_kv.log" | tail -6
 MPK_KV_LAYOUT=hnd timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py \

@@ -84,6 +84,10 @@ class HardwareProfile:
     fp32_flops_per_s: float = 60e12
     task_fixed_us_by_kind: dict[str, float] = field(default_factory=dict)
     stream_eff_by_kind: dict[str, float] = field(default_factory=dict)   # achieved / fair-share streaming rate
+    # the paged KV cache's rate by the contiguous bytes an attention task reads of one head before it jumps to the
+    # next row (scripts/bench_stream.py --pieces: rate / the contiguous rate): head_dim x 2 for token-major pages,
+    # page_size x head_dim x 2 for head-major ones (MPK_KV_LAYOUT=hnd); empty = 1 (every piece streams)
+    kv_piece_eff_by_bytes: dict[str, float] = field(default_factory=dict)
     flop_us_by_kind: dict[str, float] = field(default_factory=dict)      # per-flop time not hidden under loads
     conv_fixed_us_by_kind: dict[str, float] = field(default_factory=dict)  # measured fixed cost per conventional op
     # megakernel linear tiles loop over row groups of `row_tile` rows (device_kernels/ops/linear.cuh ROW_TILE):
@@ -134,6 +138,9 @@ class HardwareProfile:
 
     def stream_eff(self, kind: str) -> float:
         return _by_key(self.stream_eff_by_kind, kind, 1.0)
+
+    def kv_piece_eff(self, nbytes: int) -> float:
+        return _curve(self.kv_piece_eff_by_bytes, nbytes) if self.kv_piece_eff_by_bytes else 1.0
 
     def flop_us(self, kind: str) -> float:
         return _by_key(self.flop_us_by_kind, kind, 0.0)
