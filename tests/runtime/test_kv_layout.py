@@ -60,3 +60,18 @@ def test_hnd_decode_equals_nhd(monkeypatch, cfg, tp, batch, backend):
     assert torch.equal(a, b)
     for x, y in zip(ca, cb):   # the same values in every written slot (unwritten: the same NaN poison)
         assert torch.equal(torch.nan_to_num(x, nan=7.0), torch.nan_to_num(y, nan=7.0))
+
+
+@pytest.mark.parametrize("backend", ["pyvm", "torch"])
+def test_engine_generates_the_same_tokens_with_head_major_pages(monkeypatch, backend):
+    """The whole engine (prefill through the conventional path, decode through the backend, continuous batching
+    over pages the allocator hands out) with MPK_KV_LAYOUT=hnd: the same greedy tokens as the default layout."""
+    from mpk_runtime.engine import LLM, SamplingParams
+    prompts = [[1, 2, 3, 4, 5], [7], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23], [100, 200, 300]]
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    outs = {}
+    for layout in ("nhd", "hnd"):
+        monkeypatch.setenv("MPK_KV_LAYOUT", layout)
+        with LLM("tiny-qwen3", backend=backend, dtype="float32", max_seq_len=64, max_batch=4) as llm:
+            outs[layout] = [o.token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+    assert outs["hnd"] == outs["nhd"] and all(len(t) == 10 for t in outs["hnd"])
