@@ -20,7 +20,8 @@
 # val (the split rule and v31_cal out of sample: B=1/8 planned = bench's one-megakernel cells), bench if time is left.
 #  1. tests/gpu (40 passed at de4fe7e)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
-#  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step)
+#  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step),
+#     then --family gptfast: the peer's kernels at the same points (where its 1.53 / 2.21 ms go)
 #  3d (mode attn) the non-default sides of the attention switches: -DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1,
 #     -DMPK_ATT_STAGES=3 (s18: groups1 26 passed, stages3 19 passed; nowarp not rerun since s17)
 #  3k (mode kv) tests/gpu/test_gpu_kv_layout.py, then test_megakernel / test_attention_long / test_engine_plans under
@@ -53,6 +54,10 @@ st "3 profile attn-mk's conventional segments (fused norms)"
 timeout 60 python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32,128 --family attn-mk \
     --out "$OUT/prof" > "$OUT/prof/profile_eager.log" 2>&1
 head -30 "$OUT/prof/profile_eager.log"; snap
+st "3p the gpt-fast peer's step, kernel by kernel, at the same points"
+timeout 150 python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32,128 --family gptfast \
+    --out "$OUT/prof" > "$OUT/prof/profile_gptfast.log" 2>&1
+grep -A14 "^==" "$OUT/prof/profile_gptfast.log" | head -32; snap
 elif [ "$MODE" = attn ]; then
 st "3d the attention switches' other sides: -DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1, -DMPK_ATT_STAGES=3"
 MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=0 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \

@@ -1,7 +1,9 @@
 """Where a conventional (torch ops) decode step spends GPU time: one eager step per (model, batch) under
 torch.profiler, kernels grouped by name, top-N by total GPU time, plus the kernel count per step.
 --family attn-mk profiles the plan with attention as megakernels (its conventional segments' kernels, the
-megakernel launches as one name); MPK_CONV_COMPILE=1 profiles the compiled segments.
+megakernel launches as one name); MPK_CONV_COMPILE=1 profiles the compiled segments. --family gptfast profiles the
+gpt-fast-style peer of bench_decode (scripts/_peers.py; its inductor kernels launched without CUDA graphs, so the
+profiler sees each): where the peer's step goes, kernel by kernel, beside ours.
 
     PYTHONPATH=. python3 scripts/profile_conventional.py --models qwen3-8b --batches 1,128 --out $OUT
     PYTHONPATH=. python3 scripts/profile_conventional.py --models llama-3.2-1b --batches 32,128 --family attn-mk
@@ -24,19 +26,36 @@ from mpk_runtime.planner import candidates  # noqa: E402
 from mpk_runtime.runtime.plan_exec import PlanExecutor  # noqa: E402
 
 
+def _gptfast_step(cfg, B: int, context: int):
+    """One decode step of the gpt-fast-style peer at `context` (torch.compile, default mode: no CUDA graphs)."""
+    from _peers import GptFast
+    m = GptFast(cfg, B, context + 16)
+    step = torch.compile(m.forward, fullgraph=True)
+    tok = torch.zeros(B, 1, dtype=torch.long, device="cuda")
+    ar = torch.arange(context + 16, device="cuda")
+    pos = torch.tensor([context], device="cuda")
+    mask = (ar <= context).view(1, 1, 1, -1)
+    return lambda: step(tok, pos, mask), m
+
+
 def profile(model: str, B: int, context: int, top: int, family: str = "conventional") -> dict:
     cfg = load_config(model).replace(dtype="bfloat16")
-    w = prepare_weights(random_weights(cfg, seed=0, device="cuda"), cfg)   # (MPK_CONV_FUSE_PROJ)
-    plan = candidates(cfg, tp=1, batch=B, context=context, families=(family,))[0]
-    pt = Point(cfg, w, B, context, "cuda", plan.attn_splits)
-    ex = PlanExecutor(plan, pt.graphs, [pt.mem], backend="megakernel", check=False, make_megakernel=pt.make_mk)
-    for _ in range(3):   # torch.compile (MPK_CONV_COMPILE=1) compiles in the first two
-        ex.run(lambda r: pt.ctx)
-    torch.cuda.synchronize()
-    from torch.profiler import ProfilerActivity, profile as tprof
-    with tprof(activities=[ProfilerActivity.CUDA]) as prof:
-        ex.run(lambda r: pt.ctx)
+    if family == "gptfast":
+        run, keep = _gptfast_step(cfg, B, context)
+    else:
+        w = prepare_weights(random_weights(cfg, seed=0, device="cuda"), cfg)   # (MPK_CONV_FUSE_PROJ)
+        plan = candidates(cfg, tp=1, batch=B, context=context, families=(family,))[0]
+        pt = Point(cfg, w, B, context, "cuda", plan.attn_splits)
+        ex = PlanExecutor(plan, pt.graphs, [pt.mem], backend="megakernel", check=False, make_megakernel=pt.make_mk)
+        run, keep = (lambda: ex.run(lambda r: pt.ctx)), (ex, pt, w)
+    with torch.no_grad():
+        for _ in range(3):   # torch.compile (MPK_CONV_COMPILE=1, the peer) compiles in the first ones
+            run()
         torch.cuda.synchronize()
+        from torch.profiler import ProfilerActivity, profile as tprof
+        with tprof(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
     rows = {}
     n = 0
     for e in prof.events():
@@ -51,7 +70,7 @@ def profile(model: str, B: int, context: int, top: int, family: str = "conventio
     print(f"== {model} B={B} ctx={context} {family}: {n} GPU kernels/copies per step, {tot / 1e3:.2f} ms GPU busy")
     for name, (c, us) in out:
         print(f"  {us:10.1f} us {c:6d}x  {name}")
-    del ex, pt, w
+    del keep, run
     torch.cuda.empty_cache()
     return dict(model=model, batch=B, context=context, family=family, kernels=n, gpu_busy_us=tot,
                 compiled=os.environ.get("MPK_CONV_COMPILE", "0") == "1",
@@ -64,7 +83,8 @@ def main():
     ap.add_argument("--batches", default="1,128")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--family", default="conventional", help="plan family profiled (conventional, attn-mk, ...)")
+    ap.add_argument("--family", default="conventional",
+                    help="plan family profiled (conventional, attn-mk, ...), or gptfast: the peer")
     ap.add_argument("--out", default=".")
     a = ap.parse_args()
     res = [profile(m, int(b), a.context, a.top, a.family) for m in a.models.split(",") for b in a.batches.split(",")]
