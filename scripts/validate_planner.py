@@ -50,8 +50,18 @@ def log(*a):
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
 
+NOT_SWITCHES = ("MPK_CACHE_DIR", "MPK_KERNEL_TIMEOUT_S")
+
+
+def switches() -> dict:
+    """The MPK_* switches this run measured under (KV layout, attention grouping, build defines, conventional
+    fusions): recorded in every row, so `planner.fit` re-plans the row as it ran (score.resimulate, load_rows)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MPK_") and v and k not in NOT_SWITCHES}
+
+
 def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:
     return {"model": model, "batch": B, "context": context, "tp": tp, "attn_splits": plan.attn_splits,
+            **({"env": switches()} if switches() else {}),
             "plan": plan.name, "chosen": chosen,
             "predicted_us": plan.predicted_us, "measured_us": 1e3 * med(m["step_ms"]),
             "exec": m.get("exec"), "exec_segments": m.get("exec_segments"),
