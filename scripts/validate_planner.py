@@ -50,7 +50,7 @@ def log(*a):
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
 
-NOT_SWITCHES = ("MPK_CACHE_DIR", "MPK_KERNEL_TIMEOUT_S")
+NOT_SWITCHES = ("MPK_CACHE_DIR", "MPK_KERNEL_TIMEOUT_S", "MPK_PLAN_CACHE", "MPK_PREFILL_GRAPHS")
 
 
 def switches() -> dict:
