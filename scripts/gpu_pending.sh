@@ -12,12 +12,14 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU): one (~3 min: session 18's split rule for the plans in the GPU tests),
-# kv (~3: the piece rate of the KV access pattern, prediction: 128-byte pieces ~25-35% of the contiguous rate, 2 KB
-# pieces >= 85%; then MPK_KV_LAYOUT=hnd against pyvm and the reference), `VARS="base hnd addnorm" BS=1,8,32,128 CTXS=512,4096
-# MODELS=llama-3.2-1b ab` then the same for qwen3-8b (the prediction: llama attn-mk B=128 ctx 4096 9.87 -> ~5.5 ms,
-# B=32 ctx 512 1.96 -> ~1.65; qwen3-8b -3..15%; B=1 +-2%; docs/perf-notes.md session 18), `hnd3` if hnd holds; then
-# val (the split rule and v31_cal out of sample: B=1/8 planned = bench's one-megakernel cells), bench if time is left.
+# Order for a 30-minute session (one GPU): one (~4 min: session 18's split rule for the plans in the GPU tests, the
+# new GPU tests, our attn-mk profile and the gpt-fast peer's at the same points), kv (~3: the piece rate of the KV
+# access pattern - prediction: 128-byte pieces ~50% of the contiguous rate, 256 B ~70%, 2 KB >= 90% - then
+# MPK_KV_LAYOUT=hnd against pyvm and the reference), `VARS="base hnd addnorm" BS=1,8,32,128 CTXS=512,4096
+# MODELS=llama-3.2-1b ab`, then qwen3-8b in two commands (VARS="base hnd", then "addnorm"): the prediction (llama
+# attn-mk B=128 ctx 4096 9.87 -> ~7.0 ms, B=32 ctx 512 1.96 -> ~1.7, mono B=8 ctx 4096 2.00 -> ~1.75; qwen3-8b
+# -3..15%; B=1 +-3%; docs/perf-notes.md session 18), `hnd3` if hnd holds; then val (the split rule and v31_cal out of
+# sample: B=1/8 planned = bench's one-megakernel cells), bench if time is left.
 #  1. tests/gpu (40 passed at de4fe7e)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step),
