@@ -8,6 +8,11 @@ A point is (model, batch, context, plan or peer): bench_decode's megakernel row 
 row the plan it ran, so a bench file pairs with a validate file (mind the timing: bench times the one megakernel
 8 steps per launch, validate every plan a graph replay per step). Rows that were skipped or failed show their
 status. Only the first file's points are listed, in its order.
+
+--kv-rates: per file, the marginal K/V streaming rate of each (model, batch, system) measured at two contexts: the
+extra K and V bytes a step reads at the longer context (layers x batch x extra keys x KV heads x head_dim x 2 x 2 B)
+over the extra time (docs/perf-notes.md session 18: llama-3.2-1b 2.2 TB/s token-major, the gpt-fast peer's dense
+cache 4.2).
 """
 from __future__ import annotations
 
@@ -54,16 +59,41 @@ def table(named: list[tuple[str, dict]]) -> list[list[str]]:
     return lines
 
 
+def kv_rates(named: list[tuple[str, dict]]) -> list[list[str]]:
+    """[file, model, batch, system, ctx0 -> ctx1, extra GB, TB/s] for every point measured at two contexts."""
+    import sys as _sys
+    _sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from mpk_runtime.models import load_config
+    lines = [["file", "model", "B", "system", "contexts", "extra K/V GB", "TB/s"]]
+    for name, d in named:
+        by: dict[tuple, dict[int, float]] = {}
+        for (m, b, c, what), r in d.items():
+            v = ms(r)
+            if v is not None and r.get("tp", 1) == 1:
+                by.setdefault((m, b, what), {})[c] = v
+        for (m, b, what), cs in by.items():
+            if len(cs) < 2:
+                continue
+            c0, c1 = min(cs), max(cs)
+            cfg = load_config(m)
+            extra = cfg.num_layers * b * (c1 - c0) * cfg.num_kv_heads * cfg.head_dim * 2 * 2
+            dt = (cs[c1] - cs[c0]) * 1e-3
+            rate = f"{extra / dt / 1e12:.2f}" if dt > 0 else "-"
+            lines.append([name, m, str(b), what, f"{c0} -> {c1}", f"{extra / 1e9:.2f}", rate])
+    return lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+", help="name=path (or a path: its parent folder names it)")
     ap.add_argument("--md", action="store_true", help="a markdown table")
+    ap.add_argument("--kv-rates", action="store_true", help="marginal K/V rates between two contexts instead")
     a = ap.parse_args(argv)
     named = []
     for f in a.files:
         name, _, path = f.partition("=") if "=" in f else (Path(f).parent.name, "", f)
         named.append((name, load(path)))
-    lines = table(named)
+    lines = kv_rates(named) if a.kv_rates else table(named)
     if a.md:
         print("| " + " | ".join(lines[0]) + " |\n|" + "---|" * len(lines[0]))
         for ln in lines[1:]:
@@ -71,7 +101,7 @@ def main(argv=None) -> None:
         return
     w = [max(len(ln[i]) for ln in lines) for i in range(len(lines[0]))]
     for ln in lines:
-        print("  ".join(c.rjust(w[i]) if i > 3 else c.ljust(w[i]) for i, c in enumerate(ln)))
+        print("  ".join(c.rjust(w[i]) if i > (4 if a.kv_rates else 3) else c.ljust(w[i]) for i, c in enumerate(ln)))
 
 
 if __name__ == "__main__":

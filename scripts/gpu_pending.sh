@@ -101,6 +101,7 @@ for V in $VARS; do
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done
 python3 scripts/ab_table.py $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
+python3 scripts/ab_table.py --kv-rates $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
 elif [ "$MODE" = val ]; then
 st "4d validate_planner TP=1, all families: ctx 512 B=1,8,32,128, then ctx 4096 B=1,8,32 (h200_v30_cal out of sample)"
 for C in 512 4096; do
