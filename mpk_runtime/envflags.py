@@ -19,3 +19,13 @@ def env_int(name: str, default: int, lo: int = 1, hi: int = 64) -> int:
     if not v.isdigit() or not lo <= int(v) <= hi:
         raise ValueError(f"{name}={v!r}: expected an integer from {lo} to {hi}")
     return int(v)
+
+
+NOT_SWITCHES = ("MPK_CACHE_DIR", "MPK_KERNEL_TIMEOUT_S", "MPK_PLAN_CACHE", "MPK_PREFILL_GRAPHS")
+
+
+def switches() -> dict:
+    """The MPK_* switches set in this process (KV layout, attention grouping, build defines, conventional fusions):
+    what a measurement ran under, recorded with its results (validate_planner rows, bench_decode meta) so a later
+    fit or comparison knows; paths and timeouts are not switches."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MPK_") and v and k not in NOT_SWITCHES}

@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
+from mpk_runtime.envflags import switches  # noqa: E402
 from mpk_runtime.models import load_config, random_weights  # noqa: E402
 from mpk_runtime.runtime.conventional_fused import prepare_weights  # noqa: E402
 from mpk_runtime.planner import HardwareProfile, candidates  # noqa: E402
@@ -50,18 +51,9 @@ def log(*a):
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
 
-NOT_SWITCHES = ("MPK_CACHE_DIR", "MPK_KERNEL_TIMEOUT_S", "MPK_PLAN_CACHE", "MPK_PREFILL_GRAPHS")
-
-
-def switches() -> dict:
-    """The MPK_* switches this run measured under (KV layout, attention grouping, build defines, conventional
-    fusions): recorded in every row, so `planner.fit` re-plans the row as it ran (score.resimulate, load_rows)."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MPK_") and v and k not in NOT_SWITCHES}
-
-
 def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:
     return {"model": model, "batch": B, "context": context, "tp": tp, "attn_splits": plan.attn_splits,
-            **({"env": switches()} if switches() else {}),
+            **({"env": switches()} if switches() else {}),   # re-planned as it ran by planner.fit
             "plan": plan.name, "chosen": chosen,
             "predicted_us": plan.predicted_us, "measured_us": 1e3 * med(m["step_ms"]),
             "exec": m.get("exec"), "exec_segments": m.get("exec_segments"),

@@ -1,0 +1,29 @@
+"""mpk_runtime.envflags: on/off and integer switches checked by name; `switches()` lists the MPK_* switches a
+measurement ran under (set, non-empty, paths and timeouts left out)."""
+import pytest
+
+from mpk_runtime.envflags import env_flag, env_int, switches
+
+
+def test_flags_and_ints_are_checked(monkeypatch):
+    monkeypatch.setenv("MPK_X_FLAG", "")
+    assert env_flag("MPK_X_FLAG", default=True) is True
+    monkeypatch.setenv("MPK_X_FLAG", "0")
+    assert env_flag("MPK_X_FLAG", default=True) is False
+    monkeypatch.setenv("MPK_X_FLAG", "on")
+    with pytest.raises(ValueError, match="MPK_X_FLAG='on'"):
+        env_flag("MPK_X_FLAG")
+    monkeypatch.setenv("MPK_X_INT", "9")
+    with pytest.raises(ValueError, match="from 0 to 8"):
+        env_int("MPK_X_INT", 1, lo=0, hi=8)
+
+
+def test_switches_are_the_set_mpk_variables_but_paths_and_timeouts(monkeypatch):
+    for k in [k for k in __import__("os").environ if k.startswith("MPK_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("MPK_KV_LAYOUT", "hnd")
+    monkeypatch.setenv("MPK_ATT_GROUPS", "")
+    monkeypatch.setenv("MPK_CACHE_DIR", "/tmp/c")
+    monkeypatch.setenv("MPK_KERNEL_TIMEOUT_S", "60")
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_STAGES=3")
+    assert switches() == {"MPK_KV_LAYOUT": "hnd", "MPK_NVCC_DEFINES": "-DMPK_ATT_STAGES=3"}
