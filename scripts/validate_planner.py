@@ -52,8 +52,9 @@ def log(*a):
 
 
 def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:
+    env = switches()   # re-planned as it ran by planner.fit
     return {"model": model, "batch": B, "context": context, "tp": tp, "attn_splits": plan.attn_splits,
-            **({"env": switches()} if switches() else {}),   # re-planned as it ran by planner.fit
+            **({"env": env} if env else {}),
             "plan": plan.name, "chosen": chosen,
             "predicted_us": plan.predicted_us, "measured_us": 1e3 * med(m["step_ms"]),
             "exec": m.get("exec"), "exec_segments": m.get("exec_segments"),

@@ -144,16 +144,13 @@ def task_stream_bytes(t: Task, prof: HardwareProfile) -> float:
     return t.est_bytes + (groups - 1) * wbytes * prof.restream_frac
 
 
-KV_PAGE_SIZE = 16   # the runtime's default KV page (engine, runners): what a head-major page's piece is priced at
-
-
 def kv_piece_bytes(head_dim: int, layout: str | None = None) -> int:
     """Contiguous bytes of one KV head an attention task reads before it jumps a row (bf16): one row of head_dim
     values in a token-major page (runtime/memory.py KVStore "nhd"), a page of them in a head-major one ("hnd");
     `layout` defaults to the process's (MPK_KV_LAYOUT), as the runners' KVStore does."""
-    from ..runtime.memory import kv_layout_default
+    from ..runtime.memory import DEFAULT_PAGE_SIZE, kv_layout_default
     row = head_dim * 2
-    return row * KV_PAGE_SIZE if (layout or kv_layout_default()) == "hnd" else row
+    return row * DEFAULT_PAGE_SIZE if (layout or kv_layout_default()) == "hnd" else row
 
 
 def task_stream_eff(t: Task, prof: HardwareProfile) -> float:
@@ -162,7 +159,7 @@ def task_stream_eff(t: Task, prof: HardwareProfile) -> float:
     (UN 16-byte rounds of two rows) than the CUDA-core batch-1 loop (UNROLL vectors x 2 columns); an attention
     partial's times the KV cache's rate for its pieces (prof.kv_piece_eff, kv_piece_bytes)."""
     key = cost_key(t)
-    if t.kind == "attn_partial" and "head_dim" in t.params:
+    if t.kind == "attn_partial" and prof.kv_piece_eff_by_bytes and "head_dim" in t.params:   # (no table: 1)
         return prof.stream_eff(key) * prof.kv_piece_eff(kv_piece_bytes(t.params["head_dim"]))
     if key == t.kind:
         return prof.stream_eff(key)

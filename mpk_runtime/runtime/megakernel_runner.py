@@ -32,7 +32,7 @@ from .base import KVSpec, ModelRunner, SeqChunk, register_runner
 from .conventional_fused import prepare_weights
 from .device_sampling import host_logits_needed, step_output
 from .megakernel_plans import ConventionalPrefill, PlannedDecoder, fill_step
-from .memory import KVStore, RankMemory
+from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory
 
 
 def build_rank_kernel(cfg, weights: dict, *, rank: int, world: int, heap=None, batch: int, max_seq_len: int,
@@ -74,7 +74,7 @@ class MegakernelRunner(ModelRunner):
 
     def __init__(self, model: str = "tiny-llama", *, world_size: int | None = None, tp: int = 1, rank: int = 0,
                  seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int = 512,
-                 page_size: int = 16, num_pages: int | None = None, num_sms: int | None = None,
+                 page_size: int = DEFAULT_PAGE_SIZE, num_pages: int | None = None, num_sms: int | None = None,
                  attn_splits: int | None = None, timeout_s: float = 2.0, device: str = "cuda", comm=None,
                  nvshmem_uid: bytes | None = None, tp_invariant: int = 1, plan=None, plan_buckets=None,
                  plan_context: int = 512, prefill_warmup_tokens: int = 64, **_: object):

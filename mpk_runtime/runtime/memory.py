@@ -21,6 +21,7 @@ _DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.fl
 
 
 KV_LAYOUTS = ("nhd", "hnd")
+DEFAULT_PAGE_SIZE = 16   # slots per KV page unless a runner is told otherwise (engine, runners, planner pricing)
 
 
 def kv_layout_default() -> str:

@@ -20,7 +20,7 @@ from ..tasks.tiling import Tiling
 from .base import KVSpec, ModelRunner, SeqChunk, register_runner
 from .comm import ThreadComm
 from .device_sampling import fill_sampling, step_output
-from .memory import KVStore, RankMemory, StepCtx, connect
+from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory, StepCtx, connect
 from .plan_exec import PlanExecutor
 from .pyvm import PyVM
 from .torch_exec import ConventionalExecutor, prefill_groups
@@ -210,7 +210,7 @@ class _CPURunner(ModelRunner):
 
     def __init__(self, model: str = "tiny-llama", *, world_size: int = 1, rank: int = 0, comm=None,
                  seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int | None = None,
-                 page_size: int = 16, num_pages: int | None = None, num_sms: int = 8, mode: str = "ordered",
+                 page_size: int = DEFAULT_PAGE_SIZE, num_pages: int | None = None, num_sms: int = 8, mode: str = "ordered",
                  device: str = "cpu", tp: int | None = None, tp_invariant: int = 1, plan=None,
                  plan_buckets=None, plan_context: int = 512, **_: object):
         self.config = cfg = load_config(model)

@@ -13,12 +13,13 @@ import torch
 from ..models import KVCache, ReferenceModel, get_weights, load_config
 from ..models.weights import torch_dtype
 from .base import KVSpec, ModelRunner, SeqChunk, register_runner
+from .memory import DEFAULT_PAGE_SIZE
 
 
 class ReferenceRunner(ModelRunner):
     def __init__(self, model: str, rank: int = 0, world_size: int = 1, comm=None, seed: int = 0,
                  dtype: str | torch.dtype | None = None, device: str = "cpu", max_batch: int = 8,
-                 max_seq_len: int | None = None, page_size: int = 16, num_pages: int | None = None, **_ignored):
+                 max_seq_len: int | None = None, page_size: int = DEFAULT_PAGE_SIZE, num_pages: int | None = None, **_ignored):
         if world_size != 1 or rank != 0:
             raise ValueError(f"the 'reference' backend runs a whole model on one rank (got rank={rank}, "
                              f"world_size={world_size}); use tp=1, or a tensor-parallel backend such as 'torch' "
