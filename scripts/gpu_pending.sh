@@ -89,14 +89,15 @@ elif [ "$MODE" = ab ]; then
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
 for V in $VARS; do
-  K=""; A=""
+  K=""; A=""; W=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              hnd) D=""; G=""; K=hnd;; hnd3) D="-DMPK_ATT_STAGES=3"; G=""; K=hnd;;
              addnorm) D=""; G=""; A=1;; hndaddnorm) D=""; G=""; K=hnd; A=1;;
+             narrow) D=""; G=""; W=0;;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
-  MPK_CONV_FUSE_ADD_NORM=$A MPK_KV_LAYOUT=$K MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_ATT_WIDE=$W MPK_CONV_FUSE_ADD_NORM=$A MPK_KV_LAYOUT=$K MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done

@@ -44,11 +44,19 @@ constexpr int ATT_OFF_PAGES = MAX_GS * MAX_HEAD_DIM * 2;
 constexpr int ATT_OFF_K = ATT_OFF_PAGES + ATT_MAX_PAGES * 8;
 static_assert(ATT_OFF_PAGES % 16 == 0 && ATT_OFF_K % 16 == 0, "attention shared-memory layout");
 static_assert(ATT_KP == 16 * (THREADS / 32) && MAX_GS <= 8, "attention: 16 keys of a pass per warp, <= 8 q heads");
+// Wide passes (arg `wide` = R, 1 or 2; packer.py / tasks/tiling.py attn_wide): a pass is R x ATT_KP keys, warp w's
+// rows [16 R w, 16 R w + 16 R) as R independent 16-key tiles (their score chains interleave; one softmax update,
+// one rescale and one wait per pass). Session 19: the KV piece benchmark and the head-major layout showed the
+// pass rate, not HBM's piece efficiency, bounds a task; R = 2 halves the per-pass chain per key where the
+// shared memory allows it (head_dim <= 64: llama's D = 64).
 
 // The chunk: part / lse of chunk s of group (b, g); with ng > 1 (one split, direct: packer.py), the outputs of
 // groups g .. g + ng - 1 of sequence b, their passes one pipeline (a group's first rows fly while the previous
 // group's last pass computes; the page table and q are fetched once): per group the same arithmetic as ng = 1.
+template <int R>
 __device__ inline void attn_partial_chunk(const Ctx& c) {
+  constexpr int KP = R * ATT_KP, KW = 16 * R;   // keys of a pass, keys of a warp's pass
+  static_assert(R == 1 || R == 2, "attention: 1 or 2 16-key tiles per warp and pass");
   const int64_t* a = c.rec;
   const bf16* q = ptr<const bf16>(a[A_ATTN_PARTIAL_Q]);
   const bf16* kc = ptr<const bf16>(a[A_ATTN_PARTIAL_K_CACHE]);
@@ -60,6 +68,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int nq = (int)a[A_ATTN_PARTIAL_NQ], n_kv = (int)a[A_ATTN_PARTIAL_N_KV];
   const int ng = (int)a[A_ATTN_PARTIAL_NG];   // KV groups of this task (ng * gs <= MAX_GS)
   const float scale = f32(a[A_ATTN_PARTIAL_SCALE]);
+  if (R == 2 && D > 64) __trap();   // the packer gives wide passes to head dims <= 64 only (tiling.attn_wide)
   // direct: one split, folded: the chunk is the group's output (packer.py attn_direct)
   bf16* out = a[A_ATTN_PARTIAL_DIRECT] ? ptr<bf16>(a[A_ATTN_PARTIAL_OUT]) : nullptr;
   const int64_t max_pages = c.P[P_MAX_PAGES];
@@ -74,7 +83,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   int64_t* pages = reinterpret_cast<int64_t*>(sm + ATT_OFF_PAGES);
   const int KST = D + 8, CPR = D >> 3;   // bf16 per K / V row in shared memory (padded: fewer bank conflicts)
   bf16* ks = reinterpret_cast<bf16*>(sm + ATT_OFF_K);
-  bf16* vs = ks + ATT_NST * ATT_KP * KST;
+  bf16* vs = ks + ATT_NST * KP * KST;
   // q of the task's groups (contiguous heads), the page table and the position in flight together
   const bf16* qg = q + (m0 * nq + (int64_t)g * gs) * D;
   for (int i = tid; i < ng * gs * CPR; i += THREADS) cp_async16(qs + i * 8, qg + i * 8, true);
@@ -103,29 +112,29 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   MPK_STAMP(1);
   // virtual pass vp = pass vp % passes of group g + vp / passes: its K and V rows (keys j0 .. j0 + n - 1) into
   // buffer vp % ATT_NST
-  const int passes = (hi - lo + ATT_KP - 1) / ATT_KP, total = ng * passes;
+  const int passes = (hi - lo + KP - 1) / KP, total = ng * passes;
   const int psi = (int)ps;
   const bool cpow = (CPR & (CPR - 1)) == 0, ppow = (psi & (psi - 1)) == 0;   // shifts instead of divisions
   const int cs = __ffs(CPR) - 1, pss = __ffs(psi) - 1;
 #if MPK_ATT_WARP_PIPE
-  // warp-private pipelines: warp w copies only its own rows [16 w, 16 w + 16) of a pass (the only rows it reads),
+  // warp-private pipelines: warp w copies only its own rows [KW w, KW w + KW) of a pass (the only rows it reads),
   // so a pass needs no CTA barrier: the warp waits on its own copies (cp.async groups are per thread) and
   // __syncwarp orders its lanes' copies and reads.
-  const int wrow0 = 16 * (tid >> 5), wlane = tid & 31;
+  const int wrow0 = KW * (tid >> 5), wlane = tid & 31;
   auto issue = [&](int vp, int bf) {   // (vp >= total: an empty group, so every iteration commits one)
-    const int gv = vp / passes, j0 = lo + (vp - gv * passes) * ATT_KP, gi = g + gv;
-    const int n = vp < total ? min(16, min(ATT_KP, hi - j0) - wrow0) : 0;   // this warp's rows (<= 0: none)
-    bf16* kb = ks + bf * ATT_KP * KST;
-    bf16* vb = vs + bf * ATT_KP * KST;
+    const int gv = vp / passes, j0 = lo + (vp - gv * passes) * KP, gi = g + gv;
+    const int n = vp < total ? min(KW, min(KP, hi - j0) - wrow0) : 0;   // this warp's rows (<= 0: none)
+    bf16* kb = ks + bf * KP * KST;
+    bf16* vb = vs + bf * KP * KST;
 #pragma unroll 1
     for (int i = wlane; i < n * CPR; i += 32) {
       const int u = wrow0 + (cpow ? i >> cs : i / CPR), e = i - (u - wrow0) * CPR;
 #else
   auto issue = [&](int vp, int bf) {   // consecutive threads take consecutive 16-byte pieces of the rows
-    const int gv = vp / passes, j0 = lo + (vp - gv * passes) * ATT_KP, gi = g + gv;
-    const int n = min(ATT_KP, hi - j0);
-    bf16* kb = ks + bf * ATT_KP * KST;
-    bf16* vb = vs + bf * ATT_KP * KST;
+    const int gv = vp / passes, j0 = lo + (vp - gv * passes) * KP, gi = g + gv;
+    const int n = min(KP, hi - j0);
+    bf16* kb = ks + bf * KP * KST;
+    bf16* vb = vs + bf * KP * KST;
 #pragma unroll 1
     for (int i = tid; i < n * CPR; i += THREADS) {
       const int u = cpow ? i >> cs : i / CPR, e = i - u * CPR;
@@ -145,8 +154,9 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   if (total > 1) issue(1, 1);
 #endif
   // Tensor Core pass (see the file comment). Thread (g8, t4) = (lane / 4, lane % 4) of warp w.
-  const int g8 = lane >> 2, t4 = lane & 3, kw = 16 * warp;
-  constexpr int QR = MAX_HEAD_DIM / 32, MT = MAX_HEAD_DIM / 16;   // 32-wide d rounds of scores, 16-wide d tiles of o
+  const int g8 = lane >> 2, t4 = lane & 3, kw = KW * warp;
+  // 32-wide d rounds of scores, 16-wide d tiles of o (wide passes: head dim <= 64, packer.py; fewer live registers)
+  constexpr int DM = R == 1 ? MAX_HEAD_DIM : 64, QR = DM / 32, MT = DM / 16;
   constexpr int NW = THREADS / 32;
   float o[MT][4];   // O^T: d = 16 mt + g8 (+ 8), heads 2 t4, 2 t4 + 1; unnormalised, relative to the head's m_run
 #pragma unroll
@@ -195,11 +205,11 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   int p = 0, gv = 0;   // vp's pass and group
 #pragma unroll 1
   for (int vp = 0; vp < total; ++vp) {
-    const int j0 = lo + p * ATT_KP;
-    const int n = min(ATT_KP, hi - j0);
+    const int j0 = lo + p * KP;
+    const int n = min(KP, hi - j0);
     const int bi = vp % ATT_NST;   // this pass's buffer
-    const bf16* kb = ks + bi * ATT_KP * KST;
-    const bf16* vb = vs + bi * ATT_KP * KST;
+    const bf16* kb = ks + bi * KP * KST;
+    const bf16* vb = vs + bi * KP * KST;
     const bf16* qh = qs + gv * gs * D;   // this group's q heads
 #if MPK_ATT_WARP_PIPE
     // pass vp + N - 1 into the buffer pass vp - 1 left (its reads ended at the last __syncwarp); one group per
@@ -214,36 +224,47 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     if (vp == 0) MPK_STAMP(2);
     if (vp == 1) MPK_STAMP(5);   // (diagnostic stamps 5, 7-9: pass 1, the steady state)
     if (kw < n) {   // warp-uniform: key kw is in the pass, so every head's max below is finite
-      // n-tile nt: sc[nt][0 / 1] = S[head g8][key kw + 8 nt + 2 t4 + 0 / 1] (sc[nt][2, 3]: padding rows)
-      float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      // tile u, n-tile nt: sc[u][nt][0 / 1] = S[head g8][key kw + 16 u + 8 nt + 2 t4 + 0 / 1] (sc[u][nt][2, 3]:
+      // padding rows); the R tiles' chains are independent (interleaved by the unrolled loops)
+      float sc[R][2][4];
+#pragma unroll
+      for (int u = 0; u < R; ++u)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) sc[u][nt][0] = sc[u][nt][1] = sc[u][nt][2] = sc[u][nt][3] = 0.f;
       const bf16* kr = kb + (kw + g8) * KST;   // rows past n hold stale data: their scores are masked
 #pragma unroll
-      for (int r = 0; r < QR; ++r) {
-        const int d = 32 * r + 8 * t4;
-        if (32 * r < D) {   // q head g8, d .. d + 7 (zero past the group's heads and past D), from shared memory
-          const bool in = d < D;
-          const uint4 qv = in && g8 < gs ? *reinterpret_cast<const uint4*>(qh + g8 * D + d) : make_uint4(0u, 0u, 0u, 0u);
+      for (int u = 0; u < R; ++u)
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            const uint4 kv = in ? *reinterpret_cast<const uint4*>(kr + 8 * nt * KST + d) : make_uint4(0u, 0u, 0u, 0u);
-            mma_bf16_16816(sc[nt], qv.x, 0u, qv.y, 0u, kv.x, kv.y);
-            mma_bf16_16816(sc[nt], qv.z, 0u, qv.w, 0u, kv.z, kv.w);
+        for (int r = 0; r < QR; ++r) {
+          const int d = 32 * r + 8 * t4;
+          if (32 * r < D) {   // q head g8, d .. d + 7 (zero past the group's heads and past D), from shared memory
+            const bool in = d < D;
+            const uint4 qv = in && g8 < gs ? *reinterpret_cast<const uint4*>(qh + g8 * D + d) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+              const uint4 kv = in ? *reinterpret_cast<const uint4*>(kr + (16 * u + 8 * nt) * KST + d) : make_uint4(0u, 0u, 0u, 0u);
+              mma_bf16_16816(sc[u][nt], qv.x, 0u, qv.y, 0u, kv.x, kv.y);
+              mma_bf16_16816(sc[u][nt], qv.z, 0u, qv.w, 0u, kv.z, kv.w);
+            }
           }
         }
-      }
-      float v[4], mx = -INFINITY;
+      float v[R][4], mx = -INFINITY;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = kw + 8 * (e >> 1) + 2 * t4 + (e & 1);
-        v[e] = key < n ? sc[e >> 1][e & 1] * scale : -INFINITY;
-        mx = fmaxf(mx, v[e]);
-      }
+      for (int u = 0; u < R; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = kw + 16 * u + 8 * (e >> 1) + 2 * t4 + (e & 1);
+          v[u][e] = key < n ? sc[u][e >> 1][e & 1] * scale : -INFINITY;
+          mx = fmaxf(mx, v[u][e]);
+        }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float mn = fmaxf(m_run, mx), corr = expf(m_run - mn);   // corr 0 on the warp's first keys
       float sum = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) { v[e] = expf(v[e] - mn); sum += v[e]; }
+      for (int u = 0; u < R; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) { v[u][e] = expf(v[u][e] - mn); sum += v[u][e]; }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       l_run = l_run * corr + sum;
@@ -252,19 +273,22 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) { o[mt][0] *= ca; o[mt][1] *= cb; o[mt][2] *= ca; o[mt][3] *= cb; }
       if (vp == 1) MPK_STAMP(7);   // scores, softmax and rescale
-      {   // P.V by m16n8k16 bf16, k = the warp's 16 keys in order, P^T as B (b0b1: keys 2t4, 2t4 + 1 = v[0], v[1];
-          // b2b3: keys 8 + 2t4, + 1 = v[2], v[3]), each probability split into bf16 hi + lo (residual ~2^-18); V^T
-          // fragments by ldmatrix.x4.trans (lane l addresses key kw + 8 (l >> 4) + (l & 7), d + 8 ((l >> 3) & 1));
-          // keys past n zeroed after the load (stale rows: 0 * NaN would poison o)
-        __nv_bfloat162 h01 = __floats2bfloat162_rn(v[0], v[1]), h23 = __floats2bfloat162_rn(v[2], v[3]);
-        __nv_bfloat162 r01 = __floats2bfloat162_rn(v[0] - __low2float(h01), v[1] - __high2float(h01));
-        __nv_bfloat162 r23 = __floats2bfloat162_rn(v[2] - __low2float(h23), v[3] - __high2float(h23));
+#pragma unroll
+      for (int u = 0; u < R; ++u) {   // P.V by m16n8k16 bf16, k = tile u's 16 keys in order, P^T as B (b0b1: keys
+          // 2t4, 2t4 + 1 = v[u][0], v[u][1]; b2b3: keys 8 + 2t4, + 1 = v[u][2], v[u][3]), each probability split into
+          // bf16 hi + lo (residual ~2^-18); V^T fragments by ldmatrix.x4.trans (lane l addresses key kw + 16 u +
+          // 8 (l >> 4) + (l & 7), d + 8 ((l >> 3) & 1)); keys past n zeroed after the load (stale rows: 0 * NaN
+          // would poison o)
+        const int ku = kw + 16 * u;
+        __nv_bfloat162 h01 = __floats2bfloat162_rn(v[u][0], v[u][1]), h23 = __floats2bfloat162_rn(v[u][2], v[u][3]);
+        __nv_bfloat162 r01 = __floats2bfloat162_rn(v[u][0] - __low2float(h01), v[u][1] - __high2float(h01));
+        __nv_bfloat162 r23 = __floats2bfloat162_rn(v[u][2] - __low2float(h23), v[u][3] - __high2float(h23));
         const uint32_t bh0 = *reinterpret_cast<uint32_t*>(&h01), bh1 = *reinterpret_cast<uint32_t*>(&h23);
         const uint32_t bl0 = *reinterpret_cast<uint32_t*>(&r01), bl1 = *reinterpret_cast<uint32_t*>(&r23);
-        const int k0 = kw + 2 * t4;
+        const int k0 = ku + 2 * t4;
         const uint32_t mA = (k0 < n ? 0xffffu : 0u) | (k0 + 1 < n ? 0xffff0000u : 0u);
         const uint32_t mB = (k0 + 8 < n ? 0xffffu : 0u) | (k0 + 9 < n ? 0xffff0000u : 0u);
-        const uint32_t vrow = smem_addr(vb + (kw + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + ((lane >> 3) & 1) * 8);
+        const uint32_t vrow = smem_addr(vb + (ku + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + ((lane >> 3) & 1) * 8);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (16 * mt < D) {
@@ -288,7 +312,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     if (++p == passes) {   // group gv's last pass
       if (gv + 1 < ng) {   // another group follows (its rows in flight): merge this one in its own region, and
         // a barrier after it (its reads done before the next group's writes, however far a warp runs ahead)
-        finish(gv, reinterpret_cast<float*>(vs + ATT_NST * ATT_KP * KST));
+        finish(gv, reinterpret_cast<float*>(vs + ATT_NST * KP * KST));
         __syncthreads();
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
@@ -364,9 +388,20 @@ __device__ inline void op_attn_merge(const Ctx& c) {
 // last ticket of this step (tickets never reset: step k's chunks take k S .. k S + S - 1) merges the group. The
 // acq_rel add releases this CTA's part / lse stores (ordered before thread 0 by the barrier) and acquires the other
 // chunks' (their adds released them), as a signal / wait pair would; the merge then reads them through L2.
+// Each width a call of its own: both inlined into op_small, the wide one's registers made the kernel spill around
+// op_small's call. The CTA-barrier schedule (MPK_ATT_WARP_PIPE=0, an A/B build) has narrow passes only (tiling.py).
+__device__ __noinline__ void attn_partial_narrow(const Ctx& c) { attn_partial_chunk<1>(c); }
+#if MPK_ATT_WARP_PIPE
+__device__ __noinline__ void attn_partial_wide(const Ctx& c) { attn_partial_chunk<2>(c); }
+#endif
+
 __device__ inline void op_attn_partial(const Ctx& c) {
-  attn_partial_chunk(c);
   const int64_t* a = c.rec;
+#if MPK_ATT_WARP_PIPE
+  if (a[A_ATTN_PARTIAL_WIDE] == 2) attn_partial_wide(c);
+  else
+#endif
+    attn_partial_narrow(c);
   if (a[A_ATTN_PARTIAL_TICKET] == 0 || a[A_ATTN_PARTIAL_DIRECT]) return;   // not folded, or written directly
   __shared__ int s_last;
   __syncthreads();

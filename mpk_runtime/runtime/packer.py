@@ -14,7 +14,7 @@ import torch
 from ..codegen import layout as L
 from ..codegen import nvcc
 from ..tasks.graph import TaskGraph
-from ..tasks.tiling import attn_direct
+from ..tasks.tiling import attn_direct, attn_wide
 from .memory import RankMemory
 
 _NWARPS = L.CONSTANTS["THREADS"] // 32
@@ -266,7 +266,8 @@ class TaskPacker:
             raise ValueError(f"an attention task holds at most {L.CONSTANTS['MAX_GS']} q heads: {ng} groups of "
                              f"{p['gs']} do not fit (Tiling.attn_g keeps to it)")
         stages = nvcc.define_int("MPK_ATT_STAGES", 2)   # the build's K/V buffers (attention.cuh)
-        need = L.att_smem_bytes(self.D, ng=ng, stages=stages)   # attention.cuh's layout
+        wide = attn_wide(self.D, ng)   # 16-key tiles per warp and pass
+        need = L.att_smem_bytes(self.D, ng=ng, stages=stages, wide=wide)   # attention.cuh's layout
         if need > L.ATT_SMEM_MAX:
             raise ValueError(f"attention with head_dim {self.D}, {ng} KV group(s) per task and "
                              f"MPK_ATT_STAGES={stages} needs {need} B of shared memory "
@@ -278,7 +279,7 @@ class TaskPacker:
                     out=self._t(p["out"]) if p.get("fold") else 0,
                     ticket=(self.tickets.data_ptr() + 8 * self._ticket_of[(self._task.op, p["b"], p["g"])]
                             if p.get("fold") else 0),
-                    direct=direct, ng=ng)
+                    direct=direct, ng=ng, wide=wide)
 
     def _pack_attn_merge(self, p):
         return dict(self._attn_common(p), part=self._t(p["part"]), lse=self._t(p["lse"]), out=self._t(p["out"]))

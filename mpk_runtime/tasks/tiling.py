@@ -28,10 +28,23 @@ def attn_direct() -> bool:
     return env_flag("MPK_ATT_DIRECT", default=True)
 
 
-def _att_smem_fits(head_dim: int, ng: int) -> bool:
-    """An attention task of ng groups fits the SM's shared memory with the build's K/V stages (MPK_ATT_STAGES)."""
+def _att_smem_fits(head_dim: int, ng: int, wide: int = 1) -> bool:
+    """An attention task of ng groups (wide x 16 keys per warp and pass) fits the SM's shared memory with the
+    build's K/V stages (MPK_ATT_STAGES)."""
     from ..codegen import layout, nvcc   # (codegen reads the tasks' opcodes at import)
-    return layout.att_smem_bytes(head_dim, ng=ng, stages=nvcc.define_int("MPK_ATT_STAGES", 2)) <= layout.ATT_SMEM_MAX
+    return layout.att_smem_bytes(head_dim, ng=ng, stages=nvcc.define_int("MPK_ATT_STAGES", 2),
+                                 wide=wide) <= layout.ATT_SMEM_MAX
+
+
+def attn_wide(head_dim: int, ng: int = 1) -> int:
+    """16-key tiles per warp and pass of an attention task (device_kernels/ops/attention.cuh `wide`): 2 where the
+    head dim is <= 64 and the doubled K/V buffers fit the shared memory (the per-pass chain, not HBM, bounded the
+    narrow passes: docs/perf-notes.md session 19), else 1. MPK_ATT_WIDE=0 keeps 1 everywhere (the A/B), as does
+    the CTA-barrier build (-DMPK_ATT_WARP_PIPE=0, which has narrow passes only)."""
+    from ..codegen import nvcc
+    if not env_flag("MPK_ATT_WIDE", default=True) or head_dim > 64 or nvcc.define_int("MPK_ATT_WARP_PIPE", 1) == 0:
+        return 1
+    return 2 if _att_smem_fits(head_dim, ng, wide=2) else 1
 
 
 @dataclass(frozen=True)
