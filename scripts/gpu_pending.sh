@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
-# What session 18 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
+# What session 19 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
-#     OUT=$OUT bash scripts/gpu_pending.sh kv       # stage 3k (one GPU): the head-major KV layout's tests (MPK_KV_LAYOUT=hnd)
-#     VARS="base hnd addnorm" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=one model)
+#     OUT=$OUT bash scripts/gpu_pending.sh kv       # stage 3k (one GPU): the piece benchmark, the head-major KV layout's tests
+#     VARS="narrow base" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=one model)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
-#     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (h200_v31_cal)
+#     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (h200_v32)
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU): one (~4 min: session 18's split rule for the plans in the GPU tests, the
-# new GPU tests, our attn-mk profile and the gpt-fast peer's at the same points), kv (~3: the piece rate of the KV
-# access pattern - prediction: 128-byte pieces ~50% of the contiguous rate, 256 B ~70%, 2 KB >= 90% - then
-# MPK_KV_LAYOUT=hnd against pyvm and the reference), `VARS="base hnd addnorm" BS=1,8,32,128 CTXS=512,4096
-# MODELS=llama-3.2-1b ab`, then qwen3-8b in two commands (VARS="base hnd", then "addnorm"): the prediction (llama
-# attn-mk B=128 ctx 4096 9.87 -> ~7.0 ms, B=32 ctx 512 1.96 -> ~1.7, mono B=8 ctx 4096 2.00 -> ~1.75; qwen3-8b
-# -3..15%; B=1 +-3%; docs/perf-notes.md session 18), `hnd3` if hnd holds; then val (the split rule and v31_cal out of
-# sample: B=1/8 planned = bench's one-megakernel cells), bench if time is left.
-#  1. tests/gpu (40 passed at de4fe7e)
+# Order for a 30-minute session (one GPU): `MODELS=llama-3.2-1b bench` (~5 min: issue 3's table with the wide
+# passes, both peers), `val` (~7: the wide default's segment rows, to fit flop.attn_partial@w2 with
+# `fit --grid 'flop.attn_partial@w2=...'`; h200_v32 out of sample), `MODELS=qwen3-8b bench` (unchanged code path for
+# head dim 128: a re-measure of the peers' ratios), then `attn` (the switches' other sides with wide passes on).
+# If time is left: `VARS="base unroll4 pv1 exp2 chain3" BS=32,128 CTXS=4096 ab` per model (the per-pass chain's
+# opt-in variants, docs/perf-notes.md session 19 for the predictions; pv1 changes the numerics: GPU tests under it
+# before any default change), and `STAMP_BATCHES=128 stamps` (STAMP_CTX=4096: where a wide pass's ~2.8 us go).
+# With two GPUs first: `two` (TP=2 has not run since session 11).
+#  1. tests/gpu (49 passed at bca6d81 and at 5a47206)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step),
 #     then --family gptfast: the peer's kernels at the same points (where its 1.53 / 2.21 ms go)
@@ -95,6 +95,8 @@ for V in $VARS; do
              hnd) D=""; G=""; K=hnd;; hnd3) D="-DMPK_ATT_STAGES=3"; G=""; K=hnd;;
              addnorm) D=""; G=""; A=1;; hndaddnorm) D=""; G=""; K=hnd; A=1;;
              narrow) D=""; G=""; W=0;;
+             unroll4) D="-DMPK_ATT_ISSUE_UNROLL=4"; G="";; pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";;
+             exp2) D="-DMPK_ATT_EXP2=1"; G="";; chain3) D="-DMPK_ATT_ISSUE_UNROLL=4 -DMPK_ATT_PV_SPLIT=0 -DMPK_ATT_EXP2=1"; G="";;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_ATT_WIDE=$W MPK_CONV_FUSE_ADD_NORM=$A MPK_KV_LAYOUT=$K MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
@@ -126,7 +128,7 @@ elif [ "$MODE" = stamps ]; then
 st "4b stage stamps of the one-megakernel step at B=1, 8 (qwen3-8b B=8 is 0.82x gpt-fast; session 10's stamps are old)"
 st "   and B=32, 128 (attention's passes; session 16 has them for the default build)"
 MPK_NVCC_DEFINES=-DMPK_STAGE_WORDS=12 OUT="$OUT/bench" timeout 300 python3 scripts/bench_decode.py \
-    --models llama-3.2-1b,qwen3-8b --batches ${STAMP_BATCHES:-1,8} --contexts 512 --mk-max-batch 128 --no-peers --no-planned \
+    --models llama-3.2-1b,qwen3-8b --batches ${STAMP_BATCHES:-1,8} --contexts ${STAMP_CTX:-512} --mk-max-batch 128 --no-peers --no-planned \
     --trace --budget-s 280 > "$OUT/bench/stamps.log" 2>&1
 tail -12 "$OUT/bench/stamps.log"; snap
 elif [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then

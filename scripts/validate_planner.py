@@ -53,7 +53,10 @@ def log(*a):
 
 def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:
     env = switches()   # re-planned as it ran by planner.fit
+    # attn_wide_passes: this code has attention's wide passes (tasks/tiling.py attn_wide; rows without the field
+    # ran narrow ones and are re-priced so: planner/score.py _point)
     return {"model": model, "batch": B, "context": context, "tp": tp, "attn_splits": plan.attn_splits,
+            "attn_wide_passes": True,
             **({"env": env} if env else {}),
             "plan": plan.name, "chosen": chosen,
             "predicted_us": plan.predicted_us, "measured_us": 1e3 * med(m["step_ms"]),

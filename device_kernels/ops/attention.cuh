@@ -35,6 +35,32 @@ namespace mpk {
 static_assert(MPK_ATT_STAGES >= 2 && MPK_ATT_STAGES <= 6, "attention: 2 to 6 K/V stages");
 static_assert(MPK_ATT_STAGES == 2 || MPK_ATT_WARP_PIPE, "attention: more than two K/V stages need the warp pipe (MPK_ATT_WARP_PIPE=1, the default)");
 constexpr int ATT_NST = MPK_ATT_STAGES;
+// Opt-in variants of the per-pass chain, for A/Bs (all off by default; scripts/gpu_pending.sh ab: unroll4 / pv1 /
+// exp2 / chain3). MPK_ATT_ISSUE_UNROLL=N: the warp pipe's copy-issue loop unrolled N times (its page-table loads
+// overlap instead of one dependent shared-memory round trip per row group). MPK_ATT_PV_SPLIT=0: P.V with the
+// probabilities rounded to bf16 once (one mma per 16 d and tile instead of hi + lo; what FlashAttention and HF's
+// eager attention do; ~2^-9 relative per probability). MPK_ATT_EXP2=1: scores in log2 units (scale x log2 e) and
+// exp2f instead of expf (the lse written for the merge stays natural: M ln 2 + log l).
+#ifndef MPK_ATT_ISSUE_UNROLL
+#define MPK_ATT_ISSUE_UNROLL 1
+#endif
+#ifndef MPK_ATT_PV_SPLIT
+#define MPK_ATT_PV_SPLIT 1
+#endif
+#ifndef MPK_ATT_EXP2
+#define MPK_ATT_EXP2 0
+#endif
+#define MPK_PRAGMA_(x) _Pragma(#x)
+#define MPK_UNROLL_(n) MPK_PRAGMA_(unroll n)
+#if MPK_ATT_EXP2
+#define MPK_ATT_EXPF(x) exp2f(x)
+constexpr float ATT_LOG_UNIT = 1.4426950408889634f;    // scores in log2 units
+constexpr float ATT_LN_UNIT = 0.69314718055994531f;    // back to natural units for the lse
+#else
+#define MPK_ATT_EXPF(x) expf(x)
+constexpr float ATT_LOG_UNIT = 1.f;
+constexpr float ATT_LN_UNIT = 1.f;
+#endif
 
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)
 // shared-memory layout (bytes): q (bf16, MAX_GS x MAX_HEAD_DIM) | page table (s64, ATT_MAX_PAGES) | K rows
@@ -67,7 +93,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int S = (int)a[A_ATTN_PARTIAL_SPLITS], gs = (int)a[A_ATTN_PARTIAL_GS], D = (int)a[A_ATTN_PARTIAL_D];
   const int nq = (int)a[A_ATTN_PARTIAL_NQ], n_kv = (int)a[A_ATTN_PARTIAL_N_KV];
   const int ng = (int)a[A_ATTN_PARTIAL_NG];   // KV groups of this task (ng * gs <= MAX_GS)
-  const float scale = f32(a[A_ATTN_PARTIAL_SCALE]);
+  const float scale = f32(a[A_ATTN_PARTIAL_SCALE]) * ATT_LOG_UNIT;
   if (R == 2 && D > 64) __trap();   // the packer gives wide passes to head dims <= 64 only (tiling.attn_wide)
   // direct: one split, folded: the chunk is the group's output (packer.py attn_direct)
   bf16* out = a[A_ATTN_PARTIAL_DIRECT] ? ptr<bf16>(a[A_ATTN_PARTIAL_OUT]) : nullptr;
@@ -126,7 +152,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     const int n = vp < total ? min(KW, min(KP, hi - j0) - wrow0) : 0;   // this warp's rows (<= 0: none)
     bf16* kb = ks + bf * KP * KST;
     bf16* vb = vs + bf * KP * KST;
-#pragma unroll 1
+    MPK_UNROLL_(MPK_ATT_ISSUE_UNROLL)
     for (int i = wlane; i < n * CPR; i += 32) {
       const int u = wrow0 + (cpow ? i >> cs : i / CPR), e = i - (u - wrow0) * CPR;
 #else
@@ -188,7 +214,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       float l = 0.f, acc = 0.f;
 #pragma unroll
       for (int w = 0; w < NW; ++w) {
-        const float wt = expf(sm_m[w * MAX_GS + h] - M);
+        const float wt = MPK_ATT_EXPF(sm_m[w * MAX_GS + h] - M);
         l += sm_l[w * MAX_GS + h] * wt;
         acc += so[(w * MAX_GS + h) * D + d] * wt;
       }
@@ -199,7 +225,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         continue;
       }
       part[(hq * S + s) * D + d] = pv;
-      if (d == 0) lse[hq * S + s] = M + logf(l);
+      if (d == 0) lse[hq * S + s] = M * ATT_LN_UNIT + logf(l);
     }
   };
   int p = 0, gv = 0;   // vp's pass and group
@@ -259,12 +285,12 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = fmaxf(m_run, mx), corr = expf(m_run - mn);   // corr 0 on the warp's first keys
+      const float mn = fmaxf(m_run, mx), corr = MPK_ATT_EXPF(m_run - mn);   // corr 0 on the warp's first keys
       float sum = 0.f;
 #pragma unroll
       for (int u = 0; u < R; ++u)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) { v[u][e] = expf(v[u][e] - mn); sum += v[u][e]; }
+        for (int e = 0; e < 4; ++e) { v[u][e] = MPK_ATT_EXPF(v[u][e] - mn); sum += v[u][e]; }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       l_run = l_run * corr + sum;
@@ -281,10 +307,12 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
           // would poison o)
         const int ku = kw + 16 * u;
         __nv_bfloat162 h01 = __floats2bfloat162_rn(v[u][0], v[u][1]), h23 = __floats2bfloat162_rn(v[u][2], v[u][3]);
+        const uint32_t bh0 = *reinterpret_cast<uint32_t*>(&h01), bh1 = *reinterpret_cast<uint32_t*>(&h23);
+#if MPK_ATT_PV_SPLIT
         __nv_bfloat162 r01 = __floats2bfloat162_rn(v[u][0] - __low2float(h01), v[u][1] - __high2float(h01));
         __nv_bfloat162 r23 = __floats2bfloat162_rn(v[u][2] - __low2float(h23), v[u][3] - __high2float(h23));
-        const uint32_t bh0 = *reinterpret_cast<uint32_t*>(&h01), bh1 = *reinterpret_cast<uint32_t*>(&h23);
         const uint32_t bl0 = *reinterpret_cast<uint32_t*>(&r01), bl1 = *reinterpret_cast<uint32_t*>(&r23);
+#endif
         const int k0 = ku + 2 * t4;
         const uint32_t mA = (k0 < n ? 0xffffu : 0u) | (k0 + 1 < n ? 0xffff0000u : 0u);
         const uint32_t mB = (k0 + 8 < n ? 0xffffu : 0u) | (k0 + 9 < n ? 0xffff0000u : 0u);
@@ -295,7 +323,9 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
             uint32_t a0, a1, a2, a3;
             ldsm_x4_trans(vrow + 32 * mt, a0, a1, a2, a3);
             a0 &= mA; a1 &= mA; a2 &= mB; a3 &= mB;
+#if MPK_ATT_PV_SPLIT
             mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
+#endif
             mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
           }
         }

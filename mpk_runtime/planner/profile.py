@@ -29,8 +29,12 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # 6.5% / 5.8%, Spearman >= 0.94, regret 0 at 14 points; hold-out 16% / 12-14%, regret 0 (profile's source).
 # h200_v31_cal since session 18: the same terms refit on rows of the session-17 defaults only (de4fe7e, ctx 512 and
 # 4096); v30_cal out of sample on them 8.0% / 6.7% with regret 12.5% at qwen3-8b B=8; v31_cal in sample 5.7% / 5.5%,
-# regret 0 at 14 points; hold-out by context halves 13.7% / 13.2% and 12.8% / 9.1%, regret 0.
-DEFAULT_PROFILE = "h200_v31_cal"
+# regret 0 at 14 points; hold-out by context halves 13.7% / 13.2% and 12.8% / 9.1%, regret 0. Out of sample on
+# session 19's rows (bca6d81: the split rule, mega3): 6.1% / 5.0% (ctx 512), 7.1% / 6.4% (4096), regret 0 at 14 points.
+# h200_v32 since session 19: v31_cal plus the per-flop cost of attention's wide passes (attn_partial@w2 = 0.73 x the
+# narrow 1e-05 us/flop, derived from the 1x H200 A/B of 5a47206, not fit): llama-3.2-1b's predicted steps at the
+# eight A/B points against the measured wide default: 4.8% mean error (v31_cal's narrow terms on the narrow runs: 5.8%).
+DEFAULT_PROFILE = "h200_v32"
 
 
 def key_fallbacks(key: str) -> list[str]:

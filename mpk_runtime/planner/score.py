@@ -131,14 +131,18 @@ def _environ(env: dict):
 
 def _point(r: dict, num_sms: int = 132) -> tuple:
     """(model, tp, batch, context, env, attention splits) a row was measured at; rows from before session 18 carry
-    no "attn_splits": their plans had search.legacy_attn_splits."""
+    no "attn_splits": their plans had search.legacy_attn_splits; rows from before session 19 no "attn_wide_passes":
+    their attention ran narrow passes (re-planned under MPK_ATT_WIDE=0)."""
     m, tp, b, ctx = r["model"], r.get("tp", 1), r["batch"], r.get("context", 512)
+    env = dict(r.get("env", {}))
+    if not r.get("attn_wide_passes"):
+        env.setdefault("MPK_ATT_WIDE", "0")
     splits = r.get("attn_splits")
     if splits is None:
         from ..models import load_config
         from .search import legacy_attn_splits
         splits = legacy_attn_splits(load_config(m), tp, b, ctx, num_sms)
-    return m, tp, b, ctx, tuple(sorted(r.get("env", {}).items())), splits
+    return m, tp, b, ctx, tuple(sorted(env.items())), splits
 
 
 def resimulate(rows: list[dict], prof: HardwareProfile, families: tuple[str, ...] | None = None,

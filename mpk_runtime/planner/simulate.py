@@ -15,6 +15,7 @@ from math import ulp
 
 from ..codegen import layout as L
 from ..tasks.graph import Task, TaskGraph
+from ..tasks.tiling import attn_wide
 from .profile import HardwareProfile, key_fallbacks
 
 
@@ -72,6 +73,9 @@ def cost_key(t: Task) -> str:
         return "linear@tc2" if len(t.params.get("weights", ())) == 2 else "linear@tc"
     if t.kind == "qkv_rope" and t.reads and qkv_shape(t)[0] >= L.CONSTANTS["TC_MIN_M"]:
         return "qkv_rope@tc"
+    if t.kind == "attn_partial" and "head_dim" in t.params and \
+            attn_wide(t.params["head_dim"], t.params.get("ng", 1)) == 2:
+        return "attn_partial@w2"   # wide passes (attention.cuh): their own per-key chain cost
     return t.kind
 
 
@@ -107,7 +111,7 @@ def task_tc_us(t: Task, prof: HardwareProfile) -> float:
         cc = sum(r for r in rows if r < tmin or K % 32)
         return us + 2 * cc * D * K * prof.flop_us(t.kind) + (len(rows) - 1) * prof.linear_pass_us
     rows = max(1, round(t.est_flops / max(1, t.est_bytes)))  # flops per weight byte ~ rows for a GEMM tile
-    return max(prof.tc_time_us(t.est_flops, rows), t.est_flops * prof.flop_us(t.kind))
+    return max(prof.tc_time_us(t.est_flops, rows), t.est_flops * prof.flop_us(cost_key(t)))
 
 
 def task_stream_bytes(t: Task, prof: HardwareProfile) -> float:
@@ -161,7 +165,7 @@ def task_stream_eff(t: Task, prof: HardwareProfile) -> float:
     key = cost_key(t)
     if t.kind == "attn_partial" and prof.kv_piece_eff_by_bytes and "head_dim" in t.params:   # (no table: 1)
         return prof.stream_eff(key) * prof.kv_piece_eff(kv_piece_bytes(t.params["head_dim"]))
-    if key == t.kind:
+    if key == t.kind or t.kind == "attn_partial":   # (attn_partial@w2 falls back to the kind's)
         return prof.stream_eff(key)
     for k in key_fallbacks(key)[:-1]:        # fitted for the Tensor Core path itself
         if k in prof.stream_eff_by_kind:

@@ -6,6 +6,7 @@ the auto rule aims for about `waves` tiles per SM on every weight-streaming op, 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 
 from ..envflags import env_flag, env_int
@@ -41,6 +42,12 @@ def attn_wide(head_dim: int, ng: int = 1) -> int:
     head dim is <= 64 and the doubled K/V buffers fit the shared memory (the per-pass chain, not HBM, bounded the
     narrow passes: docs/perf-notes.md session 19), else 1. MPK_ATT_WIDE=0 keeps 1 everywhere (the A/B), as does
     the CTA-barrier build (-DMPK_ATT_WARP_PIPE=0, which has narrow passes only)."""
+    import os   # (the planner's simulator asks per attention task: the answer is cached per switch setting)
+    return _attn_wide(head_dim, ng, os.environ.get("MPK_ATT_WIDE", ""), os.environ.get("MPK_NVCC_DEFINES", ""))
+
+
+@functools.lru_cache(maxsize=256)
+def _attn_wide(head_dim: int, ng: int, _wide_env: str, _defines: str) -> int:
     from ..codegen import nvcc
     if not env_flag("MPK_ATT_WIDE", default=True) or head_dim > 64 or nvcc.define_int("MPK_ATT_WARP_PIPE", 1) == 0:
         return 1

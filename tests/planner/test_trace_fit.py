@@ -13,8 +13,10 @@ from mpk_runtime.tasks.tiling import Tiling
 
 FAIR = 4.55e12 / 132 / 1e6   # bytes per us per SM
 TRUE_FIXED = {"linear": 3.0, "linear@tc": 5.0, "linear@tc2": 6.5, "qkv_rope": 4.0, "qkv_rope@tc": 6.0, "attn_partial": 7.0,
-              "attn_merge": 2.0, "embed": 1.5, "argmax_partial": 2.5, "argmax_reduce": 2.0, "qk_norm_rope": 2.2}
-TRUE_EFF = {"linear": 0.7, "linear@tc": 0.5, "linear@tc2": 0.4, "qkv_rope": 0.6, "qkv_rope@tc": 0.45, "attn_partial": 0.3}
+              "attn_partial@w2": 6.0, "attn_merge": 2.0, "embed": 1.5, "argmax_partial": 2.5, "argmax_reduce": 2.0,
+              "qk_norm_rope": 2.2}
+TRUE_EFF = {"linear": 0.7, "linear@tc": 0.5, "linear@tc2": 0.4, "qkv_rope": 0.6, "qkv_rope@tc": 0.45, "attn_partial": 0.3,
+            "attn_partial@w2": 0.35}
 
 
 def _graph(model, B, ctx=512, S=2):

@@ -128,3 +128,34 @@ def test_attention_groups_auto_default_applies_only_where_it_can(monkeypatch):
     mem = RankMemory(g, get_weights("tiny-llama", cfg, seed=0, dtype="bfloat16"), kv)
     tasks = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu").pack()[0]
     assert {int(tasks[u.id][L.arg_index("attn_partial", "ng")]) for u in tg.tasks if u.kind == "attn_partial"} == {1}
+
+
+@pytest.mark.parametrize("env,defines,head_dim,want", [("", "", 16, 2), ("", "", 64, 2), ("0", "", 64, 1),
+                                                        ("", "", 128, 1), ("1", "-DMPK_ATT_WARP_PIPE=0", 64, 1),
+                                                        ("", "-DMPK_ATT_STAGES=3", 64, 1)])
+def test_wide_attention_passes_are_packed_where_the_head_and_shared_memory_allow(monkeypatch, env, defines,
+                                                                                  head_dim, want):
+    """tiling.attn_wide: two 16-key tiles per warp and pass for head dims <= 64 with the warp pipe, where the doubled
+    K/V buffers fit (three stages of grouped 64-wide tasks do not); MPK_ATT_WIDE=0 keeps one. The packed `wide` word
+    is that width, and the kernel's shared memory covers its buffers."""
+    from mpk_runtime.tasks.tiling import attn_wide
+    monkeypatch.setenv("MPK_ATT_WIDE", env)
+    monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
+    monkeypatch.delenv("MPK_ATT_GROUPS", raising=False)
+    ng = 2 if "STAGES=3" in defines else 1
+    assert attn_wide(head_dim, ng) == want
+    if head_dim != 16:
+        return
+    cfg = load_config("tiny-llama")   # head_dim 16
+    g = build_graph(cfg, mode="decode", batch=2, context_len=0, max_seq_len=64, tp=1, rank=0, attn_splits=1,
+                    dtype="bfloat16")
+    tg = build_task_graphs([g], Tiling(num_sms=8, attn_fold_merge=True))[0]
+    kv = KVStore(cfg.num_layers, 9, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    mem = RankMemory(g, get_weights("tiny-llama", cfg, seed=0, dtype="bfloat16"), kv)
+    packer = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu")
+    tasks = packer.pack()[0]
+    col = L.arg_index("attn_partial", "wide")
+    rows = [int(tasks[t.id][col]) for t in tg.tasks if t.kind == "attn_partial"]
+    assert rows and set(rows) == {want}
+    assert packer.smem >= L.att_smem_bytes(cfg.head_dim, wide=want)
+    assert L.att_smem_bytes(64, wide=2) - L.att_smem_bytes(64) == 2 * 2 * L.CONSTANTS["ATT_KP"] * 72 * 2   # K + V, 2 stages
