@@ -38,20 +38,27 @@ def _att_smem_fits(head_dim: int, ng: int, wide: int = 1) -> bool:
 
 
 def attn_wide(head_dim: int, ng: int = 1) -> int:
-    """16-key tiles per warp and pass of an attention task (device_kernels/ops/attention.cuh `wide`): 2 where the
-    head dim is <= 64 and the doubled K/V buffers fit the shared memory (the per-pass chain, not HBM, bounded the
-    narrow passes: docs/perf-notes.md session 19), else 1. MPK_ATT_WIDE=0 keeps 1 everywhere (the A/B), as does
-    the CTA-barrier build (-DMPK_ATT_WARP_PIPE=0, which has narrow passes only)."""
+    """The pass width of an attention task (device_kernels/ops/attention.cuh `wide`): 2 (two 16-key tiles per warp
+    and pass, K and V in the build's stages) where the head dim is <= 64 and that fits the shared memory; else 3 (two
+    tiles, K and V through a ring of 3 half-pass buffers: 3/4 of two full stages) where that fits (head dims up to
+    128); else 1. The narrow passes were bound by their per-pass chain, not by HBM (docs/perf-notes.md session 19).
+    $MPK_ATT_WIDE: unset or 1 = this rule; 0 = narrow passes everywhere (the A/B); ring = the ring wherever it fits
+    (tests of its path on small heads). The CTA-barrier build (-DMPK_ATT_WARP_PIPE=0) has narrow passes only."""
     import os   # (the planner's simulator asks per attention task: the answer is cached per switch setting)
-    return _attn_wide(head_dim, ng, os.environ.get("MPK_ATT_WIDE", ""), os.environ.get("MPK_NVCC_DEFINES", ""))
+    return _attn_wide(head_dim, ng, os.environ.get("MPK_ATT_WIDE", "").strip(), os.environ.get("MPK_NVCC_DEFINES", ""))
 
 
 @functools.lru_cache(maxsize=256)
-def _attn_wide(head_dim: int, ng: int, _wide_env: str, _defines: str) -> int:
+def _attn_wide(head_dim: int, ng: int, mode: str, _defines: str) -> int:
     from ..codegen import nvcc
-    if not env_flag("MPK_ATT_WIDE", default=True) or head_dim > 64 or nvcc.define_int("MPK_ATT_WARP_PIPE", 1) == 0:
+    if mode not in ("", "0", "1", "ring"):
+        raise ValueError(f"MPK_ATT_WIDE={mode!r}: expected 1 (wide passes where they fit, the default), 0 (narrow) "
+                         f"or ring (the half-pass ring wherever it fits)")
+    if mode == "0" or nvcc.define_int("MPK_ATT_WARP_PIPE", 1) == 0:
         return 1
-    return 2 if _att_smem_fits(head_dim, ng, wide=2) else 1
+    if mode != "ring" and head_dim <= 64 and _att_smem_fits(head_dim, ng, wide=2):
+        return 2
+    return 3 if _att_smem_fits(head_dim, ng, wide=3) else 1
 
 
 @dataclass(frozen=True)
@@ -105,8 +112,9 @@ class Tiling:
         if auto and (not attn_direct() or seqs * n_kv < AUTO_GROUP_UNITS_PER_SM * self.num_sms):
             return 1
         n = max(1, min(self.attn_groups or AUTO_ATTN_GROUPS, max_gs // max(1, gs), n_kv))
-        while n_kv % n or (auto and n > 1 and not _att_smem_fits(head_dim, n)):
-            n -= 1
+        while n_kv % n or (auto and n > 1 and (not _att_smem_fits(head_dim, n) or
+                                                attn_wide(head_dim, n) < attn_wide(head_dim, 1))):
+            n -= 1   # (auto: nor where grouping would cost the wide passes; they measured -7..-21%, groups -1..-3%)
         return n
 
     def argmax_t(self, slices: int) -> int:

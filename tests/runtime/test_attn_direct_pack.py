@@ -91,8 +91,9 @@ def test_attention_stages_size_the_shared_memory_and_too_many_are_refused(monkey
         sizes[st] = p.smem
         assert p.smem >= L.att_smem_bytes(cfg.head_dim, stages=st)
     assert sizes[3] >= L.att_smem_bytes(cfg.head_dim, stages=3) > L.att_smem_bytes(cfg.head_dim, stages=2)
-    packer = TaskPacker(tg, mem, 0x6000, 128, device="cpu")   # a 128-wide head with 6 stages: 421 KB
+    packer = TaskPacker(tg, mem, 0x6000, 128, device="cpu")   # a 128-wide head with 6 narrow stages: 421 KB
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_WARP_PIPE=1 -DMPK_ATT_STAGES=6")
+    monkeypatch.setenv("MPK_ATT_WIDE", "0")   # (wide, it would take the half-pass ring, which has no stages)
     with pytest.raises(ValueError, match="fewer stages"):
         packer.pack()
 
@@ -103,6 +104,7 @@ def test_attention_groups_auto_default_applies_only_where_it_can(monkeypatch):
     An explicit MPK_ATT_GROUPS is taken as asked (the packer refuses what cannot run)."""
     for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD"):
         monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("MPK_ATT_WIDE", "0")   # narrow passes: the grouping rule alone (the ring's: the test below)
     t = Tiling()   # 132 SMs: grouped from 1.5 x 132 = 198 (sequence, KV group) units
     assert t.attn_groups == 0
     assert t.attn_g(1, 4, 8, 128, 32) == 2 and t.attn_g(1, 4, 8, 64, 128) == 2
@@ -131,18 +133,21 @@ def test_attention_groups_auto_default_applies_only_where_it_can(monkeypatch):
 
 
 @pytest.mark.parametrize("env,defines,head_dim,want", [("", "", 16, 2), ("", "", 64, 2), ("0", "", 64, 1),
-                                                        ("", "", 128, 1), ("1", "-DMPK_ATT_WARP_PIPE=0", 64, 1),
-                                                        ("", "-DMPK_ATT_STAGES=3", 64, 1)])
+                                                        ("", "", 128, 3), ("1", "-DMPK_ATT_WARP_PIPE=0", 64, 1),
+                                                        ("", "-DMPK_ATT_STAGES=3", 64, 3), ("ring", "", 16, 3),
+                                                        ("0", "", 128, 1), ("ring", "-DMPK_ATT_WARP_PIPE=0", 16, 1)])
 def test_wide_attention_passes_are_packed_where_the_head_and_shared_memory_allow(monkeypatch, env, defines,
                                                                                   head_dim, want):
     """tiling.attn_wide: two 16-key tiles per warp and pass for head dims <= 64 with the warp pipe, where the doubled
-    K/V buffers fit (three stages of grouped 64-wide tasks do not); MPK_ATT_WIDE=0 keeps one. The packed `wide` word
-    is that width, and the kernel's shared memory covers its buffers."""
+    K/V buffers fit; else (128-wide heads, three stages of grouped 64-wide tasks) the half-pass ring (3) where it
+    fits; MPK_ATT_WIDE=0 keeps narrow passes, =ring asks for the ring. The packed `wide` word is that width, and the
+    kernel's shared memory covers its buffers."""
     from mpk_runtime.tasks.tiling import attn_wide
     monkeypatch.setenv("MPK_ATT_WIDE", env)
     monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
     monkeypatch.delenv("MPK_ATT_GROUPS", raising=False)
     ng = 2 if "STAGES=3" in defines else 1
+    monkeypatch.setenv("MPK_ATT_GROUPS", "0")
     assert attn_wide(head_dim, ng) == want
     if head_dim != 16:
         return
@@ -159,3 +164,43 @@ def test_wide_attention_passes_are_packed_where_the_head_and_shared_memory_allow
     assert rows and set(rows) == {want}
     assert packer.smem >= L.att_smem_bytes(cfg.head_dim, wide=want)
     assert L.att_smem_bytes(64, wide=2) - L.att_smem_bytes(64) == 2 * 2 * L.CONSTANTS["ATT_KP"] * 72 * 2   # K + V, 2 stages
+    kp = L.CONSTANTS["ATT_KP"]
+    assert L.att_smem_bytes(128, wide=3) - L.att_smem_bytes(128, wide=1) == (3 * 2 * kp - 2 * 2 * kp) * 136 * 2
+    assert L.att_smem_bytes(128, wide=3) <= L.ATT_SMEM_MAX < L.att_smem_bytes(128, wide=2)
+
+
+def test_bad_wide_switch_is_refused(monkeypatch):
+    from mpk_runtime.tasks.tiling import attn_wide
+    monkeypatch.setenv("MPK_ATT_WIDE", "2")
+    with pytest.raises(ValueError, match="MPK_ATT_WIDE"):
+        attn_wide(64)
+
+
+def test_grouping_yields_to_the_ring_for_128_wide_heads(monkeypatch):
+    """Auto grouping (two KV groups per task) would leave a 128-wide head no room for the half-pass ring: auto
+    keeps one group there while wide passes are on, and groups as before with them off; 64-wide heads keep both."""
+    for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD", "MPK_ATT_WIDE"):
+        monkeypatch.delenv(v, raising=False)
+    t = Tiling()
+    assert t.attn_g(1, 4, 8, 128, 32) == 1 and t.attn_g(1, 4, 8, 64, 32) == 2
+    monkeypatch.setenv("MPK_ATT_WIDE", "0")
+    assert t.attn_g(1, 4, 8, 128, 32) == 2
+
+
+def test_128_wide_heads_are_packed_for_the_half_pass_ring(monkeypatch):
+    """tiny-qwen3-d128 (qwen3-8b's head dim): attention tasks packed with wide = 3, one KV group each (auto grouping
+    yields to the ring), and the kernel's shared memory covers the ring within the SM's limit."""
+    for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD", "MPK_ATT_WIDE"):
+        monkeypatch.delenv(v, raising=False)
+    cfg = load_config("tiny-qwen3-d128")
+    g = build_graph(cfg, mode="decode", batch=200, context_len=0, max_seq_len=64, tp=1, rank=0, attn_splits=1,
+                    dtype="bfloat16")   # 400 (sequence, KV group) units on 8 SMs: auto would group
+    tg = build_task_graphs([g], Tiling(num_sms=8, attn_fold_merge=True))[0]
+    kv = KVStore(cfg.num_layers, 800, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    mem = RankMemory(g, get_weights("tiny-qwen3-d128", cfg, seed=0, dtype="bfloat16"), kv)
+    packer = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu")
+    tasks = packer.pack()[0]
+    att = [t for t in tg.tasks if t.kind == "attn_partial"]
+    assert {int(tasks[t.id][L.arg_index("attn_partial", "wide")]) for t in att} == {3}
+    assert {int(tasks[t.id][L.arg_index("attn_partial", "ng")]) for t in att} == {1}
+    assert L.att_smem_bytes(128, wide=3) <= packer.smem <= L.ATT_SMEM_MAX
