@@ -26,15 +26,15 @@ def test_long_context_grouped_attention_matches_pyvm(model, batch, ctx, gpu_chec
     assert r["ok"], r
 
 
-@pytest.mark.parametrize("model,batch,ctx,splits,wide", [("tiny-qwen3-d128", 2, 600, 1, ""),
-                                                         ("tiny-qwen3-d128", 1, 300, 3, ""),
+@pytest.mark.parametrize("model,batch,ctx,splits,wide", [("tiny-qwen3-d128", 2, 600, 1, "ring"),
+                                                         ("tiny-qwen3-d128", 1, 300, 3, "ring"),
                                                          ("tiny-llama", 3, 700, 1, "ring"),
                                                          ("tiny-qwen3", 2, 450, 2, "ring"),
-                                                         ("tiny-qwen3-d128", 2, 600, 1, "0")])
+                                                         ("tiny-qwen3-d128", 2, 600, 1, "")])
 def test_long_context_half_pass_ring_matches_pyvm(model, batch, ctx, splits, wide, gpu_check, monkeypatch):
-    """Wide passes through the ring of 3 half-pass buffers (tasks/tiling.attn_wide = 3): the default of 128-wide
-    heads (tiny-qwen3-d128), and asked for on small heads (MPK_ATT_WIDE=ring); narrow passes on 128-wide heads for
-    the other side of the switch. Several passes per split, sequences of different lengths."""
+    """Wide passes through the ring of 3 half-pass buffers (MPK_ATT_WIDE=ring, tasks/tiling.attn_wide = 3) on
+    128-wide heads (tiny-qwen3-d128: qwen3-8b's head dim) and on small heads; the default narrow passes of 128-wide
+    heads beside them. Several passes per split, sequences of different lengths."""
     monkeypatch.setenv("MPK_ATT_WIDE", wide)
     res = []
     r = gpu_check.check_long_context(model, batch, ctx, splits, res)

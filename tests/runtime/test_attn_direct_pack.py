@@ -133,15 +133,16 @@ def test_attention_groups_auto_default_applies_only_where_it_can(monkeypatch):
 
 
 @pytest.mark.parametrize("env,defines,head_dim,want", [("", "", 16, 2), ("", "", 64, 2), ("0", "", 64, 1),
-                                                        ("", "", 128, 3), ("1", "-DMPK_ATT_WARP_PIPE=0", 64, 1),
-                                                        ("", "-DMPK_ATT_STAGES=3", 64, 3), ("ring", "", 16, 3),
-                                                        ("0", "", 128, 1), ("ring", "-DMPK_ATT_WARP_PIPE=0", 16, 1)])
+                                                        ("", "", 128, 1), ("1", "-DMPK_ATT_WARP_PIPE=0", 64, 1),
+                                                        ("", "-DMPK_ATT_STAGES=3", 64, 1), ("ring", "", 16, 3),
+                                                        ("ring", "", 128, 3), ("ring", "-DMPK_ATT_STAGES=3", 64, 3),
+                                                        ("ring", "-DMPK_ATT_WARP_PIPE=0", 16, 1)])
 def test_wide_attention_passes_are_packed_where_the_head_and_shared_memory_allow(monkeypatch, env, defines,
                                                                                   head_dim, want):
     """tiling.attn_wide: two 16-key tiles per warp and pass for head dims <= 64 with the warp pipe, where the doubled
-    K/V buffers fit; else (128-wide heads, three stages of grouped 64-wide tasks) the half-pass ring (3) where it
-    fits; MPK_ATT_WIDE=0 keeps narrow passes, =ring asks for the ring. The packed `wide` word is that width, and the
-    kernel's shared memory covers its buffers."""
+    K/V buffers fit (three stages of grouped 64-wide tasks do not), else narrow; MPK_ATT_WIDE=0 keeps narrow passes,
+    =ring asks for the half-pass ring (3) wherever it fits (128-wide heads too). The packed `wide` word is that width,
+    and the kernel's shared memory covers its buffers."""
     from mpk_runtime.tasks.tiling import attn_wide
     monkeypatch.setenv("MPK_ATT_WIDE", env)
     monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
@@ -177,21 +178,26 @@ def test_bad_wide_switch_is_refused(monkeypatch):
 
 
 def test_grouping_yields_to_the_ring_for_128_wide_heads(monkeypatch):
-    """Auto grouping (two KV groups per task) would leave a 128-wide head no room for the half-pass ring: auto
-    keeps one group there while wide passes are on, and groups as before with them off; 64-wide heads keep both."""
+    """Auto grouping (two KV groups per task) would leave a 128-wide head no room for the half-pass ring: with the
+    ring asked for, auto keeps one group there; by default (narrow 128-wide passes) and with MPK_ATT_WIDE=0 it groups
+    as before; 64-wide heads keep both."""
     for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD", "MPK_ATT_WIDE"):
         monkeypatch.delenv(v, raising=False)
     t = Tiling()
-    assert t.attn_g(1, 4, 8, 128, 32) == 1 and t.attn_g(1, 4, 8, 64, 32) == 2
+    assert t.attn_g(1, 4, 8, 128, 32) == 2 and t.attn_g(1, 4, 8, 64, 32) == 2
+    monkeypatch.setenv("MPK_ATT_WIDE", "ring")
+    assert t.attn_g(1, 4, 8, 128, 32) == 1 and t.attn_g(1, 4, 8, 64, 32) == 2   # (64: the ring fits grouped)
     monkeypatch.setenv("MPK_ATT_WIDE", "0")
     assert t.attn_g(1, 4, 8, 128, 32) == 2
 
 
 def test_128_wide_heads_are_packed_for_the_half_pass_ring(monkeypatch):
-    """tiny-qwen3-d128 (qwen3-8b's head dim): attention tasks packed with wide = 3, one KV group each (auto grouping
-    yields to the ring), and the kernel's shared memory covers the ring within the SM's limit."""
-    for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD", "MPK_ATT_WIDE"):
+    """tiny-qwen3-d128 (qwen3-8b's head dim) with MPK_ATT_WIDE=ring: attention tasks packed with wide = 3, one KV
+    group each (auto grouping yields to the ring), and the kernel's shared memory covers the ring within the SM's
+    limit."""
+    for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD"):
         monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("MPK_ATT_WIDE", "ring")
     cfg = load_config("tiny-qwen3-d128")
     g = build_graph(cfg, mode="decode", batch=200, context_len=0, max_seq_len=64, tp=1, rank=0, attn_splits=1,
                     dtype="bfloat16")   # 400 (sequence, KV group) units on 8 SMs: auto would group
