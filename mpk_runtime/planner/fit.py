@@ -37,7 +37,8 @@ CONV_FIELDS = ("conv_fixed_scale", "conv_bw_fraction", "conv_tc_eff", "conv_attn
 SIM_FIELDS = ("mk_tc_stream_eff", "mk_tc_eff", "linear_pass_us", "restream_frac")   # --grid: re-simulated
 FIXED_PREFIX = "fixed."   # --grid fixed.<task kind>=...: the per-kind task fixed cost (task_fixed_us_by_kind)
 FLOP_PREFIX = "flop."     # --grid flop.<task kind>=...: the per-kind per-flop time not hidden (flop_us_by_kind)
-PREFIXES = {FIXED_PREFIX: "task_fixed_us_by_kind", FLOP_PREFIX: "flop_us_by_kind"}
+KEY_PREFIX = "key."       # --grid key.<task kind>=...: an attention partial's per-key time (key_us_by_kind)
+PREFIXES = {FIXED_PREFIX: "task_fixed_us_by_kind", FLOP_PREFIX: "flop_us_by_kind", KEY_PREFIX: "key_us_by_kind"}
 
 
 def with_terms(base: HardwareProfile, combo) -> HardwareProfile:
@@ -232,7 +233,7 @@ def _grid(spec: str) -> list[tuple]:
     for part in filter(None, spec.split(";")):
         k, vs = part.split("=")
         assert k in SIM_FIELDS or any(k.startswith(p) for p in PREFIXES), \
-            f"--grid field {k!r}: one of {SIM_FIELDS}, {FIXED_PREFIX}<task kind> or {FLOP_PREFIX}<task kind>"
+            f"--grid field {k!r}: one of {SIM_FIELDS}, {FIXED_PREFIX}<task kind>, {FLOP_PREFIX}<task kind> or {KEY_PREFIX}<task kind>"
         axes.append([(k, float(v)) for v in vs.split(",")])
     return [tuple(c) for c in itertools.product(*axes)] if axes else [()]
 

@@ -34,7 +34,11 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # h200_v32 since session 19: v31_cal plus the per-flop cost of attention's wide passes (attn_partial@w2 = 0.73 x the
 # narrow 1e-05 us/flop, derived from the 1x H200 A/B of 5a47206, not fit): llama-3.2-1b's predicted steps at the
 # eight A/B points against the measured wide default: 4.8% mean error (v31_cal's narrow terms on the narrow runs: 5.8%).
-DEFAULT_PROFILE = "h200_v32"
+# h200_v33_cal since session 19: an attention partial's chain as a per-flop plus a per-key term (key_us_by_kind;
+# chosen by a grid refit on session 19's rows, both hold-out halves agreeing): in sample 5.5% / 4.6%, hold-out by
+# context 13.0% / 11.6% and 10.9% / 7.6% (megakernel segments 7.0% / 6.3%), regret 0; the eight wide A/B points
+# 4.4% mean step error, the narrow ones 3.8% (profile's source).
+DEFAULT_PROFILE = "h200_v33_cal"
 
 
 def key_fallbacks(key: str) -> list[str]:
@@ -93,6 +97,10 @@ class HardwareProfile:
     # page_size x head_dim x 2 for head-major ones (MPK_KV_LAYOUT=hnd); empty = 1 (every piece streams)
     kv_piece_eff_by_bytes: dict[str, float] = field(default_factory=dict)
     flop_us_by_kind: dict[str, float] = field(default_factory=dict)      # per-flop time not hidden under loads
+    # per-key time of an attention partial not hidden under loads (a pass's wait, softmax update, rescale and copy
+    # issue per key, beside the per-flop term: llama's 64-wide heads and qwen3-8b's 128-wide ones stream their keys
+    # at 2.1 and 3.1 TB/s, which no single per-flop cost fits; docs/planner.md session 19)
+    key_us_by_kind: dict[str, float] = field(default_factory=dict)
     conv_fixed_us_by_kind: dict[str, float] = field(default_factory=dict)  # measured fixed cost per conventional op
     # megakernel linear tiles loop over row groups of `row_tile` rows (device_kernels/ops/linear.cuh ROW_TILE):
     # every group re-streams the weight tile (from HBM: `restream_frac` of it); 0 = one pass whatever the batch
@@ -148,6 +156,9 @@ class HardwareProfile:
 
     def flop_us(self, kind: str) -> float:
         return _by_key(self.flop_us_by_kind, kind, 0.0)
+
+    def key_us(self, kind: str) -> float:
+        return _by_key(self.key_us_by_kind, kind, 0.0)
 
     def remote_signal_us(self, nbytes: int) -> float:
         return _curve(self.remote_signal_us_by_bytes, max(64, nbytes))

@@ -112,7 +112,11 @@ def task_tc_us(t: Task, prof: HardwareProfile) -> float:
         cc = sum(r for r in rows if r < tmin or K % 32)
         return us + 2 * cc * D * K * prof.flop_us(t.kind) + (len(rows) - 1) * prof.linear_pass_us
     rows = max(1, round(t.est_flops / max(1, t.est_bytes)))  # flops per weight byte ~ rows for a GEMM tile
-    return max(prof.tc_time_us(t.est_flops, rows), t.est_flops * prof.flop_us(cost_key(t)))
+    key = cost_key(t)
+    chain = t.est_flops * prof.flop_us(key)
+    if "keys" in t.params:   # attention partials: the per-key part of their pass chain
+        chain += t.params["keys"] * t.params.get("ng", 1) * prof.key_us(key)
+    return max(prof.tc_time_us(t.est_flops, rows), chain)
 
 
 def task_stream_bytes(t: Task, prof: HardwareProfile) -> float:

@@ -54,3 +54,24 @@ def test_rows_from_before_wide_passes_are_replanned_narrow():
     assert dict(_point(old)[4]) == {"MPK_ATT_WIDE": "0"}
     assert dict(_point(new)[4]) == {}
     assert dict(_point(dict(new, env={"MPK_ATT_WIDE": "0"}))[4]) == {"MPK_ATT_WIDE": "0"}
+
+
+def test_attention_chain_is_priced_per_flop_and_per_key():
+    """h200_v33_cal: an attention partial's chain = flops x flop_us + keys (per KV group, times its groups) x key_us,
+    under its cost key; a profile without key terms prices flops alone (as before). 128-wide heads (twice the flops
+    per key) cost less than twice as much per key as 64-wide ones: the per-key part is the same per key."""
+    prof = HardwareProfile.load("h200_v33_cal").for_batch(32)
+    per_key = {}
+    for model in ("llama-3.2-1b", "qwen3-8b"):
+        tg = _graphs(PRESETS[model].replace(num_layers=1), B=32, ctx=2048)
+        att = next(t for t in tg[0].tasks if t.kind == "attn_partial")
+        k = cost_key(att)
+        keys = att.params["keys"] * att.params.get("ng", 1)
+        assert att.params["keys"] == 2049   # one split: every key of the context and the new one
+        want = att.est_flops * prof.flop_us(k) + keys * prof.key_us(k)
+        assert prof.key_us(k) > 0 and task_tc_us(att, prof) == pytest.approx(want)
+        no_keys = dataclasses.replace(prof, key_us_by_kind={})
+        assert task_tc_us(att, no_keys) == pytest.approx(att.est_flops * prof.flop_us(k))
+        per_key[model] = want / keys
+    assert per_key["llama-3.2-1b"] < per_key["qwen3-8b"] < 2 * per_key["llama-3.2-1b"]
+

@@ -44,6 +44,7 @@ def decompose(op, graph, tiling, rank):
                     writes.append(Region(a["out"], rank, ((m0, m1), (h0 * D, h1 * D))))
                 tasks.append(Task(-1, rank, "attn_partial", op.name,
                                   {**base, "b": b, "g": g, "split": s, "gs": gs, "fold": fold, "head_dim": D,
+                                   "keys": -(-(graph.context_len + T) // S),   # per group (the planner's key term)
                                    **({"ng": ng} if ng > 1 else {})},
                                   reads=[Region(a["q"], rank, ((m0, m1), (h0 * D, h1 * D))),
                                          Region(a["k_cache"], rank, ((b, b + 1), (g, g + ng))),
