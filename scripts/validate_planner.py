@@ -51,6 +51,16 @@ def log(*a):
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
 
+def _quartiles(xs) -> tuple[float, float]:
+    """(25th, 75th) percentile of the step times (linear interpolation; one sample: itself twice)."""
+    v = sorted(float(x) for x in xs)
+    def q(f):
+        i = f * (len(v) - 1)
+        lo = int(i)
+        return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (i - lo)
+    return q(0.25), q(0.75)
+
+
 def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:
     env = switches()   # re-planned as it ran by planner.fit
     # attn_wide_passes: this code has attention's wide passes (tasks/tiling.py attn_wide; rows without the field
@@ -60,6 +70,8 @@ def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:
             **({"env": env} if env else {}),
             "plan": plan.name, "chosen": chosen,
             "predicted_us": plan.predicted_us, "measured_us": 1e3 * med(m["step_ms"]),
+            # the spread of the timed steps (quartiles): whether two plans' medians differ by more than noise
+            "measured_q_us": [1e3 * float(x) for x in _quartiles(m["step_ms"])],
             "exec": m.get("exec"), "exec_segments": m.get("exec_segments"),
             "segments": [{"kind": sg.kind, "ops": len(sg.ops), "first_op": sg.ops[0], "predicted_us": sg.predicted_us,
                           "measured_us": 1e3 * med(ms), "features": sg.features}
