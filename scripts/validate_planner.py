@@ -27,6 +27,7 @@ import gc
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -52,13 +53,10 @@ def log(*a):
 
 
 def _quartiles(xs) -> tuple[float, float]:
-    """(25th, 75th) percentile of the step times (linear interpolation; one sample: itself twice)."""
-    v = sorted(float(x) for x in xs)
-    def q(f):
-        i = f * (len(v) - 1)
-        lo = int(i)
-        return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (i - lo)
-    return q(0.25), q(0.75)
+    """(25th, 75th) percentile of the step times (one sample: itself twice)."""
+    v = [float(x) for x in xs]
+    q = statistics.quantiles(v, n=4, method="inclusive") if len(v) > 1 else v * 3
+    return q[0], q[2]
 
 
 def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:

@@ -170,7 +170,7 @@ def task_stream_eff(t: Task, prof: HardwareProfile) -> float:
     key = cost_key(t)
     if t.kind == "attn_partial" and prof.kv_piece_eff_by_bytes and "head_dim" in t.params:   # (no table: 1)
         return prof.stream_eff(key) * prof.kv_piece_eff(kv_piece_bytes(t.params["head_dim"]))
-    if key == t.kind or t.kind == "attn_partial":   # (attn_partial@w2 falls back to the kind's)
+    if "@tc" not in key:   # the kind's (an attention "@w" key falls back to it): not a Tensor Core tile
         return prof.stream_eff(key)
     for k in key_fallbacks(key)[:-1]:        # fitted for the Tensor Core path itself
         if k in prof.stream_eff_by_kind:
