@@ -3,7 +3,7 @@
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
-#     OUT=$OUT bash scripts/gpu_pending.sh ring     # stage 3r (one GPU): the half-pass ring's tests, qwen3-8b narrow vs ring
+#     ring (session 20: +6..+26% on qwen3-8b, removed)
 #     OUT=$OUT bash scripts/gpu_pending.sh kv       # stage 3k (one GPU): the piece benchmark, the head-major KV layout's tests
 #     VARS="narrow base" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=one model)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
@@ -13,10 +13,7 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU): `ring` FIRST (~7 min: the half-pass ring - wide passes for 128-wide
-# heads, qwen3-8b - has never run: its tests, then the A/B; prediction: qwen3-8b B=128 ctx 4096 32.7 -> ~28 ms,
-# B=32 ctx 4096 12.7 -> ~11.5, B=8 ctx 4096 9.0 -> ~8.5, ctx 512 -2..-6%; if its tests pass and it wins, make it
-# the default for heads > 64 in tasks/tiling.py attn_wide), `MODELS=llama-3.2-1b bench` (~5 min: issue 3's table with the wide
+# Order for a 30-minute session (one GPU): `MODELS=llama-3.2-1b bench` (~5 min: issue 3's table with the wide
 # passes, both peers), `val` (~7: the wide default's segment rows, to fit flop.attn_partial@w2 with
 # `fit --grid 'flop.attn_partial@w2=...'`; h200_v32 out of sample), `MODELS=qwen3-8b bench` (unchanged code path for
 # head dim 128: a re-measure of the peers' ratios), then `attn` (the switches' other sides with wide passes on).
@@ -75,16 +72,6 @@ grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_groups1.log" | tail -6; snap
 MPK_NVCC_DEFINES=-DMPK_ATT_STAGES=3 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_stages.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
-elif [ "$MODE" = ring ]; then
-st "3r the half-pass ring (MPK_ATT_WIDE=ring: wide passes of 128-wide heads, opt-in until measured): its GPU tests"
-st "   (tiny-qwen3-d128, and the small heads), then qwen3-8b: the default (narrow grouped passes) vs the ring"
-timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_attention_long.py tests/gpu/test_megakernel.py \
-    > "$OUT/pytest_gpu_ring.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_ring.log" | tail -6; snap
-MPK_ATT_WIDE=ring timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_engine_plans.py \
-    > "$OUT/pytest_gpu_ring_forced.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_ring_forced.log" | tail -6; snap
-VARS="base ring" MODELS=qwen3-8b BS=${BS:-8,32,128} CTXS=${CTXS:-512,4096} LIM=${LIM:-110} OUT=$OUT bash "$0" ab
 elif [ "$MODE" = kv ]; then
 st "3k the KV cache's piece rate (bench_stream --pieces), then the head-major KV layout (MPK_KV_LAYOUT=hnd): its GPU tests and the tests/gpu files it touches under it"
 OUT="$OUT/bench" timeout 60 python3 scripts/bench_stream.py --pieces > "$OUT/bench/pieces.log" 2>&1
@@ -108,7 +95,7 @@ for V in $VARS; do
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              hnd) D=""; G=""; K=hnd;; hnd3) D="-DMPK_ATT_STAGES=3"; G=""; K=hnd;;
              addnorm) D=""; G=""; A=1;; hndaddnorm) D=""; G=""; K=hnd; A=1;;
-             narrow) D=""; G=""; W=0;; ring) D=""; G=""; W=ring;;
+             narrow) D=""; G=""; W=0;;
              unroll4) D="-DMPK_ATT_ISSUE_UNROLL=4"; G="";; pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";;
              exp2) D="-DMPK_ATT_EXP2=1"; G="";; chain3) D="-DMPK_ATT_ISSUE_UNROLL=4 -DMPK_ATT_PV_SPLIT=0 -DMPK_ATT_EXP2=1"; G="";;
              *) echo "unknown variant $V"; continue;; esac

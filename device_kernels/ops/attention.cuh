@@ -80,17 +80,11 @@ static_assert(ATT_KP == 16 * (THREADS / 32) && MAX_GS <= 8, "attention: 16 keys 
 // The chunk: part / lse of chunk s of group (b, g); with ng > 1 (one split, direct: packer.py), the outputs of
 // groups g .. g + ng - 1 of sequence b, their passes one pipeline (a group's first rows fly while the previous
 // group's last pass computes; the page table and q are fetched once): per group the same arithmetic as ng = 1.
-template <int W> struct AttCopy { static constexpr int value = W; };   // which rows an issue copies: 1 K, 2 V, 3 both
-
-// R: 16-key tiles per warp and pass; HR (wide passes of head dims up to 128, the packer's wide = 3): the K and V
-// halves of the passes stream through a ring of 3 half-pass buffers (K(p), V(p), then K(p + 1) into the slot V(p - 1)
-// left, V(p + 1) into the one K(p) left once its scores are done): one pass in flight as with two full stages, in
-// 3/4 of their shared memory (qwen3-8b's head dim 128: 209 KB instead of 279).
-template <int R, bool HR = false>
+// R: 16-key tiles per warp and pass (1 or 2).
+template <int R>
 __device__ inline void attn_partial_chunk(const Ctx& c) {
   constexpr int KP = R * ATT_KP, KW = 16 * R;   // keys of a pass, keys of a warp's pass
   static_assert(R == 1 || R == 2, "attention: 1 or 2 16-key tiles per warp and pass");
-  static_assert(!HR || (R == 2 && MPK_ATT_WARP_PIPE), "attention: the half-pass ring is for wide warp-pipe passes");
   const int64_t* a = c.rec;
   const bf16* q = ptr<const bf16>(a[A_ATTN_PARTIAL_Q]);
   const bf16* kc = ptr<const bf16>(a[A_ATTN_PARTIAL_K_CACHE]);
@@ -102,7 +96,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int nq = (int)a[A_ATTN_PARTIAL_NQ], n_kv = (int)a[A_ATTN_PARTIAL_N_KV];
   const int ng = (int)a[A_ATTN_PARTIAL_NG];   // KV groups of this task (ng * gs <= MAX_GS)
   const float scale = f32(a[A_ATTN_PARTIAL_SCALE]) * ATT_LOG_UNIT;
-  if (R == 2 && !HR && D > 64) __trap();   // the packer gives these to head dims <= 64 only (tiling.attn_wide)
+  if (R == 2 && D > 64) __trap();   // the packer gives wide passes to head dims <= 64 only (tiling.attn_wide)
   // direct: one split, folded: the chunk is the group's output (packer.py attn_direct)
   bf16* out = a[A_ATTN_PARTIAL_DIRECT] ? ptr<bf16>(a[A_ATTN_PARTIAL_OUT]) : nullptr;
   const int64_t max_pages = c.P[P_MAX_PAGES];
@@ -117,8 +111,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   int64_t* pages = reinterpret_cast<int64_t*>(sm + ATT_OFF_PAGES);
   const int KST = D + 8, CPR = D >> 3;   // bf16 per K / V row in shared memory (padded: fewer bank conflicts)
   bf16* ks = reinterpret_cast<bf16*>(sm + ATT_OFF_K);
-  bf16* vs = ks + ATT_NST * KP * KST;   // (HR: ring slot i at ks + i KP KST)
-  auto ring = [&](int h) { return ks + (h % 3) * KP * KST; };
+  bf16* vs = ks + ATT_NST * KP * KST;
   // q of the task's groups (contiguous heads), the page table and the position in flight together
   const bf16* qg = q + (m0 * nq + (int64_t)g * gs) * D;
   for (int i = tid; i < ng * gs * CPR; i += THREADS) cp_async16(qs + i * 8, qg + i * 8, true);
@@ -156,16 +149,14 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   // so a pass needs no CTA barrier: the warp waits on its own copies (cp.async groups are per thread) and
   // __syncwarp orders its lanes' copies and reads.
   const int wrow0 = KW * (tid >> 5), wlane = tid & 31;
-  auto issue = [&](int vp, bf16* kb, bf16* vb, auto which) {   // (vp >= total: an empty group, so every call commits one)
-    constexpr int WH = decltype(which)::value;
+  auto issue = [&](int vp, bf16* kb, bf16* vb) {   // (vp >= total: an empty group, so every call commits one)
     const int gv = vp / passes, j0 = lo + (vp - gv * passes) * KP, gi = g + gv;
     const int n = vp < total ? min(KW, min(KP, hi - j0) - wrow0) : 0;   // this warp's rows (<= 0: none)
     MPK_UNROLL_(MPK_ATT_ISSUE_UNROLL)
     for (int i = wlane; i < n * CPR; i += 32) {
       const int u = wrow0 + (cpow ? i >> cs : i / CPR), e = i - (u - wrow0) * CPR;
 #else
-  auto issue = [&](int vp, bf16* kb, bf16* vb, auto which) {   // consecutive threads take consecutive 16-byte pieces
-    constexpr int WH = decltype(which)::value;
+  auto issue = [&](int vp, bf16* kb, bf16* vb) {   // consecutive threads take consecutive 16-byte pieces of the rows
     const int gv = vp / passes, j0 = lo + (vp - gv * passes) * KP, gi = g + gv;
     const int n = min(KP, hi - j0);
 #pragma unroll 1
@@ -175,26 +166,21 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       const int j = j0 + u, pg = ppow ? j >> pss : j / psi;
       const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
       const int64_t src = kv_row(hnd, page, j - pg * psi, gi, n_kv, ps, D) + e * 8;
-      if constexpr ((WH & 1) != 0) cp_async16(kb + u * KST + e * 8, kc + src, true);
-      if constexpr ((WH & 2) != 0) cp_async16(vb + u * KST + e * 8, vc + src, true);
+      cp_async16(kb + u * KST + e * 8, kc + src, true);
+      cp_async16(vb + u * KST + e * 8, vc + src, true);
     }
     cp_async_commit();
   };
 #if MPK_ATT_WARP_PIPE
-  if constexpr (HR) {   // K(0) and V(0) in flight
-    issue(0, ring(0), nullptr, AttCopy<1>{});
-    issue(0, nullptr, ring(1), AttCopy<2>{});
-  } else {
-    for (int v = 0; v < ATT_NST - 1; ++v) issue(v, ks + v * KP * KST, vs + v * KP * KST, AttCopy<3>{});   // N - 1 passes
-  }
+  for (int v = 0; v < ATT_NST - 1; ++v) issue(v, ks + v * KP * KST, vs + v * KP * KST);   // the first N - 1 passes
 #else
-  issue(0, ks, vs, AttCopy<3>{});
-  if (total > 1) issue(1, ks + KP * KST, vs + KP * KST, AttCopy<3>{});
+  issue(0, ks, vs);
+  if (total > 1) issue(1, ks + KP * KST, vs + KP * KST);
 #endif
   // Tensor Core pass (see the file comment). Thread (g8, t4) = (lane / 4, lane % 4) of warp w.
   const int g8 = lane >> 2, t4 = lane & 3, kw = KW * warp;
   // 32-wide d rounds of scores, 16-wide d tiles of o (wide passes: head dim <= 64, packer.py; fewer live registers)
-  constexpr int DM = (R == 1 || HR) ? MAX_HEAD_DIM : 64, QR = DM / 32, MT = DM / 16;
+  constexpr int DM = R == 1 ? MAX_HEAD_DIM : 64, QR = DM / 32, MT = DM / 16;
   constexpr int NW = THREADS / 32;
   float o[MT][4];   // O^T: d = 16 mt + g8 (+ 8), heads 2 t4, 2 t4 + 1; unnormalised, relative to the head's m_run
 #pragma unroll
@@ -246,20 +232,15 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     const int j0 = lo + p * KP;
     const int n = min(KP, hi - j0);
     const int bi = vp % ATT_NST;   // this pass's buffer
-    const bf16* kb = HR ? ring(2 * vp) : ks + bi * KP * KST;
-    const bf16* vb = HR ? ring(2 * vp + 1) : vs + bi * KP * KST;
+    const bf16* kb = ks + bi * KP * KST;
+    const bf16* vb = vs + bi * KP * KST;
     const bf16* qh = qs + gv * gs * D;   // this group's q heads
 #if MPK_ATT_WARP_PIPE
-    if constexpr (HR) {   // K(vp + 1) into the slot V(vp - 1) left; pending V(vp), K(vp + 1) at most: K(vp) landed
-      issue(vp + 1, ring(2 * vp + 2), nullptr, AttCopy<1>{});
-      cp_async_wait_group<2>();
-    } else {
-      // pass vp + N - 1 into the buffer pass vp - 1 left (its reads ended at the last __syncwarp); one group per
-      // iteration, so N - 1 pending groups at most means pass vp's copies are done
-      const int bn = (bi + ATT_NST - 1) % ATT_NST;
-      issue(vp + ATT_NST - 1, ks + bn * KP * KST, vs + bn * KP * KST, AttCopy<3>{});
-      cp_async_wait_group<ATT_NST - 1>();
-    }
+    // pass vp + N - 1 into the buffer pass vp - 1 left (its reads ended at the last __syncwarp); one group per
+    // iteration, so N - 1 pending groups at most means pass vp's copies are done
+    const int bn = (bi + ATT_NST - 1) % ATT_NST;
+    issue(vp + ATT_NST - 1, ks + bn * KP * KST, vs + bn * KP * KST);
+    cp_async_wait_group<ATT_NST - 1>();
     __syncwarp();   // the warp's rows of this pass have landed (each lane waited on its own copies)
 #else
     if (vp + 1 < total) cp_async_wait_group<1>(); else cp_async_wait_group<0>();
@@ -317,12 +298,6 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) { o[mt][0] *= ca; o[mt][1] *= cb; o[mt][2] *= ca; o[mt][3] *= cb; }
       if (vp == 1) MPK_STAMP(7);   // scores, softmax and rescale
-      if constexpr (HR) {   // V(vp + 1) into the slot K(vp) left (this warp's scores read it: done); then V(vp) landed
-        __syncwarp();
-        issue(vp + 1, nullptr, ring(2 * vp + 3), AttCopy<2>{});
-        cp_async_wait_group<2>();
-        __syncwarp();
-      }
 #pragma unroll
       for (int u = 0; u < R; ++u) {   // P.V by m16n8k16 bf16, k = tile u's 16 keys in order, P^T as B (b0b1: keys
           // 2t4, 2t4 + 1 = v[u][0], v[u][1]; b2b3: keys 8 + 2t4, + 1 = v[u][2], v[u][3]), each probability split into
@@ -354,22 +329,19 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
           }
         }
       }
-    } else if constexpr (HR) {   // no keys of this warp in the pass: its V(vp + 1) copies all the same
-      __syncwarp();
-      issue(vp + 1, nullptr, ring(2 * vp + 3), AttCopy<2>{});
     }
     if (vp == 1) MPK_STAMP(8);   // thread 0's P.V
 #if MPK_ATT_WARP_PIPE
     __syncwarp();   // the warp's rows of this buffer are free again (refilled at the next iteration's top)
 #else
     __syncthreads();   // buffer vp & 1 is free again
-    if (vp + 2 < total) issue(vp + 2, ks + (vp & 1) * KP * KST, vs + (vp & 1) * KP * KST, AttCopy<3>{});
+    if (vp + 2 < total) issue(vp + 2, ks + (vp & 1) * KP * KST, vs + (vp & 1) * KP * KST);
 #endif
     if (vp == 1) MPK_STAMP(9);
     if (++p == passes) {   // group gv's last pass
       if (gv + 1 < ng) {   // another group follows (its rows in flight): merge this one in its own region, and
         // a barrier after it (its reads done before the next group's writes, however far a warp runs ahead)
-        finish(gv, reinterpret_cast<float*>(HR ? ks + 3 * KP * KST : vs + ATT_NST * KP * KST));
+        finish(gv, reinterpret_cast<float*>(vs + ATT_NST * KP * KST));
         __syncthreads();
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
@@ -397,17 +369,17 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 __device__ __noinline__ void attn_partial_narrow(const Ctx& c) { attn_partial_chunk<1>(c); }
 #if MPK_ATT_WARP_PIPE
 __device__ __noinline__ void attn_partial_wide(const Ctx& c) { attn_partial_chunk<2>(c); }
-__device__ __noinline__ void attn_partial_ring(const Ctx& c) { attn_partial_chunk<2, true>(c); }
 #endif
 
 __device__ inline void op_attn_partial(const Ctx& c) {
   const int64_t* a = c.rec;
+  const int64_t wide = a[A_ATTN_PARTIAL_WIDE];   // 1 or 2 (tasks/tiling.py attn_wide: 1 in the CTA-barrier build)
 #if MPK_ATT_WARP_PIPE
-  if (a[A_ATTN_PARTIAL_WIDE] == 2) attn_partial_wide(c);
-  else if (a[A_ATTN_PARTIAL_WIDE] == 3) attn_partial_ring(c);
+  if (wide == 2) attn_partial_wide(c);
   else
 #endif
-    attn_partial_narrow(c);
+  if (wide == 1) attn_partial_narrow(c);
+  else __trap();   // a width this build has no passes for
   if (a[A_ATTN_PARTIAL_TICKET] == 0 || a[A_ATTN_PARTIAL_DIRECT]) return;   // not folded, or written directly
   __shared__ int s_last;
   __syncthreads();

@@ -49,8 +49,7 @@ OP_ARGS: dict[str, list[str]] = {
     # group's merged output (as attn_merge's); direct = 1: one split and folded, so the chunk is the group's output:
     # written as the merge of one chunk would write it, without part / lse, the ticket and the merge's reloads;
     # ng: KV groups g .. g + ng - 1 of sequence b in one task (ng > 1 only with direct: Tiling.attn_groups);
-    # wide: 16-key tiles per warp and pass (1 or 2; 3 = 2 through a ring of 3 half-pass buffers; tasks/tiling.py
-    # attn_wide)
+    # wide: 16-key tiles per warp and pass (1 or 2; tasks/tiling.py attn_wide)
     "attn_partial": ["q", "k_cache", "v_cache", "part", "lse", "b", "g", "split", "splits", "gs", "d", "nq", "n_kv",
                      "scale", "out", "ticket", "direct", "ng", "wide"],
     "attn_merge": ["part", "lse", "out", "b", "g", "gs", "d", "nq", "splits"],
@@ -185,14 +184,13 @@ ATT_SMEM_MAX = 227 * 1024   # an H100 / H200 CTA's dynamic shared memory limit
 def att_smem_bytes(D: int, C: dict | None = None, ng: int = 1, stages: int = 2, wide: int = 1) -> int:
     """Shared memory of an attn_partial task with head dim D (device_kernels/ops/attention.cuh layout): q (bf16,
     MAX_GS x MAX_HEAD_DIM), the page table (s64, ATT_MAX_PAGES), then `stages` (MPK_ATT_STAGES, 2 by default)
-    buffers of wide x ATT_KP K rows and as many of V rows (bf16, both padded to D + 8) - wide = 3: a ring of 3
-    half-pass buffers of 2 x ATT_KP rows instead, whatever `stages`; a task of ng > 1 groups merges all but its last
-    group in a region after them (fp32 outputs, maxima and sums of every warp: NW x MAX_GS x (D + 2))."""
+    buffers of wide x ATT_KP K rows and as many of V rows (bf16, both padded to D + 8); a task of ng > 1 groups
+    merges all but its last group in a region after them (fp32 outputs, maxima and sums of every warp:
+    NW x MAX_GS x (D + 2))."""
     C = C or CONSTANTS
     head = C["MAX_GS"] * C["MAX_HEAD_DIM"] * 2 + C["ATT_MAX_PAGES"] * 8
     merge = (C["THREADS"] // 32) * C["MAX_GS"] * (D + 2) * 4 if ng > 1 else 0
-    bufs = 3 * 2 * C["ATT_KP"] if wide == 3 else stages * 2 * wide * C["ATT_KP"]   # rows of K / V in shared memory
-    return head + bufs * (D + 8) * 2 + merge
+    return head + stages * 2 * wide * C["ATT_KP"] * (D + 8) * 2 + merge
 
 # --- linear tile geometry (device_kernels/ops/linear.cuh): the packer (runtime/packer.py) and the planner's
 # simulator (planner/simulate.py) both call linear_geometry, so the rows per pass are defined once ------------

@@ -244,7 +244,7 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
                 num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
                 max_position_embeddings=1024, tie_word_embeddings=False),
     # qwen3-8b's head dim (128) and GQA group (4) at test size: the code paths of 128-wide heads (the megakernel's
-    # half-pass attention ring, tasks/tiling.py attn_wide)
+    # narrow attention passes for them, tasks/tiling.py attn_wide)
     ModelConfig(name="tiny-qwen3-d128", family="qwen3", vocab_size=640, hidden_size=256, intermediate_size=512,
                 num_layers=2, num_heads=8, num_kv_heads=2, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
                 max_position_embeddings=1024, tie_word_embeddings=False),

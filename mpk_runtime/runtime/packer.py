@@ -266,7 +266,7 @@ class TaskPacker:
             raise ValueError(f"an attention task holds at most {L.CONSTANTS['MAX_GS']} q heads: {ng} groups of "
                              f"{p['gs']} do not fit (Tiling.attn_g keeps to it)")
         stages = nvcc.define_int("MPK_ATT_STAGES", 2)   # the build's K/V buffers (attention.cuh)
-        wide = attn_wide(self.D, ng)   # the pass width (2 / 3: two 16-key tiles per warp and pass)
+        wide = attn_wide(self.D, ng)   # 16-key tiles per warp and pass
         need = L.att_smem_bytes(self.D, ng=ng, stages=stages, wide=wide)   # attention.cuh's layout
         if need > L.ATT_SMEM_MAX:
             raise ValueError(f"attention with head_dim {self.D}, {ng} KV group(s) per task and "

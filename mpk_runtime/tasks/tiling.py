@@ -40,10 +40,9 @@ def _att_smem_fits(head_dim: int, ng: int, wide: int = 1) -> bool:
 def attn_wide(head_dim: int, ng: int = 1) -> int:
     """The pass width of an attention task (device_kernels/ops/attention.cuh `wide`): 2 (two 16-key tiles per warp
     and pass, K and V in the build's stages) where the head dim is <= 64 and that fits the shared memory, else 1.
-    The narrow passes were bound by their per-pass chain, not by HBM (docs/perf-notes.md session 19). 3 (two tiles,
-    K and V through a ring of 3 half-pass buffers: 3/4 of two full stages, so 128-wide heads fit) only where asked
-    for until a GPU has measured it: $MPK_ATT_WIDE: unset or 1 = the rule above; 0 = narrow passes everywhere (the
-    A/B); ring = the ring wherever it fits. The CTA-barrier build (-DMPK_ATT_WARP_PIPE=0) has narrow passes only."""
+    The narrow passes were bound by their per-pass chain, not by HBM (docs/perf-notes.md session 19).
+    $MPK_ATT_WIDE: unset or 1 = the rule above; 0 = narrow passes everywhere (the A/B). The CTA-barrier build
+    (-DMPK_ATT_WARP_PIPE=0) has narrow passes only."""
     import os   # (the planner's simulator asks per attention task: the answer is cached per switch setting)
     return _attn_wide(head_dim, ng, os.environ.get("MPK_ATT_WIDE", "").strip(), os.environ.get("MPK_NVCC_DEFINES", ""))
 
@@ -51,13 +50,12 @@ def attn_wide(head_dim: int, ng: int = 1) -> int:
 @functools.lru_cache(maxsize=256)
 def _attn_wide(head_dim: int, ng: int, mode: str, _defines: str) -> int:
     from ..codegen import nvcc
-    if mode not in ("", "0", "1", "ring"):
-        raise ValueError(f"MPK_ATT_WIDE={mode!r}: expected 1 (wide passes where they fit, the default), 0 (narrow) "
-                         f"or ring (the half-pass ring wherever it fits)")
+    if mode not in ("", "0", "1"):
+        gone = " (ring: removed, slower than the narrow passes on qwen3-8b)" if mode == "ring" else ""
+        raise ValueError(f"MPK_ATT_WIDE={mode!r}: expected unset or 1 (wide passes where they fit, the default) "
+                         f"or 0 (narrow passes everywhere){gone}")
     if mode == "0" or nvcc.define_int("MPK_ATT_WARP_PIPE", 1) == 0:
         return 1
-    if mode == "ring":
-        return 3 if _att_smem_fits(head_dim, ng, wide=3) else 1
     return 2 if head_dim <= 64 and _att_smem_fits(head_dim, ng, wide=2) else 1
 
 

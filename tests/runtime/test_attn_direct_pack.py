@@ -93,7 +93,6 @@ def test_attention_stages_size_the_shared_memory_and_too_many_are_refused(monkey
     assert sizes[3] >= L.att_smem_bytes(cfg.head_dim, stages=3) > L.att_smem_bytes(cfg.head_dim, stages=2)
     packer = TaskPacker(tg, mem, 0x6000, 128, device="cpu")   # a 128-wide head with 6 narrow stages: 421 KB
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_WARP_PIPE=1 -DMPK_ATT_STAGES=6")
-    monkeypatch.setenv("MPK_ATT_WIDE", "0")   # (wide, it would take the half-pass ring, which has no stages)
     with pytest.raises(ValueError, match="fewer stages"):
         packer.pack()
 
@@ -104,7 +103,7 @@ def test_attention_groups_auto_default_applies_only_where_it_can(monkeypatch):
     An explicit MPK_ATT_GROUPS is taken as asked (the packer refuses what cannot run)."""
     for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD"):
         monkeypatch.delenv(v, raising=False)
-    monkeypatch.setenv("MPK_ATT_WIDE", "0")   # narrow passes: the grouping rule alone (the ring's: the test below)
+    monkeypatch.setenv("MPK_ATT_WIDE", "0")   # narrow passes: the grouping rule alone (yielding to wide ones: below)
     t = Tiling()   # 132 SMs: grouped from 1.5 x 132 = 198 (sequence, KV group) units
     assert t.attn_groups == 0
     assert t.attn_g(1, 4, 8, 128, 32) == 2 and t.attn_g(1, 4, 8, 64, 128) == 2
@@ -134,15 +133,13 @@ def test_attention_groups_auto_default_applies_only_where_it_can(monkeypatch):
 
 @pytest.mark.parametrize("env,defines,head_dim,want", [("", "", 16, 2), ("", "", 64, 2), ("0", "", 64, 1),
                                                         ("", "", 128, 1), ("1", "-DMPK_ATT_WARP_PIPE=0", 64, 1),
-                                                        ("", "-DMPK_ATT_STAGES=3", 64, 1), ("ring", "", 16, 3),
-                                                        ("ring", "", 128, 3), ("ring", "-DMPK_ATT_STAGES=3", 64, 3),
-                                                        ("ring", "-DMPK_ATT_WARP_PIPE=0", 16, 1)])
+                                                        ("", "-DMPK_ATT_STAGES=3", 64, 1), ("1", "", 16, 2)])
 def test_wide_attention_passes_are_packed_where_the_head_and_shared_memory_allow(monkeypatch, env, defines,
                                                                                   head_dim, want):
     """tiling.attn_wide: two 16-key tiles per warp and pass for head dims <= 64 with the warp pipe, where the doubled
-    K/V buffers fit (three stages of grouped 64-wide tasks do not), else narrow; MPK_ATT_WIDE=0 keeps narrow passes,
-    =ring asks for the half-pass ring (3) wherever it fits (128-wide heads too). The packed `wide` word is that width,
-    and the kernel's shared memory covers its buffers."""
+    K/V buffers fit (three stages of grouped 64-wide tasks do not), else narrow (128-wide heads always);
+    MPK_ATT_WIDE=0 keeps narrow passes, =1 is the default. The packed `wide` word is that width, and the kernel's
+    shared memory covers its buffers."""
     from mpk_runtime.tasks.tiling import attn_wide
     monkeypatch.setenv("MPK_ATT_WIDE", env)
     monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
@@ -165,48 +162,48 @@ def test_wide_attention_passes_are_packed_where_the_head_and_shared_memory_allow
     assert rows and set(rows) == {want}
     assert packer.smem >= L.att_smem_bytes(cfg.head_dim, wide=want)
     assert L.att_smem_bytes(64, wide=2) - L.att_smem_bytes(64) == 2 * 2 * L.CONSTANTS["ATT_KP"] * 72 * 2   # K + V, 2 stages
-    kp = L.CONSTANTS["ATT_KP"]
-    assert L.att_smem_bytes(128, wide=3) - L.att_smem_bytes(128, wide=1) == (3 * 2 * kp - 2 * 2 * kp) * 136 * 2
-    assert L.att_smem_bytes(128, wide=3) <= L.ATT_SMEM_MAX < L.att_smem_bytes(128, wide=2)
+    assert L.att_smem_bytes(128, wide=2) > L.ATT_SMEM_MAX   # (why 128-wide heads keep narrow passes)
 
 
-def test_bad_wide_switch_is_refused(monkeypatch):
+@pytest.mark.parametrize("bad", ["2", "ring", "yes"])
+def test_bad_wide_switch_is_refused(monkeypatch, bad):
+    """MPK_ATT_WIDE takes unset, 1 or 0: anything else is an error naming them, not a silent default (ring too:
+    removed in session 20, slower than the narrow passes on qwen3-8b)."""
     from mpk_runtime.tasks.tiling import attn_wide
-    monkeypatch.setenv("MPK_ATT_WIDE", "2")
-    with pytest.raises(ValueError, match="MPK_ATT_WIDE"):
+    monkeypatch.setenv("MPK_ATT_WIDE", bad)
+    with pytest.raises(ValueError, match=r"MPK_ATT_WIDE=.*unset or 1.*or 0"):
         attn_wide(64)
 
 
-def test_grouping_yields_to_the_ring_for_128_wide_heads(monkeypatch):
-    """Auto grouping (two KV groups per task) would leave a 128-wide head no room for the half-pass ring: with the
-    ring asked for, auto keeps one group there; by default (narrow 128-wide passes) and with MPK_ATT_WIDE=0 it groups
-    as before; 64-wide heads keep both."""
+def test_grouping_yields_to_the_wide_passes_of_small_heads(monkeypatch):
+    """Auto grouping (two KV groups per task) keeps one group where two would leave a small head no room for
+    the wide passes (three K/V stages: grouped 64-wide wide passes do not fit, ungrouped ones do); with
+    MPK_ATT_WIDE=0 it groups as the narrow rule says; 128-wide heads (narrow passes) group by default."""
     for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD", "MPK_ATT_WIDE"):
         monkeypatch.delenv(v, raising=False)
     t = Tiling()
     assert t.attn_g(1, 4, 8, 128, 32) == 2 and t.attn_g(1, 4, 8, 64, 32) == 2
-    monkeypatch.setenv("MPK_ATT_WIDE", "ring")
-    assert t.attn_g(1, 4, 8, 128, 32) == 1 and t.attn_g(1, 4, 8, 64, 32) == 2   # (64: the ring fits grouped)
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_STAGES=3")
+    assert L.att_smem_bytes(64, ng=2, stages=3, wide=2) > L.ATT_SMEM_MAX >= L.att_smem_bytes(64, stages=3, wide=2)
+    assert t.attn_g(1, 4, 8, 64, 32) == 1
     monkeypatch.setenv("MPK_ATT_WIDE", "0")
-    assert t.attn_g(1, 4, 8, 128, 32) == 2
+    assert t.attn_g(1, 4, 8, 64, 32) == 2
 
 
-def test_128_wide_heads_are_packed_for_the_half_pass_ring(monkeypatch):
-    """tiny-qwen3-d128 (qwen3-8b's head dim) with MPK_ATT_WIDE=ring: attention tasks packed with wide = 3, one KV
-    group each (auto grouping yields to the ring), and the kernel's shared memory covers the ring within the SM's
-    limit."""
-    for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD"):
+def test_128_wide_heads_are_packed_narrow_and_grouped(monkeypatch):
+    """tiny-qwen3-d128 (qwen3-8b's head dim) by default: attention tasks packed with narrow passes (wide = 1), two
+    KV groups each where auto grouping applies, and the kernel's shared memory covers them within the SM's limit."""
+    for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD", "MPK_ATT_WIDE"):
         monkeypatch.delenv(v, raising=False)
-    monkeypatch.setenv("MPK_ATT_WIDE", "ring")
     cfg = load_config("tiny-qwen3-d128")
     g = build_graph(cfg, mode="decode", batch=200, context_len=0, max_seq_len=64, tp=1, rank=0, attn_splits=1,
-                    dtype="bfloat16")   # 400 (sequence, KV group) units on 8 SMs: auto would group
+                    dtype="bfloat16")   # 400 (sequence, KV group) units on 8 SMs: auto groups
     tg = build_task_graphs([g], Tiling(num_sms=8, attn_fold_merge=True))[0]
     kv = KVStore(cfg.num_layers, 800, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
     mem = RankMemory(g, get_weights("tiny-qwen3-d128", cfg, seed=0, dtype="bfloat16"), kv)
     packer = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu")
     tasks = packer.pack()[0]
     att = [t for t in tg.tasks if t.kind == "attn_partial"]
-    assert {int(tasks[t.id][L.arg_index("attn_partial", "wide")]) for t in att} == {3}
-    assert {int(tasks[t.id][L.arg_index("attn_partial", "ng")]) for t in att} == {1}
-    assert L.att_smem_bytes(128, wide=3) <= packer.smem <= L.ATT_SMEM_MAX
+    assert {int(tasks[t.id][L.arg_index("attn_partial", "wide")]) for t in att} == {1}
+    assert {int(tasks[t.id][L.arg_index("attn_partial", "ng")]) for t in att} == {2}
+    assert L.att_smem_bytes(128, ng=2) <= packer.smem <= L.ATT_SMEM_MAX
