@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# What session 19 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
+# What session 20 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
 #     ring (session 20: +6..+26% on qwen3-8b, removed)
+#     OUT=$OUT bash scripts/gpu_pending.sh cattn    # stage 3c (one GPU): the conventional attention curves (~2-4 min)
+#     OUT=$OUT bash scripts/gpu_pending.sh defer    # stage 3f (one GPU): deferred KV appends' GPU tests, base vs defer A/B
 #     OUT=$OUT bash scripts/gpu_pending.sh kv       # stage 3k (one GPU): the piece benchmark, the head-major KV layout's tests
 #     VARS="narrow base" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=one model)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
@@ -13,13 +15,14 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU): `MODELS=llama-3.2-1b bench` (~5 min: issue 3's table with the wide
-# passes, both peers), `val` (~7: the wide default's segment rows, to fit flop.attn_partial@w2 with
-# `fit --grid 'flop.attn_partial@w2=...'`; h200_v32 out of sample), `MODELS=qwen3-8b bench` (unchanged code path for
-# head dim 128: a re-measure of the peers' ratios), then `attn` (the switches' other sides with wide passes on).
-# If time is left: `VARS="base unroll4 pv1 exp2 chain3" BS=32,128 CTXS=4096 ab` per model (the per-pass chain's
-# opt-in variants, docs/perf-notes.md session 19 for the predictions; pv1 changes the numerics: GPU tests under it
-# before any default change), and `STAMP_BATCHES=128 stamps` (STAMP_CTX=4096: where a wide pass's ~2.8 us go).
+# Order for a 30-minute session (one GPU): `defer` FIRST (~6 min: the deferred KV appends - written in session 20,
+# never run - their GPU tests, then llama-3.2-1b base vs defer at B=32,128 x ctx 512,4096; prediction B=32 ctx 512
+# -4..-6%, B=128 -3..-5%, ctx 4096 -1..-3%; if the tests pass and it wins, MPK_KV_DEFER defaults on in ir/defer.py),
+# `STAMP_BATCHES=128 STAMP_CTX=4096 stamps` (where a wide pass's ~2.8 us go: the chain variants measured nothing),
+# `MODELS=qwen3-8b bench` (issue 3's qwen table with both peers: last measured in session 18), `one` (tests/gpu,
+# sampler, profiles), then `VARS="base defer" MODELS=qwen3-8b ab`. `cattn` (~3 min) before `val` when a val runs:
+# refit on the new rows with `fit --profile $OUT/prof/h200_v35.json` (the conventional attention priced from its
+# measured curve, conv_attn_curve_scale fitted per regime), and on session 20's rows (bench/results/s20/run4_val).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 #  1. tests/gpu (49 passed at bca6d81 and at 5a47206)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
@@ -85,22 +88,32 @@ snap
 elif [ "$MODE" = san ]; then
 st "3g compute-sanitizer memcheck + racecheck of the defaults (warp pipe, grouped attention; tiny configs, incl. one split)"
 OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
+elif [ "$MODE" = cattn ]; then
+st "3c the conventional attention op measured whole (scripts/profile_conv_attn.py): llama-3.2-1b / qwen3-8b shapes at TP 1 and 2"
+OUT="$OUT/prof" timeout 420 python3 scripts/profile_conv_attn.py --out "$OUT/prof" --merge h200_v33_cal --name h200_v35 \
+    > "$OUT/prof/conv_attn.log" 2>&1
+tail -4 "$OUT/prof/conv_attn.log"; snap
+elif [ "$MODE" = defer ]; then
+st "3f deferred KV appends (MPK_KV_DEFER=1, ir/defer.py): the attn-mk GPU tests under it, then llama-3.2-1b base vs defer"
+MPK_KV_DEFER=1 timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_defer.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_defer.log" | tail -6; snap
+VARS="base defer" MODELS=${MODELS:-llama-3.2-1b} BS=${BS:-32,128} CTXS=${CTXS:-512,4096} LIM=${LIM:-120} OUT=$OUT bash "$0" ab
 elif [ "$MODE" = ab ]; then
 # ab: VARS="..." BS=... CTXS=... of the variants below (one megakernel up to B=8, the planned plan above), one table
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
 for V in $VARS; do
-  K=""; A=""; W=""
+  K=""; A=""; W=""; KD=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              hnd) D=""; G=""; K=hnd;; hnd3) D="-DMPK_ATT_STAGES=3"; G=""; K=hnd;;
              addnorm) D=""; G=""; A=1;; hndaddnorm) D=""; G=""; K=hnd; A=1;;
-             narrow) D=""; G=""; W=0;;
+             narrow) D=""; G=""; W=0;; defer) D=""; G=""; KD=1;;
              unroll4) D="-DMPK_ATT_ISSUE_UNROLL=4"; G="";; pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";;
              exp2) D="-DMPK_ATT_EXP2=1"; G="";; chain3) D="-DMPK_ATT_ISSUE_UNROLL=4 -DMPK_ATT_PV_SPLIT=0 -DMPK_ATT_EXP2=1"; G="";;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
-  MPK_ATT_WIDE=$W MPK_CONV_FUSE_ADD_NORM=$A MPK_KV_LAYOUT=$K MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_CONV_FUSE_ADD_NORM=$A MPK_KV_LAYOUT=$K MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done

@@ -80,6 +80,24 @@ static_assert(ATT_KP == 16 * (THREADS / 32) && MAX_GS <= 8, "attention: 16 keys 
 // The chunk: part / lse of chunk s of group (b, g); with ng > 1 (one split, direct: packer.py), the outputs of
 // groups g .. g + ng - 1 of sequence b, their passes one pipeline (a group's first rows fly while the previous
 // group's last pass computes; the page table and q are fetched once): per group the same arithmetic as ng = 1.
+// Deferred KV append (ir/defer.py: the conventional qkv_rope left the step's rows in kv_new, (M, 2 n_kv D) with row
+// stride ld: k heads, then v heads): row m0's k and v of groups g .. g + ng - 1 into the paged caches at position
+// pos, in 16-byte pieces. Called by the partial whose chunk holds pos, before its passes (a CTA barrier after it);
+// no other task of the step reads that chunk of these groups. A call of its own: it stays out of the pass loop's
+// register allocation.
+__device__ __noinline__ void attn_append_new_row(const bf16* kv_new, int64_t ld, bf16* kc, bf16* vc, int64_t m0,
+                                                  int64_t page, int64_t slot, int g, int ng, int n_kv, int64_t ps,
+                                                  int D, bool hnd) {
+  const int CPR = D >> 3, per = ng * CPR;
+  const bf16* row = kv_new + m0 * ld;
+#pragma unroll 1
+  for (int i = threadIdx.x; i < 2 * per; i += THREADS) {
+    const int isv = i >= per, r = i - isv * per, gv = r / CPR, e = r - gv * CPR;
+    const uint4 v = *reinterpret_cast<const uint4*>(row + (int64_t)(isv * n_kv + g + gv) * D + e * 8);
+    *reinterpret_cast<uint4*>((isv ? vc : kc) + kv_row(hnd, page, slot, g + gv, n_kv, ps, D) + e * 8) = v;
+  }
+}
+
 // R: 16-key tiles per warp and pass (1 or 2).
 template <int R>
 __device__ inline void attn_partial_chunk(const Ctx& c) {
@@ -137,6 +155,13 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   }
   cp_async_wait_all();
   __syncthreads();
+  if (a[A_ATTN_PARTIAL_KV_NEW] != 0 && s == S - 1) {   // deferred append: the last chunk holds pos (T == 1)
+    const int pg = (int)(pos / ps);
+    attn_append_new_row(ptr<const bf16>(a[A_ATTN_PARTIAL_KV_NEW]), a[A_ATTN_PARTIAL_LDKV], const_cast<bf16*>(kc),
+                        const_cast<bf16*>(vc), m0, full ? pages[pg] : ld_const_s64(bt + pg), pos - (int64_t)pg * ps,
+                        g, ng, n_kv, ps, D, hnd);
+    __syncthreads();   // the rows are in the cache before any warp copies them
+  }
   MPK_STAMP(1);
   // virtual pass vp = pass vp % passes of group g + vp / passes: its K and V rows (keys j0 .. j0 + n - 1) into
   // buffer vp % ATT_NST

@@ -91,10 +91,13 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         # a normed head's rows can stream on several SMs and one finishing task normalises the whole head
         # (tasks/ops/qkv_rope.py); whole-op (conventional) execution never touches it
         raw = t(f"L{i}.qk_raw", (M, (nq + nkv) * D), "act") if cfg.qk_norm else None
+        # decode: the step's k and v rows (k heads, then v heads), where a conventional qkv_rope leaves them for
+        # the attention megakernel to append (ir/defer.py, MPK_KV_DEFER); unused otherwise
+        kvn = t(f"L{i}.kv_new", (M, 2 * nkv * D), "act") if mode == "decode" else None
         add(f"L{i}.qkv_rope", "qkv_rope", [x, ln1, wq, wk, wv] + [n for n in (qn, kn) if n], [q, kc, vc] + [raw] * bool(raw),
             {"layer": i, "x": x, "norm": ln1, "wq": wq, "wk": wk, "wv": wv, "q_norm": qn, "k_norm": kn,
              "q": q, "k_cache": kc, "v_cache": vc, "eps": cfg.rms_norm_eps, "n_q": nq, "n_kv": nkv,
-             "q_head0": sh.q_heads[0], "kv_head0": sh.kv_heads[0], "qk_raw": raw},
+             "q_head0": sh.q_heads[0], "kv_head0": sh.kv_heads[0], "qk_raw": raw, "kv_new": kvn},
             n_qkv * H * eb + M * H * eb + M * n_qkv * eb, 2 * M * n_qkv * H)
 
         attn = t(f"L{i}.attn", (M, nq * D), "act")
@@ -102,7 +105,7 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         lse = t(f"L{i}.attn_lse", (M, nq, splits), "act", dtype_="float32")
         add(f"L{i}.attention", "attention", [q, kc, vc], [part, lse, attn],
             {"layer": i, "q": q, "k_cache": kc, "v_cache": vc, "part": part, "lse": lse, "out": attn,
-             "n_q": nq, "n_kv": nkv, "splits": splits, "scale": D ** -0.5},
+             "n_q": nq, "n_kv": nkv, "splits": splits, "scale": D ** -0.5, "kv_new": kvn},
             B * kv_read * nkv * D * eb * 2 + 2 * M * nq * D * eb, 4 * M * nq * D * kv_read)
 
         x = _proj(t, w, add, cfg, tp, f"L{i}.o_proj", x_in=attn, residual=x, wnames=[p + "self_attn.o_proj.weight"],

@@ -34,7 +34,22 @@ def conv_kernels(op: Op) -> int:
         a = op.attrs
         return 1 + (1 if a.get("norm") else 0) + (1 if a.get("epilogue") == "silu_mul" else 0) + \
             (1 if a.get("residual") else 0)
+    if op.kind == "qkv_rope" and op.attrs.get("kv_defer"):   # no indexed puts of k and v (ir/defer.py)
+        return CONV_KERNELS[op.kind] - 2
     return CONV_KERNELS[op.kind]
+
+
+def _conv_fixed(op: Op, prof: HardwareProfile) -> float:
+    """The op's measured kernel-sequence cost; a deferred qkv_rope not yet measured as such: the appending one's
+    less its two indexed puts (conv_kernel_us each)."""
+    k = conv_kernels(op)
+    got = prof.conv_fixed_us_by_kind.get(conv_key(op))
+    if got is not None:
+        return got
+    full = f"qkv_rope:{CONV_KERNELS['qkv_rope']}"
+    if op.kind == "qkv_rope" and op.attrs.get("kv_defer") and full in prof.conv_fixed_us_by_kind:
+        return max(0.0, prof.conv_fixed_us_by_kind[full] - 2 * prof.conv_kernel_us)
+    return k * prof.conv_kernel_us
 
 
 def conv_key(op: Op) -> str:
@@ -45,8 +60,7 @@ def conv_key(op: Op) -> str:
 def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
     """fixed_us (kernel sequence + NCCL), stream_us (bytes at full bandwidth), tc_us (Tensor Core at M rows,
     efficiency 1), attn_kv_us (attention: KV bytes at full bandwidth, one pass)."""
-    k = conv_kernels(op)
-    fixed = prof.conv_fixed_us_by_kind.get(conv_key(op), k * prof.conv_kernel_us)
+    fixed = _conv_fixed(op, prof)
     bw = prof.bw(prof.num_sms)
     if op.kind == "allreduce":
         W, M, N = graph.tensors[op.attrs["part"]].shape
@@ -59,6 +73,10 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
     if op.kind == "attention":
         a = op.attrs   # keys read per row: the op's flops are 4 x rows x q heads x head_dim x keys
         keys = op.flops / max(1, 4 * graph.rows * a["n_q"] * graph.config.head_dim)
+        curve = prof.conv_attn_curve_us(a["n_kv"], graph.config.head_dim, a["n_q"] // a["n_kv"], graph.batch, keys)
+        if curve is not None:   # measured whole (profile.conv_attn_us_by_shape): that, and none of the terms below
+            return {"fixed_us": 0.0, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": 0.0, "coll": 0,
+                    "attn_curve_us": curve}
         return {"fixed_us": fixed, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": op.bytes / bw * 1e6, "coll": 0,
                 "attn_keys": keys}
     rows = graph.rows if op.kind != "argmax" else 1
@@ -72,15 +90,16 @@ def _attn_us(kv: float, keys: float, passes: float, key_us: float) -> float:
 
 
 def _conv_price(fixed: float, stream: float, tc: float, kv: float, coll: int, prof: HardwareProfile,
-                keys: float = 0.0) -> float:
+                keys: float = 0.0, curve: float = 0.0) -> float:
     return prof.conv_fixed_scale * fixed + max(stream / prof.conv_bw_fraction, tc / prof.conv_tc_eff) + \
-        _attn_us(kv, keys, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + coll * prof.conv_collective_us
+        _attn_us(kv, keys, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + coll * prof.conv_collective_us + \
+        prof.conv_attn_curve_scale * curve
 
 
 def conventional_op_us(op: Op, graph: Graph, prof: HardwareProfile) -> float:
     t = conv_op_terms(op, graph, prof)
     return _conv_price(t["fixed_us"], t["stream_us"], t["tc_us"], t["attn_kv_us"], t["coll"], prof,
-                       t.get("attn_keys", 0.0))
+                       t.get("attn_keys", 0.0), t.get("attn_curve_us", 0.0))
 
 
 def conventional_us(graph: Graph, ops: list[str], prof: HardwareProfile) -> float:
@@ -91,7 +110,7 @@ def conventional_us(graph: Graph, ops: list[str], prof: HardwareProfile) -> floa
 def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -> dict:
     """Per-segment terms for fit.py: summed fixed and KV terms, and the (stream, tc) pairs with counts."""
     by = {o.name: o for o in graph.ops}
-    fixed = kv = 0.0
+    fixed = kv = curve = 0.0
     coll = 0
     pairs: dict[tuple, int] = {}
     attn: dict[tuple, int] = {}
@@ -99,6 +118,7 @@ def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -
         t = conv_op_terms(by[n], graph, prof)
         fixed += t["fixed_us"]
         kv += t["attn_kv_us"]
+        curve += t.get("attn_curve_us", 0.0)
         coll += t["coll"]
         if t["stream_us"] or t["tc_us"]:
             key = (round(t["stream_us"], 7), round(t["tc_us"], 7))
@@ -108,7 +128,7 @@ def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -
             attn[key] = attn.get(key, 0) + 1
     return {"kind": "conventional", "fixed_us": fixed, "attn_kv_us": kv, "n_coll": coll,
             "st": [[s, t, c] for (s, t), c in sorted(pairs.items())],
-            "attn": [[k, n, c] for (k, n), c in sorted(attn.items())]}
+            "attn": [[k, n, c] for (k, n), c in sorted(attn.items())], "attn_curve_us": curve}
 
 
 def conv_attn_us(f: dict, passes: float, key_us: float) -> float:
@@ -125,7 +145,7 @@ def price_from_features(f: dict, prof: HardwareProfile) -> float:
         return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
     return prof.conv_fixed_scale * f["fixed_us"] + st + conv_attn_us(f, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + \
-        f.get("n_coll", 0) * prof.conv_collective_us
+        f.get("n_coll", 0) * prof.conv_collective_us + prof.conv_attn_curve_scale * f.get("attn_curve_us", 0.0)
 
 
 class SegmentCoster:

@@ -10,6 +10,7 @@ Input: scripts/validate_planner.py rows; each measured segment carries the featu
   conventional  measured = conv_fixed_scale * fixed + sum_ops max(stream / conv_bw_fraction, tc / conv_tc_eff)
                            + sum_attention max(conv_attn_kv_passes * attn_kv,
                                                conv_attn_key_us * keys)           (grid over the two efficiencies,
+                           + conv_attn_curve_scale * measured attention   (shapes the profile has a curve for)
                                                                                   the KV passes and the per-key
                                                                                   floor; non-negative LS for the
                                                                                   rest)
@@ -33,7 +34,7 @@ from .score import _brief, _sel, load_rows, mape_by, reprice, resimulate, split_
 REGIMES = ((1, "1"), (8, "8"))   # (min batch, key)
 BATCH_REGIMES = ((1, "1"), (8, "8"), (32, "32"), (128, "128"))   # --regimes batch: one per measured batch
 CONV_FIELDS = ("conv_fixed_scale", "conv_bw_fraction", "conv_tc_eff", "conv_attn_kv_passes", "conv_attn_key_us",
-               "conv_collective_us")
+               "conv_collective_us", "conv_attn_curve_scale")
 SIM_FIELDS = ("mk_tc_stream_eff", "mk_tc_eff", "linear_pass_us", "restream_frac")   # --grid: re-simulated
 FIXED_PREFIX = "fixed."   # --grid fixed.<task kind>=...: the per-kind task fixed cost (task_fixed_us_by_kind)
 FLOP_PREFIX = "flop."     # --grid flop.<task kind>=...: the per-kind per-flop time not hidden (flop_us_by_kind)
@@ -124,9 +125,12 @@ def fit_conventional(segs: list[dict]) -> dict:
     has_kv = any(s["features"]["attn_kv_us"] > 0 for s in segs)
     has_keys = any(n > 0 for s in segs for _, n, _ in s["features"].get("attn", []))
     has_coll = any(s["features"].get("n_coll", 0) > 0 for s in segs)
+    has_curve = any(s["features"].get("attn_curve_us", 0) > 0 for s in segs)   # measured attention (profile curve)
     cols = [[s["features"]["fixed_us"] for s in segs]]
     if has_coll:
         cols.append([float(s["features"].get("n_coll", 0)) for s in segs])
+    if has_curve:
+        cols.append([float(s["features"].get("attn_curve_us", 0.0)) for s in segs])
     X = np.array(cols, dtype=float).T
     # the attention term of every segment for each (KV passes, per-key floor) on the grids
     attn = {}
@@ -147,7 +151,8 @@ def fit_conventional(segs: list[dict]) -> dict:
                     best = (err, frac, eff, kvp, ku, b)
     _, frac, eff, kvp, ku, b = best
     return {"conv_fixed_scale": b[0], "conv_bw_fraction": round(frac, 4), "conv_tc_eff": round(eff, 4),
-            "conv_attn_kv_passes": kvp, "conv_attn_key_us": ku, "conv_collective_us": b[1] if has_coll else 0.0}
+            "conv_attn_kv_passes": kvp, "conv_attn_key_us": ku, "conv_collective_us": b[1] if has_coll else 0.0,
+            "conv_attn_curve_scale": b[1 + has_coll] if has_curve else 1.0}
 
 
 def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, regimes=REGIMES,

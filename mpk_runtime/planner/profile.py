@@ -129,6 +129,13 @@ class HardwareProfile:
     # ... and at least this long per key it reads (latency-bound at small batch: few rows, one pass over the keys;
     # measured ~30-50 ns per key per layer at B=1-8, session 13). 0 = the bandwidth term alone (older profiles)
     conv_attn_key_us: float = 0.0
+    # conventional attention measured whole (scripts/profile_conv_attn.py: the op alone in a CUDA graph, gather +
+    # SDPA + its masks, greedy), per shape "n_kv x head_dim x q heads per KV head": [[batch, keys, us], ...] on a
+    # grid of batches and key counts. Where a shape has a curve it prices the op (times conv_attn_curve_scale, a
+    # calibration fit.py may refit) instead of the fixed + KV-passes + per-key terms above, which one context's rows
+    # do not identify (docs/planner.md session 19: cross-context hold-out 18-26% on conventional segments)
+    conv_attn_us_by_shape: dict[str, list] = field(default_factory=dict)
+    conv_attn_curve_scale: float = 1.0
     # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
     # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
     conv_collective_us: float = 0.0
@@ -159,6 +166,11 @@ class HardwareProfile:
 
     def key_us(self, kind: str) -> float:
         return _by_key(self.key_us_by_kind, kind, 0.0)
+
+    def conv_attn_curve_us(self, n_kv: int, head_dim: int, gs: int, batch: int, keys: float) -> float | None:
+        """The measured conventional attention op at (batch, keys) for this shape, interpolated (None: no curve)."""
+        pts = self.conv_attn_us_by_shape.get(conv_attn_shape(n_kv, head_dim, gs))
+        return _grid2(pts, batch, keys) if pts else None
 
     def remote_signal_us(self, nbytes: int) -> float:
         return _curve(self.remote_signal_us_by_bytes, max(64, nbytes))
@@ -199,3 +211,31 @@ class HardwareProfile:
     def to_json(self) -> str:
         from dataclasses import asdict
         return json.dumps(asdict(self), indent=1)
+
+
+def conv_attn_shape(n_kv: int, head_dim: int, gs: int) -> str:
+    """conv_attn_us_by_shape's key: KV heads of a rank, head dim, q heads per KV head."""
+    return f"{n_kv}x{head_dim}x{gs}"
+
+
+def _interp1(xs: list[float], ys: list[float], x: float) -> float:
+    """Piecewise linear through (xs, ys) (xs ascending), extended linearly past both ends (one point: constant)."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect.bisect_right(xs, x) - 1, 0), len(xs) - 2)
+    x0, x1 = xs[i], xs[i + 1]
+    return ys[i] + (ys[i + 1] - ys[i]) * (x - x0) / (x1 - x0)
+
+
+def _grid2(pts: list, batch: float, keys: float) -> float:
+    """[[batch, keys, us], ...] on a (batch x keys) grid: linear in keys within each measured batch, then linear in
+    batch between them (both extended linearly past the grid: the op's time is close to affine in each); >= 0."""
+    rows: dict[float, list[tuple[float, float]]] = {}
+    for b, k, us in pts:
+        rows.setdefault(float(b), []).append((float(k), float(us)))
+    bs = sorted(rows)
+    at_b = []
+    for b in bs:
+        r = sorted(rows[b])
+        at_b.append(_interp1([k for k, _ in r], [u for _, u in r], keys))
+    return max(0.0, _interp1(bs, at_b, batch))

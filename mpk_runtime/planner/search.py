@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 
 from ..ir.build import build_graph
+from ..ir.defer import defer_kv_appends, kv_defer_layers
 from ..ir.graph import Graph
 from ..models.config import ModelConfig
 from ..tasks.tiling import Tiling, attn_splits_for
@@ -94,14 +95,15 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits) ->
     def mk(name: str, parts: list[tuple[str, list[str]]], tiling: Tiling) -> Plan:
         segs = []
         total = 0.0
+        gd = defer_kv_appends(g, kv_defer_layers(g, parts))   # the graph the executor will run (MPK_KV_DEFER)
         for kind, ops in parts:
             if kind == "megakernel":
                 us = coster.megakernel_us(ops, tiling)
                 segs.append(Segment(kind, ops, tiling.to_dict(), us,
                                     {"kind": "megakernel", "sim_us": coster.sim_us(ops, tiling)}))
             else:
-                us = conventional_us(g, ops, prof)
-                segs.append(Segment(kind, ops, {}, us, conventional_features(g, ops, prof)))
+                us = conventional_us(gd, ops, prof)
+                segs.append(Segment(kind, ops, {}, us, conventional_features(gd, ops, prof)))
             total += us
         total += prof.graph_kernel_gap_us * max(0, len(segs) - 1)
         return Plan(cfg.name, tp, batch, context, name, segs, attn_splits=splits, predicted_us=total,

@@ -176,3 +176,16 @@ def fuse_rope() -> bool:
 def fused_qk():
     # q_raw, k_raw, cos, sin_s, q_out carry the rows; the per-head norm weights do not
     return compile_rows_dynamic(_qk_epilogue_fn, (0, 1, 4, 5, 7))
+
+
+def _qk_epilogue_kv_fn(q_raw, k_raw, qn, kn, cos, sin_s, eps, q_out, v_raw, kv_out):
+    """The q/k tail of a qkv_rope whose KV append is deferred (ir/defer.py): q into q_out, and the roped k and the
+    v rows into kv_out (M, 2, n_kv, D), where the attention megakernel picks them up - one kernel for what the
+    appending tail does in one kernel and two indexed puts."""
+    kv_out[:, 0].copy_(_qk_epilogue_fn(q_raw, k_raw, qn, kn, cos, sin_s, eps, q_out))
+    kv_out[:, 1].copy_(v_raw)
+
+
+@functools.cache
+def fused_qk_kv():
+    return compile_rows_dynamic(_qk_epilogue_kv_fn, (0, 1, 4, 5, 7, 8, 9))

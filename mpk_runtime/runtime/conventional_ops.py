@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..models.weights import adjacent_rows
 from ..tasks.ops.common import row_positions
-from .conventional_fused import add_norm, fuse_rope, fuse_silu, fused_qk, fused_silu, rms_norm
+from .conventional_fused import add_norm, fuse_rope, fuse_silu, fused_qk, fused_qk_kv, fused_silu, rms_norm
 
 
 # --- shared pieces -----------------------------------------------------------------------------------------------
@@ -248,6 +248,14 @@ def qkv_rope(op, mem, ctx, cache) -> None:
             qk = torch.cat(((xn @ wq).view(M, nq, D), (xn @ wk).view(M, nkv, D)), 1)
     if yv is None:
         yv = (xn @ wv).view(M, nkv, D)
+    if a.get("kv_defer"):   # the attention megakernel appends them (ir/defer.py): k and v rows into kv_new
+        kv = mem.t(a["kv_new"]).view(M, 2, nkv, D)
+        if fused_tail:
+            fused_qk_kv()(qr, kr, qn, kn, cos, sin_s, a["eps"], q.view(M, nq, D), yv, kv)
+        else:
+            kv[:, 0].copy_(_qk_epilogue(qk, nq, qn, kn, cos, sin_s, a["eps"], q))
+            kv[:, 1].copy_(yv)
+        return
     slots = _kv_slots(cache, mem, ctx)
     kc, vc = mem.kv(a["k_cache"]), mem.kv(a["v_cache"])
     if fused_tail:   # the q/k tail as one kernel

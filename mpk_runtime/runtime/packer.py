@@ -279,7 +279,17 @@ class TaskPacker:
                     out=self._t(p["out"]) if p.get("fold") else 0,
                     ticket=(self.tickets.data_ptr() + 8 * self._ticket_of[(self._task.op, p["b"], p["g"])]
                             if p.get("fold") else 0),
-                    direct=direct, ng=ng, wide=wide)
+                    direct=direct, ng=ng, wide=wide, **self._kv_new(p))
+
+    def _kv_new(self, p):
+        """The deferred append's rows (ir/defer.py): kv_new's address and row stride, or 0 (appended by qkv_rope)."""
+        if not p.get("kv_defer"):
+            return dict(kv_new=0, ldkv=0)
+        t = self.mem.t(p["kv_new"])
+        if t.data_ptr() % 16 or t.stride(0) % 8 or not t.stride(1) == 1:
+            raise ValueError(f"{p['kv_new']}: the deferred append copies 16-byte pieces: rows must be 16-byte "
+                             f"aligned and contiguous (got address {t.data_ptr():#x}, strides {t.stride()})")
+        return dict(kv_new=t.data_ptr(), ldkv=t.stride(0))
 
     def _pack_attn_merge(self, p):
         return dict(self._attn_common(p), part=self._t(p["part"]), lse=self._t(p["lse"]), out=self._t(p["out"]))

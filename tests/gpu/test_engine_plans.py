@@ -28,6 +28,18 @@ def test_plan_families_match_reference(family):
     assert r["plan"] == family and r["captures"] == 2 and r["ok"], r
 
 
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])
+def test_attn_mk_plans_with_deferred_kv_appends_match_reference(model, monkeypatch):
+    """MPK_KV_DEFER=1 (ir/defer.py): the attention megakernels append the k / v rows the conventional q/k tail left
+    in kv_new (CUDA-graph replays, a key-cap re-capture: the next steps read what the deferred appends wrote)."""
+    from mpk_runtime.models.config import load_config
+    from mpk_runtime.planner import plan_book
+    monkeypatch.setenv("MPK_KV_DEFER", "1")
+    book = plan_book(load_config(model), 1, (2, 4), context=256, families=("attn-mk",))
+    r = _script().forced(model, book, 3, 250, 10)
+    assert r["plan"] == "attn-mk" and r["captures"] == 2 and r["ok"], r
+
+
 def test_llm_plan_auto_generates_through_plans():
     from mpk_runtime import LLM, SamplingParams
     llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan="auto")

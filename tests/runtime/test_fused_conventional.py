@@ -51,6 +51,14 @@ def test_functional_qk_tail_equals_the_eager_one(qwen, M):
     k_eager = conventional_ops._qk_epilogue(torch.cat((qr, kr), 1), nq, qn, kn, cos, sin_s, 1e-6, q_eager)
     k_fn = conventional_fused._qk_epilogue_fn(qr, kr, qn, kn, cos, sin_s, 1e-6, q_fn)
     assert torch.equal(q_fn.view(M, -1), q_eager) and torch.equal(k_fn, k_eager)
+    # the deferred append's tail (ir/defer.py): the same q, and k then v rows into kv_new, through the compiler too
+    v = (torch.randn(M, nkv, D, generator=g) * 2).to(bf)
+    for fn in (conventional_fused._qk_epilogue_kv_fn,
+               conventional_fused.compile_rows_dynamic(conventional_fused._qk_epilogue_kv_fn, (0, 1, 4, 5, 7, 8, 9),
+                                                       backend="eager")):
+        q_kv, kv = torch.empty(M, nq, D, dtype=bf), torch.full((M, 2, nkv, D), float("nan"), dtype=bf)
+        fn(qr, kr, qn, kn, cos, sin_s, 1e-6, q_kv, v, kv)
+        assert torch.equal(q_kv, q_fn) and torch.equal(kv[:, 0], k_eager) and torch.equal(kv[:, 1], v)
 
 
 def test_fused_rope_and_projections_are_on_by_default_and_can_be_turned_off(monkeypatch):

@@ -24,14 +24,19 @@ def test_all_candidate_plans_match_reference(tp):
             s.tiling.update(num_sms=4, linear_cols=16)
         mems = grp._mems(graphs)
         ex = PlanExecutor(plan, graphs, mems, backend="pyvm", seed=3)
-        for s in range(STEPS):
-            for m in mems:
-                m.t("tokens").copy_(toks[s])
-            ex.run(lambda r: grp.ctx([n + s for n in lens], tables, 1))
-            got = torch.cat([m.t("logits") for m in mems], -1)
-            err = ((got - ref_logits[s]).abs().max() / ref_logits[s].abs().max()).item()
-            assert err < 1e-5, (plan.name, s, err)
-            assert torch.equal(mems[0].t("next_tokens"), toks[s + 1]), plan.name
+        check_steps(ex, grp, mems, lens, tables, ref_logits, toks, plan.name)
+
+
+def check_steps(ex, grp, mems, lens, tables, ref_logits, toks, label):
+    """STEPS decode steps of the executor against the reference's logits (fp32) and greedy tokens."""
+    for s in range(STEPS):
+        for m in mems:
+            m.t("tokens").copy_(toks[s])
+        ex.run(lambda r: grp.ctx([n + s for n in lens], tables, 1))
+        got = torch.cat([m.t("logits") for m in mems], -1)
+        err = ((got - ref_logits[s]).abs().max() / ref_logits[s].abs().max()).item()
+        assert err < 1e-5, (label, s, err)
+        assert torch.equal(mems[0].t("next_tokens"), toks[s + 1]), (label, s)
 
 
 def test_plan_must_cover_the_graph():

@@ -10,6 +10,8 @@ kS .. kS + S - 1) after writing its chunk, and the one that takes the group's la
 same arithmetic order as attn_merge, before it signals. Consumers of the output wait on all the group's partials.
 Grouped (Tiling.attn_g > 1: one split, folded): one attn_partial covers KV groups g .. g + ng - 1 of a sequence
 (params g, ng), each group computed as its own task would; on the device the groups' passes run as one pipeline.
+Deferred appends (ir/defer.py, op attr kv_defer): the partial whose chunk holds a sequence's new position first
+writes that position's k / v rows of its groups from `kv_new` into the paged cache; it alone reads that chunk.
 """
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ def decompose(op, graph, tiling, rank):
     eb = 2
     kv_bytes = int((graph.context_len + T) * D * eb * 2 / S)
     base = {k: a[k] for k in ("q", "k_cache", "v_cache", "part", "lse", "out", "scale", "splits", "layer")}
+    defer = bool(a.get("kv_defer"))
+    if defer:
+        if T != 1:
+            raise ValueError(f"{op.name}: deferred KV appends are for decode steps (one new row per sequence)")
+        base.update(kv_new=a["kv_new"], kv_defer=True)
     fold = tiling.attn_fold_merge
     ng = tiling.attn_g(S, gs, a["n_kv"], D, B)
     tasks, merges = [], []
@@ -46,9 +53,15 @@ def decompose(op, graph, tiling, rank):
                                   {**base, "b": b, "g": g, "split": s, "gs": gs, "fold": fold, "head_dim": D,
                                    "keys": -(-(graph.context_len + T) // S),   # per group (the planner's key term)
                                    **({"ng": ng} if ng > 1 else {})},
+                                  # (deferred: the chunk with the new row also writes that row of the cache,
+                                  # which no other task of the step reads: not a declared region)
                                   reads=[Region(a["q"], rank, ((m0, m1), (h0 * D, h1 * D))),
                                          Region(a["k_cache"], rank, ((b, b + 1), (g, g + ng))),
-                                         Region(a["v_cache"], rank, ((b, b + 1), (g, g + ng)))],
+                                         Region(a["v_cache"], rank, ((b, b + 1), (g, g + ng)))]
+                                  + ([Region(a["kv_new"], rank, ((m0, m1), (g * D, (g + ng) * D))),
+                                      Region(a["kv_new"], rank, ((m0, m1), ((a["n_kv"] + g) * D,
+                                                                            (a["n_kv"] + g + ng) * D)))]
+                                     if defer else []),
                                   writes=writes,
                                   # folded: every partial is priced with the whole merge (the one that merges
                                   # is the group's last, the one on the critical path)
@@ -83,6 +96,8 @@ def execute_partial(task, mem, ctx):
     pos0 = int(ctx.pos[b])
     L = pos0 + T
     lo, hi = (L * s) // S, (L * (s + 1)) // S
+    if p.get("kv_defer") and pos0 >= 0 and lo <= pos0 < hi:   # the new row is in this chunk: append it first
+        _append_new_row(p, mem, ctx, b, pos0)
     for g in range(p["g"], p["g"] + p.get("ng", 1)):   # each of the task's KV groups as its own task would
         if pos0 < 0 or hi <= lo:  # inactive sequence or empty chunk: contributes nothing to the merge
             part[m0:m0 + T, g * gs:(g + 1) * gs, s] = 0
@@ -91,6 +106,18 @@ def execute_partial(task, mem, ctx):
             _partial_chunk(p, mem, ctx, b, g, s, gs, S, T, D, m0, pos0, lo, hi, part, lse)
         if p.get("fold") and ctx.take_ticket((task.op, b, g)) % S == S - 1:   # the group's last chunk: merge it
             _merge(p, mem, ctx, b, g, gs)
+
+
+def _append_new_row(p, mem, ctx, b, pos):
+    """Row b of kv_new (k heads, then v heads) into the caches at position pos, for the task's KV groups."""
+    D = ctx.config.head_dim
+    g0, ng = p["g"], p.get("ng", 1)
+    kc, vc = mem.kv(p["k_cache"]), mem.kv(p["v_cache"])     # (pages, page_size, n_kv, D)
+    nkv = kc.shape[2]
+    row = mem.t(p["kv_new"])[b].view(2, nkv, D)
+    page, off = ctx.block_tables[b, pos // ctx.page_size], pos % ctx.page_size
+    kc[page, off, g0:g0 + ng] = row[0, g0:g0 + ng]
+    vc[page, off, g0:g0 + ng] = row[1, g0:g0 + ng]
 
 
 def _partial_chunk(p, mem, ctx, b, g, s, gs, S, T, D, m0, pos0, lo, hi, part, lse):

@@ -27,6 +27,9 @@ def decompose(op, graph, tiling, rank):
     B = graph.batch
     D = graph.config.head_dim
     h2 = D // 2
+    if a.get("kv_defer"):
+        raise ValueError(f"{op.name}: a deferred KV append (ir/defer.py) is for a conventional qkv_rope; its tasks "
+                         "append themselves")
     P = tiling.qkv_p(graph, op, a["n_q"] + 2 * a["n_kv"], h2)
     raw = a.get("qk_raw") if P > 1 else None   # split the normed heads (finished by qk_norm_rope tasks)
     tasks = []

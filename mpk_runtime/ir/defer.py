@@ -1,0 +1,67 @@
+"""Deferred KV appends: where a layer's qkv_rope runs conventionally and its attention in a megakernel, the
+conventional op leaves the step's k and v rows in `kv_new` and the attention megakernel appends them.
+
+A conventional qkv_rope appends with two indexed-put kernels per layer (k and v), ~110 us of a llama-3.2-1b B=32
+attn-mk step on an H200 (session 19's profile, docs/perf-notes.md). Deferred, its q/k tail writes k (and v) into
+the (M, 2 n_kv D) `kv_new` rows instead, and the attention partial whose chunk holds a sequence's new position
+writes that row into the paged cache before its first pass: the same CTA reads it after a barrier, and no other
+task of the step reads that chunk of that KV group (chunks of one group are disjoint; later layers read other
+caches). Decode steps only (one new row per sequence). Off unless MPK_KV_DEFER=1 (until measured on a GPU).
+
+`kv_defer_layers(segments)` says which layers a plan defers; `defer_kv_appends(graph, layers)` returns the graph
+whose ops of those layers carry `kv_defer` (copies: the graph given is not changed, so plans sharing it are not
+affected). The executor (runtime/plan_exec.py) and the planner's price (planner/search.py) use the same two.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..envflags import env_flag
+from .graph import Graph
+
+
+def kv_defer() -> bool:
+    """MPK_KV_DEFER=1: attention megakernels append the k / v rows a conventional qkv_rope computed."""
+    return env_flag("MPK_KV_DEFER")
+
+
+def kv_defer_layers(graph: Graph, segments) -> set[int]:
+    """Layers whose qkv_rope is in a conventional segment and whose attention is in a megakernel segment
+    (`segments`: (kind, op names) pairs, or objects with .kind / .ops); empty unless kv_defer() and decode."""
+    if not kv_defer() or graph.mode != "decode":
+        return set()
+    kind_of = {}
+    for seg in segments:
+        kind, ops = (seg.kind, seg.ops) if hasattr(seg, "ops") else seg
+        for n in ops:
+            kind_of[n] = kind
+    layers = set()
+    for o in graph.ops:
+        if o.kind == "attention" and o.attrs.get("kv_new") and kind_of.get(o.name) == "megakernel":
+            qkv = f"L{o.attrs['layer']}.qkv_rope"
+            if kind_of.get(qkv) == "conventional":
+                layers.add(o.attrs["layer"])
+    return layers
+
+
+def defer_kv_appends(graph: Graph, layers: set[int]) -> Graph:
+    """The graph with the KV appends of `layers` moved from qkv_rope to attention (module doc); `graph` itself
+    when `layers` is empty."""
+    if not layers:
+        return graph
+    ops = []
+    for o in graph.ops:
+        layer = o.attrs.get("layer")
+        if o.kind in ("qkv_rope", "attention") and layer in layers:
+            kvn = o.attrs.get("kv_new")
+            if kvn is None:
+                raise ValueError(f"{o.name}: no kv_new rows in this graph (decode graphs only)")
+            a = {**o.attrs, "kv_defer": True}
+            if o.kind == "qkv_rope":   # writes q and the new rows, not the cache
+                outs = [t for t in o.outputs if t not in (a["k_cache"], a["v_cache"])] + [kvn]
+                o = replace(o, attrs=a, outputs=outs)
+            else:                      # reads the new rows too (and writes them into the cache it reads)
+                o = replace(o, attrs=a, inputs=o.inputs + [kvn])
+        ops.append(o)
+    return Graph(graph.config, graph.mode, graph.batch, graph.tokens_per_seq, graph.context_len, graph.max_seq_len,
+                 graph.tp, graph.rank, graph.tensors, ops, graph.tp_invariant)

@@ -1,0 +1,150 @@
+"""Measure the conventional attention op whole, for the planner's profile (HardwareProfile.conv_attn_us_by_shape).
+
+    PYTHONPATH=. python3 scripts/profile_conv_attn.py --out $OUT [--models llama-3.2-1b,qwen3-8b] [--tp 1,2]
+        [--batches 1,2,4,8,16,32,64,128] [--keys 256,512,1024,2048,4096,8192] [--merge h200_v33_cal --name h200_v35]
+
+Per attention shape of the models' TP ranks (KV heads of a rank x head dim x q heads per KV head), one layer's
+attention op as the conventional path runs it (runtime/conventional_ops.attention: the page gather, the masks, one
+SDPA call; greedy, kv_len_cap = keys, every sequence at position keys - 1), alone in a CUDA graph of 10 calls,
+median over 10 replays, on a grid of batches and key counts. Writes <out>/conv_attn.json ({shape: [[batch, keys,
+us], ...]}); with --merge, also <out>/<name>.json = that profile with the curves (copy it to
+mpk_runtime/planner/profiles/). Why: the fixed + KV-passes + per-key terms of the conventional attention are not
+identified by one context's validation rows (docs/planner.md sessions 19-20: cross-context hold-out 16-26% on
+conventional segments); a measured curve is the term measured apart. `--device cpu` runs the same code without
+graphs (a smoke run of the script; its numbers mean nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mpk_runtime.ir import build_graph  # noqa: E402
+from mpk_runtime.ir.shard import shard_for  # noqa: E402
+from mpk_runtime.models import load_config  # noqa: E402
+from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
+from mpk_runtime.planner.profile import HardwareProfile, conv_attn_shape  # noqa: E402
+from mpk_runtime.runtime.memory import KVStore, RankMemory, StepCtx  # noqa: E402
+from mpk_runtime.runtime.torch_exec import ConventionalExecutor  # noqa: E402
+
+PAGE = 16
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        v = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"expected comma-separated integers, got {s!r}")
+    if not v or min(v) < 1:
+        raise SystemExit(f"expected positive integers, got {s!r}")
+    return v
+
+
+def attention_us(cfg, tp: int, batch: int, keys: int, device: str, reps: int = 10) -> float:
+    """One layer's conventional attention at (batch, keys) for rank 0 of a TP group, in microseconds."""
+    c1 = cfg.replace(num_layers=1)
+    g = build_graph(c1, batch=batch, context_len=keys - 1, max_seq_len=keys + PAGE, tp=tp, rank=0,
+                    dtype="bfloat16")
+    sh = shard_for(c1, tp, 0)
+    pps = -(-(keys + PAGE) // PAGE)
+    kv = KVStore(1, batch * pps + 1, PAGE, sh.n_kv, cfg.head_dim, torch.bfloat16, device=device, poison=False)
+    for t in kv.k + kv.v:
+        t.normal_()
+    mem = RankMemory(g, _no_weights(cfg.name, tp, g, device), kv, device=device)
+    mem.t("L0.q").normal_()
+    tables = (torch.arange(batch * pps, device=device) + 1).view(batch, pps)
+    pos = torch.full((batch,), keys - 1, dtype=torch.int64, device=device)
+    ctx = StepCtx(c1, 0, pos, tables, PAGE, 1, rope_inv_freq(c1).to(device), kv_len_cap=keys, greedy=True)
+    ex = ConventionalExecutor([g.subgraph(["L0.attention"])], [mem])
+    ex.run([ctx])
+    if device != "cuda":
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter(); ex.run([ctx]); ts.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(ts)
+    torch.cuda.synchronize()
+    cg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cg):
+        for _ in range(reps):
+            ex.run([ctx])
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); cg.replay(); b.record(); b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / reps)
+    return statistics.median(ts)
+
+
+_WEIGHTS: dict = {}
+
+
+def _no_weights(model: str, tp: int, g, device):
+    """The graph's weights as zeros of their shapes, once per (model, TP) (attention reads none of them; RankMemory
+    wants them all; a one-layer graph's do not depend on the batch or the context)."""
+    key = (model, tp, device)
+    if key not in _WEIGHTS:
+        _WEIGHTS.clear()
+        _WEIGHTS[key] = {n: torch.zeros(t.shape, dtype=torch.bfloat16, device=device) for n, t in g.tensors.items()
+                         if t.kind == "weight"}
+    return _WEIGHTS[key]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--models", default="llama-3.2-1b,qwen3-8b")
+    ap.add_argument("--tp", default="1,2")
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64,128")
+    ap.add_argument("--keys", default="256,512,1024,2048,4096,8192")
+    ap.add_argument("--merge", default="", help="profile to copy with the measured curves added")
+    ap.add_argument("--name", default="", help="name of the merged profile (default: <merge>_attn)")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--budget-s", type=float, default=400.0, help="stop measuring new shapes after this long")
+    a = ap.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU visible: run this on the GPU machine (or --device cpu for a smoke run)")
+    t0 = time.time()
+    curves: dict[str, list] = {}
+    for model in a.models.split(","):
+        cfg = load_config(model.strip())
+        for tp in _ints(a.tp):
+            sh = shard_for(cfg, tp, 0)
+            key = conv_attn_shape(sh.n_kv, cfg.head_dim, sh.n_q // sh.n_kv)
+            if key in curves:
+                continue
+            if time.time() - t0 > a.budget_s:
+                print(f"budget spent: {key} not measured", flush=True)
+                continue
+            pts = []
+            for B in _ints(a.batches):
+                for L in _ints(a.keys):
+                    us = attention_us(cfg, tp, B, L, a.device)
+                    pts.append([B, L, round(us, 2)])
+                    print(f"{model} tp={tp} {key} B={B:4d} keys={L:5d}: {us:9.1f} us", flush=True)
+            curves[key] = pts
+    os.makedirs(a.out, exist_ok=True)
+    meta = {"machine": torch.cuda.get_device_name() if a.device == "cuda" else "cpu (smoke run)",
+            "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("GIT_COMMIT", "?"), "page_size": PAGE}
+    with open(os.path.join(a.out, "conv_attn.json"), "w") as f:
+        json.dump({"meta": meta, "conv_attn_us_by_shape": curves}, f, indent=1)
+    print("wrote", os.path.join(a.out, "conv_attn.json"))
+    if a.merge:
+        prof = json.loads(HardwareProfile.load(a.merge).to_json())
+        prof["name"] = a.name or f"{a.merge}_attn"
+        prof["conv_attn_us_by_shape"] = {**prof.get("conv_attn_us_by_shape", {}), **curves}
+        prof["source"] = (prof.get("source", "") + f"; conventional attention curves measured by "
+                          f"scripts/profile_conv_attn.py on {meta['machine']} {meta['date']} (commit {meta['commit']})")
+        path = os.path.join(a.out, f"{prof['name']}.json")
+        with open(path, "w") as f:
+            json.dump(prof, f, indent=1)
+        print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

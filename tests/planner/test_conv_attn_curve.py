@@ -1,0 +1,104 @@
+"""The conventional attention measured whole (HardwareProfile.conv_attn_us_by_shape, scripts/profile_conv_attn.py):
+interpolated on its (batch x keys) grid, it prices the op where the profile has the shape's curve; prices from
+features equal candidates()' prices; fit.py recovers its calibration; the script writes a profile that loads."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mpk_runtime.ir import build_graph
+from mpk_runtime.models import PRESETS
+from mpk_runtime.planner import HardwareProfile, candidates
+from mpk_runtime.planner.cost import conventional_op_us, price_from_features
+from mpk_runtime.planner.fit import fit_profile
+from mpk_runtime.planner.profile import _grid2, conv_attn_shape
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# an affine-in-keys, affine-in-batch table (what the interpolation reproduces exactly)
+GRID = [[b, k, 5.0 + 0.01 * k + 0.002 * b * k] for b in (1, 8, 32) for k in (64, 256, 1024)]
+
+
+def _true(b, k):
+    return 5.0 + 0.01 * k + 0.002 * b * k
+
+
+@pytest.mark.parametrize("b,k", [(1, 64), (8, 256), (32, 1024), (4, 100), (20, 700), (64, 2048), (1, 16)])
+def test_grid_interpolation_is_exact_on_bilinear_data_and_extends_past_the_grid(b, k):
+    assert _grid2(GRID, b, k) == pytest.approx(_true(b, k), rel=1e-9)
+
+
+def test_grid_interpolation_never_goes_negative():
+    assert _grid2([[1, 100, 1.0], [1, 200, 10.0]], 1, 1) == 0.0
+
+
+def _with_curve(prof, cfg, pts, scale=1.0):
+    key = conv_attn_shape(cfg.num_kv_heads, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)
+    return dataclasses.replace(prof, conv_attn_us_by_shape={key: pts}, conv_attn_curve_scale=scale)
+
+
+def test_a_curve_prices_the_conventional_attention_op():
+    cfg = PRESETS["tiny-qwen3"]
+    base = HardwareProfile.load()
+    g = build_graph(cfg, batch=8, context_len=255, max_seq_len=512)
+    att = g.op("L0.attention")
+    without = conventional_op_us(att, g, base)
+    prof = _with_curve(base, cfg, GRID, scale=1.5)
+    assert conventional_op_us(att, g, prof) == pytest.approx(1.5 * _true(8, 256), rel=1e-9)
+    other = _with_curve(base, PRESETS["tiny-llama"], GRID)   # a curve of another shape (2x16x4): the terms as before
+    assert conventional_op_us(att, g, other) == pytest.approx(without, rel=1e-12)
+
+
+def test_prices_from_features_equal_candidate_prices_with_a_curve():
+    cfg = PRESETS["tiny-qwen3"]
+    prof = _with_curve(HardwareProfile.load(), cfg, GRID, scale=0.8)
+    for B in (1, 8, 32):
+        for p in candidates(cfg, batch=B, context=255, prof=prof):
+            for s in p.segments:
+                assert price_from_features(s.features, prof.for_batch(B)) == pytest.approx(s.predicted_us, rel=1e-6)
+            if p.name in ("conventional", "attn-conv"):
+                assert sum(s.features.get("attn_curve_us", 0) for s in p.segments) > 0
+
+
+def test_fit_recovers_the_curve_scale():
+    cfg = PRESETS["tiny-qwen3"]
+    base = dataclasses.replace(_with_curve(HardwareProfile.load("h200_measured"), cfg, GRID), regimes={})
+    true = dataclasses.replace(base, conv_attn_curve_scale=1.7, conv_fixed_scale=0.4)
+    rows = []
+    for B in (8, 16, 32):
+        for ctx in (63, 255, 1023):
+            for p in candidates(cfg, batch=B, context=ctx, prof=base, families=("conventional", "attn-conv", "attn-mk")):
+                segs = [dict(kind=s.kind, ops=len(s.ops), predicted_us=s.predicted_us, features=s.features,
+                             measured_us=price_from_features(s.features, true.for_batch(B))) for s in p.segments]
+                rows.append(dict(model=cfg.name, batch=B, tp=1, context=ctx, plan=p.name, chosen=False, segments=segs,
+                                 predicted_us=p.predicted_us,
+                                 measured_us=sum(s["measured_us"] for s in segs)
+                                 + true.graph_kernel_gap_us * (len(segs) - 1)))
+    fitted, _ = fit_profile(rows, base, terms=("conv",))
+    got = fitted.regimes["8"]
+    assert got["conv_attn_curve_scale"] == pytest.approx(1.7, rel=1e-3)
+    assert got["conv_fixed_scale"] == pytest.approx(0.4, rel=1e-3)
+
+
+def test_the_script_writes_curves_and_a_profile_that_prices_with_them(tmp_path):
+    """A CPU smoke run (--device cpu: the script's code path without CUDA graphs; its times mean nothing)."""
+    r = subprocess.run([sys.executable, "scripts/profile_conv_attn.py", "--device", "cpu", "--models", "tiny-qwen3",
+                        "--tp", "1,2", "--batches", "1,2", "--keys", "32,64", "--out", str(tmp_path),
+                        "--merge", "h200_v33_cal", "--name", "h200_smoke"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr[-2000:]
+    curves = json.loads((tmp_path / "conv_attn.json").read_text())["conv_attn_us_by_shape"]
+    assert set(curves) == {"2x32x2", "1x32x2"}
+    assert all(len(v) == 4 and all(us > 0 for _, _, us in v) for v in curves.values())
+    prof = HardwareProfile.load(str(tmp_path / "h200_smoke.json"))
+    assert prof.conv_attn_curve_us(2, 32, 2, 2, 64) is not None and prof.conv_attn_curve_us(4, 64, 4, 2, 64) is None
+
+
+def test_the_script_refuses_bad_input(tmp_path):
+    r = subprocess.run([sys.executable, "scripts/profile_conv_attn.py", "--device", "cpu", "--batches", "1,x",
+                        "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode != 0 and "comma-separated integers" in r.stderr
