@@ -255,13 +255,10 @@ __device__ __forceinline__ int64_t seq_pos(const Ctx& c, int b) {
   return p >= 0 ? p + c.lstep : p;
 }
 
-// Element offset of row (page, slot, head) of a paged K or V cache (runtime/memory.py KVStore): token-major pages
-// (page, slot, head, D), or head-major (page, head, slot, D) where P_KV_HND is set: a head's rows of a page are one
-// contiguous block of page_size x D (the attention's rows of a pass stream as whole blocks, not 2 D bytes of
-// every 2 n_kv D).
-__device__ __forceinline__ int64_t kv_row(bool hnd, int64_t page, int64_t slot, int head, int n_kv, int64_t ps,
-                                          int D) {
-  return (hnd ? (page * n_kv + head) * ps + slot : (page * ps + slot) * n_kv + head) * (int64_t)D;
+// Element offset of row (page, slot, head) of a paged K or V cache (runtime/memory.py KVStore): pages of
+// (page, slot, head, D).
+__device__ __forceinline__ int64_t kv_row(int64_t page, int64_t slot, int head, int n_kv, int64_t ps, int D) {
+  return ((page * ps + slot) * n_kv + head) * (int64_t)D;
 }
 
 // One 16-byte vector of a normed row: xn = bf16(w * bf16(x * r)), in place in shared memory.

@@ -21,11 +21,19 @@ def env_int(name: str, default: int, lo: int = 1, hi: int = 64) -> int:
     return int(v)
 
 
+def env_removed(name: str, why: str, allowed: tuple[str, ...] = ()) -> None:
+    """A switch that was removed: set (non-empty and not one of `allowed`, the values that asked for what is now
+    the only behaviour), a ValueError naming it and why, so an old script is told instead of silently ignored."""
+    v = os.environ.get(name, "").strip()
+    if v and v not in allowed:
+        raise ValueError(f"{name}={v!r}: this option was removed ({why}); unset {name}")
+
+
 NOT_SWITCHES = ("MPK_CACHE_DIR", "MPK_KERNEL_TIMEOUT_S", "MPK_PLAN_CACHE", "MPK_PREFILL_GRAPHS")
 
 
 def switches() -> dict:
-    """The MPK_* switches set in this process (KV layout, attention grouping, build defines, conventional fusions):
+    """The MPK_* switches set in this process (attention grouping, build defines, conventional fusions, ...):
     what a measurement ran under, recorded with its results (validate_planner rows, bench_decode meta) so a later
     fit or comparison knows; paths and timeouts are not switches."""
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MPK_") and v and k not in NOT_SWITCHES}

@@ -3,10 +3,9 @@
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
-#     ring (session 20: +6..+26% on qwen3-8b, removed)
+#     (removed in session 20: mode ring, +6..+26% on qwen3-8b; mode kv and the hnd / addnorm variants, no gain)
 #     OUT=$OUT bash scripts/gpu_pending.sh cattn    # stage 3c (one GPU): the conventional attention curves (~2-4 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh defer    # stage 3f (one GPU): deferred KV appends' GPU tests, base vs defer A/B
-#     OUT=$OUT bash scripts/gpu_pending.sh kv       # stage 3k (one GPU): the piece benchmark, the head-major KV layout's tests
 #     VARS="narrow base" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=one model)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (h200_v32)
@@ -15,14 +14,15 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU): `defer` FIRST (~6 min: the deferred KV appends - written in session 20,
-# never run - their GPU tests, then llama-3.2-1b base vs defer at B=32,128 x ctx 512,4096; prediction B=32 ctx 512
-# -4..-6%, B=128 -3..-5%, ctx 4096 -1..-3%; if the tests pass and it wins, MPK_KV_DEFER defaults on in ir/defer.py),
-# `STAMP_BATCHES=128 STAMP_CTX=4096 stamps` (where a wide pass's ~2.8 us go: the chain variants measured nothing),
-# `MODELS=qwen3-8b bench` (issue 3's qwen table with both peers: last measured in session 18), `one` (tests/gpu,
-# sampler, profiles), then `VARS="base defer" MODELS=qwen3-8b ab`. `cattn` (~3 min) before `val` when a val runs:
-# refit on the new rows with `fit --profile $OUT/prof/h200_v35.json` (the conventional attention priced from its
-# measured curve, conv_attn_curve_scale fitted per regime), and on session 20's rows (bench/results/s20/run4_val).
+# Order for a 30-minute session (one GPU): `one` FIRST (~4 min: tests/gpu on HEAD's device code, which has not run
+# on a GPU: session 20 removed the half-pass ring and the head-major layout's select in kv_row, and added the deferred
+# append's hook, inert unless MPK_KV_DEFER=1), then `defer` (~6 min: its GPU tests, then llama-3.2-1b base vs defer
+# at B=32,128 x ctx 512,4096; prediction B=32 ctx 512 -4..-6%, B=128 -3..-5%, ctx 4096 -1..-3%; if the tests pass
+# and it wins, MPK_KV_DEFER defaults on in ir/defer.py), `VARS="base stages3" BS=32,128 CTXS=4096 ab` (wide passes
+# with 3 stages: prediction llama B=128 ctx 4096 -5..-15%; then MODELS=qwen3-8b), `STAMP_BATCHES=128 STAMP_CTX=4096
+# stamps` (where a wide pass's ~2.8 us go), `cattn` (~3 min: the conventional attention curves; refit session 20's
+# rows with `fit --profile $OUT/prof/h200_v35.json`), then `MODELS=qwen3-8b bench` / `hf` (issue 3's qwen table
+# with both peers, last measured in session 18; HF has no qwen3-8b number at B >= 32 or ctx 4096).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 #  1. tests/gpu (49 passed at bca6d81 and at 5a47206)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
@@ -30,8 +30,6 @@
 #     then --family gptfast: the peer's kernels at the same points (where its 1.53 / 2.21 ms go)
 #  3d (mode attn) the non-default sides of the attention switches: -DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1,
 #     -DMPK_ATT_STAGES=3 (s18: groups1 26 passed, stages3 19 passed; nowarp not rerun since s17)
-#  3k (mode kv) tests/gpu/test_gpu_kv_layout.py, then test_megakernel / test_attention_long / test_engine_plans under
-#     MPK_KV_LAYOUT=hnd
 #  4. bench_decode, B=1,8,32,128 x ctx 512,4096 with both peers at every batch, one model per command (s18 table in
 #     docs/benchmarks.md)
 #  4d (mode val) validate_planner TP=1, ctx 512 B=1,8,32,128 and ctx 4096 B=1,8,32, all families
@@ -44,7 +42,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_kv.log pytest_gpu_kv_all.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -75,16 +73,6 @@ grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_groups1.log" | tail -6; snap
 MPK_NVCC_DEFINES=-DMPK_ATT_STAGES=3 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_stages.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
-elif [ "$MODE" = kv ]; then
-st "3k the KV cache's piece rate (bench_stream --pieces), then the head-major KV layout (MPK_KV_LAYOUT=hnd): its GPU tests and the tests/gpu files it touches under it"
-OUT="$OUT/bench" timeout 60 python3 scripts/bench_stream.py --pieces > "$OUT/bench/pieces.log" 2>&1
-grep -E "piece|kv_piece" "$OUT/bench/pieces.log"; snap
-timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_gpu_kv_layout.py > "$OUT/pytest_gpu_kv.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_kv.log" | tail -6
-MPK_KV_LAYOUT=hnd timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py \
-    tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_kv_all.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_kv_all.log" | tail -6
-snap
 elif [ "$MODE" = san ]; then
 st "3g compute-sanitizer memcheck + racecheck of the defaults (warp pipe, grouped attention; tiny configs, incl. one split)"
 OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
@@ -103,17 +91,15 @@ elif [ "$MODE" = ab ]; then
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
 for V in $VARS; do
-  K=""; A=""; W=""; KD=""
+  W=""; KD=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
-             hnd) D=""; G=""; K=hnd;; hnd3) D="-DMPK_ATT_STAGES=3"; G=""; K=hnd;;
-             addnorm) D=""; G=""; A=1;; hndaddnorm) D=""; G=""; K=hnd; A=1;;
              narrow) D=""; G=""; W=0;; defer) D=""; G=""; KD=1;;
              unroll4) D="-DMPK_ATT_ISSUE_UNROLL=4"; G="";; pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";;
              exp2) D="-DMPK_ATT_EXP2=1"; G="";; chain3) D="-DMPK_ATT_ISSUE_UNROLL=4 -DMPK_ATT_PV_SPLIT=0 -DMPK_ATT_EXP2=1"; G="";;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
-  MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_CONV_FUSE_ADD_NORM=$A MPK_KV_LAYOUT=$K MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done

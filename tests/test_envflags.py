@@ -1,8 +1,8 @@
-"""mpk_runtime.envflags: on/off and integer switches checked by name; `switches()` lists the MPK_* switches a
-measurement ran under (set, non-empty, paths and timeouts left out)."""
+"""mpk_runtime.envflags: on/off and integer switches checked by name; a removed switch that is still set is an
+error; `switches()` lists the MPK_* switches a measurement ran under (set, non-empty, paths and timeouts left out)."""
 import pytest
 
-from mpk_runtime.envflags import env_flag, env_int, switches
+from mpk_runtime.envflags import env_flag, env_int, env_removed, switches
 
 
 def test_flags_and_ints_are_checked(monkeypatch):
@@ -18,12 +18,26 @@ def test_flags_and_ints_are_checked(monkeypatch):
         env_int("MPK_X_INT", 1, lo=0, hi=8)
 
 
+def test_removed_switches_raise_when_set(monkeypatch):
+    monkeypatch.delenv("MPK_X_GONE", raising=False)
+    env_removed("MPK_X_GONE", "no gain")
+    monkeypatch.setenv("MPK_X_GONE", " ")
+    env_removed("MPK_X_GONE", "no gain")
+    monkeypatch.setenv("MPK_X_GONE", "0")
+    env_removed("MPK_X_GONE", "no gain", allowed=("0",))
+    with pytest.raises(ValueError, match=r"MPK_X_GONE='0': this option was removed \(no gain\); unset MPK_X_GONE"):
+        env_removed("MPK_X_GONE", "no gain")
+    monkeypatch.setenv("MPK_X_GONE", "1")
+    with pytest.raises(ValueError, match="MPK_X_GONE='1': this option was removed"):
+        env_removed("MPK_X_GONE", "no gain", allowed=("0",))
+
+
 def test_switches_are_the_set_mpk_variables_but_paths_and_timeouts(monkeypatch):
     for k in [k for k in __import__("os").environ if k.startswith("MPK_")]:
         monkeypatch.delenv(k)
-    monkeypatch.setenv("MPK_KV_LAYOUT", "hnd")
+    monkeypatch.setenv("MPK_ATT_WIDE", "0")
     monkeypatch.setenv("MPK_ATT_GROUPS", "")
     monkeypatch.setenv("MPK_CACHE_DIR", "/tmp/c")
     monkeypatch.setenv("MPK_KERNEL_TIMEOUT_S", "60")
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_STAGES=3")
-    assert switches() == {"MPK_KV_LAYOUT": "hnd", "MPK_NVCC_DEFINES": "-DMPK_ATT_STAGES=3"}
+    assert switches() == {"MPK_ATT_WIDE": "0", "MPK_NVCC_DEFINES": "-DMPK_ATT_STAGES=3"}

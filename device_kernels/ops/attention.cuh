@@ -73,9 +73,9 @@ static_assert(ATT_OFF_PAGES % 16 == 0 && ATT_OFF_K % 16 == 0, "attention shared-
 static_assert(ATT_KP == 16 * (THREADS / 32) && MAX_GS <= 8, "attention: 16 keys of a pass per warp, <= 8 q heads");
 // Wide passes (arg `wide` = R, 1 or 2; packer.py / tasks/tiling.py attn_wide): a pass is R x ATT_KP keys, warp w's
 // rows [16 R w, 16 R w + 16 R) as R independent 16-key tiles (their score chains interleave; one softmax update,
-// one rescale and one wait per pass). Session 19: the KV piece benchmark and the head-major layout showed the
-// pass rate, not HBM's piece efficiency, bounds a task; R = 2 halves the per-pass chain per key where the
-// shared memory allows it (head_dim <= 64: llama's D = 64).
+// one rescale and one wait per pass). Session 19: the KV piece benchmark showed the pass rate, not HBM's piece
+// efficiency, bounds a task; R = 2 halves the per-pass chain per key where the shared memory allows it
+// (head_dim <= 64: llama's D = 64).
 
 // The chunk: part / lse of chunk s of group (b, g); with ng > 1 (one split, direct: packer.py), the outputs of
 // groups g .. g + ng - 1 of sequence b, their passes one pipeline (a group's first rows fly while the previous
@@ -87,14 +87,14 @@ static_assert(ATT_KP == 16 * (THREADS / 32) && MAX_GS <= 8, "attention: 16 keys 
 // register allocation.
 __device__ __noinline__ void attn_append_new_row(const bf16* kv_new, int64_t ld, bf16* kc, bf16* vc, int64_t m0,
                                                   int64_t page, int64_t slot, int g, int ng, int n_kv, int64_t ps,
-                                                  int D, bool hnd) {
+                                                  int D) {
   const int CPR = D >> 3, per = ng * CPR;
   const bf16* row = kv_new + m0 * ld;
 #pragma unroll 1
   for (int i = threadIdx.x; i < 2 * per; i += THREADS) {
     const int isv = i >= per, r = i - isv * per, gv = r / CPR, e = r - gv * CPR;
     const uint4 v = *reinterpret_cast<const uint4*>(row + (int64_t)(isv * n_kv + g + gv) * D + e * 8);
-    *reinterpret_cast<uint4*>((isv ? vc : kc) + kv_row(hnd, page, slot, g + gv, n_kv, ps, D) + e * 8) = v;
+    *reinterpret_cast<uint4*>((isv ? vc : kc) + kv_row(page, slot, g + gv, n_kv, ps, D) + e * 8) = v;
   }
 }
 
@@ -120,7 +120,6 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int64_t max_pages = c.P[P_MAX_PAGES];
   const int64_t* bt = ptr<const int64_t>(c.P[P_BLOCK_TABLES]) + b * max_pages;
   const int64_t ps = c.P[P_PAGE_SIZE];
-  const bool hnd = c.P[P_KV_HND] != 0;   // head-major KV pages (common.cuh kv_row)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t m0 = b;  // decode: T == 1
   MPK_STAMP(0);
@@ -159,7 +158,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     const int pg = (int)(pos / ps);
     attn_append_new_row(ptr<const bf16>(a[A_ATTN_PARTIAL_KV_NEW]), a[A_ATTN_PARTIAL_LDKV], const_cast<bf16*>(kc),
                         const_cast<bf16*>(vc), m0, full ? pages[pg] : ld_const_s64(bt + pg), pos - (int64_t)pg * ps,
-                        g, ng, n_kv, ps, D, hnd);
+                        g, ng, n_kv, ps, D);
     __syncthreads();   // the rows are in the cache before any warp copies them
   }
   MPK_STAMP(1);
@@ -190,7 +189,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #endif
       const int j = j0 + u, pg = ppow ? j >> pss : j / psi;
       const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
-      const int64_t src = kv_row(hnd, page, j - pg * psi, gi, n_kv, ps, D) + e * 8;
+      const int64_t src = kv_row(page, j - pg * psi, gi, n_kv, ps, D) + e * 8;
       cp_async16(kb + u * KST + e * 8, kc + src, true);
       cp_async16(vb + u * KST + e * 8, vc + src, true);
     }

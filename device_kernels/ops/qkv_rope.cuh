@@ -72,7 +72,7 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
         dst = ptr<bf16>(a[A_QKV_ROPE_Q]) + row * ldq + (int64_t)head * D;
       } else if (pos >= 0) {
         const int64_t page = ld_const_s64(bt + row * max_pages + pos / ps);
-        dst = ptr<bf16>(a[A_QKV_ROPE_CACHE]) + kv_row(c.P[P_KV_HND] != 0, page, pos % ps, head, n_kv, ps, D);
+        dst = ptr<bf16>(a[A_QKV_ROPE_CACHE]) + kv_row(page, pos % ps, head, n_kv, ps, D);
       }
       if (dst != nullptr) {
         for (int i = lane; i < nr; i += 32) {
@@ -130,7 +130,7 @@ __device__ inline void op_qk_norm_rope(const Ctx& c) {
       dst = q + row * ldq + (int64_t)head * D;
     } else if (pos >= 0) {
       const int64_t page = ld_const_s64(bt + row * max_pages + pos / ps);
-      dst = cache + kv_row(c.P[P_KV_HND] != 0, page, pos % ps, head, n_kv, ps, D);
+      dst = cache + kv_row(page, pos % ps, head, n_kv, ps, D);
     }
     if (dst == nullptr) continue;
 #pragma unroll

@@ -131,7 +131,7 @@ def _env_kb(name: str, default: str) -> int:
 # --- kernel parameter block (int64 words, device resident) -----------------------------------------------------
 PARAMS = ["tasks", "sm_offsets", "sm_tasks", "waits", "signals", "counters", "status", "trace", "trace_steps",
           "pos", "block_tables", "max_pages", "page_size", "inv_freq", "timeout_ns", "num_tasks", "batch",
-          "num_sms", "prefetch", "kv_hnd"]   # kv_hnd: the KV pages' layout (KVStore.layout "hnd": 1)
+          "num_sms", "prefetch"]
 
 # --- weight prefetch table: PF_WORDS int64 per task: up to two (device address, bytes) weight ranges ---------
 # Weights never depend on events, so an SM pulls the next task's weight bytes into L2 (cp.async.bulk.prefetch)

@@ -93,8 +93,8 @@ class HardwareProfile:
     task_fixed_us_by_kind: dict[str, float] = field(default_factory=dict)
     stream_eff_by_kind: dict[str, float] = field(default_factory=dict)   # achieved / fair-share streaming rate
     # the paged KV cache's rate by the contiguous bytes an attention task reads of one head before it jumps to the
-    # next row (scripts/bench_stream.py --pieces: rate / the contiguous rate): head_dim x 2 for token-major pages,
-    # page_size x head_dim x 2 for head-major ones (MPK_KV_LAYOUT=hnd); empty = 1 (every piece streams)
+    # next row (scripts/bench_stream.py --pieces: rate / the contiguous rate): head_dim x 2 of (page, slot, head, D)
+    # pages; empty = 1 (every piece streams)
     kv_piece_eff_by_bytes: dict[str, float] = field(default_factory=dict)
     flop_us_by_kind: dict[str, float] = field(default_factory=dict)      # per-flop time not hidden under loads
     # per-key time of an attention partial not hidden under loads (a pass's wait, softmax update, rescale and copy

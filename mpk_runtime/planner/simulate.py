@@ -152,13 +152,10 @@ def task_stream_bytes(t: Task, prof: HardwareProfile) -> float:
     return t.est_bytes + (groups - 1) * wbytes * prof.restream_frac
 
 
-def kv_piece_bytes(head_dim: int, layout: str | None = None) -> int:
+def kv_piece_bytes(head_dim: int) -> int:
     """Contiguous bytes of one KV head an attention task reads before it jumps a row (bf16): one row of head_dim
-    values in a token-major page (runtime/memory.py KVStore "nhd"), a page of them in a head-major one ("hnd");
-    `layout` defaults to the process's (MPK_KV_LAYOUT), as the runners' KVStore does."""
-    from ..runtime.memory import DEFAULT_PAGE_SIZE, kv_layout_default
-    row = head_dim * 2
-    return row * DEFAULT_PAGE_SIZE if (layout or kv_layout_default()) == "hnd" else row
+    values of a (page, slot, head, D) page (runtime/memory.py KVStore)."""
+    return head_dim * 2
 
 
 def task_stream_eff(t: Task, prof: HardwareProfile) -> float:

@@ -80,37 +80,6 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
     return fused_norm()(x, w, eps)
 
 
-# --- a linear's residual add with the next op's RMSNorm of the sum (MPK_CONV_FUSE_ADD_NORM, off until measured) ---
-def _add_norm_fn(y: torch.Tensor, r: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """y += r in place (y a linear's output in the residual's dtype: the eager `out.add_(res)`, one rounding), and the
-    RMSNorm of the sum the next op would compute (_rms_norm_fn)."""
-    y.add_(r)
-    return _rms_norm_fn(y, w, eps)
-
-
-def fuse_add_norm() -> bool:
-    """MPK_CONV_FUSE_ADD_NORM=1: a conventional segment's residual add (after o_proj and down) and the RMSNorm its
-    next consumer applies to the sum (gate_up's, the next layer's qkv_rope's, the final norm) run as one pass
-    (ConventionalExecutor pairs them: conventional_ops.add_norm_pairs): on a GPU one compiled kernel instead of an
-    add kernel plus the norm kernel, two kernels fewer per layer. Off by default until measured (docs/perf-notes.md
-    session 18: llama-3.2-1b B=32 attn-mk spends 45 us of 32 add kernels, plus their graph gaps)."""
-    return env_flag("MPK_CONV_FUSE_ADD_NORM")
-
-
-@functools.cache
-def fused_add_norm():
-    return compile_rows_dynamic(_add_norm_fn, (0, 1))
-
-
-def add_norm(y: torch.Tensor, r: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """y += r in place, then the RMSNorm of y: on a GPU (MPK_CONV_FUSE_NORM on) one compiled kernel, else eager (the
-    same values as the add and rms_norm run apart: on the CPU bit for bit)."""
-    if y.is_cuda and fuse_norm():
-        return fused_add_norm()(y, r, w, eps)
-    y.add_(r)
-    return rms_norm(y, w, eps)
-
-
 def fuse_proj() -> bool:
     """MPK_CONV_FUSE_PROJ (default on since session 16; =0 for separate matmuls): the runner stores each layer's q/k/v and
     gate/up weights back to back (prepare_weights), and the conventional path computes each group with one matmul

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..models.weights import adjacent_rows
 from ..tasks.ops.common import row_positions
-from .conventional_fused import add_norm, fuse_rope, fuse_silu, fused_qk, fused_qk_kv, fused_silu, rms_norm
+from .conventional_fused import fuse_rope, fuse_silu, fused_qk, fused_qk_kv, fused_silu, rms_norm
 
 
 # --- shared pieces -----------------------------------------------------------------------------------------------
@@ -74,47 +74,17 @@ def _rope_tables(cache: dict, ctx, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return cache[key]
 
 
-def _kv_slots(cache: dict, mem, ctx):
-    """Where each of the (M,) rows' K/V goes, once per step: the flat slot (page * page_size + offset) for a
-    token-major cache, the (page, offset) pair for a head-major one (KVStore layout "hnd": permuted views, no flat
-    view); inactive rows (pos < 0) write into the scratch page, so the write needs no data-dependent mask."""
+def _kv_slots(cache: dict, mem, ctx) -> torch.Tensor:
+    """(M,) flat slot (page * page_size + offset) each row's K/V goes to, once per step; inactive rows (pos < 0)
+    write into the scratch page, so the write needs no data-dependent mask."""
     if "slots" not in cache:
         pos = _rows(cache, ctx)
         T, ps = ctx.tokens_per_seq, ctx.page_size
         b = torch.arange(pos.numel(), device=pos.device) // T
         p = pos.clamp(min=0)
         page = torch.where(pos >= 0, ctx.block_tables[b, p // ps], torch.full_like(p, mem.kvstore.scratch))
-        cache["slots"] = (page, p % ps) if mem.kvstore.layout == "hnd" else page * ps + p % ps
+        cache["slots"] = page * ps + p % ps
     return cache["slots"]
-
-
-def _normed(cache: dict, mem, x: torch.Tensor, a: dict) -> torch.Tensor:
-    """RMSNorm(x) with the op's norm: from the producer's add (add_norm_pairs) when it computed it, else here."""
-    xn = cache.pop(("normed", a["x"], a["norm"]), None)
-    return xn if xn is not None else rms_norm(x, mem.t(a["norm"]), a["eps"])
-
-
-def add_norm_pairs(ops) -> dict:
-    """{linear op name: (norm weight name, eps)} for each whole linear with a residual whose sum's first reader
-    normalises it as its input (a linear with a norm and no row selection, or qkv_rope), with no op writing the
-    sum in between: that linear computes the norm with its add (conventional_fused.add_norm) and the reader takes
-    it from the step dict. Pairs only within `ops` (one executor's), so both run in the same step dict."""
-    pairs = {}
-    ops = list(ops)
-    for i, p in enumerate(ops):
-        a = p.attrs
-        if p.kind != "linear" or not a.get("residual") or a["epilogue"] == "silu_mul" or not linear_whole(p):
-            continue
-        t = a["out"]
-        for c in ops[i + 1:]:
-            ca = c.attrs
-            if c.kind in ("linear", "qkv_rope") and ca.get("x") == t:
-                if ca.get("norm") and not ca.get("row_select") and (c.kind == "qkv_rope" or linear_whole(c)):
-                    pairs[p.name] = (ca["norm"], ca["eps"])
-                break
-            if ca.get("out") == t:
-                break
-    return pairs
 
 
 # --- ops ---------------------------------------------------------------------------------------------------------
@@ -143,7 +113,7 @@ def linear(op, mem, ctx, cache) -> None:
     if a["row_select"]:
         x = x[a["row_select"]["offset"]::a["row_select"]["stride"]]
     if a["norm"]:
-        x = _normed(cache, mem, x, a)
+        x = rms_norm(x, mem.t(a["norm"]), a["eps"])
     ws = [_wt(cache, mem, name) if (r0 == 0 and mem.t(name).shape[0] == N) else mem.t(name)[r0:r0 + N].T
           for name in a["weights"]]
     direct = out.dtype == x.dtype and out.is_contiguous()
@@ -168,11 +138,7 @@ def linear(op, mem, ctx, cache) -> None:
     if direct and (res is None or res.dtype == out.dtype):
         torch.mm(x, ws[0], out=out)
         if res is not None:
-            nxt = cache.get("const", {}).get("add_norm", {}).get(op.name)
-            if nxt is None:
-                out.add_(res)           # residual + y: the same single rounding
-            else:                       # and the next op's RMSNorm of the sum in the same pass (add_norm_pairs)
-                cache[("normed", a["out"], nxt[0])] = add_norm(out, res, mem.t(nxt[0]), nxt[1])
+            out.add_(res)           # residual + y: the same single rounding
         return
     y = x @ ws[0]
     if res is not None:
@@ -204,12 +170,7 @@ def _qk_epilogue(qk, nq, qn, kn, cos, sin_s, eps, q):
 
 
 def _append_kv(k, v, kc, vc, slots) -> None:
-    """Rows of k and v into their cache slots (_kv_slots: flat page * page_size + offset, or (page, offset) for a
-    head-major cache, whose kc / vc are permuted views), in place."""
-    if isinstance(slots, tuple):
-        kc[slots] = k
-        vc[slots] = v
-        return
+    """Rows of k and v into their cache slots (flat page * page_size + offset), in place."""
     kc.view(-1, *kc.shape[2:])[slots] = k
     vc.view(-1, *vc.shape[2:])[slots] = v
 
@@ -224,7 +185,7 @@ def qkv_rope(op, mem, ctx, cache) -> None:
     nq, nkv = a["n_q"], a["n_kv"]
     x = mem.t(a["x"])
     M = x.shape[0]
-    xn = _normed(cache, mem, x, a)
+    xn = rms_norm(x, mem.t(a["norm"]), a["eps"])
     cos, sin_s = _rope_tables(cache, ctx, xn.dtype)
     qn, kn = (mem.t(a["q_norm"]), mem.t(a["k_norm"])) if a["q_norm"] is not None else (None, None)
     q = mem.t(a["q"])

@@ -97,8 +97,7 @@ class Megakernel:
                  pos=self.pos.data_ptr(), block_tables=self.block_tables.data_ptr(),
                  max_pages=self.block_tables.shape[1], page_size=self.mem.kvstore.page_size,
                  inv_freq=self.inv_freq.data_ptr(), timeout_ns=self.timeout_ns, num_tasks=len(self.tg.tasks),
-                 batch=self.pos.shape[0], num_sms=self.tg.num_sms, prefetch=self.prefetch.data_ptr(),
-                 kv_hnd=int(self.mem.kvstore.layout == "hnd"))
+                 batch=self.pos.shape[0], num_sms=self.tg.num_sms, prefetch=self.prefetch.data_ptr())
         self.params.copy_(torch.tensor([v[k] for k in L.PARAMS], dtype=torch.int64))
 
     def _load(self):

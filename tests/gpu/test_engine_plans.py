@@ -99,15 +99,3 @@ def test_greedy_and_sampled_steps_replay_their_own_graphs():
             assert draws >= 8, (family, draws)   # two generates x the decode steps of the sampled row
         finally:
             llm.shutdown()
-
-
-@pytest.mark.parametrize("family", ["attn-mk", "conventional"])
-def test_plans_with_the_residual_add_fused_into_the_next_norm(family, monkeypatch):
-    """MPK_CONV_FUSE_ADD_NORM=1 (off by default until measured): the conventional segments' residual adds and the
-    next op's RMSNorm as one compiled kernel; the planned decode stays within bf16 tolerance of the reference."""
-    from mpk_runtime.models.config import load_config
-    from mpk_runtime.planner import plan_book
-    monkeypatch.setenv("MPK_CONV_FUSE_ADD_NORM", "1")
-    book = plan_book(load_config("tiny-qwen3"), 1, (2, 4), context=256, families=(family,))
-    r = _script().forced("tiny-qwen3", book, 3, 250, 10)
-    assert r["plan"] == family and r["ok"], r

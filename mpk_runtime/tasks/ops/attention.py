@@ -15,7 +15,6 @@ writes that position's k / v rows of its groups from `kv_new` into the paged cac
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
