@@ -6,9 +6,11 @@
 Per attention shape of the models' TP ranks (KV heads of a rank x head dim x q heads per KV head), one layer's
 attention op as the conventional path runs it (runtime/conventional_ops.attention: the page gather, the masks, one
 SDPA call; greedy, kv_len_cap = keys, every sequence at position keys - 1), alone in a CUDA graph of 10 calls,
-median over 10 replays, on a grid of batches and key counts. Writes <out>/conv_attn.json ({shape: [[batch, keys,
-us], ...]}); with --merge, also <out>/<name>.json = that profile with the curves (copy it to
-mpk_runtime/planner/profiles/). Why: the fixed + KV-passes + per-key terms of the conventional attention are not
+median over 10 replays, on a grid of batches and key counts: per layer (the step's shared per-step values already
+computed) and once per step (what the step's first attention adds: its pages, masks, live rows). Writes
+<out>/conv_attn.json ({shape: [[batch, keys, us], ...]} for both, after every shape); with --merge, also
+<out>/<name>.json = that profile with the curves, to refit (`python -m mpk_runtime.planner.fit --profile
+<out>/<name>.json`) before it is copied to mpk_runtime/planner/profiles/. Why: the fixed + KV-passes + per-key terms of the conventional attention are not
 identified by one context's validation rows (docs/planner.md sessions 19-20: cross-context hold-out 16-26% on
 conventional segments); a measured curve is the term measured apart. `--device cpu` runs the same code without
 graphs (a smoke run of the script; its numbers mean nothing).
@@ -46,8 +48,11 @@ def _ints(s: str) -> list[int]:
     return v
 
 
-def attention_us(cfg, tp: int, batch: int, keys: int, device: str, reps: int = 10) -> float:
-    """One layer's conventional attention at (batch, keys) for rank 0 of a TP group, in microseconds."""
+def attention_us(cfg, tp: int, batch: int, keys: int, device: str, reps: int = 10) -> tuple[float, float]:
+    """One layer's conventional attention at (batch, keys) for rank 0 of a TP group, in microseconds: (per layer,
+    once per step). A step's conventional ops share its per-step values (conventional_ops._attn_step: pages, masks,
+    live rows), computed by the first attention of the step: per layer = the op with them already computed; once
+    per step = what a fresh step's first attention costs beyond that."""
     c1 = cfg.replace(num_layers=1)
     g = build_graph(c1, batch=batch, context_len=keys - 1, max_seq_len=keys + PAGE, tp=tp, rank=0,
                     dtype="bfloat16")
@@ -62,17 +67,26 @@ def attention_us(cfg, tp: int, batch: int, keys: int, device: str, reps: int = 1
     pos = torch.full((batch,), keys - 1, dtype=torch.int64, device=device)
     ctx = StepCtx(c1, 0, pos, tables, PAGE, 1, rope_inv_freq(c1).to(device), kv_len_cap=keys, greedy=True)
     ex = ConventionalExecutor([g.subgraph(["L0.attention"])], [mem])
-    ex.run([ctx])
+    shared = ex.new_step()
+    ex.run([ctx], shared)   # the per-step values computed once, as the step's first attention does
+    fresh = _time(lambda: ex.run([ctx]), device, reps)
+    layer = _time(lambda: ex.run([ctx], shared), device, reps)
+    return layer, max(0.0, fresh - layer)
+
+
+def _time(fn, device: str, reps: int) -> float:
+    """Median microseconds of fn: on a GPU, `reps` calls captured in one CUDA graph, median of `reps` replays."""
+    fn()
     if device != "cuda":
         ts = []
         for _ in range(3):
-            t0 = time.perf_counter(); ex.run([ctx]); ts.append((time.perf_counter() - t0) * 1e6)
+            t0 = time.perf_counter(); fn(); ts.append((time.perf_counter() - t0) * 1e6)
         return statistics.median(ts)
     torch.cuda.synchronize()
     cg = torch.cuda.CUDAGraph()
     with torch.cuda.graph(cg):
         for _ in range(reps):
-            ex.run([ctx])
+            fn()
     ts = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -111,6 +125,10 @@ def main() -> None:
         raise SystemExit("no CUDA GPU visible: run this on the GPU machine (or --device cpu for a smoke run)")
     t0 = time.time()
     curves: dict[str, list] = {}
+    steps: dict[str, list] = {}
+    os.makedirs(a.out, exist_ok=True)
+    meta = {"machine": torch.cuda.get_device_name() if a.device == "cuda" else "cpu (smoke run)",
+            "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("GIT_COMMIT", "?"), "page_size": PAGE}
     for model in a.models.split(","):
         cfg = load_config(model.strip())
         for tp in _ints(a.tp):
@@ -121,29 +139,37 @@ def main() -> None:
             if time.time() - t0 > a.budget_s:
                 print(f"budget spent: {key} not measured", flush=True)
                 continue
-            pts = []
+            pts, once = [], []
             for B in _ints(a.batches):
                 for L in _ints(a.keys):
-                    us = attention_us(cfg, tp, B, L, a.device)
+                    us, step_us = attention_us(cfg, tp, B, L, a.device)
                     pts.append([B, L, round(us, 2)])
-                    print(f"{model} tp={tp} {key} B={B:4d} keys={L:5d}: {us:9.1f} us", flush=True)
-            curves[key] = pts
-    os.makedirs(a.out, exist_ok=True)
-    meta = {"machine": torch.cuda.get_device_name() if a.device == "cuda" else "cpu (smoke run)",
-            "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("GIT_COMMIT", "?"), "page_size": PAGE}
-    with open(os.path.join(a.out, "conv_attn.json"), "w") as f:
-        json.dump({"meta": meta, "conv_attn_us_by_shape": curves}, f, indent=1)
+                    once.append([B, L, round(step_us, 2)])
+                    print(f"{model} tp={tp} {key} B={B:4d} keys={L:5d}: {us:9.1f} us per layer "
+                          f"(+{step_us:7.1f} us once per step)", flush=True)
+            curves[key], steps[key] = pts, once
+            _write(a.out, meta, curves, steps)   # after every shape: a run cut short keeps what it measured
+    _write(a.out, meta, curves, steps)
     print("wrote", os.path.join(a.out, "conv_attn.json"))
     if a.merge:
         prof = json.loads(HardwareProfile.load(a.merge).to_json())
         prof["name"] = a.name or f"{a.merge}_attn"
         prof["conv_attn_us_by_shape"] = {**prof.get("conv_attn_us_by_shape", {}), **curves}
+        prof["conv_attn_step_us_by_shape"] = {**prof.get("conv_attn_step_us_by_shape", {}), **steps}
         prof["source"] = (prof.get("source", "") + f"; conventional attention curves measured by "
-                          f"scripts/profile_conv_attn.py on {meta['machine']} {meta['date']} (commit {meta['commit']})")
+                          f"scripts/profile_conv_attn.py on {meta['machine']} {meta['date']} (commit {meta['commit']})"
+                          "; NOT CALIBRATED: the regimes' conventional terms were fit without the curves - refit "
+                          "(planner.fit --profile this file) before using it")
         path = os.path.join(a.out, f"{prof['name']}.json")
         with open(path, "w") as f:
             json.dump(prof, f, indent=1)
-        print("wrote", path)
+        print("wrote", path, "(refit it with python -m mpk_runtime.planner.fit --profile before use: its regimes' "
+              "conventional terms were fit without the curves)")
+
+
+def _write(out: str, meta: dict, curves: dict, steps: dict) -> None:
+    with open(os.path.join(out, "conv_attn.json"), "w") as f:
+        json.dump({"meta": meta, "conv_attn_us_by_shape": curves, "conv_attn_step_us_by_shape": steps}, f, indent=1)
 
 
 if __name__ == "__main__":

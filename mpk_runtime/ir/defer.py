@@ -63,5 +63,4 @@ def defer_kv_appends(graph: Graph, layers: set[int]) -> Graph:
             else:                      # reads the new rows too (and writes them into the cache it reads)
                 o = replace(o, attrs=a, inputs=o.inputs + [kvn])
         ops.append(o)
-    return Graph(graph.config, graph.mode, graph.batch, graph.tokens_per_seq, graph.context_len, graph.max_seq_len,
-                 graph.tp, graph.rank, graph.tensors, ops, graph.tp_invariant)
+    return replace(graph, ops=ops)

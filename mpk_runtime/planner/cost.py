@@ -73,7 +73,10 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
     if op.kind == "attention":
         a = op.attrs   # keys read per row: the op's flops are 4 x rows x q heads x head_dim x keys
         keys = op.flops / max(1, 4 * graph.rows * a["n_q"] * graph.config.head_dim)
-        curve = prof.conv_attn_curve_us(a["n_kv"], graph.config.head_dim, a["n_q"] // a["n_kv"], graph.batch, keys)
+        # (layer 0's: the step's first conventional attention, which computes the step's shared pages and masks;
+        # every plan family converts all attention ops or none)
+        curve = prof.conv_attn_curve_us(a["n_kv"], graph.config.head_dim, a["n_q"] // a["n_kv"], graph.batch, keys,
+                                        first=a.get("layer") == 0)
         if curve is not None:   # measured whole (profile.conv_attn_us_by_shape): that, and none of the terms below
             return {"fixed_us": 0.0, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": 0.0, "coll": 0,
                     "attn_curve_us": curve}

@@ -10,10 +10,11 @@ Input: scripts/validate_planner.py rows; each measured segment carries the featu
   conventional  measured = conv_fixed_scale * fixed + sum_ops max(stream / conv_bw_fraction, tc / conv_tc_eff)
                            + sum_attention max(conv_attn_kv_passes * attn_kv,
                                                conv_attn_key_us * keys)           (grid over the two efficiencies,
-                           + conv_attn_curve_scale * measured attention   (shapes the profile has a curve for)
                                                                                   the KV passes and the per-key
                                                                                   floor; non-negative LS for the
                                                                                   rest)
+                           + conv_attn_curve_scale * measured attention   (shapes the profile has a curve for:
+                                                                           one more LS column)
 with relative-error weights (each segment counts by its relative error, as MAPE does). The result is the
 input profile plus `regimes` overrides (profile.for_batch applies them), so candidates() predicts with it.
 --holdout: points (model, tp, batch) sorted by (tp, batch, model) alternate into halves A and B; fit on A, score
@@ -70,21 +71,28 @@ def _segments(rows, regime=None, regimes=REGIMES):
 
 
 def _wls(cols: list[list[float]], y: list[float], w: list[float], nonneg: bool = True) -> list[float]:
-    """min sum w (y - X b)^2 (b >= 0 if nonneg) for 1-2 columns, closed form + active set."""
+    """min sum w (y - X b)^2 (b >= 0 if nonneg): unconstrained least squares, else the best of every subset of
+    columns whose own solution is non-negative (exact for the few columns fitted here)."""
+    import itertools
+
     import numpy as np
     X = np.array(cols, dtype=float).T
     Y, W = np.array(y, dtype=float), np.sqrt(np.array(w, dtype=float))
     Xw, Yw = X * W[:, None], Y * W
     b = np.linalg.lstsq(Xw, Yw, rcond=None)[0]
     if nonneg and (b < 0).any():
-        best = None
-        for keep in range(X.shape[1]):   # one column at a time (the others 0)
-            bk = np.zeros(X.shape[1])
-            den = float(Xw[:, keep] @ Xw[:, keep])
-            bk[keep] = max(0.0, float(Xw[:, keep] @ Yw) / den) if den else 0.0
-            err = float(((Yw - Xw @ bk) ** 2).sum())
-            if best is None or err < best[0]:
-                best = (err, bk)
+        n = X.shape[1]
+        best = (float((Yw ** 2).sum()), np.zeros(n))   # every coefficient 0
+        for k in range(1, n):
+            for keep in itertools.combinations(range(n), k):
+                sub = np.linalg.lstsq(Xw[:, keep], Yw, rcond=None)[0]
+                if (sub < 0).any():
+                    continue
+                bk = np.zeros(n)
+                bk[list(keep)] = sub
+                err = float(((Yw - Xw @ bk) ** 2).sum())
+                if err < best[0]:
+                    best = (err, bk)
         b = best[1]
     return [float(v) for v in b]
 
@@ -150,9 +158,17 @@ def fit_conventional(segs: list[dict]) -> dict:
                 if best is None or err < best[0] * (1 - 1e-9) - 1e-15:
                     best = (err, frac, eff, kvp, ku, b)
     _, frac, eff, kvp, ku, b = best
-    return {"conv_fixed_scale": b[0], "conv_bw_fraction": round(frac, 4), "conv_tc_eff": round(eff, 4),
-            "conv_attn_kv_passes": kvp, "conv_attn_key_us": ku, "conv_collective_us": b[1] if has_coll else 0.0,
-            "conv_attn_curve_scale": b[1 + has_coll] if has_curve else 1.0}
+    out = {"conv_fixed_scale": b[0], "conv_bw_fraction": round(frac, 4), "conv_tc_eff": round(eff, 4),
+           "conv_collective_us": b[1] if has_coll else 0.0}
+    # only the attention terms these segments identify (the others keep the profile's values: shapes without a
+    # measured curve, or with one, are priced by terms fitted where they bind)
+    if has_kv:
+        out["conv_attn_kv_passes"] = kvp
+    if has_keys:
+        out["conv_attn_key_us"] = ku
+    if has_curve:
+        out["conv_attn_curve_scale"] = b[1 + has_coll]
+    return out
 
 
 def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, regimes=REGIMES,

@@ -135,6 +135,8 @@ class HardwareProfile:
     # calibration fit.py may refit) instead of the fixed + KV-passes + per-key terms above, which one context's rows
     # do not identify (docs/planner.md session 19: cross-context hold-out 18-26% on conventional segments)
     conv_attn_us_by_shape: dict[str, list] = field(default_factory=dict)
+    # ... and what the step's first conventional attention adds once (the step's shared pages / masks / live rows)
+    conv_attn_step_us_by_shape: dict[str, list] = field(default_factory=dict)
     conv_attn_curve_scale: float = 1.0
     # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
     # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
@@ -167,10 +169,16 @@ class HardwareProfile:
     def key_us(self, kind: str) -> float:
         return _by_key(self.key_us_by_kind, kind, 0.0)
 
-    def conv_attn_curve_us(self, n_kv: int, head_dim: int, gs: int, batch: int, keys: float) -> float | None:
-        """The measured conventional attention op at (batch, keys) for this shape, interpolated (None: no curve)."""
-        pts = self.conv_attn_us_by_shape.get(conv_attn_shape(n_kv, head_dim, gs))
-        return _grid2(pts, batch, keys) if pts else None
+    def conv_attn_curve_us(self, n_kv: int, head_dim: int, gs: int, batch: int, keys: float,
+                           first: bool = False) -> float | None:
+        """The measured conventional attention op at (batch, keys) for this shape, interpolated, plus (first: the
+        step's first conventional attention) its once-per-step part; None: no curve for the shape."""
+        key = conv_attn_shape(n_kv, head_dim, gs)
+        pts = self.conv_attn_us_by_shape.get(key)
+        if not pts:
+            return None
+        once = self.conv_attn_step_us_by_shape.get(key) if first else None
+        return _grid2(pts, batch, keys) + (_grid2(once, batch, keys) if once else 0.0)
 
     def remote_signal_us(self, nbytes: int) -> float:
         return _curve(self.remote_signal_us_by_bytes, max(64, nbytes))
@@ -230,12 +238,12 @@ def _interp1(xs: list[float], ys: list[float], x: float) -> float:
 def _grid2(pts: list, batch: float, keys: float) -> float:
     """[[batch, keys, us], ...] on a (batch x keys) grid: linear in keys within each measured batch, then linear in
     batch between them (both extended linearly past the grid: the op's time is close to affine in each); >= 0."""
-    rows: dict[float, list[tuple[float, float]]] = {}
-    for b, k, us in pts:
-        rows.setdefault(float(b), []).append((float(k), float(us)))
+    rows: dict[float, dict[float, list[float]]] = {}
+    for b, k, us in pts:   # (a point measured twice: the mean)
+        rows.setdefault(float(b), {}).setdefault(float(k), []).append(float(us))
     bs = sorted(rows)
     at_b = []
     for b in bs:
-        r = sorted(rows[b])
-        at_b.append(_interp1([k for k, _ in r], [u for _, u in r], keys))
+        ks = sorted(rows[b])
+        at_b.append(_interp1(ks, [sum(rows[b][k]) / len(rows[b][k]) for k in ks], keys))
     return max(0.0, _interp1(bs, at_b, batch))

@@ -28,6 +28,7 @@ def _true(b, k):
 @pytest.mark.parametrize("b,k", [(1, 64), (8, 256), (32, 1024), (4, 100), (20, 700), (64, 2048), (1, 16)])
 def test_grid_interpolation_is_exact_on_bilinear_data_and_extends_past_the_grid(b, k):
     assert _grid2(GRID, b, k) == pytest.approx(_true(b, k), rel=1e-9)
+    assert _grid2(GRID + GRID[:3], b, k) == pytest.approx(_true(b, k), rel=1e-9)   # a point measured twice
 
 
 def test_grid_interpolation_never_goes_negative():
@@ -80,6 +81,31 @@ def test_fit_recovers_the_curve_scale():
     got = fitted.regimes["8"]
     assert got["conv_attn_curve_scale"] == pytest.approx(1.7, rel=1e-3)
     assert got["conv_fixed_scale"] == pytest.approx(0.4, rel=1e-3)
+    # every attention here is priced by the curve: the KV-passes / per-key terms are not identified, so not written
+    assert "conv_attn_kv_passes" not in got and "conv_attn_key_us" not in got
+
+
+def test_the_nonnegative_fit_keeps_the_columns_that_explain_the_data():
+    """Three columns (fixed, collectives, curve): a negative unconstrained coefficient drops that column and refits
+    the others together (not one column alone, which priced the attention at 0 in session 20's review)."""
+    from mpk_runtime.planner.fit import _wls
+    c0 = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    c1 = [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    c2 = [5.0, 3.0, 4.0, 1.0, 2.0, 0.5]
+    y = [2 * a - 0.3 * b + 3 * c for a, b, c in zip(c0, c1, c2)]
+    b = _wls([c0, c1, c2], y, [1.0] * 6)
+    assert b[1] == 0.0 and b[0] > 1.5 and b[2] > 2.5
+    assert _wls([c0, c2], [2 * a + 3 * c for a, c in zip(c0, c2)], [1.0] * 6) == pytest.approx([2.0, 3.0])
+
+
+def test_the_steps_first_attention_carries_the_once_per_step_part():
+    cfg = PRESETS["tiny-qwen3"]
+    key = conv_attn_shape(cfg.num_kv_heads, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)
+    prof = dataclasses.replace(_with_curve(HardwareProfile.load(), cfg, GRID),
+                               conv_attn_step_us_by_shape={key: [[b, k, 7.0] for b, k, _ in GRID]})
+    g = build_graph(cfg, batch=8, context_len=255, max_seq_len=512)
+    first, later = conventional_op_us(g.op("L0.attention"), g, prof), conventional_op_us(g.op("L1.attention"), g, prof)
+    assert later == pytest.approx(_true(8, 256)) and first == pytest.approx(later + 7.0)
 
 
 def test_the_script_writes_curves_and_a_profile_that_prices_with_them(tmp_path):
@@ -93,6 +119,8 @@ def test_the_script_writes_curves_and_a_profile_that_prices_with_them(tmp_path):
     curves = json.loads((tmp_path / "conv_attn.json").read_text())["conv_attn_us_by_shape"]
     assert set(curves) == {"2x32x2", "1x32x2"}
     assert all(len(v) == 4 and all(us > 0 for _, _, us in v) for v in curves.values())
+    once = json.loads((tmp_path / "conv_attn.json").read_text())["conv_attn_step_us_by_shape"]
+    assert set(once) == set(curves) and all(us >= 0 for v in once.values() for _, _, us in v)
     prof = HardwareProfile.load(str(tmp_path / "h200_smoke.json"))
     assert prof.conv_attn_curve_us(2, 32, 2, 2, 64) is not None and prof.conv_attn_curve_us(4, 64, 4, 2, 64) is None
 

@@ -13,13 +13,13 @@ from tests.runtime.test_plan_exec import check_steps
 from tests.runtime.test_pyvm import setup
 
 
-def _run(cfg, tp, family, batch=4):
+def _run(cfg, tp, family, batch=4, splits=2):
     grp, lens, tables, ref_logits, toks = setup(cfg, tp, batch)
     plan = candidates(cfg.replace(dtype="float32"), tp=tp, batch=batch, context=16, families=(family,))[0]
     plan = Plan.from_json(plan.to_json())
     for s in plan.segments:
         s.tiling.update(num_sms=4, linear_cols=16)
-    graphs = grp.graphs("decode", batch, 1)
+    graphs = grp.graphs("decode", batch, 1, attn_splits=splits)
     mems = grp._mems(graphs)
     ex = PlanExecutor(plan, graphs, mems, backend="pyvm", seed=3)
     check_steps(ex, grp, mems, lens, tables, ref_logits, toks, family)
@@ -28,21 +28,25 @@ def _run(cfg, tp, family, batch=4):
     return ex, caches
 
 
-@pytest.mark.parametrize("model,tp,groups", [("tiny-llama", 1, ""), ("tiny-qwen3", 1, ""), ("tiny-qwen3", 2, ""),
-                                             ("tiny-llama", 1, "2")])
-def test_deferred_appends_match_the_reference_and_the_appending_plan(model, tp, groups, monkeypatch):
-    """Two attention splits (setup): only the last chunk's partial appends; groups=2: a partial of two KV groups
-    appends both groups' rows. Several steps, so the next step's attention reads the rows the deferred append
-    wrote."""
+@pytest.mark.parametrize("model,tp,splits,groups", [("tiny-llama", 1, 2, ""), ("tiny-qwen3", 1, 2, ""),
+                                                    ("tiny-qwen3", 2, 2, ""), ("tiny-llama", 1, 1, "2"),
+                                                    ("tiny-qwen3", 1, 1, "2"), ("tiny-llama", 1, 8, "")])
+def test_deferred_appends_match_the_reference_and_the_appending_plan(model, tp, splits, groups, monkeypatch):
+    """Two attention splits: only the last chunk's partial appends; 8 splits: more splits than some sequences have
+    keys (empty chunks); one split with groups=2: a partial of two KV groups appends both groups' rows. Several
+    steps, so the next step's attention reads the rows the deferred append wrote."""
     cfg = PRESETS[model]
     if groups:
         monkeypatch.setenv("MPK_ATT_GROUPS", groups)
     monkeypatch.setenv("MPK_KV_DEFER", "0")
-    ex0, want = _run(cfg, tp, "attn-mk")
+    ex0, want = _run(cfg, tp, "attn-mk", splits=splits)
     assert ex0.kv_defer_layers == set()
     monkeypatch.setenv("MPK_KV_DEFER", "1")
-    ex1, got = _run(cfg, tp, "attn-mk")
+    ex1, got = _run(cfg, tp, "attn-mk", splits=splits)
     assert ex1.kv_defer_layers == set(range(cfg.num_layers))
+    ngs = {t.params.get("ng", 1) for kind, vm in ex1.segments if kind == "megakernel" for tg in vm.graphs
+           for t in tg.tasks if t.kind == "attn_partial"}
+    assert ngs == ({2} if groups else {1})
     for a, b in zip(got, want):   # (unwritten slots hold the pool's NaN poison in both)
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
