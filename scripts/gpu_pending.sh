@@ -18,9 +18,8 @@
 # on a GPU: session 20 removed the half-pass ring and the head-major layout's select in kv_row, and added the deferred
 # append's hook, inert unless MPK_KV_DEFER=1), then `defer` (~6 min: its GPU tests, then llama-3.2-1b base vs defer
 # at B=32,128 x ctx 512,4096; prediction B=32 ctx 512 -4..-6%, B=128 -3..-5%, ctx 4096 -1..-3%; if the tests pass
-# and it wins, MPK_KV_DEFER defaults on in ir/defer.py), `VARS="base stages3" BS=32,128 CTXS=4096 ab` (wide passes
-# with 3 stages: prediction llama B=128 ctx 4096 -5..-15%; then MODELS=qwen3-8b), `STAMP_BATCHES=128 STAMP_CTX=4096
-# stamps` (where a wide pass's ~2.8 us go), `cattn` (~3 min: the conventional attention curves; refit session 20's
+# and it wins, MPK_KV_DEFER defaults on in ir/defer.py), `STAMP_BATCHES=128 STAMP_CTX=4096 stamps` (where a wide
+# pass's ~2.8 us go: its wait or its chain; 3 wide stages do not fit the shared memory), `cattn` (~3 min: the conventional attention curves; refit session 20's
 # rows with `fit --profile $OUT/prof/h200_v35.json`), then `MODELS=qwen3-8b bench` / `hf` (issue 3's qwen table
 # with both peers, last measured in session 18; HF has no qwen3-8b number at B >= 32 or ctx 4096).
 # With two GPUs first: `two` (TP=2 has not run since session 11).

@@ -179,7 +179,11 @@ def cc_xrows(M: int) -> int:
     return M if M < CONSTANTS["TC_MIN_M"] else CONSTANTS["ROW_TILE"]
 
 
-ATT_SMEM_MAX = 227 * 1024   # an H100 / H200 CTA's dynamic shared memory limit
+SMEM_PER_CTA = 227 * 1024   # an H100 / H200 CTA's shared memory (sharedMemPerBlockOptin): static + dynamic
+# the megakernel's static shared memory (1.9 KB in session 20's builds; runtime/megakernel.py checks the build's
+# own number): what the dynamic part may not use. 227 KB of dynamic memory alone fails cuFuncSetAttribute.
+STATIC_SMEM_RESERVE = 4 * 1024
+ATT_SMEM_MAX = SMEM_PER_CTA - STATIC_SMEM_RESERVE   # an attention task's dynamic shared memory, at most
 
 
 def att_smem_bytes(D: int, C: dict | None = None, ng: int = 1, stages: int = 2, wide: int = 1) -> int:

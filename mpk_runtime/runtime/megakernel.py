@@ -81,12 +81,15 @@ class Megakernel:
         self.stage_info = packer.stage_info
         # MPK_SMEM_FLOOR_KB (diagnostic): launch with at least this much dynamic shared memory (a smaller L1)
         self.smem = max(packer.smem, 1024, int(os.environ.get("MPK_SMEM_FLOOR_KB", "0")) * 1024)
-        if self.smem > 227 * 1024:
-            raise ValueError(f"megakernel needs {self.smem} B of shared memory per CTA (> 227 KiB): lower ROW_TILE")
         self.timeout_ns = int(timeout_s * 1e9)
         self.params = torch.zeros(len(L.PARAMS), dtype=torch.int64, device=dev)
         self._write_params()
         self.build = build_result or nvcc.build()
+        static = int(self.build.resources.get(L.KERNEL_NAME, {}).get("smem", 0))
+        if self.smem + static > L.SMEM_PER_CTA:   # (cuFuncSetAttribute would refuse it with a bare error)
+            raise ValueError(f"megakernel needs {self.smem} B of dynamic + {static} B of static shared memory per CTA "
+                             f"(> {L.SMEM_PER_CTA} B): fewer attention stages or groups (MPK_NVCC_DEFINES, "
+                             f"MPK_ATT_GROUPS), a smaller MPK_STAGE_KB, or a lower ROW_TILE")
         self._load()
 
     def _write_params(self):

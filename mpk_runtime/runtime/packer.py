@@ -271,7 +271,8 @@ class TaskPacker:
         if need > L.ATT_SMEM_MAX:
             raise ValueError(f"attention with head_dim {self.D}, {ng} KV group(s) per task and "
                              f"MPK_ATT_STAGES={stages} needs {need} B of shared memory "
-                             f"(> 227 KiB): fewer stages (MPK_NVCC_DEFINES) or groups (MPK_ATT_GROUPS)")
+                             f"(> {L.ATT_SMEM_MAX} B: 227 KiB less the kernel's static shared memory): fewer stages "
+                             f"(MPK_NVCC_DEFINES) or groups (MPK_ATT_GROUPS)")
         self._need(need)
         return dict(self._attn_common(p), q=self._t(p["q"]), k_cache=kc.data_ptr(),
                     v_cache=self.mem.kv(p["v_cache"]).data_ptr(), part=self._t(p["part"]), lse=self._t(p["lse"]),

@@ -176,18 +176,29 @@ def test_bad_wide_switch_is_refused(monkeypatch, bad):
 
 
 def test_grouping_yields_to_the_wide_passes_of_small_heads(monkeypatch):
-    """Auto grouping (two KV groups per task) keeps one group where two would leave a small head no room for
-    the wide passes (three K/V stages: grouped 64-wide wide passes do not fit, ungrouped ones do); with
-    MPK_ATT_WIDE=0 it groups as the narrow rule says; 128-wide heads (narrow passes) group by default."""
+    """Auto grouping (two KV groups per task) keeps one group where two would leave a small head no room for the wide
+    passes (here: a shared memory limit between the two needs); with MPK_ATT_WIDE=0 it groups as the narrow rule
+    says; 128-wide heads (narrow passes) group by default. Three K/V stages leave 64-wide heads no room for wide
+    passes at all (231 KB + the kernel's static shared memory > 227 KB): narrow passes, grouped."""
+    from mpk_runtime.tasks import tiling
     for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD", "MPK_ATT_WIDE"):
         monkeypatch.delenv(v, raising=False)
     t = Tiling()
     assert t.attn_g(1, 4, 8, 128, 32) == 2 and t.attn_g(1, 4, 8, 64, 32) == 2
+    assert tiling.attn_wide(64, 2) == 2
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_STAGES=3")
-    assert L.att_smem_bytes(64, ng=2, stages=3, wide=2) > L.ATT_SMEM_MAX >= L.att_smem_bytes(64, stages=3, wide=2)
-    assert t.attn_g(1, 4, 8, 64, 32) == 1
-    monkeypatch.setenv("MPK_ATT_WIDE", "0")
-    assert t.attn_g(1, 4, 8, 64, 32) == 2
+    assert L.att_smem_bytes(64, stages=3, wide=2) > L.ATT_SMEM_MAX >= L.att_smem_bytes(64, ng=2, stages=3)
+    assert tiling.attn_wide(64, 1) == 1 and t.attn_g(1, 4, 8, 64, 32) == 2
+    monkeypatch.delenv("MPK_NVCC_DEFINES")
+    limit = (L.att_smem_bytes(64, wide=2) + L.att_smem_bytes(64, ng=2, wide=2)) // 2
+    monkeypatch.setattr(L, "ATT_SMEM_MAX", limit)
+    tiling._attn_wide.cache_clear()
+    try:
+        assert tiling.attn_wide(64, 1) == 2 and tiling.attn_wide(64, 2) == 1 and t.attn_g(1, 4, 8, 64, 32) == 1
+        monkeypatch.setenv("MPK_ATT_WIDE", "0")
+        assert t.attn_g(1, 4, 8, 64, 32) == 2
+    finally:
+        tiling._attn_wide.cache_clear()
 
 
 def test_128_wide_heads_are_packed_narrow_and_grouped(monkeypatch):
