@@ -5,6 +5,7 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
 #     (removed in session 20: mode ring, +6..+26% on qwen3-8b; mode kv and the hnd / addnorm variants, no gain)
 #     OUT=$OUT bash scripts/gpu_pending.sh cattn    # stage 3c (one GPU): the conventional attention curves (~2-4 min)
+#     OUT=$OUT bash scripts/gpu_pending.sh swz      # stage 3s (one GPU): swizzled K/V rows' GPU tests, base vs swz vs swz3
 #     OUT=$OUT bash scripts/gpu_pending.sh defer    # stage 3f (one GPU): deferred KV appends' GPU tests, base vs defer A/B
 #     VARS="narrow base" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=one model)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
@@ -18,8 +19,10 @@
 # on a GPU: session 20 removed the half-pass ring and the head-major layout's select in kv_row, and added the deferred
 # append's hook, inert unless MPK_KV_DEFER=1), then `defer` (~6 min: its GPU tests, then llama-3.2-1b base vs defer
 # at B=32,128 x ctx 512,4096; prediction B=32 ctx 512 -4..-6%, B=128 -3..-5%, ctx 4096 -1..-3%; if the tests pass
-# and it wins, MPK_KV_DEFER defaults on in ir/defer.py), `STAMP_BATCHES=128 STAMP_CTX=4096 stamps` (where a wide
-# pass's ~2.8 us go: its wait or its chain; 3 wide stages do not fit the shared memory), `cattn` (~3 min: the conventional attention curves; refit session 20's
+# and it wins, MPK_KV_DEFER defaults on in ir/defer.py), `swz` (~6 min: swizzled unpadded K/V rows, so 3 stages of
+# wide passes fit: its GPU tests, then llama base vs swz vs swz3; prediction swz within 1% of base, swz3 -5..-15% at
+# B=128 ctx 4096, -2..-8% at B=32 ctx 4096, ~0 at ctx 512; both would become defaults if the tests pass and swz3
+# wins), `STAMP_BATCHES=128 STAMP_CTX=4096 stamps` (where a wide pass's ~2.8 us go), `cattn` (~3 min: the conventional attention curves; refit session 20's
 # rows with `fit --profile $OUT/prof/h200_v35.json`), then `MODELS=qwen3-8b bench` / `hf` (issue 3's qwen table
 # with both peers, last measured in session 18; HF has no qwen3-8b number at B >= 32 or ctx 4096).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
@@ -80,6 +83,15 @@ st "3c the conventional attention op measured whole (scripts/profile_conv_attn.p
 OUT="$OUT/prof" timeout 420 python3 scripts/profile_conv_attn.py --out "$OUT/prof" --merge h200_v33_cal --name h200_v35 \
     > "$OUT/prof/conv_attn.log" 2>&1
 tail -4 "$OUT/prof/conv_attn.log"; snap
+elif [ "$MODE" = swz ]; then
+st "3s swizzled unpadded K/V rows (-DMPK_ATT_SWIZZLE=1): their GPU tests with 2 and 3 stages, then llama-3.2-1b base vs swz vs swz3"
+MPK_NVCC_DEFINES="-DMPK_ATT_SWIZZLE=1 -DMPK_ATT_STAGES=3" timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
+    tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_swz3.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_swz3.log" | tail -6; snap
+MPK_NVCC_DEFINES="-DMPK_ATT_SWIZZLE=1" timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_attention_long.py \
+    > "$OUT/pytest_gpu_swz.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_swz.log" | tail -6; snap
+VARS="base swz swz3" MODELS=${MODELS:-llama-3.2-1b} BS=${BS:-32,128} CTXS=${CTXS:-512,4096} LIM=${LIM:-100} OUT=$OUT bash "$0" ab
 elif [ "$MODE" = defer ]; then
 st "3f deferred KV appends (MPK_KV_DEFER=1, ir/defer.py): the attn-mk GPU tests under it, then llama-3.2-1b base vs defer"
 MPK_KV_DEFER=1 timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_defer.log" 2>&1
@@ -94,6 +106,7 @@ for V in $VARS; do
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; defer) D=""; G=""; KD=1;;
+             swz) D="-DMPK_ATT_SWIZZLE=1"; G="";; swz3) D="-DMPK_ATT_SWIZZLE=1 -DMPK_ATT_STAGES=3"; G="";;
              unroll4) D="-DMPK_ATT_ISSUE_UNROLL=4"; G="";; pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";;
              exp2) D="-DMPK_ATT_EXP2=1"; G="";; chain3) D="-DMPK_ATT_ISSUE_UNROLL=4 -DMPK_ATT_PV_SPLIT=0 -DMPK_ATT_EXP2=1"; G="";;
              *) echo "unknown variant $V"; continue;; esac
