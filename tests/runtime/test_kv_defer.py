@@ -133,3 +133,29 @@ def test_deferred_attention_tasks_are_packed_with_the_new_rows(monkeypatch):
             for t in tg.tasks if t.kind == "attn_partial"}
     kvn = mem.t("L0.kv_new")
     assert rows == {(0, kvn.data_ptr(), 2 * cfg.num_kv_heads * cfg.head_dim), (1, 0, 0)}
+
+
+def test_an_inactive_row_appends_nothing_and_the_others_match(monkeypatch):
+    """A padded batch row (position -1): the deferred append skips it (the appending plan writes it into the scratch
+    page); the active rows compute the reference's logits and leave the appending plan's caches."""
+    cfg = PRESETS["tiny-llama"]
+    caches = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("MPK_KV_DEFER", flag)
+        grp, lens, tables, ref_logits, toks = setup(cfg, 1, 4)
+        plan = Plan.from_json(candidates(cfg.replace(dtype="float32"), batch=4, context=16,
+                                         families=("attn-mk",))[0].to_json())
+        for s in plan.segments:
+            s.tiling.update(num_sms=4, linear_cols=16)
+        graphs = grp.graphs("decode", 4, 1)
+        mems = grp._mems(graphs)
+        ex = PlanExecutor(plan, graphs, mems, backend="pyvm", seed=3)
+        for s in range(3):
+            mems[0].t("tokens").copy_(toks[s])
+            ex.run(lambda r: grp.ctx([n + s for n in lens[:3]] + [-1], tables, 1))
+            got = mems[0].t("logits")[:3]
+            err = ((got - ref_logits[s][:3]).abs().max() / ref_logits[s][:3].abs().max()).item()
+            assert err < 1e-5, (flag, s, err)
+        kv = mems[0].kvstore
+        caches[flag] = torch.stack([t[:kv.scratch].clone() for t in kv.k + kv.v])   # (the scratch page aside)
+    torch.testing.assert_close(caches["1"], caches["0"], rtol=0, atol=0, equal_nan=True)
