@@ -107,8 +107,7 @@ for V in $VARS; do
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; defer) D=""; G=""; KD=1;;
              swz) D="-DMPK_ATT_SWIZZLE=1"; G="";; swz3) D="-DMPK_ATT_SWIZZLE=1 -DMPK_ATT_STAGES=3"; G="";;
-             unroll4) D="-DMPK_ATT_ISSUE_UNROLL=4"; G="";; pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";;
-             exp2) D="-DMPK_ATT_EXP2=1"; G="";; chain3) D="-DMPK_ATT_ISSUE_UNROLL=4 -DMPK_ATT_PV_SPLIT=0 -DMPK_ATT_EXP2=1"; G="";;
+             pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \

@@ -50,31 +50,12 @@ __device__ __forceinline__ int att_swz(int r, int M) {   // r in 0 .. 7 (a row's
   const int H = (M + 1) >> 1;
   return H ? (((r & 1) ? H : 0) ^ ((r >> 1) & (H - 1))) : 0;
 }
-// Opt-in variants of the per-pass chain, for A/Bs (all off by default; scripts/gpu_pending.sh ab: unroll4 / pv1 /
-// exp2 / chain3). MPK_ATT_ISSUE_UNROLL=N: the warp pipe's copy-issue loop unrolled N times (its page-table loads
-// overlap instead of one dependent shared-memory round trip per row group). MPK_ATT_PV_SPLIT=0: P.V with the
-// probabilities rounded to bf16 once (one mma per 16 d and tile instead of hi + lo; what FlashAttention and HF's
-// eager attention do; ~2^-9 relative per probability). MPK_ATT_EXP2=1: scores in log2 units (scale x log2 e) and
-// exp2f instead of expf (the lse written for the merge stays natural: M ln 2 + log l).
-#ifndef MPK_ATT_ISSUE_UNROLL
-#define MPK_ATT_ISSUE_UNROLL 1
-#endif
+// MPK_ATT_PV_SPLIT=0 (opt-in, gpu_pending.sh ab pv1): P.V with the probabilities rounded to bf16 once (one mma per
+// 16 d and tile instead of hi + lo; what FlashAttention and HF's eager attention do; ~2^-9 relative per probability).
+// Session 20: -1.8% / -2.5% at llama B=32 / 128 ctx 4096, but 2 GPU tests' tokens differ from the pyvm twin, which
+// models the hi + lo split. (Its companions, the copy-issue loop unrolled 4x and exp2f, cost ~3.5% and were removed.)
 #ifndef MPK_ATT_PV_SPLIT
 #define MPK_ATT_PV_SPLIT 1
-#endif
-#ifndef MPK_ATT_EXP2
-#define MPK_ATT_EXP2 0
-#endif
-#define MPK_PRAGMA_(x) _Pragma(#x)
-#define MPK_UNROLL_(n) MPK_PRAGMA_(unroll n)
-#if MPK_ATT_EXP2
-#define MPK_ATT_EXPF(x) exp2f(x)
-constexpr float ATT_LOG_UNIT = 1.4426950408889634f;    // scores in log2 units
-constexpr float ATT_LN_UNIT = 0.69314718055994531f;    // back to natural units for the lse
-#else
-#define MPK_ATT_EXPF(x) expf(x)
-constexpr float ATT_LOG_UNIT = 1.f;
-constexpr float ATT_LN_UNIT = 1.f;
 #endif
 
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)
@@ -127,7 +108,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int S = (int)a[A_ATTN_PARTIAL_SPLITS], gs = (int)a[A_ATTN_PARTIAL_GS], D = (int)a[A_ATTN_PARTIAL_D];
   const int nq = (int)a[A_ATTN_PARTIAL_NQ], n_kv = (int)a[A_ATTN_PARTIAL_N_KV];
   const int ng = (int)a[A_ATTN_PARTIAL_NG];   // KV groups of this task (ng * gs <= MAX_GS)
-  const float scale = f32(a[A_ATTN_PARTIAL_SCALE]) * ATT_LOG_UNIT;
+  const float scale = f32(a[A_ATTN_PARTIAL_SCALE]);
   if (R == 2 && D > 64) __trap();   // the packer gives wide passes to head dims <= 64 only (tiling.attn_wide)
   // direct: one split, folded: the chunk is the group's output (packer.py attn_direct)
   bf16* out = a[A_ATTN_PARTIAL_DIRECT] ? ptr<bf16>(a[A_ATTN_PARTIAL_OUT]) : nullptr;
@@ -194,7 +175,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   auto issue = [&](int vp, bf16* kb, bf16* vb) {   // (vp >= total: an empty group, so every call commits one)
     const int gv = vp / passes, j0 = lo + (vp - gv * passes) * KP, gi = g + gv;
     const int n = vp < total ? min(KW, min(KP, hi - j0) - wrow0) : 0;   // this warp's rows (<= 0: none)
-    MPK_UNROLL_(MPK_ATT_ISSUE_UNROLL)
+#pragma unroll 1
     for (int i = wlane; i < n * CPR; i += 32) {
       const int u = wrow0 + (cpow ? i >> cs : i / CPR), e = i - (u - wrow0) * CPR;
 #else
@@ -259,7 +240,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       float l = 0.f, acc = 0.f;
 #pragma unroll
       for (int w = 0; w < NW; ++w) {
-        const float wt = MPK_ATT_EXPF(sm_m[w * MAX_GS + h] - M);
+        const float wt = expf(sm_m[w * MAX_GS + h] - M);
         l += sm_l[w * MAX_GS + h] * wt;
         acc += so[(w * MAX_GS + h) * D + d] * wt;
       }
@@ -270,7 +251,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         continue;
       }
       part[(hq * S + s) * D + d] = pv;
-      if (d == 0) lse[hq * S + s] = M * ATT_LN_UNIT + logf(l);
+      if (d == 0) lse[hq * S + s] = M + logf(l);
     }
   };
   int p = 0, gv = 0;   // vp's pass and group
@@ -336,12 +317,12 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = fmaxf(m_run, mx), corr = MPK_ATT_EXPF(m_run - mn);   // corr 0 on the warp's first keys
+      const float mn = fmaxf(m_run, mx), corr = expf(m_run - mn);   // corr 0 on the warp's first keys
       float sum = 0.f;
 #pragma unroll
       for (int u = 0; u < R; ++u)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) { v[u][e] = MPK_ATT_EXPF(v[u][e] - mn); sum += v[u][e]; }
+        for (int e = 0; e < 4; ++e) { v[u][e] = expf(v[u][e] - mn); sum += v[u][e]; }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       l_run = l_run * corr + sum;
