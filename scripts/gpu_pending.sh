@@ -1,31 +1,28 @@
 #!/usr/bin/env bash
-# What session 20 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
+# What session 21 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
 #     (removed in session 20: mode ring, +6..+26% on qwen3-8b; mode kv and the hnd / addnorm variants, no gain)
 #     OUT=$OUT bash scripts/gpu_pending.sh cattn    # stage 3c (one GPU): the conventional attention curves (~2-4 min)
-#     OUT=$OUT bash scripts/gpu_pending.sh swz      # stage 3s (one GPU): swizzled K/V rows' GPU tests, base vs swz vs swz3
-#     OUT=$OUT bash scripts/gpu_pending.sh defer    # stage 3f (one GPU): deferred KV appends' GPU tests, base vs defer A/B
+#     (removed in session 21: modes swz (swizzled K/V rows, +3..+19%) and defer (deferred appends, now the default))
 #     VARS="narrow base" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=one model)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
-#     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (h200_v32)
+#     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
+#     OUT=$OUT bash scripts/gpu_pending.sh ncuatt   # stage 4e (one GPU): ncu stall sampling of attention's passes (~5 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU): `one` FIRST (~4 min: tests/gpu on HEAD's device code, which has not run
-# on a GPU: session 20 removed the half-pass ring and the head-major layout's select in kv_row, and added the deferred
-# append's hook, inert unless MPK_KV_DEFER=1), then `defer` (~6 min: its GPU tests, then llama-3.2-1b base vs defer
-# at B=32,128 x ctx 512,4096; prediction B=32 ctx 512 -4..-6%, B=128 -3..-5%, ctx 4096 -1..-3%; if the tests pass
-# and it wins, MPK_KV_DEFER defaults on in ir/defer.py), `swz` (~6 min: swizzled unpadded K/V rows, so 3 stages of
-# wide passes fit: its GPU tests, then llama base vs swz vs swz3; prediction swz within 1% of base, swz3 -5..-15% at
-# B=128 ctx 4096, -2..-8% at B=32 ctx 4096, ~0 at ctx 512; both would become defaults if the tests pass and swz3
-# wins), `STAMP_BATCHES=128 STAMP_CTX=4096 stamps` (where a wide pass's ~2.8 us go), `cattn` (~3 min: the conventional attention curves; refit session 20's
-# rows with `fit --profile $OUT/prof/h200_v35.json`), then `MODELS=qwen3-8b bench` / `hf` (issue 3's qwen table
-# with both peers, last measured in session 18; HF has no qwen3-8b number at B >= 32 or ctx 4096).
-# With two GPUs first: `two` (TP=2 has not run since session 11).
+# Order for a 30-minute session (one GPU), as session 21 left it: `one` FIRST (~4 min: tests/gpu on HEAD, where the
+# deferred KV appends are the default in attn-mk plans and the swizzle is gone; SASS of the default attention build
+# identical to before the swizzle), then `val` (~9 min: validate_planner with the new defaults; h200_v35_cal, fit
+# before it, out of sample; B=128 ctx 4096 is the point it over-predicts by 16-17%), `ncuatt` (~5 min: ncu's stall
+# sampling of the wide passes at llama B=128 ctx 4096: each pass ~1.3 us computing + ~1.7 us waiting, and neither
+# more stages nor conflict-free rows helped), `VARS="base diagl2" CTXS=512,4096 ab` (~2 min: the same passes with
+# every row read from L2; prediction if HBM's scattered rows are the limit: B=128 ctx 4096 7.6 -> <= 6 ms; if the
+# issue or the chain is: within 5%), then `MODELS=llama-3.2-1b bench` (issue 3's table with the new defaults). With two GPUs first: `two` (TP=2 has not run since session 11).
 #  1. tests/gpu (49 passed at bca6d81 and at 5a47206)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step),
@@ -43,8 +40,8 @@
 set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
-mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log 2>/dev/null; }
+mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san,ncu}
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -83,20 +80,6 @@ st "3c the conventional attention op measured whole (scripts/profile_conv_attn.p
 OUT="$OUT/prof" timeout 420 python3 scripts/profile_conv_attn.py --out "$OUT/prof" --merge h200_v33_cal --name h200_v35 \
     > "$OUT/prof/conv_attn.log" 2>&1
 tail -4 "$OUT/prof/conv_attn.log"; snap
-elif [ "$MODE" = swz ]; then
-st "3s swizzled unpadded K/V rows (-DMPK_ATT_SWIZZLE=1): their GPU tests with 2 and 3 stages, then llama-3.2-1b base vs swz vs swz3"
-MPK_NVCC_DEFINES="-DMPK_ATT_SWIZZLE=1 -DMPK_ATT_STAGES=3" timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
-    tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_swz3.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_swz3.log" | tail -6; snap
-MPK_NVCC_DEFINES="-DMPK_ATT_SWIZZLE=1" timeout 100 python3 -m pytest -q -m gpu tests/gpu/test_attention_long.py \
-    > "$OUT/pytest_gpu_swz.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_swz.log" | tail -6; snap
-VARS="base swz swz3" MODELS=${MODELS:-llama-3.2-1b} BS=${BS:-32,128} CTXS=${CTXS:-512,4096} LIM=${LIM:-100} OUT=$OUT bash "$0" ab
-elif [ "$MODE" = defer ]; then
-st "3f deferred KV appends (MPK_KV_DEFER=1, ir/defer.py): the attn-mk GPU tests under it, then llama-3.2-1b base vs defer"
-MPK_KV_DEFER=1 timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_defer.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_defer.log" | tail -6; snap
-VARS="base defer" MODELS=${MODELS:-llama-3.2-1b} BS=${BS:-32,128} CTXS=${CTXS:-512,4096} LIM=${LIM:-120} OUT=$OUT bash "$0" ab
 elif [ "$MODE" = ab ]; then
 # ab: VARS="..." BS=... CTXS=... of the variants below (one megakernel up to B=8, the planned plan above), one table
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
@@ -105,9 +88,8 @@ for V in $VARS; do
   W=""; KD=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
-             narrow) D=""; G=""; W=0;; defer) D=""; G=""; KD=1;;
-             swz) D="-DMPK_ATT_SWIZZLE=1"; G="";; swz3) D="-DMPK_ATT_SWIZZLE=1 -DMPK_ATT_STAGES=3"; G="";;
-             pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";;
+             narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
+             pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
@@ -117,9 +99,9 @@ done
 python3 scripts/ab_table.py $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
 python3 scripts/ab_table.py --kv-rates $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
 elif [ "$MODE" = val ]; then
-st "4d validate_planner TP=1, all families: ctx 512 B=1,8,32,128, then ctx 4096 B=1,8,32 (h200_v30_cal out of sample)"
+st "4d validate_planner TP=1, all families: ctx 512 B=1,8,32,128, then ctx 4096 B=${VAL_B4096:-1,8,32} (the default profile out of sample)"
 for C in 512 4096; do
-  d="$OUT/val/c$C"; mkdir -p "$d"; [ $C = 512 ] && BB=1,8,32,128 || BB=1,8,32
+  d="$OUT/val/c$C"; mkdir -p "$d"; [ $C = 512 ] && BB=1,8,32,128 || BB=${VAL_B4096:-1,8,32}
   timeout 270 python3 scripts/validate_planner.py --tp 1 --context $C --batches $BB --budget-s 255 --out "$d" \
       > "$d/validate.log" 2>&1
   grep -E "spearman|MAPE|regret" "$d/validate.log" | tail -14; snap
@@ -135,6 +117,20 @@ OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:
     --contexts 512,4096 --mk-max-batch 0 --no-planned --peer-batches "" --hf-batches 8,32,128 --budget-s 540 \
     > "$OUT/bench/hf.log" 2>&1
 grep -A12 "====" "$OUT/bench/hf.log"; snap
+elif [ "$MODE" = ncuatt ]; then
+st "4e ncu of one attention megakernel of the planned (attn-mk) step, llama-3.2-1b B=${NCU_B:-128} ctx ${NCU_CTX:-4096}:"
+st "   where attn_partial's wide passes stall (long scoreboard = waiting for K/V; lg_throttle = the cp.async issue; ...)"
+NCU_LOG="$OUT/ncu/ncu.log"
+timeout 420 ncu --section WarpStateStats --section SourceCounters --section SpeedOfLight --section MemoryWorkloadAnalysis -k regex:mpk --launch-skip 2 --launch-count 1 \
+    -f -o "$OUT/ncu/prof" python3 scripts/bench_decode.py --models llama-3.2-1b --batches ${NCU_B:-128} \
+    --contexts ${NCU_CTX:-4096} --mk-max-batch 0 --no-peers --budget-s 380 > "$NCU_LOG" 2>&1
+tail -4 "$NCU_LOG"
+timeout 100 ncu -i "$OUT/ncu/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/src.csv" 2>> "$NCU_LOG"
+cp "$(ls -t "${MPK_CACHE_DIR:-$HOME/.cache/mpk_runtime}"/*/megakernel.cubin | head -1)" "$OUT/ncu/" 2>> "$NCU_LOG"
+timeout 60 ncu -i "$OUT/ncu/prof.ncu-rep" --page details --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    > "$OUT/ncu/details.txt" 2>> "$NCU_LOG"; grep -iE "dram|l2 hit|memory throughput|duration" "$OUT/ncu/details.txt" | head -12
+gzip -f "$OUT/ncu/src.csv"; rm -f "$OUT/ncu/prof.ncu-rep"; ls -la "$OUT/ncu"; snap
+# here: nvdisasm -gi megakernel.cubin > mk.sass; python3 scripts/ncu_stalls.py mk.sass src.csv --function attn_partial
 elif [ "$MODE" = stamps ]; then
 st "4b stage stamps of the one-megakernel step at B=1, 8 (qwen3-8b B=8 is 0.82x gpt-fast; session 10's stamps are old)"
 st "   and B=32, 128 (attention's passes; session 16 has them for the default build)"

@@ -36,20 +36,13 @@ namespace mpk {
 static_assert(MPK_ATT_STAGES >= 2 && MPK_ATT_STAGES <= 6, "attention: 2 to 6 K/V stages");
 static_assert(MPK_ATT_STAGES == 2 || MPK_ATT_WARP_PIPE, "attention: more than two K/V stages need the warp pipe (MPK_ATT_WARP_PIPE=1, the default)");
 constexpr int ATT_NST = MPK_ATT_STAGES;
-// MPK_ATT_SWIZZLE=1 (opt-in until measured): K / V rows in shared memory unpadded (D, not D + 8 bf16), their 16-byte
-// pieces XOR-swizzled by the row: piece c of row r at c ^ att_swz(r & 7), a permutation of the pieces 0 .. M
-// (M = min(D / 8, 8) - 1) for the 8 rows of an ldmatrix (the V fragments: conflict-free) that also puts rows 2k
-// and 2k + 1 in opposite halves (the score loads: one warp phase reads 4 pieces of two rows; the padded rows
-// conflicted 2-way there). 11% less memory per stage at head dim 64, so three stages of wide passes fit (206 KB;
-// padded 231 KB + the static part > 227 KB). Head dims with D / 8 a power of two (the packer checks).
-// Keep in sync: codegen/layout.py att_smem_bytes.
-#ifndef MPK_ATT_SWIZZLE
-#define MPK_ATT_SWIZZLE 0
+// MPK_ATT_DIAG_L2=1: a diagnostic build for A/B timing only (gpu_pending.sh ab diagl2; its attention output is
+// wrong): every K/V row is read from its sequence's first page, so the copies hit L2 instead of HBM. If the wide
+// passes get much faster, the HBM side of their scattered 128-byte rows is the limit; if not, the copy issue or
+// the per-pass chain is (docs/perf-notes.md session 21).
+#ifndef MPK_ATT_DIAG_L2
+#define MPK_ATT_DIAG_L2 0
 #endif
-__device__ __forceinline__ int att_swz(int r, int M) {   // r in 0 .. 7 (a row's low bits), M + 1 a power of two
-  const int H = (M + 1) >> 1;
-  return H ? (((r & 1) ? H : 0) ^ ((r >> 1) & (H - 1))) : 0;
-}
 // MPK_ATT_PV_SPLIT=0 (opt-in, gpu_pending.sh ab pv1): P.V with the probabilities rounded to bf16 once (one mma per
 // 16 d and tile instead of hi + lo; what FlashAttention and HF's eager attention do; ~2^-9 relative per probability).
 // Session 20: -1.8% / -2.5% at llama B=32 / 128 ctx 4096, but 2 GPU tests' tokens differ from the pyvm twin, which
@@ -121,11 +114,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   char* sm = reinterpret_cast<char*>(dyn_smem());
   bf16* qs = reinterpret_cast<bf16*>(sm);
   int64_t* pages = reinterpret_cast<int64_t*>(sm + ATT_OFF_PAGES);
-#if MPK_ATT_SWIZZLE
-  const int KST = D, CPR = D >> 3, SWM = min(CPR, 8) - 1;   // unpadded rows, pieces swizzled by (row & SWM)
-#else
   const int KST = D + 8, CPR = D >> 3;   // bf16 per K / V row in shared memory (padded: fewer bank conflicts)
-#endif
   bf16* ks = reinterpret_cast<bf16*>(sm + ATT_OFF_K);
   bf16* vs = ks + ATT_NST * KP * KST;
   // q of the task's groups (contiguous heads), the page table and the position in flight together
@@ -187,15 +176,14 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       const int u = cpow ? i >> cs : i / CPR, e = i - u * CPR;
 #endif
       const int j = j0 + u, pg = ppow ? j >> pss : j / psi;
-      const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
-      const int64_t src = kv_row(page, j - pg * psi, gi, n_kv, ps, D) + e * 8;
-#if MPK_ATT_SWIZZLE
-      const int pe = (e ^ att_swz(u & 7, SWM)) * 8;
+#if MPK_ATT_DIAG_L2   // diagnostic (wrong results): every key from the sequence's first page, so the rows hit L2
+      const int64_t page = full ? pages[0] : ld_const_s64(bt);
 #else
-      const int pe = e * 8;
+      const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
 #endif
-      cp_async16(kb + u * KST + pe, kc + src, true);
-      cp_async16(vb + u * KST + pe, vc + src, true);
+      const int64_t src = kv_row(page, j - pg * psi, gi, n_kv, ps, D) + e * 8;
+      cp_async16(kb + u * KST + e * 8, kc + src, true);
+      cp_async16(vb + u * KST + e * 8, vc + src, true);
     }
     cp_async_commit();
   };
@@ -295,12 +283,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
             const uint4 qv = in && g8 < gs ? *reinterpret_cast<const uint4*>(qh + g8 * D + d) : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
-#if MPK_ATT_SWIZZLE   // (row kw + g8 + 16 u + 8 nt: its low 3 bits are g8's)
-              const int dk = ((d >> 3) ^ att_swz(g8, SWM)) << 3;
-#else
-              const int dk = d;
-#endif
-              const uint4 kv = in ? *reinterpret_cast<const uint4*>(kr + (16 * u + 8 * nt) * KST + dk) : make_uint4(0u, 0u, 0u, 0u);
+              const uint4 kv = in ? *reinterpret_cast<const uint4*>(kr + (16 * u + 8 * nt) * KST + d) : make_uint4(0u, 0u, 0u, 0u);
               mma_bf16_16816(sc[u][nt], qv.x, 0u, qv.y, 0u, kv.x, kv.y);
               mma_bf16_16816(sc[u][nt], qv.z, 0u, qv.w, 0u, kv.z, kv.w);
             }
@@ -348,21 +331,12 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         const int k0 = ku + 2 * t4;
         const uint32_t mA = (k0 < n ? 0xffffu : 0u) | (k0 + 1 < n ? 0xffff0000u : 0u);
         const uint32_t mB = (k0 + 8 < n ? 0xffffu : 0u) | (k0 + 9 < n ? 0xffff0000u : 0u);
-#if MPK_ATT_SWIZZLE   // (row ku + 8 ((l >> 4) & 1) + (l & 7): its low 3 bits are l & 7; piece ((l >> 3) & 1) + 2 mt)
-        const uint32_t vrow = smem_addr(vb + (ku + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST);
-        const int vc0 = (lane >> 3) & 1, vsw = att_swz(lane & 7, SWM);
-#else
         const uint32_t vrow = smem_addr(vb + (ku + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + ((lane >> 3) & 1) * 8);
-#endif
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if (16 * mt < D) {
             uint32_t a0, a1, a2, a3;
-#if MPK_ATT_SWIZZLE
-            ldsm_x4_trans(vrow + (((vc0 + 2 * mt) ^ vsw) << 4), a0, a1, a2, a3);
-#else
             ldsm_x4_trans(vrow + 32 * mt, a0, a1, a2, a3);
-#endif
             a0 &= mA; a1 &= mA; a2 &= mB; a3 &= mB;
 #if MPK_ATT_PV_SPLIT
             mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);

@@ -186,17 +186,15 @@ STATIC_SMEM_RESERVE = 4 * 1024
 ATT_SMEM_MAX = SMEM_PER_CTA - STATIC_SMEM_RESERVE   # an attention task's dynamic shared memory, at most
 
 
-def att_smem_bytes(D: int, C: dict | None = None, ng: int = 1, stages: int = 2, wide: int = 1,
-                   swizzle: int = 0) -> int:
+def att_smem_bytes(D: int, C: dict | None = None, ng: int = 1, stages: int = 2, wide: int = 1) -> int:
     """Shared memory of an attn_partial task with head dim D (device_kernels/ops/attention.cuh layout): q (bf16,
     MAX_GS x MAX_HEAD_DIM), the page table (s64, ATT_MAX_PAGES), then `stages` (MPK_ATT_STAGES, 2 by default)
-    buffers of wide x ATT_KP K rows and as many of V rows (bf16, both padded to D + 8; MPK_ATT_SWIZZLE=1: D,
-    swizzled); a task of ng > 1 groups merges all but its last group in a region after them (fp32 outputs, maxima
+    buffers of wide x ATT_KP K rows and as many of V rows (bf16, both padded to D + 8); a task of ng > 1 groups merges all but its last group in a region after them (fp32 outputs, maxima
     and sums of every warp: NW x MAX_GS x (D + 2))."""
     C = C or CONSTANTS
     head = C["MAX_GS"] * C["MAX_HEAD_DIM"] * 2 + C["ATT_MAX_PAGES"] * 8
     merge = (C["THREADS"] // 32) * C["MAX_GS"] * (D + 2) * 4 if ng > 1 else 0
-    return head + stages * 2 * wide * C["ATT_KP"] * (D + (0 if swizzle else 8)) * 2 + merge
+    return head + stages * 2 * wide * C["ATT_KP"] * (D + 8) * 2 + merge
 
 # --- linear tile geometry (device_kernels/ops/linear.cuh): the packer (runtime/packer.py) and the planner's
 # simulator (planner/simulate.py) both call linear_geometry, so the rows per pass are defined once ------------

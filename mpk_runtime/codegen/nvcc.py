@@ -106,6 +106,15 @@ def parse_ptxas(log: str) -> dict:
     return res
 
 
+# Compile-time switches measured, refuted and removed from the device code (docs/perf-notes.md): named, so an
+# old A/B script is told rather than silently building the default.
+REMOVED_DEFINES = {
+    "MPK_ATT_SWIZZLE": "swizzled unpadded K/V rows, +3..+19% on llama-3.2-1b, session 21",
+    "MPK_ATT_ISSUE_UNROLL": "the unrolled copy-issue loop, +1..+1.5% with pv1 and exp2, session 20",
+    "MPK_ATT_EXP2": "exp2f scores, +1..+1.5% with pv1 and the unroll, session 20",
+}
+
+
 def _defines() -> list[str]:
     """MPK_NVCC_DEFINES="-DNAME=VALUE ...": compile-time switches of the device code for same-run A/B builds
     (part of the cache key, like every flag); only -D options are accepted."""
@@ -113,6 +122,11 @@ def _defines() -> list[str]:
     bad = [d for d in defines if not d.startswith("-D")]
     if bad:
         raise CompileError(f"MPK_NVCC_DEFINES accepts only -DNAME[=VALUE] options, got {bad}")
+    gone = [d for d in defines if d.split("=", 1)[0][2:] in REMOVED_DEFINES]
+    if gone:
+        name = gone[0].split("=", 1)[0][2:]
+        raise CompileError(f"MPK_NVCC_DEFINES: {gone[0]}: this switch was removed ({REMOVED_DEFINES[name]}); "
+                           f"drop it from MPK_NVCC_DEFINES")
     # MPK_AR_LL=1 builds graphs with the LL all-reduce (ir/build.py) and the kernel that reads it, in one switch
     if env_flag("MPK_AR_LL") and not any(d.startswith("-DMPK_AR_LL") for d in defines):
         defines.append("-DMPK_AR_LL=1")

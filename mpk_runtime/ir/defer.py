@@ -6,7 +6,9 @@ attn-mk step on an H200 (session 19's profile, docs/perf-notes.md). Deferred, it
 the (M, 2 n_kv D) `kv_new` rows instead, and the attention partial whose chunk holds a sequence's new position
 writes that row into the paged cache before its first pass: the same CTA reads it after a barrier, and no other
 task of the step reads that chunk of that KV group (chunks of one group are disjoint; later layers read other
-caches). Decode steps only (one new row per sequence). Off unless MPK_KV_DEFER=1 (until measured on a GPU).
+caches). Decode steps only (one new row per sequence). On by default since session 21 (1x H200, llama-3.2-1b
+attn-mk: -4.4% / -3.3% at B=32 ctx 512 / 4096, -1.9% / -0.6% at B=128; bench/results/s21/run2_defer);
+MPK_KV_DEFER=0 turns it off.
 
 `kv_defer_layers(segments)` says which layers a plan defers; `defer_kv_appends(graph, layers)` returns the graph
 whose ops of those layers carry `kv_defer` (copies: the graph given is not changed, so plans sharing it are not
@@ -21,8 +23,8 @@ from .graph import Graph
 
 
 def kv_defer() -> bool:
-    """MPK_KV_DEFER=1: attention megakernels append the k / v rows a conventional qkv_rope computed."""
-    return env_flag("MPK_KV_DEFER")
+    """Attention megakernels append the k / v rows a conventional qkv_rope computed (default; MPK_KV_DEFER=0 off)."""
+    return env_flag("MPK_KV_DEFER", default=True)
 
 
 def kv_defer_layers(graph: Graph, segments) -> set[int]:

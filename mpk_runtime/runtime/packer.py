@@ -266,13 +266,8 @@ class TaskPacker:
             raise ValueError(f"an attention task holds at most {L.CONSTANTS['MAX_GS']} q heads: {ng} groups of "
                              f"{p['gs']} do not fit (Tiling.attn_g keeps to it)")
         stages = nvcc.define_int("MPK_ATT_STAGES", 2)   # the build's K/V buffers (attention.cuh)
-        swizzle = nvcc.define_int("MPK_ATT_SWIZZLE", 0)    # unpadded, swizzled K/V rows (attention.cuh)
-        cpr = self.D // 8
-        if swizzle and cpr & (cpr - 1):
-            raise ValueError(f"MPK_ATT_SWIZZLE=1 swizzles 16-byte pieces within a K/V row: head_dim / 8 must be a power "
-                             f"of two (got head_dim {self.D}); build without -DMPK_ATT_SWIZZLE=1")
         wide = attn_wide(self.D, ng)   # 16-key tiles per warp and pass
-        need = L.att_smem_bytes(self.D, ng=ng, stages=stages, wide=wide, swizzle=swizzle)   # attention.cuh's layout
+        need = L.att_smem_bytes(self.D, ng=ng, stages=stages, wide=wide)   # attention.cuh's layout
         if need > L.ATT_SMEM_MAX:
             raise ValueError(f"attention with head_dim {self.D}, {ng} KV group(s) per task and "
                              f"MPK_ATT_STAGES={stages} needs {need} B of shared memory "

@@ -68,7 +68,7 @@ class PlanExecutor:
                              "LL words (allreduce_ll / MPK_AR_LL=1), whose flags only a megakernel running the push "
                              "and the reduce together keeps: use a one-megakernel plan, or unset MPK_AR_LL")
         self.plan, self.mems, self.backend = plan, mems, backend
-        # MPK_KV_DEFER=1: attention megakernels append the k / v rows their conventional qkv_rope left (ir/defer.py)
+        # (default; MPK_KV_DEFER=0 off) attention megakernels append the k / v rows their conventional qkv_rope left (ir/defer.py)
         self.kv_defer_layers = kv_defer_layers(graphs[0], plan.segments)
         graphs = [defer_kv_appends(g, self.kv_defer_layers) for g in graphs]
         self._consts = [{} for _ in mems]   # per rank held, across steps: weight views (conventional_ops._wt)

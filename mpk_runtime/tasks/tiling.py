@@ -33,8 +33,7 @@ def _att_smem_fits(head_dim: int, ng: int, wide: int = 1) -> bool:
     """An attention task of ng groups (wide x 16 keys per warp and pass) fits the SM's shared memory with the
     build's K/V stages (MPK_ATT_STAGES)."""
     from ..codegen import layout, nvcc   # (codegen reads the tasks' opcodes at import)
-    return layout.att_smem_bytes(head_dim, ng=ng, stages=nvcc.define_int("MPK_ATT_STAGES", 2), wide=wide,
-                                 swizzle=nvcc.define_int("MPK_ATT_SWIZZLE", 0)) <= layout.ATT_SMEM_MAX
+    return layout.att_smem_bytes(head_dim, ng=ng, stages=nvcc.define_int("MPK_ATT_STAGES", 2), wide=wide) <= layout.ATT_SMEM_MAX
 
 
 def attn_wide(head_dim: int, ng: int = 1) -> int:

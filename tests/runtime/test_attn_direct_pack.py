@@ -220,24 +220,20 @@ def test_128_wide_heads_are_packed_narrow_and_grouped(monkeypatch):
     assert L.att_smem_bytes(128, ng=2) <= packer.smem <= L.ATT_SMEM_MAX
 
 
-def test_swizzled_rows_let_three_wide_stages_fit(monkeypatch):
-    """MPK_ATT_SWIZZLE=1 (attention.cuh: K / V rows unpadded, their 16-byte pieces XOR-swizzled): 64-wide heads keep
-    the wide passes with three stages (206 KB; padded they do not fit), and a head dim whose row is not a power of
-    two of pieces is refused with what to change."""
+def test_three_stages_keep_64_wide_heads_narrow_and_removed_switches_are_refused(monkeypatch):
+    """Three K/V stages of wide passes do not fit at head dim 64 (padded rows), so MPK_ATT_STAGES=3 keeps them
+    narrow; a build switch that was measured and removed (MPK_ATT_SWIZZLE, session 21) is refused by name, not
+    silently ignored."""
+    from mpk_runtime.codegen import nvcc
     from mpk_runtime.tasks import tiling
     for v in ("MPK_ATT_GROUPS", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD", "MPK_ATT_WIDE"):
         monkeypatch.delenv(v, raising=False)
-    assert L.att_smem_bytes(64, stages=3, wide=2, swizzle=1) <= L.ATT_SMEM_MAX < L.att_smem_bytes(64, stages=3, wide=2)
-    assert L.att_smem_bytes(64, wide=2, swizzle=1) == L.att_smem_bytes(64, wide=2) - 2 * 2 * 256 * 8 * 2
+    assert L.att_smem_bytes(64, stages=2, wide=2) <= L.ATT_SMEM_MAX < L.att_smem_bytes(64, stages=3, wide=2)
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_STAGES=3")
     assert tiling.attn_wide(64) == 1
-    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_SWIZZLE=1 -DMPK_ATT_STAGES=3")
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "")
     assert tiling.attn_wide(64) == 2 and tiling.attn_wide(128) == 1
-    cfg = load_config("tiny-llama").replace(head_dim=24)
-    g = build_graph(cfg, mode="decode", batch=2, context_len=0, max_seq_len=64, tp=1, rank=0, attn_splits=1,
-                    dtype="bfloat16")
-    tg = build_task_graphs([g], Tiling(num_sms=8))[0]
-    kv = KVStore(cfg.num_layers, 9, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
-    mem = RankMemory(g, get_weights("tiny-llama", cfg, seed=0, dtype="bfloat16"), kv)
-    with pytest.raises(ValueError, match="MPK_ATT_SWIZZLE=1.*power of two.*head_dim 24"):
-        TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu").pack()
+    for define in ("-DMPK_ATT_SWIZZLE=1", "-DMPK_ATT_EXP2=1", "-DMPK_ATT_ISSUE_UNROLL=4"):
+        monkeypatch.setenv("MPK_NVCC_DEFINES", f"-DMPK_ATT_STAGES=2 {define}")
+        with pytest.raises(nvcc.CompileError, match=f"{define.split('=')[0]}=.*removed.*drop it"):
+            tiling.attn_wide(64)
