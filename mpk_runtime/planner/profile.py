@@ -38,7 +38,11 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # chosen by a grid refit on session 19's rows, both hold-out halves agreeing): in sample 5.5% / 4.6%, hold-out by
 # context 13.0% / 11.6% and 10.9% / 7.6% (megakernel segments 7.0% / 6.3%), regret 0; the eight wide A/B points
 # 4.4% mean step error, the narrow ones 3.8% (profile's source).
-DEFAULT_PROFILE = "h200_v33_cal"
+# h200_v35_cal since session 21: v33_cal plus the conventional attention op's measured curves (conv_attn_us_by_shape,
+# scaled per regime), refit on session 20's rows with the wide passes' per-key term on a grid (0.0038 chosen): in
+# sample 5.2% / 4.4%; hold-out by context: conventional segments 10.0% / 7.4% (v33: 26.0% / 16.4%), regret 0;
+# out of sample on session 21's 16 bench steps 7.9% (v33_cal 7.9%); B=128 ctx 4096 over-predicted 16-17%.
+DEFAULT_PROFILE = "h200_v35_cal"
 
 
 def key_fallbacks(key: str) -> list[str]:

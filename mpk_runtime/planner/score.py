@@ -41,6 +41,27 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / (va * vb) if va and vb else 1.0
 
 
+def resolved_pairs(rows: list[dict], min_gap: float = 0.01) -> tuple[int, int]:
+    """(pairs ordered as measured, pairs resolved) among one point's plans: a pair is resolved when its measured
+    steps differ by more than `min_gap` (relative) and their interquartile bands (measured_q_us) do not overlap.
+    Spearman counts every swap alike, also among plans that measure within noise of one another (session 20: the
+    one-, two- and three-megakernel plans within 0.9% at llama B=32 / 128); this says whether the plans that do
+    differ are ranked right. Reported beside Spearman, not instead of its target."""
+    ok = res = 0
+    for i in range(len(rows)):
+        for j in range(i + 1, len(rows)):
+            a, b = rows[i], rows[j]
+            ma, mb = a["measured_us"], b["measured_us"]
+            if abs(ma - mb) <= min_gap * min(ma, mb):
+                continue
+            qa, qb = a.get("measured_q_us"), b.get("measured_q_us")
+            if qa and qb and max(qa[0], qb[0]) <= min(qa[1], qb[1]):
+                continue
+            res += 1
+            ok += (a["predicted_us"] - b["predicted_us"]) * (ma - mb) > 0
+    return ok, res
+
+
 TARGETS = {"segment_mape": 0.10, "spearman": 0.9, "regret": 0.05, "chosen_vs_best_of_mono_conv": 0.05}
 
 
@@ -66,6 +87,7 @@ def summarize(rows: list[dict], hf: dict | None = None) -> dict:
         h = hf.get((m, b, ctx), hf.get((m, b)) if ctx == 512 else None)   # (model, batch[, context]) -> ms
         pts.append({"model": m, "tp": tp, "batch": b, "context": ctx, "plans": len(rs),
                     "spearman": round(spearman([x["predicted_us"] for x in rs], [x["measured_us"] for x in rs]), 3),
+                    "pairs_ordered": "%d/%d" % resolved_pairs(rs),
                     "chosen": chosen["plan"] if chosen else None, "best_measured": best["plan"],
                     "chosen_us": chosen["measured_us"] if chosen else None, "best_us": best["measured_us"],
                     "regret": round(chosen["measured_us"] / best["measured_us"] - 1, 4) if chosen else None,
@@ -73,7 +95,10 @@ def summarize(rows: list[dict], hf: dict | None = None) -> dict:
                     "hf_us": 1e3 * h if h else None,
                     "chosen_vs_hf": round(chosen["measured_us"] / (1e3 * h) - 1, 4) if chosen and h else None,
                     "faster_than_hf": (chosen["measured_us"] < 1e3 * h) if chosen and h else None})
+    pairs = [resolved_pairs(rs) for rs in groups.values()]
     s = {"segment_mape": sum(seg_err) / len(seg_err) if seg_err else None,
+         "resolved_pairs_ordered": (sum(o for o, _ in pairs) / sum(n for _, n in pairs)) if any(n for _, n in pairs)
+         else None,
          "step_mape": sum(abs(r["predicted_us"] - r["measured_us"]) / r["measured_us"] for r in ok) / len(ok)
          if ok else None,
          "points": pts,
@@ -235,6 +260,7 @@ def _sel(rows, pts):
 
 def _brief(s: dict) -> dict:
     return {"segment_mape": s["segment_mape"], "step_mape": s["step_mape"],
+            "resolved_pairs_ordered": s.get("resolved_pairs_ordered"),
             "min_spearman": min((p["spearman"] for p in s["points"] if p["plans"] > 2), default=None),
             "max_regret": max((p["regret"] for p in s["points"] if p["regret"] is not None), default=None),
             "points": [{k: p[k] for k in ("model", "tp", "batch", "context", "plans", "spearman", "chosen",
