@@ -12,12 +12,15 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
 #     OUT=$OUT bash scripts/gpu_pending.sh ncuatt   # stage 4e (one GPU): ncu stall sampling of attention's passes (~5 min)
+#     OUT=$OUT bash scripts/gpu_pending.sh launch   # stage 4f (one GPU): a megakernel segment's fixed cost in graphs (~2 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
 # Order for a 30-minute session (one GPU), as session 21 left it: `one` FIRST (~4 min: tests/gpu on HEAD, where the
 # deferred KV appends are the default in attn-mk plans and the swizzle is gone; SASS of the default attention build
-# identical to before the swizzle), then `val` (~9 min: validate_planner with the new defaults; h200_v35_cal, fit
+# identical to before the swizzle), then `launch` (~2 min: what a megakernel segment costs beyond its tasks in a
+# CUDA graph; attn-mk pays it once per layer, ~20 us by session 20's rows: 0.3 ms of a llama step, 0.7 of qwen3-8b's),
+# `val` (~9 min: validate_planner with the new defaults; h200_v35_cal, fit
 # before it, out of sample; B=128 ctx 4096 is the point it over-predicts by 16-17%), `ncuatt` (~5 min: ncu's stall
 # sampling of the wide passes at llama B=128 ctx 4096: each pass ~1.3 us computing + ~1.7 us waiting, and neither
 # more stages nor conflict-free rows helped), `VARS="base diagl2" CTXS=512,4096 ab` (~2 min: the same passes with
@@ -118,19 +121,27 @@ OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:
     > "$OUT/bench/hf.log" 2>&1
 grep -A12 "====" "$OUT/bench/hf.log"; snap
 elif [ "$MODE" = ncuatt ]; then
-st "4e ncu of one attention megakernel of the planned (attn-mk) step, llama-3.2-1b B=${NCU_B:-128} ctx ${NCU_CTX:-4096}:"
-st "   where attn_partial's wide passes stall (long scoreboard = waiting for K/V; lg_throttle = the cp.async issue; ...)"
-NCU_LOG="$OUT/ncu/ncu.log"
-timeout 420 ncu --section WarpStateStats --section SourceCounters --section SpeedOfLight --section MemoryWorkloadAnalysis -k regex:mpk --launch-skip 2 --launch-count 1 \
-    -f -o "$OUT/ncu/prof" python3 scripts/bench_decode.py --models llama-3.2-1b --batches ${NCU_B:-128} \
-    --contexts ${NCU_CTX:-4096} --mk-max-batch 0 --no-peers --budget-s 380 > "$NCU_LOG" 2>&1
-tail -4 "$NCU_LOG"
-timeout 100 ncu -i "$OUT/ncu/prof.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu/src.csv" 2>> "$NCU_LOG"
-cp "$(ls -t "${MPK_CACHE_DIR:-$HOME/.cache/mpk_runtime}"/*/megakernel.cubin | head -1)" "$OUT/ncu/" 2>> "$NCU_LOG"
-timeout 60 ncu -i "$OUT/ncu/prof.ncu-rep" --page details --section SpeedOfLight --section MemoryWorkloadAnalysis \
-    > "$OUT/ncu/details.txt" 2>> "$NCU_LOG"; grep -iE "dram|l2 hit|memory throughput|duration" "$OUT/ncu/details.txt" | head -12
-gzip -f "$OUT/ncu/src.csv"; rm -f "$OUT/ncu/prof.ncu-rep"; ls -la "$OUT/ncu"; snap
+st "4e ncu of one attention megakernel of the planned (attn-mk) step, llama-3.2-1b, at B:ctx in ${NCU_POINTS:-128:4096 32:512}:"
+st "   where attn_partial's wide passes stall (long scoreboard = waiting for K/V; lg_throttle = the cp.async issue;"
+st "   no_instruction = instruction fetch, a suspect for the segment's ~20 us beyond its tasks)"
+for PT in ${NCU_POINTS:-128:4096 32:512}; do
+  NB=${PT%%:*}; NC=${PT##*:}; d="$OUT/ncu/b${NB}_c${NC}"; mkdir -p "$d"; NCU_LOG="$d/ncu.log"
+  timeout 240 ncu --section WarpStateStats --section SourceCounters --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      -k regex:mpk --launch-skip 2 --launch-count 1 -f -o "$d/prof" python3 scripts/bench_decode.py --models llama-3.2-1b \
+      --batches $NB --contexts $NC --mk-max-batch 0 --no-peers --budget-s 200 > "$NCU_LOG" 2>&1
+  tail -3 "$NCU_LOG"
+  timeout 60 ncu -i "$d/prof.ncu-rep" --page source --csv --print-source sass > "$d/src.csv" 2>> "$NCU_LOG"
+  timeout 60 ncu -i "$d/prof.ncu-rep" --page details --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats > "$d/details.txt" 2>> "$NCU_LOG"
+  grep -iE "duration|dram throughput|memory throughput|l2 hit|stall" "$d/details.txt" | head -14
+  gzip -f "$d/src.csv"; rm -f "$d/prof.ncu-rep"; snap
+done
+cp "$(ls -t "${MPK_CACHE_DIR:-$HOME/.cache/mpk_runtime}"/*/megakernel.cubin | head -1)" "$OUT/ncu/"; snap
 # here: nvdisasm -gi megakernel.cubin > mk.sass; python3 scripts/ncu_stalls.py mk.sass src.csv --function attn_partial
+elif [ "$MODE" = launch ]; then
+st "4f what a megakernel segment costs beyond its tasks, in CUDA graphs (scripts/bench_mk_launch.py)"
+OUT="$OUT/bench" timeout 200 python3 scripts/bench_mk_launch.py --batches ${LAUNCH_BATCHES:-1,32,128} > "$OUT/bench/mk_launch.log" 2>&1
+tail -12 "$OUT/bench/mk_launch.log"; snap
 elif [ "$MODE" = stamps ]; then
 st "4b stage stamps of the one-megakernel step at B=1, 8 (qwen3-8b B=8 is 0.82x gpt-fast; session 10's stamps are old)"
 st "   and B=32, 128 (attention's passes; session 16 has them for the default build)"

@@ -189,8 +189,9 @@ ATT_SMEM_MAX = SMEM_PER_CTA - STATIC_SMEM_RESERVE   # an attention task's dynami
 def att_smem_bytes(D: int, C: dict | None = None, ng: int = 1, stages: int = 2, wide: int = 1) -> int:
     """Shared memory of an attn_partial task with head dim D (device_kernels/ops/attention.cuh layout): q (bf16,
     MAX_GS x MAX_HEAD_DIM), the page table (s64, ATT_MAX_PAGES), then `stages` (MPK_ATT_STAGES, 2 by default)
-    buffers of wide x ATT_KP K rows and as many of V rows (bf16, both padded to D + 8); a task of ng > 1 groups merges all but its last group in a region after them (fp32 outputs, maxima
-    and sums of every warp: NW x MAX_GS x (D + 2))."""
+    buffers of wide x ATT_KP K rows and as many of V rows (bf16, both padded to D + 8); a task of ng > 1 groups
+    merges all but its last group in a region after them (fp32 outputs, maxima and sums of every warp:
+    NW x MAX_GS x (D + 2))."""
     C = C or CONSTANTS
     head = C["MAX_GS"] * C["MAX_HEAD_DIM"] * 2 + C["ATT_MAX_PAGES"] * 8
     merge = (C["THREADS"] // 32) * C["MAX_GS"] * (D + 2) * 4 if ng > 1 else 0
