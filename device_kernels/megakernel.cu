@@ -92,6 +92,10 @@ __device__ __forceinline__ int wait_counter(const uint64_t* ctr, int64_t need, b
   }
 }
 
+#ifndef MPK_PDL
+#define MPK_PDL 0
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     MPK_KERNEL_NAME(const int64_t* __restrict__ P, int64_t first_step, int nsteps) {
   __shared__ int s_abort;
@@ -115,6 +119,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   if (threadIdx.x < TASK_WORDS)   // the first task's record
     s_rec[0][threadIdx.x] = tasks[(int64_t)ptr<const int32_t>(P[P_SM_TASKS])[beg] * TASK_WORDS + threadIdx.x];
   __syncthreads();
+#if MPK_PDL
+  // Programmatic Dependent Launch (MPK_MK_PDL=1: launched with programmatic stream serialization, so this grid may
+  // start while the previous kernel drains): everything above read only this launch's own static data (parameters,
+  // task lists, the first record); wait here for the previous kernel's writes before any task reads activations.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   int buf = 0;
   int64_t la_done = 0;  // thread 0: bytes per weight range of this task already prefetched as the lookahead
   for (int ls = 0; ls < nsteps; ++ls) {

@@ -20,7 +20,9 @@
 # deferred KV appends are the default in attn-mk plans and the swizzle is gone; SASS of the default attention build
 # identical to before the swizzle), then `launch` (~2 min: what a megakernel segment costs beyond its tasks in a
 # CUDA graph; attn-mk pays it once per layer, ~20 us by session 20's rows: 0.3 ms of a llama step, 0.7 of qwen3-8b's),
-# `val` (~9 min: validate_planner with the new defaults; h200_v35_cal, fit
+# `VARS="base pdl" BS=8,32,128 ab` (~3 min: programmatic dependent launches, MPK_MK_PDL=1: each attention megakernel
+# may start while the kernel before it drains; prediction -1..-4% at llama attn-mk B=32 / 128 if `launch` finds the
+# fixed cost in the launch and prologue, ~0 if in cold state), `val` (~9 min: validate_planner with the new defaults; h200_v35_cal, fit
 # before it, out of sample; B=128 ctx 4096 is the point it over-predicts by 16-17%), `ncuatt` (~5 min: ncu's stall
 # sampling of the wide passes at llama B=128 ctx 4096: each pass ~1.3 us computing + ~1.7 us waiting, and neither
 # more stages nor conflict-free rows helped), `VARS="base diagl2" CTXS=512,4096 ab` (~2 min: the same passes with
@@ -48,8 +50,9 @@ snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpben
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
-st "1 tests/gpu"
-timeout 320 python3 -m pytest -q -m gpu tests/gpu > "$OUT/pytest_gpu.log" 2>&1
+st "1 tests/gpu and the GPU-marked tests in tests/runtime (graph replay, PDL launches, conventional op counts)"
+timeout 400 python3 -m pytest -q -m gpu tests/gpu tests/runtime/test_plan_exec_graph.py \
+    tests/runtime/test_conventional_op_count.py > "$OUT/pytest_gpu.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
 st "2 the sampler: bitwise check and profile"
 OUT="$OUT/val" timeout 100 python3 scripts/gpu_check_sampling.py --trials 30 > "$OUT/val/sampling.log" 2>&1
@@ -88,14 +91,15 @@ elif [ "$MODE" = ab ]; then
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
 for V in $VARS; do
-  W=""; KD=""
+  W=""; KD=""; PDL=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
+             pdl) D=""; G=""; PDL=1;;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
-  MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done

@@ -130,6 +130,9 @@ def _defines() -> list[str]:
     # MPK_AR_LL=1 builds graphs with the LL all-reduce (ir/build.py) and the kernel that reads it, in one switch
     if env_flag("MPK_AR_LL") and not any(d.startswith("-DMPK_AR_LL") for d in defines):
         defines.append("-DMPK_AR_LL=1")
+    # MPK_MK_PDL=1: launches with programmatic stream serialization (runtime/megakernel.py) and the kernel's wait
+    if env_flag("MPK_MK_PDL") and not any(d.startswith("-DMPK_PDL") for d in defines):
+        defines.append("-DMPK_PDL=1")
     return defines
 
 

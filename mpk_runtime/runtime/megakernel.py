@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..codegen import layout as L
+from ..envflags import env_flag
 from ..tasks.graph import TaskGraph
 from .base import KernelTimeout
 from .memory import RankMemory
@@ -26,6 +27,24 @@ def _cu():
     except ImportError:  # older cuda-python layout
         from cuda import cuda as driver  # type: ignore
     return driver
+
+
+def launch_config(grid: int, threads: int, smem: int, stream, pdl: bool):
+    """cuLaunchKernelEx's config for a 1-D grid; pdl: the programmatic-stream-serialization attribute (the launch
+    may begin before the previous kernel on the stream has finished; the kernel's griddepcontrol.wait orders it)."""
+    cu = _cu()
+    cfg = cu.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid, 1, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = threads, 1, 1
+    cfg.sharedMemBytes, cfg.hStream = smem, stream
+    attrs = []
+    if pdl:
+        a = cu.CUlaunchAttribute()
+        a.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        a.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(a)
+    cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+    return cfg
 
 
 def _check(res, what: str):
@@ -82,6 +101,11 @@ class Megakernel:
         # MPK_SMEM_FLOOR_KB (diagnostic): launch with at least this much dynamic shared memory (a smaller L1)
         self.smem = max(packer.smem, 1024, int(os.environ.get("MPK_SMEM_FLOOR_KB", "0")) * 1024)
         self.timeout_ns = int(timeout_s * 1e9)
+        # MPK_MK_PDL=1: programmatic dependent launches (launch()); the build carries -DMPK_PDL=1 (codegen/nvcc.py)
+        self.pdl = env_flag("MPK_MK_PDL")
+        if self.pdl and not nvcc.define_int("MPK_PDL", 0):
+            raise ValueError("MPK_MK_PDL=1 launches the kernel before the previous one has finished, which needs the "
+                             "kernel's wait (-DMPK_PDL=1): drop -DMPK_PDL=0 from MPK_NVCC_DEFINES, or unset MPK_MK_PDL")
         self.params = torch.zeros(len(L.PARAMS), dtype=torch.int64, device=dev)
         self._write_params()
         self.build = build_result or nvcc.build()
@@ -127,13 +151,19 @@ class Megakernel:
                                f"for at most {nsm * occ} SMs")
 
     def launch(self, nsteps: int = 1) -> None:
-        """Enqueue one launch of nsteps steps on torch's current stream (asynchronous)."""
+        """Enqueue one launch of nsteps steps on torch's current stream (asynchronous). With MPK_MK_PDL=1 (a
+        build with -DMPK_PDL=1) it is a programmatic dependent launch: the grid may start while the previous kernel
+        on the stream drains, and waits for its writes after the prologue (megakernel.cu)."""
         cu = _cu()
         stream = cu.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
         first = self.steps_done + 1
         args = ((self.params.data_ptr(), first, nsteps), (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int))
-        _check(cu.cuLaunchKernel(self._fn, self.tg.num_sms, 1, 1, L.CONSTANTS["THREADS"], 1, 1, self.smem, stream,
-                                 args, 0), "cuLaunchKernel")
+        if self.pdl:
+            cfg = launch_config(self.tg.num_sms, L.CONSTANTS["THREADS"], self.smem, stream, pdl=True)
+            _check(cu.cuLaunchKernelEx(cfg, self._fn, args, 0), "cuLaunchKernelEx")
+        else:
+            _check(cu.cuLaunchKernel(self._fn, self.tg.num_sms, 1, 1, L.CONSTANTS["THREADS"], 1, 1, self.smem,
+                                     stream, args, 0), "cuLaunchKernel")
         self.steps_done += nsteps
 
     def check(self) -> None:

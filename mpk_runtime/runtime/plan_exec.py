@@ -11,7 +11,9 @@ them in place between steps (`run` refuses a ctx whose tensors are not the captu
               current stream is captured like any kernel). A replayed launch cannot advance its step argument,
               so inside the graph each megakernel's counters are zeroed and it runs as step 1 (`_graph_launch`):
               the same protocol state as a fresh kernel, valid because the previous replay finished (stream
-              order). World size 1 only: a peer could signal our counters before we zero them.
+              order). World size 1 only: a peer could signal our counters before we zero them. With
+              MPK_MK_PDL=1 (programmatic dependent launches, runtime/megakernel.py) the counters of every megakernel
+              are zeroed at the graph's start instead, so the node before each launch is the previous kernel.
   "segments"  one graph per segment (megakernel segments too at world size 1, else launched eagerly between
               the replays): what per-segment timing uses.
 The eager path (`run` before any capture, and always on a CPU) is unchanged and is what the CPU tests check.
@@ -146,13 +148,15 @@ class PlanExecutor:
         return [{"const": c} for c in self._consts]
 
     @staticmethod
-    def _seg_graphed(seg: tuple[str, object], ctxs: list[StepCtx], steps: list[dict]) -> None:
-        """What a graph records for a segment: the eager op sequence; a megakernel as a fresh step-1 launch."""
+    def _seg_graphed(seg: tuple[str, object], ctxs: list[StepCtx], steps: list[dict], zeroed: set = frozenset()) \
+            -> None:
+        """What a graph records for a segment: the eager op sequence; a megakernel as a fresh step-1 launch
+        (`zeroed`: ids of megakernels whose counters the graph already zeroed at its start)."""
         kind, ex = seg
         if kind == "conventional":
             ex.run(ctxs, steps)
         else:
-            _graph_launch(ex)
+            _graph_launch(ex, zero=id(ex) not in zeroed)
 
     def can_capture_megakernels(self) -> bool:
         return self.backend != "pyvm" and self.mems[0].world == 1
@@ -179,8 +183,13 @@ class PlanExecutor:
         if mode == "step":
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
+                # programmatic dependent launches (MPK_MK_PDL=1) overlap the kernel before them only if that is a
+                # kernel: their counters are zeroed at the graph's start instead of by a memset just before them
+                pdl = [ex for kind, ex in segs if kind == "megakernel" and getattr(ex, "pdl", False)]
+                if pdl:   # (one multi-tensor kernel for all of them)
+                    torch._foreach_zero_([mk.counters for mk in pdl])
                 for seg in segs:
-                    self._seg_graphed(seg, ctxs, steps)
+                    self._seg_graphed(seg, ctxs, steps, zeroed={id(mk) for mk in pdl})
             units.append(("graph", g))
         elif mode == "segments":
             pool = None   # the segment graphs replay one after another: one memory pool for all of them
@@ -268,9 +277,11 @@ def _ctx_key(c: StepCtx) -> tuple:
             c.kv_len_cap, c.greedy)
 
 
-def _graph_launch(mk) -> None:
+def _graph_launch(mk, zero: bool = True) -> None:
     """A megakernel launch as a graph records it: counters zeroed, step 1 (see the module doc). After a replay
-    the counters hold exactly step 1's values, so eager launches may continue from steps_done = 1."""
-    mk.counters.zero_()
+    the counters hold exactly step 1's values, so eager launches may continue from steps_done = 1. zero=False: the
+    graph zeroed them earlier in the same replay (nothing else touches them in between)."""
+    if zero:
+        mk.counters.zero_()
     mk.steps_done = 0
     mk.launch(1)

@@ -1,0 +1,32 @@
+"""Build switches that travel as environment variables (codegen/nvcc.py _defines) and the programmatic dependent
+launch's configuration (runtime/megakernel.py launch_config); both run without a GPU."""
+import pytest
+
+from mpk_runtime.codegen import nvcc
+
+
+def test_pdl_switch_adds_the_kernel_define_once(monkeypatch):
+    monkeypatch.delenv("MPK_NVCC_DEFINES", raising=False)
+    monkeypatch.delenv("MPK_AR_LL", raising=False)
+    monkeypatch.delenv("MPK_MK_PDL", raising=False)
+    assert "-DMPK_PDL=1" not in nvcc._defines()
+    monkeypatch.setenv("MPK_MK_PDL", "1")
+    assert nvcc._defines().count("-DMPK_PDL=1") == 1
+    assert nvcc.define_int("MPK_PDL", 0) == 1
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_PDL=1 -DMPK_ATT_STAGES=3")
+    assert nvcc._defines() == ["-DMPK_PDL=1", "-DMPK_ATT_STAGES=3"]
+    monkeypatch.setenv("MPK_MK_PDL", "yes")
+    with pytest.raises(ValueError, match="MPK_MK_PDL"):
+        nvcc._defines()
+
+
+def test_launch_config_sets_programmatic_stream_serialization_only_when_asked():
+    cu = pytest.importorskip("cuda.bindings.driver")
+    from mpk_runtime.runtime.megakernel import launch_config
+    plain = launch_config(132, 256, 200 * 1024, cu.CUstream(0), pdl=False)
+    assert (plain.gridDimX, plain.blockDimX, plain.sharedMemBytes, plain.numAttrs) == (132, 256, 200 * 1024, 0)
+    cfg = launch_config(132, 256, 200 * 1024, cu.CUstream(0), pdl=True)
+    assert cfg.numAttrs == 1
+    a = cfg.attrs[0]
+    assert a.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert a.value.programmaticStreamSerializationAllowed == 1
