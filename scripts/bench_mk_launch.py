@@ -11,8 +11,10 @@ below is one CUDA graph of `reps` back-to-back units, replayed 10 times (median 
   zero            the segment's counter zeroing alone (PlanExecutor's graph launch does it before each launch)
   mk_one_132      zeroing + a one-task megakernel (embed of one token) on a 132-CTA grid
   mk_one_1        the same task on a 1-CTA grid (CTA launch and drain of 131 empty CTAs)
-  attn_B          zeroing + the L0.attention megakernel at batch B (its tasks traced once: sum of the critical
-                  SM's task time = `tasks_us`, so `attn_B - tasks_us` is the fixed part)
+  attn_B          zeroing + the L0.attention megakernel at batch B; a warm traced launch gives the task span
+                  (span_us: first task start to last task end over all SMs; sm_span_us: the longest single SM's;
+                  skew_us: the spread of the SMs' first starts), so fixed_us = attn_B - span_us is launch, zeroing,
+                  prologue and drain. (Rig's graph: the appends in qkv_rope, not deferred; a default Tiling.)
   attn_B_mm       the same with a bf16 matmul of the layer's o_proj shape between launches (what the real step
                   interleaves: the SMs' instruction and L1 state evicted), minus the matmul alone
 Writes <out>/mk_launch.json.
@@ -52,9 +54,12 @@ def graph_us(unit, reps: int) -> float:
     return statistics.median(ts)
 
 
-def critical_tasks_us(mk) -> float:
-    """One traced launch: per SM, first task start to last task end (globaltimer); the largest over SMs."""
-    _graph_launch(mk)
+def task_spans(mk, warm: int = 3) -> dict:
+    """The last of `warm` + 1 launches, traced (each launch overwrites the trace; the first ones warm the module):
+    span_us = first task start on any SM to last task end on any (globaltimer), sm_span_us = the longest one SM's
+    first start to last end, skew_us = the spread of the SMs' first task starts (CTA launch, prologue, first waits)."""
+    for _ in range(warm + 1):
+        _graph_launch(mk)
     torch.cuda.synchronize()
     mk.check()
     tr = mk.trace_times()[0]
@@ -64,9 +69,12 @@ def critical_tasks_us(mk) -> float:
         if a and b:
             s = span.setdefault(t.sm, [a, b])
             s[0], s[1] = min(s[0], a), max(s[1], b)
+    if not span:
+        return {"span_us": 0.0, "sm_span_us": 0.0, "skew_us": 0.0}
     starts = [s[0] for s in span.values()]
-    ends = [s[1] for s in span.values()]
-    return (max(ends) - min(starts)) / 1e3 if span else 0.0
+    return {"span_us": round((max(s[1] for s in span.values()) - min(starts)) / 1e3, 2),
+            "sm_span_us": round(max(s[1] - s[0] for s in span.values()) / 1e3, 2),
+            "skew_us": round((max(starts) - min(starts)) / 1e3, 2)}
 
 
 def main() -> None:
@@ -99,11 +107,10 @@ def main() -> None:
     for B in batches:
         rig = rig if B == batches[0] else Rig(a.model, B, a.context)
         _, mk = rig.megakernel(["L0.attention"], sms=132, trace=1)
-        tasks = critical_tasks_us(mk)
+        sp = task_spans(mk)
         _, mk = rig.megakernel(["L0.attention"], sms=132)
         us = graph_us(lambda: _graph_launch(mk), a.reps)
-        put(f"attn_{B}", us, tasks_us=round(tasks, 2), fixed_us=round(us - tasks, 2), smem=mk.smem,
-            tasks=len(mk.tg.tasks))
+        put(f"attn_{B}", us, **sp, fixed_us=round(us - sp["span_us"], 2), smem=mk.smem, tasks=len(mk.tg.tasks))
         cfg = rig.cfg
         h = torch.randn(B, cfg.num_heads * cfg.head_dim, device="cuda", dtype=torch.bfloat16)
         wo = torch.randn(cfg.hidden_size, cfg.num_heads * cfg.head_dim, device="cuda", dtype=torch.bfloat16)

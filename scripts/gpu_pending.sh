@@ -140,7 +140,7 @@ for PT in ${NCU_POINTS:-128:4096 32:512}; do
   grep -iE "duration|dram throughput|memory throughput|l2 hit|stall" "$d/details.txt" | head -14
   gzip -f "$d/src.csv"; rm -f "$d/prof.ncu-rep"; snap
 done
-cp "$(ls -t "${MPK_CACHE_DIR:-$HOME/.cache/mpk_runtime}"/*/megakernel.cubin | head -1)" "$OUT/ncu/"; snap
+cp "$(python3 -c 'from mpk_runtime.codegen import nvcc; print(nvcc.build().cubin)')" "$OUT/ncu/"; snap   # (the profiled build)
 # here: nvdisasm -gi megakernel.cubin > mk.sass; python3 scripts/ncu_stalls.py mk.sass src.csv --function attn_partial
 elif [ "$MODE" = launch ]; then
 st "4f what a megakernel segment costs beyond its tasks, in CUDA graphs (scripts/bench_mk_launch.py)"
@@ -153,6 +153,8 @@ MPK_NVCC_DEFINES=-DMPK_STAGE_WORDS=12 OUT="$OUT/bench" timeout 300 python3 scrip
     --models llama-3.2-1b,qwen3-8b --batches ${STAMP_BATCHES:-1,8} --contexts ${STAMP_CTX:-512} --mk-max-batch 128 --no-peers --no-planned \
     --trace --budget-s 280 > "$OUT/bench/stamps.log" 2>&1
 tail -12 "$OUT/bench/stamps.log"; snap
+elif [ "$MODE" != two ]; then
+    echo "unknown mode $MODE (see the usage at the top of $0)"; exit 2
 elif [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
     echo "mode two needs two GPUs"; exit 2
 else

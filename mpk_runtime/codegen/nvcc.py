@@ -69,6 +69,7 @@ class BuildResult:
     cached: bool
     seconds: float = 0.0
     resources: dict = field(default_factory=dict)
+    flags: list = field(default_factory=list)   # the nvcc flags of this build (the -D switches among them)
 
 
 def cache_key(header: str, constants: dict, flags: list[str], nvcc_ver: str, root: Path = DEVICE_DIR,
@@ -122,7 +123,7 @@ def _defines() -> list[str]:
     bad = [d for d in defines if not d.startswith("-D")]
     if bad:
         raise CompileError(f"MPK_NVCC_DEFINES accepts only -DNAME[=VALUE] options, got {bad}")
-    gone = [d for d in defines if d.split("=", 1)[0][2:] in REMOVED_DEFINES]
+    gone = [d for d in defines if d.split("=", 1)[0][2:] in REMOVED_DEFINES and not d.endswith("=0")]
     if gone:
         name = gone[0].split("=", 1)[0][2:]
         raise CompileError(f"MPK_NVCC_DEFINES: {gone[0]}: this switch was removed ({REMOVED_DEFINES[name]}); "
@@ -140,6 +141,8 @@ def define_int(name: str, default: int = 0) -> int:
     """The integer value of -D<name>=<value> in MPK_NVCC_DEFINES (the build's compile-time switches), else default:
     the host side of a diagnostic switch (e.g. MPK_STAGE_WORDS sizes the trace buffer) reads it from here."""
     for d in _defines():
+        if d == f"-D{name}":   # a bare -DNAME is 1 to the preprocessor
+            return 1
         if d.startswith(f"-D{name}="):
             try:
                 return int(d.split("=", 1)[1], 0)
@@ -172,7 +175,7 @@ def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags:
         try:
             if cubin.exists() and not force:
                 log = logf.read_text() if logf.exists() else ""
-                return BuildResult(cubin, log, key, True, time.time() - t0, parse_ptxas(log))
+                return BuildResult(cubin, log, key, True, time.time() - t0, parse_ptxas(log), flags)
             out_dir.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
                 (Path(tmp) / HEADER_NAME).write_text(header)
@@ -189,7 +192,7 @@ def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags:
                 (Path(tmp) / HEADER_NAME).replace(out_dir / HEADER_NAME)
                 (Path(tmp) / "build.log").replace(logf)
                 os.replace(tmp_cubin, cubin)   # last: its presence means the entry is complete
-            return BuildResult(cubin, log, key, False, time.time() - t0, parse_ptxas(log))
+            return BuildResult(cubin, log, key, False, time.time() - t0, parse_ptxas(log), flags)
         finally:
             fcntl.flock(lf, fcntl.LOCK_UN)
 

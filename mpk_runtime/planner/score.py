@@ -46,7 +46,8 @@ def resolved_pairs(rows: list[dict], min_gap: float = 0.01) -> tuple[int, int]:
     steps differ by more than `min_gap` (relative) and their interquartile bands (measured_q_us) do not overlap.
     Spearman counts every swap alike, also among plans that measure within noise of one another (session 20: the
     one-, two- and three-megakernel plans within 0.9% at llama B=32 / 128); this says whether the plans that do
-    differ are ranked right. Reported beside Spearman, not instead of its target."""
+    differ are ranked right (a pair predicted equal counts as misordered). Reported beside Spearman, not instead
+    of its target."""
     ok = res = 0
     for i in range(len(rows)):
         for j in range(i + 1, len(rows)):

@@ -103,12 +103,14 @@ class Megakernel:
         self.timeout_ns = int(timeout_s * 1e9)
         # MPK_MK_PDL=1: programmatic dependent launches (launch()); the build carries -DMPK_PDL=1 (codegen/nvcc.py)
         self.pdl = env_flag("MPK_MK_PDL")
-        if self.pdl and not nvcc.define_int("MPK_PDL", 0):
-            raise ValueError("MPK_MK_PDL=1 launches the kernel before the previous one has finished, which needs the "
-                             "kernel's wait (-DMPK_PDL=1): drop -DMPK_PDL=0 from MPK_NVCC_DEFINES, or unset MPK_MK_PDL")
         self.params = torch.zeros(len(L.PARAMS), dtype=torch.int64, device=dev)
         self._write_params()
         self.build = build_result or nvcc.build()
+        if self.pdl and not any(f in ("-DMPK_PDL", "-DMPK_PDL=1") for f in self.build.flags):
+            raise ValueError("MPK_MK_PDL=1 launches the kernel before the previous one has finished, which needs a "
+                             "build with the kernel's wait (-DMPK_PDL=1, added by MPK_MK_PDL=1): drop -DMPK_PDL=0 from "
+                             "MPK_NVCC_DEFINES, build the kernel given in build_result under MPK_MK_PDL=1, or unset "
+                             "MPK_MK_PDL")
         static = int(self.build.resources.get(L.KERNEL_NAME, {}).get("smem", 0))
         if self.smem + static > L.SMEM_PER_CTA:   # (cuFuncSetAttribute would refuse it with a bare error)
             raise ValueError(f"megakernel needs {self.smem} B of dynamic + {static} B of static shared memory per CTA "

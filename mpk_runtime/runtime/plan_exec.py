@@ -178,6 +178,10 @@ class PlanExecutor:
         for _ in range(warmup):   # eager even when another variant is captured (its graphs bake other fields)
             self._run_eager(ctx_for)
         torch.cuda.synchronize()
+        # from here until a replay, a captured megakernel's host step (set to 1 by its captured launch) and its
+        # counters (the warm-up's values) disagree: an eager step in between (a failed capture's fallback) resets
+        # both first (_run_eager). World size 1 only (larger worlds launch their megakernels eagerly).
+        self._counters_stale = self.can_capture_megakernels()
         units: list = []
         steps = self._new_step()
         if mode == "step":
@@ -186,6 +190,9 @@ class PlanExecutor:
                 # programmatic dependent launches (MPK_MK_PDL=1) overlap the kernel before them only if that is a
                 # kernel: their counters are zeroed at the graph's start instead of by a memset just before them
                 pdl = [ex for kind, ex in segs if kind == "megakernel" and getattr(ex, "pdl", False)]
+                if len({id(mk) for mk in pdl}) != len(pdl):   # (zeroed once per replay: one launch each)
+                    raise RuntimeError("a megakernel appears twice in the step's segments; MPK_MK_PDL=1 zeroes its "
+                                       "counters once per replay: unset MPK_MK_PDL")
                 if pdl:   # (one multi-tensor kernel for all of them)
                     torch._foreach_zero_([mk.counters for mk in pdl])
                 for seg in segs:
@@ -254,13 +261,21 @@ class PlanExecutor:
                                  "updated in place and the same static fields; got different ones")
             for f in self.replay_units():
                 f()
+            self._counters_stale = False   # a replay leaves every captured megakernel at step 1, as steps_done says
             return
         self._run_eager(ctx_for)
+
+    _counters_stale = False
 
     def _run_eager(self, ctx_for: Callable[[int], StepCtx]) -> None:
         if self.backend == "pyvm":  # NaN-poison activations once per step (segments share them)
             for m in self.mems:
                 m.poison()
+        elif self._counters_stale:   # captured but never replayed (capture's comment): start the eager steps afresh
+            for mk in self.megakernels():
+                mk.counters.zero_()
+                mk.steps_done = 0
+            self._counters_stale = False
         steps = self._new_step()
         for kind, ex in self.segments_for(ctx_for(self.mems[0].rank).greedy):
             if kind == "conventional":

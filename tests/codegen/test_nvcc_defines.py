@@ -30,3 +30,13 @@ def test_launch_config_sets_programmatic_stream_serialization_only_when_asked():
     a = cfg.attrs[0]
     assert a.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     assert a.value.programmaticStreamSerializationAllowed == 1
+
+
+def test_a_bare_define_is_one_and_a_removed_switch_set_to_zero_is_allowed(monkeypatch):
+    monkeypatch.delenv("MPK_MK_PDL", raising=False)
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_PDL -DMPK_ATT_SWIZZLE=0")
+    assert nvcc.define_int("MPK_PDL", 0) == 1
+    assert nvcc.define_int("MPK_ATT_STAGES", 2) == 2
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_SWIZZLE=1")
+    with pytest.raises(nvcc.CompileError, match="removed"):
+        nvcc._defines()

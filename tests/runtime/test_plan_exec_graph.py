@@ -112,3 +112,31 @@ def test_programmatic_dependent_launches_match_plain_ones(family, monkeypatch):
     for i, ((a, ta), (b, tb)) in enumerate(zip(got["0"], got["1"])):
         err = ((a - b).abs().max() / a.abs().max()).item()
         assert err < 1e-3 and torch.equal(ta, tb), (family, i, err)
+
+
+def test_an_eager_step_after_a_capture_that_never_replayed_is_right():
+    """After capture() the captured launches have set each megakernel's host step to 1 while its counters hold the
+    warm-up's values; an eager step then (a failed capture's fallback: drop_graphs, run eagerly) must start afresh,
+    not pass its waits on the stale counts."""
+    cfg = PRESETS["tiny-llama"].replace(dtype="bfloat16")
+    B, context = 2, 24
+    plan = candidates(cfg, batch=B, context=context, families=("mono",))[0]
+    for s in plan.segments:
+        s.tiling.update(num_sms=16)
+    g, mem, pos, ctx, make_mk = _rig(cfg, B, context)
+    ex = PlanExecutor(plan, [g], [mem], backend="megakernel", make_megakernel=make_mk, check=False)
+    toks = torch.tensor([3, 7], device="cuda")
+    mem.t("tokens").copy_(toks)
+    pos.fill_(context)
+    for _ in range(3):   # eager steps at one position: the host step and the counters move to 3
+        ex.run(lambda r: ctx)
+    torch.cuda.synchronize()
+    want = mem.t("logits").clone()
+    ex.capture(lambda r: ctx, mode="step", warmup=1)
+    ex.drop_graphs()
+    mem.t("logits").fill_(0)
+    ex.run(lambda r: ctx)
+    torch.cuda.synchronize()
+    for mk in ex.megakernels():
+        mk.check()
+    assert torch.equal(mem.t("logits"), want)
