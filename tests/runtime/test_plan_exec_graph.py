@@ -39,38 +39,44 @@ def _rig(cfg, B=2, context=24, ps=16):
     return g, mem, pos, ctx, make_mk
 
 
+def _plan(cfg, B, context, family):
+    plan = candidates(cfg, batch=B, context=context, families=(family,))[0]
+    for s in plan.segments:
+        s.tiling.update(num_sms=16)
+    return plan
+
+
+def _step(ex, mem, pos, ctx, tok, position):
+    """One step at `position` with tokens `tok` (inputs updated in place); its logits and next tokens."""
+    mem.t("tokens").copy_(tok)
+    pos.fill_(position)
+    ex.run(lambda r: ctx)
+    torch.cuda.synchronize()
+    for mk in ex.megakernels():
+        mk.check()
+    return mem.t("logits").clone(), mem.t("next_tokens").clone()
+
+
 @pytest.mark.parametrize("mode", ["step", "segments"])
 @pytest.mark.parametrize("family", ["mono", "attn-conv", "conventional"])
 def test_graph_replay_matches_eager(family, mode):
     cfg = PRESETS["tiny-llama"].replace(dtype="bfloat16")
     B, context = 2, 24
-    plan = candidates(cfg, batch=B, context=context, families=(family,))[0]
-    for s in plan.segments:
-        s.tiling.update(num_sms=16)
+    plan = _plan(cfg, B, context, family)
     g, mem, pos, ctx, make_mk = _rig(cfg, B, context)
     ex = PlanExecutor(plan, [g], [mem], backend="megakernel", make_megakernel=make_mk, check=False)
     toks = [torch.tensor([3, 7], device="cuda"), torch.tensor([11, 5], device="cuda")]
-    want = []
-    for s, t in enumerate(toks):   # eager reference: two steps at positions context, context + 1
-        mem.t("tokens").copy_(t)
-        pos.fill_(context + s)
-        ex.run(lambda r: ctx)
-        torch.cuda.synchronize()
-        want.append((mem.t("logits").clone(), mem.t("next_tokens").clone()))
+    # eager reference: two steps at positions context, context + 1
+    want = [_step(ex, mem, pos, ctx, t, context + s) for s, t in enumerate(toks)]
     mem.t("tokens").copy_(toks[0])
     pos.fill_(context)
     ex.capture(lambda r: ctx, mode=mode, warmup=1)
     for s, t in enumerate(toks):   # the same steps replayed, inputs updated in place
-        mem.t("tokens").copy_(t)
-        pos.fill_(context + s)
-        ex.run(lambda r: ctx)
-        torch.cuda.synchronize()
-        for mk in ex.megakernels():
-            mk.check()
+        got, got_nt = _step(ex, mem, pos, ctx, t, context + s)
         lg, nt = want[s]
-        err = ((mem.t("logits") - lg).abs().max() / lg.abs().max()).item()
+        err = ((got - lg).abs().max() / lg.abs().max()).item()
         assert err < 1e-3, (family, mode, s, err)
-        assert torch.equal(mem.t("next_tokens"), nt), (family, mode, s)
+        assert torch.equal(got_nt, nt), (family, mode, s)
     other = StepCtx(cfg, 1, pos.clone(), ctx.block_tables, ctx.page_size, 1, ctx.inv_freq, ctx.kv_len_cap)
     with pytest.raises(ValueError, match="captured StepCtx"):
         ex.run(lambda r: other)
@@ -84,9 +90,7 @@ def test_programmatic_dependent_launches_match_plain_ones(family, monkeypatch):
     the previous kernel wrote them would see the step before's activations)."""
     cfg = PRESETS["tiny-llama"].replace(dtype="bfloat16")
     B, context = 2, 24
-    plan = candidates(cfg, batch=B, context=context, families=(family,))[0]
-    for s in plan.segments:
-        s.tiling.update(num_sms=16)
+    plan = _plan(cfg, B, context, family)
     toks = [torch.tensor([3, 7], device="cuda"), torch.tensor([11, 5], device="cuda")]
     got = {}
     for pdl in ("0", "1"):
@@ -100,14 +104,7 @@ def test_programmatic_dependent_launches_match_plain_ones(family, monkeypatch):
                 mem.t("tokens").copy_(toks[0])
                 pos.fill_(context)
                 ex.capture(lambda r: ctx, mode="step", warmup=1)
-            for s, t in enumerate(toks):
-                mem.t("tokens").copy_(t)
-                pos.fill_(context + s)
-                ex.run(lambda r: ctx)
-                torch.cuda.synchronize()
-                for mk in ex.megakernels():
-                    mk.check()
-                out.append((mem.t("logits").clone(), mem.t("next_tokens").clone()))
+            out += [_step(ex, mem, pos, ctx, t, context + s) for s, t in enumerate(toks)]
         got[pdl] = out
     for i, ((a, ta), (b, tb)) in enumerate(zip(got["0"], got["1"])):
         err = ((a - b).abs().max() / a.abs().max()).item()
@@ -120,9 +117,7 @@ def test_an_eager_step_after_a_capture_that_never_replayed_is_right():
     not pass its waits on the stale counts."""
     cfg = PRESETS["tiny-llama"].replace(dtype="bfloat16")
     B, context = 2, 24
-    plan = candidates(cfg, batch=B, context=context, families=("mono",))[0]
-    for s in plan.segments:
-        s.tiling.update(num_sms=16)
+    plan = _plan(cfg, B, context, "mono")
     g, mem, pos, ctx, make_mk = _rig(cfg, B, context)
     ex = PlanExecutor(plan, [g], [mem], backend="megakernel", make_megakernel=make_mk, check=False)
     toks = torch.tensor([3, 7], device="cuda")
@@ -135,8 +130,5 @@ def test_an_eager_step_after_a_capture_that_never_replayed_is_right():
     ex.capture(lambda r: ctx, mode="step", warmup=1)
     ex.drop_graphs()
     mem.t("logits").fill_(0)
-    ex.run(lambda r: ctx)
-    torch.cuda.synchronize()
-    for mk in ex.megakernels():
-        mk.check()
-    assert torch.equal(mem.t("logits"), want)
+    got, _ = _step(ex, mem, pos, ctx, toks, context)
+    assert torch.equal(got, want)
