@@ -181,6 +181,10 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* src, bool
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
 }
+// the same with the shared-memory address already converted (issue loops that advance it by a constant)
+__device__ __forceinline__ void cp_async16_s(uint32_t smem_dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_dst), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // 8 bytes through L1 (read-only data the host wrote before the launch: page tables)
 __device__ __forceinline__ void cp_async8_ca(void* smem_dst, const void* src) {

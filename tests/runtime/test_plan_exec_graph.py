@@ -121,12 +121,9 @@ def test_an_eager_step_after_a_capture_that_never_replayed_is_right():
     g, mem, pos, ctx, make_mk = _rig(cfg, B, context)
     ex = PlanExecutor(plan, [g], [mem], backend="megakernel", make_megakernel=make_mk, check=False)
     toks = torch.tensor([3, 7], device="cuda")
-    mem.t("tokens").copy_(toks)
-    pos.fill_(context)
-    for _ in range(3):   # eager steps at one position: the host step and the counters move to 3
-        ex.run(lambda r: ctx)
-    torch.cuda.synchronize()
-    want = mem.t("logits").clone()
+    for _ in range(3):   # eager steps at one position: the host step and the counters move to 3 (the tokens are
+        #                  set before each: a greedy step writes its next tokens into them)
+        want, _ = _step(ex, mem, pos, ctx, toks, context)
     ex.capture(lambda r: ctx, mode="step", warmup=1)
     ex.drop_graphs()
     mem.t("logits").fill_(0)
