@@ -168,11 +168,13 @@ def check_correct(model, B, steps, res, splits=2):
     return rig
 
 
-def check_long_context(model, B, ctx, splits, res, seed=3):
+def check_long_context(model, B, ctx, splits, res, seed=3, ps=16):
     """One decode step over a long cached context (the same random K/V pages on the GPU and in the CPU twin),
     sequences of different lengths (ctx - 37 b): attention's multi-pass path (more than ATT_KP keys per split,
-    double-buffered copies) against pyvm."""
-    rig = Rig(model, B, max_seq=ctx + 16, splits=splits)
+    double-buffered copies) against pyvm. `ps`: the page size (a small one makes page tables longer than the
+    ATT_MAX_PAGES entries attention keeps in shared memory; one that is not a power of two takes the general
+    K/V issue loop)."""
+    rig = Rig(model, B, max_seq=ctx + 16, splits=splits, ps=ps)
     g = torch.Generator().manual_seed(seed)
     gk, ck = rig.mem.kvstore, rig.ref.kv[0]
     for L in range(rig.cfg.num_layers):
@@ -185,7 +187,7 @@ def check_long_context(model, B, ctx, splits, res, seed=3):
     lr, nr = rig.ref_step(tok, pos)
     lm, nm = rig.mk_step(tok, pos)
     rel = ((lm - lr).norm() / lr.norm()).item()
-    r = dict(model=model, batch=B, context=ctx, splits=splits, rel_logit_err=rel,
+    r = dict(model=model, batch=B, context=ctx, splits=splits, page_size=ps, rel_logit_err=rel,
              tokens_equal=bool((nr == nm).all()), finite=bool(torch.isfinite(lm).all()))
     r["ok"] = r["finite"] and r["tokens_equal"] and rel < 2e-2
     log(json.dumps(r))

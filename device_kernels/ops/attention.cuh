@@ -161,17 +161,28 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   // so a pass needs no CTA barrier: the warp waits on its own copies (cp.async groups are per thread) and
   // __syncwarp orders its lanes' copies and reads.
   const int wrow0 = KW * (tid >> 5), wlane = tid & 31;
-  // The lean issue loop (session 22; power-of-two head dim and page size, page table in shared memory): lane l
-  // copies the same 16-byte piece e = l % CPR of rows l / CPR, + 32 / CPR, ..., so a row's source is byte
-  // page * pstride + slot * rstride + hoff (one 32 x 32 -> 64-bit multiply-add) and its shared-memory targets
-  // advance by a constant. ncu (session 22, llama B=128 ctx 4096): the general loop below ran ~85 dependent
-  // instructions per two 16-byte copies (64-bit index math and a predicated global page-table path) and was where
-  // the wide passes' waiting went (stall_wait 41% of the kernel's samples, most of them in that loop).
-  const bool lean = cpow && ppow && CPR <= 32 && full;
+  // The lean issue loop (session 22; power-of-two head dim and page size): lane l copies the same 16-byte piece
+  // e = l % CPR of rows l / CPR, + 32 / CPR, ..., so a row's source is byte page * pstride + slot * rstride + hoff
+  // (one 32 x 32 -> 64-bit multiply-add) and its shared-memory targets advance by a constant: ~25 instructions per
+  // two 16-byte copies. ncu (session 22, llama B=128 ctx 4096) found the general loop below at ~85 dependent
+  // instructions per two copies (64-bit index math, a predicated global page-table path) and 42% of the kernel's
+  // samples (stall_wait 41%); the lean loop took that step from 7.59 to 6.35 ms (bench/results/s22/run8_lean).
+  const bool lean = cpow && ppow && CPR <= 32;
   const uint32_t rstride = (uint32_t)(n_kv * D) * 2, pstride = (uint32_t)psi * rstride;   // bytes: < 2^32
   const int rs = lean ? 32 >> cs : 0, le = wlane & (CPR - 1), lu = lean ? wlane >> cs : 0, pmask = psi - 1;
   const char* kc8 = reinterpret_cast<const char*>(kc);
   const char* vc8 = reinterpret_cast<const char*>(vc);
+  // rows [j, jend) step rs of this lane into kd / vd; page(pg) reads the page table (shared memory or, past
+  // ATT_MAX_PAGES entries, global): one loop per table location, so neither path is predicated inside the other
+  auto lean_rows = [&](int j, int jend, uint32_t kd, uint32_t vd, uint32_t hoff, uint32_t bstep, auto page) {
+#pragma unroll 1
+    for (; j < jend; j += rs, kd += bstep, vd += bstep) {
+      const uint64_t off = (uint64_t)page(MPK_ATT_DIAG_L2 ? 0 : j >> pss) * pstride +
+                           ((uint32_t)(j & pmask) * rstride + hoff);
+      cp_async16_s(kd, kc8 + off);
+      cp_async16_s(vd, vc8 + off);
+    }
+  };
   auto issue = [&](int vp, bf16* kb, bf16* vb) {   // (vp >= total: an empty group, so every call commits one)
     const int gv = vp / passes, j0 = lo + (vp - gv * passes) * KP, gi = g + gv;
     const int n = vp < total ? min(KW, min(KP, hi - j0) - wrow0) : 0;   // this warp's rows (<= 0: none)
@@ -179,19 +190,12 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       const uint32_t hoff = (uint32_t)(gi * D + le * 8) * 2;
       const int r0 = wrow0 + lu, jend = j0 + wrow0 + n;
       const uint32_t boff = (uint32_t)(r0 * KST + le * 8) * 2, bstep = (uint32_t)(rs * KST) * 2;
-      uint32_t kd = static_cast<uint32_t>(__cvta_generic_to_shared(kb)) + boff;
-      uint32_t vd = static_cast<uint32_t>(__cvta_generic_to_shared(vb)) + boff;
-#pragma unroll 1
-      for (int j = j0 + r0; j < jend; j += rs, kd += bstep, vd += bstep) {
-#if MPK_ATT_DIAG_L2
-        const uint32_t page = (uint32_t)pages[0];
-#else
-        const uint32_t page = (uint32_t)pages[j >> pss];
-#endif
-        const uint64_t off = (uint64_t)page * pstride + ((uint32_t)(j & pmask) * rstride + hoff);
-        cp_async16_s(kd, kc8 + off);
-        cp_async16_s(vd, vc8 + off);
-      }
+      const uint32_t kd = static_cast<uint32_t>(__cvta_generic_to_shared(kb)) + boff;
+      const uint32_t vd = static_cast<uint32_t>(__cvta_generic_to_shared(vb)) + boff;
+      if (full)
+        lean_rows(j0 + r0, jend, kd, vd, hoff, bstep, [&](int pg) { return (uint32_t)pages[pg]; });
+      else
+        lean_rows(j0 + r0, jend, kd, vd, hoff, bstep, [&](int pg) { return (uint32_t)ld_const_s64(bt + pg); });
       cp_async_commit();
       return;
     }

@@ -35,3 +35,15 @@ def test_long_context_wide_heads_narrow_passes_match_pyvm(model, batch, ctx, spl
     res = []
     r = gpu_check.check_long_context(model, batch, ctx, splits, res)
     assert r["ok"], r
+
+
+@pytest.mark.parametrize("model,batch,ctx,ps", [("tiny-llama", 2, 2100, 2), ("tiny-qwen3", 1, 2060, 2),
+                                               ("tiny-llama", 2, 520, 12)])
+def test_long_context_page_tables_and_page_sizes_match_pyvm(model, batch, ctx, ps, gpu_check):
+    """Page size 2 at ~2100 keys: page tables of > ATT_MAX_PAGES (1024) entries, which attention reads from global
+    memory (the lean issue loop's second table path); page size 12: not a power of two, the general issue loop."""
+    from mpk_runtime.codegen.layout import CONSTANTS
+    assert ps != 2 or -(-(ctx + 16) // ps) > CONSTANTS["ATT_MAX_PAGES"]   # the global-table path is the one run
+    res = []
+    r = gpu_check.check_long_context(model, batch, ctx, 1, res, ps=ps)
+    assert r["ok"], r
