@@ -16,18 +16,14 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 21 left it: `one` FIRST (~4 min: tests/gpu on HEAD, where the
-# deferred KV appends are the default in attn-mk plans and the swizzle is gone; SASS of the default attention build
-# identical to before the swizzle), then `launch` (~2 min: what a megakernel segment costs beyond its tasks in a
-# CUDA graph; attn-mk pays it once per layer, ~20 us by session 20's rows: 0.3 ms of a llama step, 0.7 of qwen3-8b's),
-# `VARS="base pdl" BS=8,32,128 ab` (~3 min: programmatic dependent launches, MPK_MK_PDL=1: each attention megakernel
-# may start while the kernel before it drains; prediction -1..-4% at llama attn-mk B=32 / 128 if `launch` finds the
-# fixed cost in the launch and prologue, ~0 if in cold state), `val` (~9 min: validate_planner with the new defaults; h200_v35_cal, fit
-# before it, out of sample; B=128 ctx 4096 is the point it over-predicts by 16-17%), `ncuatt` (~5 min: ncu's stall
-# sampling of the wide passes at llama B=128 ctx 4096: each pass ~1.3 us computing + ~1.7 us waiting, and neither
-# more stages nor conflict-free rows helped), `VARS="base diagl2" CTXS=512,4096 ab` (~2 min: the same passes with
-# every row read from L2; prediction if HBM's scattered rows are the limit: B=128 ctx 4096 7.6 -> <= 6 ms; if the
-# issue or the chain is: within 5%), then `MODELS=llama-3.2-1b bench` (issue 3's table with the new defaults). With two GPUs first: `two` (TP=2 has not run since session 11).
+# Order for a 30-minute session (one GPU), as session 22 left it (session 22 ran launch / pdl / ncuatt / diagl2 /
+# val at d101081; bench/results/s22). 1. `one` FIRST (~5 min: HEAD's lean K/V issue loop, both page-table paths:
+# the new page-size 2 / 12 tests; run 8 passed 33 attention tests at 7d1d843 before the global-table path).
+# 2. `MODELS=qwen3-8b bench` (~9 min: issue 3's qwen table with the lean loop; prediction: the narrow passes gain
+# like llama's wide ones, qwen3-8b attn-mk B=32 / 128 ctx 4096 12.4 / 32.4 -> ~10.5-11.5 / ~27-30 ms, -8..-15%).
+# 3. `VAL_B4096=1,8,32,128 val` (~10 min: rows for the refit the lean loop needs; docs/planner.md session 22).
+# 4. `MODELS=llama-3.2-1b bench` if time is left (session 22's lean column had no peers in the same run).
+# With two GPUs first: `two` (TP=2 has not run since session 11).
 #  1. tests/gpu (49 passed at bca6d81 and at 5a47206)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step),
