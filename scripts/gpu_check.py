@@ -187,7 +187,9 @@ def check_long_context(model, B, ctx, splits, res, seed=3, ps=16):
     lr, nr = rig.ref_step(tok, pos)
     lm, nm = rig.mk_step(tok, pos)
     rel = ((lm - lr).norm() / lr.norm()).item()
-    r = dict(model=model, batch=B, context=ctx, splits=splits, page_size=ps, rel_logit_err=rel,
+    ngs = sorted({t.params.get("ng", 1) for t in rig.tg.tasks if t.kind == "attn_partial"})
+    r = dict(model=model, batch=B, context=ctx, splits=splits, page_size=ps, attn_groups_per_task=ngs,
+             rel_logit_err=rel,
              tokens_equal=bool((nr == nm).all()), finite=bool(torch.isfinite(lm).all()))
     r["ok"] = r["finite"] and r["tokens_equal"] and rel < 2e-2
     log(json.dumps(r))

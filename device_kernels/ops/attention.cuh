@@ -52,13 +52,14 @@ constexpr int ATT_NST = MPK_ATT_STAGES;
 #endif
 
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)
-// shared-memory layout (bytes): q (bf16, MAX_GS x MAX_HEAD_DIM) | page table (s64, ATT_MAX_PAGES) | K rows
+// shared-memory layout (bytes): q (bf16, ATT_MAX_QH x MAX_HEAD_DIM: the task's ng groups) | page table (s64, ATT_MAX_PAGES) | K rows
 // 2 x ATT_KP x (D + 8) | V rows 2 x ATT_KP x (D + 8) (bf16; padded: the V loads, lanes = (d, key pair), hit distinct
 // banks). The end merge reuses the K buffers: outputs (f32, warps x MAX_GS x D), then maxima and sums.
-constexpr int ATT_OFF_PAGES = MAX_GS * MAX_HEAD_DIM * 2;
+constexpr int ATT_OFF_PAGES = ATT_MAX_QH * MAX_HEAD_DIM * 2;
 constexpr int ATT_OFF_K = ATT_OFF_PAGES + ATT_MAX_PAGES * 8;
 static_assert(ATT_OFF_PAGES % 16 == 0 && ATT_OFF_K % 16 == 0, "attention shared-memory layout");
 static_assert(ATT_KP == 16 * (THREADS / 32) && MAX_GS <= 8, "attention: 16 keys of a pass per warp, <= 8 q heads");
+static_assert(ATT_MAX_QH >= MAX_GS, "attention: a task holds at least one group's q heads");
 // Wide passes (arg `wide` = R, 1 or 2; packer.py / tasks/tiling.py attn_wide): a pass is R x ATT_KP keys, warp w's
 // rows [16 R w, 16 R w + 16 R) as R independent 16-key tiles (their score chains interleave; one softmax update,
 // one rescale and one wait per pass). Session 19: the KV piece benchmark showed the pass rate, not HBM's piece
@@ -100,7 +101,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int b = (int)a[A_ATTN_PARTIAL_B], g = (int)a[A_ATTN_PARTIAL_G], s = (int)a[A_ATTN_PARTIAL_SPLIT];
   const int S = (int)a[A_ATTN_PARTIAL_SPLITS], gs = (int)a[A_ATTN_PARTIAL_GS], D = (int)a[A_ATTN_PARTIAL_D];
   const int nq = (int)a[A_ATTN_PARTIAL_NQ], n_kv = (int)a[A_ATTN_PARTIAL_N_KV];
-  const int ng = (int)a[A_ATTN_PARTIAL_NG];   // KV groups of this task (ng * gs <= MAX_GS)
+  const int ng = (int)a[A_ATTN_PARTIAL_NG];   // KV groups of this task (ng * gs <= ATT_MAX_QH)
   const float scale = f32(a[A_ATTN_PARTIAL_SCALE]);
   if (R == 2 && D > 64) __trap();   // the packer gives wide passes to head dims <= 64 only (tiling.attn_wide)
   // direct: one split, folded: the chunk is the group's output (packer.py attn_direct)

@@ -150,6 +150,7 @@ CONSTANTS = {
     "MAX_PASS_ROWS": 32,   # rows per Tensor Core pass at most (weights stream once per pass)
     "UNROLL": 8,           # 16-byte weight loads in flight per lane per column (batch <= 2)
     "MAX_GS": 8,           # q heads per KV group handled by one attention task
+    "ATT_MAX_QH": 32,      # q heads of one attention task (its ng KV groups x gs; the q area of its shared memory)
     "MAX_HEAD_DIM": 128,
     "ATT_KP": 128,         # attention: keys per pass (K/V rows of a pass in shared memory, double-buffered)
     "ATT_MAX_PAGES": 1024,  # attention: page-table entries fetched with the position (longer tables: per key)
@@ -188,12 +189,12 @@ ATT_SMEM_MAX = SMEM_PER_CTA - STATIC_SMEM_RESERVE   # an attention task's dynami
 
 def att_smem_bytes(D: int, C: dict | None = None, ng: int = 1, stages: int = 2, wide: int = 1) -> int:
     """Shared memory of an attn_partial task with head dim D (device_kernels/ops/attention.cuh layout): q (bf16,
-    MAX_GS x MAX_HEAD_DIM), the page table (s64, ATT_MAX_PAGES), then `stages` (MPK_ATT_STAGES, 2 by default)
+    ATT_MAX_QH x MAX_HEAD_DIM), the page table (s64, ATT_MAX_PAGES), then `stages` (MPK_ATT_STAGES, 2 by default)
     buffers of wide x ATT_KP K rows and as many of V rows (bf16, both padded to D + 8); a task of ng > 1 groups
     merges all but its last group in a region after them (fp32 outputs, maxima and sums of every warp:
     NW x MAX_GS x (D + 2))."""
     C = C or CONSTANTS
-    head = C["MAX_GS"] * C["MAX_HEAD_DIM"] * 2 + C["ATT_MAX_PAGES"] * 8
+    head = C["ATT_MAX_QH"] * C["MAX_HEAD_DIM"] * 2 + C["ATT_MAX_PAGES"] * 8
     merge = (C["THREADS"] // 32) * C["MAX_GS"] * (D + 2) * 4 if ng > 1 else 0
     return head + stages * 2 * wide * C["ATT_KP"] * (D + 8) * 2 + merge
 

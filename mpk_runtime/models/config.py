@@ -243,6 +243,11 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
     ModelConfig(name="tiny-qwen3", family="qwen3", vocab_size=640, hidden_size=96, intermediate_size=256,
                 num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
                 max_position_embeddings=1024, tie_word_embeddings=False),
+    # llama-3.2-1b's attention shape (32 q heads over 8 KV heads of 64) at test size, with room for long contexts:
+    # attention tasks of up to 8 KV groups (tasks/tiling.py attn_g) and page tables past ATT_MAX_PAGES entries
+    ModelConfig(name="tiny-llama-g8", family="llama", vocab_size=512, hidden_size=256, intermediate_size=512,
+                num_layers=2, num_heads=32, num_kv_heads=8, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+                rope_scaling=None, max_position_embeddings=4096, tie_word_embeddings=True),
     # qwen3-8b's head dim (128) and GQA group (4) at test size: the code paths of 128-wide heads (the megakernel's
     # narrow attention passes for them, tasks/tiling.py attn_wide)
     ModelConfig(name="tiny-qwen3-d128", family="qwen3", vocab_size=640, hidden_size=256, intermediate_size=512,

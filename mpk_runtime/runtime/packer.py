@@ -262,9 +262,9 @@ class TaskPacker:
         if ng > 1 and not direct:
             raise ValueError(f"an attention task of {ng} KV groups (Tiling.attn_groups / MPK_ATT_GROUPS) writes its "
                              f"outputs directly: it needs one split, the folded merge and MPK_ATT_DIRECT on")
-        if ng * p["gs"] > L.CONSTANTS["MAX_GS"]:
-            raise ValueError(f"an attention task holds at most {L.CONSTANTS['MAX_GS']} q heads: {ng} groups of "
-                             f"{p['gs']} do not fit (Tiling.attn_g keeps to it)")
+        if ng * p["gs"] > L.CONSTANTS["ATT_MAX_QH"]:
+            raise ValueError(f"an attention task holds at most {L.CONSTANTS['ATT_MAX_QH']} q heads: {ng} groups of "
+                             f"{p['gs']} do not fit (Tiling.attn_g keeps to it; fewer MPK_ATT_GROUPS)")
         stages = nvcc.define_int("MPK_ATT_STAGES", 2)   # the build's K/V buffers (attention.cuh)
         wide = attn_wide(self.D, ng)   # 16-key tiles per warp and pass
         need = L.att_smem_bytes(self.D, ng=ng, stages=stages, wide=wide)   # attention.cuh's layout

@@ -15,8 +15,18 @@ from ..envflags import env_flag, env_int
 # Tiling fields whose default comes from the environment (A/B switches): set, the variable overrides a plan's
 # recorded value too (plan books are cached on disk; runtime/plan_exec.py _tiling)
 ENV_FIELDS = {"attn_fold_merge": "MPK_ATTN_FOLD", "attn_groups": "MPK_ATT_GROUPS"}
-AUTO_ATTN_GROUPS = 2   # Tiling.attn_groups = 0: the groups per attention task where they apply (measured: 2)
-AUTO_GROUP_UNITS_PER_SM = 1.5   # ... and where the step has this many (sequence, KV group) units per SM
+# Tiling.attn_groups = 0 (auto): an attention task's fixed chain and a group's finish, in passes of its keys
+# (session 21's stamps at llama B=128 ctx 4096: q and the page table at 1.7 us, the first pass landed at 4.6 us,
+# ~2-3 us a pass; the task's control path ~2 us; the cross-warp merge and output of a group ~1 us)
+ATTN_TASK_FIXED_PASSES = 3.0
+ATTN_GROUP_FINISH_PASSES = 0.5
+
+
+def attn_groups_cost(units: int, ng: int, passes: int, num_sms: int) -> float:
+    """The attention's makespan in passes with ng groups per task: waves of tasks over the SMs x one task's fixed
+    chain plus its groups' passes and finishes (`units` = sequences x KV heads; `passes` per group)."""
+    waves = -(-(units // ng) // num_sms)
+    return waves * (ATTN_TASK_FIXED_PASSES + ng * (passes + ATTN_GROUP_FINISH_PASSES))
 
 
 def attn_direct() -> bool:
@@ -96,23 +106,30 @@ class Tiling:
         p = self.qkv_parts or max(1, self.num_sms // max(1, heads))
         return max(1, min(p, pairs // 4 if pairs >= 4 else 1))
 
-    def attn_g(self, splits: int, gs: int, n_kv: int, head_dim: int, seqs: int, max_gs: int = 8) -> int:
-        """KV groups per attn_partial task: attn_groups where the keys are one split of a folded merge, as many as
-        fit in a task's q heads (max_gs, codegen MAX_GS) and divide the rank's KV heads; else 1. Auto (0):
-        AUTO_ATTN_GROUPS where attention writes directly, the shared memory fits the build's K/V stages and the
-        step has at least AUTO_GROUP_UNITS_PER_SM (sequence, KV group) units per SM (`seqs` sequences x n_kv):
-        fewer, and grouping only lengthens each SM's one task (measured: llama-3.2-1b B=8, 64 units on 132 SMs,
-        +9% with 2 groups; B=32, 256 units, -1%; B=128 -3%)."""
+    def attn_g(self, splits: int, gs: int, n_kv: int, head_dim: int, seqs: int, keys: int = 0,
+               max_qh: int = 0) -> int:
+        """KV groups per attn_partial task (a divisor of the rank's KV heads whose q heads fit a task's q area,
+        max_qh = codegen ATT_MAX_QH) where the keys are one split of a folded merge with direct writes; else 1.
+        Explicit (attn_groups / MPK_ATT_GROUPS): as many as asked for within those limits. Auto (0): the count
+        that minimises the attention's waves x per-task time under a pass-count model (`attn_groups_cost`), among
+        those whose shared memory fits the build's K/V stages and keeps the wide passes. A task's groups share one
+        fixed chain (q and page table fetched, the first pass landing, the task's control path) and run their
+        passes as one pipeline. So at ~1 unit per SM a group costs a whole task (llama-3.2-1b B=8, 64 units on 132
+        SMs: +9% measured with 2 groups), and at many units per SM the fixed chain is paid once per several
+        groups (session 22: up to every group of a sequence in one task, where 2 was the most before)."""
         if splits != 1 or not self.attn_fold_merge:
             return 1
-        auto = self.attn_groups == 0
-        if auto and (not attn_direct() or seqs * n_kv < AUTO_GROUP_UNITS_PER_SM * self.num_sms):
+        from ..codegen import layout   # (codegen reads the tasks' opcodes at import)
+        max_qh = max_qh or layout.CONSTANTS["ATT_MAX_QH"]
+        ok = [n for n in range(1, n_kv + 1) if n_kv % n == 0 and n * gs <= max_qh]
+        if self.attn_groups:   # asked for: the packer says what else to lower
+            return max(n for n in ok if n <= self.attn_groups)
+        if not attn_direct():
             return 1
-        n = max(1, min(self.attn_groups or AUTO_ATTN_GROUPS, max_gs // max(1, gs), n_kv))
-        while n_kv % n or (auto and n > 1 and (not _att_smem_fits(head_dim, n) or
-                                                attn_wide(head_dim, n) < attn_wide(head_dim, 1))):
-            n -= 1   # (auto: nor where grouping would cost the wide passes; they measured -7..-21%, groups -1..-3%)
-        return n
+        wide = attn_wide(head_dim, 1)
+        ok = [n for n in ok if n == 1 or (_att_smem_fits(head_dim, n) and attn_wide(head_dim, n) >= wide)]
+        passes = max(1, -(-keys // (wide * layout.CONSTANTS["ATT_KP"])))
+        return min(ok, key=lambda n: (attn_groups_cost(seqs * n_kv, n, passes, self.num_sms), n))
 
     def argmax_t(self, slices: int) -> int:
         """argmax_partial tasks per rank: a divisor of the op's vocabulary slices."""

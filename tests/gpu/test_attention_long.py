@@ -37,8 +37,7 @@ def test_long_context_wide_heads_narrow_passes_match_pyvm(model, batch, ctx, spl
     assert r["ok"], r
 
 
-@pytest.mark.parametrize("model,batch,ctx,ps", [("tiny-llama", 2, 2100, 2), ("tiny-qwen3", 1, 2060, 2),
-                                               ("tiny-llama", 2, 520, 12)])
+@pytest.mark.parametrize("model,batch,ctx,ps", [("tiny-llama-g8", 2, 2100, 2), ("tiny-llama", 2, 520, 12)])
 def test_long_context_page_tables_and_page_sizes_match_pyvm(model, batch, ctx, ps, gpu_check):
     """Page size 2 at ~2100 keys: page tables of > ATT_MAX_PAGES (1024) entries, which attention reads from global
     memory (the lean issue loop's second table path); page size 12: not a power of two, the general issue loop."""
@@ -47,3 +46,19 @@ def test_long_context_page_tables_and_page_sizes_match_pyvm(model, batch, ctx, p
     res = []
     r = gpu_check.check_long_context(model, batch, ctx, 1, res, ps=ps)
     assert r["ok"], r
+
+
+@pytest.mark.parametrize("groups,batch,ctx,want", [("4", 3, 700, [4]), ("8", 2, 600, [8]), ("", 128, 520, [8])])
+def test_attention_tasks_of_up_to_every_group_of_a_sequence_match_pyvm(groups, batch, ctx, want, gpu_check,
+                                                                       monkeypatch):
+    """tiny-llama-g8 (llama-3.2-1b's 32 q heads over 8 KV heads of 64): tasks of 4 and 8 KV groups (16 and 32 q
+    heads, the q area's ATT_MAX_QH), asked for and chosen by the auto rule at 1024 (sequence, group) units,
+    sequences of different lengths, several passes per group."""
+    monkeypatch.setenv("MPK_ATT_DIRECT", "1")
+    if groups:
+        monkeypatch.setenv("MPK_ATT_GROUPS", groups)
+    else:
+        monkeypatch.delenv("MPK_ATT_GROUPS", raising=False)
+    res = []
+    r = gpu_check.check_long_context("tiny-llama-g8", batch, ctx, 1, res)
+    assert r["attn_groups_per_task"] == want and r["ok"], r

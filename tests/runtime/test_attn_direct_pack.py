@@ -10,7 +10,7 @@ from mpk_runtime.models.weights import get_weights
 from mpk_runtime.runtime.memory import KVStore, RankMemory
 from mpk_runtime.runtime.packer import TaskPacker
 from mpk_runtime.tasks.build import build_task_graphs
-from mpk_runtime.tasks.tiling import Tiling
+from mpk_runtime.tasks.tiling import Tiling, attn_groups_cost
 
 
 @pytest.mark.parametrize("splits,fold,env,want", [(1, True, "1", 1), (1, True, "", 1), (1, True, "0", 0),
@@ -98,22 +98,30 @@ def test_attention_stages_size_the_shared_memory_and_too_many_are_refused(monkey
 
 
 def test_attention_groups_auto_default_applies_only_where_it_can(monkeypatch):
-    """Tiling.attn_groups = 0 (the default): two KV groups per task where the keys are one split, the direct write is
-    on and two groups' q heads and shared memory fit; one group elsewhere (no error: the user asked for nothing).
-    An explicit MPK_ATT_GROUPS is taken as asked (the packer refuses what cannot run)."""
+    """Tiling.attn_groups = 0 (the default): KV groups per task where the keys are one split, the direct write is on
+    and the groups' q heads (ATT_MAX_QH) and shared memory fit, as many as minimise waves x per-task passes
+    (tiling.attn_groups_cost); one group elsewhere (no error: the user asked for nothing). An explicit
+    MPK_ATT_GROUPS is taken as asked (the packer refuses what cannot run)."""
     for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD"):
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setenv("MPK_ATT_WIDE", "0")   # narrow passes: the grouping rule alone (yielding to wide ones: below)
-    t = Tiling()   # 132 SMs: grouped from 1.5 x 132 = 198 (sequence, KV group) units
+    t = Tiling()   # 132 SMs
     assert t.attn_groups == 0
-    assert t.attn_g(1, 4, 8, 128, 32) == 2 and t.attn_g(1, 4, 8, 64, 128) == 2
+    assert t.attn_g(1, 4, 8, 128, 32) == 2                      # 256 units: one wave of 2-group tasks
+    assert t.attn_g(1, 4, 8, 64, 128) == 8                      # 1024 units: one wave of whole sequences
+    assert t.attn_g(1, 4, 8, 64, 128, keys=513) == 8 and t.attn_g(1, 4, 8, 64, 96, keys=513) == 2
     assert t.attn_g(1, 4, 8, 128, 16) == 1                      # 128 units: one per SM, grouping would only serialise
+    assert t.attn_g(1, 4, 8, 64, 8, keys=4097) == 1
     assert t.attn_g(2, 4, 8, 128, 32) == 1                      # keys split: groups do not apply
-    assert t.attn_g(1, 8, 8, 128, 32) == 1                      # 2 x 8 q heads > MAX_GS
+    assert t.attn_g(1, 8, 8, 128, 128) == 4                     # 4 x 8 q heads = ATT_MAX_QH
+    assert Tiling(attn_groups=8).attn_g(1, 8, 8, 128, 128) == 4   # asked for more: the most that fit
     assert t.attn_g(1, 4, 1, 128, 256) == 1                     # one KV head
     assert Tiling(num_sms=8).attn_g(1, 4, 8, 128, 2) == 2      # 16 units on 8 SMs
     assert Tiling(attn_fold_merge=False).attn_g(1, 4, 8, 128, 32) == 1
     assert Tiling(attn_groups=2).attn_g(1, 4, 8, 128, 1) == 2   # asked for: taken whatever the batch
+    # the model: a wave of whole sequences beats 4 waves of pairs at 1024 units, and 8 waves of singles
+    assert attn_groups_cost(1024, 8, 3, 132) < attn_groups_cost(1024, 2, 3, 132) < attn_groups_cost(1024, 1, 3, 132)
+    assert attn_groups_cost(64, 1, 3, 132) < attn_groups_cost(64, 2, 3, 132)
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_STAGES=3")   # 3 K/V stages of 128-wide heads: no room
     assert L.att_smem_bytes(128, ng=2, stages=3) > L.ATT_SMEM_MAX >= L.att_smem_bytes(64, ng=2, stages=3)
     assert t.attn_g(1, 4, 8, 128, 32) == 1 and t.attn_g(1, 4, 8, 64, 32) == 2

@@ -6,6 +6,7 @@ import copy
 import pytest
 import torch
 
+from mpk_runtime.codegen import layout as L
 from mpk_runtime.models import ModelConfig, PRESETS, ReferenceModel, random_weights
 from mpk_runtime.runtime.base import KernelTimeout
 from mpk_runtime.runtime.pyvm import PyVM
@@ -217,7 +218,8 @@ def test_folded_attention_merge_matches_the_reference_and_the_unfolded_graph(cfg
         assert torch.equal(got, plain[s])
 
 
-@pytest.mark.parametrize("cfg,tp,batch", [(PRESETS["tiny-llama"], 1, 4), (PRESETS["tiny-qwen3"], 2, 3), (ODD, 1, 2)],
+@pytest.mark.parametrize("cfg,tp,batch", [(PRESETS["tiny-llama"], 1, 4), (PRESETS["tiny-qwen3"], 2, 3), (ODD, 1, 2),
+                                          (PRESETS["tiny-llama-g8"], 1, 3), (PRESETS["tiny-llama-g8"], 2, 2)],
                          ids=lambda x: getattr(x, "name", x))
 @pytest.mark.parametrize("mode", ["random", "threads"])
 def test_grouped_attention_tasks_match_one_group_per_task(cfg, tp, batch, mode):
@@ -234,7 +236,8 @@ def test_grouped_attention_tasks_match_one_group_per_task(cfg, tp, batch, mode):
     ggrp, *_ = grouped(8, 4)
     tasks = [t for g in ggrp.decode_vm(batch)[2].graphs for t in g.tasks if t.kind == "attn_partial"]
     n_kv = cfg.num_kv_heads // tp
-    assert {t.params.get("ng", 1) for t in tasks} == {min(n_kv, 8 // (cfg.num_heads // cfg.num_kv_heads))}
+    gs = cfg.num_heads // cfg.num_kv_heads
+    assert {t.params.get("ng", 1) for t in tasks} == {min(n_kv, L.CONSTANTS["ATT_MAX_QH"] // gs)}
     assert len(tasks) * tasks[0].params.get("ng", 1) == batch * n_kv * tp * cfg.num_layers   # (1 KV head per rank: 1)
     for s in range(3):
         got = ggrp.decode(toks[s].tolist(), [n + s for n in lens], tables)

@@ -37,7 +37,7 @@ def decompose(op, graph, tiling, rank):
             raise ValueError(f"{op.name}: deferred KV appends are for decode steps (one new row per sequence)")
         base.update(kv_new=a["kv_new"], kv_defer=True)
     fold = tiling.attn_fold_merge
-    ng = tiling.attn_g(S, gs, a["n_kv"], D, B)
+    ng = tiling.attn_g(S, gs, a["n_kv"], D, B, keys=graph.context_len + T)
     tasks, merges = [], []
     for b in range(B):
         m0, m1 = b * T, (b + 1) * T
