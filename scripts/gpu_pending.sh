@@ -19,12 +19,12 @@
 # Order for a 30-minute session (one GPU), as session 22 left it (session 22 ran launch / pdl / ncuatt / diagl2 /
 # val at d101081; bench/results/s22). 1. `one` FIRST (~5 min: HEAD's lean K/V issue loop, both page-table paths:
 # the new page-size 2 / 12 tests; run 8 passed 33 attention tests at 7d1d843 before the global-table path).
-# 2. `VARS="base g2" BS=32,128 CTXS=512,4096 MODELS=llama-3.2-1b ab` (~3 min: attention tasks of up to all 8 KV
-# groups of a sequence (auto) against session 22's two (g2); prediction: llama B=128 ctx 512 -7..-12%, ctx 4096
-# -2..-5%, B=32 within noise (two groups either way)).
-# 3. `MODELS=qwen3-8b bench` (~9 min: issue 3's qwen table with the lean loop and the groups; prediction: the narrow
-# passes gain like llama's wide ones, attn-mk B=32 / 128 ctx 4096 12.4 / 32.4 -> ~10.5-11.5 / ~26-29 ms, and
-# B=128 ctx 512 10.8 -> ~9.5-10.2).
+# 2. `VARS="base g8" BS=32,128 CTXS=512,4096 MODELS=llama-3.2-1b ab` (~3 min: attention tasks of up to all 8 KV
+# groups of a sequence, MPK_ATT_GROUPS_MAX=8, against the default cap of 2; prediction: llama B=128 ctx 512
+# -7..-12%, ctx 4096 -2..-5%, B=32 within noise (two groups either way)); if it wins, make 8 the default
+# (tasks/tiling.py attn_groups_max) and A/B qwen3-8b B=128 the same way (-5..-8% at ctx 512).
+# 3. `MODELS=qwen3-8b bench` (~9 min: issue 3's qwen table with the lean loop; prediction: the narrow passes gain
+# like llama's wide ones, attn-mk B=32 / 128 ctx 4096 12.4 / 32.4 -> ~10.5-11.5 / ~27-30 ms).
 # 4. `VAL_B4096=1,8,32,128 val` (~10 min: rows for the refit the lean loop needs; docs/planner.md session 22).
 # 5. `MODELS=llama-3.2-1b bench` if time is left (session 22's lean column had no peers in the same run).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
@@ -91,15 +91,15 @@ elif [ "$MODE" = ab ]; then
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
 for V in $VARS; do
-  W=""; KD=""; PDL=""
+  W=""; KD=""; PDL=""; GM=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
-             pdl) D=""; G=""; PDL=1;; g2) D=""; G=2;;
+             pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
-  MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done

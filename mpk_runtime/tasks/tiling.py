@@ -22,6 +22,13 @@ ATTN_TASK_FIXED_PASSES = 3.0
 ATTN_GROUP_FINISH_PASSES = 0.5
 
 
+def attn_groups_max() -> int:
+    """$MPK_ATT_GROUPS_MAX: the most KV groups the auto rule puts in one attention task. Default 2 (what every GPU
+    run so far measured) until the wider tasks have run on a GPU (docs/perf-notes.md session 22); 8 lets it put
+    every KV head of a sequence in one task."""
+    return env_int("MPK_ATT_GROUPS_MAX", 2, 1, 8)
+
+
 def attn_groups_cost(units: int, ng: int, passes: int, num_sms: int) -> float:
     """The attention's makespan in passes with ng groups per task: waves of tasks over the SMs x one task's fixed
     chain plus its groups' passes and finishes (`units` = sequences x KV heads; `passes` per group)."""
@@ -112,7 +119,7 @@ class Tiling:
         max_qh = codegen ATT_MAX_QH) where the keys are one split of a folded merge with direct writes; else 1.
         Explicit (attn_groups / MPK_ATT_GROUPS): as many as asked for within those limits. Auto (0): the count
         that minimises the attention's waves x per-task time under a pass-count model (`attn_groups_cost`), among
-        those whose shared memory fits the build's K/V stages and keeps the wide passes. A task's groups share one
+        those up to attn_groups_max() whose shared memory fits the build's K/V stages and keeps the wide passes. A task's groups share one
         fixed chain (q and page table fetched, the first pass landing, the task's control path) and run their
         passes as one pipeline. So at ~1 unit per SM a group costs a whole task (llama-3.2-1b B=8, 64 units on 132
         SMs: +9% measured with 2 groups), and at many units per SM the fixed chain is paid once per several
@@ -126,8 +133,8 @@ class Tiling:
             return max(n for n in ok if n <= self.attn_groups)
         if not attn_direct():
             return 1
-        wide = attn_wide(head_dim, 1)
-        ok = [n for n in ok if n == 1 or (_att_smem_fits(head_dim, n) and attn_wide(head_dim, n) >= wide)]
+        wide, most = attn_wide(head_dim, 1), attn_groups_max()
+        ok = [n for n in ok if n == 1 or (n <= most and _att_smem_fits(head_dim, n) and attn_wide(head_dim, n) >= wide)]
         passes = max(1, -(-keys // (wide * layout.CONSTANTS["ATT_KP"])))
         return min(ok, key=lambda n: (attn_groups_cost(seqs * n_kv, n, passes, self.num_sms), n))
 

@@ -102,11 +102,14 @@ def test_attention_groups_auto_default_applies_only_where_it_can(monkeypatch):
     and the groups' q heads (ATT_MAX_QH) and shared memory fit, as many as minimise waves x per-task passes
     (tiling.attn_groups_cost); one group elsewhere (no error: the user asked for nothing). An explicit
     MPK_ATT_GROUPS is taken as asked (the packer refuses what cannot run)."""
-    for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD"):
+    for v in ("MPK_ATT_GROUPS", "MPK_NVCC_DEFINES", "MPK_ATT_DIRECT", "MPK_ATTN_FOLD", "MPK_ATT_GROUPS_MAX"):
         monkeypatch.delenv(v, raising=False)
     monkeypatch.setenv("MPK_ATT_WIDE", "0")   # narrow passes: the grouping rule alone (yielding to wide ones: below)
     t = Tiling()   # 132 SMs
     assert t.attn_groups == 0
+    # the default cap (2, until the wider tasks are measured): grouped from one wave of pairs on
+    assert t.attn_g(1, 4, 8, 64, 128) == 2 and t.attn_g(1, 4, 8, 128, 17) == 2 and t.attn_g(1, 4, 8, 128, 16) == 1
+    monkeypatch.setenv("MPK_ATT_GROUPS_MAX", "8")
     assert t.attn_g(1, 4, 8, 128, 32) == 2                      # 256 units: one wave of 2-group tasks
     assert t.attn_g(1, 4, 8, 64, 128) == 8                      # 1024 units: one wave of whole sequences
     assert t.attn_g(1, 4, 8, 64, 128, keys=513) == 8 and t.attn_g(1, 4, 8, 64, 96, keys=513) == 2
