@@ -50,6 +50,13 @@ constexpr int ATT_NST = MPK_ATT_STAGES;
 #ifndef MPK_ATT_PV_SPLIT
 #define MPK_ATT_PV_SPLIT 1
 #endif
+// MPK_ATT_LEAN_PASS=1 (opt-in until measured, gpu_pending.sh ab leanpass; session 22): a pass whose keys cover the
+// warp's whole tiles skips the key masks (the scores' key < n selects, the P.V operands' masks: ~40 of a wide
+// pass's ~470 instructions per warp). Same arithmetic, so the same results bit for bit. (Keeping the group's q
+// fragments in registers across passes as well made the kernel spill around the attention call: not done.)
+#ifndef MPK_ATT_LEAN_PASS
+#define MPK_ATT_LEAN_PASS 0
+#endif
 
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)
 // shared-memory layout (bytes): q (bf16, ATT_MAX_QH x MAX_HEAD_DIM: the task's ng groups) | page table (s64, ATT_MAX_PAGES) | K rows
@@ -300,6 +307,11 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #endif
     if (vp == 0) MPK_STAMP(2);
     if (vp == 1) MPK_STAMP(5);   // (diagnostic stamps 5, 7-9: pass 1, the steady state)
+#if MPK_ATT_LEAN_PASS
+    const bool fullp = kw + KW <= n;   // warp-uniform: every key of the warp's tiles is in the pass (no masks)
+#else
+    constexpr bool fullp = false;
+#endif
     if (kw < n) {   // warp-uniform: key kw is in the pass, so every head's max below is finite
       // tile u, n-tile nt: sc[u][nt][0 / 1] = S[head g8][key kw + 16 u + 8 nt + 2 t4 + 0 / 1] (sc[u][nt][2, 3]:
       // padding rows); the R tiles' chains are independent (interleaved by the unrolled loops)
@@ -331,7 +343,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = kw + 16 * u + 8 * (e >> 1) + 2 * t4 + (e & 1);
-          v[u][e] = key < n ? sc[u][e >> 1][e & 1] * scale : -INFINITY;
+          v[u][e] = fullp || key < n ? sc[u][e >> 1][e & 1] * scale : -INFINITY;
           mx = fmaxf(mx, v[u][e]);
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -364,22 +376,28 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         __nv_bfloat162 r23 = __floats2bfloat162_rn(v[u][2] - __low2float(h23), v[u][3] - __high2float(h23));
         const uint32_t bl0 = *reinterpret_cast<uint32_t*>(&r01), bl1 = *reinterpret_cast<uint32_t*>(&r23);
 #endif
-        const int k0 = ku + 2 * t4;
-        const uint32_t mA = (k0 < n ? 0xffffu : 0u) | (k0 + 1 < n ? 0xffff0000u : 0u);
-        const uint32_t mB = (k0 + 8 < n ? 0xffffu : 0u) | (k0 + 9 < n ? 0xffff0000u : 0u);
         const uint32_t vrow = smem_addr(vb + (ku + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + ((lane >> 3) & 1) * 8);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          if (16 * mt < D) {
-            uint32_t a0, a1, a2, a3;
-            ldsm_x4_trans(vrow + 32 * mt, a0, a1, a2, a3);
-            a0 &= mA; a1 &= mA; a2 &= mB; a3 &= mB;
-#if MPK_ATT_PV_SPLIT
-            mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
-#endif
-            mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
+        auto pv = [&](const bool masked) {   // (inlined twice: with the key masks and, on full passes, without)
+          uint32_t mA = ~0u, mB = ~0u;
+          if (masked) {
+            const int k0 = ku + 2 * t4;
+            mA = (k0 < n ? 0xffffu : 0u) | (k0 + 1 < n ? 0xffff0000u : 0u);
+            mB = (k0 + 8 < n ? 0xffffu : 0u) | (k0 + 9 < n ? 0xffff0000u : 0u);
           }
-        }
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            if (16 * mt < D) {
+              uint32_t a0, a1, a2, a3;
+              ldsm_x4_trans(vrow + 32 * mt, a0, a1, a2, a3);
+              if (masked) { a0 &= mA; a1 &= mA; a2 &= mB; a3 &= mB; }
+#if MPK_ATT_PV_SPLIT
+              mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
+#endif
+              mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
+            }
+          }
+        };
+        if (fullp) pv(false); else pv(true);
       }
     }
     if (vp == 1) MPK_STAMP(8);   // thread 0's P.V
