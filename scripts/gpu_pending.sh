@@ -29,6 +29,9 @@
 # -DMPK_ATT_LEAN_PASS=1 (full passes skip the key masks, ~40 of ~470 instructions a warp's wide pass: -1..-3%)
 # and three K/V stages again (refuted in sessions 17-21 while the issue loop was the limit; with the lean loop
 # the pass may now wait on latency: if so -3..-10% at ctx 4096, else within noise).
+# 3c. `NCU_MONO=1 NCU_POINTS="1:512" ncuatt` (~2.5 min): ncu's stall sampling of the batch-1 one-megakernel step
+# (issue 3's B=1 target: 1.08 ms against 0.68): whether its linear tiles' loops wait on dependent instruction chains
+# the way attention's issue loop did (stall_wait), or on memory (long scoreboard), or on the phases' control path.
 # 4. `VAL_B4096=1,8,32,128 val` (~10 min: rows for the refit the lean loop needs; docs/planner.md session 22).
 # 5. `MODELS=llama-3.2-1b bench` if time is left (session 22's lean column had no peers in the same run).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
@@ -137,9 +140,11 @@ st "   where attn_partial's wide passes stall (long scoreboard = waiting for K/V
 st "   no_instruction = instruction fetch, a suspect for the segment's ~20 us beyond its tasks)"
 for PT in ${NCU_POINTS:-128:4096 32:512}; do
   NB=${PT%%:*}; NC=${PT##*:}; d="$OUT/ncu/b${NB}_c${NC}"; mkdir -p "$d"; NCU_LOG="$d/ncu.log"
+  # NCU_MONO=1: the one-megakernel step instead (batch 1 / 8: where the linear tiles' batch-1 loops stall)
+  if [ "${NCU_MONO:-0}" = 1 ]; then SYS="--mk-max-batch $NB --no-planned"; else SYS="--mk-max-batch 0"; fi
   timeout 240 ncu --section WarpStateStats --section SourceCounters --section SpeedOfLight --section MemoryWorkloadAnalysis \
       -k regex:mpk --launch-skip 2 --launch-count 1 -f -o "$d/prof" python3 scripts/bench_decode.py --models llama-3.2-1b \
-      --batches $NB --contexts $NC --mk-max-batch 0 --no-peers --budget-s 200 > "$NCU_LOG" 2>&1
+      --batches $NB --contexts $NC $SYS --no-peers --budget-s 200 > "$NCU_LOG" 2>&1
   tail -3 "$NCU_LOG"
   timeout 60 ncu -i "$d/prof.ncu-rep" --page source --csv --print-source sass > "$d/src.csv" 2>> "$NCU_LOG"
   timeout 60 ncu -i "$d/prof.ncu-rep" --page details --section SpeedOfLight --section MemoryWorkloadAnalysis \
