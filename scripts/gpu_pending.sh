@@ -35,6 +35,8 @@
 # 4. `VAL_B4096=1,8,32,128 val` (~10 min: rows for the refit the lean loop needs; docs/planner.md session 22).
 # 5. `MODELS=llama-3.2-1b bench` if time is left (session 22's lean column had no peers in the same run).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
+# The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
+# files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
 #  1. tests/gpu (49 passed at bca6d81 and at 5a47206)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step),
