@@ -25,10 +25,13 @@
 # (tasks/tiling.py attn_groups_max) and A/B qwen3-8b B=128 the same way (-5..-8% at ctx 512).
 # 3. `MODELS=qwen3-8b bench` (~9 min: issue 3's qwen table with the lean loop; prediction: the narrow passes gain
 # like llama's wide ones, attn-mk B=32 / 128 ctx 4096 12.4 / 32.4 -> ~10.5-11.5 / ~27-30 ms).
-# 3b. `VARS="base leanpass stages3" BS=32,128 CTXS=4096 MODELS=llama-3.2-1b ab` (~3 min; `attn` runs their tests):
-# -DMPK_ATT_LEAN_PASS=1 (full passes skip the key masks, ~40 of ~470 instructions a warp's wide pass: -1..-3%)
-# and three K/V stages again (refuted in sessions 17-21 while the issue loop was the limit; with the lean loop
-# the pass may now wait on latency: if so -3..-10% at ctx 4096, else within noise).
+# 3b. `attn` (~5 min: the switches' tests, now with -DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1), then
+# `VARS="base leanpass st stlean stages3" BS=32,128 CTXS=4096 MODELS=llama-3.2-1b ab` (~5 min):
+# -DMPK_ATT_LEAN_PASS=1 (full passes skip the key masks, ~40 of ~470 instructions a warp's wide pass: -1..-3%),
+# -DMPK_ATT_ST=1 (scores as K Q^T: half the score mma's, no padding moves, ~76 fewer static instructions a wide
+# pass, 411 against 487: -3..-7% at B=128 ctx 4096; stlean both: -4..-9%), and three K/V stages again (refuted in
+# sessions 17-21 while the issue loop was the limit; with the lean loop the pass may now wait on latency: if so
+# -3..-10% at ctx 4096, else within noise). Then qwen3-8b (narrow passes) the same way for what wins.
 # 3c. `NCU_MONO=1 NCU_POINTS="1:512" ncuatt` (~2.5 min): ncu's stall sampling of the batch-1 one-megakernel step
 # (issue 3's B=1 target: 1.08 ms against 0.68): whether its linear tiles' loops wait on dependent instruction chains
 # the way attention's issue loop did (stall_wait), or on memory (long scoreboard), or on the phases' control path.
@@ -55,7 +58,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san,ncu}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_leanpass.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_leanpass.log pytest_gpu_st.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -90,6 +93,9 @@ grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
 MPK_NVCC_DEFINES=-DMPK_ATT_LEAN_PASS=1 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_leanpass.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_leanpass.log" | tail -6; snap
+MPK_NVCC_DEFINES="-DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1" timeout 120 python3 -m pytest -q -m gpu \
+    tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py > "$OUT/pytest_gpu_st.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_st.log" | tail -6; snap
 elif [ "$MODE" = san ]; then
 st "3g compute-sanitizer memcheck + racecheck of the defaults (warp pipe, grouped attention; tiny configs, incl. one split)"
 OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
@@ -109,6 +115,7 @@ for V in $VARS; do
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
              pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; leanpass) D="-DMPK_ATT_LEAN_PASS=1"; G="";;
+             st) D="-DMPK_ATT_ST=1"; G="";; stlean) D="-DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1"; G="";;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
