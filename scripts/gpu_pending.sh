@@ -25,7 +25,7 @@
 # (tasks/tiling.py attn_groups_max) and A/B qwen3-8b B=128 the same way (-5..-8% at ctx 512).
 # 3. `MODELS=qwen3-8b bench` (~9 min: issue 3's qwen table with the lean loop; prediction: the narrow passes gain
 # like llama's wide ones, attn-mk B=32 / 128 ctx 4096 12.4 / 32.4 -> ~10.5-11.5 / ~27-30 ms).
-# 3b. `attn` (~5 min: the switches' tests, now with -DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1), then
+# 3b. `ATTN_SETS="leanpass st" attn` (~4 min: the new switches' tests, -DMPK_ATT_ST=1 with the lean pass), then
 # `VARS="base leanpass st stlean stages3" BS=32,128 CTXS=4096 MODELS=llama-3.2-1b ab` (~5 min):
 # -DMPK_ATT_LEAN_PASS=1 (full passes skip the key masks, ~40 of ~470 instructions a warp's wide pass: -1..-3%),
 # -DMPK_ATT_ST=1 (scores as K Q^T: half the score mma's, no padding moves, ~76 fewer static instructions a wide
@@ -80,22 +80,36 @@ timeout 150 python3 scripts/profile_conventional.py --models llama-3.2-1b --batc
     --out "$OUT/prof" > "$OUT/prof/profile_gptfast.log" 2>&1
 grep -A14 "^==" "$OUT/prof/profile_gptfast.log" | head -32; snap
 elif [ "$MODE" = attn ]; then
-st "3d the attention switches' other sides: -DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1, -DMPK_ATT_STAGES=3"
+# ATTN_SETS: which of the switches' test sets (default all: up to ~9.5 min of timeouts; name fewer to stay short)
+SETS=" ${ATTN_SETS:-nowarp groups1 stages3 leanpass st} "
+has() { case "$SETS" in *" $1 "*) return 0;; esac; return 1; }
+st "3d the attention switches' other sides:$SETS(-DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1, -DMPK_ATT_STAGES=3,"
+st "   -DMPK_ATT_LEAN_PASS=1, -DMPK_ATT_ST=1 with the lean pass)"
+if has nowarp; then
 MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=0 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
     tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py > "$OUT/pytest_gpu_nowarp.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_nowarp.log" | tail -6; snap
+fi
+if has groups1; then
 MPK_ATT_GROUPS=1 timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py \
     tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_groups1.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_groups1.log" | tail -6; snap
+fi
+if has stages3; then
 MPK_NVCC_DEFINES=-DMPK_ATT_STAGES=3 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_stages.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
+fi
+if has leanpass; then
 MPK_NVCC_DEFINES=-DMPK_ATT_LEAN_PASS=1 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_leanpass.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_leanpass.log" | tail -6; snap
+fi
+if has st; then
 MPK_NVCC_DEFINES="-DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1" timeout 120 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py > "$OUT/pytest_gpu_st.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_st.log" | tail -6; snap
+fi
 elif [ "$MODE" = san ]; then
 st "3g compute-sanitizer memcheck + racecheck of the defaults (warp pipe, grouped attention; tiny configs, incl. one split)"
 OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
