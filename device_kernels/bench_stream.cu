@@ -108,3 +108,64 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   }
   sink[blockIdx.x * THREADS + threadIdx.x] = acc;
 }
+
+// One decode phase's weight stream (scripts/bench_stream.py --phase): every CTA streams `bytes` contiguous bytes of
+// its own (CTA b: [b bytes, (b + 1) bytes) of W) once and folds them into a checksum, two ways:
+//   mode 0 "regs": the CUDA-core tiles' way, 16-byte evict-first loads into registers, UN = 16 per thread in flight
+//                  (64 KB a CTA, what linear_core_t keeps in flight at batch 1: 8 x 16 B x 2 columns x 256 threads);
+//   mode 1 "tma":  a producer thread streams the range in `chunk`-byte bulk copies (cp.async.bulk, mbarrier
+//                  transaction counts) into a ring of `stages` shared-memory buffers, up to stages x chunk bytes in
+//                  flight, and the 8 warps read each buffer from shared memory once it has landed.
+// bytes = 0 times the launch alone. The question it answers for batch 1 (issue 3): how long a phase of
+// 32 KB .. 1 MB a SM takes from launch to the last byte, with 64 KB in flight and with up to ~200 KB.
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    mpk_bench_phase(const uint8_t* __restrict__ W, int64_t bytes, int mode, int chunk, int stages,
+                    unsigned* __restrict__ sink) {
+  constexpr int UN = 16, MAX_STAGES = 16;
+  const uint8_t* src = W + (int64_t)blockIdx.x * bytes;
+  unsigned acc = 0;
+  if (mode == 0) {
+    const int64_t nv = bytes >> 4;
+    for (int64_t v0 = threadIdx.x; v0 < nv; v0 += (int64_t)THREADS * UN) {
+      uint4 v[UN];
+#pragma unroll
+      for (int u = 0; u < UN; ++u) {
+        const int64_t i = v0 + (int64_t)u * THREADS;
+        v[u] = i < nv ? ld_weight_stream16(src + i * 16) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < UN; ++u) acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+  } else {
+    __shared__ __align__(8) uint64_t bars[MAX_STAGES];
+    if (stages > MAX_STAGES) __trap();
+    const uint32_t buf = smem_addr(dyn_smem());
+    const int chunks = (int)((bytes + chunk - 1) / chunk);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < stages; ++s) mbar_init(smem_addr(&bars[s]));
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    auto issue = [&](int c) {   // chunk c into stage c % stages (thread 0)
+      const int s = c % stages;
+      const uint32_t n = (uint32_t)min((int64_t)chunk, bytes - (int64_t)c * chunk), bar = smem_addr(&bars[s]);
+      mbar_expect_tx(bar, n);
+      bulk_g2s(buf + (uint32_t)s * chunk, src + (int64_t)c * chunk, n, bar);
+    };
+    if (threadIdx.x == 0)
+      for (int c = 0; c < min(stages, chunks); ++c) issue(c);
+    for (int c = 0; c < chunks; ++c) {
+      const int s = c % stages;
+      mbar_wait(smem_addr(&bars[s]), (uint32_t)((c / stages) & 1));
+      const int n = (int)min((int64_t)chunk, bytes - (int64_t)c * chunk) >> 4;
+      const uint4* p = reinterpret_cast<const uint4*>(dyn_smem() + (size_t)s * chunk);
+      for (int i = threadIdx.x; i < n; i += THREADS) { const uint4 v = p[i]; acc += v.x ^ v.y ^ v.z ^ v.w; }
+      __syncthreads();   // every warp is done with stage s: refill it
+      if (threadIdx.x == 0 && c + stages < chunks) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // generic-proxy reads before the async write
+        issue(c + stages);
+      }
+    }
+  }
+  sink[blockIdx.x * THREADS + threadIdx.x] = acc;
+}

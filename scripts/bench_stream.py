@@ -10,6 +10,10 @@ GB/s = N x K x 2 bytes x iters / kernel time (CUDA events, median of `reps` laun
 
     PYTHONPATH=. python3 scripts/bench_stream.py      -> $OUT/bench_stream.json
 
+--phase (instead): one batch-1 decode phase, every SM streaming 32 KiB .. 1 MiB of its own once, registers (64 KiB in
+flight a CTA, the CUDA-core tiles' way) against TMA rings (cp.async.bulk into shared-memory stages, up to 192 KiB in
+flight): the time from launch to the last byte, less the launch. Writes $OUT/bench_phase.json.
+
 --pieces (instead of the weight patterns): the paged KV cache's pattern (kernel mpk_bench_pieces): 8 heads' pieces
 side by side in every row, each CTA reading one head's pieces of its rows; GB/s per piece size (64 B .. 8 KB) and
 one contiguous stream, the same bytes. A token-major cache gives attention pieces of head_dim x 2 bytes (128 B at
@@ -48,6 +52,11 @@ def main():
     ap.add_argument("--pieces", action="store_true", help="the paged KV cache's pattern instead (see the doc)")
     ap.add_argument("--piece-sizes", default="64,128,256,512,1024,2048,4096,8192")
     ap.add_argument("--mib", type=int, default=1024, help="--pieces: buffer size")
+    ap.add_argument("--phase", action="store_true", help="one decode phase's stream per SM, registers vs a TMA ring "
+                    "(kernel mpk_bench_phase; see phase())")
+    ap.add_argument("--phase-kb", default="32,64,128,256,512,1024", help="--phase: bytes a CTA streams (KiB)")
+    ap.add_argument("--rings", default="4x16,12x16,6x32,3x64",
+                    help="--phase: TMA rings as stages x KiB a stage (4x16 = the register path's 64 KiB in flight)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_stream needs a CUDA GPU")
@@ -81,6 +90,8 @@ def main():
 
     if a.pieces:
         return pieces(a, cu, mod, dev, sink, timed, torch)
+    if a.phase:
+        return phase(a, cu, mod, dev, torch, stream)
     rows_out = []
     for name, N, K in SHAPES:
         W = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
@@ -138,6 +149,56 @@ def pieces(a, cu, mod, dev, sink, timed, torch, heads: int = 8):
     (OUT / "bench_pieces.json").write_text(json.dumps(dict(meta=meta, rows=rows_out, kv_piece_eff_by_bytes=eff),
                                                       indent=1))
     print(f"wrote {OUT / 'bench_pieces.json'}")
+
+
+def phase(a, cu, mod, dev, torch, stream):
+    """Launch-to-last-byte time of one phase: every SM's CTA streams KiB of its own once (mpk_bench_phase), with 16
+    register loads in flight per thread (64 KiB a CTA, the batch-1 linear tiles' way) or through TMA rings of
+    stages x chunk bytes; bytes = 0 gives the launch alone, subtracted for GB/s."""
+    from mpk_runtime.codegen import layout as L
+    from mpk_runtime.runtime.megakernel import _check
+    fn = _check(cu.cuModuleGetFunction(mod, b"mpk_bench_phase"), "cuModuleGetFunction")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rings = [tuple(int(x) for x in r.split("x")) for r in a.rings.split(",")]
+    most = max(st * kb for st, kb in rings) << 10
+    _check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most),
+           "cuFuncSetAttribute")
+    sizes = [int(x) << 10 for x in a.phase_kb.split(",")]
+    W = torch.randint(0, 255, (sms * max(sizes),), dtype=torch.uint8, device=dev)
+    sink = torch.zeros(sms * L.CONSTANTS["THREADS"], dtype=torch.int32, device=dev)
+    types = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+
+    def run(nbytes, mode, stages, chunk):
+        ts = []
+        for rep in range(a.reps + 2):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record(stream)
+            _check(cu.cuLaunchKernel(fn, sms, 1, 1, L.CONSTANTS["THREADS"], 1, 1, stages * chunk if mode else 0,
+                                     cu.CUstream(stream.cuda_stream),
+                                     ((W.data_ptr(), nbytes, mode, chunk, stages, sink.data_ptr()), types), 0),
+                   "cuLaunchKernel")
+            e1.record(stream)
+            torch.cuda.synchronize()
+            if rep >= 2:
+                ts.append(e0.elapsed_time(e1) * 1e3)
+        return statistics.median(ts)
+
+    t0 = run(0, 0, 1, 16)
+    print(f"launch alone {t0:.2f} us ({sms} CTAs)", flush=True)
+    rows_out = []
+    for nbytes in sizes:
+        for name, mode, st, kb in [("regs", 0, 1, 16)] + [(f"tma {st}x{kb}K", 1, st, kb) for st, kb in rings]:
+            t = run(nbytes, mode, st, kb << 10)
+            gbs = sms * nbytes / max(t - t0, 1e-3) / 1e3
+            rows_out.append(dict(kib=nbytes >> 10, mode=name, us=t, us_less_launch=t - t0, GB_s=gbs,
+                                 pct_of_4550=100 * gbs / 4550))
+            print(f"{nbytes >> 10:>5} KiB a CTA  {name:<12} {t:8.2f} us  ({t - t0:7.2f} beyond the launch)  "
+                  f"{gbs:6.0f} GB/s ({100 * gbs / 4550:.0f}%)", flush=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    meta = dict(machine=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                git_commit=os.environ.get("GIT_COMMIT", ""), reps=a.reps, ctas=sms, launch_us=t0)
+    (OUT / "bench_phase.json").write_text(json.dumps(dict(meta=meta, rows=rows_out), indent=1))
+    print(f"wrote {OUT / 'bench_phase.json'}")
 
 
 if __name__ == "__main__":

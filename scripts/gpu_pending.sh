@@ -13,6 +13,7 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
 #     OUT=$OUT bash scripts/gpu_pending.sh ncuatt   # stage 4e (one GPU): ncu stall sampling of attention's passes (~5 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh launch   # stage 4f (one GPU): a megakernel segment's fixed cost in graphs (~2 min)
+#     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
@@ -35,6 +36,11 @@
 # 3c. `NCU_MONO=1 NCU_POINTS="1:512" ncuatt` (~2.5 min): ncu's stall sampling of the batch-1 one-megakernel step
 # (issue 3's B=1 target: 1.08 ms against 0.68): whether its linear tiles' loops wait on dependent instruction chains
 # the way attention's issue loop did (stall_wait), or on memory (long scoreboard), or on the phases' control path.
+# 3d. `phase` (~1 min): how long one batch-1 phase's weight stream takes per SM from launch, with the CUDA-core tiles'
+# 64 KiB in flight against TMA rings of up to 192 KiB (the producer-warp design the notes have named since session 4
+# and never measured). Prediction: at 128-256 KiB a CTA (qkv / o_proj / down parts) registers reach ~50-60% of 4.55
+# TB/s beyond the launch and a 12 x 16 KiB ring ~75-85%; at 1 MiB (gate_up) both ~85-90%. If so, a TMA-fed batch-1
+# linear is worth its multi-session cost (issue 3: B=1 1.08 -> ~0.8 ms); if not, the phase cost is elsewhere.
 # 4. `VAL_B4096=1,8,32,128 val` (~10 min: rows for the refit the lean loop needs; docs/planner.md session 22).
 # 5. `MODELS=llama-3.2-1b bench` if time is left (session 22's lean column had no peers in the same run).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
@@ -181,6 +187,10 @@ elif [ "$MODE" = launch ]; then
 st "4f what a megakernel segment costs beyond its tasks, in CUDA graphs (scripts/bench_mk_launch.py)"
 OUT="$OUT/bench" timeout 200 python3 scripts/bench_mk_launch.py --batches ${LAUNCH_BATCHES:-1,32,128} > "$OUT/bench/mk_launch.log" 2>&1
 tail -12 "$OUT/bench/mk_launch.log"; snap
+elif [ "$MODE" = phase ]; then
+st "4g one batch-1 phase's weight stream per SM: registers (64 KiB in flight) against TMA rings (bench_stream --phase)"
+OUT="$OUT/bench" timeout 120 python3 scripts/bench_stream.py --phase > "$OUT/bench/phase.log" 2>&1
+tail -32 "$OUT/bench/phase.log"; snap
 elif [ "$MODE" = stamps ]; then
 st "4b stage stamps of the one-megakernel step at B=1, 8 (qwen3-8b B=8 is 0.82x gpt-fast; session 10's stamps are old)"
 st "   and B=32, 128 (attention's passes; session 16 has them for the default build)"
