@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What session 21 left for a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
+# What is pending on a GPU, in commands of < 9.5 min each (stages time-limited; every stage runs even if an
 # earlier one fails; $OUT/pending.tar.gz refreshed after each, so a command cut short still returns what ran).
 # Usage on the GPU machine, after `source .gpubundle/install.sh` (PYTHONPATH=$PWD:/tmp/site, NVLS off):
 #     OUT=$OUT bash scripts/gpu_pending.sh one      # stages 1-3 (one GPU): tests/gpu, the sampler, the conventional profile
@@ -43,6 +43,8 @@
 # linear is worth its multi-session cost (issue 3: B=1 1.08 -> ~0.8 ms); if not, the phase cost is elsewhere.
 # 4. `VAL_B4096=1,8,32,128 val` (~10 min: rows for the refit the lean loop needs; docs/planner.md session 22).
 # 5. `MODELS=llama-3.2-1b bench` if time is left (session 22's lean column had no peers in the same run).
+# All of 1-5 is ~40 min of device time: in a 30-minute session take 1, 3d, 2, 3b and 3c first (cheap, and each
+# decides a default or a design), then 3 and 4.
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
