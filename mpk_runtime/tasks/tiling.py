@@ -119,11 +119,12 @@ class Tiling:
         max_qh = codegen ATT_MAX_QH) where the keys are one split of a folded merge with direct writes; else 1.
         Explicit (attn_groups / MPK_ATT_GROUPS): as many as asked for within those limits. Auto (0): the count
         that minimises the attention's waves x per-task time under a pass-count model (`attn_groups_cost`), among
-        those up to attn_groups_max() whose shared memory fits the build's K/V stages and keeps the wide passes. A task's groups share one
-        fixed chain (q and page table fetched, the first pass landing, the task's control path) and run their
-        passes as one pipeline. So at ~1 unit per SM a group costs a whole task (llama-3.2-1b B=8, 64 units on 132
-        SMs: +9% measured with 2 groups), and at many units per SM the fixed chain is paid once per several
-        groups (session 22: up to every group of a sequence in one task, where 2 was the most before)."""
+        those up to attn_groups_max() whose shared memory fits the build's K/V stages and keeps the wide passes.
+        A task's groups share one fixed chain (q and page table fetched, the first pass landing, the task's
+        control path) and run their passes as one pipeline. So at ~1 unit per SM a group costs a whole task
+        (llama-3.2-1b B=8, 64 units on 132 SMs: +9% measured with 2 groups), and at many units per SM the fixed
+        chain is paid once per several groups (session 22: up to every group of a sequence in one task, where 2
+        was the most before)."""
         if splits != 1 or not self.attn_fold_merge:
             return 1
         from ..codegen import layout   # (codegen reads the tasks' opcodes at import)
@@ -134,7 +135,8 @@ class Tiling:
         if not attn_direct():
             return 1
         wide, most = attn_wide(head_dim, 1), attn_groups_max()
-        ok = [n for n in ok if n == 1 or (n <= most and _att_smem_fits(head_dim, n) and attn_wide(head_dim, n) >= wide)]
+        ok = [n for n in ok
+              if n == 1 or (n <= most and _att_smem_fits(head_dim, n) and attn_wide(head_dim, n) >= wide)]
         passes = max(1, -(-keys // (wide * layout.CONSTANTS["ATT_KP"])))
         return min(ok, key=lambda n: (attn_groups_cost(seqs * n_kv, n, passes, self.num_sms), n))
 
