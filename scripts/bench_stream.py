@@ -75,12 +75,13 @@ def main():
     stream = torch.cuda.current_stream(dev)
     sink = torch.zeros(a.tiles * L.CONSTANTS["THREADS"], dtype=torch.int32, device=dev)
 
-    def timed(f, args, grid):
+    def timed(f, args, grid, smem=0):
+        """Median seconds of one launch (CUDA events; two untimed launches first)."""
         ts = []
         for rep in range(a.reps + 2):
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record(stream)
-            _check(cu.cuLaunchKernel(f, grid, 1, 1, L.CONSTANTS["THREADS"], 1, 1, 0,
+            _check(cu.cuLaunchKernel(f, grid, 1, 1, L.CONSTANTS["THREADS"], 1, 1, smem,
                                      cu.CUstream(stream.cuda_stream), args, 0), "cuLaunchKernel")
             e1.record(stream)
             torch.cuda.synchronize()
@@ -91,7 +92,7 @@ def main():
     if a.pieces:
         return pieces(a, cu, mod, dev, sink, timed, torch)
     if a.phase:
-        return phase(a, cu, mod, dev, torch, stream)
+        return phase(a, cu, mod, dev, timed, torch)
     rows_out = []
     for name, N, K in SHAPES:
         W = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
@@ -151,7 +152,7 @@ def pieces(a, cu, mod, dev, sink, timed, torch, heads: int = 8):
     print(f"wrote {OUT / 'bench_pieces.json'}")
 
 
-def phase(a, cu, mod, dev, torch, stream):
+def phase(a, cu, mod, dev, timed, torch):
     """Launch-to-last-byte time of one phase: every SM's CTA streams KiB of its own once (mpk_bench_phase), with 16
     register loads in flight per thread (64 KiB a CTA, the batch-1 linear tiles' way) or through TMA rings of
     stages x chunk bytes; bytes = 0 gives the launch alone, subtracted for GB/s."""
@@ -168,20 +169,9 @@ def phase(a, cu, mod, dev, torch, stream):
     sink = torch.zeros(sms * L.CONSTANTS["THREADS"], dtype=torch.int32, device=dev)
     types = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
 
-    def run(nbytes, mode, stages, chunk):
-        ts = []
-        for rep in range(a.reps + 2):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record(stream)
-            _check(cu.cuLaunchKernel(fn, sms, 1, 1, L.CONSTANTS["THREADS"], 1, 1, stages * chunk if mode else 0,
-                                     cu.CUstream(stream.cuda_stream),
-                                     ((W.data_ptr(), nbytes, mode, chunk, stages, sink.data_ptr()), types), 0),
-                   "cuLaunchKernel")
-            e1.record(stream)
-            torch.cuda.synchronize()
-            if rep >= 2:
-                ts.append(e0.elapsed_time(e1) * 1e3)
-        return statistics.median(ts)
+    def run(nbytes, mode, stages, chunk):   # us
+        args = ((W.data_ptr(), nbytes, mode, chunk, stages, sink.data_ptr()), types)
+        return 1e6 * timed(fn, args, sms, stages * chunk if mode else 0)
 
     t0 = run(0, 0, 1, 16)
     print(f"launch alone {t0:.2f} us ({sms} CTAs)", flush=True)

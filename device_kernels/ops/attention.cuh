@@ -340,8 +340,8 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #else
     constexpr bool fullp = false;
 #endif
-#if MPK_ATT_ST
     if (kw < n) {   // warp-uniform: key kw is in the pass, so every head's max below is finite
+#if MPK_ATT_ST
       // st[u][0 / 1] = S[head 2 t4 / 2 t4 + 1][key kw + 16 u + g8], st[u][2 / 3]: the same heads at key + 8 (heads
       // past gs: q zero, scores 0, outputs never stored); the R tiles' chains are independent
       float st[R][4];
@@ -394,46 +394,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) { o[mt][0] *= corr[0]; o[mt][1] *= corr[1]; o[mt][2] *= corr[0]; o[mt][3] *= corr[1]; }
       if (vp == 1) MPK_STAMP(7);   // scores, softmax and rescale
-#pragma unroll
-      for (int u = 0; u < R; ++u) {   // P.V as the default (O^T = V^T P^T, hi + lo), its B operand by movmatrix: (v0, v1)
-        // packed is row key g8 of the 8 x 8 block P^T[keys 0-7][heads], so its transpose is b0 = P[head g8][keys 2t4,
-        // 2t4 + 1]; (v2, v3) likewise gives b1 (keys 8-15)
-        const int ku = kw + 16 * u;
-        __nv_bfloat162 h01 = __floats2bfloat162_rn(v[u][0], v[u][1]), h23 = __floats2bfloat162_rn(v[u][2], v[u][3]);
-        const uint32_t bh0 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&h01));
-        const uint32_t bh1 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&h23));
-#if MPK_ATT_PV_SPLIT
-        __nv_bfloat162 r01 = __floats2bfloat162_rn(v[u][0] - __low2float(h01), v[u][1] - __high2float(h01));
-        __nv_bfloat162 r23 = __floats2bfloat162_rn(v[u][2] - __low2float(h23), v[u][3] - __high2float(h23));
-        const uint32_t bl0 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&r01));
-        const uint32_t bl1 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&r23));
-#endif
-        const uint32_t vrow = smem_addr(vb + (ku + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + ((lane >> 3) & 1) * 8);
-        auto pv = [&](const bool masked) {   // (inlined twice: with the key masks and, on full passes, without)
-          uint32_t mA = ~0u, mB = ~0u;
-          if (masked) {
-            const int k0 = ku + 2 * t4;
-            mA = (k0 < n ? 0xffffu : 0u) | (k0 + 1 < n ? 0xffff0000u : 0u);
-            mB = (k0 + 8 < n ? 0xffffu : 0u) | (k0 + 9 < n ? 0xffff0000u : 0u);
-          }
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (16 * mt < D) {
-              uint32_t a0, a1, a2, a3;
-              ldsm_x4_trans(vrow + 32 * mt, a0, a1, a2, a3);
-              if (masked) { a0 &= mA; a1 &= mA; a2 &= mB; a3 &= mB; }
-#if MPK_ATT_PV_SPLIT
-              mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
-#endif
-              mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
-            }
-          }
-        };
-        if (fullp) pv(false); else pv(true);
-      }
-    }
 #else
-    if (kw < n) {   // warp-uniform: key kw is in the pass, so every head's max below is finite
       // tile u, n-tile nt: sc[u][nt][0 / 1] = S[head g8][key kw + 16 u + 8 nt + 2 t4 + 0 / 1] (sc[u][nt][2, 3]:
       // padding rows); the R tiles' chains are independent (interleaved by the unrolled loops)
       float sc[R][2][4];
@@ -483,6 +444,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) { o[mt][0] *= ca; o[mt][1] *= cb; o[mt][2] *= ca; o[mt][3] *= cb; }
       if (vp == 1) MPK_STAMP(7);   // scores, softmax and rescale
+#endif
 #pragma unroll
       for (int u = 0; u < R; ++u) {   // P.V by m16n8k16 bf16, k = tile u's 16 keys in order, P^T as B (b0b1: keys
           // 2t4, 2t4 + 1 = v[u][0], v[u][1]; b2b3: keys 8 + 2t4, + 1 = v[u][2], v[u][3]), each probability split into
@@ -491,11 +453,22 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
           // would poison o)
         const int ku = kw + 16 * u;
         __nv_bfloat162 h01 = __floats2bfloat162_rn(v[u][0], v[u][1]), h23 = __floats2bfloat162_rn(v[u][2], v[u][3]);
+#if MPK_ATT_ST   // (v0, v1) packed is row key g8 of the 8 x 8 block P^T[keys 0-7][heads]: its transpose is b0 =
+        //                 P[head g8][keys 2t4, 2t4 + 1]; (v2, v3) likewise gives b1 (keys 8-15)
+        const uint32_t bh0 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&h01));
+        const uint32_t bh1 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&h23));
+#else
         const uint32_t bh0 = *reinterpret_cast<uint32_t*>(&h01), bh1 = *reinterpret_cast<uint32_t*>(&h23);
+#endif
 #if MPK_ATT_PV_SPLIT
         __nv_bfloat162 r01 = __floats2bfloat162_rn(v[u][0] - __low2float(h01), v[u][1] - __high2float(h01));
         __nv_bfloat162 r23 = __floats2bfloat162_rn(v[u][2] - __low2float(h23), v[u][3] - __high2float(h23));
+#if MPK_ATT_ST
+        const uint32_t bl0 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&r01));
+        const uint32_t bl1 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&r23));
+#else
         const uint32_t bl0 = *reinterpret_cast<uint32_t*>(&r01), bl1 = *reinterpret_cast<uint32_t*>(&r23);
+#endif
 #endif
         const uint32_t vrow = smem_addr(vb + (ku + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + ((lane >> 3) & 1) * 8);
         auto pv = [&](const bool masked) {   // (inlined twice: with the key masks and, on full passes, without)
@@ -521,7 +494,6 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         if (fullp) pv(false); else pv(true);
       }
     }
-#endif
     if (vp == 1) MPK_STAMP(8);   // thread 0's P.V
 #if MPK_ATT_WARP_PIPE
     __syncwarp();   // the warp's rows of this buffer are free again (refilled at the next iteration's top)
