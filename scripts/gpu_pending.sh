@@ -136,7 +136,7 @@ for V in $VARS; do
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
-             pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; leanpass) D="-DMPK_ATT_LEAN_PASS=1"; G="";;
+             pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;; leanpass) D="-DMPK_ATT_LEAN_PASS=1"; G="";;
              st) D="-DMPK_ATT_ST=1"; G="";; stlean) D="-DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1"; G="";;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"

@@ -23,10 +23,10 @@ ATTN_GROUP_FINISH_PASSES = 0.5
 
 
 def attn_groups_max() -> int:
-    """$MPK_ATT_GROUPS_MAX: the most KV groups the auto rule puts in one attention task. Default 2 (what every GPU
-    run so far measured) until the wider tasks have run on a GPU (docs/perf-notes.md session 22); 8 lets it put
-    every KV head of a sequence in one task."""
-    return env_int("MPK_ATT_GROUPS_MAX", 2, 1, 8)
+    """$MPK_ATT_GROUPS_MAX: the most KV groups the auto rule puts in one attention task. Default 8 (every KV head of
+    a sequence may share a task; session 23 measured it against the old cap of 2 on 1x H200: llama B=128 -8.0% at
+    ctx 512, -3.3% at ctx 4096, B=32 within noise; docs/perf-notes.md). 2 or 1 restores the narrower tasks."""
+    return env_int("MPK_ATT_GROUPS_MAX", 8, 1, 8)
 
 
 def attn_groups_cost(units: int, ng: int, passes: int, num_sms: int) -> float:

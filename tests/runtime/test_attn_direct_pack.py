@@ -10,7 +10,7 @@ from mpk_runtime.models.weights import get_weights
 from mpk_runtime.runtime.memory import KVStore, RankMemory
 from mpk_runtime.runtime.packer import TaskPacker
 from mpk_runtime.tasks.build import build_task_graphs
-from mpk_runtime.tasks.tiling import Tiling, attn_groups_cost
+from mpk_runtime.tasks.tiling import Tiling, attn_groups_cost, attn_groups_max
 
 
 @pytest.mark.parametrize("splits,fold,env,want", [(1, True, "1", 1), (1, True, "", 1), (1, True, "0", 0),
@@ -107,9 +107,11 @@ def test_attention_groups_auto_default_applies_only_where_it_can(monkeypatch):
     monkeypatch.setenv("MPK_ATT_WIDE", "0")   # narrow passes: the grouping rule alone (yielding to wide ones: below)
     t = Tiling()   # 132 SMs
     assert t.attn_groups == 0
-    # the default cap (2, until the wider tasks are measured): grouped from one wave of pairs on
+    # a cap of 2 (the default before session 23's A/B): grouped from one wave of pairs on
+    monkeypatch.setenv("MPK_ATT_GROUPS_MAX", "2")
     assert t.attn_g(1, 4, 8, 64, 128) == 2 and t.attn_g(1, 4, 8, 128, 17) == 2 and t.attn_g(1, 4, 8, 128, 16) == 1
-    monkeypatch.setenv("MPK_ATT_GROUPS_MAX", "8")
+    monkeypatch.delenv("MPK_ATT_GROUPS_MAX")   # the default cap: 8 (every KV group of a sequence)
+    assert attn_groups_max() == 8
     assert t.attn_g(1, 4, 8, 128, 32) == 2                      # 256 units: one wave of 2-group tasks
     assert t.attn_g(1, 4, 8, 64, 128) == 8                      # 1024 units: one wave of whole sequences
     assert t.attn_g(1, 4, 8, 64, 128, keys=513) == 8 and t.attn_g(1, 4, 8, 64, 96, keys=513) == 2
