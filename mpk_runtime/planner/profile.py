@@ -42,7 +42,10 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # scaled per regime), refit on session 20's rows with the wide passes' per-key term on a grid (0.0038 chosen): in
 # sample 5.2% / 4.4%; hold-out by context: conventional segments 10.0% / 7.4% (v33: 26.0% / 16.4%), regret 0;
 # out of sample on session 21's 16 bench steps 7.9% (v33_cal 7.9%); B=128 ctx 4096 over-predicted 16-17%.
-DEFAULT_PROFILE = "h200_v35_cal"
+# h200_v36_cal since session 23: v35_cal refit on rows of the lean K/V issue loop and 8-group attention tasks
+# (session 23's validate rows; the wide passes' per-key term fell to 0.0005 us on the grid): in sample 5.1% / 5.6%,
+# hold-out halves megakernel 6.5% / 6.8%; out of sample on session 23's bench steps 7.0-7.5% (v35_cal 22-28%).
+DEFAULT_PROFILE = "h200_v36_cal"
 
 
 def key_fallbacks(key: str) -> list[str]:
