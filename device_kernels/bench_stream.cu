@@ -116,12 +116,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 //   mode 1 "tma":  a producer thread streams the range in `chunk`-byte bulk copies (cp.async.bulk, mbarrier
 //                  transaction counts) into a ring of `stages` shared-memory buffers, up to stages x chunk bytes in
 //                  flight, and the 8 warps read each buffer from shared memory once it has landed.
-// bytes = 0 times the launch alone. The question it answers for batch 1 (issue 3): how long a phase of
-// 32 KB .. 1 MB a SM takes from launch to the last byte, with 64 KB in flight and with up to ~200 KB.
+// The question it answers for batch 1 (issue 3): how long a phase of 32 KB .. 1 MB a SM takes from its first
+// instruction to the last byte, with 64 KB in flight and with up to ~200 KB. Each CTA stamps %globaltimer at its
+// start and after its last byte (stamps[2b], stamps[2b + 1]): the phase is max(end) - min(start), the time a
+// megakernel phase of that size would take once its dependencies are met (no launch, no host timer in it).
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     mpk_bench_phase(const uint8_t* __restrict__ W, int64_t bytes, int mode, int chunk, int stages,
-                    unsigned* __restrict__ sink) {
+                    unsigned* __restrict__ sink, uint64_t* __restrict__ stamps) {
   constexpr int UN = 16, MAX_STAGES = 16;
+  __syncthreads();
+  if (threadIdx.x == 0) stamps[2 * blockIdx.x] = globaltimer();
   const uint8_t* src = W + (int64_t)blockIdx.x * bytes;
   unsigned acc = 0;
   if (mode == 0) {
@@ -168,4 +172,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     }
   }
   sink[blockIdx.x * THREADS + threadIdx.x] = acc;
+  __syncthreads();   // every thread's bytes have landed (each folded them into acc)
+  if (threadIdx.x == 0) stamps[2 * blockIdx.x + 1] = globaltimer();
 }

@@ -12,7 +12,7 @@ GB/s = N x K x 2 bytes x iters / kernel time (CUDA events, median of `reps` laun
 
 --phase (instead): one batch-1 decode phase, every SM streaming 32 KiB .. 1 MiB of its own once, registers (64 KiB in
 flight a CTA, the CUDA-core tiles' way) against TMA rings (cp.async.bulk into shared-memory stages, up to 192 KiB in
-flight): the time from launch to the last byte, less the launch. Writes $OUT/bench_phase.json.
+flight): the time from the first CTA's start to the last byte, stamped on the device. Writes $OUT/bench_phase.json.
 
 --pieces (instead of the weight patterns): the paged KV cache's pattern (kernel mpk_bench_pieces): 8 heads' pieces
 side by side in every row, each CTA reading one head's pieces of its rows; GB/s per piece size (64 B .. 8 KB) and
@@ -92,7 +92,7 @@ def main():
     if a.pieces:
         return pieces(a, cu, mod, dev, sink, timed, torch)
     if a.phase:
-        return phase(a, cu, mod, dev, timed, torch)
+        return phase(a, cu, mod, dev, torch)
     rows_out = []
     for name, N, K in SHAPES:
         W = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
@@ -152,10 +152,11 @@ def pieces(a, cu, mod, dev, sink, timed, torch, heads: int = 8):
     print(f"wrote {OUT / 'bench_pieces.json'}")
 
 
-def phase(a, cu, mod, dev, timed, torch):
-    """Launch-to-last-byte time of one phase: every SM's CTA streams KiB of its own once (mpk_bench_phase), with 16
-    register loads in flight per thread (64 KiB a CTA, the batch-1 linear tiles' way) or through TMA rings of
-    stages x chunk bytes; bytes = 0 gives the launch alone, subtracted for GB/s."""
+def phase(a, cu, mod, dev, torch):
+    """One phase's time: every SM's CTA streams KiB of its own once (mpk_bench_phase), with 16 register loads in
+    flight per thread (64 KiB a CTA, the batch-1 linear tiles' way) or through TMA rings of stages x chunk bytes,
+    timed on the device from the first CTA's start to the last CTA's last byte (session 23: a host timer around one
+    launch carried ~17 us of overhead, more than the phase)."""
     from mpk_runtime.codegen import layout as L
     from mpk_runtime.runtime.megakernel import _check
     fn = _check(cu.cuModuleGetFunction(mod, b"mpk_bench_phase"), "cuModuleGetFunction")
@@ -167,26 +168,44 @@ def phase(a, cu, mod, dev, timed, torch):
     sizes = [int(x) << 10 for x in a.phase_kb.split(",")]
     W = torch.randint(0, 255, (sms * max(sizes),), dtype=torch.uint8, device=dev)
     sink = torch.zeros(sms * L.CONSTANTS["THREADS"], dtype=torch.int32, device=dev)
-    types = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+    stamps = torch.zeros(2 * sms, dtype=torch.int64, device=dev)
+    types = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+             ctypes.c_void_p)
 
-    def run(nbytes, mode, stages, chunk):   # us
-        args = ((W.data_ptr(), nbytes, mode, chunk, stages, sink.data_ptr()), types)
-        return 1e6 * timed(fn, args, sms, stages * chunk if mode else 0)
+    scratch = torch.empty(256 << 20, dtype=torch.uint8, device=dev)   # written before each launch: L2 holds no W
+    stream = torch.cuda.current_stream(dev)
 
-    t0 = run(0, 0, 1, 16)
-    print(f"launch alone {t0:.2f} us ({sms} CTAs)", flush=True)
+    def run(nbytes, mode, stages, chunk):
+        """Device us from the first CTA's start to the last CTA's last byte, and the median CTA's own start-to-end
+        us; medians over a.reps launches, each after L2 was flushed by writing 256 MiB."""
+        args = ((W.data_ptr(), nbytes, mode, chunk, stages, sink.data_ptr(), stamps.data_ptr()), types)
+        spans, ctas = [], []
+        for rep in range(a.reps + 1):
+            scratch.fill_(rep & 0xff)
+            _check(cu.cuLaunchKernel(fn, sms, 1, 1, L.CONSTANTS["THREADS"], 1, 1, stages * chunk if mode else 0,
+                                     cu.CUstream(stream.cuda_stream), args, 0), "cuLaunchKernel")
+            st = stamps.view(sms, 2).cpu()   # (synchronises)
+            if rep:   # the first launch loads the module's code
+                spans.append((st[:, 1].max() - st[:, 0].min()).item() / 1e3)
+                ctas.append((st[:, 1] - st[:, 0]).median().item() / 1e3)
+        return statistics.median(spans), statistics.median(ctas)
+
+    d0, _ = run(0, 0, 1, 16)
+    print(f"no bytes: {d0:.2f} us from the first CTA's start to the last CTA's end ({sms} CTAs: their start skew)",
+          flush=True)
     rows_out = []
     for nbytes in sizes:
         for name, mode, st, kb in [("regs", 0, 1, 16)] + [(f"tma {st}x{kb}K", 1, st, kb) for st, kb in rings]:
-            t = run(nbytes, mode, st, kb << 10)
-            gbs = sms * nbytes / max(t - t0, 1e-3) / 1e3
-            rows_out.append(dict(kib=nbytes >> 10, mode=name, us=t, us_less_launch=t - t0, GB_s=gbs,
+            d, c = run(nbytes, mode, st, kb << 10)
+            gbs = sms * nbytes / max(d, 1e-3) / 1e3
+            rows_out.append(dict(kib=nbytes >> 10, mode=name, device_us=d, cta_median_us=c, GB_s=gbs,
                                  pct_of_4550=100 * gbs / 4550))
-            print(f"{nbytes >> 10:>5} KiB a CTA  {name:<12} {t:8.2f} us  ({t - t0:7.2f} beyond the launch)  "
-                  f"{gbs:6.0f} GB/s ({100 * gbs / 4550:.0f}%)", flush=True)
+            print(f"{nbytes >> 10:>5} KiB a CTA  {name:<12} device {d:7.2f} us (median CTA {c:6.2f})  "
+                  f"{gbs:6.0f} GB/s ({100 * gbs / 4550:3.0f}% of 4.55 TB/s)", flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
     meta = dict(machine=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%dT%H:%M:%S"),
-                git_commit=os.environ.get("GIT_COMMIT", ""), reps=a.reps, ctas=sms, launch_us=t0)
+                git_commit=os.environ.get("GIT_COMMIT", ""), reps=a.reps, ctas=sms, skew_us=d0,
+                timer="%globaltimer stamps per CTA, L2 flushed before each launch")
     (OUT / "bench_phase.json").write_text(json.dumps(dict(meta=meta, rows=rows_out), indent=1))
     print(f"wrote {OUT / 'bench_phase.json'}")
 
