@@ -17,34 +17,22 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 22 left it (session 22 ran launch / pdl / ncuatt / diagl2 /
-# val at d101081; bench/results/s22). 1. `one` FIRST (~5 min: HEAD's lean K/V issue loop, both page-table paths:
-# the new page-size 2 / 12 tests; run 8 passed 33 attention tests at 7d1d843 before the global-table path).
-# 2. `VARS="base g8" BS=32,128 CTXS=512,4096 MODELS=llama-3.2-1b ab` (~3 min: attention tasks of up to all 8 KV
-# groups of a sequence, MPK_ATT_GROUPS_MAX=8, against the default cap of 2; prediction: llama B=128 ctx 512
-# -7..-12%, ctx 4096 -2..-5%, B=32 within noise (two groups either way)); if it wins, make 8 the default
-# (tasks/tiling.py attn_groups_max) and A/B qwen3-8b B=128 the same way (-5..-8% at ctx 512).
-# 3. `MODELS=qwen3-8b bench` (~9 min: issue 3's qwen table with the lean loop; prediction: the narrow passes gain
-# like llama's wide ones, attn-mk B=32 / 128 ctx 4096 12.4 / 32.4 -> ~10.5-11.5 / ~27-30 ms).
-# 3b. `ATTN_SETS="leanpass st" attn` (~4 min: the new switches' tests, -DMPK_ATT_ST=1 with the lean pass), then
-# `VARS="base leanpass st stlean stages3" BS=32,128 CTXS=4096 MODELS=llama-3.2-1b ab` (~5 min):
-# -DMPK_ATT_LEAN_PASS=1 (full passes skip the key masks, ~40 of ~470 instructions a warp's wide pass: -1..-3%),
-# -DMPK_ATT_ST=1 (scores as K Q^T: half the score mma's, no padding moves, ~76 fewer static instructions a wide
-# pass, 411 against 487: -3..-7% at B=128 ctx 4096; stlean both: -4..-9%), and three K/V stages again (refuted in
-# sessions 17-21 while the issue loop was the limit; with the lean loop the pass may now wait on latency: if so
-# -3..-10% at ctx 4096, else within noise). Then qwen3-8b (narrow passes) the same way for what wins.
-# 3c. `NCU_MONO=1 NCU_POINTS="1:512" ncuatt` (~2.5 min): ncu's stall sampling of the batch-1 one-megakernel step
-# (issue 3's B=1 target: 1.08 ms against 0.68): whether its linear tiles' loops wait on dependent instruction chains
-# the way attention's issue loop did (stall_wait), or on memory (long scoreboard), or on the phases' control path.
-# 3d. `phase` (~1 min): how long one batch-1 phase's weight stream takes per SM from launch, with the CUDA-core tiles'
-# 64 KiB in flight against TMA rings of up to 192 KiB (the producer-warp design the notes have named since session 4
-# and never measured). Prediction: at 128-256 KiB a CTA (qkv / o_proj / down parts) registers reach ~50-60% of 4.55
-# TB/s beyond the launch and a 12 x 16 KiB ring ~75-85%; at 1 MiB (gate_up) both ~85-90%. If so, a TMA-fed batch-1
-# linear is worth its multi-session cost (issue 3: B=1 1.08 -> ~0.8 ms); if not, the phase cost is elsewhere.
-# 4. `VAL_B4096=1,8,32,128 val` (~10 min: rows for the refit the lean loop needs; docs/planner.md session 22).
-# 5. `MODELS=llama-3.2-1b bench` if time is left (session 22's lean column had no peers in the same run).
-# All of 1-5 is ~40 min of device time: in a 30-minute session take 1, 3d, 2, 3b and 3c first (cheap, and each
-# decides a default or a design), then 3 and 4.
+# Order for a 30-minute session (one GPU), as session 23 left it (bench/results/s23: HEAD's default build passed 62
+# GPU tests; up to 8 KV groups per task is the default; lean-pass / S^T / 3 stages refuted; h200_v36_cal refit).
+# 1. `ATTN_SETS=gw attn` (~2.5 min): -DMPK_ATT_GW=1's tests (a task's KV groups side by side, warps split among
+#    them, one merge at the end; attention.cuh). Written in session 23, compiled, never run.
+# 2. `VARS="base gw" BS=32,128 CTXS=512,4096 MODELS=llama-3.2-1b ab` (~3 min). Prediction (docs/perf-notes.md
+#    session 23): llama attn-mk B=128 ctx 512 2.59 -> 2.30-2.45 ms (-6..-11%: 8-group tasks 58.6 us -> ~40-48), ctx
+#    4096 -2..-5%, B=32 (2-group tasks, wpg 4) -1..-3%. If it wins: qwen3-8b B=128 the same way, then make it the
+#    default with tp_invariant runs keeping the sequential groups (megakernel_runner refuses the mix today).
+# 3. `MODELS=llama-3.2-1b bench` (~9 min): the table with both peers in one run (session 23's run 9 had gpt-fast at
+#    B=32 / 128 only; B=128 ctx 4096's peer was cut by the time budget), then `MODELS=qwen3-8b bench`.
+# 4. `VAL_B4096=1,8,32,128 val` only after a default changes (h200_v36_cal was fit on session 23's rows).
+# Batch 1 (issue 3): session 23's phase benchmark (device-timed) and trace say the linear tiles already stream at
+# the register path's raw rate (gate_up 19.6 us a tile against 19.3 for 512 KiB alone; TMA rings are 15-30% slower
+# than registers at every size) and the loss is in the chain: attention 5.6 us tasks (+ ~1 us gaps) for 1 MB a
+# layer, qkv_rope 8.3 us against ~5 of stream, o_proj 5.5 against 3.5, down 12.2 against 10.1. No B=1 GPU
+# experiment is queued: the next one needs a design on CPU first (docs/perf-notes.md session 23).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
@@ -66,7 +54,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san,ncu}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_leanpass.log pytest_gpu_st.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_leanpass.log pytest_gpu_st.log pytest_gpu_gw.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -89,7 +77,7 @@ timeout 150 python3 scripts/profile_conventional.py --models llama-3.2-1b --batc
 grep -A14 "^==" "$OUT/prof/profile_gptfast.log" | head -32; snap
 elif [ "$MODE" = attn ]; then
 # ATTN_SETS: which of the switches' test sets (default all: up to ~9.5 min of timeouts; name fewer to stay short)
-SETS=" ${ATTN_SETS:-nowarp groups1 stages3 leanpass st} "
+SETS=" ${ATTN_SETS:-nowarp groups1 stages3 leanpass st gw} "
 has() { case "$SETS" in *" $1 "*) return 0;; esac; return 1; }
 st "3d the attention switches' other sides:$SETS(-DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1, -DMPK_ATT_STAGES=3,"
 st "   -DMPK_ATT_LEAN_PASS=1, -DMPK_ATT_ST=1 with the lean pass)"
@@ -112,6 +100,11 @@ if has leanpass; then
 MPK_NVCC_DEFINES=-DMPK_ATT_LEAN_PASS=1 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_leanpass.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_leanpass.log" | tail -6; snap
+fi
+if has gw; then   # warps split among a task's groups (-DMPK_ATT_GW=1): results to fp32 reassociation of the default
+MPK_NVCC_DEFINES=-DMPK_ATT_GW=1 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
+    tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_gw.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_gw.log" | tail -6; snap
 fi
 if has st; then
 MPK_NVCC_DEFINES="-DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1" timeout 120 python3 -m pytest -q -m gpu \
@@ -138,6 +131,7 @@ for V in $VARS; do
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
              pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;; leanpass) D="-DMPK_ATT_LEAN_PASS=1"; G="";;
              st) D="-DMPK_ATT_ST=1"; G="";; stlean) D="-DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1"; G="";;
+             gw) D="-DMPK_ATT_GW=1"; G="";;
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \

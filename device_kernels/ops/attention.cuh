@@ -67,6 +67,20 @@ constexpr int ATT_NST = MPK_ATT_STAGES;
 #ifndef MPK_ATT_ST
 #define MPK_ATT_ST 0
 #endif
+// MPK_ATT_GW=1 (opt-in until measured, gpu_pending.sh ab gw; session 23): a task of ng > 1 KV groups (ng dividing
+// the 8 warps) runs its groups side by side instead of one after another. Warp w takes group w / wpg (wpg = 8 / ng
+// warps a group) and that group's KW-key blocks w % wpg, w % wpg + wpg, ..., through its own rows of the K/V
+// buffers as now, so the passes need no CTA barrier either way. The default finishes each group before the next
+// starts: two CTA barriers and a cross-warp merge per group, with one pass in flight meanwhile. Session 23's
+// trace put that near 3 us a group (llama B=128 ctx 512: 8-group tasks 58.6 us for 1 MiB of K/V, at ~2.1 us a
+// 64 KiB pass when streaming). Here one merge at the end serves every group, over its wpg warps. With ng = 8 the
+// 8 warps read the 8 heads' slices of the same cache rows at once: a row's 1 KiB is read together instead of
+// 128 bytes per group pass. Per group the sums run over wpg warps instead of 8, so results agree with the
+// default to fp32 reassociation, not bit for bit, and the TP-invariant fold (which assumes one arithmetic per
+// group, whatever ng is) must not use it.
+#ifndef MPK_ATT_GW
+#define MPK_ATT_GW 0
+#endif
 
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)
 // shared-memory layout (bytes): q (bf16, ATT_MAX_QH x MAX_HEAD_DIM: the task's ng groups) | page table (s64, ATT_MAX_PAGES) | K rows
@@ -170,7 +184,16 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   MPK_STAMP(1);
   // virtual pass vp = pass vp % passes of group g + vp / passes: its K and V rows (keys j0 .. j0 + n - 1) into
   // buffer vp % ATT_NST
+#if MPK_ATT_GW
+  // (MPK_ATT_GW above) gwm: warp w runs `passes` passes of group gw = w / wpg, its KW-key blocks gsub, gsub + wpg, ...
+  const bool gwm = MPK_ATT_WARP_PIPE && ng > 1 && (THREADS / 32) % ng == 0;
+  const int wpg = gwm ? (THREADS / 32) / ng : THREADS / 32, gw = gwm ? (tid >> 5) / wpg : 0, gsub = (tid >> 5) % wpg;
+  const int passes = gwm ? (hi - lo + KW * wpg - 1) / (KW * wpg) : (hi - lo + KP - 1) / KP;
+  const int total = gwm ? passes : ng * passes;
+  if (gwm && out == nullptr) __trap();   // ng > 1 is one split, written directly (packer.py attn_direct)
+#else
   const int passes = (hi - lo + KP - 1) / KP, total = ng * passes;
+#endif
   const int psi = (int)ps;
   const bool cpow = (CPR & (CPR - 1)) == 0, ppow = (psi & (psi - 1)) == 0;   // shifts instead of divisions
   const int cs = __ffs(CPR) - 1, pss = __ffs(psi) - 1;
@@ -202,8 +225,15 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     }
   };
   auto issue = [&](int vp, bf16* kb, bf16* vb) {   // (vp >= total: an empty group, so every call commits one)
+#if MPK_ATT_GW
+    // gwm: the warp's block jw .. of its own group (j0 + wrow0 = jw, so the row arithmetic below is the default's)
+    const int gv = gwm ? gw : vp / passes, jw = gwm ? lo + (vp * wpg + gsub) * KW : 0;
+    const int j0 = gwm ? jw - wrow0 : lo + (vp - gv * passes) * KP, gi = g + gv;
+    const int n = vp < total ? (gwm ? min(KW, hi - jw) : min(KW, min(KP, hi - j0) - wrow0)) : 0;
+#else
     const int gv = vp / passes, j0 = lo + (vp - gv * passes) * KP, gi = g + gv;
     const int n = vp < total ? min(KW, min(KP, hi - j0) - wrow0) : 0;   // this warp's rows (<= 0: none)
+#endif
     if (lean) {
       const uint32_t hoff = (uint32_t)(gi * D + le * 8) * 2;
       const int r0 = wrow0 + lu, jend = j0 + wrow0 + n;
@@ -313,15 +343,67 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       if (d == 0) lse[hq * S + s] = M + logf(l);
     }
   };
+#if MPK_ATT_GW
+  // gwm: every group at once, each over its wpg warps (warp w's heads are group w / wpg's); outputs written directly
+  auto finish_gw = [&](float* so) {
+    float* sm_m = so + NW * MAX_GS * D;
+    float* sm_l = sm_m + NW * MAX_GS;
+#if MPK_ATT_ST
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float lt = l2[i];
+#pragma unroll
+      for (int sh = 4; sh < 32; sh <<= 1) lt += __shfl_xor_sync(0xffffffffu, lt, sh);
+      if (g8 == 0 && 2 * t4 + i < gs) { sm_m[warp * MAX_GS + 2 * t4 + i] = m2[i]; sm_l[warp * MAX_GS + 2 * t4 + i] = lt; }
+    }
+#else
+    if (t4 == 0 && g8 < gs) { sm_m[warp * MAX_GS + g8] = m_run; sm_l[warp * MAX_GS + g8] = l_run; }
+#endif
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int d = 16 * mt + g8, h0 = 2 * t4;
+      float* w0 = so + (warp * MAX_GS + h0) * D;
+      if (h0 < gs && d < D) w0[d] = o[mt][0];
+      if (h0 < gs && d + 8 < D) w0[d + 8] = o[mt][2];
+      if (h0 + 1 < gs && d < D) w0[D + d] = o[mt][1];
+      if (h0 + 1 < gs && d + 8 < D) w0[D + d + 8] = o[mt][3];
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int i = tid; i < ng * gs * D; i += THREADS) {
+      const int gr = i / (gs * D), r = i - gr * gs * D, h = r / D, d = r - h * D, w0 = gr * wpg;
+      float M = -INFINITY;
+#pragma unroll 1
+      for (int w = w0; w < w0 + wpg; ++w) M = fmaxf(M, sm_m[w * MAX_GS + h]);
+      float l = 0.f, acc = 0.f;
+#pragma unroll 1
+      for (int w = w0; w < w0 + wpg; ++w) {
+        const float wt = expf(sm_m[w * MAX_GS + h] - M);
+        l += sm_l[w * MAX_GS + h] * wt;
+        acc += so[(w * MAX_GS + h) * D + d] * wt;
+      }
+      out[(m0 * nq + (int64_t)(g + gr) * gs + h) * D + d] = __float2bfloat16_rn(acc / fmaxf(l, 1e-30f));
+    }
+  };
+#endif
   int p = 0, gv = 0;   // vp's pass and group
 #pragma unroll 1
   for (int vp = 0; vp < total; ++vp) {
+#if MPK_ATT_GW
+    // gwm: n counts from the warp's first row kw (its block's key i sits in row kw + i), so the masks below hold
+    const int n = gwm ? kw + min(KW, hi - (lo + (vp * wpg + gsub) * KW)) : min(KP, hi - (lo + p * KP));
+#else
     const int j0 = lo + p * KP;
     const int n = min(KP, hi - j0);
+#endif
     const int bi = vp % ATT_NST;   // this pass's buffer
     const bf16* kb = ks + bi * KP * KST;
     const bf16* vb = vs + bi * KP * KST;
+#if MPK_ATT_GW
+    const bf16* qh = qs + (gwm ? gw : gv) * gs * D;   // this group's q heads
+#else
     const bf16* qh = qs + gv * gs * D;   // this group's q heads
+#endif
 #if MPK_ATT_WARP_PIPE
     // pass vp + N - 1 into the buffer pass vp - 1 left (its reads ended at the last __syncwarp); one group per
     // iteration, so N - 1 pending groups at most means pass vp's copies are done
@@ -502,7 +584,11 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     if (vp + 2 < total) issue(vp + 2, ks + (vp & 1) * KP * KST, vs + (vp & 1) * KP * KST);
 #endif
     if (vp == 1) MPK_STAMP(9);
+#if MPK_ATT_GW
+    if (!gwm && ++p == passes) {   // group gv's last pass (gwm: no group switch)
+#else
     if (++p == passes) {   // group gv's last pass
+#endif
       if (gv + 1 < ng) {   // another group follows (its rows in flight): merge this one in its own region, and
         // a barrier after it (its reads done before the next group's writes, however far a warp runs ahead)
         finish(gv, reinterpret_cast<float*>(vs + ATT_NST * KP * KST));
@@ -525,6 +611,9 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   __syncthreads();   // every warp is done with the K buffers the merge below reuses
 #endif
   MPK_STAMP(3);
+#if MPK_ATT_GW
+  if (gwm) finish_gw(reinterpret_cast<float*>(ks)); else
+#endif
   finish(ng - 1, reinterpret_cast<float*>(ks));   // through the K buffers, free after the last pass's barrier
   MPK_STAMP(4);
 }

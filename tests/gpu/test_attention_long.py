@@ -55,7 +55,7 @@ def test_attention_tasks_of_up_to_every_group_of_a_sequence_match_pyvm(groups, b
     heads, the q area's ATT_MAX_QH), asked for and chosen by the auto rule at 1024 (sequence, group) units,
     sequences of different lengths, several passes per group."""
     monkeypatch.setenv("MPK_ATT_DIRECT", "1")
-    monkeypatch.setenv("MPK_ATT_GROUPS_MAX", "8")   # (the auto rule's cap; default 2 until measured)
+    monkeypatch.setenv("MPK_ATT_GROUPS_MAX", "8")   # (the auto rule's cap: the default since session 23)
     if groups:
         monkeypatch.setenv("MPK_ATT_GROUPS", groups)
     else:

@@ -250,3 +250,19 @@ def test_three_stages_keep_64_wide_heads_narrow_and_removed_switches_are_refused
         monkeypatch.setenv("MPK_NVCC_DEFINES", f"-DMPK_ATT_STAGES=2 {define}")
         with pytest.raises(nvcc.CompileError, match=f"{define.split('=')[0]}=.*removed.*drop it"):
             tiling.attn_wide(64)
+
+
+def test_group_warps_build_refuses_tp_invariant_runs(monkeypatch):
+    """-DMPK_ATT_GW=1 sums a KV group over 8 / ng warps, so its arithmetic depends on how many groups a task holds
+    and TP=1 / TP=R could not agree bit for bit: a tp_invariant rank kernel is refused before anything is built,
+    with what to change; without tp_invariant the check lets it through (to the CUDA part, absent here)."""
+    from mpk_runtime.runtime.megakernel_runner import build_rank_kernel
+    cfg = load_config("tiny-llama")
+    kw = dict(rank=0, world=1, batch=2, max_seq_len=64, page_size=16, num_pages=9, num_sms=4, device="cpu")
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_GW=1")
+    with pytest.raises(ValueError, match=r"MPK_ATT_GW=1.*drop it from MPK_NVCC_DEFINES, or run with tp_invariant=1"):
+        build_rank_kernel(cfg, {}, tp_invariant=2, **kw)
+    monkeypatch.delenv("MPK_NVCC_DEFINES")
+    with pytest.raises(Exception) as e:   # past the check: fails later, on the empty weights / no GPU
+        build_rank_kernel(cfg, {}, tp_invariant=2, **kw)
+    assert "MPK_ATT_GW" not in str(e.value)
