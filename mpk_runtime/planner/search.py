@@ -19,7 +19,7 @@ from ..ir.defer import defer_kv_appends, kv_defer_layers
 from ..ir.graph import Graph
 from ..models.config import ModelConfig
 from ..tasks.tiling import Tiling, attn_splits_for
-from .cost import SegmentCoster, conventional_features, conventional_us
+from .cost import SegmentCoster, conventional_features, conventional_us, price_from_features
 from .plan import Plan, Segment
 from .profile import HardwareProfile
 
@@ -98,9 +98,9 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits) ->
         gd = defer_kv_appends(g, kv_defer_layers(g, parts))   # the graph the executor will run (MPK_KV_DEFER)
         for kind, ops in parts:
             if kind == "megakernel":
-                us = coster.megakernel_us(ops, tiling)
-                segs.append(Segment(kind, ops, tiling.to_dict(), us,
-                                    {"kind": "megakernel", "sim_us": coster.sim_us(ops, tiling)}))
+                f = coster.megakernel_features(ops, tiling)
+                us = price_from_features(f, prof)
+                segs.append(Segment(kind, ops, tiling.to_dict(), us, f))
             else:
                 us = conventional_us(gd, ops, prof)
                 segs.append(Segment(kind, ops, {}, us, conventional_features(gd, ops, prof)))
