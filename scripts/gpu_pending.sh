@@ -28,6 +28,10 @@
 # 3. `MODELS=llama-3.2-1b bench` (~9 min): the table with both peers in one run (session 23's run 9 had gpt-fast at
 #    B=32 / 128 only; B=128 ctx 4096's peer was cut by the time budget), then `MODELS=qwen3-8b bench`.
 # 4. `VAL_B4096=1,8,32,128 val` only after a default changes (h200_v36_cal was fit on session 23's rows).
+# 5. `VARS="s8 s2 s1 s4" BS=1 CTXS=512,4096 MODELS=llama-3.2-1b,qwen3-8b ab` (~3 min): batch 1's attention key
+#    splits again (8 since v16; measured then 4 / 16 no better). With wide passes (256 keys) a 64-key split leaves
+#    6 of 8 warps idle and 64 tasks fold their partials. Prediction: s2 -1..-3% at ctx 512 (16 tasks of one full
+#    pass, 2-way merges), s1 within 2% at ctx 512 (no merge, two passes) and +5..+15% at ctx 4096.
 # Batch 1 (issue 3): session 23's phase benchmark (device-timed) and trace say the linear tiles already stream at
 # the register path's raw rate (gate_up 19.6 us a tile against 19.3 for 512 KiB alone; TMA rings are 15-30% slower
 # than registers at every size) and the loss is in the chain: attention 5.6 us tasks (+ ~1 us gaps) for 1 MB a
@@ -124,7 +128,7 @@ elif [ "$MODE" = ab ]; then
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
 for V in $VARS; do
-  W=""; KD=""; PDL=""; GM=""
+  W=""; KD=""; PDL=""; GM=""; AS=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
@@ -132,10 +136,12 @@ for V in $VARS; do
              pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;; leanpass) D="-DMPK_ATT_LEAN_PASS=1"; G="";;
              st) D="-DMPK_ATT_ST=1"; G="";; stlean) D="-DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1"; G="";;
              gw) D="-DMPK_ATT_GW=1"; G="";;
+             s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
-      --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) > "$d/bench.log" 2>&1
+      --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} \
+      > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done
 python3 scripts/ab_table.py $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
