@@ -58,7 +58,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san,ncu}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_leanpass.log pytest_gpu_st.log pytest_gpu_gw.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log  pytest_gpu_gw.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -81,10 +81,10 @@ timeout 150 python3 scripts/profile_conventional.py --models llama-3.2-1b --batc
 grep -A14 "^==" "$OUT/prof/profile_gptfast.log" | head -32; snap
 elif [ "$MODE" = attn ]; then
 # ATTN_SETS: which of the switches' test sets (default all: up to ~9.5 min of timeouts; name fewer to stay short)
-SETS=" ${ATTN_SETS:-nowarp groups1 stages3 leanpass st gw} "
+SETS=" ${ATTN_SETS:-nowarp groups1 stages3 gw} "
 has() { case "$SETS" in *" $1 "*) return 0;; esac; return 1; }
 st "3d the attention switches' other sides:$SETS(-DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1, -DMPK_ATT_STAGES=3,"
-st "   -DMPK_ATT_LEAN_PASS=1, -DMPK_ATT_ST=1 with the lean pass)"
+st "   -DMPK_ATT_GW=1)"
 if has nowarp; then
 MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=0 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
     tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py > "$OUT/pytest_gpu_nowarp.log" 2>&1
@@ -100,20 +100,10 @@ MPK_NVCC_DEFINES=-DMPK_ATT_STAGES=3 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_stages.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
 fi
-if has leanpass; then
-MPK_NVCC_DEFINES=-DMPK_ATT_LEAN_PASS=1 timeout 90 python3 -m pytest -q -m gpu \
-    tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_leanpass.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_leanpass.log" | tail -6; snap
-fi
 if has gw; then   # warps split among a task's groups (-DMPK_ATT_GW=1): results to fp32 reassociation of the default
 MPK_NVCC_DEFINES=-DMPK_ATT_GW=1 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
     tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_gw.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_gw.log" | tail -6; snap
-fi
-if has st; then
-MPK_NVCC_DEFINES="-DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1" timeout 120 python3 -m pytest -q -m gpu \
-    tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py > "$OUT/pytest_gpu_st.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_st.log" | tail -6; snap
 fi
 elif [ "$MODE" = san ]; then
 st "3g compute-sanitizer memcheck + racecheck of the defaults (warp pipe, grouped attention; tiny configs, incl. one split)"
@@ -133,8 +123,7 @@ for V in $VARS; do
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
-             pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;; leanpass) D="-DMPK_ATT_LEAN_PASS=1"; G="";;
-             st) D="-DMPK_ATT_ST=1"; G="";; stlean) D="-DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1"; G="";;
+             pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
              gw) D="-DMPK_ATT_GW=1"; G="";;
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
              *) echo "unknown variant $V"; continue;; esac

@@ -50,23 +50,6 @@ constexpr int ATT_NST = MPK_ATT_STAGES;
 #ifndef MPK_ATT_PV_SPLIT
 #define MPK_ATT_PV_SPLIT 1
 #endif
-// MPK_ATT_LEAN_PASS=1 (opt-in until measured, gpu_pending.sh ab leanpass; session 22): a pass whose keys cover the
-// warp's whole tiles skips the key masks (the scores' key < n selects, the P.V operands' masks: ~40 of a wide
-// pass's ~470 instructions per warp). Same arithmetic, so the same results bit for bit. (Keeping the group's q
-// fragments in registers across passes as well made the kernel spill around the attention call: not done.)
-#ifndef MPK_ATT_LEAN_PASS
-#define MPK_ATT_LEAN_PASS 0
-#endif
-// MPK_ATT_ST=1 (opt-in until measured, gpu_pending.sh ab st; session 22): scores as S^T = K Q^T. The mma's 16 rows
-// are the tile's 16 keys (A = K rows by ldmatrix) and its 8 columns the group's q heads (B = q^T, two 32-bit loads
-// per 16-wide d step), where the default puts the <= 8 heads on 16 rows (half of every A operand zeros, copied into
-// place for each mma) and needs two mma's per 8 keys: half the score mma's and none of the padding moves. The
-// probabilities come out as P^T fragments and reach the P.V B operand by movmatrix.trans, each running sum stays
-// per lane until the end (one reduction per group, not per pass), and the rescale needs no shuffles (a lane's two
-// heads are its O^T columns). Same operands and roundings of P (hi + lo), so results within fp32 reassociation.
-#ifndef MPK_ATT_ST
-#define MPK_ATT_ST 0
-#endif
 // MPK_ATT_GW=1 (opt-in until measured, gpu_pending.sh ab gw; session 23): a task of ng > 1 KV groups (ng dividing
 // the 8 warps) runs its groups side by side instead of one after another. Warp w takes group w / wpg (wpg = 8 / ng
 // warps a group) and that group's KW-key blocks w % wpg, w % wpg + wpg, ..., through its own rows of the K/V
@@ -280,36 +263,19 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   const int g8 = lane >> 2, t4 = lane & 3, kw = KW * warp;
   // 32-wide d rounds of scores, 16-wide d tiles of o (wide passes: head dim <= 64, packer.py; fewer live registers)
   constexpr int DM = R == 1 ? MAX_HEAD_DIM : 64, MT = DM / 16;
-#if !MPK_ATT_ST
   constexpr int QR = DM / 32;
-#endif
   constexpr int NW = THREADS / 32;
   float o[MT][4];   // O^T: d = 16 mt + g8 (+ 8), heads 2 t4, 2 t4 + 1; unnormalised, relative to the head's m_run
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
-#if MPK_ATT_ST
-  // heads 2 t4 + i: the warp's running max (same in the 8 lanes of t4) and this lane's share of the running sum
-  float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.f, 0.f};
-#else
   float m_run = -INFINITY, l_run = 0.f;   // this warp's running max / sum of head g8 (same in the 4 lanes of g8)
-#endif
   // merge the warps of group gv: out = sum_w o_w exp(m_w - M) / sum_w l_w exp(m_w - M) (warps that saw no key:
   // m_w = -inf, weight 0), through `so` (the K buffers after the last pass; a region of its own while another
   // group's rows are in flight)
   auto finish = [&](int gv, float* so) {
     float* sm_m = so + NW * MAX_GS * D;
     float* sm_l = sm_m + NW * MAX_GS;
-#if MPK_ATT_ST
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {   // the lanes' shares of head 2 t4 + i's sum (all lanes: the shuffles)
-      float lt = l2[i];
-#pragma unroll
-      for (int sh = 4; sh < 32; sh <<= 1) lt += __shfl_xor_sync(0xffffffffu, lt, sh);
-      if (g8 == 0 && 2 * t4 + i < gs) { sm_m[warp * MAX_GS + 2 * t4 + i] = m2[i]; sm_l[warp * MAX_GS + 2 * t4 + i] = lt; }
-    }
-#else
     if (t4 == 0 && g8 < gs) { sm_m[warp * MAX_GS + g8] = m_run; sm_l[warp * MAX_GS + g8] = l_run; }
-#endif
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const int d = 16 * mt + g8, h0 = 2 * t4;
@@ -348,17 +314,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   auto finish_gw = [&](float* so) {
     float* sm_m = so + NW * MAX_GS * D;
     float* sm_l = sm_m + NW * MAX_GS;
-#if MPK_ATT_ST
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float lt = l2[i];
-#pragma unroll
-      for (int sh = 4; sh < 32; sh <<= 1) lt += __shfl_xor_sync(0xffffffffu, lt, sh);
-      if (g8 == 0 && 2 * t4 + i < gs) { sm_m[warp * MAX_GS + 2 * t4 + i] = m2[i]; sm_l[warp * MAX_GS + 2 * t4 + i] = lt; }
-    }
-#else
     if (t4 == 0 && g8 < gs) { sm_m[warp * MAX_GS + g8] = m_run; sm_l[warp * MAX_GS + g8] = l_run; }
-#endif
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       const int d = 16 * mt + g8, h0 = 2 * t4;
@@ -417,66 +373,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #endif
     if (vp == 0) MPK_STAMP(2);
     if (vp == 1) MPK_STAMP(5);   // (diagnostic stamps 5, 7-9: pass 1, the steady state)
-#if MPK_ATT_LEAN_PASS
-    const bool fullp = kw + KW <= n;   // warp-uniform: every key of the warp's tiles is in the pass (no masks)
-#else
-    constexpr bool fullp = false;
-#endif
     if (kw < n) {   // warp-uniform: key kw is in the pass, so every head's max below is finite
-#if MPK_ATT_ST
-      // st[u][0 / 1] = S[head 2 t4 / 2 t4 + 1][key kw + 16 u + g8], st[u][2 / 3]: the same heads at key + 8 (heads
-      // past gs: q zero, scores 0, outputs never stored); the R tiles' chains are independent
-      float st[R][4];
-#pragma unroll
-      for (int u = 0; u < R; ++u) st[u][0] = st[u][1] = st[u][2] = st[u][3] = 0.f;
-      // ldmatrix.x4 of a tile's K: lanes 8 i .. 8 i + 7 address matrix i = (keys 0-7 / 8-15) x (d 0-7 / 8-15)
-      const uint32_t krow = smem_addr(kb + (kw + (lane & 7) + ((lane >> 3) & 1) * 8) * KST + (lane >> 4) * 8);
-      const bf16* qg8 = qh + g8 * D + 2 * t4;   // q^T: head g8, d pairs 2 t4 (+ 8) of each 16-wide step
-#pragma unroll
-      for (int k16 = 0; k16 < DM / 16; ++k16) {
-        if (16 * k16 < D) {   // (a head dim of 16 k + 8: the step's upper 8 d are zero in both operands, so the K
-          //                     rows' padding, which nothing writes, never meets the mma)
-          const bool up = 16 * k16 + 8 < D;
-          const uint32_t b0 = g8 < gs ? *reinterpret_cast<const uint32_t*>(qg8 + 16 * k16) : 0u;
-          const uint32_t b1 = up && g8 < gs ? *reinterpret_cast<const uint32_t*>(qg8 + 16 * k16 + 8) : 0u;
-#pragma unroll
-          for (int u = 0; u < R; ++u) {
-            uint32_t a0, a1, a2, a3;
-            ldsm_x4(krow + (16 * u * KST + 16 * k16) * 2, a0, a1, a2, a3);
-            if (!up) a2 = a3 = 0u;
-            mma_bf16_16816(st[u], a0, a1, a2, a3, b0, b1);
-          }
-        }
-      }
-      float v[R][4], mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int u = 0; u < R; ++u)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = kw + 16 * u + g8 + 8 * (e >> 1);
-          v[u][e] = fullp || key < n ? st[u][e] * scale : -INFINITY;
-          mx[e & 1] = fmaxf(mx[e & 1], v[u][e]);
-        }
-      float corr[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {   // the heads' max over the warp's keys: the 8 lanes of t4
-#pragma unroll
-        for (int sh = 4; sh < 32; sh <<= 1) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], sh));
-        const float mn = fmaxf(m2[i], mx[i]);
-        corr[i] = expf(m2[i] - mn);   // 0 on the warp's first keys
-        m2[i] = mn;
-      }
-      float sum[2] = {0.f, 0.f};
-#pragma unroll
-      for (int u = 0; u < R; ++u)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) { v[u][e] = expf(v[u][e] - m2[e & 1]); sum[e & 1] += v[u][e]; }
-      l2[0] = l2[0] * corr[0] + sum[0];
-      l2[1] = l2[1] * corr[1] + sum[1];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) { o[mt][0] *= corr[0]; o[mt][1] *= corr[1]; o[mt][2] *= corr[0]; o[mt][3] *= corr[1]; }
-      if (vp == 1) MPK_STAMP(7);   // scores, softmax and rescale
-#else
       // tile u, n-tile nt: sc[u][nt][0 / 1] = S[head g8][key kw + 16 u + 8 nt + 2 t4 + 0 / 1] (sc[u][nt][2, 3]:
       // padding rows); the R tiles' chains are independent (interleaved by the unrolled loops)
       float sc[R][2][4];
@@ -507,7 +404,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = kw + 16 * u + 8 * (e >> 1) + 2 * t4 + (e & 1);
-          v[u][e] = fullp || key < n ? sc[u][e >> 1][e & 1] * scale : -INFINITY;
+          v[u][e] = key < n ? sc[u][e >> 1][e & 1] * scale : -INFINITY;
           mx = fmaxf(mx, v[u][e]);
         }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -526,7 +423,6 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) { o[mt][0] *= ca; o[mt][1] *= cb; o[mt][2] *= ca; o[mt][3] *= cb; }
       if (vp == 1) MPK_STAMP(7);   // scores, softmax and rescale
-#endif
 #pragma unroll
       for (int u = 0; u < R; ++u) {   // P.V by m16n8k16 bf16, k = tile u's 16 keys in order, P^T as B (b0b1: keys
           // 2t4, 2t4 + 1 = v[u][0], v[u][1]; b2b3: keys 8 + 2t4, + 1 = v[u][2], v[u][3]), each probability split into
@@ -535,45 +431,28 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
           // would poison o)
         const int ku = kw + 16 * u;
         __nv_bfloat162 h01 = __floats2bfloat162_rn(v[u][0], v[u][1]), h23 = __floats2bfloat162_rn(v[u][2], v[u][3]);
-#if MPK_ATT_ST   // (v0, v1) packed is row key g8 of the 8 x 8 block P^T[keys 0-7][heads]: its transpose is b0 =
-        //                 P[head g8][keys 2t4, 2t4 + 1]; (v2, v3) likewise gives b1 (keys 8-15)
-        const uint32_t bh0 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&h01));
-        const uint32_t bh1 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&h23));
-#else
         const uint32_t bh0 = *reinterpret_cast<uint32_t*>(&h01), bh1 = *reinterpret_cast<uint32_t*>(&h23);
-#endif
 #if MPK_ATT_PV_SPLIT
         __nv_bfloat162 r01 = __floats2bfloat162_rn(v[u][0] - __low2float(h01), v[u][1] - __high2float(h01));
         __nv_bfloat162 r23 = __floats2bfloat162_rn(v[u][2] - __low2float(h23), v[u][3] - __high2float(h23));
-#if MPK_ATT_ST
-        const uint32_t bl0 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&r01));
-        const uint32_t bl1 = movmatrix_trans(*reinterpret_cast<uint32_t*>(&r23));
-#else
         const uint32_t bl0 = *reinterpret_cast<uint32_t*>(&r01), bl1 = *reinterpret_cast<uint32_t*>(&r23);
 #endif
-#endif
         const uint32_t vrow = smem_addr(vb + (ku + ((lane >> 4) & 1) * 8 + (lane & 7)) * KST + ((lane >> 3) & 1) * 8);
-        auto pv = [&](const bool masked) {   // (inlined twice: with the key masks and, on full passes, without)
-          uint32_t mA = ~0u, mB = ~0u;
-          if (masked) {
-            const int k0 = ku + 2 * t4;
-            mA = (k0 < n ? 0xffffu : 0u) | (k0 + 1 < n ? 0xffff0000u : 0u);
-            mB = (k0 + 8 < n ? 0xffffu : 0u) | (k0 + 9 < n ? 0xffff0000u : 0u);
-          }
+        const int k0 = ku + 2 * t4;
+        const uint32_t mA = (k0 < n ? 0xffffu : 0u) | (k0 + 1 < n ? 0xffff0000u : 0u);
+        const uint32_t mB = (k0 + 8 < n ? 0xffffu : 0u) | (k0 + 9 < n ? 0xffff0000u : 0u);
 #pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            if (16 * mt < D) {
-              uint32_t a0, a1, a2, a3;
-              ldsm_x4_trans(vrow + 32 * mt, a0, a1, a2, a3);
-              if (masked) { a0 &= mA; a1 &= mA; a2 &= mB; a3 &= mB; }
+        for (int mt = 0; mt < MT; ++mt) {
+          if (16 * mt < D) {
+            uint32_t a0, a1, a2, a3;
+            ldsm_x4_trans(vrow + 32 * mt, a0, a1, a2, a3);
+            a0 &= mA; a1 &= mA; a2 &= mB; a3 &= mB;
 #if MPK_ATT_PV_SPLIT
-              mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
+            mma_bf16_16816(o[mt], a0, a1, a2, a3, bl0, bl1);
 #endif
-              mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
-            }
+            mma_bf16_16816(o[mt], a0, a1, a2, a3, bh0, bh1);
           }
-        };
-        if (fullp) pv(false); else pv(true);
+        }
       }
     }
     if (vp == 1) MPK_STAMP(8);   // thread 0's P.V
@@ -595,13 +474,8 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
         __syncthreads();
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
-#if MPK_ATT_ST
-        m2[0] = m2[1] = -INFINITY;
-        l2[0] = l2[1] = 0.f;
-#else
         m_run = -INFINITY;
         l_run = 0.f;
-#endif
       }
       p = 0;
       ++gv;

@@ -113,6 +113,8 @@ REMOVED_DEFINES = {
     "MPK_ATT_SWIZZLE": "swizzled unpadded K/V rows, +3..+19% on llama-3.2-1b, session 21",
     "MPK_ATT_ISSUE_UNROLL": "the unrolled copy-issue loop, +1..+1.5% with pv1 and exp2, session 20",
     "MPK_ATT_EXP2": "exp2f scores, +1..+1.5% with pv1 and the unroll, session 20",
+    "MPK_ATT_LEAN_PASS": "full attention passes without key masks, +0.5 / +0.9% at llama B=32 / 128 ctx 4096, session 23",
+    "MPK_ATT_ST": "attention scores as K Q^T, -0.7 / +0.2% at llama B=32 / 128 ctx 4096, session 23",
 }
 
 

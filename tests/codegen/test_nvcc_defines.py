@@ -40,3 +40,6 @@ def test_a_bare_define_is_one_and_a_removed_switch_set_to_zero_is_allowed(monkey
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_SWIZZLE=1")
     with pytest.raises(nvcc.CompileError, match="removed"):
         nvcc._defines()
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1")   # session 23's refuted pair
+    with pytest.raises(nvcc.CompileError, match=r"-DMPK_ATT_ST=1: this switch was removed .*session 23"):
+        nvcc._defines()
