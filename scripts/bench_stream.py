@@ -172,16 +172,19 @@ def phase(a, cu, mod, dev, torch):
     types = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
              ctypes.c_void_p)
 
-    scratch = torch.empty(256 << 20, dtype=torch.uint8, device=dev)   # written before each launch: L2 holds no W
+    # read (not written) before each launch, so L2 holds none of W and no dirty lines: session 23's first
+    # device-timed run wrote it (fill_), and up to ~50 MB of write-backs then competed with the phase's reads
+    scratch = torch.ones(64 << 20, dtype=torch.float32, device=dev)
+    flushed = torch.zeros(1, dtype=torch.float32, device=dev)
     stream = torch.cuda.current_stream(dev)
 
     def run(nbytes, mode, stages, chunk):
         """Device us from the first CTA's start to the last CTA's last byte, and the median CTA's own start-to-end
-        us; medians over a.reps launches, each after L2 was flushed by writing 256 MiB."""
+        us; medians over a.reps launches, each after L2 was flushed by reading 256 MiB."""
         args = ((W.data_ptr(), nbytes, mode, chunk, stages, sink.data_ptr(), stamps.data_ptr()), types)
         spans, ctas = [], []
         for rep in range(a.reps + 1):
-            scratch.fill_(rep & 0xff)
+            torch.sum(scratch, dim=0, keepdim=True, out=flushed)   # 256 MiB read
             _check(cu.cuLaunchKernel(fn, sms, 1, 1, L.CONSTANTS["THREADS"], 1, 1, stages * chunk if mode else 0,
                                      cu.CUstream(stream.cuda_stream), args, 0), "cuLaunchKernel")
             st = stamps.view(sms, 2).cpu()   # (synchronises)
@@ -205,7 +208,7 @@ def phase(a, cu, mod, dev, torch):
     OUT.mkdir(parents=True, exist_ok=True)
     meta = dict(machine=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%dT%H:%M:%S"),
                 git_commit=os.environ.get("GIT_COMMIT", ""), reps=a.reps, ctas=sms, skew_us=d0,
-                timer="%globaltimer stamps per CTA, L2 flushed before each launch")
+                timer="%globaltimer stamps per CTA, L2 flushed by a 256 MiB read before each launch")
     (OUT / "bench_phase.json").write_text(json.dumps(dict(meta=meta, rows=rows_out), indent=1))
     print(f"wrote {OUT / 'bench_phase.json'}")
 

@@ -32,11 +32,12 @@
 #    splits again (8 since v16; measured then 4 / 16 no better). With wide passes (256 keys) a 64-key split leaves
 #    6 of 8 warps idle and 64 tasks fold their partials. Prediction: s2 -1..-3% at ctx 512 (16 tasks of one full
 #    pass, 2-way merges), s1 within 2% at ctx 512 (no merge, two passes) and +5..+15% at ctx 4096.
-# Batch 1 (issue 3): session 23's phase benchmark (device-timed) and trace say the linear tiles already stream at
-# the register path's raw rate (gate_up 19.6 us a tile against 19.3 for 512 KiB alone; TMA rings are 15-30% slower
-# than registers at every size) and the loss is in the chain: attention 5.6 us tasks (+ ~1 us gaps) for 1 MB a
-# layer, qkv_rope 8.3 us against ~5 of stream, o_proj 5.5 against 3.5, down 12.2 against 10.1. No B=1 GPU
-# experiment is queued: the next one needs a design on CPU first (docs/perf-notes.md session 23).
+# 6. `phase` (~1 min) again: session 23's device-timed run flushed L2 by writing (dirty write-backs biased every
+#    absolute rate low; registers still beat TMA rings at every size). Now flushed by reading: do the register
+#    phases reach session 10's 96% of 4.55 TB/s on long streams, and is gate_up's 19.6 us tile (512 KiB) then
+#    slower than the pattern alone? If so, the batch-1 linear tiles lose rate inside the megakernel.
+# Batch 1 (issue 3), from session 23's trace: attention 5.6 us tasks (+ ~1 us gaps) for 1 MB a layer, qkv_rope 8.3
+# us against ~5 of stream, o_proj 5.5 against 3.5, down 12.2 against 10.1 (docs/perf-notes.md session 23).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
