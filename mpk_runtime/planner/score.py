@@ -9,6 +9,7 @@ profile from their features (no simulation); `resimulate` recomputes the feature
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 
@@ -269,7 +270,7 @@ def _brief(s: dict) -> dict:
 
 
 def load_rows(spec: str) -> list[dict]:
-    """Rows of comma-separated files (JSONL, or planner_validation.json). `path@VAR=VALUE@...`: the rows were
+    """Rows of comma-separated files (JSONL, or planner_validation.json; either gzipped). `path@VAR=VALUE@...`: the rows were
     measured with those environment switches (e.g. `@MPK_ATT_GROUPS=1` for rows from before grouped attention was
     the default); resimulate re-plans them under it."""
     rows = []
@@ -281,7 +282,10 @@ def load_rows(spec: str) -> list[dict]:
             if not eq or not k:
                 raise ValueError(f"rows {item!r}: expected path@VAR=VALUE, got {e!r}")
             env[k] = v
-        got = json.load(open(p))["rows"] if p.endswith(".json") else [json.loads(x) for x in open(p) if x.strip()]
+        opener = gzip.open if p.endswith(".gz") else open   # stored results are gzipped (bench/results)
+        with opener(p, "rt") as f:
+            got = json.load(f)["rows"] if p.removesuffix(".gz").endswith(".json") else \
+                [json.loads(x) for x in f if x.strip()]
         rows += [dict(r, env={**r.get("env", {}), **env}) if env else r for r in got]
     for r in rows:   # rows recorded before session 23 lack "attn_only": a one-op attention segment is attention only
         for s in r.get("segments") or []:

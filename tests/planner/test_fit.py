@@ -331,3 +331,17 @@ def test_rows_recorded_without_attn_only_get_it_from_their_segments(tmp_path):
     got = load_rows(str(p))[0]["segments"]
     assert got[0]["features"]["attn_only"] is True and got[1]["features"]["attn_only"] is False
     assert "attn_only" not in got[2]["features"]
+
+
+def test_load_rows_reads_gzipped_results(tmp_path):
+    """bench/results keeps planner_validation.json (and JSONL rows) gzipped: load_rows reads both forms alike."""
+    import gzip
+    from mpk_runtime.planner.score import load_rows
+    row = dict(model="m", batch=8, plan="mono", segments=[])
+    (tmp_path / "v.json").write_text(json.dumps({"rows": [row]}))
+    with gzip.open(tmp_path / "v.json.gz", "wt") as f:
+        json.dump({"rows": [row]}, f)
+    with gzip.open(tmp_path / "r.jsonl.gz", "wt") as f:
+        f.write(json.dumps(row) + "\n")
+    got = [load_rows(str(tmp_path / n)) for n in ("v.json", "v.json.gz", "r.jsonl.gz")]
+    assert got[0] == got[1] == got[2] == [row]
