@@ -269,12 +269,9 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
   float m_run = -INFINITY, l_run = 0.f;   // this warp's running max / sum of head g8 (same in the 4 lanes of g8)
-  // merge the warps of group gv: out = sum_w o_w exp(m_w - M) / sum_w l_w exp(m_w - M) (warps that saw no key:
-  // m_w = -inf, weight 0), through `so` (the K buffers after the last pass; a region of its own while another
-  // group's rows are in flight)
-  auto finish = [&](int gv, float* so) {
-    float* sm_m = so + NW * MAX_GS * D;
-    float* sm_l = sm_m + NW * MAX_GS;
+  // this warp's running max, sum and unnormalised outputs into `so` (outputs NW x MAX_GS x D, then maxima and
+  // sums), then a CTA barrier: every warp's state is readable
+  auto stash = [&](float* so, float* sm_m, float* sm_l) {
     if (t4 == 0 && g8 < gs) { sm_m[warp * MAX_GS + g8] = m_run; sm_l[warp * MAX_GS + g8] = l_run; }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -286,6 +283,14 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       if (h0 + 1 < gs && d + 8 < D) w0[D + d + 8] = o[mt][3];
     }
     __syncthreads();
+  };
+  // merge the warps of group gv: out = sum_w o_w exp(m_w - M) / sum_w l_w exp(m_w - M) (warps that saw no key:
+  // m_w = -inf, weight 0), through `so` (the K buffers after the last pass; a region of its own while another
+  // group's rows are in flight)
+  auto finish = [&](int gv, float* so) {
+    float* sm_m = so + NW * MAX_GS * D;
+    float* sm_l = sm_m + NW * MAX_GS;
+    stash(so, sm_m, sm_l);
 #pragma unroll 1
     for (int i = tid; i < gs * D; i += THREADS) {
       const int h = i / D, d = i - h * D;
@@ -314,17 +319,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   auto finish_gw = [&](float* so) {
     float* sm_m = so + NW * MAX_GS * D;
     float* sm_l = sm_m + NW * MAX_GS;
-    if (t4 == 0 && g8 < gs) { sm_m[warp * MAX_GS + g8] = m_run; sm_l[warp * MAX_GS + g8] = l_run; }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int d = 16 * mt + g8, h0 = 2 * t4;
-      float* w0 = so + (warp * MAX_GS + h0) * D;
-      if (h0 < gs && d < D) w0[d] = o[mt][0];
-      if (h0 < gs && d + 8 < D) w0[d + 8] = o[mt][2];
-      if (h0 + 1 < gs && d < D) w0[D + d] = o[mt][1];
-      if (h0 + 1 < gs && d + 8 < D) w0[D + d + 8] = o[mt][3];
-    }
-    __syncthreads();
+    stash(so, sm_m, sm_l);
 #pragma unroll 1
     for (int i = tid; i < ng * gs * D; i += THREADS) {
       const int gr = i / (gs * D), r = i - gr * gs * D, h = r / D, d = r - h * D, w0 = gr * wpg;
