@@ -10,10 +10,7 @@ overtakes the CUDA-core megakernel there). Conventional attention moves the gath
 keep it latency-bound, measured ~30-50 ns per key per layer at B=1-8 where the bytes would take ~1). All-reduces
 outside megakernels are NCCL calls inside the graph (measured curve).
 
-A megakernel segment = launch + mk_scale x simulated makespan + mk_offset_us (calibration, fit.py; a segment of
-attention ops only, the attn-mk plans' kind, has its own pair mk_attn_scale / mk_attn_offset_us where the profile
-fits one: one pair for both measured attention-only segments +3..+9% high and whole-layer ones -6..-17% low at
-once, session 23); the
+A megakernel segment = launch + mk_scale x simulated makespan + mk_offset_us (calibration, fit.py); the
 simulator streams each linear weight tile once per pass of the kernel (Tensor Core passes of tc_rows rows from
 codegen/layout.linear_geometry at batch >= TC_MIN_M, the packer's own function) and prices the mma.sync math.
 
@@ -148,8 +145,6 @@ def conv_attn_us(f: dict, passes: float, key_us: float) -> float:
 def price_from_features(f: dict, prof: HardwareProfile) -> float:
     """A segment's price from its features under `prof` (fit.py): the same arithmetic as the cost functions."""
     if f["kind"] == "megakernel":
-        if f.get("attn_only") and prof.mk_attn_scale > 0:
-            return prof.megakernel_launch_us + prof.mk_attn_scale * f["sim_us"] + prof.mk_attn_offset_us
         return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
     return prof.conv_fixed_scale * f["fixed_us"] + st + conv_attn_us(f, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + \
@@ -175,7 +170,6 @@ class SegmentCoster:
 
     def __init__(self, graphs: list[Graph], prof: HardwareProfile, make_graphs=None, groups=None):
         self.graphs, self.prof = graphs, prof
-        self._kinds = {o.name: o.kind for o in graphs[0].ops}
         self.make_graphs = make_graphs          # num_layers -> [Graph per rank] of the same model, fewer layers
         self.groups = groups                    # layer groups of graphs[0] (search._layer_groups)
         self._group_of = {n: i for i, grp in enumerate(groups or []) for n in grp}
@@ -257,11 +251,8 @@ class SegmentCoster:
         return self._memo[key]
 
     def megakernel_features(self, ops: list[str], tiling: Tiling) -> dict:
-        """The segment's price terms: its simulated makespan, and whether it holds attention ops only (priced
-        with the attention-only calibration where the profile has one)."""
-        by = self._kinds
-        return {"kind": "megakernel", "sim_us": self.sim_us(ops, tiling),
-                "attn_only": bool(ops) and all(by.get(n) == "attention" for n in ops)}
+        """The segment's price terms (price_from_features; fit.py refits from them): its simulated makespan."""
+        return {"kind": "megakernel", "sim_us": self.sim_us(ops, tiling)}
 
     def megakernel_us(self, ops: list[str], tiling: Tiling) -> float:
         return price_from_features(self.megakernel_features(ops, tiling), self.prof)

@@ -97,30 +97,7 @@ def _wls(cols: list[list[float]], y: list[float], w: list[float], nonneg: bool =
     return [float(v) for v in b]
 
 
-MK_FIELDS = ("mk_scale", "mk_offset_us", "mk_attn_scale", "mk_attn_offset_us")
-
-
-def fit_megakernel(segs: list[dict], launch_us: float, min_segments: int = 2, split_attn: bool = False) -> dict:
-    """mk_scale / mk_offset_us on every megakernel segment; with split_attn (--terms mkattn), on the segments
-    that hold more than attention only, and mk_attn_scale / mk_attn_offset_us on the attention-only ones (features
-    "attn_only"), each where it has min_segments segments. Session 23: the split cut the in-sample segment MAPE
-    from 5.1% to 4.1%, but held out by point (one model fits, the other tests) megakernel segments went from
-    6.5% / 6.8% to 15.0% / 11.0%. Attention-only segments of 64- and 128-wide heads do not share one scale, so
-    the split is opt-in (docs/planner.md)."""
-    if not split_attn:
-        return _fit_mk_pair(segs, launch_us)
-    attn = [s for s in segs if s["features"].get("attn_only")]
-    rest = [s for s in segs if not s["features"].get("attn_only")]
-    out = {}
-    if len(rest) >= min_segments:
-        out.update(_fit_mk_pair(rest, launch_us))
-    if len(attn) >= min_segments:
-        a = _fit_mk_pair(attn, launch_us)
-        out.update({"mk_attn_scale": a["mk_scale"], "mk_attn_offset_us": a["mk_offset_us"]})
-    return out
-
-
-def _fit_mk_pair(segs: list[dict], launch_us: float) -> dict:
+def fit_megakernel(segs: list[dict], launch_us: float) -> dict:
     sims = [s["features"]["sim_us"] for s in segs]
     y = [s["measured_us"] - launch_us for s in segs]
     w = [1.0 / s["measured_us"] ** 2 for s in segs]
@@ -197,8 +174,7 @@ def fit_conventional(segs: list[dict]) -> dict:
 def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, regimes=REGIMES,
                 terms=("mk", "conv")) -> tuple[HardwareProfile, dict]:
     """The base profile with per-regime calibration fitted on `rows`; and a report (counts per regime).
-    terms: "mk" (mk_scale, mk_offset_us), "mkattn" (as "mk", plus the attention-only pair: MK_FIELDS), "conv"
-    (CONV_FIELDS); the others keep the base profile's values."""
+    terms: "mk" (mk_scale, mk_offset_us), "conv" (CONV_FIELDS); the others keep the base profile's values."""
     keep = {k: dict(v) for k, v in base.regimes.items()}
     regs = {}
     report = {}
@@ -207,12 +183,12 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
         mk = [s for _, s in segs if s["features"]["kind"] == "megakernel"]
         cv = [s for _, s in segs if s["features"]["kind"] == "conventional"]
         over = dict(keep.get(key, {}))
-        if ("mk" in terms or "mkattn" in terms) and len(mk) >= min_segments:
-            over.update(fit_megakernel(mk, base.megakernel_launch_us, min_segments, split_attn="mkattn" in terms))
+        if "mk" in terms and len(mk) >= min_segments:
+            over.update(fit_megakernel(mk, base.megakernel_launch_us))
         if "conv" in terms and len(cv) >= min_segments:
             over.update(fit_conventional(cv))
         report[key] = {"megakernel_segments": len(mk), "conventional_segments": len(cv),
-                       **{k: over[k] for k in over if k in MK_FIELDS + CONV_FIELDS}}
+                       **{k: over[k] for k in over if k in ("mk_scale", "mk_offset_us") + CONV_FIELDS}}
         if over:
             regs[key] = over
     for key, v in keep.items():   # base regimes this fit does not define (other regime sets): kept
@@ -290,8 +266,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--name", default="h200_fitted")
     ap.add_argument("--holdout", action="store_true")
-    ap.add_argument("--terms", default="mk,conv", help="calibration terms to fit: mk, mkattn (mk plus an "
-                    "attention-only megakernel pair), conv (comma-separated)")
+    ap.add_argument("--terms", default="mk,conv", help="calibration terms to fit: mk, conv (comma-separated)")
     ap.add_argument("--regimes", default="1,8", help="min batch of each regime, e.g. 1,8 or 1,8,32,128")
     ap.add_argument("--no-resimulate", action="store_true",
                     help="price from the recorded features (sim_us of the simulator that made the plans); default: "

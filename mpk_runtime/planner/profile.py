@@ -128,9 +128,6 @@ class HardwareProfile:
     # calibration of a simulated megakernel segment: measured ~ mk_scale * simulated + mk_offset_us (+ launch)
     mk_scale: float = 1.0
     mk_offset_us: float = 0.0
-    # the same for a segment of attention ops only (cost.price_from_features); scale 0 = use mk_scale / mk_offset_us
-    mk_attn_scale: float = 0.0
-    mk_attn_offset_us: float = 0.0
     # conventional (graph-captured torch) path: matmul Tensor Core efficiency (cuBLAS at M rows vs the wgmma
     # peak), and how many times conventional attention moves the KV bytes (gather, mask, fp32 cast, matmuls)
     conv_tc_eff: float = 1.0

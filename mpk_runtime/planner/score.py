@@ -287,9 +287,4 @@ def load_rows(spec: str) -> list[dict]:
             got = json.load(f)["rows"] if p.removesuffix(".gz").endswith(".json") else \
                 [json.loads(x) for x in f if x.strip()]
         rows += [dict(r, env={**r.get("env", {}), **env}) if env else r for r in got]
-    for r in rows:   # rows recorded before session 23 lack "attn_only": a one-op attention segment is attention only
-        for s in r.get("segments") or []:
-            f = s.get("features")
-            if f and f.get("kind") == "megakernel" and "attn_only" not in f:
-                f["attn_only"] = s.get("ops") == 1 and str(s.get("first_op", "")).endswith(".attention")
     return rows

@@ -291,48 +291,6 @@ def test_plans_split_attention_like_the_bench_and_old_rows_keep_their_rule(base)
     assert recorded[0]["segments"][0]["features"]["sim_us"] == sims[new]
 
 
-def test_attention_only_megakernels_get_their_own_calibration(base):
-    """Segments of attention ops only (the attn-mk plans' megakernels) carry attn_only in their features and are
-    priced with mk_attn_scale / mk_attn_offset_us where the profile has them (scale 0: the shared pair). fit.py
-    with --terms mkattn fits the two pairs on their own segments and recovers both (session 23: one shared pair
-    left attention-only segments +3..+9% high and whole-layer ones -6..-17% low at once)."""
-    regimes = {k: dict(v) for k, v in TRUE.items()}
-    regimes["8"].update(mk_attn_scale=1.15, mk_attn_offset_us=5.0)
-    regimes["1"].update(mk_attn_scale=0.95, mk_attn_offset_us=-3.0)
-    true = dataclasses.replace(base, regimes=regimes)
-    plans = candidates(PRESETS["tiny-llama"], batch=8, context=64, prof=true)
-    segs = [s for p in plans for s in p.segments if s.kind == "megakernel"]
-    attn = [s for s in segs if s.features["attn_only"]]
-    assert attn and all(len(s.ops) == 1 and s.ops[0].endswith(".attention") for s in attn)
-    assert any(not s.features["attn_only"] for s in segs)
-    p8 = true.for_batch(8)
-    f = attn[0].features
-    assert price_from_features(f, p8) == pytest.approx(p8.megakernel_launch_us + 1.15 * f["sim_us"] + 5.0)
-    assert price_from_features(f, base) == pytest.approx(price_from_features(dict(f, attn_only=False), base))
-    rows = synthetic_rows(true, base)
-    shared, _ = fit_profile(rows, base)   # the default terms: one pair for every megakernel segment
-    assert "mk_attn_scale" not in shared.regimes["8"]
-    fitted, _ = fit_profile(rows, base, terms=("mkattn", "conv"))
-    for key, want in regimes.items():
-        for k in ("mk_scale", "mk_offset_us", "mk_attn_scale", "mk_attn_offset_us"):
-            assert fitted.regimes[key][k] == pytest.approx(want[k], rel=1e-3, abs=1e-3), (key, k)
-    assert summarize(reprice(rows, fitted))["segment_mape"] < 1e-6
-
-
-def test_rows_recorded_without_attn_only_get_it_from_their_segments(tmp_path):
-    """Rows validate_planner wrote before session 23 lack the feature: load_rows gives a one-op attention
-    megakernel segment attn_only, and every other megakernel segment not."""
-    from mpk_runtime.planner.score import load_rows
-    segs = [dict(kind="megakernel", ops=1, first_op="L0.attention", measured_us=70.0, features={"kind": "megakernel", "sim_us": 40.0}),
-            dict(kind="megakernel", ops=5, first_op="L0.qkv_rope", measured_us=90.0, features={"kind": "megakernel", "sim_us": 60.0}),
-            dict(kind="conventional", ops=4, first_op="L0.o_proj", measured_us=80.0, features={"kind": "conventional"})]
-    p = tmp_path / "rows.jsonl"
-    p.write_text(json.dumps(dict(model="m", batch=1, plan="x", segments=segs)) + "\n")
-    got = load_rows(str(p))[0]["segments"]
-    assert got[0]["features"]["attn_only"] is True and got[1]["features"]["attn_only"] is False
-    assert "attn_only" not in got[2]["features"]
-
-
 def test_load_rows_reads_gzipped_results(tmp_path):
     """bench/results keeps planner_validation.json (and JSONL rows) gzipped: load_rows reads both forms alike."""
     import gzip
