@@ -17,27 +17,14 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 23 left it (bench/results/s23: HEAD's default build passed 62
-# GPU tests; up to 8 KV groups per task is the default; lean-pass / S^T / 3 stages refuted; h200_v36_cal refit).
-# 1. `ATTN_SETS=gw attn` (~2.5 min): -DMPK_ATT_GW=1's tests (a task's KV groups side by side, warps split among
-#    them, one merge at the end; attention.cuh). Written in session 23, compiled, never run.
-# 2. `VARS="base gw" BS=32,128 CTXS=512,4096 MODELS=llama-3.2-1b ab` (~3 min). Prediction (docs/perf-notes.md
-#    session 23): llama attn-mk B=128 ctx 512 2.59 -> 2.30-2.45 ms (-6..-11%: 8-group tasks 58.6 us -> ~40-48), ctx
-#    4096 -2..-5%, B=32 (2-group tasks, wpg 4) -1..-3%. If it wins: qwen3-8b B=128 the same way, then make it the
-#    default with tp_invariant runs keeping the sequential groups (megakernel_runner refuses the mix today).
-# 3. `MODELS=llama-3.2-1b bench` (~9 min): the table with both peers in one run (session 23's run 9 had gpt-fast at
-#    B=32 / 128 only; B=128 ctx 4096's peer was cut by the time budget), then `MODELS=qwen3-8b bench`.
-# 4. `VAL_B4096=1,8,32,128 val` only after a default changes (h200_v36_cal was fit on session 23's rows).
-# 5. `VARS="s8 s2 s1 s4" BS=1 CTXS=512,4096 MODELS=llama-3.2-1b,qwen3-8b ab` (~3 min): batch 1's attention key
-#    splits again (8 since v16; measured then 4 / 16 no better). With wide passes (256 keys) a 64-key split leaves
-#    6 of 8 warps idle and 64 tasks fold their partials. Prediction: s2 -1..-3% at ctx 512 (16 tasks of one full
-#    pass, 2-way merges), s1 within 2% at ctx 512 (no merge, two passes) and +5..+15% at ctx 4096.
-# 6. `phase` (~1 min) again: session 23's device-timed run flushed L2 by writing (dirty write-backs biased every
-#    absolute rate low; registers still beat TMA rings at every size). Now flushed by reading: do the register
-#    phases reach session 10's 96% of 4.55 TB/s on long streams, and is gate_up's 19.6 us tile (512 KiB) then
-#    slower than the pattern alone? If so, the batch-1 linear tiles lose rate inside the megakernel.
-# Batch 1 (issue 3), from session 23's trace: attention 5.6 us tasks (+ ~1 us gaps) for 1 MB a layer, qkv_rope 8.3
-# us against ~5 of stream, o_proj 5.5 against 3.5, down 12.2 against 10.1 (docs/perf-notes.md session 23).
+# Order for a 30-minute session (one GPU), as session 24 left it (bench/results/s24: a task's KV groups side by side
+# is the default (-DMPK_ATT_GW=0 for the old order); issue 3's tables with both peers; B=1 splits: 8 stays; the clean
+# phase rates: every batch-1 linear task costs 3-4 us beyond its stream).
+# 1. `VAL_B4096=1,8,32,128 val` (~9 min): the planner after the GW default (h200_v36_cal was fit before it: attn-mk
+#    segments at B >= 32 should now measure ~4-6% under their prediction at ctx 512). Refit if MAPE > 10%.
+# 2. `ATTN_SETS=seq attn` (~2.5 min): the old sequential groups' tests (-DMPK_ATT_GW=0), not run since session 23.
+# 3. `STAMP_BATCHES=1 stamps` (~2 min): where a batch-1 linear task's 3-4 us beyond its stream go (x + norm,
+#    passes, epilogue) before any batch-1 code: session 10's stamps predate the wide attention and the fold.
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
@@ -59,7 +46,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san,ncu}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log  pytest_gpu_gw.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_seq.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -82,10 +69,10 @@ timeout 150 python3 scripts/profile_conventional.py --models llama-3.2-1b --batc
 grep -A14 "^==" "$OUT/prof/profile_gptfast.log" | head -32; snap
 elif [ "$MODE" = attn ]; then
 # ATTN_SETS: which of the switches' test sets (default all: up to ~9.5 min of timeouts; name fewer to stay short)
-SETS=" ${ATTN_SETS:-nowarp groups1 stages3 gw} "
+SETS=" ${ATTN_SETS:-nowarp groups1 stages3 seq} "
 has() { case "$SETS" in *" $1 "*) return 0;; esac; return 1; }
 st "3d the attention switches' other sides:$SETS(-DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1, -DMPK_ATT_STAGES=3,"
-st "   -DMPK_ATT_GW=1)"
+st "   -DMPK_ATT_GW=0)"
 if has nowarp; then
 MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=0 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
     tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py > "$OUT/pytest_gpu_nowarp.log" 2>&1
@@ -101,10 +88,10 @@ MPK_NVCC_DEFINES=-DMPK_ATT_STAGES=3 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_stages.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
 fi
-if has gw; then   # warps split among a task's groups (-DMPK_ATT_GW=1): results to fp32 reassociation of the default
-MPK_NVCC_DEFINES=-DMPK_ATT_GW=1 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
-    tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_gw.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_gw.log" | tail -6; snap
+if has seq; then   # a task's groups one after another (-DMPK_ATT_GW=0, the default before session 24)
+MPK_NVCC_DEFINES=-DMPK_ATT_GW=0 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
+    tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_seq.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_seq.log" | tail -6; snap
 fi
 elif [ "$MODE" = san ]; then
 st "3g compute-sanitizer memcheck + racecheck of the defaults (warp pipe, grouped attention; tiny configs, incl. one split)"
@@ -125,7 +112,7 @@ for V in $VARS; do
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
              pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
-             gw) D="-DMPK_ATT_GW=1"; G="";;
+             seq) D="-DMPK_ATT_GW=0"; G="";;   # (gw: the default since session 24)
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"

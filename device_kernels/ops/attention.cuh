@@ -50,19 +50,18 @@ constexpr int ATT_NST = MPK_ATT_STAGES;
 #ifndef MPK_ATT_PV_SPLIT
 #define MPK_ATT_PV_SPLIT 1
 #endif
-// MPK_ATT_GW=1 (opt-in until measured, gpu_pending.sh ab gw; session 23): a task of ng > 1 KV groups (ng dividing
-// the 8 warps) runs its groups side by side instead of one after another. Warp w takes group w / wpg (wpg = 8 / ng
-// warps a group) and that group's KW-key blocks w % wpg, w % wpg + wpg, ..., through its own rows of the K/V
-// buffers as now, so the passes need no CTA barrier either way. The default finishes each group before the next
-// starts: two CTA barriers and a cross-warp merge per group, with one pass in flight meanwhile. Session 23's
-// trace put that near 3 us a group (llama B=128 ctx 512: 8-group tasks 58.6 us for 1 MiB of K/V, at ~2.1 us a
-// 64 KiB pass when streaming). Here one merge at the end serves every group, over its wpg warps. With ng = 8 the
-// 8 warps read the 8 heads' slices of the same cache rows at once: a row's 1 KiB is read together instead of
-// 128 bytes per group pass. Per group the sums run over wpg warps instead of 8, so results agree with the
-// default to fp32 reassociation, not bit for bit, and the TP-invariant fold (which assumes one arithmetic per
-// group, whatever ng is) must not use it.
+// MPK_ATT_GW (default 1 since session 24; =0 for the sequential groups, gpu_pending.sh ab seq): a task of ng > 1
+// KV groups (ng dividing the 8 warps) runs its groups side by side. Warp w takes group w / wpg (wpg = 8 / ng warps
+// a group) and that group's KW-key blocks w % wpg, w % wpg + wpg, ..., through its own rows of the K/V buffers, so
+// the passes need no CTA barrier either way, and one merge at the end serves every group, over its wpg warps.
+// With 0, each group finishes before the next starts: two CTA barriers and a cross-warp merge per group (~3 us a
+// group in session 23's trace) with one pass in flight meanwhile. With ng = 8 the 8 warps read the 8 heads'
+// slices of the same cache rows at once. Measured against 0 (1x H200, bench/results/s24/run1_gw): llama attn-mk
+// B=128 -5.9% at ctx 512, -0.2% at 4096, B=32 -3.8% / +0.1%; qwen3-8b B=128 -4.5% / -1.1%. Per group the sums run
+// over wpg warps, so results depend on ng (fp32 reassociation): tp_invariant graphs keep ng = 1 (tasks/ops/
+// attention.py), where this path is the sequential one.
 #ifndef MPK_ATT_GW
-#define MPK_ATT_GW 0
+#define MPK_ATT_GW 1
 #endif
 
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)

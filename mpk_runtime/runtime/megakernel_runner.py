@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import torch
 
-from ..codegen import nvcc
 from ..ir.build import build_graph
 from ..ir.shard import shard_for, weight_slice
 from ..models.config import load_config
@@ -45,10 +44,6 @@ def build_rank_kernel(cfg, weights: dict, *, rank: int, world: int, heap=None, b
     from types import SimpleNamespace
 
     from .megakernel import Megakernel
-    if tp_invariant != 1 and nvcc.define_int("MPK_ATT_GW", 0):
-        raise ValueError("tp_invariant needs one attention arithmetic per KV group whatever a task holds, and "
-                         "-DMPK_ATT_GW=1 (in MPK_NVCC_DEFINES) sums a group over 8 / groups-per-task warps: drop "
-                         "it from MPK_NVCC_DEFINES, or run with tp_invariant=1")
     dev = torch.device(device)
     n_kv = cfg.num_kv_heads if world == 1 else shard_for(cfg, world, rank).n_kv
     kv = KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(dtype), device=dev)

@@ -252,17 +252,17 @@ def test_three_stages_keep_64_wide_heads_narrow_and_removed_switches_are_refused
             tiling.attn_wide(64)
 
 
-def test_group_warps_build_refuses_tp_invariant_runs(monkeypatch):
-    """-DMPK_ATT_GW=1 sums a KV group over 8 / ng warps, so its arithmetic depends on how many groups a task holds
-    and TP=1 / TP=R could not agree bit for bit: a tp_invariant rank kernel is refused before anything is built,
-    with what to change; without tp_invariant the check lets it through (to the CUDA part, absent here)."""
-    from mpk_runtime.runtime.megakernel_runner import build_rank_kernel
+@pytest.mark.parametrize("tp_inv,tp", [(1, 1), (2, 1), (2, 2)])
+def test_tp_invariant_graphs_keep_one_kv_group_per_attention_task(tp_inv, tp):
+    """The default build runs a task's groups side by side over 8 / ng warps each (attention.cuh MPK_ATT_GW), so a
+    group's sums depend on ng, and ng follows the rank's KV heads: tp_invariant graphs (TP=1 and TP=R bit for bit)
+    keep ng = 1 at every degree, even where the tiling is asked for groups; other graphs group as asked."""
     cfg = load_config("tiny-llama")
-    kw = dict(rank=0, world=1, batch=2, max_seq_len=64, page_size=16, num_pages=9, num_sms=4, device="cpu")
-    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_GW=1")
-    with pytest.raises(ValueError, match=r"MPK_ATT_GW=1.*drop it from MPK_NVCC_DEFINES, or run with tp_invariant=1"):
-        build_rank_kernel(cfg, {}, tp_invariant=2, **kw)
-    monkeypatch.delenv("MPK_NVCC_DEFINES")
-    with pytest.raises(Exception) as e:   # past the check: fails later, on the empty weights / no GPU
-        build_rank_kernel(cfg, {}, tp_invariant=2, **kw)
-    assert "MPK_ATT_GW" not in str(e.value)
+    til = Tiling(num_sms=8, attn_fold_merge=True, attn_groups=2)
+    gs = [build_graph(cfg, mode="decode", batch=2, context_len=0, max_seq_len=64, tp=tp, rank=r, attn_splits=1,
+                      dtype="bfloat16", tp_invariant=tp_inv) for r in range(tp)]
+    tg = build_task_graphs(gs, til)[0]
+    ngs = [t.params.get("ng", 1) for t in tg.tasks if t.kind == "attn_partial"]
+    want = 1 if tp_inv > 1 else 2
+    assert ngs and set(ngs) == {want}
+    assert len(ngs) * want == 2 * (cfg.num_kv_heads // tp) * cfg.num_layers

@@ -9,7 +9,9 @@ written, counts itself on the group's ticket (monotonic, never reset: step k's p
 kS .. kS + S - 1) after writing its chunk, and the one that takes the group's last ticket merges the group, in the
 same arithmetic order as attn_merge, before it signals. Consumers of the output wait on all the group's partials.
 Grouped (Tiling.attn_g > 1: one split, folded): one attn_partial covers KV groups g .. g + ng - 1 of a sequence
-(params g, ng), each group computed as its own task would; on the device the groups' passes run as one pipeline.
+(params g, ng); on the device the groups run side by side, 8 / ng warps each (attention.cuh MPK_ATT_GW), so a
+group's sums depend on ng. tp_invariant graphs therefore keep one group per task (ng = 1, the 8-warp arithmetic
+whatever the TP degree), as linear pins k_slices = 1.
 Deferred appends (ir/defer.py, op attr kv_defer): the partial whose chunk holds a sequence's new position first
 writes that position's k / v rows of its groups from `kv_new` into the paged cache; it alone reads that chunk.
 """
@@ -37,7 +39,7 @@ def decompose(op, graph, tiling, rank):
             raise ValueError(f"{op.name}: deferred KV appends are for decode steps (one new row per sequence)")
         base.update(kv_new=a["kv_new"], kv_defer=True)
     fold = tiling.attn_fold_merge
-    ng = tiling.attn_g(S, gs, a["n_kv"], D, B, keys=graph.context_len + T)
+    ng = 1 if graph.tp_invariant > 1 else tiling.attn_g(S, gs, a["n_kv"], D, B, keys=graph.context_len + T)
     tasks, merges = [], []
     for b in range(B):
         m0, m1 = b * T, (b + 1) * T
