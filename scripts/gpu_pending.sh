@@ -20,11 +20,17 @@
 # Order for a 30-minute session (one GPU), as session 24 left it (bench/results/s24: a task's KV groups side by side
 # is the default (-DMPK_ATT_GW=0 for the old order); issue 3's tables with both peers; B=1 splits: 8 stays; the clean
 # phase rates: every batch-1 linear task costs 3-4 us beyond its stream).
-# 1. `VAL_B4096=1,8,32,128 val` (~9 min): the planner after the GW default (h200_v36_cal was fit before it: attn-mk
-#    segments at B >= 32 should now measure ~4-6% under their prediction at ctx 512). Refit if MAPE > 10%.
-# 2. `ATTN_SETS=seq attn` (~2.5 min): the old sequential groups' tests (-DMPK_ATT_GW=0), not run since session 23.
-# 3. `STAMP_BATCHES=1 stamps` (~2 min): where a batch-1 linear task's 3-4 us beyond its stream go (x + norm,
-#    passes, epilogue) before any batch-1 code: session 10's stamps predate the wide attention and the fold.
+# 1. `ATTN_SETS=early attn` (~2 min), then `LIM=70 VARS="base early" BS=1 CTXS=512 MODELS=llama-3.2-1b,qwen3-8b ab`
+#    (~2.5 min): -DMPK_LIN_EARLY=1, batch-1 CUDA-core tiles issue each warp's first weight round before x is loaded
+#    and normed (linear.cuh; experimental: 20 bytes of spills in the persistent loop, at its start and around the
+#    signal loop). Results must be bitwise the default's. Prediction (perf-notes session 24): ~1 us off each linear
+#    and qkv_rope task, llama B=1 1.07 -> 1.00-1.03 ms, qwen3-8b 4.98 -> 4.80-4.90. If it wins: pay for the registers
+#    (a spill-free routing) before making it the default; if not: the x window was not on the critical path.
+# 2. `VAL_B4096=1,8,32,128 val` (~9 min): the planner after the GW default. Session 24's llama-only check (run 6):
+#    regret 0 at 5 points, step MAPE 9.3% (ctx 512) / 6.4% (ctx 4096); attn-mk predicted +5..+11% high, whole
+#    megakernels at B >= 32 -10..-16% low. Refit on the full rows (both models) for a new default.
+# (Done in session 24: `ATTN_SETS=seq` is not needed: -DMPK_ATT_GW=0 is instruction-identical to session 23's
+# default, which passed 62 GPU tests; B=1 stamps, bench/results/s24/run5_stamps.)
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
@@ -46,7 +52,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san,ncu}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_seq.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_seq.log pytest_gpu_early.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -88,6 +94,11 @@ MPK_NVCC_DEFINES=-DMPK_ATT_STAGES=3 timeout 90 python3 -m pytest -q -m gpu \
     tests/gpu/test_megakernel.py tests/gpu/test_attention_long.py > "$OUT/pytest_gpu_stages.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_stages.log" | tail -6; snap
 fi
+if has early; then   # (only when named: ATTN_SETS=early) batch-1 tiles issue their first weight round before x
+MPK_NVCC_DEFINES=-DMPK_LIN_EARLY=1 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
+    tests/gpu/test_engine_plans.py tests/gpu/test_weight_stage.py > "$OUT/pytest_gpu_early.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_early.log" | tail -6; snap
+fi
 if has seq; then   # a task's groups one after another (-DMPK_ATT_GW=0, the default before session 24)
 MPK_NVCC_DEFINES=-DMPK_ATT_GW=0 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
     tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_seq.log" 2>&1
@@ -113,6 +124,7 @@ for V in $VARS; do
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
              pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
              seq) D="-DMPK_ATT_GW=0"; G="";;   # (gw: the default since session 24)
+             early) D="-DMPK_LIN_EARLY=1"; G="";;   # batch-1 tiles: the first weight round before x (linear.cuh)
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"

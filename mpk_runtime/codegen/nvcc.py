@@ -153,6 +153,17 @@ def define_int(name: str, default: int = 0) -> int:
     return default
 
 
+def build_flags(extra_flags: list[str] | None = None) -> list[str]:
+    """nvcc's flags for a build: BASE_FLAGS, `extra_flags`, then MPK_NVCC_DEFINES. Spills are an error except in
+    diagnostic stamp builds (MPK_STAGE_WORDS: the stamps take registers) and the experimental MPK_LIN_EARLY
+    (device_kernels/ops/linear.cuh: its idea measured first, its registers paid for after)."""
+    flags = BASE_FLAGS + list(extra_flags or []) + _defines()
+    if define_int("MPK_STAGE_WORDS", 0) > 0 or define_int("MPK_LIN_EARLY", 0):
+        i = flags.index("-warn-spills")
+        flags = flags[:i - 1] + flags[i + 1:]
+    return flags
+
+
 def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags: list[str] | None = None,
           root: Path = DEVICE_DIR, nvcc: str | None = None, force: bool = False) -> BuildResult:
     """Compile `root/source` to an sm_90a cubin (cached). Raises CompileError on any error or warning."""
@@ -161,10 +172,7 @@ def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags:
         raise CompileError("nvcc not found: put the CUDA toolkit's bin/ on PATH (nvcc 13.0 builds sm_90a)")
     consts = {**CONSTANTS, **(constants or {})}
     header = generate_header(consts)
-    flags = BASE_FLAGS + list(extra_flags or []) + _defines()
-    if define_int("MPK_STAGE_WORDS", 0) > 0:   # diagnostic stamp builds may spill (the stamps take registers)
-        i = flags.index("-warn-spills")
-        flags = flags[:i - 1] + flags[i + 1:]
+    flags = build_flags(extra_flags)
     key = cache_key(header, consts, flags, nvcc_version(nvcc), root, source)
     out_dir = cache_dir() / key
     out_dir.parent.mkdir(parents=True, exist_ok=True)

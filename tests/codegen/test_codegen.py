@@ -182,3 +182,14 @@ def test_linear_tensor_core_geometry():
             rows, need = geo(M, K, w, nw, 1)
             assert need <= 227 * 1024 and (rows == 0 or need <= SMEM_BUDGET)
             assert rows in (0, 8, 16, 32)
+
+
+@pytest.mark.parametrize("defines,spills_refused", [("", True), ("-DMPK_ATT_GW=0", True), ("-DMPK_STAGE_WORDS=12", False),
+                                                    ("-DMPK_LIN_EARLY=1", False), ("-DMPK_LIN_EARLY=0", True)])
+def test_spills_are_refused_except_in_the_diagnostic_and_experimental_builds(monkeypatch, defines, spills_refused):
+    """ptxas's spill warning (an error under --Werror) guards every build but the stage-stamp builds and the
+    experimental early batch-1 weight round (linear.cuh MPK_LIN_EARLY, which spills 20 bytes in the persistent loop)."""
+    monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
+    flags = nvcc.build_flags()
+    assert ("-warn-spills" in flags) == spills_refused
+    assert "--Werror" in flags and defines.split() == [f for f in flags if f.startswith("-D")]
