@@ -85,14 +85,19 @@ def cache_key(header: str, constants: dict, flags: list[str], nvcc_ver: str, roo
 
 
 def parse_ptxas(log: str) -> dict:
-    """Registers / shared memory / spills of each kernel from `-Xptxas -v`."""
+    """Registers / shared memory / spills of each kernel from `-Xptxas -v`: stack and spills are the entry
+    function's own ("Function properties for <kernel>"); the out-of-line functions compiled with it follow, each
+    under its own "Function properties" line, and their spill stores are summed into `callee_spill_stores`."""
     import re
-    res, cur = {}, None
+    res, cur, props = {}, None, None
     for line in log.splitlines():
         m = re.search(r"Compiling entry function '(\w+)'", line)
         if m:
             cur = m.group(1)
-            res[cur] = {}
+            res[cur] = {"callee_spill_stores": 0}
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            props = m.group(1)
         if cur is None:
             continue
         m = re.search(r"Used (\d+) registers", line)
@@ -103,7 +108,10 @@ def parse_ptxas(log: str) -> dict:
             res[cur]["smem"] = int(m.group(1))
         m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if m:
-            res[cur].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+            if props == cur:
+                res[cur].update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+            else:
+                res[cur]["callee_spill_stores"] += int(m.group(2))
     return res
 
 

@@ -193,3 +193,26 @@ def test_spills_are_refused_except_in_the_diagnostic_and_experimental_builds(mon
     flags = nvcc.build_flags()
     assert ("-warn-spills" in flags) == spills_refused
     assert "--Werror" in flags and defines.split() == [f for f in flags if f.startswith("-D")]
+
+
+def test_ptxas_summary_keeps_the_kernels_own_spills_apart_from_its_callees():
+    """The entry function's stack and spills are its own; the out-of-line functions reported after it (each under
+    its own "Function properties" line) must not overwrite them (they did: a 20-byte spill in mpk_megakernel read
+    as 0 because a callee without spills came last); theirs are summed apart."""
+    log = "\n".join([
+        "ptxas info    : Compiling entry function 'mpk_megakernel' for 'sm_90a'",
+        "ptxas info    : Function properties for mpk_megakernel",
+        "    136 bytes stack frame, 20 bytes spill stores, 24 bytes spill loads",
+        "ptxas info    : Used 255 registers, used 1 barriers, 136 bytes cumulative stack size, 1904 bytes smem",
+        "ptxas info    : Function properties for _ZN3mpk8op_smallERKNS_3CtxE",
+        "    0 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads",
+        "ptxas info    : Function properties for _ZN3mpk12op_linear_tcERKNS_3CtxE",
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+        "ptxas info    : Compiling entry function 'other' for 'sm_90a'",
+        "ptxas info    : Function properties for other",
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+        "ptxas info    : Used 40 registers, 0 bytes smem"])
+    res = nvcc.parse_ptxas(log)
+    assert res["mpk_megakernel"] == {"stack": 136, "spill_stores": 20, "spill_loads": 24, "registers": 255,
+                                     "smem": 1904, "callee_spill_stores": 8}
+    assert res["other"]["spill_stores"] == 0 and res["other"]["registers"] == 40
