@@ -29,6 +29,8 @@
 # 2. `VAL_B4096=1,8,32,128 val` (~9 min): the planner after the GW default. Session 24's llama-only check (run 6):
 #    regret 0 at 5 points, step MAPE 9.3% (ctx 512) / 6.4% (ctx 4096); attn-mk predicted +5..+11% high, whole
 #    megakernels at B >= 32 -10..-16% low. Refit on the full rows (both models) for a new default.
+# 3. `MODELS=qwen3-8b hf` (~9 min): the HF + compile peer for qwen3-8b at B=8..128 x ctx 512 / 4096 alone (issue 3's
+#    table has had those cells cut by the bench's budget since session 18; session 24 ran B=1 / 8 at ctx 512 only).
 # (Done in session 24: `ATTN_SETS=seq` is not needed: -DMPK_ATT_GW=0 is instruction-identical to session 23's
 # default, which passed 62 GPU tests; B=1 stamps, bench/results/s24/run5_stamps.)
 # With two GPUs first: `two` (TP=2 has not run since session 11).
