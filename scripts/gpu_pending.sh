@@ -18,7 +18,7 @@
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
 # Order for a 30-minute session (one GPU), as session 24 left it (bench/results/s24: a task's KV groups side by side
-# is the default (-DMPK_ATT_GW=0 for the old order); issue 3's tables with both peers; B=1 splits: 8 stays; the clean
+# is the default (the old order removed); issue 3's tables with both peers; B=1 splits: 8 stays; the clean
 # phase rates: every batch-1 linear task costs 3-4 us beyond its stream).
 # 1. `ATTN_SETS=early attn` (~2 min), then `LIM=70 VARS="base early" BS=1 CTXS=512 MODELS=llama-3.2-1b,qwen3-8b ab`
 #    (~2.5 min): -DMPK_LIN_EARLY=1, batch-1 CUDA-core tiles issue each warp's first weight round before x is loaded
@@ -26,13 +26,12 @@
 #    signal loop). Results must be bitwise the default's. Prediction (perf-notes session 24): ~1 us off each linear
 #    and qkv_rope task, llama B=1 1.07 -> 1.00-1.03 ms, qwen3-8b 4.98 -> 4.80-4.90. If it wins: pay for the registers
 #    (a spill-free routing) before making it the default; if not: the x window was not on the critical path.
-# 2. `VAL_B4096=1,8,32,128 val` (~9 min): the planner after the GW default. Session 24's llama-only check (run 6):
+# 2. `VAL_B4096=1,8,32,128 val` (~9 min): the planner after the side-by-side groups. Session 24's llama-only check (run 6):
 #    regret 0 at 5 points, step MAPE 9.3% (ctx 512) / 6.4% (ctx 4096); attn-mk predicted +5..+11% high, whole
 #    megakernels at B >= 32 -10..-16% low. Refit on the full rows (both models) for a new default.
 # 3. `MODELS=qwen3-8b hf` (~9 min): the HF + compile peer for qwen3-8b at B=8..128 x ctx 512 / 4096 alone (issue 3's
 #    table has had those cells cut by the bench's budget since session 18; session 24 ran B=1 / 8 at ctx 512 only).
-# (Done in session 24: `ATTN_SETS=seq` is not needed: -DMPK_ATT_GW=0 is instruction-identical to session 23's
-# default, which passed 62 GPU tests; B=1 stamps, bench/results/s24/run5_stamps.)
+# (Done in session 24: B=1 stamps, bench/results/s24/run5_stamps.)
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
@@ -54,7 +53,7 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san,ncu}
-snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_seq.log pytest_gpu_early.log 2>/dev/null; }
+snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log pytest_gpu_early.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
@@ -77,10 +76,10 @@ timeout 150 python3 scripts/profile_conventional.py --models llama-3.2-1b --batc
 grep -A14 "^==" "$OUT/prof/profile_gptfast.log" | head -32; snap
 elif [ "$MODE" = attn ]; then
 # ATTN_SETS: which of the switches' test sets (default all: up to ~9.5 min of timeouts; name fewer to stay short)
-SETS=" ${ATTN_SETS:-nowarp groups1 stages3 seq} "
+SETS=" ${ATTN_SETS:-nowarp groups1 stages3} "
 has() { case "$SETS" in *" $1 "*) return 0;; esac; return 1; }
 st "3d the attention switches' other sides:$SETS(-DMPK_ATT_WARP_PIPE=0, MPK_ATT_GROUPS=1, -DMPK_ATT_STAGES=3,"
-st "   -DMPK_ATT_GW=0)"
+st "   and, only when named, early: -DMPK_LIN_EARLY=1)"
 if has nowarp; then
 MPK_NVCC_DEFINES=-DMPK_ATT_WARP_PIPE=0 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
     tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py > "$OUT/pytest_gpu_nowarp.log" 2>&1
@@ -101,11 +100,6 @@ MPK_NVCC_DEFINES=-DMPK_LIN_EARLY=1 timeout 150 python3 -m pytest -q -m gpu tests
     tests/gpu/test_engine_plans.py tests/gpu/test_weight_stage.py > "$OUT/pytest_gpu_early.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_early.log" | tail -6; snap
 fi
-if has seq; then   # a task's groups one after another (-DMPK_ATT_GW=0, the default before session 24)
-MPK_NVCC_DEFINES=-DMPK_ATT_GW=0 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_megakernel.py \
-    tests/gpu/test_attention_long.py tests/gpu/test_attn_fold.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu_seq.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu_seq.log" | tail -6; snap
-fi
 elif [ "$MODE" = san ]; then
 st "3g compute-sanitizer memcheck + racecheck of the defaults (warp pipe, grouped attention; tiny configs, incl. one split)"
 OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
@@ -125,7 +119,6 @@ for V in $VARS; do
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
              pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
-             seq) D="-DMPK_ATT_GW=0"; G="";;   # (gw: the default since session 24)
              early) D="-DMPK_LIN_EARLY=1"; G="";;   # batch-1 tiles: the first weight round before x (linear.cuh)
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
              *) echo "unknown variant $V"; continue;; esac

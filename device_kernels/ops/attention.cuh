@@ -50,19 +50,15 @@ constexpr int ATT_NST = MPK_ATT_STAGES;
 #ifndef MPK_ATT_PV_SPLIT
 #define MPK_ATT_PV_SPLIT 1
 #endif
-// MPK_ATT_GW (default 1 since session 24; =0 for the sequential groups, gpu_pending.sh ab seq): a task of ng > 1
-// KV groups (ng dividing the 8 warps) runs its groups side by side. Warp w takes group w / wpg (wpg = 8 / ng warps
-// a group) and that group's KW-key blocks w % wpg, w % wpg + wpg, ..., through its own rows of the K/V buffers, so
-// the passes need no CTA barrier either way, and one merge at the end serves every group, over its wpg warps.
-// With 0, each group finishes before the next starts: two CTA barriers and a cross-warp merge per group (~3 us a
-// group in session 23's trace) with one pass in flight meanwhile. With ng = 8 the 8 warps read the 8 heads'
-// slices of the same cache rows at once. Measured against 0 (1x H200, bench/results/s24/run1_gw): llama attn-mk
-// B=128 -5.9% at ctx 512, -0.2% at 4096, B=32 -3.8% / +0.1%; qwen3-8b B=128 -4.5% / -1.1%. Per group the sums run
-// over wpg warps, so results depend on ng (fp32 reassociation): tp_invariant graphs keep ng = 1 (tasks/ops/
-// attention.py), where this path is the sequential one.
-#ifndef MPK_ATT_GW
-#define MPK_ATT_GW 1
-#endif
+// A task of ng > 1 KV groups (ng dividing the 8 warps; gwm below) runs its groups side by side. Warp w takes group
+// w / wpg (wpg = 8 / ng warps a group) and that group's KW-key blocks w % wpg, w % wpg + wpg, ..., through its own
+// rows of the K/V buffers, so the passes need no CTA barrier, and one merge at the end serves every group, over its
+// wpg warps (finish_gw). Until session 24 each group finished before the next started (two CTA barriers and a
+// cross-warp merge a group, ~3 us, with one pass in flight): side by side measured llama attn-mk B=128 -5.9% at ctx
+// 512, -0.2% at 4096, B=32 -3.8% / +0.1%, qwen3-8b B=128 -4.5% / -1.1% (bench/results/s24/run1_gw), and that order
+// was removed (codegen/nvcc.py REMOVED_DEFINES MPK_ATT_GW). It remains where groups cannot be split over the warps
+// (ng not dividing 8, or without the warp pipe). Per group the sums run over wpg warps, so results depend on ng
+// (fp32 reassociation): tp_invariant graphs keep ng = 1 (tasks/ops/attention.py).
 
 // ATT_KP (keys per pass) and ATT_MAX_PAGES come from codegen/layout.py (mpk_generated.h)
 // shared-memory layout (bytes): q (bf16, ATT_MAX_QH x MAX_HEAD_DIM: the task's ng groups) | page table (s64, ATT_MAX_PAGES) | K rows
@@ -166,16 +162,12 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   MPK_STAMP(1);
   // virtual pass vp = pass vp % passes of group g + vp / passes: its K and V rows (keys j0 .. j0 + n - 1) into
   // buffer vp % ATT_NST
-#if MPK_ATT_GW
-  // (MPK_ATT_GW above) gwm: warp w runs `passes` passes of group gw = w / wpg, its KW-key blocks gsub, gsub + wpg, ...
+  // gwm (above): warp w runs `passes` passes of group gw = w / wpg, its KW-key blocks gsub, gsub + wpg, ...
   const bool gwm = MPK_ATT_WARP_PIPE && ng > 1 && (THREADS / 32) % ng == 0;
   const int wpg = gwm ? (THREADS / 32) / ng : THREADS / 32, gw = gwm ? (tid >> 5) / wpg : 0, gsub = (tid >> 5) % wpg;
   const int passes = gwm ? (hi - lo + KW * wpg - 1) / (KW * wpg) : (hi - lo + KP - 1) / KP;
   const int total = gwm ? passes : ng * passes;
   if (gwm && out == nullptr) __trap();   // ng > 1 is one split, written directly (packer.py attn_direct)
-#else
-  const int passes = (hi - lo + KP - 1) / KP, total = ng * passes;
-#endif
   const int psi = (int)ps;
   const bool cpow = (CPR & (CPR - 1)) == 0, ppow = (psi & (psi - 1)) == 0;   // shifts instead of divisions
   const int cs = __ffs(CPR) - 1, pss = __ffs(psi) - 1;
@@ -207,15 +199,10 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     }
   };
   auto issue = [&](int vp, bf16* kb, bf16* vb) {   // (vp >= total: an empty group, so every call commits one)
-#if MPK_ATT_GW
-    // gwm: the warp's block jw .. of its own group (j0 + wrow0 = jw, so the row arithmetic below is the default's)
+    // gwm: the warp's block jw .. of its own group (j0 + wrow0 = jw, so the row arithmetic below is shared)
     const int gv = gwm ? gw : vp / passes, jw = gwm ? lo + (vp * wpg + gsub) * KW : 0;
     const int j0 = gwm ? jw - wrow0 : lo + (vp - gv * passes) * KP, gi = g + gv;
     const int n = vp < total ? (gwm ? min(KW, hi - jw) : min(KW, min(KP, hi - j0) - wrow0)) : 0;
-#else
-    const int gv = vp / passes, j0 = lo + (vp - gv * passes) * KP, gi = g + gv;
-    const int n = vp < total ? min(KW, min(KP, hi - j0) - wrow0) : 0;   // this warp's rows (<= 0: none)
-#endif
     if (lean) {
       const uint32_t hoff = (uint32_t)(gi * D + le * 8) * 2;
       const int r0 = wrow0 + lu, jend = j0 + wrow0 + n;
@@ -313,7 +300,6 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       if (d == 0) lse[hq * S + s] = M + logf(l);
     }
   };
-#if MPK_ATT_GW
   // gwm: every group at once, each over its wpg warps (warp w's heads are group w / wpg's); outputs written directly
   auto finish_gw = [&](float* so) {
     float* sm_m = so + NW * MAX_GS * D;
@@ -335,25 +321,15 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       out[(m0 * nq + (int64_t)(g + gr) * gs + h) * D + d] = __float2bfloat16_rn(acc / fmaxf(l, 1e-30f));
     }
   };
-#endif
   int p = 0, gv = 0;   // vp's pass and group
 #pragma unroll 1
   for (int vp = 0; vp < total; ++vp) {
-#if MPK_ATT_GW
     // gwm: n counts from the warp's first row kw (its block's key i sits in row kw + i), so the masks below hold
     const int n = gwm ? kw + min(KW, hi - (lo + (vp * wpg + gsub) * KW)) : min(KP, hi - (lo + p * KP));
-#else
-    const int j0 = lo + p * KP;
-    const int n = min(KP, hi - j0);
-#endif
     const int bi = vp % ATT_NST;   // this pass's buffer
     const bf16* kb = ks + bi * KP * KST;
     const bf16* vb = vs + bi * KP * KST;
-#if MPK_ATT_GW
     const bf16* qh = qs + (gwm ? gw : gv) * gs * D;   // this group's q heads
-#else
-    const bf16* qh = qs + gv * gs * D;   // this group's q heads
-#endif
 #if MPK_ATT_WARP_PIPE
     // pass vp + N - 1 into the buffer pass vp - 1 left (its reads ended at the last __syncwarp); one group per
     // iteration, so N - 1 pending groups at most means pass vp's copies are done
@@ -457,11 +433,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     if (vp + 2 < total) issue(vp + 2, ks + (vp & 1) * KP * KST, vs + (vp & 1) * KP * KST);
 #endif
     if (vp == 1) MPK_STAMP(9);
-#if MPK_ATT_GW
     if (!gwm && ++p == passes) {   // group gv's last pass (gwm: no group switch)
-#else
-    if (++p == passes) {   // group gv's last pass
-#endif
       if (gv + 1 < ng) {   // another group follows (its rows in flight): merge this one in its own region, and
         // a barrier after it (its reads done before the next group's writes, however far a warp runs ahead)
         finish(gv, reinterpret_cast<float*>(vs + ATT_NST * KP * KST));
@@ -479,9 +451,7 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   __syncthreads();   // every warp is done with the K buffers the merge below reuses
 #endif
   MPK_STAMP(3);
-#if MPK_ATT_GW
   if (gwm) finish_gw(reinterpret_cast<float*>(ks)); else
-#endif
   finish(ng - 1, reinterpret_cast<float*>(ks));   // through the K buffers, free after the last pass's barrier
   MPK_STAMP(4);
 }

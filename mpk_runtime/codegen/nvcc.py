@@ -115,15 +115,24 @@ def parse_ptxas(log: str) -> dict:
     return res
 
 
-# Compile-time switches measured, refuted and removed from the device code (docs/perf-notes.md): named, so an
-# old A/B script is told rather than silently building the default.
+# Compile-time switches measured and removed from the device code (docs/perf-notes.md): name -> (the value the code
+# now always has, why), so an old A/B script asking for the other side is told rather than silently building the
+# default. Asking for the value the code has is harmless.
 REMOVED_DEFINES = {
-    "MPK_ATT_SWIZZLE": "swizzled unpadded K/V rows, +3..+19% on llama-3.2-1b, session 21",
-    "MPK_ATT_ISSUE_UNROLL": "the unrolled copy-issue loop, +1..+1.5% with pv1 and exp2, session 20",
-    "MPK_ATT_EXP2": "exp2f scores, +1..+1.5% with pv1 and the unroll, session 20",
-    "MPK_ATT_LEAN_PASS": "full attention passes without key masks, +0.5 / +0.9% at llama B=32 / 128 ctx 4096, session 23",
-    "MPK_ATT_ST": "attention scores as K Q^T, -0.7 / +0.2% at llama B=32 / 128 ctx 4096, session 23",
+    "MPK_ATT_SWIZZLE": (0, "swizzled unpadded K/V rows, +3..+19% on llama-3.2-1b, session 21"),
+    "MPK_ATT_ISSUE_UNROLL": (0, "the unrolled copy-issue loop, +1..+1.5% with pv1 and exp2, session 20"),
+    "MPK_ATT_EXP2": (0, "exp2f scores, +1..+1.5% with pv1 and the unroll, session 20"),
+    "MPK_ATT_LEAN_PASS": (0, "full attention passes without key masks, +0.5 / +0.9% at llama B=32 / 128 ctx 4096, "
+                             "session 23"),
+    "MPK_ATT_ST": (0, "attention scores as K Q^T, -0.7 / +0.2% at llama B=32 / 128 ctx 4096, session 23"),
+    "MPK_ATT_GW": (1, "=0 ran a task's KV groups one after another: +4.7..+6.2% at llama / qwen3-8b B=128 ctx 512 "
+                      "against side by side, session 24"),
 }
+
+
+def _define_value(d: str) -> str:
+    """The value of one -DNAME[=VALUE] option as the preprocessor sees it (a bare -DNAME is 1)."""
+    return d.split("=", 1)[1] if "=" in d else "1"
 
 
 def _defines() -> list[str]:
@@ -133,10 +142,11 @@ def _defines() -> list[str]:
     bad = [d for d in defines if not d.startswith("-D")]
     if bad:
         raise CompileError(f"MPK_NVCC_DEFINES accepts only -DNAME[=VALUE] options, got {bad}")
-    gone = [d for d in defines if d.split("=", 1)[0][2:] in REMOVED_DEFINES and not d.endswith("=0")]
+    gone = [d for d in defines if d.split("=", 1)[0][2:] in REMOVED_DEFINES
+            and _define_value(d) != str(REMOVED_DEFINES[d.split("=", 1)[0][2:]][0])]
     if gone:
         name = gone[0].split("=", 1)[0][2:]
-        raise CompileError(f"MPK_NVCC_DEFINES: {gone[0]}: this switch was removed ({REMOVED_DEFINES[name]}); "
+        raise CompileError(f"MPK_NVCC_DEFINES: {gone[0]}: this switch was removed ({REMOVED_DEFINES[name][1]}); "
                            f"drop it from MPK_NVCC_DEFINES")
     # MPK_AR_LL=1 builds graphs with the LL all-reduce (ir/build.py) and the kernel that reads it, in one switch
     if env_flag("MPK_AR_LL") and not any(d.startswith("-DMPK_AR_LL") for d in defines):
@@ -151,11 +161,9 @@ def define_int(name: str, default: int = 0) -> int:
     """The integer value of -D<name>=<value> in MPK_NVCC_DEFINES (the build's compile-time switches), else default:
     the host side of a diagnostic switch (e.g. MPK_STAGE_WORDS sizes the trace buffer) reads it from here."""
     for d in _defines():
-        if d == f"-D{name}":   # a bare -DNAME is 1 to the preprocessor
-            return 1
-        if d.startswith(f"-D{name}="):
+        if d == f"-D{name}" or d.startswith(f"-D{name}="):
             try:
-                return int(d.split("=", 1)[1], 0)
+                return int(_define_value(d), 0)
             except ValueError:
                 raise CompileError(f"MPK_NVCC_DEFINES: {d} is not an integer") from None
     return default

@@ -184,7 +184,7 @@ def test_linear_tensor_core_geometry():
             assert rows in (0, 8, 16, 32)
 
 
-@pytest.mark.parametrize("defines,spills_refused", [("", True), ("-DMPK_ATT_GW=0", True), ("-DMPK_STAGE_WORDS=12", False),
+@pytest.mark.parametrize("defines,spills_refused", [("", True), ("-DMPK_ATT_STAGES=3", True), ("-DMPK_STAGE_WORDS=12", False),
                                                     ("-DMPK_LIN_EARLY=1", False), ("-DMPK_LIN_EARLY=0", True)])
 def test_spills_are_refused_except_in_the_diagnostic_and_experimental_builds(monkeypatch, defines, spills_refused):
     """ptxas's spill warning (an error under --Werror) guards every build but the stage-stamp builds and the

@@ -43,3 +43,15 @@ def test_a_bare_define_is_one_and_a_removed_switch_set_to_zero_is_allowed(monkey
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_ST=1 -DMPK_ATT_LEAN_PASS=1")   # session 23's refuted pair
     with pytest.raises(nvcc.CompileError, match=r"-DMPK_ATT_ST=1: this switch was removed .*session 23"):
         nvcc._defines()
+
+
+def test_a_removed_switch_is_refused_only_on_the_side_the_code_no_longer_has(monkeypatch):
+    """MPK_ATT_GW was a default-on switch: its =1 is what the code always does now (allowed, like a removed opt-in
+    switch's =0), and =0 (the removed order) is refused with the measurement; a bare -DNAME counts as 1."""
+    for ok in ("-DMPK_ATT_GW=1", "-DMPK_ATT_GW", "-DMPK_ATT_ST=0"):
+        monkeypatch.setenv("MPK_NVCC_DEFINES", ok)
+        assert nvcc._defines() == [ok]
+    for bad in ("-DMPK_ATT_GW=0", "-DMPK_ATT_ST"):
+        monkeypatch.setenv("MPK_NVCC_DEFINES", bad)
+        with pytest.raises(nvcc.CompileError, match=f"{bad}: this switch was removed .*session 2[34].*drop it"):
+            nvcc._defines()

@@ -254,7 +254,7 @@ def test_three_stages_keep_64_wide_heads_narrow_and_removed_switches_are_refused
 
 @pytest.mark.parametrize("tp_inv,tp", [(1, 1), (2, 1), (2, 2)])
 def test_tp_invariant_graphs_keep_one_kv_group_per_attention_task(tp_inv, tp):
-    """The default build runs a task's groups side by side over 8 / ng warps each (attention.cuh MPK_ATT_GW), so a
+    """The default build runs a task's groups side by side over 8 / ng warps each (attention.cuh gwm), so a
     group's sums depend on ng, and ng follows the rank's KV heads: tp_invariant graphs (TP=1 and TP=R bit for bit)
     keep ng = 1 at every degree, even where the tiling is asked for groups; other graphs group as asked."""
     cfg = load_config("tiny-llama")

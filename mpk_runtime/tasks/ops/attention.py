@@ -9,7 +9,7 @@ written, counts itself on the group's ticket (monotonic, never reset: step k's p
 kS .. kS + S - 1) after writing its chunk, and the one that takes the group's last ticket merges the group, in the
 same arithmetic order as attn_merge, before it signals. Consumers of the output wait on all the group's partials.
 Grouped (Tiling.attn_g > 1: one split, folded): one attn_partial covers KV groups g .. g + ng - 1 of a sequence
-(params g, ng); on the device the groups run side by side, 8 / ng warps each (attention.cuh MPK_ATT_GW), so a
+(params g, ng); on the device the groups run side by side, 8 / ng warps each (attention.cuh gwm), so a
 group's sums depend on ng. tp_invariant graphs therefore keep one group per task (ng = 1, the 8-warp arithmetic
 whatever the TP degree), as linear pins k_slices = 1.
 Deferred appends (ir/defer.py, op attr kv_defer): the partial whose chunk holds a sequence's new position first
