@@ -416,20 +416,17 @@ __device__ inline void op_linear(const Ctx& c) {
         linear_core_early<true>(xs, x, ro, rs, nw, f32(a[A_LINEAR_EPS]), K, w0, w1, n0, n1, kseg, y0s, y1s);
       else
         linear_core_early<false>(xs, x, ro, rs, nw, f32(a[A_LINEAR_EPS]), K, w0, nullptr, n0, n1, kseg, y0s, nullptr);
-      MPK_STAMP(2);
-      linear_epilogue(c, g0, Mg, y0s, y1s);
-      MPK_STAMP(3);
-      __syncthreads();
-      continue;
-    }
+    } else
 #endif
-    load_rows_norm(xs, K, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
-                   ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
-    MPK_STAMP(1);
-    if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
-      linear_core<true>(xs, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst, c.stage_bar, c.stage_par);
-    else
-      linear_core<false>(xs, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, soff, nst, c.stage_bar, c.stage_par);
+    {
+      load_rows_norm(xs, K, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
+                     ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
+      MPK_STAMP(1);
+      if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
+        linear_core<true>(xs, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst, c.stage_bar, c.stage_par);
+      else
+        linear_core<false>(xs, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, soff, nst, c.stage_bar, c.stage_par);
+    }
     MPK_STAMP(2);
     linear_epilogue(c, g0, Mg, y0s, y1s);
     MPK_STAMP(3);
