@@ -6,33 +6,15 @@
 #pragma once
 #include "../common.cuh"
 
-// MPK_LIN_EARLY=1 (experimental, opt-in; session 24): a batch-1 CUDA-core tile (op_linear, op_qkv_rope) with nothing
-// staged issues each warp's first round of weight loads before the x rows are loaded and normed (linear_core_early).
-// Session 24's stamps (llama B=1): x + norm take 1.0-1.8 us after a task's start, before any weight load, and the
-// core then streams at 93-97% of the pattern alone. The persistent loop sits at 255 registers and this build
-// spills 20 bytes there (every routing tried spilled 4-108: docs/perf-notes.md session 24), so codegen/nvcc.py lets
-// it build with spills, to measure the idea before paying for the registers. Default SASS unchanged.
-#ifndef MPK_LIN_EARLY
-#define MPK_LIN_EARLY 0
-#endif
-
 namespace mpk {
 
 // One warp pass: columns nb .. nb + NC - 1 (clamped to n1 - 1; a missing column re-reads the last one and its
 // result is dropped). SMEM: the columns' weight rows are staged in shared memory (row n at s0 / s1 + (n - n0) K);
 // else they stream from global memory. The sums are the same either way.
-// EARLY (linear_core_early, a warp's first pass): the x rows are not loaded yet. The pass issues its first round of
-// weight loads, then runs xl() (load_rows_norm with the whole CTA: it holds barriers), then the math. Its round loop
-// is warp-uniform so every lane reaches xl() even where a K segment has fewer vectors than lanes. Same sums.
-struct XLoad {   // load_rows_norm's arguments
-  bf16* xs; int ldx; const bf16* x; int M, K; int64_t row_off, row_stride; const bf16* nw; float eps;
-  __device__ __forceinline__ void operator()() const { load_rows_norm(xs, ldx, x, M, K, row_off, row_stride, nw, eps); }
-};
-
-template <bool TWO, int MT, int UN, int NC, bool SMEM, bool EARLY = false>
+template <bool TWO, int MT, int UN, int NC, bool SMEM>
 __device__ __forceinline__ void linear_pass(const bf16* xs, int M, int K, const bf16* w0, const bf16* w1,
                                             const bf16* s0, const bf16* s1, int nb, int n0, int n1, int kseg,
-                                            float* y0s, float* y1s, const XLoad* xl = nullptr) {
+                                            float* y0s, float* y1s) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   const int KVs = (K >> 3) / kseg;  // 16-byte vectors per row segment
   const int ldy = n1 - n0;
@@ -58,8 +40,7 @@ __device__ __forceinline__ void linear_pass(const bf16* xs, int M, int K, const 
     for (int c = 0; c < NC; ++c)
 #pragma unroll
       for (int m = 0; m < MT; ++m) { acc0[c][m] = 0.f; acc1[c][m] = 0.f; }
-    for (int b0 = EARLY ? kb : kb + lane; b0 < ke; b0 += 32 * UN) {
-      const int base = EARLY ? b0 + lane : b0;
+    for (int base = kb + lane; base < ke; base += 32 * UN) {
       uint4 v0[NC][UN], v1[NC][UN];
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
@@ -80,7 +61,6 @@ __device__ __forceinline__ void linear_pass(const bf16* xs, int M, int K, const 
           }
         }
       }
-      if (EARLY && sg == 0 && b0 == kb) (*xl)();   // (warp-uniform: every warp of the CTA gets here once)
 #pragma unroll
       for (int u = 0; u < UN; ++u) {
         const int kk = base + u * 32;
@@ -150,28 +130,6 @@ __device__ __noinline__ void linear_core_t(const bf16* xs, int M, int K, const b
       linear_pass<TWO, MT, UN, NC, true>(xs, M, K, w0, w1, s0, s1, nb, n0, n1, kseg, y0s, y1s);
   }
 }
-
-#if MPK_LIN_EARLY
-// Batch 1, nothing staged: x loaded inside each warp's first pass (linear_pass EARLY) or, by a warp without columns,
-// here; then the warp's other passes. Ends with __syncthreads(). (The x arguments come by value and the XLoad is
-// built here: built by the caller, it sat in the persistent loop's frame and spilled more.)
-template <bool TWO>
-__device__ __noinline__ void linear_core_early(bf16* xs, const bf16* x, int64_t row_off, int64_t row_stride,
-                                               const bf16* nw, float eps, int K, const bf16* w0, const bf16* w1,
-                                               int n0, int n1, int kseg, float* y0s, float* y1s) {
-  const XLoad xl{xs, K, x, 1, K, row_off, row_stride, nw, eps};
-  constexpr int NC = TWO ? 1 : 2;
-  const int warp = threadIdx.x >> 5, nwarps = THREADS / 32;
-  const int nb0 = n0 + warp * NC;
-  if (nb0 < n1)
-    linear_pass<TWO, 1, UNROLL, NC, false, true>(xs, 1, K, w0, w1, nullptr, nullptr, nb0, n0, n1, kseg, y0s, y1s, &xl);
-  else
-    xl();
-  for (int nb = nb0 + nwarps * NC; nb < n1; nb += nwarps * NC)
-    linear_pass<TWO, 1, UNROLL, NC, false>(xs, 1, K, w0, w1, nullptr, nullptr, nb, n0, n1, kseg, y0s, y1s);
-  __syncthreads();
-}
-#endif
 
 // Rows per pass specialised at compile time (1, 2, 4, ROW_TILE) so batch 1 keeps few registers; wide passes
 // keep fewer weight vectors in flight to stay within the 1-CTA/SM register budget. Ends with __syncthreads().
@@ -408,25 +366,13 @@ __device__ inline void op_linear(const Ctx& c) {
   MPK_STAMP(0);
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
-#if MPK_LIN_EARLY
-    if (M == 1 && nst == 0) {   // batch 1: x loads inside the first weight round (linear_core_early)
-      const bf16* nw = ptr<const bf16>(a[A_LINEAR_NORM]);
-      const int64_t ro = a[A_LINEAR_ROW_OFF], rs = a[A_LINEAR_ROW_STRIDE];
-      if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
-        linear_core_early<true>(xs, x, ro, rs, nw, f32(a[A_LINEAR_EPS]), K, w0, w1, n0, n1, kseg, y0s, y1s);
-      else
-        linear_core_early<false>(xs, x, ro, rs, nw, f32(a[A_LINEAR_EPS]), K, w0, nullptr, n0, n1, kseg, y0s, nullptr);
-    } else
-#endif
-    {
-      load_rows_norm(xs, K, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
-                     ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
-      MPK_STAMP(1);
-      if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
-        linear_core<true>(xs, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst, c.stage_bar, c.stage_par);
-      else
-        linear_core<false>(xs, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, soff, nst, c.stage_bar, c.stage_par);
-    }
+    load_rows_norm(xs, K, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
+                   ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
+    MPK_STAMP(1);
+    if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
+      linear_core<true>(xs, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst, c.stage_bar, c.stage_par);
+    else
+      linear_core<false>(xs, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, soff, nst, c.stage_bar, c.stage_par);
     MPK_STAMP(2);
     linear_epilogue(c, g0, Mg, y0s, y1s);
     MPK_STAMP(3);

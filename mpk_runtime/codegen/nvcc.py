@@ -127,6 +127,8 @@ REMOVED_DEFINES = {
     "MPK_ATT_ST": (0, "attention scores as K Q^T, -0.7 / +0.2% at llama B=32 / 128 ctx 4096, session 23"),
     "MPK_ATT_GW": (1, "=0 ran a task's KV groups one after another: +4.7..+6.2% at llama / qwen3-8b B=128 ctx 512 "
                       "against side by side, session 24"),
+    "MPK_LIN_EARLY": (0, "batch-1 tiles issuing their first weight round before x, +4.2% / +2.3% at llama-3.2-1b / "
+                         "qwen3-8b B=1 ctx 512, session 25"),
 }
 
 
@@ -171,10 +173,9 @@ def define_int(name: str, default: int = 0) -> int:
 
 def build_flags(extra_flags: list[str] | None = None) -> list[str]:
     """nvcc's flags for a build: BASE_FLAGS, `extra_flags`, then MPK_NVCC_DEFINES. Spills are an error except in
-    diagnostic stamp builds (MPK_STAGE_WORDS: the stamps take registers) and the experimental MPK_LIN_EARLY
-    (device_kernels/ops/linear.cuh: its idea measured first, its registers paid for after)."""
+    diagnostic stamp builds (MPK_STAGE_WORDS: the stamps take registers)."""
     flags = BASE_FLAGS + list(extra_flags or []) + _defines()
-    if define_int("MPK_STAGE_WORDS", 0) > 0 or define_int("MPK_LIN_EARLY", 0):
+    if define_int("MPK_STAGE_WORDS", 0) > 0:
         i = flags.index("-warn-spills")
         flags = flags[:i - 1] + flags[i + 1:]
     return flags

@@ -185,10 +185,10 @@ def test_linear_tensor_core_geometry():
 
 
 @pytest.mark.parametrize("defines,spills_refused", [("", True), ("-DMPK_ATT_STAGES=3", True), ("-DMPK_STAGE_WORDS=12", False),
-                                                    ("-DMPK_LIN_EARLY=1", False), ("-DMPK_LIN_EARLY=0", True)])
-def test_spills_are_refused_except_in_the_diagnostic_and_experimental_builds(monkeypatch, defines, spills_refused):
-    """ptxas's spill warning (an error under --Werror) guards every build but the stage-stamp builds and the
-    experimental early batch-1 weight round (linear.cuh MPK_LIN_EARLY, which spills 20 bytes in the persistent loop)."""
+                                                    ("-DMPK_PDL=1", True)])
+def test_spills_are_refused_except_in_the_diagnostic_builds(monkeypatch, defines, spills_refused):
+    """ptxas's spill warning (an error under --Werror) guards every build but the stage-stamp builds (the stamps
+    take registers)."""
     monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
     flags = nvcc.build_flags()
     assert ("-warn-spills" in flags) == spills_refused
