@@ -163,6 +163,23 @@ def bench_gptfast(cfg, B, ctx, steps=40, warm=6, tp=1, rank=0, comm=None):
 
 
 # ------------------------------------------------------------------------------------------------ HF peer
+def hf_prefill(m, cache, ids, max_tokens=65536):
+    """Fill an HF StaticCache with the prompt `ids` (B, ctx); returns the last position's logits (B, 1, vocab).
+    Only the last position's logits are computed: all of them (B x ctx x vocab) ran out of memory at llama B=128
+    ctx 4096 (134 GB in bf16; session 14 / 16 tables). The prompt goes in chunks of at most `max_tokens` tokens over
+    the batch: whole, qwen3-8b B=128 ctx 4096's MLP activations (12 GiB a tensor) ran out of memory beside its 77 GB
+    static cache (session 25). The caller times only the decode steps after it."""
+    B, ctx = ids.shape
+    chunk = max(1, min(ctx, max_tokens // B))
+    for c0 in range(0, ctx, chunk):
+        c1 = min(ctx, c0 + chunk)
+        out = m(input_ids=ids[:, c0:c1], past_key_values=cache, cache_position=torch.arange(c0, c1, device=ids.device),
+                use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1:]
+        del out
+    return logits
+
+
 def bench_hf(cfg, B, ctx, steps=32, warm=6):
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, StaticCache
     common = dict(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
@@ -181,12 +198,7 @@ def bench_hf(cfg, B, ctx, steps=32, warm=6):
     ts = []
     with torch.no_grad():
         ids = torch.randint(0, cfg.vocab_size, (B, ctx), device="cuda")
-        # the prompt's logits at its last position only: all of them (B x ctx x vocab) is what ran out of memory at
-        # llama B=128 ctx 4096 (134 GB in bf16; session 14 / 16 tables)
-        out = m(input_ids=ids, past_key_values=cache, cache_position=torch.arange(ctx, device="cuda"), use_cache=True,
-                logits_to_keep=1)
-        tok = out.logits[:, -1:].argmax(-1)
-        del out
+        tok = hf_prefill(m, cache, ids).argmax(-1)
         for i in range(steps + warm):
             p = ctx + i
             e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)

@@ -17,21 +17,14 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 24 left it (bench/results/s24: a task's KV groups side by side
-# is the default (the old order removed); issue 3's tables with both peers; B=1 splits: 8 stays; the clean
-# phase rates: every batch-1 linear task costs 3-4 us beyond its stream).
-# 1. `ATTN_SETS=early attn` (~2 min), then `LIM=70 VARS="base early" BS=1 CTXS=512 MODELS=llama-3.2-1b,qwen3-8b ab`
-#    (~2.5 min): -DMPK_LIN_EARLY=1, batch-1 CUDA-core tiles issue each warp's first weight round before x is loaded
-#    and normed (linear.cuh; experimental: 20 bytes of spills in the persistent loop, at its start and around the
-#    signal loop). Results must be bitwise the default's. Prediction (perf-notes session 24): ~1 us off each linear
-#    and qkv_rope task, llama B=1 1.07 -> 1.00-1.03 ms, qwen3-8b 4.98 -> 4.80-4.90. If it wins: pay for the registers
-#    (a spill-free routing) before making it the default; if not: the x window was not on the critical path.
-# 2. `VAL_B4096=1,8,32,128 val` (~9 min): the planner after the side-by-side groups. Session 24's llama-only check (run 6):
-#    regret 0 at 5 points, step MAPE 9.3% (ctx 512) / 6.4% (ctx 4096); attn-mk predicted +5..+11% high, whole
-#    megakernels at B >= 32 -10..-16% low. Refit on the full rows (both models) for a new default.
-# 3. `MODELS=qwen3-8b hf` (~9 min): the HF + compile peer for qwen3-8b at B=8..128 x ctx 512 / 4096 alone (issue 3's
-#    table has had those cells cut by the bench's budget since session 18; session 24 ran B=1 / 8 at ctx 512 only).
-# (Done in session 24: B=1 stamps, bench/results/s24/run5_stamps.)
+# Order for a 30-minute session (one GPU), as session 25 left it (bench/results/s25: -DMPK_LIN_EARLY refuted and
+# removed; the planner's h200_v36_cal validated at ctx 512 / 4096 and, out of sample, 2048, regret 0 at 24 points).
+# 1. `MODELS=qwen3-8b HF_BS=128 HF_CTXS=4096 hf` (~3 min): the one HF cell of issue 3's table still missing (it ran out
+#    of memory in a one-shot prefill in session 25; the peer now prefills in chunks).
+# 2. `MODELS=llama-3.2-1b bench`, then `MODELS=qwen3-8b bench` (~9 min each): issue 3's tables, both peers, if a device
+#    change landed since session 24 (none did in session 25: the default SASS is unchanged since 2df3c9d + GW).
+# 3. A batch-1 design from docs/perf-notes.md session 25 ("what is left for batch 1": o_proj per KV group, down per
+#    gate_up chunk, past K/V staged before the wait), once written and tested on CPU, as an A/B at B=1.
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
@@ -137,9 +130,9 @@ OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:
     --contexts 512,4096 --mk-max-batch 128 --peer-batches 1,8,32,128 --hf-batches 1,8,32,128 --budget-s 540 > "$OUT/bench/bench.log" 2>&1
 grep -A30 "====" "$OUT/bench/bench.log" | head -40; snap
 elif [ "$MODE" = hf ]; then
-st "4c the HF peer alone at B=8,32,128 x ctx 512,4096 (qwen3-8b's were skipped by the bench's budget in session 16)"
-OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-qwen3-8b}" --batches 8,32,128 \
-    --contexts 512,4096 --mk-max-batch 0 --no-planned --peer-batches "" --hf-batches 8,32,128 --budget-s 540 \
+st "4c the HF peer alone at B=${HF_BS:-8,32,128} x ctx ${HF_CTXS:-512,4096} (cells the bench's budget cuts)"
+OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-qwen3-8b}" --batches ${HF_BS:-8,32,128} \
+    --contexts ${HF_CTXS:-512,4096} --mk-max-batch 0 --no-planned --peer-batches "" --hf-batches ${HF_BS:-8,32,128} --budget-s 540 \
     > "$OUT/bench/hf.log" 2>&1
 grep -A12 "====" "$OUT/bench/hf.log"; snap
 elif [ "$MODE" = ncuatt ]; then
