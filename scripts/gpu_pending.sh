@@ -21,8 +21,8 @@
 # removed; the planner's h200_v36_cal validated at ctx 512 / 4096 and, out of sample, 2048, regret 0 at 24 points).
 # 1. `MODELS=llama-3.2-1b bench`, then `MODELS=qwen3-8b bench` (~9 min each): issue 3's tables, both peers, if a device
 #    change landed since session 24 (none did in session 25: the default SASS is unchanged since 2df3c9d + GW).
-# 2. A batch-1 design from docs/perf-notes.md session 25 ("what is left for batch 1": o_proj per KV group, down per
-#    gate_up chunk, past K/V staged before the wait), once written and tested on CPU, as an A/B at B=1.
+# 2. A batch-1 design from docs/perf-notes.md session 25 ("what is left for batch 1": the warp-specialised weight ring,
+#    or past K/V staged before attention's wait), once written and tested on CPU, as an A/B at B=1.
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).

@@ -79,6 +79,7 @@ class MegakernelRunner(ModelRunner):
                  nvshmem_uid: bytes | None = None, tp_invariant: int = 1, plan=None, plan_buckets=None,
                  plan_context: int = 512, prefill_warmup_tokens: int = 64, **_: object):
         world = world_size or tp
+        require_gpu(device)
         self.config = cfg = load_config(model)
         self.rank, self.world_size = rank, world
         self._comm = comm
@@ -205,6 +206,29 @@ class MegakernelRunner(ModelRunner):
                 out[i] = lg[j] if lg is not None else None
                 toks[i] = int(nxt[j])
         return step_output(chunks, torch.stack(out) if host else None, toks)  # type: ignore[arg-type]
+
+
+class NoGPUError(ValueError):
+    """The megakernel backend was asked for where no usable GPU is: the caller's to fix (another backend or
+    machine), so a ValueError (LLM reports it as InvalidRequestError)."""
+
+
+def require_gpu(device: str = "cuda") -> None:
+    """Raise NoGPUError, saying what to do, unless `device` names a visible GPU that runs sm_90a code."""
+    hint = "use backend='pyvm' (the megakernel's CPU twin), 'torch' or 'reference' on this machine, or run on an H100 / H200"
+    if not torch.cuda.is_available():
+        why = ("this torch build has no CUDA" if torch.version.cuda is None
+               else "no GPU is visible (driver missing, or CUDA_VISIBLE_DEVICES empty)")
+        raise NoGPUError(f"backend 'megakernel' needs an NVIDIA GPU, but {why}: {hint}")
+    dev = torch.device(device)
+    n = torch.cuda.device_count()
+    if dev.type != "cuda" or (dev.index is not None and dev.index >= n):
+        raise NoGPUError(f"backend 'megakernel' runs on a CUDA device; device={device!r} is not one of the {n} "
+                         f"visible (cuda:0 .. cuda:{n - 1})")
+    major, minor = torch.cuda.get_device_capability(dev.index if dev.index is not None else torch.cuda.current_device())
+    if major != 9:
+        raise NoGPUError(f"backend 'megakernel' is compiled for sm_90a (Hopper: H100 / H200); this GPU is sm_{major}{minor}: "
+                         f"{hint.split(', or run')[0]}")
 
 
 def _local_device(rank: int) -> int:
