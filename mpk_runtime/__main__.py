@@ -16,7 +16,8 @@ def _search(a: argparse.Namespace, cfg) -> int:
         print()
         return 0
     print(f"{cfg.name} tp={a.tp} batch={a.batch} context={a.context}, profile {prof.name}: "
-          f"{len(plans)} candidate plans, best first (predicted step time, +-band)")
+          f"{len(plans)} candidate plans, best first (predicted step time; in brackets the band that held "
+          f"90% of measured steps in the profile's validation: planner/band.py)")
     for p in plans[: a.top]:
         print("  " + p.describe())
     if a.classify:

@@ -148,6 +148,10 @@ class HardwareProfile:
     # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
     # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
     conv_collective_us: float = 0.0
+    # a plan's uncertainty band, relative to its predicted step: [lo, hi] such that measured / predicted - 1 fell in
+    # [lo, hi] for 90% of validated plans (5th / 95th percentiles, per batch regime via `regimes`; planner/band.py
+    # measures it from validation rows the profile was not fit on). The default is the pre-measurement +-12%.
+    step_band: tuple = (-0.12, 0.12)
     # batch regimes: {"min batch": {field: value}}; for_batch(B) applies the largest key <= B (fit.py writes
     # them: the B=1 kernels and the B>=8 row-group kernels are different code paths with different constants)
     regimes: dict[str, dict] = field(default_factory=dict)

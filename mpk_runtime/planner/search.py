@@ -24,7 +24,6 @@ from .plan import Plan, Segment
 from .profile import HardwareProfile
 
 ALL_FAMILIES = ("mono", "mono-w2", "mega2", "mega3", "mega4", "per-layer", "attn-conv", "attn-mk", "conventional")
-BAND = 0.12  # relative uncertainty until validate_planner.py has measured the model's error
 
 
 def _layer_groups(g: Graph) -> list[list[str]]:
@@ -107,7 +106,7 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits) ->
             total += us
         total += prof.graph_kernel_gap_us * max(0, len(segs) - 1)
         return Plan(cfg.name, tp, batch, context, name, segs, attn_splits=splits, predicted_us=total,
-                    band=(total * (1 - BAND), total * (1 + BAND)), profile=prof.name)
+                    band=(total * (1 + prof.step_band[0]), total * (1 + prof.step_band[1])), profile=prof.name)
 
     base = Tiling(num_sms=prof.num_sms)
     for waves, name in ((1.0, "mono"), (2.0, "mono-w2")):
