@@ -22,8 +22,8 @@ REGIMES = (1, 8, 32, 128)
 
 
 def central(xs: list[float], share: float) -> tuple[float, float]:
-    """The narrowest order-statistic interval leaving out at most floor((1 - share) / 2 * n) values on each side, so it
-    holds at least `share` of xs (an interpolated quantile would hold less at a few dozen rows)."""
+    """The order-statistic interval that leaves out floor((1 - share) / 2 * n) values on each side, so it holds at
+    least `share` of xs (interpolated quantiles would hold less at a few dozen rows)."""
     xs = sorted(xs)
     k = int((1.0 - share) / 2 * len(xs) + 1e-9)   # (1 - 0.9) / 2 is 0.04999...: 20 rows must leave one out
     return xs[k], xs[len(xs) - 1 - k]
@@ -34,7 +34,8 @@ def regime_of(batch: int, regimes=REGIMES) -> int:
 
 
 def rel_errors(rows: list[dict], prof: HardwareProfile, regimes=REGIMES) -> dict[int, list[float]]:
-    """measured / predicted - 1 of every measured plan, re-priced under `prof`, by regime."""
+    """measured / predicted - 1 of every measured plan, by regime. Predictions are re-priced under `prof` from the
+    segments' recorded features (the simulated makespans of the code that measured them), not re-simulated."""
     out: dict[int, list[float]] = {b: [] for b in regimes}
     for r in reprice(valid_rows(rows), prof):
         out[regime_of(r["batch"], regimes)].append(r["measured_us"] / r["predicted_us"] - 1.0)
