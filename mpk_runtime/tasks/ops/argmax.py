@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from ...envflags import env_flag
 from ...ir.sampling import EXP2_POLY, HASH_M1, HASH_M2, LOG2E, PAD_INDEX, POS_SALT
 from ..graph import Region, Task
 from . import decomposer, task_kind
@@ -246,11 +247,13 @@ def execute_partial(task, mem, ctx):
     B = logits.shape[0]
     b0, nb = p.get("b0", 0), p.get("nb", B)
     logits = _rows(logits, b0, nb)
-    C = mem.sym(p["part"], ctx.parity).shape[-2]
-    temp = _rows(mem.t(p["temperature"]), b0, nb) if p.get("temperature") else torch.zeros(nb, device=logits.device)
     n, vs = p.get("nslices", 1), p.get("slice_len", logits.shape[1])
     v0 = p.get("s0", 0) * vs
     x = logits[:, v0:v0 + n * vs].reshape(nb * n, vs)   # row b * n + j: slice j of row b
+    if getattr(ctx, "greedy", False) and greedy_fast():
+        return _greedy_partial(p, mem, ctx, x, b0, nb, B, n, vs, v0)
+    C = mem.sym(p["part"], ctx.parity).shape[-2]
+    temp = _rows(mem.t(p["temperature"]), b0, nb) if p.get("temperature") else torch.zeros(nb, device=logits.device)
     out = partial_candidates(x, 0, C, temp.repeat_interleave(n), greedy=getattr(ctx, "greedy", False))
     off = p["vocab0"] + v0 + vs * torch.arange(n, device=logits.device).repeat(nb)
     out[:, :, 1] += off.to(torch.float32)[:, None]     # exact: indices < 2^24
@@ -264,6 +267,45 @@ def execute_partial(task, mem, ctx):
             dst[:, b0:b0 + nb] = out
 
 
+def greedy_fast() -> bool:
+    """MPK_CONV_GREEDY_FAST=0: promised-greedy steps take partial_candidates / reduce_tokens' greedy path (26 kernels
+    a step in the conventional executor) instead of _greedy_partial / _greedy_merge (5, or 8 with vocabulary
+    slices): the same tokens; kept for the GPU A/B of session 25's change (scripts/gpu_pending.sh ab greedyslow)."""
+    return env_flag("MPK_CONV_GREEDY_FAST", default=True)
+
+
+def _greedy_merge(part: torch.Tensor) -> torch.Tensor:
+    """reduce_tokens' greedy merge when every row is greedy: the best entry 0 over the slots (W * S, B, C, 2), as an
+    fp32 index (exact). Slots run in vocabulary order (rank, then slice), so the first slot holding the largest value
+    holds the lowest index among the maxima: 2 kernels instead of 6 (for finite logits, as reduce_tokens)."""
+    v, i = part[:, :, 0, 0], part[:, :, 0, 1]
+    return i[0] if part.shape[0] == 1 else i.gather(0, v.argmax(0, keepdim=True))[0]
+
+
+def _greedy_partial(p, mem, ctx, x, b0, nb, B, n, vs, v0):
+    """argmax_partial when every row is greedy (StepCtx.greedy, the caller's promise): entry 0 of each slot only,
+    (the slice's best value, its lowest global index), what partial_candidates puts there for a greedy row; the
+    other entries are left as they are (argmax_reduce reads only entry 0 of a greedy row, and the device writes
+    nothing else either). 3-4 kernels instead of partial_candidates' ~18: in a CUDA-graphed conventional step each
+    costs ~1.5-2 us (tests/runtime/test_conventional_op_count.py counts them)."""
+    if p.get("temperature"):
+        _sampling_rows(_rows(mem.t(p["temperature"]), b0, nb), True)   # a CPU refuses a broken promise (no-op on a GPU)
+    val, idx = x.max(-1)                                   # first occurrence on ties
+    val, idx = val.view(nb, n).t(), idx.view(nb, n).t()    # (n, nb): slot j holds slice j of every row
+    base = p["vocab0"] + v0
+    off = (torch.arange(base, base + n * vs, vs, device=x.device)[:, None]   # slice j's first global index
+           if n > 1 or base else None)
+    slot0 = p.get("slot0", mem.rank)
+    for peer in mem.peers:
+        dst = peer.sym(p["part"], ctx.parity)[slot0:slot0 + n]
+        dst = dst[:, :, 0] if nb == B else dst[:, b0:b0 + nb, 0]   # (n, nb, 2)
+        dst[..., 0].copy_(val)
+        if off is None:
+            dst[..., 1].copy_(idx)                         # exact in fp32: indices < 2^24
+        else:
+            torch.add(idx, off, out=dst[..., 1])
+
+
 @task_kind("argmax_reduce")
 def execute_reduce(task, mem, ctx):
     p = task.params
@@ -272,12 +314,15 @@ def execute_reduce(task, mem, ctx):
     b0, nb = p.get("b0", 0), p.get("nb", B)
     if nb != B:
         part = part[:, b0:b0 + nb]
-    temp = _rows(mem.t(p["temperature"]), b0, nb) if p.get("temperature") else None
-    if _sampling_rows(temp, getattr(ctx, "greedy", False)):
-        tok = reduce_tokens(part, temp, _rows(mem.t(p["top_k"]), b0, nb), _rows(mem.t(p["top_p"]), b0, nb),
-                            _rows(mem.t(p["seed"]), b0, nb), _rows(row_last_positions(ctx, B), b0, nb))
+    if getattr(ctx, "greedy", False) and greedy_fast():   # every row greedy (promised; _greedy_partial checked it)
+        tok = _greedy_merge(part)
     else:
-        tok = reduce_tokens(part, None)
+        temp = _rows(mem.t(p["temperature"]), b0, nb) if p.get("temperature") else None
+        if _sampling_rows(temp, getattr(ctx, "greedy", False)):
+            tok = reduce_tokens(part, temp, _rows(mem.t(p["top_k"]), b0, nb), _rows(mem.t(p["top_p"]), b0, nb),
+                                _rows(mem.t(p["seed"]), b0, nb), _rows(row_last_positions(ctx, B), b0, nb))
+        else:
+            tok = reduce_tokens(part, None)
     _rows(mem.t(p["out"]), b0, nb).copy_(tok)
     if p["feeds_next_step"]:
         _rows(mem.t("tokens"), b0, nb).copy_(tok)
