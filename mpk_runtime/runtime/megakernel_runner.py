@@ -215,11 +215,11 @@ class NoGPUError(ValueError):
 
 def require_gpu(device: str = "cuda") -> None:
     """Raise NoGPUError, saying what to do, unless `device` names a visible GPU that runs sm_90a code."""
-    hint = "use backend='pyvm' (the megakernel's CPU twin), 'torch' or 'reference' on this machine, or run on an H100 / H200"
+    other = "use backend='pyvm' (the megakernel's CPU twin), 'torch' or 'reference' on this machine"
     if not torch.cuda.is_available():
         why = ("this torch build has no CUDA" if torch.version.cuda is None
                else "no GPU is visible (driver missing, or CUDA_VISIBLE_DEVICES empty)")
-        raise NoGPUError(f"backend 'megakernel' needs an NVIDIA GPU, but {why}: {hint}")
+        raise NoGPUError(f"backend 'megakernel' needs an NVIDIA GPU, but {why}: {other}, or run on an H100 / H200")
     dev = torch.device(device)
     n = torch.cuda.device_count()
     if dev.type != "cuda" or (dev.index is not None and dev.index >= n):
@@ -227,8 +227,8 @@ def require_gpu(device: str = "cuda") -> None:
                          f"visible (cuda:0 .. cuda:{n - 1})")
     major, minor = torch.cuda.get_device_capability(dev.index if dev.index is not None else torch.cuda.current_device())
     if major != 9:
-        raise NoGPUError(f"backend 'megakernel' is compiled for sm_90a (Hopper: H100 / H200); this GPU is sm_{major}{minor}: "
-                         f"{hint.split(', or run')[0]}")
+        raise NoGPUError(f"backend 'megakernel' is compiled for sm_90a (Hopper: H100 / H200); this GPU is "
+                         f"sm_{major}{minor}: {other}")
 
 
 def _local_device(rank: int) -> int:
