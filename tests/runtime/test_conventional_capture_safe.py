@@ -7,6 +7,7 @@ This is the CPU guard for the bug the first GPU validation hit (conventional pla
 between CPU and CUDA tensors during CUDA graph capture'); tests/runtime/test_plan_exec_graph.py is the GPU check."""
 import dataclasses
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -29,7 +30,8 @@ class _Record(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_all_conventional_step_has_no_host_copies_or_syncs(monkeypatch):
+@pytest.mark.parametrize("greedy", [False, True])
+def test_all_conventional_step_has_no_host_copies_or_syncs(monkeypatch, greedy):
     monkeypatch.setattr(argmax_ops, "host_syncs_ok", lambda dev: False)   # take the GPU branches
     cfg = PRESETS["tiny-qwen3"]
     grp, lens, tables, _, toks = setup(cfg, 1, 4)
@@ -38,7 +40,7 @@ def test_all_conventional_step_has_no_host_copies_or_syncs(monkeypatch):
     graphs = grp.graphs("decode", 4, 1)
     mems = grp._mems(graphs)
     ex = PlanExecutor(plan, graphs, mems, backend="pyvm")
-    ctx = dataclasses.replace(grp.ctx(lens, tables, 1), kv_len_cap=16)   # static key count, as on a GPU
+    ctx = dataclasses.replace(grp.ctx(lens, tables, 1), kv_len_cap=16, greedy=greedy)   # static key count, as on a GPU
     mems[0].t("tokens").copy_(toks[0])
     ex.run(lambda r: ctx)                                                 # warm-up (lazy init off the record)
     rec = _Record()
@@ -67,3 +69,27 @@ def test_conventional_segment_without_collectives_at_tp2():
     attn = [o.name for o in graphs[0].ops if o.kind == "attention"][:1]
     ex = ConventionalExecutor([graphs[0].subgraph(attn)], [mems[0]], comm=_Comm())
     assert set(ex.kernels) == {"whole:attention"}
+
+
+def test_greedy_argmax_at_tp2_gives_the_full_paths_tokens():
+    """The promised-greedy argmax (StepCtx.greedy: each rank's slots get entry 0 only, the merge takes the first
+    slot with the largest value) over a vocabulary split between two ranks: the same tokens as the full path."""
+    cfg = PRESETS["tiny-qwen3"]
+    out = {}
+    for greedy in (False, True):
+        grp, lens, tables, _, toks = setup(cfg, 2, 4)
+        plan = candidates(cfg.replace(dtype="float32"), tp=2, batch=4, context=16, families=("conventional",))[0]
+        graphs = grp.graphs("decode", 4, 1)
+        mems = grp._mems(graphs)
+        ex = PlanExecutor(Plan.from_json(plan.to_json()), graphs, mems, backend="pyvm")
+        ctx = dataclasses.replace(grp.ctx(lens, tables, 1), kv_len_cap=16, greedy=greedy)
+        seq = []
+        for m in mems:
+            m.t("tokens").copy_(toks[0])
+        for _ in range(3):   # the argmax feeds the next step's tokens
+            ex.run(lambda r: ctx)
+            seq.append([m.t("tokens").clone() for m in mems])
+        out[greedy] = seq
+    for a, b in zip(out[False], out[True]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        assert torch.equal(b[0], b[1])   # both ranks agree
