@@ -29,6 +29,11 @@
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
+# The bundle without Ray (~5 MB; single-GPU modes need no Ray): `bash ../shared/gpu/make-bundle.sh .cache/gb`, then
+# `rm .cache/gb/ray.tar.xz` and make install.sh's untar conditional:
+#     { [ ! -f "$_b/ray.tar.xz" ] || tar -xJf "$_b/ray.tar.xz" -C /tmp/site; } && touch /tmp/site/.bundle-ok
+# A wrapper (.cache/run.sh: `source .cache/gb/install.sh; export PYTHONPATH=$PWD:/tmp/site GIT_COMMIT=<sha>;
+# OUT=$OUT bash scripts/gpu_pending.sh <mode>`) goes to the device tool with carry [".cache/gb", ".cache/run.sh"].
 #  1. tests/gpu (49 passed at bca6d81 and at 5a47206)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step),
