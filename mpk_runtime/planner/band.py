@@ -15,6 +15,7 @@ import math
 import os
 from dataclasses import replace
 
+from .fit import regime_of
 from .profile import HardwareProfile
 from .score import load_rows, reprice, valid_rows
 
@@ -29,16 +30,12 @@ def central(xs: list[float], share: float) -> tuple[float, float]:
     return xs[k], xs[len(xs) - 1 - k]
 
 
-def regime_of(batch: int, regimes=REGIMES) -> int:
-    return max(b for b in regimes if b <= batch) if batch >= min(regimes) else min(regimes)
-
-
 def rel_errors(rows: list[dict], prof: HardwareProfile, regimes=REGIMES) -> dict[int, list[float]]:
     """measured / predicted - 1 of every measured plan, by regime. Predictions are re-priced under `prof` from the
     segments' recorded features (the simulated makespans of the code that measured them), not re-simulated."""
     out: dict[int, list[float]] = {b: [] for b in regimes}
     for r in reprice(valid_rows(rows), prof):
-        out[regime_of(r["batch"], regimes)].append(r["measured_us"] / r["predicted_us"] - 1.0)
+        out[int(regime_of(r["batch"], tuple((b, str(b)) for b in regimes)))].append(r["measured_us"] / r["predicted_us"] - 1.0)
     return out
 
 
