@@ -19,10 +19,12 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
 # Order for a 30-minute session (one GPU), as session 25 left it (bench/results/s25: -DMPK_LIN_EARLY refuted and
 # removed; the planner's h200_v36_cal validated at ctx 512 / 4096 and, out of sample, 2048, regret 0 at 24 points).
-# 1. `LIM=120 VARS="greedyslow base greedyslow base" BS=32,128 CTXS=512,4096 MODELS=llama-3.2-1b ab` (~6 min), then
-#    `... MODELS=qwen3-8b ab`: the conventional greedy argmax in 5-8 kernels instead of 26 (session 25, CPU-tested:
-#    same tokens). Prediction (perf-notes session 25): -25..-40 us a step where the argmax is conventional (attn-mk),
-#    llama B=32 ctx 512 -1.5..-2.3%, B=128 -1..-1.7%, qwen3-8b -0.3..-0.6%. Also run tests/gpu (`one`, stage 1).
+# 1. `MPK_CONV_GREEDY_FAST=1 OUT=$OUT bash scripts/gpu_pending.sh one` (stage 1: tests/gpu with it on), then
+#    `LIM=120 VARS="base greedyfast base greedyfast" BS=32,128 CTXS=512,4096 MODELS=llama-3.2-1b ab` (~6 min) and
+#    `... MODELS=qwen3-8b ab`: the conventional greedy argmax in 5-8 kernels instead of 26 (session 25, opt-in,
+#    CPU-tested: same tokens). Prediction (perf-notes session 25): -25..-40 us a step where the argmax is
+#    conventional (attn-mk), llama B=32 ctx 512 -1.5..-2.3%, B=128 -1..-1.7%, qwen3-8b -0.3..-0.6%. If it wins, make
+#    it the default.
 # 2. `MODELS=llama-3.2-1b bench`, then `MODELS=qwen3-8b bench` (~9 min each): issue 3's tables, both peers.
 # 3. A batch-1 design from docs/perf-notes.md session 25 ("what is left for batch 1": the warp-specialised weight ring,
 #    or past K/V staged before attention's wait), once written and tested on CPU, as an A/B at B=1.
@@ -113,7 +115,7 @@ for V in $VARS; do
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
              pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
-             greedyslow) D=""; G=""; GF=0;;   # the conventional greedy argmax before session 25 (26 kernels, not 5-8)
+             greedyfast) D=""; G=""; GF=1;;   # the conventional greedy argmax in 5-8 kernels, not 26 (session 25, opt-in)
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \

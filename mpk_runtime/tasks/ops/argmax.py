@@ -268,10 +268,11 @@ def execute_partial(task, mem, ctx):
 
 
 def greedy_fast() -> bool:
-    """MPK_CONV_GREEDY_FAST=0: promised-greedy steps take partial_candidates / reduce_tokens' greedy path (26 kernels
-    a step in the conventional executor) instead of _greedy_partial / _greedy_merge (5, or 8 with vocabulary
-    slices): the same tokens; kept for the GPU A/B of session 25's change (scripts/gpu_pending.sh ab greedyslow)."""
-    return env_flag("MPK_CONV_GREEDY_FAST", default=True)
+    """MPK_CONV_GREEDY_FAST=1 (opt-in until measured on a GPU): promised-greedy steps take _greedy_partial /
+    _greedy_merge (5 kernels a step in the conventional executor, 8 with vocabulary slices) instead of
+    partial_candidates / reduce_tokens' greedy path (26): the same tokens (CPU-tested). Session 25 wrote it with
+    no GPU time left; scripts/gpu_pending.sh ab `greedyfast` is its A/B."""
+    return env_flag("MPK_CONV_GREEDY_FAST", default=False)
 
 
 def _greedy_merge(part: torch.Tensor) -> torch.Tensor:
