@@ -107,7 +107,10 @@ elif [ "$MODE" = ab ]; then
 # ab: VARS="..." BS=... CTXS=... of the variants below (one megakernel up to B=8, the planned plan above), one table
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
+ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2, so neither run overwrites the other
 for V in $VARS; do
+  n=1; while [[ " $ABD " == *" ab_${V}$([ $n = 1 ] || echo _$n) "* ]]; do n=$((n + 1)); done
+  VD="ab_${V}$([ $n = 1 ] || echo _$n)"; ABD="$ABD $VD"
   W=""; KD=""; PDL=""; GM=""; AS=""; GF=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
@@ -115,16 +118,17 @@ for V in $VARS; do
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
              pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
-             greedyfast) D=""; G=""; GF=1;;   # the conventional greedy argmax in 5-8 kernels, not 26 (session 25, opt-in)
+             greedyfast) D=""; G=""; GF=1;;   # the conventional greedy argmax in 5-8 kernels, not 26 (the default since s26)
+             greedyold) D=""; G=""; GF=0;;    # the older greedy argmax path (26 kernels a step; s26 A/B -0.3..-1.3% on llama)
              *) echo "unknown variant $V"; continue;; esac
-  d="$OUT/bench/ab_$V"; mkdir -p "$d"
+  d="$OUT/bench/$VD"; mkdir -p "$d"
   MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done
-python3 scripts/ab_table.py $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
-python3 scripts/ab_table.py --kv-rates $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
+python3 scripts/ab_table.py $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
+python3 scripts/ab_table.py --kv-rates $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
 elif [ "$MODE" = val ]; then
 st "4d validate_planner TP=1, all families: ctx 512 B=1,8,32,128, then ctx 4096 B=${VAL_B4096:-1,8,32} (the default profile out of sample)"
 for C in 512 4096; do

@@ -1,6 +1,9 @@
 """Measure the hardware profile the planner prices plans with, on the GPU machine, with this project's kernels.
 
     PYTHONPATH=. python3 scripts/profile_hw.py --out $OUT [--name h200_measured]
+    PYTHONPATH=. python3 scripts/profile_hw.py --only conv --base h200_v36_cal --name h200_v38_cal --out $OUT
+        (re-measure only the conventional ops' fixed costs into a copy of a calibrated profile: for a change
+        to a conventional kernel sequence; every other term, the calibration's included, stays as it was)
 
 Writes <out>/<name>.json (copy it to mpk_runtime/planner/profiles/). Measured here:
   hbm_bw_by_sms       the megakernel streaming one layer's linear weights on k SMs (grid = k), k = 16..132
@@ -82,12 +85,24 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--name", default="h200_measured")
     ap.add_argument("--model", default="llama-3.2-1b")
+    ap.add_argument("--base", default="h200", help="the profile the unmeasured terms come from")
+    ap.add_argument("--only", choices=("all", "conv"), default="all",
+                    help="conv: measure only the conventional ops' fixed costs (step 4) into a copy of --base")
     a = ap.parse_args()
-    base = HardwareProfile.load("h200")
+    base = HardwareProfile.load(a.base)
     prof = json.loads(base.to_json())
     prof["name"] = a.name
     log = {}
     rig = Rig(a.model, 1)
+    if a.only == "conv":
+        old = dict(prof["conv_fixed_us_by_kind"])
+        prof["conv_fixed_us_by_kind"] = {**old, **measure_conv(rig, base)}
+        log["conv_fixed_us_by_kind_before"] = old
+        prof["source"] = (f"{base.name} with conv_fixed_us_by_kind re-measured by scripts/profile_hw.py --only conv on "
+                          f"{torch.cuda.get_device_name()} {time.strftime('%Y-%m-%d')} (commit "
+                          f"{os.environ.get('GIT_COMMIT', '?')}); before: {json.dumps(old)}")
+        write(prof, log, a)
+        return
     # 1. streaming bandwidth vs SMs: layer 0's linear weights (qkv + o + gate_up + down) on a k-SM grid
     lin_ops = [o.name for o in rig.g.ops if o.name.startswith("L0.") and o.kind in ("linear",)]
     wbytes = sum(rig.g.tensors[w].nbytes for o in rig.g.ops if o.name in lin_ops for w in o.attrs["weights"])
@@ -124,6 +139,16 @@ def main() -> None:
     prof["flop_us_by_kind"] = fl
     prof["task_fixed_us_by_kind"], prof["stream_eff_by_kind"] = fixed, eff
     # 4. conventional ops: each op alone in a CUDA graph; fixed cost per kernel sequence, bytes at one bandwidth
+    prof["conv_fixed_us_by_kind"] = measure_conv(rig, base)
+    prof["source"] = (f"measured by scripts/profile_hw.py on {torch.cuda.get_device_name()} {time.strftime('%Y-%m-%d')}"
+                      f" (commit {os.environ.get('GIT_COMMIT', '?')}); sync/remote/NCCL terms from the seed profile")
+    write(prof, log, a)
+
+
+def measure_conv(rig: Rig, base: HardwareProfile) -> dict[str, float]:
+    """Each op of the first two layers and the step's last two (lm_head, argmax) alone as conventional torch
+    kernels in a CUDA graph (greedy steps, as the rig's StepCtx promises): per kernel-sequence key, the median of
+    (time - its bytes at the conventional streaming rate)."""
     from mpk_runtime.planner.cost import conv_key
     samples: dict[str, list[tuple[float, float]]] = {}
     for op in rig.g.ops[:40] + rig.g.ops[-2:]:
@@ -140,11 +165,13 @@ def main() -> None:
             ts.append(s_.elapsed_time(e_) * 1e3 / 10)
         samples.setdefault(conv_key(op), []).append((float(op.bytes), med(ts)))
     stream_us = lambda b: b / (base.bw(132) * base.conv_bw_fraction) * 1e6
-    prof["conv_fixed_us_by_kind"] = {k: max(0.0, med([t - stream_us(b) for b, t in v])) for k, v in samples.items()}
-    for k, v in prof["conv_fixed_us_by_kind"].items():
+    got = {k: max(0.0, med([t - stream_us(b) for b, t in v])) for k, v in samples.items()}
+    for k, v in got.items():
         print(f"  conventional {k:14s} fixed {v:7.1f} us (n={len(samples[k])})", flush=True)
-    prof["source"] = (f"measured by scripts/profile_hw.py on {torch.cuda.get_device_name()} {time.strftime('%Y-%m-%d')}"
-                      f" (commit {os.environ.get('GIT_COMMIT', '?')}); sync/remote/NCCL terms from the seed profile")
+    return got
+
+
+def write(prof: dict, log: dict, a) -> None:
     prof["log"] = log
     path = os.path.join(a.out, f"{a.name}.json")
     with open(path, "w") as f:

@@ -33,7 +33,7 @@ class _Record(TorchDispatchMode):
 @pytest.mark.parametrize("greedy", [False, True])
 def test_all_conventional_step_has_no_host_copies_or_syncs(monkeypatch, greedy):
     monkeypatch.setattr(argmax_ops, "host_syncs_ok", lambda dev: False)   # take the GPU branches
-    monkeypatch.setenv("MPK_CONV_GREEDY_FAST", "1")   # greedy: session 25's greedy partial / merge (opt-in)
+    monkeypatch.setenv("MPK_CONV_GREEDY_FAST", "1")   # greedy: session 25's greedy partial / merge (the default)
     cfg = PRESETS["tiny-qwen3"]
     grp, lens, tables, _, toks = setup(cfg, 1, 4)
     plan = candidates(cfg.replace(dtype="float32"), tp=1, batch=4, context=16, families=("conventional",))[0]
@@ -75,7 +75,7 @@ def test_conventional_segment_without_collectives_at_tp2():
 def test_greedy_argmax_at_tp2_gives_the_full_paths_tokens(monkeypatch):
     """The promised-greedy argmax (StepCtx.greedy: each rank's slots get entry 0 only, the merge takes the first
     slot with the largest value) over a vocabulary split between two ranks: the same tokens as the full path."""
-    monkeypatch.setenv("MPK_CONV_GREEDY_FAST", "1")   # session 25's greedy partial / merge (opt-in)
+    monkeypatch.setenv("MPK_CONV_GREEDY_FAST", "1")   # session 25's greedy partial / merge (the default)
     cfg = PRESETS["tiny-qwen3"]
     out = {}
     for greedy in (False, True):

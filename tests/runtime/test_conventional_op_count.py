@@ -123,11 +123,11 @@ def test_greedy_steps_skip_the_sampling_work(B, monkeypatch):
     check) drops from ~340 aten ops (candidates, the serial prefix sums and the draw for every row, ~0.6 ms of small
     kernels measured on an H200) to ~50 (a max per slice and the merge, views included), with the same tokens. A greedy promise with a sampled row is refused
     where it can be checked (CPU)."""
-    monkeypatch.setenv("MPK_CONV_GREEDY_FAST", "1")   # session 25's greedy partial / merge (opt-in until measured)
+    monkeypatch.delenv("MPK_CONV_GREEDY_FAST", raising=False)   # the default: session 25's greedy partial / merge
     full, fast = count("tiny-llama", B), count("tiny-llama", B, greedy=True)
     assert full["by_op"]["argmax"] > 300 and fast["by_op"]["argmax"] <= 30, (full["by_op"], fast["by_op"])
     assert fast["argmax_kernels"] <= 5, fast["argmax_kernels"]   # 26 before session 25's greedy partial / merge
-    monkeypatch.setenv("MPK_CONV_GREEDY_FAST", "0")   # the older greedy path (the default until the GPU A/B)
+    monkeypatch.setenv("MPK_CONV_GREEDY_FAST", "0")   # the older greedy path (the default until session 26)
     slow = count("tiny-llama", B, greedy=True)
     assert slow["argmax_kernels"] >= 20 and torch.equal(slow["next_tokens"], fast["next_tokens"])
     assert torch.equal(full["next_tokens"], fast["next_tokens"])

@@ -268,11 +268,11 @@ def execute_partial(task, mem, ctx):
 
 
 def greedy_fast() -> bool:
-    """MPK_CONV_GREEDY_FAST=1 (opt-in until measured on a GPU): promised-greedy steps take _greedy_partial /
-    _greedy_merge (5 kernels a step in the conventional executor, 8 with vocabulary slices) instead of
-    partial_candidates / reduce_tokens' greedy path (26): the same tokens (CPU-tested). Session 25 wrote it with
-    no GPU time left; scripts/gpu_pending.sh ab `greedyfast` is its A/B."""
-    return env_flag("MPK_CONV_GREEDY_FAST", default=False)
+    """Promised-greedy steps take _greedy_partial / _greedy_merge (5 kernels a step in the conventional executor, 8
+    with vocabulary slices) instead of partial_candidates / reduce_tokens' greedy path (26): the same tokens. The
+    default since session 26's A/B (1x H200, attn-mk): llama-3.2-1b B=32 / 128 -0.3..-1.3%, qwen3-8b within noise
+    (bench/results/s26). MPK_CONV_GREEDY_FAST=0 keeps the older greedy path."""
+    return env_flag("MPK_CONV_GREEDY_FAST", default=True)
 
 
 def _greedy_merge(part: torch.Tensor) -> torch.Tensor:
