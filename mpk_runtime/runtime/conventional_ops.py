@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ..models.weights import adjacent_rows
 from ..tasks.ops.common import row_positions
 from .conventional_fused import fuse_rope, fuse_silu, fused_qk, fused_qk_kv, fused_silu, rms_norm
+from . import skinny_gemm
 
 
 # --- shared pieces -----------------------------------------------------------------------------------------------
@@ -135,6 +136,12 @@ def linear(op, mem, ctx, cache) -> None:
             out.copy_(g * u)
         return
     res = mem.t(a["residual"]) if a["residual"] else None
+    if res is None and out.is_contiguous():   # the LM head (fp32 logits): the Triton skinny matmul where it wins
+        w = mem.t(a["weights"][0])[r0:r0 + N]
+        cfg = skinny_gemm.lm_head_config(x, w, out)
+        if cfg is not None:
+            skinny_gemm.skinny_mm(x, w, out, cfg, round_to_x=True)   # x @ W.T in x's dtype, then out's
+            return
     if direct and (res is None or res.dtype == out.dtype):
         torch.mm(x, ws[0], out=out)
         if res is not None:
