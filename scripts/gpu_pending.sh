@@ -17,17 +17,18 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 25 left it (bench/results/s25: -DMPK_LIN_EARLY refuted and
-# removed; the planner's h200_v36_cal validated at ctx 512 / 4096 and, out of sample, 2048, regret 0 at 24 points).
-# 1. `MPK_CONV_GREEDY_FAST=1 OUT=$OUT bash scripts/gpu_pending.sh one` (stage 1: tests/gpu with it on), then
-#    `LIM=120 VARS="base greedyfast base greedyfast" BS=32,128 CTXS=512,4096 MODELS=llama-3.2-1b ab` (~6 min) and
-#    `... MODELS=qwen3-8b ab`: the conventional greedy argmax in 5-8 kernels instead of 26 (session 25, opt-in,
-#    CPU-tested: same tokens). Prediction (perf-notes session 25): -25..-40 us a step where the argmax is
-#    conventional (attn-mk), llama B=32 ctx 512 -1.5..-2.3%, B=128 -1..-1.7%, qwen3-8b -0.3..-0.6%. If it wins, make
-#    it the default.
-# 2. `MODELS=llama-3.2-1b bench`, then `MODELS=qwen3-8b bench` (~9 min each): issue 3's tables, both peers.
-# 3. A batch-1 design from docs/perf-notes.md session 25 ("what is left for batch 1": the warp-specialised weight ring,
-#    or past K/V staged before attention's wait), once written and tested on CPU, as an A/B at B=1.
+# Order for a 30-minute session (one GPU), as session 26 left it (bench/results/s26: the greedy argmax is the default;
+# the Triton LM head measured -0.45..-0.6%, opt-in; the planner at HEAD: regret 0 at 15 of 16, HF measured at all 16).
+# 1. `MPK_CONV_TRITON_LMHEAD=1 OUT=$OUT bash scripts/gpu_pending.sh one` (stage 1 with it on: tests/gpu + the GPU tests
+#    in tests/runtime, test_skinny_gemm.py's among them), then an ABBA on both models at the points where the LM head is
+#    conventional and <= 32 rows: `LIM=90 VARS="base tlmhead tlmhead base" BS=32 CTXS=512,4096 MODELS=llama-3.2-1b,qwen3-8b
+#    ab` (qwen3-8b B=8 is attn-mk too, but ab runs B <= 8 as one megakernel: measure it with bench_decode.py
+#    --mk-max-batch 1 as in s26 run 6). Run 6 measured -0.6% / -0.55% / -0.45%. If it holds, make it the default, and
+#    give the planner its price (the conventional lm_head at <= 32 rows: its bytes at ~90% of the stream rate).
+# 2. `MODELS=llama-3.2-1b bench`, then `MODELS=qwen3-8b bench` (~9 min each): issue 3's tables at HEAD, both peers.
+# 3. A batch-1 design from docs/perf-notes.md session 25 ("what is left for batch 1"), or the large-batch attention
+#    (session 26: at llama B=32 ctx 512 the attention megakernels take 33 us a layer against cuDNN's ~14; that is
+#    the gap to gpt-fast there), once written and tested on CPU.
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
@@ -60,7 +61,7 @@ MODE=${1:-one}
 if [ "$MODE" = one ]; then
 st "1 tests/gpu and the GPU-marked tests in tests/runtime (graph replay, PDL launches, conventional op counts)"
 timeout 400 python3 -m pytest -q -m gpu tests/gpu tests/runtime/test_plan_exec_graph.py \
-    tests/runtime/test_conventional_op_count.py > "$OUT/pytest_gpu.log" 2>&1
+    tests/runtime/test_conventional_op_count.py tests/runtime/test_skinny_gemm.py > "$OUT/pytest_gpu.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
 st "2 the sampler: bitwise check and profile"
 OUT="$OUT/val" timeout 100 python3 scripts/gpu_check_sampling.py --trials 30 > "$OUT/val/sampling.log" 2>&1
