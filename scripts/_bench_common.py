@@ -3,6 +3,7 @@ and the one-GPU megakernel measurement (bench_megakernel, with its optional trac
 from __future__ import annotations
 
 import gzip
+import statistics
 import json
 import os
 import time
@@ -24,6 +25,24 @@ def _ints(csv: str) -> list[int]:
     """'1,8' -> [1, 8]; '' -> [] (a peer switched off)."""
     return [int(x) for x in csv.split(",") if x.strip()]
 
+
+def graph_us(unit, reps: int, replays: int = 10) -> float:
+    """Median microseconds per call of unit(i) (i = 0 .. reps - 1: e.g. which weight copy to read) over `replays`
+    replays of one CUDA graph of `reps` calls."""
+    unit(0)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(reps):
+            unit(i)
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); g.replay(); b.record(); b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / reps)
+    return statistics.median(ts)
 
 def floor_ms(cfg) -> tuple[float, int]:
     from mpk_runtime.models.weights import weight_shapes
@@ -105,7 +124,6 @@ def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False,
 def stage_summary(mk, step: int, path) -> dict:
     """Per op (layer prefix dropped): median us from the task's start (after its waits) to each stage stamp of a
     -DMPK_STAGE_WORDS build, over the tasks of one traced step; the raw rows go to `path` (.json.gz)."""
-    import statistics
     st = mk.stage_stamps()[step]
     tr = mk.trace_times()[step]
     rows, by = [], {}

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -33,25 +32,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mpk_runtime.runtime.plan_exec import _graph_launch  # noqa: E402
+from _bench_common import graph_us  # noqa: E402
 from profile_hw import Rig  # noqa: E402  (scripts/profile_hw.py: model, weights, KV cache, step inputs)
-
-
-def graph_us(unit, reps: int) -> float:
-    """Median microseconds per unit over 10 replays of one CUDA graph of `reps` units."""
-    unit()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            unit()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(ts)
 
 
 def task_spans(mk, warm: int = 3) -> dict:
@@ -95,32 +77,32 @@ def main() -> None:
         print(f"{name:14s} {us:8.2f} us per unit " + " ".join(f"{k}={v}" for k, v in kw.items()), flush=True)
 
     x = torch.zeros(1, device="cuda")
-    put("torch_add", graph_us(lambda: x.add_(1), a.reps))
+    put("torch_add", graph_us(lambda _: x.add_(1), a.reps))
     batches = [int(b) for b in a.batches.split(",")]
     rig = Rig(a.model, batches[0], a.context)
     _, mk = rig.megakernel(["embed"], sms=132)
-    put("zero", graph_us(lambda: mk.counters.zero_(), a.reps))
-    put("mk_one_132", graph_us(lambda: _graph_launch(mk), a.reps), smem=mk.smem)
+    put("zero", graph_us(lambda _: mk.counters.zero_(), a.reps))
+    put("mk_one_132", graph_us(lambda _: _graph_launch(mk), a.reps), smem=mk.smem)
     _, mk1 = rig.megakernel(["embed"], sms=1)
-    put("mk_one_1", graph_us(lambda: _graph_launch(mk1), a.reps), smem=mk1.smem)
+    put("mk_one_1", graph_us(lambda _: _graph_launch(mk1), a.reps), smem=mk1.smem)
     del mk, mk1
     for B in batches:
         rig = rig if B == batches[0] else Rig(a.model, B, a.context)
         _, mk = rig.megakernel(["L0.attention"], sms=132, trace=1)
         sp = task_spans(mk)
         _, mk = rig.megakernel(["L0.attention"], sms=132)
-        us = graph_us(lambda: _graph_launch(mk), a.reps)
+        us = graph_us(lambda _: _graph_launch(mk), a.reps)
         put(f"attn_{B}", us, **sp, fixed_us=round(us - sp["span_us"], 2), smem=mk.smem, tasks=len(mk.tg.tasks))
         cfg = rig.cfg
         h = torch.randn(B, cfg.num_heads * cfg.head_dim, device="cuda", dtype=torch.bfloat16)
         wo = torch.randn(cfg.hidden_size, cfg.num_heads * cfg.head_dim, device="cuda", dtype=torch.bfloat16)
         y = torch.empty(B, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-        mm = graph_us(lambda: torch.matmul(h, wo.t(), out=y), a.reps)
+        mm = graph_us(lambda _: torch.matmul(h, wo.t(), out=y), a.reps)
 
         def both():
             torch.matmul(h, wo.t(), out=y)
             _graph_launch(mk)
-        put(f"attn_{B}_mm", graph_us(both, a.reps) - mm, matmul_us=round(mm, 2))
+        put(f"attn_{B}_mm", graph_us(lambda _: both(), a.reps) - mm, matmul_us=round(mm, 2))
         mk.check()
         del mk
     meta = {"machine": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),

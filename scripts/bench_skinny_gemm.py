@@ -20,6 +20,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_common import graph_us  # noqa: E402
 from mpk_runtime.models import load_config  # noqa: E402
 from mpk_runtime.runtime.skinny_gemm import CONFIGS, skinny_mm  # noqa: E402
 
@@ -33,24 +35,6 @@ def shapes(model: str) -> list[tuple[str, int, int]]:
     qkv = (c.num_heads + 2 * c.num_kv_heads) * hd
     return [("qkv", qkv, d), ("o_proj", d, c.num_heads * hd), ("gate_up", 2 * c.intermediate_size, d),
             ("down", d, c.intermediate_size), ("lm_head", c.vocab_size, d)]
-
-
-def timed(fn_by_copy, copies: int, reps: int) -> float:
-    """us per call: `reps` calls cycling over the weight copies, captured in one CUDA graph; median of 5 replays."""
-    fn_by_copy(0)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fn_by_copy(i % copies)
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); g.replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / reps)
-    return sorted(ts)[2]
 
 
 def main() -> None:
@@ -76,14 +60,14 @@ def main() -> None:
                 ref = (x.float() @ ws[0].float().T)
                 reps = max(4, min(64, int(2e9 // wbytes)))
                 r = dict(model=model, op=name, M=M, N=N, K=K, mb=wbytes / 1e6)
-                r["cublas_us"] = timed(lambda i: torch.mm(x, ws[i].T, out=y), copies, reps)
+                r["cublas_us"] = graph_us(lambda i: torch.mm(x, ws[i % copies].T, out=y), reps, 5)
                 best = None
                 for cfg in CONFIGS:
                     try:
                         skinny_mm(x, ws[0], y, cfg)
                         torch.cuda.synchronize()
                         err = ((y.float() - ref).abs().max() / ref.abs().max()).item()
-                        us = timed(lambda i: skinny_mm(x, ws[i], y, cfg), copies, reps)
+                        us = graph_us(lambda i: skinny_mm(x, ws[i % copies], y, cfg), reps, 5)
                     except Exception as e:   # a config the compiler refuses (shared memory): recorded, skipped
                         r.setdefault("failed", []).append(f"{cfg}: {type(e).__name__}: {str(e)[:120]}")
                         continue

@@ -27,6 +27,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_common import graph_us  # noqa: E402
 from mpk_runtime.ir import build_graph  # noqa: E402
 from mpk_runtime.ir.shard import shard_for  # noqa: E402
 from mpk_runtime.models import load_config  # noqa: E402
@@ -82,17 +84,7 @@ def _time(fn, device: str, reps: int) -> float:
         for _ in range(3):
             t0 = time.perf_counter(); fn(); ts.append((time.perf_counter() - t0) * 1e6)
         return statistics.median(ts)
-    torch.cuda.synchronize()
-    cg = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(cg):
-        for _ in range(reps):
-            fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); cg.replay(); b.record(); b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(ts)
+    return graph_us(lambda _: fn(), reps, reps)
 
 
 _WEIGHTS: dict = {}
