@@ -8,6 +8,7 @@
 #     (removed in session 21: modes swz (swizzled K/V rows, +3..+19%) and defer (deferred appends, now the default))
 #     VARS="narrow base" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=one model)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
+#     OUT=$OUT bash scripts/gpu_pending.sh tattn    # (one GPU, ~8 min): the Triton paged attention: tests, curves, plans
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
@@ -19,6 +20,13 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
 # Order for a 30-minute session (one GPU), as session 26 left it (bench/results/s26: the greedy argmax is the default;
 # the Triton LM head measured -0.45..-0.6%, opt-in; the planner at HEAD: regret 0 at 15 of 16, HF measured at all 16).
+# 0. `OUT=$OUT bash scripts/gpu_pending.sh tattn` (~8 min): the conventional attention straight from the KV pages
+#    (runtime/paged_attention.py, MPK_CONV_TRITON_ATTN=1, written in session 26, CPU-tested under Triton's interpreter,
+#    never run compiled). Prediction (docs/perf-notes.md session 26): per layer ~KV bytes / 2.5-3 TB/s + ~4 us, e.g.
+#    llama B=32 ctx 512 15-17 us (gather + SDPA 47, attention megakernel 33), qwen3-8b B=8 ctx 512 ~10 (30 / 32); the
+#    conventional plan with it: llama B=32 ctx 512 ~1.45 ms against attn-mk's 1.73, qwen3-8b B=8 ~5.6 against 6.38;
+#    attn-mk keeps B=128 ctx 4096 (~400 us a layer against 297). If the curves hold: `profile_conv_attn.py --merge
+#    h200_v36_cal --name h200_v38_cal ...` with the switch on, then `val` with it, then make it the default.
 # 1. `MPK_CONV_TRITON_LMHEAD=1 OUT=$OUT bash scripts/gpu_pending.sh one` (stage 1 with it on: tests/gpu + the GPU tests
 #    in tests/runtime, test_skinny_gemm.py's among them), then an ABBA on both models at the points where the LM head is
 #    conventional and <= 32 rows: `LIM=90 VARS="base tlmhead tlmhead base" BS=32 CTXS=512,4096 MODELS=llama-3.2-1b,qwen3-8b
@@ -131,6 +139,25 @@ for V in $VARS; do
 done
 python3 scripts/ab_table.py $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
 python3 scripts/ab_table.py --kv-rates $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
+elif [ "$MODE" = tattn ]; then
+# tattn: the conventional attention straight from the KV pages (runtime/paged_attention.py, Triton, opt-in
+# MPK_CONV_TRITON_ATTN=1, with the deferred appends in its kernel; session 26, CPU-tested under Triton's interpreter)
+export MPK_CONV_TRITON_ATTN=1
+st "tattn 1: GPU tests with it on (the kernel vs a reference, bf16 steps vs the gather path, plans in the engine)"
+timeout 200 python3 -m pytest -q -m gpu tests/runtime/test_paged_attention.py tests/runtime/test_skinny_gemm.py \
+    tests/runtime/test_kv_defer.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
+st "tattn 2: its per-layer curves (profile_conv_attn.py: compare with h200_v36_cal's conv_attn_us_by_shape)"
+timeout 150 python3 scripts/profile_conv_attn.py --tp 1 --batches 1,8,32,128 --keys 512,4096 --budget-s 130 \
+    --out "$OUT/prof" > "$OUT/prof/conv_attn.log" 2>&1
+tail -12 "$OUT/prof/conv_attn.log"; snap
+st "tattn 3: the conventional plan with it against attn-mk, measured (validate_planner --families)"
+for C in 512 4096; do
+  d="$OUT/val/t$C"; mkdir -p "$d"
+  timeout 110 python3 scripts/validate_planner.py --tp 1 --context $C --batches 8,32,128 --families conventional,attn-mk \
+      --budget-s 100 --out "$d" > "$d/validate.log" 2>&1
+  grep -E "B=" "$d/validate.log" | tail -6; snap
+done
 elif [ "$MODE" = val ]; then
 st "4d validate_planner TP=1, all families: ctx 512 B=1,8,32,128, then ctx 4096 B=${VAL_B4096:-1,8,32} (the default profile out of sample)"
 for C in 512 4096; do

@@ -10,6 +10,9 @@ caches). Decode steps only (one new row per sequence). On by default since sessi
 attn-mk: -4.4% / -3.3% at B=32 ctx 512 / 4096, -1.9% / -0.6% at B=128; bench/results/s21/run2_defer);
 MPK_KV_DEFER=0 turns it off.
 
+With MPK_CONV_TRITON_ATTN=1 a conventional attention takes the rows too (runtime/paged_attention.py appends them
+inside its kernel), so wholly conventional layers defer as well.
+
 `kv_defer_layers(segments)` says which layers a plan defers; `defer_kv_appends(graph, layers)` returns the graph
 whose ops of those layers carry `kv_defer` (copies: the graph given is not changed, so plans sharing it are not
 affected). The executor (runtime/plan_exec.py) and the planner's price (planner/search.py) use the same two.
@@ -27,9 +30,16 @@ def kv_defer() -> bool:
     return env_flag("MPK_KV_DEFER", default=True)
 
 
+def conv_attn_appends() -> bool:
+    """A conventional attention appends the deferred rows too (MPK_CONV_TRITON_ATTN=1: runtime/paged_attention.py
+    writes them in its kernel; without Triton at run time the conventional op appends them before its gather)."""
+    return env_flag("MPK_CONV_TRITON_ATTN")
+
+
 def kv_defer_layers(graph: Graph, segments) -> set[int]:
-    """Layers whose qkv_rope is in a conventional segment and whose attention is in a megakernel segment
-    (`segments`: (kind, op names) pairs, or objects with .kind / .ops); empty unless kv_defer() and decode."""
+    """Layers whose qkv_rope is in a conventional segment and whose attention is in a megakernel segment, or in a
+    conventional one when conv_attn_appends() (`segments`: (kind, op names) pairs, or objects with .kind / .ops);
+    empty unless kv_defer() and decode."""
     if not kv_defer() or graph.mode != "decode":
         return set()
     kind_of = {}
@@ -39,7 +49,8 @@ def kv_defer_layers(graph: Graph, segments) -> set[int]:
             kind_of[n] = kind
     layers = set()
     for o in graph.ops:
-        if o.kind == "attention" and o.attrs.get("kv_new") and kind_of.get(o.name) == "megakernel":
+        attn_kinds = ("megakernel", "conventional") if conv_attn_appends() else ("megakernel",)
+        if o.kind == "attention" and o.attrs.get("kv_new") and kind_of.get(o.name) in attn_kinds:
             qkv = f"L{o.attrs['layer']}.qkv_rope"
             if kind_of.get(qkv) == "conventional":
                 layers.add(o.attrs["layer"])

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..models.weights import adjacent_rows
 from ..tasks.ops.common import row_positions
 from .conventional_fused import fuse_rope, fuse_silu, fused_qk, fused_qk_kv, fused_silu, rms_norm
-from . import skinny_gemm
+from . import paged_attention, skinny_gemm
 
 
 # --- shared pieces -----------------------------------------------------------------------------------------------
@@ -278,9 +278,21 @@ def attention(op, mem, ctx, cache) -> None:
     g = nq // nkv
     q = mem.t(a["q"])
     B = q.shape[0] // T
+    out = mem.t(a["out"])
+    kc, vc = mem.kv(a["k_cache"]), mem.kv(a["v_cache"])         # (pages, ps, nkv, D)
+    kvn = mem.t(a["kv_new"]).view(B * T, -1) if a.get("kv_defer") else None   # rows qkv_rope left (ir/defer.py)
+    if ctx.pad is None and paged_attention.enabled(q, T) and q.is_contiguous() and out.is_contiguous():
+        # decode straight from the pages (opt-in MPK_CONV_TRITON_ATTN=1): no gathered copy, no mask, and the
+        # deferred k / v rows appended by the kernel
+        L = ctx.kv_len_cap or int(ctx.pos.max()) + T
+        paged_attention.paged_decode_attention(q, kc, vc, ctx.block_tables, ctx.pos, a["scale"], L, out,
+                                               kv_new=kvn)
+        return
+    if kvn is not None:   # deferred rows, but this step takes the gather + SDPA path: append them first
+        rows = kvn.view(B * T, 2, nkv, D)
+        _append_kv(rows[:, 0], rows[:, 1], kc, vc, _kv_slots(cache, mem, ctx))
     st = _attn_step(cache, ctx, g, q.dtype, q.device)
     L, npg = st["L"], st["npg"]
-    kc, vc = mem.kv(a["k_cache"]), mem.kv(a["v_cache"])         # (pages, ps, nkv, D)
     # index_select copies whole contiguous pages (a vectorised gather); advanced indexing kc[pages] ran an
     # element-wise index kernel: 24.6 of 45.6 ms GPU time of a qwen3-8b batch-128 step (H200 profile)
     k = kc.index_select(0, st["pages"]).view(B, npg * ps, nkv, D)
@@ -299,7 +311,6 @@ def attention(op, mem, ctx, cache) -> None:
     o = o.view(B, nkv, g, T, D).permute(0, 3, 1, 2, 4)         # (B, T, nkv, g, D)
     if "zero" not in st:
         st["zero"] = torch.zeros((), dtype=o.dtype, device=o.device)
-    out = mem.t(a["out"])
     if out.dtype == o.dtype and out.is_contiguous():
         torch.where(st["live"], o, st["zero"], out=out.view(B, T, nkv, g, D))
     else:

@@ -54,6 +54,7 @@ def test_deferred_appends_match_the_reference_and_the_appending_plan(model, tp, 
 
 def test_only_layers_split_between_conventional_qkv_and_megakernel_attention_defer(monkeypatch):
     monkeypatch.setenv("MPK_KV_DEFER", "1")
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "0")   # (with it, wholly conventional layers defer too: below)
     cfg = PRESETS["tiny-llama"]
     g = build_graph(cfg, batch=2, context_len=16, max_seq_len=32)
     ops = [o.name for o in g.ops]
@@ -160,3 +161,21 @@ def test_an_inactive_row_appends_nothing_and_the_others_match(monkeypatch):
         kv = mems[0].kvstore
         caches[flag] = torch.stack([t[:kv.scratch].clone() for t in kv.k + kv.v])   # (the scratch page aside)
     torch.testing.assert_close(caches["1"], caches["0"], rtol=0, atol=0, equal_nan=True)
+
+
+def test_conventional_attention_takes_the_rows_with_the_paged_kernel(monkeypatch):
+    """MPK_CONV_TRITON_ATTN=1: a conventional attention appends the deferred rows (runtime/paged_attention.py, or its
+    gather path's own append), so layers whose qkv_rope and attention are both conventional defer as well; a layer
+    whose attention is in a megakernel and qkv_rope too still does not."""
+    monkeypatch.setenv("MPK_KV_DEFER", "1")
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "1")
+    cfg = PRESETS["tiny-llama"]
+    g = build_graph(cfg, batch=2, context_len=16, max_seq_len=32)
+    ops = [o.name for o in g.ops]
+    assert kv_defer_layers(g, [("conventional", ops)]) == set(range(cfg.num_layers))
+    assert kv_defer_layers(g, [("megakernel", ops)]) == set()
+    q1 = ops.index("L1.qkv_rope")
+    assert kv_defer_layers(g, [("megakernel", ops[:q1]), ("conventional", ops[q1:])]) == {1}
+    monkeypatch.setenv("MPK_KV_DEFER", "0")
+    assert kv_defer_layers(g, [("conventional", ops)]) == set()
+

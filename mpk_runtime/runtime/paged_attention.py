@@ -1,0 +1,176 @@
+"""Decode attention straight from the paged KV cache, in Triton (split-K "flash decoding"), for the conventional
+path's attention op: no gather of the pages into a dense copy and no mask tensor.
+
+The conventional attention (conventional_ops.attention) gathers each sequence's pages with index_select (K and V
+written once more, then read again) and calls SDPA with an additive mask, which rules out the flash kernels. Here one
+program owns (sequence, KV head, key split): it loads the g query heads of its KV head once, walks its keys in blocks
+of BLOCK_N through the block table (K and V rows read once, straight from their pages), and keeps an online softmax in
+fp32, the probabilities rounded to the cache dtype for the P.V product as SDPA does on bf16. With one split it writes
+the output; with more, a second kernel merges the splits' (o, max, sum) in split order. Keys at or past a row's length
+(pos + 1) are never loaded, so unwritten (even NaN-poisoned) slots cannot leak in; inactive rows (pos < 0) get zeros.
+
+With deferred appends (ir/defer.py: a conventional qkv_rope leaves the step's k / v rows in kv_new) the program whose
+keys hold a row's new position writes them into the cache, and every program takes key pos from the rows in
+registers, so no program reads a slot another writes this step: the two indexed-put kernels a layer are gone.
+
+Opt-in (MPK_CONV_TRITON_ATTN=1) until measured on a GPU; CPU tests run it under the Triton interpreter.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..envflags import env_flag
+
+try:   # CUDA builds of torch bring Triton; the CPU build does not
+    import triton
+    import triton.language as tl
+except ImportError:   # pragma: no cover - where Triton is absent (CI's CPU torch)
+    triton = None
+
+BLOCK_N = 64       # keys a program reads per step (4 pages of 16)
+TARGET_PROGRAMS = 264   # ~2 programs an SM on an H200: key splits are added until the grid reaches this
+
+
+def enabled(q: torch.Tensor, T: int) -> bool:
+    """Whether the conventional attention of this step takes this kernel: opt-in, decode (one token a sequence), a
+    CUDA tensor (or the interpreter's CPU one)."""
+    if triton is None or T != 1 or not env_flag("MPK_CONV_TRITON_ATTN"):
+        return False
+    return q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def splits_for(B: int, nkv: int, L: int, block_n: int = BLOCK_N) -> int:
+    """Key splits: enough programs to fill the GPU (TARGET_PROGRAMS), at least one BLOCK_N block of keys each."""
+    blocks = max(1, -(-L // block_n))
+    return max(1, min(blocks, -(-TARGET_PROGRAMS // max(1, B * nkv))))
+
+
+if triton is not None:
+    @triton.jit
+    def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, pos_ptr, o_ptr, ml_ptr, new_ptr, scale,
+                        s_qb, s_kp, s_ks, s_kh, s_vp, s_vs, s_vh, s_bt, s_ob, s_oh, s_os, s_nb,
+                        G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+                        BLOCK: tl.constexpr, NB: tl.constexpr, SPLITS: tl.constexpr, NKV: tl.constexpr,
+                        APPEND: tl.constexpr):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        s = tl.program_id(2)
+        length = tl.load(pos_ptr + b) + 1                    # keys this row has written (0: inactive row)
+        k0 = s * (NB * BLOCK)
+        gi = tl.arange(0, GP)
+        hmask = gi < G
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + b * s_qb + (kvh * G + gi)[:, None] * D + d[None, :], mask=hmask[:, None], other=0.0)
+        last = length - 1                                    # the step's own key (its row may not be in the cache yet)
+        if APPEND:   # deferred append: the new k / v rows come from `new` (B, 2, nkv, D); the program whose keys
+            # hold `last` writes them into the cache for later steps, and every program uses them from registers
+            nk = tl.load(new_ptr + b * s_nb + kvh * D + d)
+            nv = tl.load(new_ptr + b * s_nb + (NKV + kvh) * D + d)
+            owns = (last >= k0) & (last < k0 + NB * BLOCK)
+            lp = tl.load(bt_ptr + b * s_bt + tl.maximum(last, 0) // PS).to(tl.int64)
+            ls = tl.maximum(last, 0) % PS
+            tl.store(k_ptr + lp * s_kp + ls * s_ks + kvh * s_kh + d, nk, mask=(d < D) & owns)
+            tl.store(v_ptr + lp * s_vp + ls * s_vs + kvh * s_vh + d, nv, mask=(d < D) & owns)
+        m = tl.full((GP,), float("-inf"), tl.float32)
+        lsum = tl.zeros((GP,), tl.float32)
+        acc = tl.zeros((GP, D), tl.float32)
+        n = tl.arange(0, BLOCK)
+        for i in range(0, NB):
+            key = k0 + i * BLOCK + n
+            kmask = key < length
+            page = tl.load(bt_ptr + b * s_bt + key // PS, mask=kmask, other=0).to(tl.int64)
+            slot = key % PS
+            kk = tl.load(k_ptr + page[:, None] * s_kp + slot[:, None] * s_ks + kvh * s_kh + d[None, :],
+                         mask=kmask[:, None], other=0.0)
+            vv = tl.load(v_ptr + page[:, None] * s_vp + slot[:, None] * s_vs + kvh * s_vh + d[None, :],
+                         mask=kmask[:, None], other=0.0)
+            if APPEND:
+                own = (key == last)[:, None]
+                kk = tl.where(own, nk[None, :], kk)
+                vv = tl.where(own, nv[None, :], vv)
+            sc = tl.dot(q, tl.trans(kk)) * scale                # (GP, BLOCK) fp32
+            sc = tl.where(kmask[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, 1))
+            alive = m_new > float("-inf")
+            alpha = tl.where(alive, tl.exp(m - m_new), 1.0)
+            p = tl.where(kmask[None, :] & alive[:, None], tl.exp(sc - m_new[:, None]), 0.0)
+            lsum = lsum * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
+            m = m_new
+        heads = kvh * G + gi
+        if SPLITS == 1:   # the output itself (zeros where no key: inactive rows)
+            out = tl.where(lsum[:, None] > 0, acc / tl.maximum(lsum, 1e-30)[:, None], 0.0)
+            tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + d[None, :], out.to(o_ptr.dtype.element_ty),
+                     mask=hmask[:, None])
+        else:             # the split's unnormalised o, its max and its sum
+            base = b * s_ob + heads * s_oh + s * s_os
+            tl.store(o_ptr + base[:, None] + d[None, :], acc, mask=hmask[:, None])
+            tl.store(ml_ptr + 2 * (base // D), m, mask=hmask)
+            tl.store(ml_ptr + 2 * (base // D) + 1, lsum, mask=hmask)
+
+    @triton.jit
+    def _merge_kernel(o_ptr, ml_ptr, out_ptr, s_ob, s_oh, s_os, s_outb,
+                      D: tl.constexpr, SPLITS: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        d = tl.arange(0, D)
+        M = float("-inf")
+        for s in range(0, SPLITS):
+            M = tl.maximum(M, tl.load(ml_ptr + 2 * ((b * s_ob + h * s_oh + s * s_os) // D)))
+        num = tl.zeros((D,), tl.float32)
+        den = 0.0
+        for s in range(0, SPLITS):   # split order
+            base = b * s_ob + h * s_oh + s * s_os
+            ms = tl.load(ml_ptr + 2 * (base // D))
+            w = tl.where(ms > float("-inf"), tl.exp(ms - M), 0.0)
+            den += w * tl.load(ml_ptr + 2 * (base // D) + 1)
+            num += w * tl.load(o_ptr + base + d)
+        out = tl.where(den > 0, num / tl.maximum(den, 1e-30), 0.0)
+        tl.store(out_ptr + b * s_outb + h * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, pos: torch.Tensor, scale: float, L_cap: int,
+                           out: torch.Tensor, splits: int | None = None,
+                           kv_new: torch.Tensor | None = None) -> torch.Tensor:
+    """out (B, nq * D) = softmax(q k^T * scale) v over each row's keys [0, pos + 1), read from the pages
+    (k_cache / v_cache (pages, page_size, nkv, D), block_tables (B, >= ceil(L_cap / page_size))); q (B, nq * D);
+    L_cap >= every row's pos + 1 (a static bound: the grid and loop sizes, so a CUDA graph can hold them).
+    kv_new (B, 2 * nkv * D): the step's k and v rows, not yet in the cache (ir/defer.py): appended at pos here and
+    used for key pos (inactive rows, pos < 0, append nothing)."""
+    if triton is None:
+        raise RuntimeError("paged_decode_attention needs Triton (it comes with CUDA builds of torch)")
+    P, PS, nkv, D = k_cache.shape
+    B = pos.numel()
+    nq = q.shape[-1] // D
+    if q.shape != (B, nq * D) or nq % nkv or out.shape != (B, nq * D):
+        raise ValueError(f"paged_decode_attention: q {tuple(q.shape)}, out {tuple(out.shape)} for {B} rows of "
+                         f"{nq} heads x {D}")
+    if D < 16 or D & (D - 1):
+        raise ValueError(f"paged_decode_attention: head dim {D} must be a power of two >= 16")
+    if not (q.is_contiguous() and out.is_contiguous() and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1):
+        raise ValueError("paged_decode_attention: q, out and the caches' rows must be contiguous")
+    if kv_new is not None and (kv_new.shape != (B, 2 * nkv * D) or not kv_new.is_contiguous()):
+        raise ValueError(f"paged_decode_attention: kv_new {tuple(kv_new.shape)}, expected ({B}, {2 * nkv * D})")
+    G = nq // nkv
+    GP = max(16, 1 << (G - 1).bit_length())
+    S = splits or splits_for(B, nkv, L_cap)
+    per = -(-L_cap // S)
+    NB = -(-per // BLOCK_N)
+    if S == 1:
+        o, ml, s_ob, s_oh, s_os = out, out, out.stride(0), D, 0
+    else:
+        o = torch.empty(B, nq, S, D, dtype=torch.float32, device=q.device)
+        ml = torch.empty(B, nq, S, 2, dtype=torch.float32, device=q.device)
+        s_ob, s_oh, s_os = o.stride(0), o.stride(1), o.stride(2)
+    new = q if kv_new is None else kv_new
+    _partial_kernel[(B, nkv, S)](q, k_cache, v_cache, block_tables, pos, o, ml, new, scale,
+                                 q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                                 v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+                                 s_ob, s_oh, s_os, new.stride(0), G=G, GP=GP, D=D, PS=PS, BLOCK=BLOCK_N, NB=NB,
+                                 SPLITS=S, NKV=nkv, APPEND=kv_new is not None)
+    if S > 1:
+        _merge_kernel[(B, nq)](o, ml, out, s_ob, s_oh, s_os, out.stride(0), D=D, SPLITS=S)
+    return out

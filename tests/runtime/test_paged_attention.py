@@ -1,0 +1,193 @@
+"""runtime/paged_attention.py (decode attention straight from the KV pages, Triton; opt-in MPK_CONV_TRITON_ATTN=1)
+against a per-row reference and against the conventional path's gather + SDPA attention. On a CPU it runs under the
+Triton interpreter where Triton is installed (`pip install triton`, TRITON_INTERPRET=1; the interpreter has no bf16,
+so fp32 / fp16 stand in); CI's CPU torch has no Triton, so there these skip. The gpu-marked tests run it compiled."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from mpk_runtime.runtime import paged_attention as pa
+
+interp = pytest.mark.skipif(pa.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
+                            reason="needs Triton's interpreter (pip install triton; TRITON_INTERPRET=1)")
+
+
+def reference(q, kc, vc, bt, pos, scale):
+    """Row by row, head by head: softmax over the keys [0, pos + 1) gathered through the block table (fp32)."""
+    B = pos.numel()
+    _, PS, nkv, D = kc.shape
+    nq = q.shape[1] // D
+    out = torch.zeros(B, nq * D)
+    for b in range(B):
+        L = int(pos[b]) + 1
+        if L <= 0:
+            continue
+        keys = torch.arange(L)
+        pg, sl = bt[b].cpu()[keys // PS], keys % PS
+        K, V = kc.cpu()[pg, sl].float(), vc.cpu()[pg, sl].float()
+        for h in range(nq):
+            s = (K[:, h // (nq // nkv)] @ q.cpu()[b].view(nq, D)[h].float()) * scale
+            out[b, h * D:(h + 1) * D] = torch.softmax(s, 0) @ V[:, h // (nq // nkv)]
+    return out
+
+
+def case(B, nq, nkv, D, PS, L, dtype, dev="cpu", poison=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    pps = -(-L // PS)
+    kc = torch.randn(B * pps + 1, PS, nkv, D, generator=g).to(dtype)
+    vc = torch.randn(B * pps + 1, PS, nkv, D, generator=g).to(dtype)
+    bt = (torch.randperm(B * pps, generator=g) + 1).view(B, pps)
+    pos = torch.tensor([L - 1 - 3 * b for b in range(B)])
+    if B > 1:
+        pos[1] = -1                                  # an inactive row: zeros
+    if poison:                                       # every slot past a row's keys NaN (KVStore(poison=True))
+        for b in range(B):
+            for k in range(max(0, int(pos[b]) + 1), pps * PS):
+                kc[bt[b, k // PS], k % PS] = float("nan")
+                vc[bt[b, k // PS], k % PS] = float("nan")
+    q = torch.randn(B, nq * D, generator=g).to(dtype)
+    return [t.to(dev) for t in (q, kc, vc, bt, pos)]
+
+
+SHAPES = [  # B, nq, nkv, D, page, L_cap, splits (None: the rule), dtype, tol
+    (3, 8, 2, 16, 16, 40, None, torch.float32, 1e-5),
+    (2, 4, 4, 32, 4, 70, 3, torch.float32, 1e-5),      # MHA, small pages, 3 splits
+    (2, 6, 2, 16, 8, 33, 1, torch.float32, 1e-5),      # g = 3 (padded to 16 rows), one split
+    (4, 8, 2, 16, 16, 130, None, torch.float16, 2e-3),
+]
+
+
+@interp
+@pytest.mark.parametrize("B,nq,nkv,D,PS,L,S,dtype,tol", SHAPES)
+def test_paged_decode_attention_interpreter(B, nq, nkv, D, PS, L, S, dtype, tol):
+    for poison in (False, True):
+        q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, dtype, poison=poison)
+        out = torch.empty_like(q)
+        pa.paged_decode_attention(q, kc, vc, bt, pos, 1 / math.sqrt(D), L, out, S)
+        ref = reference(q, kc, vc, bt, pos, 1 / math.sqrt(D))
+        assert torch.isfinite(out).all()
+        assert (out.float() - ref).abs().max() < tol, (poison, (out.float() - ref).abs().max())
+        assert (out[1] == 0).all() if B > 1 else True
+
+
+def test_splits_rule_and_bad_input():
+    assert pa.splits_for(1, 8, 512) == 8           # 264 programs wanted, 8 blocks of keys
+    assert pa.splits_for(128, 8, 4096) == 1
+    assert pa.splits_for(8, 8, 100) == 2           # capped by the 2 blocks of 64 keys
+    if pa.triton is None:
+        with pytest.raises(RuntimeError, match="Triton"):
+            pa.paged_decode_attention(*case(2, 4, 2, 16, 16, 20, torch.float32)[:4], torch.zeros(2), 0.25, 20,
+                                      torch.zeros(2, 64))
+        return
+    q, kc, vc, bt, pos = case(2, 4, 2, 16, 16, 20, torch.float32)
+    with pytest.raises(ValueError, match="heads"):
+        pa.paged_decode_attention(q, kc, vc, bt, pos, 0.25, 20, torch.empty(2, 63))
+    with pytest.raises(ValueError, match="power of two"):
+        pa.paged_decode_attention(q[:, :48], kc[..., :12], vc[..., :12], bt, pos, 0.25, 20, torch.empty(2, 48))
+
+
+def _conv_step(monkeypatch, model, on, dev, dtype, B=3):
+    from tests.runtime.test_conventional_op_count import build
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", on)
+    cfg, g, mem, ex, ctx = build(model, B, context=70, dtype=dtype, dev=dev, greedy=True)
+    ex.run([ctx])
+    return mem.t("logits").float().clone(), mem.t("next_tokens").clone()
+
+
+@interp
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+def test_conventional_step_through_paged_attention(model, monkeypatch):
+    """A whole conventional decode step with the switch on gives the gather + SDPA path's logits and tokens (fp32),
+    and takes the kernel (counted)."""
+    calls = []
+    real = pa.paged_decode_attention
+    monkeypatch.setattr(pa, "paged_decode_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    l_on, t_on = _conv_step(monkeypatch, model, "1", "cpu", "float32")
+    assert calls, "MPK_CONV_TRITON_ATTN=1 did not route the conventional attention to the kernel"
+    n = len(calls)
+    l_off, t_off = _conv_step(monkeypatch, model, "0", "cpu", "float32")
+    assert len(calls) == n
+    torch.testing.assert_close(l_on, l_off, rtol=1e-4, atol=1e-4)
+    assert torch.equal(t_on, t_off)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(pa.triton is None or not torch.cuda.is_available(), reason="needs a CUDA GPU and Triton")
+@pytest.mark.parametrize("B,nq,nkv,D,PS,L", [(8, 32, 8, 64, 16, 513), (32, 32, 8, 128, 16, 4097), (3, 8, 2, 16, 16, 40)])
+def test_paged_decode_attention_gpu(B, nq, nkv, D, PS, L):
+    q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, torch.bfloat16, dev="cuda", poison=True)
+    out = torch.empty_like(q)
+    pa.paged_decode_attention(q, kc, vc, bt, pos, 1 / math.sqrt(D), L, out)
+    ref = reference(q, kc, vc, bt, pos, 1 / math.sqrt(D))
+    assert torch.isfinite(out).all() and (out.float().cpu() - ref).abs().max() < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(pa.triton is None or not torch.cuda.is_available(), reason="needs a CUDA GPU and Triton")
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+def test_conventional_step_through_paged_attention_gpu(model, monkeypatch):
+    """bf16 on a GPU: the step's logits within bf16 tolerance of the gather + SDPA path's."""
+    l_on, t_on = _conv_step(monkeypatch, model, "1", "cuda", "bfloat16")
+    l_off, t_off = _conv_step(monkeypatch, model, "0", "cuda", "bfloat16")
+    torch.testing.assert_close(l_on, l_off, rtol=3e-2, atol=3e-2)
+
+
+@interp
+def test_deferred_rows_appended_by_the_kernel():
+    """kv_new: the step's k / v rows, not yet in the cache (its slot at pos still NaN-poisoned): the output is what
+    the reference gives with them in place, and afterwards they are in the cache, written once (by the split that
+    holds pos); inactive rows write nothing."""
+    B, nq, nkv, D, PS, L = 3, 8, 2, 16, 16, 70
+    for S in (None, 1, 3):
+        q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, torch.float32, poison=True)
+        g = torch.Generator().manual_seed(5)
+        new = torch.randn(B, 2, nkv, D, generator=g)
+        kc2, vc2 = kc.clone(), vc.clone()
+        for b in range(B):   # the reference's cache: the rows in place
+            if pos[b] >= 0:
+                kc2[bt[b, pos[b] // PS], pos[b] % PS] = new[b, 0]
+                vc2[bt[b, pos[b] // PS], pos[b] % PS] = new[b, 1]
+        before = kc.clone()
+        out = torch.empty_like(q)
+        pa.paged_decode_attention(q, kc, vc, bt, pos, 1 / math.sqrt(D), L, out, S, kv_new=new.view(B, -1))
+        ref = reference(q, kc2, vc2, bt, pos, 1 / math.sqrt(D))
+        assert torch.isfinite(out).all() and (out - ref).abs().max() < 1e-5, S
+        assert torch.equal(kc.nan_to_num(7.0), kc2.nan_to_num(7.0)) and torch.equal(vc.nan_to_num(7.0), vc2.nan_to_num(7.0))
+        assert torch.equal(kc[bt[1]].nan_to_num(7.0), before[bt[1]].nan_to_num(7.0))   # row 1 inactive
+
+
+def _two_steps(model, monkeypatch, flag):
+    """One decode step of `model` (B=3, row 1 inactive, fp32) with every layer's appends deferred to the
+    conventional attention (ir/defer.py), against the same step with qkv_rope appending: logits, tokens, caches."""
+    from mpk_runtime.ir.defer import defer_kv_appends
+    from mpk_runtime.runtime.torch_exec import ConventionalExecutor
+    from tests.runtime.test_conventional_op_count import build
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "0")
+    cfg, g, mem, ex, ctx = build(model, 3, context=70, dtype="float32", greedy=True)
+    ex.run([ctx])
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", flag)
+    cfg2, g2, mem2, _, ctx2 = build(model, 3, context=70, dtype="float32", greedy=True)
+    gd = defer_kv_appends(g2, set(range(cfg2.num_layers)))
+    ConventionalExecutor([gd], [mem2]).run([ctx2])
+    torch.testing.assert_close(mem2.t("logits"), mem.t("logits"), rtol=1e-4, atol=1e-4)
+    assert torch.equal(mem2.t("next_tokens"), mem.t("next_tokens"))
+    sc = mem.kvstore.scratch   # the page inactive rows' appends go to when qkv_rope appends (the kernel skips them)
+    for a, b in zip(mem.kvstore.k + mem.kvstore.v, mem2.kvstore.k + mem2.kvstore.v):
+        torch.testing.assert_close(b[:sc], a[:sc], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+def test_deferred_appends_gather_path(model, monkeypatch):
+    """Without the kernel (switch off, or no Triton: what CI runs) a conventional attention holding deferred rows
+    appends them itself before its gather: the same logits, tokens and caches as qkv_rope appending."""
+    _two_steps(model, monkeypatch, "0")
+
+
+@interp
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+def test_deferred_appends_through_the_kernel(model, monkeypatch):
+    _two_steps(model, monkeypatch, "1")
