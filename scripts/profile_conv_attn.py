@@ -7,7 +7,8 @@ Per attention shape of the models' TP ranks (KV heads of a rank x head dim x q h
 attention op as the conventional path runs it (runtime/conventional_ops.attention: the page gather, the masks, one
 SDPA call; greedy, kv_len_cap = keys, every sequence at position keys - 1), alone in a CUDA graph of 10 calls,
 median over 10 replays, on a grid of batches and key counts: per layer (the step's shared per-step values already
-computed) and once per step (what the step's first attention adds: its pages, masks, live rows). Writes
+computed) and once per step (what the step's first attention adds: its pages, masks, live rows). With
+MPK_CONV_TRITON_ATTN=1 the op takes runtime/paged_attention.py instead, and the curves are keyed "<shape>@paged". Writes
 <out>/conv_attn.json ({shape: [[batch, keys, us], ...]} for both, after every shape); with --merge, also
 <out>/<name>.json = that profile with the curves, to refit (`python -m mpk_runtime.planner.fit --profile
 <out>/<name>.json`) before it is copied to mpk_runtime/planner/profiles/. Why: the fixed + KV-passes + per-key terms of the conventional attention are not
@@ -30,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_common import graph_us  # noqa: E402
 from mpk_runtime.ir import build_graph  # noqa: E402
+from mpk_runtime.ir.defer import conv_attn_appends  # noqa: E402
 from mpk_runtime.ir.shard import shard_for  # noqa: E402
 from mpk_runtime.models import load_config  # noqa: E402
 from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
@@ -119,13 +121,16 @@ def main() -> None:
     curves: dict[str, list] = {}
     steps: dict[str, list] = {}
     os.makedirs(a.out, exist_ok=True)
+    # MPK_CONV_TRITON_ATTN=1 on a GPU: the op takes runtime/paged_attention.py, and its curves get their own keys
+    impl = "paged" if conv_attn_appends() and a.device == "cuda" else ""
     meta = {"machine": torch.cuda.get_device_name() if a.device == "cuda" else "cpu (smoke run)",
-            "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("GIT_COMMIT", "?"), "page_size": PAGE}
+            "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("GIT_COMMIT", "?"), "page_size": PAGE,
+            "impl": impl or "gather + SDPA"}
     for model in a.models.split(","):
         cfg = load_config(model.strip())
         for tp in _ints(a.tp):
             sh = shard_for(cfg, tp, 0)
-            key = conv_attn_shape(sh.n_kv, cfg.head_dim, sh.n_q // sh.n_kv)
+            key = conv_attn_shape(sh.n_kv, cfg.head_dim, sh.n_q // sh.n_kv, impl)
             if key in curves:
                 continue
             if time.time() - t0 > a.budget_s:

@@ -181,10 +181,14 @@ class HardwareProfile:
         return _by_key(self.key_us_by_kind, kind, 0.0)
 
     def conv_attn_curve_us(self, n_kv: int, head_dim: int, gs: int, batch: int, keys: float,
-                           first: bool = False) -> float | None:
+                           first: bool = False, impl: str = "") -> float | None:
         """The measured conventional attention op at (batch, keys) for this shape, interpolated, plus (first: the
-        step's first conventional attention) its once-per-step part; None: no curve for the shape."""
-        key = conv_attn_shape(n_kv, head_dim, gs)
+        step's first conventional attention) its once-per-step part; None: no curve for the shape. impl: the
+        implementation the runtime takes ("paged": runtime/paged_attention.py), whose own curve is used where the
+        profile has one, else the gather + SDPA curve (measured before it existed)."""
+        key = conv_attn_shape(n_kv, head_dim, gs, impl)
+        if impl and key not in self.conv_attn_us_by_shape:
+            key = conv_attn_shape(n_kv, head_dim, gs)
         pts = self.conv_attn_us_by_shape.get(key)
         if not pts:
             return None
@@ -232,9 +236,10 @@ class HardwareProfile:
         return json.dumps(asdict(self), indent=1)
 
 
-def conv_attn_shape(n_kv: int, head_dim: int, gs: int) -> str:
-    """conv_attn_us_by_shape's key: KV heads of a rank, head dim, q heads per KV head."""
-    return f"{n_kv}x{head_dim}x{gs}"
+def conv_attn_shape(n_kv: int, head_dim: int, gs: int, impl: str = "") -> str:
+    """conv_attn_us_by_shape's key: KV heads of a rank, head dim, q heads per KV head (and "@<impl>" for another
+    implementation than the gather + SDPA one: "paged", runtime/paged_attention.py)."""
+    return f"{n_kv}x{head_dim}x{gs}" + (f"@{impl}" if impl else "")
 
 
 def _interp1(xs: list[float], ys: list[float], x: float) -> float:

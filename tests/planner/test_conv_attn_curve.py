@@ -52,6 +52,25 @@ def test_a_curve_prices_the_conventional_attention_op():
     assert conventional_op_us(att, g, other) == pytest.approx(without, rel=1e-12)
 
 
+def test_the_paged_kernels_curve_prices_the_op_when_it_is_on(monkeypatch):
+    """MPK_CONV_TRITON_ATTN=1 (runtime/paged_attention.py): a decode step's conventional attention takes the
+    "<shape>@paged" curve where the profile has one, and the gather + SDPA curve where it does not; off, the
+    gather curve always."""
+    cfg = PRESETS["tiny-qwen3"]
+    g = build_graph(cfg, batch=8, context_len=255, max_seq_len=512)
+    att = g.op("L1.attention")
+    key = conv_attn_shape(cfg.num_kv_heads, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)
+    assert conv_attn_shape(cfg.num_kv_heads, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads, "paged") == key + "@paged"
+    paged = [[b, k, 0.25 * v] for b, k, v in GRID]
+    both = dataclasses.replace(HardwareProfile.load(), conv_attn_us_by_shape={key: GRID, key + "@paged": paged})
+    gather_only = dataclasses.replace(both, conv_attn_us_by_shape={key: GRID})
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "1")
+    assert conventional_op_us(att, g, both) == pytest.approx(0.25 * _true(8, 256), rel=1e-9)
+    assert conventional_op_us(att, g, gather_only) == pytest.approx(_true(8, 256), rel=1e-9)
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "0")
+    assert conventional_op_us(att, g, both) == pytest.approx(_true(8, 256), rel=1e-9)
+
+
 def test_prices_from_features_equal_candidate_prices_with_a_curve():
     cfg = PRESETS["tiny-qwen3"]
     prof = _with_curve(HardwareProfile.load(), cfg, GRID, scale=0.8)
