@@ -24,7 +24,7 @@
 #    (runtime/paged_attention.py, MPK_CONV_TRITON_ATTN=1, written in session 26, CPU-tested under Triton's interpreter,
 #    never run compiled). Prediction (docs/perf-notes.md session 26): per layer ~KV bytes / 2.5-3 TB/s + ~4 us, e.g.
 #    llama B=32 ctx 512 15-17 us (gather + SDPA 47, attention megakernel 33), qwen3-8b B=8 ctx 512 ~10 (30 / 32); the
-#    conventional plan with it: llama B=32 ctx 512 ~1.45 ms against attn-mk's 1.73, qwen3-8b B=8 ~5.6 against 6.38;
+#    conventional plan with it: llama B=32 ctx 512 ~1.45-1.55 ms against attn-mk's 1.73, qwen3-8b B=8 ~5.6-5.8 against 6.38;
 #    attn-mk keeps B=128 ctx 4096 (~400 us a layer against 297). If the curves hold: `MPK_CONV_TRITON_ATTN=1
 #    profile_conv_attn.py --tp 1,2 --merge h200_v36_cal --name h200_v38_cal` (its curves go beside the gather ones as
 #    "<shape>@paged"; the planner prices with them while the switch is on), then `val` with the switch and that
