@@ -48,8 +48,8 @@ def kv_defer_layers(graph: Graph, segments) -> set[int]:
         for n in ops:
             kind_of[n] = kind
     layers = set()
+    attn_kinds = ("megakernel", "conventional") if conv_attn_appends() else ("megakernel",)
     for o in graph.ops:
-        attn_kinds = ("megakernel", "conventional") if conv_attn_appends() else ("megakernel",)
         if o.kind == "attention" and o.attrs.get("kv_new") and kind_of.get(o.name) in attn_kinds:
             qkv = f"L{o.attrs['layer']}.qkv_rope"
             if kind_of.get(qkv) == "conventional":

@@ -136,12 +136,11 @@ def linear(op, mem, ctx, cache) -> None:
             out.copy_(g * u)
         return
     res = mem.t(a["residual"]) if a["residual"] else None
-    if res is None and out.is_contiguous():   # the LM head (fp32 logits): the Triton skinny matmul where it wins
-        w = mem.t(a["weights"][0])[r0:r0 + N]
-        cfg = skinny_gemm.lm_head_config(x, w, out)
-        if cfg is not None:
-            skinny_gemm.skinny_mm(x, w, out, cfg, round_to_x=True)   # x @ W.T in x's dtype, then out's
-            return
+    cfg = skinny_gemm.lm_head_config(x, N) if res is None and out.is_contiguous() else None
+    if cfg is not None:   # the LM head (fp32 logits): the Triton skinny matmul where it wins
+        # the product in x's dtype, then out's (as x @ W.T then the cast)
+        skinny_gemm.skinny_mm(x, mem.t(a["weights"][0])[r0:r0 + N], out, cfg, round_to_x=True)
+        return
     if direct and (res is None or res.dtype == out.dtype):
         torch.mm(x, ws[0], out=out)
         if res is not None:
@@ -233,6 +232,11 @@ def qkv_rope(op, mem, ctx, cache) -> None:
     _append_kv(k, yv, kc, vc, slots)
 
 
+def _key_cap(ctx) -> int:
+    """Keys an attention reads at most this step: kv_len_cap (static on a GPU: graph capture), else the rows' own."""
+    return ctx.kv_len_cap or int(ctx.pos.max()) + ctx.tokens_per_seq
+
+
 def _attn_step(cache: dict, ctx, g: int, dtype, dev) -> dict:
     """What every layer's attention shares in a step: key count L, pages to gather, the (B, 1, g*T, L) mask
     (causal and written keys; inactive rows see every key) as the additive 0 / -inf mask in the query dtype that
@@ -242,7 +246,7 @@ def _attn_step(cache: dict, ctx, g: int, dtype, dev) -> dict:
         T, ps = ctx.tokens_per_seq, ctx.page_size
         B = ctx.pos.numel()
         if ctx.pad is None:
-            L = ctx.kv_len_cap or int(ctx.pos.max()) + T          # static on a GPU (kv_len_cap), dynamic on CPU
+            L = _key_cap(ctx)
             qpos = ctx.pos[:, None] + torch.arange(T, device=dev)   # (B, T)
             dead = (ctx.pos < 0)[:, None, None]
         else:   # left-padded prefill: padding rows (position -1) see every key, like inactive sequences
@@ -284,8 +288,7 @@ def attention(op, mem, ctx, cache) -> None:
     if ctx.pad is None and paged_attention.enabled(q, T) and q.is_contiguous() and out.is_contiguous():
         # decode straight from the pages (opt-in MPK_CONV_TRITON_ATTN=1): no gathered copy, no mask, and the
         # deferred k / v rows appended by the kernel
-        L = ctx.kv_len_cap or int(ctx.pos.max()) + T
-        paged_attention.paged_decode_attention(q, kc, vc, ctx.block_tables, ctx.pos, a["scale"], L, out,
+        paged_attention.paged_decode_attention(q, kc, vc, ctx.block_tables, ctx.pos, a["scale"], _key_cap(ctx), out,
                                                kv_new=kvn)
         return
     if kvn is not None:   # deferred rows, but this step takes the gather + SDPA path: append them first

@@ -22,17 +22,11 @@ Opt-in (MPK_CONV_TRITON_ATTN=1) until measured on a GPU; CPU tests run it under 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..envflags import env_flag
 
-try:   # CUDA builds of torch bring Triton; the CPU build does not
-    import triton
-    import triton.language as tl
-except ImportError:   # pragma: no cover - where Triton is absent (CI's CPU torch)
-    triton = None
+from .triton_support import runs_on, tl, triton
 
 BLOCK_N = 64       # keys a program reads per step (4 pages of 16)
 TARGET_PROGRAMS = 264   # ~2 programs an SM on an H200: key splits are added until the grid reaches this
@@ -41,9 +35,7 @@ TARGET_PROGRAMS = 264   # ~2 programs an SM on an H200: key splits are added unt
 def enabled(q: torch.Tensor, T: int) -> bool:
     """Whether the conventional attention of this step takes this kernel: opt-in, decode (one token a sequence), a
     CUDA tensor (or the interpreter's CPU one)."""
-    if triton is None or T != 1 or not env_flag("MPK_CONV_TRITON_ATTN"):
-        return False
-    return q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return T == 1 and env_flag("MPK_CONV_TRITON_ATTN") and runs_on(q)
 
 
 def splits_for(B: int, nkv: int, L: int, block_n: int = BLOCK_N) -> int:

@@ -11,17 +11,11 @@ CPU test runs the same kernel under the Triton interpreter (TRITON_INTERPRET=1).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..envflags import env_flag
 
-try:   # CUDA builds of torch bring Triton; the CPU build does not
-    import triton
-    import triton.language as tl
-except ImportError:   # pragma: no cover - exercised where Triton is absent (CI's CPU torch)
-    triton = None
+from .triton_support import runs_on, tl, triton
 
 # (BN columns a program, BK k per step, SK k-slices, pipeline stages, warps)
 CONFIGS = [(16, 256, 1, 4, 4), (32, 256, 1, 4, 4), (64, 128, 1, 4, 4), (32, 128, 1, 6, 4),
@@ -35,16 +29,14 @@ def available() -> bool:
     return triton is not None
 
 
-def lm_head_config(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor):
-    """The config for a vocabulary-sized matmul the conventional path may hand to skinny_mm, else None (cuBLAS):
-    opt-in (MPK_CONV_TRITON_LMHEAD=1), a CUDA tensor (or the interpreter's CPU one), <= 32 rows (slower than cuBLAS at 128), N >= 32768 columns,
-    K a multiple of 128, x and w contiguous."""
-    if triton is None or not env_flag("MPK_CONV_TRITON_LMHEAD"):
-        return None
-    if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":   # a CPU runs it only under the interpreter
+def lm_head_config(x: torch.Tensor, N: int):
+    """The config for a vocabulary-sized matmul (x (M, K) @ W.T, N columns) the conventional path may hand to
+    skinny_mm, else None (cuBLAS): opt-in (MPK_CONV_TRITON_LMHEAD=1), a tensor Triton runs on, <= 32 rows (slower
+    than cuBLAS at 128), N >= 32768 columns, K a multiple of 128, x contiguous (W's rows are)."""
+    if not env_flag("MPK_CONV_TRITON_LMHEAD") or not runs_on(x):
         return None
     M, K = x.shape
-    if M > 32 or w.shape[0] < 32768 or K % LM_HEAD_CFG[1] or not (x.is_contiguous() and w.is_contiguous()):
+    if M > 32 or N < 32768 or K % LM_HEAD_CFG[1] or not x.is_contiguous():
         return None
     return LM_HEAD_CFG
 
