@@ -22,6 +22,8 @@ Opt-in (MPK_CONV_TRITON_ATTN=1) until measured on a GPU; CPU tests run it under 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..envflags import env_flag
@@ -30,6 +32,19 @@ from .triton_support import runs_on, tl, triton
 
 BLOCK_N = 64       # keys a program reads per step (4 pages of 16)
 TARGET_PROGRAMS = 264   # ~2 programs an SM on an H200: key splits are added until the grid reaches this
+NUM_WARPS, NUM_STAGES = 4, 3
+
+
+@dataclass(frozen=True)
+class PagedAttnConfig:
+    """The kernel's launch shape: keys per loop step, the grid the key splits fill, warps, cp.async stages."""
+    block_n: int = BLOCK_N
+    target_programs: int = TARGET_PROGRAMS
+    num_warps: int = NUM_WARPS
+    num_stages: int = NUM_STAGES
+
+
+DEFAULT_CONFIG = PagedAttnConfig()
 
 
 def enabled(q: torch.Tensor, T: int) -> bool:
@@ -38,10 +53,10 @@ def enabled(q: torch.Tensor, T: int) -> bool:
     return T == 1 and env_flag("MPK_CONV_TRITON_ATTN") and runs_on(q)
 
 
-def splits_for(B: int, nkv: int, L: int, block_n: int = BLOCK_N) -> int:
-    """Key splits: enough programs to fill the GPU (TARGET_PROGRAMS), at least one BLOCK_N block of keys each."""
+def splits_for(B: int, nkv: int, L: int, block_n: int = BLOCK_N, target: int = TARGET_PROGRAMS) -> int:
+    """Key splits: enough programs to fill the GPU (`target` of them), at least one block_n block of keys each."""
     blocks = max(1, -(-L // block_n))
-    return max(1, min(blocks, -(-TARGET_PROGRAMS // max(1, B * nkv))))
+    return max(1, min(blocks, -(-target // max(1, B * nkv))))
 
 
 if triton is not None:
@@ -49,7 +64,7 @@ if triton is not None:
     def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, pos_ptr, o_ptr, ml_ptr, new_ptr, scale,
                         s_qb, s_kp, s_ks, s_kh, s_vp, s_vs, s_vh, s_bt, s_ob, s_oh, s_os, s_nb, n_blocks,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
-                        BLOCK: tl.constexpr, SPLITS: tl.constexpr, NKV: tl.constexpr, APPEND: tl.constexpr):
+                        BLOCK: tl.constexpr, MULTI: tl.constexpr, NKV: tl.constexpr, APPEND: tl.constexpr):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         s = tl.program_id(2)
@@ -96,7 +111,7 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
             m = m_new
         heads = kvh * G + gi
-        if SPLITS == 1:   # the output itself (zeros where no key: inactive rows)
+        if not MULTI:     # one split: the output itself (zeros where no key: inactive rows)
             out = tl.where(lsum[:, None] > 0, acc / tl.maximum(lsum, 1e-30)[:, None], 0.0)
             tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + d[None, :], out.to(o_ptr.dtype.element_ty),
                      mask=hmask[:, None])
@@ -107,17 +122,16 @@ if triton is not None:
             tl.store(ml_ptr + 2 * (base // D) + 1, lsum, mask=hmask)
 
     @triton.jit
-    def _merge_kernel(o_ptr, ml_ptr, out_ptr, s_ob, s_oh, s_os, s_outb,
-                      D: tl.constexpr, SPLITS: tl.constexpr):
+    def _merge_kernel(o_ptr, ml_ptr, out_ptr, s_ob, s_oh, s_os, s_outb, n_splits, D: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         d = tl.arange(0, D)
         M = float("-inf")
-        for s in range(0, SPLITS):
+        for s in range(0, n_splits):
             M = tl.maximum(M, tl.load(ml_ptr + 2 * ((b * s_ob + h * s_oh + s * s_os) // D)))
         num = tl.zeros((D,), tl.float32)
         den = 0.0
-        for s in range(0, SPLITS):   # split order
+        for s in range(0, n_splits):   # split order
             base = b * s_ob + h * s_oh + s * s_os
             ms = tl.load(ml_ptr + 2 * (base // D))
             w = tl.where(ms > float("-inf"), tl.exp(ms - M), 0.0)
@@ -130,7 +144,8 @@ if triton is not None:
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, pos: torch.Tensor, scale: float, L_cap: int,
                            out: torch.Tensor, splits: int | None = None,
-                           kv_new: torch.Tensor | None = None) -> torch.Tensor:
+                           kv_new: torch.Tensor | None = None,
+                           config: PagedAttnConfig = DEFAULT_CONFIG) -> torch.Tensor:
     """out (B, nq * D) = softmax(q k^T * scale) v over each row's keys [0, pos + 1), read from the pages
     (k_cache / v_cache (pages, page_size, nkv, D), block_tables (B, >= ceil(L_cap / page_size))); q (B, nq * D);
     L_cap >= every row's pos + 1 (a static bound: the grid and loop sizes, so a CUDA graph can hold them).
@@ -152,9 +167,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError(f"paged_decode_attention: kv_new {tuple(kv_new.shape)}, expected ({B}, {2 * nkv * D})")
     G = nq // nkv
     GP = max(16, 1 << (G - 1).bit_length())
-    S = splits or splits_for(B, nkv, L_cap)
+    BN = config.block_n
+    S = splits or splits_for(B, nkv, L_cap, BN, config.target_programs)
     per = -(-L_cap // S)
-    NB = -(-per // BLOCK_N)
+    NB = -(-per // BN)
     if S == 1:
         o, ml, s_ob, s_oh, s_os = out, out, out.stride(0), D, 0
     else:
@@ -165,8 +181,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _partial_kernel[(B, nkv, S)](q, k_cache, v_cache, block_tables, pos, o, ml, new, scale,
                                  q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-                                 s_ob, s_oh, s_os, new.stride(0), NB, G=G, GP=GP, D=D, PS=PS, BLOCK=BLOCK_N,
-                                 SPLITS=S, NKV=nkv, APPEND=kv_new is not None, num_warps=4, num_stages=3)
+                                 s_ob, s_oh, s_os, new.stride(0), NB, G=G, GP=GP, D=D, PS=PS, BLOCK=BN,
+                                 MULTI=S > 1, NKV=nkv, APPEND=kv_new is not None, num_warps=config.num_warps,
+                                 num_stages=config.num_stages)
     if S > 1:
-        _merge_kernel[(B, nq)](o, ml, out, s_ob, s_oh, s_os, out.stride(0), D=D, SPLITS=S)
+        _merge_kernel[(B, nq)](o, ml, out, s_ob, s_oh, s_os, out.stride(0), S, D=D)
     return out

@@ -131,10 +131,15 @@ def test_paged_decode_attention_gpu(B, nq, nkv, D, PS, L):
 @pytest.mark.skipif(pa.triton is None or not torch.cuda.is_available(), reason="needs a CUDA GPU and Triton")
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
 def test_conventional_step_through_paged_attention_gpu(model, monkeypatch):
-    """bf16 on a GPU: the step's logits within bf16 tolerance of the gather + SDPA path's."""
+    """bf16 on a GPU: the step's logits are as near the fp32 step's as the gather + SDPA path's bf16 logits are.
+    (Against each other they differ by bf16 rounding: session 27's first GPU run saw 4 of 1920 tiny-qwen3 logits
+    0.03-0.046 apart, two roundings of the same sum, so the bound is on each one's error against fp32.)"""
+    l_ref, _ = _conv_step(monkeypatch, model, "0", "cuda", "float32")
     l_on, t_on = _conv_step(monkeypatch, model, "1", "cuda", "bfloat16")
     l_off, t_off = _conv_step(monkeypatch, model, "0", "cuda", "bfloat16")
-    torch.testing.assert_close(l_on, l_off, rtol=3e-2, atol=3e-2)
+    e_on, e_off = (l_on - l_ref).abs(), (l_off - l_ref).abs()
+    assert e_on.max() <= 1.5 * e_off.max() + 1e-3 and e_on.mean() <= 1.5 * e_off.mean() + 1e-4, (
+        e_on.max(), e_off.max(), e_on.mean(), e_off.mean())
 
 
 @interp

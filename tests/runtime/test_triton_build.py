@@ -42,7 +42,7 @@ def test_paged_attention_builds_pipelined_without_spills(D, append):
                ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32")
     sig.update({n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
                                    "s_os", "s_nb")})
-    regs, stack, sass = build(pa._partial_kernel, sig, dict(G=4, GP=16, D=D, PS=16, BLOCK=pa.BLOCK_N, SPLITS=2,
+    regs, stack, sass = build(pa._partial_kernel, sig, dict(G=4, GP=16, D=D, PS=16, BLOCK=pa.BLOCK_N, MULTI=True,
                                                             NKV=8, APPEND=append), num_warps=4, num_stages=3)
     assert stack == 0 and regs <= 255, (regs, stack)
     assert "LDGSTS" in sass and "HMMA" in sass

@@ -1,0 +1,138 @@
+"""The paged decode attention kernel (runtime/paged_attention.py) over its launch shapes, at the real models'
+attention shapes, with the KV read from HBM (layer copies cycled past the L2), against what the bytes allow.
+
+    PYTHONPATH=. python3 scripts/bench_paged_attention.py --out $OUT [--models llama-3.2-1b,qwen3-8b]
+        [--batches 8,32,128] [--keys 512,4096] [--budget-s 200]
+
+Why (docs/perf-notes.md session 27): the first compiled run measured llama-3.2-1b B=32 at 4096 keys in 81 us a layer,
+134 MB of K and V at 1.66 TB/s, a third of the stream rate; at 512 keys profile_conv_attn.py's number (13 us) had
+the layer's 17 MB in the L2. A decode attention is a stream of K / V rows; how many bytes a launch keeps in flight
+(programs an SM x cp.async stages x keys a step) sets its rate. Every config is checked against the default's
+output; each point prints the best config and its rate. Writes paged_attention.json.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench_common import graph_us  # noqa: E402
+from mpk_runtime.models import load_config  # noqa: E402
+from mpk_runtime.runtime import paged_attention as pa  # noqa: E402
+
+STREAM_TBS = 4.55
+PAGE = 16
+
+
+def configs(D: int) -> list[pa.PagedAttnConfig]:
+    out = []
+    for bn, tgt, st in itertools.product((32, 64, 128), (264, 528, 1056, 2112), (2, 3, 4)):
+        if bn == 128 and D == 128 and st == 4:
+            continue   # shared memory: 128 keys x 128 dims x 2 (K, V) x 2 B x 4 stages = 256 KB
+        out.append(pa.PagedAttnConfig(bn, tgt, 4, st))
+    out += [pa.PagedAttnConfig(128, t, 8, 3) for t in (264, 528, 1056)]
+    return out
+
+
+def point(cfg, B: int, L: int, l2_mb: float):
+    """Caches (copies cycled past the L2), shuffled page tables, every row at position L - 1, the step's new rows."""
+    nkv, D, nq = cfg.num_kv_heads, cfg.head_dim, cfg.num_heads
+    pps = -(-L // PAGE)
+    kv_bytes = 2 * B * L * nkv * D * 2
+    copies = max(2, math.ceil(l2_mb * 1e6 / kv_bytes))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    caches = []
+    for _ in range(copies):
+        kc = torch.randn(B * pps + 1, PAGE, nkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        vc = torch.randn_like(kc)
+        caches.append((kc, vc))
+    bt = (torch.randperm(B * pps, device="cuda", generator=g) + 1).view(B, pps).to(torch.int32)
+    pos = torch.full((B,), L - 1, dtype=torch.int64, device="cuda")
+    q = torch.randn(B, nq * D, device="cuda", dtype=torch.bfloat16, generator=g)
+    new = torch.randn(B, 2 * nkv * D, device="cuda", dtype=torch.bfloat16, generator=g)
+    return caches, bt, pos, q, new, kv_bytes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="llama-3.2-1b,qwen3-8b")
+    ap.add_argument("--batches", default="8,32,128")
+    ap.add_argument("--keys", default="512,4096")
+    ap.add_argument("--l2-mb", type=float, default=200.0)
+    ap.add_argument("--budget-s", type=float, default=200.0)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    if not torch.cuda.is_available() or pa.triton is None:
+        raise SystemExit("bench_paged_attention.py needs a CUDA GPU and Triton (the kernel's logic is tested on CPU "
+                         "by tests/runtime/test_paged_attention.py under the Triton interpreter)")
+    t0 = time.time()
+    rows, best = [], []
+    for model in a.models.split(","):
+        cfg = load_config(model)
+        D = cfg.head_dim
+        for B, L in itertools.product(map(int, a.batches.split(",")), map(int, a.keys.split(","))):
+            if time.time() - t0 > a.budget_s:
+                print(f"budget spent: {model} B={B} keys={L} not run", flush=True)
+                continue
+            caches, bt, pos, q, new, kv_bytes = point(cfg, B, L, a.l2_mb)
+            scale = 1 / math.sqrt(D)
+            ref = torch.empty_like(q)
+            pa.paged_decode_attention(q, *caches[0], bt, pos, scale, L, ref, kv_new=new)
+            pts = []
+            for c in configs(D):
+                out = torch.empty_like(q)
+                try:
+                    pa.paged_decode_attention(q, *caches[0], bt, pos, scale, L, out, kv_new=new, config=c)
+                    err = float((out.float() - ref.float()).abs().max())
+                    us = graph_us(lambda i: pa.paged_decode_attention(q, *caches[i % len(caches)], bt, pos, scale,
+                                                                      L, out, kv_new=new, config=c), len(caches))
+                except Exception as e:   # a config this GPU cannot launch (shared memory): recorded, not fatal
+                    print(f"{model} B={B} keys={L} {c}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    continue
+                S = pa.splits_for(B, cfg.num_kv_heads, L, c.block_n, c.target_programs)
+                r = dict(model=model, B=B, keys=L, block_n=c.block_n, target=c.target_programs, warps=c.num_warps,
+                         stages=c.num_stages, splits=S, us=round(us, 2), tbs=round(kv_bytes / us / 1e6, 3),
+                         max_err_vs_default=err, default=c == pa.DEFAULT_CONFIG)
+                rows.append(r)
+                pts.append(r)
+            if not pts:
+                continue
+            bad = [r for r in pts if r["max_err_vs_default"] > 3e-2]
+            b = min((r for r in pts if r["max_err_vs_default"] <= 3e-2), key=lambda r: r["us"])
+            d = next(r for r in pts if r["default"])
+            best.append(b)
+            print(f"{model:13s} B={B:4d} keys={L:5d} {kv_bytes / 1e6:7.1f} MB: default {d['us']:7.1f} us "
+                  f"({d['tbs']:.2f} TB/s)  best {b['us']:7.1f} us ({b['tbs']:.2f} TB/s, "
+                  f"{b['tbs'] / STREAM_TBS:.0%} of {STREAM_TBS}) block {b['block_n']} target {b['target']} "
+                  f"warps {b['warps']} stages {b['stages']} splits {b['splits']}"
+                  + (f"  [{len(bad)} configs off the default's output]" if bad else ""), flush=True)
+            del caches
+            torch.cuda.empty_cache()
+    os.makedirs(a.out, exist_ok=True)
+    meta = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
+                commit=os.environ.get("GIT_COMMIT", "unknown"), l2_mb=a.l2_mb, triton=pa.triton.__version__)
+    with open(os.path.join(a.out, "paged_attention.json"), "w") as f:
+        json.dump(dict(meta=meta, best=best, rows=rows), f, indent=1)
+    # the configs that are best (or within 3%) at the most points: the candidates for a default
+    score = {}
+    for r in rows:
+        b = next(x for x in best if (x["model"], x["B"], x["keys"]) == (r["model"], r["B"], r["keys"]))
+        k = (r["block_n"], r["target"], r["warps"], r["stages"])
+        s = score.setdefault(k, [0, 0.0])
+        s[0] += r["us"] <= 1.03 * b["us"]
+        s[1] += r["us"] / b["us"]
+    for k, (n, tot) in sorted(score.items(), key=lambda kv: (-kv[1][0], kv[1][1]))[:8]:
+        print(f"config block {k[0]} target {k[1]} warps {k[2]} stages {k[3]}: within 3% of best at {n} of "
+              f"{len(best)} points, mean ratio to best {tot / max(1, len(best)):.3f}")
+
+
+if __name__ == "__main__":
+    main()
