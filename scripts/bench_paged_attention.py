@@ -85,7 +85,7 @@ def main() -> None:
             caches, bt, pos, q, new, kv_bytes = point(cfg, B, L, a.l2_mb)
             scale = 1 / math.sqrt(D)
             ref = torch.empty_like(q)
-            pa.paged_decode_attention(q, *caches[0], bt, pos, scale, L, ref, kv_new=new)
+            pa.paged_decode_attention(q, *caches[0], bt, pos, scale, L, ref, kv_new=new, config=pa.DEFAULT_CONFIG)
             pts = []
             for c in configs(D):
                 out = torch.empty_like(q)
@@ -101,6 +101,7 @@ def main() -> None:
                 r = dict(model=model, B=B, keys=L, block_n=c.block_n, target=c.target_programs, warps=c.num_warps,
                          stages=c.num_stages, splits=S, us=round(us, 2), tbs=round(kv_bytes / us / 1e6, 3),
                          max_err_vs_default=err, default=c == pa.DEFAULT_CONFIG)
+                r["tuned"] = c == pa.config_for(D, B, cfg.num_kv_heads, L)
                 rows.append(r)
                 pts.append(r)
             if not pts:
@@ -108,11 +109,13 @@ def main() -> None:
             bad = [r for r in pts if r["max_err_vs_default"] > 3e-2]
             b = min((r for r in pts if r["max_err_vs_default"] <= 3e-2), key=lambda r: r["us"])
             d = next(r for r in pts if r["default"])
+            tu = next((r for r in pts if r["tuned"]), None)
             best.append(b)
             print(f"{model:13s} B={B:4d} keys={L:5d} {kv_bytes / 1e6:7.1f} MB: default {d['us']:7.1f} us "
                   f"({d['tbs']:.2f} TB/s)  best {b['us']:7.1f} us ({b['tbs']:.2f} TB/s, "
                   f"{b['tbs'] / STREAM_TBS:.0%} of {STREAM_TBS}) block {b['block_n']} target {b['target']} "
                   f"warps {b['warps']} stages {b['stages']} splits {b['splits']}"
+                  + (f"  config_for's {tu['us']:.1f} us" if tu else "")
                   + (f"  [{len(bad)} configs off the default's output]" if bad else ""), flush=True)
             del caches
             torch.cuda.empty_cache()
@@ -122,16 +125,17 @@ def main() -> None:
     with open(os.path.join(a.out, "paged_attention.json"), "w") as f:
         json.dump(dict(meta=meta, best=best, rows=rows), f, indent=1)
     # the configs that are best (or within 3%) at the most points: the candidates for a default
-    score = {}
+    score, seen = {}, {}
     for r in rows:
         b = next(x for x in best if (x["model"], x["B"], x["keys"]) == (r["model"], r["B"], r["keys"]))
         k = (r["block_n"], r["target"], r["warps"], r["stages"])
         s = score.setdefault(k, [0, 0.0])
         s[0] += r["us"] <= 1.03 * b["us"]
         s[1] += r["us"] / b["us"]
+        seen[k] = seen.get(k, 0) + 1
     for k, (n, tot) in sorted(score.items(), key=lambda kv: (-kv[1][0], kv[1][1]))[:8]:
         print(f"config block {k[0]} target {k[1]} warps {k[2]} stages {k[3]}: within 3% of best at {n} of "
-              f"{len(best)} points, mean ratio to best {tot / max(1, len(best)):.3f}")
+              f"{seen[k]} points, mean ratio to best {tot / seen[k]:.3f}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -52,41 +53,50 @@ def _ints(s: str) -> list[int]:
     return v
 
 
-def attention_us(cfg, tp: int, batch: int, keys: int, device: str, reps: int = 10) -> tuple[float, float]:
+def attention_us(cfg, tp: int, batch: int, keys: int, device: str, reps: int = 10,
+                 cycle_mb: float = 0.0) -> tuple[float, float]:
     """One layer's conventional attention at (batch, keys) for rank 0 of a TP group, in microseconds: (per layer,
     once per step). A step's conventional ops share its per-step values (conventional_ops._attn_step: pages, masks,
     live rows), computed by the first attention of the step: per layer = the op with them already computed; once
-    per step = what a fresh step's first attention costs beyond that."""
+    per step = what a fresh step's first attention costs beyond that. cycle_mb > 0: the timed calls cycle through
+    copies of the KV (one cache, each copy its own pages and block table) of at least that many MB in all, so the
+    K / V come from HBM as in a step, where 16-36 layers' caches and the weights pass between two reads of a layer's
+    (0: one copy, which the L2 holds at small batch x keys)."""
     c1 = cfg.replace(num_layers=1)
     g = build_graph(c1, batch=batch, context_len=keys - 1, max_seq_len=keys + PAGE, tp=tp, rank=0,
                     dtype="bfloat16")
     sh = shard_for(c1, tp, 0)
     pps = -(-(keys + PAGE) // PAGE)
-    kv = KVStore(1, batch * pps + 1, PAGE, sh.n_kv, cfg.head_dim, torch.bfloat16, device=device, poison=False)
+    kv_mb = 2 * batch * pps * PAGE * sh.n_kv * cfg.head_dim * 2 / 1e6
+    n = max(1, min(512, math.ceil(cycle_mb / kv_mb))) if cycle_mb > 0 else 1
+    kv = KVStore(1, n * batch * pps + 1, PAGE, sh.n_kv, cfg.head_dim, torch.bfloat16, device=device, poison=False)
     for t in kv.k + kv.v:
         t.normal_()
     mem = RankMemory(g, _no_weights(cfg.name, tp, g, device), kv, device=device)
     mem.t("L0.q").normal_()
-    tables = (torch.arange(batch * pps, device=device) + 1).view(batch, pps)
     pos = torch.full((batch,), keys - 1, dtype=torch.int64, device=device)
-    ctx = StepCtx(c1, 0, pos, tables, PAGE, 1, rope_inv_freq(c1).to(device), kv_len_cap=keys, greedy=True)
+    ctxs = [StepCtx(c1, 0, pos, (torch.arange(batch * pps, device=device) + 1 + i * batch * pps).view(batch, pps),
+                    PAGE, 1, rope_inv_freq(c1).to(device), kv_len_cap=keys, greedy=True) for i in range(n)]
     ex = ConventionalExecutor([g.subgraph(["L0.attention"])], [mem])
-    shared = ex.new_step()
-    ex.run([ctx], shared)   # the per-step values computed once, as the step's first attention does
-    fresh = _time(lambda: ex.run([ctx]), device, reps)
-    layer = _time(lambda: ex.run([ctx], shared), device, reps)
+    shared = [ex.new_step() for _ in range(n)]
+    for c, sd in zip(ctxs, shared):
+        ex.run([c], sd)   # the per-step values computed once, as the step's first attention does
+    reps = max(reps, n)
+    fresh = _time(lambda i: ex.run([ctxs[i % n]]), device, reps)
+    layer = _time(lambda i: ex.run([ctxs[i % n]], shared[i % n]), device, reps)
     return layer, max(0.0, fresh - layer)
 
 
 def _time(fn, device: str, reps: int) -> float:
-    """Median microseconds of fn: on a GPU, `reps` calls captured in one CUDA graph, median of `reps` replays."""
-    fn()
+    """Median microseconds of fn(i): on a GPU, calls i = 0 .. reps - 1 captured in one CUDA graph, median of 10
+    replays."""
+    fn(0)
     if device != "cuda":
         ts = []
-        for _ in range(3):
-            t0 = time.perf_counter(); fn(); ts.append((time.perf_counter() - t0) * 1e6)
+        for i in range(3):
+            t0 = time.perf_counter(); fn(i); ts.append((time.perf_counter() - t0) * 1e6)
         return statistics.median(ts)
-    return graph_us(lambda _: fn(), reps, reps)
+    return graph_us(fn, reps, 10)
 
 
 _WEIGHTS: dict = {}
@@ -114,6 +124,9 @@ def main() -> None:
     ap.add_argument("--name", default="", help="name of the merged profile (default: <merge>_attn)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop measuring new shapes after this long")
+    ap.add_argument("--cycle-mb", type=float, default=0.0,
+                    help="cycle the timed calls through KV copies of this many MB in all (past the L2: K / V from "
+                         "HBM, as in a step); 0: one copy (how the gather curves of h200_v35..v36 were measured)")
     a = ap.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU visible: run this on the GPU machine (or --device cpu for a smoke run)")
@@ -125,7 +138,7 @@ def main() -> None:
     impl = "paged" if conv_attn_appends() and a.device == "cuda" else ""
     meta = {"machine": torch.cuda.get_device_name() if a.device == "cuda" else "cpu (smoke run)",
             "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("GIT_COMMIT", "?"), "page_size": PAGE,
-            "impl": impl or "gather + SDPA"}
+            "impl": impl or "gather + SDPA", "cycle_mb": a.cycle_mb}
     for model in a.models.split(","):
         cfg = load_config(model.strip())
         for tp in _ints(a.tp):
@@ -139,7 +152,7 @@ def main() -> None:
             pts, once = [], []
             for B in _ints(a.batches):
                 for L in _ints(a.keys):
-                    us, step_us = attention_us(cfg, tp, B, L, a.device)
+                    us, step_us = attention_us(cfg, tp, B, L, a.device, cycle_mb=a.cycle_mb)
                     pts.append([B, L, round(us, 2)])
                     once.append([B, L, round(step_us, 2)])
                     print(f"{model} tp={tp} {key} B={B:4d} keys={L:5d}: {us:9.1f} us per layer "

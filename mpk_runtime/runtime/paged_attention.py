@@ -22,6 +22,7 @@ Opt-in (MPK_CONV_TRITON_ATTN=1) until measured on a GPU; CPU tests run it under 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,29 @@ class PagedAttnConfig:
 
 
 DEFAULT_CONFIG = PagedAttnConfig()
+
+# The fastest launch shape at each measured point (head dim, programs without splits = batch x KV heads, keys), from
+# scripts/bench_paged_attention.py on an H200 (session 27, bench/results/s27: 35 shapes, K / V read from HBM). Against
+# DEFAULT_CONFIG: llama-3.2-1b B=32 at 512 keys 25.4 -> 19.3 us a layer, qwen3-8b B=8 21.2 -> 11.8, B=128 at 4096
+# keys 827 -> 688; more programs and 128-key steps where the grid is small, 2 stages where it is large.
+TUNED = {
+    (64, 64, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 64, 4096): PagedAttnConfig(128, 2112, 4, 3),
+    (64, 256, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 256, 4096): PagedAttnConfig(64, 264, 4, 2),
+    (64, 1024, 512): PagedAttnConfig(64, 264, 4, 3), (64, 1024, 4096): PagedAttnConfig(64, 528, 4, 3),
+    (128, 64, 512): PagedAttnConfig(128, 264, 8, 3), (128, 64, 4096): PagedAttnConfig(64, 264, 4, 2),
+    (128, 256, 512): PagedAttnConfig(64, 2112, 4, 4), (128, 256, 4096): PagedAttnConfig(64, 528, 4, 2),
+    (128, 1024, 512): PagedAttnConfig(32, 528, 4, 2), (128, 1024, 4096): PagedAttnConfig(64, 2112, 4, 2),
+}
+
+
+def config_for(D: int, B: int, nkv: int, L: int) -> PagedAttnConfig:
+    """The launch shape for head dim D, B rows of nkv KV heads, L keys: TUNED's nearest measured point of this head
+    dim (distance in log2 of programs and of keys), DEFAULT_CONFIG for a head dim never measured."""
+    pts = [k for k in TUNED if k[0] == D]
+    if not pts:
+        return DEFAULT_CONFIG
+    lp, lk = math.log2(max(1, B * nkv)), math.log2(max(1, L))
+    return TUNED[min(pts, key=lambda k: (math.log2(k[1]) - lp) ** 2 + (math.log2(k[2]) - lk) ** 2)]
 
 
 def enabled(q: torch.Tensor, T: int) -> bool:
@@ -145,12 +169,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, pos: torch.Tensor, scale: float, L_cap: int,
                            out: torch.Tensor, splits: int | None = None,
                            kv_new: torch.Tensor | None = None,
-                           config: PagedAttnConfig = DEFAULT_CONFIG) -> torch.Tensor:
+                           config: PagedAttnConfig | None = None) -> torch.Tensor:
     """out (B, nq * D) = softmax(q k^T * scale) v over each row's keys [0, pos + 1), read from the pages
     (k_cache / v_cache (pages, page_size, nkv, D), block_tables (B, >= ceil(L_cap / page_size))); q (B, nq * D);
     L_cap >= every row's pos + 1 (a static bound: the grid and loop sizes, so a CUDA graph can hold them).
     kv_new (B, 2 * nkv * D): the step's k and v rows, not yet in the cache (ir/defer.py): appended at pos here and
-    used for key pos (inactive rows, pos < 0, append nothing)."""
+    used for key pos (inactive rows, pos < 0, append nothing). config: the launch shape (default config_for's)."""
     if triton is None:
         raise RuntimeError("paged_decode_attention needs Triton (it comes with CUDA builds of torch)")
     P, PS, nkv, D = k_cache.shape
@@ -167,6 +191,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError(f"paged_decode_attention: kv_new {tuple(kv_new.shape)}, expected ({B}, {2 * nkv * D})")
     G = nq // nkv
     GP = max(16, 1 << (G - 1).bit_length())
+    config = config or config_for(D, B, nkv, L_cap)
     BN = config.block_n
     S = splits or splits_for(B, nkv, L_cap, BN, config.target_programs)
     per = -(-L_cap // S)

@@ -75,6 +75,29 @@ def test_paged_decode_attention_interpreter(B, nq, nkv, D, PS, L, S, dtype, tol)
         assert (out[1] == 0).all() if B > 1 else True
 
 
+def test_tuned_config_lookup():
+    """config_for: the measured point nearest in log2 (programs, keys) of the head dim; the default elsewhere."""
+    assert pa.config_for(64, 32, 8, 512) == pa.TUNED[(64, 256, 512)]
+    assert pa.config_for(64, 1, 8, 300) == pa.TUNED[(64, 64, 512)]          # below the grid: its corner
+    assert pa.config_for(128, 128, 8, 8192) == pa.TUNED[(128, 1024, 4096)]
+    assert pa.config_for(128, 32, 4, 3000) == pa.TUNED[(128, 64, 4096)] or \
+        pa.config_for(128, 32, 4, 3000) == pa.TUNED[(128, 256, 4096)]       # 128 programs: between two points
+    assert pa.config_for(256, 8, 8, 512) == pa.DEFAULT_CONFIG                # a head dim never measured
+    assert pa.splits_for(8, 8, 512, 128, 1056) == 4                          # 1056 programs wanted, 4 blocks of 128
+
+
+@interp
+@pytest.mark.parametrize("config", [pa.PagedAttnConfig(32, 1056, 4, 2), pa.PagedAttnConfig(128, 264, 8, 3)])
+def test_paged_decode_attention_configs_interpreter(config):
+    """Other launch shapes (keys a step, splits, warps) give the same attention, appends included."""
+    B, nq, nkv, D, PS, L = 3, 8, 2, 16, 16, 150
+    q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, torch.float32)
+    ref = reference(q, kc, vc, bt, pos, 0.25)
+    out = torch.empty_like(q)
+    pa.paged_decode_attention(q, kc, vc, bt, pos, 0.25, L, out, config=config)
+    assert (out - ref).abs().max() < 1e-5
+
+
 def test_splits_rule_and_bad_input():
     assert pa.splits_for(1, 8, 512) == 8           # 264 programs wanted, 8 blocks of keys
     assert pa.splits_for(128, 8, 4096) == 1
