@@ -221,7 +221,9 @@ class HardwareProfile:
 
     @classmethod
     def load(cls, name_or_path: str | None = None) -> "HardwareProfile":
-        name_or_path = name_or_path or DEFAULT_PROFILE
+        # MPK_PLANNER_PROFILE: a profile (name or JSON path) for every planner that is not handed one (the engine's,
+        # the benchmarks'), e.g. one measured on this machine by scripts/profile_hw.py
+        name_or_path = name_or_path or os.environ.get("MPK_PLANNER_PROFILE") or DEFAULT_PROFILE
         path = name_or_path if os.path.exists(name_or_path) else os.path.join(_DIR, f"{name_or_path}.json")
         if not os.path.exists(path):
             known = sorted(f[:-5] for f in os.listdir(_DIR) if f.endswith(".json"))

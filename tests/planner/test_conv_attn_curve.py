@@ -149,3 +149,18 @@ def test_the_script_refuses_bad_input(tmp_path):
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": ROOT})
     assert r.returncode != 0 and "comma-separated integers" in r.stderr
+
+
+def test_profile_from_environment(monkeypatch, tmp_path):
+    """MPK_PLANNER_PROFILE names the profile every planner not handed one loads; a missing one says what exists."""
+    import json as _json
+    d = _json.loads(HardwareProfile.load().to_json())
+    d["name"] = "mine"
+    path = tmp_path / "mine.json"
+    path.write_text(_json.dumps(d))
+    monkeypatch.setenv("MPK_PLANNER_PROFILE", str(path))
+    assert HardwareProfile.load().name == "mine"
+    assert HardwareProfile.load("h200").name != "mine"      # an explicit one wins
+    monkeypatch.setenv("MPK_PLANNER_PROFILE", "no_such_profile")
+    with pytest.raises(FileNotFoundError, match="known"):
+        HardwareProfile.load()
