@@ -19,6 +19,8 @@ affected). The executor (runtime/plan_exec.py) and the planner's price (planner/
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import replace
 
 from ..envflags import env_flag
@@ -30,10 +32,19 @@ def kv_defer() -> bool:
     return env_flag("MPK_KV_DEFER", default=True)
 
 
+@functools.cache
+def _triton_on_cuda() -> bool:
+    from ..runtime.triton_support import triton   # (imported here: Triton takes ~1 s, and only this switch needs it)
+    import torch
+    return triton is not None and torch.cuda.is_available()
+
+
 def conv_attn_appends() -> bool:
-    """A conventional attention appends the deferred rows too (MPK_CONV_TRITON_ATTN=1: runtime/paged_attention.py
-    writes them in its kernel; without Triton at run time the conventional op appends them before its gather)."""
-    return env_flag("MPK_CONV_TRITON_ATTN")
+    """A conventional decode attention reads the KV pages in place and appends the deferred rows too
+    (runtime/paged_attention.py writes them in its kernel; where it cannot run, the conventional op appends them
+    before its gather). MPK_CONV_TRITON_ATTN: 1 on, 0 off (the gather + SDPA path); unset: on where Triton and a
+    CUDA GPU are (the default since session 27: bench/results/s27)."""
+    return env_flag("MPK_CONV_TRITON_ATTN", default=_triton_on_cuda())
 
 
 def kv_defer_layers(graph: Graph, segments) -> set[int]:

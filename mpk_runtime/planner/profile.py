@@ -45,7 +45,12 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # h200_v36_cal since session 23: v35_cal refit on rows of the lean K/V issue loop and 8-group attention tasks
 # (session 23's validate rows; the wide passes' per-key term fell to 0.0005 us on the grid): in sample 5.1% / 5.6%,
 # hold-out halves megakernel 6.5% / 6.8%; out of sample on session 23's bench steps 7.0-7.5% (v35_cal 22-28%).
-DEFAULT_PROFILE = "h200_v36_cal"
+# h200_v38 since session 27: v36_cal (its regime terms unchanged, so the gather path is priced as before) plus the
+# paged attention kernel's curves ("<shape>@paged", K / V read from HBM), which price the conventional attention
+# whenever it takes that kernel (the default on a GPU). Session 27's rows (B=8,32,128, ctx 512 / 4096): step MAPE
+# 7.8%, regret 0 at 10 of 12 points, 6.8% at llama B=8 ctx 4096 (mono, as v36_cal chose; conventional measured
+# faster), 0.4% at llama B=128 ctx 512. Refit it chose worse (docs/planner.md session 27).
+DEFAULT_PROFILE = "h200_v38"
 
 
 def key_fallbacks(key: str) -> list[str]:

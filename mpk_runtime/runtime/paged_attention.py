@@ -18,7 +18,9 @@ With deferred appends (ir/defer.py: a conventional qkv_rope leaves the step's k 
 keys hold a row's new position writes them into the cache, and every program takes key pos from the rows in
 registers, so no program reads a slot another writes this step: the two indexed-put kernels a layer are gone.
 
-Opt-in (MPK_CONV_TRITON_ATTN=1) until measured on a GPU; CPU tests run it under the Triton interpreter.
+The default on a GPU since session 27 (MPK_CONV_TRITON_ATTN=0 takes the gather + SDPA path): measured on an H200 in
+the planner's conventional plans, it makes them the fastest plan at B = 8-32, 512 keys (llama-3.2-1b B=32 1.617 ->
+1.458 ms a token, qwen3-8b B=8 6.350 -> 5.530; bench/results/s27). CPU tests run it under the Triton interpreter.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..envflags import env_flag
+from ..ir.defer import conv_attn_appends
 
 from .triton_support import runs_on, tl, triton
 
@@ -72,9 +74,10 @@ def config_for(D: int, B: int, nkv: int, L: int) -> PagedAttnConfig:
 
 
 def enabled(q: torch.Tensor, T: int) -> bool:
-    """Whether the conventional attention of this step takes this kernel: opt-in, decode (one token a sequence), a
-    CUDA tensor (or the interpreter's CPU one)."""
-    return T == 1 and env_flag("MPK_CONV_TRITON_ATTN") and runs_on(q)
+    """Whether the conventional attention of this step takes this kernel: the switch (ir/defer.conv_attn_appends: on
+    by default where Triton and a GPU are), decode (one token a sequence), a CUDA tensor (or the interpreter's CPU
+    one)."""
+    return T == 1 and conv_attn_appends() and runs_on(q)
 
 
 def splits_for(B: int, nkv: int, L: int, block_n: int = BLOCK_N, target: int = TARGET_PROGRAMS) -> int:
