@@ -18,27 +18,18 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 26 left it (bench/results/s26: the greedy argmax is the default;
-# the Triton LM head measured -0.45..-0.6%, opt-in; the planner at HEAD: regret 0 at 15 of 16, HF measured at all 16).
-# 0. `OUT=$OUT bash scripts/gpu_pending.sh tattn` (~8 min): the conventional attention straight from the KV pages
-#    (runtime/paged_attention.py, MPK_CONV_TRITON_ATTN=1, written in session 26, CPU-tested under Triton's interpreter,
-#    never run compiled). Prediction (docs/perf-notes.md session 26): per layer ~KV bytes / 2.5-3 TB/s + ~4 us, e.g.
-#    llama B=32 ctx 512 15-17 us (gather + SDPA 47, attention megakernel 33), qwen3-8b B=8 ctx 512 ~10 (30 / 32); the
-#    conventional plan with it: llama B=32 ctx 512 ~1.45-1.55 ms against attn-mk's 1.73, qwen3-8b B=8 ~5.6-5.8 against 6.38;
-#    attn-mk keeps B=128 ctx 4096 (~400 us a layer against 297). If the curves hold: `MPK_CONV_TRITON_ATTN=1
-#    profile_conv_attn.py --tp 1,2 --merge h200_v36_cal --name h200_v38_cal` (its curves go beside the gather ones as
-#    "<shape>@paged"; the planner prices with them while the switch is on), then `val` with the switch and that
-#    profile; if the planner then picks the conventional plan and it holds, make the switch the default.
-# 1. `MPK_CONV_TRITON_LMHEAD=1 OUT=$OUT bash scripts/gpu_pending.sh one` (stage 1 with it on: tests/gpu + the GPU tests
-#    in tests/runtime, test_skinny_gemm.py's among them), then an ABBA on both models at the points where the LM head is
-#    conventional and <= 32 rows: `LIM=90 VARS="base tlmhead tlmhead base" BS=32 CTXS=512,4096 MODELS=llama-3.2-1b,qwen3-8b
-#    ab` (qwen3-8b B=8 is attn-mk too, but ab runs B <= 8 as one megakernel: measure it with bench_decode.py
-#    --mk-max-batch 1 as in s26 run 6). Run 6 measured -0.6% / -0.55% / -0.45%. If it holds, make it the default, and
-#    give the planner its price (the conventional lm_head at <= 32 rows: its bytes at ~90% of the stream rate).
-# 2. `MODELS=llama-3.2-1b bench`, then `MODELS=qwen3-8b bench` (~9 min each): issue 3's tables at HEAD, both peers.
-# 3. A batch-1 design from docs/perf-notes.md session 25 ("what is left for batch 1"), or the large-batch attention
-#    (session 26: at llama B=32 ctx 512 the attention megakernels take 33 us a layer against cuDNN's ~14; that is
-#    the gap to gpt-fast there), once written and tested on CPU.
+# Order for a 30-minute session (one GPU), as session 27 left it (bench/results/s27: the paged attention is the default
+# on a GPU, tuned per point; h200_v38 the default profile; the planner picks conventional at B=8-32 ctx 512).
+# 0. `OUT=$OUT bash scripts/gpu_pending.sh one` (~7 min): stage 1's whole GPU test set under the new defaults (session 27
+#    ran only the paged kernel's, the engine-plan, plan-exec-graph, op-count and kv-defer GPU tests with it on).
+# 1. `MODELS=llama-3.2-1b bench`, then `MODELS=qwen3-8b bench` (~9 min each): issue 3's tables at HEAD with both peers
+#    (session 27 measured only B=8 / 32 at ctx 512: llama 0.88x / 0.97x gpt-fast, qwen3-8b 0.94x / 1.04x).
+# 2. `VAL_B4096=1,8,32,128 val` (~9 min): the planner with h200_v38 at B=1 too (not validated with the kernel on),
+#    both contexts; session 27: regret 0 at 10 of 12 points (6.8% at llama B=8 ctx 4096, mono over conventional).
+# 3. The kernel at small grids (bench_paged_attention.py: 22-69% of the stream rate; ncu first), or the LM head A/B
+#    (`MPK_CONV_TRITON_LMHEAD=1`, session 26: -0.45..-0.6%): `LIM=90 VARS="base tlmhead tlmhead base" BS=32
+#    CTXS=512 MODELS=llama-3.2-1b,qwen3-8b ab` (now that B=8-32 ctx 512 plans are all conventional, ab covers them).
+# The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).

@@ -98,6 +98,30 @@ def test_paged_decode_attention_configs_interpreter(config):
     assert (out - ref).abs().max() < 1e-5
 
 
+@interp
+def test_rows_far_shorter_than_the_key_cap_interpreter():
+    """The key cap is the longest row's (a captured graph's static bound); a short row reads only its own blocks,
+    and a split with none of its keys contributes nothing (NaN-poisoned slots past each row stay out), appends
+    included: the result equals the reference on the cache with the new rows written first."""
+    B, nq, nkv, D, PS, L = 4, 8, 2, 16, 16, 200
+    q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, torch.float32, poison=True)
+    pos = torch.tensor([199, -1, 5, 70])
+    new = torch.randn(B, 2 * nkv * D, generator=torch.Generator().manual_seed(1))
+    kc2, vc2 = kc.clone(), vc.clone()
+    for b in range(B):
+        p = int(pos[b])
+        if p >= 0:
+            kc2[bt[b, p // PS], p % PS] = new[b, :nkv * D].view(nkv, D)
+            vc2[bt[b, p // PS], p % PS] = new[b, nkv * D:].view(nkv, D)
+    ref = reference(q, kc2, vc2, bt, pos, 0.25)
+    for S in (1, 4, 13):
+        kc3, vc3 = kc.clone(), vc.clone()
+        out = torch.empty_like(q)
+        pa.paged_decode_attention(q, kc3, vc3, bt, pos, 0.25, L, out, S, kv_new=new)
+        assert torch.isfinite(out).all() and (out - ref).abs().max() < 1e-5, (S, (out - ref).abs().max())
+        assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
 def test_splits_rule_and_bad_input():
     assert pa.splits_for(1, 8, 512) == 8           # 264 programs wanted, 8 blocks of keys
     assert pa.splits_for(128, 8, 4096) == 1
