@@ -33,18 +33,19 @@ def kv_defer() -> bool:
 
 
 @functools.cache
-def _triton_on_cuda() -> bool:
+def _triton_installed() -> bool:
+    """Triton importable: a CUDA build of torch. Not "a GPU visible here": the controller that plans (a Ray driver,
+    say) may have no GPU while its workers do, and it must price what they run."""
     from ..runtime.triton_support import triton   # (imported here: Triton takes ~1 s, and only this switch needs it)
-    import torch
-    return triton is not None and torch.cuda.is_available()
+    return triton is not None
 
 
 def conv_attn_appends() -> bool:
     """A conventional decode attention reads the KV pages in place and appends the deferred rows too
     (runtime/paged_attention.py writes them in its kernel; where it cannot run, the conventional op appends them
-    before its gather). MPK_CONV_TRITON_ATTN: 1 on, 0 off (the gather + SDPA path); unset: on where Triton and a
-    CUDA GPU are (the default since session 27: bench/results/s27)."""
-    return env_flag("MPK_CONV_TRITON_ATTN", default=_triton_on_cuda())
+    before its gather). MPK_CONV_TRITON_ATTN: 1 on, 0 off (the gather + SDPA path); unset: on where Triton is
+    installed (the default since session 27: bench/results/s27)."""
+    return env_flag("MPK_CONV_TRITON_ATTN", default=_triton_installed())
 
 
 def kv_defer_layers(graph: Graph, segments) -> set[int]:

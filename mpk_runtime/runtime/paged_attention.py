@@ -76,7 +76,7 @@ def config_for(D: int, B: int, nkv: int, L: int) -> PagedAttnConfig:
 
 def enabled(q: torch.Tensor, T: int) -> bool:
     """Whether the conventional attention of this step takes this kernel: the switch (ir/defer.conv_attn_appends: on
-    by default where Triton and a GPU are), decode (one token a sequence), a CUDA tensor (or the interpreter's CPU
+    by default where Triton is installed), decode (one token a sequence), a CUDA tensor (or the interpreter's CPU
     one)."""
     return T == 1 and conv_attn_appends() and runs_on(q)
 
