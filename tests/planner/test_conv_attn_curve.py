@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mpk_runtime.ir import build_graph
-from mpk_runtime.models import PRESETS
+from mpk_runtime.models import PRESETS, load_config
 from mpk_runtime.planner import HardwareProfile, candidates
 from mpk_runtime.planner.cost import conventional_op_us, price_from_features
 from mpk_runtime.planner.fit import fit_profile
@@ -164,3 +164,20 @@ def test_profile_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("MPK_PLANNER_PROFILE", "no_such_profile")
     with pytest.raises(FileNotFoundError, match="known"):
         HardwareProfile.load()
+
+
+def test_default_profile_prices_the_paged_kernel():
+    """The conventional attention takes runtime/paged_attention.py by default where Triton is installed, so the
+    default profile carries its measured curves for both models' TP=1 and TP=2 shapes (else the planner falls back
+    to the gather curve, which over-prices it ~2x at small KV: session 27's first run chose attn-mk where the
+    conventional plan was 7-10% faster)."""
+    prof = HardwareProfile.load()
+    for model in ("llama-3.2-1b", "qwen3-8b"):
+        c = load_config(model)
+        for tp in (1, 2):
+            nkv = c.num_kv_heads // tp
+            key = conv_attn_shape(nkv, c.head_dim, c.num_heads // c.num_kv_heads, "paged")
+            assert key in prof.conv_attn_us_by_shape, key
+            gather = prof.conv_attn_curve_us(nkv, c.head_dim, c.num_heads // c.num_kv_heads, 32, 512)
+            paged = prof.conv_attn_curve_us(nkv, c.head_dim, c.num_heads // c.num_kv_heads, 32, 512, impl="paged")
+            assert paged < gather, (model, tp, paged, gather)
