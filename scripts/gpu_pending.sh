@@ -113,7 +113,7 @@ ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2
 for V in $VARS; do
   n=1; while [[ " $ABD " == *" ab_${V}$([ $n = 1 ] || echo _$n) "* ]]; do n=$((n + 1)); done
   VD="ab_${V}$([ $n = 1 ] || echo _$n)"; ABD="$ABD $VD"
-  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""
+  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
@@ -121,11 +121,12 @@ for V in $VARS; do
              pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
              greedyfast) D=""; G=""; GF=1;;   # the conventional greedy argmax in 5-8 kernels, not 26 (the default since s26)
-             greedyold) D=""; G=""; GF=0;;
-             tlmhead) D=""; G=""; TL=1;;     # the conventional LM head through the Triton skinny matmul at B <= 32 (s26, opt-in)    # the older greedy argmax path (26 kernels a step; s26 A/B -0.3..-1.3% on llama)
+             greedyold) D=""; G=""; GF=0;;   # the older greedy argmax path (26 kernels a step; s26 A/B -0.3..-1.3% on llama)
+             tlmhead) D=""; G=""; TL=1;;     # the conventional LM head through the Triton skinny matmul at B <= 32 (s26, opt-in)
+             tattn0) D=""; G=""; TA=0;;      # the conventional attention by gather + SDPA (the paged kernel is the default since s27)
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
-  MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
