@@ -285,8 +285,8 @@ def attention(op, mem, ctx, cache) -> None:
     out = mem.t(a["out"])
     kc, vc = mem.kv(a["k_cache"]), mem.kv(a["v_cache"])         # (pages, ps, nkv, D)
     kvn = mem.t(a["kv_new"]).view(B * T, -1) if a.get("kv_defer") else None   # rows qkv_rope left (ir/defer.py)
-    if ctx.pad is None and paged_attention.enabled(q, T) and q.is_contiguous() and out.is_contiguous():
-        # decode straight from the pages (opt-in MPK_CONV_TRITON_ATTN=1): no gathered copy, no mask, and the
+    if ctx.pad is None and paged_attention.enabled(q, T, D) and q.is_contiguous() and out.is_contiguous():
+        # decode straight from the pages (the default where Triton is installed): no gathered copy, no mask, and the
         # deferred k / v rows appended by the kernel
         paged_attention.paged_decode_attention(q, kc, vc, ctx.block_tables, ctx.pos, a["scale"], _key_cap(ctx), out,
                                                kv_new=kvn)

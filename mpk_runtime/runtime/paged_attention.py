@@ -74,11 +74,17 @@ def config_for(D: int, B: int, nkv: int, L: int) -> PagedAttnConfig:
     return TUNED[min(pts, key=lambda k: (math.log2(k[1]) - lp) ** 2 + (math.log2(k[2]) - lk) ** 2)]
 
 
-def enabled(q: torch.Tensor, T: int) -> bool:
+def supports_head_dim(D: int) -> bool:
+    """Head dims the kernel takes (tl.arange needs a power of two; tl.dot at least 16)."""
+    return D >= 16 and D & (D - 1) == 0
+
+
+def enabled(q: torch.Tensor, T: int, D: int) -> bool:
     """Whether the conventional attention of this step takes this kernel: the switch (ir/defer.conv_attn_appends: on
-    by default where Triton is installed), decode (one token a sequence), a CUDA tensor (or the interpreter's CPU
-    one)."""
-    return T == 1 and conv_attn_appends() and runs_on(q)
+    by default where Triton is installed), decode (one token a sequence), a head dim it supports (others, e.g. 80
+    or 96, take the gather + SDPA path, which appends the deferred rows itself), a CUDA tensor (or the
+    interpreter's CPU one)."""
+    return T == 1 and supports_head_dim(D) and conv_attn_appends() and runs_on(q)
 
 
 def splits_for(B: int, nkv: int, L: int, block_n: int = BLOCK_N, target: int = TARGET_PROGRAMS) -> int:
@@ -190,7 +196,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if q.shape != (B, nq * D) or nq % nkv or out.shape != (B, nq * D):
         raise ValueError(f"paged_decode_attention: q {tuple(q.shape)}, out {tuple(out.shape)} for {B} rows of "
                          f"{nq} heads x {D}")
-    if D < 16 or D & (D - 1):
+    if not supports_head_dim(D):
         raise ValueError(f"paged_decode_attention: head dim {D} must be a power of two >= 16")
     if not (q.is_contiguous() and out.is_contiguous() and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1):
         raise ValueError("paged_decode_attention: q, out and the caches' rows must be contiguous")

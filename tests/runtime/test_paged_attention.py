@@ -122,6 +122,31 @@ def test_rows_far_shorter_than_the_key_cap_interpreter():
         assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
+@interp
+def test_head_dims_the_kernel_cannot_take_fall_back(monkeypatch):
+    """A head dim that is not a power of two >= 16 (e.g. 24 here, 80 / 96 in some models) takes the gather + SDPA
+    path: a whole step with the switch on gives the switch-off step's logits, tokens and caches, and never calls
+    the kernel (which would raise on it). (That path appending deferred rows itself: test_kv_defer.py.)"""
+    import tests.runtime.test_conventional_op_count as oc
+    real_load = oc.load_config
+    monkeypatch.setattr(oc, "load_config", lambda name: real_load(name).replace(head_dim=24))
+    assert not pa.supports_head_dim(24) and pa.supports_head_dim(16) and not pa.supports_head_dim(8)
+    calls = []
+    real = pa.paged_decode_attention
+    monkeypatch.setattr(pa, "paged_decode_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    res = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("MPK_CONV_TRITON_ATTN", on)
+        cfg, g, mem, ex, ctx = oc.build("tiny-llama", 3, context=70, dtype="float32", greedy=True)
+        assert cfg.head_dim == 24
+        ex.run([ctx])
+        res[on] = (mem.t("logits").clone(), mem.t("next_tokens").clone(), [c.clone() for c in mem.kvstore.k + mem.kvstore.v])
+    assert not calls
+    torch.testing.assert_close(res["1"][0], res["0"][0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(res["1"][1], res["0"][1])
+    assert all(torch.equal(a, b) for a, b in zip(res["1"][2], res["0"][2]))
+
+
 def test_splits_rule_and_bad_input():
     assert pa.splits_for(1, 8, 512) == 8           # 264 programs wanted, 8 blocks of keys
     assert pa.splits_for(128, 8, 4096) == 1
