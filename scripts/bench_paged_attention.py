@@ -34,7 +34,9 @@ PAGE = 16
 
 def configs(D: int) -> list[pa.PagedAttnConfig]:
     out = []
-    for bn, tgt, st in itertools.product((32, 64, 128), (264, 528, 1056, 2112), (2, 3, 4)):
+    # stages 1 too: offline sm_90 builds (session 27) give stages 3 / 4 the shared memory of 2 (the pipeliner keeps
+    # two buffers of this loop), and one buffer halves it, which lets more programs share an SM
+    for bn, tgt, st in itertools.product((32, 64, 128), (264, 528, 1056, 2112), (1, 2, 3, 4)):
         if bn == 128 and D == 128 and st == 4:
             continue   # shared memory: 128 keys x 128 dims x 2 (K, V) x 2 B x 4 stages = 256 KB
         out.append(pa.PagedAttnConfig(bn, tgt, 4, st))
