@@ -41,6 +41,8 @@ def configs(D: int) -> list[pa.PagedAttnConfig]:
             continue   # shared memory: 128 keys x 128 dims x 2 (K, V) x 2 B x 4 stages = 256 KB
         out.append(pa.PagedAttnConfig(bn, tgt, 4, st))
     out += [pa.PagedAttnConfig(128, t, 8, 3) for t in (264, 528, 1056)]
+    # the page indices a block ahead: num_stages then buys K / V buffers (offline build, session 27)
+    out += [pa.PagedAttnConfig(bn, t, 4, st, idx_ahead=True) for bn in (32, 64) for t in (264, 1056) for st in (3, 4)]
     return out
 
 
@@ -101,7 +103,7 @@ def main() -> None:
                     continue
                 S = pa.splits_for(B, cfg.num_kv_heads, L, c.block_n, c.target_programs)
                 r = dict(model=model, B=B, keys=L, block_n=c.block_n, target=c.target_programs, warps=c.num_warps,
-                         stages=c.num_stages, splits=S, us=round(us, 2), tbs=round(kv_bytes / us / 1e6, 3),
+                         stages=c.num_stages, idx_ahead=c.idx_ahead, splits=S, us=round(us, 2), tbs=round(kv_bytes / us / 1e6, 3),
                          max_err_vs_default=err, default=c == pa.DEFAULT_CONFIG)
                 r["tuned"] = c == pa.config_for(D, B, cfg.num_kv_heads, L)
                 rows.append(r)
@@ -116,7 +118,7 @@ def main() -> None:
             print(f"{model:13s} B={B:4d} keys={L:5d} {kv_bytes / 1e6:7.1f} MB: default {d['us']:7.1f} us "
                   f"({d['tbs']:.2f} TB/s)  best {b['us']:7.1f} us ({b['tbs']:.2f} TB/s, "
                   f"{b['tbs'] / STREAM_TBS:.0%} of {STREAM_TBS}) block {b['block_n']} target {b['target']} "
-                  f"warps {b['warps']} stages {b['stages']} splits {b['splits']}"
+                  f"warps {b['warps']} stages {b['stages']} idx_ahead {b['idx_ahead']} splits {b['splits']}"
                   + (f"  config_for's {tu['us']:.1f} us" if tu else "")
                   + (f"  [{len(bad)} configs off the default's output]" if bad else ""), flush=True)
             del caches
@@ -130,13 +132,13 @@ def main() -> None:
     score, seen = {}, {}
     for r in rows:
         b = next(x for x in best if (x["model"], x["B"], x["keys"]) == (r["model"], r["B"], r["keys"]))
-        k = (r["block_n"], r["target"], r["warps"], r["stages"])
+        k = (r["block_n"], r["target"], r["warps"], r["stages"], r["idx_ahead"])
         s = score.setdefault(k, [0, 0.0])
         s[0] += r["us"] <= 1.03 * b["us"]
         s[1] += r["us"] / b["us"]
         seen[k] = seen.get(k, 0) + 1
     for k, (n, tot) in sorted(score.items(), key=lambda kv: (-kv[1][0], kv[1][1]))[:8]:
-        print(f"config block {k[0]} target {k[1]} warps {k[2]} stages {k[3]}: within 3% of best at {n} of "
+        print(f"config block {k[0]} target {k[1]} warps {k[2]} stages {k[3]} idx_ahead {k[4]}: within 3% of best at {n} of "
               f"{seen[k]} points, mean ratio to best {tot / seen[k]:.3f}")
 
 

@@ -46,6 +46,10 @@ class PagedAttnConfig:
     target_programs: int = TARGET_PROGRAMS
     num_warps: int = NUM_WARPS
     num_stages: int = NUM_STAGES
+    # the page indices loaded a block ahead by hand: without it the pipeliner keeps two K / V buffers whatever
+    # num_stages says (offline sm_90 build: stages 3-4 take stage 2's shared memory); with it, num_stages buffers
+    # (session 27; not yet measured, so no TUNED point uses it)
+    idx_ahead: bool = False
 
 
 DEFAULT_CONFIG = PagedAttnConfig()
@@ -98,7 +102,8 @@ if triton is not None:
     def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, pos_ptr, o_ptr, ml_ptr, new_ptr, scale,
                         s_qb, s_kp, s_ks, s_kh, s_vp, s_vs, s_vh, s_bt, s_ob, s_oh, s_os, s_nb, n_blocks,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
-                        BLOCK: tl.constexpr, MULTI: tl.constexpr, NKV: tl.constexpr, APPEND: tl.constexpr):
+                        BLOCK: tl.constexpr, MULTI: tl.constexpr, NKV: tl.constexpr, APPEND: tl.constexpr,
+                        IDX_AHEAD: tl.constexpr = False):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         s = tl.program_id(2)
@@ -125,10 +130,17 @@ if triton is not None:
         # this row's blocks only: a row shorter than the key cap (the graph's static bound, set by the longest row)
         # skips its empty blocks instead of walking them masked
         nb = (tl.maximum(tl.minimum(length - k0, n_blocks * BLOCK), 0) + BLOCK - 1) // BLOCK
+        if IDX_AHEAD:   # the first block's page indices, before the loop (then each step loads the next block's)
+            page_next = tl.load(bt_ptr + b * s_bt + (k0 + n) // PS, mask=(k0 + n) < length, other=0).to(tl.int64)
         for i in range(0, nb):   # a runtime count: a constant one was unrolled (registers, spills)
             key = k0 + i * BLOCK + n
             kmask = key < length
-            page = tl.load(bt_ptr + b * s_bt + key // PS, mask=kmask, other=0).to(tl.int64)
+            if IDX_AHEAD:
+                page = page_next
+                page_next = tl.load(bt_ptr + b * s_bt + (key + BLOCK) // PS, mask=(key + BLOCK) < length,
+                                    other=0).to(tl.int64)
+            else:
+                page = tl.load(bt_ptr + b * s_bt + key // PS, mask=kmask, other=0).to(tl.int64)
             slot = key % PS
             kk = tl.load(k_ptr + page[:, None] * s_kp + slot[:, None] * s_ks + kvh * s_kh + d[None, :],
                          mask=kmask[:, None], other=0.0)
@@ -220,7 +232,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                  q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
                                  s_ob, s_oh, s_os, new.stride(0), NB, G=G, GP=GP, D=D, PS=PS, BLOCK=BN,
-                                 MULTI=S > 1, NKV=nkv, APPEND=kv_new is not None, num_warps=config.num_warps,
+                                 MULTI=S > 1, NKV=nkv, APPEND=kv_new is not None, IDX_AHEAD=config.idx_ahead,
+                                 num_warps=config.num_warps,
                                  num_stages=config.num_stages)
     if S > 1:
         _merge_kernel[(B, nq)](o, ml, out, s_ob, s_oh, s_os, out.stride(0), S, D=D)

@@ -87,7 +87,8 @@ def test_tuned_config_lookup():
 
 
 @interp
-@pytest.mark.parametrize("config", [pa.PagedAttnConfig(32, 1056, 4, 2), pa.PagedAttnConfig(128, 264, 8, 3)])
+@pytest.mark.parametrize("config", [pa.PagedAttnConfig(32, 1056, 4, 2), pa.PagedAttnConfig(128, 264, 8, 3),
+                                    pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True)])
 def test_paged_decode_attention_configs_interpreter(config):
     """Other launch shapes (keys a step, splits, warps) give the same attention, appends included."""
     B, nq, nkv, D, PS, L = 3, 8, 2, 16, 16, 150
@@ -96,6 +97,9 @@ def test_paged_decode_attention_configs_interpreter(config):
     out = torch.empty_like(q)
     pa.paged_decode_attention(q, kc, vc, bt, pos, 0.25, L, out, config=config)
     assert (out - ref).abs().max() < 1e-5
+    for S in (1, 3):   # several blocks a program (the index prefetch crosses blocks), and split ends
+        pa.paged_decode_attention(q, kc, vc, bt, pos, 0.25, L, out, S, config=config)
+        assert (out - ref).abs().max() < 1e-5, S
 
 
 @interp
@@ -114,10 +118,10 @@ def test_rows_far_shorter_than_the_key_cap_interpreter():
             kc2[bt[b, p // PS], p % PS] = new[b, :nkv * D].view(nkv, D)
             vc2[bt[b, p // PS], p % PS] = new[b, nkv * D:].view(nkv, D)
     ref = reference(q, kc2, vc2, bt, pos, 0.25)
-    for S in (1, 4, 13):
+    for S, cfg in ((1, None), (4, None), (13, None), (3, pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True))):
         kc3, vc3 = kc.clone(), vc.clone()
         out = torch.empty_like(q)
-        pa.paged_decode_attention(q, kc3, vc3, bt, pos, 0.25, L, out, S, kv_new=new)
+        pa.paged_decode_attention(q, kc3, vc3, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
         assert torch.isfinite(out).all() and (out - ref).abs().max() < 1e-5, (S, (out - ref).abs().max())
         assert torch.equal(out[1], torch.zeros_like(out[1]))
 

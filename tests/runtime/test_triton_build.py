@@ -48,6 +48,30 @@ def test_paged_attention_builds_pipelined_without_spills(D, append):
     assert "LDGSTS" in sass and "HMMA" in sass
 
 
+def test_index_prefetch_deepens_the_pipeline():
+    """With the page indices a block ahead (PagedAttnConfig.idx_ahead) num_stages buys K / V buffers: stages 3 and
+    4 each add a K / V block of shared memory. Without it they add less than one (the pipeliner keeps one block
+    ahead)."""
+    import triton as _t
+    sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
+               ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32")
+    sig.update({n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
+                                   "s_os", "s_nb")})
+
+    def smem(ahead: bool, stages: int) -> int:
+        const = dict(G=4, GP=16, D=64, PS=16, BLOCK=64, MULTI=True, NKV=8, APPEND=True, IDX_AHEAD=ahead)
+        s2 = {**sig, **{k: "constexpr" for k in const}}
+        aligned = {(pa._partial_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in s2.items()
+                   if t.startswith("*") or n.startswith("s_")}
+        k = _t.compile(ASTSource(fn=pa._partial_kernel, signature=s2, constexprs=const, attrs=aligned),
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=stages))
+        return k.metadata.shared
+
+    block = 64 * 64 * 2 * 2   # one block's K and V (64 keys x head dim 64, bf16)
+    assert smem(True, 3) - smem(True, 2) >= block and smem(True, 4) - smem(True, 3) >= block
+    assert smem(False, 3) - smem(False, 2) < block
+
+
 def test_skinny_lm_head_builds():
     """The LM head's config at 32 rows (BM 32, K 2048: 16 steps, unrolled) sits at 255 registers with a 40-byte
     stack in this build, the build session 26 measured at 88-93% of the stream rate (bench/results/s26 run 5); the
