@@ -26,7 +26,9 @@
 #    (session 27 measured only B=8 / 32 at ctx 512: llama 0.88x / 0.97x gpt-fast, qwen3-8b 0.94x / 1.04x).
 # 2. `VAL_B4096=1,8,32,128 val` (~9 min): the planner with h200_v38 at B=1 too (not validated with the kernel on),
 #    both contexts; session 27: regret 0 at 10 of 12 points (6.8% at llama B=8 ctx 4096, mono over conventional).
-# 3. The kernel at small grids (bench_paged_attention.py: 22-69% of the stream rate; ncu first), or the LM head A/B
+# 3. `python3 scripts/bench_paged_attention.py --out $OUT/sweep --budget-s 300` (~3-4 min): the sweep now has 1 stage
+#    and idx_ahead (page indices a block ahead: real num_stages buffers in the offline build); if shapes beat TUNED,
+#    update TUNED from its JSON and re-run profile_conv_attn.py --cycle-mb 200 for the profile. Or the LM head A/B
 #    (`MPK_CONV_TRITON_LMHEAD=1`, session 26: -0.45..-0.6%): `LIM=90 VARS="base tlmhead tlmhead base" BS=32
 #    CTXS=512 MODELS=llama-3.2-1b,qwen3-8b ab` (now that B=8-32 ctx 512 plans are all conventional, ab covers them).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
