@@ -128,6 +128,14 @@ def main() -> None:
                 commit=os.environ.get("GIT_COMMIT", "unknown"), l2_mb=a.l2_mb, triton=pa.triton.__version__)
     with open(os.path.join(a.out, "paged_attention.json"), "w") as f:
         json.dump(dict(meta=meta, best=best, rows=rows), f, indent=1)
+    # the best shape a point, as paged_attention.TUNED's entries (key: head dim, B x KV heads, keys)
+    nkv = {m: load_config(m).num_kv_heads for m in a.models.split(",")}
+    hd = {m: load_config(m).head_dim for m in a.models.split(",")}
+    print("TUNED entries (paged_attention.py):")
+    for b in best:
+        extra = ", idx_ahead=True" if b["idx_ahead"] else ""
+        print(f"    ({hd[b['model']]}, {b['B'] * nkv[b['model']]}, {b['keys']}): PagedAttnConfig({b['block_n']}, "
+              f"{b['target']}, {b['warps']}, {b['stages']}{extra}),   # {b['model']} B={b['B']}: {b['us']} us")
     # the configs that are best (or within 3%) at the most points: the candidates for a default
     score, seen = {}, {}
     for r in rows:
