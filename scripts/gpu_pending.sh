@@ -9,6 +9,7 @@
 #     VARS="narrow base" BS=32,128 CTXS=512,4096 OUT=$OUT bash scripts/gpu_pending.sh ab   # A/Bs (MODELS=one model)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh tattn    # (one GPU, ~8 min): the Triton paged attention: tests, curves, plans
+#     OUT=$OUT bash scripts/gpu_pending.sh sweep    # (one GPU, ~5 min): its launch shapes (bench_paged_attention.py), tests
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
@@ -26,7 +27,7 @@
 #    (session 27 measured only B=8 / 32 at ctx 512: llama 0.88x / 0.97x gpt-fast, qwen3-8b 0.94x / 1.04x).
 # 2. `VAL_B4096=1,8,32,128 val` (~9 min): the planner with h200_v38 at B=1 too (not validated with the kernel on),
 #    both contexts; session 27: regret 0 at 10 of 12 points (6.8% at llama B=8 ctx 4096, mono over conventional).
-# 3. `python3 scripts/bench_paged_attention.py --out $OUT/sweep --budget-s 300` (~3-4 min): the sweep now has 1 stage
+# 3. `OUT=$OUT bash scripts/gpu_pending.sh sweep` (~5 min): bench_paged_attention.py, which now has 1 stage
 #    and idx_ahead (page indices a block ahead: real num_stages buffers in the offline build); if shapes beat TUNED,
 #    update TUNED from its JSON and re-run profile_conv_attn.py --cycle-mb 200 for the profile. Or the LM head A/B
 #    (`MPK_CONV_TRITON_LMHEAD=1`, session 26: -0.45..-0.6%): `LIM=90 VARS="base tlmhead tlmhead base" BS=32
@@ -135,6 +136,16 @@ for V in $VARS; do
 done
 python3 scripts/ab_table.py $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
 python3 scripts/ab_table.py --kv-rates $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
+elif [ "$MODE" = sweep ]; then
+# sweep: the paged attention's launch shapes at both models' points, K / V from HBM (scripts/bench_paged_attention.py;
+# prints TUNED entries), then the kernel's GPU tests (~4-5 min)
+mkdir -p "$OUT/prof/sweep"
+st "sweep: bench_paged_attention.py (shapes x points; TUNED entries at the end)"
+timeout 330 python3 scripts/bench_paged_attention.py --budget-s 300 --out "$OUT/prof/sweep" > "$OUT/prof/sweep/sweep.log" 2>&1
+grep -vE "^\s*$" "$OUT/prof/sweep/sweep.log" | tail -40; snap
+st "sweep: the kernel's GPU tests"
+timeout 120 python3 -m pytest -q -m gpu tests/runtime/test_paged_attention.py > "$OUT/pytest_gpu.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
 elif [ "$MODE" = tattn ]; then
 # tattn: the conventional attention straight from the KV pages (runtime/paged_attention.py, Triton, opt-in
 # MPK_CONV_TRITON_ATTN=1, with the deferred appends in its kernel; session 26, CPU-tested under Triton's interpreter)
