@@ -7,8 +7,9 @@ program owns (sequence, KV head, key split): it loads the g query heads of its K
 of BLOCK_N through the block table (K and V rows read once, straight from their pages), and keeps an online softmax in
 fp32, the probabilities rounded to the cache dtype for the P.V product as SDPA does on bf16. With one split it writes
 the output; with more, a second kernel merges the splits' (o, max, sum) in split order. Keys at or past a row's length
-(pos + 1) are never loaded, so unwritten (even NaN-poisoned) slots cannot leak in, and a program stops at its row's
-last block (the key cap is the longest row's; session 27, not yet measured); inactive rows (pos < 0) get zeros.
+(pos + 1) are never loaded, so unwritten (even NaN-poisoned) slots cannot leak in; inactive rows (pos < 0) get zeros.
+(A program walks all its blocks, masked past its row's length: stopping at the row's last block is a next-session
+A/B, since the key cap is the longest row's and a short row walks empty blocks.)
 
 An offline sm_90 build (triton.compile with the divisibility the JIT gives 16-aligned strides and pointers) has
 the K / V loads as cp.async (LDGSTS) pipelined over 3 stages, no spills at 4 warps: 96-128 registers and 21-35 KB
@@ -127,12 +128,9 @@ if triton is not None:
         lsum = tl.zeros((GP,), tl.float32)
         acc = tl.zeros((GP, D), tl.float32)
         n = tl.arange(0, BLOCK)
-        # this row's blocks only: a row shorter than the key cap (the graph's static bound, set by the longest row)
-        # skips its empty blocks instead of walking them masked
-        nb = (tl.maximum(tl.minimum(length - k0, n_blocks * BLOCK), 0) + BLOCK - 1) // BLOCK
         if IDX_AHEAD:   # the first block's page indices, before the loop (then each step loads the next block's)
             page_next = tl.load(bt_ptr + b * s_bt + (k0 + n) // PS, mask=(k0 + n) < length, other=0).to(tl.int64)
-        for i in range(0, nb):   # a runtime count: a constant one was unrolled (registers, spills)
+        for i in range(0, n_blocks):   # a runtime count: a constant one was unrolled (registers, spills)
             key = k0 + i * BLOCK + n
             kmask = key < length
             if IDX_AHEAD:

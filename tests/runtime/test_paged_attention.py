@@ -104,8 +104,8 @@ def test_paged_decode_attention_configs_interpreter(config):
 
 @interp
 def test_rows_far_shorter_than_the_key_cap_interpreter():
-    """The key cap is the longest row's (a captured graph's static bound); a short row reads only its own blocks,
-    and a split with none of its keys contributes nothing (NaN-poisoned slots past each row stay out), appends
+    """The key cap is the longest row's (a captured graph's static bound); a short row's blocks past its length,
+    and a split with none of its keys, contribute nothing (NaN-poisoned slots past each row stay out), appends
     included: the result equals the reference on the cache with the new rows written first."""
     B, nq, nkv, D, PS, L = 4, 8, 2, 16, 16, 200
     q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, torch.float32, poison=True)
