@@ -8,6 +8,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+# under TRITON_INTERPRET=1 every conventional decode step may run Triton kernels (the paged attention is the default
+# where Triton is installed): the interpreter's patch for numpy >= 2.4, for all tests (a no-op otherwise)
+from tests.runtime import triton_interp  # noqa: E402,F401
 
 
 def _gpus() -> int:

@@ -25,10 +25,6 @@ CONFIGS = [(16, 256, 1, 4, 4), (32, 256, 1, 4, 4), (64, 128, 1, 4, 4), (32, 128,
 LM_HEAD_CFG = (64, 128, 1, 4, 4)   # the best measured config at every LM head shape (bench/results/s26)
 
 
-def available() -> bool:
-    return triton is not None
-
-
 def lm_head_config(x: torch.Tensor, N: int):
     """The config for a vocabulary-sized matmul (x (M, K) @ W.T, N columns) the conventional path may hand to
     skinny_mm, else None (cuBLAS): opt-in (MPK_CONV_TRITON_LMHEAD=1), a tensor Triton runs on, <= 32 rows (slower

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from mpk_runtime.runtime import paged_attention as pa
-from tests.runtime import triton_interp  # noqa: F401  (the interpreter's scalar loop bounds under numpy >= 2.4)
 
 interp = pytest.mark.skipif(pa.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
                             reason="needs Triton's interpreter (pip install triton; TRITON_INTERPRET=1)")

@@ -22,7 +22,7 @@ def _check(x, w, cfg, tol):
     assert err < tol, (tuple(x.shape), tuple(w.shape), cfg, err)
 
 
-@pytest.mark.skipif(not sg.available() or os.environ.get("TRITON_INTERPRET") != "1",
+@pytest.mark.skipif(sg.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
                     reason="needs Triton's interpreter (pip install triton; TRITON_INTERPRET=1)")
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
 def test_skinny_mm_interpreter(dtype, tol):
@@ -36,7 +36,7 @@ def test_skinny_mm_interpreter(dtype, tol):
 
 def test_skinny_mm_refuses_bad_input():
     x, w = torch.zeros(4, 64), torch.zeros(8, 64)
-    if not sg.available():
+    if sg.triton is None:
         with pytest.raises(RuntimeError, match="Triton"):
             sg.skinny_mm(x, w, torch.zeros(4, 8))
         return
@@ -77,7 +77,7 @@ def _lm_head_step(monkeypatch, on: str, dev: str, dtype: str):
     return mem.t("logits").float().clone(), mem.t("next_tokens").clone()
 
 
-@pytest.mark.skipif(not sg.available() or os.environ.get("TRITON_INTERPRET") != "1",
+@pytest.mark.skipif(sg.triton is None or os.environ.get("TRITON_INTERPRET") != "1",
                     reason="needs Triton's interpreter (pip install triton; TRITON_INTERPRET=1)")
 def test_conventional_lm_head_through_triton_interpreter(monkeypatch):
     """The conventional LM head through skinny_mm gives torch's logits and tokens (fp32: the interpreter has no

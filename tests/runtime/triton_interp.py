@@ -1,4 +1,4 @@
-"""Tests that run Triton kernels under the interpreter (TRITON_INTERPRET=1) import this: triton 3.6's interpreter
+"""tests/conftest.py imports this for every test (it matters under TRITON_INTERPRET=1): triton 3.6's interpreter
 converts a scalar argument to an int with int() of a one-element array, which numpy >= 2.4 refuses (a loop bound
 passed at run time then fails); this makes it take the element. Only the interpreter is touched."""
 from __future__ import annotations
