@@ -188,6 +188,9 @@ if triton is not None:
         tl.store(out_ptr + b * s_outb + h * D + d, out.to(out_ptr.dtype.element_ty))
 
 
+# torch.compile (MPK_CONV_COMPILE=1 compiles whole conventional segments) does not trace into it: a graph break at
+# the attention, and the kernel launched as it is eagerly (under TRITON_INTERPRET=1 dynamo would trace the interpreter)
+@torch.compiler.disable
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, pos: torch.Tensor, scale: float, L_cap: int,
                            out: torch.Tensor, splits: int | None = None,

@@ -53,7 +53,9 @@ def test_conventional_segments_of_a_step_share_its_per_step_values(family, monke
     """Row positions (and the RoPE tables, KV slots and masks built from them) are computed once per step however
     many conventional segments the plan has (attn-mk: one per layer): on a GPU each recomputation is ~10 small
     kernels (~30-50 us measured per segment at batch 1 before the sharing). Eager per-segment units (timing)
-    share them the same way and compute the same step as run()."""
+    share them the same way and compute the same step as run(). (The gather + SDPA attention's values: under
+    TRITON_INTERPRET=1 the paged kernel would take the attention and need no masks.)"""
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "0")
     from mpk_runtime.runtime import conventional_ops
     cfg = PRESETS["tiny-llama"]
     grp, lens, tables, ref_logits, toks = setup(cfg, 1, 2)
