@@ -40,6 +40,12 @@ def _triton_installed() -> bool:
     return triton is not None
 
 
+def paged_head_dim(D: int) -> bool:
+    """Head dims runtime/paged_attention.py takes (tl.arange needs a power of two; tl.dot at least 16); others (80,
+    96, ...) take the gather + SDPA path, and the planner prices them by its curve."""
+    return D >= 16 and D & (D - 1) == 0
+
+
 def conv_attn_appends() -> bool:
     """A conventional decode attention reads the KV pages in place and appends the deferred rows too
     (runtime/paged_attention.py writes them in its kernel; where it cannot run, the conventional op appends them

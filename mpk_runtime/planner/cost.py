@@ -19,7 +19,7 @@ codegen/layout.linear_geometry at batch >= TC_MIN_M, the packer's own function) 
 """
 from __future__ import annotations
 
-from ..ir.defer import conv_attn_appends
+from ..ir.defer import conv_attn_appends, paged_head_dim
 from ..ir.graph import Graph, Op
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling
@@ -76,7 +76,9 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
         keys = op.flops / max(1, 4 * graph.rows * a["n_q"] * graph.config.head_dim)
         # (layer 0's: the step's first conventional attention, which computes the step's shared pages and masks;
         # every plan family converts all attention ops or none)
-        impl = "paged" if conv_attn_appends() and graph.mode == "decode" else ""   # runtime/paged_attention.py
+        # runtime/paged_attention.py where the runtime takes it (decode, a head dim it supports), else gather + SDPA
+        paged = conv_attn_appends() and graph.mode == "decode" and paged_head_dim(graph.config.head_dim)
+        impl = "paged" if paged else ""
         curve = prof.conv_attn_curve_us(a["n_kv"], graph.config.head_dim, a["n_q"] // a["n_kv"], graph.batch, keys,
                                         first=a.get("layer") == 0, impl=impl)
         if curve is not None:   # measured whole (profile.conv_attn_us_by_shape): that, and none of the terms below

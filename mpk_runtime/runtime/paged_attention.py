@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir.defer import conv_attn_appends
+from ..ir.defer import conv_attn_appends, paged_head_dim
 
 from .triton_support import runs_on, tl, triton
 
@@ -79,9 +79,7 @@ def config_for(D: int, B: int, nkv: int, L: int) -> PagedAttnConfig:
     return TUNED[min(pts, key=lambda k: (math.log2(k[1]) - lp) ** 2 + (math.log2(k[2]) - lk) ** 2)]
 
 
-def supports_head_dim(D: int) -> bool:
-    """Head dims the kernel takes (tl.arange needs a power of two; tl.dot at least 16)."""
-    return D >= 16 and D & (D - 1) == 0
+supports_head_dim = paged_head_dim   # head dims the kernel takes (defined beside the switch, for the planner too)
 
 
 def enabled(q: torch.Tensor, T: int, D: int) -> bool:

@@ -71,6 +71,19 @@ def test_the_paged_kernels_curve_prices_the_op_when_it_is_on(monkeypatch):
     assert conventional_op_us(att, g, both) == pytest.approx(_true(8, 256), rel=1e-9)
 
 
+def test_a_head_dim_the_paged_kernel_does_not_take_is_priced_by_the_gather_curve(monkeypatch):
+    """Head dim 24 (not a power of two): the runtime takes gather + SDPA there (paged_attention.enabled), so the
+    planner prices it by that curve even when the profile has an "@paged" one for the shape and the switch is on."""
+    cfg = dataclasses.replace(PRESETS["tiny-qwen3"], name="hd24", head_dim=24)
+    g = build_graph(cfg, batch=8, context_len=255, max_seq_len=512)
+    att = g.op("L1.attention")
+    key = conv_attn_shape(cfg.num_kv_heads, 24, cfg.num_heads // cfg.num_kv_heads)
+    paged = [[b, k, 0.25 * v] for b, k, v in GRID]
+    both = dataclasses.replace(HardwareProfile.load(), conv_attn_us_by_shape={key: GRID, key + "@paged": paged})
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "1")
+    assert conventional_op_us(att, g, both) == pytest.approx(_true(8, 256), rel=1e-9)
+
+
 def test_prices_from_features_equal_candidate_prices_with_a_curve():
     cfg = PRESETS["tiny-qwen3"]
     prof = _with_curve(HardwareProfile.load(), cfg, GRID, scale=0.8)
