@@ -115,6 +115,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const int32_t* offs = ptr<const int32_t>(P[P_SM_OFFSETS]);
   const int beg = offs[sm], end = offs[sm + 1];
   if (beg == end) return;
+#if MPK_WRING
+  ring_start(P, sm, nsteps);   // each warp's page ring: barriers, its page range, its first pages in flight
+#define MPK_STAGED(sw) (stage_rows(sw) != 0)   // the stage word also carries the ring bit
+#else
+#define MPK_STAGED(sw) ((sw) != 0)
+#endif
   const int64_t* tasks = ptr<const int64_t>(P[P_TASKS]);
   if (threadIdx.x < TASK_WORDS)   // the first task's record
     s_rec[0][threadIdx.x] = tasks[(int64_t)ptr<const int32_t>(P[P_SM_TASKS])[beg] * TASK_WORDS + threadIdx.x];
@@ -137,7 +143,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         cp_async16(&s_rec[buf ^ 1][threadIdx.x * 2], tasks + rec[T_NEXT_TASK] * TASK_WORDS + threadIdx.x * 2, true);
       // thread 64 (not the poller: issuing the bulk copies can stall the issuing thread) stages the weights
       // (issuing them after the waits instead measured 5-8% slower at batch 1: docs/perf-notes.md, session 12)
-      if (threadIdx.x == 64 && rec[T_STAGE] != 0)
+      if (threadIdx.x == 64 && MPK_STAGED(rec[T_STAGE]))
         stage_task_weights(rec, rec[T_STAGE], stage_bar);
       if (threadIdx.x == 0) {
         cp_async_commit();
@@ -196,8 +202,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       __syncthreads();
       if (s_abort) {
         if (threadIdx.x < TASK_WORDS / 2) cp_async_wait_all();
-        if (threadIdx.x == 64 && rec[T_STAGE] != 0)
+        if (threadIdx.x == 64 && MPK_STAGED(rec[T_STAGE]))
           mbar_wait(stage_bar, stage_par);   // no copy into an exited CTA
+#if MPK_WRING
+        ring_drain();
+#endif
         return;
       }
       const Ctx c{s_par, rec, step, ls, (int)(step & 1), stage_bar, stage_par};
@@ -219,7 +228,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       if (threadIdx.x < TASK_WORDS / 2) cp_async_wait_all();   // the next record has landed
       // the staged copy is complete before the barrier that frees the shared memory (the op's warps wait on it only
       // where they read staged rows), and the next staged task is the next phase
-      if (rec[T_STAGE] != 0) {   // (re-read from the record: no register held across the op)
+      if (MPK_STAGED(rec[T_STAGE])) {   // (re-read from the record: no register held across the op)
         if (threadIdx.x == 0) mbar_wait(stage_bar, stage_par);
         stage_par ^= 1u;
       }

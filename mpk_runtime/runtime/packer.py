@@ -15,6 +15,7 @@ from ..codegen import layout as L
 from ..codegen import nvcc
 from ..tasks.graph import TaskGraph
 from ..tasks.tiling import attn_direct, attn_wide
+from . import wring
 from .memory import RankMemory
 
 _NWARPS = L.CONSTANTS["THREADS"] // 32
@@ -44,7 +45,7 @@ class TaskPacker:
 
     def __init__(self, tg: TaskGraph, mem: RankMemory, counters_ptr: int, head_dim: int,
                  peers: PeerTable | None = None, device: torch.device | str | None = None,
-                 stage_smem: int | None = None, stage_ops: str | None = None):
+                 stage_smem: int | None = None, stage_ops: str | None = None, ring: bool | None = None):
         """Weight staging (layout.TASK_HEADER "stage"): stage_smem is the shared bytes per CTA below which staged
         rows must fit: STAGE_AUTO (-1) = the shared memory the graph needs anyway (its largest op layout), so the
         launch's shared / L1 split does not change (a 224 KB carveout measured 6% slower at batch 1 on its own:
@@ -53,8 +54,14 @@ class TaskPacker:
         stage_ops: a regular expression on op names choosing the staged tasks; default ($MPK_STAGE_OPS unset or
         empty): the tasks that wait on attention (o_proj), whose SMs idle while attention runs on a few of them
         and HBM is quiet (staging tiles that wait on a weight-streaming phase measured slower: their copies
-        compete with that phase)."""
+        compete with that phase).
+        ring: per-warp weight page rings for batch-1 linear tiles (runtime/wring.py; a build with -DMPK_WRING=<KB>):
+        None = where the build has them, False = never (the same build then streams every row from global memory),
+        True = required."""
         self.tg, self.mem, self.D = tg, mem, head_dim
+        self.ring_cfg = wring.build_config() if ring is not False else None
+        if ring and self.ring_cfg is None:
+            raise ValueError("ring=True needs a build with weight page rings: MPK_NVCC_DEFINES=-DMPK_WRING=<KB>")
         ops = os.environ.get("MPK_STAGE_OPS", "") if stage_ops is None else stage_ops
         self.stage_ops = re.compile(ops) if ops else None
         self.stage_smem = L.CONSTANTS["STAGE_SMEM"] if stage_smem is None else int(stage_smem)
@@ -78,6 +85,10 @@ class TaskPacker:
         self.staged_bytes = 0   # weight bytes staged per step, all tasks (diagnostics)
         self.stage_info: dict[int, tuple[int, int, int, int]] = {}   # task -> (op's shared bytes, offset, rows, bytes)
         self.prefetch: torch.Tensor | None = None   # (n, PF_WORDS) int64 weight ranges, filled by pack()
+        self.ring_tasks: set[int] = set()   # tasks whose weights stream through the page rings (runtime/wring.py)
+        self.ring_off = 0                   # the rings' byte offset in the dynamic shared memory
+        self.ring_pages = torch.zeros((1, 3), dtype=torch.int64)
+        self.ring_offs = torch.zeros(tg.num_sms * wring.NWARPS + 1, dtype=torch.int32)
 
     def _t(self, name):
         return self.mem.t(name).data_ptr() if name else 0
@@ -149,6 +160,16 @@ class TaskPacker:
         budget = self.smem if self.stage_smem == L.STAGE_AUTO else self.stage_smem
         for t, args, ranges, need in cands:
             tasks[t.id, L.TASK_HEADER.index("stage")] = self._stage_word(t, args, ranges, need, budget)
+        if self.ring_cfg is not None:   # third pass: above every op's layout and staged rows
+            ring_args = {t.id: args for t, args, _r, _n in cands
+                         if wring.eligible(t.kind, args, int(tasks[t.id, L.TASK_HEADER.index("stage")]))}
+            for tid in ring_args:
+                tasks[tid, L.TASK_HEADER.index("stage")] = 1 << L.RING_SHIFT
+            if ring_args:
+                self.ring_off = (self.smem + 127) & ~127
+                self.smem = self.ring_off + self.ring_cfg.nbytes
+            self.ring_tasks = set(ring_args)
+            self.ring_pages, self.ring_offs = wring.lay_out(tg.sm_lists, ring_args, self.ring_cfg)
         offs = [0]
         flat: list[int] = []
         for lst in tg.sm_lists:

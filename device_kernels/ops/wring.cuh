@@ -1,0 +1,118 @@
+// Per-warp weight page rings for batch-1 linear tiles (experimental build -DMPK_WRING=<KB>; runtime/wring.py lays out
+// the pages and documents the scheme). Warp w owns RING_SLOTS slots of MPK_RING_SLOT bytes at dynamic shared byte
+// P_RING_OFF + (w * RING_SLOTS + slot) * MPK_RING_SLOT, each with an mbarrier (arrival count 1 + transaction bytes).
+// Page q of the warp's sequence (its pages of one step, wrapping each step) lives in slot q % RING_SLOTS, phase
+// (q / RING_SLOTS) & 1. Lane 0 issues page q + RING_SLOTS into a slot as soon as the warp has read page q from it:
+// weights never depend on events, so the copies run ahead across task boundaries and waits.
+#pragma once
+#include "../common.cuh"
+
+#if MPK_WRING
+#ifndef MPK_RING_SLOT
+#define MPK_RING_SLOT 4096
+#endif
+
+namespace mpk {
+constexpr int RING_NW = THREADS / 32;
+constexpr int RING_SLOTS = MPK_WRING * 1024 / RING_NW / MPK_RING_SLOT;   // runtime/wring.py RingConfig.slots
+static_assert(RING_SLOTS >= 1, "MPK_WRING too small for one MPK_RING_SLOT page per warp");
+static_assert(MPK_RING_SLOT % 32 == 0, "two-weight pages split into 16-byte multiples");
+constexpr int64_t RING_BIT = 1LL << RING_SHIFT;
+
+__shared__ __align__(8) uint64_t mpk_ring_bar[RING_NW][RING_SLOTS];
+// per warp: next page to read, first entry of its pages in the table, pages a step, pages this launch
+__shared__ int64_t mpk_ring_q[RING_NW], mpk_ring_base[RING_NW], mpk_ring_n[RING_NW], mpk_ring_lim[RING_NW];
+
+// Lane 0: page q of warp w into its slot (nothing past the launch's last page).
+__device__ __forceinline__ void ring_issue(const int64_t* P, int w, int64_t q) {
+  if (q >= mpk_ring_lim[w]) return;
+  const int64_t* e = ptr<const int64_t>(P[P_RING_PAGES]) + (mpk_ring_base[w] + q % mpk_ring_n[w]) * 3;
+  const int64_t s0 = e[0], s1 = e[1];
+  const uint32_t nb = (uint32_t)e[2];
+  const int slot = (int)(q % RING_SLOTS);
+  const uint32_t bar = smem_addr(&mpk_ring_bar[w][slot]);
+  const uint32_t dst = smem_addr(dyn_smem() + P[P_RING_OFF]) + (uint32_t)((w * RING_SLOTS + slot) * MPK_RING_SLOT);
+  // this warp's reads of the slot (generic proxy, ordered before lane 0 by the __syncwarp) come before the copy
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  mbar_expect_tx(bar, s1 != 0 ? 2u * nb : nb);
+  bulk_g2s(dst, reinterpret_cast<const void*>(s0), nb, bar);
+  if (s1 != 0) bulk_g2s(dst + MPK_RING_SLOT / 2, reinterpret_cast<const void*>(s1), nb, bar);
+}
+
+// Every warp's lane 0, once per launch (after the parameters are in shared memory): the barriers, the warp's page
+// range, and its first RING_SLOTS pages.
+__device__ __forceinline__ void ring_start(const int64_t* P, int sm, int nsteps) {
+  if ((threadIdx.x & 31) != 0) return;
+  const int w = threadIdx.x >> 5;
+  const int32_t* offs = ptr<const int32_t>(P[P_RING_OFFS]);
+  const int64_t b = offs[sm * RING_NW + w], n = offs[sm * RING_NW + w + 1] - b;
+  mpk_ring_base[w] = b;
+  mpk_ring_n[w] = n;
+  mpk_ring_lim[w] = n * nsteps;
+  mpk_ring_q[w] = 0;
+  for (int s = 0; s < RING_SLOTS; ++s) mbar_init(smem_addr(&mpk_ring_bar[w][s]));
+  for (int s = 0; s < RING_SLOTS; ++s) ring_issue(P, w, s);
+}
+
+// Lane 0 of every warp, before an aborting CTA exits: wait for the copies still in flight into its slots.
+__device__ __forceinline__ void ring_drain() {
+  if ((threadIdx.x & 31) != 0) return;
+  const int w = threadIdx.x >> 5;
+  const int64_t q0 = mpk_ring_q[w], q1 = min(q0 + RING_SLOTS, mpk_ring_lim[w]);
+  for (int64_t q = q0; q < q1; ++q)
+    mbar_wait(smem_addr(&mpk_ring_bar[w][q % RING_SLOTS]), (uint32_t)((q / RING_SLOTS) & 1));
+}
+
+// y0s[n - n0] (and y1s with w1: TWO) = xs . w[n] for the warp's rows [ra, rb) (codegen/layout.py ring_rows), one row
+// of x (K bf16 in shared memory), the weights from the warp's ring pages (a page may end inside a row). Each lane
+// accumulates its vectors k = lane, lane + 32, ... of a row in order, then a warp butterfly: linear_pass's sums
+// (one K segment), bit for bit. Ends with __syncthreads().
+template <bool TWO>
+__device__ __noinline__ void linear_ring_core(const int64_t* P, const bf16* xs, int K, int n0, int n1, float* y0s,
+                                              float* y1s) {
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rpw = (n1 - n0 + RING_NW - 1) / RING_NW;
+  const int ra = n0 + w * rpw, rb = min(n1, ra + rpw);
+  if (ra < rb) {
+    const int RV = K >> 3;                                      // 16-byte vectors a row
+    constexpr int PV = (TWO ? MPK_RING_SLOT / 2 : MPK_RING_SLOT) / 16;   // vectors of each weight a page
+    const int TV = (rb - ra) * RV;
+    const unsigned char* ring = dyn_smem() + P[P_RING_OFF];
+    int64_t q = mpk_ring_q[w];
+    float a0 = 0.f, a1 = 0.f;
+    for (int vb = 0; vb < TV; vb += PV, ++q) {
+      const int slot = (int)(q % RING_SLOTS);
+      mbar_wait(smem_addr(&mpk_ring_bar[w][slot]), (uint32_t)((q / RING_SLOTS) & 1));
+      const uint4* s0 = reinterpret_cast<const uint4*>(ring + (w * RING_SLOTS + slot) * MPK_RING_SLOT) - vb;
+      const uint4* s1 = s0 + MPK_RING_SLOT / 2 / 16;
+      const int ve = min(vb + PV, TV);
+      for (int r = vb / RV; r * RV < ve; ++r) {   // the rows the page holds (part of)
+        const int kb = max(vb - r * RV, 0), ke = min(ve - r * RV, RV);
+        const uint4* w0r = s0 + r * RV;
+        const uint4* w1r = s1 + r * RV;
+#pragma unroll 4
+        for (int kk = kb + ((lane - kb) & 31); kk < ke; kk += 32) {   // this lane's k = lane mod 32, in order
+          const uint4 xv = *reinterpret_cast<const uint4*>(xs + kk * 8);
+          a0 = dot8(w0r[kk], xv, a0);
+          if (TWO) a1 = dot8(w1r[kk], xv, a1);
+        }
+        if (ke == RV) {   // the row is complete
+          const float t0 = warp_sum(a0);
+          const float t1 = TWO ? warp_sum(a1) : 0.f;
+          if (lane == 0) {
+            y0s[ra + r - n0] = t0;
+            if (TWO) y1s[ra + r - n0] = t1;
+          }
+          a0 = 0.f;
+          a1 = 0.f;
+        }
+      }
+      __syncwarp();   // every lane has read the page
+      if (lane == 0) ring_issue(P, w, q + RING_SLOTS);
+    }
+    if (lane == 0) mpk_ring_q[w] = q;
+  }
+  __syncthreads();
+}
+}  // namespace mpk
+#endif

@@ -1,0 +1,98 @@
+"""Per-warp weight page rings for batch-1 linear tiles (experimental build `-DMPK_WRING=<KB>`; off by default).
+
+At batch 1 every linear task pays 3-4 us at its two ends (x + norm before its first weight byte, epilogue + barrier +
+signal after its last) and ~1 us at each phase boundary, while HBM idles (docs/perf-notes.md sessions 24-25). Here
+the weights of the chosen tiles stream through shared memory instead, continuously: each warp owns a ring of
+RING_SLOTS pages of MPK_RING_SLOT bytes, and after it has read a page it issues (one TMA bulk copy per weight, on the
+page's mbarrier) the page RING_SLOTS ahead in its own sequence. That page may belong to the SM's next ring task,
+so its bytes are in flight while this task finishes, the SM waits on the next task's events, and x is loaded.
+Weights never depend on events, and a warp refills only the slot it has just read, so no producer warp, no empty
+barriers and no cross-warp hand-off are needed.
+
+A warp's sequence over one step is fixed by the schedule: for each ring task of its SM, in list order, the warp's
+contiguous row block (layout.ring_rows) of each weight, cut into pages of layout.ring_part_bytes per weight (two
+weights: gate's part then up's in one page). This module lays those pages out; the kernel (device_kernels/ops/
+wring.cuh) walks them, wrapping once per step, and reads them from shared memory in the same lane order as the
+global-memory path (each lane its vectors k = lane mod 32 of each row, in order), so the sums are bitwise the same.
+
+Chosen tiles: linear, CUDA-core (no Tensor Core rows), one output row (batch 1), one K segment, nothing staged
+(layout stage word). The ring sits above every op's own shared
+memory; its size is the build's (MPK_WRING KB = warps x RING_SLOTS x MPK_RING_SLOT).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..codegen import layout as L
+from ..codegen import nvcc
+
+NWARPS = L.CONSTANTS["THREADS"] // 32
+
+
+@dataclass(frozen=True)
+class RingConfig:
+    kb: int            # the ring's shared memory per CTA, KB (MPK_WRING)
+    slot: int          # bytes per page slot (MPK_RING_SLOT)
+
+    @property
+    def slots(self) -> int:
+        """Page slots per warp (the kernel's RING_SLOTS: the same integer division)."""
+        return self.kb * 1024 // NWARPS // self.slot
+
+    @property
+    def nbytes(self) -> int:
+        return NWARPS * self.slots * self.slot
+
+
+def build_config() -> RingConfig | None:
+    """The ring of the build MPK_NVCC_DEFINES describes (-DMPK_WRING=<KB>, -DMPK_RING_SLOT=<bytes>, default 4096),
+    or None (the default build has none)."""
+    kb = nvcc.define_int("MPK_WRING", 0)
+    if kb <= 0:
+        return None
+    cfg = RingConfig(kb, nvcc.define_int("MPK_RING_SLOT", 4096))
+    if cfg.slots < 1:
+        raise ValueError(f"MPK_WRING={kb} KB gives {NWARPS} warps no {cfg.slot}-byte page slot each: a larger ring or a "
+                         "smaller MPK_RING_SLOT")
+    L.ring_part_bytes(cfg.slot, 2)   # two-weight pages must split in whole 512-byte halves
+    return cfg
+
+
+def eligible(kind: str, a: dict, stage_word: int) -> bool:
+    """A linear tile the ring serves (module docstring): a batch-1 CUDA-core tile, one K segment, nothing staged."""
+    return kind == "linear" and a["tc_rows"] == 0 and a["m"] == 1 and a["kseg"] == 1 and stage_word == 0
+
+
+def warp_pages(a: dict, warp: int, slot: int) -> list[tuple[int, int, int]]:
+    """(address of weight 0's part, of weight 1's part or 0, bytes per part) of each page warp `warp` reads in a
+    ring tile with arguments `a`, in order."""
+    ra, rb = L.ring_rows(a["n0"], a["n1"], warp, NWARPS)
+    if ra >= rb:
+        return []
+    ws = [w for w in (a["w0"], a["w1"]) if w]
+    part = L.ring_part_bytes(slot, len(ws))
+    row = a["k"] * 2
+    total = (rb - ra) * row
+    out = []
+    for off in range(0, total, part):
+        n = min(part, total - off)
+        out.append((ws[0] + ra * row + off, ws[1] + ra * row + off if len(ws) > 1 else 0, n))
+    return out
+
+
+def lay_out(sm_lists: list[list[int]], ring_args: dict[int, dict], cfg: RingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The page table (n, 3) int64 (addresses and bytes, layout above) and the int32 offsets (num_sms * NWARPS + 1)
+    of each (SM, warp)'s pages within it: for SM s and warp w, entries offs[s * NWARPS + w] .. offs[... + 1] - 1 are
+    its pages of one step, ring tasks in the SM's list order (ring_args: task id -> its argument words)."""
+    rows: list[tuple[int, int, int]] = []
+    offs = [0]
+    for lst in sm_lists:
+        for w in range(NWARPS):
+            for tid in lst:
+                if tid in ring_args:
+                    rows += warp_pages(ring_args[tid], w, cfg.slot)
+            offs.append(len(rows))
+    pages = torch.tensor(rows or [(0, 0, 0)], dtype=torch.int64)
+    return pages, torch.tensor(offs, dtype=torch.int32)

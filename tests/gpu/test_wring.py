@@ -1,0 +1,28 @@
+"""GPU: per-warp weight page rings (runtime/wring.py, build -DMPK_WRING=<KB>) give bit-identical logits and tokens
+to the same build streaming every row from global memory (ring=False), over one-step launches and a multi-step launch
+(the rings wrap across steps), with pages that end inside rows (small slots) and with the real shapes' slots.
+Experimental, off by default; docs/perf-notes.md session 28."""
+import pytest
+import torch
+
+from tests.gpu.marks import KERNEL
+
+pytestmark = KERNEL
+
+
+@pytest.mark.parametrize("model,defines", [
+    ("tiny-llama", "-DMPK_WRING=16 -DMPK_RING_SLOT=96"),     # 96-byte slots: pages end inside rows
+    ("tiny-qwen3", "-DMPK_WRING=32 -DMPK_RING_SLOT=1024"),
+    ("llama-3.2-1b", "-DMPK_WRING=48"),                      # 4 KB slots, the experiment's shape
+])
+def test_ring_tiles_are_bitwise_the_global_memory_path(model, defines, gpu_check, monkeypatch):
+    monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
+    plain = gpu_check.Rig(model, 1, max_seq=64, cpu_ref=False, ring=False)
+    assert not plain.mk.ring_tasks
+    ring = gpu_check.Rig(model, 1, max_seq=64, cpu_ref=False, build=plain.mk.build)
+    assert ring.mk.ring_tasks and ring.mk.smem > plain.mk.smem
+    base = plain.greedy_run(5, seed=3)
+    got = ring.greedy_run(5, seed=3)
+    for s, ((lb, nb), (lg, ng)) in enumerate(zip(base, got)):
+        assert torch.equal(nb, ng), (s, nb, ng)
+        assert torch.equal(lb, lg), (s, (lb - lg).abs().max().item())

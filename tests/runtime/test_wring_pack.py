@@ -1,0 +1,99 @@
+"""Per-warp weight page rings (runtime/wring.py, a -DMPK_WRING build): which tiles read their weights from the rings,
+where the rings sit in shared memory, and that each warp's pages, read in order, are exactly its rows of every ring
+tile of its SM (device_kernels/ops/wring.cuh consumes them in that order; tests/gpu/test_wring.py checks the
+kernel's sums bitwise against the global-memory path)."""
+import ctypes
+
+import pytest
+import torch
+
+from mpk_runtime.codegen import layout as L
+from mpk_runtime.ir.build import build_graph
+from mpk_runtime.models.config import load_config
+from mpk_runtime.models.weights import get_weights
+from mpk_runtime.runtime import wring
+from mpk_runtime.runtime.memory import KVStore, RankMemory
+from mpk_runtime.runtime.packer import TaskPacker
+from mpk_runtime.tasks.build import build_task_graphs
+from mpk_runtime.tasks.tiling import Tiling
+
+STAGE = L.TASK_HEADER.index("stage")
+
+
+def _pack(monkeypatch, model, batch, defines, ring=None):
+    monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
+    cfg = load_config(model)
+    g = build_graph(cfg, mode="decode", batch=batch, context_len=0, max_seq_len=64, tp=1, rank=0, attn_splits=2,
+                    dtype="bfloat16")
+    tg = build_task_graphs([g], Tiling(num_sms=8))[0]
+    kv = KVStore(cfg.num_layers, batch * 4 + 1, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    mem = RankMemory(g, get_weights(model, cfg, seed=0, dtype="bfloat16"), kv)
+    p = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu", stage_smem=0, ring=ring)
+    return tg, p, p.pack()[0]
+
+
+def _arg(row, name):
+    return int(row[L.arg_index("linear", name)])
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("defines", ["-DMPK_WRING=16 -DMPK_RING_SLOT=512", "-DMPK_WRING=24 -DMPK_RING_SLOT=96"])
+def test_each_warps_pages_are_its_rows_of_every_ring_tile_in_order(monkeypatch, model, defines):
+    tg, p, tasks = _pack(monkeypatch, model, 1, defines)
+    cfg = p.ring_cfg
+    assert cfg is not None and cfg.slots >= 1
+    ring = {t.id for t in tg.tasks if t.kind == "linear"}   # batch 1: every linear tile is a CUDA-core one
+    assert p.ring_tasks == ring and ring
+    for t in tg.tasks:
+        assert int(tasks[t.id, STAGE]) == (1 << L.RING_SHIFT if t.id in ring else 0), t.label()
+    # the rings sit above every op's own layout, and the launch's shared memory ends with them
+    _tg, plain, _ = _pack(monkeypatch, model, 1, defines, ring=False)
+    assert plain.smem <= p.ring_off < plain.smem + 128 and p.ring_off % 128 == 0
+    assert p.smem == p.ring_off + cfg.nbytes
+    nw = wring.NWARPS
+    offs = p.ring_offs.tolist()
+    assert len(offs) == tg.num_sms * nw + 1 and offs[0] == 0 and offs[-1] == p.ring_pages.shape[0]
+    covered = {tid: 0 for tid in ring}
+    for sm, lst in enumerate(tg.sm_lists):
+        for w in range(nw):
+            pages = p.ring_pages[offs[sm * nw + w]:offs[sm * nw + w + 1]].tolist()
+            got0, got1 = b"", b""
+            want0, want1 = b"", b""
+            for tid in lst:
+                if tid not in ring:
+                    continue
+                row = tasks[tid]
+                K, n0, n1 = _arg(row, "k"), _arg(row, "n0"), _arg(row, "n1")
+                ra, rb = L.ring_rows(n0, n1, w, nw)
+                if ra < rb:
+                    covered[tid] += rb - ra
+                    w0, w1 = _arg(row, "w0"), _arg(row, "w1")
+                    want0 += ctypes.string_at(w0 + ra * K * 2, (rb - ra) * K * 2)
+                    want1 += ctypes.string_at(w1 + ra * K * 2, (rb - ra) * K * 2) if w1 else b""
+            for s0, s1, nb in pages:
+                assert 0 < nb <= cfg.slot // (2 if s1 else 1) and nb % 16 == 0 and s0 % 16 == 0
+                got0 += ctypes.string_at(s0, nb)
+                got1 += ctypes.string_at(s1, nb) if s1 else b""
+            assert got0 == want0 and got1 == want1, (sm, w)
+    for tid in ring:   # the warps' blocks cover each tile's rows once
+        row = tasks[tid]
+        assert covered[tid] == _arg(row, "n1") - _arg(row, "n0")
+
+
+def test_only_batch1_cuda_core_tiles_read_the_rings(monkeypatch):
+    tg, p, tasks = _pack(monkeypatch, "tiny-llama", 4, "-DMPK_WRING=16 -DMPK_RING_SLOT=512")
+    assert p.ring_tasks == set() and p.ring_off == 0   # batch 4: Tensor Core tiles
+    assert all(int(tasks[t.id, STAGE]) == 0 for t in tg.tasks)
+
+
+def test_the_switch_and_its_errors(monkeypatch):
+    _tg, p, _ = _pack(monkeypatch, "tiny-llama", 1, "-DMPK_WRING=16 -DMPK_RING_SLOT=512", ring=False)
+    assert p.ring_tasks == set() and p.ring_cfg is None   # the same build, every row from global memory
+    _tg, p, _ = _pack(monkeypatch, "tiny-llama", 1, "")
+    assert p.ring_tasks == set()                           # the default build has no rings
+    with pytest.raises(ValueError, match="MPK_WRING"):
+        _pack(monkeypatch, "tiny-llama", 1, "", ring=True)
+    with pytest.raises(ValueError, match="no 4096-byte page slot"):
+        _pack(monkeypatch, "tiny-llama", 1, "-DMPK_WRING=16")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        _pack(monkeypatch, "tiny-llama", 1, "-DMPK_WRING=16 -DMPK_RING_SLOT=40")
