@@ -42,7 +42,8 @@ def test_every_task_kind_has_an_opcode_and_device_file():
     # helpers: a device file that is not an op of its own is included by the op files that use it
     helpers = {h for h in device - cpu_ops
                if any(f'#include "{h}.cuh"' in (ops_dir / f"{o}.cuh").read_text() for o in device & cpu_ops)}
-    assert helpers == {"sample_select", "attention_merge"}   # (argmax.cuh's candidate selection; attention.cuh's chunk merge)
+    # (argmax.cuh's candidate selection; attention.cuh's chunk merge; linear.cuh's weight page rings, -DMPK_WRING)
+    assert helpers == {"sample_select", "attention_merge", "wring"}
     assert device - helpers == cpu_ops
 
 
@@ -158,8 +159,10 @@ def test_concurrent_builds_compile_once(tmp_path):
 
 
 @pytest.mark.skipif(nvcc.find_nvcc() is None, reason="nvcc not on PATH: cannot compile device sources")
-def test_real_kernel_compiles_without_spills(tmp_path, monkeypatch):
+@pytest.mark.parametrize("defines", ["", "-DMPK_WRING=48 -DMPK_RING_SLOT=2048"])   # default; weight page rings
+def test_real_kernel_compiles_without_spills(tmp_path, monkeypatch, defines):
     monkeypatch.setenv("MPK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
     r = nvcc.build()
     res = r.resources[layout.KERNEL_NAME]
     assert res["spill_stores"] == 0 and res["spill_loads"] == 0
