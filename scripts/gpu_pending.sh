@@ -10,6 +10,7 @@
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh tattn    # (one GPU, ~8 min): the Triton paged attention: tests, curves, plans
 #     OUT=$OUT bash scripts/gpu_pending.sh sweep    # (one GPU, ~5 min): its launch shapes (bench_paged_attention.py), tests
+#     OUT=$OUT bash scripts/gpu_pending.sh wring    # (one GPU, ~9 min): the weight page rings' GPU test and B=1 A/B
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
@@ -136,6 +137,24 @@ for V in $VARS; do
 done
 python3 scripts/ab_table.py $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
 python3 scripts/ab_table.py --kv-rates $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
+elif [ "$MODE" = wring ]; then
+# wring: the weight page rings (runtime/wring.py, -DMPK_WRING): their bitwise GPU test, then B=1 ctx 512 A/B of the
+# variants in VARS (r56: 56 KB in 1792-byte slots beside wide attention; r128n: narrow attention + 128 KB, llama only,
+# qwen3-8b's narrow attention leaves no room; narrow: the narrow passes alone)
+st "wring: tests/gpu/test_wring.py, then B=1 ctx 512: ${VARS:=base r56 r128n narrow base2}"
+timeout 140 python3 -m pytest -q -m gpu tests/gpu/test_wring.py -x > "$OUT/pytest_wring.log" 2>&1
+grep -E "^FAILED|passed|failed|rror" "$OUT/pytest_wring.log" | tail -8
+for V in $VARS; do
+  D=""; W=""
+  case $V in base|base2) ;; r56) D="-DMPK_WRING=56 -DMPK_RING_SLOT=1792";; r48) D="-DMPK_WRING=48 -DMPK_RING_SLOT=2048";;
+    r128n) D="-DMPK_WRING=128"; W=0;; narrow) W=0;; *) echo "unknown variant $V"; continue;; esac
+  d="$OUT/bench/ab_$V"; mkdir -p "$d"
+  MPK_ATT_WIDE=$W MPK_NVCC_DEFINES="$D" OUT="$d" timeout ${LIM:-80} python3 scripts/bench_decode.py \
+      --models llama-3.2-1b,qwen3-8b --batches 1 --contexts 512 --mk-max-batch 8 --no-planned --no-peers \
+      --budget-s $((${LIM:-80} - 10)) > "$d/bench.log" 2>&1
+  grep -A8 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
+done
+python3 scripts/ab_table.py $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
 elif [ "$MODE" = sweep ]; then
 # sweep: the paged attention's launch shapes at both models' points, K / V from HBM (scripts/bench_paged_attention.py;
 # prints TUNED entries), then the kernel's GPU tests (~4-5 min)
