@@ -161,8 +161,9 @@ class TaskPacker:
         for t, args, ranges, need in cands:
             tasks[t.id, L.TASK_HEADER.index("stage")] = self._stage_word(t, args, ranges, need, budget)
         if self.ring_cfg is not None:   # third pass: above every op's layout and staged rows
-            ring_args = {t.id: args for t, args, _r, _n in cands
-                         if wring.eligible(t.kind, args, int(tasks[t.id, L.TASK_HEADER.index("stage")]))}
+            views = {t.id: wring.view(t.kind, args, int(tasks[t.id, L.TASK_HEADER.index("stage")]))
+                     for t, args, _r, _n in cands}
+            ring_args = {tid: v for tid, v in views.items() if v is not None}
             for tid in ring_args:
                 tasks[tid, L.TASK_HEADER.index("stage")] = 1 << L.RING_SHIFT
             if ring_args:

@@ -15,7 +15,7 @@ weights: gate's part then up's in one page). This module lays those pages out; t
 wring.cuh) walks them, wrapping once per step, and reads them from shared memory in the same lane order as the
 global-memory path (each lane its vectors k = lane mod 32 of each row, in order), so the sums are bitwise the same.
 
-Chosen tiles: linear, CUDA-core (no Tensor Core rows), one output row (batch 1), one K segment, nothing staged
+Chosen tiles (view()): batch-1 CUDA-core linear tiles of one K segment and batch-1 qkv_rope parts, nothing staged
 (layout stage word). The ring sits above every op's own shared
 memory; its size is the build's (MPK_WRING KB = warps x RING_SLOTS x MPK_RING_SLOT).
 """
@@ -60,20 +60,29 @@ def build_config() -> RingConfig | None:
     return cfg
 
 
-def eligible(kind: str, a: dict, stage_word: int) -> bool:
-    """A linear tile the ring serves (module docstring): a batch-1 CUDA-core tile, one K segment, nothing staged."""
-    return kind == "linear" and a["tc_rows"] == 0 and a["m"] == 1 and a["kseg"] == 1 and stage_word == 0
+def view(kind: str, a: dict, stage_word: int) -> dict | None:
+    """The weight rows a tile the ring serves streams, as (n0, n1, k, w0, w1): rows [n0, n1) of w0 (and of w1), K
+    bf16 each; None for a tile it does not serve. Served: batch-1 CUDA-core linear tiles of one K segment, and
+    batch-1 qkv_rope parts (their two row ranges of the head: pairs r0 .. r0 + nr and D/2 + r0 ..; linear_core's
+    call in qkv_rope.cuh), with nothing staged."""
+    if stage_word != 0:
+        return None
+    if kind == "linear" and a["tc_rows"] == 0 and a["m"] == 1 and a["kseg"] == 1:
+        return dict(n0=a["n0"], n1=a["n1"], k=a["k"], w0=a["w0"], w1=a["w1"])
+    if kind == "qkv_rope" and a["m"] == 1:
+        return dict(n0=a["r0"], n1=a["r0"] + a["nr"], k=a["k"], w0=a["w"], w1=a["w"] + a["d"] // 2 * a["k"] * 2)
+    return None
 
 
-def warp_pages(a: dict, warp: int, slot: int) -> list[tuple[int, int, int]]:
+def warp_pages(v: dict, warp: int, slot: int) -> list[tuple[int, int, int]]:
     """(address of weight 0's part, of weight 1's part or 0, bytes per part) of each page warp `warp` reads in a
-    ring tile with arguments `a`, in order."""
-    ra, rb = L.ring_rows(a["n0"], a["n1"], warp, NWARPS)
+    ring tile whose rows are `v` (view()), in order."""
+    ra, rb = L.ring_rows(v["n0"], v["n1"], warp, NWARPS)
     if ra >= rb:
         return []
-    ws = [w for w in (a["w0"], a["w1"]) if w]
+    ws = [w for w in (v["w0"], v["w1"]) if w]
     part = L.ring_part_bytes(slot, len(ws))
-    row = a["k"] * 2
+    row = v["k"] * 2
     total = (rb - ra) * row
     out = []
     for off in range(0, total, part):
@@ -85,7 +94,7 @@ def warp_pages(a: dict, warp: int, slot: int) -> list[tuple[int, int, int]]:
 def lay_out(sm_lists: list[list[int]], ring_args: dict[int, dict], cfg: RingConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The page table (n, 3) int64 (addresses and bytes, layout above) and the int32 offsets (num_sms * NWARPS + 1)
     of each (SM, warp)'s pages within it: for SM s and warp w, entries offs[s * NWARPS + w] .. offs[... + 1] - 1 are
-    its pages of one step, ring tasks in the SM's list order (ring_args: task id -> its argument words)."""
+    its pages of one step, ring tasks in the SM's list order (ring_args: task id -> its rows, view())."""
     rows: list[tuple[int, int, int]] = []
     offs = [0]
     for lst in sm_lists:

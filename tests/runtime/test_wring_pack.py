@@ -13,7 +13,7 @@ from mpk_runtime.models.config import load_config
 from mpk_runtime.models.weights import get_weights
 from mpk_runtime.runtime import wring
 from mpk_runtime.runtime.memory import KVStore, RankMemory
-from mpk_runtime.runtime.packer import TaskPacker
+from mpk_runtime.runtime.packer import L_OPCODE, TaskPacker
 from mpk_runtime.tasks.build import build_task_graphs
 from mpk_runtime.tasks.tiling import Tiling
 
@@ -32,8 +32,15 @@ def _pack(monkeypatch, model, batch, defines, ring=None):
     return tg, p, p.pack()[0]
 
 
-def _arg(row, name):
-    return int(row[L.arg_index("linear", name)])
+def _rows(row):
+    """(n0, n1, K, w0, w1) of a ring tile from its record: a linear tile's rows [n0, n1) of w0 / w1; a qkv_rope
+    part's pairs [r0, r0 + nr) of the head's first half rows (w) and of its second half (w + D/2 rows)."""
+    if int(row[L.TASK_HEADER.index("opcode")]) == L_OPCODE["linear"]:
+        a = lambda n: int(row[L.arg_index("linear", n)])   # noqa: E731
+        return a("n0"), a("n1"), a("k"), a("w0"), a("w1")
+    a = lambda n: int(row[L.arg_index("qkv_rope", n)])   # noqa: E731
+    K = a("k")
+    return a("r0"), a("r0") + a("nr"), K, a("w"), a("w") + a("d") // 2 * K * 2
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
@@ -42,7 +49,8 @@ def test_each_warps_pages_are_its_rows_of_every_ring_tile_in_order(monkeypatch, 
     tg, p, tasks = _pack(monkeypatch, model, 1, defines)
     cfg = p.ring_cfg
     assert cfg is not None and cfg.slots >= 1
-    ring = {t.id for t in tg.tasks if t.kind == "linear"}   # batch 1: every linear tile is a CUDA-core one
+    # batch 1: every linear tile is a CUDA-core one, and every qkv_rope part is served too
+    ring = {t.id for t in tg.tasks if t.kind in ("linear", "qkv_rope")}
     assert p.ring_tasks == ring and ring
     for t in tg.tasks:
         assert int(tasks[t.id, STAGE]) == (1 << L.RING_SHIFT if t.id in ring else 0), t.label()
@@ -62,12 +70,10 @@ def test_each_warps_pages_are_its_rows_of_every_ring_tile_in_order(monkeypatch, 
             for tid in lst:
                 if tid not in ring:
                     continue
-                row = tasks[tid]
-                K, n0, n1 = _arg(row, "k"), _arg(row, "n0"), _arg(row, "n1")
+                n0, n1, K, w0, w1 = _rows(tasks[tid])
                 ra, rb = L.ring_rows(n0, n1, w, nw)
                 if ra < rb:
                     covered[tid] += rb - ra
-                    w0, w1 = _arg(row, "w0"), _arg(row, "w1")
                     want0 += ctypes.string_at(w0 + ra * K * 2, (rb - ra) * K * 2)
                     want1 += ctypes.string_at(w1 + ra * K * 2, (rb - ra) * K * 2) if w1 else b""
             for s0, s1, nb in pages:
@@ -76,8 +82,8 @@ def test_each_warps_pages_are_its_rows_of_every_ring_tile_in_order(monkeypatch, 
                 got1 += ctypes.string_at(s1, nb) if s1 else b""
             assert got0 == want0 and got1 == want1, (sm, w)
     for tid in ring:   # the warps' blocks cover each tile's rows once
-        row = tasks[tid]
-        assert covered[tid] == _arg(row, "n1") - _arg(row, "n0")
+        n0, n1 = _rows(tasks[tid])[:2]
+        assert covered[tid] == n1 - n0
 
 
 def test_only_batch1_cuda_core_tiles_read_the_rings(monkeypatch):
