@@ -1,6 +1,7 @@
-// Per-warp weight page rings for batch-1 linear tiles (experimental build -DMPK_WRING=<KB>; runtime/wring.py lays out
-// the pages and documents the scheme). Warp w owns RING_SLOTS slots of MPK_RING_SLOT bytes at dynamic shared byte
-// P_RING_OFF + (w * RING_SLOTS + slot) * MPK_RING_SLOT, each with an mbarrier (arrival count 1 + transaction bytes).
+// Per-warp weight page rings for batch-1 linear and qkv_rope tiles (experimental build -DMPK_WRING=<KB>;
+// runtime/wring.py lays out the pages and documents the scheme). Warp w owns RING_SLOTS slots of MPK_RING_SLOT bytes
+// at dynamic shared byte P_RING_OFF + (w * RING_SLOTS + slot) * MPK_RING_SLOT, each with an mbarrier (arrival
+// count 1 + transaction bytes).
 // Page q of the warp's sequence (its pages of one step, wrapping each step) lives in slot q % RING_SLOTS, phase
 // (q / RING_SLOTS) & 1. Lane 0 issues page q + RING_SLOTS into a slot as soon as the warp has read page q from it:
 // weights never depend on events, so the copies run ahead across task boundaries and waits.

@@ -55,7 +55,7 @@ class TaskPacker:
         empty): the tasks that wait on attention (o_proj), whose SMs idle while attention runs on a few of them
         and HBM is quiet (staging tiles that wait on a weight-streaming phase measured slower: their copies
         compete with that phase).
-        ring: per-warp weight page rings for batch-1 linear tiles (runtime/wring.py; a build with -DMPK_WRING=<KB>):
+        ring: per-warp weight page rings for batch-1 linear and qkv_rope tiles (runtime/wring.py; -DMPK_WRING=<KB>):
         None = where the build has them, False = never (the same build then streams every row from global memory),
         True = required."""
         self.tg, self.mem, self.D = tg, mem, head_dim
