@@ -12,8 +12,8 @@ pytestmark = KERNEL
 
 @pytest.mark.parametrize("model,defines", [
     ("tiny-llama", "-DMPK_WRING=16 -DMPK_RING_SLOT=96"),     # 96-byte slots: pages end inside rows
-    ("tiny-qwen3", "-DMPK_WRING=32 -DMPK_RING_SLOT=1024"),
-    ("llama-3.2-1b", "-DMPK_WRING=48"),                      # 4 KB slots, the experiment's shape
+    ("tiny-qwen3", "-DMPK_WRING=56 -DMPK_RING_SLOT=1792"),
+    ("llama-3.2-1b", "-DMPK_WRING=56 -DMPK_RING_SLOT=1792"),  # the A/B's r56 build (gpu_pending.sh wring)
 ])
 def test_ring_tiles_are_bitwise_the_global_memory_path(model, defines, gpu_check, monkeypatch):
     monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
