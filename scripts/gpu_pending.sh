@@ -139,14 +139,17 @@ python3 scripts/ab_table.py $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/ben
 python3 scripts/ab_table.py --kv-rates $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
 elif [ "$MODE" = wring ]; then
 # wring: the weight page rings (runtime/wring.py, -DMPK_WRING): their bitwise GPU test, then B=1 ctx 512 A/B of the
-# variants in VARS (r56: 56 KB in 1792-byte slots beside wide attention; r128n: narrow attention + 128 KB, llama only,
-# qwen3-8b's narrow attention leaves no room; narrow: the narrow passes alone)
-st "wring: tests/gpu/test_wring.py, then B=1 ctx 512: ${VARS:=base r56 r128n narrow}"
+# variants in VARS. Session 28 (first build, a table entry per page): r56 +77% / +97%, r128n +12%, narrow -0.9%.
+# Since then: a descriptor per (warp, tile), pages cut in the kernel, copies L2 evict-first. r56b: 2 x 3.5 KB a warp
+# beside llama's wide attention; r128n: narrow attention + 4 x 4 KB (llama only); r64: 2 x 4 KB beside qwen3-8b's
+# attention (qwen3-8b only: llama's wide attention leaves 56 KB)
+st "wring: tests/gpu/test_wring.py, then B=1 ctx 512: ${VARS:=base r56b r128n r64}"
 timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_wring.py -x > "$OUT/pytest_wring.log" 2>&1
 grep -E "^FAILED|passed|failed|rror" "$OUT/pytest_wring.log" | tail -8
 for V in $VARS; do
   D=""; W=""
-  case $V in base|base2) ;; r56) D="-DMPK_WRING=56 -DMPK_RING_SLOT=1792";; r48) D="-DMPK_WRING=48 -DMPK_RING_SLOT=2048";;
+  case $V in base|base2) ;; r56) D="-DMPK_WRING=56 -DMPK_RING_SLOT=1792";; r56b) D="-DMPK_WRING=56 -DMPK_RING_SLOT=3584";;
+    r64) D="-DMPK_WRING=64";; r48) D="-DMPK_WRING=48 -DMPK_RING_SLOT=2048";;
     r128n) D="-DMPK_WRING=128"; W=0;; narrow) W=0;; *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_ATT_WIDE=$W MPK_NVCC_DEFINES="$D" OUT="$d" timeout ${LIM:-75} python3 scripts/bench_decode.py \

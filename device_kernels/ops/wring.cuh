@@ -4,7 +4,9 @@
 // count 1 + transaction bytes).
 // Page q of the warp's sequence (its pages of one step, wrapping each step) lives in slot q % RING_SLOTS, phase
 // (q / RING_SLOTS) & 1. Lane 0 issues page q + RING_SLOTS into a slot as soon as the warp has read page q from it:
-// weights never depend on events, so the copies run ahead across task boundaries and waits.
+// weights never depend on events, so the copies run ahead across task boundaries and waits. The pages are cut here
+// from one descriptor per (warp, tile) segment, the next one prefetched a segment ahead (session 28's first build
+// read a table entry per page from HBM before each copy: +77% at 1.75 KB pages), and load L2 evict-first.
 #pragma once
 #include "../common.cuh"
 
@@ -21,28 +23,66 @@ static_assert(MPK_RING_SLOT % 32 == 0, "two-weight pages split into 16-byte mult
 constexpr int64_t RING_BIT = 1LL << RING_SHIFT;
 
 __shared__ __align__(8) uint64_t mpk_ring_bar[RING_NW][RING_SLOTS];
-// per warp: next page to read, first entry of its pages in the table, pages a step, pages this launch
-__shared__ int64_t mpk_ring_q[RING_NW], mpk_ring_base[RING_NW], mpk_ring_n[RING_NW], mpk_ring_lim[RING_NW];
+// per warp: the next page to read (q) and to issue (iq); the issue cursor: segment (counted over the launch's steps)
+// and byte offset in it; the warp's first segment in the table, its segments a step and this launch
+__shared__ int64_t mpk_ring_q[RING_NW], mpk_ring_iq[RING_NW], mpk_ring_seg[RING_NW], mpk_ring_off[RING_NW];
+__shared__ int64_t mpk_ring_base[RING_NW], mpk_ring_n[RING_NW], mpk_ring_lim[RING_NW];
+// the cursor's segment descriptor and the next one (runtime/wring.py SEG_WORDS: w0, w1 or 0, bytes of each, pad),
+// the next one copied in by cp.async a segment ahead
+__shared__ __align__(16) int64_t mpk_ring_cur[RING_NW][4], mpk_ring_nxt[RING_NW][4];
 
-// Lane 0: page q of warp w into its slot (nothing past the launch's last page).
-__device__ __forceinline__ void ring_issue(const int64_t* P, int w, int64_t q) {
-  if (q >= mpk_ring_lim[w]) return;
-  const int64_t* e = ptr<const int64_t>(P[P_RING_PAGES]) + (mpk_ring_base[w] + q % mpk_ring_n[w]) * 3;
-  const int64_t s0 = e[0], s1 = e[1];
-  const uint32_t nb = (uint32_t)e[2];
-  const int slot = (int)(q % RING_SLOTS);
+// bytes from global src into shared dst on bar, L2 evict-first (the direct path's .cs loads keep x, partials and
+// K/V resident in L2 the same way)
+__device__ __forceinline__ void ring_g2s(uint32_t dst, int64_t src, uint32_t bytes, uint32_t bar, uint64_t pol) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
+}
+
+// Lane 0: segment s's descriptor into the warp's `nxt` (cp.async; waited for when the cursor reaches it).
+__device__ __forceinline__ void ring_prefetch(const int64_t* P, int w, int64_t s) {
+  const int64_t* d = ptr<const int64_t>(P[P_RING_PAGES]) + (mpk_ring_base[w] + s % mpk_ring_n[w]) * 4;
+  cp_async16(&mpk_ring_nxt[w][0], d, true);
+  cp_async16(&mpk_ring_nxt[w][2], d + 2, true);
+  cp_async_commit();
+}
+
+// Lane 0: the warp's next page (the cursor's next part of each weight) into its slot, then the cursor moves on
+// (nothing past the launch's last segment).
+__device__ __forceinline__ void ring_issue(const int64_t* P, int w) {
+  const int64_t seg = mpk_ring_seg[w];
+  if (seg >= mpk_ring_lim[w]) return;
+  const int64_t s0 = mpk_ring_cur[w][0], s1 = mpk_ring_cur[w][1], tot = mpk_ring_cur[w][2], off = mpk_ring_off[w];
+  const int64_t part = s1 != 0 ? MPK_RING_SLOT / 2 : MPK_RING_SLOT;
+  const uint32_t nb = (uint32_t)min(part, tot - off);
+  const int64_t iq = mpk_ring_iq[w];
+  const int slot = (int)(iq % RING_SLOTS);
   const uint32_t bar = smem_addr(&mpk_ring_bar[w][slot]);
   const uint32_t dst = smem_addr(dyn_smem() + P[P_RING_OFF]) + (uint32_t)((w * RING_SLOTS + slot) * MPK_RING_SLOT);
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   // this warp's reads of the slot (generic proxy, ordered before lane 0 by the __syncwarp) come before the copy
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   mbar_expect_tx(bar, s1 != 0 ? 2u * nb : nb);
-  bulk_g2s(dst, reinterpret_cast<const void*>(s0), nb, bar);
-  if (s1 != 0) bulk_g2s(dst + MPK_RING_SLOT / 2, reinterpret_cast<const void*>(s1), nb, bar);
+  ring_g2s(dst, s0 + off, nb, bar, pol);
+  if (s1 != 0) ring_g2s(dst + MPK_RING_SLOT / 2, s1 + off, nb, bar, pol);
+  mpk_ring_iq[w] = iq + 1;
+  if (off + nb < tot) {
+    mpk_ring_off[w] = off + nb;
+    return;
+  }
+  mpk_ring_off[w] = 0;   // the segment is issued: the next one's descriptor (prefetched) becomes the cursor's
+  mpk_ring_seg[w] = seg + 1;
+  if (seg + 1 < mpk_ring_lim[w]) {
+    cp_async_wait_all();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) mpk_ring_cur[w][j] = mpk_ring_nxt[w][j];
+    if (seg + 2 < mpk_ring_lim[w]) ring_prefetch(P, w, seg + 2);
+  }
 }
 
-// Every warp's lane 0, once per launch (after the parameters are in shared memory): the barriers, the warp's page
-// range, and its first RING_SLOTS pages.
-__device__ __forceinline__ void ring_start(const int64_t* P, int sm, int nsteps) {
+// Every warp's lane 0, once per launch: the barriers, the warp's segments, the first descriptor (and the next one in
+// flight), and its first RING_SLOTS pages.
+__device__ __noinline__ void ring_start(const int64_t* P, int sm, int nsteps) {
   if ((threadIdx.x & 31) != 0) return;
   const int w = threadIdx.x >> 5;
   const int32_t* offs = ptr<const int32_t>(P[P_RING_OFFS]);
@@ -50,18 +90,23 @@ __device__ __forceinline__ void ring_start(const int64_t* P, int sm, int nsteps)
   mpk_ring_base[w] = b;
   mpk_ring_n[w] = n;
   mpk_ring_lim[w] = n * nsteps;
-  mpk_ring_q[w] = 0;
+  mpk_ring_q[w] = mpk_ring_iq[w] = mpk_ring_seg[w] = mpk_ring_off[w] = 0;
   for (int s = 0; s < RING_SLOTS; ++s) mbar_init(smem_addr(&mpk_ring_bar[w][s]));
-  for (int s = 0; s < RING_SLOTS; ++s) ring_issue(P, w, s);
+  if (n == 0) return;
+  const int64_t* d = ptr<const int64_t>(P[P_RING_PAGES]) + b * 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) mpk_ring_cur[w][j] = d[j];
+  if (mpk_ring_lim[w] > 1) ring_prefetch(P, w, 1);
+  for (int s = 0; s < RING_SLOTS; ++s) ring_issue(P, w);
 }
 
 // Lane 0 of every warp, before an aborting CTA exits: wait for the copies still in flight into its slots.
-__device__ __forceinline__ void ring_drain() {
+__device__ __noinline__ void ring_drain() {
   if ((threadIdx.x & 31) != 0) return;
   const int w = threadIdx.x >> 5;
-  const int64_t q0 = mpk_ring_q[w], q1 = min(q0 + RING_SLOTS, mpk_ring_lim[w]);
-  for (int64_t q = q0; q < q1; ++q)
+  for (int64_t q = mpk_ring_q[w]; q < mpk_ring_iq[w]; ++q)
     mbar_wait(smem_addr(&mpk_ring_bar[w][q % RING_SLOTS]), (uint32_t)((q / RING_SLOTS) & 1));
+  cp_async_wait_all();
 }
 
 // y0s[n - n0] (and y1s with w1: TWO) = xs . w[n] for the warp's rows [ra, rb) (codegen/layout.py ring_rows), one row
@@ -109,7 +154,7 @@ __device__ __noinline__ void linear_ring_core(const int64_t* P, const bf16* xs, 
         }
       }
       __syncwarp();   // every lane has read the page
-      if (lane == 0) ring_issue(P, w, q + RING_SLOTS);
+      if (lane == 0) ring_issue(P, w);   // page q + RING_SLOTS (the warp issues its pages in order)
     }
     if (lane == 0) mpk_ring_q[w] = q;
   }

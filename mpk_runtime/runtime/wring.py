@@ -10,9 +10,10 @@ Weights never depend on events, and a warp refills only the slot it has just rea
 barriers and no cross-warp hand-off are needed.
 
 A warp's sequence over one step is fixed by the schedule: for each ring task of its SM, in list order, the warp's
-contiguous row block (layout.ring_rows) of each weight, cut into pages of layout.ring_part_bytes per weight (two
-weights: gate's part then up's in one page). This module lays those pages out; the kernel (device_kernels/ops/
-wring.cuh) walks them, wrapping once per step, and reads them from shared memory in the same lane order as the
+contiguous row block (layout.ring_rows) of each weight (a segment), cut into pages of layout.ring_part_bytes per
+weight (two weights: gate's part then up's in one page). This module lays the segments out; the kernel
+(device_kernels/ops/wring.cuh) cuts them into pages, walks them, wrapping once per step, keeps the next segment's
+descriptor prefetched, and reads the pages from shared memory in the same lane order as the
 global-memory path (each lane its vectors k = lane mod 32 of each row, in order), so the sums are bitwise the same.
 
 Chosen tiles (view()): batch-1 CUDA-core linear tiles of one K segment and batch-1 qkv_rope parts, nothing staged
@@ -74,34 +75,39 @@ def view(kind: str, a: dict, stage_word: int) -> dict | None:
     return None
 
 
-def warp_pages(v: dict, warp: int, slot: int) -> list[tuple[int, int, int]]:
-    """(address of weight 0's part, of weight 1's part or 0, bytes per part) of each page warp `warp` reads in a
-    ring tile whose rows are `v` (view()), in order."""
+SEG_WORDS = 4   # a segment descriptor: weight 0's address, weight 1's (or 0), bytes of each, a pad word (32 B)
+
+
+def warp_segment(v: dict, warp: int) -> tuple[int, int, int] | None:
+    """(address of weight 0's rows, of weight 1's or 0, bytes of each) that warp `warp` reads of a ring tile whose rows
+    are `v` (view()): its contiguous row block (layout.ring_rows); None when the block is empty."""
     ra, rb = L.ring_rows(v["n0"], v["n1"], warp, NWARPS)
     if ra >= rb:
-        return []
-    ws = [w for w in (v["w0"], v["w1"]) if w]
-    part = L.ring_part_bytes(slot, len(ws))
+        return None
     row = v["k"] * 2
-    total = (rb - ra) * row
-    out = []
-    for off in range(0, total, part):
-        n = min(part, total - off)
-        out.append((ws[0] + ra * row + off, ws[1] + ra * row + off if len(ws) > 1 else 0, n))
-    return out
+    return v["w0"] + ra * row, (v["w1"] + ra * row) if v["w1"] else 0, (rb - ra) * row
 
 
-def lay_out(sm_lists: list[list[int]], ring_args: dict[int, dict], cfg: RingConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The page table (n, 3) int64 (addresses and bytes, layout above) and the int32 offsets (num_sms * NWARPS + 1)
-    of each (SM, warp)'s pages within it: for SM s and warp w, entries offs[s * NWARPS + w] .. offs[... + 1] - 1 are
-    its pages of one step, ring tasks in the SM's list order (ring_args: task id -> its rows, view())."""
-    rows: list[tuple[int, int, int]] = []
+def pages(seg: tuple[int, int, int], slot: int) -> list[tuple[int, int, int]]:
+    """The pages the kernel cuts a segment into (wring.cuh ring_issue): parts of layout.ring_part_bytes per weight
+    (the last one shorter), as (weight 0 address, weight 1 address or 0, bytes of each)."""
+    s0, s1, total = seg
+    part = L.ring_part_bytes(slot, 2 if s1 else 1)
+    return [(s0 + o, s1 + o if s1 else 0, min(part, total - o)) for o in range(0, total, part)]
+
+
+def lay_out(sm_lists: list[list[int]], ring_args: dict[int, dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The segment table (n, SEG_WORDS) int64 and the int32 offsets (num_sms * NWARPS + 1) of each (SM, warp)'s
+    segments within it: for SM s and warp w, rows offs[s * NWARPS + w] .. offs[... + 1] - 1 are its row blocks of
+    one step's ring tiles, in the SM's list order (ring_args: task id -> its rows, view()). The kernel cuts them into
+    pages itself (pages()), so it reads one descriptor a tile, a tile ahead, instead of one a page."""
+    rows: list[tuple[int, int, int, int]] = []
     offs = [0]
     for lst in sm_lists:
         for w in range(NWARPS):
             for tid in lst:
-                if tid in ring_args:
-                    rows += warp_pages(ring_args[tid], w, cfg.slot)
+                if tid in ring_args and (seg := warp_segment(ring_args[tid], w)) is not None:
+                    rows.append((*seg, 0))
             offs.append(len(rows))
-    pages = torch.tensor(rows or [(0, 0, 0)], dtype=torch.int64)
-    return pages, torch.tensor(offs, dtype=torch.int32)
+    table = torch.tensor(rows or [(0, 0, 0, 0)], dtype=torch.int64)
+    return table, torch.tensor(offs, dtype=torch.int32)

@@ -1,6 +1,6 @@
 """Per-warp weight page rings (runtime/wring.py, a -DMPK_WRING build): which tiles read their weights from the rings,
-where the rings sit in shared memory, and that each warp's pages, read in order, are exactly its rows of every ring
-tile of its SM (device_kernels/ops/wring.cuh consumes them in that order; tests/gpu/test_wring.py checks the
+where the rings sit in shared memory, and that each warp's segments, cut into pages as the kernel cuts them and read
+in order, are exactly its rows of every ring tile of its SM (device_kernels/ops/wring.cuh consumes them in that order; tests/gpu/test_wring.py checks the
 kernel's sums bitwise against the global-memory path)."""
 import ctypes
 
@@ -64,7 +64,10 @@ def test_each_warps_pages_are_its_rows_of_every_ring_tile_in_order(monkeypatch, 
     covered = {tid: 0 for tid in ring}
     for sm, lst in enumerate(tg.sm_lists):
         for w in range(nw):
-            pages = p.ring_pages[offs[sm * nw + w]:offs[sm * nw + w + 1]].tolist()
+            segs = p.ring_pages[offs[sm * nw + w]:offs[sm * nw + w + 1]].tolist()
+            assert all(pad == 0 and nb > 0 for _a, _b, nb, pad in segs)
+            # the pages the kernel cuts from them (wring.cuh ring_issue: parts of slot / weights bytes, in order)
+            pages = [pg for s0, s1, nb, _pad in segs for pg in wring.pages((s0, s1, nb), cfg.slot)]
             got0, got1 = b"", b""
             want0, want1 = b"", b""
             for tid in lst:
