@@ -20,19 +20,19 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 27 left it (bench/results/s27: the paged attention is the default
-# on a GPU, tuned per point; h200_v38 the default profile; the planner picks conventional at B=8-32 ctx 512).
-# 0. `OUT=$OUT bash scripts/gpu_pending.sh one` (~7 min): stage 1's whole GPU test set under the new defaults (session 27
-#    ran only the paged kernel's, the engine-plan, plan-exec-graph, op-count and kv-defer GPU tests with it on).
-# 1. `MODELS=llama-3.2-1b bench`, then `MODELS=qwen3-8b bench` (~9 min each): issue 3's tables at HEAD with both peers
-#    (session 27 measured only B=8 / 32 at ctx 512: llama 0.88x / 0.97x gpt-fast, qwen3-8b 0.94x / 1.04x).
-# 2. `VAL_B4096=1,8,32,128 val` (~9 min): the planner with h200_v38 at B=1 too (not validated with the kernel on),
-#    both contexts; session 27: regret 0 at 10 of 12 points (6.8% at llama B=8 ctx 4096, mono over conventional).
-# 3. `OUT=$OUT bash scripts/gpu_pending.sh sweep` (~5 min): bench_paged_attention.py, which now has 1 stage
-#    and idx_ahead (page indices a block ahead: real num_stages buffers in the offline build); if shapes beat TUNED,
-#    update TUNED from its JSON and re-run profile_conv_attn.py --cycle-mb 200 for the profile. Or the LM head A/B
-#    (`MPK_CONV_TRITON_LMHEAD=1`, session 26: -0.45..-0.6%): `LIM=90 VARS="base tlmhead tlmhead base" BS=32
-#    CTXS=512 MODELS=llama-3.2-1b,qwen3-8b ab` (now that B=8-32 ctx 512 plans are all conventional, ab covers them).
+# Order for a 30-minute session (one GPU), as session 28 left it (bench/results/s28: issue 3's llama table complete at
+# 23c239d, qwen3-8b's gpt-fast cells past B=8 ctx 512 cut by the budget; the weight rings' first build refuted, the
+# second written and compiled but not run). Session 28 lost its first hour to refused starts: each refused start
+# cost ~90 s of the budget, so wait out the "later means" time before calling again.
+# 0. `OUT=$OUT bash scripts/gpu_pending.sh wring` (~6 min): the second ring build's bitwise test, then B=1 ctx 512
+#    base / r56b / r128n / r64 (prediction in docs/perf-notes.md session 28: r128n llama 0.98-1.05 ms).
+# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~7 min): stage 1's whole GPU test set under the paged default (session
+#    27 ran only the tests it touches; session 28 ran none of it).
+# 2. `VAL_B4096=1,8,32,128 val` (~9 min): the planner with h200_v38 at B=1 too (not validated with the kernel on).
+# 3. qwen3-8b's missing gpt-fast cells: `bench_decode.py --models qwen3-8b --batches 8,32,128 --contexts 512,4096
+#    --mk-max-batch 0 --peer-batches 8,32,128 --hf-batches "" --budget-s 500` (its planned rows come with it).
+# 4. `OUT=$OUT bash scripts/gpu_pending.sh sweep` (~5 min): bench_paged_attention.py with 1 stage and idx_ahead; if
+#    shapes beat TUNED, update TUNED and re-run profile_conv_attn.py --cycle-mb 200 for the profile.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
