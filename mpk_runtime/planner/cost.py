@@ -82,8 +82,9 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
         curve = prof.conv_attn_curve_us(a["n_kv"], graph.config.head_dim, a["n_q"] // a["n_kv"], graph.batch, keys,
                                         first=a.get("layer") == 0, impl=impl)
         if curve is not None:   # measured whole (profile.conv_attn_us_by_shape): that, and none of the terms below
+            own = bool(impl) and prof.has_conv_attn_curve(a["n_kv"], graph.config.head_dim, a["n_q"] // a["n_kv"], impl)
             return {"fixed_us": 0.0, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": 0.0, "coll": 0,
-                    "attn_curve_us": curve}
+                    ("attn_curve_paged_us" if own else "attn_curve_us"): curve}
         return {"fixed_us": fixed, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": op.bytes / bw * 1e6, "coll": 0,
                 "attn_keys": keys}
     rows = graph.rows if op.kind != "argmax" else 1
@@ -97,16 +98,16 @@ def _attn_us(kv: float, keys: float, passes: float, key_us: float) -> float:
 
 
 def _conv_price(fixed: float, stream: float, tc: float, kv: float, coll: int, prof: HardwareProfile,
-                keys: float = 0.0, curve: float = 0.0) -> float:
+                keys: float = 0.0, curve: float = 0.0, paged: float = 0.0) -> float:
     return prof.conv_fixed_scale * fixed + max(stream / prof.conv_bw_fraction, tc / prof.conv_tc_eff) + \
         _attn_us(kv, keys, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + coll * prof.conv_collective_us + \
-        prof.conv_attn_curve_scale * curve
+        prof.conv_attn_curve_scale * curve + prof.paged_scale() * paged
 
 
 def conventional_op_us(op: Op, graph: Graph, prof: HardwareProfile) -> float:
     t = conv_op_terms(op, graph, prof)
     return _conv_price(t["fixed_us"], t["stream_us"], t["tc_us"], t["attn_kv_us"], t["coll"], prof,
-                       t.get("attn_keys", 0.0), t.get("attn_curve_us", 0.0))
+                       t.get("attn_keys", 0.0), t.get("attn_curve_us", 0.0), t.get("attn_curve_paged_us", 0.0))
 
 
 def conventional_us(graph: Graph, ops: list[str], prof: HardwareProfile) -> float:
@@ -117,7 +118,7 @@ def conventional_us(graph: Graph, ops: list[str], prof: HardwareProfile) -> floa
 def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -> dict:
     """Per-segment terms for fit.py: summed fixed and KV terms, and the (stream, tc) pairs with counts."""
     by = {o.name: o for o in graph.ops}
-    fixed = kv = curve = 0.0
+    fixed = kv = curve = paged = 0.0
     coll = 0
     pairs: dict[tuple, int] = {}
     attn: dict[tuple, int] = {}
@@ -126,6 +127,7 @@ def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -
         fixed += t["fixed_us"]
         kv += t["attn_kv_us"]
         curve += t.get("attn_curve_us", 0.0)
+        paged += t.get("attn_curve_paged_us", 0.0)
         coll += t["coll"]
         if t["stream_us"] or t["tc_us"]:
             key = (round(t["stream_us"], 7), round(t["tc_us"], 7))
@@ -135,7 +137,8 @@ def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -
             attn[key] = attn.get(key, 0) + 1
     return {"kind": "conventional", "fixed_us": fixed, "attn_kv_us": kv, "n_coll": coll,
             "st": [[s, t, c] for (s, t), c in sorted(pairs.items())],
-            "attn": [[k, n, c] for (k, n), c in sorted(attn.items())], "attn_curve_us": curve}
+            "attn": [[k, n, c] for (k, n), c in sorted(attn.items())], "attn_curve_us": curve,
+            "attn_curve_paged_us": paged}
 
 
 def conv_attn_us(f: dict, passes: float, key_us: float) -> float:
@@ -152,7 +155,8 @@ def price_from_features(f: dict, prof: HardwareProfile) -> float:
         return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
     return prof.conv_fixed_scale * f["fixed_us"] + st + conv_attn_us(f, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + \
-        f.get("n_coll", 0) * prof.conv_collective_us + prof.conv_attn_curve_scale * f.get("attn_curve_us", 0.0)
+        f.get("n_coll", 0) * prof.conv_collective_us + prof.conv_attn_curve_scale * f.get("attn_curve_us", 0.0) + \
+        prof.paged_scale() * f.get("attn_curve_paged_us", 0.0)
 
 
 class SegmentCoster:

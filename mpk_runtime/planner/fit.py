@@ -35,7 +35,7 @@ from .score import _brief, _sel, load_rows, mape_by, reprice, resimulate, split_
 REGIMES = ((1, "1"), (8, "8"))   # (min batch, key)
 BATCH_REGIMES = ((1, "1"), (8, "8"), (32, "32"), (128, "128"))   # --regimes batch: one per measured batch
 CONV_FIELDS = ("conv_fixed_scale", "conv_bw_fraction", "conv_tc_eff", "conv_attn_kv_passes", "conv_attn_key_us",
-               "conv_collective_us", "conv_attn_curve_scale")
+               "conv_collective_us", "conv_attn_curve_scale", "conv_attn_paged_scale")
 SIM_FIELDS = ("mk_tc_stream_eff", "mk_tc_eff", "linear_pass_us", "restream_frac")   # --grid: re-simulated
 FIXED_PREFIX = "fixed."   # --grid fixed.<task kind>=...: the per-kind task fixed cost (task_fixed_us_by_kind)
 FLOP_PREFIX = "flop."     # --grid flop.<task kind>=...: the per-kind per-flop time not hidden (flop_us_by_kind)
@@ -134,11 +134,14 @@ def fit_conventional(segs: list[dict]) -> dict:
     has_keys = any(n > 0 for s in segs for _, n, _ in s["features"].get("attn", []))
     has_coll = any(s["features"].get("n_coll", 0) > 0 for s in segs)
     has_curve = any(s["features"].get("attn_curve_us", 0) > 0 for s in segs)   # measured attention (profile curve)
+    has_paged = any(s["features"].get("attn_curve_paged_us", 0) > 0 for s in segs)   # ... the paged kernel's curve
     cols = [[s["features"]["fixed_us"] for s in segs]]
     if has_coll:
         cols.append([float(s["features"].get("n_coll", 0)) for s in segs])
     if has_curve:
         cols.append([float(s["features"].get("attn_curve_us", 0.0)) for s in segs])
+    if has_paged:
+        cols.append([float(s["features"].get("attn_curve_paged_us", 0.0)) for s in segs])
     X = np.array(cols, dtype=float).T
     # the attention term of every segment for each (KV passes, per-key floor) on the grids
     attn = {}
@@ -168,6 +171,8 @@ def fit_conventional(segs: list[dict]) -> dict:
         out["conv_attn_key_us"] = ku
     if has_curve:
         out["conv_attn_curve_scale"] = b[1 + has_coll]
+    if has_paged:
+        out["conv_attn_paged_scale"] = b[1 + has_coll + has_curve]
     return out
 
 

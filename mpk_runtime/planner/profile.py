@@ -50,7 +50,11 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # whenever it takes that kernel (the default on a GPU). Session 27's rows (B=8,32,128, ctx 512 / 4096): step MAPE
 # 7.8%, regret 0 at 10 of 12 points, 6.8% at llama B=8 ctx 4096 (mono, as v36_cal chose; conventional measured
 # faster), 0.4% at llama B=128 ctx 512. Refit it chose worse (docs/planner.md session 27).
-DEFAULT_PROFILE = "h200_v38"
+# h200_v39 since session 28: v38 with the paged curves at scale 1.0 in the B=8 regime (conv_attn_paged_scale; v38
+# scaled them by the gather curves' 1.54, fitted on L2-resident curves). On session 27's 70 rows: step MAPE 7.8% ->
+# 6.9%, max regret 6.8% -> 0.44% (llama B=8 ctx 4096 conventional); out of sample on session 28's 19 bench steps 5.1%
+# -> 4.7%. B >= 32 keep v38's scales (at 1.0 they expose the attention megakernels' over-pricing: regret 18-20%).
+DEFAULT_PROFILE = "h200_v39"
 
 
 def key_fallbacks(key: str) -> list[str]:
@@ -150,6 +154,10 @@ class HardwareProfile:
     # ... and what the step's first conventional attention adds once (the step's shared pages / masks / live rows)
     conv_attn_step_us_by_shape: dict[str, list] = field(default_factory=dict)
     conv_attn_curve_scale: float = 1.0
+    # ... for the "@paged" curves (runtime/paged_attention.py, measured from HBM by --cycle-mb) apart; None = the same
+    # scale. conv_attn_curve_scale was fitted where the gather curves had been measured from one L2-resident copy
+    # (1.07-1.77), which over-prices the HBM-measured paged curves (docs/planner.md session 28)
+    conv_attn_paged_scale: float | None = None
     # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
     # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
     conv_collective_us: float = 0.0
@@ -184,6 +192,13 @@ class HardwareProfile:
 
     def key_us(self, kind: str) -> float:
         return _by_key(self.key_us_by_kind, kind, 0.0)
+
+    def paged_scale(self) -> float:
+        """The scale of the "@paged" curves (conv_attn_paged_scale, else conv_attn_curve_scale)."""
+        return self.conv_attn_curve_scale if self.conv_attn_paged_scale is None else self.conv_attn_paged_scale
+
+    def has_conv_attn_curve(self, n_kv: int, head_dim: int, gs: int, impl: str = "") -> bool:
+        return conv_attn_shape(n_kv, head_dim, gs, impl) in self.conv_attn_us_by_shape
 
     def conv_attn_curve_us(self, n_kv: int, head_dim: int, gs: int, batch: int, keys: float,
                            first: bool = False, impl: str = "") -> float | None:

@@ -12,7 +12,7 @@ import pytest
 from mpk_runtime.ir import build_graph
 from mpk_runtime.models import PRESETS, load_config
 from mpk_runtime.planner import HardwareProfile, candidates
-from mpk_runtime.planner.cost import conventional_op_us, price_from_features
+from mpk_runtime.planner.cost import conventional_features, conventional_op_us, price_from_features
 from mpk_runtime.planner.fit import fit_profile
 from mpk_runtime.planner.profile import _grid2, conv_attn_shape
 
@@ -69,6 +69,39 @@ def test_the_paged_kernels_curve_prices_the_op_when_it_is_on(monkeypatch):
     assert conventional_op_us(att, g, gather_only) == pytest.approx(_true(8, 256), rel=1e-9)
     monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "0")
     assert conventional_op_us(att, g, both) == pytest.approx(_true(8, 256), rel=1e-9)
+
+
+def test_the_paged_curves_have_their_own_scale(monkeypatch):
+    """conv_attn_paged_scale prices the "@paged" curves (None: conv_attn_curve_scale does), and the gather curve keeps
+    conv_attn_curve_scale; segment features carry the two apart, so price_from_features (fit.py) agrees."""
+    cfg = PRESETS["tiny-qwen3"]
+    g = build_graph(cfg, batch=8, context_len=255, max_seq_len=512)
+    att = g.op("L1.attention")
+    key = conv_attn_shape(cfg.num_kv_heads, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)
+    paged = [[b, k, 0.25 * v] for b, k, v in GRID]
+    both = dataclasses.replace(HardwareProfile.load(), regimes={}, conv_attn_us_by_shape={key: GRID, key + "@paged": paged},
+                               conv_attn_curve_scale=1.5, conv_attn_paged_scale=None)
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "1")
+    assert conventional_op_us(att, g, both) == pytest.approx(1.5 * 0.25 * _true(8, 256), rel=1e-9)
+    own = dataclasses.replace(both, conv_attn_paged_scale=1.0)
+    assert conventional_op_us(att, g, own) == pytest.approx(0.25 * _true(8, 256), rel=1e-9)
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "0")
+    assert conventional_op_us(att, g, own) == pytest.approx(1.5 * _true(8, 256), rel=1e-9)
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "1")
+    ops = [o.name for o in g.ops]
+    f = conventional_features(g, ops, own)
+    assert f["attn_curve_paged_us"] > 0 and f["attn_curve_us"] == 0
+    assert price_from_features(f, own) == pytest.approx(sum(conventional_op_us(o, g, own) for o in g.ops), rel=1e-9)
+
+
+def test_the_default_profile_prices_the_paged_curves_at_one_at_batch_8():
+    """h200_v39: the B=8 regime takes the HBM-measured paged curves as measured (session 28); the other regimes keep
+    the gather curves' scale for them (docs/planner.md)."""
+    prof = HardwareProfile.load()
+    assert prof.for_batch(8).paged_scale() == 1.0 and prof.for_batch(16).paged_scale() == 1.0
+    for b in (1, 32, 128):
+        p = prof.for_batch(b)
+        assert p.paged_scale() == p.conv_attn_curve_scale != 1.0
 
 
 def test_a_head_dim_the_paged_kernel_does_not_take_is_priced_by_the_gather_curve(monkeypatch):
