@@ -96,6 +96,13 @@ __device__ __forceinline__ int wait_counter(const uint64_t* ctr, int64_t need, b
 #define MPK_PDL 0
 #endif
 
+// A task with staged weight rows (stage_task_weights); in a ring build the stage word also carries the ring bit
+#if MPK_WRING
+#define MPK_STAGED(sw) (stage_rows(sw) != 0)
+#else
+#define MPK_STAGED(sw) ((sw) != 0)
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     MPK_KERNEL_NAME(const int64_t* __restrict__ P, int64_t first_step, int nsteps) {
   __shared__ int s_abort;
@@ -116,10 +123,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const int beg = offs[sm], end = offs[sm + 1];
   if (beg == end) return;
 #if MPK_WRING
-  ring_start(P, sm, nsteps);   // each warp's page ring: barriers, its page range, its first pages in flight
-#define MPK_STAGED(sw) (stage_rows(sw) != 0)   // the stage word also carries the ring bit
-#else
-#define MPK_STAGED(sw) ((sw) != 0)
+  ring_start(P, sm, nsteps);   // each warp's page ring: barriers, its segments, its first pages in flight
 #endif
   const int64_t* tasks = ptr<const int64_t>(P[P_TASKS]);
   if (threadIdx.x < TASK_WORDS)   // the first task's record

@@ -40,7 +40,7 @@ __device__ __forceinline__ void ring_g2s(uint32_t dst, int64_t src, uint32_t byt
 
 // Lane 0: segment s's descriptor into the warp's `nxt` (cp.async; waited for when the cursor reaches it).
 __device__ __forceinline__ void ring_prefetch(const int64_t* P, int w, int64_t s) {
-  const int64_t* d = ptr<const int64_t>(P[P_RING_PAGES]) + (mpk_ring_base[w] + s % mpk_ring_n[w]) * 4;
+  const int64_t* d = ptr<const int64_t>(P[P_RING_SEGS]) + (mpk_ring_base[w] + s % mpk_ring_n[w]) * 4;
   cp_async16(&mpk_ring_nxt[w][0], d, true);
   cp_async16(&mpk_ring_nxt[w][2], d + 2, true);
   cp_async_commit();
@@ -93,7 +93,7 @@ __device__ __noinline__ void ring_start(const int64_t* P, int sm, int nsteps) {
   mpk_ring_q[w] = mpk_ring_iq[w] = mpk_ring_seg[w] = mpk_ring_off[w] = 0;
   for (int s = 0; s < RING_SLOTS; ++s) mbar_init(smem_addr(&mpk_ring_bar[w][s]));
   if (n == 0) return;
-  const int64_t* d = ptr<const int64_t>(P[P_RING_PAGES]) + b * 4;
+  const int64_t* d = ptr<const int64_t>(P[P_RING_SEGS]) + b * 4;
 #pragma unroll
   for (int j = 0; j < 4; ++j) mpk_ring_cur[w][j] = d[j];
   if (mpk_ring_lim[w] > 1) ring_prefetch(P, w, 1);

@@ -88,7 +88,7 @@ PW_TRIGGERS_SHIFT, PW_LAG_SHIFT, PW_SCOPE_SHIFT = 32, 56, 62
 # range j at offset + j * rows * K * 2.
 STAGE_OFF_SHIFT = 24
 # Bit RING_SHIFT of the stage word (experimental build -DMPK_WRING=<KB>; runtime/wring.py): the task is a batch-1
-# linear tile whose warps read their weight rows from the per-warp shared-memory page rings, not from global memory.
+# linear or qkv_rope tile whose warps read their weight rows from per-warp shared-memory page rings, not global memory.
 RING_SHIFT = 48
 
 
@@ -134,7 +134,7 @@ def _env_kb(name: str, default: str) -> int:
 # --- kernel parameter block (int64 words, device resident) -----------------------------------------------------
 PARAMS = ["tasks", "sm_offsets", "sm_tasks", "waits", "signals", "counters", "status", "trace", "trace_steps",
           "pos", "block_tables", "max_pages", "page_size", "inv_freq", "timeout_ns", "num_tasks", "batch",
-          "num_sms", "prefetch", "ring_pages", "ring_offs", "ring_off"]
+          "num_sms", "prefetch", "ring_segs", "ring_offs", "ring_off"]
 
 # --- weight prefetch table: PF_WORDS int64 per task: up to two (device address, bytes) weight ranges ---------
 # Weights never depend on events, so an SM pulls the next task's weight bytes into L2 (cp.async.bulk.prefetch)
@@ -269,7 +269,7 @@ def linear_passes(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]
 
 
 def ring_rows(n0: int, n1: int, warp: int, nwarps: int) -> tuple[int, int]:
-    """The weight rows [ra, rb) warp `warp` of a ring linear tile (runtime/wring.py) reads: contiguous blocks of
+    """The weight rows [ra, rb) warp `warp` of a ring tile (runtime/wring.py) reads: contiguous blocks of
     ceil(w / nwarps) rows, so a warp's rows are one contiguous byte range of each weight (device_kernels/ops/wring.cuh
     linear_ring_core: the same rule). Empty (ra >= rb) when the tile has fewer rows than warps."""
     rpw = -(-(n1 - n0) // nwarps)

@@ -76,15 +76,16 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
         keys = op.flops / max(1, 4 * graph.rows * a["n_q"] * graph.config.head_dim)
         # (layer 0's: the step's first conventional attention, which computes the step's shared pages and masks;
         # every plan family converts all attention ops or none)
-        # runtime/paged_attention.py where the runtime takes it (decode, a head dim it supports), else gather + SDPA
-        paged = conv_attn_appends() and graph.mode == "decode" and paged_head_dim(graph.config.head_dim)
-        impl = "paged" if paged else ""
-        curve = prof.conv_attn_curve_us(a["n_kv"], graph.config.head_dim, a["n_q"] // a["n_kv"], graph.batch, keys,
-                                        first=a.get("layer") == 0, impl=impl)
+        D, gs = graph.config.head_dim, a["n_q"] // a["n_kv"]
+        # runtime/paged_attention.py's own curve where the runtime takes it (decode, a head dim it supports) and the
+        # profile measured it; else the gather + SDPA curve
+        paged = (conv_attn_appends() and graph.mode == "decode" and paged_head_dim(D)
+                 and prof.has_conv_attn_curve(a["n_kv"], D, gs, "paged"))
+        curve = prof.conv_attn_curve_us(a["n_kv"], D, gs, graph.batch, keys, first=a.get("layer") == 0,
+                                        impl="paged" if paged else "")
         if curve is not None:   # measured whole (profile.conv_attn_us_by_shape): that, and none of the terms below
-            own = bool(impl) and prof.has_conv_attn_curve(a["n_kv"], graph.config.head_dim, a["n_q"] // a["n_kv"], impl)
             return {"fixed_us": 0.0, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": 0.0, "coll": 0,
-                    ("attn_curve_paged_us" if own else "attn_curve_us"): curve}
+                    ("attn_curve_paged_us" if paged else "attn_curve_us"): curve}
         return {"fixed_us": fixed, "stream_us": 0.0, "tc_us": 0.0, "attn_kv_us": op.bytes / bw * 1e6, "coll": 0,
                 "attn_keys": keys}
     rows = graph.rows if op.kind != "argmax" else 1

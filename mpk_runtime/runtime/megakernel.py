@@ -98,9 +98,9 @@ class Megakernel:
         self.sm_offsets, self.sm_tasks = offs.to(dev), flat.to(dev)
         self.staged_bytes = packer.staged_bytes   # weight bytes copied into shared memory during waits, per step
         self.stage_info = packer.stage_info
-        # weight page rings (runtime/wring.py, a -DMPK_WRING build): the tasks served, the page table, its offsets
+        # weight page rings (runtime/wring.py, a -DMPK_WRING build): the tasks served, the warps' segments, their offsets
         self.ring_tasks, self.ring_off = packer.ring_tasks, packer.ring_off
-        self.ring_pages, self.ring_offs = packer.ring_pages.to(dev), packer.ring_offs.to(dev)
+        self.ring_segs, self.ring_offs = packer.ring_segs.to(dev), packer.ring_offs.to(dev)
         # MPK_SMEM_FLOOR_KB (diagnostic): launch with at least this much dynamic shared memory (a smaller L1)
         self.smem = max(packer.smem, 1024, int(os.environ.get("MPK_SMEM_FLOOR_KB", "0")) * 1024)
         self.timeout_ns = int(timeout_s * 1e9)
@@ -134,7 +134,7 @@ class Megakernel:
                  max_pages=self.block_tables.shape[1], page_size=self.mem.kvstore.page_size,
                  inv_freq=self.inv_freq.data_ptr(), timeout_ns=self.timeout_ns, num_tasks=len(self.tg.tasks),
                  batch=self.pos.shape[0], num_sms=self.tg.num_sms, prefetch=self.prefetch.data_ptr(),
-                 ring_pages=self.ring_pages.data_ptr(), ring_offs=self.ring_offs.data_ptr(), ring_off=self.ring_off)
+                 ring_segs=self.ring_segs.data_ptr(), ring_offs=self.ring_offs.data_ptr(), ring_off=self.ring_off)
         self.params.copy_(torch.tensor([v[k] for k in L.PARAMS], dtype=torch.int64))
 
     def _load(self):

@@ -87,7 +87,7 @@ class TaskPacker:
         self.prefetch: torch.Tensor | None = None   # (n, PF_WORDS) int64 weight ranges, filled by pack()
         self.ring_tasks: set[int] = set()   # tasks whose weights stream through the page rings (runtime/wring.py)
         self.ring_off = 0                   # the rings' byte offset in the dynamic shared memory
-        self.ring_pages = torch.zeros((1, wring.SEG_WORDS), dtype=torch.int64)   # the warps' segments
+        self.ring_segs = torch.zeros((1, wring.SEG_WORDS), dtype=torch.int64)   # the warps' segments
         self.ring_offs = torch.zeros(tg.num_sms * wring.NWARPS + 1, dtype=torch.int32)
 
     def _t(self, name):
@@ -170,7 +170,7 @@ class TaskPacker:
                 self.ring_off = (self.smem + 127) & ~127
                 self.smem = self.ring_off + self.ring_cfg.nbytes
             self.ring_tasks = set(ring_args)
-            self.ring_pages, self.ring_offs = wring.lay_out(tg.sm_lists, ring_args)
+            self.ring_segs, self.ring_offs = wring.lay_out(tg.sm_lists, ring_args)
         offs = [0]
         flat: list[int] = []
         for lst in tg.sm_lists:

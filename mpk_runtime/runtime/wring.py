@@ -1,4 +1,5 @@
-"""Per-warp weight page rings for batch-1 linear tiles (experimental build `-DMPK_WRING=<KB>`; off by default).
+"""Per-warp weight page rings for batch-1 linear and qkv_rope tiles (experimental build `-DMPK_WRING=<KB>`; off by
+default; session 28's first build measured +12..+97% at batch 1, the current one is unmeasured).
 
 At batch 1 every linear task pays 3-4 us at its two ends (x + norm before its first weight byte, epilogue + barrier +
 signal after its last) and ~1 us at each phase boundary, while HBM idles (docs/perf-notes.md sessions 24-25). Here

@@ -60,11 +60,11 @@ def test_each_warps_pages_are_its_rows_of_every_ring_tile_in_order(monkeypatch, 
     assert p.smem == p.ring_off + cfg.nbytes
     nw = wring.NWARPS
     offs = p.ring_offs.tolist()
-    assert len(offs) == tg.num_sms * nw + 1 and offs[0] == 0 and offs[-1] == p.ring_pages.shape[0]
+    assert len(offs) == tg.num_sms * nw + 1 and offs[0] == 0 and offs[-1] == p.ring_segs.shape[0]
     covered = {tid: 0 for tid in ring}
     for sm, lst in enumerate(tg.sm_lists):
         for w in range(nw):
-            segs = p.ring_pages[offs[sm * nw + w]:offs[sm * nw + w + 1]].tolist()
+            segs = p.ring_segs[offs[sm * nw + w]:offs[sm * nw + w + 1]].tolist()
             assert all(pad == 0 and nb > 0 for _a, _b, nb, pad in segs)
             # the pages the kernel cuts from them (wring.cuh ring_issue: parts of slot / weights bytes, in order)
             pages = [pg for s0, s1, nb, _pad in segs for pg in wring.pages((s0, s1, nb), cfg.slot)]
