@@ -153,7 +153,7 @@ for V in $VARS; do
     r128n) D="-DMPK_WRING=128"; W=0;; narrow) W=0;; *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_ATT_WIDE=$W MPK_NVCC_DEFINES="$D" OUT="$d" timeout ${LIM:-75} python3 scripts/bench_decode.py \
-      --models llama-3.2-1b,qwen3-8b --batches 1 --contexts 512 --mk-max-batch 8 --no-planned --no-peers \
+      --models llama-3.2-1b,qwen3-8b --batches 1 --contexts 512 --mk-max-batch 8 --no-planned --no-peers --trace \
       --budget-s $((${LIM:-75} - 10)) > "$d/bench.log" 2>&1
   grep -A8 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done
