@@ -147,13 +147,14 @@ st "wring: tests/gpu/test_wring.py, then B=1 ctx 512: ${VARS:=base r56b r128n r6
 timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_wring.py -x > "$OUT/pytest_wring.log" 2>&1
 grep -E "^FAILED|passed|failed|rror" "$OUT/pytest_wring.log" | tail -8
 for V in $VARS; do
-  D=""; W=""
-  case $V in base|base2) ;; r56) D="-DMPK_WRING=56 -DMPK_RING_SLOT=1792";; r56b) D="-DMPK_WRING=56 -DMPK_RING_SLOT=3584";;
+  D=""; W=""; RO=""
+  case $V in *s) RO=o_proj,down,qkv_rope;; esac   # <v>s: the rings serve only the short phases (MPK_RING_OPS)
+  case ${V%s} in base|base2) ;; r56) D="-DMPK_WRING=56 -DMPK_RING_SLOT=1792";; r56b) D="-DMPK_WRING=56 -DMPK_RING_SLOT=3584";;
     r64) D="-DMPK_WRING=64";; r48) D="-DMPK_WRING=48 -DMPK_RING_SLOT=2048";;
     r128n) D="-DMPK_WRING=128"; W=0;; narrow) W=0;; *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
-  MPK_ATT_WIDE=$W MPK_NVCC_DEFINES="$D" OUT="$d" timeout ${LIM:-75} python3 scripts/bench_decode.py \
-      --models llama-3.2-1b,qwen3-8b --batches 1 --contexts 512 --mk-max-batch 8 --no-planned --no-peers --trace \
+  MPK_RING_OPS=$RO MPK_ATT_WIDE=$W MPK_NVCC_DEFINES="$D" OUT="$d" timeout ${LIM:-75} python3 scripts/bench_decode.py \
+      --models ${MODELS:-llama-3.2-1b,qwen3-8b} --batches 1 --contexts 512 --mk-max-batch 8 --no-planned --no-peers --trace \
       --budget-s $((${LIM:-75} - 10)) > "$d/bench.log" 2>&1
   grep -A8 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done

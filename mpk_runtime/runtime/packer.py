@@ -163,7 +163,9 @@ class TaskPacker:
         if self.ring_cfg is not None:   # third pass: above every op's layout and staged rows
             views = {t.id: wring.view(t.kind, args, int(tasks[t.id, L.TASK_HEADER.index("stage")]))
                      for t, args, _r, _n in cands}
-            ring_args = {tid: v for tid, v in views.items() if v is not None}
+            only = wring.ring_ops()
+            ring_args = {tid: v for tid, v in views.items()
+                         if v is not None and (only is None or wring.op_name(tg.tasks[tid].op) in only)}
             for tid in ring_args:
                 tasks[tid, L.TASK_HEADER.index("stage")] = 1 << L.RING_SHIFT
             if ring_args:

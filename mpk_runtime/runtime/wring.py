@@ -23,6 +23,8 @@ memory; its size is the build's (MPK_WRING KB = warps x RING_SLOTS x MPK_RING_SL
 """
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +62,28 @@ def build_config() -> RingConfig | None:
                          "smaller MPK_RING_SLOT")
     L.ring_part_bytes(cfg.slot, 2)   # two-weight pages must split in whole 512-byte halves
     return cfg
+
+
+def ring_ops() -> frozenset[str] | None:
+    """The ops whose tiles the ring serves, from MPK_RING_OPS (comma-separated op names without the layer prefix,
+    e.g. "o_proj,down,qkv_rope"; session 29 measured the ring slower than the direct path inside long phases such
+    as gate_up and lm_head, faster into short ones), or None: every tile view() accepts."""
+    names = os.environ.get("MPK_RING_OPS", "").strip()
+    if not names:
+        return None
+    ops = frozenset(n.strip() for n in names.split(",") if n.strip())
+    bad = sorted(ops - RING_OP_NAMES)
+    if bad:
+        raise ValueError(f"MPK_RING_OPS names {bad}: the ring serves only {sorted(RING_OP_NAMES)}")
+    return ops
+
+
+RING_OP_NAMES = frozenset({"qkv_rope", "o_proj", "gate_up", "down", "lm_head"})
+
+
+def op_name(op: str) -> str:
+    """A task's op name without its layer prefix ("L3.o_proj" -> "o_proj")."""
+    return re.sub(r"^L\d+\.", "", op)
 
 
 def view(kind: str, a: dict, stage_word: int) -> dict | None:

@@ -11,13 +11,15 @@ from tests.gpu.marks import KERNEL
 pytestmark = KERNEL
 
 
-@pytest.mark.parametrize("model,defines", [
-    ("tiny-llama", "-DMPK_WRING=16 -DMPK_RING_SLOT=96"),     # 96-byte slots: pages end inside rows
-    ("tiny-qwen3", "-DMPK_WRING=56 -DMPK_RING_SLOT=1792"),
-    ("llama-3.2-1b", "-DMPK_WRING=56 -DMPK_RING_SLOT=3584"),  # the A/B's r56b build (gpu_pending.sh wring)
+@pytest.mark.parametrize("model,defines,ops", [
+    ("tiny-llama", "-DMPK_WRING=16 -DMPK_RING_SLOT=96", ""),     # 96-byte slots: pages end inside rows
+    ("tiny-qwen3", "-DMPK_WRING=56 -DMPK_RING_SLOT=1792", ""),
+    ("tiny-qwen3", "-DMPK_WRING=56 -DMPK_RING_SLOT=1792", "o_proj,down,qkv_rope"),   # some ops' tiles (MPK_RING_OPS)
+    ("llama-3.2-1b", "-DMPK_WRING=56 -DMPK_RING_SLOT=3584", ""),  # the A/B's r56b build (gpu_pending.sh wring)
 ])
-def test_ring_tiles_are_bitwise_the_global_memory_path(model, defines, gpu_check, monkeypatch):
+def test_ring_tiles_are_bitwise_the_global_memory_path(model, defines, ops, gpu_check, monkeypatch):
     monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
+    monkeypatch.setenv("MPK_RING_OPS", ops)
     plain = gpu_check.Rig(model, 1, max_seq=64, cpu_ref=False, ring=False)
     assert not plain.mk.ring_tasks
     ring = gpu_check.Rig(model, 1, max_seq=64, cpu_ref=False, build=plain.mk.build)

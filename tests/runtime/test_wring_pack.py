@@ -45,13 +45,19 @@ def _rows(row):
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
 @pytest.mark.parametrize("defines", ["-DMPK_WRING=16 -DMPK_RING_SLOT=512", "-DMPK_WRING=24 -DMPK_RING_SLOT=96"])
-def test_each_warps_pages_are_its_rows_of_every_ring_tile_in_order(monkeypatch, model, defines):
+@pytest.mark.parametrize("ops", ["", "o_proj,down,qkv_rope"])
+def test_each_warps_pages_are_its_rows_of_every_ring_tile_in_order(monkeypatch, model, defines, ops):
+    monkeypatch.setenv("MPK_RING_OPS", ops)
     tg, p, tasks = _pack(monkeypatch, model, 1, defines)
     cfg = p.ring_cfg
     assert cfg is not None and cfg.slots >= 1
-    # batch 1: every linear tile is a CUDA-core one, and every qkv_rope part is served too
-    ring = {t.id for t in tg.tasks if t.kind in ("linear", "qkv_rope")}
+    # batch 1: every linear tile is a CUDA-core one, and every qkv_rope part is served too (of the ops MPK_RING_OPS
+    # names, where it names any)
+    ring = {t.id for t in tg.tasks if t.kind in ("linear", "qkv_rope")
+            and (not ops or t.op.split(".")[-1] in ops.split(","))}
     assert p.ring_tasks == ring and ring
+    if ops:
+        assert {t.op.split(".")[-1] for t in tg.tasks if t.id in ring} == set(ops.split(","))
     for t in tg.tasks:
         assert int(tasks[t.id, STAGE]) == (1 << L.RING_SHIFT if t.id in ring else 0), t.label()
     # the rings sit above every op's own layout, and the launch's shared memory ends with them
@@ -104,5 +110,9 @@ def test_the_switch_and_its_errors(monkeypatch):
         _pack(monkeypatch, "tiny-llama", 1, "", ring=True)
     with pytest.raises(ValueError, match="no 4096-byte page slot"):
         _pack(monkeypatch, "tiny-llama", 1, "-DMPK_WRING=16")
+    monkeypatch.setenv("MPK_RING_OPS", "o_proj,attention")
+    with pytest.raises(ValueError, match=r"MPK_RING_OPS names \['attention'\]"):
+        _pack(monkeypatch, "tiny-llama", 1, "-DMPK_WRING=16 -DMPK_RING_SLOT=512")
+    monkeypatch.delenv("MPK_RING_OPS")
     with pytest.raises(ValueError, match="multiple of 16"):
         _pack(monkeypatch, "tiny-llama", 1, "-DMPK_WRING=16 -DMPK_RING_SLOT=40")
