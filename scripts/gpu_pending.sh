@@ -20,19 +20,18 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 28 left it (bench/results/s28: issue 3's llama table complete at
-# 23c239d, qwen3-8b's gpt-fast cells past B=8 ctx 512 cut by the budget; the weight rings' first build refuted, the
-# second written and compiled but not run). Session 28 lost its first hour to refused starts: each refused start
-# cost ~90 s of the budget, so wait out the "later means" time before calling again.
-# 0. `OUT=$OUT bash scripts/gpu_pending.sh wring` (~6 min): the second ring build's bitwise test, then B=1 ctx 512
-#    base / r56b / r128n / r64 (prediction in docs/perf-notes.md session 28: r128n llama 0.98-1.05 ms).
-# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~7 min): stage 1's whole GPU test set under the paged default (session
-#    27 ran only the tests it touches; session 28 ran none of it).
-# 2. `VAL_B4096=1,8,32,128 val` (~9 min): the planner with h200_v38 at B=1 too (not validated with the kernel on).
-# 3. qwen3-8b's missing gpt-fast cells: `bench_decode.py --models qwen3-8b --batches 8,32,128 --contexts 512,4096
+# Order for a 30-minute session (one GPU), as session 29 left it (bench/results/s29: the weight rings refuted twice more,
+# the whole GPU test set passing at 72b2132, h200_v39 validated at 16 points with regret <= 0.85%). Starts are often
+# refused (sessions 28-29): each refused real start costs ~90 s of the budget, a call inside the "later means" window
+# 15 s; wait the stated time out. Once warm, chain the next command at once (the machine goes back after 30 s idle).
+# 1. qwen3-8b's missing gpt-fast cells: `bench_decode.py --models qwen3-8b --batches 8,32,128 --contexts 512,4096
 #    --mk-max-batch 0 --peer-batches 8,32,128 --hf-batches "" --budget-s 500` (its planned rows come with it).
-# 4. `OUT=$OUT bash scripts/gpu_pending.sh sweep` (~5 min): bench_paged_attention.py with 1 stage and idx_ahead; if
+# 2. `OUT=$OUT bash scripts/gpu_pending.sh sweep` (~5 min): bench_paged_attention.py with 1 stage and idx_ahead; if
 #    shapes beat TUNED, update TUNED and re-run profile_conv_attn.py --cycle-mb 200 for the profile.
+# 3. `OUT=$OUT bash scripts/gpu_pending.sh san` (~6 min): memcheck + racecheck of the defaults (not run since s26).
+# 4. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` when a kernel change lands (issue 3's table).
+# (wring: the rings are refuted as built: docs/perf-notes.md session 29; the mode stays for a ring that takes no
+# extra shared memory.)
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
