@@ -1,5 +1,7 @@
 """Per-warp weight page rings for batch-1 linear and qkv_rope tiles (experimental build `-DMPK_WRING=<KB>`; off by
-default; session 28's first build measured +12..+97% at batch 1, the current one is unmeasured).
+default; measured slower at batch 1 in every form: session 28's first build +12..+97%, session 29's +0.2..+11%, and
++1.5..+6.5% serving only the short phases, because the extra shared memory shrinks L1, which holds the direct path's
+loads in flight; docs/perf-notes.md session 29).
 
 At batch 1 every linear task pays 3-4 us at its two ends (x + norm before its first weight byte, epilogue + barrier +
 signal after its last) and ~1 us at each phase boundary, while HBM idles (docs/perf-notes.md sessions 24-25). Here
