@@ -153,7 +153,8 @@ def conv_attn_us(f: dict, passes: float, key_us: float) -> float:
 def price_from_features(f: dict, prof: HardwareProfile) -> float:
     """A segment's price from its features under `prof` (fit.py): the same arithmetic as the cost functions."""
     if f["kind"] == "megakernel":
-        return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
+        us = prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
+        return us * prof.mk_attn_factor if f.get("attn_only") else us
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
     return prof.conv_fixed_scale * f["fixed_us"] + st + conv_attn_us(f, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + \
         f.get("n_coll", 0) * prof.conv_collective_us + prof.conv_attn_curve_scale * f.get("attn_curve_us", 0.0) + \
@@ -261,7 +262,9 @@ class SegmentCoster:
 
     def megakernel_features(self, ops: list[str], tiling: Tiling) -> dict:
         """The segment's price terms (price_from_features; fit.py refits from them): its simulated makespan."""
-        return {"kind": "megakernel", "sim_us": self.sim_us(ops, tiling)}
+        by = {o.name: o for o in self.graphs[0].ops}
+        return {"kind": "megakernel", "sim_us": self.sim_us(ops, tiling),
+                "attn_only": all(by[n].kind == "attention" for n in ops)}
 
     def megakernel_us(self, ops: list[str], tiling: Tiling) -> float:
         return price_from_features(self.megakernel_features(ops, tiling), self.prof)

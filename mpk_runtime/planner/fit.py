@@ -31,6 +31,7 @@ from dataclasses import replace
 from .cost import price_from_features
 from .profile import HardwareProfile
 from .score import _brief, _sel, load_rows, mape_by, reprice, resimulate, split_points, summarize, valid, valid_rows
+from .score import features as seg_features
 
 REGIMES = ((1, "1"), (8, "8"))   # (min batch, key)
 BATCH_REGIMES = ((1, "1"), (8, "8"), (32, "32"), (128, "128"))   # --regimes batch: one per measured batch
@@ -67,7 +68,7 @@ def _segments(rows, regime=None, regimes=REGIMES):
             continue
         for s in r["segments"]:
             if s.get("features") and s["measured_us"] > 0:
-                yield r, s
+                yield r, dict(s, features=seg_features(s))
 
 
 def _wls(cols: list[list[float]], y: list[float], w: list[float], nonneg: bool = True) -> list[float]:
@@ -111,6 +112,13 @@ def fit_megakernel(segs: list[dict], launch_us: float) -> dict:
         off = -launch_us   # (else plans of many segments, per-layer, are credited for every cut)
         sc = _wls([sims], [v - off for v in y], w)[0]
     return {"mk_scale": sc, "mk_offset_us": off}
+
+
+def fit_attn_factor(segs: list[dict], prof: HardwareProfile) -> float:
+    """mk_attn_factor: the factor on the price of attention-only megakernel segments (priced with `prof`'s
+    mk_scale / mk_offset_us, fitted on whole-layer segments) that minimises their squared relative errors."""
+    r = [price_from_features(dict(s["features"], attn_only=False), prof) / s["measured_us"] for s in segs]
+    return sum(r) / sum(v * v for v in r)
 
 
 # Passes over the gathered KV of the conventional attention (gather read + write, SDPA read: ~3): a grid of
@@ -189,11 +197,15 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
         cv = [s for _, s in segs if s["features"]["kind"] == "conventional"]
         over = dict(keep.get(key, {}))
         if "mk" in terms and len(mk) >= min_segments:
-            over.update(fit_megakernel(mk, base.megakernel_launch_us))
+            whole = [s for s in mk if not s["features"].get("attn_only")]
+            over.update(fit_megakernel(whole if len(whole) >= min_segments else mk, base.megakernel_launch_us))
+            attn = [s for s in mk if s["features"].get("attn_only")]
+            if attn and len(whole) >= min_segments:
+                over["mk_attn_factor"] = fit_attn_factor(attn, replace(base.for_batch(0), **over))
         if "conv" in terms and len(cv) >= min_segments:
             over.update(fit_conventional(cv))
         report[key] = {"megakernel_segments": len(mk), "conventional_segments": len(cv),
-                       **{k: over[k] for k in over if k in ("mk_scale", "mk_offset_us") + CONV_FIELDS}}
+                       **{k: over[k] for k in over if k in ("mk_scale", "mk_offset_us", "mk_attn_factor") + CONV_FIELDS}}
         if over:
             regs[key] = over
     for key, v in keep.items():   # base regimes this fit does not define (other regime sets): kept
@@ -212,7 +224,7 @@ def _mk_err(rows: list[dict], prof: HardwareProfile) -> float:
         p = prof.for_batch(r["batch"])
         for s in r["segments"]:
             if s.get("features", {}).get("kind") == "megakernel" and s["measured_us"] > 0:
-                e += ((price_from_features(s["features"], p) - s["measured_us"]) / s["measured_us"]) ** 2
+                e += ((price_from_features(seg_features(s), p) - s["measured_us"]) / s["measured_us"]) ** 2
     return e
 
 

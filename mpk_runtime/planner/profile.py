@@ -54,7 +54,11 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # scaled them by the gather curves' 1.54, fitted on L2-resident curves). On session 27's 70 rows: step MAPE 7.8% ->
 # 6.9%, max regret 6.8% -> 0.44% (llama B=8 ctx 4096 conventional); out of sample on session 28's 19 bench steps 5.1%
 # -> 4.7%. B >= 32 keep v38's scales (at 1.0 they expose the attention megakernels' over-pricing: regret 18-20%).
-DEFAULT_PROFILE = "h200_v39"
+# h200_v40 since session 29: v39 plus mk_attn_factor per regime (1.07 / 1.06 / 0.92 / 0.89 at B=1 / 8 / 32 / 128,
+# attn-mk's attention-only megakernel segments against their price on session 29's 112 GPU-validated rows) and the
+# paged curves at their measured 1.0 at B=1 and 32 too. On those rows (in sample): the same choice at all 16 points
+# (max regret 0.85%), step MAPE 6.6% -> 5.4%, segment 9.9% -> 7.4%; on session 27's rows 7.8% -> 7.3%.
+DEFAULT_PROFILE = "h200_v40"
 
 
 def key_fallbacks(key: str) -> list[str]:
@@ -158,6 +162,10 @@ class HardwareProfile:
     # scale. conv_attn_curve_scale was fitted where the gather curves had been measured from one L2-resident copy
     # (1.07-1.77), which over-prices the HBM-measured paged curves (docs/planner.md session 28)
     conv_attn_paged_scale: float | None = None
+    # a megakernel segment of attention tasks alone (the attn-mk plans' segments): its price times this factor. One
+    # mk_scale per regime cannot fit both these and whole-layer segments: session 29 measured attn-mk's segments at
+    # 1.08 / 1.06 / 0.92 / 0.89 of their price (B=1 / 8 / 32 / 128) while mono's were under-priced at B >= 32
+    mk_attn_factor: float = 1.0
     # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
     # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
     conv_collective_us: float = 0.0

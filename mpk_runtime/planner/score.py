@@ -215,7 +215,7 @@ def mape_by(rows: list[dict], prof: HardwareProfile | None = None) -> dict:
             f = s.get("features")
             if not f or s["measured_us"] <= 0:
                 continue
-            pred = price_from_features(f, p) if p is not None else s["predicted_us"]
+            pred = price_from_features(features(s), p) if p is not None else s["predicted_us"]
             e = abs(pred - s["measured_us"]) / s["measured_us"]
             for k in ((f["kind"], "all"), (f["kind"], r["batch"])):
                 acc.setdefault(k, []).append(e)
@@ -223,6 +223,15 @@ def mape_by(rows: list[dict], prof: HardwareProfile | None = None) -> dict:
     for (kind, b), es in sorted(acc.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
         out.setdefault(kind, {})[str(b)] = round(sum(es) / len(es), 4)
     return out
+
+
+def features(seg: dict) -> dict:
+    """A measured segment's price features; rows written before session 29 lack a megakernel segment's
+    "attn_only", which their op count and first op tell (one op, an attention)."""
+    f = seg["features"]
+    if f.get("kind") == "megakernel" and "attn_only" not in f:
+        f = dict(f, attn_only=seg.get("ops") == 1 and str(seg.get("first_op", "")).endswith("attention"))
+    return f
 
 
 def reprice(rows: list[dict], prof: HardwareProfile) -> list[dict]:
@@ -233,7 +242,7 @@ def reprice(rows: list[dict], prof: HardwareProfile) -> list[dict]:
         if not valid(r) or not all(s.get("features") for s in r["segments"]):
             continue
         p = prof.for_batch(r["batch"])
-        segs = [dict(s, predicted_us=price_from_features(s["features"], p)) for s in r["segments"]]
+        segs = [dict(s, predicted_us=price_from_features(features(s), p)) for s in r["segments"]]
         step = sum(s["predicted_us"] for s in segs) + p.graph_kernel_gap_us * max(0, len(segs) - 1)
         out.append(dict(r, segments=segs, predicted_us=step))
     best: dict = {}

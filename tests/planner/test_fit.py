@@ -303,3 +303,30 @@ def test_load_rows_reads_gzipped_results(tmp_path):
         f.write(json.dumps(row) + "\n")
     got = [load_rows(str(tmp_path / n)) for n in ("v.json", "v.json.gz", "r.jsonl.gz")]
     assert got[0] == got[1] == got[2] == [row]
+
+
+def test_attention_only_megakernels_get_their_own_factor(base):
+    """attn-mk's megakernel segments (attention tasks alone) are priced times mk_attn_factor; fit.py fits the
+    factor beside mk_scale / mk_offset_us (fitted on the whole-layer segments), and rows written before the feature
+    existed tell it from their segments' op count and first op."""
+    true_regimes = {k: dict(v, mk_attn_factor=f) for (k, v), f in zip(TRUE.items(), (1.1, 0.9))}
+    true = dataclasses.replace(base, regimes=true_regimes)
+    plans = {p.name: p for p in candidates(PRESETS["tiny-llama"], batch=8, context=64, prof=true)}
+    attn = [s for s in plans["attn-mk"].segments if s.kind == "megakernel"]
+    assert attn and all(s.features["attn_only"] for s in attn)
+    assert not any(s.features["attn_only"] for s in plans["mono"].segments)
+    p8 = true.for_batch(8)
+    s = attn[0]
+    assert s.predicted_us == pytest.approx(0.9 * price_from_features(dict(s.features, attn_only=False), p8))
+    rows = synthetic_rows(true, base)
+    fitted, _rep = fit_profile(rows, base)
+    for key, f in (("1", 1.1), ("8", 0.9)):
+        assert fitted.regimes[key]["mk_attn_factor"] == pytest.approx(f, rel=1e-3)
+        assert fitted.regimes[key]["mk_scale"] == pytest.approx(TRUE[key]["mk_scale"], rel=1e-3)
+    # an older row: no attn_only in its features; one op, an attention -> the factor applies
+    old = [dict(r, segments=[dict(sg, features={k: v for k, v in sg["features"].items() if k != "attn_only"},
+                                  first_op="L0.attention" if sg["features"].get("attn_only") else "embed")
+                             for sg in r["segments"]]) for r in rows]
+    a = summarize(reprice(rows, fitted))
+    b = summarize(reprice(old, fitted))
+    assert a["segment_mape"] < 1e-6 and b["segment_mape"] == pytest.approx(a["segment_mape"], abs=1e-9)
