@@ -24,6 +24,8 @@
 # the whole GPU test set passing at 72b2132, h200_v39 validated at 16 points with regret <= 0.85%). Starts are often
 # refused (sessions 28-29): each refused real start costs ~90 s of the budget, a call inside the "later means" window
 # 15 s; wait the stated time out. Once warm, chain the next command at once (the machine goes back after 30 s idle).
+# 0. `VAL_B4096=1,8,32,128 OUT=$OUT bash scripts/gpu_pending.sh val` (~8 min): h200_v40 (session 29, CPU: the
+#    attention-only megakernel factor, paged curves at 1.0 below B=128) out of sample; choices must hold.
 # 1. qwen3-8b's missing gpt-fast cells: `bench_decode.py --models qwen3-8b --batches 8,32,128 --contexts 512,4096
 #    --mk-max-batch 0 --peer-batches 8,32,128 --hf-batches "" --budget-s 500` (its planned rows come with it).
 # 2. `OUT=$OUT bash scripts/gpu_pending.sh sweep` (~5 min): bench_paged_attention.py with 1 stage and idx_ahead; if
