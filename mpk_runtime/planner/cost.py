@@ -180,6 +180,7 @@ class SegmentCoster:
 
     def __init__(self, graphs: list[Graph], prof: HardwareProfile, make_graphs=None, groups=None):
         self.graphs, self.prof = graphs, prof
+        self._op = {o.name: o for o in graphs[0].ops}   # rank 0's ops by name
         self.make_graphs = make_graphs          # num_layers -> [Graph per rank] of the same model, fewer layers
         self.groups = groups                    # layer groups of graphs[0] (search._layer_groups)
         self._group_of = {n: i for i, grp in enumerate(groups or []) for n in grp}
@@ -190,10 +191,9 @@ class SegmentCoster:
         self.extrapolated = 0
 
     def _signature(self, ops: list[str], tiling: Tiling) -> tuple:
-        by = {o.name: o for o in self.graphs[0].ops}
         sig = []
         for n in ops:
-            o = by[n]
+            o = self._op[n]
             shapes = tuple(self.graphs[0].tensors[t].shape for t in o.inputs + o.outputs)
             sig.append((o.kind, shapes, o.attrs.get("epilogue"), bool(o.attrs.get("norm")),
                         bool(o.attrs.get("residual")), o.name in ("embed", "lm_head", "argmax")))
@@ -262,9 +262,8 @@ class SegmentCoster:
 
     def megakernel_features(self, ops: list[str], tiling: Tiling) -> dict:
         """The segment's price terms (price_from_features; fit.py refits from them): its simulated makespan."""
-        by = {o.name: o for o in self.graphs[0].ops}
         return {"kind": "megakernel", "sim_us": self.sim_us(ops, tiling),
-                "attn_only": all(by[n].kind == "attention" for n in ops)}
+                "attn_only": all(self._op[n].kind == "attention" for n in ops)}
 
     def megakernel_us(self, ops: list[str], tiling: Tiling) -> float:
         return price_from_features(self.megakernel_features(ops, tiling), self.prof)

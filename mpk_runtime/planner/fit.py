@@ -201,7 +201,8 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
             over.update(fit_megakernel(whole if len(whole) >= min_segments else mk, base.megakernel_launch_us))
             attn = [s for s in mk if s["features"].get("attn_only")]
             if attn and len(whole) >= min_segments:
-                over["mk_attn_factor"] = fit_attn_factor(attn, replace(base.for_batch(0), **over))
+                over["mk_attn_factor"] = fit_attn_factor(attn, replace(base, regimes={key: over}).for_batch(
+                    int(key)))
         if "conv" in terms and len(cv) >= min_segments:
             over.update(fit_conventional(cv))
         report[key] = {"megakernel_segments": len(mk), "conventional_segments": len(cv),

@@ -66,6 +66,10 @@ def build_config() -> RingConfig | None:
     return cfg
 
 
+# the ops whose batch-1 tiles view() can serve
+RING_OP_NAMES = frozenset({"qkv_rope", "o_proj", "gate_up", "down", "lm_head"})
+
+
 def ring_ops() -> frozenset[str] | None:
     """The ops whose tiles the ring serves, from MPK_RING_OPS (comma-separated op names without the layer prefix,
     e.g. "o_proj,down,qkv_rope"; session 29 measured the ring slower than the direct path inside long phases such
@@ -78,9 +82,6 @@ def ring_ops() -> frozenset[str] | None:
     if bad:
         raise ValueError(f"MPK_RING_OPS names {bad}: the ring serves only {sorted(RING_OP_NAMES)}")
     return ops
-
-
-RING_OP_NAMES = frozenset({"qkv_rope", "o_proj", "gate_up", "down", "lm_head"})
 
 
 def op_name(op: str) -> str:
