@@ -49,23 +49,27 @@ class PagedAttnConfig:
     num_stages: int = NUM_STAGES
     # the page indices loaded a block ahead by hand: without it the pipeliner keeps two K / V buffers whatever
     # num_stages says (offline sm_90 build: stages 3-4 take stage 2's shared memory); with it, num_stages buffers
-    # (session 27; not yet measured, so no TUNED point uses it)
+    # (session 27; session 30's sweep found it the best shape at three of qwen3-8b's points)
     idx_ahead: bool = False
 
 
 DEFAULT_CONFIG = PagedAttnConfig()
 
 # The fastest launch shape at each measured point (head dim, programs without splits = batch x KV heads, keys), from
-# scripts/bench_paged_attention.py on an H200 (session 27, bench/results/s27: 35 shapes, K / V read from HBM). Against
-# DEFAULT_CONFIG: llama-3.2-1b B=32 at 512 keys 25.4 -> 19.3 us a layer, qwen3-8b B=8 21.2 -> 11.8, B=128 at 4096
-# keys 827 -> 688; more programs and 128-key steps where the grid is small, 2 stages where it is large.
+# scripts/bench_paged_attention.py on an H200 (session 30, bench/results/s30/run4_sweep: K / V read from HBM, with the
+# 1-stage and idx_ahead shapes session 27's sweep lacked). Against session 27's TUNED (the sweep's config_for column):
+# llama-3.2-1b B=32 at 4096 keys 104.6 -> 95.0 us a layer, B=128 371.2 -> 333.1; qwen3-8b B=32 183.3 -> 171.4, B=128
+# 681.6 -> 636.3; within 3% elsewhere. More programs and 128-key steps where the grid is small, one stage where the
+# grid is large, 32-key steps with the page indices read ahead for qwen3-8b's larger grids.
 TUNED = {
-    (64, 64, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 64, 4096): PagedAttnConfig(128, 2112, 4, 3),
-    (64, 256, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 256, 4096): PagedAttnConfig(64, 264, 4, 2),
-    (64, 1024, 512): PagedAttnConfig(64, 264, 4, 3), (64, 1024, 4096): PagedAttnConfig(64, 528, 4, 3),
+    (64, 64, 512): PagedAttnConfig(128, 528, 4, 3), (64, 64, 4096): PagedAttnConfig(128, 264, 4, 1),
+    (64, 256, 512): PagedAttnConfig(128, 1056, 4, 2), (64, 256, 4096): PagedAttnConfig(128, 528, 4, 1),
+    (64, 1024, 512): PagedAttnConfig(128, 528, 4, 1), (64, 1024, 4096): PagedAttnConfig(128, 264, 4, 1),
     (128, 64, 512): PagedAttnConfig(128, 264, 8, 3), (128, 64, 4096): PagedAttnConfig(64, 264, 4, 2),
-    (128, 256, 512): PagedAttnConfig(64, 2112, 4, 4), (128, 256, 4096): PagedAttnConfig(64, 528, 4, 2),
-    (128, 1024, 512): PagedAttnConfig(32, 528, 4, 2), (128, 1024, 4096): PagedAttnConfig(64, 2112, 4, 2),
+    (128, 256, 512): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),
+    (128, 256, 4096): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),
+    (128, 1024, 512): PagedAttnConfig(32, 264, 4, 1),
+    (128, 1024, 4096): PagedAttnConfig(32, 1056, 4, 3, idx_ahead=True),
 }
 
 
