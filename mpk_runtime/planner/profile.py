@@ -58,7 +58,12 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # attn-mk's attention-only megakernel segments against their price on session 29's 112 GPU-validated rows) and the
 # paged curves at their measured 1.0 at B=1 and 32 too. On those rows (in sample): the same choice at all 16 points
 # (max regret 0.85%), step MAPE 6.6% -> 5.4%, segment 9.9% -> 7.4%; on session 27's rows 7.8% -> 7.3%.
-DEFAULT_PROFILE = "h200_v40"
+# Session 30 validated it on the GPU out of sample (bench/results/s30/run1_val, 112 rows): regret 0 at 15 of 16
+# points, 0.26% at qwen3-8b B=8 ctx 4096; step MAPE 5.6% / 5.8% (ctx 512 / 4096).
+# h200_v41 since session 30: v40 with llama-3.2-1b's TP=1 paged curve re-measured where paged_attention.TUNED's
+# launch shapes changed (B=32..128 at 2048..8192 keys). On the 112 rows that ran this commit's kernels (s30 run1,
+# and run6 for those llama points): same choices, step MAPE 5.79% -> 5.71%, segment 8.23% -> 8.15%.
+DEFAULT_PROFILE = "h200_v41"
 
 
 def key_fallbacks(key: str) -> list[str]:

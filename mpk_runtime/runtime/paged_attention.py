@@ -49,27 +49,31 @@ class PagedAttnConfig:
     num_stages: int = NUM_STAGES
     # the page indices loaded a block ahead by hand: without it the pipeliner keeps two K / V buffers whatever
     # num_stages says (offline sm_90 build: stages 3-4 take stage 2's shared memory); with it, num_stages buffers
-    # (session 27; session 30's sweep found it the best shape at three of qwen3-8b's points)
+    # (session 27; session 30's sweep ranked it first at three of qwen3-8b's points, but the step got slower with it,
+    # so no TUNED point uses it)
     idx_ahead: bool = False
 
 
 DEFAULT_CONFIG = PagedAttnConfig()
 
-# The fastest launch shape at each measured point (head dim, programs without splits = batch x KV heads, keys), from
-# scripts/bench_paged_attention.py on an H200 (session 30, bench/results/s30/run4_sweep: K / V read from HBM, with the
-# 1-stage and idx_ahead shapes session 27's sweep lacked). Against session 27's TUNED (the sweep's config_for column):
-# llama-3.2-1b B=32 at 4096 keys 104.6 -> 95.0 us a layer, B=128 371.2 -> 333.1; qwen3-8b B=32 183.3 -> 171.4, B=128
-# 681.6 -> 636.3; within 3% elsewhere. More programs and 128-key steps where the grid is small, one stage where the
-# grid is large, 32-key steps with the page indices read ahead for qwen3-8b's larger grids.
+# The launch shape at each measured point (head dim, programs without splits = batch x KV heads, keys), from
+# scripts/bench_paged_attention.py on an H200, K / V read from HBM, kept only where the whole decode step agreed.
+# Head dim 64 (llama-3.2-1b), 256 and 1024 programs at 4096 keys: session 30's sweep (bench/results/s30/run4_sweep, with the 1-stage shapes
+# session 27's lacked): a layer's kernel 104.6 -> 95.0 us at B=32, 371.2 -> 333.1 at B=128; the conventional step
+# 2907 -> 2712 us at B=32, 7459 -> 7053 at B=128 (run6_val4096 against run1_val). Elsewhere session 27's shapes
+# (the sweep's gains there, <= 7% of a small kernel, were not measured in the step).
+# Head dim 128 (qwen3-8b): session 27's sweep (bench/results/s27). Session 30's sweep preferred 32-key steps with the
+# page indices read ahead at B>=32 (183.3 -> 171.4 us at B=32, 681.6 -> 636.3 at B=128), but the conventional step
+# got slower with them: 11642 -> 13665 us at B=32 and 4096 keys, 30360 -> 31975 at B=128 (the op measured whole by
+# profile_conv_attn.py: 180 -> 130 us at B=32, 523 -> 556 at B=128). Kernel-alone sweeps do not rank these shapes
+# the way the step does (docs/perf-notes.md session 30).
 TUNED = {
-    (64, 64, 512): PagedAttnConfig(128, 528, 4, 3), (64, 64, 4096): PagedAttnConfig(128, 264, 4, 1),
-    (64, 256, 512): PagedAttnConfig(128, 1056, 4, 2), (64, 256, 4096): PagedAttnConfig(128, 528, 4, 1),
-    (64, 1024, 512): PagedAttnConfig(128, 528, 4, 1), (64, 1024, 4096): PagedAttnConfig(128, 264, 4, 1),
+    (64, 64, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 64, 4096): PagedAttnConfig(128, 2112, 4, 3),
+    (64, 256, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 256, 4096): PagedAttnConfig(128, 528, 4, 1),
+    (64, 1024, 512): PagedAttnConfig(64, 264, 4, 3), (64, 1024, 4096): PagedAttnConfig(128, 264, 4, 1),
     (128, 64, 512): PagedAttnConfig(128, 264, 8, 3), (128, 64, 4096): PagedAttnConfig(64, 264, 4, 2),
-    (128, 256, 512): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),
-    (128, 256, 4096): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),
-    (128, 1024, 512): PagedAttnConfig(32, 264, 4, 1),
-    (128, 1024, 4096): PagedAttnConfig(32, 1056, 4, 3, idx_ahead=True),
+    (128, 256, 512): PagedAttnConfig(64, 2112, 4, 4), (128, 256, 4096): PagedAttnConfig(64, 528, 4, 2),
+    (128, 1024, 512): PagedAttnConfig(32, 528, 4, 2), (128, 1024, 4096): PagedAttnConfig(64, 2112, 4, 2),
 }
 
 

@@ -95,7 +95,7 @@ def test_the_paged_curves_have_their_own_scale(monkeypatch):
 
 
 def test_the_default_profile_prices_the_paged_curves_as_measured_below_batch_128():
-    """h200_v40: B=1-127 take the HBM-measured paged curves as measured (B=8 since session 28, B=1 and 32 since
+    """h200_v40 and v41: B=1-127 take the HBM-measured paged curves as measured (B=8 since session 28, B=1 and 32 since
     session 29); B=128 keeps the gather curves' scale for them: the all-conventional step costs more there
     (docs/planner.md session 29)."""
     prof = HardwareProfile.load()
