@@ -11,6 +11,8 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh tattn    # (one GPU, ~8 min): the Triton paged attention: tests, curves, plans
 #     OUT=$OUT bash scripts/gpu_pending.sh sweep    # (one GPU, ~5 min): its launch shapes (bench_paged_attention.py), tests
 #     OUT=$OUT bash scripts/gpu_pending.sh wring    # (one GPU, ~9 min): the weight page rings' GPU test and B=1 A/B
+#     SHAPES="tuned 32_264_4_3_ahead" OUT=$OUT bash scripts/gpu_pending.sh pshape   # (one GPU, ~2 min a shape):
+#                                                   paged-attention launch shapes in the whole step (conventional plan)
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
@@ -119,7 +121,7 @@ ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2
 for V in $VARS; do
   n=1; while [[ " $ABD " == *" ab_${V}$([ $n = 1 ] || echo _$n) "* ]]; do n=$((n + 1)); done
   VD="ab_${V}$([ $n = 1 ] || echo _$n)"; ABD="$ABD $VD"
-  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""
+  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
@@ -130,15 +132,40 @@ for V in $VARS; do
              greedyold) D=""; G=""; GF=0;;   # the older greedy argmax path (26 kernels a step; s26 A/B -0.3..-1.3% on llama)
              tlmhead) D=""; G=""; TL=1;;     # the conventional LM head through the Triton skinny matmul at B <= 32 (s26, opt-in)
              tattn0) D=""; G=""; TA=0;;      # the conventional attention by gather + SDPA (the paged kernel is the default since s27)
+             ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
+                                             # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead, ps_64_528_4_2 (s30)
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
-  MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done
 python3 scripts/ab_table.py $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
 python3 scripts/ab_table.py --kv-rates $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
+elif [ "$MODE" = pshape ]; then
+# pshape: paged-attention launch shapes A/B'd in the whole decode step (session 30: the kernel-alone sweep and the
+# step ranked qwen3-8b's read-ahead shapes oppositely). The conventional plan alone (validate_planner --families
+# conventional), one run per shape in $SHAPES ("tuned" = paged_attention.TUNED; else MPK_PAGED_SHAPE's
+# block_n_target_warps_stages[_ahead]), in order, twice over (ABAB) so drift shows.
+SHAPES=${SHAPES:-"tuned 32_264_4_3_ahead tuned 32_264_4_3_ahead"}; PM=${MODELS:-qwen3-8b}
+st "pshape: $SHAPES, $PM, B=${BS:-32,128} ctx ${CTXS:-4096}, the conventional plan"
+n=0
+for V in $SHAPES; do
+  n=$((n + 1)); d="$OUT/pshape/${n}_$V"; mkdir -p "$d"
+  PSH=""; [ "$V" = tuned ] || PSH=$(echo "$V" | tr _ ,)
+  MPK_PAGED_SHAPE=$PSH timeout ${LIM:-120} python3 scripts/validate_planner.py --tp 1 --models "$PM" \
+      --context ${CTXS:-4096} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-120} - 15)) \
+      --out "$d" > "$d/validate.log" 2>&1
+  python3 - "$d" "$V" <<'PY'
+import json, sys
+for l in open(sys.argv[1] + "/planner_validation_rows.jsonl"):
+    r = json.loads(l)
+    if r.get("measured_us"):
+        print(f"[{sys.argv[2]}] {r['model']} B={r['batch']} ctx={r['context']} {r['plan']}: {r['measured_us']:.0f} us")
+PY
+  snap
+done
 elif [ "$MODE" = wring ]; then
 # wring: the weight page rings (runtime/wring.py, -DMPK_WRING): their bitwise GPU test, then B=1 ctx 512 A/B of the
 # variants in VARS. Session 28 (first build, a table entry per page): r56 +77% / +97%, r128n +12%, narrow -0.9%.

@@ -27,6 +27,7 @@ the planner's conventional plans, it makes them the fastest plan at B = 8-32, 51
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -77,9 +78,34 @@ TUNED = {
 }
 
 
+def forced_config() -> PagedAttnConfig | None:
+    """$MPK_PAGED_SHAPE = "block_n,target_programs,warps,stages[,ahead]": one launch shape for every call, in place
+    of TUNED's, so a shape the kernel-alone sweep proposes can be A/B'd in the whole decode step (session 30: the
+    sweep and the step ranked qwen3-8b's read-ahead shapes oppositely). Unset or empty: None (TUNED decides)."""
+    v = os.environ.get("MPK_PAGED_SHAPE", "").strip()
+    if not v:
+        return None
+    parts = [p.strip() for p in v.split(",")]
+    ahead = len(parts) == 5 and parts[4] == "ahead"
+    nums = parts[:4]
+    ok = len(parts) in (4, 5) and (len(parts) == 4 or ahead) and all(p.isdigit() for p in nums)
+    if ok:
+        bn, tgt, w, st = map(int, nums)
+        ok = bn in (16, 32, 64, 128) and 1 <= tgt <= 65536 and w in (1, 2, 4, 8, 16) and 1 <= st <= 6
+    if not ok:
+        raise ValueError(f"MPK_PAGED_SHAPE={v!r}: expected block_n,target_programs,warps,stages[,ahead] with block_n "
+                         "16/32/64/128, warps 1-16 (a power of two), stages 1-6, e.g. 32,264,4,3,ahead; unset it for "
+                         "the tuned shapes")
+    return PagedAttnConfig(bn, tgt, w, st, idx_ahead=ahead)
+
+
 def config_for(D: int, B: int, nkv: int, L: int) -> PagedAttnConfig:
-    """The launch shape for head dim D, B rows of nkv KV heads, L keys: TUNED's nearest measured point of this head
-    dim (distance in log2 of programs and of keys), DEFAULT_CONFIG for a head dim never measured."""
+    """The launch shape for head dim D, B rows of nkv KV heads, L keys: $MPK_PAGED_SHAPE's if set, else TUNED's
+    nearest measured point of this head dim (distance in log2 of programs and of keys), DEFAULT_CONFIG for a head
+    dim never measured."""
+    forced = forced_config()
+    if forced is not None:
+        return forced
     pts = [k for k in TUNED if k[0] == D]
     if not pts:
         return DEFAULT_CONFIG

@@ -85,6 +85,36 @@ def test_tuned_config_lookup():
     assert pa.splits_for(8, 8, 512, 128, 1056) == 4                          # 1056 programs wanted, 4 blocks of 128
 
 
+def test_a_forced_shape_replaces_the_tuned_ones(monkeypatch):
+    """$MPK_PAGED_SHAPE (the step-level A/B of a launch shape): every call takes it, whatever the head dim or point;
+    a malformed value is an error that says the format, never a silent fallback."""
+    monkeypatch.setenv("MPK_PAGED_SHAPE", "32,264,4,3,ahead")
+    want = pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True)
+    assert pa.config_for(128, 32, 8, 4096) == want and pa.config_for(64, 1, 8, 300) == want
+    assert pa.config_for(256, 8, 8, 512) == want
+    monkeypatch.setenv("MPK_PAGED_SHAPE", " 128, 528, 4, 1 ")
+    assert pa.config_for(64, 32, 8, 4096) == pa.PagedAttnConfig(128, 528, 4, 1)
+    for bad in ("32,264,4", "48,264,4,3", "32,264,3,3", "32,264,4,0", "32,264,4,3,behind", "a,b,c,d"):
+        monkeypatch.setenv("MPK_PAGED_SHAPE", bad)
+        with pytest.raises(ValueError, match="MPK_PAGED_SHAPE.*block_n,target_programs,warps,stages"):
+            pa.config_for(64, 32, 8, 512)
+    monkeypatch.setenv("MPK_PAGED_SHAPE", "")
+    assert pa.config_for(64, 32, 8, 512) == pa.TUNED[(64, 256, 512)]
+
+
+@interp
+def test_a_forced_shape_gives_the_same_attention_interpreter(monkeypatch):
+    """A forced shape no TUNED entry has (16-key blocks, indices read ahead), taken by a call without a config
+    argument: the same attention as the reference."""
+    B, nq, nkv, D, PS, L = 3, 8, 2, 16, 16, 150
+    q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, torch.float32)
+    ref = reference(q, kc, vc, bt, pos, 0.25)
+    monkeypatch.setenv("MPK_PAGED_SHAPE", "16,64,4,1,ahead")
+    out = torch.empty_like(q)
+    pa.paged_decode_attention(q, kc, vc, bt, pos, 0.25, L, out)
+    assert (out - ref).abs().max() < 1e-5
+
+
 @interp
 @pytest.mark.parametrize("config", [pa.PagedAttnConfig(32, 1056, 4, 2), pa.PagedAttnConfig(128, 264, 8, 3),
                                     pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True)])
