@@ -22,18 +22,19 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 29 left it (bench/results/s29: the weight rings refuted twice more,
-# the whole GPU test set passing at 72b2132, h200_v39 validated at 16 points with regret <= 0.85%). Starts are often
-# refused (sessions 28-29): each refused real start costs ~90 s of the budget, a call inside the "later means" window
-# 15 s; wait the stated time out. Once warm, chain the next command at once (the machine goes back after 30 s idle).
-# 0. `VAL_B4096=1,8,32,128 OUT=$OUT bash scripts/gpu_pending.sh val` (~8 min): h200_v40 (session 29, CPU: the
-#    attention-only megakernel factor, paged curves at 1.0 below B=128) out of sample; choices must hold.
-# 1. qwen3-8b's missing gpt-fast cells: `bench_decode.py --models qwen3-8b --batches 8,32,128 --contexts 512,4096
-#    --mk-max-batch 0 --peer-batches 8,32,128 --hf-batches "" --budget-s 500` (its planned rows come with it).
-# 2. `OUT=$OUT bash scripts/gpu_pending.sh sweep` (~5 min): bench_paged_attention.py with 1 stage and idx_ahead; if
-#    shapes beat TUNED, update TUNED and re-run profile_conv_attn.py --cycle-mb 200 for the profile.
-# 3. `OUT=$OUT bash scripts/gpu_pending.sh san` (~6 min): memcheck + racecheck of the defaults (not run since s26).
-# 4. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` when a kernel change lands (issue 3's table).
+# Order for a 30-minute session (one GPU), as session 30 left it (bench/results/s30: h200_v40 validated out of sample,
+# regret 0 at 15 of 16 points; sanitizers clean; qwen3-8b's gpt-fast cells measured; the sweep's qwen3-8b read-ahead
+# shapes lost in the step and were reverted). Starts are often refused (sessions 28-30): each refused real start costs
+# ~90 s of the budget, a call inside the "later means" window 15 s; wait the stated time out. Once warm, chain the next
+# command at once (the machine goes back after 30 s idle, and an API pause on this side loses it too).
+# 0. `SHAPES="tuned 32_264_4_3_ahead 32_264_4_3 tuned 32_264_4_3_ahead" LIM=110 OUT=$OUT bash scripts/gpu_pending.sh
+#    pshape` (~9 min): qwen3-8b B=32 / 128 ctx 4096, the conventional step under each shape (ABA order; the middle
+#    one without the index read-ahead separates it from the 32-key blocks). Session 30: tuned 11642 / 30360 us, the
+#    read-ahead shape 13665 / 31975, while the kernel alone was 7% faster with it.
+# 1. `SHAPES="tuned 32_264_4_3_ahead tuned" BS=32 CTXS=512 ... pshape`: the sweep's pick where the conventional plan
+#    is the chosen one (qwen3-8b B=32 ctx 512; kernel alone 31.1 -> 29.8 us a layer), measured in the step first.
+# 2. `OUT=$OUT bash scripts/gpu_pending.sh one` after any kernel change (68 passed at 72b2132).
+# 3. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` when a kernel change lands (issue 3's table).
 # (wring: the rings are refuted as built: docs/perf-notes.md session 29; the mode stays for a ring that takes no
 # extra shared memory.)
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
