@@ -134,7 +134,7 @@ for V in $VARS; do
              tlmhead) D=""; G=""; TL=1;;     # the conventional LM head through the Triton skinny matmul at B <= 32 (s26, opt-in)
              tattn0) D=""; G=""; TA=0;;      # the conventional attention by gather + SDPA (the paged kernel is the default since s27)
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
-                                             # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead, ps_64_528_4_2 (s30)
+                                             # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
   MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \

@@ -87,10 +87,9 @@ def forced_config() -> PagedAttnConfig | None:
         return None
     parts = [p.strip() for p in v.split(",")]
     ahead = len(parts) == 5 and parts[4] == "ahead"
-    nums = parts[:4]
-    ok = len(parts) in (4, 5) and (len(parts) == 4 or ahead) and all(p.isdigit() for p in nums)
+    ok = (len(parts) == 4 or ahead) and all(p.isdigit() for p in parts[:4])
     if ok:
-        bn, tgt, w, st = map(int, nums)
+        bn, tgt, w, st = map(int, parts[:4])
         ok = bn in (16, 32, 64, 128) and 1 <= tgt <= 65536 and w in (1, 2, 4, 8, 16) and 1 <= st <= 6
     if not ok:
         raise ValueError(f"MPK_PAGED_SHAPE={v!r}: expected block_n,target_programs,warps,stages[,ahead] with block_n "
