@@ -240,6 +240,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       // it takes the signal words (and the trace coordinates) now, before the barrier frees this buffer.
       int64_t sg[INLINE_SIGNALS], sb = 0, se = 0;
       int tid = 0;
+#if MPK_WRING
+      const bool clob = (rec[T_STAGE] & RING_CLOB_BIT) != 0;   // before the barrier frees the record
+#endif
 #if MPK_STAGE_WORDS > 0
       uint64_t* stage_row = nullptr;
 #endif
@@ -276,6 +279,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (stage_row != nullptr) stage_row[MPK_STAGE_WORDS - 1] = globaltimer();   // signals issued
 #endif
       }
+#if MPK_WRING
+      // the rings' gated pages (ops/wring.cuh): each warp's lane 0 (thread 32 after its signals); the barrier above
+      // ended every read and write of the clobbering task's shared memory
+      if (clob && (threadIdx.x & 31) == 0) ring_resume(s_par);
+#endif
     }
   }
 }

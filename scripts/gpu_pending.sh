@@ -172,8 +172,11 @@ elif [ "$MODE" = wring ]; then
 # variants in VARS. Session 28 (first build, a table entry per page): r56 +77% / +97%, r128n +12%, narrow -0.9%.
 # Since then: a descriptor per (warp, tile), pages cut in the kernel, copies L2 evict-first. r56b: 2 x 3.5 KB a warp
 # beside llama's wide attention; r128n: narrow attention + 4 x 4 KB (llama only); r64: 2 x 4 KB beside qwen3-8b's
-# attention (qwen3-8b only: llama's wide attention leaves 56 KB)
-st "wring: tests/gpu/test_wring.py, then B=1 ctx 512: ${VARS:=base r56b r128n r64}"
+# attention (qwen3-8b only: llama's wide attention leaves 56 KB). Session 31: the rings moved inside the launch's
+# shared memory (right above the ring tiles' own layouts, in attention's K/V buffers; their copies gated on the
+# tasks that overlap them), so the r* names now mean that placement too; g128 (4 x 4 KB a warp), g112 (4 x 3.5 KB),
+# g64 (2 x 4 KB) name the sizes that fit inside llama's / qwen3-8b's attention layouts (g128s: llama; qwen3-8b +1 KB).
+st "wring: tests/gpu/test_wring.py, then B=1 ctx 512: ${VARS:=base g128s g112s g112}"
 timeout 200 python3 -m pytest -q -m gpu tests/gpu/test_wring.py -x > "$OUT/pytest_wring.log" 2>&1
 grep -E "^FAILED|passed|failed|rror" "$OUT/pytest_wring.log" | tail -8
 for V in $VARS; do
@@ -181,7 +184,9 @@ for V in $VARS; do
   case $V in *s) RO=o_proj,down,qkv_rope;; esac   # <v>s: the rings serve only the short phases (MPK_RING_OPS)
   case ${V%s} in base|base2) ;; r56) D="-DMPK_WRING=56 -DMPK_RING_SLOT=1792";; r56b) D="-DMPK_WRING=56 -DMPK_RING_SLOT=3584";;
     r64) D="-DMPK_WRING=64";; r48) D="-DMPK_WRING=48 -DMPK_RING_SLOT=2048";;
-    r128n) D="-DMPK_WRING=128"; W=0;; narrow) W=0;; *) echo "unknown variant $V"; continue;; esac
+    r128n) D="-DMPK_WRING=128"; W=0;; narrow) W=0;;
+    g128) D="-DMPK_WRING=128";; g112) D="-DMPK_WRING=112 -DMPK_RING_SLOT=3584";; g64) D="-DMPK_WRING=64";;
+    *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
   MPK_RING_OPS=$RO MPK_ATT_WIDE=$W MPK_NVCC_DEFINES="$D" OUT="$d" timeout ${LIM:-75} python3 scripts/bench_decode.py \
       --models ${MODELS:-llama-3.2-1b,qwen3-8b} --batches 1 --contexts 512 --mk-max-batch 8 --no-planned --no-peers --trace \

@@ -7,6 +7,11 @@
 // weights never depend on events, so the copies run ahead across task boundaries and waits. The pages are cut here
 // from one descriptor per (warp, tile) segment, the next one prefetched a segment ahead (session 28's first build
 // read a table entry per page from HBM before each copy: +77% at 1.75 KB pages), and load L2 evict-first.
+// The rings sit inside the launch's shared memory, above the ring tiles' own layouts, so they share bytes with the
+// larger layouts of other ops (attention's K/V buffers, the LM head's and argmax's rows): those tasks carry
+// RING_CLOB_BIT, and a segment's descriptor word 3 gates its pages (runtime/wring.py lay_out): they are issued only
+// once the warp has seen the clobbering tasks before its tile finish (ring_resume), so no copy is in flight while such
+// a task runs (session 29: rings above every layout cost L1 more than their lookahead bought).
 #pragma once
 #include "../common.cuh"
 
@@ -21,12 +26,16 @@ constexpr int RING_SLOTS = MPK_WRING * 1024 / RING_NW / MPK_RING_SLOT;   // runt
 static_assert(RING_SLOTS >= 1, "MPK_WRING too small for one MPK_RING_SLOT page per warp");
 static_assert(MPK_RING_SLOT % 32 == 0, "two-weight pages split into 16-byte multiples");
 constexpr int64_t RING_BIT = 1LL << RING_SHIFT;
+constexpr int64_t RING_CLOB_BIT = 1LL << RING_CLOB_SHIFT;
 
 __shared__ __align__(8) uint64_t mpk_ring_bar[RING_NW][RING_SLOTS];
 // per warp: the next page to read (q) and to issue (iq); the issue cursor: segment (counted over the launch's steps)
 // and byte offset in it; the warp's first segment in the table, its segments a step and this launch
 __shared__ int64_t mpk_ring_q[RING_NW], mpk_ring_iq[RING_NW], mpk_ring_seg[RING_NW], mpk_ring_off[RING_NW];
 __shared__ int64_t mpk_ring_base[RING_NW], mpk_ring_n[RING_NW], mpk_ring_lim[RING_NW];
+// per warp: the clobbering tasks (RING_CLOB_BIT) of its SM finished in this launch, and how many the cursor's
+// segment waits for (ring_gate)
+__shared__ int64_t mpk_ring_done[RING_NW], mpk_ring_need[RING_NW];
 // the cursor's segment descriptor and the next one (runtime/wring.py SEG_WORDS: w0, w1 or 0, bytes of each, pad),
 // the next one copied in by cp.async a segment ahead
 __shared__ __align__(16) int64_t mpk_ring_cur[RING_NW][4], mpk_ring_nxt[RING_NW][4];
@@ -46,11 +55,20 @@ __device__ __forceinline__ void ring_prefetch(const int64_t* P, int w, int64_t s
   cp_async_commit();
 }
 
-// Lane 0: the warp's next page (the cursor's next part of each weight) into its slot, then the cursor moves on
-// (nothing past the launch's last segment).
-__device__ __forceinline__ void ring_issue(const int64_t* P, int w) {
+// Lane 0, when the cursor enters a segment: the clobbers its pages wait for. Descriptor word 3 (runtime/wring.py
+// lay_out): the tile's clobbering tasks before it in a step (low 32 bits) and the SM's in a step (high 32); 0: none.
+__device__ __forceinline__ void ring_gate(int w) {
+  const int64_t g = mpk_ring_cur[w][3];
+  mpk_ring_need[w] = g == 0 ? 0 : (mpk_ring_seg[w] / mpk_ring_n[w]) * (g >> 32) + (g & 0xffffffffLL);
+}
+
+// Lane 0: the warp's next page (the cursor's next part of each weight) into its slot, then the cursor moves on.
+// Nothing past the launch's last segment, and nothing of a segment whose gate is closed (its tile comes after a
+// clobbering task that has not finished: ring_gate). False when nothing was issued.
+__device__ __forceinline__ bool ring_issue(const int64_t* P, int w) {
   const int64_t seg = mpk_ring_seg[w];
-  if (seg >= mpk_ring_lim[w]) return;
+  if (seg >= mpk_ring_lim[w]) return false;
+  if (mpk_ring_done[w] < mpk_ring_need[w]) return false;
   const int64_t s0 = mpk_ring_cur[w][0], s1 = mpk_ring_cur[w][1], tot = mpk_ring_cur[w][2], off = mpk_ring_off[w];
   const int64_t part = s1 != 0 ? MPK_RING_SLOT / 2 : MPK_RING_SLOT;
   const uint32_t nb = (uint32_t)min(part, tot - off);
@@ -68,7 +86,7 @@ __device__ __forceinline__ void ring_issue(const int64_t* P, int w) {
   mpk_ring_iq[w] = iq + 1;
   if (off + nb < tot) {
     mpk_ring_off[w] = off + nb;
-    return;
+    return true;
   }
   mpk_ring_off[w] = 0;   // the segment is issued: the next one's descriptor (prefetched) becomes the cursor's
   mpk_ring_seg[w] = seg + 1;
@@ -76,8 +94,10 @@ __device__ __forceinline__ void ring_issue(const int64_t* P, int w) {
     cp_async_wait_all();
 #pragma unroll
     for (int j = 0; j < 4; ++j) mpk_ring_cur[w][j] = mpk_ring_nxt[w][j];
+    ring_gate(w);
     if (seg + 2 < mpk_ring_lim[w]) ring_prefetch(P, w, seg + 2);
   }
+  return true;
 }
 
 // Every warp's lane 0, once per launch: the barriers, the warp's segments, the first descriptor (and the next one in
@@ -90,14 +110,23 @@ __device__ __noinline__ void ring_start(const int64_t* P, int sm, int nsteps) {
   mpk_ring_base[w] = b;
   mpk_ring_n[w] = n;
   mpk_ring_lim[w] = n * nsteps;
-  mpk_ring_q[w] = mpk_ring_iq[w] = mpk_ring_seg[w] = mpk_ring_off[w] = 0;
+  mpk_ring_q[w] = mpk_ring_iq[w] = mpk_ring_seg[w] = mpk_ring_off[w] = mpk_ring_done[w] = 0;
   for (int s = 0; s < RING_SLOTS; ++s) mbar_init(smem_addr(&mpk_ring_bar[w][s]));
   if (n == 0) return;
   const int64_t* d = ptr<const int64_t>(P[P_RING_SEGS]) + b * 4;
 #pragma unroll
   for (int j = 0; j < 4; ++j) mpk_ring_cur[w][j] = d[j];
+  ring_gate(w);
   if (mpk_ring_lim[w] > 1) ring_prefetch(P, w, 1);
-  for (int s = 0; s < RING_SLOTS; ++s) ring_issue(P, w);
+  for (int s = 0; s < RING_SLOTS && ring_issue(P, w); ++s) {}
+}
+
+// Every warp's lane 0, after a clobbering task (RING_CLOB_BIT) and the barrier that ended it: one more clobber
+// done, then the warp's slots refilled as far as the gates now allow (the pages its reads skipped while closed).
+__device__ __noinline__ void ring_resume(const int64_t* P) {
+  const int w = threadIdx.x >> 5;
+  ++mpk_ring_done[w];
+  while (mpk_ring_iq[w] < mpk_ring_q[w] + RING_SLOTS && ring_issue(P, w)) {}
 }
 
 // Lane 0 of every warp, before an aborting CTA exits: wait for the copies still in flight into its slots.

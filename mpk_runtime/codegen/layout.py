@@ -90,6 +90,10 @@ STAGE_OFF_SHIFT = 24
 # Bit RING_SHIFT of the stage word (experimental build -DMPK_WRING=<KB>; runtime/wring.py): the task is a batch-1
 # linear or qkv_rope tile whose warps read their weight rows from per-warp shared-memory page rings, not global memory.
 RING_SHIFT = 48
+# Bit RING_CLOB_SHIFT: the task's own shared memory overlaps the rings (they sit above the ring tiles' layouts, inside
+# the larger layouts of attention, the LM head and argmax), so none of the rings' copies may be in flight while it runs:
+# the pages of the SM's later ring tiles wait until it has finished (runtime/wring.py lay_out's gates).
+RING_CLOB_SHIFT = 49
 
 
 def pack_wait(event: int, triggers: int, lag: int, scope: int) -> int:

@@ -99,7 +99,7 @@ class Megakernel:
         self.staged_bytes = packer.staged_bytes   # weight bytes copied into shared memory during waits, per step
         self.stage_info = packer.stage_info
         # weight page rings (runtime/wring.py, a -DMPK_WRING build): the tasks served, the warps' segments, their offsets
-        self.ring_tasks, self.ring_off = packer.ring_tasks, packer.ring_off
+        self.ring_tasks, self.ring_off, self.ring_clobbers = packer.ring_tasks, packer.ring_off, packer.ring_clobbers
         self.ring_segs, self.ring_offs = packer.ring_segs.to(dev), packer.ring_offs.to(dev)
         # MPK_SMEM_FLOOR_KB (diagnostic): launch with at least this much dynamic shared memory (a smaller L1)
         self.smem = max(packer.smem, 1024, int(os.environ.get("MPK_SMEM_FLOOR_KB", "0")) * 1024)

@@ -87,6 +87,8 @@ class TaskPacker:
         self.prefetch: torch.Tensor | None = None   # (n, PF_WORDS) int64 weight ranges, filled by pack()
         self.ring_tasks: set[int] = set()   # tasks whose weights stream through the page rings (runtime/wring.py)
         self.ring_off = 0                   # the rings' byte offset in the dynamic shared memory
+        self.ring_clobbers: set[int] = set()   # tasks whose shared memory overlaps the rings (gates, runtime/wring.py)
+        self.ring_args: dict[int, dict] = {}   # the ring tiles' rows (wring.view)
         self.ring_segs = torch.zeros((1, wring.SEG_WORDS), dtype=torch.int64)   # the warps' segments
         self.ring_offs = torch.zeros(tg.num_sms * wring.NWARPS + 1, dtype=torch.int32)
 
@@ -166,13 +168,25 @@ class TaskPacker:
             only = wring.ring_ops()
             ring_args = {tid: v for tid, v in views.items()
                          if v is not None and (only is None or wring.op_name(tg.tasks[tid].op) in only)}
+            st = L.TASK_HEADER.index("stage")
             for tid in ring_args:
-                tasks[tid, L.TASK_HEADER.index("stage")] = 1 << L.RING_SHIFT
+                tasks[tid, st] = 1 << L.RING_SHIFT
+            clobbers: set[int] = set()
             if ring_args:
-                self.ring_off = (self.smem + 127) & ~127
-                self.smem = self.ring_off + self.ring_cfg.nbytes
-            self.ring_tasks = set(ring_args)
-            self.ring_segs, self.ring_offs = wring.lay_out(tg.sm_lists, ring_args)
+                # the rings sit right above the ring tiles' own layouts, inside the larger layouts of other ops
+                # (attention's K/V buffers...): those tasks clobber them, so the rings' copies wait for them to end
+                own = max(need for t, _a, _r, need in cands if t.id in ring_args)
+                self.ring_off = (own + 127) & ~127
+                for t, _a, _r, need in cands:
+                    staged = self.stage_info.get(t.id)
+                    top = max(need, staged[1] + staged[3] if staged else 0)
+                    if t.id not in ring_args and top > self.ring_off:
+                        clobbers.add(t.id)
+                        tasks[t.id, st] |= 1 << L.RING_CLOB_SHIFT
+                self.smem = max(self.smem, self.ring_off + self.ring_cfg.nbytes)
+            self.ring_tasks, self.ring_clobbers = set(ring_args), clobbers
+            self.ring_args = ring_args
+            self.ring_segs, self.ring_offs = wring.lay_out(tg.sm_lists, ring_args, clobbers)
         offs = [0]
         flat: list[int] = []
         for lst in tg.sm_lists:

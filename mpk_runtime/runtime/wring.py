@@ -1,7 +1,8 @@
 """Per-warp weight page rings for batch-1 linear and qkv_rope tiles (experimental build `-DMPK_WRING=<KB>`; off by
-default; measured slower at batch 1 in every form: session 28's first build +12..+97%, session 29's +0.2..+11%, and
-+1.5..+6.5% serving only the short phases, because the extra shared memory shrinks L1, which holds the direct path's
-loads in flight; docs/perf-notes.md session 29).
+default; measured slower at batch 1 when placed above every layout: session 28's first build +12..+97%, session
+29's +0.2..+11%, and +1.5..+6.5% serving only the short phases, because the extra shared memory shrinks L1, which
+holds the direct path's loads in flight; docs/perf-notes.md session 29; since session 31 they sit inside
+attention's shared memory instead, see Placement).
 
 At batch 1 every linear task pays 3-4 us at its two ends (x + norm before its first weight byte, epilogue + barrier +
 signal after its last) and ~1 us at each phase boundary, while HBM idles (docs/perf-notes.md sessions 24-25). Here
@@ -20,8 +21,15 @@ descriptor prefetched, and reads the pages from shared memory in the same lane o
 global-memory path (each lane its vectors k = lane mod 32 of each row, in order), so the sums are bitwise the same.
 
 Chosen tiles (view()): batch-1 CUDA-core linear tiles of one K segment and batch-1 qkv_rope parts, nothing staged
-(layout stage word). The ring sits above every op's own shared
-memory; its size is the build's (MPK_WRING KB = warps x RING_SLOTS x MPK_RING_SLOT).
+(layout stage word). Its size is the build's (MPK_WRING KB = warps x RING_SLOTS x MPK_RING_SLOT).
+
+Placement (session 31): the rings start right above the ring tiles' own layouts (their x rows), inside the shared
+memory the launch takes anyway for larger layouts (attention's K/V buffers, the LM head's rows, argmax), so they add
+no carveout where they fit (sessions 28-29 put them above every layout and lost ~10% in the long phases to the
+smaller L1). The tasks whose layouts reach into the rings are clobbers (layout RING_CLOB_SHIFT): a warp issues the
+pages of a tile only once the clobbers before it on its SM have finished (lay_out's gates; the kernel's
+ring_resume refills the slots after each), so no copy is in flight while a clobber runs; replay() checks that
+on the CPU against the schedule.
 """
 from __future__ import annotations
 
@@ -124,18 +132,83 @@ def pages(seg: tuple[int, int, int], slot: int) -> list[tuple[int, int, int]]:
     return [(s0 + o, s1 + o if s1 else 0, min(part, total - o)) for o in range(0, total, part)]
 
 
-def lay_out(sm_lists: list[list[int]], ring_args: dict[int, dict]) -> tuple[torch.Tensor, torch.Tensor]:
+def lay_out(sm_lists: list[list[int]], ring_args: dict[int, dict],
+            clobbers: frozenset[int] | set[int] = frozenset()) -> tuple[torch.Tensor, torch.Tensor]:
     """The segment table (n, SEG_WORDS) int64 and the int32 offsets (num_sms * NWARPS + 1) of each (SM, warp)'s
     segments within it: for SM s and warp w, rows offs[s * NWARPS + w] .. offs[... + 1] - 1 are its row blocks of
     one step's ring tiles, in the SM's list order (ring_args: task id -> its rows, view()). The kernel cuts them into
-    pages itself (pages()), so it reads one descriptor a tile, a tile ahead, instead of one a page."""
+    pages itself (pages()), so it reads one descriptor a tile, a tile ahead, instead of one a page.
+
+    Word 3 gates a segment's pages behind the clobbering tasks (`clobbers`: tasks whose shared memory overlaps the
+    rings) of its SM: the tile's clobbers before it in the SM's list (low 32 bits) and the SM's clobbers a step
+    (high 32 bits), 0 where the SM has none. The kernel issues the pages of the segment of launch step s only after
+    s * high + low clobbers have finished (wring.cuh ring_gate / ring_resume)."""
     rows: list[tuple[int, int, int, int]] = []
     offs = [0]
     for lst in sm_lists:
+        before, n_clob = [], 0
+        for tid in lst:
+            before.append(n_clob)
+            n_clob += tid in clobbers
         for w in range(NWARPS):
-            for tid in lst:
+            for tid, c in zip(lst, before):
                 if tid in ring_args and (seg := warp_segment(ring_args[tid], w)) is not None:
-                    rows.append((*seg, 0))
+                    rows.append((*seg, (c | n_clob << 32) if n_clob else 0))
             offs.append(len(rows))
     table = torch.tensor(rows or [(0, 0, 0, 0)], dtype=torch.int64)
     return table, torch.tensor(offs, dtype=torch.int32)
+
+
+def replay(sm_lists: list[list[int]], ring_args: dict[int, dict], clobbers: set[int], table: torch.Tensor,
+           offs: torch.Tensor, cfg: RingConfig, nsteps: int = 2) -> int:
+    """The kernel's ring protocol replayed on the CPU over a launch of `nsteps` steps, SM by SM, warp by warp: the
+    issue side from the table as ring_issue walks it (pages cut by pages(), gated by word 3 as ring_gate reads it),
+    the read side as linear_ring_core consumes it (a tile's pages counted from its own rows: ceil of the warp's
+    vectors over a page's, layout.ring_rows), ring_resume after each clobbering task. Raises AssertionError where the
+    kernel would hang (a warp waits for a page never issued), corrupt shared memory (a copy in flight while a
+    clobbering task runs) or read a page of another tile. Returns the pages issued."""
+    total = 0
+    segs, offs = table.tolist(), offs.tolist()
+    for sm, lst in enumerate(sm_lists):
+        for w in range(NWARPS):
+            mine = segs[offs[sm * NWARPS + w]:offs[sm * NWARPS + w + 1]]
+            seq = []   # (the clobbers a page waits for, its segment over the launch), in issue order
+            for s in range(nsteps):
+                for j, (s0, s1, nb, g) in enumerate(mine):
+                    need = 0 if g == 0 else s * (g >> 32) + (g & 0xFFFFFFFF)
+                    seq += [(need, s * len(mine) + j)] * len(pages((s0, s1, nb), cfg.slot))
+            st = {"q": 0, "iq": 0, "done": 0}
+
+            def issue():
+                if st["iq"] < len(seq) and st["done"] >= seq[st["iq"]][0] and st["iq"] < st["q"] + cfg.slots:
+                    st["iq"] += 1
+                    return True
+                return False
+            while issue():
+                pass
+            k = 0   # the warp's segments read so far (over the launch)
+            for _s in range(nsteps):
+                for tid in lst:
+                    if tid in clobbers:
+                        assert st["iq"] == st["q"], \
+                            f"SM {sm} warp {w}: {st['iq'] - st['q']} ring copies in flight while task {tid} runs"
+                        st["done"] += 1
+                        while issue():
+                            pass
+                    v = ring_args.get(tid)
+                    if v is None:
+                        continue
+                    ra, rb = L.ring_rows(v["n0"], v["n1"], w, NWARPS)
+                    if ra >= rb:
+                        continue
+                    pv = L.ring_part_bytes(cfg.slot, 2 if v["w1"] else 1) // 16
+                    for _p in range(-(-(rb - ra) * (v["k"] // 8) // pv)):
+                        assert st["q"] < st["iq"], \
+                            f"SM {sm} warp {w}: task {tid} waits for page {st['q']}, never issued (a hang)"
+                        assert seq[st["q"]][1] == k, f"SM {sm} warp {w}: task {tid} reads a page of another segment"
+                        st["q"] += 1
+                        issue()
+                    k += 1
+            assert st["q"] == st["iq"] == len(seq), (sm, w, st, len(seq))
+            total += len(seq)
+    return total

@@ -59,11 +59,11 @@ def test_each_warps_pages_are_its_rows_of_every_ring_tile_in_order(monkeypatch, 
     if ops:
         assert {t.op.split(".")[-1] for t in tg.tasks if t.id in ring} == set(ops.split(","))
     for t in tg.tasks:
-        assert int(tasks[t.id, STAGE]) == (1 << L.RING_SHIFT if t.id in ring else 0), t.label()
-    # the rings sit above every op's own layout, and the launch's shared memory ends with them
+        assert int(tasks[t.id, STAGE]) & ~(1 << L.RING_CLOB_SHIFT) == (1 << L.RING_SHIFT if t.id in ring else 0), \
+            t.label()
+    # the rings sit right above the ring tiles' own layouts; the tasks whose layouts reach past that clobber them
     _tg, plain, _ = _pack(monkeypatch, model, 1, defines, ring=False)
-    assert plain.smem <= p.ring_off < plain.smem + 128 and p.ring_off % 128 == 0
-    assert p.smem == p.ring_off + cfg.nbytes
+    _check_placement(tg, p, plain, tasks)
     nw = wring.NWARPS
     offs = p.ring_offs.tolist()
     assert len(offs) == tg.num_sms * nw + 1 and offs[0] == 0 and offs[-1] == p.ring_segs.shape[0]
@@ -71,7 +71,7 @@ def test_each_warps_pages_are_its_rows_of_every_ring_tile_in_order(monkeypatch, 
     for sm, lst in enumerate(tg.sm_lists):
         for w in range(nw):
             segs = p.ring_segs[offs[sm * nw + w]:offs[sm * nw + w + 1]].tolist()
-            assert all(pad == 0 and nb > 0 for _a, _b, nb, pad in segs)
+            assert all(nb > 0 for _a, _b, nb, _g in segs)
             # the pages the kernel cuts from them (wring.cuh ring_issue: parts of slot / weights bytes, in order)
             pages = [pg for s0, s1, nb, _pad in segs for pg in wring.pages((s0, s1, nb), cfg.slot)]
             got0, got1 = b"", b""
@@ -93,6 +93,75 @@ def test_each_warps_pages_are_its_rows_of_every_ring_tile_in_order(monkeypatch, 
     for tid in ring:   # the warps' blocks cover each tile's rows once
         n0, n1 = _rows(tasks[tid])[:2]
         assert covered[tid] == n1 - n0
+    # and the protocol, gates included, neither hangs nor has a copy in flight while a clobbering task runs
+    assert wring.replay(tg.sm_lists, p.ring_args, p.ring_clobbers, p.ring_segs, p.ring_offs, cfg, nsteps=3) > 0
+
+
+def _check_placement(tg, p, plain, tasks):
+    """The rings start at the first 128-byte boundary above every ring tile's own layout (measured on the packer's
+    `_need` calls, task by task); every other task whose layout reaches past that start carries RING_CLOB_SHIFT and
+    no other does; the launch's shared memory is the larger of the layouts' and the rings' end."""
+    own = _pack_needs(p)
+    ring_top = max(own.get(tid, 0) for tid in p.ring_tasks)
+    assert p.ring_off == (ring_top + 127) // 128 * 128
+    clob = {t.id for t in tg.tasks if t.id not in p.ring_tasks and own.get(t.id, 0) > p.ring_off}
+    assert p.ring_clobbers == clob
+    for t in tg.tasks:
+        assert bool(int(tasks[t.id, STAGE]) >> L.RING_CLOB_SHIFT & 1) == (t.id in clob), t.label()
+    assert p.smem == max(plain.smem, p.ring_off + p.ring_cfg.nbytes)
+
+
+def _pack_needs(p):
+    """Each task's own shared bytes, recorded from the packer's `_need` calls on a repack of the same graph."""
+    needs: dict[int, int] = {}
+    q = TaskPacker(p.tg, p.mem, 0x6000, p.D, device="cpu", stage_smem=0, ring=False)
+    orig = q._need
+
+    def rec(nbytes, q=q):
+        orig(nbytes)
+        needs[q._task.id] = max(needs.get(q._task.id, 0), int(nbytes))
+    q._need = rec
+    q.pack()
+    return needs
+
+
+def _pack_real(monkeypatch, model, defines, ring=None):
+    """A real model's batch-1 graph at its real shapes, cut to two layers (every layer packs alike), on 132 SMs
+    with 8 attention splits (the megakernel's batch-1 default), weights allocated but never written."""
+    import dataclasses
+    from mpk_runtime.models.weights import weight_shapes
+    monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
+    cfg = dataclasses.replace(load_config(model), num_layers=2)
+    g = build_graph(cfg, mode="decode", batch=1, context_len=0, max_seq_len=1024, tp=1, rank=0, attn_splits=8,
+                    dtype="bfloat16")
+    tg = build_task_graphs([g], Tiling(num_sms=132))[0]
+    kv = KVStore(cfg.num_layers, 4, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    w = {k: torch.empty(sh, dtype=torch.bfloat16) for k, sh in weight_shapes(cfg).items()}
+    p = TaskPacker(tg, RankMemory(g, w, kv), 0x6000, cfg.head_dim, device="cpu", stage_smem=0, ring=ring)
+    return tg, p, p.pack()[0]
+
+
+@pytest.mark.parametrize("model,defines,ops", [
+    ("llama-3.2-1b", "-DMPK_WRING=128", "o_proj,down,qkv_rope"),      # gpu_pending.sh wring's g128s
+    ("llama-3.2-1b", "-DMPK_WRING=112 -DMPK_RING_SLOT=3584", ""),      # g112: every op, the LM head's rows below
+    ("qwen3-8b", "-DMPK_WRING=112 -DMPK_RING_SLOT=3584", "o_proj,down,qkv_rope"),
+])
+def test_real_shapes_rings_fit_inside_attention_and_gate_on_it(monkeypatch, model, defines, ops):
+    """At the real batch-1 shapes the rings fit inside the shared memory attention's layout takes anyway (the launch
+    asks for no more than without them: session 29's rings above every layout shrank L1 and lost), every attention
+    task clobbers them, and the replayed protocol neither hangs nor lets a copy land in a running attention task."""
+    monkeypatch.setenv("MPK_RING_OPS", ops)
+    tg, p, tasks = _pack_real(monkeypatch, model, defines)
+    _tg, plain, _ = _pack_real(monkeypatch, model, defines, ring=False)
+    assert p.ring_tasks and p.smem == plain.smem
+    _check_placement(tg, p, plain, tasks)
+    att = {t.id for t in tg.tasks if t.kind in ("attn_partial", "attn_merge")}
+    assert att and att <= p.ring_clobbers
+    assert wring.replay(tg.sm_lists, p.ring_args, p.ring_clobbers, p.ring_segs, p.ring_offs, p.ring_cfg) > 0
+    # without the gates the same rings would land pages in attention's buffers while it runs: the replay says so
+    segs, offs = wring.lay_out(tg.sm_lists, p.ring_args)
+    with pytest.raises(AssertionError, match="in flight while task"):
+        wring.replay(tg.sm_lists, p.ring_args, p.ring_clobbers, segs, offs, p.ring_cfg)
 
 
 def test_only_batch1_cuda_core_tiles_read_the_rings(monkeypatch):
