@@ -213,6 +213,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #endif
         return;
       }
+#if MPK_WRING
+      if ((rec[T_STAGE] & RING_OPEN_BIT) && (threadIdx.x & 31) == 0) ring_resume(s_par);   // its waits are met
+#endif
       const Ctx c{s_par, rec, step, ls, (int)(step & 1), stage_bar, stage_par};
       switch ((int)c.rec[T_OPCODE]) {
         case OP_EMBED: op_embed(c); break;

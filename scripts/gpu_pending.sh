@@ -178,19 +178,23 @@ elif [ "$MODE" = wring ]; then
 # g64 (2 x 4 KB) name the sizes that fit inside llama's / qwen3-8b's attention layouts (g128s: llama; qwen3-8b +1 KB).
 st "wring: tests/gpu/test_wring.py, then B=1 ctx 512: ${VARS:=base g128s g112s g112}"
 if [ "${WRING_TEST:-1}" != 0 ]; then   # WRING_TEST=0: the A/B alone (a second command on a warm machine)
-timeout ${WRING_TEST_LIM:-200} python3 -m pytest -q -m gpu tests/gpu/test_wring.py -x > "$OUT/pytest_wring.log" 2>&1
+timeout ${WRING_TEST_LIM:-200} python3 -m pytest -q -m gpu tests/gpu/test_wring.py -x ${WRING_TEST_K:+-k "$WRING_TEST_K"} \
+    > "$OUT/pytest_wring.log" 2>&1
 grep -E "^FAILED|passed|failed|rror" "$OUT/pytest_wring.log" | tail -8
 fi
 for V in $VARS; do
   D=""; W=""; RO=""
-  case $V in *s) RO=o_proj,down,qkv_rope;; esac   # <v>s: the rings serve only the short phases (MPK_RING_OPS)
-  case ${V%s} in base|base2) ;; r56) D="-DMPK_WRING=56 -DMPK_RING_SLOT=1792";; r56b) D="-DMPK_WRING=56 -DMPK_RING_SLOT=3584";;
+  Q=""
+  case $V in *s) RO=o_proj,down,qkv_rope;; *q) RO=down,qkv_rope; Q=1;; esac   # <v>s: the rings serve only the
+  # short phases (MPK_RING_OPS); <v>q: down and qkv_rope, no ring copy in flight during attention (MPK_RING_QUIET)
+  VB=${V%s}; VB=${VB%q}
+  case $VB in base|base2) ;; r56) D="-DMPK_WRING=56 -DMPK_RING_SLOT=1792";; r56b) D="-DMPK_WRING=56 -DMPK_RING_SLOT=3584";;
     r64) D="-DMPK_WRING=64";; r48) D="-DMPK_WRING=48 -DMPK_RING_SLOT=2048";;
     r128n) D="-DMPK_WRING=128"; W=0;; narrow) W=0;;
     g128) D="-DMPK_WRING=128";; g112) D="-DMPK_WRING=112 -DMPK_RING_SLOT=3584";; g64) D="-DMPK_WRING=64";;
     *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/ab_$V"; mkdir -p "$d"
-  MPK_RING_OPS=$RO MPK_ATT_WIDE=$W MPK_NVCC_DEFINES="$D" OUT="$d" timeout ${LIM:-75} python3 scripts/bench_decode.py \
+  MPK_RING_QUIET=$Q MPK_RING_OPS=$RO MPK_ATT_WIDE=$W MPK_NVCC_DEFINES="$D" OUT="$d" timeout ${LIM:-75} python3 scripts/bench_decode.py \
       --models ${MODELS:-llama-3.2-1b,qwen3-8b} --batches 1 --contexts 512 --mk-max-batch 8 --no-planned --no-peers --trace \
       --budget-s $((${LIM:-75} - 10)) > "$d/bench.log" 2>&1
   grep -A8 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap

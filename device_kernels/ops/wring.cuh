@@ -27,6 +27,7 @@ static_assert(RING_SLOTS >= 1, "MPK_WRING too small for one MPK_RING_SLOT page p
 static_assert(MPK_RING_SLOT % 32 == 0, "two-weight pages split into 16-byte multiples");
 constexpr int64_t RING_BIT = 1LL << RING_SHIFT;
 constexpr int64_t RING_CLOB_BIT = 1LL << RING_CLOB_SHIFT;
+constexpr int64_t RING_OPEN_BIT = 1LL << RING_OPEN_SHIFT;
 
 __shared__ __align__(8) uint64_t mpk_ring_bar[RING_NW][RING_SLOTS];
 // per warp: the next page to read (q) and to issue (iq); the issue cursor: segment (counted over the launch's steps)
@@ -121,8 +122,8 @@ __device__ __noinline__ void ring_start(const int64_t* P, int sm, int nsteps) {
   for (int s = 0; s < RING_SLOTS && ring_issue(P, w); ++s) {}
 }
 
-// Every warp's lane 0, after a clobbering task (RING_CLOB_BIT) and the barrier that ended it: one more clobber
-// done, then the warp's slots refilled as far as the gates now allow (the pages its reads skipped while closed).
+// Every warp's lane 0, after a clobbering task (RING_CLOB_BIT) and the barrier that ended it, or when an opening
+// task (RING_OPEN_BIT) starts: one more gate passed, then the warp's slots refilled as far as the gates now allow (the pages its reads skipped while closed).
 __device__ __noinline__ void ring_resume(const int64_t* P) {
   const int w = threadIdx.x >> 5;
   ++mpk_ring_done[w];

@@ -94,6 +94,9 @@ RING_SHIFT = 48
 # the larger layouts of attention, the LM head and argmax), so none of the rings' copies may be in flight while it runs:
 # the pages of the SM's later ring tiles wait until it has finished (runtime/wring.py lay_out's gates).
 RING_CLOB_SHIFT = 49
+# Bit RING_OPEN_SHIFT (MPK_RING_QUIET=1): the task opens the rings' gates when it starts (the tasks that wait on
+# attention), so no ring copy of a later tile is issued on any SM while attention runs (runtime/wring.py).
+RING_OPEN_SHIFT = 50
 
 
 def pack_wait(event: int, triggers: int, lag: int, scope: int) -> int:

@@ -89,6 +89,7 @@ class TaskPacker:
         self.ring_off = 0                   # the rings' byte offset in the dynamic shared memory
         self.ring_clobbers: set[int] = set()   # tasks whose shared memory overlaps the rings (gates, runtime/wring.py)
         self.ring_args: dict[int, dict] = {}   # the ring tiles' rows (wring.view)
+        self.ring_openers: set[int] = set()    # tasks that open the rings' gates at their start (MPK_RING_QUIET=1)
         self.ring_segs = torch.zeros((1, wring.SEG_WORDS), dtype=torch.int64)   # the warps' segments
         self.ring_offs = torch.zeros(tg.num_sms * wring.NWARPS + 1, dtype=torch.int32)
 
@@ -184,9 +185,14 @@ class TaskPacker:
                         clobbers.add(t.id)
                         tasks[t.id, st] |= 1 << L.RING_CLOB_SHIFT
                 self.smem = max(self.smem, self.ring_off + self.ring_cfg.nbytes)
+                if wring.ring_quiet():   # no copies during attention: the tasks that wait on it open the gates
+                    for t, _a, _r, _n in cands:
+                        if t.id not in clobbers and self._waits_on_attention(t):
+                            self.ring_openers.add(t.id)
+                            tasks[t.id, st] |= 1 << L.RING_OPEN_SHIFT
             self.ring_tasks, self.ring_clobbers = set(ring_args), clobbers
             self.ring_args = ring_args
-            self.ring_segs, self.ring_offs = wring.lay_out(tg.sm_lists, ring_args, clobbers)
+            self.ring_segs, self.ring_offs = wring.lay_out(tg.sm_lists, ring_args, clobbers, self.ring_openers)
         offs = [0]
         flat: list[int] = []
         for lst in tg.sm_lists:

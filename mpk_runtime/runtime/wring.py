@@ -132,8 +132,19 @@ def pages(seg: tuple[int, int, int], slot: int) -> list[tuple[int, int, int]]:
     return [(s0 + o, s1 + o if s1 else 0, min(part, total - o)) for o in range(0, total, part)]
 
 
+def ring_quiet() -> bool:
+    """MPK_RING_QUIET=1: no ring copy in flight on any SM while attention runs; the tasks that wait on attention open
+    the gates when they start (session 31: copies issued during attention on the SMs without an attention task made
+    attention 2.3 us a layer slower on llama)."""
+    v = os.environ.get("MPK_RING_QUIET", "0").strip()
+    if v not in ("0", "1", ""):
+        raise ValueError(f"MPK_RING_QUIET={v!r}: 1 (no ring copies during attention) or 0")
+    return v == "1"
+
+
 def lay_out(sm_lists: list[list[int]], ring_args: dict[int, dict],
-            clobbers: frozenset[int] | set[int] = frozenset()) -> tuple[torch.Tensor, torch.Tensor]:
+            clobbers: frozenset[int] | set[int] = frozenset(),
+            openers: frozenset[int] | set[int] = frozenset()) -> tuple[torch.Tensor, torch.Tensor]:
     """The segment table (n, SEG_WORDS) int64 and the int32 offsets (num_sms * NWARPS + 1) of each (SM, warp)'s
     segments within it: for SM s and warp w, rows offs[s * NWARPS + w] .. offs[... + 1] - 1 are its row blocks of
     one step's ring tiles, in the SM's list order (ring_args: task id -> its rows, view()). The kernel cuts them into
@@ -142,12 +153,14 @@ def lay_out(sm_lists: list[list[int]], ring_args: dict[int, dict],
     Word 3 gates a segment's pages behind the clobbering tasks (`clobbers`: tasks whose shared memory overlaps the
     rings) of its SM: the tile's clobbers before it in the SM's list (low 32 bits) and the SM's clobbers a step
     (high 32 bits), 0 where the SM has none. The kernel issues the pages of the segment of launch step s only after
-    s * high + low clobbers have finished (wring.cuh ring_gate / ring_resume)."""
+    s * high + low clobbers have finished (wring.cuh ring_gate / ring_resume). An opener (`openers`) counts as a
+    clobber that ends when it starts: it gates the tiles from itself on."""
     rows: list[tuple[int, int, int, int]] = []
     offs = [0]
     for lst in sm_lists:
         before, n_clob = [], 0
         for tid in lst:
+            n_clob += tid in openers
             before.append(n_clob)
             n_clob += tid in clobbers
         for w in range(NWARPS):
@@ -160,13 +173,15 @@ def lay_out(sm_lists: list[list[int]], ring_args: dict[int, dict],
 
 
 def replay(sm_lists: list[list[int]], ring_args: dict[int, dict], clobbers: set[int], table: torch.Tensor,
-           offs: torch.Tensor, cfg: RingConfig, nsteps: int = 2) -> int:
+           offs: torch.Tensor, cfg: RingConfig, nsteps: int = 2, openers: frozenset[int] | set[int] = frozenset()) -> int:
     """The kernel's ring protocol replayed on the CPU over a launch of `nsteps` steps, SM by SM, warp by warp: the
     issue side from the table as ring_issue walks it (pages cut by pages(), gated by word 3 as ring_gate reads it),
     the read side as linear_ring_core consumes it (a tile's pages counted from its own rows: ceil of the warp's
     vectors over a page's, layout.ring_rows), ring_resume after each clobbering task. Raises AssertionError where the
     kernel would hang (a warp waits for a page never issued), corrupt shared memory (a copy in flight while a
-    clobbering task runs) or read a page of another tile. Returns the pages issued."""
+    clobbering task runs) or read a page of another tile. `openers` (MPK_RING_QUIET) open a gate when they start
+    (ring_resume before the op), and none may find a copy in flight then: the SM was quiet since its last tile
+    before them, so through the attention they wait on. Returns the pages issued."""
     total = 0
     segs, offs = table.tolist(), offs.tolist()
     for sm, lst in enumerate(sm_lists):
@@ -189,6 +204,12 @@ def replay(sm_lists: list[list[int]], ring_args: dict[int, dict], clobbers: set[
             k = 0   # the warp's segments read so far (over the launch)
             for _s in range(nsteps):
                 for tid in lst:
+                    if tid in openers:
+                        assert st["iq"] == st["q"], \
+                            f"SM {sm} warp {w}: {st['iq'] - st['q']} ring copies in flight before opener {tid}"
+                        st["done"] += 1
+                        while issue():
+                            pass
                     if tid in clobbers:
                         assert st["iq"] == st["q"], \
                             f"SM {sm} warp {w}: {st['iq'] - st['q']} ring copies in flight while task {tid} runs"

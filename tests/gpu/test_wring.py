@@ -12,19 +12,21 @@ from tests.gpu.marks import KERNEL
 pytestmark = KERNEL
 
 
-@pytest.mark.parametrize("model,defines,ops", [
-    ("tiny-llama", "-DMPK_WRING=16 -DMPK_RING_SLOT=96", ""),     # 96-byte slots: pages end inside rows
-    ("tiny-qwen3", "-DMPK_WRING=56 -DMPK_RING_SLOT=1792", ""),
-    ("tiny-qwen3", "-DMPK_WRING=56 -DMPK_RING_SLOT=1792", "o_proj,down,qkv_rope"),   # some ops' tiles (MPK_RING_OPS)
+@pytest.mark.parametrize("model,defines,ops,quiet", [
+    ("tiny-llama", "-DMPK_WRING=16 -DMPK_RING_SLOT=96", "", ""),     # 96-byte slots: pages end inside rows
+    ("tiny-qwen3", "-DMPK_WRING=56 -DMPK_RING_SLOT=1792", "", ""),
+    ("tiny-qwen3", "-DMPK_WRING=56 -DMPK_RING_SLOT=1792", "o_proj,down,qkv_rope", ""),   # some ops' tiles (MPK_RING_OPS)
     # the real shapes with the rings inside attention's shared memory, so their pages wait for attention (gates):
     # gpu_pending.sh wring's g128s and g112 (llama) and g112s (qwen3-8b)
-    ("llama-3.2-1b", "-DMPK_WRING=128", "o_proj,down,qkv_rope"),
-    ("llama-3.2-1b", "-DMPK_WRING=112 -DMPK_RING_SLOT=3584", ""),
-    ("qwen3-8b", "-DMPK_WRING=112 -DMPK_RING_SLOT=3584", "o_proj,down,qkv_rope"),
+    ("llama-3.2-1b", "-DMPK_WRING=128", "o_proj,down,qkv_rope", ""),
+    ("llama-3.2-1b", "-DMPK_WRING=112 -DMPK_RING_SLOT=3584", "", ""),
+    ("qwen3-8b", "-DMPK_WRING=112 -DMPK_RING_SLOT=3584", "o_proj,down,qkv_rope", ""),
+    ("llama-3.2-1b", "-DMPK_WRING=128", "down,qkv_rope", "1"),   # g128q: nothing in flight during attention
 ])
-def test_ring_tiles_are_bitwise_the_global_memory_path(model, defines, ops, gpu_check, monkeypatch):
+def test_ring_tiles_are_bitwise_the_global_memory_path(model, defines, ops, quiet, gpu_check, monkeypatch):
     monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
     monkeypatch.setenv("MPK_RING_OPS", ops)
+    monkeypatch.setenv("MPK_RING_QUIET", quiet)
     plain = gpu_check.Rig(model, 1, max_seq=64, cpu_ref=False, ring=False)
     assert not plain.mk.ring_tasks
     ring = gpu_check.Rig(model, 1, max_seq=64, cpu_ref=False, build=plain.mk.build)

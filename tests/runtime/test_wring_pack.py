@@ -185,3 +185,27 @@ def test_the_switch_and_its_errors(monkeypatch):
     monkeypatch.delenv("MPK_RING_OPS")
     with pytest.raises(ValueError, match="multiple of 16"):
         _pack(monkeypatch, "tiny-llama", 1, "-DMPK_WRING=16 -DMPK_RING_SLOT=40")
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "qwen3-8b"])
+def test_quiet_rings_issue_nothing_during_attention(monkeypatch, model):
+    """MPK_RING_QUIET=1: the tasks that wait on attention (o_proj's tiles) open the gates when they start, so an SM
+    has no ring copy in flight from its last tile before attention until then (the replay asserts it at each
+    opener), on the SMs without an attention task too; the rings serve down and qkv_rope there."""
+    monkeypatch.setenv("MPK_RING_OPS", "down,qkv_rope")
+    monkeypatch.setenv("MPK_RING_QUIET", "1")
+    tg, p, tasks = _pack_real(monkeypatch, model, "-DMPK_WRING=112 -DMPK_RING_SLOT=4096"
+                              if model == "qwen3-8b" else "-DMPK_WRING=128")
+    o_proj = {t.id for t in tg.tasks if t.op.endswith("o_proj")}
+    assert o_proj and p.ring_openers == o_proj and not (p.ring_openers & p.ring_clobbers)
+    for t in tg.tasks:
+        assert bool(int(tasks[t.id, STAGE]) >> L.RING_OPEN_SHIFT & 1) == (t.id in o_proj), t.label()
+    assert wring.replay(tg.sm_lists, p.ring_args, p.ring_clobbers, p.ring_segs, p.ring_offs, p.ring_cfg,
+                        openers=p.ring_openers) > 0
+    # the same rings without the openers' gates keep copies in flight into attention on the other SMs
+    segs, offs = wring.lay_out(tg.sm_lists, p.ring_args, p.ring_clobbers)
+    with pytest.raises(AssertionError, match="in flight before opener"):
+        wring.replay(tg.sm_lists, p.ring_args, p.ring_clobbers, segs, offs, p.ring_cfg, openers=p.ring_openers)
+    monkeypatch.setenv("MPK_RING_QUIET", "yes")
+    with pytest.raises(ValueError, match="MPK_RING_QUIET"):
+        _pack_real(monkeypatch, model, "-DMPK_WRING=128")
