@@ -22,21 +22,20 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 30 left it (bench/results/s30: h200_v40 validated out of sample,
-# regret 0 at 15 of 16 points; sanitizers clean; qwen3-8b's gpt-fast cells measured; the sweep's qwen3-8b read-ahead
-# shapes lost in the step and were reverted). Starts are often refused (sessions 28-30): each refused real start costs
-# ~90 s of the budget, a call inside the "later means" window 15 s; wait the stated time out. Once warm, chain the next
-# command at once (the machine goes back after 30 s idle, and an API pause on this side loses it too).
-# 0. `SHAPES="tuned 32_264_4_3_ahead 32_264_4_3 tuned 32_264_4_3_ahead" LIM=110 OUT=$OUT bash scripts/gpu_pending.sh
-#    pshape` (~9 min): qwen3-8b B=32 / 128 ctx 4096, the conventional step under each shape (ABA order; the middle
-#    one without the index read-ahead separates it from the 32-key blocks). Session 30: tuned 11642 / 30360 us, the
-#    read-ahead shape 13665 / 31975, while the kernel alone was 7% faster with it.
-# 1. `SHAPES="tuned 32_264_4_3_ahead tuned" BS=32 CTXS=512 ... pshape`: the sweep's pick where the conventional plan
-#    is the chosen one (qwen3-8b B=32 ctx 512; kernel alone 31.1 -> 29.8 us a layer), measured in the step first.
-# 2. `OUT=$OUT bash scripts/gpu_pending.sh one` after any kernel change (68 passed at 72b2132).
-# 3. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` when a kernel change lands (issue 3's table).
-# (wring: the rings are refuted as built: docs/perf-notes.md session 29; the mode stays for a ring that takes no
-# extra shared memory.)
+# Order for a 30-minute session (one GPU), as session 31 left it (bench/results/s31: qwen3-8b's read-ahead paged shapes
+# lost in the step again (TUNED stays); the whole GPU test set passed at 33b4fc2 (68); the rings inside attention's
+# shared memory (gated) passed their GPU test but did not gain: attention got 2.3 us a layer slower from the copies
+# issued during it). Starts are often refused (sessions 28-31): each refused start costs ~90 s of the budget, a call
+# inside the "later means" window 15 s; wait the stated time out. Once warm, chain the next command at once (the
+# machine goes back after 30 s idle).
+# 0. `WRING_TEST_K="qkv_rope-1" WRING_TEST_LIM=150 VARS="base g128q g128s" LIM=70 OUT=$OUT bash scripts/gpu_pending.sh
+#    wring` (~5 min on a fresh machine): MPK_RING_QUIET's GPU test (bitwise) and its B=1 A/B. Prediction (perf-notes
+#    session 31): llama ~1.05 ms (-1.5..-2.5%), qwen3-8b +2..+4%. If it does not gain, the ring line is closed.
+# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` after any kernel change (68 passed at 33b4fc2).
+# 2. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` when a kernel change lands (issue 3's table).
+# 3. `VAL_B4096=1,8,32,128 OUT=$OUT bash scripts/gpu_pending.sh val` (~9 min): h200_v41 through validate_planner.
+# (wring: above every layout refuted in session 29, inside attention's shared memory in session 31 (g128s -0.2% /
+# +2.9%); g128q is the last variant: docs/perf-notes.md session 31.)
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
