@@ -31,9 +31,13 @@
 # 0. `WRING_TEST_K="qkv_rope-1" WRING_TEST_LIM=150 VARS="base g128q g128s" LIM=70 OUT=$OUT bash scripts/gpu_pending.sh
 #    wring` (~5 min on a fresh machine): MPK_RING_QUIET's GPU test (bitwise) and its B=1 A/B. Prediction (perf-notes
 #    session 31): llama ~1.05 ms (-1.5..-2.5%), qwen3-8b +2..+4%. If it does not gain, the ring line is closed.
-# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` after any kernel change (68 passed at 33b4fc2).
-# 2. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` when a kernel change lands (issue 3's table).
-# 3. `VAL_B4096=1,8,32,128 OUT=$OUT bash scripts/gpu_pending.sh val` (~9 min): h200_v41 through validate_planner.
+# 1. `VARS="base qkvflat base qkvflat" BS=1,8 CTXS=512 MODELS=qwen3-8b LIM=80 OUT=$OUT bash scripts/gpu_pending.sh ab`
+#    after `pytest -m gpu tests/gpu/test_megakernel.py -k flat` (MPK_QKV_FLAT, CPU-tested only): prediction qwen3-8b
+#    B=1 4.95 -> ~4.81 ms (-2.9%), qkv_rope phase 22.9 -> ~19 us a layer (perf-notes session 31); B=8 unchanged (the
+#    switch applies below TC_MIN_M rows only).
+# 2. `OUT=$OUT bash scripts/gpu_pending.sh one` after any kernel change (68 passed at 33b4fc2).
+# 3. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` when a kernel change lands (issue 3's table).
+# 4. `VAL_B4096=1,8,32,128 OUT=$OUT bash scripts/gpu_pending.sh val` (~9 min): h200_v41 through validate_planner.
 # (wring: above every layout refuted in session 29, inside attention's shared memory in session 31 (g128s -0.2% /
 # +2.9%); g128q is the last variant: docs/perf-notes.md session 31.)
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
@@ -121,7 +125,7 @@ ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2
 for V in $VARS; do
   n=1; while [[ " $ABD " == *" ab_${V}$([ $n = 1 ] || echo _$n) "* ]]; do n=$((n + 1)); done
   VD="ab_${V}$([ $n = 1 ] || echo _$n)"; ABD="$ABD $VD"
-  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""
+  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
@@ -132,11 +136,12 @@ for V in $VARS; do
              greedyold) D=""; G=""; GF=0;;   # the older greedy argmax path (26 kernels a step; s26 A/B -0.3..-1.3% on llama)
              tlmhead) D=""; G=""; TL=1;;     # the conventional LM head through the Triton skinny matmul at B <= 32 (s26, opt-in)
              tattn0) D=""; G=""; TA=0;;      # the conventional attention by gather + SDPA (the paged kernel is the default since s27)
+             qkvflat) D=""; G=""; QF=1;;    # qwen3-8b's batch-1 q / k rows as flat linear tiles (MPK_QKV_FLAT, s31)
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
-  MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap

@@ -83,6 +83,11 @@ class Tiling:
     waves: float = 1.0         # auto: target tiles per SM for each linear op
     min_cols: int = 16
     qkv_parts: int = 0         # tasks per qkv_rope head (RoPE-pair slices); 0 = auto
+    # qkv_rope of per-head-normed models (Qwen3) with CUDA-core rows (batch < TC_MIN_M): the q and k rows as flat
+    # linear tiles into qk_raw (no head alignment: ~one tile per SM instead of 2 head parts; the qk_norm_rope tasks
+    # finish the heads as before) and v heads in pair parts. $MPK_QKV_FLAT=1; off by default until GPU-measured
+    # (docs/perf-notes.md session 31: a batch-1 task streams ~35 GB/s, so 96 qkv tasks on 132 SMs stream at ~3.4 TB/s)
+    qkv_flat: bool = field(default_factory=lambda: env_flag("MPK_QKV_FLAT", default=False))
     argmax_tasks: int = 0      # argmax_partial tasks per rank and row group (each a run of vocabulary slices);
     #                            0 = one per slice
     argmax_rows: int = 0       # rows per argmax_partial task; 0 = auto (row groups x slice tasks ~ the SMs)
@@ -112,6 +117,26 @@ class Tiling:
         with one wave of head parts, so the layer's qkv weights stream on ~all SMs instead of one per head."""
         p = self.qkv_parts or max(1, self.num_sms // max(1, heads))
         return max(1, min(p, pairs // 4 if pairs >= 4 else 1))
+
+    def qkv_flat_geometry(self, qk_rows: int, v_heads: int, pairs: int, split_at: int) -> tuple[int, int]:
+        """(rows per q/k tile, parts per v head) of a flat qkv_rope: the pair that minimises the largest task's rows
+        (tiles do not cross `split_at`, the q / k boundary; a v part owns >= 4 RoPE pairs) within one task per SM,
+        smaller tiles first on ties."""
+        best = None
+        for pv in range(1, max(1, pairs // 4) + 1):
+            left = self.num_sms - v_heads * pv
+            if left < 2:
+                break
+            r = -(-qk_rows // left)
+            r += r % 2   # even: the CUDA-core pass takes two columns
+            while -(-split_at // r) + -(-(qk_rows - split_at) // r) > left:
+                r += 2
+            cand = (max(r, 2 * -(-pairs // pv)), r, pv)
+            if best is None or cand < best:
+                best = cand
+        if best is None:
+            raise ValueError(f"a flat qkv_rope needs more than {self.num_sms} SMs for {v_heads} v heads")
+        return best[1], best[2]
 
     def attn_g(self, splits: int, gs: int, n_kv: int, head_dim: int, seqs: int, keys: int = 0,
                max_qh: int = 0) -> int:

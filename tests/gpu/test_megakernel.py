@@ -89,3 +89,15 @@ def test_grouped_attention_tasks(gpu_check, monkeypatch, model, groups):
     # both tiny models have 2 KV heads: 4 asked for is clamped to the 2 that divide them
     assert {t.params.get("ng", 1) for t in rig.tg.tasks if t.kind == "attn_partial"} == {min(groups, 2)}
     assert res[-1]["ok"], res[-1]
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3"])
+def test_flat_qkv_matches_pyvm(gpu_check, monkeypatch, model):
+    """MPK_QKV_FLAT=1 (Tiling.qkv_flat, batch 1): the q / k rows as linear tiles into qk_raw across heads (weight
+    pointers offset back by the q rows for the k tiles), v heads in pair parts, qk_norm_rope as before: matches
+    pyvm on the GPU's SM count."""
+    monkeypatch.setenv("MPK_QKV_FLAT", "1")
+    res = []
+    rig = gpu_check.check_correct(model, 1, 8, res)
+    assert any(t.kind == "linear" and t.op.endswith("qkv_rope") for t in rig.tg.tasks)
+    assert res[-1]["ok"], res[-1]

@@ -18,7 +18,7 @@ ODD = ModelConfig(name="odd-qwen3", family="qwen3", vocab_size=300, hidden_size=
 STEPS, SEEDS, PAGE = 8, 20, 4
 
 
-def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0):
+def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0, qkv_flat=False):
     cfg = cfg.replace(dtype="float32")
     w = random_weights(cfg, seed=5)
     ref = ReferenceModel(cfg, w)
@@ -26,7 +26,8 @@ def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0):
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in lens]
     grp = TPGroup(cfg, [shard_weights(cfg, w, tp, r) for r in range(tp)], num_pages=batch * 8 + 1, page_size=PAGE,
-                  max_seq_len=32, tiling=Tiling(num_sms=num_sms, linear_cols=16, allreduce_cols=24, qkv_parts=qkv_parts), mode=mode,
+                  max_seq_len=32, tiling=Tiling(num_sms=num_sms, linear_cols=16, allreduce_cols=24, qkv_parts=qkv_parts,
+                                                       qkv_flat=qkv_flat), mode=mode,
                   seed=seed, attn_splits=2)
     # pages handed out in a scrambled order, as an allocator would after churn
     perm = torch.randperm(batch * 8, generator=g) + 1
@@ -99,6 +100,43 @@ def test_qkv_heads_split_by_rope_pairs(cfg, tp, parts):
     for seed in range(3):
         vm.rng.seed(seed)
         run_steps(grp, lens, tables, ref_logits, toks)
+
+
+@pytest.mark.parametrize("cfg,tp", [(PRESETS["tiny-qwen3"], 1), (PRESETS["tiny-qwen3"], 2), (ODD, 1)],
+                         ids=lambda x: getattr(x, "name", x))
+def test_flat_qkv_of_normed_heads(cfg, tp):
+    """Tiling.qkv_flat (MPK_QKV_FLAT=1) at batch 1: the q and k rows of a normed model as linear tiles into qk_raw,
+    cut across heads (none from wq into wk), about one task per SM, v heads in pair parts, then the qk_norm_rope tasks
+    as before: the same logits and tokens as the reference, and the tiles cover each q / k row once."""
+    grp, lens, tables, ref_logits, toks = setup(cfg, tp, 1, num_sms=16, qkv_flat=True)
+    _, mems, vm = grp.decode_vm(1)
+    g = vm.graphs[0]
+    D = cfg.head_dim
+    nq, nkv = cfg.num_heads // tp, cfg.num_kv_heads // tp
+    for layer in range(cfg.num_layers):
+        op = f"L{layer}.qkv_rope"
+        lin = [t for t in g.tasks if t.op == op and t.kind == "linear"]
+        parts = [t for t in g.tasks if t.op == op and t.kind == "qkv_rope"]
+        assert lin and {t.params["which"] for t in parts} == {"v"}
+        cols = sorted((t.params["n0"], t.params["n1"]) for t in lin)
+        assert cols[0][0] == 0 and cols[-1][1] == (nq + nkv) * D
+        assert all(a[1] == b[0] for a, b in zip(cols, cols[1:]))          # each q / k row once
+        assert not any(n0 < nq * D < n1 for n0, n1 in cols)                # no tile crosses wq -> wk
+        assert all(t.params["weights"] == [t.params["weights"][0]] and -t.params["weight_row0"] in (0, nq * D)
+                   for t in lin)
+        assert len(lin) + len(parts) <= 16                                   # one wave on the 16 SMs
+        assert len([t for t in g.tasks if t.op == op and t.kind == "qk_norm_rope"]) == nkv
+    for seed in range(3):
+        vm.rng.seed(seed)
+        run_steps(grp, lens, tables, ref_logits, toks)
+
+
+def test_flat_qkv_geometry_at_real_shapes():
+    """qwen3-8b at batch 1 on 132 SMs: 108 q / k tiles of <= 48 rows and 8 v heads in 3 parts (<= 44 rows): 132
+    tasks whose largest streams 48 rows, where the head parts stream 64 on 96 SMs."""
+    R, pv = Tiling(num_sms=132).qkv_flat_geometry(40 * 128, 8, 64, 32 * 128)
+    assert (R, pv) == (48, 3)
+    assert -(-4096 // R) + -(-1024 // R) + 8 * pv == 132
 
 
 def test_conventional_path_matches_reference():

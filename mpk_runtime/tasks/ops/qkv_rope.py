@@ -32,6 +32,8 @@ def decompose(op, graph, tiling, rank):
                          "append themselves")
     P = tiling.qkv_p(graph, op, a["n_q"] + 2 * a["n_kv"], h2)
     raw = a.get("qk_raw") if P > 1 else None   # split the normed heads (finished by qk_norm_rope tasks)
+    if raw is not None and tiling.qkv_flat and M < _tc_min_m():
+        return _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D)
     tasks = []
     for which, n in (("q", a["n_q"]), ("k", a["n_kv"]), ("v", a["n_kv"])):
         head_norm = a["q_norm"] if which == "q" else (a["k_norm"] if which == "k" else None)
@@ -60,6 +62,44 @@ def decompose(op, graph, tiling, rank):
     if raw is not None:
         tasks += _norm_tasks(op, graph, rank, raw, M, B, D)
     return tasks
+
+
+def _tc_min_m() -> int:
+    from ...codegen import layout   # (codegen reads the tasks' opcodes at import)
+    return layout.CONSTANTS["TC_MIN_M"]
+
+
+def _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D):
+    """Tiling.qkv_flat: the q and k rows as `linear` tiles into qk_raw (raw column = q / k row: the q heads' slots,
+    then the k heads'), cut without regard to heads so about one task per SM streams, none crossing from wq into
+    wk; the v heads as pair parts (qkv_rope tasks writing the cache, as before); then the qk_norm_rope tasks."""
+    a = op.attrs
+    nq, nkv, h2 = a["n_q"], a["n_kv"], D // 2
+    qrows = nq * D
+    R, pv = tiling.qkv_flat_geometry((nq + nkv) * D, nkv, h2, qrows)
+    tasks = []
+    for w, lo, hi in ((a["wq"], 0, qrows), (a["wk"], qrows, qrows + nkv * D)):
+        for n0 in range(lo, hi, R):
+            n1 = min(n0 + R, hi)
+            params = {"x": a["x"], "weights": [w], "norm": a["norm"], "eps": a["eps"], "epilogue": "none",
+                      "residual": None, "out": raw, "push": False, "row_select": None, "ll": False, "n0": n0,
+                      "n1": n1, "weight_row0": -lo, "k_segments": 1, "k_slices": 1 if graph.tp_invariant > 1 else 0}
+            tasks.append(Task(-1, rank, "linear", op.name, params,
+                              reads=[Region(a["x"], rank, ((0, M), (0, H)))],
+                              writes=[Region(raw, rank, ((0, M), (n0, n1)))],
+                              est_bytes=(n1 - n0) * H * 2 + M * H * 2 + M * (n1 - n0) * 2,
+                              est_flops=2 * M * (n1 - n0) * H))
+    for h in range(nkv):
+        for p in range(pv):
+            r0, r1 = h2 * p // pv, h2 * (p + 1) // pv
+            params = {k: a[k] for k in ("x", "norm", "eps", "q", "k_cache", "v_cache", "layer")}
+            params.update(which="v", head=h, weight=a["wv"], head_norm=None, r0=r0, r1=r1, raw=None,
+                          raw_slot=nq + h, k_slices=1 if graph.tp_invariant > 1 else 0)
+            tasks.append(Task(-1, rank, "qkv_rope", op.name, params,
+                              reads=[Region(a["x"], rank, ((0, M), (0, H)))],
+                              writes=[Region(a["v_cache"], rank, ((0, B), (h, h + 1)))],
+                              est_bytes=2 * (r1 - r0) * H * 2 + M * H * 2, est_flops=2 * M * 2 * (r1 - r0) * H))
+    return tasks + _norm_tasks(op, graph, rank, raw, M, B, D)
 
 
 def _norm_tasks(op, graph, rank, raw, M, B, D):
