@@ -199,23 +199,21 @@ def replay(sm_lists: list[list[int]], ring_args: dict[int, dict], clobbers: set[
                     st["iq"] += 1
                     return True
                 return False
+            def gate(what: str):
+                """A clobber's end or an opener's start (ring_resume): nothing may be in flight, then refill."""
+                assert st["iq"] == st["q"], f"SM {sm} warp {w}: {st['iq'] - st['q']} ring copies in flight {what}"
+                st["done"] += 1
+                while issue():
+                    pass
             while issue():
                 pass
             k = 0   # the warp's segments read so far (over the launch)
             for _s in range(nsteps):
                 for tid in lst:
                     if tid in openers:
-                        assert st["iq"] == st["q"], \
-                            f"SM {sm} warp {w}: {st['iq'] - st['q']} ring copies in flight before opener {tid}"
-                        st["done"] += 1
-                        while issue():
-                            pass
+                        gate(f"before opener {tid}")
                     if tid in clobbers:
-                        assert st["iq"] == st["q"], \
-                            f"SM {sm} warp {w}: {st['iq'] - st['q']} ring copies in flight while task {tid} runs"
-                        st["done"] += 1
-                        while issue():
-                            pass
+                        gate(f"while task {tid} runs")
                     v = ring_args.get(tid)
                     if v is None:
                         continue
