@@ -30,7 +30,6 @@ def decompose(op, graph, tiling, rank):
     M_in, K = graph.tensors[a["x"]].shape
     N = out.shape[-1]
     M = out.shape[-2]
-    nw = len(a["weights"])
     tile_n = tiling.linear_n(graph, op, N)
     tasks = []
     for n0, n1 in split_range(N, tile_n):
@@ -38,17 +37,25 @@ def decompose(op, graph, tiling, rank):
             writes = [Region(a["out"], r, ((rank, rank + 1), (0, M), (n0, n1))) for r in range(graph.tp)]
         else:
             writes = [Region(a["out"], rank, ((0, M), (n0, n1)))]
-        reads = [Region(a["x"], rank, ((0, M_in), (0, K)))]
-        if a["residual"]:
-            reads.append(Region(a["residual"], rank, ((0, M), (n0, n1))))
-        params = {k: a[k] for k in ("x", "weights", "norm", "eps", "epilogue", "residual", "out", "push", "row_select")}
-        params["ll"] = bool(a.get("ll", False))
-        params.update(n0=n0, n1=n1, weight_row0=a.get("weight_row0", 0), k_segments=a.get("k_segments", 1),
-                      k_slices=1 if graph.tp_invariant > 1 else 0)
-        tasks.append(Task(-1, rank, "linear", op.name, params, reads=reads, writes=writes,
-                          est_bytes=nw * (n1 - n0) * K * 2 + M_in * K * 2 + M * (n1 - n0) * 2,
-                          est_flops=2 * nw * M * (n1 - n0) * K))
+        tasks.append(tile_task(op.name, graph, rank, a, n0, n1, M, M_in, K, writes))
     return tasks
+
+
+def tile_task(op_name: str, graph, rank: int, a: dict, n0: int, n1: int, M: int, M_in: int, K: int,
+              writes: list) -> Task:
+    """The linear task of output columns [n0, n1) of a linear's attributes `a` (also built by other decomposers:
+    qkv_rope's flat q / k tiles)."""
+    nw = len(a["weights"])
+    reads = [Region(a["x"], rank, ((0, M_in), (0, K)))]
+    if a["residual"]:
+        reads.append(Region(a["residual"], rank, ((0, M), (n0, n1))))
+    params = {k: a[k] for k in ("x", "weights", "norm", "eps", "epilogue", "residual", "out", "push", "row_select")}
+    params["ll"] = bool(a.get("ll", False))
+    params.update(n0=n0, n1=n1, weight_row0=a.get("weight_row0", 0), k_segments=a.get("k_segments", 1),
+                  k_slices=1 if graph.tp_invariant > 1 else 0)
+    return Task(-1, rank, "linear", op_name, params, reads=reads, writes=writes,
+                est_bytes=nw * (n1 - n0) * K * 2 + M_in * K * 2 + M * (n1 - n0) * 2,
+                est_flops=2 * nw * M * (n1 - n0) * K)
 
 
 def ll_flag(step: int) -> int:

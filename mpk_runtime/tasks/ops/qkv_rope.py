@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..graph import Region, Task
-from . import decomposer, task_kind
+from . import decomposer, linear, task_kind
 from .common import rms_norm, row_positions
 
 
@@ -34,33 +34,42 @@ def decompose(op, graph, tiling, rank):
     raw = a.get("qk_raw") if P > 1 else None   # split the normed heads (finished by qk_norm_rope tasks)
     if raw is not None and tiling.qkv_flat and M < _tc_min_m():
         return _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D)
-    tasks = []
-    for which, n in (("q", a["n_q"]), ("k", a["n_kv"]), ("v", a["n_kv"])):
-        head_norm = a["q_norm"] if which == "q" else (a["k_norm"] if which == "k" else None)
-        to_raw = head_norm is not None and raw is not None
-        parts = 1 if head_norm is not None and not to_raw else P
-        for h in range(n):
-            slot = h if which == "q" else a["n_q"] + h   # the head's column block in qk_raw
-            for p in range(parts):
-                r0, r1 = h2 * p // parts, h2 * (p + 1) // parts
-                rows = 2 * (r1 - r0)
-                if to_raw:
-                    writes = [Region(raw, rank, ((0, M), (slot * D + r0, slot * D + r1))),
-                              Region(raw, rank, ((0, M), (slot * D + h2 + r0, slot * D + h2 + r1)))]
-                elif which == "q":
-                    writes = [Region(a["q"], rank, ((0, M), (h * D + r0, h * D + r1))),
-                              Region(a["q"], rank, ((0, M), (h * D + h2 + r0, h * D + h2 + r1)))]
-                else:
-                    writes = [Region(a[f"{which}_cache"], rank, ((0, B), (h, h + 1)))]
-                params = {k: a[k] for k in ("x", "norm", "eps", "q", "k_cache", "v_cache", "layer")}
-                params.update(which=which, head=h, weight=a["w" + which], head_norm=None if to_raw else head_norm,
-                              r0=r0, r1=r1, raw=raw if to_raw else None, raw_slot=slot,
-                              k_slices=1 if graph.tp_invariant > 1 else 0)   # see linear.py k_slices
-                tasks.append(Task(-1, rank, "qkv_rope", op.name, params,
-                                  reads=[Region(a["x"], rank, ((0, M), (0, H)))], writes=writes,
-                                  est_bytes=rows * H * 2 + M * H * 2, est_flops=2 * M * rows * H))
+    tasks = [t for which, n in (("q", a["n_q"]), ("k", a["n_kv"]), ("v", a["n_kv"]))
+             for t in _head_parts(op, graph, rank, which, n, P, raw, M, B, H, D)]
     if raw is not None:
         tasks += _norm_tasks(op, graph, rank, raw, M, B, D)
+    return tasks
+
+
+def _head_parts(op, graph, rank, which, n, P, raw, M, B, H, D):
+    """The qkv_rope tasks of the op's n `which` heads, P RoPE-pair parts each (a normed head: one whole task, or P
+    parts into `raw` when given, finished by qk_norm_rope)."""
+    a = op.attrs
+    h2 = D // 2
+    head_norm = a["q_norm"] if which == "q" else (a["k_norm"] if which == "k" else None)
+    to_raw = head_norm is not None and raw is not None
+    parts = 1 if head_norm is not None and not to_raw else P
+    tasks = []
+    for h in range(n):
+        slot = h if which == "q" else a["n_q"] + h   # the head's column block in qk_raw
+        for p in range(parts):
+            r0, r1 = h2 * p // parts, h2 * (p + 1) // parts
+            rows = 2 * (r1 - r0)
+            if to_raw:
+                writes = [Region(raw, rank, ((0, M), (slot * D + r0, slot * D + r1))),
+                          Region(raw, rank, ((0, M), (slot * D + h2 + r0, slot * D + h2 + r1)))]
+            elif which == "q":
+                writes = [Region(a["q"], rank, ((0, M), (h * D + r0, h * D + r1))),
+                          Region(a["q"], rank, ((0, M), (h * D + h2 + r0, h * D + h2 + r1)))]
+            else:
+                writes = [Region(a[f"{which}_cache"], rank, ((0, B), (h, h + 1)))]
+            params = {k: a[k] for k in ("x", "norm", "eps", "q", "k_cache", "v_cache", "layer")}
+            params.update(which=which, head=h, weight=a["w" + which], head_norm=None if to_raw else head_norm,
+                          r0=r0, r1=r1, raw=raw if to_raw else None, raw_slot=slot,
+                          k_slices=1 if graph.tp_invariant > 1 else 0)   # see linear.py k_slices
+            tasks.append(Task(-1, rank, "qkv_rope", op.name, params,
+                              reads=[Region(a["x"], rank, ((0, M), (0, H)))], writes=writes,
+                              est_bytes=rows * H * 2 + M * H * 2, est_flops=2 * M * rows * H))
     return tasks
 
 
@@ -79,26 +88,11 @@ def _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D):
     R, pv = tiling.qkv_flat_geometry((nq + nkv) * D, nkv, h2, qrows)
     tasks = []
     for w, lo, hi in ((a["wq"], 0, qrows), (a["wk"], qrows, qrows + nkv * D)):
-        for n0 in range(lo, hi, R):
-            n1 = min(n0 + R, hi)
-            params = {"x": a["x"], "weights": [w], "norm": a["norm"], "eps": a["eps"], "epilogue": "none",
-                      "residual": None, "out": raw, "push": False, "row_select": None, "ll": False, "n0": n0,
-                      "n1": n1, "weight_row0": -lo, "k_segments": 1, "k_slices": 1 if graph.tp_invariant > 1 else 0}
-            tasks.append(Task(-1, rank, "linear", op.name, params,
-                              reads=[Region(a["x"], rank, ((0, M), (0, H)))],
-                              writes=[Region(raw, rank, ((0, M), (n0, n1)))],
-                              est_bytes=(n1 - n0) * H * 2 + M * H * 2 + M * (n1 - n0) * 2,
-                              est_flops=2 * M * (n1 - n0) * H))
-    for h in range(nkv):
-        for p in range(pv):
-            r0, r1 = h2 * p // pv, h2 * (p + 1) // pv
-            params = {k: a[k] for k in ("x", "norm", "eps", "q", "k_cache", "v_cache", "layer")}
-            params.update(which="v", head=h, weight=a["wv"], head_norm=None, r0=r0, r1=r1, raw=None,
-                          raw_slot=nq + h, k_slices=1 if graph.tp_invariant > 1 else 0)
-            tasks.append(Task(-1, rank, "qkv_rope", op.name, params,
-                              reads=[Region(a["x"], rank, ((0, M), (0, H)))],
-                              writes=[Region(a["v_cache"], rank, ((0, B), (h, h + 1)))],
-                              est_bytes=2 * (r1 - r0) * H * 2 + M * H * 2, est_flops=2 * M * 2 * (r1 - r0) * H))
+        lin = {"x": a["x"], "weights": [w], "norm": a["norm"], "eps": a["eps"], "epilogue": "none", "residual": None,
+               "out": raw, "push": False, "row_select": None, "weight_row0": -lo}
+        tasks += [linear.tile_task(op.name, graph, rank, lin, n0, min(n0 + R, hi), M, M, H,
+                                   [Region(raw, rank, ((0, M), (n0, min(n0 + R, hi))))]) for n0 in range(lo, hi, R)]
+    tasks += _head_parts(op, graph, rank, "v", nkv, pv, None, M, B, H, D)
     return tasks + _norm_tasks(op, graph, rank, raw, M, B, D)
 
 
