@@ -91,13 +91,13 @@ def test_grouped_attention_tasks(gpu_check, monkeypatch, model, groups):
     assert res[-1]["ok"], res[-1]
 
 
-@pytest.mark.parametrize("model", ["tiny-qwen3"])
-def test_flat_qkv_matches_pyvm(gpu_check, monkeypatch, model):
-    """MPK_QKV_FLAT=1 (Tiling.qkv_flat, batch 1): the q / k rows as linear tiles into qk_raw across heads (weight
-    pointers offset back by the q rows for the k tiles), v heads in pair parts, qk_norm_rope as before: matches
-    pyvm on the GPU's SM count."""
-    monkeypatch.setenv("MPK_QKV_FLAT", "1")
+@pytest.mark.parametrize("flat", ["1", "0"])
+def test_flat_qkv_matches_pyvm(gpu_check, monkeypatch, flat):
+    """MPK_QKV_FLAT (Tiling.qkv_flat, batch 1; on by default): the q / k rows as linear tiles into qk_raw across
+    heads (weight pointers offset back by the q rows for the k tiles), v heads in pair parts, qk_norm_rope as
+    before; and with =0 the head parts. Both match pyvm on the GPU's SM count."""
+    monkeypatch.setenv("MPK_QKV_FLAT", flat)
     res = []
-    rig = gpu_check.check_correct(model, 1, 8, res)
-    assert any(t.kind == "linear" and t.op.endswith("qkv_rope") for t in rig.tg.tasks)
+    rig = gpu_check.check_correct("tiny-qwen3", 1, 8, res)
+    assert any(t.kind == "linear" and t.op.endswith("qkv_rope") for t in rig.tg.tasks) == (flat == "1")
     assert res[-1]["ok"], res[-1]

@@ -49,8 +49,11 @@ def test_predictions_unchanged_vs_recorded(monkeypatch):
     them (run candidates() on these points and rewrite the JSON) and says so in its commit. Re-recorded in
     session 3 for the Tensor Core linear model + refit h200_measured (was pred_ref_d11eed4.json, the speed work's
     reference, recorded before it with the CUDA-core row_tile model). Recorded with the KV appends in qkv_rope
-    (MPK_KV_DEFER=0); the deferred appends' price is the exact credit tests/runtime/test_kv_defer.py checks."""
+    (MPK_KV_DEFER=0); the deferred appends' price is the exact credit tests/runtime/test_kv_defer.py checks. And
+    with a normed model's batch-1/2 qkv in head parts (MPK_QKV_FLAT=0, the default before session 32): a task-graph
+    switch, not a cost-model change; the other tests here simulate the flat tiles' graphs."""
     monkeypatch.setenv("MPK_KV_DEFER", "0")
+    monkeypatch.setenv("MPK_QKV_FLAT", "0")
     ref = json.load(open(REF))
     extrapolated = 0
     for d in ref["points"]:
