@@ -96,12 +96,8 @@ __device__ __forceinline__ int wait_counter(const uint64_t* ctr, int64_t need, b
 #define MPK_PDL 0
 #endif
 
-// A task with staged weight rows (stage_task_weights); in a ring build the stage word also carries the ring bit
-#if MPK_WRING
-#define MPK_STAGED(sw) (stage_rows(sw) != 0)
-#else
+// A task with staged weight rows (stage_task_weights)
 #define MPK_STAGED(sw) ((sw) != 0)
-#endif
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     MPK_KERNEL_NAME(const int64_t* __restrict__ P, int64_t first_step, int nsteps) {
@@ -122,9 +118,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const int32_t* offs = ptr<const int32_t>(P[P_SM_OFFSETS]);
   const int beg = offs[sm], end = offs[sm + 1];
   if (beg == end) return;
-#if MPK_WRING
-  ring_start(P, sm, nsteps);   // each warp's page ring: barriers, its segments, its first pages in flight
-#endif
   const int64_t* tasks = ptr<const int64_t>(P[P_TASKS]);
   if (threadIdx.x < TASK_WORDS)   // the first task's record
     s_rec[0][threadIdx.x] = tasks[(int64_t)ptr<const int32_t>(P[P_SM_TASKS])[beg] * TASK_WORDS + threadIdx.x];
@@ -208,14 +201,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (threadIdx.x < TASK_WORDS / 2) cp_async_wait_all();
         if (threadIdx.x == 64 && MPK_STAGED(rec[T_STAGE]))
           mbar_wait(stage_bar, stage_par);   // no copy into an exited CTA
-#if MPK_WRING
-        ring_drain();
-#endif
         return;
       }
-#if MPK_WRING
-      if ((rec[T_STAGE] & RING_OPEN_BIT) && (threadIdx.x & 31) == 0) ring_resume(s_par);   // its waits are met
-#endif
       const Ctx c{s_par, rec, step, ls, (int)(step & 1), stage_bar, stage_par};
       switch ((int)c.rec[T_OPCODE]) {
         case OP_EMBED: op_embed(c); break;
@@ -243,9 +230,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       // it takes the signal words (and the trace coordinates) now, before the barrier frees this buffer.
       int64_t sg[INLINE_SIGNALS], sb = 0, se = 0;
       int tid = 0;
-#if MPK_WRING
-      const bool clob = (rec[T_STAGE] & RING_CLOB_BIT) != 0;   // before the barrier frees the record
-#endif
 #if MPK_STAGE_WORDS > 0
       uint64_t* stage_row = nullptr;
 #endif
@@ -282,11 +266,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (stage_row != nullptr) stage_row[MPK_STAGE_WORDS - 1] = globaltimer();   // signals issued
 #endif
       }
-#if MPK_WRING
-      // the rings' gated pages (ops/wring.cuh): each warp's lane 0 (thread 32 after its signals); the barrier above
-      // ended every read and write of the clobbering task's shared memory
-      if (clob && (threadIdx.x & 31) == 0) ring_resume(s_par);
-#endif
     }
   }
 }

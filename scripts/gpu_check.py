@@ -47,7 +47,7 @@ class Rig:
     """A CUDA megakernel for one model/batch, and (optionally) a CPU pyvm twin on the same bf16 weights."""
 
     def __init__(self, model, B, *, seed=0, max_seq=512, ps=16, num_sms=None, cpu_ref=True, trace_steps=0,
-                 splits=2, build=None, tiling=None, stage_smem=None, ring=None):
+                 splits=2, build=None, tiling=None, stage_smem=None):
         self.cfg = cfg = load_config(model)
         self.B, self.ps, self.max_seq = B, ps, max_seq
         t0 = time.time()
@@ -70,7 +70,7 @@ class Rig:
         self.mk = Megakernel(self.tg, self.mem, page_size=ps, block_tables=self.tables, pos=self.pos,
                              inv_freq=rope_inv_freq(cfg), head_dim=cfg.head_dim, trace_steps=trace_steps,
                              build_result=build, timeout_s=float(os.environ.get("MPK_KERNEL_TIMEOUT_S", "2")),
-                             stage_smem=stage_smem, ring=ring)
+                             stage_smem=stage_smem)
         log(f"  build: cached={self.mk.build.cached} {self.mk.build.resources} smem={self.mk.smem} occ={self.mk.occupancy}")
         self.ref = None
         if cpu_ref:

@@ -10,7 +10,7 @@
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench   # stage 4 (one GPU), one model per command
 #     OUT=$OUT bash scripts/gpu_pending.sh tattn    # (one GPU, ~8 min): the Triton paged attention: tests, curves, plans
 #     OUT=$OUT bash scripts/gpu_pending.sh sweep    # (one GPU, ~5 min): its launch shapes (bench_paged_attention.py), tests
-#     OUT=$OUT bash scripts/gpu_pending.sh wring    # (one GPU, ~9 min): the weight page rings' GPU test and B=1 A/B
+#     (removed in session 32: mode wring, the weight page rings: every layout lost at batch 1, sessions 28-32)
 #     SHAPES="tuned 32_264_4_3_ahead" OUT=$OUT bash scripts/gpu_pending.sh pshape   # (one GPU, ~2 min a shape):
 #                                                   paged-attention launch shapes in the whole step (conventional plan)
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
@@ -136,7 +136,8 @@ for V in $VARS; do
              greedyold) D=""; G=""; GF=0;;   # the older greedy argmax path (26 kernels a step; s26 A/B -0.3..-1.3% on llama)
              tlmhead) D=""; G=""; TL=1;;     # the conventional LM head through the Triton skinny matmul at B <= 32 (s26, opt-in)
              tattn0) D=""; G=""; TA=0;;      # the conventional attention by gather + SDPA (the paged kernel is the default since s27)
-             qkvflat) D=""; G=""; QF=1;;    # qwen3-8b's batch-1 q / k rows as flat linear tiles (MPK_QKV_FLAT, s31)
+             qkvflat) D=""; G=""; QF=1;;    # qwen3-8b's batch-1 q / k rows as flat linear tiles (MPK_QKV_FLAT, default since s32)
+             headparts) D=""; G=""; QF=0;;  # ... as head parts (MPK_QKV_FLAT=0, the default before s32; -1.4% s32)
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac
@@ -171,39 +172,6 @@ for l in open(sys.argv[1] + "/planner_validation_rows.jsonl"):
 PY
   snap
 done
-elif [ "$MODE" = wring ]; then
-# wring: the weight page rings (runtime/wring.py, -DMPK_WRING): their bitwise GPU test, then B=1 ctx 512 A/B of the
-# variants in VARS. Session 28 (first build, a table entry per page): r56 +77% / +97%, r128n +12%, narrow -0.9%.
-# Since then: a descriptor per (warp, tile), pages cut in the kernel, copies L2 evict-first. r56b: 2 x 3.5 KB a warp
-# beside llama's wide attention; r128n: narrow attention + 4 x 4 KB (llama only); r64: 2 x 4 KB beside qwen3-8b's
-# attention (qwen3-8b only: llama's wide attention leaves 56 KB). Session 31: the rings moved inside the launch's
-# shared memory (right above the ring tiles' own layouts, in attention's K/V buffers; their copies gated on the
-# tasks that overlap them), so the r* names now mean that placement too; g128 (4 x 4 KB a warp), g112 (4 x 3.5 KB),
-# g64 (2 x 4 KB) name the sizes that fit inside llama's / qwen3-8b's attention layouts (g128s: llama; qwen3-8b +1 KB).
-st "wring: tests/gpu/test_wring.py, then B=1 ctx 512: ${VARS:=base g128s g112s g112}"
-if [ "${WRING_TEST:-1}" != 0 ]; then   # WRING_TEST=0: the A/B alone (a second command on a warm machine)
-timeout ${WRING_TEST_LIM:-200} python3 -m pytest -q -m gpu tests/gpu/test_wring.py -x ${WRING_TEST_K:+-k "$WRING_TEST_K"} \
-    > "$OUT/pytest_wring.log" 2>&1
-grep -E "^FAILED|passed|failed|rror" "$OUT/pytest_wring.log" | tail -8
-fi
-for V in $VARS; do
-  D=""; W=""; RO=""
-  Q=""
-  case $V in *s) RO=o_proj,down,qkv_rope;; *q) RO=down,qkv_rope; Q=1;; esac   # <v>s: the rings serve only the
-  # short phases (MPK_RING_OPS); <v>q: down and qkv_rope, no ring copy in flight during attention (MPK_RING_QUIET)
-  VB=${V%s}; VB=${VB%q}
-  case $VB in base|base2) ;; r56) D="-DMPK_WRING=56 -DMPK_RING_SLOT=1792";; r56b) D="-DMPK_WRING=56 -DMPK_RING_SLOT=3584";;
-    r64) D="-DMPK_WRING=64";; r48) D="-DMPK_WRING=48 -DMPK_RING_SLOT=2048";;
-    r128n) D="-DMPK_WRING=128"; W=0;; narrow) W=0;;
-    g128) D="-DMPK_WRING=128";; g112) D="-DMPK_WRING=112 -DMPK_RING_SLOT=3584";; g64) D="-DMPK_WRING=64";;
-    *) echo "unknown variant $V"; continue;; esac
-  d="$OUT/bench/ab_$V"; mkdir -p "$d"
-  MPK_RING_QUIET=$Q MPK_RING_OPS=$RO MPK_ATT_WIDE=$W MPK_NVCC_DEFINES="$D" OUT="$d" timeout ${LIM:-75} python3 scripts/bench_decode.py \
-      --models ${MODELS:-llama-3.2-1b,qwen3-8b} --batches 1 --contexts 512 --mk-max-batch 8 --no-planned --no-peers --trace \
-      --budget-s $((${LIM:-75} - 10)) > "$d/bench.log" 2>&1
-  grep -A8 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
-done
-python3 scripts/ab_table.py $(for V in $VARS; do echo "$V=$OUT/bench/ab_$V/bench_decode.json"; done)
 elif [ "$MODE" = sweep ]; then
 # sweep: the paged attention's launch shapes at both models' points, K / V from HBM (scripts/bench_paged_attention.py;
 # prints TUNED entries), then the kernel's GPU tests (~4-5 min)

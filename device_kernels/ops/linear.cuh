@@ -5,7 +5,6 @@
 // epilogue's code exists once instead of once per unrolled (row, column) of every core variant.
 #pragma once
 #include "../common.cuh"
-#include "wring.cuh"
 
 namespace mpk {
 
@@ -370,12 +369,6 @@ __device__ inline void op_linear(const Ctx& c) {
     load_rows_norm(xs, K, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
                    ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
     MPK_STAMP(1);
-#if MPK_WRING
-    if (a[T_STAGE] & RING_BIT) {   // a batch-1 tile whose rows come from the warps' page rings (ops/wring.cuh)
-      if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL) linear_ring_core<true>(c.P, xs, K, n0, n1, y0s, y1s);
-      else linear_ring_core<false>(c.P, xs, K, n0, n1, y0s, nullptr);
-    } else
-#endif
     if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
       linear_core<true>(xs, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst, c.stage_bar, c.stage_par);
     else

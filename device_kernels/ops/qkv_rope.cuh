@@ -35,10 +35,6 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
     if (Mg >= TC_MIN_M && K % 32 == 0)
       linear_tc_rows8(xs, K, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, (int)a[A_QKV_ROPE_KSLICES], y0s,
                       y1s, red);
-#if MPK_WRING
-    else if (a[T_STAGE] & RING_BIT)   // batch 1: the part's rows from the warps' page rings (ops/wring.cuh)
-      linear_ring_core<true>(c.P, xs, K, r0, r0 + nr, y0s, y1s);
-#endif
     else
       linear_core<true>(xs, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, 1, y0s, y1s,
                         stage_off(a[T_STAGE]), stage_rows(a[T_STAGE]), c.stage_bar, c.stage_par);

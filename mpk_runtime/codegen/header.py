@@ -27,8 +27,7 @@ def generate_header(constants: dict[str, int] | None = None) -> str:
     for i, f in enumerate(L.TASK_HEADER):
         out.append(f"constexpr int T_{_ident(f)} = {i};")
     for k in ("ARG_END", "INLINE_WAITS", "INLINE_SIGNALS", "T_INLINE_WAIT", "T_INLINE_SIG", "PW_TRIGGERS_SHIFT",
-              "PW_LAG_SHIFT", "PW_SCOPE_SHIFT", "STAGE_OFF_SHIFT", "RING_SHIFT",
-              "RING_CLOB_SHIFT", "RING_OPEN_SHIFT"):
+              "PW_LAG_SHIFT", "PW_SCOPE_SHIFT", "STAGE_OFF_SHIFT"):
         out.append(f"constexpr int {k} = {getattr(L, k)};")
     for op in OPCODES:
         out.append(f"// {op}")

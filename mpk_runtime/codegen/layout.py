@@ -87,16 +87,6 @@ PW_TRIGGERS_SHIFT, PW_LAG_SHIFT, PW_SCOPE_SHIFT = 32, 56, 62
 # [n0, n0 + rows); qkv_rope: the part's two row ranges), at byte offset (bits 24-47) of the dynamic shared memory,
 # range j at offset + j * rows * K * 2.
 STAGE_OFF_SHIFT = 24
-# Bit RING_SHIFT of the stage word (experimental build -DMPK_WRING=<KB>; runtime/wring.py): the task is a batch-1
-# linear or qkv_rope tile whose warps read their weight rows from per-warp shared-memory page rings, not global memory.
-RING_SHIFT = 48
-# Bit RING_CLOB_SHIFT: the task's own shared memory overlaps the rings (they sit above the ring tiles' layouts, inside
-# the larger layouts of attention, the LM head and argmax), so none of the rings' copies may be in flight while it runs:
-# the pages of the SM's later ring tiles wait until it has finished (runtime/wring.py lay_out's gates).
-RING_CLOB_SHIFT = 49
-# Bit RING_OPEN_SHIFT (MPK_RING_QUIET=1): the task opens the rings' gates when it starts (the tasks that wait on
-# attention), so no ring copy of a later tile is issued on any SM while attention runs (runtime/wring.py).
-RING_OPEN_SHIFT = 50
 
 
 def pack_wait(event: int, triggers: int, lag: int, scope: int) -> int:
@@ -141,7 +131,7 @@ def _env_kb(name: str, default: str) -> int:
 # --- kernel parameter block (int64 words, device resident) -----------------------------------------------------
 PARAMS = ["tasks", "sm_offsets", "sm_tasks", "waits", "signals", "counters", "status", "trace", "trace_steps",
           "pos", "block_tables", "max_pages", "page_size", "inv_freq", "timeout_ns", "num_tasks", "batch",
-          "num_sms", "prefetch", "ring_segs", "ring_offs", "ring_off"]
+          "num_sms", "prefetch"]
 
 # --- weight prefetch table: PF_WORDS int64 per task: up to two (device address, bytes) weight ranges ---------
 # Weights never depend on events, so an SM pulls the next task's weight bytes into L2 (cp.async.bulk.prefetch)
@@ -273,25 +263,6 @@ def linear_passes(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]
     (op_linear_tc: passes of tc_rows rows; op_linear: passes of ROW_TILE rows)."""
     rows = linear_geometry(M, K, w, nw, kseg)[0] or CONSTANTS["ROW_TILE"]
     return rows, max(1, -(-M // rows))
-
-
-def ring_rows(n0: int, n1: int, warp: int, nwarps: int) -> tuple[int, int]:
-    """The weight rows [ra, rb) warp `warp` of a ring tile (runtime/wring.py) reads: contiguous blocks of
-    ceil(w / nwarps) rows, so a warp's rows are one contiguous byte range of each weight (device_kernels/ops/wring.cuh
-    linear_ring_core: the same rule). Empty (ra >= rb) when the tile has fewer rows than warps."""
-    rpw = -(-(n1 - n0) // nwarps)
-    ra = n0 + warp * rpw
-    return ra, min(n1, ra + rpw)
-
-
-def ring_part_bytes(slot_bytes: int, nweights: int) -> int:
-    """Bytes of each weight a ring page holds: the slot, or half of it for two weights (gate's part, then up's
-    at slot_bytes / 2); a multiple of 16 (the bulk copies' unit; a page may end inside a row)."""
-    part = slot_bytes // nweights
-    if part <= 0 or part % 16:
-        raise ValueError(f"ring slot of {slot_bytes} B: each of {nweights} weight part(s) must be a positive multiple "
-                         "of 16 B (MPK_RING_SLOT)")
-    return part
 
 
 def arg_index(op: str, name: str) -> int:

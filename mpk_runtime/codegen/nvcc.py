@@ -129,6 +129,9 @@ REMOVED_DEFINES = {
                       "against side by side, session 24"),
     "MPK_LIN_EARLY": (0, "batch-1 tiles issuing their first weight round before x, +4.2% / +2.3% at llama-3.2-1b / "
                          "qwen3-8b B=1 ctx 512, session 25"),
+    "MPK_WRING": (0, "per-warp weight page rings for batch-1 tiles: no gain in any layout tried, llama-3.2-1b B=1 "
+                     "-0.2% at best and up to +97%, sessions 28-32"),
+    "MPK_RING_SLOT": (4096, "the page rings' slot size; the rings were removed in session 32"),
 }
 
 

@@ -63,7 +63,7 @@ class Megakernel:
     def __init__(self, tg: TaskGraph, mem: RankMemory, *, page_size: int, block_tables: torch.Tensor,
                  pos: torch.Tensor, inv_freq: torch.Tensor, head_dim: int, timeout_s: float = 2.0,
                  trace_steps: int = 0, build_result=None, peers: PeerTable | None = None,
-                 counters: torch.Tensor | None = None, stage_smem: int | None = None, ring: bool | None = None):
+                 counters: torch.Tensor | None = None, stage_smem: int | None = None):
         """World size > 1: `counters` (int64, >= len(tg.events) + 1 words, zeroed, on the symmetric heap) and
         `peers` (their and the symmetric buffers' peer addresses) come from runtime.nvshmem.SymmetricHeap."""
         from ..codegen import nvcc
@@ -86,7 +86,7 @@ class Megakernel:
         self.trace = torch.zeros(max(trace_steps, 1) * len(tg.tasks) * (2 + self.stage_words), dtype=torch.int64,
                                  device=dev)
         packer = TaskPacker(tg, mem, self.counters.data_ptr(), head_dim, peers=peers, device=dev,
-                            stage_smem=stage_smem, ring=ring)
+                            stage_smem=stage_smem)
         tasks, waits, signals, offs, flat = packer.pack()
         if packer.uses_ll and not nvcc.define_int("MPK_AR_LL", 0):
             raise ValueError("this graph's all-reduce uses LL words (allreduce_ll / MPK_AR_LL=1): build the kernel "
@@ -98,9 +98,6 @@ class Megakernel:
         self.sm_offsets, self.sm_tasks = offs.to(dev), flat.to(dev)
         self.staged_bytes = packer.staged_bytes   # weight bytes copied into shared memory during waits, per step
         self.stage_info = packer.stage_info
-        # weight page rings (runtime/wring.py, a -DMPK_WRING build): the tasks served, the warps' segments, their offsets
-        self.ring_tasks, self.ring_off, self.ring_clobbers = packer.ring_tasks, packer.ring_off, packer.ring_clobbers
-        self.ring_segs, self.ring_offs = packer.ring_segs.to(dev), packer.ring_offs.to(dev)
         # MPK_SMEM_FLOOR_KB (diagnostic): launch with at least this much dynamic shared memory (a smaller L1)
         self.smem = max(packer.smem, 1024, int(os.environ.get("MPK_SMEM_FLOOR_KB", "0")) * 1024)
         self.timeout_ns = int(timeout_s * 1e9)
@@ -114,10 +111,6 @@ class Megakernel:
                              "build with the kernel's wait (-DMPK_PDL=1, added by MPK_MK_PDL=1): drop -DMPK_PDL=0 from "
                              "MPK_NVCC_DEFINES, build the kernel given in build_result under MPK_MK_PDL=1, or unset "
                              "MPK_MK_PDL")
-        if self.ring_tasks and f"-DMPK_WRING={packer.ring_cfg.kb}" not in self.build.flags:
-            raise ValueError(f"the packed tasks read weight page rings of {packer.ring_cfg.kb} KB (MPK_NVCC_DEFINES "
-                             f"-DMPK_WRING={packer.ring_cfg.kb}), but the kernel given was built without them "
-                             f"(flags {self.build.flags}): build it under the same MPK_NVCC_DEFINES, or pass ring=False")
         static = int(self.build.resources.get(L.KERNEL_NAME, {}).get("smem", 0))
         if self.smem + static > L.SMEM_PER_CTA:   # (cuFuncSetAttribute would refuse it with a bare error)
             raise ValueError(f"megakernel needs {self.smem} B of dynamic + {static} B of static shared memory per CTA "
@@ -133,8 +126,7 @@ class Megakernel:
                  pos=self.pos.data_ptr(), block_tables=self.block_tables.data_ptr(),
                  max_pages=self.block_tables.shape[1], page_size=self.mem.kvstore.page_size,
                  inv_freq=self.inv_freq.data_ptr(), timeout_ns=self.timeout_ns, num_tasks=len(self.tg.tasks),
-                 batch=self.pos.shape[0], num_sms=self.tg.num_sms, prefetch=self.prefetch.data_ptr(),
-                 ring_segs=self.ring_segs.data_ptr(), ring_offs=self.ring_offs.data_ptr(), ring_off=self.ring_off)
+                 batch=self.pos.shape[0], num_sms=self.tg.num_sms, prefetch=self.prefetch.data_ptr())
         self.params.copy_(torch.tensor([v[k] for k in L.PARAMS], dtype=torch.int64))
 
     def _load(self):

@@ -13,9 +13,9 @@ import torch
 
 from ..codegen import layout as L
 from ..codegen import nvcc
+from ..envflags import env_removed
 from ..tasks.graph import TaskGraph
 from ..tasks.tiling import attn_direct, attn_wide
-from . import wring
 from .memory import RankMemory
 
 _NWARPS = L.CONSTANTS["THREADS"] // 32
@@ -45,7 +45,7 @@ class TaskPacker:
 
     def __init__(self, tg: TaskGraph, mem: RankMemory, counters_ptr: int, head_dim: int,
                  peers: PeerTable | None = None, device: torch.device | str | None = None,
-                 stage_smem: int | None = None, stage_ops: str | None = None, ring: bool | None = None):
+                 stage_smem: int | None = None, stage_ops: str | None = None):
         """Weight staging (layout.TASK_HEADER "stage"): stage_smem is the shared bytes per CTA below which staged
         rows must fit: STAGE_AUTO (-1) = the shared memory the graph needs anyway (its largest op layout), so the
         launch's shared / L1 split does not change (a 224 KB carveout measured 6% slower at batch 1 on its own:
@@ -54,14 +54,11 @@ class TaskPacker:
         stage_ops: a regular expression on op names choosing the staged tasks; default ($MPK_STAGE_OPS unset or
         empty): the tasks that wait on attention (o_proj), whose SMs idle while attention runs on a few of them
         and HBM is quiet (staging tiles that wait on a weight-streaming phase measured slower: their copies
-        compete with that phase).
-        ring: per-warp weight page rings for batch-1 linear and qkv_rope tiles (runtime/wring.py; -DMPK_WRING=<KB>):
-        None = where the build has them, False = never (the same build then streams every row from global memory),
-        True = required."""
+        compete with that phase)."""
         self.tg, self.mem, self.D = tg, mem, head_dim
-        self.ring_cfg = wring.build_config() if ring is not False else None
-        if ring and self.ring_cfg is None:
-            raise ValueError("ring=True needs a build with weight page rings: MPK_NVCC_DEFINES=-DMPK_WRING=<KB>")
+        for name in ("MPK_RING_OPS", "MPK_RING_QUIET"):
+            env_removed(name, "the per-warp weight page rings gained nothing at batch 1 in sessions 28-32 and were "
+                        "removed in session 32; docs/perf-notes.md")
         ops = os.environ.get("MPK_STAGE_OPS", "") if stage_ops is None else stage_ops
         self.stage_ops = re.compile(ops) if ops else None
         self.stage_smem = L.CONSTANTS["STAGE_SMEM"] if stage_smem is None else int(stage_smem)
@@ -85,13 +82,6 @@ class TaskPacker:
         self.staged_bytes = 0   # weight bytes staged per step, all tasks (diagnostics)
         self.stage_info: dict[int, tuple[int, int, int, int]] = {}   # task -> (op's shared bytes, offset, rows, bytes)
         self.prefetch: torch.Tensor | None = None   # (n, PF_WORDS) int64 weight ranges, filled by pack()
-        self.ring_tasks: set[int] = set()   # tasks whose weights stream through the page rings (runtime/wring.py)
-        self.ring_off = 0                   # the rings' byte offset in the dynamic shared memory
-        self.ring_clobbers: set[int] = set()   # tasks whose shared memory overlaps the rings (gates, runtime/wring.py)
-        self.ring_args: dict[int, dict] = {}   # the ring tiles' rows (wring.view)
-        self.ring_openers: set[int] = set()    # tasks that open the rings' gates at their start (MPK_RING_QUIET=1)
-        self.ring_segs = torch.zeros((1, wring.SEG_WORDS), dtype=torch.int64)   # the warps' segments
-        self.ring_offs = torch.zeros(tg.num_sms * wring.NWARPS + 1, dtype=torch.int32)
 
     def _t(self, name):
         return self.mem.t(name).data_ptr() if name else 0
@@ -163,36 +153,6 @@ class TaskPacker:
         budget = self.smem if self.stage_smem == L.STAGE_AUTO else self.stage_smem
         for t, args, ranges, need in cands:
             tasks[t.id, L.TASK_HEADER.index("stage")] = self._stage_word(t, args, ranges, need, budget)
-        if self.ring_cfg is not None:   # third pass: above every op's layout and staged rows
-            views = {t.id: wring.view(t.kind, args, int(tasks[t.id, L.TASK_HEADER.index("stage")]))
-                     for t, args, _r, _n in cands}
-            only = wring.ring_ops()
-            ring_args = {tid: v for tid, v in views.items()
-                         if v is not None and (only is None or wring.op_name(tg.tasks[tid].op) in only)}
-            st = L.TASK_HEADER.index("stage")
-            for tid in ring_args:
-                tasks[tid, st] = 1 << L.RING_SHIFT
-            clobbers: set[int] = set()
-            if ring_args:
-                # the rings sit right above the ring tiles' own layouts, inside the larger layouts of other ops
-                # (attention's K/V buffers...): those tasks clobber them, so the rings' copies wait for them to end
-                own = max(need for t, _a, _r, need in cands if t.id in ring_args)
-                self.ring_off = (own + 127) & ~127
-                for t, _a, _r, need in cands:
-                    staged = self.stage_info.get(t.id)
-                    top = max(need, staged[1] + staged[3] if staged else 0)
-                    if t.id not in ring_args and top > self.ring_off:
-                        clobbers.add(t.id)
-                        tasks[t.id, st] |= 1 << L.RING_CLOB_SHIFT
-                self.smem = max(self.smem, self.ring_off + self.ring_cfg.nbytes)
-                if wring.ring_quiet():   # no copies during attention: the tasks that wait on it open the gates
-                    for t, _a, _r, _n in cands:
-                        if t.id not in clobbers and self._waits_on_attention(t):
-                            self.ring_openers.add(t.id)
-                            tasks[t.id, st] |= 1 << L.RING_OPEN_SHIFT
-            self.ring_tasks, self.ring_clobbers = set(ring_args), clobbers
-            self.ring_args = ring_args
-            self.ring_segs, self.ring_offs = wring.lay_out(tg.sm_lists, ring_args, clobbers, self.ring_openers)
         offs = [0]
         flat: list[int] = []
         for lst in tg.sm_lists:

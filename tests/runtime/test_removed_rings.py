@@ -1,0 +1,45 @@
+"""The per-warp weight page rings (-DMPK_WRING, MPK_RING_OPS, MPK_RING_QUIET; sessions 28-32) lost at batch 1 in
+every layout tried and were removed in session 32: an old A/B script that asks for them is refused by name, not
+silently given the default build."""
+import dataclasses
+
+import pytest
+import torch
+
+from mpk_runtime.codegen import nvcc
+from mpk_runtime.ir.build import build_graph
+from mpk_runtime.models.config import load_config
+from mpk_runtime.models.weights import weight_shapes
+from mpk_runtime.runtime.memory import KVStore, RankMemory
+from mpk_runtime.runtime.packer import TaskPacker
+from mpk_runtime.tasks.build import build_task_graphs
+from mpk_runtime.tasks.tiling import Tiling
+
+
+@pytest.mark.parametrize("defines", ["-DMPK_WRING=128", "-DMPK_WRING=112 -DMPK_RING_SLOT=3584"])
+def test_ring_builds_are_refused(monkeypatch, defines):
+    monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
+    with pytest.raises(nvcc.CompileError, match="MPK_WRING=.*removed.*sessions 28-32.*drop it"):
+        nvcc._defines()
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_WRING=0")   # the value the code has: harmless
+    assert nvcc._defines() == ["-DMPK_WRING=0"]
+
+
+def _packer():
+    cfg = dataclasses.replace(load_config("tiny-llama"), num_layers=1)
+    g = build_graph(cfg, mode="decode", batch=1, context_len=0, max_seq_len=64, tp=1, rank=0, attn_splits=2,
+                    dtype="bfloat16")
+    tg = build_task_graphs([g], Tiling(num_sms=8))[0]
+    kv = KVStore(cfg.num_layers, 4, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    mem = RankMemory(g, {k: torch.zeros(sh, dtype=torch.bfloat16) for k, sh in weight_shapes(cfg).items()}, kv)
+    return TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu")
+
+
+@pytest.mark.parametrize("name,value", [("MPK_RING_OPS", "down,qkv_rope"), ("MPK_RING_QUIET", "1")])
+def test_ring_switches_are_refused(monkeypatch, name, value):
+    for n in ("MPK_RING_OPS", "MPK_RING_QUIET"):
+        monkeypatch.delenv(n, raising=False)
+    assert _packer().pack()[0].shape[0] > 0   # unset: packs as always
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name}='{value}': this option was removed .*session 32"):
+        _packer()
