@@ -22,24 +22,22 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 31 left it (bench/results/s31: qwen3-8b's read-ahead paged shapes
-# lost in the step again (TUNED stays); the whole GPU test set passed at 33b4fc2 (68); the rings inside attention's
-# shared memory (gated) passed their GPU test but did not gain: attention got 2.3 us a layer slower from the copies
-# issued during it). Starts are often refused (sessions 28-31): each refused start costs ~90 s of the budget, a call
-# inside the "later means" window 15 s; wait the stated time out. Once warm, chain the next command at once (the
-# machine goes back after 30 s idle).
-# 0. `WRING_TEST_K="qkv_rope-1" WRING_TEST_LIM=150 VARS="base g128q g128s" LIM=70 OUT=$OUT bash scripts/gpu_pending.sh
-#    wring` (~5 min on a fresh machine): MPK_RING_QUIET's GPU test (bitwise) and its B=1 A/B. Prediction (perf-notes
-#    session 31): llama ~1.05 ms (-1.5..-2.5%), qwen3-8b +2..+4%. If it does not gain, the ring line is closed.
-# 1. `VARS="base qkvflat base qkvflat" BS=1,8 CTXS=512 MODELS=qwen3-8b LIM=80 OUT=$OUT bash scripts/gpu_pending.sh ab`
-#    after `pytest -m gpu tests/gpu/test_megakernel.py -k flat` (MPK_QKV_FLAT, CPU-tested only): prediction qwen3-8b
-#    B=1 4.95 -> ~4.81 ms (-2.9%), qkv_rope phase 22.9 -> ~19 us a layer (perf-notes session 31); B=8 unchanged (the
-#    switch applies below TC_MIN_M rows only).
-# 2. `OUT=$OUT bash scripts/gpu_pending.sh one` after any kernel change (68 passed at 33b4fc2).
-# 3. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` when a kernel change lands (issue 3's table).
-# 4. `VAL_B4096=1,8,32,128 OUT=$OUT bash scripts/gpu_pending.sh val` (~9 min): h200_v41 through validate_planner.
-# (wring: above every layout refuted in session 29, inside attention's shared memory in session 31 (g128s -0.2% /
-# +2.9%); g128q is the last variant: docs/perf-notes.md session 31.)
+# Order for a 30-minute session (one GPU), as session 32 left it (bench/results/s32: MPK_QKV_FLAT -1.4% at qwen3-8b
+# B=1, now the default, all 72 GPU tests passed with it; the ring line closed and its code removed; h200_v41 held out
+# of sample, regret 0 at 12 of 12 points). Session 32 had no refused start; sessions 28-31 did (each ~90 s of the
+# budget; a call inside the "later means" window 15 s; wait the stated time out). Once warm, chain the next command
+# at once (the machine goes back after 30 s idle).
+# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4-6 min on a fresh machine): the whole GPU test set at session 32's
+#    code. Not yet GPU-run: the ring removal (default SASS identical but for immediates), qk_norm.cuh (the default
+#    build's op_qk_norm_rope now calls the shared helper: its instructions were rescheduled, nothing else moved), and
+#    test_flat_qkv_matches_pyvm's MPK_ATTN_QKNORM cases (`-k flat`: 5 cases).
+# 2. `VARS="base qknorm base qknorm" BS=1,8 CTXS=512 MODELS=qwen3-8b LIM=80 OUT=$OUT bash scripts/gpu_pending.sh ab`
+#    (MPK_ATTN_QKNORM: the attention partials norm Qwen3's q / k heads, no qk_norm_rope phase): prediction qwen3-8b
+#    B=1 4.92 -> 4.83-4.85 ms (-1.5..-1.9%), B=8 mono -0.5..-1.5% (docs/perf-notes.md session 32). Add --trace to
+#    the ab's bench_decode (or a `phase` run) to see the qkv -> attention boundary.
+# 3. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench` (issue 3's table with the flat qkv default).
+# 4. `VAL_B4096=1,8,32,128 OUT=$OUT bash scripts/gpu_pending.sh val` ctx 512 B=1 / 8 (s32 ran ctx 4096 and ctx 512
+#    B=32 / 128 only).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
@@ -125,7 +123,7 @@ ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2
 for V in $VARS; do
   n=1; while [[ " $ABD " == *" ab_${V}$([ $n = 1 ] || echo _$n) "* ]]; do n=$((n + 1)); done
   VD="ab_${V}$([ $n = 1 ] || echo _$n)"; ABD="$ABD $VD"
-  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""
+  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
@@ -138,11 +136,12 @@ for V in $VARS; do
              tattn0) D=""; G=""; TA=0;;      # the conventional attention by gather + SDPA (the paged kernel is the default since s27)
              qkvflat) D=""; G=""; QF=1;;    # qwen3-8b's batch-1 q / k rows as flat linear tiles (MPK_QKV_FLAT, default since s32)
              headparts) D=""; G=""; QF=0;;  # ... as head parts (MPK_QKV_FLAT=0, the default before s32; -1.4% s32)
+             qknorm) D=""; G=""; QN=1;;     # attention norms qwen3's q / k heads itself (MPK_ATTN_QKNORM, s32, opt-in)
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
-  MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap

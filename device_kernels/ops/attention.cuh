@@ -16,6 +16,7 @@
 #pragma once
 #include "../common.cuh"
 #include "attention_merge.cuh"
+#include "qk_norm.cuh"
 
 namespace mpk {
 
@@ -129,6 +130,15 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
   bf16* vs = ks + ATT_NST * KP * KST;
   // q of the task's groups (contiguous heads), the page table and the position in flight together
   const bf16* qg = q + (m0 * nq + (int64_t)g * gs) * D;
+#if MPK_ATT_QKNORM
+  // Tiling.attn_qk_norm: q is qk_raw (rows of the rank's q heads, then its k heads); the task's q heads are normed
+  // and rotated into qs below (qk_norm.cuh), and the last chunk's k heads into the cache
+  const bf16* qnw = ptr<const bf16>(a[A_ATTN_PARTIAL_Q_NORM]);
+  const bf16* rawr = q + m0 * (int64_t)(nq + n_kv) * D;
+  const float qk_eps = f32(a[A_ATTN_PARTIAL_EPS]);
+  const float* inv_freq = ptr<const float>(c.P[P_INV_FREQ]);
+  if (qnw == nullptr)
+#endif
   for (int i = tid; i < ng * gs * CPR; i += THREADS) cp_async16(qs + i * 8, qg + i * 8, true);
   const bool full = max_pages <= ATT_MAX_PAGES;
   if (full)
@@ -150,8 +160,20 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     for (int i = tid; i < gs; i += THREADS) lse[(m0 * nq + g * gs + i) * S + s] = -INFINITY;
     return;
   }
+#if MPK_ATT_QKNORM
+  if (qnw != nullptr) qk_norm_rope_heads(rawr + (int64_t)g * gs * D, qnw, qk_eps, D, pos, inv_freq, ng * gs, qs);
+#endif
   cp_async_wait_all();
   __syncthreads();
+#if MPK_ATT_QKNORM
+  if (qnw != nullptr && s == S - 1) {   // the last chunk holds pos (T == 1): its groups' k rows into the cache
+    const int pg = (int)(pos / ps);
+    const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
+    qk_norm_rope_heads(rawr + (int64_t)(nq + g) * D, ptr<const bf16>(a[A_ATTN_PARTIAL_K_NORM]), qk_eps, D, pos,
+                       inv_freq, ng, const_cast<bf16*>(kc) + kv_row(page, pos - (int64_t)pg * ps, g, n_kv, ps, D));
+    __syncthreads();   // the rows are in the cache before any warp copies them
+  }
+#endif
   if (a[A_ATTN_PARTIAL_KV_NEW] != 0 && s == S - 1) {   // deferred append: the last chunk holds pos (T == 1)
     const int pg = (int)(pos / ps);
     attn_append_new_row(ptr<const bf16>(a[A_ATTN_PARTIAL_KV_NEW]), a[A_ATTN_PARTIAL_LDKV], const_cast<bf16*>(kc),

@@ -4,6 +4,7 @@
 #pragma once
 #include "../common.cuh"
 #include "linear.cuh"
+#include "qk_norm.cuh"
 
 namespace mpk {
 
@@ -85,11 +86,8 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
   }
 }
 
-// Whole normed heads from qk_raw (bf16 projections, as the whole-head path rounds them): one warp per (row, head),
-// lane owns head rows d = lane + 32 j of each half (the pairs RoPE mixes), so the sum of squares, the norm and RoPE
-// run in the order of op_qkv_rope's whole-head branch and give the same values.
+// Whole normed heads from qk_raw: one warp per (row, head), qk_norm_rope_head (qk_norm.cuh) each.
 __device__ inline void op_qk_norm_rope(const Ctx& c) {
-  constexpr int J = MAX_HEAD_DIM / 64;   // values per lane per half
   const int64_t* a = c.rec;
   const bf16* raw = ptr<const bf16>(a[A_QK_NORM_ROPE_RAW]);
   const int64_t ldraw = a[A_QK_NORM_ROPE_LDRAW], ldq = a[A_QK_NORM_ROPE_LDQ];
@@ -97,7 +95,7 @@ __device__ inline void op_qk_norm_rope(const Ctx& c) {
   const bf16* kn = ptr<const bf16>(a[A_QK_NORM_ROPE_K_NORM]);
   bf16* q = ptr<bf16>(a[A_QK_NORM_ROPE_Q]);
   bf16* cache = ptr<bf16>(a[A_QK_NORM_ROPE_CACHE]);
-  const int M = (int)a[A_QK_NORM_ROPE_M], D = (int)a[A_QK_NORM_ROPE_D], h2 = D / 2;
+  const int M = (int)a[A_QK_NORM_ROPE_M], D = (int)a[A_QK_NORM_ROPE_D];
   const int n_kv = (int)a[A_QK_NORM_ROPE_N_KV], nq = (int)a[A_QK_NORM_ROPE_NQ];
   const int qh0 = (int)a[A_QK_NORM_ROPE_QH0], nqh = (int)a[A_QK_NORM_ROPE_NQH];
   const int kh0 = (int)a[A_QK_NORM_ROPE_KH0], nkh = (int)a[A_QK_NORM_ROPE_NKH];
@@ -105,44 +103,20 @@ __device__ inline void op_qk_norm_rope(const Ctx& c) {
   const float* inv_freq = ptr<const float>(c.P[P_INV_FREQ]);
   const int64_t* bt = ptr<const int64_t>(c.P[P_BLOCK_TABLES]);
   const int64_t max_pages = c.P[P_MAX_PAGES], ps = c.P[P_PAGE_SIZE];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
+  const int warp = threadIdx.x >> 5, nwarps = THREADS / 32;
   const int heads = nqh + nkh;
   for (int it = warp; it < M * heads; it += nwarps) {
     const int row = it / heads, j = it % heads;
     const bool is_q = j < nqh;
     const int head = is_q ? qh0 + j : kh0 + (j - nqh);
-    const bf16* src = raw + (int64_t)row * ldraw + (int64_t)(is_q ? head : nq + head) * D;
-    const bf16* hn = is_q ? qn : kn;
-    float y0[J], y1[J];
-    float ss = 0.f;
-#pragma unroll
-    for (int t = 0; t < J; ++t) {
-      const int d = lane + 32 * t;
-      y0[t] = d < h2 ? ld_act_bf16(src + d) : 0.f;
-      y1[t] = d < h2 ? ld_act_bf16(src + h2 + d) : 0.f;
-      if (d < h2) { ss = fmaf(y0[t], y0[t], ss); ss = fmaf(y1[t], y1[t], ss); }
-    }
-    ss = warp_sum(ss);
-    const float r = rsqrtf(ss / (float)D + eps);
-    const int64_t pos = seq_pos(c, row);   // decode: row == sequence
-    bf16* dst = nullptr;
-    if (is_q) {
-      dst = q + row * ldq + (int64_t)head * D;
-    } else if (pos >= 0) {
+    qk_norm_rope_head(raw + (int64_t)row * ldraw + (int64_t)(is_q ? head : nq + head) * D, is_q ? qn : kn, eps, D,
+                      inv_freq, [&](int64_t& pos) -> bf16* {
+      pos = seq_pos(c, row);   // decode: row == sequence
+      if (is_q) return q + row * ldq + (int64_t)head * D;
+      if (pos < 0) return nullptr;
       const int64_t page = ld_const_s64(bt + row * max_pages + pos / ps);
-      dst = cache + kv_row(page, pos % ps, head, n_kv, ps, D);
-    }
-    if (dst == nullptr) continue;
-#pragma unroll
-    for (int t = 0; t < J; ++t) {
-      const int d = lane + 32 * t;
-      if (d >= h2) continue;
-      const float x1 = bf(w_bf16(hn + d) * bf(y0[t] * r)), x2 = bf(w_bf16(hn + h2 + d) * bf(y1[t] * r));
-      const float ang = (float)pos * inv_freq[d];
-      const float cs = bf(cosf(ang)), sn = bf(sinf(ang));
-      dst[d] = __float2bfloat16_rn(bf(bf(x1 * cs) + bf(-x2 * sn)));
-      dst[h2 + d] = __float2bfloat16_rn(bf(bf(x2 * cs) + bf(x1 * sn)));
-    }
+      return cache + kv_row(page, pos % ps, head, n_kv, ps, D);
+    });
   }
 }
 

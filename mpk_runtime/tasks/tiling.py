@@ -98,6 +98,12 @@ class Tiling:
     # decides which), instead of a separate attn_merge task: one dependent phase fewer per layer. On unless
     # $MPK_ATTN_FOLD=0 (measured session 12: B=1 -0.6% both models, B=8 within noise; docs/perf-notes.md v23).
     attn_fold_merge: bool = field(default_factory=lambda: env_flag("MPK_ATTN_FOLD", default=True))
+    # attention of per-head-normed models (Qwen3) whose qkv_rope writes qk_raw (head parts or flat tiles) in the same
+    # task graph: each attn_partial normalises and rotates its own q heads from qk_raw into shared memory, and the
+    # chunk holding the new position its k head into the cache, so the qk_norm_rope tasks (a dependent phase of
+    # ~3.6 us a layer on qwen3-8b at batch 1, session 32's traces) are gone. A build with -DMPK_ATT_QKNORM=1 (added
+    # by the switch). $MPK_ATTN_QKNORM=1; off by default until GPU-measured (docs/perf-notes.md session 32)
+    attn_qk_norm: bool = field(default_factory=lambda: env_flag("MPK_ATTN_QKNORM", default=False))
     # attention: KV groups of one sequence per attn_partial task where the keys are not split (one split, folded,
     # direct write): the task fetches the page table and q once and runs the groups' passes as one pipeline.
     # 0 = auto (attn_g): 2 where the direct write is on, two groups' q heads and shared memory fit and there are

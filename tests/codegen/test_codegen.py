@@ -42,8 +42,8 @@ def test_every_task_kind_has_an_opcode_and_device_file():
     # helpers: a device file that is not an op of its own is included by the op files that use it
     helpers = {h for h in device - cpu_ops
                if any(f'#include "{h}.cuh"' in (ops_dir / f"{o}.cuh").read_text() for o in device & cpu_ops)}
-    # (argmax.cuh's candidate selection; attention.cuh's chunk merge)
-    assert helpers == {"sample_select", "attention_merge"}
+    # (argmax.cuh's candidate selection; attention.cuh's chunk merge; qk_norm.cuh's per-head q / k norm)
+    assert helpers == {"sample_select", "attention_merge", "qk_norm"}
     assert device - helpers == cpu_ops
 
 

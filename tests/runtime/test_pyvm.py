@@ -18,7 +18,7 @@ ODD = ModelConfig(name="odd-qwen3", family="qwen3", vocab_size=300, hidden_size=
 STEPS, SEEDS, PAGE = 8, 20, 4
 
 
-def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0, qkv_flat=False):
+def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0, qkv_flat=False, attn_qk_norm=False):
     cfg = cfg.replace(dtype="float32")
     w = random_weights(cfg, seed=5)
     ref = ReferenceModel(cfg, w)
@@ -27,7 +27,7 @@ def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0, qkv_fla
     prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in lens]
     grp = TPGroup(cfg, [shard_weights(cfg, w, tp, r) for r in range(tp)], num_pages=batch * 8 + 1, page_size=PAGE,
                   max_seq_len=32, tiling=Tiling(num_sms=num_sms, linear_cols=16, allreduce_cols=24, qkv_parts=qkv_parts,
-                                                       qkv_flat=qkv_flat), mode=mode,
+                                                       qkv_flat=qkv_flat, attn_qk_norm=attn_qk_norm), mode=mode,
                   seed=seed, attn_splits=2)
     # pages handed out in a scrambled order, as an allocator would after churn
     perm = torch.randperm(batch * 8, generator=g) + 1
@@ -129,6 +129,33 @@ def test_flat_qkv_of_normed_heads(cfg, tp):
     for seed in range(3):
         vm.rng.seed(seed)
         run_steps(grp, lens, tables, ref_logits, toks)
+
+
+@pytest.mark.parametrize("cfg,tp,batch,flat", [(PRESETS["tiny-qwen3"], 1, 1, True), (PRESETS["tiny-qwen3"], 2, 1, True),
+                                               (ODD, 1, 1, True), (PRESETS["tiny-qwen3"], 1, 4, False),
+                                               (PRESETS["tiny-qwen3"], 2, 4, False)],
+                         ids=lambda x: getattr(x, "name", str(x)))
+def test_attention_norms_its_own_heads(cfg, tp, batch, flat):
+    """Tiling.attn_qk_norm (MPK_ATTN_QKNORM=1): no qk_norm_rope tasks; each attn_partial normalises and rotates its
+    q heads from qk_raw, and the chunk holding the new position writes the normed k row into the cache. The same
+    logits and tokens as the reference in random interleavings (flat q / k tiles at batch 1, head parts at batch
+    4), and, within each step, bit for bit the logits of the graph with the qk_norm_rope tasks."""
+    grp, lens, tables, ref_logits, toks = setup(cfg, tp, batch, num_sms=16, qkv_parts=2, qkv_flat=flat,
+                                                attn_qk_norm=True)
+    _, mems, vm = grp.decode_vm(batch)
+    g = vm.graphs[0]
+    assert not any(t.kind == "qk_norm_rope" for t in g.tasks)
+    att = [t for t in g.tasks if t.kind == "attn_partial"]
+    assert att and all(t.params.get("raw", "").endswith("qk_raw") for t in att)
+    assert not any(r.tensor.endswith(".q") for t in att for r in t.reads)
+    for seed in range(3):
+        vm.rng.seed(seed)
+        run_steps(grp, lens, tables, ref_logits, toks)
+    base = setup(cfg, tp, batch, num_sms=16, qkv_parts=2, qkv_flat=flat)[0]
+    assert any(t.kind == "qk_norm_rope" for t in base.decode_vm(batch)[2].graphs[0].tasks)
+    for s in range(STEPS):
+        pos = [n + s for n in lens]
+        assert torch.equal(grp.decode(toks[s].tolist(), pos, tables), base.decode(toks[s].tolist(), pos, tables))
 
 
 def test_flat_qkv_geometry_at_real_shapes():

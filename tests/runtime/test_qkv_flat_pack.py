@@ -5,6 +5,7 @@ back by the q rows: the kernel reads row n at w0 + n K), and its output columns 
 tests/runtime/test_pyvm.py checks the values; tests/gpu/test_megakernel.py the kernel."""
 import dataclasses
 
+import pytest
 import torch
 
 from mpk_runtime.codegen import layout as L
@@ -41,3 +42,41 @@ def test_flat_qkv_tiles_at_qwen3_8b_shapes(monkeypatch):
         assert a(t, "w0") + n0 * K * 2 == base.data_ptr() + row * K * 2, t.label()
         assert a(t, "out") == mem.t(raw).data_ptr() and a(t, "tc_rows") == 0 and a(t, "kseg") == 1
     assert max(2 * (t.params["r1"] - t.params["r0"]) for t in qkv if t.kind == "qkv_rope") <= 44
+
+
+def test_attention_qk_norm_packs_raw_heads_at_qwen3_8b_shapes(monkeypatch):
+    """Tiling.attn_qk_norm (MPK_ATTN_QKNORM=1, which adds -DMPK_ATT_QKNORM=1 to the build): no qk_norm_rope tasks;
+    every attn_partial's q is qk_raw's address with the head norms and eps (the kernel reads its q heads at column
+    g gs D and its k head at (nq + g) D of the row); they wait on the flat tiles that write those columns. Without
+    the build define the packer refuses, naming the switch."""
+    monkeypatch.setenv("MPK_QKV_FLAT", "1")
+    monkeypatch.setenv("MPK_ATTN_QKNORM", "1")
+    cfg = dataclasses.replace(load_config("qwen3-8b"), num_layers=1)
+    g = build_graph(cfg, mode="decode", batch=1, context_len=0, max_seq_len=1024, tp=1, rank=0, attn_splits=8,
+                    dtype="bfloat16")
+    tg = build_task_graphs([g], Tiling(num_sms=132))[0]
+    assert not any(t.kind == "qk_norm_rope" for t in tg.tasks)
+    kv = KVStore(cfg.num_layers, 4, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
+    w = {k: torch.empty(sh, dtype=torch.bfloat16) for k, sh in weight_shapes(cfg).items()}
+    mem = RankMemory(g, w, kv)
+    tasks = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu").pack()[0]
+    raw = mem.t("L0.qk_raw")
+    a = lambda t, n: int(tasks[t.id, L.arg_index("attn_partial", n)])   # noqa: E731
+    att = [t for t in tg.tasks if t.kind == "attn_partial"]
+    assert len(att) == 8 * 8
+    for t in att:
+        assert a(t, "q") == raw.data_ptr() and a(t, "eps") != 0
+        assert a(t, "q_norm") == mem.t(t.params["q_norm"]).data_ptr() != a(t, "k_norm") != 0
+    D, nq, gs = cfg.head_dim, cfg.num_heads, cfg.num_heads // cfg.num_kv_heads
+    byid = {t.id: t for t in tg.tasks}
+    for t in att:   # its producers: the flat tiles covering its q heads' and k head's raw columns, and v's parts
+        gg = t.params["g"]
+        need = [(gg * gs * D, (gg + 1) * gs * D), ((nq + gg) * D, (nq + gg + 1) * D)]
+        prods = {tid for e, _lag in t.waits for _r, tid in tg.events[e].producers}
+        tiles = [byid[p] for p in prods if byid[p].kind == "linear"]
+        for lo, hi in need:
+            assert any(x.params["n0"] < hi and lo < x.params["n1"] for x in tiles), (t.label(), lo, hi)
+        assert any(byid[p].kind == "qkv_rope" and byid[p].params["head"] == gg for p in prods)
+    monkeypatch.setenv("MPK_ATTN_QKNORM", "0")
+    with pytest.raises(ValueError, match="need a build with -DMPK_ATT_QKNORM=1 .*set MPK_ATTN_QKNORM=1"):
+        TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu").pack()

@@ -14,6 +14,10 @@ group's sums depend on ng. tp_invariant graphs therefore keep one group per task
 whatever the TP degree), as linear pins k_slices = 1.
 Deferred appends (ir/defer.py, op attr kv_defer): the partial whose chunk holds a sequence's new position first
 writes that position's k / v rows of its groups from `kv_new` into the paged cache; it alone reads that chunk.
+Normed heads (Tiling.attn_qk_norm, qkv_rope.norm_in_attention): where the layer's qkv_rope leaves Qwen3's q / k
+heads unnormalised in qk_raw, every partial normalises and rotates its groups' q heads from qk_raw itself (no
+qk_norm_rope tasks, and no q tensor read), and the partial whose chunk holds the new position (the last: chunks
+split [0, pos + 1)) writes its groups' normed, rotated k row into the cache first, as a deferred append would.
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ import torch
 
 from ..graph import Region, Task
 from . import decomposer, task_kind
+from .common import row_positions
+from .qkv_rope import layer_qkv, norm_in_attention, norm_rope_head
 
 
 @decomposer("attention")
@@ -40,6 +46,11 @@ def decompose(op, graph, tiling, rank):
         base.update(kv_new=a["kv_new"], kv_defer=True)
     fold = tiling.attn_fold_merge
     ng = 1 if graph.tp_invariant > 1 else tiling.attn_g(S, gs, a["n_kv"], D, B, keys=graph.context_len + T)
+    qop = layer_qkv(graph, a["layer"])
+    raw = qop.attrs["qk_raw"] if qop is not None and norm_in_attention(qop, graph, tiling) else None
+    if raw is not None:   # (the decode step's q / k heads from qk_raw: q_norm / k_norm / eps of the qkv op)
+        base.update(raw=raw, **{k: qop.attrs[k] for k in ("q_norm", "k_norm", "eps")})
+    nq = a["n_q"]
     tasks, merges = [], []
     for b in range(B):
         m0, m1 = b * T, (b + 1) * T
@@ -56,8 +67,10 @@ def decompose(op, graph, tiling, rank):
                                    **({"ng": ng} if ng > 1 else {})},
                                   # (deferred: the chunk with the new row also writes that row of the cache,
                                   # which no other task of the step reads: not a declared region)
-                                  reads=[Region(a["q"], rank, ((m0, m1), (h0 * D, h1 * D))),
-                                         Region(a["k_cache"], rank, ((b, b + 1), (g, g + ng))),
+                                  reads=([Region(a["q"], rank, ((m0, m1), (h0 * D, h1 * D)))] if raw is None else
+                                         [Region(raw, rank, ((m0, m1), (h0 * D, h1 * D))),
+                                          Region(raw, rank, ((m0, m1), ((nq + g) * D, (nq + g + ng) * D)))])
+                                  + [Region(a["k_cache"], rank, ((b, b + 1), (g, g + ng))),
                                          Region(a["v_cache"], rank, ((b, b + 1), (g, g + ng)))]
                                   + ([Region(a["kv_new"], rank, ((m0, m1), (g * D, (g + ng) * D))),
                                       Region(a["kv_new"], rank, ((m0, m1), ((a["n_kv"] + g) * D,
@@ -99,12 +112,15 @@ def execute_partial(task, mem, ctx):
     lo, hi = (L * s) // S, (L * (s + 1)) // S
     if p.get("kv_defer") and pos0 >= 0 and lo <= pos0 < hi:   # the new row is in this chunk: append it first
         _append_new_row(p, mem, ctx, b, pos0)
+    qn = _normed_heads(p, mem, ctx, b, m0, lo <= pos0 < hi) if p.get("raw") and pos0 >= 0 else None
     for g in range(p["g"], p["g"] + p.get("ng", 1)):   # each of the task's KV groups as its own task would
         if pos0 < 0 or hi <= lo:  # inactive sequence or empty chunk: contributes nothing to the merge
             part[m0:m0 + T, g * gs:(g + 1) * gs, s] = 0
             lse[m0:m0 + T, g * gs:(g + 1) * gs, s] = float("-inf")
         else:
-            _partial_chunk(p, mem, ctx, b, g, s, gs, S, T, D, m0, pos0, lo, hi, part, lse)
+            q = (mem.t(p["q"])[m0:m0 + T, g * gs * D:(g + 1) * gs * D] if qn is None
+                 else qn[:, (g - p["g"]) * gs * D:(g - p["g"] + 1) * gs * D])
+            _partial_chunk(p, mem, ctx, b, g, s, gs, S, T, D, m0, pos0, lo, hi, part, lse, q)
         if p.get("fold") and ctx.take_ticket((task.op, b, g)) % S == S - 1:   # the group's last chunk: merge it
             _merge(p, mem, ctx, b, g, gs)
 
@@ -121,8 +137,24 @@ def _append_new_row(p, mem, ctx, b, pos):
     vc[page, off, g0:g0 + ng] = row[1, g0:g0 + ng]
 
 
-def _partial_chunk(p, mem, ctx, b, g, s, gs, S, T, D, m0, pos0, lo, hi, part, lse):
-    q = mem.t(p["q"])[m0:m0 + T, g * gs * D:(g + 1) * gs * D].reshape(T, gs, D).float()
+def _normed_heads(p, mem, ctx, b, m0, holds_pos: bool) -> torch.Tensor:
+    """Tiling.attn_qk_norm: the task's q heads of sequence b normed and rotated from qk_raw (1, ng gs D), as the
+    qk_norm_rope tasks would write them to q; the chunk holding the new position first writes the groups' normed,
+    rotated k row into the cache (where qk_norm_rope would have)."""
+    D, gs, g0, ng = ctx.config.head_dim, p["gs"], p["g"], p.get("ng", 1)
+    nq = mem.t(p["part"]).shape[1]
+    pos = row_positions(ctx)
+    if holds_pos:
+        kc = mem.kv(p["k_cache"])
+        page, off = ctx.block_tables[b, int(pos[m0]) // ctx.page_size], int(pos[m0]) % ctx.page_size
+        for h in range(g0, g0 + ng):
+            kc[page, off, h] = norm_rope_head(mem, ctx, p, "k", h, nq, pos)[m0]
+    return torch.cat([norm_rope_head(mem, ctx, p, "q", h, nq, pos)[m0:m0 + 1]
+                      for h in range(g0 * gs, (g0 + ng) * gs)], dim=1)
+
+
+def _partial_chunk(p, mem, ctx, b, g, s, gs, S, T, D, m0, pos0, lo, hi, part, lse, q):
+    q = q.reshape(T, gs, D).float()
     table = ctx.block_tables[b]
     k = _keys(mem.kv(p["k_cache"]), table, lo, hi, ctx.page_size, g).float()  # (n, D)
     v = _keys(mem.kv(p["v_cache"]), table, lo, hi, ctx.page_size, g).float()

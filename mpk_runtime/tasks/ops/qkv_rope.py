@@ -30,15 +30,40 @@ def decompose(op, graph, tiling, rank):
     if a.get("kv_defer"):
         raise ValueError(f"{op.name}: a deferred KV append (ir/defer.py) is for a conventional qkv_rope; its tasks "
                          "append themselves")
-    P = tiling.qkv_p(graph, op, a["n_q"] + 2 * a["n_kv"], h2)
-    raw = a.get("qk_raw") if P > 1 else None   # split the normed heads (finished by qk_norm_rope tasks)
+    raw = qk_raw(op, graph, tiling)   # split the normed heads (finished by qk_norm_rope tasks or by attention)
     if raw is not None and tiling.qkv_flat and M < _tc_min_m():
-        return _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D)
-    tasks = [t for which, n in (("q", a["n_q"]), ("k", a["n_kv"]), ("v", a["n_kv"]))
-             for t in _head_parts(op, graph, rank, which, n, P, raw, M, B, H, D)]
-    if raw is not None:
+        tasks = _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D)
+    else:
+        P = tiling.qkv_p(graph, op, a["n_q"] + 2 * a["n_kv"], h2)
+        tasks = [t for which, n in (("q", a["n_q"]), ("k", a["n_kv"]), ("v", a["n_kv"]))
+                 for t in _head_parts(op, graph, rank, which, n, P, raw, M, B, H, D)]
+    if raw is not None and not norm_in_attention(op, graph, tiling):
         tasks += _norm_tasks(op, graph, rank, raw, M, B, D)
     return tasks
+
+
+def qk_raw(op, graph, tiling) -> str | None:
+    """The op's qk_raw activation where its normed heads are split (more than one part a head), else None (a
+    normed head is then one whole task)."""
+    a = op.attrs
+    if a.get("qk_raw") is None:
+        return None
+    return a["qk_raw"] if tiling.qkv_p(graph, op, a["n_q"] + 2 * a["n_kv"], graph.config.head_dim // 2) > 1 else None
+
+
+def norm_in_attention(op, graph, tiling) -> bool:
+    """Tiling.attn_qk_norm applies to this qkv_rope op: it writes qk_raw, it is a decode step, and its layer's
+    attention is decomposed into tasks of the same graph (the attn_partials then finish the heads from qk_raw)."""
+    return (tiling.attn_qk_norm and graph.tokens_per_seq == 1 and qk_raw(op, graph, tiling) is not None
+            and layer_attention(graph, op.attrs["layer"]) is not None)
+
+
+def layer_attention(graph, layer: int):
+    return next((o for o in graph.ops if o.kind == "attention" and o.attrs.get("layer") == layer), None)
+
+
+def layer_qkv(graph, layer: int):
+    return next((o for o in graph.ops if o.kind == "qkv_rope" and o.attrs.get("layer") == layer), None)
 
 
 def _head_parts(op, graph, rank, which, n, P, raw, M, B, H, D):
@@ -81,7 +106,8 @@ def _tc_min_m() -> int:
 def _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D):
     """Tiling.qkv_flat: the q and k rows as `linear` tiles into qk_raw (raw column = q / k row: the q heads' slots,
     then the k heads'), cut without regard to heads so about one task per SM streams, none crossing from wq into
-    wk; the v heads as pair parts (qkv_rope tasks writing the cache, as before); then the qk_norm_rope tasks."""
+    wk; the v heads as pair parts (qkv_rope tasks writing the cache, as before). The heads are finished by the
+    qk_norm_rope tasks (or by attention: norm_in_attention)."""
     a = op.attrs
     nq, nkv, h2 = a["n_q"], a["n_kv"], D // 2
     qrows = nq * D
@@ -92,8 +118,7 @@ def _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D):
                "out": raw, "push": False, "row_select": None, "weight_row0": -lo}
         tasks += [linear.tile_task(op.name, graph, rank, lin, n0, min(n0 + R, hi), M, M, H,
                                    [Region(raw, rank, ((0, M), (n0, min(n0 + R, hi))))]) for n0 in range(lo, hi, R)]
-    tasks += _head_parts(op, graph, rank, "v", nkv, pv, None, M, B, H, D)
-    return tasks + _norm_tasks(op, graph, rank, raw, M, B, D)
+    return tasks + _head_parts(op, graph, rank, "v", nkv, pv, None, M, B, H, D)
 
 
 def _norm_tasks(op, graph, rank, raw, M, B, D):
@@ -166,17 +191,22 @@ def _store(mem, ctx, p, which, h, cols, y, pos):
     cache[page[:, None], (pos[live] % ctx.page_size)[:, None], h, cols[None, :]] = y[live]
 
 
+def norm_rope_head(mem, ctx, p, which: str, h: int, nq: int, pos: torch.Tensor) -> torch.Tensor:
+    """Head h (`which` q or k) of qk_raw, all rows: per-head RMSNorm, then RoPE at the rows' positions (M, D)."""
+    D = ctx.config.head_dim
+    slot = h if which == "q" else nq + h
+    y = mem.t(p["raw"])[:, slot * D:(slot + 1) * D]
+    return rope(rms_norm(y, mem.t(p[f"{which}_norm"]), p["eps"]), pos, ctx.inv_freq)
+
+
 @task_kind("qk_norm_rope")
 def execute_norm(task, mem, ctx):
     """Whole normed heads from qk_raw: q heads [q_head0, +n_qh), k heads [k_head0, +n_kh) (raw slot n_q + h)."""
     p = task.params
     D = ctx.config.head_dim
-    raw = mem.t(p["raw"])
     nq = mem.t(p["q"]).shape[1] // D
     pos = row_positions(ctx)
-    cols = torch.arange(D, device=raw.device)
-    for which, h0, n, slot0 in (("q", p["q_head0"], p["n_qh"], 0), ("k", p["k_head0"], p["n_kh"], nq)):
+    cols = torch.arange(D, device=pos.device)
+    for which, h0, n in (("q", p["q_head0"], p["n_qh"]), ("k", p["k_head0"], p["n_kh"])):
         for h in range(h0, h0 + n):
-            y = raw[:, (slot0 + h) * D:(slot0 + h + 1) * D]
-            y = rope(rms_norm(y, mem.t(p[f"{which}_norm"]), p["eps"]), pos, ctx.inv_freq)
-            _store(mem, ctx, p, which, h, cols, y, pos)
+            _store(mem, ctx, p, which, h, cols, norm_rope_head(mem, ctx, p, which, h, nq, pos), pos)
