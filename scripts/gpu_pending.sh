@@ -27,6 +27,10 @@
 # of sample, regret 0 at 12 of 12 points). Session 32 had no refused start; sessions 28-31 did (each ~90 s of the
 # budget; a call inside the "later means" window 15 s; wait the stated time out). Once warm, chain the next command
 # at once (the machine goes back after 30 s idle).
+# Try first (s32, untested): cubins prebuilt here, `MPK_CACHE_DIR=$PWD/.cache/kc python3 scripts/compile_device.py`
+# (~24 MB, 22 builds), carried in .cache/kc with MPK_CACHE_DIR=$PWD/.cache/kc on the device: a fresh machine then
+# skips its ~60 s builds where the device's `nvcc --version` equals this machine's (13.0 V13.0.88; the cache key has
+# it); record `nvcc --version` there the first time.
 # 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4-6 min on a fresh machine): the whole GPU test set at session 32's
 #    code. Not yet GPU-run: the ring removal (default SASS identical but for immediates), qk_norm.cuh (the default
 #    build's op_qk_norm_rope now calls the shared helper: its instructions were rescheduled, nothing else moved), and
