@@ -37,8 +37,8 @@
 #    test_flat_qkv_matches_pyvm's MPK_ATTN_QKNORM cases (`-k flat`: 5 cases).
 # 2. `VARS="base qknorm base qknorm" BS=1,8 CTXS=512 MODELS=qwen3-8b LIM=80 OUT=$OUT bash scripts/gpu_pending.sh ab`
 #    (MPK_ATTN_QKNORM: the attention partials norm Qwen3's q / k heads, no qk_norm_rope phase): prediction qwen3-8b
-#    B=1 4.92 -> 4.83-4.85 ms (-1.5..-1.9%), B=8 mono -0.5..-1.5% (docs/perf-notes.md session 32). Add --trace to
-#    the ab's bench_decode (or a `phase` run) to see the qkv -> attention boundary.
+#    B=1 4.92 -> 4.83-4.85 ms (-1.5..-1.9%), B=8 mono -0.5..-1.5% (docs/perf-notes.md session 32). TRACE=1 adds the
+#    per-task traces (the qkv -> attention boundary: `trace_phases.py --model qwen3-8b`).
 # 3. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench` (issue 3's table with the flat qkv default).
 # 4. `VAL_B4096=1,8,32,128 OUT=$OUT bash scripts/gpu_pending.sh val` ctx 512 B=1 / 8 (s32 ran ctx 4096 and ctx 512
 #    B=32 / 128 only).
@@ -120,7 +120,8 @@ mkdir -p "$OUT/prof"; OUT="$OUT/prof" timeout ${CATTN_LIM:-420} python3 scripts/
     --budget-s ${CATTN_BUDGET:-400} > "$OUT/prof/conv_attn.log" 2>&1
 tail -4 "$OUT/prof/conv_attn.log"; snap
 elif [ "$MODE" = ab ]; then
-# ab: VARS="..." BS=... CTXS=... of the variants below (one megakernel up to B=8, the planned plan above), one table
+# ab: VARS="..." BS=... CTXS=... of the variants below (one megakernel up to B=8, the planned plan above), one table;
+# TRACE=1: per-task traces of the megakernel cells too (scripts/trace_phases.py reads them)
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
 ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2, so neither run overwrites the other
@@ -146,7 +147,7 @@ for V in $VARS; do
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
   MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
-      --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} \
+      --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} ${TRACE:+--trace} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done
