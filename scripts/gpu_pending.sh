@@ -74,7 +74,7 @@ st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
 st "1 tests/gpu and the GPU-marked tests in tests/runtime (graph replay, PDL launches, conventional op counts)"
-timeout 400 python3 -m pytest -q -m gpu tests/gpu tests/runtime/test_plan_exec_graph.py \
+timeout 450 python3 -m pytest -v --durations=10 -m gpu tests/gpu tests/runtime/test_plan_exec_graph.py \
     tests/runtime/test_conventional_op_count.py tests/runtime/test_skinny_gemm.py > "$OUT/pytest_gpu.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
 st "2 the sampler: bitwise check and profile"
