@@ -278,18 +278,17 @@ class TaskPacker:
                              f"(> {L.ATT_SMEM_MAX} B: 227 KiB less the kernel's static shared memory): fewer stages "
                              f"(MPK_NVCC_DEFINES) or groups (MPK_ATT_GROUPS)")
         self._need(need)
-        args = dict(self._attn_common(p), q=self._t(p["q"]), k_cache=kc.data_ptr(),
+        return dict(self._attn_common(p), q=self._t(p.get("raw") or p["q"]), k_cache=kc.data_ptr(),
                     v_cache=self.mem.kv(p["v_cache"]).data_ptr(), part=self._t(p["part"]), lse=self._t(p["lse"]),
                     split=p["split"], n_kv=kc.shape[2], scale=f32_bits(p["scale"]),
                     out=self._t(p["out"]) if p.get("fold") else 0,
                     ticket=(self.tickets.data_ptr() + 8 * self._ticket_of[(self._task.op, p["b"], p["g"])]
                             if p.get("fold") else 0),
-                    direct=direct, ng=ng, wide=wide, **self._kv_new(p))
-        return {**args, **self._qk_norm(p, kc)}   # (q_norm: q is qk_raw)
+                    direct=direct, ng=ng, wide=wide, **self._kv_new(p), **self._qk_norm(p, kc))
 
     def _qk_norm(self, p, kc):
-        """Tiling.attn_qk_norm: q = qk_raw's address (its q heads, then its k heads, contiguous rows), the head norms
-        and eps; or nothing (q_norm = 0: q is read as written)."""
+        """Tiling.attn_qk_norm (q is then qk_raw: its q heads, then its k heads, contiguous rows): the head norms and
+        eps; or nothing (q_norm = 0: q is read as written)."""
         if not p.get("raw"):
             return {}
         if not nvcc.define_int("MPK_ATT_QKNORM", 0):
@@ -301,8 +300,7 @@ class TaskPacker:
             raise ValueError(f"{p['raw']}: attention's q / k norm reads contiguous rows of the rank's q then k heads "
                              f"((M, {(nq + kc.shape[2]) * self.D}), got {tuple(raw.shape)} strides {raw.stride()}), "
                              "and no deferred append")
-        return dict(q=raw.data_ptr(), q_norm=self._t(p["q_norm"]), k_norm=self._t(p["k_norm"]),
-                    eps=f32_bits(p["eps"]))
+        return dict(q_norm=self._t(p["q_norm"]), k_norm=self._t(p["k_norm"]), eps=f32_bits(p["eps"]))
 
     def _kv_new(self, p):
         """The deferred append's rows (ir/defer.py): kv_new's address and row stride, or 0 (appended by qkv_rope)."""

@@ -84,9 +84,9 @@ class Tiling:
     min_cols: int = 16
     qkv_parts: int = 0         # tasks per qkv_rope head (RoPE-pair slices); 0 = auto
     # qkv_rope of per-head-normed models (Qwen3) with CUDA-core rows (batch < TC_MIN_M): the q and k rows as flat
-    # linear tiles into qk_raw (no head alignment: ~one tile per SM instead of 2 head parts; the qk_norm_rope tasks
-    # finish the heads as before) and v heads in pair parts. On by default since session 32 (qwen3-8b B=1 ctx 512
-    # -1.3%, bench/results/s32/run2_qkvflat); $MPK_QKV_FLAT=0 keeps the head parts (docs/perf-notes.md sessions 31-32:
+    # linear tiles into qk_raw (no head alignment: ~one tile per SM instead of 2 head parts; the qk_norm_rope tasks,
+    # or attention with attn_qk_norm, finish the heads) and v heads in pair parts. On by default since session 32
+    # (qwen3-8b B=1 ctx 512 -1.4%, bench/results/s32/run2_qkvflat); $MPK_QKV_FLAT=0 keeps the head parts (docs/perf-notes.md sessions 31-32:
     # a batch-1 task streams ~35 GB/s, so 96 qkv tasks on 132 SMs stream at ~3.4 TB/s)
     qkv_flat: bool = field(default_factory=lambda: env_flag("MPK_QKV_FLAT", default=True))
     argmax_tasks: int = 0      # argmax_partial tasks per rank and row group (each a run of vocabulary slices);

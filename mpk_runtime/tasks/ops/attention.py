@@ -27,7 +27,7 @@ import torch
 from ..graph import Region, Task
 from . import decomposer, task_kind
 from .common import row_positions
-from .qkv_rope import layer_qkv, norm_in_attention, norm_rope_head
+from .qkv_rope import layer_op, norm_in_attention, norm_rope_head
 
 
 @decomposer("attention")
@@ -46,7 +46,7 @@ def decompose(op, graph, tiling, rank):
         base.update(kv_new=a["kv_new"], kv_defer=True)
     fold = tiling.attn_fold_merge
     ng = 1 if graph.tp_invariant > 1 else tiling.attn_g(S, gs, a["n_kv"], D, B, keys=graph.context_len + T)
-    qop = layer_qkv(graph, a["layer"])
+    qop = layer_op(graph, "qkv_rope", a["layer"])
     raw = qop.attrs["qk_raw"] if qop is not None and norm_in_attention(qop, graph, tiling) else None
     if raw is not None:   # (the decode step's q / k heads from qk_raw: q_norm / k_norm / eps of the qkv op)
         base.update(raw=raw, **{k: qop.attrs[k] for k in ("q_norm", "k_norm", "eps")})

@@ -55,15 +55,12 @@ def norm_in_attention(op, graph, tiling) -> bool:
     """Tiling.attn_qk_norm applies to this qkv_rope op: it writes qk_raw, it is a decode step, and its layer's
     attention is decomposed into tasks of the same graph (the attn_partials then finish the heads from qk_raw)."""
     return (tiling.attn_qk_norm and graph.tokens_per_seq == 1 and qk_raw(op, graph, tiling) is not None
-            and layer_attention(graph, op.attrs["layer"]) is not None)
+            and layer_op(graph, "attention", op.attrs["layer"]) is not None)
 
 
-def layer_attention(graph, layer: int):
-    return next((o for o in graph.ops if o.kind == "attention" and o.attrs.get("layer") == layer), None)
-
-
-def layer_qkv(graph, layer: int):
-    return next((o for o in graph.ops if o.kind == "qkv_rope" and o.attrs.get("layer") == layer), None)
+def layer_op(graph, kind: str, layer: int):
+    """The graph's op of this kind in this layer, or None (a plan's segment graph holds a subset of the ops)."""
+    return next((o for o in graph.ops if o.kind == kind and o.attrs.get("layer") == layer), None)
 
 
 def _head_parts(op, graph, rank, which, n, P, raw, M, B, H, D):
