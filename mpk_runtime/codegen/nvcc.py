@@ -159,8 +159,9 @@ def _defines() -> list[str]:
     # MPK_MK_PDL=1: launches with programmatic stream serialization (runtime/megakernel.py) and the kernel's wait
     if env_flag("MPK_MK_PDL") and not any(d.startswith("-DMPK_PDL") for d in defines):
         defines.append("-DMPK_PDL=1")
-    # MPK_ATTN_QKNORM=1: attention tasks that norm Qwen3's q / k heads themselves (Tiling.attn_qk_norm)
-    if env_flag("MPK_ATTN_QKNORM") and not any(d.startswith("-DMPK_ATT_QKNORM") for d in defines):
+    # MPK_ATTN_QKNORM (on unless =0): attention tasks that norm Qwen3's q / k heads themselves (Tiling.attn_qk_norm);
+    # graphs without head norms (Llama) pass a null q_norm and take the path without it
+    if env_flag("MPK_ATTN_QKNORM", default=True) and not any(d.startswith("-DMPK_ATT_QKNORM") for d in defines):
         defines.append("-DMPK_ATT_QKNORM=1")
     return defines
 

@@ -292,9 +292,10 @@ class TaskPacker:
         if not p.get("raw"):
             return {}
         if not nvcc.define_int("MPK_ATT_QKNORM", 0):
-            raise ValueError("attention tasks that norm their q / k heads (Tiling.attn_qk_norm, MPK_ATTN_QKNORM=1) need "
-                             "a build with -DMPK_ATT_QKNORM=1 (MPK_ATTN_QKNORM=1 adds it): set MPK_ATTN_QKNORM=1 "
-                             "where the kernel is built, or build the task graph without it")
+            raise ValueError("attention tasks that norm their q / k heads (Tiling.attn_qk_norm, the default) need a "
+                             "build with -DMPK_ATT_QKNORM=1, which MPK_ATTN_QKNORM=0 or -DMPK_ATT_QKNORM=0 in "
+                             "MPK_NVCC_DEFINES leave out: build the kernel and the task graph under the same "
+                             "MPK_ATTN_QKNORM (unset, or =0 for both)")
         raw, nq = self.mem.t(p["raw"]), self.mem.t(p["part"]).shape[1]
         if p.get("kv_defer") or raw.shape[1] != (nq + kc.shape[2]) * self.D or raw.stride() != (raw.shape[1], 1):
             raise ValueError(f"{p['raw']}: attention's q / k norm reads contiguous rows of the rank's q then k heads "

@@ -102,8 +102,9 @@ class Tiling:
     # task graph: each attn_partial normalises and rotates its own q heads from qk_raw into shared memory, and the
     # chunk holding the new position its k head into the cache, so the qk_norm_rope tasks (a dependent phase of
     # ~3.6 us a layer on qwen3-8b at batch 1, session 32's traces) are gone. A build with -DMPK_ATT_QKNORM=1 (added
-    # by the switch). $MPK_ATTN_QKNORM=1; off by default until GPU-measured (docs/perf-notes.md session 32)
-    attn_qk_norm: bool = field(default_factory=lambda: env_flag("MPK_ATTN_QKNORM", default=False))
+    # by the switch). On by default since session 33 (qwen3-8b ctx 512: B=1 -0.5%, B=8 one megakernel -3.2%,
+    # bench/results/s33/run2_ab_qknorm); $MPK_ATTN_QKNORM=0 keeps the qk_norm_rope tasks (docs/perf-notes.md s32-33)
+    attn_qk_norm: bool = field(default_factory=lambda: env_flag("MPK_ATTN_QKNORM", default=True))
     # attention: KV groups of one sequence per attn_partial task where the keys are not split (one split, folded,
     # direct write): the task fetches the page table and q once and runs the groups' passes as one pipeline.
     # 0 = auto (attn_g): 2 where the direct write is on, two groups' q heads and shared memory fit and there are

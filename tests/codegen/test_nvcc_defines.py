@@ -5,6 +5,12 @@ import pytest
 from mpk_runtime.codegen import nvcc
 
 
+@pytest.fixture(autouse=True)
+def _no_qknorm_define(monkeypatch):
+    """The exact define lists below leave out the attention q / k norm switch's own define (its test sets it)."""
+    monkeypatch.setenv("MPK_ATTN_QKNORM", "0")
+
+
 def test_pdl_switch_adds_the_kernel_define_once(monkeypatch):
     monkeypatch.delenv("MPK_NVCC_DEFINES", raising=False)
     monkeypatch.delenv("MPK_AR_LL", raising=False)
@@ -55,3 +61,16 @@ def test_a_removed_switch_is_refused_only_on_the_side_the_code_no_longer_has(mon
         monkeypatch.setenv("MPK_NVCC_DEFINES", bad)
         with pytest.raises(nvcc.CompileError, match=f"{bad}: this switch was removed .*session 2[34].*drop it"):
             nvcc._defines()
+
+
+@pytest.mark.parametrize("env,defines,want", [(None, "", ["-DMPK_ATT_QKNORM=1"]), ("1", "", ["-DMPK_ATT_QKNORM=1"]),
+                                              ("0", "", []), (None, "-DMPK_ATT_QKNORM=0", ["-DMPK_ATT_QKNORM=0"])])
+def test_attention_qk_norm_switch_sets_the_build_define(monkeypatch, env, defines, want):
+    """MPK_ATTN_QKNORM (on unless =0, as Tiling.attn_qk_norm) adds -DMPK_ATT_QKNORM=1 to every build, unless
+    MPK_NVCC_DEFINES names the define itself (then its value stands)."""
+    if env is None:
+        monkeypatch.delenv("MPK_ATTN_QKNORM", raising=False)
+    else:
+        monkeypatch.setenv("MPK_ATTN_QKNORM", env)
+    monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
+    assert [f for f in nvcc.build_flags() if f.startswith("-D")] == want

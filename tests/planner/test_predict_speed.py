@@ -51,9 +51,11 @@ def test_predictions_unchanged_vs_recorded(monkeypatch):
     reference, recorded before it with the CUDA-core row_tile model). Recorded with the KV appends in qkv_rope
     (MPK_KV_DEFER=0); the deferred appends' price is the exact credit tests/runtime/test_kv_defer.py checks. And
     with a normed model's batch-1/2 qkv in head parts (MPK_QKV_FLAT=0, the default before session 32): a task-graph
-    switch, not a cost-model change; the other tests here simulate the flat tiles' graphs."""
+    switch, not a cost-model change; the other tests here simulate the flat tiles' graphs. Likewise with the
+    qk_norm_rope tasks (MPK_ATTN_QKNORM=0, the default before session 33)."""
     monkeypatch.setenv("MPK_KV_DEFER", "0")
     monkeypatch.setenv("MPK_QKV_FLAT", "0")
+    monkeypatch.setenv("MPK_ATTN_QKNORM", "0")
     ref = json.load(open(REF))
     extrapolated = 0
     for d in ref["points"]:

@@ -45,12 +45,13 @@ def test_flat_qkv_tiles_at_qwen3_8b_shapes(monkeypatch):
 
 
 def test_attention_qk_norm_packs_raw_heads_at_qwen3_8b_shapes(monkeypatch):
-    """Tiling.attn_qk_norm (MPK_ATTN_QKNORM=1, which adds -DMPK_ATT_QKNORM=1 to the build): no qk_norm_rope tasks;
+    """Tiling.attn_qk_norm (the default since session 33; the switch adds -DMPK_ATT_QKNORM=1 to the build): no
+    qk_norm_rope tasks;
     every attn_partial's q is qk_raw's address with the head norms and eps (the kernel reads its q heads at column
     g gs D and its k head at (nq + g) D of the row); they wait on the flat tiles that write those columns. Without
     the build define the packer refuses, naming the switch."""
     monkeypatch.setenv("MPK_QKV_FLAT", "1")
-    monkeypatch.setenv("MPK_ATTN_QKNORM", "1")
+    monkeypatch.delenv("MPK_ATTN_QKNORM", raising=False)   # the default
     cfg = dataclasses.replace(load_config("qwen3-8b"), num_layers=1)
     g = build_graph(cfg, mode="decode", batch=1, context_len=0, max_seq_len=1024, tp=1, rank=0, attn_splits=8,
                     dtype="bfloat16")
@@ -78,5 +79,5 @@ def test_attention_qk_norm_packs_raw_heads_at_qwen3_8b_shapes(monkeypatch):
             assert any(x.params["n0"] < hi and lo < x.params["n1"] for x in tiles), (t.label(), lo, hi)
         assert any(byid[p].kind == "qkv_rope" and byid[p].params["head"] == gg for p in prods)
     monkeypatch.setenv("MPK_ATTN_QKNORM", "0")
-    with pytest.raises(ValueError, match="need a build with -DMPK_ATT_QKNORM=1 .*set MPK_ATTN_QKNORM=1"):
+    with pytest.raises(ValueError, match="need a build with -DMPK_ATT_QKNORM=1.*same MPK_ATTN_QKNORM"):
         TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu").pack()
