@@ -22,26 +22,24 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 32 left it (bench/results/s32: MPK_QKV_FLAT -1.4% at qwen3-8b
-# B=1, now the default, all 72 GPU tests passed with it; the ring line closed and its code removed; h200_v41 held out
-# of sample, regret 0 at 12 of 12 points). Session 32 had no refused start; sessions 28-31 did (each ~90 s of the
-# budget; a call inside the "later means" window 15 s; wait the stated time out). Once warm, chain the next command
-# at once (the machine goes back after 30 s idle).
-# Try first (s32, untested): cubins prebuilt here, `MPK_CACHE_DIR=$PWD/.cache/kc python3 scripts/compile_device.py`
-# (~24 MB, 22 builds), carried in .cache/kc with MPK_CACHE_DIR=$PWD/.cache/kc on the device: a fresh machine then
-# skips its ~60 s builds where the device's `nvcc --version` equals this machine's (13.0 V13.0.88; the cache key has
-# it); record `nvcc --version` there the first time.
-# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4-6 min on a fresh machine): the whole GPU test set at session 32's
-#    code. Not yet GPU-run: the ring removal (default SASS identical but for immediates), qk_norm.cuh (the default
-#    build's op_qk_norm_rope now calls the shared helper: its instructions were rescheduled, nothing else moved), and
-#    test_flat_qkv_matches_pyvm's MPK_ATTN_QKNORM cases (`-k flat`: 5 cases).
-# 2. `VARS="base qknorm base qknorm" BS=1,8 CTXS=512 MODELS=qwen3-8b LIM=80 OUT=$OUT bash scripts/gpu_pending.sh ab`
-#    (MPK_ATTN_QKNORM: the attention partials norm Qwen3's q / k heads, no qk_norm_rope phase): prediction qwen3-8b
-#    B=1 4.92 -> 4.83-4.85 ms (-1.5..-1.9%), B=8 mono -0.5..-1.5% (docs/perf-notes.md session 32). TRACE=1 adds the
-#    per-task traces (the qkv -> attention boundary: `trace_phases.py --model qwen3-8b`).
-# 3. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench` (issue 3's table with the flat qkv default).
-# 4. `VAL_B4096=1,8,32,128 OUT=$OUT bash scripts/gpu_pending.sh val` ctx 512 B=1 / 8 (s32 ran ctx 4096 and ctx 512
-#    B=32 / 128 only).
+# Order for a 30-minute session (one GPU), as session 33 left it (bench/results/s33: MPK_ATTN_QKNORM -0.5% at
+# qwen3-8b B=1 and -3.2% at B=8 mono, now the default; 69 of 69 GPU tests with it; qwen3-8b's table; h200_v41 regret 0
+# at ctx 512 B=1 / 8). No refused start in sessions 32-33. Once warm, chain the next command at once (the machine
+# goes back after 30 s idle).
+# Cubins prebuilt here and carried compressed (session 33: every build hit; the 24 MB folder itself pushes the tree
+# past the device tool's 64 MiB): `MPK_CACHE_DIR=$PWD/.cache/kc python3 scripts/compile_device.py`, then
+# `tar -cJf .cache/kc.tar.xz -C .cache kc` (~1.1 MB), carry .cache/kc.tar.xz, and on the device
+# `[ -d .cache/kc ] || tar -xJf .cache/kc.tar.xz -C .cache; export MPK_CACHE_DIR=$PWD/.cache/kc` (.cache/r.sh does).
+# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4 min with the cubins cached): the GPU tests at session 33's code;
+#    new: test_flat_qkv_matches_pyvm's two -DMPK_ATT_QKN_JOINT=1 cases (`-k flat`: 7 cases). The default build's
+#    SASS is identical to the one run 5 tested (95589 lines, normalised).
+# 2. `VARS="base qknjoint base qknjoint" BS=1,8 CTXS=512 MODELS=qwen3-8b LIM=80 TRACE=1 OUT=$OUT bash
+#    scripts/gpu_pending.sh ab`: the q / k norm in one call (prediction in docs/perf-notes.md session 33: B=1
+#    attention phase 13.3 -> 12.0-12.5 us a layer, qwen3-8b 4.83 -> 4.78-4.80 ms, -0.6..-1.0%).
+# 3. `VARS="base noqknorm base noqknorm" BS=1,8 CTXS=512 MODELS=llama-3.2-1b LIM=60 OUT=$OUT bash
+#    scripts/gpu_pending.sh ab`: what the -DMPK_ATT_QKNORM=1 build costs llama (no q / k norm; its partials read
+#    one more record word and branch; predicted within 0.3%).
+# 4. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` (issue 3's llama table; last full one s28).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
@@ -142,6 +140,7 @@ for V in $VARS; do
              qkvflat) D=""; G=""; QF=1;;    # qwen3-8b's batch-1 q / k rows as flat linear tiles (MPK_QKV_FLAT, default since s32)
              headparts) D=""; G=""; QF=0;;  # ... as head parts (MPK_QKV_FLAT=0, the default before s32; -1.4% s32)
              qknorm) D=""; G=""; QN=1;;     # attention norms qwen3's q / k heads itself (MPK_ATTN_QKNORM, default since s33)
+             qknjoint) D="-DMPK_ATT_QKN_JOINT=1"; G="";;   # q and k heads normed in one call, one barrier (s33, opt-in)
              noqknorm) D=""; G=""; QN=0;;   # ... the qk_norm_rope tasks instead (MPK_ATTN_QKNORM=0; s33: +0.5% B=1, +3.2% B=8)
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead

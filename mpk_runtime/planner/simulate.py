@@ -29,11 +29,13 @@ class SimResult:
     stream_bytes: int = 0
 
     def to_chrome_trace(self, graphs: list[TaskGraph]) -> list[dict]:
+        """The recorded schedule in Megakernel.chrome_trace's format (name = task kind, cat = op, args label and
+        step), so scripts/trace_phases.py reads a simulated step as it reads a measured one."""
         ev = []
         for (r, s, tid), t0 in self.start.items():
             t = graphs[r].tasks[tid]
-            ev.append({"name": f"{t.kind} {t.op}", "ph": "X", "ts": t0, "dur": self.end[(r, s, tid)] - t0,
-                       "pid": r, "tid": t.sm, "args": {"step": s, "task": tid}})
+            ev.append({"name": t.kind, "cat": t.op, "ph": "X", "ts": t0, "dur": self.end[(r, s, tid)] - t0,
+                       "pid": r, "tid": t.sm, "args": {"label": t.label(), "step": s, "task": tid}})
         return ev
 
 

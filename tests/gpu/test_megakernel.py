@@ -91,16 +91,20 @@ def test_grouped_attention_tasks(gpu_check, monkeypatch, model, groups):
     assert res[-1]["ok"], res[-1]
 
 
-@pytest.mark.parametrize("flat,qknorm,batch", [("1", "0", 1), ("0", "0", 1), ("1", "1", 1), ("0", "1", 1),
-                                              ("0", "1", 3)])
-def test_flat_qkv_matches_pyvm(gpu_check, monkeypatch, flat, qknorm, batch):
+@pytest.mark.parametrize("flat,qknorm,batch,defines", [("1", "0", 1, ""), ("0", "0", 1, ""), ("1", "1", 1, ""),
+                                                      ("0", "1", 1, ""), ("0", "1", 3, ""),
+                                                      ("1", "1", 1, "-DMPK_ATT_QKN_JOINT=1"),
+                                                      ("0", "1", 3, "-DMPK_ATT_QKN_JOINT=1")])
+def test_flat_qkv_matches_pyvm(gpu_check, monkeypatch, flat, qknorm, batch, defines):
     """MPK_QKV_FLAT (Tiling.qkv_flat, batch 1; on by default): the q / k rows as linear tiles into qk_raw across
     heads (weight pointers offset back by the q rows for the k tiles), v heads in pair parts, qk_norm_rope as
     before; and with =0 the head parts. MPK_ATTN_QKNORM=1 (a -DMPK_ATT_QKNORM=1 build): no qk_norm_rope tasks, the
     attention partials norm and rotate their own q heads and the last chunk's k row. All match pyvm on the GPU's
-    SM count."""
+    SM count. -DMPK_ATT_QKN_JOINT=1 (session 33, opt-in): the q heads and the last chunk's k heads normed in one
+    call on disjoint warps, one barrier."""
     monkeypatch.setenv("MPK_QKV_FLAT", flat)
     monkeypatch.setenv("MPK_ATTN_QKNORM", qknorm)
+    monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
     res = []
     rig = gpu_check.check_correct("tiny-qwen3", batch, 8, res)
     assert any(t.kind == "linear" and t.op.endswith("qkv_rope") for t in rig.tg.tasks) == (flat == "1" and batch < 3)
