@@ -161,15 +161,33 @@ def _point(r: dict, num_sms: int = 132) -> tuple:
     no "attn_splits": their plans had search.legacy_attn_splits; rows from before session 19 no "attn_wide_passes":
     their attention ran narrow passes (re-planned under MPK_ATT_WIDE=0)."""
     m, tp, b, ctx = r["model"], r.get("tp", 1), r["batch"], r.get("context", 512)
-    env = dict(r.get("env", {}))
+    env = dict(r.get("env") or {})
     if not r.get("attn_wide_passes"):
         env.setdefault("MPK_ATT_WIDE", "0")
+    if "conv_paged" in r:   # (resimulate: the conventional attention the point's measurements ran)
+        env.setdefault("MPK_CONV_TRITON_ATTN", "1" if r["conv_paged"] else "0")
     splits = r.get("attn_splits")
     if splits is None:
         from ..models import load_config
         from .search import legacy_attn_splits
         splits = legacy_attn_splits(load_config(m), tp, b, ctx, num_sms)
     return m, tp, b, ctx, tuple(sorted(env.items())), splits
+
+
+def _with_conv_paged(rows: list[dict]) -> list[dict]:
+    """Rows whose env does not say which conventional attention ran (MPK_CONV_TRITON_ATTN unset: the paged Triton
+    kernel where Triton is installed, so a GPU run and a CPU re-plan differ) get "conv_paged": what the point's
+    recorded conventional attention was priced as (a paged curve or the gather + SDPA one), for every plan of the
+    point alike; points without a conventional attention segment are left to the default."""
+    seen: dict = {}
+    for r in rows:
+        if "MPK_CONV_TRITON_ATTN" in (r.get("env") or {}):
+            continue
+        for s in r.get("segments", ()):
+            f = s.get("features") or {}
+            if f.get("attn_curve_paged_us", 0) > 0 or f.get("attn_curve_us", 0) > 0:
+                seen[_point(r)] = f.get("attn_curve_paged_us", 0) > 0
+    return [dict(r, conv_paged=seen[_point(r)]) if _point(r) in seen else r for r in rows]
 
 
 def resimulate(rows: list[dict], prof: HardwareProfile, families: tuple[str, ...] | None = None,
@@ -179,6 +197,7 @@ def resimulate(rows: list[dict], prof: HardwareProfile, families: tuple[str, ...
     changes (e.g. the Tensor Core linear model). Each point is re-planned under the environment its rows were
     measured with (row["env"]). Plans are matched by name, segments by position, checked by their op count and
     first op; rows without a match are dropped."""
+    rows = _with_conv_paged(rows)
     pts: dict = {}
     for r in rows:
         pts.setdefault(_point(r, prof.num_sms), set()).add(r["plan"])

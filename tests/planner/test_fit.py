@@ -330,3 +330,31 @@ def test_attention_only_megakernels_get_their_own_factor(base):
     a = summarize(reprice(rows, fitted))
     b = summarize(reprice(old, fitted))
     assert a["segment_mape"] < 1e-6 and b["segment_mape"] == pytest.approx(a["segment_mape"], abs=1e-9)
+
+
+def test_rows_are_resimulated_with_the_conventional_attention_they_ran(monkeypatch):
+    """MPK_CONV_TRITON_ATTN unset means the paged Triton kernel where Triton is installed (the GPU machine) and
+    the gather + SDPA path where it is not (CI, a laptop): a row recorded without the switch is re-planned with the
+    attention its conventional segment was priced as, whatever this machine has, so a CPU refit compares like
+    with like. Rows that record the switch keep it."""
+    from mpk_runtime.planner.score import resimulate
+    prof = HardwareProfile.load("h200_v41")
+    rows = {}
+    for flag in ("1", "0"):   # as a GPU run with Triton priced it, and as one without
+        monkeypatch.setenv("MPK_CONV_TRITON_ATTN", flag)
+        p = candidates(PRESETS["llama-3.2-1b"], batch=1, context=512, prof=prof, families=("conventional",))[0]
+        rows[flag] = dict(model="llama-3.2-1b", batch=1, tp=1, context=512, attn_splits=p.attn_splits,
+                          attn_wide_passes=True, plan=p.name, predicted_us=p.predicted_us, measured_us=1.0,
+                          segments=[dict(kind=s.kind, ops=len(s.ops), first_op=s.ops[0], predicted_us=s.predicted_us,
+                                         features=s.features, measured_us=1.0) for s in p.segments])
+    paged = [s for s in rows["1"]["segments"] if s["features"].get("attn_curve_paged_us", 0) > 0]
+    assert paged and rows["1"]["predicted_us"] != pytest.approx(rows["0"]["predicted_us"], rel=1e-3)
+    for here in ("0", "1"):   # this machine's default either way
+        monkeypatch.setenv("MPK_CONV_TRITON_ATTN", here)
+        for flag, row in rows.items():
+            got = resimulate([row], prof, procs=1)[0]
+            assert got["predicted_us"] == pytest.approx(row["predicted_us"], rel=1e-9), (here, flag)
+            assert "conv_paged" not in got or got["conv_paged"] == (flag == "1")
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "0")   # a row that records the switch is re-planned under it
+    forced = resimulate([dict(rows["1"], env={"MPK_CONV_TRITON_ATTN": "0"})], prof, procs=1)[0]
+    assert forced["predicted_us"] == pytest.approx(rows["0"]["predicted_us"], rel=1e-9)
