@@ -55,6 +55,23 @@ def with_terms(base: HardwareProfile, combo) -> HardwareProfile:
     return replace(base, **plain)
 
 
+def scoped_terms(prof: HardwareProfile, base: HardwareProfile, combo, keys) -> HardwareProfile:
+    """prof (fitted under base + combo on the rows of regimes `keys`) with the combo's simulator terms moved into
+    those regimes' overrides (profile.for_batch merges dict-valued fields per key) and the global fields back at
+    base's values: terms chosen on some batch sizes price only those."""
+    terms = with_terms(base, combo)
+    fields = {k for k, _ in combo if k in SIM_FIELDS} | \
+        {PREFIXES[p] for k, _ in combo for p in PREFIXES if k.startswith(p)}
+    regs = {k: dict(v) for k, v in prof.regimes.items()}
+    for key in keys:
+        over = regs.setdefault(key, {})
+        for f in fields:
+            v = getattr(terms, f)
+            over[f] = {kind: v[kind] for kind in v if v[kind] != getattr(base, f).get(kind)} if isinstance(v, dict) \
+                else v
+    return replace(prof, regimes=regs, **{f: getattr(base, f) for f in fields})
+
+
 def regime_of(batch: int, regimes=REGIMES) -> str:
     return [k for b, k in regimes if batch >= b][-1]
 
@@ -295,8 +312,13 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=0, help="processes for re-simulation (default: all cores)")
     ap.add_argument("--test", default="", help="rows never fitted on (e.g. another context): scored out of sample "
                     "with the fitted profile (re-simulated under the chosen grid terms)")
+    ap.add_argument("--batches", default="", help="fit on the rows of these batch sizes only (e.g. 1,8): the "
+                    "regimes they fall in are refit, the others kept, and the chosen --grid terms are written into "
+                    "those regimes only (scoped_terms), so the other regimes' prices do not move")
     a = ap.parse_args()
     rows = load_rows(a.rows)
+    if a.batches:
+        rows = [r for r in rows if r["batch"] in {int(b) for b in a.batches.split(",")}]
     n_all = len(rows)
     rows = valid_rows(rows)
     print(f"{len(rows)} valid measured rows of {n_all} (skipped: unmeasured, or eager after a failed graph capture)")
@@ -316,6 +338,8 @@ def main() -> None:
         prof, rep = fit_profile(rows, base, **kw)
         fitted_rows = base_rows = rows
         combo = ()
+    if a.batches and combo:
+        prof = scoped_terms(prof, base, combo, {regime_of(int(b), kw["regimes"]) for b in a.batches.split(",")})
     prof = replace(prof, name=a.name)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"{a.name}.json"), "w") as f:

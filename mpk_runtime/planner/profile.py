@@ -63,7 +63,10 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # h200_v41 since session 30: v40 with llama-3.2-1b's TP=1 paged curve re-measured where paged_attention.TUNED's
 # launch shapes changed (B=32..128 at 2048..8192 keys). On the 112 rows that ran this commit's kernels (s30 run1,
 # and run6 for those llama points): same choices, step MAPE 5.79% -> 5.71%, segment 8.23% -> 8.15%.
-DEFAULT_PROFILE = "h200_v41"
+# h200_v42 since session 33: v41 with the batch-1 / batch-8 regimes refit at an attention partial's fixed cost of
+# 7 us there (planner.fit --batches 1,8 --grid fixed.attn_partial=7; the traced tasks take 6-9 us, v41 priced 4): on
+# sessions 32-33's 112 rows the same choices, step MAPE 5.4% -> 4.6%, Spearman >= 0.9 at 10 of 16 points (9).
+DEFAULT_PROFILE = "h200_v42"
 
 
 def key_fallbacks(key: str) -> list[str]:
