@@ -39,7 +39,9 @@
 # 3. `VARS="base noqknorm base noqknorm" BS=1,8 CTXS=512 MODELS=llama-3.2-1b LIM=60 OUT=$OUT bash
 #    scripts/gpu_pending.sh ab`: what the -DMPK_ATT_QKNORM=1 build costs llama (no q / k norm; its partials read
 #    one more record word and branch; predicted within 0.3%).
-# 4. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` (issue 3's llama table; last full one s28).
+# 4. `VAL_B512=1,8 VAL_B4096=1,8 OUT=$OUT bash scripts/gpu_pending.sh val` (~4 min): h200_v42 (the default since
+#    session 33: only its batch-1 / 8 regimes differ from v41) out of sample, with item 2's winner as the build.
+# 5. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` (issue 3's llama table; last full one s28).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
@@ -206,9 +208,9 @@ for C in 512 4096; do
   grep -E "B=" "$d/validate.log" | tail -6; snap
 done
 elif [ "$MODE" = val ]; then
-st "4d validate_planner TP=1, all families: ctx 512 B=1,8,32,128, then ctx 4096 B=${VAL_B4096:-1,8,32} (the default profile out of sample)"
+st "4d validate_planner TP=1, all families: ctx 512 B=${VAL_B512:-1,8,32,128}, then ctx 4096 B=${VAL_B4096:-1,8,32} (the default profile out of sample)"
 for C in 512 4096; do
-  d="$OUT/val/c$C"; mkdir -p "$d"; [ $C = 512 ] && BB=1,8,32,128 || BB=${VAL_B4096:-1,8,32}
+  d="$OUT/val/c$C"; mkdir -p "$d"; [ $C = 512 ] && BB=${VAL_B512:-1,8,32,128} || BB=${VAL_B4096:-1,8,32}
   timeout 270 python3 scripts/validate_planner.py --tp 1 --context $C --batches $BB --budget-s 255 --out "$d" \
       > "$d/validate.log" 2>&1
   grep -E "spearman|MAPE|regret" "$d/validate.log" | tail -14; snap
