@@ -42,6 +42,10 @@
 # 4. `VAL_B512=1,8 VAL_B4096=1,8 OUT=$OUT bash scripts/gpu_pending.sh val` (~4 min): h200_v42 (the default since
 #    session 33: only its batch-1 / 8 regimes differ from v41) out of sample, with item 2's winner as the build.
 # 5. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` (issue 3's llama table; last full one s28).
+# 6. `STAMP_BATCHES=32,128 OUT=$OUT bash scripts/gpu_pending.sh stamps` (~5 min; ab's cells stop the one megakernel
+#    at B=8): big-batch one-megakernel traces (with stage stamps) at this commit (the last llama B=128 trace is
+#    session 23's), for the planner's narrow Tensor Core tile price (docs/planner.md session 33:
+#    `scripts/trace_phases.py --gaps` on a simulated and a traced step side by side).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
