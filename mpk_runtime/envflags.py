@@ -37,3 +37,17 @@ def switches() -> dict:
     what a measurement ran under, recorded with its results (validate_planner rows, bench_decode meta) so a later
     fit or comparison knows; paths and timeouts are not switches."""
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MPK_") and v and k not in NOT_SWITCHES}
+
+
+def resolved_switches() -> dict:
+    """switches() plus the values the task-graph and conventional-path switches resolved to, set or not: their
+    defaults move between sessions (MPK_QKV_FLAT in 32, MPK_ATTN_QKNORM in 33) or depend on the machine
+    (MPK_CONV_TRITON_ATTN: on where Triton is installed), so a result records the graph it ran and a later re-plan
+    (planner/score.py resimulate), on any machine, plans it the same way."""
+    from .ir.defer import conv_attn_appends, kv_defer   # (imported here: they read their switches from this module)
+    from .tasks.tiling import Tiling
+    t = Tiling()
+    flag = lambda v: "1" if v else "0"   # noqa: E731
+    return {"MPK_CONV_TRITON_ATTN": flag(conv_attn_appends()), "MPK_KV_DEFER": flag(kv_defer()),
+            "MPK_QKV_FLAT": flag(t.qkv_flat), "MPK_ATTN_QKNORM": flag(t.attn_qk_norm),
+            "MPK_ATTN_FOLD": flag(t.attn_fold_merge), **switches()}

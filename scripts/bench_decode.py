@@ -61,7 +61,7 @@ import torch  # noqa: E402
 
 from _bench_common import HBM, OUT, T0, _ints, bench_megakernel, floor_ms, log, stage_summary  # noqa: E402,F401
 from _bench_tp import main_tp  # noqa: E402  (--tp 2)
-from mpk_runtime.envflags import switches  # noqa: E402
+from mpk_runtime.envflags import resolved_switches, switches  # noqa: E402
 
 ROWS: list[dict] = []
 
@@ -148,7 +148,8 @@ def main():
     share = args.budget_s / len(models)
     meta = dict(machine=f"{torch.cuda.get_device_name(0)} (GPU 0 of {torch.cuda.device_count()} visible), {platform.node()}", date=datetime.datetime.now().isoformat(),
                 git_commit=os.environ.get("GIT_COMMIT", "unknown"), torch=torch.__version__, hbm_bytes_per_s=HBM,
-                note="floor = streamed weight bytes / 4.55 TB/s; untied embedding excluded", switches=switches())
+                note="floor = streamed weight bytes / 4.55 TB/s; untied embedding excluded", switches=switches(),
+                graph_switches=resolved_switches())
     try:
         import transformers
         meta["transformers"] = transformers.__version__

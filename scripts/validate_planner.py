@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
-from mpk_runtime.envflags import switches  # noqa: E402
+from mpk_runtime.envflags import resolved_switches  # noqa: E402
 from mpk_runtime.models import load_config, random_weights  # noqa: E402
 from mpk_runtime.runtime.conventional_fused import prepare_weights  # noqa: E402
 from mpk_runtime.planner import HardwareProfile, candidates  # noqa: E402
@@ -59,22 +59,8 @@ def _quartiles(xs) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def resolved_graph_switches() -> dict:
-    """The values the task-graph and conventional-path switches resolved to in this run, set or not: their
-    defaults move between sessions (MPK_QKV_FLAT in 32, MPK_ATTN_QKNORM in 33) or depend on the machine
-    (MPK_CONV_TRITON_ATTN: on where Triton is installed), so a row re-planned later, or on a CPU, is planned as
-    it ran."""
-    from mpk_runtime.ir.defer import conv_attn_appends, kv_defer
-    from mpk_runtime.tasks.tiling import Tiling
-    t = Tiling()
-    flag = lambda v: "1" if v else "0"   # noqa: E731
-    return {"MPK_CONV_TRITON_ATTN": flag(conv_attn_appends()), "MPK_KV_DEFER": flag(kv_defer()),
-            "MPK_QKV_FLAT": flag(t.qkv_flat), "MPK_ATTN_QKNORM": flag(t.attn_qk_norm),
-            "MPK_ATTN_FOLD": flag(t.attn_fold_merge)}
-
-
 def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:
-    env = dict(resolved_graph_switches(), **switches())   # re-planned as it ran by planner.fit
+    env = resolved_switches()   # re-planned as it ran by planner.fit (defaults included: envflags.py)
     # attn_wide_passes: this code has attention's wide passes (tasks/tiling.py attn_wide; rows without the field
     # ran narrow ones and are re-priced so: planner/score.py _point)
     return {"model": model, "batch": B, "context": context, "tp": tp, "attn_splits": plan.attn_splits,
