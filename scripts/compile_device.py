@@ -54,8 +54,10 @@ def main() -> int:
             failed += 1
             continue
         finally:
-            if not define:
-                os.environ.pop(name) if before is None else os.environ.__setitem__(name, before)
+            if not define and before is None:
+                del os.environ[name]
+            elif not define:
+                os.environ[name] = before
         for fn, res in r.resources.items():
             print(f"ok   {tag} -> {r.cubin} ({'cached' if r.cached else f'{r.seconds:.1f}s'}) {fn}: {res}")
     os.environ["MPK_NVCC_DEFINES"] = user_defines

@@ -166,6 +166,19 @@ def _defines() -> list[str]:
     return defines
 
 
+def check_defines(flags: list[str], needs: dict[str, tuple[str, str]]) -> None:
+    """Raise (naming each) unless a build's flags set every define in `needs` ({name: (what needs it, how to get
+    it)}) to a non-zero value: a packed task graph or launch mode that the kernel given would silently ignore."""
+    have = {}
+    for f in flags:   # the last -D of a name wins, as in the preprocessor
+        if f.startswith("-D"):
+            have[f[2:].split("=", 1)[0]] = _define_value(f)
+    for name, (what, fix) in needs.items():
+        if have.get(name, "0") in ("0", ""):
+            raise ValueError(f"{what} need a build with -D{name}=1 (this one has "
+                             f"{'-D' + name + '=' + have[name] if name in have else 'none'}): {fix}")
+
+
 def define_int(name: str, default: int = 0) -> int:
     """The integer value of -D<name>=<value> in MPK_NVCC_DEFINES (the build's compile-time switches), else default:
     the host side of a diagnostic switch (e.g. MPK_STAGE_WORDS sizes the trace buffer) reads it from here."""

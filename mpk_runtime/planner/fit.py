@@ -37,7 +37,7 @@ REGIMES = ((1, "1"), (8, "8"))   # (min batch, key)
 BATCH_REGIMES = ((1, "1"), (8, "8"), (32, "32"), (128, "128"))   # --regimes batch: one per measured batch
 CONV_FIELDS = ("conv_fixed_scale", "conv_bw_fraction", "conv_tc_eff", "conv_attn_kv_passes", "conv_attn_key_us",
                "conv_collective_us", "conv_attn_curve_scale", "conv_attn_paged_scale")
-SIM_FIELDS = ("mk_tc_stream_eff", "mk_tc_eff", "linear_pass_us", "restream_frac", "linear_x_us")   # --grid: re-simulated
+SIM_FIELDS = ("mk_tc_stream_eff", "mk_tc_eff", "linear_pass_us", "restream_frac")   # --grid: re-simulated
 FIXED_PREFIX = "fixed."   # --grid fixed.<task kind>=...: the per-kind task fixed cost (task_fixed_us_by_kind)
 FLOP_PREFIX = "flop."     # --grid flop.<task kind>=...: the per-kind per-flop time not hidden (flop_us_by_kind)
 KEY_PREFIX = "key."       # --grid key.<task kind>=...: an attention partial's per-key time (key_us_by_kind)

@@ -142,10 +142,6 @@ class HardwareProfile:
     mk_tc_eff: float = 1.0                 # mma.sync rate per SM / (tc_flops_per_s / num_sms)
     mk_tc_stream_eff: float = 1.0          # streaming rate of a Tensor Core tile / the CUDA-core tile's
     linear_pass_us: float = 0.0            # per extra pass of a linear / qkv_rope tile (x reload, norm, epilogue)
-    # per row x K element of a Tensor Core tile's passes (x rows into shared memory, normed, A fragments): the part
-    # of a tile's time that does not scale with its columns, so narrow tiles (o_proj / down at 16-32 columns) run
-    # far below mk_tc_eff's rate (session 33: llama-3.2-1b B=128 o_proj tasks 65.9 us traced against 31 simulated)
-    linear_x_us: float = 0.0
     # legacy model: linear tiles loop over row groups of `row_tile` rows (the pre-7cee539 linear.cuh) and every
     # group re-streams the weight tile; both models re-stream `restream_frac` of a weight tile per extra pass
     row_tile: int = 0

@@ -91,8 +91,7 @@ def _mma_us(rows_list, w: int, K: int, nw: int, prof: HardwareProfile) -> float:
 
 def task_tc_us(t: Task, prof: HardwareProfile) -> float:
     """The compute floor of a task. Linear tiles (mk_linear_model "tc", the kernel since 7cee539): passes of
-    tc_rows rows on Tensor Cores (mma.sync, `_mma_us`) plus `linear_x_us` per row and K element (the x rows'
-    handling, whatever the tile's width) plus `linear_pass_us` per pass after the first (x rows
+    tc_rows rows on Tensor Cores (mma.sync, `_mma_us`) plus `linear_pass_us` per pass after the first (x rows
     reloaded and normed, epilogue, barriers), or below TC_MIN_M rows the fitted CUDA-core per-flop cost;
     qkv_rope likewise in ROW_TILE-row passes. Other kinds (and the "row_tile" legacy model): Tensor Core time at
     the wgmma granularity or the kind's measured per-flop cost, the larger."""
@@ -105,15 +104,14 @@ def task_tc_us(t: Task, prof: HardwareProfile) -> float:
             return t.est_flops * prof.flop_us(t.kind) + extra
         M, K, w, nw, _ = linear_shape(t)
         rows = [min(tc_rows, M - g) for g in range(0, M, tc_rows)]
-        return _mma_us(rows, w, K, nw, prof) + extra + M * K * prof.linear_x_us
+        return _mma_us(rows, w, K, nw, prof) + extra
     if prof.mk_linear_model == "tc" and t.kind == "qkv_rope" and t.reads:
         M, K, D = qkv_shape(t)
         RT, tmin = L.CONSTANTS["ROW_TILE"], L.CONSTANTS["TC_MIN_M"]
         rows = [min(RT, M - g) for g in range(0, M, RT)]   # qkv_rope.cuh: ROW_TILE rows per pass
         us = _mma_us([r for r in rows if r >= tmin and K % 32 == 0], D, K, 1, prof)
         cc = sum(r for r in rows if r < tmin or K % 32)
-        return us + 2 * cc * D * K * prof.flop_us(t.kind) + (len(rows) - 1) * prof.linear_pass_us + \
-            (M - cc) * K * prof.linear_x_us
+        return us + 2 * cc * D * K * prof.flop_us(t.kind) + (len(rows) - 1) * prof.linear_pass_us
     rows = max(1, round(t.est_flops / max(1, t.est_bytes)))  # flops per weight byte ~ rows for a GEMM tile
     key = cost_key(t)
     chain = t.est_flops * prof.flop_us(key)

@@ -88,9 +88,6 @@ class Megakernel:
         packer = TaskPacker(tg, mem, self.counters.data_ptr(), head_dim, peers=peers, device=dev,
                             stage_smem=stage_smem)
         tasks, waits, signals, offs, flat = packer.pack()
-        if packer.uses_ll and not nvcc.define_int("MPK_AR_LL", 0):
-            raise ValueError("this graph's all-reduce uses LL words (allreduce_ll / MPK_AR_LL=1): build the kernel "
-                             "with them too, MPK_NVCC_DEFINES=-DMPK_AR_LL=1 (or build the graph without allreduce_ll)")
         self._keep = packer._peer_arrays
         self.tickets = packer.tickets   # folded attention merges' counters (zeroed here, never reset, as counters)
         self.prefetch = packer.prefetch.to(dev)
@@ -106,11 +103,12 @@ class Megakernel:
         self.params = torch.zeros(len(L.PARAMS), dtype=torch.int64, device=dev)
         self._write_params()
         self.build = build_result or nvcc.build()
-        if self.pdl and not any(f in ("-DMPK_PDL", "-DMPK_PDL=1") for f in self.build.flags):
-            raise ValueError("MPK_MK_PDL=1 launches the kernel before the previous one has finished, which needs a "
-                             "build with the kernel's wait (-DMPK_PDL=1, added by MPK_MK_PDL=1): drop -DMPK_PDL=0 from "
-                             "MPK_NVCC_DEFINES, build the kernel given in build_result under MPK_MK_PDL=1, or unset "
-                             "MPK_MK_PDL")
+        # the defines the packed tasks and the launch mode rely on, checked against the build launched (a given
+        # build_result may come from another environment): without them the kernel would ignore them silently
+        nvcc.check_defines(self.build.flags, {**packer.needs, **({"MPK_PDL": (
+            "MPK_MK_PDL=1 launches the kernel before the previous one has finished, which needs the kernel's wait: "
+            "its launches", "drop -DMPK_PDL=0 from MPK_NVCC_DEFINES, build the kernel given in build_result under "
+            "MPK_MK_PDL=1, or unset MPK_MK_PDL")} if self.pdl else {})})
         static = int(self.build.resources.get(L.KERNEL_NAME, {}).get("smem", 0))
         if self.smem + static > L.SMEM_PER_CTA:   # (cuFuncSetAttribute would refuse it with a bare error)
             raise ValueError(f"megakernel needs {self.smem} B of dynamic + {static} B of static shared memory per CTA "

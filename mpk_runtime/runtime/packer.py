@@ -19,6 +19,8 @@ from ..tasks.tiling import attn_direct, attn_wide
 from .memory import RankMemory
 
 _NWARPS = L.CONSTANTS["THREADS"] // 32
+_LL_NEED = ("this graph's all-reduce (allreduce_ll / MPK_AR_LL=1) writes LL words, whose readers",
+            "build the kernel with them too, MPK_NVCC_DEFINES=-DMPK_AR_LL=1 (or build the graph without allreduce_ll)")
 
 
 def f32_bits(x: float) -> int:
@@ -78,10 +80,17 @@ class TaskPacker:
         self._peer_arrays: dict[str, torch.Tensor] = {}   # keep alive
         self.smem = 0
         self._task_need = 0     # the shared bytes of the task being packed (its op's layout)
-        self.uses_ll = False    # LL all-reduce words (graph built with allreduce_ll): the build needs MPK_AR_LL=1
+        # build defines the packed tasks need ({name: (what needs it, how to get it)}: nvcc.check_defines, which
+        # Megakernel runs against the build it launches)
+        self.needs: dict[str, tuple[str, str]] = {}
         self.staged_bytes = 0   # weight bytes staged per step, all tasks (diagnostics)
         self.stage_info: dict[int, tuple[int, int, int, int]] = {}   # task -> (op's shared bytes, offset, rows, bytes)
         self.prefetch: torch.Tensor | None = None   # (n, PF_WORDS) int64 weight ranges, filled by pack()
+
+    @property
+    def uses_ll(self) -> bool:
+        """LL all-reduce words (a graph built with allreduce_ll): the build needs MPK_AR_LL=1."""
+        return "MPK_AR_LL" in self.needs
 
     def _t(self, name):
         return self.mem.t(name).data_ptr() if name else 0
@@ -291,11 +300,10 @@ class TaskPacker:
         eps; or nothing (q_norm = 0: q is read as written)."""
         if not p.get("raw"):
             return {}
-        if not nvcc.define_int("MPK_ATT_QKNORM", 0):
-            raise ValueError("attention tasks that norm their q / k heads (Tiling.attn_qk_norm, the default) need a "
-                             "build with -DMPK_ATT_QKNORM=1, which MPK_ATTN_QKNORM=0 or -DMPK_ATT_QKNORM=0 in "
-                             "MPK_NVCC_DEFINES leave out: build the kernel and the task graph under the same "
-                             "MPK_ATTN_QKNORM (unset, or =0 for both)")
+        self.needs["MPK_ATT_QKNORM"] = (
+            "attention tasks that norm their q / k heads (Tiling.attn_qk_norm, the default)",
+            "MPK_ATTN_QKNORM=0 or -DMPK_ATT_QKNORM=0 in MPK_NVCC_DEFINES leave it out: build the kernel and the task "
+            "graph under the same MPK_ATTN_QKNORM (unset, or =0 for both)")
         raw, nq = self.mem.t(p["raw"]), self.mem.t(p["part"]).shape[1]
         if p.get("kv_defer") or raw.shape[1] != (nq + kc.shape[2]) * self.D or raw.stride() != (raw.shape[1], 1):
             raise ValueError(f"{p['raw']}: attention's q / k norm reads contiguous rows of the rank's q then k heads "
@@ -335,7 +343,7 @@ class TaskPacker:
             peers, npeers = self._peers(p["out"])
             shape = self.mem.syms[p["out"]].shape  # (2, W, M, N)
             if p.get("ll"):
-                self.uses_ll = True
+                self.needs["MPK_AR_LL"] = _LL_NEED
             d.update(out=base, out_kind=L.OUT_KINDS.index("push_ll" if p.get("ll") else "push"), peers=peers,
                      npeers=npeers, par_stride=stride, m=shape[-2], n=shape[-1])
         else:
@@ -358,7 +366,7 @@ class TaskPacker:
         base, stride = self._sym(p["part"])
         W, M, N = self.mem.syms[p["part"]].shape[1:]
         if p.get("ll"):
-            self.uses_ll = True
+            self.needs["MPK_AR_LL"] = _LL_NEED
         return dict(part=base, par_stride=stride, residual=self._t(p["residual"]), out=self._t(p["out"]), world=W,
                     m=M, n=N, n0=p["n0"], n1=p["n1"], ll=int(bool(p.get("ll"))))
 

@@ -74,3 +74,15 @@ def test_attention_qk_norm_switch_sets_the_build_define(monkeypatch, env, define
         monkeypatch.setenv("MPK_ATTN_QKNORM", env)
     monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
     assert [f for f in nvcc.build_flags() if f.startswith("-D")] == want
+
+
+def test_a_build_without_a_needed_define_is_refused_naming_it():
+    """nvcc.check_defines (Megakernel runs it against the build it launches, whatever environment built it): every
+    needed define must be non-zero in the build's flags; a bare -DNAME is 1 and the last -D of a name wins."""
+    needs = {"MPK_AR_LL": ("LL words' readers", "add -DMPK_AR_LL=1"), "MPK_PDL": ("PDL launches", "unset MPK_MK_PDL")}
+    nvcc.check_defines(["-O3", "-DMPK_AR_LL=1", "-DMPK_PDL"], needs)
+    nvcc.check_defines([], {})
+    with pytest.raises(ValueError, match=r"PDL launches need a build with -DMPK_PDL=1 \(this one has none\): unset"):
+        nvcc.check_defines(["-DMPK_AR_LL=1"], needs)
+    with pytest.raises(ValueError, match=r"LL words' readers need .* \(this one has -DMPK_AR_LL=0\): add"):
+        nvcc.check_defines(["-DMPK_AR_LL=1", "-DMPK_PDL=1", "-DMPK_AR_LL=0"], needs)

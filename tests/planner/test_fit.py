@@ -365,15 +365,15 @@ def test_terms_chosen_on_some_batches_price_only_those(base):
     regimes (and the global field) keep the base's value, so their prices do not move."""
     from mpk_runtime.planner.fit import scoped_terms
     prof = dataclasses.replace(base, regimes={"1": {"mk_scale": 1.1}, "8": {"mk_scale": 1.2}, "32": {"mk_scale": 1.3}})
-    combo = (("fixed.attn_partial", 7.0), ("linear_x_us", 1e-4))
+    combo = (("fixed.attn_partial", 7.0), ("linear_pass_us", 2.0))
     got = scoped_terms(prof, base, combo, {"1", "8"})
-    assert got.task_fixed_us_by_kind == base.task_fixed_us_by_kind and got.linear_x_us == base.linear_x_us
+    assert got.task_fixed_us_by_kind == base.task_fixed_us_by_kind and got.linear_pass_us == base.linear_pass_us
     for B in (1, 8):
         p = got.for_batch(B)
-        assert p.fixed_us("attn_partial") == 7.0 and p.linear_x_us == 1e-4 and p.mk_scale == prof.regimes[str(B)]["mk_scale"]
+        assert p.fixed_us("attn_partial") == 7.0 and p.linear_pass_us == 2.0 and p.mk_scale == prof.regimes[str(B)]["mk_scale"]
         assert p.fixed_us("linear") == base.fixed_us("linear")   # the other kinds inherited
     p32 = got.for_batch(32)
-    assert p32.fixed_us("attn_partial") == base.fixed_us("attn_partial") and p32.linear_x_us == base.linear_x_us
+    assert p32.fixed_us("attn_partial") == base.fixed_us("attn_partial") and p32.linear_pass_us == base.linear_pass_us
     assert p32.mk_scale == 1.3
     cfg = PRESETS["tiny-qwen3"]   # and the simulated mono step moves at B=1 only
     for B, moves in ((1, True), (32, False)):

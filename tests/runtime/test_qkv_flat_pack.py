@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mpk_runtime.codegen import layout as L
+from mpk_runtime.codegen import nvcc
 from mpk_runtime.ir.build import build_graph
 from mpk_runtime.models.config import load_config
 from mpk_runtime.models.weights import weight_shapes
@@ -46,10 +47,10 @@ def test_flat_qkv_tiles_at_qwen3_8b_shapes(monkeypatch):
 
 def test_attention_qk_norm_packs_raw_heads_at_qwen3_8b_shapes(monkeypatch):
     """Tiling.attn_qk_norm (the default since session 33; the switch adds -DMPK_ATT_QKNORM=1 to the build): no
-    qk_norm_rope tasks;
-    every attn_partial's q is qk_raw's address with the head norms and eps (the kernel reads its q heads at column
-    g gs D and its k head at (nq + g) D of the row); they wait on the flat tiles that write those columns. Without
-    the build define the packer refuses, naming the switch."""
+    qk_norm_rope tasks; every attn_partial's q is qk_raw's address with the head norms and eps (the kernel reads its
+    q heads at column g gs D and its k head at (nq + g) D of the row); they wait on the flat tiles that write those
+    columns. The packer records that the build needs the define, and a build without it is refused, naming the
+    switch."""
     monkeypatch.setenv("MPK_QKV_FLAT", "1")
     monkeypatch.delenv("MPK_ATTN_QKNORM", raising=False)   # the default
     cfg = dataclasses.replace(load_config("qwen3-8b"), num_layers=1)
@@ -60,7 +61,8 @@ def test_attention_qk_norm_packs_raw_heads_at_qwen3_8b_shapes(monkeypatch):
     kv = KVStore(cfg.num_layers, 4, 16, cfg.num_kv_heads, cfg.head_dim, torch.bfloat16)
     w = {k: torch.empty(sh, dtype=torch.bfloat16) for k, sh in weight_shapes(cfg).items()}
     mem = RankMemory(g, w, kv)
-    tasks = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu").pack()[0]
+    packer = TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu")
+    tasks = packer.pack()[0]
     raw = mem.t("L0.qk_raw")
     a = lambda t, n: int(tasks[t.id, L.arg_index("attn_partial", n)])   # noqa: E731
     att = [t for t in tg.tasks if t.kind == "attn_partial"]
@@ -78,6 +80,7 @@ def test_attention_qk_norm_packs_raw_heads_at_qwen3_8b_shapes(monkeypatch):
         for lo, hi in need:
             assert any(x.params["n0"] < hi and lo < x.params["n1"] for x in tiles), (t.label(), lo, hi)
         assert any(byid[p].kind == "qkv_rope" and byid[p].params["head"] == gg for p in prods)
+    nvcc.check_defines(nvcc.build_flags(), packer.needs)   # the default build has the define
     monkeypatch.setenv("MPK_ATTN_QKNORM", "0")
     with pytest.raises(ValueError, match="need a build with -DMPK_ATT_QKNORM=1.*same MPK_ATTN_QKNORM"):
-        TaskPacker(tg, mem, 0x6000, cfg.head_dim, device="cpu").pack()
+        nvcc.check_defines(nvcc.build_flags(), packer.needs)   # what Megakernel runs against the build it launches
