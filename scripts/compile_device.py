@@ -3,9 +3,10 @@
 
     python scripts/compile_device.py [--force] [--cache-dir DIR] [--no-variants]
 
-Besides the default build, the megakernel is built once per compile-time switch still in the tree (VARIANTS: the
-builds a GPU run A/Bs through MPK_NVCC_DEFINES, or a NAME=VALUE switch whose build it changes, e.g.
-MPK_ATTN_QKNORM=0), so a switch that no longer compiles fails CI, not a GPU session.
+Besides the default build (what a graph with no special needs launches: Llama), the megakernel is built once per
+compile-time switch still in the tree (VARIANTS: the builds a GPU run A/Bs through MPK_NVCC_DEFINES, and the ones a
+graph's needs make: -DMPK_ATT_QKNORM=1 is Qwen3's default build, the same cache entry as Megakernel's
+nvcc.build(needs=...)), so a switch that no longer compiles fails CI, not a GPU session.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from mpk_runtime.codegen import nvcc  # noqa: E402
 
 VARIANTS = ("-DMPK_ATT_WARP_PIPE=0", "-DMPK_ATT_STAGES=3", "-DMPK_AR_LL=1", "-DMPK_STAGE_WORDS=12",
             "-DMPK_ATT_PV_SPLIT=0", "-DMPK_ATT_DIAG_L2=1",
-            "-DMPK_PDL=1", "MPK_ATTN_QKNORM=0", "-DMPK_ATT_QKN_JOINT=1")
+            "-DMPK_PDL=1", "-DMPK_ATT_QKNORM=1")
 
 
 def main() -> int:
@@ -40,12 +41,7 @@ def main() -> int:
     user_defines = os.environ.get("MPK_NVCC_DEFINES", "")
     failed = 0
     for src, variant in builds:
-        define = variant.startswith("-D") or not variant
-        name, _, value = variant.partition("=")
-        os.environ["MPK_NVCC_DEFINES"] = f"{user_defines} {variant}".strip() if define else user_defines
-        before = None if define else os.environ.get(name)
-        if not define:   # a switch: built as the runtime builds it under that setting (the same cache entry)
-            os.environ[name] = value
+        os.environ["MPK_NVCC_DEFINES"] = f"{user_defines} {variant}".strip()
         tag = f"{src} [{variant}]" if variant else src
         try:
             r = nvcc.build(src, force=args.force)
@@ -53,11 +49,6 @@ def main() -> int:
             print(f"FAIL {tag}\n{e}", file=sys.stderr)
             failed += 1
             continue
-        finally:
-            if not define and before is None:
-                del os.environ[name]
-            elif not define:
-                os.environ[name] = before
         for fn, res in r.resources.items():
             print(f"ok   {tag} -> {r.cubin} ({'cached' if r.cached else f'{r.seconds:.1f}s'}) {fn}: {res}")
     os.environ["MPK_NVCC_DEFINES"] = user_defines

@@ -160,19 +160,12 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     for (int i = tid; i < gs; i += THREADS) lse[(m0 * nq + g * gs + i) * S + s] = -INFINITY;
     return;
   }
-#if MPK_ATT_QKNORM && MPK_ATT_QKN_JOINT
-  if (qnw != nullptr) {   // q heads and (the chunk holding pos) k heads in one call; the barrier below orders both
-    const int pg = (int)(pos / ps);
-    qk_norm_rope_qk_heads(rawr + (int64_t)g * gs * D, qnw, ng * gs, qs, rawr + (int64_t)(nq + g) * D,
-                          ptr<const bf16>(a[A_ATTN_PARTIAL_K_NORM]), s == S - 1 ? ng : 0, const_cast<bf16*>(kc),
-                          bt + pg, pos - (int64_t)pg * ps, g, n_kv, ps, qk_eps, D, pos, inv_freq);
-  }
-#elif MPK_ATT_QKNORM
+#if MPK_ATT_QKNORM
   if (qnw != nullptr) qk_norm_rope_heads(rawr + (int64_t)g * gs * D, qnw, qk_eps, D, pos, inv_freq, ng * gs, qs);
 #endif
   cp_async_wait_all();
   __syncthreads();
-#if MPK_ATT_QKNORM && !MPK_ATT_QKN_JOINT
+#if MPK_ATT_QKNORM
   if (qnw != nullptr && s == S - 1) {   // the last chunk holds pos (T == 1): its groups' k rows into the cache
     const int pg = (int)(pos / ps);
     const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);

@@ -51,32 +51,6 @@ __device__ __noinline__ void qk_norm_rope_heads(const bf16* src, const bf16* hn,
   for (int h = threadIdx.x >> 5; h < n; h += THREADS / 32)
     qk_norm_rope_head(src + (int64_t)h * D, hn, eps, D, inv_freq, [&](int64_t& p) { p = pos; return dst + (int64_t)h * D; });
 }
-
-#ifndef MPK_ATT_QKN_JOINT
-#define MPK_ATT_QKN_JOINT 0
-#endif
-#if MPK_ATT_QKN_JOINT
-// -DMPK_ATT_QKN_JOINT=1: one call for a task's nq q heads (src_q -> dst_q, weights qn) and its nk k heads (src_k ->
-// the cache row of page *kpage (read here from global memory: the task's shared page table is still in flight),
-// weights kn), on disjoint warps: the chunk holding the new position runs one norm chain and one barrier, not two.
-__device__ __noinline__ void qk_norm_rope_qk_heads(const bf16* src_q, const bf16* qn, int nq, bf16* dst_q,
-                                                   const bf16* src_k, const bf16* kn, int nk, bf16* kc,
-                                                   const int64_t* kpage, int64_t slot, int g, int n_kv, int64_t ps,
-                                                   float eps, int D, int64_t pos, const float* inv_freq) {
-#pragma unroll 1
-  for (int h = threadIdx.x >> 5; h < nq + nk; h += THREADS / 32) {
-    if (h < nq) {
-      qk_norm_rope_head(src_q + (int64_t)h * D, qn, eps, D, inv_freq,
-                        [&](int64_t& p) { p = pos; return dst_q + (int64_t)h * D; });
-    } else {
-      const int64_t page = ld_const_s64(kpage);   // issued before the row's loads: its latency overlaps theirs
-      const int hk = h - nq;
-      qk_norm_rope_head(src_k + (int64_t)hk * D, kn, eps, D, inv_freq,
-                        [&](int64_t& p) { p = pos; return kc + kv_row(page, slot, g + hk, n_kv, ps, D); });
-    }
-  }
-}
-#endif
 #endif
 
 }  // namespace mpk

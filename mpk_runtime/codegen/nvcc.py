@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..envflags import env_flag
 from .header import HEADER_NAME, generate_header
 from .layout import CONSTANTS
 
@@ -132,6 +131,8 @@ REMOVED_DEFINES = {
     "MPK_WRING": (0, "per-warp weight page rings for batch-1 tiles: no gain in any layout tried, llama-3.2-1b B=1 "
                      "-0.2% at best and up to +97%, sessions 28-32"),
     "MPK_RING_SLOT": (4096, "the page rings' slot size; the rings were removed in session 32"),
+    "MPK_ATT_QKN_JOINT": (0, "Qwen3's q and k heads normed in one call, one barrier: +0.7% / +1.0..1.5% at qwen3-8b "
+                             "B=1 / 8 ctx 512, the attention phase unchanged, session 34"),
 }
 
 
@@ -153,16 +154,8 @@ def _defines() -> list[str]:
         name = gone[0].split("=", 1)[0][2:]
         raise CompileError(f"MPK_NVCC_DEFINES: {gone[0]}: this switch was removed ({REMOVED_DEFINES[name][1]}); "
                            f"drop it from MPK_NVCC_DEFINES")
-    # MPK_AR_LL=1 builds graphs with the LL all-reduce (ir/build.py) and the kernel that reads it, in one switch
-    if env_flag("MPK_AR_LL") and not any(d.startswith("-DMPK_AR_LL") for d in defines):
-        defines.append("-DMPK_AR_LL=1")
-    # MPK_MK_PDL=1: launches with programmatic stream serialization (runtime/megakernel.py) and the kernel's wait
-    if env_flag("MPK_MK_PDL") and not any(d.startswith("-DMPK_PDL") for d in defines):
-        defines.append("-DMPK_PDL=1")
-    # MPK_ATTN_QKNORM (on unless =0): attention tasks that norm Qwen3's q / k heads themselves (Tiling.attn_qk_norm);
-    # graphs without head norms (Llama) pass a null q_norm and take the path without it
-    if env_flag("MPK_ATTN_QKNORM", default=True) and not any(d.startswith("-DMPK_ATT_QKNORM") for d in defines):
-        defines.append("-DMPK_ATT_QKNORM=1")
+    # the switches a task graph or launch mode needs in the kernel (q / k norm in attention, the LL all-reduce, PDL)
+    # are not added here: build(needs=...) adds what the graph being launched needs (Megakernel passes the packer's)
     return defines
 
 
@@ -191,10 +184,14 @@ def define_int(name: str, default: int = 0) -> int:
     return default
 
 
-def build_flags(extra_flags: list[str] | None = None) -> list[str]:
-    """nvcc's flags for a build: BASE_FLAGS, `extra_flags`, then MPK_NVCC_DEFINES. Spills are an error except in
-    diagnostic stamp builds (MPK_STAGE_WORDS: the stamps take registers)."""
-    flags = BASE_FLAGS + list(extra_flags or []) + _defines()
+def build_flags(extra_flags: list[str] | None = None, needs=()) -> list[str]:
+    """nvcc's flags for a build: BASE_FLAGS, `extra_flags`, MPK_NVCC_DEFINES, then -DNAME=1 for each name in
+    `needs` (sorted: one cache entry per set) that MPK_NVCC_DEFINES does not name (a value set there stands, and
+    check_defines refuses a 0). Spills are an error except in diagnostic stamp builds (MPK_STAGE_WORDS: the stamps
+    take registers)."""
+    defines = _defines()
+    named = {d[2:].split("=", 1)[0] for d in defines}
+    flags = BASE_FLAGS + list(extra_flags or []) + defines + [f"-D{n}=1" for n in sorted(needs) if n not in named]
     if define_int("MPK_STAGE_WORDS", 0) > 0:
         i = flags.index("-warn-spills")
         flags = flags[:i - 1] + flags[i + 1:]
@@ -202,14 +199,15 @@ def build_flags(extra_flags: list[str] | None = None) -> list[str]:
 
 
 def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags: list[str] | None = None,
-          root: Path = DEVICE_DIR, nvcc: str | None = None, force: bool = False) -> BuildResult:
-    """Compile `root/source` to an sm_90a cubin (cached). Raises CompileError on any error or warning."""
+          root: Path = DEVICE_DIR, nvcc: str | None = None, force: bool = False, needs=()) -> BuildResult:
+    """Compile `root/source` to an sm_90a cubin (cached), with the defines named in `needs` set to 1 (build_flags).
+    Raises CompileError on any error or warning."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise CompileError("nvcc not found: put the CUDA toolkit's bin/ on PATH (nvcc 13.0 builds sm_90a)")
     consts = {**CONSTANTS, **(constants or {})}
     header = generate_header(consts)
-    flags = build_flags(extra_flags)
+    flags = build_flags(extra_flags, needs)
     key = cache_key(header, consts, flags, nvcc_version(nvcc), root, source)
     out_dir = cache_dir() / key
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -98,17 +98,19 @@ class Megakernel:
         # MPK_SMEM_FLOOR_KB (diagnostic): launch with at least this much dynamic shared memory (a smaller L1)
         self.smem = max(packer.smem, 1024, int(os.environ.get("MPK_SMEM_FLOOR_KB", "0")) * 1024)
         self.timeout_ns = int(timeout_s * 1e9)
-        # MPK_MK_PDL=1: programmatic dependent launches (launch()); the build carries -DMPK_PDL=1 (codegen/nvcc.py)
+        # MPK_MK_PDL=1: programmatic dependent launches (launch()); the build carries -DMPK_PDL=1 (needs, below)
         self.pdl = env_flag("MPK_MK_PDL")
         self.params = torch.zeros(len(L.PARAMS), dtype=torch.int64, device=dev)
         self._write_params()
-        self.build = build_result or nvcc.build()
-        # the defines the packed tasks and the launch mode rely on, checked against the build launched (a given
-        # build_result may come from another environment): without them the kernel would ignore them silently
-        nvcc.check_defines(self.build.flags, {**packer.needs, **({"MPK_PDL": (
+        # the defines the packed tasks and the launch mode rely on: a build of its own has them (only these, so a
+        # graph without e.g. q / k head norms runs the kernel without that path); a given build_result (it may come
+        # from another environment) is checked: without them the kernel would ignore them silently
+        needs = {**packer.needs, **({"MPK_PDL": (
             "MPK_MK_PDL=1 launches the kernel before the previous one has finished, which needs the kernel's wait: "
             "its launches", "drop -DMPK_PDL=0 from MPK_NVCC_DEFINES, build the kernel given in build_result under "
-            "MPK_MK_PDL=1, or unset MPK_MK_PDL")} if self.pdl else {})})
+            "MPK_MK_PDL=1, or unset MPK_MK_PDL")} if self.pdl else {})}
+        self.build = build_result or nvcc.build(needs=needs)
+        nvcc.check_defines(self.build.flags, needs)
         static = int(self.build.resources.get(L.KERNEL_NAME, {}).get("smem", 0))
         if self.smem + static > L.SMEM_PER_CTA:   # (cuFuncSetAttribute would refuse it with a bare error)
             raise ValueError(f"megakernel needs {self.smem} B of dynamic + {static} B of static shared memory per CTA "

@@ -20,7 +20,7 @@ from .memory import RankMemory
 
 _NWARPS = L.CONSTANTS["THREADS"] // 32
 _LL_NEED = ("this graph's all-reduce (allreduce_ll / MPK_AR_LL=1) writes LL words, whose readers",
-            "build the kernel with them too, MPK_NVCC_DEFINES=-DMPK_AR_LL=1 (or build the graph without allreduce_ll)")
+            "drop -DMPK_AR_LL=0 from MPK_NVCC_DEFINES, or build the graph without allreduce_ll (unset MPK_AR_LL)")
 
 
 def f32_bits(x: float) -> int:
@@ -80,8 +80,8 @@ class TaskPacker:
         self._peer_arrays: dict[str, torch.Tensor] = {}   # keep alive
         self.smem = 0
         self._task_need = 0     # the shared bytes of the task being packed (its op's layout)
-        # build defines the packed tasks need ({name: (what needs it, how to get it)}: nvcc.check_defines, which
-        # Megakernel runs against the build it launches)
+        # build defines the packed tasks need ({name: (what needs it, how to get it)}): Megakernel builds with them
+        # (nvcc.build(needs=...)) and checks the build it launches (nvcc.check_defines)
         self.needs: dict[str, tuple[str, str]] = {}
         self.staged_bytes = 0   # weight bytes staged per step, all tasks (diagnostics)
         self.stage_info: dict[int, tuple[int, int, int, int]] = {}   # task -> (op's shared bytes, offset, rows, bytes)
@@ -302,8 +302,7 @@ class TaskPacker:
             return {}
         self.needs["MPK_ATT_QKNORM"] = (
             "attention tasks that norm their q / k heads (Tiling.attn_qk_norm, the default)",
-            "MPK_ATTN_QKNORM=0 or -DMPK_ATT_QKNORM=0 in MPK_NVCC_DEFINES leave it out: build the kernel and the task "
-            "graph under the same MPK_ATTN_QKNORM (unset, or =0 for both)")
+            "drop -DMPK_ATT_QKNORM=0 from MPK_NVCC_DEFINES, or build the task graph without it (MPK_ATTN_QKNORM=0)")
         raw, nq = self.mem.t(p["raw"]), self.mem.t(p["part"]).shape[1]
         if p.get("kv_defer") or raw.shape[1] != (nq + kc.shape[2]) * self.D or raw.stride() != (raw.shape[1], 1):
             raise ValueError(f"{p['raw']}: attention's q / k norm reads contiguous rows of the rank's q then k heads "

@@ -191,7 +191,6 @@ def test_spills_are_refused_except_in_the_diagnostic_builds(monkeypatch, defines
     """ptxas's spill warning (an error under --Werror) guards every build but the stage-stamp builds (the stamps
     take registers)."""
     monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
-    monkeypatch.setenv("MPK_ATTN_QKNORM", "0")   # (a switch that adds its own define: the test below)
     flags = nvcc.build_flags()
     assert ("-warn-spills" in flags) == spills_refused
     assert "--Werror" in flags and defines.split() == [f for f in flags if f.startswith("-D")]

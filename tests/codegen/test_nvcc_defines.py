@@ -1,29 +1,33 @@
-"""Build switches that travel as environment variables (codegen/nvcc.py _defines) and the programmatic dependent
-launch's configuration (runtime/megakernel.py launch_config); both run without a GPU."""
+"""Build defines (codegen/nvcc.py: MPK_NVCC_DEFINES, and the ones a packed graph or launch mode needs) and the
+programmatic dependent launch's configuration (runtime/megakernel.py launch_config); all run without a GPU."""
 import pytest
 
 from mpk_runtime.codegen import nvcc
 
 
-@pytest.fixture(autouse=True)
-def _no_qknorm_define(monkeypatch):
-    """The exact define lists below leave out the attention q / k norm switch's own define (its test sets it)."""
-    monkeypatch.setenv("MPK_ATTN_QKNORM", "0")
+def _d(flags):
+    return [f for f in flags if f.startswith("-D")]
 
 
-def test_pdl_switch_adds_the_kernel_define_once(monkeypatch):
+def test_needed_defines_join_the_build_sorted_once_and_a_hand_set_value_stands(monkeypatch):
+    """build(needs=...) (Megakernel passes its packer's needs, plus MPK_PDL under MPK_MK_PDL=1): each needed define
+    set to 1 after MPK_NVCC_DEFINES, in name order (one cache entry per set, whatever order the packer met them);
+    one that MPK_NVCC_DEFINES names keeps its value there (check_defines then refuses a 0). Environment switches add
+    no define of their own: a graph without Qwen3's head norms builds the kernel without that path."""
     monkeypatch.delenv("MPK_NVCC_DEFINES", raising=False)
-    monkeypatch.delenv("MPK_AR_LL", raising=False)
-    monkeypatch.delenv("MPK_MK_PDL", raising=False)
-    assert "-DMPK_PDL=1" not in nvcc._defines()
-    monkeypatch.setenv("MPK_MK_PDL", "1")
-    assert nvcc._defines().count("-DMPK_PDL=1") == 1
-    assert nvcc.define_int("MPK_PDL", 0) == 1
-    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_PDL=1 -DMPK_ATT_STAGES=3")
-    assert nvcc._defines() == ["-DMPK_PDL=1", "-DMPK_ATT_STAGES=3"]
-    monkeypatch.setenv("MPK_MK_PDL", "yes")
-    with pytest.raises(ValueError, match="MPK_MK_PDL"):
-        nvcc._defines()
+    for k in ("MPK_ATTN_QKNORM", "MPK_MK_PDL", "MPK_AR_LL"):
+        monkeypatch.setenv(k, "1")
+    assert _d(nvcc.build_flags()) == []
+    needs = {"MPK_PDL": ("a", "b"), "MPK_ATT_QKNORM": ("c", "d")}
+    assert _d(nvcc.build_flags(needs=needs)) == ["-DMPK_ATT_QKNORM=1", "-DMPK_PDL=1"]
+    assert _d(nvcc.build_flags(needs=dict(reversed(needs.items())))) == ["-DMPK_ATT_QKNORM=1", "-DMPK_PDL=1"]
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_STAGES=3 -DMPK_PDL")
+    assert _d(nvcc.build_flags(needs=needs)) == ["-DMPK_ATT_STAGES=3", "-DMPK_PDL", "-DMPK_ATT_QKNORM=1"]
+    nvcc.check_defines(nvcc.build_flags(needs=needs), needs)
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_PDL=0")
+    assert _d(nvcc.build_flags(needs=needs)) == ["-DMPK_PDL=0", "-DMPK_ATT_QKNORM=1"]
+    with pytest.raises(ValueError, match=r"a need a build with -DMPK_PDL=1 \(this one has -DMPK_PDL=0\): b"):
+        nvcc.check_defines(nvcc.build_flags(needs=needs), needs)
 
 
 def test_launch_config_sets_programmatic_stream_serialization_only_when_asked():
@@ -61,19 +65,6 @@ def test_a_removed_switch_is_refused_only_on_the_side_the_code_no_longer_has(mon
         monkeypatch.setenv("MPK_NVCC_DEFINES", bad)
         with pytest.raises(nvcc.CompileError, match=f"{bad}: this switch was removed .*session 2[34].*drop it"):
             nvcc._defines()
-
-
-@pytest.mark.parametrize("env,defines,want", [(None, "", ["-DMPK_ATT_QKNORM=1"]), ("1", "", ["-DMPK_ATT_QKNORM=1"]),
-                                              ("0", "", []), (None, "-DMPK_ATT_QKNORM=0", ["-DMPK_ATT_QKNORM=0"])])
-def test_attention_qk_norm_switch_sets_the_build_define(monkeypatch, env, defines, want):
-    """MPK_ATTN_QKNORM (on unless =0, as Tiling.attn_qk_norm) adds -DMPK_ATT_QKNORM=1 to every build, unless
-    MPK_NVCC_DEFINES names the define itself (then its value stands)."""
-    if env is None:
-        monkeypatch.delenv("MPK_ATTN_QKNORM", raising=False)
-    else:
-        monkeypatch.setenv("MPK_ATTN_QKNORM", env)
-    monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
-    assert [f for f in nvcc.build_flags() if f.startswith("-D")] == want
 
 
 def test_a_build_without_a_needed_define_is_refused_naming_it():

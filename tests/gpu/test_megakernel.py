@@ -92,16 +92,13 @@ def test_grouped_attention_tasks(gpu_check, monkeypatch, model, groups):
 
 
 @pytest.mark.parametrize("flat,qknorm,batch,defines", [("1", "0", 1, ""), ("0", "0", 1, ""), ("1", "1", 1, ""),
-                                                      ("0", "1", 1, ""), ("0", "1", 3, ""),
-                                                      ("1", "1", 1, "-DMPK_ATT_QKN_JOINT=1"),
-                                                      ("0", "1", 3, "-DMPK_ATT_QKN_JOINT=1")])
+                                                      ("0", "1", 1, ""), ("0", "1", 3, "")])
 def test_flat_qkv_matches_pyvm(gpu_check, monkeypatch, flat, qknorm, batch, defines):
     """MPK_QKV_FLAT (Tiling.qkv_flat, batch 1; on by default): the q / k rows as linear tiles into qk_raw across
     heads (weight pointers offset back by the q rows for the k tiles), v heads in pair parts, qk_norm_rope as
     before; and with =0 the head parts. MPK_ATTN_QKNORM=1 (a -DMPK_ATT_QKNORM=1 build): no qk_norm_rope tasks, the
     attention partials norm and rotate their own q heads and the last chunk's k row. All match pyvm on the GPU's
-    SM count. -DMPK_ATT_QKN_JOINT=1 (session 33, opt-in): the q heads and the last chunk's k heads normed in one
-    call on disjoint warps, one barrier."""
+    SM count."""
     monkeypatch.setenv("MPK_QKV_FLAT", flat)
     monkeypatch.setenv("MPK_ATTN_QKNORM", qknorm)
     monkeypatch.setenv("MPK_NVCC_DEFINES", defines)

@@ -59,9 +59,12 @@ def packed():
 def test_ll_allreduce_packs_flag_words_and_no_remote_signals_from_the_pushes():
     """allreduce_ll: the push tiles store (fp32, flag) words (out_kind push_ll, twice the slot bytes) and signal no
     peer; the reduce tiles carry ll = 1 and do not wait on the pushes; the packer tells the Megakernel the build
-    needs MPK_AR_LL."""
-    for (tg, mem, table, p, (tasks, waits, signals, offs, flat)), (_, mem0, *_rest) in zip(_pack_tp(True), _pack_tp()):
-        assert p.uses_ll
+    needs MPK_AR_LL (its own build then has it; the plain all-reduce's needs nothing)."""
+    from mpk_runtime.codegen import nvcc
+    for (tg, mem, table, p, (tasks, waits, signals, offs, flat)), (_, mem0, _t0, p0, _r) in zip(_pack_tp(True),
+                                                                                               _pack_tp()):
+        assert p.uses_ll and set(p.needs) == {"MPK_AR_LL"} and p0.needs == {}
+        assert "-DMPK_AR_LL=1" in nvcc.build_flags(needs=p.needs)
         for t in tg.tasks:
             row = tasks[t.id]
             if t.kind == "linear" and t.params["push"]:
@@ -76,13 +79,9 @@ def test_ll_allreduce_packs_flag_words_and_no_remote_signals_from_the_pushes():
                                for _r, tid in tg.events[e].producers), prods
 
 
-def test_ll_switch_builds_the_kernel_with_it(monkeypatch):
-    from mpk_runtime.codegen import nvcc
-    monkeypatch.setenv("MPK_NVCC_DEFINES", "")
-    monkeypatch.setenv("MPK_AR_LL", "1")
-    assert "-DMPK_AR_LL=1" in nvcc._defines() and nvcc.define_int("MPK_AR_LL") == 1
-    monkeypatch.setenv("MPK_AR_LL", "0")
-    assert nvcc.define_int("MPK_AR_LL") == 0
+def test_ll_switch_is_checked(monkeypatch):
+    """MPK_AR_LL builds graphs with the LL all-reduce (its kernel define then comes from the packer's needs:
+    test_ll_allreduce_packs_flag_words_and_no_remote_signals_from_the_pushes); a value that is not a flag is refused."""
     monkeypatch.setenv("MPK_AR_LL", "maybe")
     with pytest.raises(ValueError, match="MPK_AR_LL='maybe'"):
         build_graph(load_config("tiny-llama"), tp=2, rank=0)

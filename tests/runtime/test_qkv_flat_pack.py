@@ -46,11 +46,11 @@ def test_flat_qkv_tiles_at_qwen3_8b_shapes(monkeypatch):
 
 
 def test_attention_qk_norm_packs_raw_heads_at_qwen3_8b_shapes(monkeypatch):
-    """Tiling.attn_qk_norm (the default since session 33; the switch adds -DMPK_ATT_QKNORM=1 to the build): no
+    """Tiling.attn_qk_norm (the default since session 33; its graphs need a -DMPK_ATT_QKNORM=1 build): no
     qk_norm_rope tasks; every attn_partial's q is qk_raw's address with the head norms and eps (the kernel reads its
     q heads at column g gs D and its k head at (nq + g) D of the row); they wait on the flat tiles that write those
-    columns. The packer records that the build needs the define, and a build without it is refused, naming the
-    switch."""
+    columns. The packer records that the build needs the define: the build made with the packer's needs has it, and
+    a plain build or one with the define set to 0 is refused, naming it."""
     monkeypatch.setenv("MPK_QKV_FLAT", "1")
     monkeypatch.delenv("MPK_ATTN_QKNORM", raising=False)   # the default
     cfg = dataclasses.replace(load_config("qwen3-8b"), num_layers=1)
@@ -80,7 +80,13 @@ def test_attention_qk_norm_packs_raw_heads_at_qwen3_8b_shapes(monkeypatch):
         for lo, hi in need:
             assert any(x.params["n0"] < hi and lo < x.params["n1"] for x in tiles), (t.label(), lo, hi)
         assert any(byid[p].kind == "qkv_rope" and byid[p].params["head"] == gg for p in prods)
-    nvcc.check_defines(nvcc.build_flags(), packer.needs)   # the default build has the define
-    monkeypatch.setenv("MPK_ATTN_QKNORM", "0")
-    with pytest.raises(ValueError, match="need a build with -DMPK_ATT_QKNORM=1.*same MPK_ATTN_QKNORM"):
-        nvcc.check_defines(nvcc.build_flags(), packer.needs)   # what Megakernel runs against the build it launches
+    monkeypatch.delenv("MPK_NVCC_DEFINES", raising=False)
+    assert set(packer.needs) == {"MPK_ATT_QKNORM"}
+    flags = nvcc.build_flags(needs=packer.needs)   # Megakernel's own build
+    assert [f for f in flags if f.startswith("-D")] == ["-DMPK_ATT_QKNORM=1"]
+    nvcc.check_defines(flags, packer.needs)
+    with pytest.raises(ValueError, match=r"need a build with -DMPK_ATT_QKNORM=1 \(this one has none\)"):
+        nvcc.check_defines(nvcc.build_flags(), packer.needs)   # a build given from elsewhere, without it
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_QKNORM=0")   # a value set by hand stands, and is refused
+    with pytest.raises(ValueError, match=r"this one has -DMPK_ATT_QKNORM=0\): drop -DMPK_ATT_QKNORM=0 .*MPK_ATTN_QKNORM=0"):
+        nvcc.check_defines(nvcc.build_flags(needs=packer.needs), packer.needs)

@@ -18,7 +18,6 @@ from mpk_runtime.tasks.tiling import Tiling
 
 @pytest.mark.parametrize("defines", ["-DMPK_WRING=128", "-DMPK_WRING=112 -DMPK_RING_SLOT=3584"])
 def test_ring_builds_are_refused(monkeypatch, defines):
-    monkeypatch.setenv("MPK_ATTN_QKNORM", "0")   # (its own define would join the list below)
     monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
     with pytest.raises(nvcc.CompileError, match="MPK_WRING=.*removed.*sessions 28-32.*drop it"):
         nvcc._defines()
