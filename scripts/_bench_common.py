@@ -116,7 +116,8 @@ def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False,
     r = dict(**extra, system="megakernel", ms=ms, ms_min=ms_min, timing=f"{nsteps} steps per launch / {nsteps}, "
              f"median of {launches} synchronised launches", attn_splits=S, l2_prefetch_mb=l2_prefetch_mb,
              waves=waves, tasks=len(tg.tasks),
-             setup_s=round(setup, 1), registers=mk.build.resources)
+             setup_s=round(setup, 1), registers=mk.build.resources,
+             kernel_defines=[f for f in mk.build.flags if f.startswith("-D")])   # the build this graph launched
     del mk, mem, kv
     return r
 
