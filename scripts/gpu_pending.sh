@@ -22,30 +22,27 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 33 left it (bench/results/s33: MPK_ATTN_QKNORM -0.5% at
-# qwen3-8b B=1 and -3.2% at B=8 mono, now the default; 69 of 69 GPU tests with it; qwen3-8b's table; h200_v41 regret 0
-# at ctx 512 B=1 / 8). No refused start in sessions 32-33. Once warm, chain the next command at once (the machine
-# goes back after 30 s idle).
-# Cubins prebuilt here and carried compressed (session 33: every build hit; the 24 MB folder itself pushes the tree
+# Order for a 30-minute session (one GPU), as session 34 left it (bench/results/s34: 71 of 71 GPU tests at abbc7b4;
+# the joint q / k norm refuted and removed; llama's cost of the q / k norm define (~0.9% at B=1) fixed by building
+# what the graph needs (7d796b1, not GPU-run: the session's last start was refused); h200_v42 regret 0 at 8 of 8;
+# llama's table). Sessions 32-34 had no refused first start, but session 34 lost 180 s of budget to two refused
+# later starts (90 s each): run the items back to back while the machine is warm, and hand it back at the end.
+# Cubins prebuilt here and carried compressed (sessions 33-34: every build hit; the 24 MB folder itself pushes the tree
 # past the device tool's 64 MiB): `MPK_CACHE_DIR=$PWD/.cache/kc python3 scripts/compile_device.py`, then
 # `tar -cJf .cache/kc.tar.xz -C .cache kc` (~1.1 MB), carry .cache/kc.tar.xz, and on the device
 # `[ -d .cache/kc ] || tar -xJf .cache/kc.tar.xz -C .cache; export MPK_CACHE_DIR=$PWD/.cache/kc` (.cache/r.sh does).
-# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4 min with the cubins cached): the GPU tests at session 33's code;
-#    new: test_flat_qkv_matches_pyvm's two -DMPK_ATT_QKN_JOINT=1 cases (`-k flat`: 7 cases). The default build's
-#    SASS is identical to the one run 5 tested (95589 lines, normalised).
-# 2. `VARS="base qknjoint base qknjoint" BS=1,8 CTXS=512 MODELS=qwen3-8b LIM=80 TRACE=1 OUT=$OUT bash
-#    scripts/gpu_pending.sh ab`: the q / k norm in one call (prediction in docs/perf-notes.md session 33: B=1
-#    attention phase 13.3 -> 12.0-12.5 us a layer, qwen3-8b 4.83 -> 4.78-4.80 ms, -0.6..-1.0%).
-# 3. `VARS="base noqknorm base noqknorm" BS=1,8 CTXS=512 MODELS=llama-3.2-1b LIM=60 OUT=$OUT bash
-#    scripts/gpu_pending.sh ab`: what the -DMPK_ATT_QKNORM=1 build costs llama (no q / k norm; its partials read
-#    one more record word and branch; predicted within 0.3%).
-# 4. `VAL_B512=1,8 VAL_B4096=1,8 OUT=$OUT bash scripts/gpu_pending.sh val` (~4 min): h200_v42 (the default since
-#    session 33: only its batch-1 / 8 regimes differ from v41) out of sample, with item 2's winner as the build.
-# 5. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` (issue 3's llama table; last full one s28).
-# 6. `STAMP_BATCHES=32,128 OUT=$OUT bash scripts/gpu_pending.sh stamps` (~5 min; ab's cells stop the one megakernel
-#    at B=8): big-batch one-megakernel traces (with stage stamps) at this commit (the last llama B=128 trace is
-#    session 23's), for the planner's narrow Tensor Core tile price (docs/planner.md session 33:
-#    `scripts/trace_phases.py --gaps` on a simulated and a traced step side by side).
+# Since 7d796b1 a llama graph launches the build without -DMPK_ATT_QKNORM (compile_device's default entry) and a
+# qwen3 graph the -DMPK_ATT_QKNORM=1 entry; the sources are byte-identical to those both builds were tested from.
+# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4 min): the GPU tests at session 34's code, the first GPU run of
+#    the build that follows the graph (Megakernel: nvcc.build(needs=...)).
+# 2. `VARS="base base" BS=1,8 CTXS=512 MODELS=llama-3.2-1b LIM=40 OUT=$OUT bash scripts/gpu_pending.sh ab` (~1 min):
+#    llama B=1 with its own build (predicted 1.07 ms: s34 run 3's noqknorm column, 1.066-1.076); each row now names
+#    its build's defines (kernel_defines: expect none for llama).
+# 3. `VAL_B512=32,128 VAL_B4096=32,128 OUT=$OUT bash scripts/gpu_pending.sh val` (~5 min) and
+#    `STAMP_BATCHES=32,128 STAMP_CTX=4096 OUT=$OUT bash scripts/gpu_pending.sh stamps`: fresh B >= 32 rows and
+#    traces to fit and test `tc_pass_us_by_rows` (docs/planner.md session 34: `scripts/tile_prices.py` on the
+#    traces, then `planner.fit --batches 32,128 --terms mk` with the term set, tested across contexts).
+# 4. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench` (qwen3-8b's table at the current code).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
