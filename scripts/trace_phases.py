@@ -6,6 +6,10 @@ mean over layers) against the time its bytes (Graph op.bytes) take at the stream
     PYTHONPATH=. python3 scripts/trace_phases.py TRACE.json[.gz] --model qwen3-8b --tp 2 [--step 2] [--bw 4.55e12]
     PYTHONPATH=. python3 scripts/trace_phases.py TRACE.json[.gz] --gaps     # per op kind: task durations and the gap
         before each task on its SM (its waits: how long the SM idled), with the op that ran before it there
+    PYTHONPATH=. python3 scripts/trace_phases.py TRACE.json[.gz] --attn     # the attention phase's critical path:
+        per key split, its tasks' durations and ends (from the layer's last qkv task); per (layer, sequence, KV
+        group), when its last and second-to-last partials end (the last one merges the group: the fold) and
+        which split was last
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ def main() -> int:
     ap.add_argument("trace")
     ap.add_argument("--model", default=None, help="required unless --gaps")
     ap.add_argument("--gaps", action="store_true", help="task durations and the idle gap before each task, per op kind")
+    ap.add_argument("--attn", action="store_true", help="the attention phase by key split, and the merging partial")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--step", type=int, default=None, help="default: the last traced step")
     ap.add_argument("--batch", type=int, default=1)
@@ -55,6 +60,8 @@ def main() -> int:
     ev = [e for e in ev if e["args"]["step"] == step]
     if a.gaps:
         return gaps(ev)
+    if a.attn:
+        return attn(ev)
     if a.model is None:
         ap.error("--model is required (the bytes of each op come from its graph)")
     sms = len({e["tid"] for e in ev})
@@ -106,6 +113,44 @@ def gaps(ev: list[dict]) -> int:
         g = gap[k] or [0.0]
         print(f"{k:18s} {len(dur[k]):6d} {statistics.median(dur[k]):8.2f} {q(dur[k], .9):8.2f} "
               f"{statistics.median(g):8.2f} {q(g, .1):8.2f} {q(g, .9):8.2f}  {dict(prev[k].most_common(2))}")
+    return 0
+
+
+def attn(ev: list[dict]) -> int:
+    """The attention phase, in us after the layer's last qkv_rope task ended: per key split, the median duration
+    and end of its partials; per (layer, sequence b, KV group g), the last partial's end (it takes the group's last
+    ticket and merges, when the merge is folded), the second-to-last's end (the others' work done), the last one's
+    duration, and how often each split was the last. Labels: "... b=B g=G split=S]" (Megakernel.chrome_trace)."""
+    import statistics
+    med = statistics.median
+    qkv_end: dict[str, float] = {}
+    for e in ev:
+        if e["cat"].endswith(".qkv_rope"):
+            lay = e["cat"].split(".")[0]
+            qkv_end[lay] = max(qkv_end.get(lay, 0.0), e["ts"] + e["dur"])
+    by_split: dict[int, list[tuple[float, float]]] = collections.defaultdict(list)
+    groups: dict[tuple, list[tuple[float, int, float]]] = collections.defaultdict(list)
+    for e in ev:
+        m = re.search(r"\bb=(\d+) g=(\d+) split=(\d+)", e["args"].get("label", ""))
+        lay = e["cat"].split(".")[0]
+        if e["name"] != "attn_partial" or m is None or lay not in qkv_end:
+            continue
+        end = e["ts"] + e["dur"] - qkv_end[lay]
+        by_split[int(m.group(3))].append((e["dur"], end))
+        groups[(lay, int(m.group(1)), int(m.group(2)))].append((end, int(m.group(3)), e["dur"]))
+    if not groups:
+        print("no attn_partial tasks with a layer's qkv_rope tasks in this step")
+        return 1
+    print(f"{'split':>5s} {'tasks':>6s} {'dur med':>8s} {'end med':>8s}  (us; ends from the layer's last qkv task)")
+    for sp in sorted(by_split):
+        v = by_split[sp]
+        print(f"{sp:5d} {len(v):6d} {med(d for d, _ in v):8.2f} {med(x for _, x in v):8.2f}")
+    last = [max(v) for v in groups.values()]
+    second = [sorted(v)[-2] for v in groups.values() if len(v) > 1]
+    who = collections.Counter(x[1] for x in last)
+    print(f"groups {len(groups)}: last partial ends {med(x[0] for x in last):.2f} (its duration {med(x[2] for x in last):.2f}), "
+          f"second-to-last {med(x[0] for x in second):.2f}" if second else "one partial a group")
+    print("last split:", ", ".join(f"{sp} {n / len(last):.0%}" for sp, n in who.most_common(4)))
     return 0
 
 

@@ -54,3 +54,25 @@ def test_a_simulated_step_reads_like_a_measured_one(tmp_path):
     mean = sum(max(e["ts"] + e["dur"] for e in ev if e["cat"] == o) - min(e["ts"] for e in ev if e["cat"] == o)
                for o in layers) / len(layers)
     assert float(rows["gate_up"][1]) == pytest.approx(mean, abs=0.051) and want > 0
+
+
+def test_attention_view_finds_the_merging_split(tmp_path):
+    """--attn: per split the median duration and end after the layer's last qkv task; per group the last partial
+    (the merger under the fold) against the second-to-last, and which split was last. Two layers, one group, three
+    splits; split 2 ends last in both (duration 9 from qkv end + 1), split 1 second (5 + 1)."""
+    ev = []
+    for layer, t in ((0, 0.0), (1, 100.0)):
+        ev.append({"name": "qkv_rope", "cat": f"L{layer}.qkv_rope", "ph": "X", "ts": t, "dur": 10.0, "tid": 0,
+                   "args": {"step": 1, "label": "rank0/task0[qkv_rope]"}})
+        for sp, d in ((0, 3.0), (1, 5.0), (2, 9.0)):
+            ev.append({"name": "attn_partial", "cat": f"L{layer}.attention", "ph": "X", "ts": t + 11.0, "dur": d,
+                       "tid": 1 + sp, "args": {"step": 1, "label": f"rank0/task9[attn_partial L{layer}.attention b=0 "
+                                                                   f"g=0 split={sp}]"}})
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/trace_phases.py"), str(p), "--attn"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    rows = {int(line.split()[0]): line.split() for line in out.splitlines() if line.strip()[:1].isdigit()}
+    assert rows[2][1:] == ["2", "9.00", "10.00"] and rows[0][1:] == ["2", "3.00", "4.00"]
+    assert "groups 2: last partial ends 10.00 (its duration 9.00), second-to-last 6.00" in out
+    assert "last split: 2 100%" in out
