@@ -42,6 +42,10 @@
 #    `STAMP_BATCHES=32,128 STAMP_CTX=4096 OUT=$OUT bash scripts/gpu_pending.sh stamps`: fresh B >= 32 rows and
 #    traces to fit and test `tc_pass_us_by_rows` (docs/planner.md session 34: `scripts/tile_prices.py` on the
 #    traces, then `planner.fit --batches 32,128 --terms mk` with the term set, tested across contexts).
+# 3b. `VARS="base qknearly base qknearly" BS=1,8 CTXS=512,4096 MODELS=qwen3-8b LIM=80 TRACE=1 OUT=$OUT bash
+#    scripts/gpu_pending.sh ab` after `-k early` of tests/gpu/test_megakernel.py passed in item 1: the K / V copies
+#    before the norms (prediction in docs/perf-notes.md session 34: qwen3-8b B=1 ctx 512 4.82 -> 4.74-4.77 ms; read
+#    the traces with `scripts/trace_phases.py --attn`: splits 0-6 end ~1.2-1.5 us earlier, split 7 ~1.5-2.5).
 # 4. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench` (qwen3-8b's table at the current code).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
@@ -143,6 +147,7 @@ for V in $VARS; do
              qkvflat) D=""; G=""; QF=1;;    # qwen3-8b's batch-1 q / k rows as flat linear tiles (MPK_QKV_FLAT, default since s32)
              headparts) D=""; G=""; QF=0;;  # ... as head parts (MPK_QKV_FLAT=0, the default before s32; -1.4% s32)
              qknorm) D=""; G=""; QN=1;;     # attention norms qwen3's q / k heads itself (MPK_ATTN_QKNORM, default since s33)
+             qknearly) D="-DMPK_ATT_QKN_EARLY=1"; G="";;   # K / V copies issued before the q / k norm (s34, opt-in)
              noqknorm) D=""; G=""; QN=0;;   # ... the qk_norm_rope tasks instead (MPK_ATTN_QKNORM=0; s33: +0.5% B=1, +3.2% B=8)
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
