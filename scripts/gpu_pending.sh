@@ -46,10 +46,11 @@
 #    scripts/gpu_pending.sh ab` after `-k early` of tests/gpu/test_megakernel.py passed in item 1: the K / V copies
 #    before the norms (prediction in docs/perf-notes.md session 34: qwen3-8b B=1 ctx 512 4.82 -> 4.74-4.77 ms; read
 #    the traces with `scripts/trace_phases.py --attn`: splits 0-6 end ~1.2-1.5 us earlier, split 7 ~1.5-2.5).
-# 3c. `VARS="base merge1 base merge1" BS=1,8 CTXS=512 MODELS=llama-3.2-1b LIM=60 TRACE=1 ... ab`, then MODELS=qwen3-8b
-#    (after `tests/gpu/test_attn_fold.py -k round_trip` passed in item 1: bitwise the default build): the merge in
-#    one round trip (prediction in docs/perf-notes.md session 34: llama B=1 -0.7..-1.0%, qwen3-8b -0.6..-0.9%; the
-#    merger's lag behind the second-to-last partial in `trace_phases.py --attn`: ~1.5 -> ~0.9 us llama, ~3 -> ~1.8).
+# 3c. `VARS="base lat1 base lat1" BS=1,8 CTXS=512 MODELS=llama-3.2-1b LIM=60 TRACE=1 ... ab`, then MODELS=qwen3-8b
+#    (after `tests/gpu/test_attn_fold.py -k round_trip` passed in item 1: bitwise the default build): the folded
+#    merge and the greedy argmax reduce with their loads in one round trip each (predictions in docs/perf-notes.md
+#    session 34: llama B=1 -1.1..-1.4% together, qwen3-8b -0.7..-1.0%; in the traces, `trace_phases.py --attn`: the
+#    merger's lag ~1.5 -> ~0.9 us llama, ~3 -> ~1.8 qwen3-8b; the argmax_reduce task ~4.8 -> ~1 us).
 # 4. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench` (qwen3-8b's table at the current code).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
@@ -151,7 +152,8 @@ for V in $VARS; do
              qkvflat) D=""; G=""; QF=1;;    # qwen3-8b's batch-1 q / k rows as flat linear tiles (MPK_QKV_FLAT, default since s32)
              headparts) D=""; G=""; QF=0;;  # ... as head parts (MPK_QKV_FLAT=0, the default before s32; -1.4% s32)
              qknorm) D=""; G=""; QN=1;;     # attention norms qwen3's q / k heads itself (MPK_ATTN_QKNORM, default since s33)
-             merge1) D="-DMPK_ATT_MERGE1=1"; G="";;      # the folded merge's loads in one round trip (s34, opt-in)
+             lat1) D="-DMPK_ATT_MERGE1=1 -DMPK_ARGMAX_RED1=1"; G="";;   # the folded merge's and the greedy reduce's
+                                             # loads in one round trip each (s34, opt-in; the traces split the two)
              qknearly) D="-DMPK_ATT_QKN_EARLY=1"; G="";;   # K / V copies issued before the q / k norm (s34, opt-in)
              noqknorm) D=""; G=""; QN=0;;   # ... the qk_norm_rope tasks instead (MPK_ATTN_QKNORM=0; s33: +0.5% B=1, +3.2% B=8)
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
