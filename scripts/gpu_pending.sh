@@ -40,7 +40,7 @@
 #    its build's defines (kernel_defines: expect none for llama).
 # 3. `VAL_B512=32,128 VAL_B4096=32,128 OUT=$OUT bash scripts/gpu_pending.sh val` (~5 min) and
 #    `STAMP_BATCHES=32,128 STAMP_CTX=4096 OUT=$OUT bash scripts/gpu_pending.sh stamps`: fresh B >= 32 rows and
-#    traces to fit and test `tc_pass_us_by_rows` (docs/planner.md session 34: `scripts/tile_prices.py` on the
+#    traces to fit and test a per-pass term (`tc_pass_us_by_rows`, in history at 07abc18) (docs/planner.md session 34: `scripts/tile_prices.py` on the
 #    traces, then `planner.fit --batches 32,128 --terms mk` with the term set, tested across contexts).
 # 3b. `VARS="base qknearly base qknearly" BS=1,8 CTXS=512,4096 MODELS=qwen3-8b LIM=80 TRACE=1 OUT=$OUT bash
 #    scripts/gpu_pending.sh ab` after `-k early` of tests/gpu/test_megakernel.py passed in item 1: the K / V copies

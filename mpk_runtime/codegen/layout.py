@@ -51,9 +51,9 @@ OP_ARGS: dict[str, list[str]] = {
     # ng: KV groups g .. g + ng - 1 of sequence b in one task (ng > 1 only with direct: Tiling.attn_groups);
     # wide: 16-key tiles per warp and pass (1 or 2; tasks/tiling.py attn_wide); kv_new (0 = off), ldkv: the step's
     # k / v rows (M, 2 n_kv D), row stride ldkv, that the last chunk's partial appends to the cache (ir/defer.py);
-    # q_norm != 0 (Tiling.attn_qk_norm; the packer then needs a -DMPK_ATT_QKNORM=1 build): q is qk_raw (M, (nq + n_kv) D), its q heads
-    # normed (q_norm) and rotated into shared memory by the partial, and the last chunk's k heads (k_norm) into the
-    # cache at the new position
+    # q_norm != 0 (Tiling.attn_qk_norm; the packer then needs a -DMPK_ATT_QKNORM=1 build): q is qk_raw
+    # (M, (nq + n_kv) D), its q heads normed (q_norm) and rotated into shared memory by the partial, and the last
+    # chunk's k heads (k_norm) into the cache at the new position
     "attn_partial": ["q", "k_cache", "v_cache", "part", "lse", "b", "g", "split", "splits", "gs", "d", "nq", "n_kv",
                      "scale", "out", "ticket", "direct", "ng", "wide", "kv_new", "ldkv", "q_norm", "k_norm", "eps"],
     "attn_merge": ["part", "lse", "out", "b", "g", "gs", "d", "nq", "splits"],

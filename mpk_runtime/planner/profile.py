@@ -142,12 +142,6 @@ class HardwareProfile:
     mk_tc_eff: float = 1.0                 # mma.sync rate per SM / (tc_flops_per_s / num_sms)
     mk_tc_stream_eff: float = 1.0          # streaming rate of a Tensor Core tile / the CUDA-core tile's
     linear_pass_us: float = 0.0            # per extra pass of a linear / qkv_rope tile (x reload, norm, epilogue)
-    # serial time a Tensor Core pass of a linear tile takes beyond its share of the stream and the mma floor, by the
-    # pass's rows (tc_rows, as str keys; a missing size: 0): added to the tile's fixed part once per pass, so it is
-    # not hidden behind streaming as linear_pass_us (a Tensor Core term) is. Session 34's traces at B=32 / 128 have
-    # each pass short by about the same time at both batches for one tile shape, growing with the rows
-    # (scripts/tile_prices.py; docs/planner.md session 34)
-    tc_pass_us_by_rows: dict[str, float] = field(default_factory=dict)
     # legacy model: linear tiles loop over row groups of `row_tile` rows (the pre-7cee539 linear.cuh) and every
     # group re-streams the weight tile; both models re-stream `restream_frac` of a weight tile per extra pass
     row_tile: int = 0
@@ -202,9 +196,6 @@ class HardwareProfile:
     # kind: a task kind, or a simulate.cost_key ("<kind>@tc"), which falls back to its kind when not fitted
     def fixed_us(self, kind: str) -> float:
         return _by_key(self.task_fixed_us_by_kind, kind, self.task_fixed_us)
-
-    def tc_pass_us(self, rows: int) -> float:
-        return float(self.tc_pass_us_by_rows.get(str(rows), 0.0))
 
     def stream_eff(self, kind: str) -> float:
         return _by_key(self.stream_eff_by_kind, kind, 1.0)

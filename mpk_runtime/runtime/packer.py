@@ -87,11 +87,6 @@ class TaskPacker:
         self.stage_info: dict[int, tuple[int, int, int, int]] = {}   # task -> (op's shared bytes, offset, rows, bytes)
         self.prefetch: torch.Tensor | None = None   # (n, PF_WORDS) int64 weight ranges, filled by pack()
 
-    @property
-    def uses_ll(self) -> bool:
-        """LL all-reduce words (a graph built with allreduce_ll): the build needs MPK_AR_LL=1."""
-        return "MPK_AR_LL" in self.needs
-
     def _t(self, name):
         return self.mem.t(name).data_ptr() if name else 0
 

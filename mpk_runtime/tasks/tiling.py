@@ -101,10 +101,11 @@ class Tiling:
     # attention of per-head-normed models (Qwen3) whose qkv_rope writes qk_raw (head parts or flat tiles) in the same
     # task graph: each attn_partial normalises and rotates its own q heads from qk_raw into shared memory, and the
     # chunk holding the new position its k head into the cache, so the qk_norm_rope tasks (a dependent phase of
-    # ~3.6 us a layer on qwen3-8b at batch 1, session 32's traces) are gone. Such a graph's packer needs a -DMPK_ATT_QKNORM=1
-    # build, and Megakernel builds it with that (llama's graphs need none: their build leaves the path out, -0.9% at
-    # llama-3.2-1b B=1, session 34). On by default since session 33 (qwen3-8b ctx 512: B=1 -0.5%, B=8 one megakernel -3.2%,
-    # bench/results/s33/run2_ab_qknorm); $MPK_ATTN_QKNORM=0 keeps the qk_norm_rope tasks (docs/perf-notes.md s32-33)
+    # ~3.6 us a layer on qwen3-8b at batch 1, session 32's traces) are gone. Such a graph's packer needs a
+    # -DMPK_ATT_QKNORM=1 build, and Megakernel builds it with that (llama's graphs need none: their build leaves the
+    # path out, -0.9% at llama-3.2-1b B=1, session 34). On by default since session 33 (qwen3-8b ctx 512: B=1 -0.5%,
+    # B=8 one megakernel -3.2%, bench/results/s33/run2_ab_qknorm); $MPK_ATTN_QKNORM=0 keeps the qk_norm_rope tasks
+    # (docs/perf-notes.md s32-33)
     attn_qk_norm: bool = field(default_factory=lambda: env_flag("MPK_ATTN_QKNORM", default=True))
     # attention: KV groups of one sequence per attn_partial task where the keys are not split (one split, folded,
     # direct write): the task fetches the page table and q once and runs the groups' passes as one pipeline.

@@ -63,7 +63,7 @@ def test_ll_allreduce_packs_flag_words_and_no_remote_signals_from_the_pushes():
     from mpk_runtime.codegen import nvcc
     for (tg, mem, table, p, (tasks, waits, signals, offs, flat)), (_, mem0, _t0, p0, _r) in zip(_pack_tp(True),
                                                                                                _pack_tp()):
-        assert p.uses_ll and set(p.needs) == {"MPK_AR_LL"} and p0.needs == {}
+        assert set(p.needs) == {"MPK_AR_LL"} and p0.needs == {}
         assert "-DMPK_AR_LL=1" in nvcc.build_flags(needs=p.needs)
         for t in tg.tasks:
             row = tasks[t.id]
