@@ -21,8 +21,7 @@ from mpk_runtime.codegen import nvcc  # noqa: E402
 
 VARIANTS = ("-DMPK_ATT_WARP_PIPE=0", "-DMPK_ATT_STAGES=3", "-DMPK_AR_LL=1", "-DMPK_STAGE_WORDS=12",
             "-DMPK_ATT_PV_SPLIT=0", "-DMPK_ATT_DIAG_L2=1",
-            "-DMPK_PDL=1", "-DMPK_ATT_QKNORM=1", "-DMPK_ATT_QKN_EARLY=1 -DMPK_ATT_QKNORM=1",
-            "-DMPK_ATT_MERGE1=1 -DMPK_ARGMAX_RED1=1", "-DMPK_ATT_MERGE1=1 -DMPK_ARGMAX_RED1=1 -DMPK_ATT_QKNORM=1")
+            "-DMPK_PDL=1", "-DMPK_ATT_QKNORM=1")
 
 
 def main() -> int:

@@ -21,37 +21,31 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
+#     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh order   # (one GPU, ~4 min): the bench-order effect on the
+#                                                   conventional plan at B=8 (three processes, three orders)
+#     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh profq   # (one GPU, ~3 min): our conventional plan and gpt-fast
+#                                                   kernel by kernel at B=8 / 32 ctx 512 and B=8 ctx 4096
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 34 left it (bench/results/s34: 71 of 71 GPU tests at abbc7b4;
-# the joint q / k norm refuted and removed; llama's cost of the q / k norm define (~0.9% at B=1) fixed by building
-# what the graph needs (7d796b1, not GPU-run: the session's last start was refused); h200_v42 regret 0 at 8 of 8;
-# llama's table). Sessions 32-34 had no refused first start, but session 34 lost 180 s of budget to two refused
-# later starts (90 s each): run the items back to back while the machine is warm, and hand it back at the end.
-# Cubins prebuilt here and carried compressed (sessions 33-34: every build hit; the 24 MB folder itself pushes the tree
+# Order for a 30-minute session (one GPU), as session 35 left it (bench/results/s35: 80 of 80 GPU tests at 5f45020;
+# llama B=1 1.073 ms with its own build; the three session-34 latency switches refuted and removed; h200_v42 regret 0
+# at B=32 / 128 too; qwen3-8b's table). Session 35 had no refused start; it used ~1520 s in five commands chained with
+# `;` inside one device call each (`N=<name> T=<secs> bash scripts/gpu_run.sh <mode>; ...`), which keeps the machine warm.
+# Cubins prebuilt here and carried compressed (sessions 33-35: every build hit; the 24 MB folder itself pushes the tree
 # past the device tool's 64 MiB): `MPK_CACHE_DIR=$PWD/.cache/kc python3 scripts/compile_device.py`, then
-# `tar -cJf .cache/kc.tar.xz -C .cache kc` (~1.1 MB), carry .cache/kc.tar.xz, and on the device
-# `[ -d .cache/kc ] || tar -xJf .cache/kc.tar.xz -C .cache; export MPK_CACHE_DIR=$PWD/.cache/kc` (.cache/r.sh does).
-# Since 7d796b1 a llama graph launches the build without -DMPK_ATT_QKNORM (compile_device's default entry) and a
-# qwen3 graph the -DMPK_ATT_QKNORM=1 entry; the sources are byte-identical to those both builds were tested from.
-# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4 min): the GPU tests at session 34's code, the first GPU run of
-#    the build that follows the graph (Megakernel: nvcc.build(needs=...)).
-# 2. `VARS="base base" BS=1,8 CTXS=512 MODELS=llama-3.2-1b LIM=40 OUT=$OUT bash scripts/gpu_pending.sh ab` (~1 min):
-#    llama B=1 with its own build (predicted 1.07 ms: s34 run 3's noqknorm column, 1.066-1.076); each row now names
-#    its build's defines (kernel_defines: expect none for llama).
-# 3. `VAL_B512=32,128 VAL_B4096=32,128 OUT=$OUT bash scripts/gpu_pending.sh val` (~5 min) and
-#    `STAMP_BATCHES=32,128 STAMP_CTX=4096 OUT=$OUT bash scripts/gpu_pending.sh stamps`: fresh B >= 32 rows and
-#    traces to fit and test a per-pass term (`tc_pass_us_by_rows`, in history at 07abc18) (docs/planner.md session 34: `scripts/tile_prices.py` on the
-#    traces, then `planner.fit --batches 32,128 --terms mk` with the term set, tested across contexts).
-# 3b. `VARS="base qknearly base qknearly" BS=1,8 CTXS=512,4096 MODELS=qwen3-8b LIM=80 TRACE=1 OUT=$OUT bash
-#    scripts/gpu_pending.sh ab` after `-k early` of tests/gpu/test_megakernel.py passed in item 1: the K / V copies
-#    before the norms (prediction in docs/perf-notes.md session 34: qwen3-8b B=1 ctx 512 4.82 -> 4.74-4.77 ms; read
-#    the traces with `scripts/trace_phases.py --attn`: splits 0-6 end ~1.2-1.5 us earlier, split 7 ~1.5-2.5).
-# 3c. `VARS="base lat1 base lat1" BS=1,8 CTXS=512 MODELS=llama-3.2-1b LIM=60 TRACE=1 ... ab`, then MODELS=qwen3-8b
-#    (after `tests/gpu/test_attn_fold.py -k round_trip` passed in item 1: bitwise the default build): the folded
-#    merge and the greedy argmax reduce with their loads in one round trip each (predictions in docs/perf-notes.md
-#    session 34: llama B=1 -1.1..-1.4% together, qwen3-8b -0.7..-1.0%; in the traces, `trace_phases.py --attn`: the
-#    merger's lag ~1.5 -> ~0.9 us llama, ~3 -> ~1.8 qwen3-8b; the argmax_reduce task ~4.8 -> ~1 us).
-# 4. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh bench` (qwen3-8b's table at the current code).
+# `tar -cJf .cache/kc.tar.xz -C .cache kc` (~1.3 MB), carry .cache/kc.tar.xz, and on the device
+# `[ -d .cache/kc ] || tar -xJf .cache/kc.tar.xz -C .cache; export MPK_CACHE_DIR=$PWD/.cache/kc` (scripts/gpu_run.sh does).
+# .cache is not in git: a fresh checkout rebuilds the bundle and the cubins (~5 min; session 35 did).
+# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4 min): the GPU tests after the removal of the three switches (the
+#    default builds' sources changed only inside the removed #if blocks).
+# 2. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh order` (~4 min): why the conventional plan at qwen3-8b B=8
+#    measures ~5% slower inside the full bench (5.547) than alone (5.26-5.29). If (a) or (b) reproduces 5.5, change
+#    bench_decode's order (or isolate the systems in processes) and rerun that model's bench; the table's planned
+#    column at B=8 (and maybe gpt-fast's) depends on it.
+# 3. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh profq` (~3 min): where gpt-fast's 6-9% lead at qwen3-8b
+#    B >= 8 comes from, kernel by kernel (session 35's table).
+# 4. A merge-stamp build for the batch-1 attention (docs/perf-notes.md session 35: the fold's ~1.5 / 3 us lag is not
+#    its loads' round trips; stamp the ticket, the loads and the row before another design).
+# 5. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` if time is left (llama's table with its own build).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
@@ -59,8 +53,7 @@
 # The bundle without Ray (~5 MB; single-GPU modes need no Ray): `bash ../shared/gpu/make-bundle.sh .cache/gb`, then
 # `rm .cache/gb/ray.tar.xz` and make install.sh's untar conditional:
 #     { [ ! -f "$_b/ray.tar.xz" ] || tar -xJf "$_b/ray.tar.xz" -C /tmp/site; } && touch /tmp/site/.bundle-ok
-# A wrapper (.cache/run.sh: `source .cache/gb/install.sh; export PYTHONPATH=$PWD:/tmp/site GIT_COMMIT=<sha>;
-# OUT=$OUT bash scripts/gpu_pending.sh <mode>`) goes to the device tool with carry [".cache/gb", ".cache/run.sh"].
+# The wrapper scripts/gpu_run.sh goes to the device tool with carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"].
 #  1. tests/gpu (49 passed at bca6d81 and at 5a47206)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step),
@@ -152,9 +145,6 @@ for V in $VARS; do
              qkvflat) D=""; G=""; QF=1;;    # qwen3-8b's batch-1 q / k rows as flat linear tiles (MPK_QKV_FLAT, default since s32)
              headparts) D=""; G=""; QF=0;;  # ... as head parts (MPK_QKV_FLAT=0, the default before s32; -1.4% s32)
              qknorm) D=""; G=""; QN=1;;     # attention norms qwen3's q / k heads itself (MPK_ATTN_QKNORM, default since s33)
-             lat1) D="-DMPK_ATT_MERGE1=1 -DMPK_ARGMAX_RED1=1"; G="";;   # the folded merge's and the greedy reduce's
-                                             # loads in one round trip each (s34, opt-in; the traces split the two)
-             qknearly) D="-DMPK_ATT_QKN_EARLY=1"; G="";;   # K / V copies issued before the q / k norm (s34, opt-in)
              noqknorm) D=""; G=""; QN=0;;   # ... the qk_norm_rope tasks instead (MPK_ATTN_QKNORM=0; s33: +0.5% B=1, +3.2% B=8)
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
@@ -273,6 +263,37 @@ MPK_NVCC_DEFINES=-DMPK_STAGE_WORDS=12 OUT="$OUT/bench" timeout 300 python3 scrip
     --models llama-3.2-1b,qwen3-8b --batches ${STAMP_BATCHES:-1,8} --contexts ${STAMP_CTX:-512} --mk-max-batch 128 --no-peers --no-planned \
     --trace --budget-s 280 > "$OUT/bench/stamps.log" 2>&1
 tail -12 "$OUT/bench/stamps.log"; snap
+elif [ "$MODE" = order ]; then
+# order (session 35): the conventional plan at qwen3-8b B=8 ctx 512 measured 5.26-5.29 ms in A/B runs without peers
+# and 5.547 inside the full bench (session 33: 5.447 / 5.714). Three bench_decode runs of the same planned cell,
+# each a fresh process, in orders that separate the suspects: (a) after the one megakernel at B=128 (its KV and
+# its 72 ms steps), no peers; (b) after the B=1 peers (their torch.compile graphs), no big megakernel cells;
+# (c) alone (the A/B's order). ~4 min.
+OM=${MODELS:-qwen3-8b}
+for V in a_after_mk128 b_after_peers c_alone; do
+  d="$OUT/order/$V"; mkdir -p "$d"
+  case $V in
+    a_after_mk128) A="--batches 8,128 --mk-max-batch 128 --no-peers";;
+    b_after_peers) A="--batches 1,8 --mk-max-batch 8 --peer-batches 8 --hf-batches 1";;
+    c_alone) A="--batches 8 --mk-max-batch 8 --no-peers";;
+  esac
+  OUT="$d" timeout 150 python3 scripts/bench_decode.py --models "$OM" --contexts 512 $A --budget-s 135 > "$d/bench.log" 2>&1
+  grep -E "^$OM +8 +512 (planned|gptfast)" "$d/bench.log" | sed "s/^/[$V] /"
+  tar -czf "$OUT/order.tar.gz" -C "$OUT" order 2>/dev/null
+done
+elif [ "$MODE" = profq ]; then
+# profq (session 35): where our conventional plan and the gpt-fast peer spend a step, kernel by kernel, at the
+# qwen3-8b points where gpt-fast leads (B=8 / 32 ctx 512 and B=8 ctx 4096 in session 35's table; ~3 min)
+mkdir -p "$OUT/prof"
+for F in conventional gptfast; do
+  for C in 512 4096; do
+    BB=$([ $C = 512 ] && echo 8,32 || echo 8); mkdir -p "$OUT/prof/${F}_c$C"
+    timeout 100 python3 scripts/profile_conventional.py --models ${MODELS:-qwen3-8b} --batches $BB --context $C \
+        --family $F --top 30 --out "$OUT/prof/${F}_c$C" > "$OUT/prof/profile_${F}_c$C.log" 2>&1
+    grep "^==" "$OUT/prof/profile_${F}_c$C.log"
+  done
+done
+tar -czf "$OUT/profq.tar.gz" -C "$OUT" prof 2>/dev/null
 elif [ "$MODE" != two ]; then
     echo "unknown mode $MODE (see the usage at the top of $0)"; exit 2
 elif [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then

@@ -11,10 +11,6 @@ namespace mpk {
 static_assert(SAMPLE_C <= THREADS, "argmax.cuh: one candidate per thread");
 
 __device__ __forceinline__ bool better(float v, float i, float bv, float bi) { return v > bv || (v == bv && i < bi); }
-#ifndef MPK_ARGMAX_RED1
-#define MPK_ARGMAX_RED1 0
-#endif
-constexpr int RED1_B = 16;   // -DMPK_ARGMAX_RED1=1: slots whose entries 0 the greedy reduce loads together
 
 // --- the draw (each helper has a twin in tasks/ops/argmax.py; constants from ir/sampling.py) ---------------
 __device__ __forceinline__ uint32_t hash32(uint32_t x) {   // lowbias32
@@ -180,33 +176,12 @@ __device__ __noinline__ void op_argmax_reduce(const Ctx& c) {
   const int64_t* seed = ptr<const int64_t>(a[A_ARGMAX_REDUCE_SEED]);
   for (int b = b0 + threadIdx.x; b < b1; b += THREADS) {   // greedy rows: best entry 0 over the slots
     if (temp != nullptr && temp[b] > 0.f) continue;
-#if MPK_ARGMAX_RED1
-    // -DMPK_ARGMAX_RED1=1 (opt-in, session 34): the slots' entries 0 loaded RED1_B at a time (one 8-byte load each,
-    // all in flight), then compared in slot order as below: the same token, in ~W / RED1_B round trips instead of W
-    // dependent ones (16 slots: ~4.8 us -> ~1 us a step, docs/perf-notes.md session 34)
-    float bv = 0.f, bi = 0.f;
-#pragma unroll 1
-    for (int r0 = 0; r0 < W; r0 += RED1_B) {
-      float2 x[RED1_B];
-#pragma unroll
-      for (int u = 0; u < RED1_B; ++u)
-        x[u] = r0 + u < W ? __ldcg(reinterpret_cast<const float2*>(part + ((int64_t)(r0 + u) * B + b) * C * 2))
-                          : make_float2(0.f, 0.f);
-#pragma unroll
-      for (int u = 0; u < RED1_B; ++u) {
-        if (r0 + u >= W) break;
-        if (r0 + u == 0) { bv = x[u].x; bi = x[u].y; }
-        else if (better(x[u].x, x[u].y, bv, bi)) { bv = x[u].x; bi = x[u].y; }
-      }
-    }
-#else
     float bv = ld_act_f32(part + (int64_t)b * C * 2), bi = ld_act_f32(part + (int64_t)b * C * 2 + 1);
     for (int r = 1; r < W; ++r) {
       const float* e = part + ((int64_t)r * B + b) * C * 2;
       const float v = ld_act_f32(e), i = ld_act_f32(e + 1);
       if (better(v, i, bv, bi)) { bv = v; bi = i; }
     }
-#endif
     out[b] = (int64_t)bi;
     if (tokens != nullptr) tokens[b] = (int64_t)bi;
   }

@@ -37,16 +37,6 @@ namespace mpk {
 static_assert(MPK_ATT_STAGES >= 2 && MPK_ATT_STAGES <= 6, "attention: 2 to 6 K/V stages");
 static_assert(MPK_ATT_STAGES == 2 || MPK_ATT_WARP_PIPE, "attention: more than two K/V stages need the warp pipe (MPK_ATT_WARP_PIPE=1, the default)");
 constexpr int ATT_NST = MPK_ATT_STAGES;
-// MPK_ATT_QKN_EARLY=1 (opt-in, session 34; needs -DMPK_ATT_QKNORM=1): a partial that norms its own q / k heads
-// (one KV group) issues its first passes' K / V copies before the norms, so the norm chain overlaps their latency;
-// the chunk holding pos writes its new k row into the cache and, when that row's pass is already issued, straight
-// into the pass's shared-memory slot (its K copy skipped). docs/perf-notes.md session 34 (design 1).
-#ifndef MPK_ATT_QKN_EARLY
-#define MPK_ATT_QKN_EARLY 0
-#endif
-#if MPK_ATT_QKN_EARLY && !MPK_ATT_QKNORM
-#error "MPK_ATT_QKN_EARLY=1 needs MPK_ATT_QKNORM=1"
-#endif
 // MPK_ATT_DIAG_L2=1: a diagnostic build for A/B timing only (gpu_pending.sh ab diagl2; its attention output is
 // wrong): every K/V row is read from its sequence's first page, so the copies hit L2 instead of HBM. If the wide
 // passes get much faster, the HBM side of their scattered 128-byte rows is the limit; if not, the copy issue or
@@ -170,17 +160,6 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     for (int i = tid; i < gs; i += THREADS) lse[(m0 * nq + g * gs + i) * S + s] = -INFINITY;
     return;
   }
-#if MPK_ATT_QKN_EARLY
-  // one KV group: the norms wait until the first passes are issued (below); the chunk holding pos skips the K copy
-  // of row pos when its pass is among those (npre: the passes issued before the loop), and the norm writes it
-  const bool early = qnw != nullptr && ng == 1;
-  const int npre = MPK_ATT_WARP_PIPE ? ATT_NST - 1 : 2;
-  const int kskip = early && s == S - 1 && (int)(pos - lo) / KP < npre ? (int)pos : -1;
-  if (early) {
-    cp_async_wait_all();   // the page table
-    __syncthreads();
-  } else {
-#endif
 #if MPK_ATT_QKNORM
   if (qnw != nullptr) qk_norm_rope_heads(rawr + (int64_t)g * gs * D, qnw, qk_eps, D, pos, inv_freq, ng * gs, qs);
 #endif
@@ -193,9 +172,6 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     qk_norm_rope_heads(rawr + (int64_t)(nq + g) * D, ptr<const bf16>(a[A_ATTN_PARTIAL_K_NORM]), qk_eps, D, pos,
                        inv_freq, ng, const_cast<bf16*>(kc) + kv_row(page, pos - (int64_t)pg * ps, g, n_kv, ps, D));
     __syncthreads();   // the rows are in the cache before any warp copies them
-  }
-#endif
-#if MPK_ATT_QKN_EARLY
   }
 #endif
   if (a[A_ATTN_PARTIAL_KV_NEW] != 0 && s == S - 1) {   // deferred append: the last chunk holds pos (T == 1)
@@ -240,9 +216,6 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
     for (; j < jend; j += rs, kd += bstep, vd += bstep) {
       const uint64_t off = (uint64_t)page(MPK_ATT_DIAG_L2 ? 0 : j >> pss) * pstride +
                            ((uint32_t)(j & pmask) * rstride + hoff);
-#if MPK_ATT_QKN_EARLY
-      if (j != kskip)   // row pos: the norm below writes it
-#endif
       cp_async16_s(kd, kc8 + off);
       cp_async16_s(vd, vc8 + off);
     }
@@ -283,9 +256,6 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
       const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
 #endif
       const int64_t src = kv_row(page, j - pg * psi, gi, n_kv, ps, D) + e * 8;
-#if MPK_ATT_QKN_EARLY
-      if (j != kskip)   // row pos: the norm below writes it
-#endif
       cp_async16(kb + u * KST + e * 8, kc + src, true);
       cp_async16(vb + u * KST + e * 8, vc + src, true);
     }
@@ -296,22 +266,6 @@ __device__ inline void attn_partial_chunk(const Ctx& c) {
 #else
   issue(0, ks, vs);
   if (total > 1) issue(1, ks + KP * KST, vs + KP * KST);
-#endif
-#if MPK_ATT_QKN_EARLY
-  if (early) {   // the norms, with the first passes' copies in flight; row pos into the cache (later passes copy
-    bf16* kcache = nullptr;   // it from there, after the barrier) and into its slot of an issued pass (kskip)
-    bf16* ksm = nullptr;
-    if (s == S - 1) {
-      const int pg = (int)(pos / ps);
-      const int64_t page = full ? pages[pg] : ld_const_s64(bt + pg);
-      kcache = const_cast<bf16*>(kc) + kv_row(page, pos - (int64_t)pg * ps, g, n_kv, ps, D);
-      if (kskip >= 0)   // pass vp = (pos - lo) / KP sits in buffer vp (vp < npre), row pos - lo - vp KP of it
-        ksm = ks + (int)(pos - lo) * KST;   // = ks + (vp KP + pos - lo - vp KP) KST: the buffers are contiguous
-    }
-    qk_norm_rope_early(rawr + (int64_t)g * gs * D, qnw, gs, qs, rawr + (int64_t)(nq + g) * D,
-                       ptr<const bf16>(a[A_ATTN_PARTIAL_K_NORM]), kcache, ksm, qk_eps, D, pos, inv_freq);
-    __syncthreads();   // q and the new k row are in shared memory (and the row in the cache) before any pass
-  }
 #endif
   // Tensor Core pass (see the file comment). Thread (g8, t4) = (lane / 4, lane % 4) of warp w.
   const int g8 = lane >> 2, t4 = lane & 3, kw = KW * warp;

@@ -51,24 +51,6 @@ __device__ __noinline__ void qk_norm_rope_heads(const bf16* src, const bf16* hn,
   for (int h = threadIdx.x >> 5; h < n; h += THREADS / 32)
     qk_norm_rope_head(src + (int64_t)h * D, hn, eps, D, inv_freq, [&](int64_t& p) { p = pos; return dst + (int64_t)h * D; });
 }
-
-#if MPK_ATT_QKN_EARLY
-// -DMPK_ATT_QKN_EARLY=1 (attention.cuh: the norms run after the chunk's first K / V copies are issued): nq q heads
-// (src_q -> dst_q, weights qn) and, where k_cache != nullptr, the k head (src_k, weights kn) into the cache row and,
-// where k_smem != nullptr, into shared memory too (the row's K copy is skipped), one warp each: warps 0 .. nq - 1,
-// nq (cache), nq + 1 (shared memory). The same helper on the same inputs: the same bits in both places.
-__device__ __noinline__ void qk_norm_rope_early(const bf16* src_q, const bf16* qn, int nq, bf16* dst_q,
-                                                const bf16* src_k, const bf16* kn, bf16* k_cache, bf16* k_smem,
-                                                float eps, int D, int64_t pos, const float* inv_freq) {
-  const int n = nq + (k_cache == nullptr ? 0 : k_smem == nullptr ? 1 : 2);
-#pragma unroll 1
-  for (int h = threadIdx.x >> 5; h < n; h += THREADS / 32) {
-    bf16* dst = h < nq ? dst_q + (int64_t)h * D : h == nq ? k_cache : k_smem;
-    qk_norm_rope_head(h < nq ? src_q + (int64_t)h * D : src_k, h < nq ? qn : kn, eps, D, inv_freq,
-                      [&](int64_t& p) { p = pos; return dst; });
-  }
-}
-#endif
 #endif
 
 }  // namespace mpk

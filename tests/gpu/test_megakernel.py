@@ -107,26 +107,3 @@ def test_flat_qkv_matches_pyvm(gpu_check, monkeypatch, flat, qknorm, batch, defi
     assert any(t.kind == "linear" and t.op.endswith("qkv_rope") for t in rig.tg.tasks) == (flat == "1" and batch < 3)
     assert any(t.kind == "qk_norm_rope" for t in rig.tg.tasks) == (qknorm == "0")
     assert res[-1]["ok"], res[-1]
-
-
-@pytest.mark.parametrize("model,batch,steps,splits,groups", [("tiny-qwen3", 1, 8, 2, ""), ("tiny-qwen3", 3, 8, 2, ""),
-                                                             ("tiny-qwen3-d128", 1, 140, 1, "1")])
-def test_early_qk_norm_matches_pyvm(gpu_check, monkeypatch, model, batch, steps, splits, groups):
-    """-DMPK_ATT_QKN_EARLY=1 (session 34, opt-in): a partial of one KV group issues its first passes' K / V copies,
-    then norms its q heads and (the chunk holding pos) the new k row, into the cache and, when row pos's pass is
-    one of those issued, straight into its shared-memory slot (that row's K copy skipped). tiny-qwen3: row pos is
-    always in the first pass; tiny-qwen3-d128 with one split and one group a task (MPK_ATT_GROUPS=1): 128 keys a
-    pass, so past step 128 row pos is in the second pass and is copied from the cache after the norm's barrier. The
-    tokens and logits match pyvm as the default path's do."""
-    monkeypatch.setenv("MPK_ATTN_QKNORM", "1")
-    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_QKN_EARLY=1")
-    if groups:
-        monkeypatch.setenv("MPK_ATT_DIRECT", "1")
-        monkeypatch.setenv("MPK_ATT_GROUPS", groups)
-    res = []
-    rig = gpu_check.check_correct(model, batch, steps, res, splits=splits)
-    att = [t for t in rig.tg.tasks if t.kind == "attn_partial"]
-    assert att and all(t.params.get("ng", 1) == 1 for t in att)   # the early path's condition: one KV group
-    assert not any(t.kind == "qk_norm_rope" for t in rig.tg.tasks)
-    assert {"-DMPK_ATT_QKN_EARLY=1", "-DMPK_ATT_QKNORM=1"} <= set(rig.mk.build.flags)
-    assert res[-1]["ok"], res[-1]
