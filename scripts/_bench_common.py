@@ -124,7 +124,8 @@ def bench_megakernel(model, weights, B, ctx, nsteps=8, launches=12, trace=False,
 
 def stage_summary(mk, step: int, path) -> dict:
     """Per op (layer prefix dropped): median us from the task's start (after its waits) to each stage stamp of a
-    -DMPK_STAGE_WORDS build, over the tasks of one traced step; the raw rows go to `path` (.json.gz)."""
+    -DMPK_STAGE_WORDS build, over the tasks of one traced step; the raw rows go to `path` (.json.gz): [task id, kind,
+    op, SM, start, end, [stamps], label] (the label since session 35; scripts/trace_phases.py --merge reads it)."""
     st = mk.stage_stamps()[step]
     tr = mk.trace_times()[step]
     rows, by = [], {}
@@ -133,7 +134,7 @@ def stage_summary(mk, step: int, path) -> dict:
         if not (a and b):
             continue
         ks = [int(v) for v in st[t.id]]
-        rows.append([t.id, t.kind, t.op, t.sm, a, b, ks])
+        rows.append([t.id, t.kind, t.op, t.sm, a, b, ks, t.label()])
         key = f"{t.kind}:{t.op.split('.', 1)[-1]}"
         d = by.setdefault(key, {"n": 0, "dur": [], "stages": [[] for _ in ks]})
         d["n"] += 1

@@ -43,8 +43,10 @@
 #    column at B=8 (and maybe gpt-fast's) depends on it.
 # 3. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh profq` (~3 min): where gpt-fast's 6-9% lead at qwen3-8b
 #    B >= 8 comes from, kernel by kernel (session 35's table).
-# 4. A merge-stamp build for the batch-1 attention (docs/perf-notes.md session 35: the fold's ~1.5 / 3 us lag is not
-#    its loads' round trips; stamp the ticket, the loads and the row before another design).
+# 4. `STAMP_BATCHES=1,8 STAMP_CTX=512 OUT=$OUT bash scripts/gpu_pending.sh stamps` (~1 min), then on the CPU
+#    `python3 scripts/trace_phases.py <stages_*_b1_c512_s8.json.gz> --merge`: the folded merge's chain in the merging
+#    partial (rows written -> ticket (the new stamp 6) -> merged -> signals) and its lag behind the group's others
+#    (docs/perf-notes.md session 35: the ~1.5 / 3 us lag is not its loads' round trips; find which step it is).
 # 5. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` if time is left (llama's table with its own build).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).

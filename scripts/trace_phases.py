@@ -10,6 +10,10 @@ mean over layers) against the time its bytes (Graph op.bytes) take at the stream
         per key split, its tasks' durations and ends (from the layer's last qkv task); per (layer, sequence, KV
         group), when its last and second-to-last partials end (the last one merges the group: the fold) and
         which split was last
+    PYTHONPATH=. python3 scripts/trace_phases.py STAGES.json.gz --merge   # a stage-stamp file (bench_decode --trace
+        with -DMPK_STAGE_WORDS=12, gpu_pending.sh stamps): the folded merge's chain in the partial that merges each
+        (layer, sequence, KV group): its chunk's rows written -> the ticket taken -> merged -> signals issued, and
+        how long after the group's other partials' signals it signals
 """
 from __future__ import annotations
 
@@ -54,7 +58,10 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--bw", type=float, default=4.55e12, help="streaming floor, bytes/s per GPU")
+    ap.add_argument("--merge", action="store_true", help="TRACE is a stage-stamp file: the folded merge's chain")
     a = ap.parse_args()
+    if a.merge:
+        return merge_chain(a.trace)
     ev = load(a.trace)
     step = a.step or max(e["args"]["step"] for e in ev)
     ev = [e for e in ev if e["args"]["step"] == step]
@@ -151,6 +158,46 @@ def attn(ev: list[dict]) -> int:
     print(f"groups {len(groups)}: last partial ends {med(x[0] for x in last):.2f} (its duration {med(x[2] for x in last):.2f}), "
           f"second-to-last {med(x[0] for x in second):.2f}" if second else "one partial a group")
     print("last split:", ", ".join(f"{sp} {n / len(last):.0%}" for sp, n in who.most_common(4)))
+    return 0
+
+
+def merge_chain(path: str) -> int:
+    """The folded merge's chain from a stage-stamp file (scripts/_bench_common.stage_summary rows: id, kind, op, SM,
+    start, end, stamps, label). An attn_partial's stamps: 4 its chunk's part / lse rows written, 6 its group ticket
+    taken (attention.cuh), K-2 the op done (the merge, for the partial that took the group's last ticket), K-1 its
+    signals issued (megakernel.cu). Per (layer, b, g) the merger is the partial whose ticket came last; medians over
+    groups, in us, of the merger's steps and of its signal's lag behind the group's other partials' last signal."""
+    import statistics
+    op = gzip.open if path.endswith(".gz") else open
+    with op(path, "rt") as f:
+        d = json.load(f)
+    k = d["stage_words"]
+    groups: dict[tuple, list] = collections.defaultdict(list)
+    for r in d["rows"]:
+        if r[1] != "attn_partial" or len(r) < 8:
+            continue
+        m = re.search(r"\bb=(\d+) g=(\d+) split=(\d+)", r[7])
+        st = r[6]
+        if m is None or not (st[4] and st[6] and st[k - 2] and st[k - 1]):
+            continue   # not folded (no ticket), or a file from before the ticket stamp (session 35)
+        groups[(r[2].split(".")[0], int(m.group(1)), int(m.group(2)))].append((st[6], int(m.group(3)), r[4], st))
+    if not groups:
+        print("no folded attn_partial rows with the ticket stamp (a -DMPK_STAGE_WORDS build from session 35 on)")
+        return 1
+    steps = collections.defaultdict(list)
+    for v in groups.values():
+        v.sort()
+        _, _, start, st = v[-1]
+        steps["chunk (start -> rows written)"].append((st[4] - start) / 1e3)
+        steps["ticket (rows written -> ticket)"].append((st[6] - st[4]) / 1e3)
+        steps["merge (ticket -> merged)"].append((st[k - 2] - st[6]) / 1e3)
+        steps["signal (merged -> signals issued)"].append((st[k - 1] - st[k - 2]) / 1e3)
+        if len(v) > 1:
+            steps["lag behind the others' last signal"].append((st[k - 1] - max(x[3][k - 1] for x in v[:-1])) / 1e3)
+            steps["others: ticket (rows written -> ticket)"] += [(x[3][6] - x[3][4]) / 1e3 for x in v[:-1]]
+    print(f"folded groups: {len(groups)}, partials a group: {statistics.median(len(v) for v in groups.values()):.0f}")
+    for name, xs in steps.items():
+        print(f"  {name:42s} {statistics.median(xs):7.2f} us (median of {len(xs)})")
     return 0
 
 

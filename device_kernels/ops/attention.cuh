@@ -509,6 +509,7 @@ __device__ inline void op_attn_partial(const Ctx& c) {
     s_last = (int64_t)((old + 1) % (uint64_t)S) == 0;
   }
   __syncthreads();
+  MPK_STAMP(6);   // (stage-stamp builds) the ticket taken; 3-4: the chunk's own rows written, MPK_STAGE_WORDS - 2: merged
   if (s_last)
     attn_merge_group(ptr<const float>(a[A_ATTN_PARTIAL_PART]), ptr<const float>(a[A_ATTN_PARTIAL_LSE]),
                      ptr<bf16>(a[A_ATTN_PARTIAL_OUT]), (int)a[A_ATTN_PARTIAL_B], (int)a[A_ATTN_PARTIAL_G],

@@ -76,3 +76,36 @@ def test_attention_view_finds_the_merging_split(tmp_path):
     assert rows[2][1:] == ["2", "9.00", "10.00"] and rows[0][1:] == ["2", "3.00", "4.00"]
     assert "groups 2: last partial ends 10.00 (its duration 9.00), second-to-last 6.00" in out
     assert "last split: 2 100%" in out
+
+
+def test_merge_chain_from_stage_stamps(tmp_path):
+    """--merge: a stage-stamp file's folded partials, grouped by (layer, b, g); the merger is the partial whose
+    ticket (stamp 6) came last; its chunk / ticket / merge / signal steps and its signal's lag behind the others'
+    last signal, medians over groups (ns in the file, us printed). Rows from before the ticket stamp, and partials
+    that are not folded (no ticket stamp), are left out."""
+    K = 12
+
+    def row(i, layer, b, sp, start, rows_written, ticket, merged, signals):
+        st = [0] * K
+        st[4], st[6], st[K - 2], st[K - 1] = rows_written, ticket, merged, signals
+        return [i, "attn_partial", f"L{layer}.attention", i, start, signals + 100, st,
+                f"rank0/task{i}[attn_partial L{layer}.attention b={b} g=0 split={sp}]"]
+    rows = []
+    for layer in (0, 1):   # two groups: split 1 takes the last ticket and merges (merge 3 us, signal 0.5 us)
+        t = layer * 100_000
+        rows.append(row(10 * layer, layer, 0, 0, t, t + 5000, t + 5400, t + 5500, t + 5600))
+        rows.append(row(10 * layer + 1, layer, 0, 1, t, t + 6000, t + 7000, t + 10000, t + 10500))
+    rows.append([99, "attn_partial", "L2.attention", 9, 0, 1, [0] * K, "rank0/task99[attn_partial L2.attention b=0 g=0 "
+                 "split=0]"])   # not folded: no stamps
+    rows.append([98, "linear", "L0.o_proj", 3, 0, 1, [0] * K, "rank0/task98[linear L0.o_proj]"])
+    p = tmp_path / "stages.json.gz"
+    import gzip
+    with gzip.open(p, "wt") as f:
+        json.dump({"stage_words": K, "step": 1, "rows": rows}, f)
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/trace_phases.py"), str(p), "--merge"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    got = {line.rsplit(None, 5)[0].strip(): float(line.split()[-5]) for line in out.splitlines() if " us (median" in line}
+    assert "folded groups: 2, partials a group: 2" in out
+    assert got == {"chunk (start -> rows written)": 6.0, "ticket (rows written -> ticket)": 1.0,
+                   "merge (ticket -> merged)": 3.0, "signal (merged -> signals issued)": 0.5,
+                   "lag behind the others' last signal": 4.9, "others: ticket (rows written -> ticket)": 0.4}
