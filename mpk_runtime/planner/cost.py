@@ -153,8 +153,10 @@ def conv_attn_us(f: dict, passes: float, key_us: float) -> float:
 def price_from_features(f: dict, prof: HardwareProfile) -> float:
     """A segment's price from its features under `prof` (fit.py): the same arithmetic as the cost functions."""
     if f["kind"] == "megakernel":
-        us = prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
-        return us * prof.mk_attn_factor if f.get("attn_only") else us
+        if not f.get("attn_only"):
+            return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
+        scale = prof.mk_scale if prof.mk_attn_scale is None else prof.mk_attn_scale
+        return (prof.megakernel_launch_us + scale * f["sim_us"] + prof.mk_offset_us) * prof.mk_attn_factor
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
     return prof.conv_fixed_scale * f["fixed_us"] + st + conv_attn_us(f, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + \
         f.get("n_coll", 0) * prof.conv_collective_us + prof.conv_attn_curve_scale * f.get("attn_curve_us", 0.0) + \

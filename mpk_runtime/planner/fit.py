@@ -41,7 +41,9 @@ SIM_FIELDS = ("mk_tc_stream_eff", "mk_tc_eff", "linear_pass_us", "restream_frac"
 FIXED_PREFIX = "fixed."   # --grid fixed.<task kind>=...: the per-kind task fixed cost (task_fixed_us_by_kind)
 FLOP_PREFIX = "flop."     # --grid flop.<task kind>=...: the per-kind per-flop time not hidden (flop_us_by_kind)
 KEY_PREFIX = "key."       # --grid key.<task kind>=...: an attention partial's per-key time (key_us_by_kind)
-PREFIXES = {FIXED_PREFIX: "task_fixed_us_by_kind", FLOP_PREFIX: "flop_us_by_kind", KEY_PREFIX: "key_us_by_kind"}
+PASS_PREFIX = "pass."     # --grid pass.<rows>=...: a Tensor Core linear pass's serial time (tc_pass_us_by_rows)
+PREFIXES = {FIXED_PREFIX: "task_fixed_us_by_kind", FLOP_PREFIX: "flop_us_by_kind", KEY_PREFIX: "key_us_by_kind",
+            PASS_PREFIX: "tc_pass_us_by_rows"}
 
 
 def with_terms(base: HardwareProfile, combo) -> HardwareProfile:
@@ -115,10 +117,14 @@ def _wls(cols: list[list[float]], y: list[float], w: list[float], nonneg: bool =
     return [float(v) for v in b]
 
 
-def fit_megakernel(segs: list[dict], launch_us: float) -> dict:
+def fit_megakernel(segs: list[dict], launch_us: float, offset_us: float | None = None) -> dict:
+    """mk_scale and mk_offset_us of whole megakernel segments (relative-error weights); offset_us given: that
+    offset kept and the scale alone fitted."""
     sims = [s["features"]["sim_us"] for s in segs]
     y = [s["measured_us"] - launch_us for s in segs]
     w = [1.0 / s["measured_us"] ** 2 for s in segs]
+    if offset_us is not None:
+        return {"mk_scale": _wls([sims], [v - offset_us for v in y], w)[0], "mk_offset_us": offset_us}
     if len({round(v, 3) for v in sims}) < 2:    # one size: scale only
         sc = _wls([sims], y, w)[0]
         return {"mk_scale": sc, "mk_offset_us": 0.0}
@@ -202,9 +208,13 @@ def fit_conventional(segs: list[dict]) -> dict:
 
 
 def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, regimes=REGIMES,
-                terms=("mk", "conv")) -> tuple[HardwareProfile, dict]:
+                terms=("mk", "conv"), keep_attn: bool = False) -> tuple[HardwareProfile, dict]:
     """The base profile with per-regime calibration fitted on `rows`; and a report (counts per regime).
-    terms: "mk" (mk_scale, mk_offset_us), "conv" (CONV_FIELDS); the others keep the base profile's values."""
+    terms: "mk" (mk_scale, mk_offset_us), "conv" (CONV_FIELDS); the others keep the base profile's values.
+    keep_attn: the megakernel refit moves only mk_scale: the base's mk_offset_us stays, and attention-only segments
+    keep the base's scale (mk_attn_scale) and factor, so their price does not move. For a simulator term that
+    changes whole-layer segments only (tc_pass_us_by_rows: linear tiles), fitted on rows of older code whose
+    attention segments no longer price the same (session 35, docs/planner.md)."""
     keep = {k: dict(v) for k, v in base.regimes.items()}
     regs = {}
     report = {}
@@ -215,15 +225,20 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
         over = dict(keep.get(key, {}))
         if "mk" in terms and len(mk) >= min_segments:
             whole = [s for s in mk if not s["features"].get("attn_only")]
-            over.update(fit_megakernel(whole if len(whole) >= min_segments else mk, base.megakernel_launch_us))
+            was = base.for_batch(int(key))
+            over.update(fit_megakernel(whole if len(whole) >= min_segments else mk, base.megakernel_launch_us,
+                                       was.mk_offset_us if keep_attn else None))
             attn = [s for s in mk if s["features"].get("attn_only")]
-            if attn and len(whole) >= min_segments:
+            if keep_attn:   # attention-only segments: the base's scale, offset and factor (cost.price_from_features)
+                over["mk_attn_scale"] = was.mk_scale if was.mk_attn_scale is None else was.mk_attn_scale
+            elif attn and len(whole) >= min_segments:
                 over["mk_attn_factor"] = fit_attn_factor(attn, replace(base, regimes={key: over}).for_batch(
                     int(key)))
         if "conv" in terms and len(cv) >= min_segments:
             over.update(fit_conventional(cv))
         report[key] = {"megakernel_segments": len(mk), "conventional_segments": len(cv),
-                       **{k: over[k] for k in over if k in ("mk_scale", "mk_offset_us", "mk_attn_factor") + CONV_FIELDS}}
+                       **{k: over[k] for k in over if k in ("mk_scale", "mk_offset_us", "mk_attn_factor", "mk_attn_scale")
+                          + CONV_FIELDS}}
         if over:
             regs[key] = over
     for key, v in keep.items():   # base regimes this fit does not define (other regime sets): kept
@@ -308,13 +323,17 @@ def main() -> None:
                          "re-simulate every measured plan with the current simulator under the profile")
     ap.add_argument("--grid", default="", help="simulator terms to choose by re-simulation, e.g. "
                     "'mk_tc_stream_eff=0.4,0.5,0.6;mk_tc_eff=0.5,1;fixed.qkv_rope=5,15' (fixed.<kind> / flop.<kind>: "
-                    "per-kind task fixed cost / per-flop time; chosen on the training half in --holdout)")
+                    "per-kind task fixed cost / per-flop time; pass.<rows>: a Tensor Core linear pass's serial time by its rows; "
+                    "chosen on the training half in --holdout)")
     ap.add_argument("--procs", type=int, default=0, help="processes for re-simulation (default: all cores)")
     ap.add_argument("--test", default="", help="rows never fitted on (e.g. another context): scored out of sample "
                     "with the fitted profile (re-simulated under the chosen grid terms)")
     ap.add_argument("--batches", default="", help="fit on the rows of these batch sizes only (e.g. 1,8): the "
                     "regimes they fall in are refit, the others kept, and the chosen --grid terms are written into "
                     "those regimes only (scoped_terms), so the other regimes' prices do not move")
+    ap.add_argument("--keep-attn", action="store_true", help="megakernel refit: mk_scale only, the base's "
+                    "mk_offset_us kept and attention-only segments left at the base's scale and factor (their price does "
+                    "not move; for a term that moves whole-layer segments only, fitted on older rows)")
     a = ap.parse_args()
     rows = load_rows(a.rows)
     if a.batches:
@@ -323,7 +342,8 @@ def main() -> None:
     rows = valid_rows(rows)
     print(f"{len(rows)} valid measured rows of {n_all} (skipped: unmeasured, or eager after a failed graph capture)")
     base = HardwareProfile.load(a.profile)
-    kw = {"regimes": tuple((int(b), b) for b in a.regimes.split(",")), "terms": tuple(a.terms.split(","))}
+    kw = {"regimes": tuple((int(b), b) for b in a.regimes.split(",")), "terms": tuple(a.terms.split(",")),
+          "keep_attn": a.keep_attn}
     sims = {}
     if not a.no_resimulate:
         for combo in _grid(a.grid):

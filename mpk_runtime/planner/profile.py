@@ -66,7 +66,11 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # h200_v42 since session 33: v41 with the batch-1 / batch-8 regimes refit at an attention partial's fixed cost of
 # 7 us there (planner.fit --batches 1,8 --grid fixed.attn_partial=7; the traced tasks take 6-9 us, v41 priced 4): on
 # sessions 32-33's 112 rows the same choices, step MAPE 5.4% -> 4.6%, Spearman >= 0.9 at 10 of 16 points (9).
-DEFAULT_PROFILE = "h200_v42"
+# h200_v43 since session 35: v42 with a Tensor Core linear pass's serial time by its rows (tc_pass_us_by_rows, from
+# session 34's traces) at B >= 32, those regimes' whole-layer megakernel scale refit on session 32's rows with the
+# attention-only segments' price kept (fit --keep-attn). Out of sample on session 35's 56 rows (B=32 / 128): step
+# MAPE 6.4% -> 3.8%, segment 8.1% -> 6.8%, regret 0 at 8 of 8 as v42; choices as v42's wherever compared (docs/planner.md).
+DEFAULT_PROFILE = "h200_v43"
 
 
 def key_fallbacks(key: str) -> list[str]:
@@ -142,6 +146,12 @@ class HardwareProfile:
     mk_tc_eff: float = 1.0                 # mma.sync rate per SM / (tc_flops_per_s / num_sms)
     mk_tc_stream_eff: float = 1.0          # streaming rate of a Tensor Core tile / the CUDA-core tile's
     linear_pass_us: float = 0.0            # per extra pass of a linear / qkv_rope tile (x reload, norm, epilogue)
+    # serial time a Tensor Core pass of a linear tile takes beyond its share of the stream and the mma floor, by the
+    # pass's rows (tc_rows, as str keys; a missing size: 0): added to the tile's fixed part once per pass, so it is
+    # not hidden behind streaming as linear_pass_us (a Tensor Core term) is. Session 34's traces at B=32 / 128 have
+    # each pass short by about the same time at both batches for one tile shape, growing with the rows
+    # (scripts/tile_prices.py; docs/planner.md session 34)
+    tc_pass_us_by_rows: dict[str, float] = field(default_factory=dict)
     # legacy model: linear tiles loop over row groups of `row_tile` rows (the pre-7cee539 linear.cuh) and every
     # group re-streams the weight tile; both models re-stream `restream_frac` of a weight tile per extra pass
     row_tile: int = 0
@@ -174,6 +184,9 @@ class HardwareProfile:
     # mk_scale per regime cannot fit both these and whole-layer segments: session 29 measured attn-mk's segments at
     # 1.08 / 1.06 / 0.92 / 0.89 of their price (B=1 / 8 / 32 / 128) while mono's were under-priced at B >= 32
     mk_attn_factor: float = 1.0
+    # ... and the scale on its simulated makespan (None = mk_scale): a refit that moves mk_scale for whole-layer
+    # segments alone (planner.fit --keep-attn, session 35) leaves attention-only segments at their validated price
+    mk_attn_scale: float | None = None
     # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
     # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
     conv_collective_us: float = 0.0
@@ -196,6 +209,9 @@ class HardwareProfile:
     # kind: a task kind, or a simulate.cost_key ("<kind>@tc"), which falls back to its kind when not fitted
     def fixed_us(self, kind: str) -> float:
         return _by_key(self.task_fixed_us_by_kind, kind, self.task_fixed_us)
+
+    def tc_pass_us(self, rows: int) -> float:
+        return float(self.tc_pass_us_by_rows.get(str(rows), 0.0))
 
     def stream_eff(self, kind: str) -> float:
         return _by_key(self.stream_eff_by_kind, kind, 1.0)

@@ -120,6 +120,17 @@ def task_tc_us(t: Task, prof: HardwareProfile) -> float:
     return max(prof.tc_time_us(t.est_flops, rows), chain)
 
 
+def task_serial_us(t: Task, prof: HardwareProfile) -> float:
+    """A task's fixed part: the kind's fixed cost, plus for a Tensor Core linear tile `tc_pass_us(tc_rows)` per
+    pass (profile.tc_pass_us_by_rows: serial per-pass time that neither the stream nor the mma floor covers)."""
+    f = prof.fixed_us(cost_key(t))
+    if prof.tc_pass_us_by_rows and prof.mk_linear_model == "tc" and t.kind == "linear" and t.reads:
+        tc_rows, passes = linear_passes(t)
+        if tc_rows:
+            f += passes * prof.tc_pass_us(tc_rows)
+    return f
+
+
 def task_stream_bytes(t: Task, prof: HardwareProfile) -> float:
     """Bytes a task streams from HBM: its own bytes, plus its weight tile again for every pass after the first
     (`restream_frac` of it from HBM). mk_linear_model "tc" (default, the kernel since 7cee539): a linear tile
@@ -201,13 +212,17 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
     lists = [[task_off[r] + tid for tid in lst] for r, g in enumerate(graphs) for lst in g.sm_lists]
     fixed, vbytes, nbytes_of, tc, waits, signals = [], [], [], [], [], []
     fixed_by_key: dict[str, float] = {}
+    per_pass = bool(prof.tc_pass_us_by_rows)
     for r, g in enumerate(graphs):
         ev = g.events
         for t in g.tasks:
-            key = cost_key(t)
-            f = fixed_by_key.get(key)
-            if f is None:
-                f = fixed_by_key[key] = prof.fixed_us(key)
+            if per_pass and t.kind == "linear":
+                f = task_serial_us(t, prof)
+            else:
+                key = cost_key(t)
+                f = fixed_by_key.get(key)
+                if f is None:
+                    f = fixed_by_key[key] = prof.fixed_us(key)
             fixed.append(f)
             nb = task_stream_bytes(t, prof)
             nbytes_of.append(nb)

@@ -18,7 +18,8 @@ import itertools
 
 from ..tasks.graph import Task, TaskGraph
 from .profile import HardwareProfile
-from .simulate import SimResult, cost_key, finish_result, task_stream_bytes, task_stream_eff, task_tc_us
+from .simulate import (SimResult, finish_result, task_serial_us, task_stream_bytes, task_stream_eff,
+                       task_tc_us)
 
 
 def simulate_reference(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1,
@@ -78,7 +79,7 @@ def simulate_reference(graphs: list[TaskGraph], prof: HardwareProfile, steps: in
                 return
         if record:
             res.start[(r, s, t.id)] = now
-        heapq.heappush(heap, (now + prof.fixed_us(cost_key(t)), next(seq), "fixed_done", (r, sm, now)))
+        heapq.heappush(heap, (now + task_serial_us(t, prof), next(seq), "fixed_done", (r, sm, now)))
 
     def finish(r: int, sm: int, now: float, t0: float) -> None:
         nonlocal busy

@@ -380,3 +380,39 @@ def test_terms_chosen_on_some_batches_price_only_those(base):
         a = candidates(cfg, batch=B, context=64, prof=prof, families=("mono",))[0].segments[0].features["sim_us"]
         b = candidates(cfg, batch=B, context=64, prof=got, families=("mono",))[0].segments[0].features["sim_us"]
         assert (a != b) == moves, B
+
+
+def test_keep_attn_refits_whole_layer_segments_and_leaves_attention_prices(base):
+    """fit --keep-attn (session 35): the whole-layer megakernel segments' mk_scale is fitted with the base's offset
+    kept, and attention-only segments keep the base's scale (mk_attn_scale), offset and factor, so their prices do
+    not move. Synthetic rows: whole-layer segments measured at scale 1.5 with the base regime's offset; attention-only
+    ones at the base's own price. The fit recovers 1.5 and re-prices the attention segments exactly as the base did;
+    the grid's pass.<rows> terms land in tc_pass_us_by_rows."""
+    from mpk_runtime.planner.fit import with_terms
+    regs = {k: dict(v, mk_attn_factor=f) for (k, v), f in zip(TRUE.items(), (1.1, 0.9))}
+    b0 = dataclasses.replace(base, regimes=regs)
+    true = dataclasses.replace(base, regimes={k: dict(v, mk_scale=1.5) for k, v in regs.items()})
+    rows = []
+    for name in ("tiny-llama", "tiny-qwen3"):
+        for B in (8, 16):
+            for p in candidates(PRESETS[name], batch=B, context=64, prof=b0):
+                segs = []
+                for s in p.segments:
+                    f = s.features
+                    pt = (b0 if f.get("attn_only") else true).for_batch(B)
+                    segs.append(dict(kind=s.kind, ops=len(s.ops), predicted_us=s.predicted_us, features=f,
+                                     measured_us=price_from_features(f, pt)))
+                rows.append(dict(model=name, batch=B, tp=1, plan=p.name, chosen=False, segments=segs,
+                                 predicted_us=p.predicted_us, measured_us=sum(s["measured_us"] for s in segs)))
+    fitted, _ = fit_profile(rows, b0, regimes=((1, "1"), (8, "8")), terms=("mk",), keep_attn=True)
+    r8 = fitted.regimes["8"]
+    assert r8["mk_scale"] == pytest.approx(1.5, rel=1e-6)
+    assert r8["mk_offset_us"] == TRUE["8"]["mk_offset_us"] and r8["mk_attn_factor"] == 0.9
+    assert r8["mk_attn_scale"] == TRUE["8"]["mk_scale"]
+    attn = [s for r in rows for s in r["segments"] if s["features"].get("attn_only")]
+    assert attn
+    for s in attn:
+        assert price_from_features(s["features"], fitted.for_batch(8)) == pytest.approx(s["measured_us"], rel=1e-9)
+    unkept, _ = fit_profile(rows, b0, regimes=((1, "1"), (8, "8")), terms=("mk",))
+    assert "mk_attn_scale" not in unkept.regimes["8"]
+    assert with_terms(b0, (("pass.8", 1.5), ("pass.32", 9.0))).tc_pass_us_by_rows == {"8": 1.5, "32": 9.0}

@@ -80,3 +80,26 @@ def test_extrapolated_segments_equal_full_simulation():
             assert a.ops == b.ops and a.features["kind"] == b.features["kind"]
             assert a.predicted_us == pytest.approx(b.predicted_us, rel=1e-9, abs=0)
 
+
+def test_tc_pass_term_is_serial_per_pass_and_the_same_in_both_simulators():
+    """profile.tc_pass_us_by_rows (session 34, no default profile sets it): a Tensor Core linear tile's fixed part
+    gains tc_pass_us(tc_rows) once per pass (CUDA-core tiles and other kinds unchanged), and the fast simulator
+    still equals the reference one with it set."""
+    from dataclasses import replace
+
+    from mpk_runtime.planner.simulate import cost_key, linear_passes, task_serial_us
+    base = HardwareProfile.load("h200_v42").for_batch(32)
+    prof = replace(base, tc_pass_us_by_rows={"8": 1.5, "16": 4.0, "32": 10.0})
+    g = build_graph(PRESETS["tiny-llama"], batch=32, context_len=64, attn_splits=2)
+    tg = build_task_graphs([g], Tiling(num_sms=16))[0]
+    seen = set()
+    for t in tg.tasks:
+        extra = task_serial_us(t, prof) - base.fixed_us(cost_key(t))
+        rows, passes = linear_passes(t) if t.kind == "linear" else (0, 0)
+        assert extra == pytest.approx(passes * {8: 1.5, 16: 4.0, 32: 10.0}.get(rows, 0.0) if rows else 0.0)
+        seen.add(rows)
+    assert seen - {0}, "no Tensor Core tile at batch 32"
+    a = simulate_reference([tg], prof, steps=2, record=True)
+    b = simulate([tg], prof, steps=2, record=True)
+    assert b.makespan_us == pytest.approx(a.makespan_us, rel=1e-12, abs=0)
+    assert b.makespan_us > simulate([tg], base, steps=2).makespan_us
