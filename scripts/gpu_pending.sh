@@ -30,11 +30,10 @@
 # llama B=1 1.073 ms with its own build; the three session-34 latency switches refuted and removed; h200_v42 regret 0
 # at B=32 / 128 too; qwen3-8b's table). Session 35 had no refused start; it used ~1520 s in five commands chained with
 # `;` inside one device call each (`N=<name> T=<secs> bash scripts/gpu_run.sh <mode>; ...`), which keeps the machine warm.
-# Cubins prebuilt here and carried compressed (sessions 33-35: every build hit; the 24 MB folder itself pushes the tree
-# past the device tool's 64 MiB): `MPK_CACHE_DIR=$PWD/.cache/kc python3 scripts/compile_device.py`, then
-# `tar -cJf .cache/kc.tar.xz -C .cache kc` (~1.3 MB), carry .cache/kc.tar.xz, and on the device
-# `[ -d .cache/kc ] || tar -xJf .cache/kc.tar.xz -C .cache; export MPK_CACHE_DIR=$PWD/.cache/kc` (scripts/gpu_run.sh does).
-# .cache is not in git: a fresh checkout rebuilds the bundle and the cubins (~5 min; session 35 did).
+# Before the first device call: `bash scripts/gpu_prepare.sh` (~4 min from a fresh checkout, seconds after): the
+# bundle without Ray (.cache/gb), every cubin prebuilt and compressed (.cache/kc.tar.xz; sessions 33-35: every build
+# on the device hit), .cache/commit, and the 64 MiB check. Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"];
+# scripts/gpu_run.sh unpacks the cubins on the device. Rerun it after any commit (the cubins follow the sources).
 # 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4 min): the GPU tests after the removal of the three switches (the
 #    default builds' sources changed only inside the removed #if blocks).
 # 2. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh order` (~4 min): why the conventional plan at qwen3-8b B=8
@@ -56,10 +55,7 @@
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
-# The bundle without Ray (~5 MB; single-GPU modes need no Ray): `bash ../shared/gpu/make-bundle.sh .cache/gb`, then
-# `rm .cache/gb/ray.tar.xz` and make install.sh's untar conditional:
-#     { [ ! -f "$_b/ray.tar.xz" ] || tar -xJf "$_b/ray.tar.xz" -C /tmp/site; } && touch /tmp/site/.bundle-ok
-# The wrapper scripts/gpu_run.sh goes to the device tool with carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"].
+# Mode two needs Ray: `RAY=1 bash scripts/gpu_prepare.sh` keeps it in the bundle (+28 MB: check the 64 MiB line).
 #  1. tests/gpu (49 passed at bca6d81 and at 5a47206)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step),

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Prepares, on the CPU machine, what a device call needs beside the tracked tree (all under the gitignored .cache/,
+# which a fresh checkout does not have): the package bundle without Ray (.cache/gb, ~5 MB: single-GPU modes need no
+# Ray; RAY=1 keeps it for mode two), the cubins of every device source and variant prebuilt and compressed
+# (.cache/kc.tar.xz, ~1.3 MB; scripts/compile_device.py), and the commit the results will name (.cache/commit). Then
+# it checks that the tree plus the carry stays under the device tool's 64 MiB. ~4 min from nothing, seconds after.
+#     bash scripts/gpu_prepare.sh            then   run(command="N=run1 T=300 bash scripts/gpu_run.sh one; ...",
+#                                                      carry=[".cache/gb", ".cache/commit", ".cache/kc.tar.xz"])
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .cache
+if [ ! -f .cache/gb/install.sh ] || { [ "${RAY:-0}" = 1 ] && [ ! -f .cache/gb/ray.tar.xz ]; }; then
+  bash ../shared/gpu/make-bundle.sh .cache/gb
+fi
+if [ "${RAY:-0}" != 1 ] && [ -f .cache/gb/ray.tar.xz ]; then
+  rm .cache/gb/ray.tar.xz
+fi
+# the bundle's installer untars Ray only where it is there
+sed -i 's|^  tar -xJf "$_b/ray.tar.xz" -C /tmp/site && touch /tmp/site/.bundle-ok|  { [ ! -f "$_b/ray.tar.xz" ] \|\| tar -xJf "$_b/ray.tar.xz" -C /tmp/site; } \&\& touch /tmp/site/.bundle-ok|' \
+    .cache/gb/install.sh
+grep -q 'ray.tar.xz" ] ||' .cache/gb/install.sh || { echo "gpu_prepare: could not make .cache/gb/install.sh's Ray step conditional"; exit 1; }
+# cubins: compile_device.py builds every source and variant into the cache (hits are instant); tar them when new
+MPK_CACHE_DIR=$PWD/.cache/kc python3 scripts/compile_device.py > .cache/compile_device.log 2>&1 || {
+  tail -20 .cache/compile_device.log; echo "gpu_prepare: compile_device.py failed (log: .cache/compile_device.log)"; exit 1; }
+tar -cJf .cache/kc.tar.xz -C .cache kc
+git rev-parse HEAD > .cache/commit
+[ -z "$(git status --porcelain --untracked-files=no)" ] || echo "gpu_prepare: note: uncommitted changes (the results will name $(cut -c1-7 .cache/commit) but run the working tree)"
+tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+carry=$(du -cb .cache/gb .cache/kc.tar.xz .cache/commit | tail -1 | cut -f1)
+others=$(git ls-files -z --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
+total=$((tree + carry + ${others:-0}))
+echo "gpu_prepare: tree $((tree / 1048576)) MiB + carry $((carry / 1048576)) MiB + untracked $((${others:-0} / 1048576)) MiB = $((total / 1048576)) MiB (limit 64)"
+[ "$total" -lt $((64 * 1048576)) ] || { echo "gpu_prepare: over the device tool's 64 MiB: move old results to git history (bench/results/ARCHIVED.md)"; exit 1; }
+echo 'carry: [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]'
