@@ -14,5 +14,6 @@ O=$OUT/${N:-run}; mkdir -p "$O"
 [ -f "$OUT/smi.txt" ] || { nvidia-smi > "$OUT/smi.txt" 2>&1; nvcc --version > "$OUT/nvcc.txt" 2>&1; }
 echo "== $(date +%T) ${N:-run}: $*"
 OUT=$O timeout "${T:-585}" bash scripts/gpu_pending.sh "$@"
-echo "== $(date +%T) ${N:-run} rc=$?"
+rc=$?
+echo "== $(date +%T) ${N:-run} rc=$rc"
 tar -czf /tmp/all.tgz -C "$OUT" --exclude=all.tgz . && mv /tmp/all.tgz "$OUT/all.tgz"
