@@ -21,7 +21,7 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
-#     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh order   # (one GPU, ~4 min): the bench-order effect on the
+#     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh order   # (one GPU, ~7 min): the bench-order effect on the
 #                                                   conventional plan at B=8 (three processes, three orders)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh profq   # (one GPU, ~3 min): our conventional plan and gpt-fast
 #                                                   kernel by kernel at B=8 / 32 ctx 512 and B=8 ctx 4096
@@ -36,7 +36,7 @@
 # scripts/gpu_run.sh unpacks the cubins on the device. Rerun it after any commit (the cubins follow the sources).
 # 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4 min): the GPU tests after the removal of the three switches (the
 #    default builds' sources changed only inside the removed #if blocks).
-# 2. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh order` (~4 min): why the conventional plan at qwen3-8b B=8
+# 2. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh order` (~7 min): why the conventional plan at qwen3-8b B=8
 #    measures ~5% slower inside the full bench (5.547) than alone (5.26-5.29). If (a) or (b) reproduces 5.5, change
 #    bench_decode's order (or isolate the systems in processes) and rerun that model's bench; the table's planned
 #    column at B=8 (and maybe gpt-fast's) depends on it.
@@ -271,16 +271,17 @@ elif [ "$MODE" = order ]; then
 # and 5.547 inside the full bench (session 33: 5.447 / 5.714). Three bench_decode runs of the same planned cell,
 # each a fresh process, in orders that separate the suspects: (a) after the one megakernel at B=128 (its KV and
 # its 72 ms steps), no peers; (b) after the B=1 peers (their torch.compile graphs), no big megakernel cells;
-# (c) alone (the A/B's order). ~4 min.
+# (c) alone (the A/B's order). ~6-7 min.
 OM=${MODELS:-qwen3-8b}
 for V in a_after_mk128 b_after_peers c_alone; do
   d="$OUT/order/$V"; mkdir -p "$d"
-  case $V in
-    a_after_mk128) A="--batches 8,128 --mk-max-batch 128 --no-peers";;
-    b_after_peers) A="--batches 1,8 --mk-max-batch 8 --peer-batches 8 --hf-batches 1";;
-    c_alone) A="--batches 8 --mk-max-batch 8 --no-peers";;
+  case $V in   # (b): the B=1 HF peer takes ~90 s with its compile, hence its longer limit
+    a_after_mk128) A="--batches 8,128 --mk-max-batch 128 --no-peers"; L=150;;
+    b_after_peers) A="--batches 1,8 --mk-max-batch 8 --peer-batches 8 --hf-batches 1"; L=220;;
+    c_alone) A="--batches 8 --mk-max-batch 8 --no-peers"; L=90;;
   esac
-  OUT="$d" timeout 150 python3 scripts/bench_decode.py --models "$OM" --contexts 512 $A --budget-s 135 > "$d/bench.log" 2>&1
+  OUT="$d" timeout $L python3 scripts/bench_decode.py --models "$OM" --contexts 512 $A --budget-s $((L - 15)) \
+      > "$d/bench.log" 2>&1
   grep -E "^$OM +8 +512 (planned|gptfast)" "$d/bench.log" | sed "s/^/[$V] /"
   tar -czf "$OUT/order.tar.gz" -C "$OUT" order 2>/dev/null
 done
