@@ -35,7 +35,8 @@
 # on the device hit), .cache/commit, and the 64 MiB check. Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"];
 # scripts/gpu_run.sh unpacks the cubins on the device. Rerun it after any commit (the cubins follow the sources).
 # 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4 min): the GPU tests after the removal of the three switches (the
-#    default builds' sources changed only inside the removed #if blocks).
+#    default builds' sources changed only inside the removed #if blocks), with one new test, not yet run:
+#    tests/gpu/test_attn_fold.py::test_merge_stamps_follow_the_ticket_order (the ticket stamp of item 4).
 # 2. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh order` (~7 min): why the conventional plan at qwen3-8b B=8
 #    measures ~5% slower inside the full bench (5.547) than alone (5.26-5.29). If (a) or (b) reproduces 5.5, change
 #    bench_decode's order (or isolate the systems in processes) and rerun that model's bench; the table's planned

@@ -25,3 +25,33 @@ def test_folded_merge_is_bitwise_the_separate_merge(model, batch, gpu_check):
     for s, ((la, na), (lb, nb)) in enumerate(zip(ref.greedy_run(8, seed=9), fold.greedy_run(8, seed=9))):
         assert torch.equal(na, nb), (s, na, nb)
         assert torch.equal(la, lb), (s, (la - lb).abs().max().item())
+
+
+def test_merge_stamps_follow_the_ticket_order(gpu_check, monkeypatch):
+    """-DMPK_STAGE_WORDS=12 (session 35: stamp 6 is the group ticket; scripts/trace_phases.py --merge reads it): in
+    a traced step every folded partial stamps its ticket after its own rows (4, where its chunk had keys) and before
+    its op is done (K-2) and its signals (K-1); in each (layer, sequence, KV group) the partial that took the last
+    ticket is the one that merged, so its ticket-to-done time is the group's longest."""
+    import collections
+    import re
+    from mpk_runtime.tasks.tiling import Tiling
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_STAGE_WORDS=12")
+    n = torch.cuda.get_device_properties(0).multi_processor_count
+    rig = gpu_check.Rig("tiny-qwen3", 1, max_seq=64, cpu_ref=False, splits=4, trace_steps=1,
+                        tiling=Tiling(num_sms=n, attn_fold_merge=True))
+    rig.greedy_run(20, seed=3, last_launch=1)
+    K = rig.mk.stage_words
+    st = rig.mk.stage_stamps()[0].tolist()
+    groups = collections.defaultdict(list)
+    for t in rig.tg.tasks:
+        if t.kind != "attn_partial" or not t.params.get("fold"):
+            continue
+        s = st[t.id]
+        assert s[6] and s[K - 2] and s[K - 1], (t.label(), s)
+        assert s[6] <= s[K - 2] <= s[K - 1] and (s[4] == 0 or s[4] <= s[6]), (t.label(), s)
+        m = re.search(r"\bb=(\d+) g=(\d+) split=(\d+)", t.label())
+        groups[(t.op, m.group(1), m.group(2))].append(s)
+    assert groups and all(len(v) == 4 for v in groups.values())
+    for key, v in groups.items():
+        merger = max(v, key=lambda s: s[6])
+        assert merger[K - 2] - merger[6] == max(s[K - 2] - s[6] for s in v), key
