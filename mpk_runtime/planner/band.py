@@ -3,6 +3,7 @@ share (default 90%) of the validated plans, written into the profile as `step_ba
 a prediction has been seen to miss instead of a guessed +-12%.
 
     python -m mpk_runtime.planner.band --rows ROWS[,ROWS] --profile NAME [--test ROWS] [--out DIR] [--name NAME]
+        [--resimulate]
 
 Use rows the profile was not fit on (a later validation run, another context): in-sample rows give a band that is
 too narrow. `--test` scores the band's coverage on further rows (e.g. a context absent from --rows).
@@ -17,7 +18,7 @@ from dataclasses import replace
 
 from .fit import regime_of
 from .profile import HardwareProfile
-from .score import load_rows, reprice, valid_rows
+from .score import load_rows, reprice, resimulate, valid_rows
 
 REGIMES = (1, 8, 32, 128)
 
@@ -74,11 +75,18 @@ def main() -> None:
     ap.add_argument("--share", type=float, default=0.9, help="share of the rows the band must hold")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--name", default="", help="name of the written profile (default: the profile's own)")
+    ap.add_argument("--resimulate", action="store_true", help="re-plan the rows under the profile first (score."
+                    "resimulate): needed when the profile changes the simulator itself (e.g. tc_pass_us_by_rows), "
+                    "since re-pricing alone reuses the measuring run's simulated makespans")
     a = ap.parse_args()
     if not 0.0 < a.share < 1.0:
         raise SystemExit(f"--share must be in (0, 1), got {a.share}")
     prof = HardwareProfile.load(a.profile)
-    rows = load_rows(a.rows)
+
+    def rows_of(spec: str) -> list[dict]:
+        got = load_rows(spec)
+        return resimulate(valid_rows(got), prof) if a.resimulate else got
+    rows = rows_of(a.rows)
     bands = measure_bands(rows, prof, share=a.share)
     if not bands:
         raise SystemExit("no regime has enough measured rows to measure a band (10 needed)")
@@ -86,7 +94,7 @@ def main() -> None:
     report = {"profile": prof.name, "share": a.share, "bands": {str(b): v for b, v in bands.items()},
               "in_sample": {str(b): c for b, c in coverage(rows, out).items()}}
     if a.test:
-        report["test"] = {str(b): c for b, c in coverage(load_rows(a.test), out).items()}
+        report["test"] = {str(b): c for b, c in coverage(rows_of(a.test), out).items()}
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, f"{out.name}.json")
     with open(path, "w") as f:

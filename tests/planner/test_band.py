@@ -59,3 +59,29 @@ def test_a_plans_band_is_the_profiles_measured_one():
     prof = replace(prof, num_sms=8, regimes={**prof.regimes, "1": {**prof.regimes["1"], "step_band": [-0.05, 0.2]}})
     p = candidates(cfg, batch=1, context=64, prof=prof, families=("mono",))[0]
     assert abs(p.band[0] - 0.95 * p.predicted_us) < 1e-6 and abs(p.band[1] - 1.2 * p.predicted_us) < 1e-6
+
+
+def test_bands_of_a_profile_with_a_simulator_term_need_resimulated_rows():
+    """band.py --resimulate (session 35): a profile that changes the simulator itself (h200_v43's
+    tc_pass_us_by_rows) must re-plan the rows before measuring its band; re-pricing alone reuses the measuring
+    run's simulated makespans. Rows planned under v42, 'measured' at the price a term profile gives the same plans:
+    re-priced under the term profile their megakernel plans still miss; re-simulated they are exact."""
+    from mpk_runtime.planner.score import resimulate
+    base = HardwareProfile.load("h200_v42")
+    term = replace(base, regimes={**base.regimes, "32": {**base.regimes["32"],
+                                                         "tc_pass_us_by_rows": {"8": 5.0, "16": 9.0, "32": 20.0}}})
+    cfg = load_config("tiny-llama")
+    truth = {p.name: p for p in candidates(cfg, batch=32, context=64, prof=term)}
+    rows = []
+    for p in candidates(cfg, batch=32, context=64, prof=base):
+        t = truth[p.name]
+        rows.append(dict(model="tiny-llama", batch=32, tp=1, context=64, attn_splits=p.attn_splits,
+                         attn_wide_passes=True, plan=p.name, predicted_us=p.predicted_us, measured_us=t.predicted_us,
+                         segments=[dict(kind=s.kind, ops=len(s.ops), first_op=s.ops[0], predicted_us=s.predicted_us,
+                                        features=s.features, measured_us=ts.predicted_us)
+                                   for s, ts in zip(p.segments, t.segments)]))
+    assert any(r["plan"] == "mono" and r["measured_us"] > r["predicted_us"] * 1.001 for r in rows)
+    repriced = band.rel_errors(rows, term)[32]
+    resim = band.rel_errors(resimulate(rows, term, procs=1), term)[32]
+    assert len(resim) == len(rows) and max(abs(e) for e in resim) < 1e-3
+    assert max(abs(e) for e in repriced) > 1e-3
