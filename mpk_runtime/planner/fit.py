@@ -236,9 +236,9 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
                     int(key)))
         if "conv" in terms and len(cv) >= min_segments:
             over.update(fit_conventional(cv))
+        shown = ("mk_scale", "mk_offset_us", "mk_attn_factor", "mk_attn_scale") + CONV_FIELDS
         report[key] = {"megakernel_segments": len(mk), "conventional_segments": len(cv),
-                       **{k: over[k] for k in over if k in ("mk_scale", "mk_offset_us", "mk_attn_factor", "mk_attn_scale")
-                          + CONV_FIELDS}}
+                       **{k: over[k] for k in over if k in shown}}
         if over:
             regs[key] = over
     for key, v in keep.items():   # base regimes this fit does not define (other regime sets): kept
@@ -323,8 +323,8 @@ def main() -> None:
                          "re-simulate every measured plan with the current simulator under the profile")
     ap.add_argument("--grid", default="", help="simulator terms to choose by re-simulation, e.g. "
                     "'mk_tc_stream_eff=0.4,0.5,0.6;mk_tc_eff=0.5,1;fixed.qkv_rope=5,15' (fixed.<kind> / flop.<kind>: "
-                    "per-kind task fixed cost / per-flop time; pass.<rows>: a Tensor Core linear pass's serial time by its rows; "
-                    "chosen on the training half in --holdout)")
+                    "per-kind task fixed cost / per-flop time; pass.<rows>: a Tensor Core linear pass's serial time by "
+                    "its rows; chosen on the training half in --holdout)")
     ap.add_argument("--procs", type=int, default=0, help="processes for re-simulation (default: all cores)")
     ap.add_argument("--test", default="", help="rows never fitted on (e.g. another context): scored out of sample "
                     "with the fitted profile (re-simulated under the chosen grid terms)")
@@ -332,8 +332,8 @@ def main() -> None:
                     "regimes they fall in are refit, the others kept, and the chosen --grid terms are written into "
                     "those regimes only (scoped_terms), so the other regimes' prices do not move")
     ap.add_argument("--keep-attn", action="store_true", help="megakernel refit: mk_scale only, the base's "
-                    "mk_offset_us kept and attention-only segments left at the base's scale and factor (their price does "
-                    "not move; for a term that moves whole-layer segments only, fitted on older rows)")
+                    "mk_offset_us kept and attention-only segments left at the base's scale and factor (their price "
+                    "does not move; for a term that moves whole-layer segments only, fitted on older rows)")
     a = ap.parse_args()
     rows = load_rows(a.rows)
     if a.batches:

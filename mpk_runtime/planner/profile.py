@@ -69,7 +69,8 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # h200_v43 since session 35: v42 with a Tensor Core linear pass's serial time by its rows (tc_pass_us_by_rows, from
 # session 34's traces) at B >= 32, those regimes' whole-layer megakernel scale refit on session 32's rows with the
 # attention-only segments' price kept (fit --keep-attn). Out of sample on session 35's 56 rows (B=32 / 128): step
-# MAPE 6.4% -> 3.8%, segment 8.1% -> 6.8%, regret 0 at 8 of 8 as v42; choices as v42's wherever compared (docs/planner.md).
+# MAPE 6.4% -> 3.8%, segment 8.1% -> 6.8%, regret 0 at 8 of 8 as v42; choices as v42's wherever compared
+# (docs/planner.md).
 DEFAULT_PROFILE = "h200_v43"
 
 

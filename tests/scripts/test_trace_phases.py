@@ -104,7 +104,8 @@ def test_merge_chain_from_stage_stamps(tmp_path):
         json.dump({"stage_words": K, "step": 1, "rows": rows}, f)
     out = subprocess.run([sys.executable, str(ROOT / "scripts/trace_phases.py"), str(p), "--merge"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    got = {line.rsplit(None, 5)[0].strip(): float(line.split()[-5]) for line in out.splitlines() if " us (median" in line}
+    got = {line.rsplit(None, 5)[0].strip(): float(line.split()[-5])
+           for line in out.splitlines() if " us (median" in line}
     assert "folded groups: 2, partials a group: 2" in out
     assert got == {"chunk (start -> rows written)": 6.0, "ticket (rows written -> ticket)": 1.0,
                    "merge (ticket -> merged)": 3.0, "signal (merged -> signals issued)": 0.5,
