@@ -263,7 +263,7 @@ tail -32 "$OUT/bench/phase.log"; snap
 elif [ "$MODE" = stamps ]; then
 st "4b stage stamps of the one-megakernel step at B=1, 8 (qwen3-8b B=8 is 0.82x gpt-fast; session 10's stamps are old)"
 st "   and B=32, 128 (attention's passes; session 16 has them for the default build)"
-MPK_NVCC_DEFINES=-DMPK_STAGE_WORDS=12 OUT="$OUT/bench" timeout 300 python3 scripts/bench_decode.py \
+MPK_NVCC_DEFINES=-DMPK_STAGE_WORDS=${STAMP_K:-12} OUT="$OUT/bench" timeout 300 python3 scripts/bench_decode.py \
     --models llama-3.2-1b,qwen3-8b --batches ${STAMP_BATCHES:-1,8} --contexts ${STAMP_CTX:-512} --mk-max-batch 128 --no-peers --no-planned \
     --trace --budget-s 280 > "$OUT/bench/stamps.log" 2>&1
 tail -12 "$OUT/bench/stamps.log"; snap
@@ -286,6 +286,24 @@ for V in a_after_mk128 b_after_peers c_alone; do
   grep -E "^$OM +8 +512 (planned|gptfast)" "$d/bench.log" | sed "s/^/[$V] /"
   tar -czf "$OUT/order.tar.gz" -C "$OUT" order 2>/dev/null
 done
+elif [ "$MODE" = varq ]; then
+# varq (session 36): the conventional plan at qwen3-8b B=8 ctx 512 measured 5.26 / 5.29 (s35, two processes, alone),
+# 5.547 (s35, full bench) and 5.645 / 5.635 / 5.883 (s36 order: alone / after B=128 / after the peers) while the one
+# megakernel moved 1.3%. Which kernel moves between processes: the plan kernel by kernel in three fresh processes,
+# then the bench cell alone in two more (~5 min).
+mkdir -p "$OUT/varq"
+for i in 1 2 3; do
+  timeout 75 python3 scripts/profile_conventional.py --models ${MODELS:-qwen3-8b} --batches 8 --context 512 \
+      --family conventional --top 40 --out "$OUT/varq/p$i" > "$OUT/varq/profile_p$i.log" 2>&1
+  grep "^==" "$OUT/varq/profile_p$i.log" | sed "s/^/[p$i] /"
+done
+for i in 1 2; do
+  d="$OUT/varq/b$i"; mkdir -p "$d"
+  OUT="$d" timeout 60 python3 scripts/bench_decode.py --models ${MODELS:-qwen3-8b} --contexts 512 --batches 8 \
+      --mk-max-batch 0 --no-peers --budget-s 50 > "$d/bench.log" 2>&1
+  grep -E " planned " "$d/bench.log" | tail -1 | sed "s/^/[b$i] /"
+done
+tar -czf "$OUT/varq.tar.gz" -C "$OUT" varq 2>/dev/null
 elif [ "$MODE" = profq ]; then
 # profq (session 35): where our conventional plan and the gpt-fast peer spend a step, kernel by kernel, at the
 # qwen3-8b points where gpt-fast leads (B=8 / 32 ctx 512 and B=8 ctx 4096 in session 35's table; ~3 min)

@@ -191,6 +191,11 @@ def merge_chain(path: str) -> int:
         steps["chunk (start -> rows written)"].append((st[4] - start) / 1e3)
         steps["ticket (rows written -> ticket)"].append((st[6] - st[4]) / 1e3)
         steps["merge (ticket -> merged)"].append((st[k - 2] - st[6]) / 1e3)
+        if k >= 16 and st[10] and st[11] and st[12]:   # attention_merge.cuh's stamps, thread 0's outputs
+            steps["  ticket -> 1st output's lse max"].append((st[10] - st[6]) / 1e3)
+            steps["  -> 1st output written"].append((st[11] - st[10]) / 1e3)
+            steps["  -> every output of thread 0"].append((st[12] - st[11]) / 1e3)
+            steps["  -> op done"].append((st[k - 2] - st[12]) / 1e3)
         steps["signal (merged -> signals issued)"].append((st[k - 1] - st[k - 2]) / 1e3)
         if len(v) > 1:
             steps["lag behind the others' last signal"].append((st[k - 1] - max(x[3][k - 1] for x in v[:-1])) / 1e3)

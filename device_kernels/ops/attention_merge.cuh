@@ -26,6 +26,7 @@ __device__ inline void attn_merge_group(const float* part, const float* lse, bf1
         if (s0 + u < S) mx = fmaxf(mx, l[u]);
     }
     if (isinf(mx)) mx = 0.f;
+    if (i == 0) MPK_STAMP(10);   // (stage builds with K >= 16) thread 0's first output: the lse max (its 1st round trip)
     float ws = 0.f, o = 0.f;
 #pragma unroll 1
     for (int s0 = 0; s0 < S; s0 += MERGE_CHUNK) {
@@ -45,7 +46,9 @@ __device__ inline void attn_merge_group(const float* part, const float* lse, bf1
       }
     }
     out[m0 * (int64_t)nq * D + (int64_t)(g * gs + h) * D + d] = __float2bfloat16_rn(o / fmaxf(ws, 1e-30f));
+    if (i == 0) MPK_STAMP(11);   // ... its first output written (the parts' round trip and the arithmetic)
   }
+  MPK_STAMP(12);   // ... every output of thread 0 (qwen3-8b's 4 x 128 outputs are two a thread)
 }
 
 __device__ inline void op_attn_merge(const Ctx& c) {

@@ -30,8 +30,11 @@ def test_folded_merge_is_bitwise_the_separate_merge(model, batch, gpu_check):
 def test_merge_stamps_follow_the_ticket_order(gpu_check, monkeypatch):
     """-DMPK_STAGE_WORDS=12 (session 35: stamp 6 is the group ticket; scripts/trace_phases.py --merge reads it): in
     a traced step every folded partial stamps its ticket after its own rows (4, where its chunk had keys) and before
-    its op is done (K-2) and its signals (K-1); in each (layer, sequence, KV group) the partial that took the last
-    ticket is the one that merged, so its ticket-to-done time is the group's longest."""
+    its op is done (K-2) and its signals (K-1), and every group has all its splits stamped. (Session 35 also asserted
+    that the last ticket's partial has the group's longest ticket-to-done time; session 36's GPU run refuted it: a
+    partial that does not merge took 1.82 us from ticket to done where the merger took 0.26 at tiny-qwen3; the
+    likely cause is the task loop reading the task record between the op and the done stamp. trace_phases.py
+    --merge takes the partial with the group's latest ticket stamp as the merger.)"""
     import collections
     import re
     from mpk_runtime.tasks.tiling import Tiling
@@ -52,6 +55,3 @@ def test_merge_stamps_follow_the_ticket_order(gpu_check, monkeypatch):
         m = re.search(r"\bb=(\d+) g=(\d+) split=(\d+)", t.label())
         groups[(t.op, m.group(1), m.group(2))].append(s)
     assert groups and all(len(v) == 4 for v in groups.values())
-    for key, v in groups.items():
-        merger = max(v, key=lambda s: s[6])
-        assert merger[K - 2] - merger[6] == max(s[K - 2] - s[6] for s in v), key
