@@ -139,7 +139,8 @@ for V in $VARS; do
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
-             pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
+             pdl) D=""; G=""; PDL=1;;
+             merge1) D="-DMPK_ATT_MERGE1=1"; G="";;   # the folded merge's loads in one round trip (s36: for qwen3-8b) g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
              greedyfast) D=""; G=""; GF=1;;   # the conventional greedy argmax in 5-8 kernels, not 26 (the default since s26)
              greedyold) D=""; G=""; GF=0;;   # the older greedy argmax path (26 kernels a step; s26 A/B -0.3..-1.3% on llama)
@@ -286,6 +287,11 @@ for V in a_after_mk128 b_after_peers c_alone; do
   grep -E "^$OM +8 +512 (planned|gptfast)" "$d/bench.log" | sed "s/^/[$V] /"
   tar -czf "$OUT/order.tar.gz" -C "$OUT" order 2>/dev/null
 done
+elif [ "$MODE" = tests ]; then
+# tests: TESTS="<pytest ids or -k expressions>" of the GPU tests, one log ($OUT/pytest_sel.log)
+st "tests: ${TESTS:-tests/gpu}"
+timeout ${LIM:-300} python3 -m pytest -v -m gpu ${TESTS:-tests/gpu} > "$OUT/pytest_sel.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_sel.log" | tail -6; tar -czf "$OUT/pending.tar.gz" -C "$OUT" pytest_sel.log
 elif [ "$MODE" = varq ]; then
 # varq (session 36): the conventional plan at qwen3-8b B=8 ctx 512 measured 5.26 / 5.29 (s35, two processes, alone),
 # 5.547 (s35, full bench) and 5.645 / 5.635 / 5.883 (s36 order: alone / after B=128 / after the peers) while the one
