@@ -25,33 +25,29 @@
 #                                                   conventional plan at B=8 (three processes, three orders)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh profq   # (one GPU, ~3 min): our conventional plan and gpt-fast
 #                                                   kernel by kernel at B=8 / 32 ctx 512 and B=8 ctx 4096
+#     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh varq    # (one GPU, ~2-5 min): the conventional plan at B=8
+#                                                   in five fresh processes (three kernel profiles, two bench cells)
+#     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 35 left it (bench/results/s35: 80 of 80 GPU tests at 5f45020;
-# llama B=1 1.073 ms with its own build; the three session-34 latency switches refuted and removed; h200_v42 regret 0
-# at B=32 / 128 too; qwen3-8b's table). Session 35 had no refused start; it used ~1520 s in five commands chained with
-# `;` inside one device call each (`N=<name> T=<secs> bash scripts/gpu_run.sh <mode>; ...`), which keeps the machine warm.
+# Order for a 30-minute session (one GPU), as session 36 left it (bench/results/s36: 69 of 70 GPU tests at 839e56e, the
+# failure a refuted test claim, since fixed and passed; h200_v43 regret <= 0.22% at B=32 / 128 ctx 512 / 2048; the
+# "bench-order effect" is a between-machine-starts effect; the one-round-trip merge refuted at qwen3-8b too). Session
+# 36 used ~1580 s in four calls (one refused start, 90 s), each `N=<name> T=<secs> bash scripts/gpu_run.sh <mode>; ...`
+# chained with `;` to keep the machine warm; give_back between calls when CPU work comes first.
 # Before the first device call: `bash scripts/gpu_prepare.sh` (~4 min from a fresh checkout, seconds after): the
-# bundle without Ray (.cache/gb), every cubin prebuilt and compressed (.cache/kc.tar.xz; sessions 33-35: every build
-# on the device hit), .cache/commit, and the 64 MiB check. Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"];
+# bundle without Ray (.cache/gb), every cubin prebuilt and compressed (.cache/kc.tar.xz; every build on the device hit
+# in sessions 33-36), .cache/commit, and the 64 MiB check. Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"];
 # scripts/gpu_run.sh unpacks the cubins on the device. Rerun it after any commit (the cubins follow the sources).
-# 1. `OUT=$OUT bash scripts/gpu_pending.sh one` (~4 min): the GPU tests after the removal of the three switches (the
-#    default builds' sources changed only inside the removed #if blocks), with one new test, not yet run:
-#    tests/gpu/test_attn_fold.py::test_merge_stamps_follow_the_ticket_order (the ticket stamp of item 4).
-# 2. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh order` (~7 min): why the conventional plan at qwen3-8b B=8
-#    measures ~5% slower inside the full bench (5.547) than alone (5.26-5.29). If (a) or (b) reproduces 5.5, change
-#    bench_decode's order (or isolate the systems in processes) and rerun that model's bench; the table's planned
-#    column at B=8 (and maybe gpt-fast's) depends on it.
-# 3. `MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh profq` (~3 min): where gpt-fast's 6-9% lead at qwen3-8b
-#    B >= 8 comes from, kernel by kernel (session 35's table).
-# 4. `STAMP_BATCHES=1,8 STAMP_CTX=512 OUT=$OUT bash scripts/gpu_pending.sh stamps` (~1 min), then on the CPU
-#    `python3 scripts/trace_phases.py <stages_*_b1_c512_s8.json.gz> --merge`: the folded merge's chain in the merging
-#    partial (rows written -> ticket (the new stamp 6) -> merged -> signals) and its lag behind the group's others
-#    (docs/perf-notes.md session 35: the ~1.5 / 3 us lag is not its loads' round trips; find which step it is).
-# 5. `VAL_CTXS="512 2048" VAL_B512=32,128 VAL_B2048=32,128 OUT=$OUT bash scripts/gpu_pending.sh val` (~4 min):
-#    h200_v43 (session 35, CPU-fitted, the default) on fresh rows and at a context never validated (2048), where
-#    the conventional and attn-mk plans of qwen3-8b B=32 are predicted within 0.5% of each other. Predicted: regret 0,
-#    step MAPE ~4%.
-# 6. `MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh bench` if time is left (llama's table with its own build).
+# 1. `one` (~4 min): the whole GPU set at HEAD (session 36's runs 7-9 were at 7de5ad7; HEAD's default builds differ only
+#    by the removed opt-in block and the stamps, which compile to nothing).
+# 2. `MODELS=llama-3.2-1b bench` (~6 min), then `MODELS=qwen3-8b bench` (~8 min) if the budget allows: the tables on one
+#    machine start, peers side by side (session 36: the conventional plan moved 3-6% between machine starts, so every
+#    ratio must come from one run).
+# 3. `MODELS=qwen3-8b profq` (~3 min): where gpt-fast's lead at qwen3-8b B >= 8 comes from, kernel by kernel, and
+#    whether inductor's norm kernels (2.4x apart between starts in session 36) are the conventional plan's variance.
+# 4. The next batch-1 design first needs one measurement (docs/perf-notes.md session 36, the down projection fused into
+#    gate_up along K): a bench_stream-style rate of one SM streaming a gate_up slice and then its down slice without a
+#    wait. Not built yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
@@ -139,8 +135,7 @@ for V in $VARS; do
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
-             pdl) D=""; G=""; PDL=1;;
-             merge1) D="-DMPK_ATT_MERGE1=1"; G="";;   # the folded merge's loads in one round trip (s36: for qwen3-8b) g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
+             pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
              greedyfast) D=""; G=""; GF=1;;   # the conventional greedy argmax in 5-8 kernels, not 26 (the default since s26)
              greedyold) D=""; G=""; GF=0;;   # the older greedy argmax path (26 kernels a step; s26 A/B -0.3..-1.3% on llama)

@@ -135,6 +135,9 @@ REMOVED_DEFINES = {
                              "B=1 / 8 ctx 512, the attention phase unchanged, session 34"),
     "MPK_ATT_QKN_EARLY": (0, "K / V copies issued before Qwen3's q / k norm: +0.0..+0.2% / +0.6..+1.1% at qwen3-8b "
                              "B=1 / 8 ctx 512 (the k-norm split stopped straggling, the others slowed), session 35"),
+    "MPK_ATT_MERGE1": (0, "the folded merge's loads in one round trip: -0.1% at llama-3.2-1b B=1 / 8 (with "
+                          "MPK_ARGMAX_RED1), session 35; qwen3-8b B=1 -0.1%, B=8 +0.5% (its merge 3.4 us a layer in "
+                          "four round trips), session 36"),
     "MPK_ARGMAX_RED1": (0, "the greedy reduce's slot loads together: its task 4.6 -> 3.7 us, -0.1% a step at "
                            "llama-3.2-1b B=1 (with MPK_ATT_MERGE1), session 35"),
 }

@@ -56,20 +56,3 @@ def test_merge_stamps_follow_the_ticket_order(gpu_check, monkeypatch):
         groups[(t.op, m.group(1), m.group(2))].append(s)
     assert groups and all(len(v) == 4 for v in groups.values())
 
-
-@pytest.mark.parametrize("model,splits", [("tiny-llama", 4), ("tiny-qwen3", 8), ("tiny-qwen3-d128", 8),
-                                          ("tiny-llama", 16)])
-@pytest.mark.parametrize("batch", [1, 3])
-def test_one_round_trip_merge_is_bitwise_the_merge(model, splits, batch, gpu_check, monkeypatch):
-    """-DMPK_ATT_MERGE1=1 (opt-in; session 34, restored in session 36): the folded merge issues all of a thread's lse
-    and part loads at once (S <= 8, at most two outputs a thread: tiny-qwen3-d128's 4 heads x 128 take two); the
-    logits and tokens are bitwise the default build's. 16 splits take the default loop in both builds."""
-    monkeypatch.delenv("MPK_NVCC_DEFINES", raising=False)
-    ref = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, splits=splits)
-    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_MERGE1=1")
-    one = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, splits=splits)
-    assert "-DMPK_ATT_MERGE1=1" in one.mk.build.flags and "-DMPK_ATT_MERGE1=1" not in ref.mk.build.flags
-    assert any(t.kind == "attn_partial" and t.params.get("fold") for t in one.tg.tasks)
-    for s, ((la, na), (lb, nb)) in enumerate(zip(ref.greedy_run(8, seed=9), one.greedy_run(8, seed=9))):
-        assert torch.equal(na, nb), (s, na, nb)
-        assert torch.equal(la, lb), (s, (la - lb).abs().max().item())
