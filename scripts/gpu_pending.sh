@@ -40,6 +40,10 @@
 # scripts/gpu_run.sh unpacks the cubins on the device. Rerun it after any commit (the cubins follow the sources).
 # 1. `one` (~4 min): the whole GPU set at HEAD (session 36's runs 7-9 were at 7de5ad7; HEAD's default builds differ only
 #    by the removed opt-in block and the stamps, which compile to nothing).
+# 1b. `N=fill T=300 VARS="base fill base fill" BS=1 CTXS=512 MODELS=llama-3.2-1b LIM=60 ... ab`, then the same with
+#    MODELS=qwen3-8b LIM=70 (~3 + 4 min): MPK_LIN_FILL=1, batch-1 linear ops on all 132 SMs (docs/perf-notes.md
+#    session 36: predicted llama -0.5..-1.1%, qwen3-8b -0.9..-1.7%); its GPU test is
+#    tests/gpu/test_megakernel.py -k filled (in `one`). If it holds, make it the default and rerun `val` at B=1.
 # 2. `MODELS=llama-3.2-1b bench` (~6 min), then `MODELS=qwen3-8b bench` (~8 min) if the budget allows: the tables on one
 #    machine start, peers side by side (session 36: the conventional plan moved 3-6% between machine starts, so every
 #    ratio must come from one run).
@@ -130,12 +134,13 @@ ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2
 for V in $VARS; do
   n=1; while [[ " $ABD " == *" ab_${V}$([ $n = 1 ] || echo _$n) "* ]]; do n=$((n + 1)); done
   VD="ab_${V}$([ $n = 1 ] || echo _$n)"; ABD="$ABD $VD"
-  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""
+  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""; LF=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
-             pdl) D=""; G=""; PDL=1;; g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
+             pdl) D=""; G=""; PDL=1;;
+             fill) D=""; G=""; LF=1;;   # batch-1 linear ops in one tile per SM (MPK_LIN_FILL, s36: 132 tiles, not 128) g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
              greedyfast) D=""; G=""; GF=1;;   # the conventional greedy argmax in 5-8 kernels, not 26 (the default since s26)
              greedyold) D=""; G=""; GF=0;;   # the older greedy argmax path (26 kernels a step; s26 A/B -0.3..-1.3% on llama)
@@ -149,7 +154,7 @@ for V in $VARS; do
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
-  MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_LIN_FILL=$LF MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} ${TRACE:+--trace} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap

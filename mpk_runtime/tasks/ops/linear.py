@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..graph import Region, Task
 from . import decomposer, task_kind
-from .common import rms_norm, split_range
+from .common import rms_norm
 
 
 @decomposer("linear")
@@ -30,9 +30,8 @@ def decompose(op, graph, tiling, rank):
     M_in, K = graph.tensors[a["x"]].shape
     N = out.shape[-1]
     M = out.shape[-2]
-    tile_n = tiling.linear_n(graph, op, N)
     tasks = []
-    for n0, n1 in split_range(N, tile_n):
+    for n0, n1 in tiling.linear_tiles(graph, op, N, M):
         if a["push"]:
             writes = [Region(a["out"], r, ((rank, rank + 1), (0, M), (n0, n1))) for r in range(graph.tp)]
         else:
