@@ -47,8 +47,9 @@
 # 2. `MODELS=llama-3.2-1b bench` (~6 min), then `MODELS=qwen3-8b bench` (~8 min) if the budget allows: the tables on one
 #    machine start, peers side by side (session 36: the conventional plan moved 3-6% between machine starts, so every
 #    ratio must come from one run).
-# 3. `MODELS=qwen3-8b profq` (~3 min): where gpt-fast's lead at qwen3-8b B >= 8 comes from, kernel by kernel, and
-#    whether inductor's norm kernels (2.4x apart between starts in session 36) are the conventional plan's variance.
+# 3. `CLEAR=1 MODELS=qwen3-8b varq` (~3 min): with an empty inductor cache per process, do the conventional plan's
+#    norm kernels (2.4x apart between machine starts in session 36) vary between processes on one start? Then
+#    `MODELS=qwen3-8b profq` (~3 min): where gpt-fast's lead at qwen3-8b B >= 8 comes from, kernel by kernel.
 # 4. The next batch-1 design first needs one measurement (docs/perf-notes.md session 36, the down projection fused into
 #    gate_up along K): a bench_stream-style rate of one SM streaming a gate_up slice and then its down slice without a
 #    wait. Not built yet.
@@ -297,15 +298,18 @@ elif [ "$MODE" = varq ]; then
 # 5.547 (s35, full bench) and 5.645 / 5.635 / 5.883 (s36 order: alone / after B=128 / after the peers) while the one
 # megakernel moved 1.3%. Which kernel moves between processes: the plan kernel by kernel in three fresh processes,
 # then the bench cell alone in two more (~5 min).
+# CLEAR=1: each process with an empty inductor cache (TORCHINDUCTOR_CACHE_DIR fresh), so each times its reductions'
+# launch configs anew (docs/perf-notes.md session 36: the picks are cached per machine)
 mkdir -p "$OUT/varq"
 for i in 1 2 3; do
-  timeout 75 python3 scripts/profile_conventional.py --models ${MODELS:-qwen3-8b} --batches 8 --context 512 \
+  ${CLEAR:+env TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)} timeout 75 python3 scripts/profile_conventional.py --models ${MODELS:-qwen3-8b} --batches 8 --context 512 \
       --family conventional --top 40 --out "$OUT/varq/p$i" > "$OUT/varq/profile_p$i.log" 2>&1
   grep "^==" "$OUT/varq/profile_p$i.log" | sed "s/^/[p$i] /"
 done
 for i in 1 2; do
   d="$OUT/varq/b$i"; mkdir -p "$d"
-  OUT="$d" timeout 60 python3 scripts/bench_decode.py --models ${MODELS:-qwen3-8b} --contexts 512 --batches 8 \
+  ${CLEAR:+env TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)} OUT="$d" timeout 60 python3 scripts/bench_decode.py \
+      --models ${MODELS:-qwen3-8b} --contexts 512 --batches 8 \
       --mk-max-batch 0 --no-peers --budget-s 50 > "$d/bench.log" 2>&1
   grep -E " planned " "$d/bench.log" | tail -1 | sed "s/^/[b$i] /"
 done
