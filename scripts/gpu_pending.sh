@@ -141,7 +141,8 @@ for V in $VARS; do
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
              pdl) D=""; G=""; PDL=1;;
-             fill) D=""; G=""; LF=1;;   # batch-1 linear ops in one tile per SM (MPK_LIN_FILL, s36: 132 tiles, not 128) g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
+             g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
+             fill) D=""; G=""; LF=1;;   # batch-1 linear ops in one tile per SM (MPK_LIN_FILL, s36: 132 tiles, not 128)
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
              greedyfast) D=""; G=""; GF=1;;   # the conventional greedy argmax in 5-8 kernels, not 26 (the default since s26)
              greedyold) D=""; G=""; GF=0;;   # the older greedy argmax path (26 kernels a step; s26 A/B -0.3..-1.3% on llama)
