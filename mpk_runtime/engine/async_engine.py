@@ -28,6 +28,7 @@ class EngineLoop:
         self.engine = engine
         self.name = name
         self.health_interval = health_interval
+        engine.on_failed_outputs = lambda outs: [self._deliver(o) for o in outs]   # before a slow rebuild
         self._cmds: queue.Queue = queue.Queue()
         self._callbacks: dict[str, OutputCallback] = {}
         self._outstanding = 0           # submitted and not finished (read by the router without a lock)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..runtime.base import KVSpec, SeqChunk
 from ..runtime.executor import Executor
@@ -40,6 +40,10 @@ class LLMEngine:
         self.tokenizer = tokenizer or LazyTokenizer(None)
         self.seed = seed
         self.step_timeout = step_timeout
+        # called with the failed requests' outputs as soon as a step fails, before the workers are rebuilt (which
+        # can take many seconds): a caller that streams outputs (EngineLoop) tells its users now; _on_failure then
+        # returns only the outputs it did not hand over
+        self.on_failed_outputs: Callable[[list[RequestOutput]], None] | None = None
         self.allocator = BlockAllocator(kv_spec.num_pages, kv_spec.page_size)
         self.scheduler = Scheduler(self.allocator, kv_spec.max_batch,
                                    max_num_batched_tokens or max(kv_spec.max_seq_len, kv_spec.max_batch))
@@ -293,6 +297,9 @@ class LLMEngine:
             self.stats["requests_failed"] += 1
             outputs.append(r.snapshot())
         self.allocator.reset()
+        if self.on_failed_outputs is not None and outputs:
+            self.on_failed_outputs(outputs)
+            outputs = []
         recovered = False
         try:
             recovered = self.executor.recover()

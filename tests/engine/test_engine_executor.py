@@ -62,3 +62,40 @@ def test_mpk_runtime_and_cluster_import_without_ray():
     code = ("import sys; import mpk_runtime.engine, mpk_runtime.runtime.executor, cluster; "
             "assert 'ray' not in sys.modules, 'ray was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=__file__.rsplit("/tests/", 1)[0])
+
+
+def test_async_engine_reports_a_failed_step_before_the_workers_are_rebuilt():
+    """A failed step's requests get their error at once, not after the executor's rebuild (a Ray replica's takes
+    seconds to tens of seconds): the loop hands them over through LLMEngine.on_failed_outputs before recover()."""
+    import threading
+
+    from mpk_runtime.engine.async_engine import EngineLoop
+    with LLM("tiny-qwen3", dtype="float32", max_seq_len=64) as llm:
+        rebuilding, release = threading.Event(), threading.Event()
+
+        def slow_recover():
+            rebuilding.set()
+            assert release.wait(30)
+            return True
+        llm.executor.recover = slow_recover
+        loop = EngineLoop(llm.engine, name="t", health_interval=None)
+        try:
+            llm.executor.collective_rpc("inject_fault", ("raise",))
+            got, done = {}, threading.Event()
+
+            def cb(out):
+                if out.finished:
+                    got["out"] = out
+                    done.set()
+            loop.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=5), cb)
+            assert done.wait(20) and rebuilding.is_set() and not release.is_set()
+            assert got["out"].finish_reason == "error" and "injected fault" in got["out"].error
+            release.set()
+            good, again = {}, threading.Event()
+            loop.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=5),
+                        lambda o: (good.update(out=o), again.set()) if o.finished else None)
+            assert again.wait(20) and good["out"].finish_reason != "error"
+            assert llm.engine.stats["recoveries"] == 1
+        finally:
+            release.set()
+            loop.shutdown()
