@@ -32,7 +32,7 @@
 # Order for a 30-minute session (one GPU), as session 36 left it (bench/results/s36: 69 of 70 GPU tests at 839e56e, the
 # failure a refuted test claim, since fixed and passed; h200_v43 regret <= 0.22% at B=32 / 128 ctx 512 / 2048; the
 # "bench-order effect" is a between-machine-starts effect; the one-round-trip merge refuted at qwen3-8b too). Session
-# 36 used ~1580 s in four calls (one refused start, 90 s), each `N=<name> T=<secs> bash scripts/gpu_run.sh <mode>; ...`
+# 36 used ~1580 s in five calls (one refused start, 90 s), each `N=<name> T=<secs> bash scripts/gpu_run.sh <mode>; ...`
 # chained with `;` to keep the machine warm; give_back between calls when CPU work comes first.
 # Before the first device call: `bash scripts/gpu_prepare.sh` (~4 min from a fresh checkout, seconds after): the
 # bundle without Ray (.cache/gb), every cubin prebuilt and compressed (.cache/kc.tar.xz; every build on the device hit
