@@ -178,8 +178,8 @@ def main():
             work = [w for w in work if w[0] in ("megakernel", "planned")]
         weights = None
         for system, B, ctx in work:
-            # seq / t_s: the cell's place in this process's order and its start (s after the process began): a
-            # plan measured ~5% slower inside the full bench than alone (session 35), so order is part of a number
+            # seq / t_s: the cell's place in this process's order and its start (s after the process began), kept
+            # with each number (session 36: the same plan moves ~4% between machine starts, < 1% between orders)
             key = dict(model=model, system=system, batch=B, context=ctx, floor_ms=fl, weight_bytes=nbytes,
                        seq=len(ROWS), t_s=round(time.time() - T0, 1))
             est = {"megakernel": 8, "planned": 25 if "8b" in model else 12, "gptfast": 45 if "8b" in model else 25,

@@ -165,8 +165,10 @@ def merge_chain(path: str) -> int:
     """The folded merge's chain from a stage-stamp file (scripts/_bench_common.stage_summary rows: id, kind, op, SM,
     start, end, stamps, label). An attn_partial's stamps: 4 its chunk's part / lse rows written, 6 its group ticket
     taken (attention.cuh), K-2 the op done (the merge, for the partial that took the group's last ticket), K-1 its
-    signals issued (megakernel.cu). Per (layer, b, g) the merger is the partial whose ticket came last; medians over
-    groups, in us, of the merger's steps and of its signal's lag behind the group's other partials' last signal."""
+    signals issued (megakernel.cu). Per (layer, b, g) the merger is the partial that wrote the merge's stamps 10-12
+    after its ticket (K >= 16 builds; with K = 12 the latest ticket stamp, which session 36 found wrong for about half
+    of llama's groups); medians over groups, in us, of the merger's steps and of its signal's lag behind the group's
+    other partials' last signal."""
     import statistics
     op = gzip.open if path.endswith(".gz") else open
     with op(path, "rt") as f:

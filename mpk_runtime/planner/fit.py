@@ -42,9 +42,8 @@ FIXED_PREFIX = "fixed."   # --grid fixed.<task kind>=...: the per-kind task fixe
 FLOP_PREFIX = "flop."     # --grid flop.<task kind>=...: the per-kind per-flop time not hidden (flop_us_by_kind)
 KEY_PREFIX = "key."       # --grid key.<task kind>=...: an attention partial's per-key time (key_us_by_kind)
 PASS_PREFIX = "pass."     # --grid pass.<rows>=...: a Tensor Core linear pass's serial time (tc_pass_us_by_rows)
-CAP_PREFIX = "cap."       # --grid cap.<cost key>=...: one SM's most streaming rate, bytes/s (sm_stream_cap_by_kind)
 PREFIXES = {FIXED_PREFIX: "task_fixed_us_by_kind", FLOP_PREFIX: "flop_us_by_kind", KEY_PREFIX: "key_us_by_kind",
-            PASS_PREFIX: "tc_pass_us_by_rows", CAP_PREFIX: "sm_stream_cap_by_kind"}
+            PASS_PREFIX: "tc_pass_us_by_rows"}
 
 
 def with_terms(base: HardwareProfile, combo) -> HardwareProfile:
@@ -305,7 +304,7 @@ def _grid(spec: str) -> list[tuple]:
     for part in filter(None, spec.split(";")):
         k, vs = part.split("=")
         assert k in SIM_FIELDS or any(k.startswith(p) for p in PREFIXES), \
-            f"--grid field {k!r}: one of {SIM_FIELDS} or <prefix><key> with a prefix of {tuple(PREFIXES)}"
+            f"--grid field {k!r}: one of {SIM_FIELDS}, {FIXED_PREFIX}<task kind>, {FLOP_PREFIX}<task kind> or {KEY_PREFIX}<task kind>"
         axes.append([(k, float(v)) for v in vs.split(",")])
     return [tuple(c) for c in itertools.product(*axes)] if axes else [()]
 

@@ -125,11 +125,6 @@ class HardwareProfile:
     fp32_flops_per_s: float = 60e12
     task_fixed_us_by_kind: dict[str, float] = field(default_factory=dict)
     stream_eff_by_kind: dict[str, float] = field(default_factory=dict)   # achieved / fair-share streaming rate
-    # the most one SM's task streams, by cost key (bytes/s; empty = no cap but the one-SM point of hbm_bw_by_sms): a
-    # batch-1 CUDA-core task keeps ~64 KB in flight and streams ~35 GB/s whatever the others do, so a phase of n
-    # such tasks runs at n x that when it is below HBM's share (llama's 96 qkv parts ~3.4 TB/s; docs/perf-notes.md
-    # sessions 31 and 36). Exact keys only: "linear" is a CUDA-core tile, "linear@tc" is not capped by it.
-    sm_stream_cap_by_kind: dict[str, float] = field(default_factory=dict)
     # the paged KV cache's rate by the contiguous bytes an attention task reads of one head before it jumps to the
     # next row (scripts/bench_stream.py --pieces: rate / the contiguous rate): head_dim x 2 of (page, slot, head, D)
     # pages; empty = 1 (every piece streams)

@@ -171,29 +171,12 @@ def kv_piece_bytes(head_dim: int) -> int:
     return head_dim * 2
 
 
-def task_stream_eff(t: Task, prof: HardwareProfile, phase_sms: int = 0) -> float:
+def task_stream_eff(t: Task, prof: HardwareProfile) -> float:
     """Achieved / fair-share streaming rate of a task: the kind's, times `mk_tc_stream_eff` for a Tensor Core
     tile (linear with tc_rows > 0, qkv_rope from TC_MIN_M rows): it keeps fewer weight bytes in flight per warp
     (UN 16-byte rounds of two rows) than the CUDA-core batch-1 loop (UNROLL vectors x 2 columns); an attention
-    partial's times the KV cache's rate for its pieces (prof.kv_piece_eff, kv_piece_bytes). A kind with a per-SM
-    cap (prof.sm_stream_cap_by_kind) streaming in a phase of `phase_sms` SMs (its op's tasks, at most the SMs):
-    times min(1, cap / that phase's fair share)."""
+    partial's times the KV cache's rate for its pieces (prof.kv_piece_eff, kv_piece_bytes)."""
     key = cost_key(t)
-    cap = prof.sm_stream_cap_by_kind.get(key) if phase_sms > 0 else None
-    if cap:
-        return _stream_eff(t, prof, key) * min(1.0, cap * phase_sms / prof.bw(phase_sms))
-    return _stream_eff(t, prof, key)
-
-
-def phase_widths(g: TaskGraph) -> dict[str, int]:
-    """SMs each op's tasks stream on when they run as one phase: its task count, at most the graph's SMs."""
-    n: dict[str, int] = {}
-    for t in g.tasks:
-        n[t.op] = n.get(t.op, 0) + 1
-    return {op: min(c, g.num_sms) for op, c in n.items()}
-
-
-def _stream_eff(t: Task, prof: HardwareProfile, key: str) -> float:
     if t.kind == "attn_partial" and prof.kv_piece_eff_by_bytes and "head_dim" in t.params:   # (no table: 1)
         return prof.stream_eff(key) * prof.kv_piece_eff(kv_piece_bytes(t.params["head_dim"]))
     if "@tc" not in key:   # the kind's (an attention "@w" key falls back to it): not a Tensor Core tile
@@ -232,7 +215,6 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
     per_pass = bool(prof.tc_pass_us_by_rows)
     for r, g in enumerate(graphs):
         ev = g.events
-        width = phase_widths(g) if prof.sm_stream_cap_by_kind else {}
         for t in g.tasks:
             if per_pass and t.kind == "linear":
                 f = task_serial_us(t, prof)
@@ -245,7 +227,7 @@ def simulate(graphs: list[TaskGraph], prof: HardwareProfile, steps: int = 1, rec
             nb = task_stream_bytes(t, prof)
             nbytes_of.append(nb)
             # a kernel that streams below its fair share (latency-bound) moves "more" bytes in the fluid
-            vbytes.append(nb / task_stream_eff(t, prof, width.get(t.op, 0)) if nb else 0.0)
+            vbytes.append(nb / task_stream_eff(t, prof) if nb else 0.0)
             tc.append(task_tc_us(t, prof))
             waits.append([(ev_off[r] + e, ev[e].triggers, lag) for e, lag in t.waits])
             sig = []

@@ -18,7 +18,7 @@ import itertools
 
 from ..tasks.graph import Task, TaskGraph
 from .profile import HardwareProfile
-from .simulate import (SimResult, finish_result, phase_widths, task_serial_us, task_stream_bytes, task_stream_eff,
+from .simulate import (SimResult, finish_result, task_serial_us, task_stream_bytes, task_stream_eff,
                        task_tc_us)
 
 
@@ -44,7 +44,6 @@ def simulate_reference(graphs: list[TaskGraph], prof: HardwareProfile, steps: in
     total_bytes = 0
 
     rates = [0.0] + [min(cap, prof.bw(n) / n) / 1e6 for n in range(1, max(g.num_sms for g in graphs) + 1)]
-    widths = [phase_widths(g) for g in graphs]
 
     def rate(r: int) -> float:  # bytes per us per streaming SM
         return rates[len(streaming[r])]
@@ -124,7 +123,7 @@ def simulate_reference(graphs: list[TaskGraph], prof: HardwareProfile, steps: in
             if nbytes:
                 advance(r, now)
                 # a kernel that streams below its fair share (latency-bound) moves "more" bytes in the fluid
-                streaming[r][sm] = V[r] + nbytes / task_stream_eff(t, prof, widths[r].get(t.op, 0))
+                streaming[r][sm] = V[r] + nbytes / task_stream_eff(t, prof)
                 stream_t0[r][sm] = now
                 reschedule(r, now)
             else:

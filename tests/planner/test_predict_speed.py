@@ -103,33 +103,3 @@ def test_tc_pass_term_is_serial_per_pass_and_the_same_in_both_simulators():
     b = simulate([tg], prof, steps=2, record=True)
     assert b.makespan_us == pytest.approx(a.makespan_us, rel=1e-12, abs=0)
     assert b.makespan_us > simulate([tg], base, steps=2).makespan_us
-
-
-def test_per_sm_stream_cap_slows_narrow_phases_only_and_matches_reference():
-    """profile.sm_stream_cap_by_kind (session 36, no default profile sets it): a capped key's task streams at
-    min(1, cap x n / bw(n)) of its fair share in a phase of n SMs (its op's task count, at most the SMs). At batch 1
-    on 16 SMs with a cap at 0.8 of 16 SMs' fair share for CUDA-core linear tiles, some of them stream slower, no
-    other key moves, the step gets slower, and the fast simulator still equals the reference one."""
-    from dataclasses import replace
-
-    from mpk_runtime.planner.simulate import cost_key, phase_widths, task_stream_eff
-    base = HardwareProfile.load("h200_v43").for_batch(1)
-    cap = base.bw(16) / 16 * 0.8
-    prof = replace(base, sm_stream_cap_by_kind={"linear": cap})
-    g = build_graph(PRESETS["tiny-llama"], batch=1, context_len=64, attn_splits=2)
-    tg = build_task_graphs([g], Tiling(num_sms=16))[0]
-    width = phase_widths(tg)
-    capped = 0
-    for t in tg.tasks:
-        n = width[t.op]
-        got, plain = task_stream_eff(t, prof, n), task_stream_eff(t, base, n)
-        if cost_key(t) == "linear":
-            assert got == pytest.approx(plain * min(1.0, cap * n / base.bw(n)))
-            capped += got < plain
-        else:
-            assert got == plain
-    assert capped, "no CUDA-core linear phase narrower than its fair share"
-    a = simulate_reference([tg], prof, steps=2, record=True)
-    b = simulate([tg], prof, steps=2, record=True)
-    assert b.makespan_us == pytest.approx(a.makespan_us, rel=1e-12, abs=0)
-    assert b.makespan_us > simulate([tg], base, steps=2).makespan_us
