@@ -50,4 +50,4 @@ def resolved_switches() -> dict:
     flag = lambda v: "1" if v else "0"   # noqa: E731
     return {"MPK_CONV_TRITON_ATTN": flag(conv_attn_appends()), "MPK_KV_DEFER": flag(kv_defer()),
             "MPK_QKV_FLAT": flag(t.qkv_flat), "MPK_ATTN_QKNORM": flag(t.attn_qk_norm),
-            "MPK_ATTN_FOLD": flag(t.attn_fold_merge), "MPK_LIN_FILL": flag(t.lin_fill), **switches()}
+            "MPK_ATTN_FOLD": flag(t.attn_fold_merge), **switches()}

@@ -29,30 +29,25 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 36 left it (bench/results/s36: 69 of 70 GPU tests at 839e56e, the
-# failure a refuted test claim, since fixed and passed; h200_v43 regret <= 0.22% at B=32 / 128 ctx 512 / 2048; the
-# "bench-order effect" is a between-machine-starts effect; the one-round-trip merge refuted at qwen3-8b too). Session
-# 36 used ~1580 s in five calls (one refused start, 90 s), each `N=<name> T=<secs> bash scripts/gpu_run.sh <mode>; ...`
-# chained with `;` to keep the machine warm; give_back between calls when CPU work comes first.
+# Order for a 30-minute session (one GPU), as session 37 left it (bench/results/s37: 73 of 73 GPU tests at f235422;
+# MPK_LIN_FILL refuted and removed; both tables on one start; the conventional plan's q / k norm kernel 59.6 vs 122.3
+# us a step between fresh processes). Session 37 used ~1640 s in four calls and one refused start (~120 s); the qwen3-8b
+# bench alone needs ~9.5 min (T=560 leaves HF's cells cut). Each call `N=<name> T=<secs> bash scripts/gpu_run.sh
+# <mode>; ...` chained with `;` to keep the machine warm; give_back between calls when CPU work comes first.
 # Before the first device call: `bash scripts/gpu_prepare.sh` (~4 min from a fresh checkout, seconds after): the
 # bundle without Ray (.cache/gb), every cubin prebuilt and compressed (.cache/kc.tar.xz; every build on the device hit
-# in sessions 33-36), .cache/commit, and the 64 MiB check. Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"];
+# in sessions 33-37), .cache/commit, and the 64 MiB check. Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"];
 # scripts/gpu_run.sh unpacks the cubins on the device. Rerun it after any commit (the cubins follow the sources).
-# 1. `one` (~4 min): the whole GPU set at HEAD (session 36's runs 7-9 were at 7de5ad7; HEAD's default builds differ only
-#    by the removed opt-in block and the stamps, which compile to nothing).
-# 1b. `N=fill T=300 VARS="base fill base fill" BS=1 CTXS=512 MODELS=llama-3.2-1b LIM=60 ... ab`, then the same with
-#    MODELS=qwen3-8b LIM=70 (~3 + 4 min): MPK_LIN_FILL=1, batch-1 linear ops on all 132 SMs (docs/perf-notes.md
-#    session 36: predicted llama -0.5..-1.1%, qwen3-8b -0.9..-1.7%); its GPU test is
-#    tests/gpu/test_megakernel.py -k filled (in `one`). If it holds, make it the default and rerun `val` at B=1.
-# 2. `MODELS=llama-3.2-1b bench` (~6 min), then `MODELS=qwen3-8b bench` (~8 min) if the budget allows: the tables on one
-#    machine start, peers side by side (session 36: the conventional plan moved 3-6% between machine starts, so every
-#    ratio must come from one run).
-# 3. `CLEAR=1 MODELS=qwen3-8b varq` (~3 min): with an empty inductor cache per process, do the conventional plan's
-#    norm kernels (2.4x apart between machine starts in session 36) vary between processes on one start? Then
-#    `MODELS=qwen3-8b profq` (~3 min): where gpt-fast's lead at qwen3-8b B >= 8 comes from, kernel by kernel.
-# 4. The next batch-1 design first needs one measurement (docs/perf-notes.md session 36, the down projection fused into
-#    gate_up along K): a bench_stream-style rate of one SM streaming a gate_up slice and then its down slice without a
-#    wait. Not built yet.
+# 1. `one` (~4 min): the whole GPU set at HEAD.
+# 2. `N=fixed T=200 MPK_CONV_FIXED_CONFIGS=1 CLEAR=1 MODELS=qwen3-8b bash scripts/gpu_run.sh varq` (~2.5 min), then
+#    the same without the switch if the budget allows: with inductor's deterministic mode, is the q / k norm kernel
+#    (`triton_per_fused__to_copy_cat_mean_pow_0`) the same in all three fresh processes, and at ~59 us (the fast
+#    pick) or ~122 (docs/perf-notes.md session 37)? If fast and stable, make the switch the default.
+# 3. The next batch-1 design (docs/perf-notes.md session 36, the down projection split along K and fused into the
+#    gate_up tile, llama -7.5% / qwen3-8b -4% predicted): the marginal rate it needs (~35 GB/s an SM for bytes
+#    appended to a task's stream) is session 31's table; mind session 37's lesson: a tile's time is its warps' pass
+#    count, so the down slice's rows must split evenly over the 8 warps.
+# 4. `val` at B=1 / 8 with h200_v43 (not validated at B=1 / 8 since session 35's fit).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
@@ -135,14 +130,13 @@ ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2
 for V in $VARS; do
   n=1; while [[ " $ABD " == *" ab_${V}$([ $n = 1 ] || echo _$n) "* ]]; do n=$((n + 1)); done
   VD="ab_${V}$([ $n = 1 ] || echo _$n)"; ABD="$ABD $VD"
-  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""; LF=""
+  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
              pv1) D="-DMPK_ATT_PV_SPLIT=0"; G="";; diagl2) D="-DMPK_ATT_DIAG_L2=1"; G="";;
              pdl) D=""; G=""; PDL=1;;
              g8) D=""; G=""; GM=8;; g2) D=""; G=""; GM=2;;
-             fill) D=""; G=""; LF=1;;   # batch-1 linear ops in one tile per SM (MPK_LIN_FILL, s36: 132 tiles, not 128)
              s1|s2|s4|s8|s16) D=""; G=""; AS=${V#s};;   # attention key splits of the one-megakernel cells
              greedyfast) D=""; G=""; GF=1;;   # the conventional greedy argmax in 5-8 kernels, not 26 (the default since s26)
              greedyold) D=""; G=""; GF=0;;   # the older greedy argmax path (26 kernels a step; s26 A/B -0.3..-1.3% on llama)
@@ -156,7 +150,7 @@ for V in $VARS; do
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
-  MPK_LIN_FILL=$LF MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} ${TRACE:+--trace} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap

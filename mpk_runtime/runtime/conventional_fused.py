@@ -50,6 +50,25 @@ def recompiles_allowed():
     return torch._dynamo.config.patch(recompile_limit=512, accumulated_recompile_limit=4096)
 
 
+def fixed_configs() -> bool:
+    """MPK_CONV_FIXED_CONFIGS=1 (opt-in, session 37; not yet GPU-measured): the conventional path's generated kernels
+    compile in inductor's deterministic mode, which picks each reduction's launch config by a fixed rule instead of
+    timing the candidates on the first call. Session 37 (bench/results/s37/run6_varq_clear) profiled the conventional
+    plan at qwen3-8b B=8 in three fresh processes, each with an empty inductor cache: the q / k norm kernel
+    (`triton_per_fused__to_copy_cat_mean_pow_0`, a persistent reduction over 128 with candidate XBLOCKs 1 / 8 / 32)
+    took 59.6 / 122.3 / 58.4 us a step, a first-call pick that flips between processes (and, cached on disk, between
+    machine starts: session 36's 2.4x). A config that differs also changes the reduction's order, so the last bit of
+    a norm could differ between two processes on the same inputs. Whether the fixed rule's pick is the fast one is the
+    A/B queued in scripts/gpu_pending.sh."""
+    return env_flag("MPK_CONV_FIXED_CONFIGS", default=False)
+
+
+def inductor_options() -> dict:
+    """torch.compile options of the conventional path's generated code (compile_rows_dynamic, torch_exec): the
+    eager code's rounding points (emulate_precision_casts), and with fixed_configs() inductor's deterministic mode."""
+    return {"emulate_precision_casts": True, **({"deterministic": True} if fixed_configs() else {})}
+
+
 def compile_rows_dynamic(fn, rows_args: tuple[int, ...], backend="inductor"):
     """fn through torch.compile with only the row count (dim 0 of the arguments at rows_args) dynamic: one compile per
     hidden size / head layout (plus one for a single row: dynamo specialises size 1), each reduction over a
@@ -58,7 +77,7 @@ def compile_rows_dynamic(fn, rows_args: tuple[int, ...], backend="inductor"):
     another (s15 run 7): the suspected cause is a generated kernel whose reduction block was sized for the first
     (tiny) width it saw; with a static width each model's norm gets its own kernel (session 17, the same order
     of compiles: 60 us)."""
-    options = {"emulate_precision_casts": True} if backend == "inductor" else None
+    options = inductor_options() if backend == "inductor" else None
     compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend, options=options)
 
     def call(*args):

@@ -61,6 +61,8 @@ class TaskPacker:
         for name in ("MPK_RING_OPS", "MPK_RING_QUIET"):
             env_removed(name, "the per-warp weight page rings gained nothing at batch 1 in sessions 28-32 and were "
                         "removed in session 32; docs/perf-notes.md")
+        env_removed("MPK_LIN_FILL", "batch-1 linear ops in one tile per SM measured llama-3.2-1b B=1 +1.5..+1.8% and "
+                    "qwen3-8b -0.2% in session 37 and were removed; docs/perf-notes.md", allowed=("0",))
         ops = os.environ.get("MPK_STAGE_OPS", "") if stage_ops is None else stage_ops
         self.stage_ops = re.compile(ops) if ops else None
         self.stage_smem = L.CONSTANTS["STAGE_SMEM"] if stage_smem is None else int(stage_smem)

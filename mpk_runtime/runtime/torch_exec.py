@@ -26,7 +26,7 @@ from ..ir.graph import Graph
 from ..tasks.build import decompose
 from ..tasks.ops import get_task_kind
 from ..tasks.tiling import Tiling
-from .conventional_fused import recompiles_allowed
+from .conventional_fused import inductor_options, recompiles_allowed
 from .conventional_ops import OPS as WHOLE_OPS, runs_whole
 from .memory import RankMemory, StepCtx
 
@@ -89,8 +89,7 @@ class ConventionalExecutor:
         steps = steps if steps is not None else self.new_step()
         if self.compile:
             if self._compiled is None:
-                self._compiled = torch.compile(self._run, dynamic=False,
-                                               options={"emulate_precision_casts": True})
+                self._compiled = torch.compile(self._run, dynamic=False, options=inductor_options())
             with recompiles_allowed():   # every segment and StepCtx variant is a graph of the same code (_run)
                 self._compiled(ctxs, steps)
         else:

@@ -14,7 +14,7 @@ from ..envflags import env_flag, env_int
 
 # Tiling fields whose default comes from the environment (A/B switches): set, the variable overrides a plan's
 # recorded value too (plan books are cached on disk; runtime/plan_exec.py _tiling)
-ENV_FIELDS = {"attn_fold_merge": "MPK_ATTN_FOLD", "attn_groups": "MPK_ATT_GROUPS", "lin_fill": "MPK_LIN_FILL"}
+ENV_FIELDS = {"attn_fold_merge": "MPK_ATTN_FOLD", "attn_groups": "MPK_ATT_GROUPS"}
 # Tiling.attn_groups = 0 (auto): an attention task's fixed chain and a group's finish, in passes of its keys
 # (session 21's stamps at llama B=128 ctx 4096: q and the page table at 1.7 us, the first pass landed at 4.6 us,
 # ~2-3 us a pass; the task's control path ~2 us; the cross-warp merge and output of a group ~1 us)
@@ -89,12 +89,6 @@ class Tiling:
     # (qwen3-8b B=1 ctx 512 -1.4%, bench/results/s32/run2_qkvflat); $MPK_QKV_FLAT=0 keeps the head parts (docs/perf-notes.md sessions 31-32:
     # a batch-1 task streams ~35 GB/s, so 96 qkv tasks on 132 SMs stream at ~3.4 TB/s)
     qkv_flat: bool = field(default_factory=lambda: env_flag("MPK_QKV_FLAT", default=True))
-    # linear ops of CUDA-core rows (batch < TC_MIN_M): as many column tiles as `waves` x SMs asks for, in widths that
-    # differ by at most one column, instead of 16-column multiples (a Tensor Core tile edge, which the CUDA-core pass
-    # does not need): llama-3.2-1b's and qwen3-8b's gate_up / down / o_proj come out at 128 tiles of 64 / 16 / 16 and
-    # 96 / 32 / 32 columns, leaving 4 of 132 SMs idle in a phase whose rate is HBM's share per streaming SM (docs/
-    # perf-notes.md sessions 31 and 36). $MPK_LIN_FILL=1 (opt-in, session 36; not yet GPU-measured).
-    lin_fill: bool = field(default_factory=lambda: env_flag("MPK_LIN_FILL", default=False))
     argmax_tasks: int = 0      # argmax_partial tasks per rank and row group (each a run of vocabulary slices);
     #                            0 = one per slice
     argmax_rows: int = 0       # rows per argmax_partial task; 0 = auto (row groups x slice tasks ~ the SMs)
@@ -129,20 +123,12 @@ class Tiling:
         return -(-n // 16) * 16 if N >= 16 else N
 
     def linear_tiles(self, graph, op, N: int, M: int) -> list[tuple[int, int]]:
-        """The column ranges of a linear op's tiles: `linear_n`'s width, or with lin_fill (CUDA-core rows, auto
-        width) `waves` x num_sms tiles (at least 8 columns each) whose widths differ by at most one."""
+        """The column ranges of a linear op's tiles (`linear_n`'s width). Session 36's MPK_LIN_FILL (CUDA-core rows
+        in one tile per SM, widths within one column) measured llama-3.2-1b B=1 +1.5..+1.8%, qwen3-8b -0.2%: a
+        batch-1 tile's time is its warps' pass count (8 warps x 1-2 columns a pass), which 3% fewer columns a tile
+        does not shorten (docs/perf-notes.md session 37); removed."""
         from .ops.common import split_range
-        tiles = split_range(N, self.linear_n(graph, op, N))
-        if not self.lin_fill or self.linear_cols:
-            return tiles
-        from ..codegen import layout   # (codegen reads the tasks' opcodes at import)
-        if M >= layout.CONSTANTS["TC_MIN_M"]:
-            return tiles
-        parts = min(max(1, int(self.num_sms * self.waves)), max(1, N // 8))
-        if parts <= len(tiles):
-            return tiles
-        cuts = [(i * N) // parts for i in range(parts + 1)]
-        return list(zip(cuts[:-1], cuts[1:]))
+        return split_range(N, self.linear_n(graph, op, N))
 
     def qkv_p(self, graph, op, heads: int, pairs: int) -> int:
         """Parts per qkv_rope head (each owns a slice of the D/2 RoPE pairs, >= 4 pairs): auto fills the SMs

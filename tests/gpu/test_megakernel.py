@@ -107,24 +107,3 @@ def test_flat_qkv_matches_pyvm(gpu_check, monkeypatch, flat, qknorm, batch, defi
     assert any(t.kind == "linear" and t.op.endswith("qkv_rope") for t in rig.tg.tasks) == (flat == "1" and batch < 3)
     assert any(t.kind == "qk_norm_rope" for t in rig.tg.tasks) == (qknorm == "0")
     assert res[-1]["ok"], res[-1]
-
-
-@pytest.mark.parametrize("model,batch", [("tiny-llama", 1), ("tiny-qwen3", 2), ("tiny-llama-g8", 1)])
-def test_filled_linear_tiles_match_pyvm_and_are_bitwise_the_default(gpu_check, monkeypatch, model, batch):
-    """MPK_LIN_FILL=1 (Tiling.lin_fill, session 36, opt-in): CUDA-core linear ops in one tile per SM of unequal
-    widths instead of 16-column multiples. The step matches pyvm, and its logits and tokens are bitwise the default
-    tiling's: a column's dot product is one warp's lane-strided chain over K whatever tile holds it."""
-    from mpk_runtime.tasks.tiling import Tiling
-    monkeypatch.setenv("MPK_LIN_FILL", "1")
-    res = []
-    gpu_check.check_correct(model, batch, 8, res)
-    assert res[-1]["ok"], res[-1]
-    n = torch.cuda.get_device_properties(0).multi_processor_count
-    a = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, splits=2, tiling=Tiling(num_sms=n, lin_fill=False))
-    b = gpu_check.Rig(model, batch, max_seq=64, cpu_ref=False, splits=2, tiling=Tiling(num_sms=n, lin_fill=True),
-                      build=a.mk.build)
-    widths = {t.params["n1"] - t.params["n0"] for t in b.tg.tasks if t.kind == "linear"}
-    assert any(w % 16 for w in widths), widths
-    for s, ((la, na), (lb, nb)) in enumerate(zip(a.greedy_run(8, seed=9), b.greedy_run(8, seed=9))):
-        assert torch.equal(na, nb), (s, na, nb)
-        assert torch.equal(la, lb), (s, (la - lb).abs().max().item())

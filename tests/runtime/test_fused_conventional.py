@@ -164,3 +164,23 @@ def test_removed_fused_residual_add_and_norm_switch_raises(monkeypatch):
     monkeypatch.setenv("MPK_CONV_FUSE_ADD_NORM", "1")
     with pytest.raises(ValueError, match="MPK_CONV_FUSE_ADD_NORM='1': this option was removed .*session 19"):
         build("tiny-llama", B=1)
+
+
+def test_fixed_configs_switch_compiles_in_inductor_s_deterministic_mode(monkeypatch):
+    """MPK_CONV_FIXED_CONFIGS=1 (opt-in): the conventional path's compiled pieces ask inductor for its deterministic
+    mode (no first-call timing of reduction configs, which flipped a q / k norm kernel 2x between processes in
+    session 37); the generated code (CPU here) still gives the eager norm bit for bit. Unset: the options as before."""
+    monkeypatch.delenv("MPK_CONV_FIXED_CONFIGS", raising=False)
+    assert conventional_fused.inductor_options() == {"emulate_precision_casts": True}
+    monkeypatch.setenv("MPK_CONV_FIXED_CONFIGS", "1")
+    assert conventional_fused.inductor_options() == {"emulate_precision_casts": True, "deterministic": True}
+    torch._dynamo.reset()
+    f = conventional_fused.compile_rows_dynamic(conventional_fused._rms_norm_fn, (0,))
+    g = torch.Generator().manual_seed(7)
+    for M in (3, 9):
+        x, w = (torch.randn(M, 128, generator=g) * 3).to(torch.bfloat16), torch.randn(128, generator=g).to(torch.bfloat16)
+        assert torch.equal(f(x, w, 1e-6), rms_norm(x, w, 1e-6))
+    torch._dynamo.reset()
+    monkeypatch.setenv("MPK_CONV_FIXED_CONFIGS", "maybe")
+    with pytest.raises(ValueError, match="MPK_CONV_FIXED_CONFIGS"):
+        conventional_fused.inductor_options()

@@ -18,8 +18,7 @@ ODD = ModelConfig(name="odd-qwen3", family="qwen3", vocab_size=300, hidden_size=
 STEPS, SEEDS, PAGE = 8, 20, 4
 
 
-def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0, qkv_flat=False, attn_qk_norm=False,
-          lin_fill=False):
+def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0, qkv_flat=False, attn_qk_norm=False):
     cfg = cfg.replace(dtype="float32")
     w = random_weights(cfg, seed=5)
     ref = ReferenceModel(cfg, w)
@@ -27,9 +26,9 @@ def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0, qkv_fla
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g) for n in lens]
     grp = TPGroup(cfg, [shard_weights(cfg, w, tp, r) for r in range(tp)], num_pages=batch * 8 + 1, page_size=PAGE,
-                  max_seq_len=32, tiling=Tiling(num_sms=num_sms, linear_cols=0 if lin_fill else 16, allreduce_cols=24,
+                  max_seq_len=32, tiling=Tiling(num_sms=num_sms, linear_cols=16, allreduce_cols=24,
                                                        qkv_parts=qkv_parts, qkv_flat=qkv_flat,
-                                                       attn_qk_norm=attn_qk_norm, lin_fill=lin_fill), mode=mode,
+                                                       attn_qk_norm=attn_qk_norm), mode=mode,
                   seed=seed, attn_splits=2)
     # pages handed out in a scrambled order, as an allocator would after churn
     perm = torch.randperm(batch * 8, generator=g) + 1
@@ -158,31 +157,6 @@ def test_attention_norms_its_own_heads(cfg, tp, batch, flat):
     for s in range(STEPS):
         pos = [n + s for n in lens]
         assert torch.equal(grp.decode(toks[s].tolist(), pos, tables), base.decode(toks[s].tolist(), pos, tables))
-
-
-@pytest.mark.parametrize("model,tp,batch", [("tiny-llama", 1, 2), ("tiny-qwen3", 2, 2)])
-def test_filled_linear_tiles_match_reference(model, tp, batch):
-    """Tiling.lin_fill (MPK_LIN_FILL, session 36): CUDA-core linear ops in ~`num_sms` tiles of unequal widths (13 SMs:
-    not one a multiple of 16 columns in some ops); pyvm matches the reference as with 16-column tiles."""
-    grp, lens, tables, ref_logits, toks = setup(PRESETS[model], tp, batch, num_sms=13, lin_fill=True)
-    widths = {t.params["n1"] - t.params["n0"] for t in grp.decode_vm(batch)[2].graphs[0].tasks if t.kind == "linear"}
-    assert any(w % 16 for w in widths), widths
-    run_steps(grp, lens, tables, ref_logits, toks)
-
-
-def test_filled_linear_tiles_at_real_shapes():
-    """llama-3.2-1b / qwen3-8b at batch 1 on 132 SMs: gate_up, down and o_proj (N = 8192 / 2048 / 2048 and 12288 /
-    4096 / 4096) in 132 tiles whose widths differ by at most one column, covering the op; 16-column tiles leave 128.
-    Tensor Core rows (batch >= TC_MIN_M) keep the 16-column tiles."""
-    fill, base = Tiling(num_sms=132, lin_fill=True), Tiling(num_sms=132)
-    for N in (8192, 2048, 12288, 4096):
-        tiles = fill.linear_tiles(None, None, N, 1)
-        assert len(tiles) == 132 and tiles[0][0] == 0 and tiles[-1][1] == N
-        assert all(a[1] == b[0] for a, b in zip(tiles, tiles[1:]))
-        assert max(b - a for a, b in tiles) - min(b - a for a, b in tiles) <= 1
-        assert len(base.linear_tiles(None, None, N, 1)) == 128
-        tc = L.CONSTANTS["TC_MIN_M"]
-        assert fill.linear_tiles(None, None, N, tc) == base.linear_tiles(None, None, N, tc)
 
 
 def test_flat_qkv_geometry_at_real_shapes():

@@ -1,6 +1,6 @@
-"""The per-warp weight page rings (-DMPK_WRING, MPK_RING_OPS, MPK_RING_QUIET; sessions 28-32) lost at batch 1 in
-every layout tried and were removed in session 32: an old A/B script that asks for them is refused by name, not
-silently given the default build."""
+"""Switches that measured no gain and were removed: an old A/B script that asks for one is refused by name, not
+silently given the default build. The per-warp weight page rings (-DMPK_WRING, MPK_RING_OPS, MPK_RING_QUIET) lost
+at batch 1 in every layout of sessions 28-32; batch-1 linear ops in one tile per SM (MPK_LIN_FILL) in session 37."""
 import dataclasses
 
 import pytest
@@ -43,3 +43,14 @@ def test_ring_switches_are_refused(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=f"{name}='{value}': this option was removed .*session 32"):
         _packer()
+
+
+def test_lin_fill_is_refused(monkeypatch):
+    monkeypatch.setenv("MPK_LIN_FILL", "0")   # asks for what is now the only tiling: harmless
+    tiles = _packer().tg.tasks
+    assert any(t.kind == "linear" for t in tiles)
+    monkeypatch.setenv("MPK_LIN_FILL", "1")
+    with pytest.raises(ValueError, match="MPK_LIN_FILL='1': this option was removed .*session 37"):
+        _packer()
+    with pytest.raises(TypeError):
+        Tiling(num_sms=8, lin_fill=True)
