@@ -19,6 +19,8 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh ncuatt   # stage 4e (one GPU): ncu stall sampling of attention's passes (~5 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh launch   # stage 4f (one GPU): a megakernel segment's fixed cost in graphs (~2 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
+#     OUT=$OUT bash scripts/gpu_pending.sh mlp      # stage 4h (one GPU, ~1 min): a batch-1 MLP block, two phases vs
+#                                                   the down projection fused into gate_up (bench_mlp.py)
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh order   # (one GPU, ~7 min): the bench-order effect on the
@@ -257,6 +259,16 @@ elif [ "$MODE" = phase ]; then
 st "4g one batch-1 phase's weight stream per SM: registers (64 KiB in flight) against TMA rings (bench_stream --phase)"
 OUT="$OUT/bench" timeout 120 python3 scripts/bench_stream.py --phase > "$OUT/bench/phase.log" 2>&1
 tail -32 "$OUT/bench/phase.log"; snap
+elif [ "$MODE" = mlp ]; then
+# mlp (session 37): a batch-1 MLP block at llama-3.2-1b / qwen3-8b shapes, today's two phases against the down
+# projection fused into the gate_up tile (device_kernels/bench_mlp.cu; docs/perf-notes.md session 37's prediction),
+# then the kernel's GPU test (both modes against torch)
+st "4h the fused down projection's block time against two phases (bench_mlp), and its GPU test"
+mkdir -p "$OUT/bench"
+OUT="$OUT/bench" timeout 150 python3 scripts/bench_mlp.py > "$OUT/bench/mlp.log" 2>&1
+tail -8 "$OUT/bench/mlp.log"
+timeout 120 python3 -m pytest -q -rs tests/gpu/test_mlp_block_bench.py > "$OUT/bench/mlp_test.log" 2>&1
+tail -3 "$OUT/bench/mlp_test.log"; snap
 elif [ "$MODE" = stamps ]; then
 st "4b stage stamps of the one-megakernel step at B=1, 8 (qwen3-8b B=8 is 0.82x gpt-fast; session 10's stamps are old)"
 st "   and B=32, 128 (attention's passes; session 16 has them for the default build)"
