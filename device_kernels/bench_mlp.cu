@@ -12,8 +12,12 @@
 //                    (no cross-warp reduction), adds them into the fp32 row acc (red.global.add.v4.f32: the
 //                    cross-CTA order is the hardware's), and takes a ticket; the last CTA writes out = bf16(h + bf16(acc))
 //                    and zeroes acc for the next launch.
+//   mode 2 "fused, no finisher": mode 1 up to the atomics, then a release add on a counter (the event a consumer
+//                    would wait on) and no ticket: the consumers would read h + acc themselves (session 36's form,
+//                    which needs the residual stream in fp32). acc is left for the host (out is not written).
 // Stamps per CTA (stamps[3 b + i]): 0 start, 1 gate_up tile done (its columns written / in shared memory), 2 done
-// (mode 0: its down columns written; mode 1: its ticket taken, and for the last CTA out written).
+// (mode 0: its down columns written; mode 1: its ticket taken, and for the last CTA out written; mode 2: its
+// counter add issued).
 // Batch 1 only (the design's target); every CTA must be resident (grid <= SMs: the mode-0 barrier spins).
 #include "common.cuh"
 #include "ops/linear.cuh"
@@ -137,6 +141,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   else if (H / (THREADS / 32) == 512) down_fused<2>(WdT + (int64_t)n0 * H, H, a, n1 - n0, acc);
   else __trap();
   __syncthreads();
+  if (mode == 2) {
+    if (threadIdx.x == 0) red_release_add_u64(ctr + 1, 1ull);   // cumulative over the CTA's atomics (barrier above)
+    stamp(stamps, 2);
+    return;
+  }
   if (threadIdx.x == 0) {
     __threadfence();   // this CTA's atomics before its ticket
     unsigned long long t;

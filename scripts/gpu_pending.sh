@@ -45,10 +45,10 @@
 #    the same without the switch if the budget allows: with inductor's deterministic mode, is the q / k norm kernel
 #    (`triton_per_fused__to_copy_cat_mean_pow_0`) the same in all three fresh processes, and at ~59 us (the fast
 #    pick) or ~122 (docs/perf-notes.md session 37)? If fast and stable, make the switch the default.
-# 3. The next batch-1 design (docs/perf-notes.md session 36, the down projection split along K and fused into the
-#    gate_up tile, llama -7.5% / qwen3-8b -4% predicted): the marginal rate it needs (~35 GB/s an SM for bytes
-#    appended to a task's stream) is session 31's table; mind session 37's lesson: a tile's time is its warps' pass
-#    count, so the down slice's rows must split evenly over the 8 warps.
+# 3. `N=mlp T=300 bash scripts/gpu_run.sh mlp` (~1-2 min): the fused down projection's premise, a batch-1 MLP block
+#    at real shapes, two phases against fused (docs/perf-notes.md session 37: predicted fused / phases 0.90-0.97 at
+#    llama-3.2-1b, 0.96-0.99 at qwen3-8b; below -1 us a layer at llama the design is dropped). Its GPU test runs in
+#    the same mode (and in `one`).
 # 4. `val` at B=1 / 8 with h200_v43 (not validated at B=1 / 8 since session 35's fit).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
