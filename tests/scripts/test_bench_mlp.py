@@ -44,3 +44,12 @@ def test_within_ulps_passes_one_unit_and_fails_five():
     assert ok and 0.5 < err <= 2.0
     ok, err = bench_mlp.within_ulps(three, ref)
     assert not ok and err > 4.0
+
+
+def test_inplace_mode_only_where_the_kernel_is_specialised():
+    from types import SimpleNamespace as NS
+    assert "inplace" in bench_mlp.modes_for(NS(cols=64, I=8192))      # llama-3.2-1b on 132 SMs
+    assert "inplace" in bench_mlp.modes_for(NS(cols=96, I=12288))     # qwen3-8b
+    assert "inplace" not in bench_mlp.modes_for(NS(cols=80, I=8192))  # another SM count's width
+    assert "inplace" not in bench_mlp.modes_for(NS(cols=64, I=8200))  # a narrower last tile
+    assert set(bench_mlp.modes_for(NS(cols=80, I=8192))) == {"phases", "fused", "nofin"}
