@@ -320,6 +320,7 @@ for i in 1 2; do
       --mk-max-batch 0 --no-peers --budget-s 50 > "$d/bench.log" 2>&1
   grep -E " planned " "$d/bench.log" | tail -1 | sed "s/^/[b$i] /"
 done
+python3 scripts/kernel_spread.py "$OUT"/varq/profile_p[123].log --top 8 2>&1 | sed "s/^/[spread] /"
 tar -czf "$OUT/varq.tar.gz" -C "$OUT" varq 2>/dev/null
 elif [ "$MODE" = profq ]; then
 # profq (session 35): where our conventional plan and the gpt-fast peer spend a step, kernel by kernel, at the
