@@ -88,6 +88,7 @@ def main():
     ap.add_argument("--out", default=".")
     a = ap.parse_args()
     res = [profile(m, int(b), a.context, a.top, a.family) for m in a.models.split(",") for b in a.batches.split(",")]
+    os.makedirs(a.out, exist_ok=True)   # (session 37's varq lost its three JSONs to a missing --out folder)
     with open(os.path.join(a.out, f"profile_{a.family}.json"), "w") as f:
         json.dump(res, f, indent=1)
 
