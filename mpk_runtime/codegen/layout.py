@@ -71,6 +71,11 @@ OP_ARGS: dict[str, list[str]] = {
                        "b0", "nb"],
     "argmax_reduce": ["part", "par_stride", "out", "tokens", "world", "b", "temp", "top_k", "top_p", "seed", "b0",
                       "nb"],
+    # a gate_up tile [n0, n1) with its share of down (tasks/ops/mlp.py; M < TC_MIN_M): x (M, K) -> norm -> wg / wu
+    # rows n0..n1 -> silu * up (shared memory) -> wd (H, I) columns n0..n1 -> fp32 partials added into acc (M, H);
+    # the ticket's last taker of the step writes out = residual + bf16(acc) and zeroes acc
+    "mlp": ["x", "norm", "wg", "wu", "wd", "residual", "out", "acc", "ticket", "m", "k", "i", "h", "n0", "n1", "eps",
+            "tiles"],
     # n (address, bytes) weight ranges to prefetch into L2 (tasks/ops/prefetch.py PREFETCH_RANGES)
     "weight_prefetch": ["n"] + [f"{w}{i}" for i in range(11) for w in ("p", "b")],
 }

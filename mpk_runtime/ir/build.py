@@ -20,6 +20,14 @@ from .sampling import SAMPLE_CANDIDATES, TENSORS as SAMPLE_TENSORS
 from .shard import shard_for
 
 
+def mlp_fuse() -> bool:
+    """MPK_MLP_FUSE=1 (opt-in, session 37; not yet GPU-measured): decode graphs at tp == 1 give each layer's MLP an
+    fp32 accumulator row block (`L{i}.mlp_acc`, kind act, attrs accum: zero on allocation, never poisoned) and name
+    it on the gate_up op (attrs "fuse_down", "acc"), so the task decomposition may run the down projection inside the
+    gate_up tiles (tasks/ops/mlp.py: batch below TC_MIN_M). docs/perf-notes.md session 37."""
+    return env_flag("MPK_MLP_FUSE", default=False)
+
+
 def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, tokens_per_seq: int | None = None,
                 context_len: int = 512, max_seq_len: int | None = None, tp: int = 1, rank: int = 0,
                 dtype: str | None = None, attn_splits: int = 1, tp_invariant: int = 1,
@@ -49,6 +57,7 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         raise ValueError(f"context_len {context_len} (+ new tokens) exceeds max_seq_len {max_seq_len}")
     dt = dtype or cfg.dtype
     eb = DTYPE_BYTES[dt]
+    fuse_mlp = mode == "decode" and tp == 1 and kseg == 1 and mlp_fuse()
     sh = shard_for(cfg, tp, rank)
     H, D, I = cfg.hidden_size, cfg.head_dim, sh.n_inter
     nq, nkv, V = sh.n_q, sh.n_kv, sh.n_vocab
@@ -113,9 +122,12 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         ln2 = w(p + "post_attention_layernorm.weight", (H,))
         wg, wu = w(p + "mlp.gate_proj.weight", (I, H)), w(p + "mlp.up_proj.weight", (I, H))
         act = t(f"L{i}.act", (M, I), "act")
+        fuse = {}
+        if fuse_mlp:
+            fuse = {"fuse_down": f"L{i}.down", "acc": t(f"L{i}.mlp_acc", (M, H), "act", "float32", accum=True)}
         add(f"L{i}.gate_up", "linear", [x, ln2, wg, wu], [act],
             {"x": x, "weights": [wg, wu], "norm": ln2, "eps": cfg.rms_norm_eps, "epilogue": "silu_mul",
-             "residual": None, "out": act, "push": False, "row_select": None},
+             "residual": None, "out": act, "push": False, "row_select": None, **fuse},
             2 * I * H * eb + M * H * eb + M * I * eb, 2 * M * 2 * I * H)
         x = _proj(t, w, add, cfg, tp, f"L{i}.down", x_in=act, residual=x, wnames=[p + "mlp.down_proj.weight"],
                   K=I, N=H, M=M, eb=eb, prenorm=None, kseg=kseg, ll=ll)
