@@ -15,6 +15,7 @@
 #include "ops/allreduce.cuh"
 #include "ops/argmax.cuh"
 #include "ops/prefetch.cuh"
+#include "ops/mlp.cuh"
 
 namespace mpk {
 // The small, once-per-step or per-group ops, and attention (79 registers alone; inlined into the kernel it made the
@@ -27,6 +28,9 @@ __device__ __noinline__ void op_small(const Ctx& c) {
     case OP_QK_NORM_ROPE: op_qk_norm_rope(c); break;
     case OP_ATTN_PARTIAL: op_attn_partial(c); break;
     case OP_ATTN_MERGE: op_attn_merge(c); break;
+#if MPK_MLP
+    case OP_MLP: op_mlp(c); break;
+#endif
     default: break;
   }
 }
@@ -216,6 +220,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         case OP_ATTN_MERGE:
         case OP_ARGMAX_PARTIAL:
         case OP_ARGMAX_REDUCE:
+#if MPK_MLP
+        case OP_MLP:   // (MPK_MLP_FUSE graphs: the packer asks for this build)
+#endif
         case OP_QK_NORM_ROPE: op_small(c); break;
         default: break;
       }

@@ -132,7 +132,7 @@ ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2
 for V in $VARS; do
   n=1; while [[ " $ABD " == *" ab_${V}$([ $n = 1 ] || echo _$n) "* ]]; do n=$((n + 1)); done
   VD="ab_${V}$([ $n = 1 ] || echo _$n)"; ABD="$ABD $VD"
-  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""
+  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""; MF=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
@@ -148,11 +148,13 @@ for V in $VARS; do
              headparts) D=""; G=""; QF=0;;  # ... as head parts (MPK_QKV_FLAT=0, the default before s32; -1.4% s32)
              qknorm) D=""; G=""; QN=1;;     # attention norms qwen3's q / k heads itself (MPK_ATTN_QKNORM, default since s33)
              noqknorm) D=""; G=""; QN=0;;   # ... the qk_norm_rope tasks instead (MPK_ATTN_QKNORM=0; s33: +0.5% B=1, +3.2% B=8)
+             mlpf) D=""; G=""; MF=1;;       # the down projection inside the gate_up tiles at B <= 2 (MPK_MLP_FUSE, s37, opt-in)
+             mlpbuild) D="-DMPK_MLP=1"; G="";;   # mlpf's build (its ~316 B of loop spills) on the unfused graph: the spills' cost
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
-  MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_MLP_FUSE=$MF MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} ${TRACE:+--trace} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
