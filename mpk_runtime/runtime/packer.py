@@ -370,8 +370,9 @@ class TaskPacker:
         bad = []
         if M >= L.CONSTANTS["TC_MIN_M"]:
             bad.append(f"{M} rows (at most {L.CONSTANTS['TC_MIN_M'] - 1})")
-        if w % 8 or H % 4 or K % 8:
-            bad.append(f"tile width {w} / hidden {H} / K {K} (multiples of 8 / 4 / 8)")
+        if w % 8 or H % 4 or K % 8 or I % 8 or p["n0"] % 8 or wd.data_ptr() % 16:
+            bad.append(f"tile [{p['n0']}, {p['n1']}) / hidden {H} / K {K} / I {I} (multiples of 8 / 4 / 8 / 8: the "
+                       "down share's 16-byte pieces)")
         if any(t.dtype != torch.bfloat16 for t in (x, out, wg, wu, wd, self.mem.t(p["residual"]))):
             bad.append("activations and weights other than bf16")
         if acc.dtype != torch.float32 or not acc.is_contiguous() or acc.data_ptr() % 16 or tuple(acc.shape) != (M, H):
