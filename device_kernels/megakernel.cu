@@ -29,7 +29,7 @@ __device__ __noinline__ void op_small(const Ctx& c) {
     case OP_ATTN_PARTIAL: op_attn_partial(c); break;
     case OP_ATTN_MERGE: op_attn_merge(c); break;
 #if MPK_MLP
-    case OP_MLP: op_mlp(c); break;
+    case OP_MLP: op_mlp_tail(c); break;
 #endif
     default: break;
   }
@@ -211,18 +211,27 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       switch ((int)c.rec[T_OPCODE]) {
         case OP_EMBED: op_embed(c); break;
         case OP_QKV_ROPE: op_qkv_rope(c); break;
+#if MPK_MLP   // (MPK_MLP_FUSE graphs: the packer asks for this build) a fused MLP tile: op_linear's gate / up sums on
+              // its record (ops/mlp.cuh), then its tail through op_small's one call site (a call site of its own, or
+              // the whole op in op_small's tree, made this loop spill 312-340 bytes)
+        case OP_ALLREDUCE: op_allreduce(c); break;
+        case OP_WEIGHT_PREFETCH: op_weight_prefetch(c); break;
+        case OP_MLP:
+        case OP_LINEAR:
+          if (c.rec[A_LINEAR_TC_ROWS] > 0) op_linear_tc(c); else op_linear(c);
+          if ((int)c.rec[T_OPCODE] != OP_MLP) break;
+          [[fallthrough]];
+#else
         case OP_LINEAR:
           if (c.rec[A_LINEAR_TC_ROWS] > 0) op_linear_tc(c); else op_linear(c);
           break;
         case OP_ALLREDUCE: op_allreduce(c); break;
         case OP_WEIGHT_PREFETCH: op_weight_prefetch(c); break;
+#endif
         case OP_ATTN_PARTIAL:
         case OP_ATTN_MERGE:
         case OP_ARGMAX_PARTIAL:
         case OP_ARGMAX_REDUCE:
-#if MPK_MLP
-        case OP_MLP:   // (MPK_MLP_FUSE graphs: the packer asks for this build)
-#endif
         case OP_QK_NORM_ROPE: op_small(c); break;
         default: break;
       }

@@ -195,9 +195,9 @@ def build_flags(extra_flags: list[str] | None = None, needs=()) -> list[str]:
     """nvcc's flags for a build: BASE_FLAGS, `extra_flags`, MPK_NVCC_DEFINES, then -DNAME=1 for each name in
     `needs` (sorted: one cache entry per set) that MPK_NVCC_DEFINES does not name (a value set there stands, and
     check_defines refuses a 0). Spills are an error except in diagnostic stamp builds (MPK_STAGE_WORDS: the stamps
-    take registers) and in the opt-in fused MLP's (-DMPK_MLP=1, session 37: op_mlp in op_small's tree, or behind
-    op_linear_tc's call site, or with its parts out of line, left the persistent loop ~312-340 bytes of spills, and
-    one build without them was not reproducible; it is measured as built, its spills in the results' `registers`)."""
+    take registers) and in the opt-in fused MLP's (-DMPK_MLP=1, session 37: with op_mlp_tail in op_small's tree the
+    persistent loop spills 284 bytes at 8 vectors in flight a thread, 60 at 2; measured as built, its spills in the
+    results' `registers`, and priced alone by the A/B variant mlpbuild)."""
     defines = _defines()
     named = {d[2:].split("=", 1)[0] for d in defines}
     flags = BASE_FLAGS + list(extra_flags or []) + defines + [f"-D{n}=1" for n in sorted(needs) if n not in named]

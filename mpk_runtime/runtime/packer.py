@@ -177,7 +177,7 @@ class TaskPacker:
             return [(w + n0 * K * 2, (n1 - n0) * K * 2) for w in (a["w0"], a["w1"]) if w]
         if kind == "mlp":        # the gate / up rows (down's share is H pieces of a row each: not prefetched)
             n0, n1, K = a["n0"], a["n1"], a["k"]
-            return [(w + n0 * K * 2, (n1 - n0) * K * 2) for w in (a["wg"], a["wu"])]
+            return [(w + n0 * K * 2, (n1 - n0) * K * 2) for w in (a["w0"], a["w1"])]
         if kind == "qkv_rope":   # rows [r0, r0+nr) and [D/2 + r0, D/2 + r0 + nr) of the head at a["w"]
             K, r0, nr = a["k"], a["r0"], a["nr"]
             return [(a["w"] + r0 * K * 2, nr * K * 2), (a["w"] + (a["d"] // 2 + r0) * K * 2, nr * K * 2)]
@@ -381,10 +381,12 @@ class TaskPacker:
             raise ValueError(f"{self._task.op}: the fused MLP tile cannot run this shape: {'; '.join(bad)}; "
                              "unset MPK_MLP_FUSE")
         self._need(((M * K * 2 + 15) & ~15) + 2 * L.CONSTANTS["ROW_TILE"] * w * 4 + 8 * L.CONSTANTS["THREADS"] * 4)
-        return dict(x=x.data_ptr(), norm=self._t(p["norm"]), wg=wg.data_ptr(), wu=wu.data_ptr(), wd=wd.data_ptr(),
-                    residual=self._t(p["residual"]), out=out.data_ptr(), acc=acc.data_ptr(),
-                    ticket=self.tickets.data_ptr() + 8 * self._ticket_of[(self._task.op, -1, -1)], m=M, k=K, i=I,
-                    h=H, n0=p["n0"], n1=p["n1"], eps=f32_bits(p["eps"] or 0.0), tiles=p["tiles"])
+        return dict(x=x.data_ptr(), w0=wg.data_ptr(), w1=wu.data_ptr(), norm=self._t(p["norm"]),
+                    residual=self._t(p["residual"]), out=out.data_ptr(), m_in=M, k=K, n0=p["n0"], n1=p["n1"], n=H, m=M,
+                    eps=f32_bits(p["eps"] or 0.0), epilogue=L.EPILOGUES.index("silu_mul"),
+                    out_kind=L.OUT_KINDS.index("bf16"), row_off=0, row_stride=1, wd=wd.data_ptr(), acc=acc.data_ptr(),
+                    ticket=self.tickets.data_ptr() + 8 * self._ticket_of[(self._task.op, -1, -1)],
+                    tiles=p["tiles"], kseg=1, tc_rows=0, i=I)
 
     @staticmethod
     def _linear_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:

@@ -41,11 +41,14 @@ def test_fused_mlp_records_at_llama_shapes(monkeypatch):
     cols = []
     for t in mlp:
         assert int(tasks[t.id, L.TASK_HEADER.index("opcode")]) == OPCODES.index("mlp")
-        assert a(t, "wg") == mem.t(p + "gate_proj.weight").data_ptr()
-        assert a(t, "wu") == mem.t(p + "up_proj.weight").data_ptr()
+        assert a(t, "w0") == mem.t(p + "gate_proj.weight").data_ptr()
+        assert a(t, "w1") == mem.t(p + "up_proj.weight").data_ptr()
         assert a(t, "wd") == mem.t(p + "down_proj.weight").data_ptr()
         assert a(t, "acc") == mem.t("L0.mlp_acc").data_ptr() and a(t, "ticket") == ticket
-        assert (a(t, "m"), a(t, "k"), a(t, "i"), a(t, "h"), a(t, "tiles")) == (1, 2048, 8192, 2048, 128)
+        assert (a(t, "m"), a(t, "k"), a(t, "i"), a(t, "n"), a(t, "tiles")) == (1, 2048, 8192, 2048, 128)
+        assert (a(t, "tc_rows"), a(t, "kseg"), a(t, "row_stride"), a(t, "epilogue")) == (0, 1, 1,
+                                                                                       L.EPILOGUES.index("silu_mul"))
+        assert int(tasks[t.id, L.TASK_HEADER.index("stage")]) == 0   # op_linear's path, never staged
         cols.append((a(t, "n0"), a(t, "n1")))
     assert sorted(cols) == [(i * 64, i * 64 + 64) for i in range(128)]
     assert "MPK_MLP" in pk.needs
