@@ -52,7 +52,7 @@
 #    Then, if the block holds up (or anyway: it is built), the fused MLP in the whole step:
 #    `N=mlpf T=330 VARS="base mlpbuild mlpf base" BS=1 CTXS=512 MODELS=llama-3.2-1b LIM=60 bash scripts/gpu_run.sh ab`
 #    and MODELS=qwen3-8b LIM=70 (MPK_MLP_FUSE=1; predicted mlpf vs mlpbuild -2.5% / -1.2%; mlpbuild vs base prices the
-#    MLP build's ~316 B of loop spills). `one` runs tests/gpu/test_fused_mlp.py first (the step against pyvm).
+#    MLP build's 284 B of loop spills). `one` runs tests/gpu/test_fused_mlp.py first (the step against pyvm).
 # 4. `val` at B=1 / 8 with h200_v43 (not validated at B=1 / 8 since session 35's fit).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
