@@ -13,10 +13,10 @@
 //                    cross-CTA order is the hardware's), and takes a ticket; the last CTA writes out = bf16(h + bf16(acc))
 //                    and zeroes acc for the next launch.
 //   mode 3 "fused, Wd in place": mode 1 reading the down weight in its own (H, I) layout instead of a transposed
-//                    copy: a CTA's slice is H pieces of (n1 - n0) x 2 bytes (128 / 192 B), lane l of warp w owning
-//                    rows w H / 8 + 4 (l + 32 k) + r, r < 4 (one fp32 dot per row, 4 consecutive rows per vector
-//                    atomic). Session 19's bench_pieces put 128-byte pieces at 0.95 of a contiguous stream's rate,
-//                    which would spare the fused design a second copy of every down weight.
+//                    copy, through the megakernel's own code (ops/mlp.cuh mlp_down_share: a CTA's slice is H pieces of
+//                    (n1 - n0) x 2 bytes, thread t owning rows 4t + 1024 k .. + 3). Session 19's bench_pieces put
+//                    128-byte pieces at 0.95 of a contiguous stream's rate; this layout spares the fused design a
+//                    second copy of every down weight, and is what MPK_MLP_FUSE=1 runs.
 //   mode 2 "fused, no finisher": mode 1 up to the atomics, then a release add on a counter (the event a consumer
 //                    would wait on) and no ticket: the consumers would read h + acc themselves (session 36's form,
 //                    which needs the residual stream in fp32). acc is left for the host (out is not written).
@@ -24,8 +24,10 @@
 // (mode 0: its down columns written; mode 1: its ticket taken, and for the last CTA out written; mode 2: its
 // counter add issued).
 // Batch 1 only (the design's target); every CTA must be resident (grid <= SMs: the mode-0 barrier spins).
+#define MPK_MLP 1   // mode 3 runs the megakernel's own down share (ops/mlp.cuh mlp_down_share)
 #include "common.cuh"
 #include "ops/linear.cuh"
+#include "ops/mlp.cuh"
 
 using namespace mpk;
 
@@ -35,10 +37,6 @@ constexpr int MAX_H = 4096, MAX_I = 12288, MAX_COLS = 256;
 __device__ __forceinline__ float silu_mul(float g, float u) {   // bf16 rounding points of the linear epilogue
   const float gb = bf(g), ub = bf(u);
   return bf(bf(gb / (1.f + __expf(-gb))) * ub);
-}
-
-__device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {   // no return value
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
 
 __device__ __forceinline__ void stamp(uint64_t* stamps, int i) {
@@ -75,36 +73,6 @@ __device__ __forceinline__ void down_slice(const bf16* __restrict__ WdT, int H, 
   }
 }
 
-// Mode 3's slice: rows of Wd (H, I) at columns [n0, n0 + 8 VPR), a = the CTA's intermediate columns (shared).
-template <int VPR>
-__device__ __forceinline__ void down_fused_inplace(const bf16* __restrict__ Wd, int H, int I, int n0, const float* a,
-                                                   float* __restrict__ accg, float* ys) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
-  const int per = H / nwarps;   // rows a warp owns (a multiple of 128: 4 rows a lane per round)
-  float* y = ys + 4 * threadIdx.x;   // this lane's 4 row sums (shared: the row loop stays rolled, VPR loads in flight)
-  for (int j4 = warp * per + 4 * lane; j4 < (warp + 1) * per; j4 += 128) {
-#pragma unroll 1
-    for (int r = 0; r < 4; ++r) {
-      const bf16* row = Wd + (int64_t)(j4 + r) * I + n0;
-      uint4 v[VPR];
-#pragma unroll
-      for (int c = 0; c < VPR; ++c) v[c] = ld_weight_stream16(row + 8 * c);
-      float s = 0.f;
-#pragma unroll
-      for (int c = 0; c < VPR; ++c) {
-        const uint32_t w[4] = {v[c].x, v[c].y, v[c].z, v[c].w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          s = fmaf(a[8 * c + 2 * q], bf16_lo(w[q]), s);
-          s = fmaf(a[8 * c + 2 * q + 1], bf16_hi(w[q]), s);
-        }
-      }
-      y[r] = s;
-    }
-    red_add_v4(accg + j4, y[0], y[1], y[2], y[3]);
-  }
-}
-
 template <int VPL>
 __device__ __forceinline__ void down_fused(const bf16* __restrict__ WdT, int H, const float* a, int rows,
                                            float* __restrict__ accg) {
@@ -120,8 +88,8 @@ __device__ __forceinline__ void down_fused(const bf16* __restrict__ WdT, int H, 
 #pragma unroll
   for (int q = 0; q < VPL; ++q) {
     float* dst = accg + c0 + 8 * (lane + 32 * q);
-    red_add_v4(dst, acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
-    red_add_v4(dst + 4, acc[q][4], acc[q][5], acc[q][6], acc[q][7]);
+    mlp_red_v4(dst, acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
+    mlp_red_v4(dst + 4, acc[q][4], acc[q][5], acc[q][6], acc[q][7]);
   }
 }
 }  // namespace
@@ -137,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                   int I, int cols, int dcols, int mode, uint64_t* __restrict__ stamps) {
   __shared__ __align__(16) bf16 xs[MAX_I];
   __shared__ float y0s[MAX_COLS], y1s[MAX_COLS], a[MAX_COLS];
-  __shared__ __align__(16) float ys[4 * THREADS];
+  __shared__ __align__(16) float ys[8 * THREADS];   // mlp_down_share's per-thread row sums
   __shared__ int last;
   if (H > MAX_H || I > MAX_I || cols > MAX_COLS || dcols > MAX_COLS || H % (8 * THREADS) != 0) __trap();
   __syncthreads();
@@ -174,14 +142,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
   if (mode == 3) {
-    switch (n1 - n0) {   // scripts/bench_mlp.py INPLACE_COLS
-      case 0: break;
-      case 32: down_fused_inplace<4>(Wd, H, I, n0, a, acc, ys); break;
-      case 64: down_fused_inplace<8>(Wd, H, I, n0, a, acc, ys); break;
-      case 96: down_fused_inplace<12>(Wd, H, I, n0, a, acc, ys); break;
-      case 128: down_fused_inplace<16>(Wd, H, I, n0, a, acc, ys); break;
-      default: __trap();
-    }
+    if (n1 > n0) mlp_down_share<1>(Wd, I, H, n0, n1 - n0, a, acc, ys);
   } else if (H / (THREADS / 32) == 256) {
     down_fused<1>(WdT + (int64_t)n0 * H, H, a, n1 - n0, acc);
   } else if (H / (THREADS / 32) == 512) {

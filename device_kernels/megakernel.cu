@@ -212,8 +212,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         case OP_EMBED: op_embed(c); break;
         case OP_QKV_ROPE: op_qkv_rope(c); break;
 #if MPK_MLP   // (MPK_MLP_FUSE graphs: the packer asks for this build) a fused MLP tile: op_linear's gate / up sums on
-              // its record (ops/mlp.cuh), then its tail through op_small's one call site (a call site of its own, or
-              // the whole op in op_small's tree, made this loop spill 312-340 bytes)
+              // its record (ops/mlp.cuh), then its tail through op_small's one call site. This build spills 284 bytes
+              // in this loop (the whole op in op_small's tree, or behind op_linear_tc's call site, spilled 312-340)
         case OP_ALLREDUCE: op_allreduce(c); break;
         case OP_WEIGHT_PREFETCH: op_weight_prefetch(c); break;
         case OP_MLP:

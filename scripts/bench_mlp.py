@@ -12,7 +12,7 @@ of 64 / 96 columns at llama-3.2-1b / qwen3-8b on 132 SMs) with the megakernel's 
   fused:  streams its rows of the transposed down weight into fp32 partials of the whole row, adds them into an fp32
           accumulator (vector atomics), takes a ticket; the last CTA writes out = bf16(h + bf16(acc));
   inplace: fused reading the down weight in its own (H, I) layout (H pieces of 128 / 192 bytes a CTA) instead of
-          a transposed copy;
+          a transposed copy, through the megakernel's own down share (ops/mlp.cuh, what MPK_MLP_FUSE=1 runs);
   nofin:  fused without the finisher (each CTA signals a counter after its atomics; the consumers would read
           h + acc): the finisher's cost is fused - nofin. Its output is formed on the host from acc, then acc zeroed.
 Both outputs are checked against torch (the same rounding points; within_ulps) and reported with the time:
@@ -32,14 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 OUT = Path(os.environ.get("OUT") or "gpu_out")
 MODES = {"phases": 0, "fused": 1, "nofin": 2, "inplace": 3}
-INPLACE_COLS = (32, 64, 96, 128)   # the gate_up tile widths mode 3's kernel is specialised for
 
 
 def modes_for(blk) -> dict:
-    """The modes a block can run: inplace only where every gate_up tile has a width the kernel specialises (the last
-    tile may be narrower only if I is a multiple of the width)."""
-    return {k: v for k, v in MODES.items()
-            if k != "inplace" or (blk.cols in INPLACE_COLS and blk.I % blk.cols == 0)}
+    """The modes a block can run: inplace (the megakernel's down share, ops/mlp.cuh) reads 16-byte pieces of every
+    down row, so its tile widths and I must be multiples of 8 columns."""
+    return {k: v for k, v in MODES.items() if k != "inplace" or (blk.cols % 8 == 0 and blk.I % 8 == 0)}
 
 
 def reference(x, Wg, Wu, Wd, h):
@@ -127,16 +125,14 @@ class Block:
 def main():
     import argparse
     import torch
-    from mpk_runtime.codegen import nvcc
     from mpk_runtime.models.config import load_config
-    from mpk_runtime.runtime.megakernel import _check, _cu
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="llama-3.2-1b,qwen3-8b")
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_mlp needs a CUDA GPU")
-    cu, fn = load(_cu, _check, nvcc, torch)
+    cu, fn = load()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for model in a.models.split(","):
@@ -167,7 +163,7 @@ def main():
         p = res["phases"]["block_us"]
         for name in ("fused", "inplace", "nofin"):
             if name not in res:
-                print(f"{model:<13} {name}: not run ({blk.cols}-column gate_up tiles)")
+                print(f"{model:<13} {name}: not run ({blk.cols}-column gate_up tiles, I = {blk.I})")
                 continue
             f = res[name]["block_us"]
             print(f"{model:<13} {name} / phases {f / p:.3f} ({f - p:+.2f} us a layer)", flush=True)
@@ -181,18 +177,14 @@ def main():
         raise SystemExit("an output missed torch's (see above)")
 
 
-def load(_cu, _check, nvcc, torch):
-    """The bench_mlp cubin's kernel, loaded in the primary context (as scripts/bench_stream.py)."""
-    cu = _cu()
-    torch.cuda.init()
+def load():
+    """bench_mlp.cu's kernel, loaded in the primary context (runtime/megakernel.py load_module)."""
+    import torch
+    from mpk_runtime.codegen import nvcc
+    from mpk_runtime.runtime.megakernel import _check, load_module
     b = nvcc.build(source="bench_mlp.cu")
-    _check(cu.cuInit(0), "cuInit")
-    torch.zeros(1, device="cuda")
-    ctx = _check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if ctx is None or int(ctx) == 0:
-        d = _check(cu.cuDeviceGet(0), "cuDeviceGet")
-        _check(cu.cuCtxSetCurrent(_check(cu.cuDevicePrimaryCtxRetain(d), "cuDevicePrimaryCtxRetain")), "cuCtxSetCurrent")
-    mod = _check(cu.cuModuleLoadData(Path(b.cubin).read_bytes()), "cuModuleLoadData")
+    torch.zeros(1, device="cuda")   # the primary context, current on this thread
+    cu, mod = load_module(b.cubin)
     return cu, _check(cu.cuModuleGetFunction(mod, b"mpk_bench_mlp"), "cuModuleGetFunction")
 
 

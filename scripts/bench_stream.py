@@ -43,7 +43,7 @@ def main():
     import torch
     from mpk_runtime.codegen import nvcc
     from mpk_runtime.codegen import layout as L
-    from mpk_runtime.runtime.megakernel import _check, _cu
+    from mpk_runtime.runtime.megakernel import _check, load_module
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiles", type=int, default=128)
     ap.add_argument("--iters", type=int, default=4, help="passes over the matrix per launch")
@@ -60,16 +60,9 @@ def main():
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_stream needs a CUDA GPU")
-    cu = _cu()
-    torch.cuda.init()
     b = nvcc.build(source="bench_stream.cu")
-    _check(cu.cuInit(0), "cuInit")
-    torch.zeros(1, device="cuda")   # the primary context, current on this thread (as the megakernel loader needs)
-    ctx = _check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if ctx is None or int(ctx) == 0:
-        d = _check(cu.cuDeviceGet(0), "cuDeviceGet")
-        _check(cu.cuCtxSetCurrent(_check(cu.cuDevicePrimaryCtxRetain(d), "cuDevicePrimaryCtxRetain")), "cuCtxSetCurrent")
-    mod = _check(cu.cuModuleLoadData(Path(b.cubin).read_bytes()), "cuModuleLoadData")
+    torch.zeros(1, device="cuda")   # the primary context, current on this thread
+    cu, mod = load_module(b.cubin)
     fn = _check(cu.cuModuleGetFunction(mod, b"mpk_bench_stream"), "cuModuleGetFunction")
     dev = torch.device("cuda", 0)
     stream = torch.cuda.current_stream(dev)

@@ -57,6 +57,19 @@ def _check(res, what: str):
     return None
 
 
+def load_module(cubin, device_index: int = 0):
+    """(cuda driver module, CUmodule): a cubin loaded into the device's primary context, which is made current on
+    this thread if no context is (the megakernel, and the micro-benchmarks' kernels in scripts/)."""
+    cu = _cu()
+    torch.cuda.init()
+    _check(cu.cuInit(0), "cuInit")
+    ctx = _check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if ctx is None or int(ctx) == 0:
+        d = _check(cu.cuDeviceGet(device_index), "cuDeviceGet")
+        _check(cu.cuCtxSetCurrent(_check(cu.cuDevicePrimaryCtxRetain(d), "cuDevicePrimaryCtxRetain")), "cuCtxSetCurrent")
+    return cu, _check(cu.cuModuleLoadData(Path(cubin).read_bytes()), "cuModuleLoadData")
+
+
 class Megakernel:
     """One rank's compiled + packed megakernel. `launch(nsteps)` runs steps steps_done+1 .. steps_done+nsteps."""
 
@@ -130,16 +143,7 @@ class Megakernel:
         self.params.copy_(torch.tensor([v[k] for k in L.PARAMS], dtype=torch.int64))
 
     def _load(self):
-        cu = _cu()
-        torch.cuda.init()
-        _check(cu.cuInit(0), "cuInit")
-        ctx = _check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if ctx is None or int(ctx) == 0:
-            d = _check(cu.cuDeviceGet(self.device.index or 0), "cuDeviceGet")
-            ctx = _check(cu.cuDevicePrimaryCtxRetain(d), "cuDevicePrimaryCtxRetain")
-            _check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        data = Path(self.build.cubin).read_bytes()
-        self._module = _check(cu.cuModuleLoadData(data), "cuModuleLoadData")
+        cu, self._module = load_module(self.build.cubin, self.device.index or 0)
         self._fn = _check(cu.cuModuleGetFunction(self._module, L.KERNEL_NAME.encode()), "cuModuleGetFunction")
         _check(cu.cuFuncSetAttribute(self._fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                      self.smem), "cuFuncSetAttribute")

@@ -122,11 +122,8 @@ class Tiling:
         n = max(self.min_cols, -(-N // target))
         return -(-n // 16) * 16 if N >= 16 else N
 
-    def linear_tiles(self, graph, op, N: int, M: int) -> list[tuple[int, int]]:
-        """The column ranges of a linear op's tiles (`linear_n`'s width). Session 36's MPK_LIN_FILL (CUDA-core rows
-        in one tile per SM, widths within one column) measured llama-3.2-1b B=1 +1.5..+1.8%, qwen3-8b -0.2%: a
-        batch-1 tile's time is its warps' pass count (8 warps x 1-2 columns a pass), which 3% fewer columns a tile
-        does not shorten (docs/perf-notes.md session 37); removed."""
+    def linear_tiles(self, graph, op, N: int) -> list[tuple[int, int]]:
+        """The column ranges [n0, n1) of a linear op's tiles (`linear_n` wide; the last may be narrower)."""
         from .ops.common import split_range
         return split_range(N, self.linear_n(graph, op, N))
 

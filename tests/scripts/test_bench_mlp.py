@@ -46,10 +46,11 @@ def test_within_ulps_passes_one_unit_and_fails_five():
     assert not ok and err > 4.0
 
 
-def test_inplace_mode_only_where_the_kernel_is_specialised():
+def test_inplace_mode_only_where_its_pieces_are_whole_vectors():
     from types import SimpleNamespace as NS
     assert "inplace" in bench_mlp.modes_for(NS(cols=64, I=8192))      # llama-3.2-1b on 132 SMs
     assert "inplace" in bench_mlp.modes_for(NS(cols=96, I=12288))     # qwen3-8b
-    assert "inplace" not in bench_mlp.modes_for(NS(cols=80, I=8192))  # another SM count's width
-    assert "inplace" not in bench_mlp.modes_for(NS(cols=64, I=8200))  # a narrower last tile
-    assert set(bench_mlp.modes_for(NS(cols=80, I=8192))) == {"phases", "fused", "nofin"}
+    assert "inplace" in bench_mlp.modes_for(NS(cols=80, I=8192))      # another SM count's width
+    assert "inplace" not in bench_mlp.modes_for(NS(cols=84, I=8192))  # 168-byte pieces: not 16-byte vectors
+    assert "inplace" not in bench_mlp.modes_for(NS(cols=64, I=8196))  # rows not 16-byte aligned
+    assert set(bench_mlp.modes_for(NS(cols=84, I=8192))) == {"phases", "fused", "nofin"}

@@ -26,10 +26,10 @@ from .common import rms_norm
 @decomposer("linear")
 def decompose(op, graph, tiling, rank):
     from .mlp import fused_down, fused_into, mlp_tasks   # (MPK_MLP_FUSE: gate_up tiles that run down's share)
-    down = fused_down(op, graph, tiling)
+    down = fused_down(op, graph)
     if down is not None:
         return mlp_tasks(op, down, graph, tiling, rank)
-    if fused_into(op, graph, tiling):
+    if fused_into(op, graph):
         return []
     a = op.attrs
     out = graph.tensors[a["out"]]
@@ -37,7 +37,7 @@ def decompose(op, graph, tiling, rank):
     N = out.shape[-1]
     M = out.shape[-2]
     tasks = []
-    for n0, n1 in tiling.linear_tiles(graph, op, N, M):
+    for n0, n1 in tiling.linear_tiles(graph, op, N):
         if a["push"]:
             writes = [Region(a["out"], r, ((rank, rank + 1), (0, M), (n0, n1))) for r in range(graph.tp)]
         else:

@@ -27,7 +27,7 @@ from . import task_kind
 from .common import rms_norm
 
 
-def fused_down(op, graph, tiling):
+def fused_down(op, graph):
     """The down op a gate_up op runs inside its tiles, or None."""
     a = op.attrs
     name = a.get("fuse_down")
@@ -43,9 +43,9 @@ def fused_down(op, graph, tiling):
     return down
 
 
-def fused_into(op, graph, tiling) -> bool:
+def fused_into(op, graph) -> bool:
     """True for a down op whose gate_up runs it (fused_down): it decomposes into no tasks."""
-    return op.kind == "linear" and any(o.attrs.get("fuse_down") == op.name and fused_down(o, graph, tiling) is op
+    return op.kind == "linear" and any(o.attrs.get("fuse_down") == op.name and fused_down(o, graph) is op
                                        for o in graph.ops)
 
 
@@ -54,7 +54,7 @@ def mlp_tasks(op, down, graph, tiling, rank: int) -> list[Task]:
     M_in, K = graph.tensors[a["x"]].shape
     M, I = graph.tensors[a["out"]].shape
     H = graph.tensors[d["out"]].shape[-1]
-    tiles = tiling.linear_tiles(graph, op, I, M)
+    tiles = tiling.linear_tiles(graph, op, I)
     tasks = []
     for n0, n1 in tiles:
         params = {k: a[k] for k in ("x", "weights", "norm", "eps", "acc")}
