@@ -207,10 +207,36 @@ def fit_conventional(segs: list[dict]) -> dict:
     return out
 
 
+BOUNDARY_MIN = 8   # fit_boundary: plans of at least this many segment boundaries (one boundary's share of a
+                   # step's noise, +-15 us on mega2 / mega3, would swamp its ~3 us)
+
+
+def fit_boundary(rows: list[dict], min_boundaries: int = BOUNDARY_MIN) -> tuple[float | None, int]:
+    """segment_boundary_us from measured rows: the median over plans of at least `min_boundaries` boundaries of
+    (measured step - the sum of its segments measured alone) / boundaries; and how many plans it used. A segment
+    measured alone pays its launch and drain in full; in the step's CUDA graph the next segment's launch overlaps
+    them. None when no row qualifies."""
+    per = []
+    for r in rows:
+        segs = r.get("segments") or []
+        n = len(segs) - 1
+        if not valid(r) or n < min_boundaries or any((s.get("measured_us") or 0) <= 0 for s in segs):
+            continue
+        per.append((r["measured_us"] - sum(s["measured_us"] for s in segs)) / n)
+    if not per:
+        return None, 0
+    per.sort()
+    k = len(per) // 2
+    return (per[k] if len(per) % 2 else (per[k - 1] + per[k]) / 2), len(per)
+
+
 def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, regimes=REGIMES,
-                terms=("mk", "conv"), keep_attn: bool = False) -> tuple[HardwareProfile, dict]:
+                terms=("mk", "conv"), keep_attn: bool = False,
+                boundary_regimes: tuple[str, ...] = (), boundary_min: int = BOUNDARY_MIN) -> tuple[HardwareProfile, dict]:
     """The base profile with per-regime calibration fitted on `rows`; and a report (counts per regime).
-    terms: "mk" (mk_scale, mk_offset_us), "conv" (CONV_FIELDS); the others keep the base profile's values.
+    terms: "mk" (mk_scale, mk_offset_us), "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for
+    all regimes: fit_boundary; with `boundary_regimes`, written into those regimes only); the others keep the base
+    profile's values.
     keep_attn: the megakernel refit moves only mk_scale: the base's mk_offset_us stays, and attention-only segments
     keep the base's scale (mk_attn_scale) and factor, so their price does not move. For a simulator term that
     changes whole-layer segments only (tc_pass_us_by_rows: linear tiles), fitted on rows of older code whose
@@ -243,6 +269,14 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
             regs[key] = over
     for key, v in keep.items():   # base regimes this fit does not define (other regime sets): kept
         regs.setdefault(key, v)
+    if "boundary" in terms:
+        b, n = fit_boundary(rows, boundary_min)
+        report["boundary"] = {"segment_boundary_us": b, "plans": n}
+        if b is not None and boundary_regimes:
+            for key in boundary_regimes:
+                regs.setdefault(key, dict(keep.get(key, {})))["segment_boundary_us"] = round(b, 3)
+        elif b is not None:
+            base = replace(base, segment_boundary_us=round(b, 3))
     prof = replace(base, regimes=regs, source=(base.source + "; regimes refit by planner/fit.py").strip("; ")
                    if "refit by planner/fit.py" not in base.source else base.source)
     return prof, report
@@ -316,7 +350,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--name", default="h200_fitted")
     ap.add_argument("--holdout", action="store_true")
-    ap.add_argument("--terms", default="mk,conv", help="calibration terms to fit: mk, conv (comma-separated)")
+    ap.add_argument("--terms", default="mk,conv", help="calibration terms to fit: mk, conv, boundary (comma-separated)")
     ap.add_argument("--regimes", default="1,8", help="min batch of each regime, e.g. 1,8 or 1,8,32,128")
     ap.add_argument("--no-resimulate", action="store_true",
                     help="price from the recorded features (sim_us of the simulator that made the plans); default: "
@@ -331,6 +365,8 @@ def main() -> None:
     ap.add_argument("--batches", default="", help="fit on the rows of these batch sizes only (e.g. 1,8): the "
                     "regimes they fall in are refit, the others kept, and the chosen --grid terms are written into "
                     "those regimes only (scoped_terms), so the other regimes' prices do not move")
+    ap.add_argument("--boundary-regimes", default="", help="--terms boundary: write the fitted segment_boundary_us "
+                    "into these regimes only (e.g. 1,8; default: the profile's top level, every regime)")
     ap.add_argument("--keep-attn", action="store_true", help="megakernel refit: mk_scale only, the base's "
                     "mk_offset_us kept and attention-only segments left at the base's scale and factor (their price "
                     "does not move; for a term that moves whole-layer segments only, fitted on older rows)")
@@ -343,7 +379,7 @@ def main() -> None:
     print(f"{len(rows)} valid measured rows of {n_all} (skipped: unmeasured, or eager after a failed graph capture)")
     base = HardwareProfile.load(a.profile)
     kw = {"regimes": tuple((int(b), b) for b in a.regimes.split(",")), "terms": tuple(a.terms.split(",")),
-          "keep_attn": a.keep_attn}
+          "keep_attn": a.keep_attn, "boundary_regimes": tuple(x for x in a.boundary_regimes.split(",") if x)}
     sims = {}
     if not a.no_resimulate:
         for combo in _grid(a.grid):

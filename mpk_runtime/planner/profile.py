@@ -71,7 +71,11 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # attention-only segments' price kept (fit --keep-attn). Out of sample on session 35's 56 rows (B=32 / 128): step
 # MAPE 6.4% -> 3.8%, segment 8.1% -> 6.8%, regret 0 at 8 of 8 as v42; choices as v42's wherever compared
 # (docs/planner.md).
-DEFAULT_PROFILE = "h200_v43"
+# h200_v44 since session 38: v43 with a segment boundary priced as measured (-2.9 us: the step's graph overlaps a
+# segment's launch with its predecessor's tail; v43 added +1.3) and the whole-layer megakernel scale refit, both in
+# the B=1 / 8 regimes. Out of sample on session 38's 28 rows: step MAPE 4.4% -> 2.2%, Spearman >= 0.9 at 4 of 4
+# points (v43: 3), regret 0.04%. B >= 32 keeps v43's terms (docs/planner.md session 38).
+DEFAULT_PROFILE = "h200_v44"
 
 
 def key_fallbacks(key: str) -> list[str]:
@@ -195,6 +199,12 @@ class HardwareProfile:
     # [lo, hi] for 90% of validated plans (5th / 95th percentiles, per batch regime via `regimes`; planner/band.py
     # measures it from validation rows the profile was not fit on). The default is the pre-measurement +-12%.
     step_band: tuple = (-0.12, 0.12)
+    # a step's price of one boundary between two of its segments, beyond the segments' prices (which are fit to
+    # each segment measured alone, its launch and drain paid in full). None = graph_kernel_gap_us (the gap between
+    # two kernels of a graph, profile_hw). Measured steps pay less than their segments alone: inside one CUDA graph
+    # a segment's launch overlaps its predecessor's tail, -1.4..-3.3 us a boundary on every many-segment plan of
+    # sessions 34-38 at every batch (planner.fit.fit_boundary; docs/planner.md session 38)
+    segment_boundary_us: float | None = None
     # batch regimes: {"min batch": {field: value}}; for_batch(B) applies the largest key <= B (fit.py writes
     # them: the B=1 kernels and the B>=8 row-group kernels are different code paths with different constants)
     regimes: dict[str, dict] = field(default_factory=dict)
@@ -258,6 +268,11 @@ class HardwareProfile:
         """Tensor Core time for `flops` on `sms` SMs; wgmma computes M=64 rows, so M < 64 wastes the rest."""
         eff = min(1.0, max(1, m_rows) / self.wgmma_m)
         return flops / (self.tc_flops_per_s * sms / self.num_sms * eff) * 1e6
+
+    @property
+    def boundary_us(self) -> float:
+        """What one segment boundary adds to a step beyond its segments' prices (segment_boundary_us)."""
+        return self.graph_kernel_gap_us if self.segment_boundary_us is None else self.segment_boundary_us
 
     def for_batch(self, batch: int) -> "HardwareProfile":
         """This profile with the overrides of the batch regime that `batch` falls in (itself if none)."""

@@ -262,7 +262,7 @@ def reprice(rows: list[dict], prof: HardwareProfile) -> list[dict]:
             continue
         p = prof.for_batch(r["batch"])
         segs = [dict(s, predicted_us=price_from_features(features(s), p)) for s in r["segments"]]
-        step = sum(s["predicted_us"] for s in segs) + p.graph_kernel_gap_us * max(0, len(segs) - 1)
+        step = sum(s["predicted_us"] for s in segs) + p.boundary_us * max(0, len(segs) - 1)
         out.append(dict(r, segments=segs, predicted_us=step))
     best: dict = {}
     for r in out:

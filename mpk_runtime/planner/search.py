@@ -104,7 +104,7 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits) ->
                 us = conventional_us(gd, ops, prof)
                 segs.append(Segment(kind, ops, {}, us, conventional_features(gd, ops, prof)))
             total += us
-        total += prof.graph_kernel_gap_us * max(0, len(segs) - 1)
+        total += prof.boundary_us * max(0, len(segs) - 1)
         return Plan(cfg.name, tp, batch, context, name, segs, attn_splits=splits, predicted_us=total,
                     band=(total * (1 + prof.step_band[0]), total * (1 + prof.step_band[1])), profile=prof.name)
 
@@ -138,7 +138,7 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits) ->
     argmax = [o.name for o in g.ops if o.kind == "argmax"]
     for p in plans:
         if tp == 1 and any(sg.kind == "conventional" and set(argmax) & set(sg.ops) for sg in p.segments):
-            p.notes["sampled_us"] = (p.predicted_us - conventional_us(g, argmax, prof) + prof.graph_kernel_gap_us
+            p.notes["sampled_us"] = (p.predicted_us - conventional_us(g, argmax, prof) + prof.boundary_us
                                      + coster.megakernel_us(argmax, base))
     plans.sort(key=lambda p: p.predicted_us)
     for p in plans:

@@ -11,7 +11,7 @@ from mpk_runtime.models import PRESETS
 from mpk_runtime.planner import HardwareProfile, candidates, simulate
 from mpk_runtime.planner.cost import price_from_features
 from mpk_runtime.planner.simulate import task_stream_bytes
-from mpk_runtime.planner.fit import fit_profile, holdout
+from mpk_runtime.planner.fit import fit_boundary, fit_profile, holdout
 from mpk_runtime.planner.score import reprice, spearman, summarize
 from mpk_runtime.tasks import Tiling, build_task_graphs
 
@@ -30,7 +30,7 @@ def synthetic_rows(prof_true: HardwareProfile, base: HardwareProfile) -> list[di
                 pt = prof_true.for_batch(B)
                 segs = [dict(kind=s.kind, ops=len(s.ops), predicted_us=s.predicted_us, features=s.features,
                              measured_us=price_from_features(s.features, pt)) for s in p.segments]
-                meas = sum(s["measured_us"] for s in segs) + pt.graph_kernel_gap_us * (len(segs) - 1)
+                meas = sum(s["measured_us"] for s in segs) + pt.boundary_us * (len(segs) - 1)
                 rows.append(dict(model=name, batch=B, tp=1, plan=p.name, chosen=p is candidates, segments=segs,
                                  predicted_us=p.predicted_us, measured_us=meas))
     return rows
@@ -75,6 +75,27 @@ def test_fit_recovers_known_terms(base):
     s = summarize(reprice(rows, fitted))
     assert s["segment_mape"] < 1e-6
     assert all(p["regret"] == 0 for p in s["points"])
+
+
+def test_fit_boundary_recovers_the_step_overlap(base):
+    """A step that pays less than its segments measured alone (segment_boundary_us < 0): fit_boundary recovers the
+    per-boundary term; scoped to one regime it moves that regime's steps only, and repriced steps then match."""
+    true = dataclasses.replace(base, segment_boundary_us=-2.5)
+    rows = synthetic_rows(true, base)
+    assert max(len(r["segments"]) for r in rows) >= 3
+    b, n = fit_boundary(rows, min_boundaries=2)
+    assert n > 0 and b == pytest.approx(-2.5, abs=1e-9)
+    assert fit_boundary(rows, min_boundaries=10_000) == (None, 0)
+    assert base.boundary_us == base.graph_kernel_gap_us   # unset: the graph gap, as before
+    fitted, rep = fit_profile(rows, base, terms=("boundary",), boundary_regimes=("8",), boundary_min=2)
+    assert rep["boundary"]["plans"] == n
+    assert fitted.for_batch(16).boundary_us == pytest.approx(-2.5)
+    assert fitted.for_batch(1).boundary_us == base.graph_kernel_gap_us
+    step_err = {B: max(abs(r["predicted_us"] - r["measured_us"]) for r in reprice(rows, fitted) if r["batch"] == B)
+                for B in (1, 8)}
+    assert step_err[8] < 1e-6 < step_err[1]   # regime 1 still prices the boundary at the graph gap
+    everywhere, _ = fit_profile(rows, base, terms=("boundary",), boundary_min=2)
+    assert all(abs(r["predicted_us"] - r["measured_us"]) < 1e-6 for r in reprice(rows, everywhere))
 
 
 def test_holdout_reports_both_halves(base):
