@@ -1,7 +1,8 @@
 // Micro-benchmark of a batch-1 MLP block at real shapes (scripts/bench_mlp.py): gate_up with SiLU-and-mul, then
 // down with the residual, one CTA a tile, timed on the device (%globaltimer) from the first CTA's start to the
 // block's last output. The question (docs/perf-notes.md sessions 36-37): what does the down projection cost when it
-// is split along K and fused into the gate_up tile, against today's two dependent phases?
+// is split along K and fused into the gate_up tile, against today's two dependent phases? Session 38 (H200): fused /
+// phases 1.052 at llama-3.2-1b (+1.66 us a layer), 1.049 at qwen3-8b (+3.97 us), so MPK_MLP_FUSE was removed.
 //   mode 0 "phases": today's megakernel structure. CTA b runs gate_up tile b with the megakernel's own core
 //                    (linear_core<true>), writes its bf16 intermediate columns, signals a counter (release add);
 //                    every CTA waits for all gate_up tiles (acquire spin, as wait_counter), loads the intermediate
@@ -12,22 +13,17 @@
 //                    (no cross-warp reduction), adds them into the fp32 row acc (red.global.add.v4.f32: the
 //                    cross-CTA order is the hardware's), and takes a ticket; the last CTA writes out = bf16(h + bf16(acc))
 //                    and zeroes acc for the next launch.
-//   mode 3 "fused, Wd in place": mode 1 reading the down weight in its own (H, I) layout instead of a transposed
-//                    copy, through the megakernel's own code (ops/mlp.cuh mlp_down_share: a CTA's slice is H pieces of
-//                    (n1 - n0) x 2 bytes, thread t owning rows 4t + 1024 k .. + 3). Session 19's bench_pieces put
-//                    128-byte pieces at 0.95 of a contiguous stream's rate; this layout spares the fused design a
-//                    second copy of every down weight, and is what MPK_MLP_FUSE=1 runs.
 //   mode 2 "fused, no finisher": mode 1 up to the atomics, then a release add on a counter (the event a consumer
 //                    would wait on) and no ticket: the consumers would read h + acc themselves (session 36's form,
 //                    which needs the residual stream in fp32). acc is left for the host (out is not written).
 // Stamps per CTA (stamps[3 b + i]): 0 start, 1 gate_up tile done (its columns written / in shared memory), 2 done
 // (mode 0: its down columns written; mode 1: its ticket taken, and for the last CTA out written; mode 2: its
 // counter add issued).
+// (Mode 3 "inplace", the down weight read in its own (H, I) layout by MPK_MLP_FUSE's down share, measured 1.155 /
+// 1.223 in session 38 and went with it; git history has it.)
 // Batch 1 only (the design's target); every CTA must be resident (grid <= SMs: the mode-0 barrier spins).
-#define MPK_MLP 1   // mode 3 runs the megakernel's own down share (ops/mlp.cuh mlp_down_share)
 #include "common.cuh"
 #include "ops/linear.cuh"
-#include "ops/mlp.cuh"
 
 using namespace mpk;
 
@@ -37,6 +33,10 @@ constexpr int MAX_H = 4096, MAX_I = 12288, MAX_COLS = 256;
 __device__ __forceinline__ float silu_mul(float g, float u) {   // bf16 rounding points of the linear epilogue
   const float gb = bf(g), ub = bf(u);
   return bf(bf(gb / (1.f + __expf(-gb))) * ub);
+}
+
+__device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {   // no return value
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
 
 __device__ __forceinline__ void stamp(uint64_t* stamps, int i) {
@@ -88,8 +88,8 @@ __device__ __forceinline__ void down_fused(const bf16* __restrict__ WdT, int H, 
 #pragma unroll
   for (int q = 0; q < VPL; ++q) {
     float* dst = accg + c0 + 8 * (lane + 32 * q);
-    mlp_red_v4(dst, acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
-    mlp_red_v4(dst + 4, acc[q][4], acc[q][5], acc[q][6], acc[q][7]);
+    red_add_v4(dst, acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
+    red_add_v4(dst + 4, acc[q][4], acc[q][5], acc[q][6], acc[q][7]);
   }
 }
 }  // namespace
@@ -105,7 +105,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                   int I, int cols, int dcols, int mode, uint64_t* __restrict__ stamps) {
   __shared__ __align__(16) bf16 xs[MAX_I];
   __shared__ float y0s[MAX_COLS], y1s[MAX_COLS], a[MAX_COLS];
-  __shared__ __align__(16) float ys[8 * THREADS];   // mlp_down_share's per-thread row sums
   __shared__ int last;
   if (H > MAX_H || I > MAX_I || cols > MAX_COLS || dcols > MAX_COLS || H % (8 * THREADS) != 0) __trap();
   __syncthreads();
@@ -141,9 +140,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     stamp(stamps, 2);
     return;
   }
-  if (mode == 3) {
-    if (n1 > n0) mlp_down_share<1>(Wd, I, H, n0, n1 - n0, a, acc, ys);
-  } else if (H / (THREADS / 32) == 256) {
+  if (H / (THREADS / 32) == 256) {
     down_fused<1>(WdT + (int64_t)n0 * H, H, a, n1 - n0, acc);
   } else if (H / (THREADS / 32) == 512) {
     down_fused<2>(WdT + (int64_t)n0 * H, H, a, n1 - n0, acc);

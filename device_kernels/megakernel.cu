@@ -15,7 +15,6 @@
 #include "ops/allreduce.cuh"
 #include "ops/argmax.cuh"
 #include "ops/prefetch.cuh"
-#include "ops/mlp.cuh"
 
 namespace mpk {
 // The small, once-per-step or per-group ops, and attention (79 registers alone; inlined into the kernel it made the
@@ -28,9 +27,6 @@ __device__ __noinline__ void op_small(const Ctx& c) {
     case OP_QK_NORM_ROPE: op_qk_norm_rope(c); break;
     case OP_ATTN_PARTIAL: op_attn_partial(c); break;
     case OP_ATTN_MERGE: op_attn_merge(c); break;
-#if MPK_MLP
-    case OP_MLP: op_mlp_tail(c); break;
-#endif
     default: break;
   }
 }
@@ -211,23 +207,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       switch ((int)c.rec[T_OPCODE]) {
         case OP_EMBED: op_embed(c); break;
         case OP_QKV_ROPE: op_qkv_rope(c); break;
-#if MPK_MLP   // (MPK_MLP_FUSE graphs: the packer asks for this build) a fused MLP tile: op_linear's gate / up sums on
-              // its record (ops/mlp.cuh), then its tail through op_small's one call site. This build spills 284 bytes
-              // in this loop (the whole op in op_small's tree, or behind op_linear_tc's call site, spilled 312-340)
-        case OP_ALLREDUCE: op_allreduce(c); break;
-        case OP_WEIGHT_PREFETCH: op_weight_prefetch(c); break;
-        case OP_MLP:
-        case OP_LINEAR:
-          if (c.rec[A_LINEAR_TC_ROWS] > 0) op_linear_tc(c); else op_linear(c);
-          if ((int)c.rec[T_OPCODE] != OP_MLP) break;
-          [[fallthrough]];
-#else
         case OP_LINEAR:
           if (c.rec[A_LINEAR_TC_ROWS] > 0) op_linear_tc(c); else op_linear(c);
           break;
         case OP_ALLREDUCE: op_allreduce(c); break;
         case OP_WEIGHT_PREFETCH: op_weight_prefetch(c); break;
-#endif
         case OP_ATTN_PARTIAL:
         case OP_ATTN_MERGE:
         case OP_ARGMAX_PARTIAL:

@@ -31,29 +31,25 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 37 left it (bench/results/s37: 73 of 73 GPU tests at f235422;
-# MPK_LIN_FILL refuted and removed; both tables on one start; the conventional plan's q / k norm kernel 59.6 vs 122.3
-# us a step between fresh processes). Session 37 used ~1640 s in four calls and one refused start (~120 s); the qwen3-8b
-# bench alone needs ~9.5 min (T=560 leaves HF's cells cut). Each call `N=<name> T=<secs> bash scripts/gpu_run.sh
-# <mode>; ...` chained with `;` to keep the machine warm; give_back between calls when CPU work comes first.
-# Before the first device call: `bash scripts/gpu_prepare.sh` (~4 min from a fresh checkout, seconds after): the
-# bundle without Ray (.cache/gb), every cubin prebuilt and compressed (.cache/kc.tar.xz; every build on the device hit
-# in sessions 33-37), .cache/commit, and the 64 MiB check. Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"];
-# scripts/gpu_run.sh unpacks the cubins on the device. Rerun it after any commit (the cubins follow the sources).
-# 1. `one` (~4 min): the whole GPU set at HEAD.
-# 2. `N=fixed T=200 MPK_CONV_FIXED_CONFIGS=1 CLEAR=1 MODELS=qwen3-8b bash scripts/gpu_run.sh varq` (~2.5 min), then
-#    the same without the switch if the budget allows: with inductor's deterministic mode, is the q / k norm kernel
-#    (`triton_per_fused__to_copy_cat_mean_pow_0`) the same in all three fresh processes, and at ~59 us (the fast
-#    pick) or ~122 (docs/perf-notes.md session 37)? If fast and stable, make the switch the default.
-# 3. `N=mlp T=300 bash scripts/gpu_run.sh mlp` (~1-2 min): the fused down projection's premise, a batch-1 MLP block
-#    at real shapes, two phases against fused (docs/perf-notes.md session 37: predicted fused / phases 0.90-0.97 at
-#    llama-3.2-1b, 0.96-0.99 at qwen3-8b; below -1 us a layer at llama the design is dropped). Its GPU test runs in
-#    the same mode (and in `one`).
-#    Then, if the block holds up (or anyway: it is built), the fused MLP in the whole step:
-#    `N=mlpf T=330 VARS="base mlpbuild mlpf base" BS=1 CTXS=512 MODELS=llama-3.2-1b LIM=60 bash scripts/gpu_run.sh ab`
-#    and MODELS=qwen3-8b LIM=70 (MPK_MLP_FUSE=1; predicted mlpf vs mlpbuild -2.5% / -1.2%; mlpbuild vs base prices the
-#    MLP build's 284 B of loop spills). `one` runs tests/gpu/test_fused_mlp.py first (the step against pyvm).
-# 4. `val` at B=1 / 8 with h200_v43 (not validated at B=1 / 8 since session 35's fit).
+# Order for a 30-minute session (one GPU), as session 38 left it (bench/results/s38: 75 GPU tests passed at 3136985;
+# the fused MLP refuted and removed; h200_v44 the planner's default; the B=32 ctx 1024 regret traced to the paged
+# attention's one-key split). Session 38 used ~1720 s in four calls. Each call `N=<name> T=<secs> bash
+# scripts/gpu_run.sh <mode>; ...` chained with `;` to keep the machine warm; give_back between calls when CPU work
+# comes first. Before the first device call: `bash scripts/gpu_prepare.sh` (~4 min from a fresh checkout, seconds
+# after): the bundle without Ray (.cache/gb), every cubin prebuilt and compressed (.cache/kc.tar.xz; every build on
+# the device hit in sessions 33-38), .cache/commit, and the 64 MiB check. Carry [".cache/gb", ".cache/commit",
+# ".cache/kc.tar.xz"]; scripts/gpu_run.sh unpacks the cubins on the device. Rerun it after any commit.
+# 1. `one` (~4 min): the whole GPU set at HEAD (first GPU run without MPK_MLP_FUSE's code; default PTX unchanged).
+# 2. The paged attention's launch shape at a key cap just past 1024 (docs/perf-notes.md session 38: llama B=32 ctx
+#    1024 runs 43.2 us a layer, predicted ~26 with the 4096-key shape), ~1 min a shape:
+#    `N=psh_l T=280 SHAPES="tuned 128_528_4_1 tuned 128_528_4_1" MODELS=llama-3.2-1b BS=32,128 CTXS=1024 LIM=60
+#    bash scripts/gpu_run.sh pshape`, and MODELS=qwen3-8b with SHAPES="tuned 64_528_4_2 tuned 64_528_4_2". If it
+#    holds, add 1024-key points to paged_attention.TUNED (and A/B them at ctx 2048 too).
+# 3. `cattn` with CATTN_TP=1 CATTN_BASE=h200_v44 CATTN_NAME=h200_v45: the paged curves at C + 1 keys (the grid
+#    profile_conv_attn.py measures since session 38, the step's key cap); then, on the CPU, re-score session 38's
+#    val1024 / val3072 rows with them (planner.fit --test) and refit the B >= 32 regimes with the boundary term
+#    (--terms conv,boundary), tested on rows never fitted on.
+# 4. `val` at ctx 2048 (B=1..128) with whatever 2-3 gave: out of sample for every profile so far except s36's rows.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
@@ -82,13 +78,8 @@ st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
 st "1 tests/gpu and the GPU-marked tests in tests/runtime (graph replay, PDL launches, conventional op counts)"
-# (the session-37 kernels never run yet, tests/gpu/test_fused_mlp.py and test_mlp_block_bench.py, go in a process
-# of their own after it: a fault there would leave this process's CUDA context unusable for every later test)
 timeout 450 python3 -m pytest -v --durations=10 -m gpu tests/gpu tests/runtime/test_plan_exec_graph.py \
-    tests/runtime/test_conventional_op_count.py tests/runtime/test_skinny_gemm.py \
-    --deselect tests/gpu/test_fused_mlp.py --deselect tests/gpu/test_mlp_block_bench.py > "$OUT/pytest_gpu.log" 2>&1
-timeout 120 python3 -m pytest -v -m gpu tests/gpu/test_fused_mlp.py tests/gpu/test_mlp_block_bench.py \
-    >> "$OUT/pytest_gpu.log" 2>&1
+    tests/runtime/test_conventional_op_count.py tests/runtime/test_skinny_gemm.py > "$OUT/pytest_gpu.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
 st "2 the sampler: bitwise check and profile"
 OUT="$OUT/val" timeout 100 python3 scripts/gpu_check_sampling.py --trials 30 > "$OUT/val/sampling.log" 2>&1
@@ -129,7 +120,7 @@ OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
 elif [ "$MODE" = cattn ]; then
 st "3c the conventional attention op measured whole (scripts/profile_conv_attn.py): llama-3.2-1b / qwen3-8b shapes at TP 1 and 2"
 mkdir -p "$OUT/prof"; OUT="$OUT/prof" timeout ${CATTN_LIM:-420} python3 scripts/profile_conv_attn.py --out "$OUT/prof" --cycle-mb 200 \
-    --tp ${CATTN_TP:-1,2} --merge ${CATTN_BASE:-h200_v40} --name ${CATTN_NAME:-h200_v41} \
+    --tp ${CATTN_TP:-1,2} --merge ${CATTN_BASE:-h200_v44} --name ${CATTN_NAME:-h200_v45} \
     --budget-s ${CATTN_BUDGET:-400} > "$OUT/prof/conv_attn.log" 2>&1
 tail -4 "$OUT/prof/conv_attn.log"; snap
 elif [ "$MODE" = ab ]; then
@@ -141,7 +132,7 @@ ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2
 for V in $VARS; do
   n=1; while [[ " $ABD " == *" ab_${V}$([ $n = 1 ] || echo _$n) "* ]]; do n=$((n + 1)); done
   VD="ab_${V}$([ $n = 1 ] || echo _$n)"; ABD="$ABD $VD"
-  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""; MF=""
+  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
@@ -157,13 +148,11 @@ for V in $VARS; do
              headparts) D=""; G=""; QF=0;;  # ... as head parts (MPK_QKV_FLAT=0, the default before s32; -1.4% s32)
              qknorm) D=""; G=""; QN=1;;     # attention norms qwen3's q / k heads itself (MPK_ATTN_QKNORM, default since s33)
              noqknorm) D=""; G=""; QN=0;;   # ... the qk_norm_rope tasks instead (MPK_ATTN_QKNORM=0; s33: +0.5% B=1, +3.2% B=8)
-             mlpf) D=""; G=""; MF=1;;       # the down projection inside the gate_up tiles at B <= 2 (MPK_MLP_FUSE, s37, opt-in)
-             mlpbuild) D="-DMPK_MLP=1"; G="";;   # mlpf's build (its ~316 B of loop spills) on the unfused graph: the spills' cost
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
-  MPK_MLP_FUSE=$MF MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} ${TRACE:+--trace} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
@@ -212,7 +201,7 @@ timeout 200 python3 -m pytest -q -m gpu tests/runtime/test_paged_attention.py te
     tests/runtime/test_kv_defer.py tests/gpu/test_engine_plans.py > "$OUT/pytest_gpu.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
 st "tattn 2: its per-layer curves (profile_conv_attn.py: compare with h200_v36_cal's conv_attn_us_by_shape)"
-timeout 150 python3 scripts/profile_conv_attn.py --tp 1 --batches 1,8,32,128 --keys 512,4096 --budget-s 130 \
+timeout 150 python3 scripts/profile_conv_attn.py --tp 1 --batches 1,8,32,128 --keys 513,4097 --budget-s 130 \
     --out "$OUT/prof" > "$OUT/prof/conv_attn.log" 2>&1
 tail -12 "$OUT/prof/conv_attn.log"; snap
 st "tattn 3: the conventional plan with it against attn-mk, measured (validate_planner --families)"
@@ -273,7 +262,7 @@ tail -32 "$OUT/bench/phase.log"; snap
 elif [ "$MODE" = mlp ]; then
 # mlp (session 37): a batch-1 MLP block at llama-3.2-1b / qwen3-8b shapes, today's two phases against the down
 # projection fused into the gate_up tile (device_kernels/bench_mlp.cu; docs/perf-notes.md session 37's prediction),
-# then the kernel's GPU test (both modes against torch)
+# then the kernel's GPU test (every mode against torch)
 st "4h the fused down projection's block time against two phases (bench_mlp), and its GPU test"
 mkdir -p "$OUT/bench"
 OUT="$OUT/bench" timeout 150 python3 scripts/bench_mlp.py > "$OUT/bench/mlp.log" 2>&1

@@ -1,7 +1,7 @@
 """Measure the conventional attention op whole, for the planner's profile (HardwareProfile.conv_attn_us_by_shape).
 
     PYTHONPATH=. python3 scripts/profile_conv_attn.py --out $OUT [--models llama-3.2-1b,qwen3-8b] [--tp 1,2]
-        [--batches 1,2,4,8,16,32,64,128] [--keys 256,512,1024,2048,4096,8192] [--merge h200_v33_cal --name h200_v35]
+        [--batches 1,2,4,8,16,32,64,128] [--keys 257,513,1025,2049,4097,8193] [--merge h200_v33_cal --name h200_v35]
 
 Per attention shape of the models' TP ranks (KV heads of a rank x head dim x q heads per KV head), one layer's
 attention op as the conventional path runs it (runtime/conventional_ops.attention: the page gather, the masks, one
@@ -119,7 +119,11 @@ def main() -> None:
     ap.add_argument("--models", default="llama-3.2-1b,qwen3-8b")
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--batches", default="1,2,4,8,16,32,64,128")
-    ap.add_argument("--keys", default="256,512,1024,2048,4096,8192")
+    # a decode step at context C reads C + 1 keys under a key cap of C + 1 (scripts/_plan_measure.py, bench_decode):
+    # the grid sits there. At the powers of two themselves the paged kernel's launch has one split of programs fewer
+    # (cap 1024: 4 splits of 2 x 128 keys and an empty 5th; cap 1025: the 5th holds one key), and session 38 measured
+    # llama-3.2-1b B=32 at 43.2 us a layer at ctx 1024 in the step against 34.0 on a curve point taken at 1024 keys
+    ap.add_argument("--keys", default="257,513,1025,2049,4097,8193")
     ap.add_argument("--merge", default="", help="profile to copy with the measured curves added")
     ap.add_argument("--name", default="", help="name of the merged profile (default: <merge>_attn)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))

@@ -374,9 +374,6 @@ __device__ inline void op_linear(const Ctx& c) {
     else
       linear_core<false>(xs, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, soff, nst, c.stage_bar, c.stage_par);
     MPK_STAMP(2);
-#if MPK_MLP
-    if ((int)a[T_OPCODE] == OP_MLP) break;   // a fused MLP tile (one pass): ops/mlp.cuh takes y0s / y1s from here
-#endif
     linear_epilogue(c, g0, Mg, y0s, y1s);
     MPK_STAMP(3);
     __syncthreads();

@@ -71,13 +71,6 @@ OP_ARGS: dict[str, list[str]] = {
                        "b0", "nb"],
     "argmax_reduce": ["part", "par_stride", "out", "tokens", "world", "b", "temp", "top_k", "top_p", "seed", "b0",
                       "nb"],
-    # a gate_up tile [n0, n1) with its share of down (tasks/ops/mlp.py; M < TC_MIN_M): op_linear's own record and
-    # code up to the gate / up sums (every slot it reads at linear's index: w0 / w1 = gate / up, n = H, epilogue
-    # silu_mul, no staging), then ops/mlp.cuh: SiLU * up -> wd (H, I) columns n0..n1 -> fp32 partials added into acc
-    # (M, H); the ticket's last taker of the step writes out = residual + bf16(acc) and zeroes acc. wd / acc / ticket /
-    # tiles / i sit where linear keeps its push-only and Tensor Core-only slots
-    "mlp": ["x", "w0", "w1", "norm", "residual", "out", "m_in", "k", "n0", "n1", "n", "m", "eps", "epilogue",
-            "out_kind", "row_off", "row_stride", "wd", "acc", "ticket", "tiles", "kseg", "tc_rows", "i"],
     # n (address, bytes) weight ranges to prefetch into L2 (tasks/ops/prefetch.py PREFETCH_RANGES)
     "weight_prefetch": ["n"] + [f"{w}{i}" for i in range(11) for w in ("p", "b")],
 }
@@ -286,10 +279,6 @@ def check_layout() -> None:
         assert ARG_BASE + len(args) <= ARG_END, (op, len(args))
     assert TASK_WORDS * 8 % 16 == 0   # the kernel copies records in 16-byte pieces
     assert set(OP_ARGS) == set(OPCODES), set(OPCODES) ^ set(OP_ARGS)
-    # the fused MLP runs op_linear on its record (ops/mlp.cuh): every slot op_linear reads at linear's index
-    for name in ("x", "w0", "w1", "norm", "k", "n0", "n1", "m", "eps", "epilogue", "row_off", "row_stride", "kseg",
-                 "tc_rows"):
-        assert OP_ARGS["mlp"].index(name) == OP_ARGS["linear"].index(name), name
 
 
 check_layout()

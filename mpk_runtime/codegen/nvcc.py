@@ -140,6 +140,9 @@ REMOVED_DEFINES = {
                           "four round trips), session 36"),
     "MPK_ARGMAX_RED1": (0, "the greedy reduce's slot loads together: its task 4.6 -> 3.7 us, -0.1% a step at "
                            "llama-3.2-1b B=1 (with MPK_ATT_MERGE1), session 35"),
+    "MPK_MLP": (0, "MPK_MLP_FUSE's build, the down projection inside the gate_up tiles: a batch-1 MLP block "
+                   "(scripts/bench_mlp.py) fused +1.66 / +3.97 us a layer, with the in-place down share it ran "
+                   "+5.0 / +18.1, at llama-3.2-1b / qwen3-8b against two phases, session 38"),
 }
 
 
@@ -195,13 +198,11 @@ def build_flags(extra_flags: list[str] | None = None, needs=()) -> list[str]:
     """nvcc's flags for a build: BASE_FLAGS, `extra_flags`, MPK_NVCC_DEFINES, then -DNAME=1 for each name in
     `needs` (sorted: one cache entry per set) that MPK_NVCC_DEFINES does not name (a value set there stands, and
     check_defines refuses a 0). Spills are an error except in diagnostic stamp builds (MPK_STAGE_WORDS: the stamps
-    take registers) and in the opt-in fused MLP's (-DMPK_MLP=1, session 37: with op_mlp_tail in op_small's tree the
-    persistent loop spills 284 bytes at 8 vectors in flight a thread, 60 at 2; measured as built, its spills in the
-    results' `registers`, and priced alone by the A/B variant mlpbuild)."""
+    take registers)."""
     defines = _defines()
     named = {d[2:].split("=", 1)[0] for d in defines}
     flags = BASE_FLAGS + list(extra_flags or []) + defines + [f"-D{n}=1" for n in sorted(needs) if n not in named]
-    if define_int("MPK_STAGE_WORDS", 0) > 0 or "-DMPK_MLP=1" in flags:
+    if define_int("MPK_STAGE_WORDS", 0) > 0:
         i = flags.index("-warn-spills")
         flags = flags[:i - 1] + flags[i + 1:]
     return flags

@@ -11,21 +11,13 @@ then: linear (final RMSNorm + LM head, vocab-parallel) -> logits, argmax (distri
 """
 from __future__ import annotations
 
-from ..envflags import env_flag
+from ..envflags import env_flag, env_removed
 
 from ..models.config import ModelConfig
 from ..models.weights import lm_head_name
 from .graph import DTYPE_BYTES, Graph, Op, TensorSpec
 from .sampling import SAMPLE_CANDIDATES, TENSORS as SAMPLE_TENSORS
 from .shard import shard_for
-
-
-def mlp_fuse() -> bool:
-    """MPK_MLP_FUSE=1 (opt-in, session 37; not yet GPU-measured): decode graphs at tp == 1 give each layer's MLP an
-    fp32 accumulator row block (`L{i}.mlp_acc`, kind act, attrs accum: zero on allocation, never poisoned) and name
-    it on the gate_up op (attrs "fuse_down", "acc"), so the task decomposition may run the down projection inside the
-    gate_up tiles (tasks/ops/mlp.py: batch below TC_MIN_M). docs/perf-notes.md session 37."""
-    return env_flag("MPK_MLP_FUSE", default=False)
 
 
 def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, tokens_per_seq: int | None = None,
@@ -38,6 +30,9 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
     allreduce_ll (tp > 1; default $MPK_AR_LL, "1" = on): the all-reduce's partials travel as (fp32, step flag)
     pairs, one 8-byte word each, and the reduce tiles poll the flags instead of waiting on the producers' events
     (tasks/ops/allreduce.py); same sums, bit for bit."""
+    env_removed("MPK_MLP_FUSE", "the down projection inside the gate_up tiles: a batch-1 MLP block "
+                "(scripts/bench_mlp.py) fused +1.66 / +3.97 us a layer, with the in-place down share it ran +5.0 / "
+                "+18.1, at llama-3.2-1b / qwen3-8b against two phases; removed in session 38", allowed=("0",))
     if mode not in ("decode", "prefill"):
         raise ValueError(f"mode must be 'decode' or 'prefill', got {mode!r}")
     T = 1 if mode == "decode" else (tokens_per_seq or context_len)
@@ -57,7 +52,6 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         raise ValueError(f"context_len {context_len} (+ new tokens) exceeds max_seq_len {max_seq_len}")
     dt = dtype or cfg.dtype
     eb = DTYPE_BYTES[dt]
-    fuse_mlp = mode == "decode" and tp == 1 and kseg == 1 and mlp_fuse()
     sh = shard_for(cfg, tp, rank)
     H, D, I = cfg.hidden_size, cfg.head_dim, sh.n_inter
     nq, nkv, V = sh.n_q, sh.n_kv, sh.n_vocab
@@ -122,12 +116,9 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         ln2 = w(p + "post_attention_layernorm.weight", (H,))
         wg, wu = w(p + "mlp.gate_proj.weight", (I, H)), w(p + "mlp.up_proj.weight", (I, H))
         act = t(f"L{i}.act", (M, I), "act")
-        fuse = {}
-        if fuse_mlp:
-            fuse = {"fuse_down": f"L{i}.down", "acc": t(f"L{i}.mlp_acc", (M, H), "act", "float32", accum=True)}
         add(f"L{i}.gate_up", "linear", [x, ln2, wg, wu], [act],
             {"x": x, "weights": [wg, wu], "norm": ln2, "eps": cfg.rms_norm_eps, "epilogue": "silu_mul",
-             "residual": None, "out": act, "push": False, "row_select": None, **fuse},
+             "residual": None, "out": act, "push": False, "row_select": None},
             2 * I * H * eb + M * H * eb + M * I * eb, 2 * M * 2 * I * H)
         x = _proj(t, w, add, cfg, tp, f"L{i}.down", x_in=act, residual=x, wnames=[p + "mlp.down_proj.weight"],
                   K=I, N=H, M=M, eb=eb, prenorm=None, kseg=kseg, ll=ll)

@@ -75,8 +75,6 @@ def cost_key(t: Task) -> str:
         return "linear@tc2" if len(t.params.get("weights", ())) == 2 else "linear@tc"
     if t.kind == "qkv_rope" and t.reads and qkv_shape(t)[0] >= L.CONSTANTS["TC_MIN_M"]:
         return "qkv_rope@tc"
-    if t.kind == "mlp":
-        return "linear@mlp"        # a gate_up tile with down's share (tasks/ops/mlp.py): linear's terms until fitted
     if t.kind == "attn_partial" and "head_dim" in t.params and \
             attn_wide(t.params["head_dim"], t.params.get("ng", 1)) == 2:
         return "attn_partial@w2"   # wide passes (attention.cuh): their own per-key chain cost

@@ -95,10 +95,9 @@ class RankMemory:
         return self.syms[name][parity]
 
     def poison(self) -> None:
-        """NaN-fill activations and symmetric buffers: a task that reads before its producer wrote shows up.
-        Accumulators (attrs accum: ir/build.py mlp_fuse) stay zero: their tasks add into them and leave them zero."""
+        """NaN-fill activations and symmetric buffers: a task that reads before its producer wrote shows up."""
         for spec in self.graph.tensors.values():
-            if spec.kind == "act" and spec.dtype not in ("int64", "int32") and not spec.attrs.get("accum"):
+            if spec.kind == "act" and spec.dtype not in ("int64", "int32"):
                 self.tensors[spec.name].fill_(float("nan"))
         for s in self.syms.values():
             s.fill_(-1 if not s.dtype.is_floating_point else float("nan"))   # LL words: flag 0xffffffff, never a step

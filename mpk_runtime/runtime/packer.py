@@ -118,7 +118,6 @@ class TaskPacker:
         # folded attention merges: one int64 ticket per (op, sequence, KV group), zeroed once, never reset
         groups = sorted({(t.op, t.params["b"], t.params["g"]) for t in tg.tasks
                          if t.kind == "attn_partial" and t.params.get("fold")})
-        groups += sorted({(t.op, -1, -1) for t in tg.tasks if t.kind == "mlp"})   # a fused MLP's: one per op
         self._ticket_of = {k: i for i, k in enumerate(groups)}
         self.tickets = torch.zeros(max(len(groups), 1), dtype=torch.int64,
                                    device=self.device if self.device is not None else "cpu")
@@ -175,9 +174,6 @@ class TaskPacker:
         if kind == "linear":
             n0, n1, K = a["n0"], a["n1"], a["k"]
             return [(w + n0 * K * 2, (n1 - n0) * K * 2) for w in (a["w0"], a["w1"]) if w]
-        if kind == "mlp":        # the gate / up rows (down's share is H pieces of a row each: not prefetched)
-            n0, n1, K = a["n0"], a["n1"], a["k"]
-            return [(w + n0 * K * 2, (n1 - n0) * K * 2) for w in (a["w0"], a["w1"])]
         if kind == "qkv_rope":   # rows [r0, r0+nr) and [D/2 + r0, D/2 + r0 + nr) of the head at a["w"]
             K, r0, nr = a["k"], a["r0"], a["nr"]
             return [(a["w"] + r0 * K * 2, nr * K * 2), (a["w"] + (a["d"] // 2 + r0) * K * 2, nr * K * 2)]
@@ -355,38 +351,6 @@ class TaskPacker:
         _check_kslices(d["kslices"], p["n1"] - p["n0"])
         self._need(need)
         return d
-
-    def _pack_mlp(self, p):
-        """A gate_up tile with its share of down (tasks/ops/mlp.py, device_kernels/ops/mlp.cuh; a -DMPK_MLP=1 build):
-        bf16 rows below TC_MIN_M, tile widths a multiple of 8 columns (the down share's 16-byte pieces), H a multiple
-        of 4 (one vector atomic a thread's 4 rows), the accumulator fp32, contiguous and 16-byte aligned."""
-        self.needs["MPK_MLP"] = ("fused MLP tasks (MPK_MLP_FUSE=1 graphs)",
-                                 "drop -DMPK_MLP=0 from MPK_NVCC_DEFINES, or build the graph without MPK_MLP_FUSE")
-        x, out, acc = self.mem.t(p["x"]), self.mem.t(p["out"]), self.mem.t(p["acc"])
-        wg, wu, wd = (self.mem.t(w) for w in (*p["weights"], p["wd"]))
-        M, K = x.shape
-        H, I = wd.shape
-        w = p["n1"] - p["n0"]
-        bad = []
-        if M >= L.CONSTANTS["TC_MIN_M"]:
-            bad.append(f"{M} rows (at most {L.CONSTANTS['TC_MIN_M'] - 1})")
-        if w % 8 or H % 4 or K % 8 or I % 8 or p["n0"] % 8 or wd.data_ptr() % 16:
-            bad.append(f"tile [{p['n0']}, {p['n1']}) / hidden {H} / K {K} / I {I} (multiples of 8 / 4 / 8 / 8: the "
-                       "down share's 16-byte pieces)")
-        if any(t.dtype != torch.bfloat16 for t in (x, out, wg, wu, wd, self.mem.t(p["residual"]))):
-            bad.append("activations and weights other than bf16")
-        if acc.dtype != torch.float32 or not acc.is_contiguous() or acc.data_ptr() % 16 or tuple(acc.shape) != (M, H):
-            bad.append(f"accumulator {tuple(acc.shape)} {acc.dtype} (fp32 ({M}, {H}), contiguous, 16-byte aligned)")
-        if bad:
-            raise ValueError(f"{self._task.op}: the fused MLP tile cannot run this shape: {'; '.join(bad)}; "
-                             "unset MPK_MLP_FUSE")
-        self._need(((M * K * 2 + 15) & ~15) + 2 * L.CONSTANTS["ROW_TILE"] * w * 4 + 8 * L.CONSTANTS["THREADS"] * 4)
-        return dict(x=x.data_ptr(), w0=wg.data_ptr(), w1=wu.data_ptr(), norm=self._t(p["norm"]),
-                    residual=self._t(p["residual"]), out=out.data_ptr(), m_in=M, k=K, n0=p["n0"], n1=p["n1"], n=H, m=M,
-                    eps=f32_bits(p["eps"] or 0.0), epilogue=L.EPILOGUES.index("silu_mul"),
-                    out_kind=L.OUT_KINDS.index("bf16"), row_off=0, row_stride=1, wd=wd.data_ptr(), acc=acc.data_ptr(),
-                    ticket=self.tickets.data_ptr() + 8 * self._ticket_of[(self._task.op, -1, -1)],
-                    tiles=p["tiles"], kseg=1, tc_rows=0, i=I)
 
     @staticmethod
     def _linear_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:

@@ -1,6 +1,7 @@
 """Switches that measured no gain and were removed: an old A/B script that asks for one is refused by name, not
 silently given the default build. The per-warp weight page rings (-DMPK_WRING, MPK_RING_OPS, MPK_RING_QUIET) lost
-at batch 1 in every layout of sessions 28-32; batch-1 linear ops in one tile per SM (MPK_LIN_FILL) in session 37."""
+at batch 1 in every layout of sessions 28-32; batch-1 linear ops in one tile per SM (MPK_LIN_FILL) in session 37;
+the down projection fused into the gate_up tiles (MPK_MLP_FUSE, its build -DMPK_MLP=1) in session 38."""
 import dataclasses
 
 import pytest
@@ -54,3 +55,26 @@ def test_lin_fill_is_refused(monkeypatch):
         _packer()
     with pytest.raises(TypeError):
         Tiling(num_sms=8, lin_fill=True)
+
+
+def test_mlp_fuse_is_refused(monkeypatch):
+    monkeypatch.setenv("MPK_MLP_FUSE", "0")   # asks for the two phases, now the only MLP: harmless
+    tg = _packer().tg
+    assert {"L0.gate_up", "L0.down"} <= {t.op for t in tg.tasks if t.kind == "linear"}
+    monkeypatch.setenv("MPK_MLP_FUSE", "1")
+    with pytest.raises(ValueError, match=r"MPK_MLP_FUSE='1': this option was removed .*\+1\.66 / \+3\.97 us a layer.*"
+                                         r"\+5\.0 / \+18\.1.*session 38\); unset MPK_MLP_FUSE"):
+        _packer()
+    cfg = dataclasses.replace(load_config("tiny-qwen3"), num_layers=1)
+    with pytest.raises(ValueError, match="MPK_MLP_FUSE"):   # every graph, not only the batch-1 decode ones it fused
+        build_graph(cfg, mode="prefill", batch=2, tokens_per_seq=8, context_len=0, max_seq_len=64)
+
+
+@pytest.mark.parametrize("defines", ["-DMPK_MLP=1", "-DMPK_MLP", "-DMPK_ATT_QKNORM=1 -DMPK_MLP=1"])
+def test_mlp_build_is_refused(monkeypatch, defines):
+    monkeypatch.setenv("MPK_NVCC_DEFINES", defines)
+    with pytest.raises(nvcc.CompileError, match=r"-DMPK_MLP(=1)?: this switch was removed .*MPK_MLP_FUSE.*\+1\.66 / "
+                                                 r"\+3\.97 us a layer.*session 38\); drop it"):
+        nvcc.build_flags()
+    monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_MLP=0")   # the value the code has: harmless
+    assert "-DMPK_MLP=0" in nvcc.build_flags()

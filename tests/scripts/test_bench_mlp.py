@@ -1,11 +1,14 @@
 """scripts/bench_mlp.py's CPU side (the kernel itself: tests/gpu/test_mlp_block_bench.py): the reference block has the
-kernel's rounding points (an intermediate row rounded to bf16 before down), and the ulp check fails an output
-that is off by more than four units (2^-8 of the value) anywhere while passing one that is off by one."""
+kernel's rounding points (an intermediate row rounded to bf16 before down), the ulp check fails an output that is
+off by more than four units (2^-8 of the value) anywhere while passing one that is off by one, the nofin mode's row
+is formed on the host with the finisher's rounding and leaves the accumulator zero, and mode 3 (inplace, removed with
+MPK_MLP_FUSE in session 38) is refused before a launch."""
 from __future__ import annotations
 
 import os
 import sys
 
+import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
@@ -46,11 +49,22 @@ def test_within_ulps_passes_one_unit_and_fails_five():
     assert not ok and err > 4.0
 
 
-def test_inplace_mode_only_where_its_pieces_are_whole_vectors():
-    from types import SimpleNamespace as NS
-    assert "inplace" in bench_mlp.modes_for(NS(cols=64, I=8192))      # llama-3.2-1b on 132 SMs
-    assert "inplace" in bench_mlp.modes_for(NS(cols=96, I=12288))     # qwen3-8b
-    assert "inplace" in bench_mlp.modes_for(NS(cols=80, I=8192))      # another SM count's width
-    assert "inplace" not in bench_mlp.modes_for(NS(cols=84, I=8192))  # 168-byte pieces: not 16-byte vectors
-    assert "inplace" not in bench_mlp.modes_for(NS(cols=64, I=8196))  # rows not 16-byte aligned
-    assert set(bench_mlp.modes_for(NS(cols=84, I=8192))) == {"phases", "fused", "nofin"}
+def test_nofin_row_is_formed_on_the_host_as_the_finisher_would():
+    blk = object.__new__(bench_mlp.Block)   # (no GPU: only the host side's tensors)
+    g = torch.Generator().manual_seed(2)
+    blk.h = torch.randn(64, generator=g).to(torch.bfloat16)
+    blk.acc = torch.randn(64, generator=g) * 3
+    blk.out = torch.zeros(64, dtype=torch.bfloat16)
+    acc = blk.acc.clone()
+    for mode in (bench_mlp.MODES["phases"], bench_mlp.MODES["fused"]):   # the kernel wrote out
+        assert blk.result(mode) is blk.out and torch.equal(blk.acc, acc)
+    row = blk.result(bench_mlp.MODES["nofin"])
+    assert torch.equal(row, (blk.h.float() + acc.to(torch.bfloat16).float()).to(torch.bfloat16))
+    assert not torch.equal(row, (blk.h.float() + acc).to(torch.bfloat16))   # acc is rounded first, as the finisher
+    assert blk.acc.abs().max().item() == 0.0   # zeroed for the next launch
+
+
+def test_the_kernels_modes_and_inplace_refused():
+    assert bench_mlp.MODES == {"phases": 0, "fused": 1, "nofin": 2}
+    with pytest.raises(ValueError, match="mode 3.*inplace.*MPK_MLP_FUSE in session 38"):
+        bench_mlp.Block.launch(object.__new__(bench_mlp.Block), 3)

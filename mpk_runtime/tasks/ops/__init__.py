@@ -51,6 +51,6 @@ def get_task_kind(kind: str) -> Callable:
 
 # Opcodes: the order here is the device dispatch order; codegen emits them into the generated header.
 OPCODES = ["embed", "qkv_rope", "attn_partial", "attn_merge", "linear", "allreduce", "argmax_partial",
-           "argmax_reduce", "qk_norm_rope", "weight_prefetch", "mlp"]
+           "argmax_reduce", "qk_norm_rope", "weight_prefetch"]
 
-from . import embed, qkv_rope, attention, linear, allreduce, argmax, prefetch, mlp  # noqa: E402,F401  (register)
+from . import embed, qkv_rope, attention, linear, allreduce, argmax, prefetch  # noqa: E402,F401  (register)

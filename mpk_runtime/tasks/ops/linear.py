@@ -25,12 +25,6 @@ from .common import rms_norm
 
 @decomposer("linear")
 def decompose(op, graph, tiling, rank):
-    from .mlp import fused_down, fused_into, mlp_tasks   # (MPK_MLP_FUSE: gate_up tiles that run down's share)
-    down = fused_down(op, graph)
-    if down is not None:
-        return mlp_tasks(op, down, graph, tiling, rank)
-    if fused_into(op, graph):
-        return []
     a = op.attrs
     out = graph.tensors[a["out"]]
     M_in, K = graph.tensors[a["x"]].shape
