@@ -22,10 +22,25 @@ def med(x):
     return x[len(x) // 2]
 
 
+def key_cap(context: int, cfg) -> int:
+    """The conventional attention's key cap for a step at `context` (it reads context + 1 keys). $MPK_MEASURE_CAP:
+    "tight" (default) = context + 1, as every measurement before session 38; "serving" = the engine's rule
+    (runtime/megakernel_plans.kv_cap: the power of two above, >= 256), what LLM.generate's captured steps run, where
+    the rows are up to half the cap short (the paged kernel walks their empty blocks unless MPK_PAGED_ROW_STOP=1)."""
+    v = os.environ.get("MPK_MEASURE_CAP", "tight").strip() or "tight"
+    if v not in ("tight", "serving"):
+        raise ValueError(f"MPK_MEASURE_CAP={v!r}: expected tight or serving")
+    if v == "tight":
+        return context + 1
+    from mpk_runtime.runtime.megakernel_plans import kv_cap
+    return kv_cap(context + 1, max(context + 1, cfg.max_position_embeddings))
+
+
 class Point:
     """One (model, batch) on this rank: graph, memory, KV cache, step inputs (device tensors, fixed in place)."""
 
     def __init__(self, cfg, w, B, context, dev, splits, tp=1, rank=0, heap=None, sampled=False):
+        cap = key_cap(context, cfg)
         ps, max_seq = 16, context + 64
         pps = -(-max_seq // ps)
         self.graphs = [build_graph(cfg, batch=B, context_len=context, max_seq_len=max_seq, attn_splits=splits, tp=tp,
@@ -40,7 +55,11 @@ class Point:
         if heap is not None:
             from mpk_runtime.runtime.nvshmem import place_symmetric
             self.syms = place_symmetric(self.mem, heap)
-        self.tables = ((torch.arange(B * pps) + 1).view(B, pps)).to(dev)
+        # a serving cap past max_seq: the table's extra columns name scratch page 0 (keys past every row's length:
+        # the paged kernel never loads them, the gather path masks them)
+        self.tables = torch.zeros(B, max(pps, -(-cap // ps)), dtype=torch.int64)
+        self.tables[:, :pps] = (torch.arange(B * pps) + 1).view(B, pps)
+        self.tables = self.tables.to(dev)
         self.pos = torch.full((B,), context, dtype=torch.int64, device=dev)
         gen = torch.Generator().manual_seed(1)
         self.mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B,), generator=gen))
@@ -52,7 +71,7 @@ class Point:
             self.mem.t("sample.top_k").fill_(50)
             self.mem.t("sample.top_p").fill_(0.9)
             self.mem.t("sample.seed").copy_(torch.arange(B) + 1)
-        self.ctx = StepCtx(cfg, 1, self.pos, self.tables, ps, 1, self.inv, kv_len_cap=context + 1, greedy=not sampled)
+        self.ctx = StepCtx(cfg, 1, self.pos, self.tables, ps, 1, self.inv, kv_len_cap=cap, greedy=not sampled)
         self.cfg, self.ps, self.heap = cfg, ps, heap
 
     def make_mk(self, tg, m):

@@ -13,6 +13,8 @@
 #     (removed in session 32: mode wring, the weight page rings: every layout lost at batch 1, sessions 28-32)
 #     SHAPES="tuned 32_264_4_3_ahead" OUT=$OUT bash scripts/gpu_pending.sh pshape   # (one GPU, ~2 min a shape):
 #                                                   paged-attention launch shapes in the whole step (conventional plan)
+#     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh rowstop   # (one GPU, ~5 min): the engine's key cap
+#                                                   and MPK_PAGED_ROW_STOP in the conventional step
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
@@ -45,6 +47,10 @@
 #    `N=psh_l T=280 SHAPES="tuned 128_528_4_1 tuned 128_528_4_1" MODELS=llama-3.2-1b BS=32,128 CTXS=1024 LIM=60
 #    bash scripts/gpu_run.sh pshape`, and MODELS=qwen3-8b with SHAPES="tuned 64_528_4_2 tuned 64_528_4_2". If it
 #    holds, add 1024-key points to paged_attention.TUNED (and A/B them at ctx 2048 too).
+#    Then `N=rs T=330 MODELS=llama-3.2-1b bash scripts/gpu_run.sh rowstop` (and qwen3-8b): what LLM.generate's steps
+#    run at ctx 1024 (cap 2048: the rows half the cap) with and without MPK_PAGED_ROW_STOP=1 (predicted: the serving
+#    cap's conventional step above the tight one by most of the 1024 -> 2048 curve difference, ~+20 us a layer at
+#    llama B=32, and row stop taking most of it back; bitwise the same output: its GPU test runs in `one`).
 # 3. `cattn` with CATTN_TP=1 CATTN_BASE=h200_v44 CATTN_NAME=h200_v45: the paged curves at C + 1 keys (the grid
 #    profile_conv_attn.py measures since session 38, the step's key cap); then, on the CPU, re-score session 38's
 #    val1024 / val3072 rows with them (planner.fit --test) and refit the B >= 32 regimes with the boundary term
@@ -79,8 +85,13 @@ MODE=${1:-one}
 if [ "$MODE" = one ]; then
 st "1 tests/gpu and the GPU-marked tests in tests/runtime (graph replay, PDL launches, conventional op counts)"
 timeout 450 python3 -m pytest -v --durations=10 -m gpu tests/gpu tests/runtime/test_plan_exec_graph.py \
-    tests/runtime/test_conventional_op_count.py tests/runtime/test_skinny_gemm.py > "$OUT/pytest_gpu.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6; snap
+    tests/runtime/test_conventional_op_count.py tests/runtime/test_skinny_gemm.py tests/runtime/test_paged_attention.py \
+    > "$OUT/pytest_gpu.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6
+# the paged attention's interpreter tests need Triton, which the CPU machine's torch lacks: here (triton 3.6, as built)
+TRITON_INTERPRET=1 timeout 120 python3 -m pytest -q tests/runtime/test_paged_attention.py -k interpreter \
+    >> "$OUT/pytest_gpu.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -2; snap
 st "2 the sampler: bitwise check and profile"
 OUT="$OUT/val" timeout 100 python3 scripts/gpu_check_sampling.py --trials 30 > "$OUT/val/sampling.log" 2>&1
 grep -E "^sampler V=|^tiny|PASS|FAIL" "$OUT/val/sampling.log"
@@ -159,6 +170,28 @@ for V in $VARS; do
 done
 python3 scripts/ab_table.py $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
 python3 scripts/ab_table.py --kv-rates $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
+elif [ "$MODE" = rowstop ]; then
+# rowstop (session 38): the conventional plan under the engine's key cap (MPK_MEASURE_CAP=serving: the power of two
+# above the rows, e.g. 2048 at ctx 1024) with the paged kernel walking every block (0) or stopping at each row's last
+# (MPK_PAGED_ROW_STOP=1), ABAB, and the tight cap (context + 1) for reference; ~1 min a run per model
+PM=${MODELS:-llama-3.2-1b}
+st "rowstop: $PM, B=${BS:-32,128} ctx ${CTXS:-1024}, the conventional plan, serving cap, row stop 0 / 1"
+n=0
+for V in tight serving_0 serving_1 serving_0 serving_1; do
+  n=$((n + 1)); d="$OUT/rowstop/${n}_$V"; mkdir -p "$d"
+  CAP=${V%%_*}; RS=0; [ "$V" = serving_1 ] && RS=1
+  MPK_MEASURE_CAP=$CAP MPK_PAGED_ROW_STOP=$RS timeout ${LIM:-90} python3 scripts/validate_planner.py --tp 1 \
+      --models "$PM" --context ${CTXS:-1024} --batches ${BS:-32,128} --families conventional \
+      --budget-s $((${LIM:-90} - 15)) --out "$d" > "$d/validate.log" 2>&1
+  python3 - "$d" "$V" <<'PY'
+import json, sys
+for l in open(sys.argv[1] + "/planner_validation_rows.jsonl"):
+    r = json.loads(l)
+    if r.get("measured_us"):
+        print(f"[{sys.argv[2]}] {r['model']} B={r['batch']} ctx={r['context']} {r['plan']}: {r['measured_us']:.0f} us")
+PY
+  tar -czf "$OUT/rowstop.tar.gz" -C "$OUT" rowstop 2>/dev/null
+done
 elif [ "$MODE" = pshape ]; then
 # pshape: paged-attention launch shapes A/B'd in the whole decode step (session 30: the kernel-alone sweep and the
 # step ranked qwen3-8b's read-ahead shapes oppositely). The conventional plan alone (validate_planner --families

@@ -8,8 +8,11 @@ of BLOCK_N through the block table (K and V rows read once, straight from their 
 fp32, the probabilities rounded to the cache dtype for the P.V product as SDPA does on bf16. With one split it writes
 the output; with more, a second kernel merges the splits' (o, max, sum) in split order. Keys at or past a row's length
 (pos + 1) are never loaded, so unwritten (even NaN-poisoned) slots cannot leak in; inactive rows (pos < 0) get zeros.
-(A program walks all its blocks, masked past its row's length: stopping at the row's last block is a next-session
-A/B, since the key cap is the longest row's and a short row walks empty blocks.)
+A program walks all its blocks, masked past its row's length (no loads there, but the dot products, the exponentials
+and the loop's latency): the key cap is the longest row's, and a serving step's cap is the power of two above it
+(runtime/megakernel_plans.kv_cap), so a short row walks empty blocks. `MPK_PAGED_ROW_STOP=1` (opt-in, session 38, not
+yet GPU-measured) stops each program at its row's last block: the same output bit for bit (a skipped block adds
+exactly nothing), and a split that starts past its row's length does no block at all.
 
 An offline sm_90 build (triton.compile with the divisibility the JIT gives 16-aligned strides and pointers) has
 the K / V loads as cp.async (LDGSTS) pipelined over 3 stages, no spills at 4 warps: 96-128 registers and 21-35 KB
@@ -53,6 +56,16 @@ class PagedAttnConfig:
     # (session 27; session 30's sweep ranked it first at three of qwen3-8b's points, but the step got slower with it,
     # so no TUNED point uses it)
     idx_ahead: bool = False
+    # stop at the row's last block instead of walking all the split's blocks (row_stop(): MPK_PAGED_ROW_STOP)
+    row_stop: bool = False
+
+
+def row_stop() -> bool:
+    """MPK_PAGED_ROW_STOP=1: every launch stops each program at its row's last key block (the docstring above)."""
+    v = os.environ.get("MPK_PAGED_ROW_STOP", "0").strip()
+    if v not in ("0", "1", ""):
+        raise ValueError(f"MPK_PAGED_ROW_STOP={v!r}: expected 0 or 1")
+    return v == "1"
 
 
 DEFAULT_CONFIG = PagedAttnConfig()
@@ -135,7 +148,7 @@ if triton is not None:
                         s_qb, s_kp, s_ks, s_kh, s_vp, s_vs, s_vh, s_bt, s_ob, s_oh, s_os, s_nb, n_blocks,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
                         BLOCK: tl.constexpr, MULTI: tl.constexpr, NKV: tl.constexpr, APPEND: tl.constexpr,
-                        IDX_AHEAD: tl.constexpr = False):
+                        IDX_AHEAD: tl.constexpr = False, ROW_STOP: tl.constexpr = False):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         s = tl.program_id(2)
@@ -161,7 +174,10 @@ if triton is not None:
         n = tl.arange(0, BLOCK)
         if IDX_AHEAD:   # the first block's page indices, before the loop (then each step loads the next block's)
             page_next = tl.load(bt_ptr + b * s_bt + (k0 + n) // PS, mask=(k0 + n) < length, other=0).to(tl.int64)
-        for i in range(0, n_blocks):   # a runtime count: a constant one was unrolled (registers, spills)
+        nb = n_blocks
+        if ROW_STOP:   # this row's blocks in this split only (0 for a split past the row's length)
+            nb = tl.minimum(n_blocks, tl.cdiv(tl.maximum(length - k0, 0), BLOCK))
+        for i in range(0, nb):   # a runtime count: a constant one was unrolled (registers, spills)
             key = k0 + i * BLOCK + n
             kmask = key < length
             if IDX_AHEAD:
@@ -265,6 +281,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
                                  s_ob, s_oh, s_os, new.stride(0), NB, G=G, GP=GP, D=D, PS=PS, BLOCK=BN,
                                  MULTI=S > 1, NKV=nkv, APPEND=kv_new is not None, IDX_AHEAD=config.idx_ahead,
+                                 ROW_STOP=config.row_stop or row_stop(),
                                  num_warps=config.num_warps,
                                  num_stages=config.num_stages)
     if S > 1:

@@ -4,6 +4,7 @@ Triton interpreter where Triton is installed (`pip install triton`, TRITON_INTER
 so fp32 / fp16 stand in); CI's CPU torch has no Triton, so there these skip. The gpu-marked tests run it compiled."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -156,6 +157,42 @@ def test_rows_far_shorter_than_the_key_cap_interpreter():
 
 
 @interp
+@pytest.mark.parametrize("S,cfg", [(1, None), (4, None), (13, None), (3, pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True))])
+def test_row_stop_is_bitwise_the_full_walk_interpreter(monkeypatch, S, cfg):
+    """MPK_PAGED_ROW_STOP=1 stops each program at its row's last key block: rows far shorter than the cap, an
+    inactive row, splits wholly past a row's length, appends included, NaN-poisoned slots past each row: the output,
+    the appended cache rows and the split partials the merge reads are the full walk's, bit for bit."""
+    B, nq, nkv, D, PS, L = 4, 8, 2, 16, 16, 200
+    q, kc, vc, bt, _ = case(B, nq, nkv, D, PS, L, torch.float32, poison=True)
+    pos = torch.tensor([199, -1, 5, 70])
+    new = torch.randn(B, 2 * nkv * D, generator=torch.Generator().manual_seed(1))
+    outs = {}
+    for stop in ("0", "1"):
+        monkeypatch.setenv("MPK_PAGED_ROW_STOP", stop)
+        kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
+        pa.paged_decode_attention(q, kc2, vc2, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
+        outs[stop] = (out, kc2, vc2)
+    for a, b in zip(outs["0"], outs["1"]):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
+    assert torch.isfinite(outs["1"][0]).all() and torch.equal(outs["1"][0][1], torch.zeros_like(q[1]))
+    stopped = pa.PagedAttnConfig(*(cfg or pa.PagedAttnConfig()).__dict__.values())
+    monkeypatch.setenv("MPK_PAGED_ROW_STOP", "0")   # the config's own field does the same
+    out = torch.empty_like(q)
+    pa.paged_decode_attention(q, kc.clone(), vc.clone(), bt, pos, 0.25, L, out, S, kv_new=new,
+                              config=dataclasses.replace(stopped, row_stop=True))
+    assert torch.equal(out, outs["1"][0])
+
+
+def test_row_stop_switch_values(monkeypatch):
+    for v, want in (("", False), ("0", False), ("1", True)):
+        monkeypatch.setenv("MPK_PAGED_ROW_STOP", v)
+        assert pa.row_stop() is want
+    monkeypatch.setenv("MPK_PAGED_ROW_STOP", "yes")
+    with pytest.raises(ValueError, match="MPK_PAGED_ROW_STOP='yes': expected 0 or 1"):
+        pa.row_stop()
+
+
+@interp
 def test_head_dims_the_kernel_cannot_take_fall_back(monkeypatch):
     """A head dim that is not a power of two >= 16 (e.g. 24 here, 80 / 96 in some models) takes the gather + SDPA
     path: a whole step with the switch on gives the switch-off step's logits, tokens and caches, and never calls
@@ -230,6 +267,28 @@ def test_paged_decode_attention_gpu(B, nq, nkv, D, PS, L):
     pa.paged_decode_attention(q, kc, vc, bt, pos, 1 / math.sqrt(D), L, out)
     ref = reference(q, kc, vc, bt, pos, 1 / math.sqrt(D))
     assert torch.isfinite(out).all() and (out.float().cpu() - ref).abs().max() < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(pa.triton is None or not torch.cuda.is_available(), reason="needs a CUDA GPU and Triton")
+@pytest.mark.parametrize("D,L", [(64, 2048), (128, 2048)])
+def test_row_stop_is_bitwise_the_full_walk_gpu(D, L, monkeypatch):
+    """The compiled kernel (not the interpreter): MPK_PAGED_ROW_STOP=1 at a serving-style cap (the power of two above
+    the longest row) with rows of 1025 / 700 / 3 keys and an inactive one, bf16, the tuned launch shape: the output
+    and the appended cache rows are the full walk's, bit for bit."""
+    B, nq, nkv, PS = 32, 32, 8, 16
+    q, kc, vc, bt, _ = case(B, nq, nkv, D, PS, L, torch.bfloat16, dev="cuda", poison=True)
+    pos = torch.tensor([1024, 699, 2, -1] * (B // 4), device="cuda")
+    new = torch.randn(B, 2 * nkv * D, device="cuda", dtype=torch.bfloat16)
+    got = {}
+    for stop in ("0", "1"):
+        monkeypatch.setenv("MPK_PAGED_ROW_STOP", stop)
+        kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
+        pa.paged_decode_attention(q, kc2, vc2, bt, pos, 1 / math.sqrt(D), L, out, kv_new=new)
+        got[stop] = (out, kc2, vc2)
+    assert torch.isfinite(got["1"][0]).all()
+    for a, b in zip(got["0"], got["1"]):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
 
 
 @pytest.mark.gpu
