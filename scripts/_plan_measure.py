@@ -26,7 +26,7 @@ def key_cap(context: int, cfg) -> int:
     """The conventional attention's key cap for a step at `context` (it reads context + 1 keys). $MPK_MEASURE_CAP:
     "tight" (default) = context + 1, as every measurement before session 38; "serving" = the engine's rule
     (runtime/megakernel_plans.kv_cap: the power of two above, >= 256), what LLM.generate's captured steps run, where
-    the rows are up to half the cap short (the paged kernel walks their empty blocks unless MPK_PAGED_ROW_STOP=1)."""
+    the rows are up to half the cap short (the paged kernel walks their empty blocks: MPK_PAGED_ROW_KEYS says how)."""
     v = os.environ.get("MPK_MEASURE_CAP", "tight").strip() or "tight"
     if v not in ("tight", "serving"):
         raise ValueError(f"MPK_MEASURE_CAP={v!r}: expected tight or serving")

@@ -14,7 +14,7 @@
 #     SHAPES="tuned 32_264_4_3_ahead" OUT=$OUT bash scripts/gpu_pending.sh pshape   # (one GPU, ~2 min a shape):
 #                                                   paged-attention launch shapes in the whole step (conventional plan)
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh rowstop   # (one GPU, ~5 min): the engine's key cap
-#                                                   and MPK_PAGED_ROW_STOP in the conventional step
+#                                                   and MPK_PAGED_ROW_KEYS in the conventional step
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
@@ -47,10 +47,11 @@
 #    `N=psh_l T=280 SHAPES="tuned 128_528_4_1 tuned 128_528_4_1" MODELS=llama-3.2-1b BS=32,128 CTXS=1024 LIM=60
 #    bash scripts/gpu_run.sh pshape`, and MODELS=qwen3-8b with SHAPES="tuned 64_528_4_2 tuned 64_528_4_2". If it
 #    holds, add 1024-key points to paged_attention.TUNED (and A/B them at ctx 2048 too).
-#    Then `N=rs T=330 MODELS=llama-3.2-1b bash scripts/gpu_run.sh rowstop` (and qwen3-8b): what LLM.generate's steps
-#    run at ctx 1024 (cap 2048: the rows half the cap) with and without MPK_PAGED_ROW_STOP=1 (predicted: the serving
-#    cap's conventional step above the tight one by most of the 1024 -> 2048 curve difference, ~+20 us a layer at
-#    llama B=32, and row stop taking most of it back; bitwise the same output: its GPU test runs in `one`).
+#    Then `N=rs T=480 MODELS=llama-3.2-1b bash scripts/gpu_run.sh rowstop` (and qwen3-8b): what LLM.generate's steps
+#    run at ctx 1024 (cap 2048: the rows half the cap) with the paged kernel's MPK_PAGED_ROW_KEYS=cap / stop / split
+#    (predicted: the serving cap's conventional step above the tight one by most of the curve's 1024 -> 2048
+#    difference, ~+20 us a layer at llama B=32; stop taking back the empty splits' share, split nearly all of it;
+#    stop is bitwise the default, split within tolerance: their GPU test runs in `one`).
 # 3. `cattn` with CATTN_TP=1 CATTN_BASE=h200_v44 CATTN_NAME=h200_v45: the paged curves at C + 1 keys (the grid
 #    profile_conv_attn.py measures since session 38, the step's key cap); then, on the CPU, re-score session 38's
 #    val1024 / val3072 rows with them (planner.fit --test) and refit the B >= 32 regimes with the boundary term
@@ -172,17 +173,17 @@ python3 scripts/ab_table.py $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/ben
 python3 scripts/ab_table.py --kv-rates $(for D in $ABD; do echo "${D#ab_}=$OUT/bench/$D/bench_decode.json"; done)
 elif [ "$MODE" = rowstop ]; then
 # rowstop (session 38): the conventional plan under the engine's key cap (MPK_MEASURE_CAP=serving: the power of two
-# above the rows, e.g. 2048 at ctx 1024) with the paged kernel walking every block (0) or stopping at each row's last
-# (MPK_PAGED_ROW_STOP=1), ABAB, and the tight cap (context + 1) for reference; ~1 min a run per model
+# above the rows, e.g. 2048 at ctx 1024) with the paged kernel's programs walking the cap's blocks (cap), stopping at
+# their row's last (stop) or splitting the row's own keys (split), and the tight cap (context + 1) for reference;
+# ~1 min a run per model
 PM=${MODELS:-llama-3.2-1b}
-st "rowstop: $PM, B=${BS:-32,128} ctx ${CTXS:-1024}, the conventional plan, serving cap, row stop 0 / 1"
+st "rowstop: $PM, B=${BS:-32,128} ctx ${CTXS:-1024}, the conventional plan, serving cap x MPK_PAGED_ROW_KEYS"
 n=0
-for V in tight serving_0 serving_1 serving_0 serving_1; do
+for V in tight_cap serving_cap serving_stop serving_split serving_cap serving_split; do
   n=$((n + 1)); d="$OUT/rowstop/${n}_$V"; mkdir -p "$d"
-  CAP=${V%%_*}; RS=0; [ "$V" = serving_1 ] && RS=1
-  MPK_MEASURE_CAP=$CAP MPK_PAGED_ROW_STOP=$RS timeout ${LIM:-90} python3 scripts/validate_planner.py --tp 1 \
+  MPK_MEASURE_CAP=${V%%_*} MPK_PAGED_ROW_KEYS=${V##*_} timeout ${LIM:-75} python3 scripts/validate_planner.py --tp 1 \
       --models "$PM" --context ${CTXS:-1024} --batches ${BS:-32,128} --families conventional \
-      --budget-s $((${LIM:-90} - 15)) --out "$d" > "$d/validate.log" 2>&1
+      --budget-s $((${LIM:-75} - 15)) --out "$d" > "$d/validate.log" 2>&1
   python3 - "$d" "$V" <<'PY'
 import json, sys
 for l in open(sys.argv[1] + "/planner_validation_rows.jsonl"):

@@ -8,11 +8,13 @@ of BLOCK_N through the block table (K and V rows read once, straight from their 
 fp32, the probabilities rounded to the cache dtype for the P.V product as SDPA does on bf16. With one split it writes
 the output; with more, a second kernel merges the splits' (o, max, sum) in split order. Keys at or past a row's length
 (pos + 1) are never loaded, so unwritten (even NaN-poisoned) slots cannot leak in; inactive rows (pos < 0) get zeros.
-A program walks all its blocks, masked past its row's length (no loads there, but the dot products, the exponentials
-and the loop's latency): the key cap is the longest row's, and a serving step's cap is the power of two above it
-(runtime/megakernel_plans.kv_cap), so a short row walks empty blocks. `MPK_PAGED_ROW_STOP=1` (opt-in, session 38, not
-yet GPU-measured) stops each program at its row's last block: the same output bit for bit (a skipped block adds
-exactly nothing), and a split that starts past its row's length does no block at all.
+By default a program walks all its blocks, masked past its row's length (no loads there, but the dot products, the
+exponentials and the loop's latency): the splits divide the key cap, which is the longest row's, and a serving step's
+cap is the power of two above it (runtime/megakernel_plans.kv_cap), so a short row walks empty blocks.
+`MPK_PAGED_ROW_KEYS` (opt-in, session 38, not yet GPU-measured) changes that: `stop` stops each program at its row's
+last block (the same output bit for bit: a skipped block adds exactly nothing; a split that starts past its row's
+length does no block), `split` divides each row's own keys evenly among the splits (a short row's splits get short
+too; the partition differs from the cap's, so the sums round differently, within the kernel's tolerance).
 
 An offline sm_90 build (triton.compile with the divisibility the JIT gives 16-aligned strides and pointers) has
 the K / V loads as cp.async (LDGSTS) pipelined over 3 stages, no spills at 4 warps: 96-128 registers and 21-35 KB
@@ -56,16 +58,20 @@ class PagedAttnConfig:
     # (session 27; session 30's sweep ranked it first at three of qwen3-8b's points, but the step got slower with it,
     # so no TUNED point uses it)
     idx_ahead: bool = False
-    # stop at the row's last block instead of walking all the split's blocks (row_stop(): MPK_PAGED_ROW_STOP)
-    row_stop: bool = False
+    # which keys a program walks (ROW_KEYS): "cap" = its split of the key cap, "stop" = that, up to its row's last
+    # block, "split" = its split of the row's own keys; None = row_keys() (MPK_PAGED_ROW_KEYS)
+    row_keys: str | None = None
 
 
-def row_stop() -> bool:
-    """MPK_PAGED_ROW_STOP=1: every launch stops each program at its row's last key block (the docstring above)."""
-    v = os.environ.get("MPK_PAGED_ROW_STOP", "0").strip()
-    if v not in ("0", "1", ""):
-        raise ValueError(f"MPK_PAGED_ROW_STOP={v!r}: expected 0 or 1")
-    return v == "1"
+ROW_KEYS = ("cap", "stop", "split")
+
+
+def row_keys() -> str:
+    """MPK_PAGED_ROW_KEYS: cap (default), stop or split (the module docstring)."""
+    v = os.environ.get("MPK_PAGED_ROW_KEYS", "").strip() or "cap"
+    if v not in ROW_KEYS:
+        raise ValueError(f"MPK_PAGED_ROW_KEYS={v!r}: expected one of {', '.join(ROW_KEYS)} (unset: cap)")
+    return v
 
 
 DEFAULT_CONFIG = PagedAttnConfig()
@@ -148,12 +154,15 @@ if triton is not None:
                         s_qb, s_kp, s_ks, s_kh, s_vp, s_vs, s_vh, s_bt, s_ob, s_oh, s_os, s_nb, n_blocks,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
                         BLOCK: tl.constexpr, MULTI: tl.constexpr, NKV: tl.constexpr, APPEND: tl.constexpr,
-                        IDX_AHEAD: tl.constexpr = False, ROW_STOP: tl.constexpr = False):
+                        IDX_AHEAD: tl.constexpr = False, ROW_KEYS: tl.constexpr = 0):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         s = tl.program_id(2)
         length = tl.load(pos_ptr + b) + 1                    # keys this row has written (0: inactive row)
-        k0 = s * (n_blocks * BLOCK)
+        span = n_blocks * BLOCK                              # this split's keys: [k0, k0 + span)
+        if ROW_KEYS == 2:   # the row's own keys split evenly (whole blocks), not the cap's
+            span = tl.cdiv(tl.cdiv(tl.maximum(length, 1), tl.num_programs(2)), BLOCK) * BLOCK
+        k0 = s * span
         gi = tl.arange(0, GP)
         hmask = gi < G
         d = tl.arange(0, D)
@@ -163,7 +172,7 @@ if triton is not None:
             # hold `last` writes them into the cache for later steps, and every program uses them from registers
             nk = tl.load(new_ptr + b * s_nb + kvh * D + d)
             nv = tl.load(new_ptr + b * s_nb + (NKV + kvh) * D + d)
-            owns = (last >= k0) & (last < k0 + n_blocks * BLOCK)
+            owns = (last >= k0) & (last < k0 + span)
             lp = tl.load(bt_ptr + b * s_bt + tl.maximum(last, 0) // PS).to(tl.int64)
             ls = tl.maximum(last, 0) % PS
             tl.store(k_ptr + lp * s_kp + ls * s_ks + kvh * s_kh + d, nk, mask=(d < D) & owns)
@@ -174,9 +183,9 @@ if triton is not None:
         n = tl.arange(0, BLOCK)
         if IDX_AHEAD:   # the first block's page indices, before the loop (then each step loads the next block's)
             page_next = tl.load(bt_ptr + b * s_bt + (k0 + n) // PS, mask=(k0 + n) < length, other=0).to(tl.int64)
-        nb = n_blocks
-        if ROW_STOP:   # this row's blocks in this split only (0 for a split past the row's length)
-            nb = tl.minimum(n_blocks, tl.cdiv(tl.maximum(length - k0, 0), BLOCK))
+        nb = span // BLOCK
+        if ROW_KEYS != 0:   # up to the row's last block only (none for a split past the row's length)
+            nb = tl.minimum(nb, tl.cdiv(tl.maximum(length - k0, 0), BLOCK))
         for i in range(0, nb):   # a runtime count: a constant one was unrolled (registers, spills)
             key = k0 + i * BLOCK + n
             kmask = key < length
@@ -281,7 +290,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
                                  s_ob, s_oh, s_os, new.stride(0), NB, G=G, GP=GP, D=D, PS=PS, BLOCK=BN,
                                  MULTI=S > 1, NKV=nkv, APPEND=kv_new is not None, IDX_AHEAD=config.idx_ahead,
-                                 ROW_STOP=config.row_stop or row_stop(),
+                                 ROW_KEYS=ROW_KEYS.index(config.row_keys or row_keys()),
                                  num_warps=config.num_warps,
                                  num_stages=config.num_stages)
     if S > 1:

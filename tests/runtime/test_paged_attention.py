@@ -156,40 +156,70 @@ def test_rows_far_shorter_than_the_key_cap_interpreter():
         assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
-@interp
-@pytest.mark.parametrize("S,cfg", [(1, None), (4, None), (13, None), (3, pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True))])
-def test_row_stop_is_bitwise_the_full_walk_interpreter(monkeypatch, S, cfg):
-    """MPK_PAGED_ROW_STOP=1 stops each program at its row's last key block: rows far shorter than the cap, an
-    inactive row, splits wholly past a row's length, appends included, NaN-poisoned slots past each row: the output,
-    the appended cache rows and the split partials the merge reads are the full walk's, bit for bit."""
+def _short_rows_case():
+    """Rows far shorter than the key cap (199, 6 and 71 keys of 200) and an inactive one, NaN-poisoned slots past
+    each row, deferred appends; and the reference on the cache with the new rows written first."""
     B, nq, nkv, D, PS, L = 4, 8, 2, 16, 16, 200
     q, kc, vc, bt, _ = case(B, nq, nkv, D, PS, L, torch.float32, poison=True)
     pos = torch.tensor([199, -1, 5, 70])
     new = torch.randn(B, 2 * nkv * D, generator=torch.Generator().manual_seed(1))
+    kc2, vc2 = kc.clone(), vc.clone()
+    for b in range(B):
+        p = int(pos[b])
+        if p >= 0:
+            kc2[bt[b, p // PS], p % PS] = new[b, :nkv * D].view(nkv, D)
+            vc2[bt[b, p // PS], p % PS] = new[b, nkv * D:].view(nkv, D)
+    return q, kc, vc, bt, pos, new, L, reference(q, kc2, vc2, bt, pos, 0.25), (kc2, vc2)
+
+
+SHAPES_SHORT = [(1, None), (4, None), (13, None), (3, pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True))]
+
+
+@interp
+@pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
+def test_row_keys_stop_is_bitwise_the_full_walk_interpreter(monkeypatch, S, cfg):
+    """MPK_PAGED_ROW_KEYS=stop stops each program at its row's last key block: the output, the appended cache rows
+    (and so the split partials the merge read) are the full walk's, bit for bit; the config's field does the same."""
+    q, kc, vc, bt, pos, new, L, _, _ = _short_rows_case()
     outs = {}
-    for stop in ("0", "1"):
-        monkeypatch.setenv("MPK_PAGED_ROW_STOP", stop)
+    for mode in ("cap", "stop"):
+        monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
         kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
         pa.paged_decode_attention(q, kc2, vc2, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
-        outs[stop] = (out, kc2, vc2)
-    for a, b in zip(outs["0"], outs["1"]):
+        outs[mode] = (out, kc2, vc2)
+    for a, b in zip(outs["cap"], outs["stop"]):
         assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
-    assert torch.isfinite(outs["1"][0]).all() and torch.equal(outs["1"][0][1], torch.zeros_like(q[1]))
-    stopped = pa.PagedAttnConfig(*(cfg or pa.PagedAttnConfig()).__dict__.values())
-    monkeypatch.setenv("MPK_PAGED_ROW_STOP", "0")   # the config's own field does the same
+    assert torch.isfinite(outs["stop"][0]).all() and torch.equal(outs["stop"][0][1], torch.zeros_like(q[1]))
+    monkeypatch.delenv("MPK_PAGED_ROW_KEYS")
     out = torch.empty_like(q)
     pa.paged_decode_attention(q, kc.clone(), vc.clone(), bt, pos, 0.25, L, out, S, kv_new=new,
-                              config=dataclasses.replace(stopped, row_stop=True))
-    assert torch.equal(out, outs["1"][0])
+                              config=dataclasses.replace(cfg or pa.PagedAttnConfig(), row_keys="stop"))
+    assert torch.equal(out, outs["stop"][0])
 
 
-def test_row_stop_switch_values(monkeypatch):
-    for v, want in (("", False), ("0", False), ("1", True)):
-        monkeypatch.setenv("MPK_PAGED_ROW_STOP", v)
-        assert pa.row_stop() is want
-    monkeypatch.setenv("MPK_PAGED_ROW_STOP", "yes")
-    with pytest.raises(ValueError, match="MPK_PAGED_ROW_STOP='yes': expected 0 or 1"):
-        pa.row_stop()
+@interp
+@pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
+def test_row_keys_split_matches_the_reference_interpreter(monkeypatch, S, cfg):
+    """MPK_PAGED_ROW_KEYS=split divides each row's own keys among the splits: the reference's attention (another
+    partition of the same sums: to fp32 rounding), each new row appended once, in its slot, zeros for the inactive
+    row."""
+    q, kc, vc, bt, pos, new, L, ref, (kc_ref, vc_ref) = _short_rows_case()
+    monkeypatch.setenv("MPK_PAGED_ROW_KEYS", "split")
+    kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
+    pa.paged_decode_attention(q, kc2, vc2, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
+    assert torch.isfinite(out).all() and (out - ref).abs().max() < 1e-5, (S, (out - ref).abs().max())
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    for got, want in ((kc2, kc_ref), (vc2, vc_ref)):   # the appended rows, and nothing else written
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()) and torch.equal(got.isnan(), want.isnan())
+
+
+def test_row_keys_switch_values(monkeypatch):
+    for v, want in (("", "cap"), ("cap", "cap"), ("stop", "stop"), ("split", "split")):
+        monkeypatch.setenv("MPK_PAGED_ROW_KEYS", v)
+        assert pa.row_keys() == want
+    monkeypatch.setenv("MPK_PAGED_ROW_KEYS", "1")
+    with pytest.raises(ValueError, match="MPK_PAGED_ROW_KEYS='1': expected one of cap, stop, split"):
+        pa.row_keys()
 
 
 @interp
@@ -272,23 +302,26 @@ def test_paged_decode_attention_gpu(B, nq, nkv, D, PS, L):
 @pytest.mark.gpu
 @pytest.mark.skipif(pa.triton is None or not torch.cuda.is_available(), reason="needs a CUDA GPU and Triton")
 @pytest.mark.parametrize("D,L", [(64, 2048), (128, 2048)])
-def test_row_stop_is_bitwise_the_full_walk_gpu(D, L, monkeypatch):
-    """The compiled kernel (not the interpreter): MPK_PAGED_ROW_STOP=1 at a serving-style cap (the power of two above
-    the longest row) with rows of 1025 / 700 / 3 keys and an inactive one, bf16, the tuned launch shape: the output
-    and the appended cache rows are the full walk's, bit for bit."""
+def test_row_keys_gpu(D, L, monkeypatch):
+    """The compiled kernel (not the interpreter), a serving-style cap (the power of two above the longest row) with
+    rows of 1025 / 700 / 3 keys and an inactive one, bf16, the tuned launch shape: MPK_PAGED_ROW_KEYS=stop gives the
+    full walk's output and appended rows bit for bit; split the same appended rows and the reference's attention."""
     B, nq, nkv, PS = 32, 32, 8, 16
     q, kc, vc, bt, _ = case(B, nq, nkv, D, PS, L, torch.bfloat16, dev="cuda", poison=True)
     pos = torch.tensor([1024, 699, 2, -1] * (B // 4), device="cuda")
     new = torch.randn(B, 2 * nkv * D, device="cuda", dtype=torch.bfloat16)
     got = {}
-    for stop in ("0", "1"):
-        monkeypatch.setenv("MPK_PAGED_ROW_STOP", stop)
+    for mode in ("cap", "stop", "split"):
+        monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
         kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
         pa.paged_decode_attention(q, kc2, vc2, bt, pos, 1 / math.sqrt(D), L, out, kv_new=new)
-        got[stop] = (out, kc2, vc2)
-    assert torch.isfinite(got["1"][0]).all()
-    for a, b in zip(got["0"], got["1"]):
-        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
+        got[mode] = (out, kc2, vc2)
+    same = lambda a, b: torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())  # noqa: E731
+    assert all(same(a, b) for a, b in zip(got["cap"], got["stop"]))
+    assert same(got["cap"][1], got["split"][1]) and same(got["cap"][2], got["split"][2])
+    ref = reference(q, got["cap"][1], got["cap"][2], bt, pos, 1 / math.sqrt(D))
+    for mode in ("cap", "split"):
+        assert torch.isfinite(got[mode][0]).all() and (got[mode][0].float().cpu() - ref).abs().max() < 2e-2, mode
 
 
 @pytest.mark.gpu
