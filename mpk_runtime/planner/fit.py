@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from dataclasses import replace
 
 from .cost import price_from_features
@@ -223,11 +224,7 @@ def fit_boundary(rows: list[dict], min_boundaries: int = BOUNDARY_MIN) -> tuple[
         if not valid(r) or n < min_boundaries or any((s.get("measured_us") or 0) <= 0 for s in segs):
             continue
         per.append((r["measured_us"] - sum(s["measured_us"] for s in segs)) / n)
-    if not per:
-        return None, 0
-    per.sort()
-    k = len(per) // 2
-    return (per[k] if len(per) % 2 else (per[k - 1] + per[k]) / 2), len(per)
+    return (statistics.median(per) if per else None), len(per)
 
 
 def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, regimes=REGIMES,

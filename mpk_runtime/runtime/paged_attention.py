@@ -160,8 +160,10 @@ if triton is not None:
         s = tl.program_id(2)
         length = tl.load(pos_ptr + b) + 1                    # keys this row has written (0: inactive row)
         span = n_blocks * BLOCK                              # this split's keys: [k0, k0 + span)
+        nb = n_blocks
         if ROW_KEYS == 2:   # the row's own keys split evenly (whole blocks), not the cap's
-            span = tl.cdiv(tl.cdiv(tl.maximum(length, 1), tl.num_programs(2)), BLOCK) * BLOCK
+            nb = tl.cdiv(tl.cdiv(tl.maximum(length, 1), tl.num_programs(2)), BLOCK)
+            span = nb * BLOCK
         k0 = s * span
         gi = tl.arange(0, GP)
         hmask = gi < G
@@ -183,7 +185,6 @@ if triton is not None:
         n = tl.arange(0, BLOCK)
         if IDX_AHEAD:   # the first block's page indices, before the loop (then each step loads the next block's)
             page_next = tl.load(bt_ptr + b * s_bt + (k0 + n) // PS, mask=(k0 + n) < length, other=0).to(tl.int64)
-        nb = span // BLOCK
         if ROW_KEYS != 0:   # up to the row's last block only (none for a split past the row's length)
             nb = tl.minimum(nb, tl.cdiv(tl.maximum(length - k0, 0), BLOCK))
         for i in range(0, nb):   # a runtime count: a constant one was unrolled (registers, spills)

@@ -132,30 +132,6 @@ def test_paged_decode_attention_configs_interpreter(config):
         assert (out - ref).abs().max() < 1e-5, S
 
 
-@interp
-def test_rows_far_shorter_than_the_key_cap_interpreter():
-    """The key cap is the longest row's (a captured graph's static bound); a short row's blocks past its length,
-    and a split with none of its keys, contribute nothing (NaN-poisoned slots past each row stay out), appends
-    included: the result equals the reference on the cache with the new rows written first."""
-    B, nq, nkv, D, PS, L = 4, 8, 2, 16, 16, 200
-    q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, torch.float32, poison=True)
-    pos = torch.tensor([199, -1, 5, 70])
-    new = torch.randn(B, 2 * nkv * D, generator=torch.Generator().manual_seed(1))
-    kc2, vc2 = kc.clone(), vc.clone()
-    for b in range(B):
-        p = int(pos[b])
-        if p >= 0:
-            kc2[bt[b, p // PS], p % PS] = new[b, :nkv * D].view(nkv, D)
-            vc2[bt[b, p // PS], p % PS] = new[b, nkv * D:].view(nkv, D)
-    ref = reference(q, kc2, vc2, bt, pos, 0.25)
-    for S, cfg in ((1, None), (4, None), (13, None), (3, pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True))):
-        kc3, vc3 = kc.clone(), vc.clone()
-        out = torch.empty_like(q)
-        pa.paged_decode_attention(q, kc3, vc3, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
-        assert torch.isfinite(out).all() and (out - ref).abs().max() < 1e-5, (S, (out - ref).abs().max())
-        assert torch.equal(out[1], torch.zeros_like(out[1]))
-
-
 def _short_rows_case():
     """Rows far shorter than the key cap (199, 6 and 71 keys of 200) and an inactive one, NaN-poisoned slots past
     each row, deferred appends; and the reference on the cache with the new rows written first."""
@@ -173,6 +149,25 @@ def _short_rows_case():
 
 
 SHAPES_SHORT = [(1, None), (4, None), (13, None), (3, pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True))]
+
+
+@interp
+@pytest.mark.parametrize("mode", pa.ROW_KEYS)
+@pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
+def test_rows_far_shorter_than_the_key_cap_interpreter(monkeypatch, S, cfg, mode):
+    """The key cap is the longest row's (a captured graph's static bound); a short row's blocks past its length,
+    and a split with none of its keys, contribute nothing (NaN-poisoned slots past each row stay out), appends
+    included: the result equals the reference on the cache with the new rows written first, each new row is
+    appended once in its slot, the inactive row gets zeros. For every MPK_PAGED_ROW_KEYS (split: another partition
+    of the same sums, to fp32 rounding)."""
+    q, kc, vc, bt, pos, new, L, ref, (kc_ref, vc_ref) = _short_rows_case()
+    monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
+    kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
+    pa.paged_decode_attention(q, kc2, vc2, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
+    assert torch.isfinite(out).all() and (out - ref).abs().max() < 1e-5, (S, (out - ref).abs().max())
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    for got, want in ((kc2, kc_ref), (vc2, vc_ref)):
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()) and torch.equal(got.isnan(), want.isnan())
 
 
 @interp
@@ -195,22 +190,6 @@ def test_row_keys_stop_is_bitwise_the_full_walk_interpreter(monkeypatch, S, cfg)
     pa.paged_decode_attention(q, kc.clone(), vc.clone(), bt, pos, 0.25, L, out, S, kv_new=new,
                               config=dataclasses.replace(cfg or pa.PagedAttnConfig(), row_keys="stop"))
     assert torch.equal(out, outs["stop"][0])
-
-
-@interp
-@pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
-def test_row_keys_split_matches_the_reference_interpreter(monkeypatch, S, cfg):
-    """MPK_PAGED_ROW_KEYS=split divides each row's own keys among the splits: the reference's attention (another
-    partition of the same sums: to fp32 rounding), each new row appended once, in its slot, zeros for the inactive
-    row."""
-    q, kc, vc, bt, pos, new, L, ref, (kc_ref, vc_ref) = _short_rows_case()
-    monkeypatch.setenv("MPK_PAGED_ROW_KEYS", "split")
-    kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
-    pa.paged_decode_attention(q, kc2, vc2, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
-    assert torch.isfinite(out).all() and (out - ref).abs().max() < 1e-5, (S, (out - ref).abs().max())
-    assert torch.equal(out[1], torch.zeros_like(out[1]))
-    for got, want in ((kc2, kc_ref), (vc2, vc_ref)):   # the appended rows, and nothing else written
-        assert torch.equal(got.nan_to_num(), want.nan_to_num()) and torch.equal(got.isnan(), want.isnan())
 
 
 def test_row_keys_switch_values(monkeypatch):
