@@ -87,7 +87,11 @@ DEFAULT_CONFIG = PagedAttnConfig()
 # got slower with them: 11642 -> 13665 us at B=32 and 4096 keys, 30360 -> 31975 at B=128 (the op measured whole by
 # profile_conv_attn.py: 180 -> 130 us at B=32, 523 -> 556 at B=128). Kernel-alone sweeps do not rank these shapes
 # the way the step does (docs/perf-notes.md session 30).
+# Head dim 64, 256 programs at 1024 keys (session 39, bench/results/s39/psh_l): the step's key cap at ctx 1024 is 1025,
+# which the 512-key shape ran as 5 splits of 2 blocks, the 5th holding one key; the 4096-key shape's 3 splits of 3
+# blocks took llama-3.2-1b B=32 ctx 1024's conventional step 1883 / 1886 -> 1668 / 1648 us (ABAB, one process each).
 TUNED = {
+    (64, 256, 1024): PagedAttnConfig(128, 528, 4, 1),
     (64, 64, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 64, 4096): PagedAttnConfig(128, 2112, 4, 3),
     (64, 256, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 256, 4096): PagedAttnConfig(128, 528, 4, 1),
     (64, 1024, 512): PagedAttnConfig(64, 264, 4, 3), (64, 1024, 4096): PagedAttnConfig(128, 264, 4, 1),
