@@ -24,10 +24,11 @@ def med(x):
 
 def key_cap(context: int, cfg) -> int:
     """The conventional attention's key cap for a step at `context` (it reads context + 1 keys). $MPK_MEASURE_CAP:
-    "tight" (default) = context + 1, as every measurement before session 38; "serving" = the engine's rule
-    (runtime/megakernel_plans.kv_cap: the power of two above, >= 256), what LLM.generate's captured steps run, where
-    the rows are up to half the cap short (the paged kernel walks their empty blocks: MPK_PAGED_ROW_KEYS says how)."""
-    v = os.environ.get("MPK_MEASURE_CAP", "tight").strip() or "tight"
+    "serving" (default since session 39) = the engine's rule (runtime/megakernel_plans.kv_cap: the power of two
+    above, >= 256), what LLM.generate's captured steps run, where the rows are up to half the cap short (the paged
+    kernel's MPK_PAGED_ROW_KEYS=split, its default, sizes each row's splits by its own keys); "tight" = context + 1,
+    as every measurement before session 39."""
+    v = os.environ.get("MPK_MEASURE_CAP", "serving").strip() or "serving"
     if v not in ("tight", "serving"):
         raise ValueError(f"MPK_MEASURE_CAP={v!r}: expected tight or serving")
     if v == "tight":

@@ -5,7 +5,8 @@
 
 Per attention shape of the models' TP ranks (KV heads of a rank x head dim x q heads per KV head), one layer's
 attention op as the conventional path runs it (runtime/conventional_ops.attention: the page gather, the masks, one
-SDPA call; greedy, kv_len_cap = keys, every sequence at position keys - 1), alone in a CUDA graph of 10 calls,
+SDPA call; greedy, every sequence at position keys - 1, the key cap a step at that context runs: $MPK_MEASURE_CAP,
+scripts/_plan_measure.key_cap, the engine's power of two by default), alone in a CUDA graph of 10 calls,
 median over 10 replays, on a grid of batches and key counts: per layer (the step's shared per-step values already
 computed) and once per step (what the step's first attention adds: its pages, masks, live rows). With
 MPK_CONV_TRITON_ATTN=1 the op takes runtime/paged_attention.py instead, and the curves are keyed "<shape>@paged". Writes
@@ -31,6 +32,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_common import graph_us  # noqa: E402
+from _plan_measure import key_cap  # noqa: E402
 from mpk_runtime.ir import build_graph  # noqa: E402
 from mpk_runtime.ir.defer import conv_attn_appends  # noqa: E402
 from mpk_runtime.ir.shard import shard_for  # noqa: E402
@@ -67,6 +69,8 @@ def attention_us(cfg, tp: int, batch: int, keys: int, device: str, reps: int = 1
                     dtype="bfloat16")
     sh = shard_for(c1, tp, 0)
     pps = -(-(keys + PAGE) // PAGE)
+    cap = key_cap(keys - 1, cfg)
+    cols = max(pps, -(-cap // PAGE))   # a cap past the pages: the table's extra columns name scratch page 0
     kv_mb = 2 * batch * pps * PAGE * sh.n_kv * cfg.head_dim * 2 / 1e6
     n = max(1, min(512, math.ceil(cycle_mb / kv_mb))) if cycle_mb > 0 else 1
     kv = KVStore(1, n * batch * pps + 1, PAGE, sh.n_kv, cfg.head_dim, torch.bfloat16, device=device, poison=False)
@@ -75,8 +79,12 @@ def attention_us(cfg, tp: int, batch: int, keys: int, device: str, reps: int = 1
     mem = RankMemory(g, _no_weights(cfg.name, tp, g, device), kv, device=device)
     mem.t("L0.q").normal_()
     pos = torch.full((batch,), keys - 1, dtype=torch.int64, device=device)
-    ctxs = [StepCtx(c1, 0, pos, (torch.arange(batch * pps, device=device) + 1 + i * batch * pps).view(batch, pps),
-                    PAGE, 1, rope_inv_freq(c1).to(device), kv_len_cap=keys, greedy=True) for i in range(n)]
+    def table(i):
+        t = torch.zeros(batch, cols, dtype=torch.int64, device=device)
+        t[:, :pps] = (torch.arange(batch * pps, device=device) + 1 + i * batch * pps).view(batch, pps)
+        return t
+    ctxs = [StepCtx(c1, 0, pos, table(i), PAGE, 1, rope_inv_freq(c1).to(device), kv_len_cap=cap, greedy=True)
+            for i in range(n)]
     ex = ConventionalExecutor([g.subgraph(["L0.attention"])], [mem])
     shared = [ex.new_step() for _ in range(n)]
     for c, sd in zip(ctxs, shared):

@@ -8,13 +8,16 @@ of BLOCK_N through the block table (K and V rows read once, straight from their 
 fp32, the probabilities rounded to the cache dtype for the P.V product as SDPA does on bf16. With one split it writes
 the output; with more, a second kernel merges the splits' (o, max, sum) in split order. Keys at or past a row's length
 (pos + 1) are never loaded, so unwritten (even NaN-poisoned) slots cannot leak in; inactive rows (pos < 0) get zeros.
-By default a program walks all its blocks, masked past its row's length (no loads there, but the dot products, the
-exponentials and the loop's latency): the splits divide the key cap, which is the longest row's, and a serving step's
-cap is the power of two above it (runtime/megakernel_plans.kv_cap), so a short row walks empty blocks.
-`MPK_PAGED_ROW_KEYS` (opt-in, session 38, not yet GPU-measured) changes that: `stop` stops each program at its row's
-last block (the same output bit for bit: a skipped block adds exactly nothing; a split that starts past its row's
-length does no block), `split` divides each row's own keys evenly among the splits (a short row's splits get short
-too; the partition differs from the cap's, so the sums round differently, within the kernel's tolerance).
+Which keys a program walks is `MPK_PAGED_ROW_KEYS`. The splits are sized from the key cap, which is the longest
+row's, and a serving step's cap is the power of two above it (runtime/megakernel_plans.kv_cap), so rows can be half
+the cap short. `split` (the default since session 39) divides each row's own keys evenly among the splits: a short
+row's programs get short too. `cap` (the default before) walks each program's split of the cap, masked past its
+row's length (no loads there, but the dot products, the exponentials and the loop's latency); `stop` is that up to
+the row's last block (the same output as cap bit for bit: a skipped block adds exactly nothing). split's partition
+differs from cap's, so its sums round differently, within the kernel's tolerance. Measured on an H200 (session 39,
+bench/results/s39/rs_l, llama-3.2-1b ctx 1024, the conventional step under the engine's cap 2048): cap 1899 / 1896
+us at B=32, 3847 / 3816 at B=128; stop 1652 / 3027; split 1657, 1632 / 2988, 2961; under the tight cap 1025: 1635 /
+2988. So split costs a serving step what the tight cap does.
 
 An offline sm_90 build (triton.compile with the divisibility the JIT gives 16-aligned strides and pointers) has
 the K / V loads as cp.async (LDGSTS) pipelined over 3 stages, no spills at 4 warps: 96-128 registers and 21-35 KB
@@ -67,10 +70,10 @@ ROW_KEYS = ("cap", "stop", "split")
 
 
 def row_keys() -> str:
-    """MPK_PAGED_ROW_KEYS: cap (default), stop or split (the module docstring)."""
-    v = os.environ.get("MPK_PAGED_ROW_KEYS", "").strip() or "cap"
+    """MPK_PAGED_ROW_KEYS: split (default), cap or stop (the module docstring)."""
+    v = os.environ.get("MPK_PAGED_ROW_KEYS", "").strip() or "split"
     if v not in ROW_KEYS:
-        raise ValueError(f"MPK_PAGED_ROW_KEYS={v!r}: expected one of {', '.join(ROW_KEYS)} (unset: cap)")
+        raise ValueError(f"MPK_PAGED_ROW_KEYS={v!r}: expected one of {', '.join(ROW_KEYS)} (unset: split)")
     return v
 
 
@@ -90,8 +93,10 @@ DEFAULT_CONFIG = PagedAttnConfig()
 # Head dim 64, 256 programs at 1024 keys (session 39, bench/results/s39/psh_l): the step's key cap at ctx 1024 is 1025,
 # which the 512-key shape ran as 5 splits of 2 blocks, the 5th holding one key; the 4096-key shape's 3 splits of 3
 # blocks took llama-3.2-1b B=32 ctx 1024's conventional step 1883 / 1886 -> 1668 / 1648 us (ABAB, one process each).
+# Head dim 128 at 256 programs, 1024 keys (s39 psh_q): the 4096-key shape, qwen3-8b B=32 ctx 1024 7961 / 7955 ->
+# 7019 / 7018 us. At 1024 programs it lost (B=128: 12423 / 12510 -> 14014 / 14041), so no point there.
 TUNED = {
-    (64, 256, 1024): PagedAttnConfig(128, 528, 4, 1),
+    (64, 256, 1024): PagedAttnConfig(128, 528, 4, 1), (128, 256, 1024): PagedAttnConfig(64, 528, 4, 2),
     (64, 64, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 64, 4096): PagedAttnConfig(128, 2112, 4, 3),
     (64, 256, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 256, 4096): PagedAttnConfig(128, 528, 4, 1),
     (64, 1024, 512): PagedAttnConfig(64, 264, 4, 3), (64, 1024, 4096): PagedAttnConfig(128, 264, 4, 1),

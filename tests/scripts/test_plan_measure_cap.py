@@ -1,5 +1,6 @@
-"""scripts/_plan_measure.py's key cap: "tight" (context + 1, every measurement so far) or "serving" (the engine's
-power-of-two cap, MPK_MEASURE_CAP=serving), which must give the same step, only with the rows shorter than the cap."""
+"""scripts/_plan_measure.py's key cap: "serving" (the engine's power-of-two cap, the default since session 39) or
+"tight" (context + 1, MPK_MEASURE_CAP=tight, every measurement before), which must give the same step, only with the
+rows shorter than the cap."""
 from __future__ import annotations
 
 import sys
@@ -16,10 +17,13 @@ def test_key_cap_values(monkeypatch):
     from _plan_measure import key_cap
     from mpk_runtime.models import PRESETS
     cfg = PRESETS["llama-3.2-1b"]
-    monkeypatch.delenv("MPK_MEASURE_CAP", raising=False)
+    monkeypatch.setenv("MPK_MEASURE_CAP", "tight")
     assert key_cap(1024, cfg) == 1025 and key_cap(100, cfg) == 101
-    monkeypatch.setenv("MPK_MEASURE_CAP", "serving")
-    assert key_cap(1024, cfg) == 2048 and key_cap(1023, cfg) == 1024 and key_cap(100, cfg) == 256
+    for v in ("serving", ""):
+        monkeypatch.setenv("MPK_MEASURE_CAP", v)
+        assert key_cap(1024, cfg) == 2048 and key_cap(1023, cfg) == 1024 and key_cap(100, cfg) == 256
+    monkeypatch.delenv("MPK_MEASURE_CAP")
+    assert key_cap(1024, cfg) == 2048
     monkeypatch.setenv("MPK_MEASURE_CAP", "loose")
     with pytest.raises(ValueError, match="MPK_MEASURE_CAP='loose': expected tight or serving"):
         key_cap(1024, cfg)
