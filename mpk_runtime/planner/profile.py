@@ -75,7 +75,11 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # segment's launch with its predecessor's tail; v43 added +1.3) and the whole-layer megakernel scale refit, both in
 # the B=1 / 8 regimes. Out of sample on session 38's 28 rows: step MAPE 4.4% -> 2.2%, Spearman >= 0.9 at 4 of 4
 # points (v43: 3), regret 0.04%. B >= 32 keeps v43's terms (docs/planner.md session 38).
-DEFAULT_PROFILE = "h200_v44"
+# h200_v45 since session 39: v44 with the paged attention's curves re-measured as the engine runs it (rows of C + 1
+# keys under the power-of-two cap, MPK_PAGED_ROW_KEYS=split, the 1024-key launch shapes) and the boundary in the
+# B >= 32 regimes too. Out of sample on session 39's 70 rows (ctx 1024 / 2048): step MAPE 3.2% -> 2.6%, max regret
+# 7.0% as v44 (llama-3.2-1b B=8 ctx 2048) (docs/planner.md session 39).
+DEFAULT_PROFILE = "h200_v45"
 
 
 def key_fallbacks(key: str) -> list[str]:
