@@ -13,6 +13,7 @@
 #     (removed in session 32: mode wring, the weight page rings: every layout lost at batch 1, sessions 28-32)
 #     SHAPES="tuned 32_264_4_3_ahead" OUT=$OUT bash scripts/gpu_pending.sh pshape   # (one GPU, ~2 min a shape):
 #                                                   paged-attention launch shapes in the whole step (conventional plan)
+#     OUT=$OUT bash scripts/gpu_pending.sh used      # (one GPU, ~4 min): MPK_PAGED_USED_SPLITS A/B, op and step
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh rowstop   # (one GPU, ~5 min): the engine's key cap
 #                                                   and MPK_PAGED_ROW_KEYS in the conventional step
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
@@ -33,30 +34,22 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 38 left it (bench/results/s38: 75 GPU tests passed at 3136985;
-# the fused MLP refuted and removed; h200_v44 the planner's default; the B=32 ctx 1024 regret traced to the paged
-# attention's one-key split). Session 38 used ~1720 s in four calls. Each call `N=<name> T=<secs> bash
-# scripts/gpu_run.sh <mode>; ...` chained with `;` to keep the machine warm; give_back between calls when CPU work
-# comes first. Before the first device call: `bash scripts/gpu_prepare.sh` (~4 min from a fresh checkout, seconds
-# after): the bundle without Ray (.cache/gb), every cubin prebuilt and compressed (.cache/kc.tar.xz; every build on
-# the device hit in sessions 33-38), .cache/commit, and the 64 MiB check. Carry [".cache/gb", ".cache/commit",
-# ".cache/kc.tar.xz"]; scripts/gpu_run.sh unpacks the cubins on the device. Rerun it after any commit.
-# 1. `one` (~4 min): the whole GPU set at HEAD (first GPU run without MPK_MLP_FUSE's code; default PTX unchanged).
-# 2. The paged attention's launch shape at a key cap just past 1024 (docs/perf-notes.md session 38: llama B=32 ctx
-#    1024 runs 43.2 us a layer, predicted ~26 with the 4096-key shape), ~1 min a shape:
-#    `N=psh_l T=280 SHAPES="tuned 128_528_4_1 tuned 128_528_4_1" MODELS=llama-3.2-1b BS=32,128 CTXS=1024 LIM=60
-#    bash scripts/gpu_run.sh pshape`, and MODELS=qwen3-8b with SHAPES="tuned 64_528_4_2 tuned 64_528_4_2". If it
-#    holds, add 1024-key points to paged_attention.TUNED (and A/B them at ctx 2048 too).
-#    Then `N=rs T=480 MODELS=llama-3.2-1b bash scripts/gpu_run.sh rowstop` (and qwen3-8b): what LLM.generate's steps
-#    run at ctx 1024 (cap 2048: the rows half the cap) with the paged kernel's MPK_PAGED_ROW_KEYS=cap / stop / split
-#    (predicted: the serving cap's conventional step above the tight one by most of the curve's 1024 -> 2048
-#    difference, ~+20 us a layer at llama B=32; stop taking back the empty splits' share, split nearly all of it;
-#    stop is bitwise the default, split within tolerance: their GPU test runs in `one`).
-# 3. `cattn` with CATTN_TP=1 CATTN_BASE=h200_v44 CATTN_NAME=h200_v45: the paged curves at C + 1 keys (the grid
-#    profile_conv_attn.py measures since session 38, the step's key cap); then, on the CPU, re-score session 38's
-#    val1024 / val3072 rows with them (planner.fit --test) and refit the B >= 32 regimes with the boundary term
-#    (--terms conv,boundary), tested on rows never fitted on.
-# 4. `val` at ctx 2048 (B=1..128) with whatever 2-3 gave: out of sample for every profile so far except s36's rows.
+# Order for a 30-minute session (one GPU), as session 39 left it (bench/results/s39: 79 GPU tests passed at 1ee404b;
+# MPK_PAGED_ROW_KEYS=split and the engine's cap in every measurement; h200_v45 the planner's default). Session 39 used
+# ~1565 s in four calls (+91 s for a start that was refused); a machine stays warm only ~30 s after a call, so chain
+# modes with `;` and have the next call ready. Before the first device call: `bash scripts/gpu_prepare.sh` (~1 min
+# after a checkout: the bundle without Ray (.cache/gb), every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the
+# 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
+# 1. `N=run1_one T=265 bash scripts/gpu_run.sh one; N=used T=300 bash scripts/gpu_run.sh used`: the GPU set at HEAD
+#    (first GPU run of MPK_PAGED_USED_SPLITS: test_row_keys_gpu compares it bitwise), then its A/B (docs/perf-notes.md
+#    session 39: predicted the op 25.3 -> 20-22 us a layer at llama B=8 2049 keys, 31.7 -> 20-24 at B=1 8193; the
+#    conventional step at llama B=8 ctx 2048 1749 -> 1670-1700 us). If it holds: make it the default, then `cattn`
+#    (CATTN_TP=1 CATTN_BASE=h200_v45 CATTN_NAME=h200_v46) and re-score session 39's rows (`python3
+#    scripts/score_rows.py --rows <s39 val1024 + val2048 rows> h200_v45 <new profile>`).
+# 2. `val` at ctx 512 and 4096 (B=1..128) under the engine's cap: the first rows there since the kernel and cap
+#    changed (session 39 has ctx 1024 / 2048 only), out of sample for h200_v45.
+# 3. `MODELS=llama-3.2-1b bench` then `MODELS=qwen3-8b bench`: docs/benchmarks.md's tables under the engine's cap
+#    (the last tables, session 37, ran the tight cap and the old walk).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
@@ -192,6 +185,29 @@ for l in open(sys.argv[1] + "/planner_validation_rows.jsonl"):
         print(f"[{sys.argv[2]}] {r['model']} B={r['batch']} ctx={r['context']} {r['plan']}: {r['measured_us']:.0f} us")
 PY
   tar -czf "$OUT/rowstop.tar.gz" -C "$OUT" rowstop 2>/dev/null
+done
+elif [ "$MODE" = used ]; then
+# used (session 39): MPK_PAGED_USED_SPLITS=1 (the merge over the splits holding the row's keys only; bitwise) A/B'd
+# under the engine's cap: the op alone at small batch (profile_conv_attn.py, B=1,8 x 2049 / 8193 keys, both models),
+# then the conventional step at B=8 ctx 2048 (validate_planner --families conventional), each ABAB; ~3-4 min
+st "used: MPK_PAGED_USED_SPLITS 0 / 1 / 0 / 1, the op at B=1,8 and the conventional step at B=8 ctx ${CTXS:-2048}"
+n=0
+for U in 0 1 0 1; do
+  n=$((n + 1)); d="$OUT/used/${n}_u$U"; mkdir -p "$d"
+  MPK_PAGED_USED_SPLITS=$U timeout 60 python3 scripts/profile_conv_attn.py --out "$d" --cycle-mb 200 --tp 1 \
+      --batches 1,8 --keys 2049,8193 --budget-s 50 > "$d/conv_attn.log" 2>&1
+  grep "us per layer" "$d/conv_attn.log" | sed "s/^/[u$U] /"
+  MPK_PAGED_USED_SPLITS=$U timeout ${LIM:-75} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+      --context ${CTXS:-2048} --batches ${BS:-8} --families conventional --budget-s $((${LIM:-75} - 15)) --out "$d" \
+      > "$d/validate.log" 2>&1
+  python3 - "$d" "u$U" <<'PY'
+import json, sys
+for l in open(sys.argv[1] + "/planner_validation_rows.jsonl"):
+    r = json.loads(l)
+    if r.get("measured_us"):
+        print(f"[{sys.argv[2]}] {r['model']} B={r['batch']} ctx={r['context']} {r['plan']}: {r['measured_us']:.0f} us")
+PY
+  snap
 done
 elif [ "$MODE" = pshape ]; then
 # pshape: paged-attention launch shapes A/B'd in the whole decode step (session 30: the kernel-alone sweep and the

@@ -19,6 +19,13 @@ bench/results/s39/rs_l, llama-3.2-1b ctx 1024, the conventional step under the e
 us at B=32, 3847 / 3816 at B=128; stop 1652 / 3027; split 1657, 1632 / 2988, 2961; under the tight cap 1025: 1635 /
 2988. So split costs a serving step what the tight cap does.
 
+The splits themselves are sized from the cap too, so at small batch (many splits of one block) a row half the cap
+long leaves half of them empty, and the merge still reads every split: session 39's curves under the power-of-two
+cap (bench/results/s39/cattn) put llama-3.2-1b B=1 at 8193 keys at 31.7 us (19.1 at a cap of 8192) and B=8 at 2049
+keys at 25.3 (17.7). `MPK_PAGED_USED_SPLITS=1` (opt-in, not yet GPU-measured) merges only the splits that hold the
+row's keys (each split's span as the partial computes it) and has the empty ones store nothing: the same output bit
+for bit (an empty split's weight is exactly zero and its max -inf).
+
 An offline sm_90 build (triton.compile with the divisibility the JIT gives 16-aligned strides and pointers) has
 the K / V loads as cp.async (LDGSTS) pipelined over 3 stages, no spills at 4 warps: 96-128 registers and 21-35 KB
 of shared memory at head dim 64, 134-181 and 39-70 KB at 128. A loop count fixed at compile time had been unrolled
@@ -75,6 +82,15 @@ def row_keys() -> str:
     if v not in ROW_KEYS:
         raise ValueError(f"MPK_PAGED_ROW_KEYS={v!r}: expected one of {', '.join(ROW_KEYS)} (unset: split)")
     return v
+
+
+def used_splits() -> bool:
+    """MPK_PAGED_USED_SPLITS=1 (opt-in, session 39, not yet GPU-measured): the merge reads only the splits that hold
+    keys of its row, and a split past its row's length stores nothing (the module docstring)."""
+    v = os.environ.get("MPK_PAGED_USED_SPLITS", "").strip() or "0"
+    if v not in ("0", "1"):
+        raise ValueError(f"MPK_PAGED_USED_SPLITS={v!r}: expected 0 or 1 (unset: 0)")
+    return v == "1"
 
 
 DEFAULT_CONFIG = PagedAttnConfig()
@@ -163,7 +179,7 @@ if triton is not None:
                         s_qb, s_kp, s_ks, s_kh, s_vp, s_vs, s_vh, s_bt, s_ob, s_oh, s_os, s_nb, n_blocks,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
                         BLOCK: tl.constexpr, MULTI: tl.constexpr, NKV: tl.constexpr, APPEND: tl.constexpr,
-                        IDX_AHEAD: tl.constexpr = False, ROW_KEYS: tl.constexpr = 0):
+                        IDX_AHEAD: tl.constexpr = False, ROW_KEYS: tl.constexpr = 0, USED: tl.constexpr = False):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         s = tl.program_id(2)
@@ -230,21 +246,32 @@ if triton is not None:
                      mask=hmask[:, None])
         else:             # the split's unnormalised o, its max and its sum
             base = b * s_ob + heads * s_oh + s * s_os
-            tl.store(o_ptr + base[:, None] + d[None, :], acc, mask=hmask[:, None])
-            tl.store(ml_ptr + 2 * (base // D), m, mask=hmask)
-            tl.store(ml_ptr + 2 * (base // D) + 1, lsum, mask=hmask)
+            live = hmask
+            if USED:      # a split past its row's length: the merge does not read it
+                live = hmask & (k0 < length)
+            tl.store(o_ptr + base[:, None] + d[None, :], acc, mask=live[:, None])
+            tl.store(ml_ptr + 2 * (base // D), m, mask=live)
+            tl.store(ml_ptr + 2 * (base // D) + 1, lsum, mask=live)
 
     @triton.jit
-    def _merge_kernel(o_ptr, ml_ptr, out_ptr, s_ob, s_oh, s_os, s_outb, n_splits, D: tl.constexpr):
+    def _merge_kernel(o_ptr, ml_ptr, out_ptr, pos_ptr, s_ob, s_oh, s_os, s_outb, n_splits, n_blocks,
+                      D: tl.constexpr, BLOCK: tl.constexpr, ROW_KEYS: tl.constexpr = 0, USED: tl.constexpr = False):
         b = tl.program_id(0)
         h = tl.program_id(1)
         d = tl.arange(0, D)
+        n = n_splits
+        if USED:   # only the splits that hold keys of the row (the partials' spans); the rest add exactly nothing
+            length = tl.load(pos_ptr + b) + 1
+            span = n_blocks * BLOCK
+            if ROW_KEYS == 2:
+                span = tl.cdiv(tl.cdiv(tl.maximum(length, 1), n_splits), BLOCK) * BLOCK
+            n = tl.minimum(n_splits, tl.cdiv(tl.maximum(length, 0), span))
         M = float("-inf")
-        for s in range(0, n_splits):
+        for s in range(0, n):
             M = tl.maximum(M, tl.load(ml_ptr + 2 * ((b * s_ob + h * s_oh + s * s_os) // D)))
         num = tl.zeros((D,), tl.float32)
         den = 0.0
-        for s in range(0, n_splits):   # split order
+        for s in range(0, n):   # split order
             base = b * s_ob + h * s_oh + s * s_os
             ms = tl.load(ml_ptr + 2 * (base // D))
             w = tl.where(ms > float("-inf"), tl.exp(ms - M), 0.0)
@@ -295,14 +322,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         ml = torch.empty(B, nq, S, 2, dtype=torch.float32, device=q.device)
         s_ob, s_oh, s_os = o.stride(0), o.stride(1), o.stride(2)
     new = q if kv_new is None else kv_new
+    rk, used = ROW_KEYS.index(config.row_keys or row_keys()), used_splits()
     _partial_kernel[(B, nkv, S)](q, k_cache, v_cache, block_tables, pos, o, ml, new, scale,
                                  q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
                                  s_ob, s_oh, s_os, new.stride(0), NB, G=G, GP=GP, D=D, PS=PS, BLOCK=BN,
                                  MULTI=S > 1, NKV=nkv, APPEND=kv_new is not None, IDX_AHEAD=config.idx_ahead,
-                                 ROW_KEYS=ROW_KEYS.index(config.row_keys or row_keys()),
-                                 num_warps=config.num_warps,
+                                 ROW_KEYS=rk, USED=used, num_warps=config.num_warps,
                                  num_stages=config.num_stages)
     if S > 1:
-        _merge_kernel[(B, nq)](o, ml, out, s_ob, s_oh, s_os, out.stride(0), S, D=D)
+        _merge_kernel[(B, nq)](o, ml, out, pos, s_ob, s_oh, s_os, out.stride(0), S, NB, D=D, BLOCK=BN, ROW_KEYS=rk,
+                               USED=used)
     return out

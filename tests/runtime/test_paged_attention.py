@@ -194,6 +194,37 @@ def test_row_keys_stop_is_bitwise_the_full_walk_interpreter(monkeypatch, S, cfg)
     assert torch.equal(out, outs["stop"][0])
 
 
+@interp
+@pytest.mark.parametrize("mode", pa.ROW_KEYS)
+@pytest.mark.parametrize("S,cfg", [s for s in SHAPES_SHORT if s[0] > 1])
+def test_used_splits_is_bitwise_the_full_merge_interpreter(monkeypatch, S, cfg, mode):
+    """MPK_PAGED_USED_SPLITS=1: the merge reads only the splits holding its row's keys and the others store nothing
+    (their partial buffers are NaN here, so reading one would show): the output and the appended rows are the full
+    merge's, bit for bit, in every MPK_PAGED_ROW_KEYS mode; the inactive row still gets zeros."""
+    q, kc, vc, bt, pos, new, L, _, _ = _short_rows_case()
+    monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
+    real = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real(*a, **k).fill_(float("nan")))
+    outs = {}
+    for used in ("0", "1"):
+        monkeypatch.setenv("MPK_PAGED_USED_SPLITS", used)
+        kc2, vc2, out = kc.clone(), vc.clone(), torch.zeros_like(q)
+        pa.paged_decode_attention(q, kc2, vc2, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
+        outs[used] = (out, kc2, vc2)
+    assert torch.isfinite(outs["1"][0]).all() and torch.equal(outs["1"][0][1], torch.zeros_like(q[1]))
+    for a, b in zip(outs["0"], outs["1"]):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
+
+
+def test_used_splits_switch_values(monkeypatch):
+    for v, want in (("", False), ("0", False), ("1", True)):
+        monkeypatch.setenv("MPK_PAGED_USED_SPLITS", v)
+        assert pa.used_splits() is want
+    monkeypatch.setenv("MPK_PAGED_USED_SPLITS", "yes")
+    with pytest.raises(ValueError, match="MPK_PAGED_USED_SPLITS='yes': expected 0 or 1"):
+        pa.used_splits()
+
+
 def test_row_keys_switch_values(monkeypatch):
     for v, want in (("", "split"), ("cap", "cap"), ("stop", "stop"), ("split", "split")):
         monkeypatch.setenv("MPK_PAGED_ROW_KEYS", v)
@@ -300,6 +331,13 @@ def test_row_keys_gpu(D, L, monkeypatch):
         pa.paged_decode_attention(q, kc2, vc2, bt, pos, 1 / math.sqrt(D), L, out, kv_new=new)
         got[mode] = (out, kc2, vc2)
     same = lambda a, b: torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())  # noqa: E731
+    monkeypatch.setenv("MPK_PAGED_USED_SPLITS", "1")   # the merge over the used splits only: bitwise, every mode
+    for mode in ("cap", "stop", "split"):
+        monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
+        kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
+        pa.paged_decode_attention(q, kc2, vc2, bt, pos, 1 / math.sqrt(D), L, out, kv_new=new)
+        assert all(same(a, b) for a, b in zip(got[mode], (out, kc2, vc2))), mode
+    monkeypatch.delenv("MPK_PAGED_USED_SPLITS")
     assert all(same(a, b) for a, b in zip(got["cap"], got["stop"]))
     assert same(got["cap"][1], got["split"][1]) and same(got["cap"][2], got["split"][2])
     ref = reference(q, got["cap"][1], got["cap"][2], bt, pos, 1 / math.sqrt(D))
