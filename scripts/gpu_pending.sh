@@ -73,6 +73,16 @@ set -u
 OUT=${OUT:-gpu_out}
 FOLD=${FOLD:-1}
 mkdir -p "$OUT"/{ref,val,prof,bench,ar,tp,tpbench,san,ncu}
+# the measured steps of a validate_planner run's rows, one line each, labelled
+measured_rows() {
+python3 - "$1" "$2" <<'PY'
+import json, sys
+for l in open(sys.argv[1] + "/planner_validation_rows.jsonl"):
+    r = json.loads(l)
+    if r.get("measured_us"):
+        print(f"[{sys.argv[2]}] {r['model']} B={r['batch']} ctx={r['context']} {r['plan']}: {r['measured_us']:.0f} us")
+PY
+}
 snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
 MODE=${1:-one}
@@ -177,13 +187,7 @@ for V in tight_cap serving_cap serving_stop serving_split serving_cap serving_sp
   MPK_MEASURE_CAP=${V%%_*} MPK_PAGED_ROW_KEYS=${V##*_} timeout ${LIM:-75} python3 scripts/validate_planner.py --tp 1 \
       --models "$PM" --context ${CTXS:-1024} --batches ${BS:-32,128} --families conventional \
       --budget-s $((${LIM:-75} - 15)) --out "$d" > "$d/validate.log" 2>&1
-  python3 - "$d" "$V" <<'PY'
-import json, sys
-for l in open(sys.argv[1] + "/planner_validation_rows.jsonl"):
-    r = json.loads(l)
-    if r.get("measured_us"):
-        print(f"[{sys.argv[2]}] {r['model']} B={r['batch']} ctx={r['context']} {r['plan']}: {r['measured_us']:.0f} us")
-PY
+  measured_rows "$d" "$V"
   tar -czf "$OUT/rowstop.tar.gz" -C "$OUT" rowstop 2>/dev/null
 done
 elif [ "$MODE" = used ]; then
@@ -200,13 +204,7 @@ for U in 0 1 0 1; do
   MPK_PAGED_USED_SPLITS=$U timeout ${LIM:-75} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --context ${CTXS:-2048} --batches ${BS:-8} --families conventional --budget-s $((${LIM:-75} - 15)) --out "$d" \
       > "$d/validate.log" 2>&1
-  python3 - "$d" "u$U" <<'PY'
-import json, sys
-for l in open(sys.argv[1] + "/planner_validation_rows.jsonl"):
-    r = json.loads(l)
-    if r.get("measured_us"):
-        print(f"[{sys.argv[2]}] {r['model']} B={r['batch']} ctx={r['context']} {r['plan']}: {r['measured_us']:.0f} us")
-PY
+  measured_rows "$d" "u$U"
   snap
 done
 elif [ "$MODE" = pshape ]; then
@@ -223,13 +221,7 @@ for V in $SHAPES; do
   MPK_PAGED_SHAPE=$PSH timeout ${LIM:-120} python3 scripts/validate_planner.py --tp 1 --models "$PM" \
       --context ${CTXS:-4096} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-120} - 15)) \
       --out "$d" > "$d/validate.log" 2>&1
-  python3 - "$d" "$V" <<'PY'
-import json, sys
-for l in open(sys.argv[1] + "/planner_validation_rows.jsonl"):
-    r = json.loads(l)
-    if r.get("measured_us"):
-        print(f"[{sys.argv[2]}] {r['model']} B={r['batch']} ctx={r['context']} {r['plan']}: {r['measured_us']:.0f} us")
-PY
+  measured_rows "$d" "$V"
   snap
 done
 elif [ "$MODE" = sweep ]; then

@@ -150,6 +150,18 @@ def _short_rows_case():
     return q, kc, vc, bt, pos, new, L, reference(q, kc2, vc2, bt, pos, 0.25), (kc2, vc2)
 
 
+def _short_rows_under(monkeypatch, var, values, S, cfg):
+    """{value: (out, k cache, v cache)} of _short_rows_case's attention with appends, one run per value of `var`."""
+    q, kc, vc, bt, pos, new, L, _, _ = _short_rows_case()
+    outs = {}
+    for v in values:
+        monkeypatch.setenv(var, v)
+        kc2, vc2, out = kc.clone(), vc.clone(), torch.zeros_like(q)
+        pa.paged_decode_attention(q, kc2, vc2, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
+        outs[v] = (out, kc2, vc2)
+    return outs
+
+
 SHAPES_SHORT = [(1, None), (4, None), (13, None), (3, pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True))]
 
 
@@ -178,12 +190,7 @@ def test_row_keys_stop_is_bitwise_the_full_walk_interpreter(monkeypatch, S, cfg)
     """MPK_PAGED_ROW_KEYS=stop stops each program at its row's last key block: the output, the appended cache rows
     (and so the split partials the merge read) are the full walk's, bit for bit; the config's field does the same."""
     q, kc, vc, bt, pos, new, L, _, _ = _short_rows_case()
-    outs = {}
-    for mode in ("cap", "stop"):
-        monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
-        kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
-        pa.paged_decode_attention(q, kc2, vc2, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
-        outs[mode] = (out, kc2, vc2)
+    outs = _short_rows_under(monkeypatch, "MPK_PAGED_ROW_KEYS", ("cap", "stop"), S, cfg)
     for a, b in zip(outs["cap"], outs["stop"]):
         assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
     assert torch.isfinite(outs["stop"][0]).all() and torch.equal(outs["stop"][0][1], torch.zeros_like(q[1]))
@@ -201,16 +208,11 @@ def test_used_splits_is_bitwise_the_full_merge_interpreter(monkeypatch, S, cfg, 
     """MPK_PAGED_USED_SPLITS=1: the merge reads only the splits holding its row's keys and the others store nothing
     (their partial buffers are NaN here, so reading one would show): the output and the appended rows are the full
     merge's, bit for bit, in every MPK_PAGED_ROW_KEYS mode; the inactive row still gets zeros."""
-    q, kc, vc, bt, pos, new, L, _, _ = _short_rows_case()
+    q = _short_rows_case()[0]
     monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
     real = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **k: real(*a, **k).fill_(float("nan")))
-    outs = {}
-    for used in ("0", "1"):
-        monkeypatch.setenv("MPK_PAGED_USED_SPLITS", used)
-        kc2, vc2, out = kc.clone(), vc.clone(), torch.zeros_like(q)
-        pa.paged_decode_attention(q, kc2, vc2, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
-        outs[used] = (out, kc2, vc2)
+    outs = _short_rows_under(monkeypatch, "MPK_PAGED_USED_SPLITS", ("0", "1"), S, cfg)
     assert torch.isfinite(outs["1"][0]).all() and torch.equal(outs["1"][0][1], torch.zeros_like(q[1]))
     for a, b in zip(outs["0"], outs["1"]):
         assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
