@@ -157,11 +157,16 @@ KV_PASSES = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0)
 KEY_US = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08)
 
 
-def fit_conventional(segs: list[dict]) -> dict:
+def fit_conventional(segs: list[dict], share: list[float] | None = None) -> dict:
+    """The conventional calibration terms minimising the segments' squared relative errors, each segment's error
+    weighted by `share` (default 1: every segment alike; fit_profile's conv_weight="plan" gives each plan's
+    conventional segments a total of 1, so a whole-step conventional plan counts as much as the ~36 small
+    segments of an attention-split plan)."""
     import numpy as np
     from .cost import conv_attn_us
     meas = np.array([s["measured_us"] for s in segs], dtype=float)
-    w = 1.0 / meas ** 2
+    sh = np.ones(len(segs)) if share is None else np.array(share, dtype=float)
+    w = sh / meas ** 2
     has_kv = any(s["features"]["attn_kv_us"] > 0 for s in segs)
     has_keys = any(n > 0 for s in segs for _, n, _ in s["features"].get("attn", []))
     has_coll = any(s["features"].get("n_coll", 0) > 0 for s in segs)
@@ -189,7 +194,7 @@ def fit_conventional(segs: list[dict]) -> dict:
                 y = meas - st - at
                 b = _wls([list(col) for col in X.T], list(y), list(w))
                 pred = st + at + X @ np.array(b)
-                err = float((((pred - meas) / meas) ** 2).sum())
+                err = float((sh * ((pred - meas) / meas) ** 2).sum())
                 if best is None or err < best[0] * (1 - 1e-9) - 1e-15:
                     best = (err, frac, eff, kvp, ku, b)
     _, frac, eff, kvp, ku, b = best
@@ -229,7 +234,8 @@ def fit_boundary(rows: list[dict], min_boundaries: int = BOUNDARY_MIN) -> tuple[
 
 def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, regimes=REGIMES,
                 terms=("mk", "conv"), keep_attn: bool = False,
-                boundary_regimes: tuple[str, ...] = (), boundary_min: int = BOUNDARY_MIN) -> tuple[HardwareProfile, dict]:
+                boundary_regimes: tuple[str, ...] = (), boundary_min: int = BOUNDARY_MIN,
+                conv_weight: str = "segment") -> tuple[HardwareProfile, dict]:
     """The base profile with per-regime calibration fitted on `rows`; and a report (counts per regime).
     terms: "mk" (mk_scale, mk_offset_us), "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for
     all regimes: fit_boundary; with `boundary_regimes`, written into those regimes only); the others keep the base
@@ -237,14 +243,19 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
     keep_attn: the megakernel refit moves only mk_scale: the base's mk_offset_us stays, and attention-only segments
     keep the base's scale (mk_attn_scale) and factor, so their price does not move. For a simulator term that
     changes whole-layer segments only (tc_pass_us_by_rows: linear tiles), fitted on rows of older code whose
-    attention segments no longer price the same (session 35, docs/planner.md)."""
+    attention segments no longer price the same (session 35, docs/planner.md).
+    conv_weight: "segment" (every conventional segment's relative error alike, as before session 39) or "plan"
+    (each plan's conventional segments share a weight of 1: fit_conventional)."""
+    if conv_weight not in ("segment", "plan"):
+        raise ValueError(f"conv_weight {conv_weight!r}: expected segment or plan")
     keep = {k: dict(v) for k, v in base.regimes.items()}
     regs = {}
     report = {}
     for _, key in regimes:
         segs = list(_segments(rows, key, regimes))
         mk = [s for _, s in segs if s["features"]["kind"] == "megakernel"]
-        cv = [s for _, s in segs if s["features"]["kind"] == "conventional"]
+        cv_rows = [(r, s) for r, s in segs if s["features"]["kind"] == "conventional"]
+        cv = [s for _, s in cv_rows]
         over = dict(keep.get(key, {}))
         if "mk" in terms and len(mk) >= min_segments:
             whole = [s for s in mk if not s["features"].get("attn_only")]
@@ -258,7 +269,11 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
                 over["mk_attn_factor"] = fit_attn_factor(attn, replace(base, regimes={key: over}).for_batch(
                     int(key)))
         if "conv" in terms and len(cv) >= min_segments:
-            over.update(fit_conventional(cv))
+            share = None
+            if conv_weight == "plan":
+                n_conv = {id(r): sum(1 for rr, _ in cv_rows if rr is r) for r, _ in cv_rows}
+                share = [1.0 / n_conv[id(r)] for r, _ in cv_rows]
+            over.update(fit_conventional(cv, share))
         shown = ("mk_scale", "mk_offset_us", "mk_attn_factor", "mk_attn_scale") + CONV_FIELDS
         report[key] = {"megakernel_segments": len(mk), "conventional_segments": len(cv),
                        **{k: over[k] for k in over if k in shown}}
@@ -367,6 +382,10 @@ def main() -> None:
     ap.add_argument("--keep-attn", action="store_true", help="megakernel refit: mk_scale only, the base's "
                     "mk_offset_us kept and attention-only segments left at the base's scale and factor (their price "
                     "does not move; for a term that moves whole-layer segments only, fitted on older rows)")
+    ap.add_argument("--conv-weight", default="segment", choices=("segment", "plan"),
+                    help="conventional refit: every segment's relative error alike (segment), or each plan's "
+                    "conventional segments sharing one weight (plan: a whole-step conventional plan counts as much "
+                    "as an attention-split plan's ~36 segments)")
     a = ap.parse_args()
     rows = load_rows(a.rows)
     if a.batches:
@@ -376,7 +395,8 @@ def main() -> None:
     print(f"{len(rows)} valid measured rows of {n_all} (skipped: unmeasured, or eager after a failed graph capture)")
     base = HardwareProfile.load(a.profile)
     kw = {"regimes": tuple((int(b), b) for b in a.regimes.split(",")), "terms": tuple(a.terms.split(",")),
-          "keep_attn": a.keep_attn, "boundary_regimes": tuple(x for x in a.boundary_regimes.split(",") if x)}
+          "keep_attn": a.keep_attn, "boundary_regimes": tuple(x for x in a.boundary_regimes.split(",") if x),
+          "conv_weight": a.conv_weight}
     sims = {}
     if not a.no_resimulate:
         for combo in _grid(a.grid):

@@ -437,3 +437,30 @@ def test_keep_attn_refits_whole_layer_segments_and_leaves_attention_prices(base)
     unkept, _ = fit_profile(rows, b0, regimes=((1, "1"), (8, "8")), terms=("mk",))
     assert "mk_attn_scale" not in unkept.regimes["8"]
     assert with_terms(b0, (("pass.8", 1.5), ("pass.32", 9.0))).tc_pass_us_by_rows == {"8": 1.5, "32": 9.0}
+
+
+def test_conv_weight_plan_gives_a_whole_step_plan_its_share(base):
+    """conv_weight="plan": each plan's conventional segments share one weight, so the one-segment conventional
+    plan counts as much as a plan of many small conventional segments. With that plan's step measured 30% above
+    the true price, the plan-weighted fit prices it closer than the per-segment fit; on exact rows both recover
+    the terms."""
+    true = dataclasses.replace(base, regimes=TRUE)
+    rows = synthetic_rows(true, base)
+    for r in rows:
+        if r["plan"] == "conventional" and r["batch"] >= 8:
+            r["segments"] = [dict(s, measured_us=1.3 * s["measured_us"]) for s in r["segments"]]
+            r["measured_us"] *= 1.3
+    many = max(sum(s["kind"] == "conventional" for s in r["segments"]) for r in rows if r["batch"] >= 8)
+    assert many >= 4   # plans of several conventional segments share the regime with the one-segment plan
+
+    def conv_err(prof):
+        return max(abs(r["predicted_us"] / r["measured_us"] - 1) for r in reprice(rows, prof)
+                   if r["plan"] == "conventional" and r["batch"] >= 8)
+    by_seg, _ = fit_profile(rows, base, terms=("conv",))
+    by_plan, _ = fit_profile(rows, base, terms=("conv",), conv_weight="plan")
+    assert conv_err(by_plan) < conv_err(by_seg) - 0.01
+    exact = synthetic_rows(true, base)
+    fitted, _ = fit_profile(exact, base, terms=("conv",), conv_weight="plan")
+    assert fitted.regimes["8"]["conv_fixed_scale"] == pytest.approx(TRUE["8"]["conv_fixed_scale"], rel=1e-3)
+    with pytest.raises(ValueError, match="conv_weight 'time': expected segment or plan"):
+        fit_profile(rows, base, conv_weight="time")
