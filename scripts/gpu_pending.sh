@@ -48,6 +48,9 @@
 #    scripts/score_rows.py --rows <s39 val1024 + val2048 rows> h200_v45 <new profile>`).
 # 2. `val` at ctx 512 and 4096 (B=1..128) under the engine's cap: the first rows there since the kernel and cap
 #    changed (session 39 has ctx 1024 / 2048 only), out of sample for h200_v45.
+#    And the composition gap (docs/planner.md session 39: qwen3-8b B=128 ctx 2048's conventional step 18% above its
+#    parts measured in other plans): `PROF_FAMS="conventional attn-mk attn-conv" PROF_POINTS="2048:128"
+#    MODELS=qwen3-8b bash scripts/gpu_run.sh profq` (~2 min).
 # 3. `MODELS=llama-3.2-1b bench` then `MODELS=qwen3-8b bench`: docs/benchmarks.md's tables under the engine's cap
 #    (the last tables, session 37, ran the tight cap and the old walk).
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
@@ -366,11 +369,13 @@ python3 scripts/kernel_spread.py "$OUT"/varq/profile_p[123].log --top 8 2>&1 | s
 tar -czf "$OUT/varq.tar.gz" -C "$OUT" varq 2>/dev/null
 elif [ "$MODE" = profq ]; then
 # profq (session 35): where our conventional plan and the gpt-fast peer spend a step, kernel by kernel, at the
-# qwen3-8b points where gpt-fast leads (B=8 / 32 ctx 512 and B=8 ctx 4096 in session 35's table; ~3 min)
+# qwen3-8b points where gpt-fast leads (B=8 / 32 ctx 512 and B=8 ctx 4096 in session 35's table; ~3 min).
+# PROF_FAMS (families, or gptfast) and PROF_POINTS ("ctx:batches ...") choose others, e.g. session 39's composition
+# gap: PROF_FAMS="conventional attn-mk attn-conv" PROF_POINTS="2048:128" MODELS=qwen3-8b
 mkdir -p "$OUT/prof"
-for F in conventional gptfast; do
-  for C in 512 4096; do
-    BB=$([ $C = 512 ] && echo 8,32 || echo 8); mkdir -p "$OUT/prof/${F}_c$C"
+for F in ${PROF_FAMS:-conventional gptfast}; do
+  for P in ${PROF_POINTS:-512:8,32 4096:8}; do
+    C=${P%%:*}; BB=${P#*:}; mkdir -p "$OUT/prof/${F}_c$C"
     timeout 100 python3 scripts/profile_conventional.py --models ${MODELS:-qwen3-8b} --batches $BB --context $C \
         --family $F --top 30 --out "$OUT/prof/${F}_c$C" > "$OUT/prof/profile_${F}_c$C.log" 2>&1
     grep "^==" "$OUT/prof/profile_${F}_c$C.log"
