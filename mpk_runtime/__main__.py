@@ -20,6 +20,10 @@ def _search(a: argparse.Namespace, cfg) -> int:
           f"90% of measured steps in the profile's validation: planner/band.py)")
     for p in plans[: a.top]:
         print("  " + p.describe())
+    from .ir.defer import conv_attn_appends
+    if not conv_attn_appends():   # the GPU runs the paged Triton kernel; without Triton here it is priced as the old path
+        print("note: conventional attention priced as gather + SDPA (Triton is not installed here, or "
+              "MPK_CONV_TRITON_ATTN=0); a GPU with Triton runs the paged kernel: MPK_CONV_TRITON_ATTN=1 prices that")
     if a.classify:
         from .planner.categories import classify
         c = classify(cfg, tp=a.tp, context=a.context, prof=prof)

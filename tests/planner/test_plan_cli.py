@@ -1,0 +1,29 @@
+"""`python -m mpk_runtime plan --search`: the candidates, best first, and a note when the conventional attention is
+priced as the gather + SDPA path (no Triton here) rather than the paged kernel a GPU runs."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _plan(triton_attn: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPK_CONV_TRITON_ATTN=triton_attn)
+    r = subprocess.run([sys.executable, "-m", "mpk_runtime", "plan", "--model", "tiny-llama", "--batch", "2",
+                        "--context", "64", "--search", "--top", "3"], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("flag,noted", [("0", True), ("1", False)])
+def test_plan_search_says_how_conventional_attention_is_priced(flag, noted):
+    out = _plan(flag)
+    lines = [l for l in out.splitlines() if "predicted" in l and "segments" in l]
+    assert len(lines) == 3
+    us = [float(l.split("predicted")[1].split("us")[0]) for l in lines]
+    assert us == sorted(us)   # best first
+    assert ("priced as gather + SDPA" in out) is noted
