@@ -11,7 +11,8 @@ from mpk_runtime.models import PRESETS
 from mpk_runtime.planner import HardwareProfile, candidates, simulate
 from mpk_runtime.planner.cost import price_from_features
 from mpk_runtime.planner.simulate import task_stream_bytes
-from mpk_runtime.planner.fit import fit_boundary, fit_profile, holdout
+from mpk_runtime.planner.fit import fit_boundary, fit_profile
+from mpk_runtime.planner.fit_cli import holdout
 from mpk_runtime.planner.score import reprice, spearman, summarize
 from mpk_runtime.tasks import Tiling, build_task_graphs
 
@@ -198,7 +199,8 @@ def test_tensor_core_model_is_cheaper_than_the_legacy_one_at_batch_32(base):
 
 
 def test_grid_fixed_cost_terms_apply_to_a_copy():
-    from mpk_runtime.planner.fit import _grid, with_terms
+    from mpk_runtime.planner.fit import with_terms
+    from mpk_runtime.planner.fit_cli import _grid
     from mpk_runtime.planner.profile import HardwareProfile
     base = HardwareProfile.load("h200_measured")
     before = dict(base.task_fixed_us_by_kind)
