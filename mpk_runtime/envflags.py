@@ -45,9 +45,13 @@ def resolved_switches() -> dict:
     (MPK_CONV_TRITON_ATTN: on where Triton is installed), so a result records the graph it ran and a later re-plan
     (planner/score.py resimulate), on any machine, plans it the same way."""
     from .ir.defer import conv_attn_appends, kv_defer   # (imported here: they read their switches from this module)
+    from .runtime.paged_attention import row_keys, used_splits
     from .tasks.tiling import Tiling
     t = Tiling()
     flag = lambda v: "1" if v else "0"   # noqa: E731
+    # the paged attention's walk (its default moved in session 39: cap -> split) does not change a plan, but it
+    # changes what a conventional attention costs: recorded so rows say which kernel they measured
     return {"MPK_CONV_TRITON_ATTN": flag(conv_attn_appends()), "MPK_KV_DEFER": flag(kv_defer()),
             "MPK_QKV_FLAT": flag(t.qkv_flat), "MPK_ATTN_QKNORM": flag(t.attn_qk_norm),
-            "MPK_ATTN_FOLD": flag(t.attn_fold_merge), **switches()}
+            "MPK_ATTN_FOLD": flag(t.attn_fold_merge), "MPK_PAGED_ROW_KEYS": row_keys(),
+            "MPK_PAGED_USED_SPLITS": flag(used_splits()), **switches()}

@@ -22,16 +22,21 @@ def med(x):
     return x[len(x) // 2]
 
 
+def measure_cap() -> str:
+    """$MPK_MEASURE_CAP resolved: "serving" (unset) or "tight" (key_cap)."""
+    v = os.environ.get("MPK_MEASURE_CAP", "serving").strip() or "serving"
+    if v not in ("tight", "serving"):
+        raise ValueError(f"MPK_MEASURE_CAP={v!r}: expected tight or serving")
+    return v
+
+
 def key_cap(context: int, cfg) -> int:
     """The conventional attention's key cap for a step at `context` (it reads context + 1 keys). $MPK_MEASURE_CAP:
     "serving" (default since session 39) = the engine's rule (runtime/megakernel_plans.kv_cap: the power of two
     above, >= 256), what LLM.generate's captured steps run, where the rows are up to half the cap short (the paged
     kernel's MPK_PAGED_ROW_KEYS=split, its default, sizes each row's splits by its own keys); "tight" = context + 1,
     as every measurement before session 39."""
-    v = os.environ.get("MPK_MEASURE_CAP", "serving").strip() or "serving"
-    if v not in ("tight", "serving"):
-        raise ValueError(f"MPK_MEASURE_CAP={v!r}: expected tight or serving")
-    if v == "tight":
+    if measure_cap() == "tight":
         return context + 1
     from mpk_runtime.runtime.megakernel_plans import kv_cap
     return kv_cap(context + 1, max(context + 1, cfg.max_position_embeddings))

@@ -41,7 +41,7 @@ from mpk_runtime.models import load_config, random_weights  # noqa: E402
 from mpk_runtime.runtime.conventional_fused import prepare_weights  # noqa: E402
 from mpk_runtime.planner import HardwareProfile, candidates  # noqa: E402
 from mpk_runtime.planner.score import load_rows, summarize  # noqa: E402
-from _plan_measure import Point, measure_plan, med  # noqa: E402,F401
+from _plan_measure import Point, measure_cap, measure_plan, med  # noqa: E402,F401
 
 T0 = time.time()
 DEFAULT_FAMILIES = "mono,mega2,mega3,per-layer,attn-conv,attn-mk,conventional"
@@ -60,7 +60,8 @@ def _quartiles(xs) -> tuple[float, float]:
 
 
 def plan_row(model, B, context, tp, plan, chosen, m, setup_s) -> dict:
-    env = resolved_switches()   # re-planned as it ran by planner.fit (defaults included: envflags.py)
+    # re-planned as it ran by planner.fit (defaults included: envflags.py), and the key cap it was measured under
+    env = dict(resolved_switches(), MPK_MEASURE_CAP=measure_cap())
     # attn_wide_passes: this code has attention's wide passes (tasks/tiling.py attn_wide; rows without the field
     # ran narrow ones and are re-priced so: planner/score.py _point)
     return {"model": model, "batch": B, "context": context, "tp": tp, "attn_splits": plan.attn_splits,
