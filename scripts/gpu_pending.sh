@@ -46,6 +46,11 @@
 #    conventional step at llama B=8 ctx 2048 1749 -> 1670-1700 us). If it holds: make it the default, then `cattn`
 #    (CATTN_TP=1 CATTN_BASE=h200_v45 CATTN_NAME=h200_v46) and re-score session 39's rows (`python3
 #    scripts/score_rows.py --rows <s39 val1024 + val2048 rows> h200_v45 <new profile>`).
+#    Then the launch shape at ctx 512 under the engine's cap (1024): the new 1024-key TUNED points now serve rows of
+#    513 keys there (they were measured at rows = cap = 1025), and the curves moved 16.5 -> 20.3 us a layer at llama
+#    B=32 513 keys (v44 at cap 512 vs v45): `N=psh5 T=250 SHAPES="tuned 128_1056_4_3 tuned 128_1056_4_3"
+#    MODELS=llama-3.2-1b BS=16,32 CTXS=512 LIM=55 bash scripts/gpu_run.sh pshape` (qwen3-8b: "tuned 64_2112_4_4 ...").
+#    If the 512-key shapes win there, config_for should choose by the rows a cap holds, not by the cap.
 # 2. `val` at ctx 512 and 4096 (B=1..128) under the engine's cap: the first rows there since the kernel and cap
 #    changed (session 39 has ctx 1024 / 2048 only), out of sample for h200_v45.
 #    And the composition gap (docs/planner.md session 39: qwen3-8b B=128 ctx 2048's conventional step 18% above its
