@@ -13,7 +13,7 @@
 #     (removed in session 32: mode wring, the weight page rings: every layout lost at batch 1, sessions 28-32)
 #     SHAPES="tuned 32_264_4_3_ahead" OUT=$OUT bash scripts/gpu_pending.sh pshape   # (one GPU, ~2 min a shape):
 #                                                   paged-attention launch shapes in the whole step (conventional plan)
-#     OUT=$OUT bash scripts/gpu_pending.sh used      # (one GPU, ~4 min): MPK_PAGED_USED_SPLITS A/B, op and step
+#     OUT=$OUT bash scripts/gpu_pending.sh used      # (one GPU, ~5 min): MPK_PAGED_USED_SPLITS A/B, op and step
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh rowstop   # (one GPU, ~5 min): the engine's key cap
 #                                                   and MPK_PAGED_ROW_KEYS in the conventional step
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
@@ -40,7 +40,7 @@
 # modes with `;` and have the next call ready. Before the first device call: `bash scripts/gpu_prepare.sh` (~1 min
 # after a checkout: the bundle without Ray (.cache/gb), every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the
 # 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. `N=run1_one T=265 bash scripts/gpu_run.sh one; N=used T=300 bash scripts/gpu_run.sh used`: the GPU set at HEAD
+# 1. `N=run1_one T=250 bash scripts/gpu_run.sh one; N=used T=330 bash scripts/gpu_run.sh used`: the GPU set at HEAD
 #    (first GPU run of MPK_PAGED_USED_SPLITS: test_row_keys_gpu compares it bitwise), then its A/B (docs/perf-notes.md
 #    session 39: predicted the op 25.3 -> 20-22 us a layer at llama B=8 2049 keys, 31.7 -> 20-24 at B=1 8193; the
 #    conventional step at llama B=8 ctx 2048 1749 -> 1670-1700 us). If it holds: make it the default, then `cattn`
@@ -201,16 +201,17 @@ done
 elif [ "$MODE" = used ]; then
 # used (session 39): MPK_PAGED_USED_SPLITS=1 (the merge over the splits holding the row's keys only; bitwise) A/B'd
 # under the engine's cap: the op alone at small batch (profile_conv_attn.py, B=1,8 x 2049 / 8193 keys, both models),
-# then the conventional step at B=8 ctx 2048 (validate_planner --families conventional), each ABAB; ~3-4 min
+# then the conventional step at B=8 ctx 2048 (validate_planner --families conventional; MODELS, default llama-3.2-1b,
+# the regret point), each ABAB; ~5 min
 st "used: MPK_PAGED_USED_SPLITS 0 / 1 / 0 / 1, the op at B=1,8 and the conventional step at B=8 ctx ${CTXS:-2048}"
 n=0
 for U in 0 1 0 1; do
   n=$((n + 1)); d="$OUT/used/${n}_u$U"; mkdir -p "$d"
-  MPK_PAGED_USED_SPLITS=$U timeout 60 python3 scripts/profile_conv_attn.py --out "$d" --cycle-mb 200 --tp 1 \
-      --batches 1,8 --keys 2049,8193 --budget-s 50 > "$d/conv_attn.log" 2>&1
+  MPK_PAGED_USED_SPLITS=$U timeout 40 python3 scripts/profile_conv_attn.py --out "$d" --cycle-mb 200 --tp 1 \
+      --batches 1,8 --keys 2049,8193 --budget-s 30 > "$d/conv_attn.log" 2>&1
   grep "us per layer" "$d/conv_attn.log" | sed "s/^/[u$U] /"
-  MPK_PAGED_USED_SPLITS=$U timeout ${LIM:-75} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
-      --context ${CTXS:-2048} --batches ${BS:-8} --families conventional --budget-s $((${LIM:-75} - 15)) --out "$d" \
+  MPK_PAGED_USED_SPLITS=$U timeout ${LIM:-40} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-llama-3.2-1b} \
+      --context ${CTXS:-2048} --batches ${BS:-8} --families conventional --budget-s $((${LIM:-40} - 10)) --out "$d" \
       > "$d/validate.log" 2>&1
   measured_rows "$d" "u$U"
   snap
