@@ -36,7 +36,7 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
 # Order for a 30-minute session (one GPU), as session 39 left it (bench/results/s39: 79 GPU tests passed at 1ee404b;
 # MPK_PAGED_ROW_KEYS=split and the engine's cap in every measurement; h200_v45 the planner's default). Session 39 used
-# ~1565 s in four calls (+91 s for a start that was refused); a machine stays warm only ~30 s after a call, so chain
+# ~1470 s in five calls (+91 s for a start that was refused); a machine stays warm only ~30 s after a call, so chain
 # modes with `;` and have the next call ready. Before the first device call: `bash scripts/gpu_prepare.sh` (~1 min
 # after a checkout: the bundle without Ray (.cache/gb), every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the
 # 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
