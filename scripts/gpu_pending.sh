@@ -14,6 +14,7 @@
 #     SHAPES="tuned 32_264_4_3_ahead" OUT=$OUT bash scripts/gpu_pending.sh pshape   # (one GPU, ~2 min a shape):
 #                                                   paged-attention launch shapes in the whole step (conventional plan)
 #     OUT=$OUT bash scripts/gpu_pending.sh used      # (one GPU, ~5 min): MPK_PAGED_USED_SPLITS A/B, op and step
+#     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh append   # (one GPU, ~5 min): MPK_PAGED_APPEND regs / cache
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh rowstop   # (one GPU, ~5 min): the engine's key cap
 #                                                   and MPK_PAGED_ROW_KEYS in the conventional step
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
@@ -40,8 +41,13 @@
 # modes with `;` and have the next call ready. Before the first device call: `bash scripts/gpu_prepare.sh` (~1 min
 # after a checkout: the bundle without Ray (.cache/gb), every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the
 # 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. `N=run1_one T=250 bash scripts/gpu_run.sh one; N=used T=330 bash scripts/gpu_run.sh used`: the GPU set at HEAD
-#    (first GPU run of MPK_PAGED_USED_SPLITS: test_row_keys_gpu compares it bitwise), then its A/B (docs/perf-notes.md
+# 1. `N=run1_one T=250 bash scripts/gpu_run.sh one; N=app T=320 MODELS=qwen3-8b bash scripts/gpu_run.sh append`: the
+#    GPU set at HEAD (first GPU run of MPK_PAGED_APPEND=cache and MPK_PAGED_USED_SPLITS: test_row_keys_gpu compares
+#    both bitwise with the defaults), then the append A/B (docs/perf-notes.md session 39: the conventional step at
+#    qwen3-8b B=128 ctx 2048 costs 97 us a layer more than its parts; predicted with cache: 19107 -> 15.6-16.0 ms,
+#    B=32 8811 -> ~8.6 ms). If it holds: make cache the default, then `N=app_l MODELS=llama-3.2-1b BS=128 append`,
+#    `cattn` (the curves then match the step's kernel) and `val` at ctx 2048 / 4096 B >= 32.
+#    Next call: `N=used T=330 bash scripts/gpu_run.sh used`, MPK_PAGED_USED_SPLITS's A/B (docs/perf-notes.md
 #    session 39: predicted the op 25.3 -> 20-22 us a layer at llama B=8 2049 keys, 31.7 -> 20-24 at B=1 8193; the
 #    conventional step at llama B=8 ctx 2048 1749 -> 1670-1700 us). If it holds: make it the default, then `cattn`
 #    (CATTN_TP=1 CATTN_BASE=h200_v45 CATTN_NAME=h200_v46) and re-score session 39's rows (`python3
@@ -53,8 +59,8 @@
 #    If the 512-key shapes win there, config_for should choose by the rows a cap holds, not by the cap.
 # 2. `val` at ctx 512 and 4096 (B=1..128) under the engine's cap: the first rows there since the kernel and cap
 #    changed (session 39 has ctx 1024 / 2048 only), out of sample for h200_v45.
-#    And the composition gap (docs/planner.md session 39: qwen3-8b B=128 ctx 2048's conventional step 18% above its
-#    parts measured in other plans): `PROF_FAMS="conventional attn-mk attn-conv" PROF_POINTS="2048:128"
+#    If `append` (item 1) does not close the composition gap (docs/planner.md session 39: qwen3-8b B=128 ctx 2048's
+#    conventional step 18% above its parts measured in other plans), profile it: `PROF_FAMS="conventional attn-mk attn-conv" PROF_POINTS="2048:128"
 #    MODELS=qwen3-8b bash scripts/gpu_run.sh profq` (~2 min).
 # 3. `MODELS=llama-3.2-1b bench` then `MODELS=qwen3-8b bench`: docs/benchmarks.md's tables under the engine's cap
 #    (the last tables, session 37, ran the tight cap and the old walk).
@@ -103,7 +109,9 @@ grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6
 # the paged attention's interpreter tests need Triton, which the CPU machine's torch lacks: here (triton 3.6, as built)
 TRITON_INTERPRET=1 timeout 120 python3 -m pytest -q tests/runtime/test_paged_attention.py -k interpreter \
     >> "$OUT/pytest_gpu.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -2; snap
+# and the offline sm_90 builds of the Triton kernels (SASS checks: no spills, pipelined loads, the append paths)
+timeout 60 python3 -m pytest -q tests/runtime/test_triton_build.py >> "$OUT/pytest_gpu.log" 2>&1
+grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -3; snap
 st "2 the sampler: bitwise check and profile"
 OUT="$OUT/val" timeout 100 python3 scripts/gpu_check_sampling.py --trials 30 > "$OUT/val/sampling.log" 2>&1
 grep -E "^sampler V=|^tiny|PASS|FAIL" "$OUT/val/sampling.log"
@@ -214,6 +222,21 @@ for U in 0 1 0 1; do
       --context ${CTXS:-2048} --batches ${BS:-8} --families conventional --budget-s $((${LIM:-40} - 10)) --out "$d" \
       > "$d/validate.log" 2>&1
   measured_rows "$d" "u$U"
+  snap
+done
+elif [ "$MODE" = append ]; then
+# append (session 39): MPK_PAGED_APPEND=cache (the owner writes the step's new K / V row into the cache, a barrier,
+# then every block reads it like any key) against regs (the default: every block substitutes it from registers, two
+# selects over each K / V block) in the conventional step, where the appends are deferred into the paged kernel;
+# ABAB, ~70 s a run. The planner's curves (profile_conv_attn) run without appends.
+st "append: MPK_PAGED_APPEND regs / cache / regs / cache, ${MODELS:-qwen3-8b} B=${BS:-32,128} ctx ${CTXS:-2048}, conventional"
+n=0
+for V in regs cache regs cache; do
+  n=$((n + 1)); d="$OUT/append/${n}_$V"; mkdir -p "$d"
+  MPK_PAGED_APPEND=$V timeout ${LIM:-75} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-qwen3-8b} \
+      --context ${CTXS:-2048} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-75} - 15)) \
+      --out "$d" > "$d/validate.log" 2>&1
+  measured_rows "$d" "$V"
   snap
 done
 elif [ "$MODE" = pshape ]; then

@@ -1,6 +1,7 @@
 """Score measured validation rows under one or more planner profiles, fitting nothing (out-of-sample numbers).
 
     PYTHONPATH=. python3 scripts/score_rows.py --rows <planner_validation_rows.jsonl,...> h200_v44 h200_v45 [path.json]
+        [--gaps]
 
 Each profile re-simulates every measured plan with the current simulator (planner.score.resimulate), re-prices the
 segments and steps, and prints step / segment MAPE, ordered plan pairs, per point Spearman, the chosen (lowest
@@ -18,11 +19,34 @@ from mpk_runtime.planner.profile import HardwareProfile  # noqa: E402
 from mpk_runtime.planner.score import _brief, load_rows, mape_by, reprice, resimulate, summarize, valid_rows  # noqa: E402
 
 
+def composition_gaps(rows: list[dict]) -> list[dict]:
+    """Per point with all three plans measured: the conventional step against its parts measured in other plans
+    (attn-mk's conventional segments + attn-conv's conventional, i.e. attention, segments). Parts measured alone pay
+    their launch and drain, which a step overlaps, so a positive gap is cost that exists only in the whole step
+    (docs/planner.md session 39)."""
+    from mpk_runtime.models import load_config
+    pts: dict = {}
+    for r in rows:
+        pts.setdefault((r["model"], r.get("tp", 1), r["batch"], r.get("context", 512)), {})[r["plan"]] = r
+    out = []
+    for (m, tp, b, ctx), d in sorted(pts.items()):
+        if not all(p in d for p in ("conventional", "attn-mk", "attn-conv")):
+            continue
+        conv = lambda r: sum(s["measured_us"] for s in r["segments"] if s["kind"] != "megakernel")  # noqa: E731
+        step, parts = d["conventional"]["measured_us"], conv(d["attn-mk"]) + conv(d["attn-conv"])
+        layers = load_config(m).num_layers
+        out.append(dict(model=m, tp=tp, batch=b, context=ctx, step_us=step, parts_us=parts, gap_us=step - parts,
+                        gap_per_layer_us=(step - parts) / layers, gap_frac=(step - parts) / step))
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", required=True, help="validation rows JSONL, comma-separated")
     ap.add_argument("profiles", nargs="+", help="profile names (mpk_runtime/planner/profiles) or JSON paths")
     ap.add_argument("--procs", type=int, default=0, help="processes for re-simulation (default: all cores)")
+    ap.add_argument("--gaps", action="store_true", help="also the composition gaps: each conventional step against "
+                    "its parts measured in the attn-mk and attn-conv plans")
     a = ap.parse_args(argv)
     missing = [p.split("@")[0] for p in a.rows.split(",") if not os.path.exists(p.split("@")[0])]
     if missing:
@@ -42,6 +66,12 @@ def main(argv=None) -> None:
             print(f"   {p['model']:13s} tp={p['tp']} B={p['batch']:4d} ctx={p['context']:5d} spearman={p['spearman']:.3f}"
                   f" chosen={p['chosen']} best={p['best_measured']} regret={p['regret']:.4f}")
         print("   segment MAPE by kind and batch:", mape_by(rr, prof))
+    if a.gaps:
+        print("composition gaps (conventional step - attn-mk's conventional segments - attn-conv's attention segments):")
+        for g in composition_gaps(rows):
+            print(f"   {g['model']:13s} tp={g['tp']} B={g['batch']:4d} ctx={g['context']:5d} step {g['step_us']:8.0f} "
+                  f"parts {g['parts_us']:8.0f} gap {g['gap_us']:+7.0f} us ({g['gap_per_layer_us']:+.1f} a layer, "
+                  f"{100 * g['gap_frac']:+.1f}%)")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,11 @@ of shared memory at head dim 64, 134-181 and 39-70 KB at 128. A loop count fixed
 
 With deferred appends (ir/defer.py: a conventional qkv_rope leaves the step's k / v rows in kv_new) the program whose
 keys hold a row's new position writes them into the cache, and every program takes key pos from the rows in
-registers, so no program reads a slot another writes this step: the two indexed-put kernels a layer are gone.
+registers, so no program reads a slot another writes this step: the two indexed-put kernels a layer are gone. That
+substitution is a select over every K and V block (and keeps the blocks off the dot operands' shared-memory path:
++60 registers, ~+28% instructions at head dim 128 in the sm_90 build). `MPK_PAGED_APPEND=cache` (opt-in, session 39,
+not yet GPU-measured) has the owning program read the row back from the cache after a CTA barrier instead, as any
+key (only the owner's keys hold pos): the same bits, the no-append kernel's loop.
 
 The default on a GPU since session 27 (MPK_CONV_TRITON_ATTN=0 takes the gather + SDPA path): measured on an H200 in
 the planner's conventional plans, it makes them the fastest plan at B = 8-32, 512 keys (llama-3.2-1b B=32 1.617 ->
@@ -91,6 +95,17 @@ def used_splits() -> bool:
     if v not in ("0", "1"):
         raise ValueError(f"MPK_PAGED_USED_SPLITS={v!r}: expected 0 or 1 (unset: 0)")
     return v == "1"
+
+
+def append_cache() -> bool:
+    """MPK_PAGED_APPEND=cache (opt-in, session 39, not yet GPU-measured): with deferred appends, the program owning a
+    row's new key writes it into the cache, then a barrier, then reads it back like any key, instead of every block
+    substituting it from registers ("regs", the default: two selects over each K / V block, which also keep the
+    blocks out of the dot operands' shared-memory path; the module docstring)."""
+    v = os.environ.get("MPK_PAGED_APPEND", "").strip() or "regs"
+    if v not in ("regs", "cache"):
+        raise ValueError(f"MPK_PAGED_APPEND={v!r}: expected regs or cache (unset: regs)")
+    return v == "cache"
 
 
 DEFAULT_CONFIG = PagedAttnConfig()
@@ -179,7 +194,8 @@ if triton is not None:
                         s_qb, s_kp, s_ks, s_kh, s_vp, s_vs, s_vh, s_bt, s_ob, s_oh, s_os, s_nb, n_blocks,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
                         BLOCK: tl.constexpr, MULTI: tl.constexpr, NKV: tl.constexpr, APPEND: tl.constexpr,
-                        IDX_AHEAD: tl.constexpr = False, ROW_KEYS: tl.constexpr = 0, USED: tl.constexpr = False):
+                        IDX_AHEAD: tl.constexpr = False, ROW_KEYS: tl.constexpr = 0, USED: tl.constexpr = False,
+                        APPEND_CACHE: tl.constexpr = False):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         s = tl.program_id(2)
@@ -204,6 +220,8 @@ if triton is not None:
             ls = tl.maximum(last, 0) % PS
             tl.store(k_ptr + lp * s_kp + ls * s_ks + kvh * s_kh + d, nk, mask=(d < D) & owns)
             tl.store(v_ptr + lp * s_vp + ls * s_vs + kvh * s_vh + d, nv, mask=(d < D) & owns)
+            if APPEND_CACHE:   # the owner reads its row back from the cache like any key: the stores above are the
+                tl.debug_barrier()   # CTA's, and a barrier makes them visible to its own threads' loads below
         m = tl.full((GP,), float("-inf"), tl.float32)
         lsum = tl.zeros((GP,), tl.float32)
         acc = tl.zeros((GP, D), tl.float32)
@@ -226,7 +244,7 @@ if triton is not None:
                          mask=kmask[:, None], other=0.0)
             vv = tl.load(v_ptr + page[:, None] * s_vp + slot[:, None] * s_vs + kvh * s_vh + d[None, :],
                          mask=kmask[:, None], other=0.0)
-            if APPEND:
+            if APPEND and not APPEND_CACHE:
                 own = (key == last)[:, None]
                 kk = tl.where(own, nk[None, :], kk)
                 vv = tl.where(own, nv[None, :], vv)
@@ -322,13 +340,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         ml = torch.empty(B, nq, S, 2, dtype=torch.float32, device=q.device)
         s_ob, s_oh, s_os = o.stride(0), o.stride(1), o.stride(2)
     new = q if kv_new is None else kv_new
-    rk, used = ROW_KEYS.index(config.row_keys or row_keys()), used_splits()
+    rk, used, acache = ROW_KEYS.index(config.row_keys or row_keys()), used_splits(), append_cache()
     _partial_kernel[(B, nkv, S)](q, k_cache, v_cache, block_tables, pos, o, ml, new, scale,
                                  q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
                                  s_ob, s_oh, s_os, new.stride(0), NB, G=G, GP=GP, D=D, PS=PS, BLOCK=BN,
                                  MULTI=S > 1, NKV=nkv, APPEND=kv_new is not None, IDX_AHEAD=config.idx_ahead,
-                                 ROW_KEYS=rk, USED=used, num_warps=config.num_warps,
+                                 ROW_KEYS=rk, USED=used, APPEND_CACHE=acache and kv_new is not None,
+                                 num_warps=config.num_warps,
                                  num_stages=config.num_stages)
     if S > 1:
         _merge_kernel[(B, nq)](o, ml, out, pos, s_ob, s_oh, s_os, out.stride(0), S, NB, D=D, BLOCK=BN, ROW_KEYS=rk,

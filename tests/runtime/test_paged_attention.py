@@ -218,6 +218,30 @@ def test_used_splits_is_bitwise_the_full_merge_interpreter(monkeypatch, S, cfg, 
         assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
 
 
+@interp
+@pytest.mark.parametrize("mode", pa.ROW_KEYS)
+@pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
+def test_append_through_the_cache_is_bitwise_the_register_path_interpreter(monkeypatch, S, cfg, mode):
+    """MPK_PAGED_APPEND=cache: the program owning a row's new key writes it into the cache and reads it back like
+    any key (no per-block substitution): the output and the appended rows are the default's, bit for bit, in every
+    row-keys mode and split count; the inactive row gets zeros and appends nothing."""
+    q = _short_rows_case()[0]
+    monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
+    outs = _short_rows_under(monkeypatch, "MPK_PAGED_APPEND", ("regs", "cache"), S, cfg)
+    assert torch.isfinite(outs["cache"][0]).all() and torch.equal(outs["cache"][0][1], torch.zeros_like(q[1]))
+    for a, b in zip(outs["regs"], outs["cache"]):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
+
+
+def test_append_switch_values(monkeypatch):
+    for v, want in (("", False), ("regs", False), ("cache", True)):
+        monkeypatch.setenv("MPK_PAGED_APPEND", v)
+        assert pa.append_cache() is want
+    monkeypatch.setenv("MPK_PAGED_APPEND", "1")
+    with pytest.raises(ValueError, match="MPK_PAGED_APPEND='1': expected regs or cache"):
+        pa.append_cache()
+
+
 def test_used_splits_switch_values(monkeypatch):
     for v, want in (("", False), ("0", False), ("1", True)):
         monkeypatch.setenv("MPK_PAGED_USED_SPLITS", v)
@@ -333,13 +357,15 @@ def test_row_keys_gpu(D, L, monkeypatch):
         pa.paged_decode_attention(q, kc2, vc2, bt, pos, 1 / math.sqrt(D), L, out, kv_new=new)
         got[mode] = (out, kc2, vc2)
     same = lambda a, b: torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())  # noqa: E731
-    monkeypatch.setenv("MPK_PAGED_USED_SPLITS", "1")   # the merge over the used splits only: bitwise, every mode
-    for mode in ("cap", "stop", "split"):
-        monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
-        kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
-        pa.paged_decode_attention(q, kc2, vc2, bt, pos, 1 / math.sqrt(D), L, out, kv_new=new)
-        assert all(same(a, b) for a, b in zip(got[mode], (out, kc2, vc2))), mode
-    monkeypatch.delenv("MPK_PAGED_USED_SPLITS")
+    # the merge over the used splits only, and the appends read back through the cache: bitwise, every mode
+    for var, val in (("MPK_PAGED_USED_SPLITS", "1"), ("MPK_PAGED_APPEND", "cache")):
+        monkeypatch.setenv(var, val)
+        for mode in ("cap", "stop", "split"):
+            monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
+            kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
+            pa.paged_decode_attention(q, kc2, vc2, bt, pos, 1 / math.sqrt(D), L, out, kv_new=new)
+            assert all(same(a, b) for a, b in zip(got[mode], (out, kc2, vc2))), (var, mode)
+        monkeypatch.delenv(var)
     assert all(same(a, b) for a, b in zip(got["cap"], got["stop"]))
     assert same(got["cap"][1], got["split"][1]) and same(got["cap"][2], got["split"][2])
     ref = reference(q, got["cap"][1], got["cap"][2], bt, pos, 1 / math.sqrt(D))

@@ -48,6 +48,34 @@ def test_paged_attention_builds_pipelined_without_spills(D, append):
     assert "LDGSTS" in sass and "HMMA" in sass
 
 
+@pytest.mark.parametrize("D,block,stages", [(128, 64, 2), (64, 128, 1)])
+def test_append_through_the_cache_builds_like_no_append(D, block, stages):
+    """MPK_PAGED_APPEND=cache (APPEND_CACHE): the owner's stores, then a CTA barrier, then every K / V load (the
+    pipeline's first copies included, else a program could read its new row's slot before writing it); and the loop
+    has none of the register path's per-block byte permutes and selects: its instruction mix is the no-append
+    kernel's, and it needs no more registers."""
+    sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
+               ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32")
+    sig.update({n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
+                                   "s_os", "s_nb")})
+
+    def sass_of(append, cache):
+        return build(pa._partial_kernel, sig, dict(G=4, GP=16, D=D, PS=16, BLOCK=block, MULTI=True, NKV=8,
+                                                   APPEND=append, ROW_KEYS=2, APPEND_CACHE=cache),
+                     num_warps=4, num_stages=stages)
+    (r0, _, none), (r1, _, regs), (r2, _, cache) = sass_of(False, False), sass_of(True, False), sass_of(True, True)
+    count = lambda sass, op: len(re.findall(rf"\b{op}\b", sass))   # noqa: E731
+    assert count(regs, "PRMT") > 64 and count(cache, "PRMT") == count(none, "PRMT")
+    assert count(cache, "SEL") <= count(none, "SEL") + 4 < count(regs, "SEL")
+    assert r2 <= max(r0, r1) and r2 < r1
+    lines = cache.splitlines()
+    store = max(i for i, l in enumerate(lines) if re.search(r"\bSTG\.E\.U16\b", l) and i < len(lines) // 2)
+    bar = next(i for i, l in enumerate(lines) if i > store and "BAR.SYNC" in l)
+    before = "\n".join(lines[:bar])
+    # before the barrier: q's rows only (one or two 16-byte loads a thread); a block of K / V is 8+ a thread
+    assert count(before, "LDGSTS") == 0 and count(before, r"LDG\.E\.128") <= 2, before[-2000:]
+
+
 def test_index_prefetch_deepens_the_pipeline():
     """With the page indices a block ahead (PagedAttnConfig.idx_ahead) num_stages buys K / V buffers: stages 3 and
     4 each add a K / V block of shared memory. Without it they add less than one (the pipeliner keeps one block

@@ -17,7 +17,7 @@ def test_rows_are_re_planned_as_they_ran_after_the_defaults_move(monkeypatch):
     from mpk_runtime.planner import HardwareProfile, candidates
     from mpk_runtime.planner.score import resimulate
     for k in ("MPK_ATTN_QKNORM", "MPK_QKV_FLAT", "MPK_CONV_TRITON_ATTN", "MPK_PAGED_ROW_KEYS", "MPK_MEASURE_CAP",
-              "MPK_PAGED_USED_SPLITS"):
+              "MPK_PAGED_USED_SPLITS", "MPK_PAGED_APPEND"):
         monkeypatch.delenv(k, raising=False)
     prof = HardwareProfile.load("h200_v41")
     cfg = PRESETS["qwen3-8b"]
@@ -27,7 +27,7 @@ def test_rows_are_re_planned_as_they_ran_after_the_defaults_move(monkeypatch):
     assert row["env"]["MPK_CONV_TRITON_ATTN"] in ("0", "1") and row["measured_us"] == pytest.approx(5100.0)
     # what the conventional attention ran (session 39 moved both defaults): the walk and the key cap
     assert row["env"]["MPK_PAGED_ROW_KEYS"] == "split" and row["env"]["MPK_MEASURE_CAP"] == "serving"
-    assert row["env"]["MPK_PAGED_USED_SPLITS"] == "0"
+    assert row["env"]["MPK_PAGED_USED_SPLITS"] == "0" and row["env"]["MPK_PAGED_APPEND"] == "regs"
     monkeypatch.setenv("MPK_ATTN_QKNORM", "0")   # defaults as they were before sessions 32-33
     monkeypatch.setenv("MPK_QKV_FLAT", "0")
     old = candidates(cfg, batch=1, context=512, prof=prof, families=("mono",))[0]
