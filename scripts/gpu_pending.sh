@@ -14,7 +14,7 @@
 #     SHAPES="tuned 32_264_4_3_ahead" OUT=$OUT bash scripts/gpu_pending.sh pshape   # (one GPU, ~2 min a shape):
 #                                                   paged-attention launch shapes in the whole step (conventional plan)
 #     OUT=$OUT bash scripts/gpu_pending.sh used      # (one GPU, ~5 min): MPK_PAGED_USED_SPLITS A/B, op and step
-#     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh append   # (one GPU, ~5 min): MPK_PAGED_APPEND regs / cache
+#     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh append   # (one GPU, ~7 min): MPK_PAGED_APPEND regs / cache
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh rowstop   # (one GPU, ~5 min): the engine's key cap
 #                                                   and MPK_PAGED_ROW_KEYS in the conventional step
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
@@ -41,7 +41,7 @@
 # modes with `;` and have the next call ready. Before the first device call: `bash scripts/gpu_prepare.sh` (~1 min
 # after a checkout: the bundle without Ray (.cache/gb), every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the
 # 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. `N=run1_one T=250 bash scripts/gpu_run.sh one; N=app T=320 MODELS=qwen3-8b bash scripts/gpu_run.sh append`: the
+# 1. `N=run1_one T=200 bash scripts/gpu_run.sh one; N=app T=390 MODELS=qwen3-8b bash scripts/gpu_run.sh append`: the
 #    GPU set at HEAD (first GPU run of MPK_PAGED_APPEND=cache and MPK_PAGED_USED_SPLITS: test_row_keys_gpu compares
 #    both bitwise with the defaults), then the append A/B (docs/perf-notes.md session 39: the conventional step at
 #    qwen3-8b B=128 ctx 2048 costs 97 us a layer more than its parts; predicted with cache: 19107 -> 15.6-16.0 ms,
@@ -228,13 +228,24 @@ elif [ "$MODE" = append ]; then
 # append (session 39): MPK_PAGED_APPEND=cache (the owner writes the step's new K / V row into the cache, a barrier,
 # then every block reads it like any key) against regs (the default: every block substitutes it from registers, two
 # selects over each K / V block) in the conventional step, where the appends are deferred into the paged kernel;
-# ABAB, ~70 s a run. The planner's curves (profile_conv_attn) run without appends.
+# ABAB, ~65 s a run; before them the op alone (both models' shapes, B=32 / 128, 2049 / 4097 keys) without appends
+# (the planner's curves), with them through registers and through the cache, twice over (~2 min).
+st "append: the op alone (profile_conv_attn.py) without appends, with them (regs), with them (cache), twice over"
+for R in 1 2; do
+  for V in none regs cache; do
+    d="$OUT/append/op${R}_$V"; mkdir -p "$d"
+    AP=$([ $V = none ] || echo --appends)
+    MPK_PAGED_APPEND=$([ $V = cache ] && echo cache || echo regs) timeout 40 python3 scripts/profile_conv_attn.py \
+        --out "$d" --cycle-mb 200 --tp 1 --batches 32,128 --keys 2049,4097 $AP --budget-s 30 > "$d/conv_attn.log" 2>&1
+    grep "us per layer" "$d/conv_attn.log" | sed "s/^/[$V] /"
+  done
+done
 st "append: MPK_PAGED_APPEND regs / cache / regs / cache, ${MODELS:-qwen3-8b} B=${BS:-32,128} ctx ${CTXS:-2048}, conventional"
 n=0
 for V in regs cache regs cache; do
   n=$((n + 1)); d="$OUT/append/${n}_$V"; mkdir -p "$d"
-  MPK_PAGED_APPEND=$V timeout ${LIM:-75} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-qwen3-8b} \
-      --context ${CTXS:-2048} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-75} - 15)) \
+  MPK_PAGED_APPEND=$V timeout ${LIM:-65} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-qwen3-8b} \
+      --context ${CTXS:-2048} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-65} - 15)) \
       --out "$d" > "$d/validate.log" 2>&1
   measured_rows "$d" "$V"
   snap

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_common import graph_us  # noqa: E402
 from _plan_measure import key_cap  # noqa: E402
 from mpk_runtime.ir import build_graph  # noqa: E402
-from mpk_runtime.ir.defer import conv_attn_appends  # noqa: E402
+from mpk_runtime.ir.defer import conv_attn_appends, defer_kv_appends  # noqa: E402
 from mpk_runtime.ir.shard import shard_for  # noqa: E402
 from mpk_runtime.models import load_config  # noqa: E402
 from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
@@ -56,17 +56,21 @@ def _ints(s: str) -> list[int]:
 
 
 def attention_us(cfg, tp: int, batch: int, keys: int, device: str, reps: int = 10,
-                 cycle_mb: float = 0.0) -> tuple[float, float]:
+                 cycle_mb: float = 0.0, appends: bool = False) -> tuple[float, float]:
     """One layer's conventional attention at (batch, keys) for rank 0 of a TP group, in microseconds: (per layer,
     once per step). A step's conventional ops share its per-step values (conventional_ops._attn_step: pages, masks,
     live rows), computed by the first attention of the step: per layer = the op with them already computed; once
     per step = what a fresh step's first attention costs beyond that. cycle_mb > 0: the timed calls cycle through
     copies of the KV (one cache, each copy its own pages and block table) of at least that many MB in all, so the
     K / V come from HBM as in a step, where 16-36 layers' caches and the weights pass between two reads of a layer's
-    (0: one copy, which the L2 holds at small batch x keys)."""
+    (0: one copy, which the L2 holds at small batch x keys). appends: the step's new K / V rows deferred into the op
+    (ir/defer.py), as the whole conventional plan runs it (qkv_rope conventional too); off, as attn-conv's attention
+    segments (and every curve before session 39) run it."""
     c1 = cfg.replace(num_layers=1)
     g = build_graph(c1, batch=batch, context_len=keys - 1, max_seq_len=keys + PAGE, tp=tp, rank=0,
                     dtype="bfloat16")
+    if appends:
+        g = defer_kv_appends(g, {0})
     sh = shard_for(c1, tp, 0)
     pps = -(-(keys + PAGE) // PAGE)
     cap = key_cap(keys - 1, cfg)
@@ -78,6 +82,8 @@ def attention_us(cfg, tp: int, batch: int, keys: int, device: str, reps: int = 1
         t.normal_()
     mem = RankMemory(g, _no_weights(cfg.name, tp, g, device), kv, device=device)
     mem.t("L0.q").normal_()
+    if appends:
+        mem.t(next(o for o in g.ops if o.kind == "attention").attrs["kv_new"]).normal_()
     pos = torch.full((batch,), keys - 1, dtype=torch.int64, device=device)
     def table(i):
         t = torch.zeros(batch, cols, dtype=torch.int64, device=device)
@@ -139,6 +145,9 @@ def main() -> None:
     ap.add_argument("--cycle-mb", type=float, default=0.0,
                     help="cycle the timed calls through KV copies of this many MB in all (past the L2: K / V from "
                          "HBM, as in a step); 0: one copy (how the gather curves of h200_v35..v36 were measured)")
+    ap.add_argument("--appends", action="store_true",
+                    help="the step's new K / V rows deferred into the op, as the whole conventional plan runs it "
+                         "(MPK_PAGED_APPEND says how the kernel takes them); curves keyed <shape>+append")
     a = ap.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU visible: run this on the GPU machine (or --device cpu for a smoke run)")
@@ -150,12 +159,12 @@ def main() -> None:
     impl = "paged" if conv_attn_appends() and a.device == "cuda" else ""
     meta = {"machine": torch.cuda.get_device_name() if a.device == "cuda" else "cpu (smoke run)",
             "date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("GIT_COMMIT", "?"), "page_size": PAGE,
-            "impl": impl or "gather + SDPA", "cycle_mb": a.cycle_mb}
+            "impl": impl or "gather + SDPA", "cycle_mb": a.cycle_mb, "appends": a.appends}
     for model in a.models.split(","):
         cfg = load_config(model.strip())
         for tp in _ints(a.tp):
             sh = shard_for(cfg, tp, 0)
-            key = conv_attn_shape(sh.n_kv, cfg.head_dim, sh.n_q // sh.n_kv, impl)
+            key = conv_attn_shape(sh.n_kv, cfg.head_dim, sh.n_q // sh.n_kv, impl) + ("+append" if a.appends else "")
             if key in curves:
                 continue
             if time.time() - t0 > a.budget_s:
@@ -164,7 +173,7 @@ def main() -> None:
             pts, once = [], []
             for B in _ints(a.batches):
                 for L in _ints(a.keys):
-                    us, step_us = attention_us(cfg, tp, B, L, a.device, cycle_mb=a.cycle_mb)
+                    us, step_us = attention_us(cfg, tp, B, L, a.device, cycle_mb=a.cycle_mb, appends=a.appends)
                     pts.append([B, L, round(us, 2)])
                     once.append([B, L, round(step_us, 2)])
                     print(f"{model} tp={tp} {key} B={B:4d} keys={L:5d}: {us:9.1f} us per layer "

@@ -191,6 +191,18 @@ def test_the_script_writes_curves_and_a_profile_that_prices_with_them(tmp_path):
     assert prof.conv_attn_curve_us(2, 32, 2, 2, 64) is not None and prof.conv_attn_curve_us(4, 64, 4, 2, 64) is None
 
 
+def test_the_script_measures_the_op_with_deferred_appends(tmp_path):
+    """--appends: the op as the whole conventional plan runs it (the step's new K / V rows deferred into it), under
+    its own curve key (a CPU smoke run: the path, not the times)."""
+    r = subprocess.run([sys.executable, "scripts/profile_conv_attn.py", "--device", "cpu", "--models", "tiny-qwen3",
+                        "--tp", "1", "--batches", "2", "--keys", "33", "--appends", "--out", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads((tmp_path / "conv_attn.json").read_text())
+    assert set(got["conv_attn_us_by_shape"]) == {"2x32x2+append"} and got["meta"]["appends"] is True
+
+
 def test_the_script_refuses_bad_input(tmp_path):
     r = subprocess.run([sys.executable, "scripts/profile_conv_attn.py", "--device", "cpu", "--batches", "1,x",
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
