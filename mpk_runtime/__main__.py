@@ -37,6 +37,9 @@ def _plan(a: argparse.Namespace) -> int:
     from .models import load_config
     from .tasks import Tiling, build_task_graphs, check_task_graphs
     cfg = load_config(a.model)
+    if a.context > cfg.max_position_embeddings:
+        raise ValueError(f"--context {a.context} exceeds {cfg.name}'s max_position_embeddings "
+                         f"({cfg.max_position_embeddings}); plan for a context the model takes")
     if a.search:
         return _search(a, cfg)
     graphs = [build_graph(cfg, batch=a.batch, context_len=a.context, tp=a.tp, rank=r, attn_splits=a.attn_splits)
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         return _plan(a) if a.cmd == "plan" else _generate(a)
-    except ValueError as e:  # bad input: say what is wrong, no traceback
+    except (ValueError, FileNotFoundError) as e:  # bad input (a value, a profile or weights not there): no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -40,6 +40,8 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         raise ValueError("decode graphs have tokens_per_seq == 1")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
+    if context_len < 0:
+        raise ValueError(f"context_len must be >= 0 (the keys already in each sequence), got {context_len}")
     if tp_invariant < 1 or (tp_invariant > 1 and tp_invariant % tp):
         raise ValueError(f"tp_invariant={tp_invariant} must be 1 (off) or a multiple of tp={tp} (the TP degree whose "
                          "reduction order every rank reproduces)")

@@ -27,3 +27,15 @@ def test_plan_search_says_how_conventional_attention_is_priced(flag, noted):
     us = [float(l.split("predicted")[1].split("us")[0]) for l in lines]
     assert us == sorted(us)   # best first
     assert ("priced as gather + SDPA" in out) is noted
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--context", "-5"], "context_len must be >= 0"),
+    (["--context", "99999999"], "exceeds tiny-llama's max_position_embeddings"),
+    (["--profile", "no-such-profile"], "no hardware profile 'no-such-profile'"),
+    (["--batch", "0"], "batch must be >= 1")])
+def test_plan_bad_input_is_one_clear_error(args, msg):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "mpk_runtime", "plan", "--model", "tiny-llama", "--search", *args],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-1000:]
