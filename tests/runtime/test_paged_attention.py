@@ -219,14 +219,16 @@ def test_used_splits_is_bitwise_the_full_merge_interpreter(monkeypatch, S, cfg, 
 
 
 @interp
+@pytest.mark.parametrize("used", ["0", "1"])
 @pytest.mark.parametrize("mode", pa.ROW_KEYS)
 @pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
-def test_append_through_the_cache_is_bitwise_the_register_path_interpreter(monkeypatch, S, cfg, mode):
+def test_append_through_the_cache_is_bitwise_the_register_path_interpreter(monkeypatch, S, cfg, mode, used):
     """MPK_PAGED_APPEND=cache: the program owning a row's new key writes it into the cache and reads it back like
     any key (no per-block substitution): the output and the appended rows are the default's, bit for bit, in every
-    row-keys mode and split count; the inactive row gets zeros and appends nothing."""
+    row-keys mode and split count, with MPK_PAGED_USED_SPLITS either way; the inactive row gets zeros."""
     q = _short_rows_case()[0]
     monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
+    monkeypatch.setenv("MPK_PAGED_USED_SPLITS", used)
     outs = _short_rows_under(monkeypatch, "MPK_PAGED_APPEND", ("regs", "cache"), S, cfg)
     assert torch.isfinite(outs["cache"][0]).all() and torch.equal(outs["cache"][0][1], torch.zeros_like(q[1]))
     for a, b in zip(outs["regs"], outs["cache"]):
