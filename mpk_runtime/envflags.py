@@ -21,6 +21,14 @@ def env_int(name: str, default: int, lo: int = 1, hi: int = 64) -> int:
     return int(v)
 
 
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """One of `choices` named by the variable; unset or empty: `default`; anything else an error listing them."""
+    v = os.environ.get(name, "").strip() or default
+    if v not in choices:
+        raise ValueError(f"{name}={v!r}: expected one of {', '.join(choices)} (unset: {default})")
+    return v
+
+
 def env_removed(name: str, why: str, allowed: tuple[str, ...] = ()) -> None:
     """A switch that was removed: set (non-empty and not one of `allowed`, the values that asked for what is now
     the only behaviour), a ValueError naming it and why, so an old script is told instead of silently ignored."""

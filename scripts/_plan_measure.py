@@ -11,6 +11,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
+from mpk_runtime.envflags import env_choice  # noqa: E402
 from mpk_runtime.ir import build_graph  # noqa: E402
 from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
 from mpk_runtime.runtime.memory import KVStore, RankMemory, StepCtx  # noqa: E402
@@ -24,10 +25,7 @@ def med(x):
 
 def measure_cap() -> str:
     """$MPK_MEASURE_CAP resolved: "serving" (unset) or "tight" (key_cap)."""
-    v = os.environ.get("MPK_MEASURE_CAP", "serving").strip() or "serving"
-    if v not in ("tight", "serving"):
-        raise ValueError(f"MPK_MEASURE_CAP={v!r}: expected tight or serving")
-    return v
+    return env_choice("MPK_MEASURE_CAP", ("serving", "tight"), "serving")
 
 
 def key_cap(context: int, cfg) -> int:

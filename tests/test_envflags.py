@@ -2,7 +2,7 @@
 error; `switches()` lists the MPK_* switches a measurement ran under (set, non-empty, paths and timeouts left out)."""
 import pytest
 
-from mpk_runtime.envflags import env_flag, env_int, env_removed, switches
+from mpk_runtime.envflags import env_choice, env_flag, env_int, env_removed, switches
 
 
 def test_flags_and_ints_are_checked(monkeypatch):
@@ -16,6 +16,16 @@ def test_flags_and_ints_are_checked(monkeypatch):
     monkeypatch.setenv("MPK_X_INT", "9")
     with pytest.raises(ValueError, match="from 0 to 8"):
         env_int("MPK_X_INT", 1, lo=0, hi=8)
+
+
+def test_choices_are_checked(monkeypatch):
+    monkeypatch.delenv("MPK_X_CHOICE", raising=False)
+    assert env_choice("MPK_X_CHOICE", ("a", "b"), "b") == "b"
+    monkeypatch.setenv("MPK_X_CHOICE", " a ")
+    assert env_choice("MPK_X_CHOICE", ("a", "b"), "b") == "a"
+    monkeypatch.setenv("MPK_X_CHOICE", "c")
+    with pytest.raises(ValueError, match=r"MPK_X_CHOICE='c': expected one of a, b \(unset: b\)"):
+        env_choice("MPK_X_CHOICE", ("a", "b"), "b")
 
 
 def test_removed_switches_raise_when_set(monkeypatch):

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..envflags import env_choice, env_flag
 from ..ir.defer import conv_attn_appends, paged_head_dim
 
 from .triton_support import runs_on, tl, triton
@@ -82,19 +83,13 @@ ROW_KEYS = ("cap", "stop", "split")
 
 def row_keys() -> str:
     """MPK_PAGED_ROW_KEYS: split (default), cap or stop (the module docstring)."""
-    v = os.environ.get("MPK_PAGED_ROW_KEYS", "").strip() or "split"
-    if v not in ROW_KEYS:
-        raise ValueError(f"MPK_PAGED_ROW_KEYS={v!r}: expected one of {', '.join(ROW_KEYS)} (unset: split)")
-    return v
+    return env_choice("MPK_PAGED_ROW_KEYS", ROW_KEYS, "split")
 
 
 def used_splits() -> bool:
     """MPK_PAGED_USED_SPLITS=1 (opt-in, session 39, not yet GPU-measured): the merge reads only the splits that hold
     keys of its row, and a split past its row's length stores nothing (the module docstring)."""
-    v = os.environ.get("MPK_PAGED_USED_SPLITS", "").strip() or "0"
-    if v not in ("0", "1"):
-        raise ValueError(f"MPK_PAGED_USED_SPLITS={v!r}: expected 0 or 1 (unset: 0)")
-    return v == "1"
+    return env_flag("MPK_PAGED_USED_SPLITS")
 
 
 def append_cache() -> bool:
@@ -102,10 +97,7 @@ def append_cache() -> bool:
     row's new key writes it into the cache, then a barrier, then reads it back like any key, instead of every block
     substituting it from registers ("regs", the default: two selects over each K / V block, which also keep the
     blocks out of the dot operands' shared-memory path; the module docstring)."""
-    v = os.environ.get("MPK_PAGED_APPEND", "").strip() or "regs"
-    if v not in ("regs", "cache"):
-        raise ValueError(f"MPK_PAGED_APPEND={v!r}: expected regs or cache (unset: regs)")
-    return v == "cache"
+    return env_choice("MPK_PAGED_APPEND", ("regs", "cache"), "regs") == "cache"
 
 
 DEFAULT_CONFIG = PagedAttnConfig()
@@ -190,6 +182,15 @@ def splits_for(B: int, nkv: int, L: int, block_n: int = BLOCK_N, target: int = T
 
 if triton is not None:
     @triton.jit
+    def _split_blocks(length, n_splits, n_blocks, BLOCK: tl.constexpr, ROW_KEYS: tl.constexpr):
+        """Key blocks a split spans: the cap's share (n_blocks), or under ROW_KEYS == 2 (split) the row's own keys
+        divided evenly among the splits, in whole blocks. The partials and the merge (USED) agree through it."""
+        nb = n_blocks
+        if ROW_KEYS == 2:
+            nb = tl.cdiv(tl.cdiv(tl.maximum(length, 1), n_splits), BLOCK)
+        return nb
+
+    @triton.jit
     def _partial_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, pos_ptr, o_ptr, ml_ptr, new_ptr, scale,
                         s_qb, s_kp, s_ks, s_kh, s_vp, s_vs, s_vh, s_bt, s_ob, s_oh, s_os, s_nb, n_blocks,
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
@@ -200,11 +201,8 @@ if triton is not None:
         kvh = tl.program_id(1)
         s = tl.program_id(2)
         length = tl.load(pos_ptr + b) + 1                    # keys this row has written (0: inactive row)
-        span = n_blocks * BLOCK                              # this split's keys: [k0, k0 + span)
-        nb = n_blocks
-        if ROW_KEYS == 2:   # the row's own keys split evenly (whole blocks), not the cap's
-            nb = tl.cdiv(tl.cdiv(tl.maximum(length, 1), tl.num_programs(2)), BLOCK)
-            span = nb * BLOCK
+        nb = _split_blocks(length, tl.num_programs(2), n_blocks, BLOCK, ROW_KEYS)
+        span = nb * BLOCK                                    # this split's keys: [k0, k0 + span)
         k0 = s * span
         gi = tl.arange(0, GP)
         hmask = gi < G
@@ -280,9 +278,7 @@ if triton is not None:
         n = n_splits
         if USED:   # only the splits that hold keys of the row (the partials' spans); the rest add exactly nothing
             length = tl.load(pos_ptr + b) + 1
-            span = n_blocks * BLOCK
-            if ROW_KEYS == 2:
-                span = tl.cdiv(tl.cdiv(tl.maximum(length, 1), n_splits), BLOCK) * BLOCK
+            span = _split_blocks(length, n_splits, n_blocks, BLOCK, ROW_KEYS) * BLOCK
             n = tl.minimum(n_splits, tl.cdiv(tl.maximum(length, 0), span))
         M = float("-inf")
         for s in range(0, n):

@@ -235,31 +235,21 @@ def test_append_through_the_cache_is_bitwise_the_register_path_interpreter(monke
         assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
 
 
-def test_append_switch_values(monkeypatch):
-    for v, want in (("", False), ("regs", False), ("cache", True)):
-        monkeypatch.setenv("MPK_PAGED_APPEND", v)
-        assert pa.append_cache() is want
-    monkeypatch.setenv("MPK_PAGED_APPEND", "1")
-    with pytest.raises(ValueError, match="MPK_PAGED_APPEND='1': expected regs or cache"):
-        pa.append_cache()
-
-
-def test_used_splits_switch_values(monkeypatch):
-    for v, want in (("", False), ("0", False), ("1", True)):
-        monkeypatch.setenv("MPK_PAGED_USED_SPLITS", v)
-        assert pa.used_splits() is want
-    monkeypatch.setenv("MPK_PAGED_USED_SPLITS", "yes")
-    with pytest.raises(ValueError, match="MPK_PAGED_USED_SPLITS='yes': expected 0 or 1"):
-        pa.used_splits()
-
-
-def test_row_keys_switch_values(monkeypatch):
-    for v, want in (("", "split"), ("cap", "cap"), ("stop", "stop"), ("split", "split")):
-        monkeypatch.setenv("MPK_PAGED_ROW_KEYS", v)
-        assert pa.row_keys() == want
-    monkeypatch.setenv("MPK_PAGED_ROW_KEYS", "1")
-    with pytest.raises(ValueError, match="MPK_PAGED_ROW_KEYS='1': expected one of cap, stop, split .unset: split"):
-        pa.row_keys()
+@pytest.mark.parametrize("var,read,table,bad,msg", [
+    ("MPK_PAGED_ROW_KEYS", pa.row_keys, (("", "split"), ("cap", "cap"), ("stop", "stop"), ("split", "split")), "1",
+     "expected one of cap, stop, split .unset: split"),
+    ("MPK_PAGED_USED_SPLITS", pa.used_splits, (("", False), ("0", False), ("1", True)), "yes",
+     "expected 1 .on. or 0 .off."),
+    ("MPK_PAGED_APPEND", pa.append_cache, (("", False), ("regs", False), ("cache", True)), "1",
+     "expected one of regs, cache .unset: regs")])
+def test_switch_values(monkeypatch, var, read, table, bad, msg):
+    """The paged kernel's switches: each value, unset = the default, anything else an error naming the switch."""
+    for v, want in table:
+        monkeypatch.setenv(var, v)
+        assert read() == want and type(read()) is type(want)
+    monkeypatch.setenv(var, bad)
+    with pytest.raises(ValueError, match=f"{var}='{bad}': {msg}"):
+        read()
 
 
 @interp

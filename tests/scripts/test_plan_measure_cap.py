@@ -25,7 +25,7 @@ def test_key_cap_values(monkeypatch):
     monkeypatch.delenv("MPK_MEASURE_CAP")
     assert key_cap(1024, cfg) == 2048
     monkeypatch.setenv("MPK_MEASURE_CAP", "loose")
-    with pytest.raises(ValueError, match="MPK_MEASURE_CAP='loose': expected tight or serving"):
+    with pytest.raises(ValueError, match="MPK_MEASURE_CAP='loose': expected one of serving, tight"):
         key_cap(1024, cfg)
 
 
