@@ -151,7 +151,7 @@ OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
 elif [ "$MODE" = cattn ]; then
 st "3c the conventional attention op measured whole (scripts/profile_conv_attn.py): llama-3.2-1b / qwen3-8b shapes at TP 1 and 2"
 mkdir -p "$OUT/prof"; OUT="$OUT/prof" timeout ${CATTN_LIM:-420} python3 scripts/profile_conv_attn.py --out "$OUT/prof" --cycle-mb 200 \
-    --tp ${CATTN_TP:-1,2} --merge ${CATTN_BASE:-h200_v44} --name ${CATTN_NAME:-h200_v45} \
+    --tp ${CATTN_TP:-1,2} --merge ${CATTN_BASE:-h200_v46} --name ${CATTN_NAME:-h200_v47} \
     --budget-s ${CATTN_BUDGET:-400} > "$OUT/prof/conv_attn.log" 2>&1
 tail -4 "$OUT/prof/conv_attn.log"; snap
 elif [ "$MODE" = ab ]; then

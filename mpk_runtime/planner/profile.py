@@ -79,7 +79,11 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # keys under the power-of-two cap, MPK_PAGED_ROW_KEYS=split, the 1024-key launch shapes) and the boundary in the
 # B >= 32 regimes too. Out of sample on session 39's 70 rows (ctx 1024 / 2048): step MAPE 3.2% -> 2.6%, max regret
 # 7.0% as v44 (llama-3.2-1b B=8 ctx 2048) (docs/planner.md session 39).
-DEFAULT_PROFILE = "h200_v45"
+# h200_v46 since session 40: v45 with the paged curves re-measured after MPK_PAGED_APPEND=cache and
+# MPK_PAGED_USED_SPLITS=1 became the kernel's defaults, and the B=128 regime's paged curves at their measured scale 1.0
+# (v40-v45's 1.377 had priced the register-path appends, gone with cache). Nothing fitted. On session 40's 112 rows
+# (ctx 512 / 4096, both models, B=1..128): step MAPE 3.2% -> 2.3%, max regret 5.8% -> 2.6% (docs/planner.md session 40).
+DEFAULT_PROFILE = "h200_v46"
 
 
 def key_fallbacks(key: str) -> list[str]:

@@ -22,9 +22,12 @@ us at B=32, 3847 / 3816 at B=128; stop 1652 / 3027; split 1657, 1632 / 2988, 296
 The splits themselves are sized from the cap too, so at small batch (many splits of one block) a row half the cap
 long leaves half of them empty, and the merge still reads every split: session 39's curves under the power-of-two
 cap (bench/results/s39/cattn) put llama-3.2-1b B=1 at 8193 keys at 31.7 us (19.1 at a cap of 8192) and B=8 at 2049
-keys at 25.3 (17.7). `MPK_PAGED_USED_SPLITS=1` (opt-in, not yet GPU-measured) merges only the splits that hold the
-row's keys (each split's span as the partial computes it) and has the empty ones store nothing: the same output bit
-for bit (an empty split's weight is exactly zero and its max -inf).
+keys at 25.3 (17.7). `MPK_PAGED_USED_SPLITS=1` (the default since session 40; 0 = the old merge) merges only
+the splits that hold the row's keys (each split's span as the partial computes it) and has the empty ones store
+nothing: the same output bit for bit (an empty split's weight is exactly zero and its max -inf). Measured on an H200
+(session 40, bench/results/s40/used, A/B twice): llama-3.2-1b B=1 8193 keys 32.0 / 32.1 -> 23.9 / 24.3 us a layer,
+B=1 2049 keys 11.4 -> 10.2, B=8 2049 keys 25.4 -> 24.1 / 24.5; qwen3-8b unchanged within 1%; the conventional step
+at llama B=8 ctx 2048 1501 / 1512 -> 1478 / 1476 us (-2%).
 
 An offline sm_90 build (triton.compile with the divisibility the JIT gives 16-aligned strides and pointers) has
 the K / V loads as cp.async (LDGSTS) pipelined over 3 stages, no spills at 4 warps: 96-128 registers and 21-35 KB
@@ -35,9 +38,13 @@ With deferred appends (ir/defer.py: a conventional qkv_rope leaves the step's k 
 keys hold a row's new position writes them into the cache, and every program takes key pos from the rows in
 registers, so no program reads a slot another writes this step: the two indexed-put kernels a layer are gone. That
 substitution is a select over every K and V block (and keeps the blocks off the dot operands' shared-memory path:
-+60 registers, ~+28% instructions at head dim 128 in the sm_90 build). `MPK_PAGED_APPEND=cache` (opt-in, session 39,
-not yet GPU-measured) has the owning program read the row back from the cache after a CTA barrier instead, as any
-key (only the owner's keys hold pos): the same bits, the no-append kernel's loop.
++60 registers, ~+28% instructions at head dim 128 in the sm_90 build). `MPK_PAGED_APPEND=cache` (the default since
+session 40; `regs` = the substitution) has the owning program read the row back from the cache after a CTA barrier
+instead, as any key (only the owner's keys hold pos): the same bits, the no-append kernel's loop. Measured on an
+H200 (session 40, bench/results/s40/app, A/B twice): the op with appends, us a layer, qwen3-8b B=128 2049 keys
+374.7 / 374.1 (regs) -> 274.9 / 275.7 (cache; 270.4 / 271.0 without appends), 4097 keys 706 / 702 -> 519 / 518,
+llama-3.2-1b B=128 2049 keys 188.4 / 189.4 -> 163.0 / 163.7; the conventional step at qwen3-8b ctx 2048 B=128
+19034 / 19020 -> 15735 / 15696 us (-17.4%), B=32 8711 / 8697 -> 8130 / 8142 (-6.6%).
 
 The default on a GPU since session 27 (MPK_CONV_TRITON_ATTN=0 takes the gather + SDPA path): measured on an H200 in
 the planner's conventional plans, it makes them the fastest plan at B = 8-32, 512 keys (llama-3.2-1b B=32 1.617 ->
@@ -87,17 +94,17 @@ def row_keys() -> str:
 
 
 def used_splits() -> bool:
-    """MPK_PAGED_USED_SPLITS=1 (opt-in, session 39, not yet GPU-measured): the merge reads only the splits that hold
-    keys of its row, and a split past its row's length stores nothing (the module docstring)."""
-    return env_flag("MPK_PAGED_USED_SPLITS")
+    """MPK_PAGED_USED_SPLITS: 1 (the default since session 40) = the merge reads only the splits that hold keys of its
+    row, and a split past its row's length stores nothing; 0 = every split stored and merged (the module docstring)."""
+    return env_flag("MPK_PAGED_USED_SPLITS", default=True)
 
 
 def append_cache() -> bool:
-    """MPK_PAGED_APPEND=cache (opt-in, session 39, not yet GPU-measured): with deferred appends, the program owning a
-    row's new key writes it into the cache, then a barrier, then reads it back like any key, instead of every block
-    substituting it from registers ("regs", the default: two selects over each K / V block, which also keep the
-    blocks out of the dot operands' shared-memory path; the module docstring)."""
-    return env_choice("MPK_PAGED_APPEND", ("regs", "cache"), "regs") == "cache"
+    """MPK_PAGED_APPEND: with deferred appends, "cache" (the default since session 40) = the program owning a row's new
+    key writes it into the cache, then a barrier, then reads it back like any key; "regs" = every block substitutes it
+    from registers (two selects over each K / V block, which also keep the blocks out of the dot operands'
+    shared-memory path: +17-37% on the op at B=128; the module docstring)."""
+    return env_choice("MPK_PAGED_APPEND", ("regs", "cache"), "cache") == "cache"
 
 
 DEFAULT_CONFIG = PagedAttnConfig()

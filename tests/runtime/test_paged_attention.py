@@ -238,10 +238,10 @@ def test_append_through_the_cache_is_bitwise_the_register_path_interpreter(monke
 @pytest.mark.parametrize("var,read,table,bad,msg", [
     ("MPK_PAGED_ROW_KEYS", pa.row_keys, (("", "split"), ("cap", "cap"), ("stop", "stop"), ("split", "split")), "1",
      "expected one of cap, stop, split .unset: split"),
-    ("MPK_PAGED_USED_SPLITS", pa.used_splits, (("", False), ("0", False), ("1", True)), "yes",
+    ("MPK_PAGED_USED_SPLITS", pa.used_splits, (("", True), ("0", False), ("1", True)), "yes",
      "expected 1 .on. or 0 .off."),
-    ("MPK_PAGED_APPEND", pa.append_cache, (("", False), ("regs", False), ("cache", True)), "1",
-     "expected one of regs, cache .unset: regs")])
+    ("MPK_PAGED_APPEND", pa.append_cache, (("", True), ("regs", False), ("cache", True)), "1",
+     "expected one of regs, cache .unset: cache")])
 def test_switch_values(monkeypatch, var, read, table, bad, msg):
     """The paged kernel's switches: each value, unset = the default, anything else an error naming the switch."""
     for v, want in table:
@@ -342,6 +342,9 @@ def test_row_keys_gpu(D, L, monkeypatch):
     q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, torch.bfloat16, dev="cuda", poison=True,
                               pos=torch.tensor([1024, 699, 2, -1] * (B // 4)))
     new = torch.randn(B, 2 * nkv * D, device="cuda", dtype=torch.bfloat16)
+    off = (("MPK_PAGED_USED_SPLITS", "0", "1"), ("MPK_PAGED_APPEND", "regs", "cache"))   # (switch, off, on)
+    for var, no, _ in off:
+        monkeypatch.setenv(var, no)
     got = {}
     for mode in ("cap", "stop", "split"):
         monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
@@ -350,14 +353,14 @@ def test_row_keys_gpu(D, L, monkeypatch):
         got[mode] = (out, kc2, vc2)
     same = lambda a, b: torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())  # noqa: E731
     # the merge over the used splits only, and the appends read back through the cache: bitwise, every mode
-    for var, val in (("MPK_PAGED_USED_SPLITS", "1"), ("MPK_PAGED_APPEND", "cache")):
+    for var, no, val in off:
         monkeypatch.setenv(var, val)
         for mode in ("cap", "stop", "split"):
             monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
             kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
             pa.paged_decode_attention(q, kc2, vc2, bt, pos, 1 / math.sqrt(D), L, out, kv_new=new)
             assert all(same(a, b) for a, b in zip(got[mode], (out, kc2, vc2))), (var, mode)
-        monkeypatch.delenv(var)
+        monkeypatch.setenv(var, no)
     assert all(same(a, b) for a, b in zip(got["cap"], got["stop"]))
     assert same(got["cap"][1], got["split"][1]) and same(got["cap"][2], got["split"][2])
     ref = reference(q, got["cap"][1], got["cap"][2], bt, pos, 1 / math.sqrt(D))

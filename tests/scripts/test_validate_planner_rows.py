@@ -25,9 +25,10 @@ def test_rows_are_re_planned_as_they_ran_after_the_defaults_move(monkeypatch):
     row = vp.plan_row("qwen3-8b", 1, 512, 1, p, True, {"step_ms": [5.0, 5.1, 5.2], "seg_ms": [[5.0, 5.1]]}, 1.0)
     assert row["env"]["MPK_ATTN_QKNORM"] == "1" and row["env"]["MPK_QKV_FLAT"] == "1"
     assert row["env"]["MPK_CONV_TRITON_ATTN"] in ("0", "1") and row["measured_us"] == pytest.approx(5100.0)
-    # what the conventional attention ran (session 39 moved both defaults): the walk and the key cap
+    # what the conventional attention ran (sessions 39 and 40 moved these defaults): the walk, the key cap, the merge
+    # and the appends
     assert row["env"]["MPK_PAGED_ROW_KEYS"] == "split" and row["env"]["MPK_MEASURE_CAP"] == "serving"
-    assert row["env"]["MPK_PAGED_USED_SPLITS"] == "0" and row["env"]["MPK_PAGED_APPEND"] == "regs"
+    assert row["env"]["MPK_PAGED_USED_SPLITS"] == "1" and row["env"]["MPK_PAGED_APPEND"] == "cache"
     monkeypatch.setenv("MPK_ATTN_QKNORM", "0")   # defaults as they were before sessions 32-33
     monkeypatch.setenv("MPK_QKV_FLAT", "0")
     old = candidates(cfg, batch=1, context=512, prof=prof, families=("mono",))[0]
