@@ -15,6 +15,7 @@
 #                                                   paged-attention launch shapes in the whole step (conventional plan)
 #     OUT=$OUT bash scripts/gpu_pending.sh used      # (one GPU, ~5 min): MPK_PAGED_USED_SPLITS A/B, op and step
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh append   # (one GPU, ~7 min): MPK_PAGED_APPEND regs / cache
+#     OUT=$OUT bash scripts/gpu_pending.sh grid      # (one GPU, ~6 min): MPK_PAGED_GRID row / head, op and step
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh rowstop   # (one GPU, ~5 min): the engine's key cap
 #                                                   and MPK_PAGED_ROW_KEYS in the conventional step
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
@@ -35,35 +36,30 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 39 left it (bench/results/s39: 79 GPU tests passed at 1ee404b;
-# MPK_PAGED_ROW_KEYS=split and the engine's cap in every measurement; h200_v45 the planner's default). Session 39 used
-# ~1470 s in five calls (+91 s for a start that was refused); a machine stays warm only ~30 s after a call, so chain
-# modes with `;` and have the next call ready. Before the first device call: `bash scripts/gpu_prepare.sh` (~1 min
-# after a checkout: the bundle without Ray (.cache/gb), every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the
-# 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. `N=run1_one T=200 bash scripts/gpu_run.sh one; N=app T=390 MODELS=qwen3-8b bash scripts/gpu_run.sh append`: the
-#    GPU set at HEAD (first GPU run of MPK_PAGED_APPEND=cache and MPK_PAGED_USED_SPLITS: test_row_keys_gpu compares
-#    both bitwise with the defaults), then the append A/B (docs/perf-notes.md session 39: the conventional step at
-#    qwen3-8b B=128 ctx 2048 costs 97 us a layer more than its parts; predicted with cache: 19107 -> 15.6-16.0 ms,
-#    B=32 8811 -> ~8.6 ms). If it holds: make cache the default, then `N=app_l MODELS=llama-3.2-1b BS=128 append`,
-#    `cattn` (the curves then match the step's kernel) and `val` at ctx 2048 / 4096 B >= 32.
-#    Next call: `N=used T=330 bash scripts/gpu_run.sh used`, MPK_PAGED_USED_SPLITS's A/B (docs/perf-notes.md
-#    session 39: predicted the op 25.3 -> 20-22 us a layer at llama B=8 2049 keys, 31.7 -> 20-24 at B=1 8193; the
-#    conventional step at llama B=8 ctx 2048 1749 -> 1670-1700 us). If it holds: make it the default, then `cattn`
-#    (CATTN_TP=1 CATTN_BASE=h200_v45 CATTN_NAME=h200_v46) and re-score session 39's rows (`python3
-#    scripts/score_rows.py --rows <s39 val1024 + val2048 rows> h200_v45 <new profile>`).
-#    Then the launch shape at ctx 512 under the engine's cap (1024): the new 1024-key TUNED points now serve rows of
-#    513 keys there (they were measured at rows = cap = 1025), and the curves moved 16.5 -> 20.3 us a layer at llama
-#    B=32 513 keys (v44 at cap 512 vs v45): `N=psh5 T=250 SHAPES="tuned 128_1056_4_3 tuned 128_1056_4_3"
-#    MODELS=llama-3.2-1b BS=16,32 CTXS=512 LIM=55 bash scripts/gpu_run.sh pshape` (qwen3-8b: "tuned 64_2112_4_4 ...").
-#    If the 512-key shapes win there, config_for should choose by the rows a cap holds, not by the cap.
-# 2. `val` at ctx 512 and 4096 (B=1..128) under the engine's cap: the first rows there since the kernel and cap
-#    changed (session 39 has ctx 1024 / 2048 only), out of sample for h200_v45.
-#    If `append` (item 1) does not close the composition gap (docs/planner.md session 39: qwen3-8b B=128 ctx 2048's
-#    conventional step 18% above its parts measured in other plans), profile it: `PROF_FAMS="conventional attn-mk attn-conv" PROF_POINTS="2048:128"
-#    MODELS=qwen3-8b bash scripts/gpu_run.sh profq` (~2 min).
-# 3. `MODELS=llama-3.2-1b bench` then `MODELS=qwen3-8b bench`: docs/benchmarks.md's tables under the engine's cap
-#    (the last tables, session 37, ran the tight cap and the old walk).
+# Order for a 30-minute session (one GPU), as session 40 left it (bench/results/s40: 79 GPU tests passed at d375ea9
+# with the cache appends; MPK_PAGED_APPEND=cache and MPK_PAGED_USED_SPLITS=1 the defaults since; h200_v46 the
+# planner's default). Session 40 used ~1690 s in five calls on one machine start; a machine stays warm only ~30 s after
+# a call, so chain modes with `;` and have the next call ready. Before the first device call: `bash
+# scripts/gpu_prepare.sh` (~1 min after a checkout: the bundle without Ray (.cache/gb), every cubin prebuilt
+# (.cache/kc.tar.xz), .cache/commit, the 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"].
+# Rerun it after any commit.
+# 1. `N=run1_one T=260 bash scripts/gpu_run.sh one; N=bench_q T=330 MODELS=qwen3-8b bash scripts/gpu_run.sh bench`:
+#    the GPU set at HEAD (the first run with both kernel switches as defaults; the tests alone take ~190 s), then
+#    qwen3-8b's table under the engine's cap (docs/benchmarks.md: the last qwen table is session 37's, tight cap,
+#    register appends; prediction: B=128 ctx 4096 25.6 -> ~24.8 ms (conventional, chosen by v46), B=32 ctx 512 6.47
+#    -> ~6.44).
+# 2. Current rows at ctx 1024 / 2048 for B=32 / 128 (session 39's conventional steps there ran the register
+#    appends): `N=val2k T=330 VAL_CTXS=2048 VAL_B2048=32,128 VAL_LIM=320 bash scripts/gpu_run.sh val`, out of
+#    sample for h200_v46 (docs/planner.md session 40; predicted: regret <= 3.2% at all four points).
+# 2b. `N=grid T=380 bash scripts/gpu_run.sh grid`: MPK_PAGED_GRID=head's A/B (docs/perf-notes.md session 40:
+#    predicted llama B=128 4097 keys 310 -> 280-300 us a layer, B=32 within +-3%; qwen3-8b smaller). If it holds,
+#    make it the default and re-run `cattn`.
+# 3. Where gpt-fast's step goes at llama-3.2-1b B=128 ctx 4096 (5.56 ms against our 6.2-6.4, docs/perf-notes.md
+#    session 40: our paged kernel is 310 us a layer at 76% of HBM's rate): `N=pq T=250 PROF_FAMS="conventional
+#    gptfast" PROF_POINTS="4096:128" MODELS=llama-3.2-1b bash scripts/gpu_run.sh profq`.
+# 4. The launch shape at ctx 512 under the engine's cap (1024): `N=psh5 T=250 SHAPES="tuned 128_1056_4_3 tuned
+#    128_1056_4_3" MODELS=llama-3.2-1b BS=16,32 CTXS=512 LIM=55 bash scripts/gpu_run.sh pshape` (qwen3-8b: "tuned
+#    64_2112_4_4 ..."); if the 512-key shapes win, config_for should choose by the rows a cap holds.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
@@ -246,6 +242,30 @@ for V in regs cache regs cache; do
   n=$((n + 1)); d="$OUT/append/${n}_$V"; mkdir -p "$d"
   MPK_PAGED_APPEND=$V timeout ${LIM:-65} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-qwen3-8b} \
       --context ${CTXS:-2048} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-65} - 15)) \
+      --out "$d" > "$d/validate.log" 2>&1
+  measured_rows "$d" "$V"
+  snap
+done
+elif [ "$MODE" = grid ]; then
+# grid (session 40): MPK_PAGED_GRID=head (a row's NKV programs of one split adjacent in the launch order, so they read
+# the same pages together) against row (the default), bitwise the same. The op alone (both models' shapes, B=32 /
+# 128, 2049 / 4097 keys), row / head / row / head (~2.5 min), then the conventional step at ${MODELS:-llama-3.2-1b}
+# B=${BS:-32,128} ctx ${CTXS:-4096}, ABAB (~3.5 min).
+st "grid: the op alone (profile_conv_attn.py), MPK_PAGED_GRID row / head / row / head"
+for R in 1 2; do
+  for V in row head; do
+    d="$OUT/grid/op${R}_$V"; mkdir -p "$d"
+    MPK_PAGED_GRID=$V timeout 40 python3 scripts/profile_conv_attn.py --out "$d" --cycle-mb 200 --tp 1 \
+        --batches 32,128 --keys 2049,4097 --budget-s 30 > "$d/conv_attn.log" 2>&1
+    grep "us per layer" "$d/conv_attn.log" | sed "s/^/[$V] /"
+  done
+done
+st "grid: MPK_PAGED_GRID row / head / row / head, ${MODELS:-llama-3.2-1b} B=${BS:-32,128} ctx ${CTXS:-4096}, conventional"
+n=0
+for V in row head row head; do
+  n=$((n + 1)); d="$OUT/grid/${n}_$V"; mkdir -p "$d"
+  MPK_PAGED_GRID=$V timeout ${LIM:-50} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-llama-3.2-1b} \
+      --context ${CTXS:-4096} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-50} - 12)) \
       --out "$d" > "$d/validate.log" 2>&1
   measured_rows "$d" "$V"
   snap

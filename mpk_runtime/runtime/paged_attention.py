@@ -46,6 +46,9 @@ H200 (session 40, bench/results/s40/app, A/B twice): the op with appends, us a l
 llama-3.2-1b B=128 2049 keys 188.4 / 189.4 -> 163.0 / 163.7; the conventional step at qwen3-8b ctx 2048 B=128
 19034 / 19020 -> 15735 / 15696 us (-17.4%), B=32 8711 / 8697 -> 8130 / 8142 (-6.6%).
 
+`MPK_PAGED_GRID=head` (opt-in, session 40, not yet GPU-measured) launches the same programs with the KV head as the
+fastest index, so a row's programs of one split read its pages together (docs/perf-notes.md session 40).
+
 The default on a GPU since session 27 (MPK_CONV_TRITON_ATTN=0 takes the gather + SDPA path): measured on an H200 in
 the planner's conventional plans, it makes them the fastest plan at B = 8-32, 512 keys (llama-3.2-1b B=32 1.617 ->
 1.458 ms a token, qwen3-8b B=8 6.350 -> 5.530; bench/results/s27). CPU tests run it under the Triton interpreter.
@@ -105,6 +108,18 @@ def append_cache() -> bool:
     from registers (two selects over each K / V block, which also keep the blocks out of the dot operands'
     shared-memory path: +17-37% on the op at B=128; the module docstring)."""
     return env_choice("MPK_PAGED_APPEND", ("regs", "cache"), "cache") == "cache"
+
+
+GRIDS = ("row", "head")
+
+
+def grid_order() -> str:
+    """MPK_PAGED_GRID: which program index runs fastest in the launch order. "row" (the default) = the batch row, so
+    the programs the GPU starts together read different rows' pages; "head" (opt-in, session 40, not yet
+    GPU-measured) = the KV head, so a row's NKV programs of one split start together and read the same pages at the
+    same time (a page holds every head's keys: at head dim 64 a program reads 128 of each slot's 1024 bytes). The
+    same programs either way, so the same bits."""
+    return env_choice("MPK_PAGED_GRID", GRIDS, "row")
 
 
 DEFAULT_CONFIG = PagedAttnConfig()
@@ -203,9 +218,13 @@ if triton is not None:
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
                         BLOCK: tl.constexpr, MULTI: tl.constexpr, NKV: tl.constexpr, APPEND: tl.constexpr,
                         IDX_AHEAD: tl.constexpr = False, ROW_KEYS: tl.constexpr = 0, USED: tl.constexpr = False,
-                        APPEND_CACHE: tl.constexpr = False):
-        b = tl.program_id(0)
-        kvh = tl.program_id(1)
+                        APPEND_CACHE: tl.constexpr = False, HEAD_MAJOR: tl.constexpr = False):
+        if HEAD_MAJOR:   # MPK_PAGED_GRID=head: the KV head is the fastest-varying program index
+            kvh = tl.program_id(0)
+            b = tl.program_id(1)
+        else:
+            b = tl.program_id(0)
+            kvh = tl.program_id(1)
         s = tl.program_id(2)
         length = tl.load(pos_ptr + b) + 1                    # keys this row has written (0: inactive row)
         nb = _split_blocks(length, tl.num_programs(2), n_blocks, BLOCK, ROW_KEYS)
@@ -344,12 +363,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         s_ob, s_oh, s_os = o.stride(0), o.stride(1), o.stride(2)
     new = q if kv_new is None else kv_new
     rk, used, acache = ROW_KEYS.index(config.row_keys or row_keys()), used_splits(), append_cache()
-    _partial_kernel[(B, nkv, S)](q, k_cache, v_cache, block_tables, pos, o, ml, new, scale,
+    head_major = grid_order() == "head"
+    _partial_kernel[(nkv, B, S) if head_major else (B, nkv, S)](q, k_cache, v_cache, block_tables, pos, o, ml, new, scale,
                                  q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                                  v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
                                  s_ob, s_oh, s_os, new.stride(0), NB, G=G, GP=GP, D=D, PS=PS, BLOCK=BN,
                                  MULTI=S > 1, NKV=nkv, APPEND=kv_new is not None, IDX_AHEAD=config.idx_ahead,
                                  ROW_KEYS=rk, USED=used, APPEND_CACHE=acache and kv_new is not None,
+                                 HEAD_MAJOR=head_major,
                                  num_warps=config.num_warps,
                                  num_stages=config.num_stages)
     if S > 1:

@@ -235,13 +235,27 @@ def test_append_through_the_cache_is_bitwise_the_register_path_interpreter(monke
         assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
 
 
+@interp
+@pytest.mark.parametrize("mode", pa.ROW_KEYS)
+@pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
+def test_head_major_grid_is_bitwise_the_row_major_interpreter(monkeypatch, S, cfg, mode):
+    """MPK_PAGED_GRID=head launches the same programs with the KV head as the fastest index: the output and the
+    appended rows are the row-major grid's, bit for bit, in every row-keys mode and split count."""
+    monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
+    outs = _short_rows_under(monkeypatch, "MPK_PAGED_GRID", ("row", "head"), S, cfg)
+    for a, b in zip(outs["row"], outs["head"]):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
+
+
 @pytest.mark.parametrize("var,read,table,bad,msg", [
     ("MPK_PAGED_ROW_KEYS", pa.row_keys, (("", "split"), ("cap", "cap"), ("stop", "stop"), ("split", "split")), "1",
      "expected one of cap, stop, split .unset: split"),
     ("MPK_PAGED_USED_SPLITS", pa.used_splits, (("", True), ("0", False), ("1", True)), "yes",
      "expected 1 .on. or 0 .off."),
     ("MPK_PAGED_APPEND", pa.append_cache, (("", True), ("regs", False), ("cache", True)), "1",
-     "expected one of regs, cache .unset: cache")])
+     "expected one of regs, cache .unset: cache"),
+    ("MPK_PAGED_GRID", pa.grid_order, (("", "row"), ("row", "row"), ("head", "head")), "kv",
+     "expected one of row, head .unset: row")])
 def test_switch_values(monkeypatch, var, read, table, bad, msg):
     """The paged kernel's switches: each value, unset = the default, anything else an error naming the switch."""
     for v, want in table:
@@ -342,7 +356,8 @@ def test_row_keys_gpu(D, L, monkeypatch):
     q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, torch.bfloat16, dev="cuda", poison=True,
                               pos=torch.tensor([1024, 699, 2, -1] * (B // 4)))
     new = torch.randn(B, 2 * nkv * D, device="cuda", dtype=torch.bfloat16)
-    off = (("MPK_PAGED_USED_SPLITS", "0", "1"), ("MPK_PAGED_APPEND", "regs", "cache"))   # (switch, off, on)
+    off = (("MPK_PAGED_USED_SPLITS", "0", "1"), ("MPK_PAGED_APPEND", "regs", "cache"),   # (switch, off, on)
+           ("MPK_PAGED_GRID", "row", "head"))
     for var, no, _ in off:
         monkeypatch.setenv(var, no)
     got = {}
@@ -352,7 +367,8 @@ def test_row_keys_gpu(D, L, monkeypatch):
         pa.paged_decode_attention(q, kc2, vc2, bt, pos, 1 / math.sqrt(D), L, out, kv_new=new)
         got[mode] = (out, kc2, vc2)
     same = lambda a, b: torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())  # noqa: E731
-    # the merge over the used splits only, and the appends read back through the cache: bitwise, every mode
+    # the merge over the used splits only, the appends read back through the cache, the head-major grid: bitwise,
+    # every mode
     for var, no, val in off:
         monkeypatch.setenv(var, val)
         for mode in ("cap", "stop", "split"):

@@ -76,6 +76,27 @@ def test_append_through_the_cache_builds_like_no_append(D, block, stages):
     assert count(before, "LDGSTS") == 0 and count(before, r"LDG\.E\.128") <= 2, before[-2000:]
 
 
+@pytest.mark.parametrize("D,block,stages", [(64, 128, 1), (128, 64, 2)])
+def test_head_major_grid_builds_the_same_loop(D, block, stages):
+    """MPK_PAGED_GRID=head (HEAD_MAJOR) swaps which program index names the row and which the KV head, nothing
+    else: registers within 8 of each other (the allocator's choices; both <= 128, so the same CTAs an SM at 4 warps),
+    the same Tensor Core, barrier and asynchronous-copy instructions, and instruction counts within 8."""
+    sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
+               ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32")
+    sig.update({n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
+                                   "s_os", "s_nb")})
+    (r0, _, row), (r1, _, head) = (build(pa._partial_kernel, sig, dict(
+        G=4, GP=16, D=D, PS=16, BLOCK=block, MULTI=True, NKV=8, APPEND=True, ROW_KEYS=2, USED=True, APPEND_CACHE=True,
+        HEAD_MAJOR=hm), num_warps=4, num_stages=stages) for hm in (False, True))
+    ops = lambda sass: sorted(re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))   # noqa: E731
+    assert abs(r0 - r1) <= 8 and max(r0, r1) <= 128, (r0, r1)
+    a, b = ops(row), ops(head)
+    assert abs(len(a) - len(b)) <= 8 and sum(x in ("HMMA.16816.F32.BF16",) for x in a) == \
+        sum(x in ("HMMA.16816.F32.BF16",) for x in b)
+    assert a.count("BAR.SYNC.DEFER_BLOCKING") == b.count("BAR.SYNC.DEFER_BLOCKING")
+    assert a.count("LDGSTS.E.BYPASS.LTC128B.128") == b.count("LDGSTS.E.BYPASS.LTC128B.128")
+
+
 def test_index_prefetch_deepens_the_pipeline():
     """With the page indices a block ahead (PagedAttnConfig.idx_ahead) num_stages buys K / V buffers: stages 3 and
     4 each add a K / V block of shared memory. Without it they add less than one (the pipeliner keeps one block
