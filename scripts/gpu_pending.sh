@@ -15,7 +15,8 @@
 #                                                   paged-attention launch shapes in the whole step (conventional plan)
 #     OUT=$OUT bash scripts/gpu_pending.sh used      # (one GPU, ~5 min): MPK_PAGED_USED_SPLITS A/B, op and step
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh append   # (one GPU, ~7 min): MPK_PAGED_APPEND regs / cache
-#     OUT=$OUT bash scripts/gpu_pending.sh grid      # (one GPU, ~6 min): MPK_PAGED_GRID row / head, op and step
+#     SW=MPK_PAGED_GRID VALS="row head" OUT=$OUT bash scripts/gpu_pending.sh sw   # (one GPU, ~6 min): one kernel
+#                                                   switch's two values A/B'd, the op and the conventional step
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh rowstop   # (one GPU, ~5 min): the engine's key cap
 #                                                   and MPK_PAGED_ROW_KEYS in the conventional step
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
@@ -51,9 +52,11 @@
 # 2. Current rows at ctx 1024 / 2048 for B=32 / 128 (session 39's conventional steps there ran the register
 #    appends): `N=val2k T=330 VAL_CTXS=2048 VAL_B2048=32,128 VAL_LIM=320 bash scripts/gpu_run.sh val`, out of
 #    sample for h200_v46 (docs/planner.md session 40; predicted: regret <= 3.2% at all four points).
-# 2b. `N=grid T=380 bash scripts/gpu_run.sh grid`: MPK_PAGED_GRID=head's A/B (docs/perf-notes.md session 40:
-#    predicted llama B=128 4097 keys 310 -> 280-300 us a layer, B=32 within +-3%; qwen3-8b smaller). If it holds,
-#    make it the default and re-run `cattn`.
+# 2b. The paged kernel at head dim 64, two candidates for its 58-76% of HBM (docs/perf-notes.md session 40), each
+#    `N=<name> T=380 SW=<switch> VALS="<default> <new>" bash scripts/gpu_run.sh sw`:
+#    SW=MPK_PAGED_HEADS VALS="one group" (a program per 4 KV heads; predicted llama B=32 4097 keys 101 -> 75-85 us a
+#    layer, B=128 310 -> 255-280, the step at llama B=32 / 128 ctx 4096 -0.3 / -0.6 ms), then SW=MPK_PAGED_GRID
+#    VALS="row head" (predicted llama B=128 310 -> 280-300, B=32 +-3%). Adopt what wins, re-run `cattn`.
 # 3. Where gpt-fast's step goes at llama-3.2-1b B=128 ctx 4096 (5.56 ms against our 6.2-6.4, docs/perf-notes.md
 #    session 40: our paged kernel is 310 us a layer at 76% of HBM's rate): `N=pq T=250 PROF_FAMS="conventional
 #    gptfast" PROF_POINTS="4096:128" MODELS=llama-3.2-1b bash scripts/gpu_run.sh profq`.
@@ -246,25 +249,25 @@ for V in regs cache regs cache; do
   measured_rows "$d" "$V"
   snap
 done
-elif [ "$MODE" = grid ]; then
-# grid (session 40): MPK_PAGED_GRID=head (a row's NKV programs of one split adjacent in the launch order, so they read
-# the same pages together) against row (the default), bitwise the same. The op alone (both models' shapes, B=32 /
-# 128, 2049 / 4097 keys), row / head / row / head (~2.5 min), then the conventional step at ${MODELS:-llama-3.2-1b}
-# B=${BS:-32,128} ctx ${CTXS:-4096}, ABAB (~3.5 min).
-st "grid: the op alone (profile_conv_attn.py), MPK_PAGED_GRID row / head / row / head"
+elif [ "$MODE" = sw ]; then
+# sw (session 40): one kernel switch's two values A/B'd, $SW="$VALS" (e.g. SW=MPK_PAGED_GRID VALS="row head", or
+# SW=MPK_PAGED_HEADS VALS="one group"). The op alone (both models' shapes, B=32 / 128, 2049 / 4097 keys), A / B / A / B
+# (~2.5 min), then the conventional step at ${MODELS:-llama-3.2-1b} B=${BS:-32,128} ctx ${CTXS:-4096}, ABAB (~3.5 min).
+SW=${SW:?set SW to the switch, e.g. MPK_PAGED_GRID}; set -- ${VALS:?set VALS to its two values, e.g. \"row head\"}; VA=$1; VB=$2
+st "sw: the op alone (profile_conv_attn.py), $SW $VA / $VB / $VA / $VB"
 for R in 1 2; do
-  for V in row head; do
-    d="$OUT/grid/op${R}_$V"; mkdir -p "$d"
-    MPK_PAGED_GRID=$V timeout 40 python3 scripts/profile_conv_attn.py --out "$d" --cycle-mb 200 --tp 1 \
+  for V in $VA $VB; do
+    d="$OUT/sw/op${R}_$V"; mkdir -p "$d"
+    env $SW=$V timeout 40 python3 scripts/profile_conv_attn.py --out "$d" --cycle-mb 200 --tp 1 \
         --batches 32,128 --keys 2049,4097 --budget-s 30 > "$d/conv_attn.log" 2>&1
     grep "us per layer" "$d/conv_attn.log" | sed "s/^/[$V] /"
   done
 done
-st "grid: MPK_PAGED_GRID row / head / row / head, ${MODELS:-llama-3.2-1b} B=${BS:-32,128} ctx ${CTXS:-4096}, conventional"
+st "sw: $SW $VA / $VB / $VA / $VB, ${MODELS:-llama-3.2-1b} B=${BS:-32,128} ctx ${CTXS:-4096}, conventional"
 n=0
-for V in row head row head; do
-  n=$((n + 1)); d="$OUT/grid/${n}_$V"; mkdir -p "$d"
-  MPK_PAGED_GRID=$V timeout ${LIM:-50} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-llama-3.2-1b} \
+for V in $VA $VB $VA $VB; do
+  n=$((n + 1)); d="$OUT/sw/${n}_$V"; mkdir -p "$d"
+  env $SW=$V timeout ${LIM:-50} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-llama-3.2-1b} \
       --context ${CTXS:-4096} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-50} - 12)) \
       --out "$d" > "$d/validate.log" 2>&1
   measured_rows "$d" "$V"

@@ -47,7 +47,11 @@ llama-3.2-1b B=128 2049 keys 188.4 / 189.4 -> 163.0 / 163.7; the conventional st
 19034 / 19020 -> 15735 / 15696 us (-17.4%), B=32 8711 / 8697 -> 8130 / 8142 (-6.6%).
 
 `MPK_PAGED_GRID=head` (opt-in, session 40, not yet GPU-measured) launches the same programs with the KV head as the
-fastest index, so a row's programs of one split read its pages together (docs/perf-notes.md session 40).
+fastest index, so a row's programs of one split read its pages together. `MPK_PAGED_HEADS=group` (opt-in, session
+40, not yet GPU-measured) gives a program 4 adjacent KV heads (head_group), their 16 q heads as q's rows and each
+step's keys x heads as the tile's rows, other heads' scores masked: the same dots and work a key, one page lookup
+and one contiguous run of bytes a slot for the group (docs/perf-notes.md session 40: head dim 64 reaches 58-76% of
+HBM, head dim 128 74-92%).
 
 The default on a GPU since session 27 (MPK_CONV_TRITON_ATTN=0 takes the gather + SDPA path): measured on an H200 in
 the planner's conventional plans, it makes them the fastest plan at B = 8-32, 512 keys (llama-3.2-1b B=32 1.617 ->
@@ -120,6 +124,29 @@ def grid_order() -> str:
     same time (a page holds every head's keys: at head dim 64 a program reads 128 of each slot's 1024 bytes). The
     same programs either way, so the same bits."""
     return env_choice("MPK_PAGED_GRID", GRIDS, "row")
+
+
+HEADS = ("one", "group")
+
+
+def heads_mode() -> str:
+    """MPK_PAGED_HEADS: KV heads a program takes. "one" (the default); "group" (opt-in, session 40, not yet
+    GPU-measured) = as many adjacent KV heads as fill 16 q rows (4 at 4 q heads a KV head), their keys as the tile's
+    rows with other heads' scores masked: the same dots and work a key, a slot's bytes for the group read as one
+    run, one page lookup for the group, and 1 / HG of the programs (head_group; docs/perf-notes.md session 40)."""
+    return env_choice("MPK_PAGED_HEADS", HEADS, "one")
+
+
+def head_group(G: int, nkv: int, register_appends: bool = False) -> int:
+    """KV heads a program takes (HG): 1 under MPK_PAGED_HEADS=one, or with appends substituted from registers
+    (MPK_PAGED_APPEND=regs: that path takes one head's row); else the largest power of two dividing nkv whose q rows
+    (G each) fit 16."""
+    if heads_mode() != "group" or register_appends:
+        return 1
+    hg = 1
+    while 2 * hg * G <= 16 and nkv % (2 * hg) == 0:
+        hg *= 2
+    return hg
 
 
 DEFAULT_CONFIG = PagedAttnConfig()
@@ -218,24 +245,40 @@ if triton is not None:
                         G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
                         BLOCK: tl.constexpr, MULTI: tl.constexpr, NKV: tl.constexpr, APPEND: tl.constexpr,
                         IDX_AHEAD: tl.constexpr = False, ROW_KEYS: tl.constexpr = 0, USED: tl.constexpr = False,
-                        APPEND_CACHE: tl.constexpr = False, HEAD_MAJOR: tl.constexpr = False):
-        if HEAD_MAJOR:   # MPK_PAGED_GRID=head: the KV head is the fastest-varying program index
-            kvh = tl.program_id(0)
+                        APPEND_CACHE: tl.constexpr = False, HEAD_MAJOR: tl.constexpr = False,
+                        HG: tl.constexpr = 1):
+        # HG > 1 (MPK_PAGED_HEADS=group): a program takes HG adjacent KV heads, their G * HG q heads as the rows of q
+        # and each loop step's keys as BLOCK * HG tile rows (key-major: HG heads' contiguous bytes a slot), the
+        # scores of other heads' keys masked: the same dot shapes and work a key, 1 / HG of the programs and page
+        # lookups, and a slot's HG heads read as one run of bytes
+        if HEAD_MAJOR:   # MPK_PAGED_GRID=head: the KV head (group) is the fastest-varying program index
+            kvh = tl.program_id(0) * HG
             b = tl.program_id(1)
         else:
             b = tl.program_id(0)
-            kvh = tl.program_id(1)
+            kvh = tl.program_id(1) * HG
         s = tl.program_id(2)
         length = tl.load(pos_ptr + b) + 1                    # keys this row has written (0: inactive row)
         nb = _split_blocks(length, tl.num_programs(2), n_blocks, BLOCK, ROW_KEYS)
         span = nb * BLOCK                                    # this split's keys: [k0, k0 + span)
         k0 = s * span
         gi = tl.arange(0, GP)
-        hmask = gi < G
+        hmask = gi < G * HG
         d = tl.arange(0, D)
         q = tl.load(q_ptr + b * s_qb + (kvh * G + gi)[:, None] * D + d[None, :], mask=hmask[:, None], other=0.0)
         last = length - 1                                    # the step's own key (its row may not be in the cache yet)
-        if APPEND:   # deferred append: the new k / v rows come from `new` (B, 2, nkv, D); the program whose keys
+        if APPEND and HG > 1:   # (the cache path only: the wrapper takes HG = 1 for register appends)
+            hv = kvh + tl.arange(0, HG)
+            nk = tl.load(new_ptr + b * s_nb + hv[:, None] * D + d[None, :])
+            nv = tl.load(new_ptr + b * s_nb + (NKV + hv)[:, None] * D + d[None, :])
+            owns = (last >= k0) & (last < k0 + span)
+            lp = tl.load(bt_ptr + b * s_bt + tl.maximum(last, 0) // PS).to(tl.int64)
+            ls = tl.maximum(last, 0) % PS
+            own_row = (d < D)[None, :] & owns
+            tl.store(k_ptr + lp * s_kp + ls * s_ks + hv[:, None] * s_kh + d[None, :], nk, mask=own_row)
+            tl.store(v_ptr + lp * s_vp + ls * s_vs + hv[:, None] * s_vh + d[None, :], nv, mask=own_row)
+            tl.debug_barrier()
+        elif APPEND:   # deferred append: the new k / v rows come from `new` (B, 2, nkv, D); the program whose keys
             # hold `last` writes them into the cache for later steps, and every program uses them from registers
             nk = tl.load(new_ptr + b * s_nb + kvh * D + d)
             nv = tl.load(new_ptr + b * s_nb + (NKV + kvh) * D + d)
@@ -249,7 +292,13 @@ if triton is not None:
         m = tl.full((GP,), float("-inf"), tl.float32)
         lsum = tl.zeros((GP,), tl.float32)
         acc = tl.zeros((GP, D), tl.float32)
-        n = tl.arange(0, BLOCK)
+        if HG > 1:   # tile row j: key j // HG of the step's block, head kvh + j % HG
+            jj = tl.arange(0, BLOCK * HG)
+            n = jj // HG
+            hh = kvh + jj % HG
+            own_head = (gi[:, None] // G) == (jj % HG)[None, :]
+        else:
+            n = tl.arange(0, BLOCK)
         if IDX_AHEAD:   # the first block's page indices, before the loop (then each step loads the next block's)
             page_next = tl.load(bt_ptr + b * s_bt + (k0 + n) // PS, mask=(k0 + n) < length, other=0).to(tl.int64)
         if ROW_KEYS != 0:   # up to the row's last block only (none for a split past the row's length)
@@ -264,20 +313,30 @@ if triton is not None:
             else:
                 page = tl.load(bt_ptr + b * s_bt + key // PS, mask=kmask, other=0).to(tl.int64)
             slot = key % PS
-            kk = tl.load(k_ptr + page[:, None] * s_kp + slot[:, None] * s_ks + kvh * s_kh + d[None, :],
-                         mask=kmask[:, None], other=0.0)
-            vv = tl.load(v_ptr + page[:, None] * s_vp + slot[:, None] * s_vs + kvh * s_vh + d[None, :],
-                         mask=kmask[:, None], other=0.0)
+            if HG > 1:
+                kk = tl.load(k_ptr + page[:, None] * s_kp + slot[:, None] * s_ks + hh[:, None] * s_kh + d[None, :],
+                             mask=kmask[:, None], other=0.0)
+                vv = tl.load(v_ptr + page[:, None] * s_vp + slot[:, None] * s_vs + hh[:, None] * s_vh + d[None, :],
+                             mask=kmask[:, None], other=0.0)
+            else:
+                kk = tl.load(k_ptr + page[:, None] * s_kp + slot[:, None] * s_ks + kvh * s_kh + d[None, :],
+                             mask=kmask[:, None], other=0.0)
+                vv = tl.load(v_ptr + page[:, None] * s_vp + slot[:, None] * s_vs + kvh * s_vh + d[None, :],
+                             mask=kmask[:, None], other=0.0)
             if APPEND and not APPEND_CACHE:
                 own = (key == last)[:, None]
                 kk = tl.where(own, nk[None, :], kk)
                 vv = tl.where(own, nv[None, :], vv)
-            sc = tl.dot(q, tl.trans(kk)) * scale                # (GP, BLOCK) fp32
-            sc = tl.where(kmask[None, :], sc, float("-inf"))
+            sc = tl.dot(q, tl.trans(kk)) * scale                # (GP, BLOCK * HG) fp32
+            if HG > 1:
+                smask = kmask[None, :] & own_head
+            else:
+                smask = kmask[None, :]
+            sc = tl.where(smask, sc, float("-inf"))
             m_new = tl.maximum(m, tl.max(sc, 1))
             alive = m_new > float("-inf")
             alpha = tl.where(alive, tl.exp(m - m_new), 1.0)
-            p = tl.where(kmask[None, :] & alive[:, None], tl.exp(sc - m_new[:, None]), 0.0)
+            p = tl.where(smask & alive[:, None], tl.exp(sc - m_new[:, None]), 0.0)
             lsum = lsum * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv)
             m = m_new
@@ -349,10 +408,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if kv_new is not None and (kv_new.shape != (B, 2 * nkv * D) or not kv_new.is_contiguous()):
         raise ValueError(f"paged_decode_attention: kv_new {tuple(kv_new.shape)}, expected ({B}, {2 * nkv * D})")
     G = nq // nkv
-    GP = max(16, 1 << (G - 1).bit_length())
+    used, acache = used_splits(), append_cache()
+    HG = head_group(G, nkv, register_appends=kv_new is not None and not acache)
+    GP = max(16, 1 << (G * HG - 1).bit_length())
     config = config or config_for(D, B, nkv, L_cap)
-    BN = config.block_n
-    S = splits or splits_for(B, nkv, L_cap, BN, config.target_programs)
+    BN = max(1, config.block_n // HG)   # keys a loop step (its tile rows: config.block_n, HG heads' keys)
+    S = splits or splits_for(B, nkv // HG, L_cap, BN, config.target_programs)
     per = -(-L_cap // S)
     NB = -(-per // BN)
     if S == 1:
@@ -362,17 +423,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         ml = torch.empty(B, nq, S, 2, dtype=torch.float32, device=q.device)
         s_ob, s_oh, s_os = o.stride(0), o.stride(1), o.stride(2)
     new = q if kv_new is None else kv_new
-    rk, used, acache = ROW_KEYS.index(config.row_keys or row_keys()), used_splits(), append_cache()
+    rk = ROW_KEYS.index(config.row_keys or row_keys())
     head_major = grid_order() == "head"
-    _partial_kernel[(nkv, B, S) if head_major else (B, nkv, S)](q, k_cache, v_cache, block_tables, pos, o, ml, new, scale,
-                                 q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                                 v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-                                 s_ob, s_oh, s_os, new.stride(0), NB, G=G, GP=GP, D=D, PS=PS, BLOCK=BN,
-                                 MULTI=S > 1, NKV=nkv, APPEND=kv_new is not None, IDX_AHEAD=config.idx_ahead,
-                                 ROW_KEYS=rk, USED=used, APPEND_CACHE=acache and kv_new is not None,
-                                 HEAD_MAJOR=head_major,
-                                 num_warps=config.num_warps,
-                                 num_stages=config.num_stages)
+    grid = (nkv // HG, B, S) if head_major else (B, nkv // HG, S)
+    _partial_kernel[grid](q, k_cache, v_cache, block_tables, pos, o, ml, new, scale,
+                          q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                          v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+                          s_ob, s_oh, s_os, new.stride(0), NB, G=G, GP=GP, D=D, PS=PS, BLOCK=BN,
+                          MULTI=S > 1, NKV=nkv, APPEND=kv_new is not None, IDX_AHEAD=config.idx_ahead,
+                          ROW_KEYS=rk, USED=used, APPEND_CACHE=acache and kv_new is not None,
+                          HEAD_MAJOR=head_major, HG=HG, num_warps=config.num_warps, num_stages=config.num_stages)
     if S > 1:
         _merge_kernel[(B, nq)](o, ml, out, pos, s_ob, s_oh, s_os, out.stride(0), S, NB, D=D, BLOCK=BN, ROW_KEYS=rk,
                                USED=used)

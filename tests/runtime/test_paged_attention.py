@@ -65,8 +65,12 @@ SHAPES = [  # B, nq, nkv, D, page, L_cap, splits (None: the rule), dtype, tol
 
 
 @interp
+@pytest.mark.parametrize("heads", pa.HEADS)
 @pytest.mark.parametrize("B,nq,nkv,D,PS,L,S,dtype,tol", SHAPES)
-def test_paged_decode_attention_interpreter(B, nq, nkv, D, PS, L, S, dtype, tol):
+def test_paged_decode_attention_interpreter(monkeypatch, B, nq, nkv, D, PS, L, S, dtype, tol, heads):
+    """Against the reference, both ways of giving programs their KV heads (MPK_PAGED_HEADS: one, or a group of
+    them, here 2 / 4 / 2 / 2 / 2 heads: MHA, g = 3, g = 4)."""
+    monkeypatch.setenv("MPK_PAGED_HEADS", heads)
     for poison in (False, True):
         q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, dtype, poison=poison)
         out = torch.empty_like(q)
@@ -75,6 +79,20 @@ def test_paged_decode_attention_interpreter(B, nq, nkv, D, PS, L, S, dtype, tol)
         assert torch.isfinite(out).all()
         assert (out.float() - ref).abs().max() < tol, (poison, (out.float() - ref).abs().max())
         assert (out[1] == 0).all() if B > 1 else True
+
+
+def test_head_group(monkeypatch):
+    """MPK_PAGED_HEADS=group: the largest power of two of KV heads dividing nkv whose q rows fit 16; one head under
+    "one" (the default) and with appends substituted from registers."""
+    monkeypatch.setenv("MPK_PAGED_HEADS", "group")
+    for G, nkv, want in ((4, 8, 4), (4, 2, 2), (1, 4, 4), (1, 32, 16), (8, 8, 2), (16, 8, 1), (32, 8, 1), (3, 2, 2),
+                         (4, 1, 1), (4, 6, 2)):
+        assert pa.head_group(G, nkv) == want, (G, nkv)
+    assert pa.head_group(4, 8, register_appends=True) == 1
+    monkeypatch.setenv("MPK_PAGED_HEADS", "one")
+    assert pa.head_group(4, 8) == 1
+    monkeypatch.delenv("MPK_PAGED_HEADS")
+    assert pa.head_group(4, 8) == 1
 
 
 def test_tuned_config_lookup():
@@ -119,10 +137,13 @@ def test_a_forced_shape_gives_the_same_attention_interpreter(monkeypatch):
 
 
 @interp
+@pytest.mark.parametrize("heads", pa.HEADS)
 @pytest.mark.parametrize("config", [pa.PagedAttnConfig(32, 1056, 4, 2), pa.PagedAttnConfig(128, 264, 8, 3),
                                     pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True)])
-def test_paged_decode_attention_configs_interpreter(config):
-    """Other launch shapes (keys a step, splits, warps) give the same attention, appends included."""
+def test_paged_decode_attention_configs_interpreter(monkeypatch, config, heads):
+    """Other launch shapes (keys a step, splits, warps) give the same attention, appends included, with a program
+    per KV head or per group of them."""
+    monkeypatch.setenv("MPK_PAGED_HEADS", heads)
     B, nq, nkv, D, PS, L = 3, 8, 2, 16, 16, 150
     q, kc, vc, bt, pos = case(B, nq, nkv, D, PS, L, torch.float32)
     ref = reference(q, kc, vc, bt, pos, 0.25)
@@ -166,16 +187,19 @@ SHAPES_SHORT = [(1, None), (4, None), (13, None), (3, pa.PagedAttnConfig(32, 264
 
 
 @interp
+@pytest.mark.parametrize("heads", pa.HEADS)
 @pytest.mark.parametrize("mode", pa.ROW_KEYS)
 @pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
-def test_rows_far_shorter_than_the_key_cap_interpreter(monkeypatch, S, cfg, mode):
+def test_rows_far_shorter_than_the_key_cap_interpreter(monkeypatch, S, cfg, mode, heads):
     """The key cap is the longest row's (a captured graph's static bound); a short row's blocks past its length,
     and a split with none of its keys, contribute nothing (NaN-poisoned slots past each row stay out), appends
     included: the result equals the reference on the cache with the new rows written first, each new row is
     appended once in its slot, the inactive row gets zeros. For every MPK_PAGED_ROW_KEYS (split: another partition
-    of the same sums, to fp32 rounding)."""
+    of the same sums, to fp32 rounding), with a program per KV head or per group of them (MPK_PAGED_HEADS: the
+    group's owner appends every head's row)."""
     q, kc, vc, bt, pos, new, L, ref, (kc_ref, vc_ref) = _short_rows_case()
     monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
+    monkeypatch.setenv("MPK_PAGED_HEADS", heads)
     kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
     pa.paged_decode_attention(q, kc2, vc2, bt, pos, 0.25, L, out, S, kv_new=new, config=cfg)
     assert torch.isfinite(out).all() and (out - ref).abs().max() < 1e-5, (S, (out - ref).abs().max())
@@ -255,7 +279,9 @@ def test_head_major_grid_is_bitwise_the_row_major_interpreter(monkeypatch, S, cf
     ("MPK_PAGED_APPEND", pa.append_cache, (("", True), ("regs", False), ("cache", True)), "1",
      "expected one of regs, cache .unset: cache"),
     ("MPK_PAGED_GRID", pa.grid_order, (("", "row"), ("row", "row"), ("head", "head")), "kv",
-     "expected one of row, head .unset: row")])
+     "expected one of row, head .unset: row"),
+    ("MPK_PAGED_HEADS", pa.heads_mode, (("", "one"), ("one", "one"), ("group", "group")), "all",
+     "expected one of one, group .unset: one")])
 def test_switch_values(monkeypatch, var, read, table, bad, msg):
     """The paged kernel's switches: each value, unset = the default, anything else an error naming the switch."""
     for v, want in table:
@@ -289,6 +315,33 @@ def test_head_dims_the_kernel_cannot_take_fall_back(monkeypatch):
     torch.testing.assert_close(res["1"][0], res["0"][0], rtol=1e-5, atol=1e-5)
     assert torch.equal(res["1"][1], res["0"][1])
     assert all(torch.equal(a, b) for a, b in zip(res["1"][2], res["0"][2]))
+
+
+@interp
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+def test_grouped_heads_in_a_whole_step_interpreter(monkeypatch, model):
+    """A whole conventional step (deferred appends into the kernel) with a program per group of KV heads
+    (MPK_PAGED_HEADS=group, the kernel taking more than one head a program here) against one a head: the same
+    tokens, logits and caches to fp32 rounding (layer 0's appended rows bit for bit)."""
+    import tests.runtime.test_conventional_op_count as oc
+    hgs = []
+    real = pa.head_group
+    monkeypatch.setattr(pa, "head_group", lambda *a, **k: hgs.append(real(*a, **k)) or hgs[-1])
+    res = {}
+    for heads in ("one", "group"):
+        monkeypatch.setenv("MPK_PAGED_HEADS", heads)
+        cfg, g, mem, ex, ctx = oc.build(model, 3, context=70, dtype="float32", greedy=True)
+        ex.run([ctx])
+        res[heads] = (mem.t("logits").clone(), mem.t("next_tokens").clone(),
+                      [c.clone() for c in mem.kvstore.k], [c.clone() for c in mem.kvstore.v])
+    assert hgs and max(hgs) > 1 and min(hgs) == 1
+    (lg, tg, kg, vg), (lo, to, ko, vo) = res["group"], res["one"]
+    torch.testing.assert_close(lg, lo, rtol=1e-5, atol=1e-5)
+    assert torch.equal(tg, to)
+    # layer 0's appended rows come before any attention: bit for bit; later layers' from its output, to rounding
+    assert torch.equal(kg[0], ko[0]) and torch.equal(vg[0], vo[0])
+    for a, b in zip(kg + vg, ko + vo):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_splits_rule_and_bad_input():
@@ -382,6 +435,16 @@ def test_row_keys_gpu(D, L, monkeypatch):
     ref = reference(q, got["cap"][1], got["cap"][2], bt, pos, 1 / math.sqrt(D))
     for mode in ("cap", "split"):
         assert torch.isfinite(got[mode][0]).all() and (got[mode][0].float().cpu() - ref).abs().max() < 2e-2, mode
+    # a program per group of KV heads (MPK_PAGED_HEADS=group, 4 here, with the cache appends): the same appended
+    # rows, bit for bit, and the reference's attention (its key blocks differ, so its sums round differently)
+    monkeypatch.setenv("MPK_PAGED_APPEND", "cache")
+    monkeypatch.setenv("MPK_PAGED_HEADS", "group")
+    for mode in ("cap", "stop", "split"):
+        monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
+        kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
+        pa.paged_decode_attention(q, kc2, vc2, bt, pos, 1 / math.sqrt(D), L, out, kv_new=new)
+        assert same(kc2, got[mode][1]) and same(vc2, got[mode][2]), mode
+        assert torch.isfinite(out).all() and (out.float().cpu() - ref).abs().max() < 2e-2, mode
 
 
 @pytest.mark.gpu

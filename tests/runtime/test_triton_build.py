@@ -4,6 +4,7 @@ nothing and its K / V loads are asynchronous copies (LDGSTS, pipelined). Needs T
 cuobjdump; CI's CPU torch has none, so there this skips); no GPU needed."""
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -21,7 +22,15 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     pytestmark = pytest.mark.skip(reason="TRITON_INTERPRET=1 replaces the kernels by the interpreter's")
 
 
+def with_defaults(fn, sig: dict, const: dict) -> dict:
+    """const plus the kernel's constexprs it leaves out, at their defaults, as a JIT launch gives them (ASTSource
+    would pass None)."""
+    return {**{n: p.default for n, p in inspect.signature(fn.fn).parameters.items()
+               if p.default is not inspect.Parameter.empty and n not in sig}, **const}
+
+
 def build(fn, sig: dict, const: dict, **opts):
+    const = with_defaults(fn, sig, const)
     sig = {**sig, **{k: "constexpr" for k in const}}
     aligned = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
                if t.startswith("*") or n.startswith("s_") or n.startswith("stride")}
@@ -97,6 +106,26 @@ def test_head_major_grid_builds_the_same_loop(D, block, stages):
     assert a.count("LDGSTS.E.BYPASS.LTC128B.128") == b.count("LDGSTS.E.BYPASS.LTC128B.128")
 
 
+@pytest.mark.parametrize("D,tile,stages", [(64, 128, 1), (128, 64, 2)])
+def test_grouped_heads_build_the_same_work(D, tile, stages):
+    """MPK_PAGED_HEADS=group (HG = 4 KV heads a program, the tile's rows their keys): the build spills nothing, its
+    K / V copies and the Tensor Core, exponential and barrier instructions are the one-head kernel's at the same
+    tile, and registers stay <= 128 at these shapes (4 CTAs an SM at 4 warps, as the tuned one-head shapes)."""
+    sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
+               ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32")
+    sig.update({n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
+                                   "s_os", "s_nb")})
+    (r1, st1, one), (r4, st4, group) = (build(pa._partial_kernel, sig, dict(
+        G=4, GP=16, D=D, PS=16, BLOCK=tile // hg, MULTI=True, NKV=8, APPEND=True, ROW_KEYS=2, USED=True,
+        APPEND_CACHE=True, HG=hg), num_warps=4, num_stages=stages) for hg in (1, 4))
+    assert st1 == st4 == 0 and r4 <= 128, (r1, r4)
+    count = lambda sass, op: len(re.findall(rf"\b{op}\b", sass))   # noqa: E731
+    for op in ("HMMA.16816.F32.BF16", "MUFU.EX2", "BAR.SYNC.DEFER_BLOCKING", r"LDGSTS\.E\.BYPASS\.LTC128B\.128"):
+        assert count(one, op) == count(group, op), op
+    # the K / V loads of a 1-stage build (and the group's new rows: one more vector load at most)
+    assert count(one, r"LDG\.E\.128") <= count(group, r"LDG\.E\.128") <= count(one, r"LDG\.E\.128") + 2
+
+
 def test_index_prefetch_deepens_the_pipeline():
     """With the page indices a block ahead (PagedAttnConfig.idx_ahead) num_stages buys K / V buffers: stages 3 and
     4 each add a K / V block of shared memory. Without it they add less than one (the pipeliner keeps one block
@@ -108,7 +137,8 @@ def test_index_prefetch_deepens_the_pipeline():
                                    "s_os", "s_nb")})
 
     def smem(ahead: bool, stages: int) -> int:
-        const = dict(G=4, GP=16, D=64, PS=16, BLOCK=64, MULTI=True, NKV=8, APPEND=True, IDX_AHEAD=ahead)
+        const = with_defaults(pa._partial_kernel, sig, dict(G=4, GP=16, D=64, PS=16, BLOCK=64, MULTI=True, NKV=8,
+                                                            APPEND=True, IDX_AHEAD=ahead))
         s2 = {**sig, **{k: "constexpr" for k in const}}
         aligned = {(pa._partial_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in s2.items()
                    if t.startswith("*") or n.startswith("s_")}

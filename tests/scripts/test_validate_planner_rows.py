@@ -17,7 +17,7 @@ def test_rows_are_re_planned_as_they_ran_after_the_defaults_move(monkeypatch):
     from mpk_runtime.planner import HardwareProfile, candidates
     from mpk_runtime.planner.score import resimulate
     for k in ("MPK_ATTN_QKNORM", "MPK_QKV_FLAT", "MPK_CONV_TRITON_ATTN", "MPK_PAGED_ROW_KEYS", "MPK_MEASURE_CAP",
-              "MPK_PAGED_USED_SPLITS", "MPK_PAGED_APPEND", "MPK_PAGED_GRID"):
+              "MPK_PAGED_USED_SPLITS", "MPK_PAGED_APPEND", "MPK_PAGED_GRID", "MPK_PAGED_HEADS"):
         monkeypatch.delenv(k, raising=False)
     prof = HardwareProfile.load("h200_v41")
     cfg = PRESETS["qwen3-8b"]
@@ -29,7 +29,7 @@ def test_rows_are_re_planned_as_they_ran_after_the_defaults_move(monkeypatch):
     # and the appends
     assert row["env"]["MPK_PAGED_ROW_KEYS"] == "split" and row["env"]["MPK_MEASURE_CAP"] == "serving"
     assert row["env"]["MPK_PAGED_USED_SPLITS"] == "1" and row["env"]["MPK_PAGED_APPEND"] == "cache"
-    assert row["env"]["MPK_PAGED_GRID"] == "row"
+    assert row["env"]["MPK_PAGED_GRID"] == "row" and row["env"]["MPK_PAGED_HEADS"] == "one"
     monkeypatch.setenv("MPK_ATTN_QKNORM", "0")   # defaults as they were before sessions 32-33
     monkeypatch.setenv("MPK_QKV_FLAT", "0")
     old = candidates(cfg, batch=1, context=512, prof=prof, families=("mono",))[0]
