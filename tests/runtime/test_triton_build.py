@@ -22,6 +22,13 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     pytestmark = pytest.mark.skip(reason="TRITON_INTERPRET=1 replaces the kernels by the interpreter's")
 
 
+# the paged attention partial kernel's run-time arguments, typed as the JIT sees them on the H200
+PARTIAL_SIG = {**dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
+                      ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32"),
+               **{n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
+                                     "s_os", "s_nb")}}
+
+
 def with_defaults(fn, sig: dict, const: dict) -> dict:
     """const plus the kernel's constexprs it leaves out, at their defaults, as a JIT launch gives them (ASTSource
     would pass None)."""
@@ -47,10 +54,7 @@ def build(fn, sig: dict, const: dict, **opts):
 
 @pytest.mark.parametrize("D,append", [(64, False), (64, True), (128, True)])
 def test_paged_attention_builds_pipelined_without_spills(D, append):
-    sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
-               ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32")
-    sig.update({n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
-                                   "s_os", "s_nb")})
+    sig = PARTIAL_SIG
     regs, stack, sass = build(pa._partial_kernel, sig, dict(G=4, GP=16, D=D, PS=16, BLOCK=pa.BLOCK_N, MULTI=True,
                                                             NKV=8, APPEND=append), num_warps=4, num_stages=3)
     assert stack == 0 and regs <= 255, (regs, stack)
@@ -63,10 +67,7 @@ def test_append_through_the_cache_builds_like_no_append(D, block, stages):
     pipeline's first copies included, else a program could read its new row's slot before writing it); and the loop
     has none of the register path's per-block byte permutes and selects: its instruction mix is the no-append
     kernel's, and it needs no more registers."""
-    sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
-               ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32")
-    sig.update({n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
-                                   "s_os", "s_nb")})
+    sig = PARTIAL_SIG
 
     def sass_of(append, cache):
         return build(pa._partial_kernel, sig, dict(G=4, GP=16, D=D, PS=16, BLOCK=block, MULTI=True, NKV=8,
@@ -90,10 +91,7 @@ def test_head_major_grid_builds_the_same_loop(D, block, stages):
     """MPK_PAGED_GRID=head (HEAD_MAJOR) swaps which program index names the row and which the KV head, nothing
     else: registers within 8 of each other (the allocator's choices; both <= 128, so the same CTAs an SM at 4 warps),
     the same Tensor Core, barrier and asynchronous-copy instructions, and instruction counts within 8."""
-    sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
-               ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32")
-    sig.update({n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
-                                   "s_os", "s_nb")})
+    sig = PARTIAL_SIG
     (r0, _, row), (r1, _, head) = (build(pa._partial_kernel, sig, dict(
         G=4, GP=16, D=D, PS=16, BLOCK=block, MULTI=True, NKV=8, APPEND=True, ROW_KEYS=2, USED=True, APPEND_CACHE=True,
         HEAD_MAJOR=hm), num_warps=4, num_stages=stages) for hm in (False, True))
@@ -111,10 +109,7 @@ def test_grouped_heads_build_the_same_work(D, tile, stages):
     """MPK_PAGED_HEADS=group (HG = 4 KV heads a program, the tile's rows their keys): the build spills nothing, its
     K / V copies and the Tensor Core, exponential and barrier instructions are the one-head kernel's at the same
     tile, and registers stay <= 128 at these shapes (4 CTAs an SM at 4 warps, as the tuned one-head shapes)."""
-    sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
-               ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32")
-    sig.update({n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
-                                   "s_os", "s_nb")})
+    sig = PARTIAL_SIG
     (r1, st1, one), (r4, st4, group) = (build(pa._partial_kernel, sig, dict(
         G=4, GP=16, D=D, PS=16, BLOCK=tile // hg, MULTI=True, NKV=8, APPEND=True, ROW_KEYS=2, USED=True,
         APPEND_CACHE=True, HG=hg), num_warps=4, num_stages=stages) for hg in (1, 4))
@@ -131,10 +126,7 @@ def test_index_prefetch_deepens_the_pipeline():
     4 each add a K / V block of shared memory. Without it they add less than one (the pipeliner keeps one block
     ahead)."""
     import triton as _t
-    sig = dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
-               ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32")
-    sig.update({n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
-                                   "s_os", "s_nb")})
+    sig = PARTIAL_SIG
 
     def smem(ahead: bool, stages: int) -> int:
         const = with_defaults(pa._partial_kernel, sig, dict(G=4, GP=16, D=64, PS=16, BLOCK=64, MULTI=True, NKV=8,
