@@ -81,20 +81,6 @@ def test_paged_decode_attention_interpreter(monkeypatch, B, nq, nkv, D, PS, L, S
         assert (out[1] == 0).all() if B > 1 else True
 
 
-def test_head_group(monkeypatch):
-    """MPK_PAGED_HEADS=group: the largest power of two of KV heads dividing nkv whose q rows fit 16; one head under
-    "one" (the default) and with appends substituted from registers."""
-    monkeypatch.setenv("MPK_PAGED_HEADS", "group")
-    for G, nkv, want in ((4, 8, 4), (4, 2, 2), (1, 4, 4), (1, 32, 16), (8, 8, 2), (16, 8, 1), (32, 8, 1), (3, 2, 2),
-                         (4, 1, 1), (4, 6, 2)):
-        assert pa.head_group(G, nkv) == want, (G, nkv)
-    assert pa.head_group(4, 8, register_appends=True) == 1
-    monkeypatch.setenv("MPK_PAGED_HEADS", "one")
-    assert pa.head_group(4, 8) == 1
-    monkeypatch.delenv("MPK_PAGED_HEADS")
-    assert pa.head_group(4, 8) == 1
-
-
 def test_tuned_config_lookup():
     """config_for: the measured point nearest in log2 (programs, keys) of the head dim; the default elsewhere."""
     assert pa.config_for(64, 32, 8, 512) == pa.TUNED[(64, 256, 512)]
@@ -209,90 +195,6 @@ def test_rows_far_shorter_than_the_key_cap_interpreter(monkeypatch, S, cfg, mode
 
 
 @interp
-@pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
-def test_row_keys_stop_is_bitwise_the_full_walk_interpreter(monkeypatch, S, cfg):
-    """MPK_PAGED_ROW_KEYS=stop stops each program at its row's last key block: the output, the appended cache rows
-    (and so the split partials the merge read) are the full walk's, bit for bit; the config's field does the same."""
-    q, kc, vc, bt, pos, new, L, _, _ = _short_rows_case()
-    outs = _short_rows_under(monkeypatch, "MPK_PAGED_ROW_KEYS", ("cap", "stop"), S, cfg)
-    for a, b in zip(outs["cap"], outs["stop"]):
-        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
-    assert torch.isfinite(outs["stop"][0]).all() and torch.equal(outs["stop"][0][1], torch.zeros_like(q[1]))
-    monkeypatch.delenv("MPK_PAGED_ROW_KEYS")
-    out = torch.empty_like(q)
-    pa.paged_decode_attention(q, kc.clone(), vc.clone(), bt, pos, 0.25, L, out, S, kv_new=new,
-                              config=dataclasses.replace(cfg or pa.PagedAttnConfig(), row_keys="stop"))
-    assert torch.equal(out, outs["stop"][0])
-
-
-@interp
-@pytest.mark.parametrize("mode", pa.ROW_KEYS)
-@pytest.mark.parametrize("S,cfg", [s for s in SHAPES_SHORT if s[0] > 1])
-def test_used_splits_is_bitwise_the_full_merge_interpreter(monkeypatch, S, cfg, mode):
-    """MPK_PAGED_USED_SPLITS=1: the merge reads only the splits holding its row's keys and the others store nothing
-    (their partial buffers are NaN here, so reading one would show): the output and the appended rows are the full
-    merge's, bit for bit, in every MPK_PAGED_ROW_KEYS mode; the inactive row still gets zeros."""
-    q = _short_rows_case()[0]
-    monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
-    real = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: real(*a, **k).fill_(float("nan")))
-    outs = _short_rows_under(monkeypatch, "MPK_PAGED_USED_SPLITS", ("0", "1"), S, cfg)
-    assert torch.isfinite(outs["1"][0]).all() and torch.equal(outs["1"][0][1], torch.zeros_like(q[1]))
-    for a, b in zip(outs["0"], outs["1"]):
-        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
-
-
-@interp
-@pytest.mark.parametrize("used", ["0", "1"])
-@pytest.mark.parametrize("mode", pa.ROW_KEYS)
-@pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
-def test_append_through_the_cache_is_bitwise_the_register_path_interpreter(monkeypatch, S, cfg, mode, used):
-    """MPK_PAGED_APPEND=cache: the program owning a row's new key writes it into the cache and reads it back like
-    any key (no per-block substitution): the output and the appended rows are the default's, bit for bit, in every
-    row-keys mode and split count, with MPK_PAGED_USED_SPLITS either way; the inactive row gets zeros."""
-    q = _short_rows_case()[0]
-    monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
-    monkeypatch.setenv("MPK_PAGED_USED_SPLITS", used)
-    outs = _short_rows_under(monkeypatch, "MPK_PAGED_APPEND", ("regs", "cache"), S, cfg)
-    assert torch.isfinite(outs["cache"][0]).all() and torch.equal(outs["cache"][0][1], torch.zeros_like(q[1]))
-    for a, b in zip(outs["regs"], outs["cache"]):
-        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
-
-
-@interp
-@pytest.mark.parametrize("mode", pa.ROW_KEYS)
-@pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
-def test_head_major_grid_is_bitwise_the_row_major_interpreter(monkeypatch, S, cfg, mode):
-    """MPK_PAGED_GRID=head launches the same programs with the KV head as the fastest index: the output and the
-    appended rows are the row-major grid's, bit for bit, in every row-keys mode and split count."""
-    monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
-    outs = _short_rows_under(monkeypatch, "MPK_PAGED_GRID", ("row", "head"), S, cfg)
-    for a, b in zip(outs["row"], outs["head"]):
-        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
-
-
-@pytest.mark.parametrize("var,read,table,bad,msg", [
-    ("MPK_PAGED_ROW_KEYS", pa.row_keys, (("", "split"), ("cap", "cap"), ("stop", "stop"), ("split", "split")), "1",
-     "expected one of cap, stop, split .unset: split"),
-    ("MPK_PAGED_USED_SPLITS", pa.used_splits, (("", True), ("0", False), ("1", True)), "yes",
-     "expected 1 .on. or 0 .off."),
-    ("MPK_PAGED_APPEND", pa.append_cache, (("", True), ("regs", False), ("cache", True)), "1",
-     "expected one of regs, cache .unset: cache"),
-    ("MPK_PAGED_GRID", pa.grid_order, (("", "row"), ("row", "row"), ("head", "head")), "kv",
-     "expected one of row, head .unset: row"),
-    ("MPK_PAGED_HEADS", pa.heads_mode, (("", "one"), ("one", "one"), ("group", "group")), "all",
-     "expected one of one, group .unset: one")])
-def test_switch_values(monkeypatch, var, read, table, bad, msg):
-    """The paged kernel's switches: each value, unset = the default, anything else an error naming the switch."""
-    for v, want in table:
-        monkeypatch.setenv(var, v)
-        assert read() == want and type(read()) is type(want)
-    monkeypatch.setenv(var, bad)
-    with pytest.raises(ValueError, match=f"{var}='{bad}': {msg}"):
-        read()
-
-
-@interp
 def test_head_dims_the_kernel_cannot_take_fall_back(monkeypatch):
     """A head dim that is not a power of two >= 16 (e.g. 24 here, 80 / 96 in some models) takes the gather + SDPA
     path: a whole step with the switch on gives the switch-off step's logits, tokens and caches, and never calls
@@ -315,33 +217,6 @@ def test_head_dims_the_kernel_cannot_take_fall_back(monkeypatch):
     torch.testing.assert_close(res["1"][0], res["0"][0], rtol=1e-5, atol=1e-5)
     assert torch.equal(res["1"][1], res["0"][1])
     assert all(torch.equal(a, b) for a, b in zip(res["1"][2], res["0"][2]))
-
-
-@interp
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
-def test_grouped_heads_in_a_whole_step_interpreter(monkeypatch, model):
-    """A whole conventional step (deferred appends into the kernel) with a program per group of KV heads
-    (MPK_PAGED_HEADS=group, the kernel taking more than one head a program here) against one a head: the same
-    tokens, logits and caches to fp32 rounding (layer 0's appended rows bit for bit)."""
-    import tests.runtime.test_conventional_op_count as oc
-    hgs = []
-    real = pa.head_group
-    monkeypatch.setattr(pa, "head_group", lambda *a, **k: hgs.append(real(*a, **k)) or hgs[-1])
-    res = {}
-    for heads in ("one", "group"):
-        monkeypatch.setenv("MPK_PAGED_HEADS", heads)
-        cfg, g, mem, ex, ctx = oc.build(model, 3, context=70, dtype="float32", greedy=True)
-        ex.run([ctx])
-        res[heads] = (mem.t("logits").clone(), mem.t("next_tokens").clone(),
-                      [c.clone() for c in mem.kvstore.k], [c.clone() for c in mem.kvstore.v])
-    assert hgs and max(hgs) > 1 and min(hgs) == 1
-    (lg, tg, kg, vg), (lo, to, ko, vo) = res["group"], res["one"]
-    torch.testing.assert_close(lg, lo, rtol=1e-5, atol=1e-5)
-    assert torch.equal(tg, to)
-    # layer 0's appended rows come before any attention: bit for bit; later layers' from its output, to rounding
-    assert torch.equal(kg[0], ko[0]) and torch.equal(vg[0], vo[0])
-    for a, b in zip(kg + vg, ko + vo):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_splits_rule_and_bad_input():
