@@ -4,7 +4,6 @@ Triton interpreter where Triton is installed (`pip install triton`, TRITON_INTER
 so fp32 / fp16 stand in); CI's CPU torch has no Triton, so there these skip. The gpu-marked tests run it compiled."""
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 
