@@ -52,11 +52,13 @@
 # 2. Current rows at ctx 1024 / 2048 for B=32 / 128 (session 39's conventional steps there ran the register
 #    appends): `N=val2k T=330 VAL_CTXS=2048 VAL_B2048=32,128 VAL_LIM=320 bash scripts/gpu_run.sh val`, out of
 #    sample for h200_v46 (docs/planner.md session 40; predicted: regret <= 3.2% at all four points).
-# 2b. The paged kernel at head dim 64, two candidates for its 58-76% of HBM (docs/perf-notes.md session 40), each
-#    `N=<name> T=380 SW=<switch> VALS="<default> <new>" bash scripts/gpu_run.sh sw`:
-#    SW=MPK_PAGED_HEADS VALS="one group" (a program per 4 KV heads; predicted llama B=32 4097 keys 101 -> 75-85 us a
-#    layer, B=128 310 -> 255-280, the step at llama B=32 / 128 ctx 4096 -0.3 / -0.6 ms), then SW=MPK_PAGED_GRID
-#    VALS="row head" (predicted llama B=128 310 -> 280-300, B=32 +-3%). Adopt what wins, re-run `cattn`.
+# 2b. The paged kernel at head dim 64, candidates for its 58-76% of HBM (docs/perf-notes.md session 40):
+#    `N=heads_op T=330 OPS=1 STEPS=0 SW=MPK_PAGED_HEADS VALS="one group all" bash scripts/gpu_run.sh sw`, then the
+#    step for the winners: `N=heads_st T=330 OPS=0 SW=MPK_PAGED_HEADS VALS="one group" bash scripts/gpu_run.sh sw`
+#    (group: a program per 4 KV heads; predicted llama B=32 4097 keys 101 -> 75-85 us a layer, B=128 310 -> 255-280,
+#    the step at llama B=32 / 128 ctx 4096 -0.3 / -0.6 ms; all: every head, twice the dot work, a guess only), then
+#    SW=MPK_PAGED_GRID VALS="row head" (predicted llama B=128 310 -> 280-300, B=32 +-3%). Adopt what wins, re-run
+#    `cattn`.
 # 3. Where gpt-fast's step goes at llama-3.2-1b B=128 ctx 4096 (5.56 ms against our 6.2-6.4, docs/perf-notes.md
 #    session 40: our paged kernel is 310 us a layer at 76% of HBM's rate): `N=pq T=250 PROF_FAMS="conventional
 #    gptfast" PROF_POINTS="4096:128" MODELS=llama-3.2-1b bash scripts/gpu_run.sh profq`.
@@ -250,29 +252,34 @@ for V in regs cache regs cache; do
   snap
 done
 elif [ "$MODE" = sw ]; then
-# sw (session 40): one kernel switch's two values A/B'd, $SW="$VALS" (e.g. SW=MPK_PAGED_GRID VALS="row head", or
-# SW=MPK_PAGED_HEADS VALS="one group"). The op alone (both models' shapes, B=32 / 128, 2049 / 4097 keys), A / B / A / B
-# (~2.5 min), then the conventional step at ${MODELS:-llama-3.2-1b} B=${BS:-32,128} ctx ${CTXS:-4096}, ABAB (~3.5 min).
-SW=${SW:?set SW to the switch, e.g. MPK_PAGED_GRID}; set -- ${VALS:?set VALS to its two values, e.g. \"row head\"}; VA=$1; VB=$2
-st "sw: the op alone (profile_conv_attn.py), $SW $VA / $VB / $VA / $VB"
-for R in 1 2; do
-  for V in $VA $VB; do
-    d="$OUT/sw/op${R}_$V"; mkdir -p "$d"
-    env $SW=$V timeout 40 python3 scripts/profile_conv_attn.py --out "$d" --cycle-mb 200 --tp 1 \
-        --batches 32,128 --keys 2049,4097 --budget-s 30 > "$d/conv_attn.log" 2>&1
-    grep "us per layer" "$d/conv_attn.log" | sed "s/^/[$V] /"
+# sw (session 40): one kernel switch's values A/B'd, $SW over "$VALS" (e.g. SW=MPK_PAGED_GRID VALS="row head", or
+# SW=MPK_PAGED_HEADS VALS="one group all"), each value run twice, in turn. The op alone (both models' shapes, B=32 /
+# 128, 2049 / 4097 keys; ~40 s a run), then the conventional step at ${MODELS:-llama-3.2-1b} B=${BS:-32,128} ctx
+# ${CTXS:-4096} (~50 s a run): two values ~6 min, three ~9 min (split them over two calls with OPS=0 / STEPS=0).
+SW=${SW:?set SW to the switch, e.g. MPK_PAGED_GRID}; VALS=${VALS:?set VALS to its values, e.g. \"row head\"}
+if [ "${OPS:-1}" = 1 ]; then
+  st "sw: the op alone (profile_conv_attn.py), $SW over $VALS, twice"
+  for R in 1 2; do
+    for V in $VALS; do
+      d="$OUT/sw/op${R}_$V"; mkdir -p "$d"
+      env $SW=$V timeout 40 python3 scripts/profile_conv_attn.py --out "$d" --cycle-mb 200 --tp 1 \
+          --batches 32,128 --keys 2049,4097 --budget-s 30 > "$d/conv_attn.log" 2>&1
+      grep "us per layer" "$d/conv_attn.log" | sed "s/^/[$V] /"
+    done
   done
-done
-st "sw: $SW $VA / $VB / $VA / $VB, ${MODELS:-llama-3.2-1b} B=${BS:-32,128} ctx ${CTXS:-4096}, conventional"
-n=0
-for V in $VA $VB $VA $VB; do
-  n=$((n + 1)); d="$OUT/sw/${n}_$V"; mkdir -p "$d"
-  env $SW=$V timeout ${LIM:-50} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-llama-3.2-1b} \
-      --context ${CTXS:-4096} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-50} - 12)) \
-      --out "$d" > "$d/validate.log" 2>&1
-  measured_rows "$d" "$V"
-  snap
-done
+fi
+if [ "${STEPS:-1}" = 1 ]; then
+  st "sw: $SW over $VALS, twice, ${MODELS:-llama-3.2-1b} B=${BS:-32,128} ctx ${CTXS:-4096}, conventional"
+  n=0
+  for V in $VALS $VALS; do
+    n=$((n + 1)); d="$OUT/sw/${n}_$V"; mkdir -p "$d"
+    env $SW=$V timeout ${LIM:-50} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-llama-3.2-1b} \
+        --context ${CTXS:-4096} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-50} - 12)) \
+        --out "$d" > "$d/validate.log" 2>&1
+    measured_rows "$d" "$V"
+    snap
+  done
+fi
 elif [ "$MODE" = pshape ]; then
 # pshape: paged-attention launch shapes A/B'd in the whole decode step (session 30: the kernel-alone sweep and the
 # step ranked qwen3-8b's read-ahead shapes oppositely). The conventional plan alone (validate_planner --families

@@ -127,25 +127,29 @@ def grid_order() -> str:
     return env_choice("MPK_PAGED_GRID", GRIDS, "row")
 
 
-HEADS = ("one", "group")
+HEADS = ("one", "group", "all")
 
 
 def heads_mode() -> str:
     """MPK_PAGED_HEADS: KV heads a program takes. "one" (the default); "group" (opt-in, session 40, not yet
     GPU-measured) = as many adjacent KV heads as fill 16 q rows (4 at 4 q heads a KV head), their keys as the tile's
     rows with other heads' scores masked: the same dots and work a key, a slot's bytes for the group read as one
-    run, one page lookup for the group, and 1 / HG of the programs (head_group; docs/perf-notes.md session 40)."""
+    run, one page lookup for the group, and 1 / HG of the programs; "all" = every KV head of the row (up to 64 q
+    rows: a whole slot's bytes contiguous, at twice the dot and exponential work a key where the q rows pass 16;
+    head_group; docs/perf-notes.md session 40)."""
     return env_choice("MPK_PAGED_HEADS", HEADS, "one")
 
 
 def head_group(G: int, nkv: int, register_appends: bool = False) -> int:
     """KV heads a program takes (HG): 1 under MPK_PAGED_HEADS=one, or with appends substituted from registers
     (MPK_PAGED_APPEND=regs: that path takes one head's row); else the largest power of two dividing nkv whose q rows
-    (G each) fit 16."""
-    if heads_mode() != "group" or register_appends:
+    (G each) fit 16 ("group") or 64 ("all")."""
+    mode = heads_mode()
+    if mode == "one" or register_appends:
         return 1
+    rows = 16 if mode == "group" else 64
     hg = 1
-    while 2 * hg * G <= 16 and nkv % (2 * hg) == 0:
+    while 2 * hg * G <= rows and nkv % (2 * hg) == 0:
         hg *= 2
     return hg
 

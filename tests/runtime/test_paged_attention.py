@@ -4,6 +4,7 @@ Triton interpreter where Triton is installed (`pip install triton`, TRITON_INTER
 so fp32 / fp16 stand in); CI's CPU torch has no Triton, so there these skip. The gpu-marked tests run it compiled."""
 from __future__ import annotations
 
+import itertools
 import math
 import os
 
@@ -309,16 +310,16 @@ def test_row_keys_gpu(D, L, monkeypatch):
     ref = reference(q, got["cap"][1], got["cap"][2], bt, pos, 1 / math.sqrt(D))
     for mode in ("cap", "split"):
         assert torch.isfinite(got[mode][0]).all() and (got[mode][0].float().cpu() - ref).abs().max() < 2e-2, mode
-    # a program per group of KV heads (MPK_PAGED_HEADS=group, 4 here, with the cache appends): the same appended
+    # a program per group of KV heads (MPK_PAGED_HEADS=group / all, 4 / 8 here, with the cache appends): the same appended
     # rows, bit for bit, and the reference's attention (its key blocks differ, so its sums round differently)
     monkeypatch.setenv("MPK_PAGED_APPEND", "cache")
-    monkeypatch.setenv("MPK_PAGED_HEADS", "group")
-    for mode in ("cap", "stop", "split"):
+    for heads, mode in itertools.product(("group", "all"), ("cap", "stop", "split")):
+        monkeypatch.setenv("MPK_PAGED_HEADS", heads)
         monkeypatch.setenv("MPK_PAGED_ROW_KEYS", mode)
         kc2, vc2, out = kc.clone(), vc.clone(), torch.empty_like(q)
         pa.paged_decode_attention(q, kc2, vc2, bt, pos, 1 / math.sqrt(D), L, out, kv_new=new)
-        assert same(kc2, got[mode][1]) and same(vc2, got[mode][2]), mode
-        assert torch.isfinite(out).all() and (out.float().cpu() - ref).abs().max() < 2e-2, mode
+        assert same(kc2, got[mode][1]) and same(vc2, got[mode][2]), (heads, mode)
+        assert torch.isfinite(out).all() and (out.float().cpu() - ref).abs().max() < 2e-2, (heads, mode)
 
 
 @pytest.mark.gpu

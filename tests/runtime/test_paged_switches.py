@@ -14,13 +14,16 @@ from tests.runtime.test_paged_attention import SHAPES_SHORT, _short_rows_case, _
 
 
 def test_head_group(monkeypatch):
-    """MPK_PAGED_HEADS=group: the largest power of two of KV heads dividing nkv whose q rows fit 16; one head under
-    "one" (the default) and with appends substituted from registers."""
+    """MPK_PAGED_HEADS=group: the largest power of two of KV heads dividing nkv whose q rows fit 16 (all: 64); one
+    head under "one" (the default) and with appends substituted from registers."""
     monkeypatch.setenv("MPK_PAGED_HEADS", "group")
     for G, nkv, want in ((4, 8, 4), (4, 2, 2), (1, 4, 4), (1, 32, 16), (8, 8, 2), (16, 8, 1), (32, 8, 1), (3, 2, 2),
                          (4, 1, 1), (4, 6, 2)):
         assert pa.head_group(G, nkv) == want, (G, nkv)
     assert pa.head_group(4, 8, register_appends=True) == 1
+    monkeypatch.setenv("MPK_PAGED_HEADS", "all")
+    for G, nkv, want in ((4, 8, 8), (4, 2, 2), (1, 32, 32), (8, 8, 8), (16, 8, 4), (32, 8, 2), (4, 6, 2)):
+        assert pa.head_group(G, nkv) == want, (G, nkv)
     monkeypatch.setenv("MPK_PAGED_HEADS", "one")
     assert pa.head_group(4, 8) == 1
     monkeypatch.delenv("MPK_PAGED_HEADS")
@@ -99,8 +102,8 @@ def test_head_major_grid_is_bitwise_the_row_major_interpreter(monkeypatch, S, cf
      "expected one of regs, cache .unset: cache"),
     ("MPK_PAGED_GRID", pa.grid_order, (("", "row"), ("row", "row"), ("head", "head")), "kv",
      "expected one of row, head .unset: row"),
-    ("MPK_PAGED_HEADS", pa.heads_mode, (("", "one"), ("one", "one"), ("group", "group")), "all",
-     "expected one of one, group .unset: one")])
+    ("MPK_PAGED_HEADS", pa.heads_mode, (("", "one"), ("one", "one"), ("group", "group"), ("all", "all")), "8",
+     "expected one of one, group, all .unset: one")])
 def test_switch_values(monkeypatch, var, read, table, bad, msg):
     """The paged kernel's switches: each value, unset = the default, anything else an error naming the switch."""
     for v, want in table:
@@ -115,24 +118,26 @@ def test_switch_values(monkeypatch, var, read, table, bad, msg):
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
 def test_grouped_heads_in_a_whole_step_interpreter(monkeypatch, model):
     """A whole conventional step (deferred appends into the kernel) with a program per group of KV heads
-    (MPK_PAGED_HEADS=group, the kernel taking more than one head a program here) against one a head: the same
+    (MPK_PAGED_HEADS=group / all, the kernel taking more than one head a program here) against one a head: the same
     tokens, logits and caches to fp32 rounding (layer 0's appended rows bit for bit)."""
     import tests.runtime.test_conventional_op_count as oc
     hgs = []
     real = pa.head_group
     monkeypatch.setattr(pa, "head_group", lambda *a, **k: hgs.append(real(*a, **k)) or hgs[-1])
     res = {}
-    for heads in ("one", "group"):
+    for heads in pa.HEADS:
         monkeypatch.setenv("MPK_PAGED_HEADS", heads)
         cfg, g, mem, ex, ctx = oc.build(model, 3, context=70, dtype="float32", greedy=True)
         ex.run([ctx])
         res[heads] = (mem.t("logits").clone(), mem.t("next_tokens").clone(),
                       [c.clone() for c in mem.kvstore.k], [c.clone() for c in mem.kvstore.v])
     assert hgs and max(hgs) > 1 and min(hgs) == 1
-    (lg, tg, kg, vg), (lo, to, ko, vo) = res["group"], res["one"]
-    torch.testing.assert_close(lg, lo, rtol=1e-5, atol=1e-5)
-    assert torch.equal(tg, to)
-    # layer 0's appended rows come before any attention: bit for bit; later layers' from its output, to rounding
-    assert torch.equal(kg[0], ko[0]) and torch.equal(vg[0], vo[0])
-    for a, b in zip(kg + vg, ko + vo):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    lo, to, ko, vo = res["one"]
+    for heads in ("group", "all"):
+        lg, tg, kg, vg = res[heads]
+        torch.testing.assert_close(lg, lo, rtol=1e-5, atol=1e-5)
+        assert torch.equal(tg, to)
+        # layer 0's appended rows come before any attention: bit for bit; later layers' from its output, to rounding
+        assert torch.equal(kg[0], ko[0]) and torch.equal(vg[0], vo[0])
+        for a, b in zip(kg + vg, ko + vo):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
