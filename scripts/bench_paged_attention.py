@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _bench_common import graph_us  # noqa: E402
+from mpk_runtime.envflags import resolved_switches  # noqa: E402
 from mpk_runtime.models import load_config  # noqa: E402
 from mpk_runtime.runtime import paged_attention as pa  # noqa: E402
 
@@ -127,7 +128,7 @@ def main() -> None:
                 except Exception as e:   # a config this GPU cannot launch (shared memory): recorded, not fatal
                     print(f"{model} B={B} keys={L} {c}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                     continue
-                S = pa.splits_for(B, cfg.num_kv_heads, L, c.block_n, c.target_programs)
+                S = pa.launch_shape(B, cfg.num_heads, cfg.num_kv_heads, L, c)[3]
                 r = dict(model=model, B=B, keys=L, block_n=c.block_n, target=c.target_programs, warps=c.num_warps,
                          stages=c.num_stages, idx_ahead=c.idx_ahead, splits=S, us=round(us, 2), tbs=round(kv_bytes / us / 1e6, 3),
                          max_err_vs_default=err, default=c == pa.DEFAULT_CONFIG)
@@ -155,7 +156,8 @@ def main() -> None:
             torch.cuda.empty_cache()
     os.makedirs(a.out, exist_ok=True)
     meta = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
-                commit=os.environ.get("GIT_COMMIT", "unknown"), l2_mb=a.l2_mb, triton=pa.triton.__version__)
+                commit=os.environ.get("GIT_COMMIT", "unknown"), l2_mb=a.l2_mb, triton=pa.triton.__version__,
+                switches=resolved_switches())
     with open(os.path.join(a.out, "paged_attention.json"), "w") as f:
         json.dump(dict(meta=meta, best=best, rows=rows), f, indent=1)
     heads = {m: (load_config(m).head_dim, load_config(m).num_kv_heads) for m in a.models.split(",")}

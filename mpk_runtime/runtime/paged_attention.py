@@ -234,6 +234,16 @@ def splits_for(B: int, nkv: int, L: int, block_n: int = BLOCK_N, target: int = T
     return max(1, min(blocks, -(-target // max(1, B * nkv))))
 
 
+def launch_shape(B: int, nq: int, nkv: int, L: int, config: PagedAttnConfig,
+                 register_appends: bool = False) -> tuple[int, int, int, int]:
+    """(HG, GP, BN, S) of a launch: KV heads a program (head_group), q rows padded for the dot (>= 16), keys a loop
+    step (the config's tile rows over HG heads) and key splits (splits_for over B x nkv / HG programs)."""
+    G = nq // nkv
+    HG = head_group(G, nkv, register_appends)
+    BN = max(1, config.block_n // HG)
+    return HG, max(16, 1 << (G * HG - 1).bit_length()), BN, splits_for(B, nkv // HG, L, BN, config.target_programs)
+
+
 # torch.compile (MPK_CONV_COMPILE=1 compiles whole conventional segments) does not trace into it: a graph break at
 # the attention, and the kernel launched as it is eagerly (under TRITON_INTERPRET=1 dynamo would trace the interpreter)
 @torch.compiler.disable
@@ -263,11 +273,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError(f"paged_decode_attention: kv_new {tuple(kv_new.shape)}, expected ({B}, {2 * nkv * D})")
     G = nq // nkv
     used, acache = used_splits(), append_cache()
-    HG = head_group(G, nkv, register_appends=kv_new is not None and not acache)
-    GP = max(16, 1 << (G * HG - 1).bit_length())
     config = config or config_for(D, B, nkv, L_cap)
-    BN = max(1, config.block_n // HG)   # keys a loop step (its tile rows: config.block_n, HG heads' keys)
-    S = splits or splits_for(B, nkv // HG, L_cap, BN, config.target_programs)
+    HG, GP, BN, S = launch_shape(B, nq, nkv, L_cap, config, register_appends=kv_new is not None and not acache)
+    S = splits or S
     per = -(-L_cap // S)
     NB = -(-per // BN)
     if S == 1:

@@ -30,6 +30,18 @@ def test_head_group(monkeypatch):
     assert pa.head_group(4, 8) == 1
 
 
+def test_launch_shape_follows_the_head_group(monkeypatch):
+    """launch_shape: one head a program -> the config's keys a step and B x nkv programs' splits; a group of 4 ->
+    a quarter of the keys a step (the same tile rows), B x nkv / 4 programs, so more splits; q rows padded to 16."""
+    cfg = pa.PagedAttnConfig(128, 528, 4, 1)
+    assert pa.launch_shape(32, 32, 8, 4097, cfg) == (1, 16, 128, 3)
+    monkeypatch.setenv("MPK_PAGED_HEADS", "group")
+    assert pa.launch_shape(32, 32, 8, 4097, cfg) == (4, 16, 32, 9)
+    assert pa.launch_shape(32, 32, 8, 4097, cfg, register_appends=True) == (1, 16, 128, 3)
+    monkeypatch.setenv("MPK_PAGED_HEADS", "all")
+    assert pa.launch_shape(128, 32, 8, 4097, cfg) == (8, 32, 16, 5)
+
+
 @interp
 @pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
 def test_row_keys_stop_is_bitwise_the_full_walk_interpreter(monkeypatch, S, cfg):
