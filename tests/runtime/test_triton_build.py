@@ -4,52 +4,24 @@ nothing and its K / V loads are asynchronous copies (LDGSTS, pipelined). Needs T
 cuobjdump; CI's CPU torch has none, so there this skips); no GPU needed."""
 from __future__ import annotations
 
-import inspect
 import os
 import re
-import subprocess
-import tempfile
 
 import pytest
 
 triton = pytest.importorskip("triton", reason="needs Triton (pip install triton): it builds without a GPU")
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 from mpk_runtime.runtime import paged_attention as pa, skinny_gemm as sg  # noqa: E402
+from mpk_runtime.runtime.triton_offline import PARTIAL_SIG, build_offline  # noqa: E402
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytestmark = pytest.mark.skip(reason="TRITON_INTERPRET=1 replaces the kernels by the interpreter's")
 
 
-# the paged attention partial kernel's run-time arguments, typed as the JIT sees them on the H200
-PARTIAL_SIG = {**dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
-                      ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32"),
-               **{n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
-                                     "s_os", "s_nb")}}
-
-
-def with_defaults(fn, sig: dict, const: dict) -> dict:
-    """const plus the kernel's constexprs it leaves out, at their defaults, as a JIT launch gives them (ASTSource
-    would pass None)."""
-    return {**{n: p.default for n, p in inspect.signature(fn.fn).parameters.items()
-               if p.default is not inspect.Parameter.empty and n not in sig}, **const}
-
-
 def build(fn, sig: dict, const: dict, **opts):
-    const = with_defaults(fn, sig, const)
-    sig = {**sig, **{k: "constexpr" for k in const}}
-    aligned = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
-               if t.startswith("*") or n.startswith("s_") or n.startswith("stride")}
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=aligned),
-                       target=GPUTarget("cuda", 90, 32), options=opts)
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"]); f.flush()
-        usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
-    regs, stack = (int(re.search(rf"{w}:(\d+)", usage).group(1)) for w in ("REG", "STACK"))
-    return regs, stack, sass
+    """(registers, stack bytes, SASS) of fn built offline for sm_90 (runtime/triton_offline.py)."""
+    b = build_offline(fn, sig, const, **opts)
+    return b.regs, b.stack, b.sass
 
 
 @pytest.mark.parametrize("D,append", [(64, False), (64, True), (128, True)])
@@ -125,18 +97,10 @@ def test_index_prefetch_deepens_the_pipeline():
     """With the page indices a block ahead (PagedAttnConfig.idx_ahead) num_stages buys K / V buffers: stages 3 and
     4 each add a K / V block of shared memory. Without it they add less than one (the pipeliner keeps one block
     ahead)."""
-    import triton as _t
-    sig = PARTIAL_SIG
-
     def smem(ahead: bool, stages: int) -> int:
-        const = with_defaults(pa._partial_kernel, sig, dict(G=4, GP=16, D=64, PS=16, BLOCK=64, MULTI=True, NKV=8,
-                                                            APPEND=True, IDX_AHEAD=ahead))
-        s2 = {**sig, **{k: "constexpr" for k in const}}
-        aligned = {(pa._partial_kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in s2.items()
-                   if t.startswith("*") or n.startswith("s_")}
-        k = _t.compile(ASTSource(fn=pa._partial_kernel, signature=s2, constexprs=const, attrs=aligned),
-                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=stages))
-        return k.metadata.shared
+        return build_offline(pa._partial_kernel, PARTIAL_SIG, dict(G=4, GP=16, D=64, PS=16, BLOCK=64, MULTI=True,
+                                                                   NKV=8, APPEND=True, IDX_AHEAD=ahead),
+                             num_warps=4, num_stages=stages).smem
 
     block = 64 * 64 * 2 * 2   # one block's K and V (64 keys x head dim 64, bf16)
     assert smem(True, 3) - smem(True, 2) >= block and smem(True, 4) - smem(True, 3) >= block

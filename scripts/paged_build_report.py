@@ -1,0 +1,90 @@
+"""What the paged attention's launch looks like at the models' points, read from offline sm_90 builds (no GPU): for
+each point and each MPK_PAGED_HEADS mode, the launch shape a call takes (runtime/paged_attention.config_for and
+launch_shape), the partial kernel's registers and shared memory, the CTAs an SM holds, the programs and the waves
+they make on 132 SMs, the key blocks a program walks, and the contiguous bytes a slot's read is made of.
+
+    PYTHONPATH=. python3 scripts/paged_build_report.py [--models llama-3.2-1b,qwen3-8b] [--batches 8,32,128]
+        [--keys 2049,4097] [--heads one,group,all] [--out report.json]
+
+Needs Triton (pip install triton; it builds without a GPU). Why (docs/perf-notes.md session 40): the kernel reads K / V
+at 58-76% of HBM's rate at head dim 64 and 74-92% at 128; the report puts each candidate's launch side by side before
+GPU time is spent on it. It predicts nothing by itself: the A/B is scripts/gpu_pending.sh mode sw.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mpk_runtime.models import load_config  # noqa: E402
+from mpk_runtime.runtime import paged_attention as pa  # noqa: E402
+from mpk_runtime.runtime.triton_offline import PARTIAL_SIG, build_offline  # noqa: E402
+
+NUM_SMS = 132
+
+
+def point(model: str, B: int, keys: int, heads: str, builds: dict) -> dict:
+    """One row of the report: the launch of model's attention at B rows of `keys` keys under MPK_PAGED_HEADS=heads
+    (the deferred appends through the cache, split rows: the defaults). builds caches the offline builds."""
+    cfg = load_config(model)
+    nq, nkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    os.environ["MPK_PAGED_HEADS"] = heads
+    c = pa.config_for(D, B, nkv, keys)
+    HG, GP, BN, S = pa.launch_shape(B, nq, nkv, keys, c)
+    const = dict(G=nq // nkv, GP=GP, D=D, PS=16, BLOCK=BN, MULTI=S > 1, NKV=nkv, APPEND=True, ROW_KEYS=2,
+                 APPEND_CACHE=True, USED=S > 1, HG=HG, IDX_AHEAD=c.idx_ahead)
+    key = (tuple(sorted(const.items())), c.num_warps, c.num_stages)
+    if key not in builds:
+        builds[key] = build_offline(pa._partial_kernel, PARTIAL_SIG, const, c.num_warps, c.num_stages)
+    b = builds[key]
+    ctas = b.ctas_per_sm()
+    programs = B * (nkv // HG) * S
+    return dict(model=model, B=B, keys=keys, heads=heads, heads_a_program=HG, q_rows=GP, keys_a_step=BN,
+                tile_rows=BN * HG, warps=c.num_warps, stages=c.num_stages, splits=S, regs=b.regs, smem=b.smem,
+                spills=b.stack, ctas_per_sm=ctas, programs=programs,
+                waves=round(programs / (NUM_SMS * ctas), 2), steps_a_program=math.ceil(math.ceil(keys / S) / BN),
+                contiguous_bytes=HG * D * 2, kv_mb=round(2 * B * keys * nkv * D * 2 / 1e6, 1))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="llama-3.2-1b,qwen3-8b")
+    ap.add_argument("--batches", default="8,32,128")
+    ap.add_argument("--keys", default="2049,4097")
+    ap.add_argument("--heads", default=",".join(pa.HEADS))
+    ap.add_argument("--out", default="")
+    a = ap.parse_args(argv)
+    bad = [h for h in a.heads.split(",") if h not in pa.HEADS]
+    if bad:
+        raise SystemExit(f"paged_build_report.py: unknown --heads {','.join(bad)} (one of {', '.join(pa.HEADS)})")
+    if pa.triton is None:
+        raise SystemExit("paged_build_report.py needs Triton (pip install triton): it builds for sm_90 without a GPU")
+    saved = os.environ.get("MPK_PAGED_HEADS")
+    builds: dict = {}
+    rows = []
+    try:
+        for model in a.models.split(","):
+            for B in map(int, a.batches.split(",")):
+                for keys in map(int, a.keys.split(",")):
+                    for heads in a.heads.split(","):
+                        rows.append(point(model, B, keys, heads, builds))
+    finally:
+        if saved is None:
+            os.environ.pop("MPK_PAGED_HEADS", None)
+        else:
+            os.environ["MPK_PAGED_HEADS"] = saved
+    cols = ("model", "B", "keys", "heads", "heads_a_program", "tile_rows", "warps", "stages", "splits", "regs", "smem",
+            "ctas_per_sm", "programs", "waves", "steps_a_program", "contiguous_bytes")
+    print(" ".join(f"{c:>12}" if c != "model" else f"{c:<13}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r[c]:>12}" if c != "model" else f"{r[c]:<13}" for c in cols))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(dict(num_sms=NUM_SMS, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
