@@ -58,7 +58,8 @@
 #    (group: a program per 4 KV heads; predicted llama B=32 4097 keys 101 -> 75-85 us a layer, B=128 310 -> 255-280,
 #    the step at llama B=32 / 128 ctx 4096 -0.3 / -0.6 ms; all: every head, twice the dot work, a guess only), then
 #    SW=MPK_PAGED_GRID VALS="row head" (predicted llama B=128 310 -> 280-300, B=32 +-3%). Adopt what wins, re-run
-#    `cattn`.
+#    `cattn`; for group at 512 keys first `MPK_PAGED_HEADS=group N=sw_g bash scripts/gpu_run.sh sweep` (its tuned
+#    3-stage shapes there take 160 registers: scripts/paged_build_report.py).
 # 3. Where gpt-fast's step goes at llama-3.2-1b B=128 ctx 4096 (5.56 ms against our 6.2-6.4, docs/perf-notes.md
 #    session 40: our paged kernel is 310 us a layer at 76% of HBM's rate): `N=pq T=250 PROF_FAMS="conventional
 #    gptfast" PROF_POINTS="4096:128" MODELS=llama-3.2-1b bash scripts/gpu_run.sh profq`.
