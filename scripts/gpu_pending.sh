@@ -22,6 +22,7 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh val      # stage 4d (one GPU): validate_planner ctx 512 + 4096 (default profile)
 #     OUT=$OUT bash scripts/gpu_pending.sh attn     # stage 3d (one GPU): tests of the attention switches' other sides
 #     OUT=$OUT bash scripts/gpu_pending.sh san      # stage 3g (one GPU): memcheck + racecheck of the defaults
+#     OUT=$OUT bash scripts/gpu_pending.sh ncupa    # (one GPU, ~2 min): ncu of the paged attention kernel, one / group
 #     OUT=$OUT bash scripts/gpu_pending.sh ncuatt   # stage 4e (one GPU): ncu stall sampling of attention's passes (~5 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh launch   # stage 4f (one GPU): a megakernel segment's fixed cost in graphs (~2 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
@@ -52,7 +53,9 @@
 # 2. Current rows at ctx 1024 / 2048 for B=32 / 128 (session 39's conventional steps there ran the register
 #    appends): `N=val2k T=330 VAL_CTXS=2048 VAL_B2048=32,128 VAL_LIM=320 bash scripts/gpu_run.sh val`, out of
 #    sample for h200_v46 (docs/planner.md session 40; predicted: regret <= 3.2% at all four points).
-# 2b. The paged kernel at head dim 64, candidates for its 58-76% of HBM (docs/perf-notes.md session 40):
+# 2b. The paged kernel at head dim 64, candidates for its 58-76% of HBM (docs/perf-notes.md session 40). First what
+#    it waits on: `N=ncupa T=200 bash scripts/gpu_run.sh ncupa` (ncu, llama B=32 / 128 at 4097 keys, one and group).
+#    Then:
 #    `N=heads_op T=330 OPS=1 STEPS=0 SW=MPK_PAGED_HEADS VALS="one group all" bash scripts/gpu_run.sh sw`, then the
 #    step for the winners: `N=heads_st T=330 OPS=0 SW=MPK_PAGED_HEADS VALS="one group" bash scripts/gpu_run.sh sw`
 #    (group: a program per 4 KV heads; predicted llama B=32 4097 keys 101 -> 75-85 us a layer, B=128 310 -> 255-280,
@@ -367,6 +370,25 @@ for PT in ${NCU_POINTS:-128:4096 32:512}; do
 done
 cp "$(python3 -c 'from mpk_runtime.codegen import nvcc; print(nvcc.build().cubin)')" "$OUT/ncu/"; snap   # (the profiled build)
 # here: nvdisasm -gi megakernel.cubin > mk.sass; python3 scripts/ncu_stalls.py mk.sass src.csv --function attn_partial
+elif [ "$MODE" = ncupa ]; then
+# ncupa (session 40): ncu of the paged attention's partial kernel (the conventional attention) at llama-3.2-1b
+# B:keys in ${NCU_POINTS:-32:4097 128:4097}, for each MPK_PAGED_HEADS value in ${NCU_HEADS:-one group}: what a CTA
+# waits on (long scoreboard = its K / V loads; barrier; math pipe throttle), DRAM throughput and the bytes a request
+# moves (docs/perf-notes.md session 40: ~6 GB/s a CTA at head dim 64 whatever the block size or stages; ~2 min).
+for PT in ${NCU_POINTS:-32:4097 128:4097}; do
+  for H in ${NCU_HEADS:-one group}; do
+    NB=${PT%%:*}; NK=${PT##*:}; d="$OUT/ncupa/b${NB}_k${NK}_$H"; mkdir -p "$d"
+    MPK_PAGED_HEADS=$H timeout 120 ncu --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy --section LaunchStats -k regex:_partial_kernel \
+        --launch-skip 1 --launch-count 1 -f -o "$d/prof" python3 scripts/profile_conv_attn.py --out "$d" \
+        --models ${MODELS:-llama-3.2-1b} --tp 1 --batches $NB --keys $NK --cycle-mb 200 --budget-s 60 \
+        > "$d/ncu.log" 2>&1
+    timeout 60 ncu -i "$d/prof.ncu-rep" --page details > "$d/details.txt" 2>> "$d/ncu.log"
+    echo "[$H B=$NB keys=$NK]"; grep -iE "duration|dram throughput|memory throughput|achieved occupancy|stall|registers" \
+        "$d/details.txt" | head -16
+    rm -f "$d/prof.ncu-rep"; snap
+  done
+done
 elif [ "$MODE" = launch ]; then
 st "4f what a megakernel segment costs beyond its tasks, in CUDA graphs (scripts/bench_mk_launch.py)"
 OUT="$OUT/bench" timeout 200 python3 scripts/bench_mk_launch.py --batches ${LAUNCH_BATCHES:-1,32,128} > "$OUT/bench/mk_launch.log" 2>&1
