@@ -42,6 +42,9 @@ def configs(D: int) -> list[pa.PagedAttnConfig]:
             continue   # shared memory: 128 keys x 128 dims x 2 (K, V) x 2 B x 4 stages = 256 KB
         out.append(pa.PagedAttnConfig(bn, tgt, 4, st))
     out += [pa.PagedAttnConfig(128, t, 8, 3) for t in (264, 528, 1056)]
+    # 8 warps with one or two buffers (session 40: a CTA's rate at head dim 64 looks latency-bound, ~13 cycles an
+    # instruction a warp; 8 warps split the same tile's rows, so each warp's chain is shorter; none swept before)
+    out += [pa.PagedAttnConfig(bn, t, 8, st) for bn in (64, 128) for t in (528, 1056) for st in (1, 2)]
     # the page indices a block ahead: num_stages then buys K / V buffers (offline build, session 27)
     out += [pa.PagedAttnConfig(bn, t, 4, st, idx_ahead=True) for bn in (32, 64) for t in (264, 1056) for st in (3, 4)]
     return out

@@ -62,7 +62,9 @@
 #    the step at llama B=32 / 128 ctx 4096 -0.3 / -0.6 ms; all: every head, twice the dot work, a guess only), then
 #    SW=MPK_PAGED_GRID VALS="row head" (predicted llama B=128 310 -> 280-300, B=32 +-3%). Adopt what wins, re-run
 #    `cattn`; for group at 512 keys first `MPK_PAGED_HEADS=group N=sw_g bash scripts/gpu_run.sh sweep` (its tuned
-#    3-stage shapes there take 160 registers: scripts/paged_build_report.py).
+#    3-stage shapes there take 160 registers: scripts/paged_build_report.py). If ncu says latency-bound instead:
+#    `N=sweep bash scripts/gpu_run.sh sweep`, which now has 8-warp 1 / 2-stage shapes (64-key tiles: 48-64 registers,
+#    32-40 warps an SM at head dim 64 against the tuned shapes' 16; never swept before).
 # 3. Where gpt-fast's step goes at llama-3.2-1b B=128 ctx 4096 (5.56 ms against our 6.2-6.4, docs/perf-notes.md
 #    session 40: our paged kernel is 310 us a layer at 76% of HBM's rate): `N=pq T=250 PROF_FAMS="conventional
 #    gptfast" PROF_POINTS="4096:128" MODELS=llama-3.2-1b bash scripts/gpu_run.sh profq`.
