@@ -13,8 +13,7 @@
 #     (removed in session 32: mode wring, the weight page rings: every layout lost at batch 1, sessions 28-32)
 #     SHAPES="tuned 32_264_4_3_ahead" OUT=$OUT bash scripts/gpu_pending.sh pshape   # (one GPU, ~2 min a shape):
 #                                                   paged-attention launch shapes in the whole step (conventional plan)
-#     OUT=$OUT bash scripts/gpu_pending.sh used      # (one GPU, ~5 min): MPK_PAGED_USED_SPLITS A/B, op and step
-#     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh append   # (one GPU, ~7 min): MPK_PAGED_APPEND regs / cache
+#     (removed in session 40: modes used and append, both switches adopted; mode sw A/Bs any switch the same way)
 #     SW=MPK_PAGED_GRID VALS="row head" OUT=$OUT bash scripts/gpu_pending.sh sw   # (one GPU, ~6 min): one kernel
 #                                                   switch's two values A/B'd, the op and the conventional step
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh rowstop   # (one GPU, ~5 min): the engine's key cap
@@ -213,55 +212,14 @@ for V in tight_cap serving_cap serving_stop serving_split serving_cap serving_sp
   measured_rows "$d" "$V"
   tar -czf "$OUT/rowstop.tar.gz" -C "$OUT" rowstop 2>/dev/null
 done
-elif [ "$MODE" = used ]; then
-# used (session 39): MPK_PAGED_USED_SPLITS=1 (the merge over the splits holding the row's keys only; bitwise) A/B'd
-# under the engine's cap: the op alone at small batch (profile_conv_attn.py, B=1,8 x 2049 / 8193 keys, both models),
-# then the conventional step at B=8 ctx 2048 (validate_planner --families conventional; MODELS, default llama-3.2-1b,
-# the regret point), each ABAB; ~5 min
-st "used: MPK_PAGED_USED_SPLITS 0 / 1 / 0 / 1, the op at B=1,8 and the conventional step at B=8 ctx ${CTXS:-2048}"
-n=0
-for U in 0 1 0 1; do
-  n=$((n + 1)); d="$OUT/used/${n}_u$U"; mkdir -p "$d"
-  MPK_PAGED_USED_SPLITS=$U timeout 40 python3 scripts/profile_conv_attn.py --out "$d" --cycle-mb 200 --tp 1 \
-      --batches 1,8 --keys 2049,8193 --budget-s 30 > "$d/conv_attn.log" 2>&1
-  grep "us per layer" "$d/conv_attn.log" | sed "s/^/[u$U] /"
-  MPK_PAGED_USED_SPLITS=$U timeout ${LIM:-40} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-llama-3.2-1b} \
-      --context ${CTXS:-2048} --batches ${BS:-8} --families conventional --budget-s $((${LIM:-40} - 10)) --out "$d" \
-      > "$d/validate.log" 2>&1
-  measured_rows "$d" "u$U"
-  snap
-done
-elif [ "$MODE" = append ]; then
-# append (session 39): MPK_PAGED_APPEND=cache (the owner writes the step's new K / V row into the cache, a barrier,
-# then every block reads it like any key) against regs (the default: every block substitutes it from registers, two
-# selects over each K / V block) in the conventional step, where the appends are deferred into the paged kernel;
-# ABAB, ~65 s a run; before them the op alone (both models' shapes, B=32 / 128, 2049 / 4097 keys) without appends
-# (the planner's curves), with them through registers and through the cache, twice over (~2 min).
-st "append: the op alone (profile_conv_attn.py) without appends, with them (regs), with them (cache), twice over"
-for R in 1 2; do
-  for V in none regs cache; do
-    d="$OUT/append/op${R}_$V"; mkdir -p "$d"
-    AP=$([ $V = none ] || echo --appends)
-    MPK_PAGED_APPEND=$([ $V = cache ] && echo cache || echo regs) timeout 40 python3 scripts/profile_conv_attn.py \
-        --out "$d" --cycle-mb 200 --tp 1 --batches 32,128 --keys 2049,4097 $AP --budget-s 30 > "$d/conv_attn.log" 2>&1
-    grep "us per layer" "$d/conv_attn.log" | sed "s/^/[$V] /"
-  done
-done
-st "append: MPK_PAGED_APPEND regs / cache / regs / cache, ${MODELS:-qwen3-8b} B=${BS:-32,128} ctx ${CTXS:-2048}, conventional"
-n=0
-for V in regs cache regs cache; do
-  n=$((n + 1)); d="$OUT/append/${n}_$V"; mkdir -p "$d"
-  MPK_PAGED_APPEND=$V timeout ${LIM:-65} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-qwen3-8b} \
-      --context ${CTXS:-2048} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-65} - 15)) \
-      --out "$d" > "$d/validate.log" 2>&1
-  measured_rows "$d" "$V"
-  snap
-done
 elif [ "$MODE" = sw ]; then
 # sw (session 40): one kernel switch's values A/B'd, $SW over "$VALS" (e.g. SW=MPK_PAGED_GRID VALS="row head", or
-# SW=MPK_PAGED_HEADS VALS="one group all"), each value run twice, in turn. The op alone (both models' shapes, B=32 /
-# 128, 2049 / 4097 keys; ~40 s a run), then the conventional step at ${MODELS:-llama-3.2-1b} B=${BS:-32,128} ctx
-# ${CTXS:-4096} (~50 s a run): two values ~6 min, three ~9 min (split them over two calls with OPS=0 / STEPS=0).
+# SW=MPK_PAGED_HEADS VALS="one group all"), each value run twice, in turn. The op alone (both models' shapes, B
+# ${OP_BATCHES:-32,128} at ${OP_KEYS:-2049,4097} keys, $OP_ARGS added, e.g. --appends; ~40 s a run), then the
+# conventional step at ${MODELS:-llama-3.2-1b} B=${BS:-32,128} ctx ${CTXS:-4096} (~50 s a run): two values ~6 min,
+# three ~9 min (split them over two calls with OPS=0 / STEPS=0). Session 40's used / append A/Bs were this with
+# SW=MPK_PAGED_USED_SPLITS VALS="0 1" OP_BATCHES=1,8 OP_KEYS=2049,8193 BS=8 CTXS=2048, and SW=MPK_PAGED_APPEND
+# VALS="regs cache" OP_ARGS=--appends MODELS=qwen3-8b CTXS=2048.
 SW=${SW:?set SW to the switch, e.g. MPK_PAGED_GRID}; VALS=${VALS:?set VALS to its values, e.g. \"row head\"}
 if [ "${OPS:-1}" = 1 ]; then
   st "sw: the op alone (profile_conv_attn.py), $SW over $VALS, twice"
@@ -269,7 +227,8 @@ if [ "${OPS:-1}" = 1 ]; then
     for V in $VALS; do
       d="$OUT/sw/op${R}_$V"; mkdir -p "$d"
       env $SW=$V timeout 40 python3 scripts/profile_conv_attn.py --out "$d" --cycle-mb 200 --tp 1 \
-          --batches 32,128 --keys 2049,4097 --budget-s 30 > "$d/conv_attn.log" 2>&1
+          --batches ${OP_BATCHES:-32,128} --keys ${OP_KEYS:-2049,4097} ${OP_ARGS:-} --budget-s 30 \
+          > "$d/conv_attn.log" 2>&1
       grep "us per layer" "$d/conv_attn.log" | sed "s/^/[$V] /"
     done
   done

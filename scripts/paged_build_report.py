@@ -31,9 +31,8 @@ def point(model: str, B: int, keys: int, heads: str, builds: dict) -> dict:
     (the deferred appends through the cache, split rows: the defaults). builds caches the offline builds."""
     cfg = load_config(model)
     nq, nkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    os.environ["MPK_PAGED_HEADS"] = heads
     c = pa.config_for(D, B, nkv, keys)
-    HG, GP, BN, S = pa.launch_shape(B, nq, nkv, keys, c)
+    HG, GP, BN, S = pa.launch_shape(B, nq, nkv, keys, c, heads=heads)
     const = dict(G=nq // nkv, GP=GP, D=D, PS=16, BLOCK=BN, MULTI=S > 1, NKV=nkv, APPEND=True, ROW_KEYS=2,
                  APPEND_CACHE=True, USED=S > 1, HG=HG, IDX_AHEAD=c.idx_ahead)
     key = (tuple(sorted(const.items())), c.num_warps, c.num_stages)
@@ -62,20 +61,10 @@ def main(argv=None) -> None:
         raise SystemExit(f"paged_build_report.py: unknown --heads {','.join(bad)} (one of {', '.join(pa.HEADS)})")
     if pa.triton is None:
         raise SystemExit("paged_build_report.py needs Triton (pip install triton): it builds for sm_90 without a GPU")
-    saved = os.environ.get("MPK_PAGED_HEADS")
     builds: dict = {}
-    rows = []
-    try:
-        for model in a.models.split(","):
-            for B in map(int, a.batches.split(",")):
-                for keys in map(int, a.keys.split(",")):
-                    for heads in a.heads.split(","):
-                        rows.append(point(model, B, keys, heads, builds))
-    finally:
-        if saved is None:
-            os.environ.pop("MPK_PAGED_HEADS", None)
-        else:
-            os.environ["MPK_PAGED_HEADS"] = saved
+    rows = [point(model, B, keys, heads, builds) for model in a.models.split(",")
+            for B in map(int, a.batches.split(",")) for keys in map(int, a.keys.split(","))
+            for heads in a.heads.split(",")]
     cols = ("model", "B", "keys", "heads", "heads_a_program", "tile_rows", "warps", "stages", "splits", "regs", "smem",
             "ctas_per_sm", "programs", "waves", "steps_a_program", "contiguous_bytes")
     print(" ".join(f"{c:>12}" if c != "model" else f"{c:<13}" for c in cols))

@@ -140,11 +140,11 @@ def heads_mode() -> str:
     return env_choice("MPK_PAGED_HEADS", HEADS, "one")
 
 
-def head_group(G: int, nkv: int, register_appends: bool = False) -> int:
-    """KV heads a program takes (HG): 1 under MPK_PAGED_HEADS=one, or with appends substituted from registers
-    (MPK_PAGED_APPEND=regs: that path takes one head's row); else the largest power of two dividing nkv whose q rows
-    (G each) fit 16 ("group") or 64 ("all")."""
-    mode = heads_mode()
+def head_group(G: int, nkv: int, register_appends: bool = False, heads: str | None = None) -> int:
+    """KV heads a program takes (HG) under `heads` (None: MPK_PAGED_HEADS): 1 under "one", or with appends
+    substituted from registers (MPK_PAGED_APPEND=regs: that path takes one head's row); else the largest power of two
+    dividing nkv whose q rows (G each) fit 16 ("group") or 64 ("all")."""
+    mode = heads or heads_mode()
     if mode == "one" or register_appends:
         return 1
     rows = 16 if mode == "group" else 64
@@ -234,12 +234,13 @@ def splits_for(B: int, nkv: int, L: int, block_n: int = BLOCK_N, target: int = T
     return max(1, min(blocks, -(-target // max(1, B * nkv))))
 
 
-def launch_shape(B: int, nq: int, nkv: int, L: int, config: PagedAttnConfig,
-                 register_appends: bool = False) -> tuple[int, int, int, int]:
-    """(HG, GP, BN, S) of a launch: KV heads a program (head_group), q rows padded for the dot (>= 16), keys a loop
-    step (the config's tile rows over HG heads) and key splits (splits_for over B x nkv / HG programs)."""
+def launch_shape(B: int, nq: int, nkv: int, L: int, config: PagedAttnConfig, register_appends: bool = False,
+                 heads: str | None = None) -> tuple[int, int, int, int]:
+    """(HG, GP, BN, S) of a launch: KV heads a program (head_group, under `heads` or MPK_PAGED_HEADS), q rows padded
+    for the dot (>= 16), keys a loop step (the config's tile rows over HG heads) and key splits (splits_for over
+    B x nkv / HG programs)."""
     G = nq // nkv
-    HG = head_group(G, nkv, register_appends)
+    HG = head_group(G, nkv, register_appends, heads)
     BN = max(1, config.block_n // HG)
     return HG, max(16, 1 << (G * HG - 1).bit_length()), BN, splits_for(B, nkv // HG, L, BN, config.target_programs)
 

@@ -73,9 +73,11 @@ if triton is not None:
             jj = tl.arange(0, BLOCK * HG)
             n = jj // HG
             hh = kvh + jj % HG
+            k_head, v_head = (hh * s_kh)[:, None], (hh * s_vh)[:, None]
             own_head = (gi[:, None] // G) == (jj % HG)[None, :]
         else:
             n = tl.arange(0, BLOCK)
+            k_head, v_head = kvh * s_kh, kvh * s_vh
         if IDX_AHEAD:   # the first block's page indices, before the loop (then each step loads the next block's)
             page_next = tl.load(bt_ptr + b * s_bt + (k0 + n) // PS, mask=(k0 + n) < length, other=0).to(tl.int64)
         if ROW_KEYS != 0:   # up to the row's last block only (none for a split past the row's length)
@@ -90,16 +92,10 @@ if triton is not None:
             else:
                 page = tl.load(bt_ptr + b * s_bt + key // PS, mask=kmask, other=0).to(tl.int64)
             slot = key % PS
-            if HG > 1:
-                kk = tl.load(k_ptr + page[:, None] * s_kp + slot[:, None] * s_ks + hh[:, None] * s_kh + d[None, :],
-                             mask=kmask[:, None], other=0.0)
-                vv = tl.load(v_ptr + page[:, None] * s_vp + slot[:, None] * s_vs + hh[:, None] * s_vh + d[None, :],
-                             mask=kmask[:, None], other=0.0)
-            else:
-                kk = tl.load(k_ptr + page[:, None] * s_kp + slot[:, None] * s_ks + kvh * s_kh + d[None, :],
-                             mask=kmask[:, None], other=0.0)
-                vv = tl.load(v_ptr + page[:, None] * s_vp + slot[:, None] * s_vs + kvh * s_vh + d[None, :],
-                             mask=kmask[:, None], other=0.0)
+            kk = tl.load(k_ptr + page[:, None] * s_kp + slot[:, None] * s_ks + k_head + d[None, :],
+                         mask=kmask[:, None], other=0.0)
+            vv = tl.load(v_ptr + page[:, None] * s_vp + slot[:, None] * s_vs + v_head + d[None, :],
+                         mask=kmask[:, None], other=0.0)
             if APPEND and not APPEND_CACHE:
                 own = (key == last)[:, None]
                 kk = tl.where(own, nk[None, :], kk)

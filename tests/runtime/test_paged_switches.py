@@ -40,6 +40,7 @@ def test_launch_shape_follows_the_head_group(monkeypatch):
     assert pa.launch_shape(32, 32, 8, 4097, cfg, register_appends=True) == (1, 16, 128, 3)
     monkeypatch.setenv("MPK_PAGED_HEADS", "all")
     assert pa.launch_shape(128, 32, 8, 4097, cfg) == (8, 32, 16, 5)
+    assert pa.launch_shape(128, 32, 8, 4097, cfg, heads="one") == (1, 16, 128, 1)   # the argument over the switch
 
 
 @interp
