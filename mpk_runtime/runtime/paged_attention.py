@@ -174,12 +174,19 @@ DEFAULT_CONFIG = PagedAttnConfig()
 # 7019 / 7018 us. At 1024 programs it lost (B=128: 12423 / 12510 -> 14014 / 14041), so no point there.
 TUNED = {
     (64, 256, 1024): PagedAttnConfig(128, 528, 4, 1), (128, 256, 1024): PagedAttnConfig(64, 528, 4, 2),
-    (64, 64, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 64, 4096): PagedAttnConfig(128, 2112, 4, 3),
-    (64, 256, 512): PagedAttnConfig(128, 1056, 4, 3), (64, 256, 4096): PagedAttnConfig(128, 528, 4, 1),
-    (64, 1024, 512): PagedAttnConfig(64, 264, 4, 3), (64, 1024, 4096): PagedAttnConfig(128, 264, 4, 1),
-    (128, 64, 512): PagedAttnConfig(128, 264, 8, 3), (128, 64, 4096): PagedAttnConfig(64, 264, 4, 2),
-    (128, 256, 512): PagedAttnConfig(64, 2112, 4, 4), (128, 256, 4096): PagedAttnConfig(64, 528, 4, 2),
-    (128, 1024, 512): PagedAttnConfig(32, 528, 4, 2), (128, 1024, 4096): PagedAttnConfig(64, 2112, 4, 2),
+    # session 41's sweep (bench/results/s41/sweep, the cache appends; old shape's us -> new)
+    (64, 64, 512): PagedAttnConfig(128, 528, 8, 1),                     # 9.5 -> 9.2
+    (64, 64, 4096): PagedAttnConfig(128, 528, 4, 2),                    # 37.5 -> 27.6
+    (64, 256, 512): PagedAttnConfig(128, 528, 4, 4),                    # 19.9 -> 17.3
+    (64, 256, 4096): PagedAttnConfig(128, 264, 4, 2),                   # 103.5 -> 77.7
+    (64, 1024, 512): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # 48.7 -> 42.3
+    (64, 1024, 4096): PagedAttnConfig(128, 528, 4, 4),                  # 311.1 -> 273.6
+    (128, 64, 512): PagedAttnConfig(128, 528, 8, 1),                    # 13.2 -> 11.6
+    (128, 64, 4096): PagedAttnConfig(64, 528, 4, 2),                    # 49.9 -> 43.2
+    (128, 256, 512): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # 34.8 -> 26.4
+    (128, 256, 4096): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),   # 157.6 -> 134.7
+    (128, 1024, 512): PagedAttnConfig(64, 528, 4, 2),                   # 86.6 -> 74.7
+    (128, 1024, 4096): PagedAttnConfig(64, 264, 4, 3),                  # 520.7 -> 505.6
 }
 
 
