@@ -178,7 +178,7 @@ TUNED = {
     (64, 64, 512): PagedAttnConfig(128, 528, 8, 1),                     # 9.5 -> 9.2
     (64, 64, 4096): PagedAttnConfig(128, 528, 4, 2),                    # 37.5 -> 27.6
     (64, 256, 512): PagedAttnConfig(128, 528, 4, 4),                    # 19.9 -> 17.3
-    (64, 256, 4096): PagedAttnConfig(128, 264, 4, 2),                   # 103.5 -> 77.7
+    (64, 256, 4096): PagedAttnConfig(128, 264, 4, 1),   # sweep: (128, 264, 4, 2) 77.7 us; the step (pshl) 2872 us, this 2501
     (64, 1024, 512): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # 48.7 -> 42.3
     (64, 1024, 4096): PagedAttnConfig(128, 528, 4, 4),                  # 311.1 -> 273.6
     (128, 64, 512): PagedAttnConfig(128, 528, 8, 1),                    # 13.2 -> 11.6
@@ -186,7 +186,7 @@ TUNED = {
     (128, 256, 512): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # 34.8 -> 26.4
     (128, 256, 4096): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),   # 157.6 -> 134.7
     (128, 1024, 512): PagedAttnConfig(64, 528, 4, 2),                   # 86.6 -> 74.7
-    (128, 1024, 4096): PagedAttnConfig(64, 264, 4, 3),                  # 520.7 -> 505.6
+    (128, 1024, 4096): PagedAttnConfig(64, 2112, 4, 2),  # kept: the sweep's (64, 264, 4, 3) 505.6 us, step 25923 us, this 23913
 }
 
 
