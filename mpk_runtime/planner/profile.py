@@ -83,7 +83,9 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # MPK_PAGED_USED_SPLITS=1 became the kernel's defaults, and the B=128 regime's paged curves at their measured scale 1.0
 # (v40-v45's 1.377 had priced the register-path appends, gone with cache). Nothing fitted. On session 40's 112 rows
 # (ctx 512 / 4096, both models, B=1..128): step MAPE 3.2% -> 2.3%, max regret 5.8% -> 2.6% (docs/planner.md session 40).
-DEFAULT_PROFILE = "h200_v46"
+# h200_v47 since session 41: v46 with the paged curves re-measured under TUNED's session-41 launch shapes. Nothing
+# fitted (docs/planner.md session 41).
+DEFAULT_PROFILE = "h200_v47"
 
 
 def key_fallbacks(key: str) -> list[str]:
