@@ -59,11 +59,12 @@ def main(argv=None) -> None:
         prof = HardwareProfile.load(name)
         rr = resimulate(rows, prof, procs=a.procs or None)
         s = _brief(summarize(reprice(rr, prof)))
-        print(f"== {name}: {len(rr)} of {len(rows)} rows re-planned; step MAPE {s['step_mape']:.4f}, segment MAPE "
-              f"{s['segment_mape']:.4f}, resolved pairs ordered {s['resolved_pairs_ordered']:.3f}, "
+        f4 = lambda v, n=4: "n/a" if v is None else f"{v:.{n}f}"   # None: no point with two plans to order
+        print(f"== {name}: {len(rr)} of {len(rows)} rows re-planned; step MAPE {f4(s['step_mape'])}, segment MAPE "
+              f"{f4(s['segment_mape'])}, resolved pairs ordered {f4(s['resolved_pairs_ordered'], 3)}, "
               f"min Spearman {s['min_spearman']}, max regret {s['max_regret']}")
         for p in s["points"]:
-            print(f"   {p['model']:13s} tp={p['tp']} B={p['batch']:4d} ctx={p['context']:5d} spearman={p['spearman']:.3f}"
+            print(f"   {p['model']:13s} tp={p['tp']} B={p['batch']:4d} ctx={p['context']:5d} spearman={f4(p['spearman'], 3)}"
                   f" chosen={p['chosen']} best={p['best_measured']} regret={p['regret']:.4f}")
         print("   segment MAPE by kind and batch:", mape_by(rr, prof))
     if a.gaps:
