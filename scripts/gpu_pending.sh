@@ -37,39 +37,27 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 40 left it (bench/results/s40: 79 GPU tests passed at d375ea9
-# with the cache appends; MPK_PAGED_APPEND=cache and MPK_PAGED_USED_SPLITS=1 the defaults since; h200_v46 the
-# planner's default). Session 40 used ~1690 s in five calls on one machine start; a machine stays warm only ~30 s after
-# a call, so chain modes with `;` and have the next call ready. Before the first device call: `bash
-# scripts/gpu_prepare.sh` (~1 min after a checkout: the bundle without Ray (.cache/gb), every cubin prebuilt
-# (.cache/kc.tar.xz), .cache/commit, the 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"].
-# Rerun it after any commit.
-# 1. `N=run1_one T=260 bash scripts/gpu_run.sh one; N=bench_q T=330 MODELS=qwen3-8b bash scripts/gpu_run.sh bench`:
-#    the GPU set at HEAD (the first run with both kernel switches as defaults; the tests alone take ~190 s), then
-#    qwen3-8b's table under the engine's cap (docs/benchmarks.md: the last qwen table is session 37's, tight cap,
-#    register appends; prediction: B=128 ctx 4096 25.6 -> ~24.8 ms (conventional, chosen by v46), B=32 ctx 512 6.47
-#    -> ~6.44).
-# 2. Current rows at ctx 1024 / 2048 for B=32 / 128 (session 39's conventional steps there ran the register
-#    appends): `N=val2k T=330 VAL_CTXS=2048 VAL_B2048=32,128 VAL_LIM=320 bash scripts/gpu_run.sh val`, out of
-#    sample for h200_v46 (docs/planner.md session 40; predicted: regret <= 3.2% at all four points).
-# 2b. The paged kernel at head dim 64, candidates for its 58-76% of HBM (docs/perf-notes.md session 40). First what
-#    it waits on: `N=ncupa T=200 bash scripts/gpu_run.sh ncupa` (ncu, llama B=32 / 128 at 4097 keys, one and group).
-#    Then:
-#    `N=heads_op T=330 OPS=1 STEPS=0 SW=MPK_PAGED_HEADS VALS="one group all" bash scripts/gpu_run.sh sw`, then the
-#    step for the winners: `N=heads_st T=330 OPS=0 SW=MPK_PAGED_HEADS VALS="one group" bash scripts/gpu_run.sh sw`
-#    (group: a program per 4 KV heads; predicted llama B=32 4097 keys 101 -> 75-85 us a layer, B=128 310 -> 255-280,
-#    the step at llama B=32 / 128 ctx 4096 -0.3 / -0.6 ms; all: every head, twice the dot work, a guess only), then
-#    SW=MPK_PAGED_GRID VALS="row head" (predicted llama B=128 310 -> 280-300, B=32 +-3%). Adopt what wins, re-run
-#    `cattn`; for group at 512 keys first `MPK_PAGED_HEADS=group N=sw_g bash scripts/gpu_run.sh sweep` (its tuned
-#    3-stage shapes there take 160 registers: scripts/paged_build_report.py). If ncu says latency-bound instead:
-#    `N=sweep bash scripts/gpu_run.sh sweep`, which now has 8-warp 1 / 2-stage shapes (64-key tiles: 48-64 registers,
-#    32-40 warps an SM at head dim 64 against the tuned shapes' 16; never swept before).
-# 3. Where gpt-fast's step goes at llama-3.2-1b B=128 ctx 4096 (5.56 ms against our 6.2-6.4, docs/perf-notes.md
-#    session 40: our paged kernel is 310 us a layer at 76% of HBM's rate): `N=pq T=250 PROF_FAMS="conventional
-#    gptfast" PROF_POINTS="4096:128" MODELS=llama-3.2-1b bash scripts/gpu_run.sh profq`.
-# 4. The launch shape at ctx 512 under the engine's cap (1024): `N=psh5 T=250 SHAPES="tuned 128_1056_4_3 tuned
-#    128_1056_4_3" MODELS=llama-3.2-1b BS=16,32 CTXS=512 LIM=55 bash scripts/gpu_run.sh pshape` (qwen3-8b: "tuned
-#    64_2112_4_4 ..."); if the 512-key shapes win, config_for should choose by the rows a cap holds.
+# Order for a 30-minute session (one GPU), as session 41 left it (bench/results/s41: 79 GPU tests passed at 7657e83;
+# TUNED's paged launch shapes re-swept and step-checked at 4096 keys, h200_v47 the planner's default since 29853c8).
+# Session 41 used ~1730 s in seven calls; a machine stays warm only ~30 s after a call, so chain modes with `;` and
+# have the next call ready. Before the first device call: `bash scripts/gpu_prepare.sh` (~1 min after a checkout,
+# ~4 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt (.cache/kc.tar.xz),
+# .cache/commit, the 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
+# 1. `N=run1_one T=260 bash scripts/gpu_run.sh one; N=val24 T=320 VAL_CTXS="2048 4096" VAL_B2048=32,128
+#    VAL_B4096=8,32,128 VAL_LIM=160 bash scripts/gpu_run.sh val`: the GPU set at HEAD (the new TUNED), then the
+#    planner's validation where h200_v47 flipped the choice to conventional (session 40 / 41's rows had attn-mk best
+#    at llama B=32 ctx 2048 by 5.2% and at qwen3-8b B=32 ctx 2048, under the old shapes). Prediction: regret <= 5% at
+#    all points, conventional chosen and best at llama B=128 / qwen3-8b B=32 ctx 4096.
+# 2. qwen3-8b's table in two calls (the whole table needs ~9-10 min): `N=bq512 T=560 BENCH_BUDGET=520 CTXS=512
+#    MODELS=qwen3-8b bash scripts/gpu_run.sh bench`, then `N=bq4k ... CTXS=4096 ...`. Predicted (h200_v47's
+#    conventional step): B=32 ctx 4096 ~9.6-10.1 ms (session 35: 10.64), B=128 ctx 4096 ~23.9-24.6.
+# 3. qwen3-8b's 512-key shapes in the step (not checked in session 41): `N=pq5 T=250 SHAPES="tuned 64_2112_4_4
+#    32_528_4_2" MODELS=qwen3-8b BS=32,128 CTXS=512 LIM=75 bash scripts/gpu_run.sh pshape` (session 40's TUNED
+#    shapes at B=32 / 128); llama ctx 4096 B=8 (`SHAPES="tuned 128_2112_4_3" BS=8`). Adopt where the step says.
+# 4. ABAB of the two 4096-key llama shapes whose step and sweep disagreed (one run each in session 41):
+#    `N=pl4 T=260 SHAPES="tuned 128_264_4_2 tuned 128_264_4_2" MODELS=llama-3.2-1b BS=32 CTXS=4096 LIM=60 ...pshape`.
+# 5. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
+#    the next kernel work is built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
@@ -302,8 +290,10 @@ for C in ${VAL_CTXS:-512 4096}; do
 done
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
-OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" --batches 1,8,32,128 \
-    --contexts 512,4096 --mk-max-batch 128 --peer-batches 1,8,32,128 --hf-batches 1,8,32,128 --budget-s 540 > "$OUT/bench/bench.log" 2>&1
+# BS / CTXS pick cells (qwen3-8b's whole table needs ~9-10 min: one call a context); BENCH_BUDGET the run's seconds
+OUT="$OUT/bench" timeout $((${BENCH_BUDGET:-540} + 20)) python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" \
+    --batches ${BS:-1,8,32,128} --contexts ${CTXS:-512,4096} --mk-max-batch 128 --peer-batches ${BS:-1,8,32,128} \
+    --hf-batches ${BS:-1,8,32,128} --budget-s ${BENCH_BUDGET:-540} > "$OUT/bench/bench.log" 2>&1
 grep -A30 "====" "$OUT/bench/bench.log" | head -40; snap
 elif [ "$MODE" = hf ]; then
 st "4c the HF peer alone at B=${HF_BS:-8,32,128} x ctx ${HF_CTXS:-512,4096} (cells the bench's budget cuts)"

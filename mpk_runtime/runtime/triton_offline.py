@@ -16,7 +16,7 @@ from .triton_support import triton
 # the paged attention partial kernel's run-time arguments (runtime/paged_kernels.py), typed as the JIT sees them
 PARTIAL_SIG = {**dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
                       ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32"),
-               **{n: "i64" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
+               **{n: "i32" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
                                      "s_os", "s_nb")}}
 
 # sm_90 (H100 / H200) per SM: registers, their allocation unit a warp, shared memory (and what each CTA reserves),
