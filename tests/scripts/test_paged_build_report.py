@@ -26,15 +26,16 @@ def test_an_unknown_heads_mode_is_refused_by_name():
 
 
 def test_the_launch_of_llama_b32_at_4097_keys(tmp_path):
-    """One head a program: TUNED's 128-key 1-stage shape, 3 splits, 768 programs, 4 CTAs an SM (124 registers at 4
-    warps); a group of 4: the same tile rows as 32 keys x 4 heads, 9 splits, 576 programs, 512 contiguous bytes."""
+    """One head a program: TUNED's 128-key 1-stage shape for 264 programs (session 41), 2 splits, 512 programs, 4 CTAs
+    an SM (124 registers at 4 warps); a group of 4: the same tile rows as 32 keys x 4 heads, 5 splits, 320 programs,
+    512 contiguous bytes."""
     pytest.importorskip("triton", reason="needs Triton (pip install triton): it builds without a GPU")
     out = tmp_path / "r.json"
     r = _run("--models", "llama-3.2-1b", "--batches", "32", "--keys", "4097", "--heads", "one,group", "--out",
              str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     one, group = json.loads(out.read_text())["rows"]
-    assert (one["splits"], one["programs"], one["tile_rows"], one["contiguous_bytes"]) == (3, 768, 128, 128)
-    assert (group["splits"], group["programs"], group["tile_rows"], group["contiguous_bytes"]) == (9, 576, 128, 512)
+    assert (one["splits"], one["programs"], one["tile_rows"], one["contiguous_bytes"]) == (2, 512, 128, 128)
+    assert (group["splits"], group["programs"], group["tile_rows"], group["contiguous_bytes"]) == (5, 320, 128, 512)
     assert one["ctas_per_sm"] == 4 and one["spills"] == 0 and group["spills"] == 0
     assert group["heads_a_program"] == 4 and group["keys_a_step"] == 32
