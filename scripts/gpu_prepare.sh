@@ -8,6 +8,7 @@
 #                                                      carry=[".cache/gb", ".cache/commit", ".cache/kc.tar.xz"])
 set -euo pipefail
 cd "$(dirname "$0")/.."
+python3 -c "import torch" 2>/dev/null || { echo "gpu_prepare: this machine's python3 has no torch: run bash scripts/setup.sh first (the README's set-up)"; exit 1; }
 mkdir -p .cache
 if [ ! -f .cache/gb/install.sh ] || { [ "${RAY:-0}" = 1 ] && [ ! -f .cache/gb/ray.tar.xz ]; }; then
   bash ../shared/gpu/make-bundle.sh .cache/gb
