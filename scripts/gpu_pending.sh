@@ -47,7 +47,8 @@
 #    VAL_B4096=8,32,128 VAL_LIM=160 bash scripts/gpu_run.sh val`: the GPU set at HEAD (the new TUNED), then the
 #    planner's validation where h200_v47 flipped the choice to conventional (session 40 / 41's rows had attn-mk best
 #    at llama B=32 ctx 2048 by 5.2% and at qwen3-8b B=32 ctx 2048, under the old shapes). Prediction: regret <= 5% at
-#    all points, conventional chosen and best at llama B=128 / qwen3-8b B=32 ctx 4096.
+#    all points, conventional chosen and best at llama B=128 / qwen3-8b B=32 ctx 4096; llama B=32 ctx 2048 a near-tie
+#    (conventional ~2035 us predicted, attn-mk 2010 measured in s41; docs/planner.md session 41).
 # 2. qwen3-8b's table in two calls (the whole table needs ~9-10 min): `N=bq512 T=560 BENCH_BUDGET=520 CTXS=512
 #    MODELS=qwen3-8b bash scripts/gpu_run.sh bench`, then `N=bq4k ... CTXS=4096 ...`. Predicted (h200_v47's
 #    conventional step): B=32 ctx 4096 ~9.6-10.1 ms (session 35: 10.64), B=128 ctx 4096 ~23.9-24.6.
