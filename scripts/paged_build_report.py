@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mpk_runtime.models import load_config  # noqa: E402
 from mpk_runtime.runtime import paged_attention as pa  # noqa: E402
-from mpk_runtime.runtime.triton_offline import PARTIAL_SIG, build_offline  # noqa: E402
+from mpk_runtime.runtime.triton_offline import PARTIAL_SIG, build_offline, step_partial_constexprs  # noqa: E402
 
 NUM_SMS = 132
 
@@ -33,8 +33,7 @@ def point(model: str, B: int, keys: int, heads: str, builds: dict) -> dict:
     nq, nkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     c = pa.config_for(D, B, nkv, keys)
     HG, GP, BN, S = pa.launch_shape(B, nq, nkv, keys, c, heads=heads)
-    const = dict(G=nq // nkv, GP=GP, D=D, PS=16, BLOCK=BN, MULTI=S > 1, NKV=nkv, APPEND=True, ROW_KEYS=2,
-                 APPEND_CACHE=True, USED=S > 1, HG=HG, IDX_AHEAD=c.idx_ahead)
+    const = step_partial_constexprs(D, B, nq, nkv, keys, c, heads)
     key = (tuple(sorted(const.items())), c.num_warps, c.num_stages)
     if key not in builds:
         builds[key] = build_offline(pa._partial_kernel, PARTIAL_SIG, const, c.num_warps, c.num_stages)

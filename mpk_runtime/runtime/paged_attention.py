@@ -157,16 +157,13 @@ def head_group(G: int, nkv: int, register_appends: bool = False, heads: str | No
 DEFAULT_CONFIG = PagedAttnConfig()
 
 # The launch shape at each measured point (head dim, programs without splits = batch x KV heads, keys), from
-# scripts/bench_paged_attention.py on an H200, K / V read from HBM, kept only where the whole decode step agreed.
-# Head dim 64 (llama-3.2-1b), 256 and 1024 programs at 4096 keys: session 30's sweep (bench/results/s30/run4_sweep, with the 1-stage shapes
-# session 27's lacked): a layer's kernel 104.6 -> 95.0 us at B=32, 371.2 -> 333.1 at B=128; the conventional step
-# 2907 -> 2712 us at B=32, 7459 -> 7053 at B=128 (run6_val4096 against run1_val). Elsewhere session 27's shapes
-# (the sweep's gains there, <= 7% of a small kernel, were not measured in the step).
-# Head dim 128 (qwen3-8b): session 27's sweep (bench/results/s27). Session 30's sweep preferred 32-key steps with the
-# page indices read ahead at B>=32 (183.3 -> 171.4 us at B=32, 681.6 -> 636.3 at B=128), but the conventional step
-# got slower with them: 11642 -> 13665 us at B=32 and 4096 keys, 30360 -> 31975 at B=128 (the op measured whole by
-# profile_conv_attn.py: 180 -> 130 us at B=32, 523 -> 556 at B=128). Kernel-alone sweeps do not rank these shapes
-# the way the step does (docs/perf-notes.md session 30).
+# scripts/bench_paged_attention.py on an H200, K / V read from HBM, then checked in the whole decode step.
+# The 512- and 4096-key points: session 41's sweep (bench/results/s41/sweep; sessions 27 / 30 had swept them under the
+# register appends, whose per-block selects made other shapes win), checked in the whole conventional step at llama
+# B=32 / 128 ctx 512 / 4096 and qwen3-8b B=32 / 128 ctx 4096 (s41 pshl, pshq, psh5: one run a shape). The sweep's
+# shape won the step at 4 of those 6 points; at the other two the step's winner is taken (commented there). Not yet
+# checked in the step: llama B=8 and qwen3-8b's 512-key and B=8 points (scripts/gpu_pending.sh order, item 3).
+# Kernel-alone sweeps do not always rank shapes within ~10% the way the step does (docs/perf-notes.md sessions 30, 41).
 # Head dim 64, 256 programs at 1024 keys (session 39, bench/results/s39/psh_l): the step's key cap at ctx 1024 is 1025,
 # which the 512-key shape ran as 5 splits of 2 blocks, the 5th holding one key; the 4096-key shape's 3 splits of 3
 # blocks took llama-3.2-1b B=32 ctx 1024's conventional step 1883 / 1886 -> 1668 / 1648 us (ABAB, one process each).
@@ -174,7 +171,7 @@ DEFAULT_CONFIG = PagedAttnConfig()
 # 7019 / 7018 us. At 1024 programs it lost (B=128: 12423 / 12510 -> 14014 / 14041), so no point there.
 TUNED = {
     (64, 256, 1024): PagedAttnConfig(128, 528, 4, 1), (128, 256, 1024): PagedAttnConfig(64, 528, 4, 2),
-    # session 41's sweep (bench/results/s41/sweep, the cache appends; old shape's us -> new)
+    # the op alone, us a layer: session 40's shape -> this one
     (64, 64, 512): PagedAttnConfig(128, 528, 8, 1),                     # 9.5 -> 9.2
     (64, 64, 4096): PagedAttnConfig(128, 528, 4, 2),                    # 37.5 -> 27.6
     (64, 256, 512): PagedAttnConfig(128, 528, 4, 4),                    # 19.9 -> 17.3

@@ -68,3 +68,13 @@ def build_offline(fn, sig: dict, const: dict, num_warps: int = 4, num_stages: in
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
     regs, stack = (int(re.search(rf"{w}:(\d+)", usage).group(1)) for w in ("REG", "STACK"))
     return Build(regs, stack, k.metadata.shared, sass, num_warps)
+
+
+def step_partial_constexprs(D: int, B: int, nq: int, nkv: int, L: int, config, heads: str | None = None) -> dict:
+    """The partial kernel's constexprs as a decode step launches it with the defaults (the deferred appends through
+    the cache, split rows, the used-splits merge) at B rows of nq / nkv heads of dim D under a cap of L keys with
+    launch shape `config` (runtime/paged_attention.launch_shape's rule)."""
+    from . import paged_attention as pa
+    HG, GP, BN, S = pa.launch_shape(B, nq, nkv, L, config, heads=heads)
+    return dict(G=nq // nkv, GP=GP, D=D, PS=16, BLOCK=BN, MULTI=S > 1, NKV=nkv, APPEND=True, ROW_KEYS=2,
+                USED=True, APPEND_CACHE=True, HG=HG, IDX_AHEAD=config.idx_ahead)

@@ -12,7 +12,7 @@ import pytest
 triton = pytest.importorskip("triton", reason="needs Triton (pip install triton): it builds without a GPU")
 
 from mpk_runtime.runtime import paged_attention as pa, skinny_gemm as sg  # noqa: E402
-from mpk_runtime.runtime.triton_offline import PARTIAL_SIG, build_offline  # noqa: E402
+from mpk_runtime.runtime.triton_offline import PARTIAL_SIG, build_offline, step_partial_constexprs  # noqa: E402
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytestmark = pytest.mark.skip(reason="TRITON_INTERPRET=1 replaces the kernels by the interpreter's")
@@ -40,11 +40,8 @@ def test_every_tuned_shape_builds_without_spills(key):
     asynchronous copies where it has more than one stage (a 1-stage shape loads straight into registers)."""
     D, programs, keys = key
     c = pa.TUNED[key]
-    B = max(1, programs // 8)
-    HG, GP, BN, S = pa.launch_shape(B, 32, 8, keys, c)
-    b = build_offline(pa._partial_kernel, PARTIAL_SIG,
-                      dict(G=4, GP=GP, D=D, PS=16, BLOCK=BN, MULTI=S > 1, NKV=8, APPEND=True, ROW_KEYS=2, USED=True,
-                           APPEND_CACHE=True, IDX_AHEAD=c.idx_ahead, HG=HG), c.num_warps, c.num_stages)
+    b = build_offline(pa._partial_kernel, PARTIAL_SIG, step_partial_constexprs(D, max(1, programs // 8), 32, 8, keys, c),
+                      c.num_warps, c.num_stages)
     assert b.stack == 0, (key, c, b.regs, b.stack)
     assert "HMMA" in b.sass and ("LDGSTS" in b.sass) == (c.num_stages > 1), (key, c)
     assert b.ctas_per_sm() >= 2, (key, c, b.regs, b.smem)
