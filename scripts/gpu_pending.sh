@@ -37,27 +37,22 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 41 left it (bench/results/s41: 79 GPU tests passed at 7657e83;
-# TUNED's paged launch shapes re-swept and step-checked at 4096 keys, h200_v47 the planner's default since 29853c8).
-# Session 41 used ~1730 s in seven calls; a machine stays warm only ~30 s after a call, so chain modes with `;` and
-# have the next call ready. Before the first device call: `bash scripts/gpu_prepare.sh` (~1 min after a checkout,
-# ~4 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt (.cache/kc.tar.xz),
-# .cache/commit, the 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. `N=run1_one T=260 bash scripts/gpu_run.sh one; N=val24 T=320 VAL_CTXS="2048 4096" VAL_B2048=32,128
-#    VAL_B4096=8,32,128 VAL_LIM=160 bash scripts/gpu_run.sh val`: the GPU set at HEAD (the new TUNED), then the
-#    planner's validation where h200_v47 flipped the choice to conventional (session 40 / 41's rows had attn-mk best
-#    at llama B=32 ctx 2048 by 5.2% and at qwen3-8b B=32 ctx 2048, under the old shapes). Prediction: regret <= 5% at
-#    all points, conventional chosen and best at llama B=128 / qwen3-8b B=32 ctx 4096; llama B=32 ctx 2048 a near-tie
-#    (conventional ~2035 us predicted, attn-mk 2010 measured in s41; docs/planner.md session 41).
-# 2. qwen3-8b's table in two calls (the whole table needs ~9-10 min): `N=bq512 T=560 BENCH_BUDGET=520 CTXS=512
-#    MODELS=qwen3-8b bash scripts/gpu_run.sh bench`, then `N=bq4k ... CTXS=4096 ...`. Predicted (h200_v47's
-#    conventional step): B=32 ctx 4096 ~9.6-10.1 ms (session 35: 10.64), B=128 ctx 4096 ~23.9-24.6.
-# 3. qwen3-8b's 512-key shapes in the step (not checked in session 41): `N=pq5 T=250 SHAPES="tuned 64_2112_4_4
-#    32_528_4_2" MODELS=qwen3-8b BS=32,128 CTXS=512 LIM=75 bash scripts/gpu_run.sh pshape` (session 40's TUNED
-#    shapes at B=32 / 128); llama ctx 4096 B=8 (`SHAPES="tuned 128_2112_4_3" BS=8`). Adopt where the step says.
-# 4. ABAB of the two 4096-key llama shapes whose step and sweep disagreed (one run each in session 41):
-#    `N=pl4 T=260 SHAPES="tuned 128_264_4_2 tuned 128_264_4_2" MODELS=llama-3.2-1b BS=32 CTXS=4096 LIM=60 ...pshape`.
-# 5. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
+# Order for a 30-minute session (one GPU), as session 42 left it (bench/results/s42: 79 GPU tests passed at b43e82c
+# with session 41's TUNED; h200_v47 validated at ctx 2048 / 4096 with regret 0 at 10 of 10 points; qwen3-8b's
+# ctx-4096 row measured whole; qwen3-8b B=32 ctx 512's shape replaced after the run, ABAB -2.4%).
+# Session 42 used ~1750 s in five calls; a machine stays warm only ~30 s after a call, so chain modes with `;` and
+# have the next call ready. Before the first device call: `bash scripts/setup.sh` on a fresh machine, then
+# `bash scripts/gpu_prepare.sh` (~1 min after a checkout, ~4 min on a fresh machine: the bundle without Ray (.cache/gb),
+# every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the 64 MiB check). Carry [".cache/gb", ".cache/commit",
+# ".cache/kc.tar.xz"]. Rerun it after any commit.
+# 1. `N=run1_one T=255 bash scripts/gpu_run.sh one` (the GPU set with the new qwen3-8b ctx-512 shape), then qwen3-8b's
+#    ctx-512 row: `N=bq512 T=330 BENCH_BUDGET=310 BS=8,128 CTXS=512 MODELS=qwen3-8b bash scripts/gpu_run.sh bench`
+#    (B=8 / 128 were last measured in session 35). Predicted (v47's conventional step): B=8 ~5.5-5.9 ms, B=128 ~8.9-9.3.
+# 2. `N=cattn T=120 bash scripts/gpu_run.sh cattn` to re-measure the paged curves under the new qwen3-8b shape (v48 =
+#    v47 with them; v47 prices qwen3-8b B=32 ctx 512's conventional step ~2% high), then the 512-key B=8 points in the
+#    step: `N=p8 T=200 SHAPES="tuned 128_528_4_1 tuned 128_528_4_1" MODELS=llama-3.2-1b BS=8 CTXS=512 LIM=55 ... pshape`.
+# 3. llama-3.2-1b's table once more (one call, ~5 min) so both models' tables come from one code state.
+# 4. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
 #    the next kernel work is built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).

@@ -161,8 +161,12 @@ DEFAULT_CONFIG = PagedAttnConfig()
 # The 512- and 4096-key points: session 41's sweep (bench/results/s41/sweep; sessions 27 / 30 had swept them under the
 # register appends, whose per-block selects made other shapes win), checked in the whole conventional step at llama
 # B=32 / 128 ctx 512 / 4096 and qwen3-8b B=32 / 128 ctx 4096 (s41 pshl, pshq, psh5: one run a shape). The sweep's
-# shape won the step at 4 of those 6 points; at the other two the step's winner is taken (commented there). Not yet
-# checked in the step: llama B=8 and qwen3-8b's 512-key and B=8 points (scripts/gpu_pending.sh order, item 3).
+# shape won the step at 4 of those 6 points; at the other two the step's winner is taken (commented there). Session 42
+# (bench/results/s42/pshape, ABAB where a shape was adopted or a disagreement settled): llama B=32 ctx 4096 keeps
+# (128, 264, 4, 1) (2496 / 2521 us against the sweep's 2892 / 2924); llama B=8 ctx 4096 keeps its shape (1618 / 1634
+# against the session-40 shape's 1677 / 1677); qwen3-8b B=128 ctx 512 keeps its shape (8939 against 9456 and 8952);
+# qwen3-8b B=32 ctx 512 takes (32, 528, 4, 2) (6047 / 6029 against the sweep's 6188 / 6187, -2.4%). Not yet checked
+# in the step: the B=8 points at 512 keys and qwen3-8b B=8.
 # Kernel-alone sweeps do not always rank shapes within ~10% the way the step does (docs/perf-notes.md sessions 30, 41).
 # Head dim 64, 256 programs at 1024 keys (session 39, bench/results/s39/psh_l): the step's key cap at ctx 1024 is 1025,
 # which the 512-key shape ran as 5 splits of 2 blocks, the 5th holding one key; the 4096-key shape's 3 splits of 3
@@ -180,7 +184,7 @@ TUNED = {
     (64, 1024, 4096): PagedAttnConfig(128, 528, 4, 4),                  # 311.1 -> 273.6
     (128, 64, 512): PagedAttnConfig(128, 528, 8, 1),                    # 13.2 -> 11.6
     (128, 64, 4096): PagedAttnConfig(64, 528, 4, 2),                    # 49.9 -> 43.2
-    (128, 256, 512): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # 34.8 -> 26.4
+    (128, 256, 512): PagedAttnConfig(32, 528, 4, 2),  # sweep: (32, 264, 4, 3, ahead) 26.4 us; the step (s42) 6188 us, this 6038
     (128, 256, 4096): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),   # 157.6 -> 134.7
     (128, 1024, 512): PagedAttnConfig(64, 528, 4, 2),                   # 86.6 -> 74.7
     (128, 1024, 4096): PagedAttnConfig(64, 2112, 4, 2),  # kept: the sweep's (64, 264, 4, 3) 505.6 us, step 25923 us, this 23913
