@@ -69,13 +69,16 @@ class Point:
         self.mem.t("tokens").copy_(torch.randint(0, cfg.vocab_size, (B,), generator=gen))
         self.inv = rope_inv_freq(cfg).to(dev)
         # greedy steps (the sampling inputs stay zero), as the peers decode: the conventional argmax skips the
-        # sampling candidates (StepCtx.greedy). sampled: every row samples (temperature 0.8, top-k 50, top-p 0.9)
+        # sampling candidates (StepCtx.greedy); nothing reads the logits afterwards (StepCtx.logits_unread, as the
+        # engine's steps when every row samples on the device: the fp32 copy is skipped under MPK_CONV_BF16_ARGMAX=1).
+        # sampled: every row samples (temperature 0.8, top-k 50, top-p 0.9)
         if sampled:
             self.mem.t("sample.temperature").fill_(0.8)
             self.mem.t("sample.top_k").fill_(50)
             self.mem.t("sample.top_p").fill_(0.9)
             self.mem.t("sample.seed").copy_(torch.arange(B) + 1)
-        self.ctx = StepCtx(cfg, 1, self.pos, self.tables, ps, 1, self.inv, kv_len_cap=cap, greedy=not sampled)
+        self.ctx = StepCtx(cfg, 1, self.pos, self.tables, ps, 1, self.inv, kv_len_cap=cap, greedy=not sampled,
+                           logits_unread=not sampled)
         self.cfg, self.ps, self.heap = cfg, ps, heap
 
     def make_mk(self, tg, m):

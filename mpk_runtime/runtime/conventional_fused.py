@@ -63,6 +63,16 @@ def fixed_configs() -> bool:
     return env_flag("MPK_CONV_FIXED_CONFIGS", default=False)
 
 
+def bf16_argmax() -> bool:
+    """MPK_CONV_BF16_ARGMAX=1 (opt-in, session 42; not yet GPU-measured): in a greedy step whose fp32 logits nobody
+    reads afterwards (StepCtx.greedy and StepCtx.logits_unread, the caller's promises), a conventional LM head
+    whose argmax runs in the same segment keeps its bf16 product for the argmax and skips the fp32 logits copy. The
+    argmax's max over bf16 values picks the same value and index as over their exact fp32 copies, so the tokens are
+    the same bits. What it removes at llama-3.2-1b B=128 (session 41's profile, bench/results/s41/pq): the bf16 ->
+    fp32 copy (~52 us a step) and half of the argmax's reads (~46 us over fp32)."""
+    return env_flag("MPK_CONV_BF16_ARGMAX", default=False)
+
+
 def inductor_options() -> dict:
     """torch.compile options of the conventional path's generated code (compile_rows_dynamic, torch_exec): the
     eager code's rounding points (emulate_precision_casts), and with fixed_configs() inductor's deterministic mode."""

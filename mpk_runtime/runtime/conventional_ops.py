@@ -149,6 +149,9 @@ def linear(op, mem, ctx, cache) -> None:
     y = x @ ws[0]
     if res is not None:
         y = res + y
+    elif a["out"] in cache.get("bf16_names", ()):   # a greedy LM head whose fp32 logits nobody reads (torch_exec):
+        cache["bf16_logits"][a["out"]] = y          # its argmax takes the product itself, no fp32 copy
+        return
     out.copy_(y)
 
 

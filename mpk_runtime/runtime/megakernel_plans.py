@@ -130,13 +130,14 @@ class PlannedDecoder:
         # all rows greedy: the conventional argmax skips the sampling work (its own captured graph, StepCtx.greedy)
         greedy = all(s is None or s.temperature <= 0 for s in (sampling or []))
         if self.backend == "pyvm":   # eager, keys as needed
-            bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv, greedy=greedy)
+            bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv, greedy=greedy,
+                             logits_unread=not want_logits)
         else:
             if need > bk.cap:   # a larger key cap: every capture is stale
                 bk.ex.drop_graphs()
                 bk.cap = need
             bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv, kv_len_cap=bk.cap,
-                             greedy=greedy)
+                             greedy=greedy, logits_unread=not want_logits)
             ctx = bk.ctx
             if not bk.ex.has_capture(lambda r: ctx):   # capture this variant, warm-up on inactive rows
                 fill_step(bk.mem, bk.pos, bk.tables, [], [], [], self.width, None)

@@ -133,10 +133,10 @@ class PlanExecutor:
     _captures: dict | None = None
 
     def _key(self, c: StepCtx) -> tuple:
-        """_ctx_key, less the greedy flag when no conventional segment holds the argmax (a megakernel samples on
-        device either way: one capture serves greedy and sampled steps)."""
+        """_ctx_key, less the greedy and logits_unread flags when no conventional segment holds the argmax (a
+        megakernel samples on device and writes its logits either way: one capture serves every such step)."""
         k = _ctx_key(c)
-        return k if self._greedy_read else k[:-1]
+        return k if self._greedy_read else k[:-2]
 
     def drop_graphs(self) -> None:
         """Forget every capture (the next run() is eager until capture() is called again)."""
@@ -289,7 +289,7 @@ class PlanExecutor:
 def _ctx_key(c: StepCtx) -> tuple:
     """What a captured graph baked in: tensor addresses and the static fields (the step number is not)."""
     return (c.pos.data_ptr(), c.block_tables.data_ptr(), c.inv_freq.data_ptr(), c.page_size, c.tokens_per_seq,
-            c.kv_len_cap, c.greedy)
+            c.kv_len_cap, c.greedy, c.logits_unread)
 
 
 def _graph_launch(mk, zero: bool = True) -> None:

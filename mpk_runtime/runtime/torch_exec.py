@@ -25,8 +25,9 @@ from ..envflags import env_flag, env_removed
 from ..ir.graph import Graph
 from ..tasks.build import decompose
 from ..tasks.ops import get_task_kind
+from ..tasks.ops.argmax import greedy_fast
 from ..tasks.tiling import Tiling
-from .conventional_fused import inductor_options, recompiles_allowed
+from .conventional_fused import bf16_argmax, inductor_options, recompiles_allowed
 from .conventional_ops import OPS as WHOLE_OPS, runs_whole
 from .memory import RankMemory, StepCtx
 
@@ -61,6 +62,7 @@ class ConventionalExecutor:
                     "session 19, -1.2..+0.5%", allowed=("0",))
         self.kernels = {t.kind: (WHOLE_OPS[t.op.kind][0] if isinstance(t, _WholeOp) else get_task_kind(t.kind))
                         for ts in self.tasks for t in ts}
+        self.bf16_logits = [_argmax_only_outputs(ts) for ts in self.tasks]   # MPK_CONV_BF16_ARGMAX candidates
         if comm is not None and comm.world_size > 1:
             if len(mems) != 1:
                 raise ValueError("with a communicator each process holds exactly one rank")
@@ -96,6 +98,10 @@ class ConventionalExecutor:
             self._run(ctxs, steps)
 
     def _run(self, ctxs: list[StepCtx], steps: list[dict]) -> None:
+        for r, c in enumerate(ctxs):   # MPK_CONV_BF16_ARGMAX: whose LM head keeps its bf16 product this step
+            keep = self.bf16_logits[r] if c.greedy and c.logits_unread and not self.compile and bf16_argmax() \
+                and greedy_fast() else frozenset()
+            steps[r]["bf16_names"], steps[r]["bf16_logits"] = keep, {}
         n = max(len(ts) for ts in self.tasks)
         for i in range(n):
             for r, ts in enumerate(self.tasks):
@@ -103,8 +109,27 @@ class ConventionalExecutor:
                     t = ts[i]
                     if isinstance(t, _WholeOp):
                         self.kernels[t.kind](t.op, self.mems[r], ctxs[r], steps[r])
+                    elif t.kind == "argmax_partial" and t.params["logits"] in steps[r]["bf16_logits"]:
+                        self.kernels[t.kind](t, self.mems[r], ctxs[r],
+                                             logits=steps[r]["bf16_logits"][t.params["logits"]])
                     else:
                         self.kernels[t.kind](t, self.mems[r], ctxs[r])
+
+
+def _argmax_only_outputs(ts: list) -> frozenset:
+    """Outputs of whole linear ops (the LM head) that later in `ts` only argmax_partial tasks read, and at least one
+    does: the logits whose fp32 copy a greedy step with StepCtx.logits_unread may skip (MPK_CONV_BF16_ARGMAX). A
+    plan that cuts between the LM head and its argmax, or anything else that reads the logits, keeps the copy."""
+    out = set()
+    for i, t in enumerate(ts):
+        if not (isinstance(t, _WholeOp) and t.op.kind == "linear"):
+            continue
+        name = t.op.attrs["out"]
+        readers = [u for u in ts[i + 1:]
+                   if (name in u.op.inputs if isinstance(u, _WholeOp) else any(rg.tensor == name for rg in u.reads))]
+        if readers and all(not isinstance(u, _WholeOp) and u.kind == "argmax_partial" for u in readers):
+            out.add(name)
+    return frozenset(out)
 
 
 class _WholeOp:

@@ -241,9 +241,11 @@ def _rows(t: torch.Tensor, b0: int, nb: int) -> torch.Tensor:
 
 
 @task_kind("argmax_partial")
-def execute_partial(task, mem, ctx):
+def execute_partial(task, mem, ctx, logits: torch.Tensor | None = None):
+    """logits: the LM head's product in place of the fp32 logits tensor (the conventional executor's greedy steps
+    under MPK_CONV_BF16_ARGMAX: the same values, rounded no further)."""
     p = task.params
-    logits = mem.t(p["logits"])  # (B, V_local) fp32
+    logits = mem.t(p["logits"]) if logits is None else logits  # (B, V_local) fp32 (or bf16: see above)
     B = logits.shape[0]
     b0, nb = p.get("b0", 0), p.get("nb", B)
     logits = _rows(logits, b0, nb)
