@@ -49,7 +49,7 @@
 #    tests/runtime/test_bf16_argmax.py's GPU case), then the A/B of `MPK_CONV_BF16_ARGMAX` (the greedy LM head's bf16
 #    product straight into its argmax, no fp32 logits copy; docs/perf-notes.md session 42): `N=bfam T=250
 #    SW=MPK_CONV_BF16_ARGMAX VALS="0 1" OPS=0 MODELS=llama-3.2-1b BS=32,128 CTXS=512 LIM=55 bash scripts/gpu_run.sh
-#    sw`. Predicted: B=128 -65..-75 us a step (-3.1..-3.5%), B=32 -12..-18 us. Make it the default if it holds.
+#    sw`. Predicted: B=128 -45..-75 us a step (-2.1..-3.5%), B=32 -12..-18 us. Make it the default if it holds.
 #    Then qwen3-8b's ctx-512 row: `N=bq512 T=330 BENCH_BUDGET=310 BS=8,128 CTXS=512 MODELS=qwen3-8b bash
 #    scripts/gpu_run.sh bench` (B=8 / 128 last measured in session 35). Predicted (v47): B=8 ~5.5-5.9 ms, B=128 ~8.9-9.3.
 # 2. `N=cattn T=120 bash scripts/gpu_run.sh cattn` to re-measure the paged curves under the new qwen3-8b shape (v48 =

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from mpk_runtime.planner import candidates
-from mpk_runtime.runtime import torch_exec
 from mpk_runtime.runtime.plan_exec import PlanExecutor
 from mpk_runtime.runtime.torch_exec import ConventionalExecutor
 from tests.runtime.test_conventional_op_count import _Record, build
@@ -123,7 +122,3 @@ def test_planned_step_under_the_promise(family, monkeypatch):
         got[switch] = out
     assert all(torch.equal(a[0], b[0]) for a, b in zip(got["0"], got["1"])), family
     assert [u for _, u in got["0"]] == [False] * 3 and [u for _, u in got["1"]] == [True] * 3, family
-
-
-def test_the_executor_module_exposes_the_rule():
-    assert torch_exec._argmax_only_outputs([]) == frozenset()
