@@ -2,7 +2,12 @@
 attention shapes, with the KV read from HBM (layer copies cycled past the L2), against what the bytes allow.
 
     PYTHONPATH=. python3 scripts/bench_paged_attention.py --out $OUT [--models llama-3.2-1b,qwen3-8b]
-        [--batches 8,32,128] [--keys 512,4096] [--budget-s 200]
+        [--batches 8,32,128] [--keys 512,4096] [--budget-s 200] [--cap serving|tight] [--table-dtype int64|int32]
+
+Since session 42 a point is launched as the decode step launches it (rows of keys + 1 under the engine's key cap,
+int64 page tables); the sweeps before it ran rows of `keys` keys under a cap of `keys` with int32 tables (--cap tight
+--table-dtype int32), another build of the kernel (128 against 160 registers at llama B=8, 4096 keys), which is one
+reason their ranking and the step's disagreed at 2 of 6 points in session 41.
 
 Why (docs/perf-notes.md session 27): the first compiled run measured llama-3.2-1b B=32 at 4096 keys in 81 us a layer,
 134 MB of K and V at 1.66 TB/s, a third of the stream rate; at 512 keys profile_conv_attn.py's number (13 us) had
@@ -50,11 +55,24 @@ def configs(D: int) -> list[pa.PagedAttnConfig]:
     return out
 
 
-def point(cfg, B: int, L: int, l2_mb: float):
-    """Caches (copies cycled past the L2), shuffled page tables, every row at position L - 1, the step's new rows."""
+def launch_point(L: int, cap: str) -> tuple[int, int]:
+    """(keys a row holds, the key cap the launch gets) for a point of L keys: "serving" (the default since session 42)
+    = as a decode step at context L runs it, a row of L + 1 keys under the engine's power-of-two cap
+    (megakernel_plans.kv_cap); "tight" = a row of L keys under a cap of L (the sweeps of sessions 27-41)."""
+    if cap == "tight":
+        return L, L
+    from mpk_runtime.runtime.megakernel_plans import kv_cap
+    return L + 1, kv_cap(L + 1, 1 << 30)
+
+
+def point(cfg, B: int, L: int, l2_mb: float, cap: str = "serving", table_dtype: str = "int64"):
+    """Caches (copies cycled past the L2), shuffled page tables (`table_dtype`: int64 as a decode step passes them,
+    or int32 as the sweeps of sessions 27-41 did: the kernel builds differently for each, session 42), every row at
+    its last position (launch_point's keys), the step's new rows; also (keys a row, the launch's key cap)."""
     nkv, D, nq = cfg.num_kv_heads, cfg.head_dim, cfg.num_heads
-    pps = -(-L // PAGE)
-    kv_bytes = 2 * B * L * nkv * D * 2
+    keys, L_cap = launch_point(L, cap)
+    pps, width = -(-keys // PAGE), -(-L_cap // PAGE)
+    kv_bytes = 2 * B * keys * nkv * D * 2
     copies = max(2, math.ceil(l2_mb * 1e6 / kv_bytes))
     g = torch.Generator(device="cuda").manual_seed(0)
     caches = []
@@ -62,11 +80,12 @@ def point(cfg, B: int, L: int, l2_mb: float):
         kc = torch.randn(B * pps + 1, PAGE, nkv, D, device="cuda", dtype=torch.bfloat16, generator=g)
         vc = torch.randn_like(kc)
         caches.append((kc, vc))
-    bt = (torch.randperm(B * pps, device="cuda", generator=g) + 1).view(B, pps).to(torch.int32)
-    pos = torch.full((B,), L - 1, dtype=torch.int64, device="cuda")
+    bt = torch.zeros(B, width, dtype=getattr(torch, table_dtype), device="cuda")   # past a row's pages: page 0
+    bt[:, :pps] = (torch.randperm(B * pps, device="cuda", generator=g) + 1).view(B, pps)
+    pos = torch.full((B,), keys - 1, dtype=torch.int64, device="cuda")
     q = torch.randn(B, nq * D, device="cuda", dtype=torch.bfloat16, generator=g)
     new = torch.randn(B, 2 * nkv * D, device="cuda", dtype=torch.bfloat16, generator=g)
-    return caches, bt, pos, q, new, kv_bytes
+    return caches, bt, pos, q, new, kv_bytes, (keys, L_cap)
 
 
 def summary(rows: list[dict], best: list[dict], heads: dict) -> list[str]:
@@ -103,6 +122,13 @@ def main() -> None:
     ap.add_argument("--l2-mb", type=float, default=200.0)
     ap.add_argument("--budget-s", type=float, default=200.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--cap", choices=("serving", "tight"), default="serving",
+                    help="serving: a point of L keys as a decode step at context L launches it (rows of L + 1 keys "
+                         "under the engine's power-of-two cap); tight: rows of L keys under a cap of L (the sweeps "
+                         "before session 42)")
+    ap.add_argument("--table-dtype", choices=("int64", "int32"), default="int64",
+                    help="the page tables' dtype: int64 as the engine passes them; int32 as the sweeps before "
+                         "session 42 did (another build of the kernel)")
     a = ap.parse_args()
     if not torch.cuda.is_available() or pa.triton is None:
         raise SystemExit("bench_paged_attention.py needs a CUDA GPU and Triton (the kernel's logic is tested on CPU "
@@ -112,11 +138,11 @@ def main() -> None:
     for model in a.models.split(","):
         cfg = load_config(model)
         D = cfg.head_dim
-        for B, L in itertools.product(map(int, a.batches.split(",")), map(int, a.keys.split(","))):
+        for B, P in itertools.product(map(int, a.batches.split(",")), map(int, a.keys.split(","))):
             if time.time() - t0 > a.budget_s:
-                print(f"budget spent: {model} B={B} keys={L} not run", flush=True)
+                print(f"budget spent: {model} B={B} keys={P} not run", flush=True)
                 continue
-            caches, bt, pos, q, new, kv_bytes = point(cfg, B, L, a.l2_mb)
+            caches, bt, pos, q, new, kv_bytes, (keys, L) = point(cfg, B, P, a.l2_mb, a.cap, a.table_dtype)
             scale = 1 / math.sqrt(D)
             ref = torch.empty_like(q)
             pa.paged_decode_attention(q, *caches[0], bt, pos, scale, L, ref, kv_new=new, config=pa.DEFAULT_CONFIG)
@@ -129,10 +155,10 @@ def main() -> None:
                     us = graph_us(lambda i: pa.paged_decode_attention(q, *caches[i % len(caches)], bt, pos, scale,
                                                                       L, out, kv_new=new, config=c), len(caches))
                 except Exception as e:   # a config this GPU cannot launch (shared memory): recorded, not fatal
-                    print(f"{model} B={B} keys={L} {c}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    print(f"{model} B={B} keys={P} {c}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                     continue
                 S = pa.launch_shape(B, cfg.num_heads, cfg.num_kv_heads, L, c)[3]
-                r = dict(model=model, B=B, keys=L, block_n=c.block_n, target=c.target_programs, warps=c.num_warps,
+                r = dict(model=model, B=B, keys=P, row_keys=keys, cap=L, block_n=c.block_n, target=c.target_programs, warps=c.num_warps,
                          stages=c.num_stages, idx_ahead=c.idx_ahead, splits=S, us=round(us, 2), tbs=round(kv_bytes / us / 1e6, 3),
                          max_err_vs_default=err, default=c == pa.DEFAULT_CONFIG)
                 r["tuned"] = c == pa.config_for(D, B, cfg.num_kv_heads, L)
@@ -143,13 +169,13 @@ def main() -> None:
             bad = [r for r in pts if r["max_err_vs_default"] > 3e-2]
             good = [r for r in pts if r["max_err_vs_default"] <= 3e-2]
             if not good:
-                print(f"{model} B={B} keys={L}: every shape is off the default's output", flush=True)
+                print(f"{model} B={B} keys={P}: every shape is off the default's output", flush=True)
                 continue
             b = min(good, key=lambda r: r["us"])
             d = next(r for r in pts if r["default"])
             tu = next((r for r in pts if r["tuned"]), None)
             best.append(b)
-            print(f"{model:13s} B={B:4d} keys={L:5d} {kv_bytes / 1e6:7.1f} MB: default {d['us']:7.1f} us "
+            print(f"{model:13s} B={B:4d} keys={P:5d} (rows {keys}, cap {L}) {kv_bytes / 1e6:7.1f} MB: default {d['us']:7.1f} us "
                   f"({d['tbs']:.2f} TB/s)  best {b['us']:7.1f} us ({b['tbs']:.2f} TB/s, "
                   f"{b['tbs'] / STREAM_TBS:.0%} of {STREAM_TBS}) block {b['block_n']} target {b['target']} "
                   f"warps {b['warps']} stages {b['stages']} idx_ahead {b['idx_ahead']} splits {b['splits']}"
@@ -160,6 +186,7 @@ def main() -> None:
     os.makedirs(a.out, exist_ok=True)
     meta = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
                 commit=os.environ.get("GIT_COMMIT", "unknown"), l2_mb=a.l2_mb, triton=pa.triton.__version__,
+                cap=a.cap, table_dtype=a.table_dtype,
                 switches=resolved_switches())
     with open(os.path.join(a.out, "paged_attention.json"), "w") as f:
         json.dump(dict(meta=meta, best=best, rows=rows), f, indent=1)

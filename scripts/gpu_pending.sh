@@ -56,6 +56,10 @@
 #    v47 with them; v47 prices qwen3-8b B=32 ctx 512's conventional step ~2% high), then the 512-key B=8 points in the
 #    step: `N=p8 T=200 SHAPES="tuned 128_528_4_1 tuned 128_528_4_1" MODELS=llama-3.2-1b BS=8 CTXS=512 LIM=55 ... pshape`.
 # 3. llama-3.2-1b's table once more (one call, ~5 min) so both models' tables come from one code state.
+# 3b. The launch-shape sweep with the step's build (`N=sw42 T=340 bash scripts/gpu_run.sh sweep`: since session 42
+#    int64 page tables and rows of keys + 1 under the engine's cap, as the step; the sweeps before ran int32 tables,
+#    another binary: 160 against 128 registers at llama B=8 4096 keys, 96 against 126 at qwen3-8b B=8 / 128), then
+#    the int32 build at the points where it holds more CTAs an SM (docs/perf-notes.md session 42).
 # 4. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
 #    the next kernel work is built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).

@@ -76,15 +76,17 @@ def test_append_through_the_cache_builds_like_no_append(D, block, stages):
 @pytest.mark.parametrize("D,block,stages", [(64, 128, 1), (128, 64, 2)])
 def test_head_major_grid_builds_the_same_loop(D, block, stages):
     """MPK_PAGED_GRID=head (HEAD_MAJOR) swaps which program index names the row and which the KV head, nothing
-    else: registers within 8 of each other (the allocator's choices; both <= 128, so the same CTAs an SM at 4 warps),
-    the same Tensor Core, barrier and asynchronous-copy instructions, and instruction counts within 4% (the index math
-    differs with the 32-bit strides the JIT passes: 16-40 of 1200-1450 instructions)."""
+    else: the same Tensor Core, barrier and asynchronous-copy instructions, and instruction counts within 4% (the
+    index math differs with the 32-bit strides the JIT passes: 16-40 of 1200-1450 instructions), no stack. The
+    registers are the allocator's choice and not the same: with the step's int64 page tables (PARTIAL_SIG, session
+    42) 122 / 126 at head dim 64 (4 CTAs an SM either way) but 96 / 160 at head dim 128's 64-key 2-stage tile (5 / 3
+    CTAs an SM), which the switch's A/B would pay."""
     sig = PARTIAL_SIG
-    (r0, _, row), (r1, _, head) = (build(pa._partial_kernel, sig, dict(
+    (r0, st0, row), (r1, st1, head) = (build(pa._partial_kernel, sig, dict(
         G=4, GP=16, D=D, PS=16, BLOCK=block, MULTI=True, NKV=8, APPEND=True, ROW_KEYS=2, USED=True, APPEND_CACHE=True,
         HEAD_MAJOR=hm), num_warps=4, num_stages=stages) for hm in (False, True))
     ops = lambda sass: sorted(re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))   # noqa: E731
-    assert abs(r0 - r1) <= 8 and max(r0, r1) <= 128, (r0, r1)
+    assert st0 == st1 == 0 and max(r0, r1) <= 255, (r0, r1, st0, st1)
     a, b = ops(row), ops(head)
     assert abs(len(a) - len(b)) <= 0.04 * len(a) and sum(x in ("HMMA.16816.F32.BF16",) for x in a) == \
         sum(x in ("HMMA.16816.F32.BF16",) for x in b)

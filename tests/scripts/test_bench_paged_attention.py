@@ -31,3 +31,12 @@ def test_summary_prints_tuned_entries_and_ranks_shapes():
     assert len(ranked) == 3 and "within 3% of best at 1 of 1 points" in ranked[0]
     assert any("block 64 target 264 warps 4 stages 2 idx_ahead False: within 3% of best at 0 of 2 points" in r
                for r in ranked)
+
+
+def test_a_point_launches_as_the_decode_step_does():
+    """--cap serving (the default): a point of L keys is a row of L + 1 keys under the engine's power-of-two cap
+    (what a decode step at context L launches, and what config_for and the splits see); tight: L keys under L."""
+    assert bpa.launch_point(4096, "serving") == (4097, 8192)
+    assert bpa.launch_point(512, "serving") == (513, 1024)
+    assert bpa.launch_point(100, "serving") == (101, 256)
+    assert bpa.launch_point(4096, "tight") == (4096, 4096)
