@@ -59,7 +59,9 @@
 # 3b. The launch-shape sweep with the step's build (`N=sw42 T=340 bash scripts/gpu_run.sh sweep`: since session 42
 #    int64 page tables and rows of keys + 1 under the engine's cap, as the step; the sweeps before ran int32 tables,
 #    another binary: 160 against 128 registers at llama B=8 4096 keys, 96 against 126 at qwen3-8b B=8 / 128), then
-#    the int32 build at the points where it holds more CTAs an SM (docs/perf-notes.md session 42).
+#    the int32 build at the points where it holds more CTAs an SM: `N=tab T=330 SW=MPK_PAGED_TABLE VALS="i64 i32"
+#    MODELS=llama-3.2-1b BS=8,32 CTXS=4096 OP_BATCHES=8,32 OP_KEYS=4097 LIM=55 bash scripts/gpu_run.sh sw` (predicted:
+#    llama B=8 ctx 4096 -3..-8% a step if the op is wave-bound, B=32 ~0; docs/perf-notes.md session 42).
 # 4. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
 #    the next kernel work is built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).

@@ -115,6 +115,18 @@ def append_cache() -> bool:
     return env_choice("MPK_PAGED_APPEND", ("regs", "cache"), "cache") == "cache"
 
 
+TABLES = ("i64", "i32")
+
+
+def table_dtype() -> torch.dtype:
+    """MPK_PAGED_TABLE: the page tables' type the kernel reads. "i64" (the default) = the step's own int64 tables;
+    "i32" (opt-in, session 42, not yet GPU-measured) = an int32 copy made once a step (conventional_ops.attention).
+    Triton builds the kernel per pointer type, and the two binaries differ: offline sm_90 builds of TUNED's shapes
+    hold 3 against 4 CTAs an SM at llama B=8, 4096 keys (160 / 128 registers, int64 / int32), but 5 against 4 at
+    qwen3-8b B=8 / 128 (96 / 126). The same page indices either way, so the same bits."""
+    return torch.int32 if env_choice("MPK_PAGED_TABLE", TABLES, "i64") == "i32" else torch.int64
+
+
 GRIDS = ("row", "head")
 
 
@@ -280,6 +292,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError("paged_decode_attention: q, out and the caches' rows must be contiguous")
     if kv_new is not None and (kv_new.shape != (B, 2 * nkv * D) or not kv_new.is_contiguous()):
         raise ValueError(f"paged_decode_attention: kv_new {tuple(kv_new.shape)}, expected ({B}, {2 * nkv * D})")
+    if block_tables.dtype != table_dtype() and block_tables.dtype in (torch.int32, torch.int64):
+        # (a caller that reuses one converted copy, as conventional_ops.attention does, skips this per-call copy)
+        block_tables = block_tables.to(table_dtype())
     G = nq // nkv
     used, acache = used_splits(), append_cache()
     config = config or config_for(D, B, nkv, L_cap)

@@ -106,6 +106,38 @@ def test_head_major_grid_is_bitwise_the_row_major_interpreter(monkeypatch, S, cf
         assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
 
 
+@interp
+@pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
+def test_int32_page_tables_are_bitwise_the_int64_ones_interpreter(monkeypatch, S, cfg):
+    """MPK_PAGED_TABLE=i32: the kernel reads an int32 copy of the same page indices: the output and the appended
+    rows are the int64 tables' bit for bit."""
+    outs = _short_rows_under(monkeypatch, "MPK_PAGED_TABLE", ("i64", "i32"), S, cfg)
+    for a, b in zip(outs["i64"], outs["i32"]):
+        assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
+
+
+@interp
+def test_int32_page_tables_in_a_whole_step_interpreter(monkeypatch):
+    """A whole conventional step under MPK_PAGED_TABLE=i32: the int32 copy is made once a step (not once a layer)
+    and the step's logits, tokens and caches are the int64 tables' bit for bit."""
+    import tests.runtime.test_conventional_op_count as oc
+    seen = []
+    real = pa.paged_decode_attention
+    monkeypatch.setattr(pa, "paged_decode_attention", lambda q, kc, vc, bt, *a, **k: seen.append(bt) or
+                        real(q, kc, vc, bt, *a, **k))
+    res = {}
+    for t in pa.TABLES:
+        monkeypatch.setenv("MPK_PAGED_TABLE", t)
+        seen.clear()
+        cfg, g, mem, ex, ctx = oc.build("tiny-llama", 3, context=70, dtype="float32", greedy=True)
+        ex.run([ctx])
+        assert len(seen) == cfg.num_layers and all(b is seen[0] for b in seen)          # one table for every layer
+        assert seen[0].dtype == (torch.int32 if t == "i32" else torch.int64)
+        res[t] = (mem.t("logits").clone(), mem.t("next_tokens").clone(), [c.clone() for c in mem.kvstore.k])
+    assert torch.equal(res["i64"][0], res["i32"][0]) and torch.equal(res["i64"][1], res["i32"][1])
+    assert all(torch.equal(a, b) for a, b in zip(res["i64"][2], res["i32"][2]))
+
+
 @pytest.mark.parametrize("var,read,table,bad,msg", [
     ("MPK_PAGED_ROW_KEYS", pa.row_keys, (("", "split"), ("cap", "cap"), ("stop", "stop"), ("split", "split")), "1",
      "expected one of cap, stop, split .unset: split"),
@@ -116,7 +148,9 @@ def test_head_major_grid_is_bitwise_the_row_major_interpreter(monkeypatch, S, cf
     ("MPK_PAGED_GRID", pa.grid_order, (("", "row"), ("row", "row"), ("head", "head")), "kv",
      "expected one of row, head .unset: row"),
     ("MPK_PAGED_HEADS", pa.heads_mode, (("", "one"), ("one", "one"), ("group", "group"), ("all", "all")), "8",
-     "expected one of one, group, all .unset: one")])
+     "expected one of one, group, all .unset: one"),
+    ("MPK_PAGED_TABLE", pa.table_dtype, (("", torch.int64), ("i64", torch.int64), ("i32", torch.int32)), "int32",
+     "expected one of i64, i32 .unset: i64")])
 def test_switch_values(monkeypatch, var, read, table, bad, msg):
     """The paged kernel's switches: each value, unset = the default, anything else an error naming the switch."""
     for v, want in table:
