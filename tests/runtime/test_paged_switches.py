@@ -138,6 +138,26 @@ def test_int32_page_tables_in_a_whole_step_interpreter(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(res["i64"][2], res["i32"][2]))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(pa.triton is None or not torch.cuda.is_available(), reason="needs a CUDA GPU and Triton")
+@pytest.mark.parametrize("B,nq,nkv,D,L", [(8, 32, 8, 64, 4097), (8, 32, 8, 128, 4097), (32, 32, 8, 64, 513)])
+def test_int32_page_tables_are_bitwise_the_int64_ones_gpu(monkeypatch, B, nq, nkv, D, L):
+    """The compiled kernels (another binary for each table type: 160 / 128 registers at llama B=8, 4096 keys) at the
+    models' shapes under a serving cap, bf16, with appends: the same output and appended rows bit for bit."""
+    from tests.runtime.test_paged_attention import case
+    cap = 1 << (L - 1).bit_length()
+    q, kc, vc, bt, pos = case(B, nq, nkv, D, 16, L, torch.bfloat16, dev="cuda")
+    bt = torch.cat([bt, torch.zeros(B, cap // 16 - bt.shape[1], dtype=bt.dtype, device="cuda")], 1)
+    new = torch.randn(B, 2 * nkv * D, device="cuda").to(torch.bfloat16)
+    outs = {}
+    for t in pa.TABLES:
+        monkeypatch.setenv("MPK_PAGED_TABLE", t)
+        kc2, vc2, out = kc.clone(), vc.clone(), torch.zeros_like(q)
+        pa.paged_decode_attention(q, kc2, vc2, bt, pos, D ** -0.5, cap, out, kv_new=new)
+        outs[t] = (out, kc2, vc2)
+    assert all(torch.equal(a, b) for a, b in zip(outs["i64"], outs["i32"]))
+
+
 @pytest.mark.parametrize("var,read,table,bad,msg", [
     ("MPK_PAGED_ROW_KEYS", pa.row_keys, (("", "split"), ("cap", "cap"), ("stop", "stop"), ("split", "split")), "1",
      "expected one of cap, stop, split .unset: split"),
