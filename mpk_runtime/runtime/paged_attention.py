@@ -276,6 +276,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """out (B, nq * D) = softmax(q k^T * scale) v over each row's keys [0, pos + 1), read from the pages
     (k_cache / v_cache (pages, page_size, nkv, D), block_tables (B, >= ceil(L_cap / page_size))); q (B, nq * D);
     L_cap >= every row's pos + 1 (a static bound: the grid and loop sizes, so a CUDA graph can hold them).
+    block_tables int64 or int32, read as given (each type is its own build; MPK_PAGED_TABLE is applied by the caller,
+    conventional_ops._paged_tables, which converts once a step).
     kv_new (B, 2 * nkv * D): the step's k and v rows, not yet in the cache (ir/defer.py): appended at pos here and
     used for key pos (inactive rows, pos < 0, append nothing). config: the launch shape (default config_for's)."""
     if triton is None:
@@ -292,9 +294,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError("paged_decode_attention: q, out and the caches' rows must be contiguous")
     if kv_new is not None and (kv_new.shape != (B, 2 * nkv * D) or not kv_new.is_contiguous()):
         raise ValueError(f"paged_decode_attention: kv_new {tuple(kv_new.shape)}, expected ({B}, {2 * nkv * D})")
-    if block_tables.dtype != table_dtype() and block_tables.dtype in (torch.int32, torch.int64):
-        # (a caller that reuses one converted copy, as conventional_ops.attention does, skips this per-call copy)
-        block_tables = block_tables.to(table_dtype())
     G = nq // nkv
     used, acache = used_splits(), append_cache()
     config = config or config_for(D, B, nkv, L_cap)

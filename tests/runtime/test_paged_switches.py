@@ -108,11 +108,16 @@ def test_head_major_grid_is_bitwise_the_row_major_interpreter(monkeypatch, S, cf
 
 @interp
 @pytest.mark.parametrize("S,cfg", SHAPES_SHORT)
-def test_int32_page_tables_are_bitwise_the_int64_ones_interpreter(monkeypatch, S, cfg):
-    """MPK_PAGED_TABLE=i32: the kernel reads an int32 copy of the same page indices: the output and the appended
-    rows are the int64 tables' bit for bit."""
-    outs = _short_rows_under(monkeypatch, "MPK_PAGED_TABLE", ("i64", "i32"), S, cfg)
-    for a, b in zip(outs["i64"], outs["i32"]):
+def test_int32_page_tables_are_bitwise_the_int64_ones_interpreter(S, cfg):
+    """int32 page tables (what MPK_PAGED_TABLE=i32 hands the kernel): the same page indices, so the output and the
+    appended rows are the int64 tables' bit for bit."""
+    q, kc, vc, bt, pos, new, L, _, _ = _short_rows_case()
+    outs = {}
+    for dt in (torch.int64, torch.int32):
+        kc2, vc2, out = kc.clone(), vc.clone(), torch.zeros_like(q)
+        pa.paged_decode_attention(q, kc2, vc2, bt.to(dt), pos, 0.25, L, out, S, kv_new=new, config=cfg)
+        outs[dt] = (out, kc2, vc2)
+    for a, b in zip(outs[torch.int64], outs[torch.int32]):
         assert torch.equal(a.nan_to_num(), b.nan_to_num()) and torch.equal(a.isnan(), b.isnan())
 
 
@@ -141,7 +146,7 @@ def test_int32_page_tables_in_a_whole_step_interpreter(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(pa.triton is None or not torch.cuda.is_available(), reason="needs a CUDA GPU and Triton")
 @pytest.mark.parametrize("B,nq,nkv,D,L", [(8, 32, 8, 64, 4097), (8, 32, 8, 128, 4097), (32, 32, 8, 64, 513)])
-def test_int32_page_tables_are_bitwise_the_int64_ones_gpu(monkeypatch, B, nq, nkv, D, L):
+def test_int32_page_tables_are_bitwise_the_int64_ones_gpu(B, nq, nkv, D, L):
     """The compiled kernels (another binary for each table type: 160 / 128 registers at llama B=8, 4096 keys) at the
     models' shapes under a serving cap, bf16, with appends: the same output and appended rows bit for bit."""
     from tests.runtime.test_paged_attention import case
@@ -150,12 +155,11 @@ def test_int32_page_tables_are_bitwise_the_int64_ones_gpu(monkeypatch, B, nq, nk
     bt = torch.cat([bt, torch.zeros(B, cap // 16 - bt.shape[1], dtype=bt.dtype, device="cuda")], 1)
     new = torch.randn(B, 2 * nkv * D, device="cuda").to(torch.bfloat16)
     outs = {}
-    for t in pa.TABLES:
-        monkeypatch.setenv("MPK_PAGED_TABLE", t)
+    for dt in (torch.int64, torch.int32):
         kc2, vc2, out = kc.clone(), vc.clone(), torch.zeros_like(q)
-        pa.paged_decode_attention(q, kc2, vc2, bt, pos, D ** -0.5, cap, out, kv_new=new)
-        outs[t] = (out, kc2, vc2)
-    assert all(torch.equal(a, b) for a, b in zip(outs["i64"], outs["i32"]))
+        pa.paged_decode_attention(q, kc2, vc2, bt.to(dt), pos, D ** -0.5, cap, out, kv_new=new)
+        outs[dt] = (out, kc2, vc2)
+    assert all(torch.equal(a, b) for a, b in zip(outs[torch.int64], outs[torch.int32]))
 
 
 @pytest.mark.parametrize("var,read,table,bad,msg", [
