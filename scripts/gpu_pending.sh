@@ -37,31 +37,30 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 42 left it (bench/results/s42: 79 GPU tests passed at b43e82c
-# with session 41's TUNED; h200_v47 validated at ctx 2048 / 4096 with regret 0 at 10 of 10 points; qwen3-8b's
-# ctx-4096 row measured whole; qwen3-8b B=32 ctx 512's shape replaced after the run, ABAB -2.4%).
-# Session 42 used ~1750 s in five calls; a machine stays warm only ~30 s after a call, so chain modes with `;` and
+# Order for a 30-minute session (one GPU), as session 43 left it (bench/results/s43: 79 GPU tests passed at 0819fd7;
+# MPK_CONV_BF16_ARGMAX and MPK_PAGED_TABLE=i32 A/B'd and made defaults after the runs; three llama launch shapes
+# adopted from step A/Bs; h200_v48 written from the int32 curves, not yet validated; llama's table whole).
+# Session 43 used ~1757 s in seven calls; a machine stays warm only ~30 s after a call, so chain modes with `;` and
 # have the next call ready. Before the first device call: `bash scripts/setup.sh` on a fresh machine, then
 # `bash scripts/gpu_prepare.sh` (~1 min after a checkout, ~4 min on a fresh machine: the bundle without Ray (.cache/gb),
 # every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the 64 MiB check). Carry [".cache/gb", ".cache/commit",
 # ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. `N=run1_one T=255 bash scripts/gpu_run.sh one` (the GPU set with the new qwen3-8b ctx-512 shape and
-#    tests/runtime/test_bf16_argmax.py's GPU case), then the A/B of `MPK_CONV_BF16_ARGMAX` (the greedy LM head's bf16
-#    product straight into its argmax, no fp32 logits copy; docs/perf-notes.md session 42): `N=bfam T=250
-#    SW=MPK_CONV_BF16_ARGMAX VALS="0 1" OPS=0 MODELS=llama-3.2-1b BS=32,128 CTXS=512 LIM=55 bash scripts/gpu_run.sh
-#    sw`. Predicted: B=128 -45..-75 us a step (-2.1..-3.5%), B=32 -12..-18 us. Make it the default if it holds.
-#    Then qwen3-8b's ctx-512 row: `N=bq512 T=330 BENCH_BUDGET=310 BS=8,128 CTXS=512 MODELS=qwen3-8b bash
-#    scripts/gpu_run.sh bench` (B=8 / 128 last measured in session 35). Predicted (v47): B=8 ~5.5-5.9 ms, B=128 ~8.9-9.3.
-# 2. `N=cattn T=120 bash scripts/gpu_run.sh cattn` to re-measure the paged curves under the new qwen3-8b shape (v48 =
-#    v47 with them; v47 prices qwen3-8b B=32 ctx 512's conventional step ~2% high), then the 512-key B=8 points in the
-#    step: `N=p8 T=200 SHAPES="tuned 128_528_4_1 tuned 128_528_4_1" MODELS=llama-3.2-1b BS=8 CTXS=512 LIM=55 ... pshape`.
-# 3. llama-3.2-1b's table once more (one call, ~5 min) so both models' tables come from one code state.
-# 3b. The launch-shape sweep with the step's build (`N=sw42 T=340 bash scripts/gpu_run.sh sweep`: since session 42
-#    int64 page tables and rows of keys + 1 under the engine's cap, as the step; the sweeps before ran int32 tables,
-#    another binary: 160 against 128 registers at llama B=8 4096 keys, 96 against 126 at qwen3-8b B=8 / 128), then
-#    the int32 build at the points where it holds more CTAs an SM: `N=tab T=330 SW=MPK_PAGED_TABLE VALS="i64 i32"
-#    MODELS=llama-3.2-1b BS=8,32 CTXS=4096 OP_BATCHES=8,32 OP_KEYS=4097 LIM=55 bash scripts/gpu_run.sh sw` (predicted:
-#    llama B=8 ctx 4096 -3..-8% a step if the op is wave-bound, B=32 ~0; docs/perf-notes.md session 42).
+# 1. `N=run1_one T=255 bash scripts/gpu_run.sh one`: the GPU set under session 43's defaults (int32 tables, the bf16
+#    argmax, the new llama shapes; none of them has run the whole set as the default), then h200_v48 out of sample:
+#    `N=val43 T=330 VAL_CTXS="512 4096" VAL_B512=8,32,128 VAL_B4096=8,32 VAL_LIM=160 bash scripts/gpu_run.sh val`.
+#    Predicted: regret 0 (conventional from B=8), step MAPE <= 5% with the conventional prices high by ~5-10% at
+#    llama (session 43's rows) and the megakernel families as in session 42.
+# 2. qwen3-8b's 512-key points under int32 tables in the step (the int32 sweep: B=8 15.4 -> 12.8 us, B=32 32.9 -> 28.0
+#    us a layer): `N=pq8 T=200 SHAPES="tuned 64_264_4_3_ahead tuned 64_264_4_3_ahead" MODELS=qwen3-8b BS=8 CTXS=512
+#    LIM=60 ... pshape; N=pq32 T=200 SHAPES="tuned 32_264_4_3_ahead tuned 32_264_4_3_ahead" MODELS=qwen3-8b BS=32
+#    CTXS=512 LIM=60 ... pshape` (predicted -1..-3% if the op's saving holds: 36 x 2.6 / 4.9 us of 5.6 / 6.0 ms).
+# 3. Why the bench's planned cells run 4-8% above the A/B harness (llama B=8 / 32 ctx 512: 1372 / 1568 against 1270 /
+#    1477 us): `MPK_CONV_FIXED_CONFIGS=1 N=bfix T=200 BENCH_BUDGET=180 BS=8,32 CTXS=512 MODELS=llama-3.2-1b bash
+#    scripts/gpu_run.sh bench` against `N=p8 ... pshape` numbers of the same start. If the bench then matches the
+#    harness, inductor's per-process configs were it.
+# 3b. `N=cattn T=120 bash scripts/gpu_run.sh cattn` (v49 = v48 with the curves at the new llama shapes), then the llama
+#    table again (`N=bl T=380 BENCH_BUDGET=360 MODELS=llama-3.2-1b ... bench`: B=32 ctx 4096's shape, predicted
+#    2.618 -> ~2.46-2.50 ms, level with gpt-fast).
 # 4. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
 #    the next kernel work is built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
@@ -151,7 +150,7 @@ OUT="$OUT/san" timeout 400 bash scripts/gpu_memcheck.sh; snap
 elif [ "$MODE" = cattn ]; then
 st "3c the conventional attention op measured whole (scripts/profile_conv_attn.py): llama-3.2-1b / qwen3-8b shapes at TP 1 and 2"
 mkdir -p "$OUT/prof"; OUT="$OUT/prof" timeout ${CATTN_LIM:-420} python3 scripts/profile_conv_attn.py --out "$OUT/prof" --cycle-mb 200 \
-    --tp ${CATTN_TP:-1,2} --merge ${CATTN_BASE:-h200_v46} --name ${CATTN_NAME:-h200_v47} \
+    --tp ${CATTN_TP:-1,2} --merge ${CATTN_BASE:-h200_v48} --name ${CATTN_NAME:-h200_v49} \
     --budget-s ${CATTN_BUDGET:-400} > "$OUT/prof/conv_attn.log" 2>&1
 tail -4 "$OUT/prof/conv_attn.log"; snap
 elif [ "$MODE" = ab ]; then
@@ -261,7 +260,7 @@ elif [ "$MODE" = sweep ]; then
 # prints TUNED entries), then the kernel's GPU tests (~4-5 min)
 mkdir -p "$OUT/prof/sweep"
 st "sweep: bench_paged_attention.py (shapes x points; TUNED entries at the end)"
-timeout 330 python3 scripts/bench_paged_attention.py --budget-s 300 --out "$OUT/prof/sweep" > "$OUT/prof/sweep/sweep.log" 2>&1
+timeout 330 python3 scripts/bench_paged_attention.py --budget-s ${SWEEP_BUDGET:-300} ${SWEEP_ARGS:-} --out "$OUT/prof/sweep" > "$OUT/prof/sweep/sweep.log" 2>&1
 grep -vE "^\s*$" "$OUT/prof/sweep/sweep.log" | tail -40; snap
 st "sweep: the kernel's GPU tests"
 timeout 120 python3 -m pytest -q -m gpu tests/runtime/test_paged_attention.py > "$OUT/pytest_gpu.log" 2>&1

@@ -119,12 +119,14 @@ TABLES = ("i64", "i32")
 
 
 def table_dtype() -> torch.dtype:
-    """MPK_PAGED_TABLE: the page tables' type the kernel reads. "i64" (the default) = the step's own int64 tables;
-    "i32" (opt-in, session 42, not yet GPU-measured) = an int32 copy made once a step (conventional_ops.attention).
-    Triton builds the kernel per pointer type, and the two binaries differ: offline sm_90 builds of TUNED's shapes
-    hold 3 against 4 CTAs an SM at llama B=8, 4096 keys (160 / 128 registers, int64 / int32), but 5 against 4 at
-    qwen3-8b B=8 / 128 (96 / 126). The same page indices either way, so the same bits."""
-    return torch.int32 if env_choice("MPK_PAGED_TABLE", TABLES, "i64") == "i32" else torch.int64
+    """MPK_PAGED_TABLE: the page tables' type the kernel reads. "i32" (the default since session 43) = an int32 copy
+    of the step's tables, made once a step (conventional_ops._paged_tables); "i64" = the step's own int64 tables.
+    Triton builds the kernel per pointer type, and the two binaries differ: offline sm_90 builds of session 42's
+    shapes held 4 against 3 CTAs an SM at llama B=8, 4096 keys (128 / 160 registers, int32 / int64), 4 against 5 at
+    qwen3-8b B=8 / 128 (126 / 96). Measured (session 43, 1x H200, bench/results/s43/tab): llama-3.2-1b B=8 ctx 4096's
+    conventional step 1620 -> 1501 us (the op 32.8 -> 25.9 us a layer), B=32 and qwen3-8b's op unchanged within
+    1%, the copy ~2 us a step. The same page indices either way, so the same bits."""
+    return torch.int32 if env_choice("MPK_PAGED_TABLE", TABLES, "i32") == "i32" else torch.int64
 
 
 GRIDS = ("row", "head")
@@ -188,10 +190,10 @@ DEFAULT_CONFIG = PagedAttnConfig()
 TUNED = {
     (64, 256, 1024): PagedAttnConfig(128, 528, 4, 1), (128, 256, 1024): PagedAttnConfig(64, 528, 4, 2),
     # the op alone, us a layer: session 40's shape -> this one
-    (64, 64, 512): PagedAttnConfig(128, 528, 8, 1),                     # 9.5 -> 9.2
+    (64, 64, 512): PagedAttnConfig(128, 528, 4, 1),     # s43: the step (p8) 1270 us under (128, 528, 8, 1), this 1254
     (64, 64, 4096): PagedAttnConfig(128, 528, 4, 2),                    # 37.5 -> 27.6
-    (64, 256, 512): PagedAttnConfig(128, 528, 4, 4),                    # 19.9 -> 17.3
-    (64, 256, 4096): PagedAttnConfig(128, 264, 4, 1),   # sweep: (128, 264, 4, 2) 77.7 us; the step (pshl) 2872 us, this 2501
+    (64, 256, 512): PagedAttnConfig(64, 528, 4, 2),     # s43 (int32 tables): the step 1477 under (128, 528, 4, 4), this 1438
+    (64, 256, 4096): PagedAttnConfig(128, 264, 4, 3),   # s43 (int32 tables): the op 89.2 -> 79.1 us, the step 2504 -> 2352
     (64, 1024, 512): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # 48.7 -> 42.3
     (64, 1024, 4096): PagedAttnConfig(128, 528, 4, 4),                  # 311.1 -> 273.6
     (128, 64, 512): PagedAttnConfig(128, 528, 8, 1),                    # 13.2 -> 11.6

@@ -173,8 +173,8 @@ def test_int32_page_tables_are_bitwise_the_int64_ones_gpu(B, nq, nkv, D, L):
      "expected one of row, head .unset: row"),
     ("MPK_PAGED_HEADS", pa.heads_mode, (("", "one"), ("one", "one"), ("group", "group"), ("all", "all")), "8",
      "expected one of one, group, all .unset: one"),
-    ("MPK_PAGED_TABLE", pa.table_dtype, (("", torch.int64), ("i64", torch.int64), ("i32", torch.int32)), "int32",
-     "expected one of i64, i32 .unset: i64")])
+    ("MPK_PAGED_TABLE", pa.table_dtype, (("", torch.int32), ("i64", torch.int64), ("i32", torch.int32)), "int32",
+     "expected one of i64, i32 .unset: i32")])
 def test_switch_values(monkeypatch, var, read, table, bad, msg):
     """The paged kernel's switches: each value, unset = the default, anything else an error naming the switch."""
     for v, want in table:

@@ -78,9 +78,9 @@ def test_head_major_grid_builds_the_same_loop(D, block, stages):
     """MPK_PAGED_GRID=head (HEAD_MAJOR) swaps which program index names the row and which the KV head, nothing
     else: the same Tensor Core, barrier and asynchronous-copy instructions, and instruction counts within 4% (the
     index math differs with the 32-bit strides the JIT passes: 16-40 of 1200-1450 instructions), no stack. The
-    registers are the allocator's choice and not the same: with the step's int64 page tables (PARTIAL_SIG, session
-    42) 122 / 126 at head dim 64 (4 CTAs an SM either way) but 96 / 160 at head dim 128's 64-key 2-stage tile (5 / 3
-    CTAs an SM), which the switch's A/B would pay."""
+    registers are the allocator's choice: with the int32 page tables the kernel reads by default (PARTIAL_SIG, session
+    43) 124 / 123 at head dim 64 and 126 / 126 at head dim 128's 64-key 2-stage tile (4 CTAs an SM each); with int64
+    tables session 42 found 122 / 126 and 96 / 160 (5 / 3 CTAs an SM), which the switch's A/B would pay."""
     sig = PARTIAL_SIG
     (r0, st0, row), (r1, st1, head) = (build(pa._partial_kernel, sig, dict(
         G=4, GP=16, D=D, PS=16, BLOCK=block, MULTI=True, NKV=8, APPEND=True, ROW_KEYS=2, USED=True, APPEND_CACHE=True,
