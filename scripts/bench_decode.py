@@ -147,6 +147,7 @@ def main():
     ctxs = [int(c) for c in args.contexts.split(",")]
     share = args.budget_s / len(models)
     meta = dict(machine=f"{torch.cuda.get_device_name(0)} (GPU 0 of {torch.cuda.device_count()} visible), {platform.node()}", date=datetime.datetime.now().isoformat(),
+                t0_local=datetime.datetime.fromtimestamp(T0).isoformat(),   # rows' t_s count from here (smi_join.py)
                 git_commit=os.environ.get("GIT_COMMIT", "unknown"), torch=torch.__version__, hbm_bytes_per_s=HBM,
                 note="floor = streamed weight bytes / 4.55 TB/s; untied embedding excluded", switches=switches(),
                 graph_switches=resolved_switches())

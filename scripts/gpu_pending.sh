@@ -50,6 +50,9 @@
 #    `N=val43 T=330 VAL_CTXS="512 4096" VAL_B512=8,32,128 VAL_B4096=8,32 VAL_LIM=160 bash scripts/gpu_run.sh val`.
 #    Predicted: regret 0 (conventional from B=8), step MAPE <= 5% with the conventional prices high by ~5-10% at
 #    llama (session 43's rows) and the megakernel families as in session 42.
+# 1b. The page-table type per launch shape (MPK_PAGED_TABLE=auto, session 43) in qwen3-8b's step, where only the op was
+#    measured: `N=tq T=300 SW=MPK_PAGED_TABLE VALS="i64 auto" OPS=0 MODELS=qwen3-8b BS=32,128 CTXS=512 LIM=70 bash
+#    scripts/gpu_run.sh sw`. Predicted: B=128 -480 us a step (-5%, the op 91.1 -> 77.6 us x 36 layers), B=32 -33 us.
 # 2. qwen3-8b's 512-key points under int32 tables in the step (the int32 sweep: B=8 15.4 -> 12.8 us, B=32 32.9 -> 28.0
 #    us a layer): `N=pq8 T=200 SHAPES="tuned 64_264_4_3_ahead tuned 64_264_4_3_ahead" MODELS=qwen3-8b BS=8 CTXS=512
 #    LIM=60 ... pshape; N=pq32 T=200 SHAPES="tuned 32_264_4_3_ahead tuned 32_264_4_3_ahead" MODELS=qwen3-8b BS=32
@@ -57,7 +60,9 @@
 # 3. Why the bench's planned cells run 4-8% above the A/B harness (llama B=8 / 32 ctx 512: 1372 / 1568 against 1270 /
 #    1477 us): `MPK_CONV_FIXED_CONFIGS=1 N=bfix T=200 BENCH_BUDGET=180 BS=8,32 CTXS=512 MODELS=llama-3.2-1b bash
 #    scripts/gpu_run.sh bench` against `N=p8 ... pshape` numbers of the same start. If the bench then matches the
-#    harness, inductor's per-process configs were it.
+#    harness, inductor's per-process configs were it. Since session 43 the bench, sw and pshape modes record an
+#    nvidia-smi trace (SM clock, power, temperature, clock-event reasons) and print it per cell (bench/clocks.log,
+#    scripts/smi_join.py): lower clocks in the bench's planned cells than in pshape's would be the other answer.
 # 3b. `N=cattn T=120 bash scripts/gpu_run.sh cattn` (v49 = v48 with the curves at the new llama shapes), then the llama
 #    table again (`N=bl T=380 BENCH_BUDGET=360 MODELS=llama-3.2-1b ... bench`: B=32 ctx 4096's shape, predicted
 #    2.618 -> ~2.46-2.50 ms, level with gpt-fast).
@@ -98,6 +103,19 @@ PY
 }
 snap() { tar -czf "$OUT/pending.tar.gz" -C "$OUT" ref val prof bench ar tp tpbench san ncu pytest_gpu.log pytest_gpu_nowarp.log pytest_gpu_groups1.log pytest_gpu_stages.log 2>/dev/null; }
 st() { echo "[$(date +%T)] $*"; }
+# an nvidia-smi trace (SM / memory clocks, power, temperature, clock-event reasons every 0.5 s) beside a measurement,
+# joined to bench_decode's cells by scripts/smi_join.py (session 43: the bench ran the same plan 4-8% slower than the
+# A/B harness on one machine start, with no record of the clocks)
+smi_start() {
+  local q
+  for q in timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+           timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu; do
+    if nvidia-smi --query-gpu=$q --format=csv > /dev/null 2>&1; then
+      nvidia-smi --query-gpu=$q --format=csv -lms 500 > "$1" 2>&1 & SMI_PID=$!; return 0
+    fi
+  done
+}
+smi_stop() { [ -z "${SMI_PID:-}" ] || kill "$SMI_PID" 2> /dev/null; SMI_PID=; }
 MODE=${1:-one}
 if [ "$MODE" = one ]; then
 st "1 tests/gpu and the GPU-marked tests in tests/runtime (graph replay, PDL launches, conventional op counts)"
@@ -230,11 +248,11 @@ if [ "${STEPS:-1}" = 1 ]; then
   st "sw: $SW over $VALS, twice, ${MODELS:-llama-3.2-1b} B=${BS:-32,128} ctx ${CTXS:-4096}, conventional"
   n=0
   for V in $VALS $VALS; do
-    n=$((n + 1)); d="$OUT/sw/${n}_$V"; mkdir -p "$d"
+    n=$((n + 1)); d="$OUT/sw/${n}_$V"; mkdir -p "$d"; smi_start "$d/smi_trace.csv"
     env $SW=$V timeout ${LIM:-50} python3 scripts/validate_planner.py --tp 1 --models ${MODELS:-llama-3.2-1b} \
         --context ${CTXS:-4096} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-50} - 12)) \
         --out "$d" > "$d/validate.log" 2>&1
-    measured_rows "$d" "$V"
+    smi_stop; measured_rows "$d" "$V"; python3 scripts/smi_join.py - "$d/smi_trace.csv" | sed "s/^/[$V clocks] /"
     snap
   done
 fi
@@ -247,12 +265,12 @@ SHAPES=${SHAPES:-"tuned 32_264_4_3_ahead tuned 32_264_4_3_ahead"}; PM=${MODELS:-
 st "pshape: $SHAPES, $PM, B=${BS:-32,128} ctx ${CTXS:-4096}, the conventional plan"
 n=0
 for V in $SHAPES; do
-  n=$((n + 1)); d="$OUT/pshape/${n}_$V"; mkdir -p "$d"
+  n=$((n + 1)); d="$OUT/pshape/${n}_$V"; mkdir -p "$d"; smi_start "$d/smi_trace.csv"
   PSH=""; [ "$V" = tuned ] || PSH=$(echo "$V" | tr _ ,)
   MPK_PAGED_SHAPE=$PSH timeout ${LIM:-120} python3 scripts/validate_planner.py --tp 1 --models "$PM" \
       --context ${CTXS:-4096} --batches ${BS:-32,128} --families conventional --budget-s $((${LIM:-120} - 15)) \
       --out "$d" > "$d/validate.log" 2>&1
-  measured_rows "$d" "$V"
+  smi_stop; measured_rows "$d" "$V"; python3 scripts/smi_join.py - "$d/smi_trace.csv" | sed "s/^/[$V clocks] /"
   snap
 done
 elif [ "$MODE" = sweep ]; then
@@ -296,10 +314,14 @@ done
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
 # BS / CTXS pick cells (qwen3-8b's whole table needs ~9-10 min: one call a context); BENCH_BUDGET the run's seconds
+mkdir -p "$OUT/bench"; smi_start "$OUT/bench/smi_trace.csv"
 OUT="$OUT/bench" timeout $((${BENCH_BUDGET:-540} + 20)) python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" \
     --batches ${BS:-1,8,32,128} --contexts ${CTXS:-512,4096} --mk-max-batch 128 --peer-batches ${BS:-1,8,32,128} \
     --hf-batches ${BS:-1,8,32,128} --budget-s ${BENCH_BUDGET:-540} > "$OUT/bench/bench.log" 2>&1
-grep -A30 "====" "$OUT/bench/bench.log" | head -40; snap
+smi_stop
+grep -A30 "====" "$OUT/bench/bench.log" | head -40
+python3 scripts/smi_join.py "$OUT/bench/bench_decode.json" "$OUT/bench/smi_trace.csv" > "$OUT/bench/clocks.log" 2>&1
+cat "$OUT/bench/clocks.log"; snap
 elif [ "$MODE" = hf ]; then
 st "4c the HF peer alone at B=${HF_BS:-8,32,128} x ctx ${HF_CTXS:-512,4096} (cells the bench's budget cuts)"
 OUT="$OUT/bench" timeout 560 python3 scripts/bench_decode.py --models "${MODELS:-qwen3-8b}" --batches ${HF_BS:-8,32,128} \

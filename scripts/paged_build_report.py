@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mpk_runtime.models import load_config  # noqa: E402
 from mpk_runtime.runtime import paged_attention as pa  # noqa: E402
-from mpk_runtime.runtime.triton_offline import PARTIAL_SIG, build_offline, step_partial_constexprs  # noqa: E402
+from mpk_runtime.runtime.triton_offline import build_offline, partial_sig, step_partial_constexprs  # noqa: E402
 
 NUM_SMS = 132
 
@@ -34,13 +34,14 @@ def point(model: str, B: int, keys: int, heads: str, builds: dict) -> dict:
     c = pa.config_for(D, B, nkv, keys)
     HG, GP, BN, S = pa.launch_shape(B, nq, nkv, keys, c, heads=heads)
     const = step_partial_constexprs(D, B, nq, nkv, keys, c, heads)
-    key = (tuple(sorted(const.items())), c.num_warps, c.num_stages)
-    if key not in builds:
-        builds[key] = build_offline(pa._partial_kernel, PARTIAL_SIG, const, c.num_warps, c.num_stages)
+    key = (tuple(sorted(const.items())), c.num_warps, c.num_stages, c.table)
+    if key not in builds:   # the page tables' type is the shape's (PagedAttnConfig.table), as the step runs it
+        builds[key] = build_offline(pa._partial_kernel, partial_sig(c.table), const, c.num_warps, c.num_stages)
     b = builds[key]
     ctas = b.ctas_per_sm()
     programs = B * (nkv // HG) * S
-    return dict(model=model, B=B, keys=keys, heads=heads, heads_a_program=HG, q_rows=GP, keys_a_step=BN,
+    return dict(model=model, B=B, keys=keys, heads=heads, table=c.table or "i32", heads_a_program=HG, q_rows=GP,
+                keys_a_step=BN,
                 tile_rows=BN * HG, warps=c.num_warps, stages=c.num_stages, splits=S, regs=b.regs, smem=b.smem,
                 spills=b.stack, ctas_per_sm=ctas, programs=programs,
                 waves=round(programs / (NUM_SMS * ctas), 2), steps_a_program=math.ceil(math.ceil(keys / S) / BN),
@@ -64,8 +65,8 @@ def main(argv=None) -> None:
     rows = [point(model, B, keys, heads, builds) for model in a.models.split(",")
             for B in map(int, a.batches.split(",")) for keys in map(int, a.keys.split(","))
             for heads in a.heads.split(",")]
-    cols = ("model", "B", "keys", "heads", "heads_a_program", "tile_rows", "warps", "stages", "splits", "regs", "smem",
-            "ctas_per_sm", "programs", "waves", "steps_a_program", "contiguous_bytes")
+    cols = ("model", "B", "keys", "heads", "table", "heads_a_program", "tile_rows", "warps", "stages", "splits", "regs",
+            "smem", "ctas_per_sm", "programs", "waves", "steps_a_program", "contiguous_bytes")
     print(" ".join(f"{c:>12}" if c != "model" else f"{c:<13}" for c in cols))
     for r in rows:
         print(" ".join(f"{r[c]:>12}" if c != "model" else f"{r[c]:<13}" for c in cols))

@@ -85,8 +85,8 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # (ctx 512 / 4096, both models, B=1..128): step MAPE 3.2% -> 2.3%, max regret 5.8% -> 2.6% (docs/planner.md session 40).
 # h200_v47 since session 41: v46 with the paged curves re-measured under TUNED's session-41 launch shapes. Nothing
 # fitted (docs/planner.md session 41).
-# h200_v48 since session 43: v47 with the paged curves re-measured under the int32 page tables (MPK_PAGED_TABLE=i32,
-# now the kernel's default). Nothing fitted (docs/planner.md session 43).
+# h200_v48 since session 43: v47 with the paged curves re-measured, each point under the page-table type its launch
+# shape names (MPK_PAGED_TABLE=auto; scripts/merge_table_curves.py). Nothing fitted (docs/planner.md session 43).
 DEFAULT_PROFILE = "h200_v48"
 
 

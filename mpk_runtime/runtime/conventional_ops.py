@@ -267,15 +267,16 @@ def _attn_step(cache: dict, ctx, g: int, dtype, dev) -> dict:
     return cache[key]
 
 
-def _paged_tables(cache: dict, ctx) -> torch.Tensor:
-    """The step's page tables in the type the paged kernel reads (paged_attention.table_dtype, MPK_PAGED_TABLE):
-    converted once a step, every layer's call reusing the copy (a per-step value, as the RoPE tables)."""
-    want = paged_attention.table_dtype()
+def _paged_tables(cache: dict, ctx, want: torch.dtype) -> torch.Tensor:
+    """The step's page tables in the type the paged kernel reads here (paged_attention.table_dtype_for,
+    MPK_PAGED_TABLE): converted once a step, every layer's call reusing the copy (a per-step value, as the RoPE
+    tables)."""
     if ctx.block_tables.dtype == want:
         return ctx.block_tables
-    if "paged_tables" not in cache:
-        cache["paged_tables"] = ctx.block_tables.to(want)
-    return cache["paged_tables"]
+    key = ("paged_tables", want)
+    if key not in cache:
+        cache[key] = ctx.block_tables.to(want)
+    return cache[key]
 
 
 def attention(op, mem, ctx, cache) -> None:
@@ -302,8 +303,9 @@ def attention(op, mem, ctx, cache) -> None:
     if ctx.pad is None and paged_attention.enabled(q, T, D) and q.is_contiguous() and out.is_contiguous():
         # decode straight from the pages (the default where Triton is installed): no gathered copy, no mask, and the
         # deferred k / v rows appended by the kernel
-        paged_attention.paged_decode_attention(q, kc, vc, _paged_tables(cache, ctx), ctx.pos, a["scale"],
-                                               _key_cap(ctx), out, kv_new=kvn)
+        cap = _key_cap(ctx)
+        bt = _paged_tables(cache, ctx, paged_attention.table_dtype_for(D, B, nkv, cap))
+        paged_attention.paged_decode_attention(q, kc, vc, bt, ctx.pos, a["scale"], cap, out, kv_new=kvn)
         return
     if kvn is not None:   # deferred rows, but this step takes the gather + SDPA path: append them first
         rows = kvn.view(B * T, 2, nkv, D)

@@ -91,6 +91,11 @@ class PagedAttnConfig:
     # which keys a program walks (ROW_KEYS): "cap" = its split of the key cap, "stop" = that, up to its row's last
     # block, "split" = its split of the row's own keys; None = row_keys() (MPK_PAGED_ROW_KEYS)
     row_keys: str | None = None
+    # the page tables' type this shape's build reads ("i32" / "i64"; None = "i32"): Triton builds the kernel per
+    # pointer type and the two binaries hold different registers, so the type is part of the launch shape
+    # (MPK_PAGED_TABLE=auto, the default; session 43's curves: int32 -21% at llama B=8 4097 keys and -15% at qwen3-8b
+    # B=128 513 keys, +17..+25% at qwen3-8b TP=2 B=32 2049-4097 keys, where int64's build holds 5 CTAs an SM to 4)
+    table: str | None = None
 
 
 ROW_KEYS = ("cap", "stop", "split")
@@ -118,15 +123,22 @@ def append_cache() -> bool:
 TABLES = ("i64", "i32")
 
 
-def table_dtype() -> torch.dtype:
-    """MPK_PAGED_TABLE: the page tables' type the kernel reads. "i32" (the default since session 43) = an int32 copy
-    of the step's tables, made once a step (conventional_ops._paged_tables); "i64" = the step's own int64 tables.
-    Triton builds the kernel per pointer type, and the two binaries differ: offline sm_90 builds of session 42's
-    shapes held 4 against 3 CTAs an SM at llama B=8, 4096 keys (128 / 160 registers, int32 / int64), 4 against 5 at
-    qwen3-8b B=8 / 128 (126 / 96). Measured (session 43, 1x H200, bench/results/s43/tab): llama-3.2-1b B=8 ctx 4096's
-    conventional step 1620 -> 1501 us (the op 32.8 -> 25.9 us a layer), B=32 and qwen3-8b's op unchanged within
-    1%, the copy ~2 us a step. The same page indices either way, so the same bits."""
-    return torch.int32 if env_choice("MPK_PAGED_TABLE", TABLES, "i32") == "i32" else torch.int64
+def table_choice() -> str:
+    """MPK_PAGED_TABLE: "auto" (the default since session 43) = the type the launch shape names
+    (PagedAttnConfig.table, int32 where it names none); "i32" / "i64" = that type at every point (A/Bs)."""
+    return env_choice("MPK_PAGED_TABLE", ("auto",) + TABLES, "auto")
+
+
+def table_dtype_for(D: int, B: int, nkv: int, L: int) -> torch.dtype:
+    """The page tables' dtype the paged kernel reads at this point (head dim D, B rows of nkv KV heads, key cap L):
+    MPK_PAGED_TABLE's, else config_for's shape's. The conventional step converts its int64 tables once a step
+    (conventional_ops._paged_tables; ~2 us). Measured (session 43, 1x H200, bench/results/s43/tab): llama-3.2-1b B=8
+    ctx 4096's conventional step 1620 -> 1501 us with int32 (the op 32.8 -> 25.9 us a layer); the same page indices
+    either way, so the same bits."""
+    c = table_choice()
+    if c == "auto":
+        c = config_for(D, B, nkv, L).table or "i32"
+    return torch.int32 if c == "i32" else torch.int64
 
 
 GRIDS = ("row", "head")
@@ -187,21 +199,26 @@ DEFAULT_CONFIG = PagedAttnConfig()
 # blocks took llama-3.2-1b B=32 ctx 1024's conventional step 1883 / 1886 -> 1668 / 1648 us (ABAB, one process each).
 # Head dim 128 at 256 programs, 1024 keys (s39 psh_q): the 4096-key shape, qwen3-8b B=32 ctx 1024 7961 / 7955 ->
 # 7019 / 7018 us. At 1024 programs it lost (B=128: 12423 / 12510 -> 14014 / 14041), so no point there.
+# table (session 43): int32 page tables where the paged curves measured them no slower than int64 (every head-dim-64
+# point; qwen3-8b B=32 / 128 at 512 keys: -2.9% / -15% on the op), int64 at head dim 128's other points (int32 +1..+2%
+# at TP=1, and TP=2 qwen3-8b B=32, 128 programs, takes the nearest of these: +6..+25% with int32; cattn / cattn32).
 TUNED = {
-    (64, 256, 1024): PagedAttnConfig(128, 528, 4, 1), (128, 256, 1024): PagedAttnConfig(64, 528, 4, 2),
+    (64, 256, 1024): PagedAttnConfig(128, 528, 4, 1), (128, 256, 1024): PagedAttnConfig(64, 528, 4, 2, table="i64"),
     # the op alone, us a layer: session 40's shape -> this one
-    (64, 64, 512): PagedAttnConfig(128, 528, 4, 1),     # s43: the step (p8) 1270 us under (128, 528, 8, 1), this 1254
+    (64, 64, 512): PagedAttnConfig(128, 528, 4, 1),     # s43: the step 1270 us under (128, 528, 8, 1), this 1254
     (64, 64, 4096): PagedAttnConfig(128, 528, 4, 2),                    # 37.5 -> 27.6
-    (64, 256, 512): PagedAttnConfig(64, 528, 4, 2),     # s43 (int32 tables): the step 1477 under (128, 528, 4, 4), this 1438
-    (64, 256, 4096): PagedAttnConfig(128, 264, 4, 3),   # s43 (int32 tables): the op 89.2 -> 79.1 us, the step 2504 -> 2352
+    (64, 256, 512): PagedAttnConfig(64, 528, 4, 2),     # s43 (int32): the step 1477 under (128, 528, 4, 4), this 1438
+    (64, 256, 4096): PagedAttnConfig(128, 264, 4, 3),   # s43 (int32): the op 89.2 -> 79.1 us, the step 2504 -> 2352
     (64, 1024, 512): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # 48.7 -> 42.3
     (64, 1024, 4096): PagedAttnConfig(128, 528, 4, 4),                  # 311.1 -> 273.6
-    (128, 64, 512): PagedAttnConfig(128, 528, 8, 1),                    # 13.2 -> 11.6
-    (128, 64, 4096): PagedAttnConfig(64, 528, 4, 2),                    # 49.9 -> 43.2
-    (128, 256, 512): PagedAttnConfig(32, 528, 4, 2),  # sweep: (32, 264, 4, 3, ahead) 26.4 us; the step (s42) 6188 us, this 6038
-    (128, 256, 4096): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),   # 157.6 -> 134.7
+    (128, 64, 512): PagedAttnConfig(128, 528, 8, 1, table="i64"),       # 13.2 -> 11.6
+    (128, 64, 4096): PagedAttnConfig(64, 528, 4, 2, table="i64"),       # 49.9 -> 43.2
+    # sweep: (32, 264, 4, 3, ahead) 26.4 us; the step (s42, int64 tables) 6188 us under it, this 6038
+    (128, 256, 512): PagedAttnConfig(32, 528, 4, 2),
+    (128, 256, 4096): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i64"),  # 157.6 -> 134.7
     (128, 1024, 512): PagedAttnConfig(64, 528, 4, 2),                   # 86.6 -> 74.7
-    (128, 1024, 4096): PagedAttnConfig(64, 2112, 4, 2),  # kept: the sweep's (64, 264, 4, 3) 505.6 us, step 25923 us, this 23913
+    # kept: the sweep's (64, 264, 4, 3) 505.6 us, step 25923 us, this 23913
+    (128, 1024, 4096): PagedAttnConfig(64, 2112, 4, 2, table="i64"),
 }
 
 

@@ -15,13 +15,18 @@ from .triton_support import triton
 
 # the paged attention partial kernel's run-time arguments (runtime/paged_kernels.py), typed as the JIT sees them: an
 # int argument below 2^31 is an i32 (the strides here; until session 41 these builds took them as i64)
-# bt_ptr: the page tables the paged kernel reads: int32 by default since session 43 (paged_attention.table_dtype,
-# MPK_PAGED_TABLE; the decode step's int64 tables are copied once a step). Each table type is its own build: session 42
-# found 128 against 160 registers at llama B=8, 4096 keys (int32 / int64) and 126 against 96 at qwen3-8b B=8 / 128.
-PARTIAL_SIG = {**dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", pos_ptr="*i64", o_ptr="*fp32",
-                      ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32"),
-               **{n: "i32" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
-                                     "s_os", "s_nb")}}
+# bt_ptr: the page tables' type, part of the launch shape since session 43 (PagedAttnConfig.table, int32 where it names
+# none; the decode step's int64 tables are copied once a step). Each type is its own build: session 42 found 128
+# against 160 registers at llama B=8, 4096 keys (int32 / int64) and 126 against 96 at qwen3-8b B=8 / 128.
+def partial_sig(table: str | None = None) -> dict:
+    """The partial kernel's signature with page tables of `table` ("i32" / "i64"; None = "i32")."""
+    return {**dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr=f"*{table or 'i32'}", pos_ptr="*i64",
+                   o_ptr="*fp32", ml_ptr="*fp32", new_ptr="*bf16", scale="fp32", n_blocks="i32"),
+            **{n: "i32" for n in ("s_qb", "s_kp", "s_ks", "s_kh", "s_vp", "s_vs", "s_vh", "s_bt", "s_ob", "s_oh",
+                                  "s_os", "s_nb")}}
+
+
+PARTIAL_SIG = partial_sig()
 
 # sm_90 (H100 / H200) per SM: registers, their allocation unit a warp, shared memory (and what each CTA reserves),
 # threads, CTAs

@@ -143,6 +143,48 @@ def test_int32_page_tables_in_a_whole_step_interpreter(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(res["i64"][2], res["i32"][2]))
 
 
+def test_table_type_follows_the_launch_shape_unless_forced(monkeypatch):
+    """MPK_PAGED_TABLE=auto (the default): the page tables' type is the launch shape's (TUNED's nearest point), int32
+    where the shape names none; i32 / i64 force one type everywhere. The points: llama-3.2-1b B=8 ctx 4096 (int32:
+    session 43's -7.3% step), qwen3-8b B=128 ctx 512 (int32: -15% on the op), qwen3-8b B=8 ctx 4096 (int64) and
+    qwen3-8b at TP=2 B=32 (4 KV heads: 128 programs, nearest to B=8's int64 points; int32 measured +6..+25%)."""
+    monkeypatch.delenv("MPK_PAGED_TABLE", raising=False)
+    monkeypatch.delenv("MPK_PAGED_SHAPE", raising=False)
+    pts = {(64, 8, 8, 8192): torch.int32, (128, 128, 8, 1024): torch.int32, (128, 8, 8, 8192): torch.int64,
+           (128, 32, 4, 1024): torch.int64, (128, 32, 4, 4096): torch.int64, (128, 32, 4, 8192): torch.int64}
+    for (D, B, nkv, L), want in pts.items():
+        c = pa.config_for(D, B, nkv, L)
+        assert pa.table_dtype_for(D, B, nkv, L) == want == (torch.int64 if c.table == "i64" else torch.int32)
+    monkeypatch.setenv("MPK_PAGED_SHAPE", "64,528,4,2")   # a forced shape names no type: int32
+    assert pa.table_dtype_for(128, 8, 8, 8192) == torch.int32
+    monkeypatch.delenv("MPK_PAGED_SHAPE")
+    for v, want in (("i32", torch.int32), ("i64", torch.int64)):
+        monkeypatch.setenv("MPK_PAGED_TABLE", v)
+        assert all(pa.table_dtype_for(*p) == want for p in pts)
+
+
+@interp
+def test_auto_tables_in_a_whole_step_interpreter(monkeypatch):
+    """Under MPK_PAGED_TABLE=auto the conventional step hands every layer the one table of the type config_for's shape
+    names (a head-dim-64 tiny model: int32), converted once a step, and the step is the int64 step bit for bit."""
+    import tests.runtime.test_conventional_op_count as oc
+    seen = []
+    real = pa.paged_decode_attention
+    monkeypatch.setattr(pa, "paged_decode_attention", lambda q, kc, vc, bt, *a, **k: seen.append(bt) or
+                        real(q, kc, vc, bt, *a, **k))
+    res = {}
+    for t in ("auto", "i64"):
+        monkeypatch.setenv("MPK_PAGED_TABLE", t)
+        seen.clear()
+        cfg, g, mem, ex, ctx = oc.build("tiny-llama", 3, context=70, dtype="float32", greedy=True)
+        ex.run([ctx])
+        assert len(seen) == cfg.num_layers and all(b is seen[0] for b in seen)
+        want = pa.config_for(cfg.head_dim, 3, cfg.num_kv_heads, seen[0].shape[1] * 16).table
+        assert seen[0].dtype == (torch.int64 if t == "i64" or want == "i64" else torch.int32)
+        res[t] = (mem.t("logits").clone(), mem.t("next_tokens").clone())
+    assert torch.equal(res["auto"][0], res["i64"][0]) and torch.equal(res["auto"][1], res["i64"][1])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(pa.triton is None or not torch.cuda.is_available(), reason="needs a CUDA GPU and Triton")
 @pytest.mark.parametrize("B,nq,nkv,D,L", [(8, 32, 8, 64, 4097), (8, 32, 8, 128, 4097), (32, 32, 8, 64, 513)])
@@ -173,8 +215,8 @@ def test_int32_page_tables_are_bitwise_the_int64_ones_gpu(B, nq, nkv, D, L):
      "expected one of row, head .unset: row"),
     ("MPK_PAGED_HEADS", pa.heads_mode, (("", "one"), ("one", "one"), ("group", "group"), ("all", "all")), "8",
      "expected one of one, group, all .unset: one"),
-    ("MPK_PAGED_TABLE", pa.table_dtype, (("", torch.int32), ("i64", torch.int64), ("i32", torch.int32)), "int32",
-     "expected one of i64, i32 .unset: i32")])
+    ("MPK_PAGED_TABLE", pa.table_choice, (("", "auto"), ("auto", "auto"), ("i64", "i64"), ("i32", "i32")), "int32",
+     "expected one of auto, i64, i32 .unset: auto")])
 def test_switch_values(monkeypatch, var, read, table, bad, msg):
     """The paged kernel's switches: each value, unset = the default, anything else an error naming the switch."""
     for v, want in table:

@@ -1,0 +1,83 @@
+"""A planner profile whose paged-attention curves follow MPK_PAGED_TABLE=auto: each point's time from the run that
+read the page tables in the type the launch shape names there (paged_attention.table_dtype_for at the key cap a step
+at that context runs), out of two scripts/profile_conv_attn.py runs, one with int64 tables and one with int32.
+
+    PYTHONPATH=. python3 scripts/merge_table_curves.py --i64 <conv_attn.json> --i32 <conv_attn.json> \\
+        --base h200_v47 --name h200_v48 [--source "..."] > mpk_runtime/planner/profiles/h200_v48.json
+
+Nothing is fitted: the base profile with its "@paged" curves replaced point by point. Session 43 wrote h200_v48 so
+(bench/results/s43/cattn: int64, cattn32: int32; docs/planner.md session 43).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _plan_measure import key_cap  # noqa: E402
+from mpk_runtime.planner.profile import HardwareProfile  # noqa: E402
+from mpk_runtime.runtime import paged_attention as pa  # noqa: E402
+
+MAX_POS = 131072   # both models' max_position_embeddings: the caps here are the engine's power of two above the keys
+
+
+class _Cfg:
+    max_position_embeddings = MAX_POS
+
+
+def merged_curves(i64: dict, i32: dict) -> tuple[dict, dict]:
+    """{shape: [[B, keys, us], ...]} from the run whose table type table_dtype_for names at each point (shapes
+    "<nkv>x<D>x<g>@paged"), and {shape: {"i32": n, "i64": n}} how many points each run gave."""
+    out, picks = {}, {}
+    for shape in sorted(set(i64) | set(i32)):
+        if not shape.endswith("@paged"):
+            continue
+        nkv, D, _ = (int(x) for x in shape.split("@")[0].split("x"))
+        a = {(b, k): us for b, k, us in i64.get(shape, [])}
+        b = {(bb, k): us for bb, k, us in i32.get(shape, [])}
+        pts, n = [], {"i32": 0, "i64": 0}
+        for B, keys in sorted(set(a) | set(b)):
+            t = "i32" if pa.table_dtype_for(D, B, nkv, key_cap(keys - 1, _Cfg)) == pa.torch.int32 else "i64"
+            src = b if t == "i32" else a
+            if (B, keys) not in src:   # measured only under the other type: that, and say so in the counts
+                t, src = ("i64", a) if t == "i32" else ("i32", b)
+            pts.append([B, keys, src[(B, keys)]])
+            n[t] += 1
+        out[shape], picks[shape] = pts, n
+    return out, picks
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--i64", required=True, help="profile_conv_attn.py's conv_attn.json with MPK_PAGED_TABLE=i64")
+    ap.add_argument("--i32", required=True, help="the same with MPK_PAGED_TABLE=i32")
+    ap.add_argument("--base", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--source", default="")
+    a = ap.parse_args(argv)
+    if os.environ.get("MPK_PAGED_TABLE", "auto") != "auto" or os.environ.get("MPK_PAGED_SHAPE"):
+        raise SystemExit("merge_table_curves.py follows the launch shapes' own table types: unset MPK_PAGED_TABLE "
+                         "and MPK_PAGED_SHAPE")
+    r64, r32 = (json.load(open(p)) for p in (a.i64, a.i32))
+    curves, picks = merged_curves(r64["conv_attn_us_by_shape"], r32["conv_attn_us_by_shape"])
+    steps, _ = merged_curves(r64.get("conv_attn_step_us_by_shape", {}), r32.get("conv_attn_step_us_by_shape", {}))
+    prof = json.loads(HardwareProfile.load(a.base).to_json())
+    prof["name"] = a.name
+    prof["conv_attn_us_by_shape"] = {**prof.get("conv_attn_us_by_shape", {}), **curves}
+    prof["conv_attn_step_us_by_shape"] = {**prof.get("conv_attn_step_us_by_shape", {}), **steps}
+    m64, m32 = r64.get("meta", {}), r32.get("meta", {})
+    prof["source"] = (f"{a.name}: {a.base} with the paged attention's curves taken point by point from two "
+                      f"scripts/profile_conv_attn.py runs, int64 tables ({m64.get('date')}, {str(m64.get('commit'))[:7]}) "
+                      f"and int32 ({m32.get('date')}, {str(m32.get('commit'))[:7]}), each point from the type its "
+                      f"launch shape reads (MPK_PAGED_TABLE=auto; points per run {json.dumps(picks)}); nothing fitted. "
+                      f"{a.source} Before: {prof.get('source', '')}")
+    json.dump(prof, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
