@@ -54,8 +54,8 @@
 #    measured: `N=tq T=300 SW=MPK_PAGED_TABLE VALS="i64 auto" OPS=0 MODELS=qwen3-8b BS=32,128 CTXS=512 LIM=70 bash
 #    scripts/gpu_run.sh sw`. Predicted: B=128 -480 us a step (-5%, the op 91.1 -> 77.6 us x 36 layers), B=32 -33 us.
 # 2. qwen3-8b's 512-key points under int32 tables in the step (the int32 sweep: B=8 15.4 -> 12.8 us, B=32 32.9 -> 28.0
-#    us a layer): `N=pq8 T=200 SHAPES="tuned 64_264_4_3_ahead tuned 64_264_4_3_ahead" MODELS=qwen3-8b BS=8 CTXS=512
-#    LIM=60 ... pshape; N=pq32 T=200 SHAPES="tuned 32_264_4_3_ahead tuned 32_264_4_3_ahead" MODELS=qwen3-8b BS=32
+#    us a layer): `N=pq8 T=200 SHAPES="tuned 64_264_4_3_ahead_i32 tuned 64_264_4_3_ahead_i32" MODELS=qwen3-8b BS=8 CTXS=512
+#    LIM=60 ... pshape; N=pq32 T=200 SHAPES="tuned 32_264_4_3_ahead_i32 tuned 32_264_4_3_ahead_i32" MODELS=qwen3-8b BS=32
 #    CTXS=512 LIM=60 ... pshape` (predicted -1..-3% if the op's saving holds: 36 x 2.6 / 4.9 us of 5.6 / 6.0 ms).
 # 3. Why the bench's planned cells run 4-8% above the A/B harness (llama B=8 / 32 ctx 512: 1372 / 1568 against 1270 /
 #    1477 us): `MPK_CONV_FIXED_CONFIGS=1 N=bfix T=200 BENCH_BUDGET=180 BS=8,32 CTXS=512 MODELS=llama-3.2-1b bash
@@ -260,7 +260,8 @@ elif [ "$MODE" = pshape ]; then
 # pshape: paged-attention launch shapes A/B'd in the whole decode step (session 30: the kernel-alone sweep and the
 # step ranked qwen3-8b's read-ahead shapes oppositely). The conventional plan alone (validate_planner --families
 # conventional), one run per shape in $SHAPES ("tuned" = paged_attention.TUNED; else MPK_PAGED_SHAPE's
-# block_n_target_warps_stages[_ahead]), in order, twice over (ABAB) so drift shows.
+# block_n_target_warps_stages[_ahead][_i32|_i64], the last the page tables' type, int32 where unnamed: "tuned" takes
+# TUNED's own per point, so name the type a candidate was swept with), in order, twice over (ABAB) so drift shows.
 SHAPES=${SHAPES:-"tuned 32_264_4_3_ahead tuned 32_264_4_3_ahead"}; PM=${MODELS:-qwen3-8b}
 st "pshape: $SHAPES, $PM, B=${BS:-32,128} ctx ${CTXS:-4096}, the conventional plan"
 n=0

@@ -223,23 +223,25 @@ TUNED = {
 
 
 def forced_config() -> PagedAttnConfig | None:
-    """$MPK_PAGED_SHAPE = "block_n,target_programs,warps,stages[,ahead]": one launch shape for every call, in place
-    of TUNED's, so a shape the kernel-alone sweep proposes can be A/B'd in the whole decode step (session 30: the
-    sweep and the step ranked qwen3-8b's read-ahead shapes oppositely). Unset or empty: None (TUNED decides)."""
+    """$MPK_PAGED_SHAPE = "block_n,target_programs,warps,stages[,ahead][,i32|i64]": one launch shape for every call,
+    in place of TUNED's, so a shape the kernel-alone sweep proposes can be A/B'd in the whole decode step (session 30:
+    the sweep and the step ranked qwen3-8b's read-ahead shapes oppositely); the last field its page tables' type
+    (int32 where unnamed, as PagedAttnConfig.table). Unset or empty: None (TUNED decides)."""
     v = os.environ.get("MPK_PAGED_SHAPE", "").strip()
     if not v:
         return None
     parts = [p.strip() for p in v.split(",")]
+    table = parts.pop() if len(parts) > 4 and parts[-1] in TABLES else None
     ahead = len(parts) == 5 and parts[4] == "ahead"
     ok = (len(parts) == 4 or ahead) and all(p.isdigit() for p in parts[:4])
     if ok:
         bn, tgt, w, st = map(int, parts[:4])
         ok = bn in (16, 32, 64, 128) and 1 <= tgt <= 65536 and w in (1, 2, 4, 8, 16) and 1 <= st <= 6
     if not ok:
-        raise ValueError(f"MPK_PAGED_SHAPE={v!r}: expected block_n,target_programs,warps,stages[,ahead] with block_n "
-                         "16/32/64/128, warps 1-16 (a power of two), stages 1-6, e.g. 32,264,4,3,ahead; unset it for "
-                         "the tuned shapes")
-    return PagedAttnConfig(bn, tgt, w, st, idx_ahead=ahead)
+        raise ValueError(f"MPK_PAGED_SHAPE={v!r}: expected block_n,target_programs,warps,stages[,ahead][,i32|i64] "
+                         "with block_n 16/32/64/128, warps 1-16 (a power of two), stages 1-6, e.g. 32,264,4,3,ahead "
+                         "or 64,528,4,2,i64; unset it for the tuned shapes")
+    return PagedAttnConfig(bn, tgt, w, st, idx_ahead=ahead, table=table)
 
 
 def config_for(D: int, B: int, nkv: int, L: int) -> PagedAttnConfig:

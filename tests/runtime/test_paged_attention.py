@@ -101,7 +101,12 @@ def test_a_forced_shape_replaces_the_tuned_ones(monkeypatch):
     assert pa.config_for(256, 8, 8, 512) == want
     monkeypatch.setenv("MPK_PAGED_SHAPE", " 128, 528, 4, 1 ")
     assert pa.config_for(64, 32, 8, 4096) == pa.PagedAttnConfig(128, 528, 4, 1)
-    for bad in ("32,264,4", "48,264,4,3", "32,264,3,3", "32,264,4,0", "32,264,4,3,behind", "a,b,c,d"):
+    monkeypatch.setenv("MPK_PAGED_SHAPE", "64,528,4,2,i64")   # the page tables' type, last (session 43)
+    assert pa.config_for(64, 32, 8, 4096) == pa.PagedAttnConfig(64, 528, 4, 2, table="i64")
+    monkeypatch.setenv("MPK_PAGED_SHAPE", "32,264,4,3,ahead,i32")
+    assert pa.config_for(128, 8, 8, 512) == pa.PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i32")
+    for bad in ("32,264,4", "48,264,4,3", "32,264,3,3", "32,264,4,0", "32,264,4,3,behind", "a,b,c,d", "32,264,4,i32",
+                "32,264,4,3,i32,ahead", "32,264,4,3,int32"):
         monkeypatch.setenv("MPK_PAGED_SHAPE", bad)
         with pytest.raises(ValueError, match="MPK_PAGED_SHAPE.*block_n,target_programs,warps,stages"):
             pa.config_for(64, 32, 8, 512)
