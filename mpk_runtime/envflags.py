@@ -53,7 +53,8 @@ def resolved_switches() -> dict:
     (MPK_CONV_TRITON_ATTN: on where Triton is installed), so a result records the graph it ran and a later re-plan
     (planner/score.py resimulate), on any machine, plans it the same way."""
     from .ir.defer import conv_attn_appends, kv_defer   # (imported here: they read their switches from this module)
-    from .runtime.paged_attention import append_cache, grid_order, heads_mode, row_keys, used_splits
+    from .ir.sampling import conv_bf16_argmax
+    from .runtime.paged_attention import append_cache, grid_order, heads_mode, row_keys, table_choice, used_splits
     from .tasks.tiling import Tiling
     t = Tiling()
     flag = lambda v: "1" if v else "0"   # noqa: E731
@@ -63,4 +64,5 @@ def resolved_switches() -> dict:
             "MPK_QKV_FLAT": flag(t.qkv_flat), "MPK_ATTN_QKNORM": flag(t.attn_qk_norm),
             "MPK_ATTN_FOLD": flag(t.attn_fold_merge), "MPK_PAGED_ROW_KEYS": row_keys(),
             "MPK_PAGED_USED_SPLITS": flag(used_splits()), "MPK_PAGED_APPEND": "cache" if append_cache() else "regs",
-            "MPK_PAGED_GRID": grid_order(), "MPK_PAGED_HEADS": heads_mode(), **switches()}
+            "MPK_PAGED_GRID": grid_order(), "MPK_PAGED_HEADS": heads_mode(), "MPK_PAGED_TABLE": table_choice(),
+            "MPK_CONV_BF16_ARGMAX": flag(conv_bf16_argmax()), **switches()}

@@ -31,6 +31,8 @@ The engine sends such requests to the host sampler unless told otherwise (LLM(..
 """
 from __future__ import annotations
 
+from ..envflags import env_flag
+
 SAMPLE_CANDIDATES = 64          # C: candidates per rank and after the merge; the largest device top_k
 PAD_INDEX = (1 << 24) - 1       # index of padding candidates (value -inf); > every real vocab index
 MAX_VOCAB = 1 << 24             # indices travel as fp32: exact below 2^24
@@ -72,3 +74,15 @@ def seed_to_int64(seed: int) -> int:
     """A Python int seed as the int64 the device tensor holds (its low 64 bits, two's complement)."""
     s = seed & 0xFFFFFFFFFFFFFFFF
     return s - (1 << 64) if s >= 1 << 63 else s
+
+
+def conv_bf16_argmax() -> bool:
+    """MPK_CONV_BF16_ARGMAX (on by default since session 43; 0 turns it off): in a greedy step whose fp32 logits
+    nobody reads afterwards (StepCtx.greedy and StepCtx.logits_unread, the caller's promises), a conventional LM head
+    whose argmax runs in the same segment keeps its bf16 product for the argmax and skips the fp32 logits copy
+    (runtime/torch_exec.py). The argmax's max over bf16 values picks the same value and index as over their exact
+    fp32 copies, so the tokens are the same bits. Defined here, beside the sampler's contract, because the planner
+    prices it too (planner/cost.py). Measured (session 43, 1x H200, llama-3.2-1b ctx 512, bench/results/s43/bfam):
+    the conventional step at B=128 2036 -> 1982 us, B=32 1490 -> 1476 (predicted -45..-75 and -12..-18 us)."""
+    return env_flag("MPK_CONV_BF16_ARGMAX", default=True)
+

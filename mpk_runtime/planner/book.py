@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from ..ir.defer import conv_attn_appends, kv_defer
+from ..ir.sampling import conv_bf16_argmax
 from ..tasks.tiling import attn_groups_max
 from ..models.config import ModelConfig
 from .plan import Plan
@@ -39,10 +40,11 @@ def _cache_path(cfg: ModelConfig, tp: int, buckets: list[int], context: int, p: 
                 families) -> Path | None:
     if os.environ.get("MPK_PLAN_CACHE", "1") == "0":
         return None
-    # (MPK_KV_DEFER and MPK_CONV_TRITON_ATTN change the conventional segments' prices: ir/defer.py;
-    # MPK_ATT_GROUPS_MAX the attention tasks)
+    # (MPK_KV_DEFER, MPK_CONV_TRITON_ATTN and MPK_CONV_BF16_ARGMAX change the conventional segments' prices:
+    # ir/defer.py, ir/sampling.py; MPK_ATT_GROUPS_MAX the attention tasks)
     key = json.dumps([cfg.to_dict(), tp, buckets, context, p.to_json(), list(families or []), _planner_code_hash(),
-                      kv_defer(), conv_attn_appends(), attn_groups_max()], sort_keys=True, default=str)
+                      kv_defer(), conv_attn_appends(), attn_groups_max(), conv_bf16_argmax()], sort_keys=True,
+                     default=str)
     from ..codegen.nvcc import cache_dir
     return cache_dir() / "plans" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ..ir.defer import conv_attn_appends, paged_head_dim
 from ..ir.graph import Graph, Op
+from ..ir.sampling import conv_bf16_argmax
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling
 from .profile import HardwareProfile
@@ -71,6 +72,7 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
     if op.kind == "argmax" and graph.tp > 1:
         fixed += prof.nccl_allreduce_us(graph.batch * 16)
         coll = 1
+    copy = logits_copy_saved_us(op, graph, prof)
     if op.kind == "attention":
         a = op.attrs   # keys read per row: the op's flops are 4 x rows x q heads x head_dim x keys
         keys = op.flops / max(1, 4 * graph.rows * a["n_q"] * graph.config.head_dim)
@@ -90,7 +92,24 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
                 "attn_keys": keys}
     rows = graph.rows if op.kind != "argmax" else 1
     tc = prof.tc_time_us(op.flops, rows, prof.num_sms) if op.kind in ("linear", "qkv_rope") else 0.0
-    return {"fixed_us": fixed, "stream_us": op.bytes / bw * 1e6, "tc_us": tc, "attn_kv_us": 0.0, "coll": coll}
+    out = {"fixed_us": fixed, "stream_us": op.bytes / bw * 1e6, "tc_us": tc, "attn_kv_us": 0.0, "coll": coll}
+    if copy:
+        out["logits_copy_us"] = copy
+    return out
+
+
+def logits_copy_saved_us(op: Op, graph: Graph, prof: HardwareProfile) -> float:
+    """What a greedy step's conventional argmax saves under MPK_CONV_BF16_ARGMAX (ir/sampling.conv_bf16_argmax), as a
+    negative price on the argmax op: the LM head's fp32 logits copy (a kernel reading the bf16 product, 2 bytes a
+    logit, and writing 4) and half of the argmax's reads (2 of 4 bytes a logit), 8 bytes a logit at the conventional
+    streaming rate, plus the copy's kernel. The fitted conventional terms priced the copy implicitly (the IR counts the
+    logits once as fp32 out and once in), so the whole copy comes off. TP=1 decode only (what was measured: session
+    43, llama-3.2-1b ctx 512, B=128 -54 us, B=32 -14.5; h200_v48 prices -42 / -12). A sampled step keeps the copy: its
+    price (search.py notes["sampled_us"]) drops the conventional argmax's price, this term with it."""
+    if op.kind != "argmax" or graph.tp != 1 or graph.mode != "decode" or not conv_bf16_argmax():
+        return 0.0
+    B, V = graph.tensors[op.attrs["logits"]].shape
+    return -(prof.conv_kernel_us + 8 * B * V / (prof.bw(prof.num_sms) * prof.conv_bw_fraction) * 1e6)
 
 
 def _attn_us(kv: float, keys: float, passes: float, key_us: float) -> float:
@@ -99,16 +118,17 @@ def _attn_us(kv: float, keys: float, passes: float, key_us: float) -> float:
 
 
 def _conv_price(fixed: float, stream: float, tc: float, kv: float, coll: int, prof: HardwareProfile,
-                keys: float = 0.0, curve: float = 0.0, paged: float = 0.0) -> float:
+                keys: float = 0.0, curve: float = 0.0, paged: float = 0.0, copy: float = 0.0) -> float:
     return prof.conv_fixed_scale * fixed + max(stream / prof.conv_bw_fraction, tc / prof.conv_tc_eff) + \
         _attn_us(kv, keys, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + coll * prof.conv_collective_us + \
-        prof.conv_attn_curve_scale * curve + prof.paged_scale() * paged
+        prof.conv_attn_curve_scale * curve + prof.paged_scale() * paged + copy
 
 
 def conventional_op_us(op: Op, graph: Graph, prof: HardwareProfile) -> float:
     t = conv_op_terms(op, graph, prof)
     return _conv_price(t["fixed_us"], t["stream_us"], t["tc_us"], t["attn_kv_us"], t["coll"], prof,
-                       t.get("attn_keys", 0.0), t.get("attn_curve_us", 0.0), t.get("attn_curve_paged_us", 0.0))
+                       t.get("attn_keys", 0.0), t.get("attn_curve_us", 0.0), t.get("attn_curve_paged_us", 0.0),
+                       t.get("logits_copy_us", 0.0))
 
 
 def conventional_us(graph: Graph, ops: list[str], prof: HardwareProfile) -> float:
@@ -119,13 +139,14 @@ def conventional_us(graph: Graph, ops: list[str], prof: HardwareProfile) -> floa
 def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -> dict:
     """Per-segment terms for fit.py: summed fixed and KV terms, and the (stream, tc) pairs with counts."""
     by = {o.name: o for o in graph.ops}
-    fixed = kv = curve = paged = 0.0
+    fixed = kv = curve = paged = copy = 0.0
     coll = 0
     pairs: dict[tuple, int] = {}
     attn: dict[tuple, int] = {}
     for n in ops:
         t = conv_op_terms(by[n], graph, prof)
         fixed += t["fixed_us"]
+        copy += t.get("logits_copy_us", 0.0)
         kv += t["attn_kv_us"]
         curve += t.get("attn_curve_us", 0.0)
         paged += t.get("attn_curve_paged_us", 0.0)
@@ -139,7 +160,7 @@ def conventional_features(graph: Graph, ops: list[str], prof: HardwareProfile) -
     return {"kind": "conventional", "fixed_us": fixed, "attn_kv_us": kv, "n_coll": coll,
             "st": [[s, t, c] for (s, t), c in sorted(pairs.items())],
             "attn": [[k, n, c] for (k, n), c in sorted(attn.items())], "attn_curve_us": curve,
-            "attn_curve_paged_us": paged}
+            "attn_curve_paged_us": paged, **({"logits_copy_us": copy} if copy else {})}
 
 
 def conv_attn_us(f: dict, passes: float, key_us: float) -> float:
@@ -160,7 +181,7 @@ def price_from_features(f: dict, prof: HardwareProfile) -> float:
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
     return prof.conv_fixed_scale * f["fixed_us"] + st + conv_attn_us(f, prof.conv_attn_kv_passes, prof.conv_attn_key_us) + \
         f.get("n_coll", 0) * prof.conv_collective_us + prof.conv_attn_curve_scale * f.get("attn_curve_us", 0.0) + \
-        prof.paged_scale() * f.get("attn_curve_paged_us", 0.0)
+        prof.paged_scale() * f.get("attn_curve_paged_us", 0.0) + f.get("logits_copy_us", 0.0)
 
 
 class SegmentCoster:

@@ -178,6 +178,8 @@ def fit_conventional(segs: list[dict], share: list[float] | None = None) -> dict
     if has_paged:
         cols.append([float(s["features"].get("attn_curve_paged_us", 0.0)) for s in segs])
     X = np.array(cols, dtype=float).T
+    # the greedy bf16 argmax's saving (cost.logits_copy_saved_us): priced from bytes, not fitted
+    copy = np.array([float(s["features"].get("logits_copy_us", 0.0)) for s in segs])
     # the attention term of every segment for each (KV passes, per-key floor) on the grids
     attn = {}
     for kvp in (KV_PASSES if has_kv else (1.0,)):
@@ -189,9 +191,9 @@ def fit_conventional(segs: list[dict], share: list[float] | None = None) -> dict
         for eff in [1.0 - 0.1 * i for i in range(10)]:
             st = np.array([sum(c * max(a / frac, t / eff) for a, t, c in s["features"]["st"]) for s in segs])
             for (kvp, ku), at in attn.items():
-                y = meas - st - at
+                y = meas - st - at - copy
                 b = _wls([list(col) for col in X.T], list(y), list(w))
-                pred = st + at + X @ np.array(b)
+                pred = st + at + copy + X @ np.array(b)
                 err = float((sh * ((pred - meas) / meas) ** 2).sum())
                 if best is None or err < best[0] * (1 - 1e-9) - 1e-15:
                     best = (err, frac, eff, kvp, ku, b)

@@ -164,6 +164,8 @@ def _point(r: dict, num_sms: int = 132) -> tuple:
     env = dict(r.get("env") or {})
     if not r.get("attn_wide_passes"):
         env.setdefault("MPK_ATT_WIDE", "0")
+    if "bf16_argmax" in r:   # (resimulate: whether the point's greedy argmax read the bf16 product)
+        env.setdefault("MPK_CONV_BF16_ARGMAX", "1" if r["bf16_argmax"] else "0")
     if "conv_paged" in r:   # (resimulate: the conventional attention the point's measurements ran)
         env.setdefault("MPK_CONV_TRITON_ATTN", "1" if r["conv_paged"] else "0")
     splits = r.get("attn_splits")
@@ -190,6 +192,22 @@ def _with_conv_paged(rows: list[dict]) -> list[dict]:
     return [dict(r, conv_paged=seen[_point(r)]) if _point(r) in seen else r for r in rows]
 
 
+def _with_bf16_argmax(rows: list[dict]) -> list[dict]:
+    """Rows whose env does not record MPK_CONV_BF16_ARGMAX (every row before session 43, when its default was off;
+    since then envflags.resolved_switches records it) get "bf16_argmax": whether any plan of the point was priced
+    with the skipped logits copy (a segment's features carry cost.logits_copy_saved_us), for every plan of the point
+    alike. So a row measured before the switch existed is re-planned with the copy, and one priced here and now
+    without a recorded env the way it was priced."""
+    priced: dict = {}
+    for r in rows:
+        if "MPK_CONV_BF16_ARGMAX" in (r.get("env") or {}):
+            continue
+        k = _point(r)
+        priced[k] = priced.get(k, False) or any((s.get("features") or {}).get("logits_copy_us", 0) < 0
+                                                for s in r.get("segments", ()))
+    return [dict(r, bf16_argmax=priced[_point(r)]) if _point(r) in priced else r for r in rows]
+
+
 def resimulate(rows: list[dict], prof: HardwareProfile, families: tuple[str, ...] | None = None,
                procs: int | None = None) -> list[dict]:
     """Rows with every segment's features (and predicted_us) recomputed by candidates() under `prof` with the
@@ -197,7 +215,7 @@ def resimulate(rows: list[dict], prof: HardwareProfile, families: tuple[str, ...
     changes (e.g. the Tensor Core linear model). Each point is re-planned under the environment its rows were
     measured with (row["env"]). Plans are matched by name, segments by position, checked by their op count and
     first op; rows without a match are dropped."""
-    rows = _with_conv_paged(rows)
+    rows = _with_bf16_argmax(_with_conv_paged(rows))
     pts: dict = {}
     for r in rows:
         pts.setdefault(_point(r, prof.num_sms), set()).add(r["plan"])

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..envflags import env_flag
+from ..ir.sampling import conv_bf16_argmax
 from ..models.weights import pack_adjacent
 from ..tasks.ops.common import rms_norm as _rms_norm_eager
 
@@ -64,13 +65,8 @@ def fixed_configs() -> bool:
 
 
 def bf16_argmax() -> bool:
-    """MPK_CONV_BF16_ARGMAX (on by default since session 43; 0 turns it off): in a greedy step whose fp32 logits
-    nobody reads afterwards (StepCtx.greedy and StepCtx.logits_unread, the caller's promises), a conventional LM head
-    whose argmax runs in the same segment keeps its bf16 product for the argmax and skips the fp32 logits copy. The
-    argmax's max over bf16 values picks the same value and index as over their exact fp32 copies, so the tokens are
-    the same bits. Measured (session 43, 1x H200, llama-3.2-1b ctx 512, bench/results/s43/bfam): the conventional
-    step at B=128 2036 -> 1982 us, B=32 1490 -> 1476 (predicted -45..-75 and -12..-18 us)."""
-    return env_flag("MPK_CONV_BF16_ARGMAX", default=True)
+    """MPK_CONV_BF16_ARGMAX: ir/sampling.conv_bf16_argmax (the switch lives there, as the planner prices it too)."""
+    return conv_bf16_argmax()
 
 
 def inductor_options() -> dict:

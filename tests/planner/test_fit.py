@@ -466,3 +466,29 @@ def test_conv_weight_plan_gives_a_whole_step_plan_its_share(base):
     assert fitted.regimes["8"]["conv_fixed_scale"] == pytest.approx(TRUE["8"]["conv_fixed_scale"], rel=1e-3)
     with pytest.raises(ValueError, match="conv_weight 'time': expected segment or plan"):
         fit_profile(rows, base, conv_weight="time")
+
+
+def test_rows_from_before_the_bf16_argmax_are_resimulated_with_the_copy(monkeypatch):
+    """A row that does not record MPK_CONV_BF16_ARGMAX and whose plans were priced without the skipped logits copy
+    (every row before session 43, when the runtime always made the copy) is re-planned with the switch off, whatever
+    the default now; one priced with it (features carry logits_copy_us) with it on; a recorded switch wins."""
+    from mpk_runtime.planner.score import resimulate
+    prof = HardwareProfile.load("h200_v48")
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "1")   # as the rows record it (the paged curves)
+    rows = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("MPK_CONV_BF16_ARGMAX", flag)
+        p = candidates(PRESETS["llama-3.2-1b"], batch=32, context=512, prof=prof, families=("conventional",))[0]
+        rows[flag] = dict(model="llama-3.2-1b", batch=32, tp=1, context=512, attn_splits=p.attn_splits,
+                          attn_wide_passes=True, plan=p.name, predicted_us=p.predicted_us, measured_us=1.0,
+                          env={"MPK_CONV_TRITON_ATTN": "1"},
+                          segments=[dict(kind=s.kind, ops=len(s.ops), first_op=s.ops[0], predicted_us=s.predicted_us,
+                                         features=s.features, measured_us=1.0) for s in p.segments])
+    assert rows["0"]["predicted_us"] - rows["1"]["predicted_us"] > 10   # ~12 us at B=32 (cost.logits_copy_saved_us)
+    monkeypatch.delenv("MPK_CONV_BF16_ARGMAX")   # the default (on)
+    for flag, row in rows.items():
+        got = resimulate([row], prof, procs=1)[0]
+        assert got["predicted_us"] == pytest.approx(row["predicted_us"], rel=1e-9), flag
+    forced = resimulate([dict(rows["0"], env={"MPK_CONV_TRITON_ATTN": "1", "MPK_CONV_BF16_ARGMAX": "1"})], prof,
+                        procs=1)[0]
+    assert forced["predicted_us"] == pytest.approx(rows["1"]["predicted_us"], rel=1e-9)

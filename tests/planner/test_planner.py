@@ -109,3 +109,36 @@ def test_plans_with_a_conventional_argmax_price_their_sampled_steps():
         # the greedy step less its conventional argmax, plus a launch gap and an argmax megakernel (> 0)
         assert p.notes["sampled_us"] > p.predicted_us - greedy_argmax + prof.graph_kernel_gap_us, name
         assert p.notes["sampled_us"] < p.predicted_us + 200, name     # a one-op megakernel: tens of us here
+
+
+def test_the_greedy_bf16_argmax_is_priced_as_the_copy_it_skips(monkeypatch):
+    """MPK_CONV_BF16_ARGMAX (the default since session 43): a greedy conventional argmax reads the LM head's bf16
+    product, so the step loses the fp32 logits copy (a kernel, 2 + 4 bytes a logit) and half the argmax's reads (2
+    bytes a logit). The planner prices exactly that on the argmax op at TP=1 decode, nothing on the megakernel plan,
+    nothing at TP=2, and a sampled step (which keeps the copy) the same either way."""
+    from mpk_runtime.planner.cost import conventional_features, conventional_us, price_from_features
+    cfg = PRESETS["tiny-llama"]
+    B = 8
+    prof = HardwareProfile.load().for_batch(B)
+    g = build_graph(cfg, batch=B, context_len=64, attn_splits=2)
+    ops = [o.name for o in g.ops]
+    V = g.tensors["logits"].shape[1]
+    want = prof.conv_kernel_us + 8 * B * V / (prof.bw(prof.num_sms) * prof.conv_bw_fraction) * 1e6
+    got, plans = {}, {}
+    for v in ("0", "1"):
+        monkeypatch.setenv("MPK_CONV_BF16_ARGMAX", v)
+        got[v] = (conventional_us(g, ops, prof), conventional_us(g, ["argmax"], prof))
+        f = conventional_features(g, ops, prof)
+        assert price_from_features(f, prof) == pytest.approx(got[v][0], rel=1e-8)   # (features round to 1e-7 us)
+        plans[v] = {p.name: p for p in candidates(cfg, batch=B, context=64, families=("mono", "conventional"),
+                                                  prof=prof)}
+        g2 = [build_graph(cfg, batch=B, context_len=64, tp=2, rank=r, attn_splits=2) for r in range(2)]
+        got[v + "tp2"] = conventional_us(g2[0], ["argmax"], prof)
+    assert got["0"][0] - got["1"][0] == pytest.approx(want, rel=1e-9) and want > prof.conv_kernel_us
+    assert got["0"][1] - got["1"][1] == pytest.approx(want, rel=1e-9)                 # all of it on the argmax op
+    assert got["0tp2"] == got["1tp2"]
+    assert plans["0"]["mono"].predicted_us == plans["1"]["mono"].predicted_us
+    assert plans["0"]["conventional"].predicted_us - plans["1"]["conventional"].predicted_us == \
+        pytest.approx(want, rel=1e-6)
+    assert plans["0"]["conventional"].notes["sampled_us"] == pytest.approx(
+        plans["1"]["conventional"].notes["sampled_us"], rel=1e-9)

@@ -52,7 +52,9 @@ def test_predictions_unchanged_vs_recorded(monkeypatch):
     (MPK_KV_DEFER=0); the deferred appends' price is the exact credit tests/runtime/test_kv_defer.py checks. And
     with a normed model's batch-1/2 qkv in head parts (MPK_QKV_FLAT=0, the default before session 32): a task-graph
     switch, not a cost-model change; the other tests here simulate the flat tiles' graphs. Likewise with the
-    qk_norm_rope tasks (MPK_ATTN_QKNORM=0, the default before session 33)."""
+    qk_norm_rope tasks (MPK_ATTN_QKNORM=0, the default before session 33), and with the greedy argmax's fp32 logits
+    copy (MPK_CONV_BF16_ARGMAX=0, the default before session 43: cost.logits_copy_saved_us)."""
+    monkeypatch.setenv("MPK_CONV_BF16_ARGMAX", "0")
     monkeypatch.setenv("MPK_KV_DEFER", "0")
     monkeypatch.setenv("MPK_QKV_FLAT", "0")
     monkeypatch.setenv("MPK_ATTN_QKNORM", "0")
