@@ -4,7 +4,7 @@ launch_shape), the partial kernel's registers and shared memory, the CTAs an SM 
 they make on 132 SMs, the key blocks a program walks, and the contiguous bytes a slot's read is made of.
 
     PYTHONPATH=. python3 scripts/paged_build_report.py [--models llama-3.2-1b,qwen3-8b] [--batches 8,32,128]
-        [--keys 2049,4097] [--heads one,group,all] [--out report.json]
+        [--keys 2049,4097] [--heads one,group,all] [--tp 1] [--tables auto,i32,i64] [--out report.json]
 
 Needs Triton (pip install triton; it builds without a GPU). Why (docs/perf-notes.md session 40): the kernel reads K / V
 at 58-76% of HBM's rate at head dim 64 and 74-92% at 128; the report puts each candidate's launch side by side before
@@ -13,6 +13,7 @@ GPU time is spent on it. It predicts nothing by itself: the A/B is scripts/gpu_p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -26,12 +27,15 @@ from mpk_runtime.runtime.triton_offline import build_offline, partial_sig, step_
 NUM_SMS = 132
 
 
-def point(model: str, B: int, keys: int, heads: str, builds: dict) -> dict:
+def point(model: str, B: int, keys: int, heads: str, builds: dict, tp: int = 1, table: str = "auto") -> dict:
     """One row of the report: the launch of model's attention at B rows of `keys` keys under MPK_PAGED_HEADS=heads
-    (the deferred appends through the cache, split rows: the defaults). builds caches the offline builds."""
+    (the deferred appends through the cache, split rows: the defaults), one rank of `tp` (its share of the heads),
+    page tables of `table` ("auto": the launch shape's, as the step reads them). builds caches the offline builds."""
     cfg = load_config(model)
-    nq, nkv, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    nq, nkv, D = cfg.num_heads // tp, cfg.num_kv_heads // tp, cfg.head_dim
     c = pa.config_for(D, B, nkv, keys)
+    if table != "auto":
+        c = dataclasses.replace(c, table=table)
     HG, GP, BN, S = pa.launch_shape(B, nq, nkv, keys, c, heads=heads)
     const = step_partial_constexprs(D, B, nq, nkv, keys, c, heads)
     key = (tuple(sorted(const.items())), c.num_warps, c.num_stages, c.table)
@@ -40,7 +44,7 @@ def point(model: str, B: int, keys: int, heads: str, builds: dict) -> dict:
     b = builds[key]
     ctas = b.ctas_per_sm()
     programs = B * (nkv // HG) * S
-    return dict(model=model, B=B, keys=keys, heads=heads, table=c.table or "i32", heads_a_program=HG, q_rows=GP,
+    return dict(model=model, tp=tp, B=B, keys=keys, heads=heads, table=c.table or "i32", heads_a_program=HG, q_rows=GP,
                 keys_a_step=BN,
                 tile_rows=BN * HG, warps=c.num_warps, stages=c.num_stages, splits=S, regs=b.regs, smem=b.smem,
                 spills=b.stack, ctas_per_sm=ctas, programs=programs,
@@ -54,19 +58,25 @@ def main(argv=None) -> None:
     ap.add_argument("--batches", default="8,32,128")
     ap.add_argument("--keys", default="2049,4097")
     ap.add_argument("--heads", default=",".join(pa.HEADS))
+    ap.add_argument("--tp", type=int, default=1, help="one rank of a tensor-parallel group: its share of the heads")
+    ap.add_argument("--tables", default="auto",
+                    help="page-table types to build, comma-separated: auto (each shape's own, as the step), i32, i64")
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
+    tables = a.tables.split(",")
+    if any(t not in ("auto",) + pa.TABLES for t in tables):
+        raise SystemExit(f"paged_build_report.py: --tables {a.tables}: each one of auto, {', '.join(pa.TABLES)}")
     bad = [h for h in a.heads.split(",") if h not in pa.HEADS]
     if bad:
         raise SystemExit(f"paged_build_report.py: unknown --heads {','.join(bad)} (one of {', '.join(pa.HEADS)})")
     if pa.triton is None:
         raise SystemExit("paged_build_report.py needs Triton (pip install triton): it builds for sm_90 without a GPU")
     builds: dict = {}
-    rows = [point(model, B, keys, heads, builds) for model in a.models.split(",")
+    rows = [point(model, B, keys, heads, builds, a.tp, t) for model in a.models.split(",")
             for B in map(int, a.batches.split(",")) for keys in map(int, a.keys.split(","))
-            for heads in a.heads.split(",")]
-    cols = ("model", "B", "keys", "heads", "table", "heads_a_program", "tile_rows", "warps", "stages", "splits", "regs",
-            "smem", "ctas_per_sm", "programs", "waves", "steps_a_program", "contiguous_bytes")
+            for heads in a.heads.split(",") for t in tables]
+    cols = ("model", "tp", "B", "keys", "heads", "table", "heads_a_program", "tile_rows", "warps", "stages", "splits",
+            "regs", "smem", "ctas_per_sm", "programs", "waves", "steps_a_program", "contiguous_bytes")
     print(" ".join(f"{c:>12}" if c != "model" else f"{c:<13}" for c in cols))
     for r in rows:
         print(" ".join(f"{r[c]:>12}" if c != "model" else f"{r[c]:<13}" for c in cols))
