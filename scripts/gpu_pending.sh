@@ -58,9 +58,12 @@
 #    LIM=60 ... pshape; N=pq32 T=200 SHAPES="tuned 32_264_4_3_ahead_i32 tuned 32_264_4_3_ahead_i32" MODELS=qwen3-8b BS=32
 #    CTXS=512 LIM=60 ... pshape` (predicted -1..-3% if the op's saving holds: 36 x 2.6 / 4.9 us of 5.6 / 6.0 ms).
 # 3. Why the bench's planned cells run 4-8% above the A/B harness (llama B=8 / 32 ctx 512: 1372 / 1568 against 1270 /
-#    1477 us): `MPK_CONV_FIXED_CONFIGS=1 N=bfix T=200 BENCH_BUDGET=180 BS=8,32 CTXS=512 MODELS=llama-3.2-1b bash
-#    scripts/gpu_run.sh bench` against `N=p8 ... pshape` numbers of the same start. If the bench then matches the
-#    harness, inductor's per-process configs were it. Since session 43 the bench, sw and pshape modes record an
+#    1477 us). The bench runs its megakernel cells (B=8 / 32, seconds of full-power work) before the planned ones;
+#    the A/B harness runs the conventional plan alone. One call: `N=bnomk T=150 BENCH_BUDGET=130 MKMAX=0 BS=8,32
+#    CTXS=512 MODELS=llama-3.2-1b bash scripts/gpu_run.sh bench; N=bmk T=180 BENCH_BUDGET=160 BS=8,32 CTXS=512
+#    MODELS=llama-3.2-1b bash scripts/gpu_run.sh bench` (the planned cells without and with the megakernel cells
+#    first; both print the clocks per cell), then `MPK_CONV_FIXED_CONFIGS=1` in the same shape if the order is not it
+#    (inductor's per-process configs, session 36). Since session 43 the bench, sw and pshape modes record an
 #    nvidia-smi trace (SM clock, power, temperature, clock-event reasons) and print it per cell (bench/clocks.log,
 #    scripts/smi_join.py): lower clocks in the bench's planned cells than in pshape's would be the other answer.
 # 3b. `N=cattn T=120 bash scripts/gpu_run.sh cattn` (v49 = v48 with the curves at the new llama shapes), then the llama
@@ -317,8 +320,9 @@ st "4 bench_decode with both peers"
 # BS / CTXS pick cells (qwen3-8b's whole table needs ~9-10 min: one call a context); BENCH_BUDGET the run's seconds
 mkdir -p "$OUT/bench"; smi_start "$OUT/bench/smi_trace.csv"
 OUT="$OUT/bench" timeout $((${BENCH_BUDGET:-540} + 20)) python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" \
-    --batches ${BS:-1,8,32,128} --contexts ${CTXS:-512,4096} --mk-max-batch 128 --peer-batches ${BS:-1,8,32,128} \
-    --hf-batches ${BS:-1,8,32,128} --budget-s ${BENCH_BUDGET:-540} > "$OUT/bench/bench.log" 2>&1
+    --batches ${BS:-1,8,32,128} --contexts ${CTXS:-512,4096} --mk-max-batch ${MKMAX:-128} \
+    --peer-batches ${BS:-1,8,32,128} --hf-batches ${BS:-1,8,32,128} --budget-s ${BENCH_BUDGET:-540} \
+    > "$OUT/bench/bench.log" 2>&1
 smi_stop
 grep -A30 "====" "$OUT/bench/bench.log" | head -40
 python3 scripts/smi_join.py "$OUT/bench/bench_decode.json" "$OUT/bench/smi_trace.csv" > "$OUT/bench/clocks.log" 2>&1
