@@ -72,7 +72,6 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
     if op.kind == "argmax" and graph.tp > 1:
         fixed += prof.nccl_allreduce_us(graph.batch * 16)
         coll = 1
-    copy = logits_copy_saved_us(op, graph, prof)
     if op.kind == "attention":
         a = op.attrs   # keys read per row: the op's flops are 4 x rows x q heads x head_dim x keys
         keys = op.flops / max(1, 4 * graph.rows * a["n_q"] * graph.config.head_dim)
@@ -93,6 +92,7 @@ def conv_op_terms(op: Op, graph: Graph, prof: HardwareProfile) -> dict:
     rows = graph.rows if op.kind != "argmax" else 1
     tc = prof.tc_time_us(op.flops, rows, prof.num_sms) if op.kind in ("linear", "qkv_rope") else 0.0
     out = {"fixed_us": fixed, "stream_us": op.bytes / bw * 1e6, "tc_us": tc, "attn_kv_us": 0.0, "coll": coll}
+    copy = logits_copy_saved_us(op, graph, prof)
     if copy:
         out["logits_copy_us"] = copy
     return out

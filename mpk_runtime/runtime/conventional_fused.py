@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from ..envflags import env_flag
-from ..ir.sampling import conv_bf16_argmax
 from ..models.weights import pack_adjacent
 from ..tasks.ops.common import rms_norm as _rms_norm_eager
 
@@ -62,11 +61,6 @@ def fixed_configs() -> bool:
     a norm could differ between two processes on the same inputs. Whether the fixed rule's pick is the fast one is the
     A/B queued in scripts/gpu_pending.sh."""
     return env_flag("MPK_CONV_FIXED_CONFIGS", default=False)
-
-
-def bf16_argmax() -> bool:
-    """MPK_CONV_BF16_ARGMAX: ir/sampling.conv_bf16_argmax (the switch lives there, as the planner prices it too)."""
-    return conv_bf16_argmax()
 
 
 def inductor_options() -> dict:

@@ -268,7 +268,7 @@ def _attn_step(cache: dict, ctx, g: int, dtype, dev) -> dict:
 
 
 def _paged_tables(cache: dict, ctx, want: torch.dtype) -> torch.Tensor:
-    """The step's page tables in the type the paged kernel reads here (paged_attention.table_dtype_for,
+    """The step's page tables in the type the paged kernel reads here (paged_attention.table_dtype,
     MPK_PAGED_TABLE): converted once a step, every layer's call reusing the copy (a per-step value, as the RoPE
     tables)."""
     if ctx.block_tables.dtype == want:
@@ -304,8 +304,9 @@ def attention(op, mem, ctx, cache) -> None:
         # decode straight from the pages (the default where Triton is installed): no gathered copy, no mask, and the
         # deferred k / v rows appended by the kernel
         cap = _key_cap(ctx)
-        bt = _paged_tables(cache, ctx, paged_attention.table_dtype_for(D, B, nkv, cap))
-        paged_attention.paged_decode_attention(q, kc, vc, bt, ctx.pos, a["scale"], cap, out, kv_new=kvn)
+        c = paged_attention.config_for(D, B, nkv, cap)   # the launch shape, and with it the tables' type
+        bt = _paged_tables(cache, ctx, paged_attention.table_dtype(c))
+        paged_attention.paged_decode_attention(q, kc, vc, bt, ctx.pos, a["scale"], cap, out, kv_new=kvn, config=c)
         return
     if kvn is not None:   # deferred rows, but this step takes the gather + SDPA path: append them first
         rows = kvn.view(B * T, 2, nkv, D)

@@ -129,16 +129,20 @@ def table_choice() -> str:
     return env_choice("MPK_PAGED_TABLE", ("auto",) + TABLES, "auto")
 
 
+def table_dtype(config: PagedAttnConfig) -> torch.dtype:
+    """The page tables' dtype a launch of `config` reads: MPK_PAGED_TABLE's, else the shape's own (int32 where it
+    names none). The conventional step converts its int64 tables once a step (conventional_ops._paged_tables; ~2 us).
+    Measured (session 43, 1x H200, bench/results/s43/tab): llama-3.2-1b B=8 ctx 4096's conventional step 1620 -> 1501
+    us with int32 (the op 32.8 -> 25.9 us a layer); the same page indices either way, so the same bits."""
+    t = table_choice()
+    if t == "auto":
+        t = config.table or "i32"
+    return torch.int32 if t == "i32" else torch.int64
+
+
 def table_dtype_for(D: int, B: int, nkv: int, L: int) -> torch.dtype:
-    """The page tables' dtype the paged kernel reads at this point (head dim D, B rows of nkv KV heads, key cap L):
-    MPK_PAGED_TABLE's, else config_for's shape's. The conventional step converts its int64 tables once a step
-    (conventional_ops._paged_tables; ~2 us). Measured (session 43, 1x H200, bench/results/s43/tab): llama-3.2-1b B=8
-    ctx 4096's conventional step 1620 -> 1501 us with int32 (the op 32.8 -> 25.9 us a layer); the same page indices
-    either way, so the same bits."""
-    c = table_choice()
-    if c == "auto":
-        c = config_for(D, B, nkv, L).table or "i32"
-    return torch.int32 if c == "i32" else torch.int64
+    """table_dtype of config_for's shape at this point (head dim D, B rows of nkv KV heads, key cap L)."""
+    return table_dtype(config_for(D, B, nkv, L))
 
 
 GRIDS = ("row", "head")

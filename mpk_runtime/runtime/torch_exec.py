@@ -23,11 +23,12 @@ import torch
 
 from ..envflags import env_flag, env_removed
 from ..ir.graph import Graph
+from ..ir.sampling import conv_bf16_argmax
 from ..tasks.build import decompose
 from ..tasks.ops import get_task_kind
 from ..tasks.ops.argmax import greedy_fast
 from ..tasks.tiling import Tiling
-from .conventional_fused import bf16_argmax, inductor_options, recompiles_allowed
+from .conventional_fused import inductor_options, recompiles_allowed
 from .conventional_ops import OPS as WHOLE_OPS, runs_whole
 from .memory import RankMemory, StepCtx
 
@@ -99,7 +100,7 @@ class ConventionalExecutor:
 
     def _run(self, ctxs: list[StepCtx], steps: list[dict]) -> None:
         for r, c in enumerate(ctxs):   # MPK_CONV_BF16_ARGMAX: whose LM head keeps its bf16 product this step
-            keep = self.bf16_logits[r] if c.greedy and c.logits_unread and not self.compile and bf16_argmax() \
+            keep = self.bf16_logits[r] if c.greedy and c.logits_unread and not self.compile and conv_bf16_argmax() \
                 and greedy_fast() else frozenset()
             steps[r]["bf16_names"], steps[r]["bf16_logits"] = keep, {}
         n = max(len(ts) for ts in self.tasks)
