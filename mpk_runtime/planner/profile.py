@@ -87,7 +87,10 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # fitted (docs/planner.md session 41).
 # h200_v48 since session 43: v47 with the paged curves re-measured, each point under the page-table type its launch
 # shape names (MPK_PAGED_TABLE=auto; scripts/merge_table_curves.py). Nothing fitted (docs/planner.md session 43).
-DEFAULT_PROFILE = "h200_v48"
+# h200_v49 since session 44: v48 with the paged curves re-measured under session 44's defaults (each launch shape's
+# own table type, session 43's new llama shapes). Nothing fitted. On session 44's 65 validation rows (same machine
+# start, ctx 512 / 4096): max regret 9.1% (v48, llama B=32 ctx 4096 chose attn-mk) -> 0, step MAPE 2.5% -> 2.2%.
+DEFAULT_PROFILE = "h200_v49"
 
 
 def key_fallbacks(key: str) -> list[str]:
