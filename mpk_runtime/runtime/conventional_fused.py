@@ -58,8 +58,9 @@ def fixed_configs() -> bool:
     (`triton_per_fused__to_copy_cat_mean_pow_0`, a persistent reduction over 128 with candidate XBLOCKs 1 / 8 / 32)
     took 59.6 / 122.3 / 58.4 us a step, a first-call pick that flips between processes (and, cached on disk, between
     machine starts: session 36's 2.4x). A config that differs also changes the reduction's order, so the last bit of
-    a norm could differ between two processes on the same inputs. Whether the fixed rule's pick is the fast one is the
-    A/B queued in scripts/gpu_pending.sh."""
+    a norm could differ between two processes on the same inputs. Session 44 (llama-3.2-1b ctx 512, the bench's planned
+    cells alone in a fresh process): B=8 1.257 ms against 1.259-1.268 by default, B=32 1.494 against 1.460-1.477 (+2%),
+    so it stays off (bench/results/s44/bfix0)."""
     return env_flag("MPK_CONV_FIXED_CONFIGS", default=False)
 
 

@@ -215,10 +215,12 @@ TUNED = {
     (64, 256, 4096): PagedAttnConfig(128, 264, 4, 3),   # s43 (int32): the op 89.2 -> 79.1 us, the step 2504 -> 2352
     (64, 1024, 512): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # 48.7 -> 42.3
     (64, 1024, 4096): PagedAttnConfig(128, 528, 4, 4),                  # 311.1 -> 273.6
-    (128, 64, 512): PagedAttnConfig(128, 528, 8, 1, table="i64"),       # 13.2 -> 11.6
+    # s44 (step ABAB, qwen3-8b B=8 ctx 512): 5564 / 5593 us under (128, 528, 8, 1, i64), this 5454 / 5460
+    (128, 64, 512): PagedAttnConfig(64, 264, 4, 3, idx_ahead=True),
     (128, 64, 4096): PagedAttnConfig(64, 528, 4, 2, table="i64"),       # 49.9 -> 43.2
-    # sweep: (32, 264, 4, 3, ahead) 26.4 us; the step (s42, int64 tables) 6188 us under it, this 6038
-    (128, 256, 512): PagedAttnConfig(32, 528, 4, 2),
+    # s44 (step ABAB, qwen3-8b B=32 ctx 512, int32 tables): 6126 / 6121 us under (32, 528, 4, 2), this 5967 / 5932
+    # (under int64 tables, s42, the order was the other way: 6188 against 6038)
+    (128, 256, 512): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),
     (128, 256, 4096): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i64"),  # 157.6 -> 134.7
     (128, 1024, 512): PagedAttnConfig(64, 528, 4, 2),                   # 86.6 -> 74.7
     # kept: the sweep's (64, 264, 4, 3) 505.6 us, step 25923 us, this 23913
