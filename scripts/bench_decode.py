@@ -7,8 +7,9 @@ on seeded random bf16 weights (model shapes llama-3.2-1b and qwen3-8b); one GPU 
   gptfast      gpt-fast-style decoder (plain torch, static KV cache, torch.compile(mode="reduce-overhead"));
                adapted from the project's ../shared/gpu/peer_baseline_tp.py (tp=1) with a batch dimension.
   planned      the planner's chosen plan (plan_book, default profile) where it is not the one megakernel (from
-               batch 32: attention as megakernels, the rest conventional): the step as one CUDA graph, each replay
-               timed alone with CUDA events, median. Ratios compare the peers with this runtime's choice.
+               batch 8: the conventional plan, or attention as megakernels and the rest conventional): the step as
+               one CUDA graph, each replay timed alone with CUDA events, median. Ratios compare the peers with this
+               runtime's choice.
   hf           HF transformers + StaticCache + torch.compile(mode="reduce-overhead")
                (as ../shared/gpu/peer_baseline_hf.py).
   Peers: every step timed on its own with CUDA events (record, step, record), median over steps.
@@ -17,8 +18,8 @@ on seeded random bf16 weights (model shapes llama-3.2-1b and qwen3-8b); one GPU 
 Context c: the KV cache holds c random (megakernel) or prefilled (peers) positions; decode at positions >= c.
 
     GIT_COMMIT=$(git rev-parse HEAD) PYTHONPATH=. python3 scripts/bench_decode.py [--budget-s 300]
-Writes $OUT/bench_decode.json (or ./gpu_out). Work runs in priority order; what does not fit in the time
-budget is reported as skipped, never silently dropped.
+Writes $OUT/bench_decode.json (or ./gpu_out). Work runs in the order of work_order() (this runtime's cells, then the
+peers'); what does not fit in the time budget is reported as skipped, never silently dropped.
 
 --tp 2 (two GPUs; one spawned process per GPU through mpk_runtime.runtime.tp_launch, NVSHMEM heap + NCCL):
   megakernel_tp2  this runtime's TP=2 megakernel (partial sums pushed through NVSHMEM peer pointers inside the
@@ -76,6 +77,46 @@ def chosen_plans(cfg, batches, ctx) -> dict:
     return {int(b): Plan.from_dict(d) for b, d in book["buckets"].items()}
 
 
+SYSTEMS = ("planned", "megakernel", "gptfast", "hf")
+
+
+def parse_cells(spec: str) -> list[tuple]:
+    """--before's cells: "system:batch:context,..." (e.g. "megakernel:1:512,gptfast:1:512") as (system, B, ctx)."""
+    cells = []
+    for part in filter(None, (p.strip() for p in (spec or "").split(","))):
+        f = part.split(":")
+        if len(f) != 3 or f[0] not in SYSTEMS or not f[1].isdigit() or not f[2].isdigit() or int(f[1]) < 1:
+            raise SystemExit(f"--before {spec!r}: expected system:batch:context[,...] with system one of "
+                             f"{', '.join(SYSTEMS)}, e.g. megakernel:1:512,gptfast:1:512")
+        cells.append((f[0], int(f[1]), int(f[2])))
+    return cells
+
+
+def work_order(batches, ctxs, planned, mk_max_batch, peer_batches, hf_batches, peers=True, before=()) -> list[tuple]:
+    """The cells of one model, (system, batch, context), in the order they run.
+
+    This runtime's cells first: the planned ones (what a user gets from B=8), then the megakernel's (B=1 first),
+    then the peers (B=1 first, then the first context's batches). Session 44 measured why the planned cells go
+    first (bench/results/s44, llama-3.2-1b ctx 512, one H200): after the megakernel's and the peers' batch-1 cells
+    in the same process the conventional plan's steps took ~95 us more at B=8 and B=32 (1.352 / 1.562 ms against
+    1.259-1.268 / 1.460-1.477 with nothing or only the megakernel's B=8 / 32 cells before them; no clock or power
+    difference in the nvidia-smi trace; with MPK_CONV_FIXED_CONFIGS=1 too, so not inductor's first-call pick).
+    Which of the cells before them leaves the state behind was not separated (`--before` runs chosen cells ahead of
+    the order, recorded like any other, to find out); a fresh process per system is the stronger fix. The peers come last, so their numbers carry whatever our cells leave behind, as before: gpt-fast
+    B=8 ctx 512 measured 1.36-1.58 ms across seven processes that session, with no order that explained it."""
+    work = list(before) + [("planned", b, c) for b, c in planned]
+    work += [("megakernel", 1, c) for c in ctxs] if 1 in batches else []
+    work += [("megakernel", b, c) for b in batches if 1 < b <= mk_max_batch for c in ctxs]
+    if not peers:
+        return work
+    work += [("gptfast", 1, ctxs[0])] if 1 in batches else []
+    work += [("hf", 1, ctxs[0])] if 1 in batches and 1 in hf_batches else []
+    work += [("gptfast", 1, c) for c in ctxs[1:]] if 1 in batches else []
+    work += [("gptfast", b, c) for c in ctxs for b in peer_batches if b > 1]   # first context first
+    work += [("hf", b, c) for c in ctxs for b in hf_batches if (b, c) != (1, ctxs[0])]
+    return work
+
+
 def bench_planned(cfg, weights, B, ctx, plan, steps=12):
     """ms per step of the planner's chosen plan when it is not the one megakernel (attention as megakernels and the
     rest conventional, ...): the whole step as one CUDA graph, each replay timed alone with CUDA events (as the
@@ -107,6 +148,8 @@ def parse_args(argv=None):
     ap.add_argument("--mk-max-batch", type=int, default=128)
     ap.add_argument("--trace", action="store_true", help="--tp 1: one traced megakernel launch per cell -> "
                     "$OUT/trace_<model>_b<B>_c<ctx>_s<splits>.json.gz (scripts/trace_phases.py reads it)")
+    ap.add_argument("--before", default="", help="--tp 1: cells run ahead of the usual order, recorded like the "
+                    "rest (order effects: e.g. megakernel:1:512 or gptfast:1:512 before the planned cells)")
     ap.add_argument("--no-peers", action="store_true", help="--tp 1: the megakernel only (A/B runs)")
     ap.add_argument("--planned", action=argparse.BooleanOptionalAction, default=True,
                     help="--tp 1: also time the planner's chosen plan where it is not the one megakernel")
@@ -164,19 +207,15 @@ def main():
         cfg = load_config(model)
         fl, nbytes = floor_ms(cfg)
         deadline = T0 + share * (mi + 1)
-        # priority order inside one model's share: B=1 everywhere first, then peers, then larger batches
-        work = [("megakernel", 1, c) for c in ctxs] if 1 in batches else []
-        work += [("gptfast", 1, ctxs[0])] if 1 in batches else []
-        work += [("hf", 1, ctxs[0])] if 1 in batches and 1 in _ints(args.hf_batches) else []
-        work += [("megakernel", b, c) for b in batches if 1 < b <= args.mk_max_batch for c in ctxs]
-        # the planner's choice where it is not the one megakernel (at B >= 32 attention-only megakernels)
+        # the planner's choice where it is not the one megakernel (from B=8: the conventional plan)
         chosen = {c: chosen_plans(cfg, batches, c) for c in ctxs} if args.planned else {}
-        work += [("planned", b, c) for b in batches for c in ctxs if c in chosen and chosen[c][b].name != "mono"]
-        work += [("gptfast", 1, c) for c in ctxs[1:]] if 1 in batches else []
-        work += [("gptfast", b, c) for c in ctxs for b in _ints(args.peer_batches) if b > 1]   # first context first
-        work += [("hf", b, c) for c in ctxs for b in _ints(args.hf_batches) if (b, c) != (1, ctxs[0])]
-        if args.no_peers:
-            work = [w for w in work if w[0] in ("megakernel", "planned")]
+        planned = [(b, c) for b in batches for c in ctxs if c in chosen and chosen[c][b].name != "mono"]
+        before = parse_cells(args.before)
+        for system, b, c in before:   # a planned cell ahead of the order needs its plan
+            if system == "planned" and b not in chosen.get(c, {}):
+                chosen.setdefault(c, {}).update(chosen_plans(cfg, [b], c))
+        work = work_order(batches, ctxs, planned, args.mk_max_batch, _ints(args.peer_batches),
+                          _ints(args.hf_batches), peers=not args.no_peers, before=before)
         weights = None
         for system, B, ctx in work:
             # seq / t_s: the cell's place in this process's order and its start (s after the process began), kept

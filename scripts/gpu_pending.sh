@@ -37,39 +37,28 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 43 left it (bench/results/s43: 79 GPU tests passed at 0819fd7;
-# MPK_CONV_BF16_ARGMAX and MPK_PAGED_TABLE=i32 A/B'd and made defaults after the runs; three llama launch shapes
-# adopted from step A/Bs; h200_v48 written from the int32 curves, not yet validated; llama's table whole).
-# Session 43 used ~1757 s in seven calls; a machine stays warm only ~30 s after a call, so chain modes with `;` and
-# have the next call ready. Before the first device call: `bash scripts/setup.sh` on a fresh machine, then
-# `bash scripts/gpu_prepare.sh` (~1 min after a checkout, ~4 min on a fresh machine: the bundle without Ray (.cache/gb),
-# every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the 64 MiB check). Carry [".cache/gb", ".cache/commit",
-# ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. `N=run1_one T=255 bash scripts/gpu_run.sh one`: the GPU set under session 43's defaults (int32 tables, the bf16
-#    argmax, the new llama shapes; none of them has run the whole set as the default), then h200_v48 out of sample:
-#    `N=val43 T=330 VAL_CTXS="512 4096" VAL_B512=8,32,128 VAL_B4096=8,32 VAL_LIM=160 bash scripts/gpu_run.sh val`.
-#    Predicted: regret 0 (conventional from B=8), step MAPE <= 5% with the conventional prices high by ~5-10% at
-#    llama (session 43's rows) and the megakernel families as in session 42.
-# 1b. The page-table type per launch shape (MPK_PAGED_TABLE=auto, session 43) in qwen3-8b's step, where only the op was
-#    measured: `N=tq T=300 SW=MPK_PAGED_TABLE VALS="i64 auto" OPS=0 MODELS=qwen3-8b BS=32,128 CTXS=512 LIM=70 bash
-#    scripts/gpu_run.sh sw`. Predicted: B=128 -480 us a step (-5%, the op 91.1 -> 77.6 us x 36 layers), B=32 -33 us.
-# 2. qwen3-8b's 512-key points under int32 tables in the step (the int32 sweep: B=8 15.4 -> 12.8 us, B=32 32.9 -> 28.0
-#    us a layer): `N=pq8 T=200 SHAPES="tuned 64_264_4_3_ahead_i32 tuned 64_264_4_3_ahead_i32" MODELS=qwen3-8b BS=8 CTXS=512
-#    LIM=60 ... pshape; N=pq32 T=200 SHAPES="tuned 32_264_4_3_ahead_i32 tuned 32_264_4_3_ahead_i32" MODELS=qwen3-8b BS=32
-#    CTXS=512 LIM=60 ... pshape` (predicted -1..-3% if the op's saving holds: 36 x 2.6 / 4.9 us of 5.6 / 6.0 ms).
-# 3. Why the bench's planned cells run 4-8% above the A/B harness (llama B=8 / 32 ctx 512: 1372 / 1568 against 1270 /
-#    1477 us). The bench runs its megakernel cells (B=8 / 32, seconds of full-power work) before the planned ones;
-#    the A/B harness runs the conventional plan alone. One call: `N=bnomk T=150 BENCH_BUDGET=130 MKMAX=0 BS=8,32
-#    CTXS=512 MODELS=llama-3.2-1b bash scripts/gpu_run.sh bench; N=bmk T=180 BENCH_BUDGET=160 BS=8,32 CTXS=512
-#    MODELS=llama-3.2-1b bash scripts/gpu_run.sh bench` (the planned cells without and with the megakernel cells
-#    first; both print the clocks per cell), then `MPK_CONV_FIXED_CONFIGS=1` in the same shape if the order is not it
-#    (inductor's per-process configs, session 36). Since session 43 the bench, sw and pshape modes record an
-#    nvidia-smi trace (SM clock, power, temperature, clock-event reasons) and print it per cell (bench/clocks.log,
-#    scripts/smi_join.py): lower clocks in the bench's planned cells than in pshape's would be the other answer.
-# 3b. `N=cattn T=120 bash scripts/gpu_run.sh cattn` (v49 = v48 with the curves at the new llama shapes), then the llama
-#    table again (`N=bl T=380 BENCH_BUDGET=360 MODELS=llama-3.2-1b ... bench`: B=32 ctx 4096's shape, predicted
-#    2.618 -> ~2.46-2.50 ms, level with gpt-fast).
-# 4. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
+# Order for a 30-minute session (one GPU), as session 44 left it (bench/results/s44: 79 GPU tests passed at bcb220d
+# under session 43's defaults; h200_v49 written from that run's curves; qwen3-8b's 512-key shapes at B=8 / 32 adopted
+# after it; the bench now runs its planned cells first). Session 44 used ~1737 s in eight calls; a machine stays warm
+# only ~30 s after a call, so chain modes with `;` and have the next call ready. Before the first device call:
+# `bash scripts/setup.sh` on a fresh machine, then `bash scripts/gpu_prepare.sh` (~1 min after a checkout, ~4 min on
+# a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the
+# 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
+# 1. The llama table in the new order, v49 choosing: `N=bl T=380 BENCH_BUDGET=360 MODELS=llama-3.2-1b bash
+#    scripts/gpu_run.sh bench`. Predicted: planned cells as session 44's bgap (B=8 1.267 / 1.503, B=32 1.460, B=128
+#    2.058 / 5.615) and B=32 ctx 4096 the conventional plan at ~2.39 ms (2389 us in session 44's validation; attn-mk
+#    2.604), level with gpt-fast (2.44-2.59 across processes).
+# 2. Which batch-1 cell leaves the +95 us behind (session 44: after megakernel B=1 + gpt-fast B=1 + HF B=1 in the
+#    process, the conventional step at llama B=8 / 32 ctx 512 took 1.348 / 1.562 ms against 1.259-1.268 / 1.460-1.477):
+#    `N=ob_mk T=90 BENCH_BUDGET=70 BEFORE=megakernel:1:512 MKMAX=0 BS=8,32 CTXS=512 PEER_BS= HF_BS= MODELS=llama-3.2-1b
+#    bash scripts/gpu_run.sh bench; N=ob_gf T=110 BENCH_BUDGET=90 BEFORE=gptfast:1:512 ...same...` (if neither: the
+#    weights reloaded after the peers freed ours; bench_decode frees them before a peer and loads them again after).
+# 3. The curves at qwen3-8b's new 512-key shapes (v49 prices B=8 / 32 ctx 512 ~8-9% high): `N=cattn T=130 bash
+#    scripts/gpu_run.sh cattn` -> h200_v50; then h200_v49/v50 out of sample at other contexts: `N=val44 T=330
+#    VAL_CTXS="1024 2048" VAL_B1024=8,32,128 VAL_B2048=8,32 VAL_LIM=160 bash scripts/gpu_run.sh val`.
+# 4. qwen3-8b's table in the new order (one context a call, ~9 min each): `N=bq512 T=560 BENCH_BUDGET=540
+#    MODELS=qwen3-8b CTXS=512 bash scripts/gpu_run.sh bench` (predicted ctx 512 B=8 5.45, B=32 5.95, B=128 8.42 ms).
+# 5. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
 #    the next kernel work is built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
@@ -317,12 +306,13 @@ for C in ${VAL_CTXS:-512 4096}; do
 done
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
-# BS / CTXS pick cells (qwen3-8b's whole table needs ~9-10 min: one call a context); BENCH_BUDGET the run's seconds
+# BS / CTXS pick cells (qwen3-8b's whole table needs ~9-10 min: one call a context); BENCH_BUDGET the run's seconds;
+# PEER_BS / HF_BS the peers' batches (default BS; set empty for none); BEFORE cells ahead of the order (--before)
 mkdir -p "$OUT/bench"; smi_start "$OUT/bench/smi_trace.csv"
 OUT="$OUT/bench" timeout $((${BENCH_BUDGET:-540} + 20)) python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" \
     --batches ${BS:-1,8,32,128} --contexts ${CTXS:-512,4096} --mk-max-batch ${MKMAX:-128} \
-    --peer-batches ${BS:-1,8,32,128} --hf-batches ${BS:-1,8,32,128} --budget-s ${BENCH_BUDGET:-540} \
-    > "$OUT/bench/bench.log" 2>&1
+    --peer-batches "${PEER_BS-${BS:-1,8,32,128}}" --hf-batches "${HF_BS-${BS:-1,8,32,128}}" --budget-s ${BENCH_BUDGET:-540} \
+    ${BEFORE:+--before $BEFORE} > "$OUT/bench/bench.log" 2>&1
 smi_stop
 grep -A30 "====" "$OUT/bench/bench.log" | head -40
 python3 scripts/smi_join.py "$OUT/bench/bench_decode.json" "$OUT/bench/smi_trace.csv" > "$OUT/bench/clocks.log" 2>&1
