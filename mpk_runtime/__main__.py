@@ -24,12 +24,38 @@ def _search(a: argparse.Namespace, cfg) -> int:
     if not conv_attn_appends():   # the GPU runs the paged Triton kernel; without Triton here it is priced as the old path
         print("note: conventional attention priced as gather + SDPA (Triton is not installed here, or "
               "MPK_CONV_TRITON_ATTN=0); a GPU with Triton runs the paged kernel: MPK_CONV_TRITON_ATTN=1 prices that")
+    else:
+        _note_stale_curves(prof, cfg, a.tp)
     if a.classify:
         from .planner.categories import classify
         c = classify(cfg, tp=a.tp, context=a.context, prof=prof)
         print(f"category: {c['category']}  (best per batch: "
               + ", ".join(f"{b}: {v['plan']}" for b, v in c["best"].items()) + ")")
     return 0
+
+
+def _note_stale_curves(prof, cfg, tp: int) -> None:
+    """Say where the profile's paged-attention curve for this model's shape was measured under a launch shape that
+    TUNED has since replaced (those points price the old kernel; scripts/gpu_run.sh cattn re-measures them)."""
+    from .ir.shard import shard_for
+    from .planner.profile import conv_attn_shape
+    from .runtime.megakernel_plans import kv_cap
+    from .runtime.paged_attention import stale_curve_points
+    sh = shard_for(cfg, tp, 0)
+    key = conv_attn_shape(sh.n_kv, cfg.head_dim, sh.n_q // sh.n_kv, "paged")
+    if key not in prof.conv_attn_us_by_shape:
+        return
+    rec = prof.conv_attn_shape_by_shape.get(key)
+    if not rec:
+        print(f"note: profile {prof.name} does not record the launch shapes its {key} curve was measured under "
+              "(profiles before h200_v49): whether TUNED has replaced any is unknown")
+        return
+    stale = stale_curve_points({key: rec}, lambda k: kv_cap(k, max(k, cfg.max_position_embeddings)))
+    if stale:
+        _, b, n, was, cur = stale[0]
+        print(f"note: {len(stale)} of {len(rec)} points of profile {prof.name}'s {key} curve were measured under a "
+              f"launch shape TUNED has since replaced (e.g. B={b} {n} keys: {was} -> now {cur}); they price the old "
+              "kernel. Re-measure: scripts/gpu_run.sh cattn (docs/planner.md)")
 
 
 def _plan(a: argparse.Namespace) -> int:

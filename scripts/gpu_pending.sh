@@ -45,9 +45,12 @@
 # a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the
 # 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
 # 1. The llama table in the new order, v49 choosing: `N=bl T=380 BENCH_BUDGET=360 MODELS=llama-3.2-1b bash
-#    scripts/gpu_run.sh bench`. Predicted: planned cells as session 44's bgap (B=8 1.267 / 1.503, B=32 1.460, B=128
-#    2.058 / 5.615) and B=32 ctx 4096 the conventional plan at ~2.39 ms (2389 us in session 44's validation; attn-mk
-#    2.604), level with gpt-fast (2.44-2.59 across processes).
+#    scripts/gpu_run.sh bench`. Predicted: planned cells as session 44's bgap (B=8 1.267 / 1.503, B=128 2.058 / 5.615),
+#    B=32 ctx 512 ~1.425 (session 43's (64, 528, 4, 2), which the default path runs only since session 44's
+#    lookup_keys: -2.6% in its A/B) and B=32 ctx 4096 the conventional plan at ~2.39 ms (2389 us in session 44's
+#    validation; attn-mk 2.604), level with gpt-fast (2.44-2.59 across processes). Check first that the default
+#    ctx-512 B=32 step runs the new shape: `N=p32 T=150 SHAPES="tuned 128_528_4_1 tuned 128_528_4_1" BS=32 CTXS=512
+#    LIM=60 bash scripts/gpu_run.sh pshape` (predicted tuned ~1438, the old shape ~1477).
 # 2. Which batch-1 cell leaves the +95 us behind (session 44: after megakernel B=1 + gpt-fast B=1 + HF B=1 in the
 #    process, the conventional step at llama B=8 / 32 ctx 512 took 1.348 / 1.562 ms against 1.259-1.268 / 1.460-1.477):
 #    `N=ob_mk T=90 BENCH_BUDGET=70 BEFORE=megakernel:1:512 MKMAX=0 BS=8,32 CTXS=512 PEER_BS= HF_BS= MODELS=llama-3.2-1b

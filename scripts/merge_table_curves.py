@@ -6,7 +6,9 @@ at that context runs), out of two scripts/profile_conv_attn.py runs, one with in
         --base h200_v47 --name h200_v48 [--source "..."] > mpk_runtime/planner/profiles/h200_v48.json
 
 Nothing is fitted: the base profile with its "@paged" curves replaced point by point. Session 43 wrote h200_v48 so
-(bench/results/s43/cattn: int64, cattn32: int32; docs/planner.md session 43).
+(bench/results/s43/cattn: int64, cattn32: int32; docs/planner.md session 43). The launch shape of each point
+(conv_attn_shape_by_shape) is the runs' own where they record it, else config_for's at this checkout: run the merge
+at the commit the curves ran at.
 """
 from __future__ import annotations
 
@@ -68,6 +70,10 @@ def main(argv=None) -> int:
     prof["name"] = a.name
     prof["conv_attn_us_by_shape"] = {**prof.get("conv_attn_us_by_shape", {}), **curves}
     prof["conv_attn_step_us_by_shape"] = {**prof.get("conv_attn_step_us_by_shape", {}), **steps}
+    # each point's launch shape: the curve shapes at this checkout, with the type each point's run read (the merge
+    # takes every point from the run of its shape's own type, so that is the current label where the runs match it)
+    prof["conv_attn_shape_by_shape"] = {**prof.get("conv_attn_shape_by_shape", {}),
+                                        **pa.curve_shapes(curves, lambda k: key_cap(k - 1, _Cfg))}
     m64, m32 = r64.get("meta", {}), r32.get("meta", {})
     prof["source"] = (f"{a.name}: {a.base} with the paged attention's curves taken point by point from two "
                       f"scripts/profile_conv_attn.py runs, int64 tables ({m64.get('date')}, {str(m64.get('commit'))[:7]}) "

@@ -154,6 +154,7 @@ def main() -> None:
     t0 = time.time()
     curves: dict[str, list] = {}
     steps: dict[str, list] = {}
+    shapes: dict[str, list] = {}
     os.makedirs(a.out, exist_ok=True)
     # MPK_CONV_TRITON_ATTN=1 on a GPU: the op takes runtime/paged_attention.py, and its curves get their own keys
     impl = "paged" if conv_attn_appends() and a.device == "cuda" else ""
@@ -179,14 +180,18 @@ def main() -> None:
                     print(f"{model} tp={tp} {key} B={B:4d} keys={L:5d}: {us:9.1f} us per layer "
                           f"(+{step_us:7.1f} us once per step)", flush=True)
             curves[key], steps[key] = pts, once
-            _write(a.out, meta, curves, steps)   # after every shape: a run cut short keeps what it measured
-    _write(a.out, meta, curves, steps)
+            if impl == "paged":   # the launch shape each point ran (paged_attention.stale_curve_points reads it)
+                from mpk_runtime.runtime.paged_attention import curve_shapes
+                shapes.update(curve_shapes({key: pts}, lambda k, cfg=cfg: key_cap(k - 1, cfg)))
+            _write(a.out, meta, curves, steps, shapes)   # after every shape: a run cut short keeps what it measured
+    _write(a.out, meta, curves, steps, shapes)
     print("wrote", os.path.join(a.out, "conv_attn.json"))
     if a.merge:
         prof = json.loads(HardwareProfile.load(a.merge).to_json())
         prof["name"] = a.name or f"{a.merge}_attn"
         prof["conv_attn_us_by_shape"] = {**prof.get("conv_attn_us_by_shape", {}), **curves}
         prof["conv_attn_step_us_by_shape"] = {**prof.get("conv_attn_step_us_by_shape", {}), **steps}
+        prof["conv_attn_shape_by_shape"] = {**prof.get("conv_attn_shape_by_shape", {}), **shapes}
         prof["source"] = (prof.get("source", "") + f"; conventional attention curves measured by "
                           f"scripts/profile_conv_attn.py on {meta['machine']} {meta['date']} (commit {meta['commit']})"
                           "; NOT CALIBRATED: the regimes' conventional terms were fit without the curves - refit "
@@ -198,9 +203,10 @@ def main() -> None:
               "conventional terms were fit without the curves)")
 
 
-def _write(out: str, meta: dict, curves: dict, steps: dict) -> None:
+def _write(out: str, meta: dict, curves: dict, steps: dict, shapes: dict) -> None:
     with open(os.path.join(out, "conv_attn.json"), "w") as f:
-        json.dump({"meta": meta, "conv_attn_us_by_shape": curves, "conv_attn_step_us_by_shape": steps}, f, indent=1)
+        json.dump({"meta": meta, "conv_attn_us_by_shape": curves, "conv_attn_step_us_by_shape": steps,
+                   "conv_attn_shape_by_shape": shapes}, f, indent=1)
 
 
 if __name__ == "__main__":

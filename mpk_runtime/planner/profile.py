@@ -195,6 +195,10 @@ class HardwareProfile:
     conv_attn_us_by_shape: dict[str, list] = field(default_factory=dict)
     # ... and what the step's first conventional attention adds once (the step's shared pages / masks / live rows)
     conv_attn_step_us_by_shape: dict[str, list] = field(default_factory=dict)
+    # ... and the launch shape each "@paged" point was measured under, [[batch, keys, "block_n,target,warps,stages
+    # [,ahead],i32|i64"], ...] (runtime/paged_attention.curve_shapes; since h200_v49): stale_curve_points finds the
+    # points whose shape TUNED has since replaced. Empty: not recorded (profiles before v49)
+    conv_attn_shape_by_shape: dict[str, list] = field(default_factory=dict)
     conv_attn_curve_scale: float = 1.0
     # ... for the "@paged" curves (runtime/paged_attention.py, measured from HBM by --cycle-mb) apart; None = the same
     # scale. conv_attn_curve_scale was fitted where the gather curves had been measured from one L2-resident copy
