@@ -175,3 +175,154 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   __syncthreads();   // every thread's bytes have landed (each folded them into acc)
   if (threadIdx.x == 0) stamps[2 * blockIdx.x + 1] = globaltimer();
 }
+
+// A batch-1 layer's chain of dependent phases (scripts/bench_stream.py --chain): `P` phases a layer, `layers`
+// layers; in phase p CTA b streams bytes[p] of its own (op-major: layer l's op p holds every CTA's share back to
+// back, CTA b's at b x bytes[p], as a weight matrix's row tiles), and a CTA starts phase p only after every CTA has
+// finished the phase before (a counter per phase: release add / acquire spin, as the megakernel's events). What it
+// answers for batch 1 (issue 3): today's structure pays every phase's ramp and every wait with HBM idle; weights do
+// not depend on activations, so a producer can stream the next phase's bytes during the wait.
+//   mode 0 "regs":     all 8 warps, after the wait: 16-byte evict-first loads, UN = 16 per thread in flight (the
+//                      batch-1 linear tiles' way, 64 KiB a CTA), folded into a checksum.
+//   mode 1 "producer": one thread of warp 0 streams every phase of every layer in order, in `chunk`-byte bulk copies
+//                      into a ring of `stages` shared buffers (a full mbarrier per stage: transaction bytes; an empty
+//                      one: an arrive per consumer warp), and never waits on the phase counters; warps 1-7 wait for
+//                      the phase's counter, then take the ring's chunks of that phase.
+// Stamps, per CTA (stamps[b * (2 + layers * P) + i]): 0 its start, 1 its end, 2 + l * P + p when it signalled phase
+// (l, p) done. A wait past timeout_ns writes err[0] (1: a phase counter, 2: a free ring stage, 3: a landed chunk)
+// and traps (the launch fails; a hung benchmark would hold the GPU).
+namespace {
+constexpr int CHAIN_MAX_P = 8, CHAIN_MAX_STAGES = 32;
+
+__device__ __forceinline__ void mbar_init_n(uint32_t bar, int n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void chain_fail(int* err, int code) {
+  atomicExch(err, code);
+  __threadfence();
+  __trap();
+}
+// mbar_wait with a deadline (globaltimer ns)
+__device__ __forceinline__ void mbar_wait_until(uint32_t bar, uint32_t par, uint64_t deadline, int* err, int code) {
+  uint32_t done;
+  for (int i = 0;; ++i) {
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(bar), "r"(par) : "memory");
+    if (done) return;
+    if ((i & 255) == 255 && globaltimer() > deadline) chain_fail(err, code);
+  }
+}
+__device__ __forceinline__ void counter_wait_until(const uint64_t* c, uint64_t target, uint64_t deadline, int* err) {
+  for (int i = 0; ld_acquire_u64(c) < target; ++i)
+    if ((i & 63) == 63 && globaltimer() > deadline) chain_fail(err, 1);
+}
+__device__ __forceinline__ void consumers_sync() {   // warps 1-7 only (named barrier 1)
+  asm volatile("bar.sync 1, %0;" ::"r"(THREADS - 32) : "memory");
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    mpk_bench_chain(const uint8_t* __restrict__ W, const int64_t* __restrict__ bytes, int P, int layers, int mode,
+                    int chunk, int stages, uint64_t* __restrict__ counters, unsigned* __restrict__ sink,
+                    uint64_t* __restrict__ stamps, int* __restrict__ err, uint64_t timeout_ns) {
+  constexpr int UN = 16;
+  __shared__ __align__(8) uint64_t full[CHAIN_MAX_STAGES], empty[CHAIN_MAX_STAGES];
+  __shared__ int64_t off[CHAIN_MAX_P + 1];   // op p of a layer starts at ncta x off[p]; a layer is ncta x off[P]
+  const int b = blockIdx.x, ncta = gridDim.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int nst = 2 + layers * P;
+  if (P > CHAIN_MAX_P || stages > CHAIN_MAX_STAGES) __trap();
+  const uint64_t deadline = globaltimer() + timeout_ns;
+  if (tid == 0) {
+    stamps[(int64_t)b * nst] = globaltimer();
+    off[0] = 0;
+    for (int p = 0; p < P; ++p) off[p + 1] = off[p] + bytes[p];
+  }
+  const uint32_t buf = smem_addr(dyn_smem());
+  if (mode == 1 && tid == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init_n(smem_addr(&full[s]), 1);
+      mbar_init_n(smem_addr(&empty[s]), THREADS / 32 - 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto src = [&](int l, int p) { return W + (int64_t)ncta * (l * off[P] + off[p]) + (int64_t)b * bytes[p]; };
+  unsigned acc = 0;
+  if (mode == 0) {
+    for (int l = 0; l < layers; ++l) {
+      for (int p = 0; p < P; ++p) {
+        const int idx = l * P + p;
+        if (idx > 0) {
+          if (tid == 0) counter_wait_until(&counters[idx - 1], (uint64_t)ncta, deadline, err);
+          __syncthreads();
+        }
+        const uint8_t* s = src(l, p);
+        const int64_t nv = bytes[p] >> 4;
+        for (int64_t v0 = tid; v0 < nv; v0 += (int64_t)THREADS * UN) {
+          uint4 v[UN];
+#pragma unroll
+          for (int u = 0; u < UN; ++u) {
+            const int64_t i = v0 + (int64_t)u * THREADS;
+            v[u] = i < nv ? ld_weight_stream16(s + i * 16) : make_uint4(0, 0, 0, 0);
+          }
+#pragma unroll
+          for (int u = 0; u < UN; ++u) acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+        }
+        __syncthreads();   // the CTA's share of the phase is in (each thread folded its loads)
+        if (tid == 0) {
+          red_release_add_u64(&counters[idx], 1ull);
+          stamps[(int64_t)b * nst + 2 + idx] = globaltimer();
+        }
+      }
+    }
+  } else if (warp == 0) {   // the producer: every chunk of every phase, in order, only ever waiting for a free stage
+    if (lane == 0) {
+      int c = 0;
+      for (int l = 0; l < layers; ++l)
+        for (int p = 0; p < P; ++p) {
+          const uint8_t* s = src(l, p);
+          for (int64_t o = 0; o < bytes[p]; o += chunk, ++c) {
+            const int st = c % stages;
+            if (c >= stages) mbar_wait_until(smem_addr(&empty[st]), (uint32_t)((c / stages - 1) & 1), deadline, err, 2);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   // generic reads before the async write
+            const uint32_t n = (uint32_t)min((int64_t)chunk, bytes[p] - o), bar = smem_addr(&full[st]);
+            mbar_expect_tx(bar, n);
+            bulk_g2s(buf + (uint32_t)st * chunk, s + o, n, bar);
+          }
+        }
+    }
+    __syncwarp();
+  } else {   // the consumers: warps 1-7
+    const int ct = tid - 32, ncons = THREADS - 32;
+    int c = 0;
+    for (int l = 0; l < layers; ++l) {
+      for (int p = 0; p < P; ++p) {
+        const int idx = l * P + p;
+        if (idx > 0) {
+          if (ct == 0) counter_wait_until(&counters[idx - 1], (uint64_t)ncta, deadline, err);
+          consumers_sync();
+        }
+        for (int64_t o = 0; o < bytes[p]; o += chunk, ++c) {
+          const int st = c % stages;
+          mbar_wait_until(smem_addr(&full[st]), (uint32_t)((c / stages) & 1), deadline, err, 3);
+          const int n = (int)min((int64_t)chunk, bytes[p] - o) >> 4;
+          const uint4* q = reinterpret_cast<const uint4*>(dyn_smem() + (size_t)st * chunk);
+          for (int i = ct; i < n; i += ncons) { const uint4 v = q[i]; acc += v.x ^ v.y ^ v.z ^ v.w; }
+          __syncwarp();
+          if (lane == 0) mbar_arrive(smem_addr(&empty[st]));
+        }
+        consumers_sync();   // every consumer warp has taken the CTA's share of the phase
+        if (ct == 0) {
+          red_release_add_u64(&counters[idx], 1ull);
+          stamps[(int64_t)b * nst + 2 + idx] = globaltimer();
+        }
+      }
+    }
+  }
+  sink[(int64_t)b * THREADS + tid] = acc;
+  __syncthreads();
+  if (tid == 0) stamps[(int64_t)b * nst + 1] = globaltimer();
+}

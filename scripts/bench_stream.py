@@ -14,6 +14,12 @@ GB/s = N x K x 2 bytes x iters / kernel time (CUDA events, median of `reps` laun
 flight a CTA, the CUDA-core tiles' way) against TMA rings (cp.async.bulk into shared-memory stages, up to 192 KiB in
 flight): the time from the first CTA's start to the last byte, stamped on the device. Writes $OUT/bench_phase.json.
 
+--chain (instead): a batch-1 layer's dependent phases (qkv, o_proj, gate_up, down at a model's shapes, each CTA's
+share of each op; attention not emulated), `layers` layers, a phase starting in a CTA only after every CTA finished
+the one before (kernel mpk_bench_chain): registers after each wait (today's structure) against one producer thread
+per SM streaming every phase through a TMA ring without waiting on the phases. Per layer us against the layer's
+bytes at 4.55 TB/s. Writes $OUT/bench_chain.json.
+
 --pieces (instead of the weight patterns): the paged KV cache's pattern (kernel mpk_bench_pieces): 8 heads' pieces
 side by side in every row, each CTA reading one head's pieces of its rows; GB/s per piece size (64 B .. 8 KB) and
 one contiguous stream, the same bytes. A token-major cache gives attention pieces of head_dim x 2 bytes (128 B at
@@ -57,7 +63,15 @@ def main():
     ap.add_argument("--phase-kb", default="32,64,128,256,512,1024", help="--phase: bytes a CTA streams (KiB)")
     ap.add_argument("--rings", default="4x16,12x16,6x32,3x64",
                     help="--phase: TMA rings as stages x KiB a stage (4x16 = the register path's 64 KiB in flight)")
+    ap.add_argument("--chain", action="store_true", help="a batch-1 layer's dependent phases, registers vs a "
+                    "producer ring (kernel mpk_bench_chain; see chain())")
+    ap.add_argument("--chain-models", default="llama-3.2-1b,qwen3-8b")
+    ap.add_argument("--chain-layers", type=int, default=6)
+    ap.add_argument("--chain-rings", default="12x16,6x32,24x8,8x16",
+                    help="--chain: producer rings as stages x KiB a stage")
     a = ap.parse_args()
+    if a.chain:   # the layer shapes need no GPU: say what would run before asking for one
+        plan = chain_plan(a.chain_models.split(","), 132)
     if not torch.cuda.is_available():
         raise SystemExit("bench_stream needs a CUDA GPU")
     b = nvcc.build(source="bench_stream.cu")
@@ -86,6 +100,8 @@ def main():
         return pieces(a, cu, mod, dev, sink, timed, torch)
     if a.phase:
         return phase(a, cu, mod, dev, torch)
+    if a.chain:
+        return chain(a, cu, mod, dev, torch, plan)
     rows_out = []
     for name, N, K in SHAPES:
         W = torch.randn(N, K, device=dev, dtype=torch.bfloat16)
@@ -204,6 +220,92 @@ def phase(a, cu, mod, dev, torch):
                 timer="%globaltimer stamps per CTA, L2 flushed by a 256 MiB read before each launch")
     (OUT / "bench_phase.json").write_text(json.dumps(dict(meta=meta, rows=rows_out), indent=1))
     print(f"wrote {OUT / 'bench_phase.json'}")
+
+
+def chain_plan(models: list[str], ctas: int) -> dict:
+    """{model: [(op, bytes a CTA), ...]}: a batch-1 layer's linear ops in order, each split over `ctas` CTAs and rounded
+    up to 1 KiB (bulk copies move multiples of 16 bytes), from the model's config (TP=1)."""
+    from mpk_runtime.models.config import load_config
+    out = {}
+    for m in models:
+        c = load_config(m.strip())
+        D, hd, nq, nkv, inter = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads, c.intermediate_size
+        ops = [("qkv", (nq + 2 * nkv) * hd * D), ("o_proj", D * nq * hd), ("gate_up", 2 * inter * D),
+               ("down", D * inter)]
+        out[m.strip()] = [(name, -(-n * 2 // ctas // 1024) * 1024) for name, n in ops]
+    return out
+
+
+def chain(a, cu, mod, dev, torch, plan: dict):
+    """Per model: the chain's device time per layer (median over the middle layers of a.reps launches, L2 flushed by
+    a 256 MiB read before each), registers against each producer ring, and the layer's bytes at 4.55 TB/s."""
+    from mpk_runtime.codegen import layout as L
+    from mpk_runtime.runtime.megakernel import _check
+    fn = _check(cu.cuModuleGetFunction(mod, b"mpk_bench_chain"), "cuModuleGetFunction")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    if sms != 132:
+        plan = chain_plan(list(plan), sms)
+    rings = [tuple(int(x) for x in r.split("x")) for r in a.chain_rings.split(",")]
+    most = max(st * kb for st, kb in rings) << 10
+    _check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most),
+           "cuFuncSetAttribute")
+    T = L.CONSTANTS["THREADS"]
+    scratch = torch.ones(64 << 20, dtype=torch.float32, device=dev)
+    flushed = torch.zeros(1, dtype=torch.float32, device=dev)
+    stream = torch.cuda.current_stream(dev)
+    types = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64)
+    rows_out = []
+    for model, ops in plan.items():
+        P, layers = len(ops), a.chain_layers
+        per_cta = sum(n for _, n in ops)
+        W = torch.randint(0, 255, (sms * per_cta * layers,), dtype=torch.uint8, device=dev)
+        nb = torch.tensor([n for _, n in ops], dtype=torch.int64, device=dev)
+        counters = torch.zeros(layers * P, dtype=torch.int64, device=dev)
+        sink = torch.zeros(sms * T, dtype=torch.int32, device=dev)
+        stamps = torch.zeros(sms * (2 + layers * P), dtype=torch.int64, device=dev)
+        err = torch.zeros(1, dtype=torch.int32, device=dev)
+        floor_us = sms * per_cta / 4.55e12 * 1e6
+        print(f"{model}: per CTA a layer " + ", ".join(f"{o} {n >> 10} KiB" for o, n in ops)
+              + f"; the layer's {sms * per_cta / 1e6:.1f} MB at 4.55 TB/s: {floor_us:.2f} us", flush=True)
+        for name, mode, st, kb in [("regs", 0, 1, 16)] + [(f"producer {s}x{k}K", 1, s, k) for s, k in rings]:
+            args = ((W.data_ptr(), nb.data_ptr(), P, layers, mode, kb << 10, st, counters.data_ptr(), sink.data_ptr(),
+                     stamps.data_ptr(), err.data_ptr(), 2_000_000_000), types)
+            per_layer, phase_us = [], []
+            for rep in range(a.reps + 1):
+                torch.sum(scratch, dim=0, keepdim=True, out=flushed)
+                counters.zero_()
+                _check(cu.cuLaunchKernel(fn, sms, 1, 1, T, 1, 1, st * (kb << 10) if mode else 0,
+                                         cu.CUstream(stream.cuda_stream), args, 0), "cuLaunchKernel")
+                s = stamps.view(sms, 2 + layers * P).cpu().double() / 1e3   # us (synchronises)
+                if int(err.item()):
+                    raise SystemExit(f"{model} {name}: a wait timed out (err {int(err.item())})")
+                if not rep:   # the first launch loads the module's code
+                    continue
+                done = s[:, 2:].max(dim=0).values.view(layers, P)   # each phase's last CTA
+                t0 = s[:, 0].min()
+                ends = torch.cat([t0.view(1), done[:, -1]])
+                mid = (ends[2:] - ends[1:-1]) if layers > 2 else (ends[1:] - ends[:-1])   # layer 0 pays the ramp
+                per_layer.append(float(mid.median()))
+                prev = torch.cat([ends[:-1].view(-1, 1), done[:, :-1]], dim=1)
+                phase_us.append((done - prev)[1:].median(dim=0).values.tolist() if layers > 1 else
+                                (done - prev)[0].tolist())
+            us = statistics.median(per_layer)
+            ph = [statistics.median(x) for x in zip(*phase_us)]
+            rows_out.append(dict(model=model, mode=name, layers=layers, us_per_layer=us, floor_us=floor_us,
+                                 pct_of_floor=100 * floor_us / us, phase_us=dict(zip([o for o, _ in ops], ph)),
+                                 kib_per_cta={o: n >> 10 for o, n in ops}))
+            print(f"  {name:<18} {us:7.2f} us a layer ({100 * floor_us / us:3.0f}% of the bytes' floor)   phases "
+                  + " ".join(f"{o} {t:.2f}" for (o, _), t in zip(ops, ph)), flush=True)
+        del W
+    OUT.mkdir(parents=True, exist_ok=True)
+    meta = dict(machine=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%dT%H:%M:%S"),
+                git_commit=os.environ.get("GIT_COMMIT", ""), reps=a.reps, ctas=sms,
+                timer="%globaltimer stamps per CTA and phase, L2 flushed by a 256 MiB read before each launch; a "
+                      "layer = the last CTA's end of its down phase minus the previous layer's, median over layers "
+                      "1..L-1 and launches")
+    (OUT / "bench_chain.json").write_text(json.dumps(dict(meta=meta, rows=rows_out), indent=1))
+    print(f"wrote {OUT / 'bench_chain.json'}")
 
 
 if __name__ == "__main__":

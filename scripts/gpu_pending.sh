@@ -25,6 +25,8 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh ncuatt   # stage 4e (one GPU): ncu stall sampling of attention's passes (~5 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh launch   # stage 4f (one GPU): a megakernel segment's fixed cost in graphs (~2 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
+#     OUT=$OUT bash scripts/gpu_pending.sh chain    # stage 4i (one GPU, ~1 min): a batch-1 layer's dependent phases,
+#                                                   registers against a producer ring (bench_stream.py --chain)
 #     OUT=$OUT bash scripts/gpu_pending.sh mlp      # stage 4h (one GPU, ~1 min): a batch-1 MLP block, two phases vs
 #                                                   the down projection fused into gate_up (bench_mlp.py)
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
@@ -56,6 +58,8 @@
 #    `N=ob_mk T=90 BENCH_BUDGET=70 BEFORE=megakernel:1:512 MKMAX=0 BS=8,32 CTXS=512 PEER_BS= HF_BS= MODELS=llama-3.2-1b
 #    bash scripts/gpu_run.sh bench; N=ob_gf T=110 BENCH_BUDGET=90 BEFORE=gptfast:1:512 ...same...` (if neither: the
 #    weights reloaded after the peers freed ours; bench_decode frees them before a peer and loads them again after).
+# 2b. The batch-1 producer premise (docs/perf-notes.md session 44, prediction and decision rule written):
+#    `N=chain T=150 bash scripts/gpu_run.sh chain` (~1 min; registers ~42-44 us a llama layer, a producer ring ~31-33).
 # 3. The curves at qwen3-8b's new 512-key shapes (v49 prices B=8 / 32 ctx 512 ~8-9% high): `N=cattn T=130 bash
 #    scripts/gpu_run.sh cattn` -> h200_v50; then h200_v49/v50 out of sample at other contexts: `N=val44 T=330
 #    VAL_CTXS="1024 2048" VAL_B1024=8,32,128 VAL_B2048=8,32 VAL_LIM=160 bash scripts/gpu_run.sh val`.
@@ -373,6 +377,13 @@ elif [ "$MODE" = phase ]; then
 st "4g one batch-1 phase's weight stream per SM: registers (64 KiB in flight) against TMA rings (bench_stream --phase)"
 OUT="$OUT/bench" timeout 120 python3 scripts/bench_stream.py --phase > "$OUT/bench/phase.log" 2>&1
 tail -32 "$OUT/bench/phase.log"; snap
+elif [ "$MODE" = chain ]; then
+# chain (session 44): a batch-1 layer's four dependent linear phases, registers after each wait (today) against one
+# producer per SM streaming through a TMA ring across the waits (bench_stream --chain; docs/perf-notes.md session 44)
+st "4i a batch-1 layer's dependent phases: registers against a producer ring (bench_stream --chain)"
+mkdir -p "$OUT/bench"
+OUT="$OUT/bench" timeout 150 python3 scripts/bench_stream.py --chain > "$OUT/bench/chain.log" 2>&1
+tail -24 "$OUT/bench/chain.log"; snap
 elif [ "$MODE" = mlp ]; then
 # mlp (session 37): a batch-1 MLP block at llama-3.2-1b / qwen3-8b shapes, today's two phases against the down
 # projection fused into the gate_up tile (device_kernels/bench_mlp.cu; docs/perf-notes.md session 37's prediction),
