@@ -109,6 +109,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   sink[blockIdx.x * THREADS + threadIdx.x] = acc;
 }
 
+// A CTA's `bytes` from src streamed the batch-1 linear tiles' way (16-byte evict-first loads, UN per thread in
+// flight), folded into a checksum (so every load is waited for).
+template <int UN>
+__device__ __forceinline__ unsigned fold_regs(const uint8_t* __restrict__ src, int64_t bytes) {
+  unsigned acc = 0;
+  const int64_t nv = bytes >> 4;
+  for (int64_t v0 = threadIdx.x; v0 < nv; v0 += (int64_t)THREADS * UN) {
+    uint4 v[UN];
+#pragma unroll
+    for (int u = 0; u < UN; ++u) {
+      const int64_t i = v0 + (int64_t)u * THREADS;
+      v[u] = i < nv ? ld_weight_stream16(src + i * 16) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < UN; ++u) acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  return acc;
+}
+
 // One decode phase's weight stream (scripts/bench_stream.py --phase): every CTA streams `bytes` contiguous bytes of
 // its own (CTA b: [b bytes, (b + 1) bytes) of W) once and folds them into a checksum, two ways:
 //   mode 0 "regs": the CUDA-core tiles' way, 16-byte evict-first loads into registers, UN = 16 per thread in flight
@@ -129,17 +148,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const uint8_t* src = W + (int64_t)blockIdx.x * bytes;
   unsigned acc = 0;
   if (mode == 0) {
-    const int64_t nv = bytes >> 4;
-    for (int64_t v0 = threadIdx.x; v0 < nv; v0 += (int64_t)THREADS * UN) {
-      uint4 v[UN];
-#pragma unroll
-      for (int u = 0; u < UN; ++u) {
-        const int64_t i = v0 + (int64_t)u * THREADS;
-        v[u] = i < nv ? ld_weight_stream16(src + i * 16) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < UN; ++u) acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-    }
+    acc = fold_regs<UN>(src, bytes);
   } else {
     __shared__ __align__(8) uint64_t bars[MAX_STAGES];
     if (stages > MAX_STAGES) __trap();
@@ -259,18 +268,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
           if (tid == 0) counter_wait_until(&counters[idx - 1], (uint64_t)ncta, deadline, err);
           __syncthreads();
         }
-        const uint8_t* s = src(l, p);
-        const int64_t nv = bytes[p] >> 4;
-        for (int64_t v0 = tid; v0 < nv; v0 += (int64_t)THREADS * UN) {
-          uint4 v[UN];
-#pragma unroll
-          for (int u = 0; u < UN; ++u) {
-            const int64_t i = v0 + (int64_t)u * THREADS;
-            v[u] = i < nv ? ld_weight_stream16(s + i * 16) : make_uint4(0, 0, 0, 0);
-          }
-#pragma unroll
-          for (int u = 0; u < UN; ++u) acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-        }
+        acc += fold_regs<UN>(src(l, p), bytes[p]);
         __syncthreads();   // the CTA's share of the phase is in (each thread folded its loads)
         if (tid == 0) {
           red_release_add_u64(&counters[idx], 1ull);
