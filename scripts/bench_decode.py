@@ -193,7 +193,10 @@ def main():
                 t0_local=datetime.datetime.fromtimestamp(T0).isoformat(),   # rows' t_s count from here (smi_join.py)
                 git_commit=os.environ.get("GIT_COMMIT", "unknown"), torch=torch.__version__, hbm_bytes_per_s=HBM,
                 note="floor = streamed weight bytes / 4.55 TB/s; untied embedding excluded", switches=switches(),
-                graph_switches=resolved_switches())
+                graph_switches=resolved_switches(),
+                order="work_order: --before cells, this runtime's planned cells, its megakernel cells (B=1 first), then "
+                      "the peers (gpt-fast / HF B=1 first), one process (since session 44; before it the batch-1 cells of "
+                      "every system ran first); each row's seq is its place", before=args.before)
     try:
         import transformers
         meta["transformers"] = transformers.__version__
