@@ -19,7 +19,8 @@ Context c: the KV cache holds c random (megakernel) or prefilled (peers) positio
 
     GIT_COMMIT=$(git rev-parse HEAD) PYTHONPATH=. python3 scripts/bench_decode.py [--budget-s 300]
 Writes $OUT/bench_decode.json (or ./gpu_out). Work runs in the order of work_order() (this runtime's cells, then the
-peers'); what does not fit in the time budget is reported as skipped, never silently dropped.
+peers'); what does not fit in the time budget is reported as skipped, never silently dropped. --isolate runs each
+system's cells in a fresh process of its own (run_isolated) and merges the rows.
 
 --tp 2 (two GPUs; one spawned process per GPU through mpk_runtime.runtime.tp_launch, NVSHMEM heap + NCCL):
   megakernel_tp2  this runtime's TP=2 megakernel (partial sums pushed through NVSHMEM peer pointers inside the
@@ -117,6 +118,64 @@ def work_order(batches, ctxs, planned, mk_max_batch, peer_batches, hf_batches, p
     return work
 
 
+def summarize(rows: list[dict]) -> None:
+    """Each ok row's ratio_vs_ours (peer / ours at its (model, batch, context); ours = the planner's choice: the one
+    megakernel where it chose that, else its 'planned' row), and the table."""
+    ours = {(r["model"], r["batch"], r["context"]): r["ms"] for r in rows
+            if r["system"] == "megakernel" and r.get("status") == "ok"}
+    ours.update({(r["model"], r["batch"], r["context"]): r["ms"] for r in rows
+                 if r["system"] == "planned" and r.get("status") == "ok"})
+    for r in rows:
+        k = (r["model"], r["batch"], r["context"])
+        if r.get("status") == "ok" and k in ours:
+            r["ratio_vs_ours"] = r["ms"] / ours[k]   # > 1: this runtime (its chosen plan) is faster
+    print("\n==== bench_decode (ms/token, median) ====")
+    print(f"{'model':13s} {'B':>3s} {'ctx':>5s} {'system':10s} {'ms':>8s} {'floor':>7s} {'%floor':>6s} {'peer/ours':>9s}")
+    for r in rows:
+        if r.get("status") != "ok":
+            print(f"{r['model']:13s} {r['batch']:3d} {r['context']:5d} {r['system']:10s} {r['status'][:60]}")
+            continue
+        print(f"{r['model']:13s} {r['batch']:3d} {r['context']:5d} {r['system']:10s} {r['ms']:8.3f} {r['floor_ms']:7.3f} "
+              f"{r['pct_of_floor']:6.0f} {r.get('ratio_vs_ours', float('nan')):9.2f}"
+              + (f"  ({r['plan']})" if r["system"] == "planned" else ""))
+
+
+def isolated_commands(argv: list[str], budget_s: float, out: Path) -> list[tuple[str, list[str], Path]]:
+    """--isolate: one child process per system, in the order work_order runs them, each with the same arguments
+    (without --isolate) plus --systems <it>, its own $OUT and the budget left when it starts (the caller fills it
+    in: "{budget}"). [(system, argv, out dir), ...]"""
+    base = [a for a in argv if a != "--isolate"]
+    return [(sysname, base + ["--systems", sysname, "--budget-s", "{budget}"], out / f"iso_{sysname}")
+            for sysname in SYSTEMS]
+
+
+def run_isolated(args, argv: list[str]) -> None:
+    """Each system's cells in a fresh process (no state one system's cells leave behind reaches another's:
+    session 44's order effect), the rows merged into one bench_decode.json with the children's metas."""
+    import subprocess
+    rows, metas = [], {}
+    for sysname, cmd, out in isolated_commands(argv, args.budget_s, OUT):
+        left = args.budget_s - (time.time() - T0)
+        if left < 5:
+            log(f"isolate: no budget left for {sysname}")
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(Path(__file__).resolve())] + [c.replace("{budget}", f"{left:.0f}") for c in cmd]
+        log(f"isolate: {sysname} in its own process ({left:.0f} s left)")
+        subprocess.run(cmd, env=dict(os.environ, OUT=str(out)), check=False)
+        f = out / "bench_decode.json"
+        if f.exists():
+            d = json.loads(f.read_text())
+            metas[sysname] = d["meta"]
+            rows += [dict(r, process=sysname) for r in d["rows"]]
+    summarize(rows)
+    meta = dict(next(iter(metas.values()), {}), order="--isolate: one process per system (planned, megakernel, "
+                "gptfast, hf), each fresh", children=metas)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "bench_decode.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    print(f"wrote {OUT / 'bench_decode.json'}  total {time.time() - T0:.0f}s")
+
+
 def bench_planned(cfg, weights, B, ctx, plan, steps=12):
     """ms per step of the planner's chosen plan when it is not the one megakernel (attention as megakernels and the
     rest conventional, ...): the whole step as one CUDA graph, each replay timed alone with CUDA events (as the
@@ -150,6 +209,10 @@ def parse_args(argv=None):
                     "$OUT/trace_<model>_b<B>_c<ctx>_s<splits>.json.gz (scripts/trace_phases.py reads it)")
     ap.add_argument("--before", default="", help="--tp 1: cells run ahead of the usual order, recorded like the "
                     "rest (order effects: e.g. megakernel:1:512 or gptfast:1:512 before the planned cells)")
+    ap.add_argument("--isolate", action="store_true", help="--tp 1: each system's cells in a fresh process of its "
+                    "own, the rows merged (no state of one system's cells reaches another's)")
+    ap.add_argument("--systems", default="", help="--tp 1: only these systems' cells (comma-separated; --isolate "
+                    "runs one child per system with it)")
     ap.add_argument("--no-peers", action="store_true", help="--tp 1: the megakernel only (A/B runs)")
     ap.add_argument("--planned", action=argparse.BooleanOptionalAction, default=True,
                     help="--tp 1: also time the planner's chosen plan where it is not the one megakernel")
@@ -181,6 +244,14 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     if args.tp > 1:
         return main_tp(args)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_decode times GPU kernels and found no CUDA GPU: run it on the GPU machine "
+                         "(scripts/gpu_pending.sh bench), not here")
+    if args.isolate:
+        return run_isolated(args, sys.argv[1:])
+    bad = set(filter(None, args.systems.split(","))) - set(SYSTEMS)
+    if bad:
+        raise SystemExit(f"--systems {args.systems!r}: unknown {sorted(bad)}; choose from {', '.join(SYSTEMS)}")
     from mpk_runtime.models.config import load_config
     from mpk_runtime.models.weights import random_weights
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -219,6 +290,8 @@ def main():
                 chosen.setdefault(c, {}).update(chosen_plans(cfg, [b], c))
         work = work_order(batches, ctxs, planned, args.mk_max_batch, _ints(args.peer_batches),
                           _ints(args.hf_batches), peers=not args.no_peers, before=before)
+        if args.systems:
+            work = [w for w in work if w[0] in args.systems.split(",")]
         weights = None
         for system, B, ctx in work:
             # seq / t_s: the cell's place in this process's order and its start (s after the process began), kept
@@ -261,28 +334,9 @@ def main():
             torch._dynamo.reset()
         except Exception:  # noqa: BLE001
             pass
-    # ratios: peer / ours at the same (model, batch, context); ours = the planner's choice (the one megakernel
-    # where it chose that, else its 'planned' row)
-    ours = {(r["model"], r["batch"], r["context"]): r["ms"] for r in ROWS
-            if r["system"] == "megakernel" and r.get("status") == "ok"}
-    ours.update({(r["model"], r["batch"], r["context"]): r["ms"] for r in ROWS
-                 if r["system"] == "planned" and r.get("status") == "ok"})
-    for r in ROWS:
-        k = (r["model"], r["batch"], r["context"])
-        if r.get("status") == "ok" and k in ours:
-            r["ratio_vs_ours"] = r["ms"] / ours[k]   # > 1: this runtime (its chosen plan) is faster
+    summarize(ROWS)
     save()
-    print("\n==== bench_decode (ms/token, median) ====")
-    print(f"{'model':13s} {'B':>3s} {'ctx':>5s} {'system':10s} {'ms':>8s} {'floor':>7s} {'%floor':>6s} {'peer/ours':>9s}")
-    for r in ROWS:
-        if r.get("status") != "ok":
-            print(f"{r['model']:13s} {r['batch']:3d} {r['context']:5d} {r['system']:10s} {r['status'][:60]}")
-            continue
-        print(f"{r['model']:13s} {r['batch']:3d} {r['context']:5d} {r['system']:10s} {r['ms']:8.3f} {r['floor_ms']:7.3f} "
-              f"{r['pct_of_floor']:6.0f} {r.get('ratio_vs_ours', float('nan')):9.2f}"
-              + (f"  ({r['plan']})" if r["system"] == "planned" else ""))
     print(f"wrote {OUT / 'bench_decode.json'}  total {time.time() - T0:.0f}s")
-
 
 
 if __name__ == "__main__":

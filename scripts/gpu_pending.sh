@@ -58,6 +58,7 @@
 #    `N=ob_mk T=90 BENCH_BUDGET=70 BEFORE=megakernel:1:512 MKMAX=0 BS=8,32 CTXS=512 PEER_BS= HF_BS= MODELS=llama-3.2-1b
 #    bash scripts/gpu_run.sh bench; N=ob_gf T=110 BENCH_BUDGET=90 BEFORE=gptfast:1:512 ...same...` (if neither: the
 #    weights reloaded after the peers freed ours; bench_decode frees them before a peer and loads them again after).
+#    Or the whole table with every system in a fresh process: `ISOLATE=1` in the bench mode (--isolate).
 # 2b. The batch-1 producer premise (docs/perf-notes.md session 44, prediction and decision rule written):
 #    `N=chain T=150 bash scripts/gpu_run.sh chain` (~1 min; registers ~42-44 us a llama layer, a producer ring ~31-33).
 # 3. The curves at qwen3-8b's new 512-key shapes (v49 prices B=8 / 32 ctx 512 ~8-9% high): `N=cattn T=130 bash
@@ -314,12 +315,13 @@ done
 elif [ "$MODE" = bench ]; then
 st "4 bench_decode with both peers"
 # BS / CTXS pick cells (qwen3-8b's whole table needs ~9-10 min: one call a context); BENCH_BUDGET the run's seconds;
-# PEER_BS / HF_BS the peers' batches (default BS; set empty for none); BEFORE cells ahead of the order (--before)
+# PEER_BS / HF_BS the peers' batches (default BS; set empty for none); BEFORE cells ahead of the order (--before);
+# ISOLATE=1 one fresh process per system (--isolate)
 mkdir -p "$OUT/bench"; smi_start "$OUT/bench/smi_trace.csv"
 OUT="$OUT/bench" timeout $((${BENCH_BUDGET:-540} + 20)) python3 scripts/bench_decode.py --models "${MODELS:-llama-3.2-1b}" \
     --batches ${BS:-1,8,32,128} --contexts ${CTXS:-512,4096} --mk-max-batch ${MKMAX:-128} \
     --peer-batches "${PEER_BS-${BS:-1,8,32,128}}" --hf-batches "${HF_BS-${BS:-1,8,32,128}}" --budget-s ${BENCH_BUDGET:-540} \
-    ${BEFORE:+--before $BEFORE} > "$OUT/bench/bench.log" 2>&1
+    ${BEFORE:+--before $BEFORE} ${ISOLATE:+--isolate} > "$OUT/bench/bench.log" 2>&1
 smi_stop
 grep -A30 "====" "$OUT/bench/bench.log" | head -40
 python3 scripts/smi_join.py "$OUT/bench/bench_decode.json" "$OUT/bench/smi_trace.csv" > "$OUT/bench/clocks.log" 2>&1

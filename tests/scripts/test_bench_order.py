@@ -60,3 +60,28 @@ def test_before_bad_spec_says_what_to_write():
     for bad in ("megakernel:1", "vllm:1:512", "megakernel:0:512", "gptfast:x:512"):
         with pytest.raises(SystemExit, match="system:batch:context"):
             bench_decode.parse_cells(bad)
+
+
+def test_isolate_runs_one_child_per_system_with_the_same_arguments(tmp_path):
+    argv = ["--models", "llama-3.2-1b", "--isolate", "--batches", "8,32"]
+    cmds = bench_decode.isolated_commands(argv, 300.0, tmp_path)
+    assert [s for s, _, _ in cmds] == list(bench_decode.SYSTEMS)
+    for sysname, cmd, out in cmds:
+        assert "--isolate" not in cmd and cmd[:4] == ["--models", "llama-3.2-1b", "--batches", "8,32"]
+        assert cmd[-4:] == ["--systems", sysname, "--budget-s", "{budget}"]
+        assert out == tmp_path / f"iso_{sysname}"
+    a = bench_decode.parse_args(cmds[0][1][:-2] + ["--budget-s", "120"])   # the child's own parse
+    assert a.systems == "planned" and a.budget_s == 120.0 and not a.isolate
+
+
+def test_summarize_takes_the_planned_row_as_ours(capsys):
+    rows = [dict(model="m", system="megakernel", batch=8, context=512, ms=2.0, floor_ms=0.5, pct_of_floor=25.0,
+                 status="ok"),
+            dict(model="m", system="planned", batch=8, context=512, ms=1.0, floor_ms=0.5, pct_of_floor=50.0,
+                 status="ok", plan="conventional"),
+            dict(model="m", system="gptfast", batch=8, context=512, ms=1.5, floor_ms=0.5, pct_of_floor=33.0,
+                 status="ok"),
+            dict(model="m", system="hf", batch=8, context=512, status="skipped (time budget)")]
+    bench_decode.summarize(rows)
+    assert rows[2]["ratio_vs_ours"] == 1.5 and rows[0]["ratio_vs_ours"] == 2.0 and "ratio_vs_ours" not in rows[3]
+    assert "(conventional)" in capsys.readouterr().out
