@@ -40,7 +40,7 @@ def _note_stale_curves(prof, cfg, tp: int) -> None:
     from .ir.shard import shard_for
     from .planner.profile import conv_attn_shape
     from .runtime.megakernel_plans import kv_cap
-    from .runtime.paged_attention import stale_curve_points
+    from .runtime.paged_shapes import stale_curve_points
     sh = shard_for(cfg, tp, 0)
     key = conv_attn_shape(sh.n_kv, cfg.head_dim, sh.n_q // sh.n_kv, "paged")
     if key not in prof.conv_attn_us_by_shape:

@@ -89,7 +89,7 @@ def point(cfg, B: int, L: int, l2_mb: float, cap: str = "serving", table_dtype: 
 
 
 def summary(rows: list[dict], best: list[dict], heads: dict) -> list[str]:
-    """The best shape a point as paged_attention.TUNED's entries (key: head dim, B x KV heads, keys; heads: model ->
+    """The best shape a point as paged_shapes.TUNED's entries (key: head dim, B x KV heads, keys; heads: model ->
     (head dim, KV heads)), then the shapes best (or within 3%) at the most points: the candidates for a default."""
     out = ["TUNED entries (paged_attention.py):"]
     for b in best:

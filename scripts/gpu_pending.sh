@@ -259,7 +259,7 @@ fi
 elif [ "$MODE" = pshape ]; then
 # pshape: paged-attention launch shapes A/B'd in the whole decode step (session 30: the kernel-alone sweep and the
 # step ranked qwen3-8b's read-ahead shapes oppositely). The conventional plan alone (validate_planner --families
-# conventional), one run per shape in $SHAPES ("tuned" = paged_attention.TUNED; else MPK_PAGED_SHAPE's
+# conventional), one run per shape in $SHAPES ("tuned" = paged_shapes.TUNED; else MPK_PAGED_SHAPE's
 # block_n_target_warps_stages[_ahead][_i32|_i64], the last the page tables' type, int32 where unnamed: "tuned" takes
 # TUNED's own per point, so name the type a candidate was swept with), in order, twice over (ABAB) so drift shows.
 SHAPES=${SHAPES:-"tuned 32_264_4_3_ahead tuned 32_264_4_3_ahead"}; PM=${MODELS:-qwen3-8b}

@@ -180,8 +180,8 @@ def main() -> None:
                     print(f"{model} tp={tp} {key} B={B:4d} keys={L:5d}: {us:9.1f} us per layer "
                           f"(+{step_us:7.1f} us once per step)", flush=True)
             curves[key], steps[key] = pts, once
-            if impl == "paged":   # the launch shape each point ran (paged_attention.stale_curve_points reads it)
-                from mpk_runtime.runtime.paged_attention import curve_shapes
+            if impl == "paged":   # the launch shape each point ran (paged_shapes.stale_curve_points reads it)
+                from mpk_runtime.runtime.paged_shapes import curve_shapes
                 shapes.update(curve_shapes({key: pts}, lambda k, cfg=cfg: key_cap(k - 1, cfg)))
             _write(a.out, meta, curves, steps, shapes)   # after every shape: a run cut short keeps what it measured
     _write(a.out, meta, curves, steps, shapes)

@@ -60,7 +60,7 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # (max regret 0.85%), step MAPE 6.6% -> 5.4%, segment 9.9% -> 7.4%; on session 27's rows 7.8% -> 7.3%.
 # Session 30 validated it on the GPU out of sample (bench/results/s30/run1_val, 112 rows): regret 0 at 15 of 16
 # points, 0.26% at qwen3-8b B=8 ctx 4096; step MAPE 5.6% / 5.8% (ctx 512 / 4096).
-# h200_v41 since session 30: v40 with llama-3.2-1b's TP=1 paged curve re-measured where paged_attention.TUNED's
+# h200_v41 since session 30: v40 with llama-3.2-1b's TP=1 paged curve re-measured where paged_shapes.TUNED's
 # launch shapes changed (B=32..128 at 2048..8192 keys). On the 112 rows that ran this commit's kernels (s30 run1,
 # and run6 for those llama points): same choices, step MAPE 5.79% -> 5.71%, segment 8.23% -> 8.15%.
 # h200_v42 since session 33: v41 with the batch-1 / batch-8 regimes refit at an attention partial's fixed cost of
@@ -196,7 +196,7 @@ class HardwareProfile:
     # ... and what the step's first conventional attention adds once (the step's shared pages / masks / live rows)
     conv_attn_step_us_by_shape: dict[str, list] = field(default_factory=dict)
     # ... and the launch shape each "@paged" point was measured under, [[batch, keys, "block_n,target,warps,stages
-    # [,ahead],i32|i64"], ...] (runtime/paged_attention.curve_shapes; since h200_v49): stale_curve_points finds the
+    # [,ahead],i32|i64"], ...] (runtime/paged_shapes.curve_shapes; since h200_v49): stale_curve_points finds the
     # points whose shape TUNED has since replaced. Empty: not recorded (profiles before v49)
     conv_attn_shape_by_shape: dict[str, list] = field(default_factory=dict)
     conv_attn_curve_scale: float = 1.0

@@ -1,5 +1,5 @@
 """TUNED's launch shapes against the points they were measured at, and the planner profile's record of the shape
-each paged-attention curve point ran under (paged_attention.lookup_keys, curve_shapes, stale_curve_points).
+each paged-attention curve point ran under (paged_shapes.lookup_keys, curve_shapes, stale_curve_points).
 
 Session 44 found three shapes adopted from step A/Bs at ctx 512 (sessions 42-44) that the ctx-512 step never ran: a
 step at context C runs under the engine's cap (the power of two above C + 1: 1024 at ctx 512), and config_for looked

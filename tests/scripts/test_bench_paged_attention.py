@@ -1,5 +1,5 @@
 """scripts/bench_paged_attention.py's summary (the sweep itself needs a GPU): the TUNED entries it prints parse as
-paged_attention.TUNED entries and name the best shape of each point; the ranking counts only measured points."""
+paged_shapes.TUNED entries and name the best shape of each point; the ranking counts only measured points."""
 from __future__ import annotations
 
 import os
