@@ -66,6 +66,8 @@
 #    VAL_CTXS="1024 2048" VAL_B1024=8,32,128 VAL_B2048=8,32 VAL_LIM=160 bash scripts/gpu_run.sh val`.
 # 4. qwen3-8b's table in the new order (one context a call, ~9 min each): `N=bq512 T=560 BENCH_BUDGET=540
 #    MODELS=qwen3-8b CTXS=512 bash scripts/gpu_run.sh bench` (predicted ctx 512 B=8 5.45, B=32 5.95, B=128 8.42 ms).
+# 4b. The GPU set at the new HEAD, if time is left (session 44 ran it at bcb220d: 79 passed; since then only launch
+#    shapes, the bench's order and new benchmark code changed): `N=run1_one T=300 bash scripts/gpu_run.sh one`.
 # 5. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
 #    the next kernel work is built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
