@@ -29,7 +29,7 @@ def _runs():
 def test_each_point_from_its_shapes_table_type(monkeypatch):
     monkeypatch.delenv("MPK_PAGED_TABLE", raising=False)
     monkeypatch.delenv("MPK_PAGED_SHAPE", raising=False)
-    curves, picks = mtc.merged_curves(*_runs())
+    curves, picks, srcs = mtc.merged_curves(*_runs())
     assert set(curves) == {"8x64x4@paged", "8x128x4@paged", "4x128x4@paged"}
     run = {s: {(b, k): ("i32" if us >= 2000 else "i64") for b, k, us in pts} for s, pts in curves.items()}
     for s, pts in run.items():
@@ -41,6 +41,16 @@ def test_each_point_from_its_shapes_table_type(monkeypatch):
     assert run["8x128x4@paged"][(128, 513)] == "i32" and run["8x128x4@paged"][(8, 4097)] == "i64"
     assert run["4x128x4@paged"][(32, 4097)] == "i64"                           # qwen3-8b TP=2 B=32: int64
     assert run["4x128x4@paged"][(64, 2049)] == "i32" and sum(picks["4x128x4@paged"].values()) == 6
+    assert srcs == run   # the source of each point, as its value says
+    # the launch shape of each point: the one its run recorded, else config_for's with the run's table type
+    r64 = dict(conv_attn_us_by_shape=_runs()[0], conv_attn_shape_by_shape={"8x64x4@paged": [[8, 4097, "recorded,i32"]]})
+    r32 = dict(conv_attn_us_by_shape=_runs()[1])
+    lab = mtc.point_shapes(curves, srcs, r64, r32)
+    assert lab["8x64x4@paged"][0][:2] == [8, 4097]
+    assert lab["8x64x4@paged"][0][2] == pa.shape_label(pa.config_for(64, 8, 8, mtc.key_cap(4096, mtc._Cfg)))  # i32 run
+    assert all(lbl.endswith("," + srcs[s][(b, k)]) for s, pts in lab.items() for b, k, lbl in pts)
+    r32["conv_attn_shape_by_shape"] = {"8x64x4@paged": [[8, 4097, "recorded,i32"]]}
+    assert mtc.point_shapes(curves, srcs, r64, r32)["8x64x4@paged"][0][2] == "recorded,i32"
 
 
 def test_the_cli_refuses_a_forced_table_type(tmp_path, monkeypatch):
