@@ -161,6 +161,22 @@ def pieces(a, cu, mod, dev, sink, timed, torch, heads: int = 8):
     print(f"wrote {OUT / 'bench_pieces.json'}")
 
 
+def parse_rings(spec: str) -> list[tuple[int, int]]:
+    """TMA rings "4x16,6x32" as [(stages, KiB a stage), ...]."""
+    return [tuple(int(x) for x in r.split("x")) for r in spec.split(",")]
+
+
+def ring_kernel(cu, mod, name: bytes, spec: str):
+    """The module's kernel `name`, allowed the dynamic shared memory of the largest ring in `spec`, and the rings."""
+    from mpk_runtime.runtime.megakernel import _check
+    fn = _check(cu.cuModuleGetFunction(mod, name), "cuModuleGetFunction")
+    rings = parse_rings(spec)
+    most = max(st * kb for st, kb in rings) << 10
+    _check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most),
+           "cuFuncSetAttribute")
+    return fn, rings
+
+
 def phase(a, cu, mod, dev, torch):
     """One phase's time: every SM's CTA streams KiB of its own once (mpk_bench_phase), with 16 register loads in
     flight per thread (64 KiB a CTA, the batch-1 linear tiles' way) or through TMA rings of stages x chunk bytes,
@@ -168,12 +184,8 @@ def phase(a, cu, mod, dev, torch):
     launch carried ~17 us of overhead, more than the phase)."""
     from mpk_runtime.codegen import layout as L
     from mpk_runtime.runtime.megakernel import _check
-    fn = _check(cu.cuModuleGetFunction(mod, b"mpk_bench_phase"), "cuModuleGetFunction")
+    fn, rings = ring_kernel(cu, mod, b"mpk_bench_phase", a.rings)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    rings = [tuple(int(x) for x in r.split("x")) for r in a.rings.split(",")]
-    most = max(st * kb for st, kb in rings) << 10
-    _check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most),
-           "cuFuncSetAttribute")
     sizes = [int(x) << 10 for x in a.phase_kb.split(",")]
     W = torch.randint(0, 255, (sms * max(sizes),), dtype=torch.uint8, device=dev)
     sink = torch.zeros(sms * L.CONSTANTS["THREADS"], dtype=torch.int32, device=dev)
@@ -241,14 +253,10 @@ def chain(a, cu, mod, dev, torch, plan: dict):
     a 256 MiB read before each), registers against each producer ring, and the layer's bytes at 4.55 TB/s."""
     from mpk_runtime.codegen import layout as L
     from mpk_runtime.runtime.megakernel import _check
-    fn = _check(cu.cuModuleGetFunction(mod, b"mpk_bench_chain"), "cuModuleGetFunction")
+    fn, rings = ring_kernel(cu, mod, b"mpk_bench_chain", a.chain_rings)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     if sms != 132:
         plan = chain_plan(list(plan), sms)
-    rings = [tuple(int(x) for x in r.split("x")) for r in a.chain_rings.split(",")]
-    most = max(st * kb for st, kb in rings) << 10
-    _check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most),
-           "cuFuncSetAttribute")
     T = L.CONSTANTS["THREADS"]
     scratch = torch.ones(64 << 20, dtype=torch.float32, device=dev)
     flushed = torch.zeros(1, dtype=torch.float32, device=dev)

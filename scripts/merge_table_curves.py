@@ -36,9 +36,10 @@ def merged_curves(i64: dict, i32: dict) -> tuple[dict, dict, dict]:
     "i32" | "i64"}} which run each point came from."""
     out, picks, srcs = {}, {}, {}
     for shape in sorted(set(i64) | set(i32)):
-        if not shape.endswith("@paged"):
+        shp = pa.parse_curve_key(shape)
+        if shp is None:   # not the paged kernel's curve
             continue
-        nkv, D, _ = (int(x) for x in shape.split("@")[0].split("x"))
+        nkv, D, _ = shp
         a = {(b, k): us for b, k, us in i64.get(shape, [])}
         b = {(bb, k): us for bb, k, us in i32.get(shape, [])}
         pts, n, srcs[shape] = [], {"i32": 0, "i64": 0}, {}

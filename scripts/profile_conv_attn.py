@@ -40,6 +40,7 @@ from mpk_runtime.models import load_config  # noqa: E402
 from mpk_runtime.models.reference import rope_inv_freq  # noqa: E402
 from mpk_runtime.planner.profile import HardwareProfile, conv_attn_shape  # noqa: E402
 from mpk_runtime.runtime.memory import KVStore, RankMemory, StepCtx  # noqa: E402
+from mpk_runtime.runtime.paged_shapes import curve_shapes  # noqa: E402
 from mpk_runtime.runtime.torch_exec import ConventionalExecutor  # noqa: E402
 
 PAGE = 16
@@ -181,7 +182,6 @@ def main() -> None:
                           f"(+{step_us:7.1f} us once per step)", flush=True)
             curves[key], steps[key] = pts, once
             if impl == "paged":   # the launch shape each point ran (paged_shapes.stale_curve_points reads it)
-                from mpk_runtime.runtime.paged_shapes import curve_shapes
                 shapes.update(curve_shapes({key: pts}, lambda k, cfg=cfg: key_cap(k - 1, cfg)))
             _write(a.out, meta, curves, steps, shapes)   # after every shape: a run cut short keeps what it measured
     _write(a.out, meta, curves, steps, shapes)
