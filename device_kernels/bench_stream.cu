@@ -197,6 +197,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 //                      into a ring of `stages` shared buffers (a full mbarrier per stage: transaction bytes; an empty
 //                      one: an arrive per consumer warp), and never waits on the phase counters; warps 1-7 wait for
 //                      the phase's counter, then take the ring's chunks of that phase.
+//   mode 2 "early":    mode 0 with each thread's first round (UN loads) of a phase issued before its wait.
+//   mode 3 "task":     mode 0 plus a batch-1 linear task's two ends, the megakernel's own code where it has one: x
+//                      (ks[p] bf16 of the phase before's output, L2) loaded and, at the phases in norm_mask, RMSNorm'd
+//                      (load_rows_norm), every weight vector dotted with x from shared memory, the CTA's rows' sums
+//                      through shared memory into its bf16 outputs (+ a residual read at the phases in res_mask),
+//                      then the signal. So mode 3 against mode 0 is what a task's ends cost in the chain.
+//   mode 4 "task early": mode 3 with the first weight round in flight before the wait and the x load (session 25's
+//                      MPK_LIN_EARLY, here without the megakernel's register limit).
+// act: three slabs of act_stride bf16 (phase i reads slab i & 1, writes slab (i + 1) & 1; slab 2 the residual).
 // Stamps, per CTA (stamps[b * (2 + layers * P) + i]): 0 its start, 1 its end, 2 + l * P + p when it signalled phase
 // (l, p) done. A wait past timeout_ns writes err[0] (1: a phase counter, 2: a free ring stage, 3: a landed chunk)
 // and traps (the launch fails; a hung benchmark would hold the GPU).
@@ -228,6 +237,31 @@ __device__ __forceinline__ void counter_wait_until(const uint64_t* c, uint64_t t
   for (int i = 0; ld_acquire_u64(c) < target; ++i)
     if ((i & 63) == 63 && globaltimer() > deadline) chain_fail(err, 1);
 }
+// One round of a thread's 16-byte evict-first loads (vectors v0, v0 + THREADS, ...), as fold_regs issues them
+template <int UN>
+__device__ __forceinline__ void load_round(const uint8_t* __restrict__ src, int64_t nv, int64_t v0, uint4 (&v)[UN]) {
+#pragma unroll
+  for (int u = 0; u < UN; ++u) {
+    const int64_t i = v0 + (int64_t)u * THREADS;
+    v[u] = i < nv ? ld_weight_stream16(src + i * 16) : make_uint4(0, 0, 0, 0);
+  }
+}
+// ... and its use: folded into a checksum, or (xs: x in shared memory, kv = K / 8 vectors a row) dotted with x
+template <int UN>
+__device__ __forceinline__ unsigned use_round(const uint4 (&v)[UN], int64_t nv, int64_t v0, const bf16* xs,
+                                              uint32_t kv, float& f) {
+  unsigned acc = 0;
+#pragma unroll
+  for (int u = 0; u < UN; ++u) {
+    const int64_t i = v0 + (int64_t)u * THREADS;
+    if (xs == nullptr) {
+      acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    } else if (i < nv) {
+      f = dot8(v[u], *reinterpret_cast<const uint4*>(xs + ((uint32_t)i % kv) * 8), f);
+    }
+  }
+  return acc;
+}
 __device__ __forceinline__ void consumers_sync() {   // warps 1-7 only (named barrier 1)
   asm volatile("bar.sync 1, %0;" ::"r"(THREADS - 32) : "memory");
 }
@@ -236,7 +270,9 @@ __device__ __forceinline__ void consumers_sync() {   // warps 1-7 only (named ba
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     mpk_bench_chain(const uint8_t* __restrict__ W, const int64_t* __restrict__ bytes, int P, int layers, int mode,
                     int chunk, int stages, uint64_t* __restrict__ counters, unsigned* __restrict__ sink,
-                    uint64_t* __restrict__ stamps, int* __restrict__ err, uint64_t timeout_ns) {
+                    uint64_t* __restrict__ stamps, int* __restrict__ err, uint64_t timeout_ns,
+                    const int64_t* __restrict__ ks, bf16* __restrict__ act, int64_t act_stride,
+                    const bf16* __restrict__ gamma, int norm_mask, int res_mask) {
   constexpr int UN = 16;
   __shared__ __align__(8) uint64_t full[CHAIN_MAX_STAGES], empty[CHAIN_MAX_STAGES];
   __shared__ int64_t off[CHAIN_MAX_P + 1];   // op p of a layer starts at ncta x off[p]; a layer is ncta x off[P]
@@ -270,6 +306,52 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         }
         acc += fold_regs<UN>(src(l, p), bytes[p]);
         __syncthreads();   // the CTA's share of the phase is in (each thread folded its loads)
+        if (tid == 0) {
+          red_release_add_u64(&counters[idx], 1ull);
+          stamps[(int64_t)b * nst + 2 + idx] = globaltimer();
+        }
+      }
+    }
+  } else if (mode >= 2) {
+    const bool early = mode != 3, task = mode >= 3;
+    __shared__ float fs[THREADS / 32];
+    bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
+    for (int l = 0; l < layers; ++l) {
+      for (int p = 0; p < P; ++p) {
+        const int idx = l * P + p;
+        const uint8_t* s = src(l, p);
+        const int64_t nv = bytes[p] >> 4;
+        const int K = task ? (int)ks[p] : 8;
+        uint4 v[UN];
+        if (early) load_round<UN>(s, nv, tid, v);
+        if (idx > 0) {
+          if (tid == 0) counter_wait_until(&counters[idx - 1], (uint64_t)ncta, deadline, err);
+          __syncthreads();
+        }
+        if (task)
+          load_rows_norm(xs, K, act + (idx & 1) * act_stride, 1, K, 0, 0, (norm_mask >> p) & 1 ? gamma : nullptr,
+                         1e-5f);
+        if (!early) load_round<UN>(s, nv, tid, v);
+        float f = 0.f;
+        for (int64_t v0 = tid;;) {
+          acc += use_round<UN>(v, nv, v0, task ? xs : nullptr, (uint32_t)(K >> 3), f);
+          v0 += (int64_t)THREADS * UN;
+          if (v0 >= nv) break;
+          load_round<UN>(s, nv, v0, v);
+        }
+        if (task) {   // the rows' sums through shared memory into the CTA's outputs, as linear_epilogue's stores
+          f = warp_sum(f);
+          if (lane == 0) fs[warp] = f;
+          __syncthreads();
+          const int rows = max(1, (int)(bytes[p] / (2 * (int64_t)K)));
+          bf16* out = act + ((idx + 1) & 1) * act_stride + (int64_t)b * rows;
+          for (int t = tid; t < rows; t += THREADS) {
+            float y = bf(fs[t & (THREADS / 32 - 1)]);
+            if ((res_mask >> p) & 1) y += ld_act_bf16(act + 2 * act_stride + (int64_t)b * rows + t);
+            out[t] = __float2bfloat16_rn(y);
+          }
+        }
+        __syncthreads();   // the CTA's share of the phase is in
         if (tid == 0) {
           red_release_add_u64(&counters[idx], 1ull);
           stamps[(int64_t)b * nst + 2 + idx] = globaltimer();

@@ -16,8 +16,10 @@ flight): the time from the first CTA's start to the last byte, stamped on the de
 
 --chain (instead): a batch-1 layer's dependent phases (qkv, o_proj, gate_up, down at a model's shapes, each CTA's
 share of each op; attention not emulated), `layers` layers, a phase starting in a CTA only after every CTA finished
-the one before (kernel mpk_bench_chain): registers after each wait (today's structure) against one producer thread
-per SM streaming every phase through a TMA ring without waiting on the phases. Per layer us against the layer's
+the one before (kernel mpk_bench_chain): registers after each wait (today's structure), the same with each phase's first
+round of loads issued before its wait ("early"), both with a linear task's two ends added ("task", "task early": x
+loaded and normed with the megakernel's load_rows_norm, the dot with x, the outputs' stores and residual reads),
+against one producer thread per SM streaming every phase through a TMA ring without waiting on the phases. Per layer us against the layer's
 bytes at 4.55 TB/s. Writes $OUT/bench_chain.json.
 
 --pieces (instead of the weight patterns): the paged KV cache's pattern (kernel mpk_bench_pieces): 8 heads' pieces
@@ -166,12 +168,13 @@ def parse_rings(spec: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in r.split("x")) for r in spec.split(",")]
 
 
-def ring_kernel(cu, mod, name: bytes, spec: str):
-    """The module's kernel `name`, allowed the dynamic shared memory of the largest ring in `spec`, and the rings."""
+def ring_kernel(cu, mod, name: bytes, spec: str, least: int = 0):
+    """The module's kernel `name`, allowed the dynamic shared memory of the largest ring in `spec` (at least `least`
+    bytes), and the rings."""
     from mpk_runtime.runtime.megakernel import _check
     fn = _check(cu.cuModuleGetFunction(mod, name), "cuModuleGetFunction")
     rings = parse_rings(spec)
-    most = max(st * kb for st, kb in rings) << 10
+    most = max(max(st * kb for st, kb in rings) << 10, least)
     _check(cu.cuFuncSetAttribute(fn, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most),
            "cuFuncSetAttribute")
     return fn, rings
@@ -235,17 +238,24 @@ def phase(a, cu, mod, dev, torch):
 
 
 def chain_plan(models: list[str], ctas: int) -> dict:
-    """{model: [(op, bytes a CTA), ...]}: a batch-1 layer's linear ops in order, each split over `ctas` CTAs and rounded
-    up to 1 KiB (bulk copies move multiples of 16 bytes), from the model's config (TP=1)."""
+    """{model: [(op, bytes a CTA, K), ...]}: a batch-1 layer's linear ops in order, each split over `ctas` CTAs and
+    rounded up to 1 KiB (bulk copies move multiples of 16 bytes), with each op's input width K, from the model's
+    config (TP=1)."""
     from mpk_runtime.models.config import load_config
     out = {}
     for m in models:
         c = load_config(m.strip())
         D, hd, nq, nkv, inter = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads, c.intermediate_size
-        ops = [("qkv", (nq + 2 * nkv) * hd * D), ("o_proj", D * nq * hd), ("gate_up", 2 * inter * D),
-               ("down", D * inter)]
-        out[m.strip()] = [(name, -(-n * 2 // ctas // 1024) * 1024) for name, n in ops]
+        ops = [("qkv", (nq + 2 * nkv) * hd * D, D), ("o_proj", D * nq * hd, nq * hd), ("gate_up", 2 * inter * D, D),
+               ("down", D * inter, inter)]
+        out[m.strip()] = [(name, -(-n * 2 // ctas // 1024) * 1024, k) for name, n, k in ops]
     return out
+
+
+# mpk_bench_chain's parameters, in order (tests/scripts/test_bench_chain.py checks them against the source)
+CHAIN_ARGS = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64,
+              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
 
 
 def chain(a, cu, mod, dev, torch, plan: dict):
@@ -253,7 +263,8 @@ def chain(a, cu, mod, dev, torch, plan: dict):
     a 256 MiB read before each), registers against each producer ring, and the layer's bytes at 4.55 TB/s."""
     from mpk_runtime.codegen import layout as L
     from mpk_runtime.runtime.megakernel import _check
-    fn, rings = ring_kernel(cu, mod, b"mpk_bench_chain", a.chain_rings)
+    fn, rings = ring_kernel(cu, mod, b"mpk_bench_chain", a.chain_rings, least=2 * max(
+        k for ops in plan.values() for _, _, k in ops))
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     if sms != 132:
         plan = chain_plan(list(plan), sms)
@@ -261,29 +272,38 @@ def chain(a, cu, mod, dev, torch, plan: dict):
     scratch = torch.ones(64 << 20, dtype=torch.float32, device=dev)
     flushed = torch.zeros(1, dtype=torch.float32, device=dev)
     stream = torch.cuda.current_stream(dev)
-    types = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64)
+    types = CHAIN_ARGS
+    # modes 3-4: RMSNorm'd x at qkv and gate_up, a residual read at o_proj and down (the layer's two norms and adds)
+    norm_mask, res_mask = 0b0101, 0b1010
+    modes = [("regs", 0, 1, 16), ("early", 2, 1, 16), ("task", 3, 1, 16), ("task early", 4, 1, 16)]
     rows_out = []
     for model, ops in plan.items():
         P, layers = len(ops), a.chain_layers
-        per_cta = sum(n for _, n in ops)
+        per_cta = sum(n for _, n, _ in ops)
+        kmax = max(k for _, _, k in ops)
+        stride = -(-max(kmax, max(sms * max(1, n // (2 * k)) for _, n, k in ops)) // 64) * 64
+        act = (torch.randn(3 * stride, device=dev) * 0.5).to(torch.bfloat16)
+        gamma = torch.ones(kmax, dtype=torch.bfloat16, device=dev)
         W = torch.randint(0, 255, (sms * per_cta * layers,), dtype=torch.uint8, device=dev)
-        nb = torch.tensor([n for _, n in ops], dtype=torch.int64, device=dev)
+        nb = torch.tensor([n for _, n, _ in ops], dtype=torch.int64, device=dev)
+        ks = torch.tensor([k for _, _, k in ops], dtype=torch.int64, device=dev)
         counters = torch.zeros(layers * P, dtype=torch.int64, device=dev)
         sink = torch.zeros(sms * T, dtype=torch.int32, device=dev)
         stamps = torch.zeros(sms * (2 + layers * P), dtype=torch.int64, device=dev)
         err = torch.zeros(1, dtype=torch.int32, device=dev)
         floor_us = sms * per_cta / 4.55e12 * 1e6
-        print(f"{model}: per CTA a layer " + ", ".join(f"{o} {n >> 10} KiB" for o, n in ops)
+        print(f"{model}: per CTA a layer " + ", ".join(f"{o} {n >> 10} KiB" for o, n, _ in ops)
               + f"; the layer's {sms * per_cta / 1e6:.1f} MB at 4.55 TB/s: {floor_us:.2f} us", flush=True)
-        for name, mode, st, kb in [("regs", 0, 1, 16)] + [(f"producer {s}x{k}K", 1, s, k) for s, k in rings]:
+        for name, mode, st, kb in modes + [(f"producer {s}x{k}K", 1, s, k) for s, k in rings]:
             args = ((W.data_ptr(), nb.data_ptr(), P, layers, mode, kb << 10, st, counters.data_ptr(), sink.data_ptr(),
-                     stamps.data_ptr(), err.data_ptr(), 2_000_000_000), types)
+                     stamps.data_ptr(), err.data_ptr(), 2_000_000_000, ks.data_ptr(), act.data_ptr(), stride,
+                     gamma.data_ptr(), norm_mask, res_mask), types)
+            smem = st * (kb << 10) if mode == 1 else (2 * kmax if mode >= 3 else 0)
             per_layer, phase_us = [], []
             for rep in range(a.reps + 1):
                 torch.sum(scratch, dim=0, keepdim=True, out=flushed)
                 counters.zero_()
-                _check(cu.cuLaunchKernel(fn, sms, 1, 1, T, 1, 1, st * (kb << 10) if mode else 0,
+                _check(cu.cuLaunchKernel(fn, sms, 1, 1, T, 1, 1, smem,
                                          cu.CUstream(stream.cuda_stream), args, 0), "cuLaunchKernel")
                 s = stamps.view(sms, 2 + layers * P).cpu().double() / 1e3   # us (synchronises)
                 if int(err.item()):
@@ -301,10 +321,10 @@ def chain(a, cu, mod, dev, torch, plan: dict):
             us = statistics.median(per_layer)
             ph = [statistics.median(x) for x in zip(*phase_us)]
             rows_out.append(dict(model=model, mode=name, layers=layers, us_per_layer=us, floor_us=floor_us,
-                                 pct_of_floor=100 * floor_us / us, phase_us=dict(zip([o for o, _ in ops], ph)),
-                                 kib_per_cta={o: n >> 10 for o, n in ops}))
+                                 pct_of_floor=100 * floor_us / us, phase_us=dict(zip([o for o, _, _ in ops], ph)),
+                                 kib_per_cta={o: n >> 10 for o, n, _ in ops}))
             print(f"  {name:<18} {us:7.2f} us a layer ({100 * floor_us / us:3.0f}% of the bytes' floor)   phases "
-                  + " ".join(f"{o} {t:.2f}" for (o, _), t in zip(ops, ph)), flush=True)
+                  + " ".join(f"{o} {t:.2f}" for (o, _, _), t in zip(ops, ph)), flush=True)
         del W
     OUT.mkdir(parents=True, exist_ok=True)
     meta = dict(machine=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%dT%H:%M:%S"),

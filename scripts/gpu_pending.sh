@@ -26,7 +26,8 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh launch   # stage 4f (one GPU): a megakernel segment's fixed cost in graphs (~2 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh chain    # stage 4i (one GPU, ~1 min): a batch-1 layer's dependent phases,
-#                                                   registers against a producer ring (bench_stream.py --chain)
+#                                                   registers (first round after / before the wait, with and without
+#                                                   a linear task's ends) against a producer ring (bench_stream --chain)
 #     OUT=$OUT bash scripts/gpu_pending.sh mlp      # stage 4h (one GPU, ~1 min): a batch-1 MLP block, two phases vs
 #                                                   the down projection fused into gate_up (bench_mlp.py)
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
@@ -383,7 +384,8 @@ OUT="$OUT/bench" timeout 120 python3 scripts/bench_stream.py --phase > "$OUT/ben
 tail -32 "$OUT/bench/phase.log"; snap
 elif [ "$MODE" = chain ]; then
 # chain (session 44): a batch-1 layer's four dependent linear phases, registers after each wait (today) against one
-# producer per SM streaming through a TMA ring across the waits (bench_stream --chain; docs/perf-notes.md session 44)
+# producer per SM streaming through a TMA ring across the waits (bench_stream --chain; docs/perf-notes.md session 44);
+# since session 45 also the first round issued before the wait, and both with a linear task's ends (x, norm, stores)
 st "4i a batch-1 layer's dependent phases: registers against a producer ring (bench_stream --chain)"
 mkdir -p "$OUT/bench"
 OUT="$OUT/bench" timeout 150 python3 scripts/bench_stream.py --chain > "$OUT/bench/chain.log" 2>&1
