@@ -205,6 +205,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 //                      then the signal. So mode 3 against mode 0 is what a task's ends cost in the chain.
 //   mode 4 "task early": mode 3 with the first weight round in flight before the wait and the x load (session 25's
 //                      MPK_LIN_EARLY, here without the megakernel's register limit).
+//   mode 5 "l2pf":     mode 0 with the first round's bytes (64 KiB) bulk-prefetched into L2 by thread 0 before the
+//                      wait (the megakernel's PF_CUR path: no registers held across the wait).
 // act: three slabs of act_stride bf16 (phase i reads slab i & 1, writes slab (i + 1) & 1; slab 2 the residual).
 // Stamps, per CTA (stamps[b * (2 + layers * P) + i]): 0 its start, 1 its end, 2 + l * P + p when it signalled phase
 // (l, p) done. A wait past timeout_ns writes err[0] (1: a phase counter, 2: a free ring stage, 3: a landed chunk)
@@ -313,7 +315,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       }
     }
   } else if (mode >= 2) {
-    const bool early = mode != 3, task = mode >= 3;
+    const bool early = mode == 2 || mode == 4, task = mode == 3 || mode == 4;
     __shared__ float fs[THREADS / 32];
     bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
     for (int l = 0; l < layers; ++l) {
@@ -324,6 +326,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         const int K = task ? (int)ks[p] : 8;
         uint4 v[UN];
         if (early) load_round<UN>(s, nv, tid, v);
+        if (mode == 5 && tid == 0) prefetch_l2_range(s, min(bytes[p], (int64_t)THREADS * UN * 16));
         if (idx > 0) {
           if (tid == 0) counter_wait_until(&counters[idx - 1], (uint64_t)ncta, deadline, err);
           __syncthreads();

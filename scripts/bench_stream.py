@@ -16,10 +16,11 @@ flight): the time from the first CTA's start to the last byte, stamped on the de
 
 --chain (instead): a batch-1 layer's dependent phases (qkv, o_proj, gate_up, down at a model's shapes, each CTA's
 share of each op; attention not emulated), `layers` layers, a phase starting in a CTA only after every CTA finished
-the one before (kernel mpk_bench_chain): registers after each wait (today's structure), the same with each phase's first
-round of loads issued before its wait ("early"), both with a linear task's two ends added ("task", "task early": x
-loaded and normed with the megakernel's load_rows_norm, the dot with x, the outputs' stores and residual reads),
-against one producer thread per SM streaming every phase through a TMA ring without waiting on the phases. Per layer us against the layer's
+the one before (kernel mpk_bench_chain). Modes: registers after each wait (today's structure, "regs"); the same with
+each phase's first round of loads issued before its wait ("early") or its first 64 KiB bulk-prefetched into L2
+before it ("l2pf"); regs and early with a linear task's two ends added ("task", "task early": x loaded and normed
+with the megakernel's load_rows_norm, the dot with x, the outputs' stores and residual reads); one producer thread
+per SM streaming every phase through a TMA ring without waiting on the phases. Per layer us against the layer's
 bytes at 4.55 TB/s. Writes $OUT/bench_chain.json.
 
 --pieces (instead of the weight patterns): the paged KV cache's pattern (kernel mpk_bench_pieces): 8 heads' pieces
@@ -275,7 +276,7 @@ def chain(a, cu, mod, dev, torch, plan: dict):
     types = CHAIN_ARGS
     # modes 3-4: RMSNorm'd x at qkv and gate_up, a residual read at o_proj and down (the layer's two norms and adds)
     norm_mask, res_mask = 0b0101, 0b1010
-    modes = [("regs", 0, 1, 16), ("early", 2, 1, 16), ("task", 3, 1, 16), ("task early", 4, 1, 16)]
+    modes = [("regs", 0, 1, 16), ("early", 2, 1, 16), ("l2pf", 5, 1, 16), ("task", 3, 1, 16), ("task early", 4, 1, 16)]
     rows_out = []
     for model, ops in plan.items():
         P, layers = len(ops), a.chain_layers

@@ -40,36 +40,32 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 44 left it (bench/results/s44: 79 GPU tests passed at bcb220d
-# under session 43's defaults; h200_v49 written from that run's curves; qwen3-8b's 512-key shapes at B=8 / 32 adopted
-# after it; the bench now runs its planned cells first). Session 44 used ~1737 s in eight calls; a machine stays warm
-# only ~30 s after a call, so chain modes with `;` and have the next call ready. Before the first device call:
-# `bash scripts/setup.sh` on a fresh machine, then `bash scripts/gpu_prepare.sh` (~1 min after a checkout, ~4 min on
-# a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt (.cache/kc.tar.xz), .cache/commit, the
-# 64 MiB check). Carry [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. The llama table in the new order, v49 choosing: `N=bl T=380 BENCH_BUDGET=360 MODELS=llama-3.2-1b bash
-#    scripts/gpu_run.sh bench`. Predicted: planned cells as session 44's bgap (B=8 1.267 / 1.503, B=128 2.058 / 5.615),
-#    B=32 ctx 512 ~1.425 (session 43's (64, 528, 4, 2), which the default path runs only since session 44's
-#    lookup_keys: -2.6% in its A/B) and B=32 ctx 4096 the conventional plan at ~2.39 ms (2389 us in session 44's
-#    validation; attn-mk 2.604), level with gpt-fast (2.44-2.59 across processes). Check first that the default
-#    ctx-512 B=32 step runs the new shape: `N=p32 T=150 SHAPES="tuned 128_528_4_1 tuned 128_528_4_1" BS=32 CTXS=512
-#    LIM=60 bash scripts/gpu_run.sh pshape` (predicted tuned ~1438, the old shape ~1477).
-# 2. Which batch-1 cell leaves the +95 us behind (session 44: after megakernel B=1 + gpt-fast B=1 + HF B=1 in the
-#    process, the conventional step at llama B=8 / 32 ctx 512 took 1.348 / 1.562 ms against 1.259-1.268 / 1.460-1.477):
-#    `N=ob_mk T=90 BENCH_BUDGET=70 BEFORE=megakernel:1:512 MKMAX=0 BS=8,32 CTXS=512 PEER_BS= HF_BS= MODELS=llama-3.2-1b
-#    bash scripts/gpu_run.sh bench; N=ob_gf T=110 BENCH_BUDGET=90 BEFORE=gptfast:1:512 ...same...` (if neither: the
-#    weights reloaded after the peers freed ours; bench_decode frees them before a peer and loads them again after).
-#    Or the whole table with every system in a fresh process: `ISOLATE=1` in the bench mode (--isolate).
-# 2b. The batch-1 producer premise (docs/perf-notes.md session 44, prediction and decision rule written):
-#    `N=chain T=150 bash scripts/gpu_run.sh chain` (~1 min; registers ~42-44 us a llama layer, a producer ring ~31-33).
-# 3. The curves at qwen3-8b's new 512-key shapes (v49 prices B=8 / 32 ctx 512 ~8-9% high): `N=cattn T=130 bash
-#    scripts/gpu_run.sh cattn` -> h200_v50; then h200_v49/v50 out of sample at other contexts: `N=val44 T=330
-#    VAL_CTXS="1024 2048" VAL_B1024=8,32,128 VAL_B2048=8,32 VAL_LIM=160 bash scripts/gpu_run.sh val`.
-# 4. qwen3-8b's table in the new order (one context a call, ~9 min each): `N=bq512 T=560 BENCH_BUDGET=540
-#    MODELS=qwen3-8b CTXS=512 bash scripts/gpu_run.sh bench` (predicted ctx 512 B=8 5.45, B=32 5.95, B=128 8.42 ms).
-# 4b. The GPU set at the new HEAD, if time is left (session 44 ran it at bcb220d: 79 passed; since then only launch
-#    shapes, the bench's order and new benchmark code changed): `N=run1_one T=300 bash scripts/gpu_run.sh one`.
-# 5. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
+# Order for a 30-minute session (one GPU), as session 45 left it (bench/results/s45: 79 GPU tests passed at e8445d6;
+# the llama table, qwen3-8b's ctx-512 cells and h200_v49 out of sample at ctx 1024 / 2048 all measured there;
+# h200_v50 written from that machine start's curves). A machine stays warm only ~30 s after a call and a call can be
+# taken back before it returns (session 45's first, ~330 s lost): short calls, chained with `;`, the next one ready.
+# Before the first device call: `bash scripts/setup.sh` on a fresh machine, then `bash scripts/gpu_prepare.sh` (~1 min
+# after a checkout, ~4 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
+# (.cache/kc.tar.xz, the pf32 / pf64 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
+# ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
+# 1. The batch-1 prefetch question (docs/perf-notes.md session 45: in the chain benchmark a phase's first round issued
+#    before its wait took a llama layer's stream 35.25 -> 29.5 us, qwen3-8b 96.75 -> 88.5; the megakernel's L2
+#    prefetch before the waits (PF_CUR) holds no registers). First the chain with mode l2pf (~10 s of GPU):
+#    `N=chain T=100 bash scripts/gpu_run.sh chain`. Predicted: l2pf between regs and early (~31-33 us a llama layer).
+#    Then, whatever l2pf says (the chain has no x, no attention), the megakernel itself, ABBA:
+#    `N=pf T=420 VARS="base pf64 pf64 base" BS=1 CTXS=512 LIM=100 bash scripts/gpu_run.sh ab` (add pf32 if time).
+#    Predicted: llama B=1 1.073 -> ~1.03 ms (-4%: about half the chain's early gain, an L2 hit instead of HBM after the
+#    wait), qwen3-8b 4.90 -> ~4.80; refuted if >= base (session 2's 256 + 128 KiB prefetch lost 10-17%, at another kernel).
+# 2. The GPU set at the new HEAD: `N=run1_one T=330 bash scripts/gpu_run.sh one` (T=300 cut the sampler in s44 / s45).
+# 3. qwen3-8b's ctx-4096 cells in the planned-first order: `N=bq4k T=300 BENCH_BUDGET=280 MODELS=qwen3-8b CTXS=4096
+#    BS=8,32,128 MKMAX=0 HF_BS= bash scripts/gpu_run.sh bench` (session 45 measured ctx 512: 5.296 / 5.912 / 8.562 ms
+#    against gpt-fast's 5.612 / 6.050 / 8.627).
+# 4. h200_v50 out of sample at ctx 3072 (last validated in session 38, under h200_v44): `N=val45 T=330 VAL_CTXS="3072" VAL_B3072=8,32,128
+#    VAL_LIM=300 bash scripts/gpu_run.sh val`.
+# 5. The bench-order effect is gpt-fast's batch-1 torch.compile cell (session 45: after it the conventional plan took
+#    +8% / +6% at llama B=8 / 32; after our megakernel's B=1 cell +0.6% / +1.5%). Which of its state (cudagraph trees,
+#    inductor's autotune, the allocator pool) is open; the bench runs the planned cells first, so its table is clean.
+# 6. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
 #    the next kernel work is built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
@@ -183,7 +179,7 @@ ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2
 for V in $VARS; do
   n=1; while [[ " $ABD " == *" ab_${V}$([ $n = 1 ] || echo _$n) "* ]]; do n=$((n + 1)); done
   VD="ab_${V}$([ $n = 1 ] || echo _$n)"; ABD="$ABD $VD"
-  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""
+  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""; PFK=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
@@ -199,11 +195,13 @@ for V in $VARS; do
              headparts) D=""; G=""; QF=0;;  # ... as head parts (MPK_QKV_FLAT=0, the default before s32; -1.4% s32)
              qknorm) D=""; G=""; QN=1;;     # attention norms qwen3's q / k heads itself (MPK_ATTN_QKNORM, default since s33)
              noqknorm) D=""; G=""; QN=0;;   # ... the qk_norm_rope tasks instead (MPK_ATTN_QKNORM=0; s33: +0.5% B=1, +3.2% B=8)
+             pf32|pf64|pf128) D=""; G=""; PFK=${V#pf};;   # batch-1 tasks' first KiB of weights bulk-prefetched into
+                                             # L2 before their waits (MPK_PF_CUR_KB; session 45's chain: early rounds)
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
-  MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+  MPK_PF_CUR_KB=$PFK MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
       --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} ${TRACE:+--trace} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap

@@ -131,6 +131,18 @@ def _env_kb(name: str, default: str) -> int:
     return kb * 1024
 
 
+def _env_pf_kb(name: str) -> int:
+    """$name (KiB, 0-4096; unset = 0) in bytes: a weight-prefetch size of the generated header."""
+    v = os.environ.get(name, "").strip() or "0"
+    try:
+        kb = int(v)
+    except ValueError:
+        raise ValueError(f"{name}={v!r}: expected kilobytes as an integer (0 = off)") from None
+    if not 0 <= kb <= 4096:
+        raise ValueError(f"{name}={kb}: expected 0-4096 KiB of a task's weights (0 = off)")
+    return kb * 1024
+
+
 # --- kernel parameter block (int64 words, device resident) -----------------------------------------------------
 PARAMS = ["tasks", "sm_offsets", "sm_tasks", "waits", "signals", "counters", "status", "trace", "trace_steps",
           "pos", "block_tables", "max_pages", "page_size", "inv_freq", "timeout_ns", "num_tasks", "batch",
@@ -164,8 +176,10 @@ CONSTANTS = {
     # ... among at most this many candidates (the keys >= the C-th largest of the per-thread maxima; more, from
     # heavy ties: the radix select over the staged keys)
     "SAMPLE_CAP": 1024,
-    # L2 weight prefetch: measured slower on llama-3.2-1b B=1 (1.49 ms off vs 1.64-1.75 on), so off by default
-    "PF_CUR": 0,            # bytes of a task's weights pulled into L2 before waiting on its events (0 = off)
+    # L2 weight prefetch: measured slower on llama-3.2-1b B=1 (1.49 ms off vs 1.64-1.75 on), so off by default.
+    # $MPK_PF_CUR_KB sets PF_CUR for an A/B (session 45's chain benchmark: a phase's first round in flight before
+    # its wait took 16% off a llama layer's stream; docs/perf-notes.md)
+    "PF_CUR": _env_pf_kb("MPK_PF_CUR_KB"),   # bytes of a task's weights pulled into L2 before waiting on its events
     "PF_NEXT": 0,           # bytes of the following task's weights pulled into L2 at the same time
     "PF_DIST": 0,           # linear: L2-prefetch the weight rows this many warp passes ahead (0 = off)
     # Weight staging (TASK_HEADER "stage"): chosen CUDA-core linear / qkv_rope tiles get the first weight rows that

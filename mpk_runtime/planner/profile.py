@@ -90,7 +90,10 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # h200_v49 since session 44: v48 with the paged curves re-measured under session 44's defaults (each launch shape's
 # own table type, session 43's new llama shapes). Nothing fitted. On session 44's 65 validation rows (same machine
 # start, ctx 512 / 4096): max regret 9.1% (v48, llama B=32 ctx 4096 chose attn-mk) -> 0, step MAPE 2.5% -> 2.2%.
-DEFAULT_PROFILE = "h200_v49"
+# h200_v50 since session 45: v49 with the paged curves re-measured under session 44's final TUNED (lookup_keys, qwen3-8b's
+# 512-key B=8 / 32 shapes; no point stale). Nothing fitted. Out of sample on session 45's 66 rows (ctx 1024 / 2048, same
+# machine start): regret 0 at 10 of 10 under both, step MAPE 2.63% either way, segment MAPE 4.40% -> 4.31%.
+DEFAULT_PROFILE = "h200_v50"
 
 
 def key_fallbacks(key: str) -> list[str]:

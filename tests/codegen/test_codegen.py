@@ -218,3 +218,28 @@ def test_ptxas_summary_keeps_the_kernels_own_spills_apart_from_its_callees():
     assert res["mpk_megakernel"] == {"stack": 136, "spill_stores": 20, "spill_loads": 24, "registers": 255,
                                      "smem": 1904, "callee_spill_stores": 8}
     assert res["other"]["spill_stores"] == 0 and res["other"]["registers"] == 40
+
+
+def test_pf_cur_kb_sets_the_headers_prefetch_size_and_refuses_bad_values():
+    """$MPK_PF_CUR_KB (the batch-1 L2 prefetch A/B, gpu_pending.sh ab variants pf32 / pf64) is read when layout is
+    imported: it becomes the generated header's PF_CUR in bytes (a different header, so a different cache entry),
+    unset is 0 (the default build), and a value that is not 0-4096 KiB is refused with what it takes."""
+    import os
+    import subprocess
+    import sys
+    code = ("from mpk_runtime.codegen import header; "
+            "print([l for l in header.generate_header().splitlines() if 'PF_CUR' in l][0])")
+    root = Path(__file__).resolve().parents[2]
+
+    def run(val):
+        env = {k: v for k, v in os.environ.items() if k != "MPK_PF_CUR_KB"}
+        if val is not None:
+            env["MPK_PF_CUR_KB"] = val
+        return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
+
+    on, off = run("64"), run(None)
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    assert "65536" in on.stdout and "65536" not in off.stdout and " 0" in off.stdout
+    bad = run("lots")
+    assert bad.returncode != 0 and "MPK_PF_CUR_KB='lots': expected kilobytes" in bad.stderr
+    assert "expected 0-4096 KiB" in run("5000").stderr
