@@ -207,6 +207,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 //                      MPK_LIN_EARLY, here without the megakernel's register limit).
 //   mode 5 "l2pf":     mode 0 with the first round's bytes (64 KiB) bulk-prefetched into L2 by thread 0 before the
 //                      wait (the megakernel's PF_CUR path: no registers held across the wait).
+//   mode 6 "l1pf":     mode 0 with each thread's first-round lines prefetched into L1 (prefetch.global.L1, every
+//                      thread its own 16 loads' lines) before the wait: no registers held, the SM's own cache.
 // act: three slabs of act_stride bf16 (phase i reads slab i & 1, writes slab (i + 1) & 1; slab 2 the residual).
 // Stamps, per CTA (stamps[b * (2 + layers * P) + i]): 0 its start, 1 its end, 2 + l * P + p when it signalled phase
 // (l, p) done. A wait past timeout_ns writes err[0] (1: a phase counter, 2: a free ring stage, 3: a landed chunk)
@@ -248,18 +250,22 @@ __device__ __forceinline__ void load_round(const uint8_t* __restrict__ src, int6
     v[u] = i < nv ? ld_weight_stream16(src + i * 16) : make_uint4(0, 0, 0, 0);
   }
 }
-// ... and its use: folded into a checksum, or (xs: x in shared memory, kv = K / 8 vectors a row) dotted with x
+// ... and its use: folded into a checksum, or (xs: x in shared memory, kv = K / 8 >= THREADS vectors a row) dotted
+// with x (vector i of the CTA's rows takes x's vector i mod kv: one modulo a round, then steps of THREADS)
 template <int UN>
 __device__ __forceinline__ unsigned use_round(const uint4 (&v)[UN], int64_t nv, int64_t v0, const bf16* xs,
                                               uint32_t kv, float& f) {
   unsigned acc = 0;
+  uint32_t k8 = xs != nullptr ? (uint32_t)(v0 % kv) : 0u;
 #pragma unroll
   for (int u = 0; u < UN; ++u) {
     const int64_t i = v0 + (int64_t)u * THREADS;
     if (xs == nullptr) {
       acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-    } else if (i < nv) {
-      f = dot8(v[u], *reinterpret_cast<const uint4*>(xs + ((uint32_t)i % kv) * 8), f);
+    } else {
+      if (i < nv) f = dot8(v[u], *reinterpret_cast<const uint4*>(xs + k8 * 8), f);
+      k8 += THREADS;
+      if (k8 >= kv) k8 -= kv;
     }
   }
   return acc;
@@ -327,6 +333,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         uint4 v[UN];
         if (early) load_round<UN>(s, nv, tid, v);
         if (mode == 5 && tid == 0) prefetch_l2_range(s, min(bytes[p], (int64_t)THREADS * UN * 16));
+        if (mode == 6)   // a 128-byte line holds 8 threads' vectors: every 8th thread prefetches its line per load
+#pragma unroll
+          for (int u = 0; u < UN; ++u) {
+            const int64_t i = tid + (int64_t)u * THREADS;
+            if ((tid & 7) == 0 && i < nv) prefetch_l1(s + i * 16);
+          }
         if (idx > 0) {
           if (tid == 0) counter_wait_until(&counters[idx - 1], (uint64_t)ncta, deadline, err);
           __syncthreads();

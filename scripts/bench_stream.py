@@ -17,8 +17,8 @@ flight): the time from the first CTA's start to the last byte, stamped on the de
 --chain (instead): a batch-1 layer's dependent phases (qkv, o_proj, gate_up, down at a model's shapes, each CTA's
 share of each op; attention not emulated), `layers` layers, a phase starting in a CTA only after every CTA finished
 the one before (kernel mpk_bench_chain). Modes: registers after each wait (today's structure, "regs"); the same with
-each phase's first round of loads issued before its wait ("early") or its first 64 KiB bulk-prefetched into L2
-before it ("l2pf"); regs and early with a linear task's two ends added ("task", "task early": x loaded and normed
+each phase's first round of loads issued before its wait ("early"), its first 64 KiB bulk-prefetched into L2
+before it ("l2pf") or each thread's first-round lines prefetched into L1 before it ("l1pf"); regs and early with a linear task's two ends added ("task", "task early": x loaded and normed
 with the megakernel's load_rows_norm, the dot with x, the outputs' stores and residual reads); one producer thread
 per SM streaming every phase through a TMA ring without waiting on the phases. Per layer us against the layer's
 bytes at 4.55 TB/s. Writes $OUT/bench_chain.json.
@@ -276,12 +276,15 @@ def chain(a, cu, mod, dev, torch, plan: dict):
     types = CHAIN_ARGS
     # modes 3-4: RMSNorm'd x at qkv and gate_up, a residual read at o_proj and down (the layer's two norms and adds)
     norm_mask, res_mask = 0b0101, 0b1010
-    modes = [("regs", 0, 1, 16), ("early", 2, 1, 16), ("l2pf", 5, 1, 16), ("task", 3, 1, 16), ("task early", 4, 1, 16)]
+    modes = [("regs", 0, 1, 16), ("early", 2, 1, 16), ("l2pf", 5, 1, 16), ("l1pf", 6, 1, 16), ("task", 3, 1, 16), ("task early", 4, 1, 16)]
     rows_out = []
     for model, ops in plan.items():
         P, layers = len(ops), a.chain_layers
         per_cta = sum(n for _, n, _ in ops)
         kmax = max(k for _, _, k in ops)
+        if min(k for _, _, k in ops) < 8 * T:
+            raise SystemExit(f"{model}: the task modes index x in steps of {T} vectors, so K >= {8 * T} (got "
+                             f"{[k for _, _, k in ops]}); pick a model whose widths are >= that")
         stride = -(-max(kmax, max(sms * max(1, n // (2 * k)) for _, n, k in ops)) // 64) * 64
         act = (torch.randn(3 * stride, device=dev) * 0.5).to(torch.bfloat16)
         gamma = torch.ones(kmax, dtype=torch.bfloat16, device=dev)

@@ -50,8 +50,10 @@
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
 # 1. The batch-1 prefetch question (docs/perf-notes.md session 45: in the chain benchmark a phase's first round issued
 #    before its wait took a llama layer's stream 35.25 -> 29.5 us, qwen3-8b 96.75 -> 88.5; the megakernel's L2
-#    prefetch before the waits (PF_CUR) holds no registers). First the chain with mode l2pf (~10 s of GPU):
-#    `N=chain T=100 bash scripts/gpu_run.sh chain`. Predicted: l2pf between regs and early (~31-33 us a llama layer).
+#    prefetch before the waits (PF_CUR) holds no registers). First the chain with modes l2pf / l1pf (~10 s of GPU):
+#    `N=chain T=100 bash scripts/gpu_run.sh chain`. Predicted: l2pf between regs and early (~31-33 us a llama layer);
+#    l1pf unknown (whether the evict-first .nc loads after the wait hit lines prefetched into L1). The task modes no
+#    longer take a modulo a vector (session 45 ran them with one): expect them lower than 63 / 59 us.
 #    Then, whatever l2pf says (the chain has no x, no attention), the megakernel itself, ABBA:
 #    `N=pf T=420 VARS="base pf64 pf64 base" BS=1 CTXS=512 LIM=100 bash scripts/gpu_run.sh ab` (add pf32 if time).
 #    Predicted: llama B=1 1.073 -> ~1.03 ms (-4%: about half the chain's early gain, an L2 hit instead of HBM after the
