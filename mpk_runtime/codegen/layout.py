@@ -118,28 +118,20 @@ def unpack_wait(word: int) -> tuple[int, int, int, int]:
 STAGE_AUTO = -1
 
 
-def _env_kb(name: str, default: str) -> int:
-    v = os.environ.get(name) or default
-    if v == "auto":
+def _env_kb(name: str, default: str, most: int = 227, what: str = "") -> int:
+    """$name in KiB (unset or empty: default) as bytes, 0..most. what = "" : shared memory per CTA, where 'auto' is
+    STAGE_AUTO; otherwise what the kilobytes are of (no 'auto')."""
+    v = (os.environ.get(name) or "").strip() or default
+    if v == "auto" and not what:
         return STAGE_AUTO
     try:
         kb = int(v)
     except ValueError:
-        raise ValueError(f"{name}={v!r}: expected 'auto' or kilobytes of shared memory as an integer (0 = off)") from None
-    if not 0 <= kb <= 227:
-        raise ValueError(f"{name}={kb}: shared memory per CTA is at most 227 KB (0 = off)")
-    return kb * 1024
-
-
-def _env_pf_kb(name: str) -> int:
-    """$name (KiB, 0-4096; unset = 0) in bytes: a weight-prefetch size of the generated header."""
-    v = os.environ.get(name, "").strip() or "0"
-    try:
-        kb = int(v)
-    except ValueError:
-        raise ValueError(f"{name}={v!r}: expected kilobytes as an integer (0 = off)") from None
-    if not 0 <= kb <= 4096:
-        raise ValueError(f"{name}={kb}: expected 0-4096 KiB of a task's weights (0 = off)")
+        took = "kilobytes" if what else "'auto' or kilobytes of shared memory"
+        raise ValueError(f"{name}={v!r}: expected {took} as an integer (0 = off)") from None
+    if not 0 <= kb <= most:
+        raise ValueError(f"{name}={kb}: expected 0-{most} KiB of {what} (0 = off)" if what else
+                         f"{name}={kb}: shared memory per CTA is at most {most} KB (0 = off)")
     return kb * 1024
 
 
@@ -179,7 +171,7 @@ CONSTANTS = {
     # L2 weight prefetch: measured slower on llama-3.2-1b B=1 (1.49 ms off vs 1.64-1.75 on), so off by default.
     # $MPK_PF_CUR_KB sets PF_CUR for an A/B (session 45's chain benchmark: a phase's first round in flight before
     # its wait took 16% off a llama layer's stream; docs/perf-notes.md)
-    "PF_CUR": _env_pf_kb("MPK_PF_CUR_KB"),   # bytes of a task's weights pulled into L2 before waiting on its events
+    "PF_CUR": _env_kb("MPK_PF_CUR_KB", "0", 4096, "a task's weights"),   # bytes of a task's weights pulled into L2 before waiting on its events
     "PF_NEXT": 0,           # bytes of the following task's weights pulled into L2 at the same time
     "PF_DIST": 0,           # linear: L2-prefetch the weight rows this many warp passes ahead (0 = off)
     # Weight staging (TASK_HEADER "stage"): chosen CUDA-core linear / qkv_rope tiles get the first weight rows that
