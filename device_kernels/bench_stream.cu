@@ -304,23 +304,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   __syncthreads();
   auto src = [&](int l, int p) { return W + (int64_t)ncta * (l * off[P] + off[p]) + (int64_t)b * bytes[p]; };
   unsigned acc = 0;
-  if (mode == 0) {
-    for (int l = 0; l < layers; ++l) {
-      for (int p = 0; p < P; ++p) {
-        const int idx = l * P + p;
-        if (idx > 0) {
-          if (tid == 0) counter_wait_until(&counters[idx - 1], (uint64_t)ncta, deadline, err);
-          __syncthreads();
-        }
-        acc += fold_regs<UN>(src(l, p), bytes[p]);
-        __syncthreads();   // the CTA's share of the phase is in (each thread folded its loads)
-        if (tid == 0) {
-          red_release_add_u64(&counters[idx], 1ull);
-          stamps[(int64_t)b * nst + 2 + idx] = globaltimer();
-        }
-      }
-    }
-  } else if (mode >= 2) {
+  if (mode != 1) {   // registers (mode 0: no extras; 2-6 as above)
     const bool early = mode == 2 || mode == 4, task = mode == 3 || mode == 4;
     __shared__ float fs[THREADS / 32];
     bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
