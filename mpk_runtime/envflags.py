@@ -21,6 +21,31 @@ def env_int(name: str, default: int, lo: int = 1, hi: int = 64) -> int:
     return int(v)
 
 
+def env_seconds(name: str, default: float) -> float:
+    """A duration in seconds (> 0) named by the variable; unset or empty: `default`."""
+    v = os.environ.get(name, "").strip()
+    if v == "":
+        return default
+    try:
+        t = float(v)
+    except ValueError:
+        t = float("nan")
+    if not t > 0 or t == float("inf"):
+        raise ValueError(f"{name}={v!r}: expected a positive number of seconds (unset: {default:g})")
+    return t
+
+
+def kernel_timeout_s(timeout_s: float | None = None) -> float:
+    """How long a megakernel's task may spin on one event before the kernel gives up and reports it (a timeout
+    names the task, runtime/base.py KernelTimeout): `timeout_s` where given, else $MPK_KERNEL_TIMEOUT_S, else 2 s.
+    Raise it where every access is slow (compute-sanitizer) or a step is long enough to need it."""
+    if timeout_s is None:
+        return env_seconds("MPK_KERNEL_TIMEOUT_S", 2.0)
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s={timeout_s!r}: expected a positive number of seconds")
+    return float(timeout_s)
+
+
 def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     """One of `choices` named by the variable; unset or empty: `default`; anything else an error listing them."""
     v = os.environ.get(name, "").strip() or default

@@ -2,7 +2,7 @@
 error; `switches()` lists the MPK_* switches a measurement ran under (set, non-empty, paths and timeouts left out)."""
 import pytest
 
-from mpk_runtime.envflags import env_choice, env_flag, env_int, env_removed, switches
+from mpk_runtime.envflags import env_choice, env_flag, env_int, env_removed, env_seconds, kernel_timeout_s, switches
 
 
 def test_flags_and_ints_are_checked(monkeypatch):
@@ -51,3 +51,19 @@ def test_switches_are_the_set_mpk_variables_but_paths_and_timeouts(monkeypatch):
     monkeypatch.setenv("MPK_KERNEL_TIMEOUT_S", "60")
     monkeypatch.setenv("MPK_NVCC_DEFINES", "-DMPK_ATT_STAGES=3")
     assert switches() == {"MPK_ATT_WIDE": "0", "MPK_NVCC_DEFINES": "-DMPK_ATT_STAGES=3"}
+
+
+def test_seconds_and_the_kernel_timeout(monkeypatch):
+    monkeypatch.delenv("MPK_KERNEL_TIMEOUT_S", raising=False)
+    assert kernel_timeout_s() == 2.0
+    monkeypatch.setenv("MPK_KERNEL_TIMEOUT_S", " 60 ")
+    assert kernel_timeout_s() == 60.0
+    assert kernel_timeout_s(0.5) == 0.5          # an explicit value wins over the variable
+    for bad in ("0", "-1", "abc", "inf", "nan"):
+        monkeypatch.setenv("MPK_KERNEL_TIMEOUT_S", bad)
+        with pytest.raises(ValueError, match=rf"MPK_KERNEL_TIMEOUT_S='{bad}': expected a positive number of seconds"):
+            kernel_timeout_s()
+    with pytest.raises(ValueError, match="timeout_s=0: expected a positive"):
+        kernel_timeout_s(0)
+    monkeypatch.setenv("MPK_X_S", "")
+    assert env_seconds("MPK_X_S", 1.5) == 1.5

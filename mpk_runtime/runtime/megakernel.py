@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..codegen import layout as L
-from ..envflags import env_flag
+from ..envflags import env_flag, kernel_timeout_s
 from ..tasks.graph import TaskGraph
 from .base import KernelTimeout
 from .memory import RankMemory
@@ -74,7 +74,7 @@ class Megakernel:
     """One rank's compiled + packed megakernel. `launch(nsteps)` runs steps steps_done+1 .. steps_done+nsteps."""
 
     def __init__(self, tg: TaskGraph, mem: RankMemory, *, page_size: int, block_tables: torch.Tensor,
-                 pos: torch.Tensor, inv_freq: torch.Tensor, head_dim: int, timeout_s: float = 2.0,
+                 pos: torch.Tensor, inv_freq: torch.Tensor, head_dim: int, timeout_s: float | None = None,
                  trace_steps: int = 0, build_result=None, peers: PeerTable | None = None,
                  counters: torch.Tensor | None = None, stage_smem: int | None = None):
         """World size > 1: `counters` (int64, >= len(tg.events) + 1 words, zeroed, on the symmetric heap) and
@@ -110,7 +110,7 @@ class Megakernel:
         self.stage_info = packer.stage_info
         # MPK_SMEM_FLOOR_KB (diagnostic): launch with at least this much dynamic shared memory (a smaller L1)
         self.smem = max(packer.smem, 1024, int(os.environ.get("MPK_SMEM_FLOOR_KB", "0")) * 1024)
-        self.timeout_ns = int(timeout_s * 1e9)
+        self.timeout_ns = int(kernel_timeout_s(timeout_s) * 1e9)   # None: $MPK_KERNEL_TIMEOUT_S, else 2 s
         # MPK_MK_PDL=1: programmatic dependent launches (launch()); the build carries -DMPK_PDL=1 (needs, below)
         self.pdl = env_flag("MPK_MK_PDL")
         self.params = torch.zeros(len(L.PARAMS), dtype=torch.int64, device=dev)

@@ -73,7 +73,7 @@ class _Bucket:
 
 class PlannedDecoder:
     def __init__(self, cfg, weights: dict, kv: KVStore, book: dict, *, max_seq_len: int, page_size: int,
-                 num_sms: int, dtype: str, device: torch.device, timeout_s: float = 2.0, attn_splits: int = 2,
+                 num_sms: int, dtype: str, device: torch.device, timeout_s: float | None = None, attn_splits: int = 2,
                  backend: str = "megakernel"):
         if backend not in ("megakernel", "pyvm"):
             raise ValueError(f"backend {backend!r}: 'megakernel' (GPU) or 'pyvm' (CPU twin)")

@@ -37,7 +37,7 @@ from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory
 
 def build_rank_kernel(cfg, weights: dict, *, rank: int, world: int, heap=None, batch: int, max_seq_len: int,
                       page_size: int, num_pages: int, num_sms: int, attn_splits: int = 2, dtype: str = "bfloat16",
-                      timeout_s: float = 2.0, trace_steps: int = 0, device="cuda", tiling: Tiling | None = None,
+                      timeout_s: float | None = None, trace_steps: int = 0, device="cuda", tiling: Tiling | None = None,
                       tp_invariant: int = 1):
     """One rank's Megakernel for decode at `batch` (world > 1 needs a SymmetricHeap; collective then: every
     rank calls this with the same arguments but its own rank). Returns a namespace: mk, mem, tg, pos, tables."""
@@ -75,7 +75,7 @@ class MegakernelRunner(ModelRunner):
     def __init__(self, model: str = "tiny-llama", *, world_size: int | None = None, tp: int = 1, rank: int = 0,
                  seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int = 512,
                  page_size: int = DEFAULT_PAGE_SIZE, num_pages: int | None = None, num_sms: int | None = None,
-                 attn_splits: int | None = None, timeout_s: float = 2.0, device: str = "cuda", comm=None,
+                 attn_splits: int | None = None, timeout_s: float | None = None, device: str = "cuda", comm=None,
                  nvshmem_uid: bytes | None = None, tp_invariant: int = 1, plan=None, plan_buckets=None,
                  plan_context: int = 512, prefill_warmup_tokens: int = 64, **_: object):
         world = world_size or tp
