@@ -40,6 +40,8 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
+# (Session 46 had no GPU lent: the order below is still session 45's. Its register-form early round,
+# bench/results/s46/b1_prewait.patch, spills and is not queued.)
 # Order for a 30-minute session (one GPU), as session 45 left it (bench/results/s45: 79 GPU tests passed at e8445d6;
 # the llama table, qwen3-8b's ctx-512 cells and h200_v49 out of sample at ctx 1024 / 2048 all measured there;
 # h200_v50 written from that machine start's curves). A machine stays warm only ~30 s after a call and a call can be
