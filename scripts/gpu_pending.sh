@@ -40,32 +40,25 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# (Session 46 had no GPU lent: the order below is still session 45's. Its register-form early round,
-# bench/results/s46/b1_prewait.patch, spills and is not queued.)
-# Order for a 30-minute session (one GPU), as session 45 left it (bench/results/s45: 79 GPU tests passed at e8445d6;
-# the llama table, qwen3-8b's ctx-512 cells and h200_v49 out of sample at ctx 1024 / 2048 all measured there;
-# h200_v50 written from that machine start's curves). A machine stays warm only ~30 s after a call and a call can be
-# taken back before it returns (session 45's first, ~330 s lost): short calls, chained with `;`, the next one ready.
+# Order for a 30-minute session (one GPU), as session 46 left it (bench/results/s46: 79 GPU tests passed at 9d1626c;
+# the chain's prefetch modes, the PF_CUR A/B (64 KiB now the default), qwen3-8b ctx 4096 and h200_v50 at ctx 3072 all
+# measured there). A machine stays warm only ~30 s after a call and a call can be taken back before it returns
+# (session 45's first, ~330 s lost): short calls, chained with `;`, the next one ready.
 # Before the first device call: `bash scripts/setup.sh` on a fresh machine, then `bash scripts/gpu_prepare.sh` (~1 min
 # after a checkout, ~4 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
-# (.cache/kc.tar.xz, the pf32 / pf64 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
+# (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. The batch-1 prefetch question (docs/perf-notes.md session 45: in the chain benchmark a phase's first round issued
-#    before its wait took a llama layer's stream 35.25 -> 29.5 us, qwen3-8b 96.75 -> 88.5; the megakernel's L2
-#    prefetch before the waits (PF_CUR) holds no registers). First the chain with modes l2pf / l1pf (~10 s of GPU):
-#    `N=chain T=100 bash scripts/gpu_run.sh chain`. Predicted: l2pf between regs and early (~31-33 us a llama layer);
-#    l1pf unknown (whether the evict-first .nc loads after the wait hit lines prefetched into L1). The task modes no
-#    longer take a modulo a vector (session 45 ran them with one): expect them lower than 63 / 59 us.
-#    Then, whatever l2pf says (the chain has no x, no attention), the megakernel itself, ABBA:
-#    `N=pf T=420 VARS="base pf64 pf64 base" BS=1 CTXS=512 LIM=100 bash scripts/gpu_run.sh ab` (add pf32 if time).
-#    Predicted: llama B=1 1.073 -> ~1.03 ms (-4%: about half the chain's early gain, an L2 hit instead of HBM after the
-#    wait), qwen3-8b 4.90 -> ~4.80; refuted if >= base (session 2's 256 + 128 KiB prefetch lost 10-17%, at another kernel).
-# 2. The GPU set at the new HEAD: `N=run1_one T=330 bash scripts/gpu_run.sh one` (T=300 cut the sampler in s44 / s45).
-# 3. qwen3-8b's ctx-4096 cells in the planned-first order: `N=bq4k T=300 BENCH_BUDGET=280 MODELS=qwen3-8b CTXS=4096
-#    BS=8,32,128 MKMAX=0 HF_BS= bash scripts/gpu_run.sh bench` (session 45 measured ctx 512: 5.296 / 5.912 / 8.562 ms
-#    against gpt-fast's 5.612 / 6.050 / 8.627).
-# 4. h200_v50 out of sample at ctx 3072 (last validated in session 38, under h200_v44): `N=val45 T=330 VAL_CTXS="3072" VAL_B3072=8,32,128
-#    VAL_LIM=300 bash scripts/gpu_run.sh val`.
+# 1. The GPU set at the new default (PF_CUR 64 KiB; session 46 ran tests/gpu and gpu_check with it, not the rest of
+#    the set): `N=run1_one T=330 bash scripts/gpu_run.sh one`.
+# 2. The llama table at the new default, planned cells first (B=1 should not move: 1.076 in session 46's A/B):
+#    `N=bl T=380 BENCH_BUDGET=360 MODELS=llama-3.2-1b bash scripts/gpu_run.sh bench`.
+# 3. PF_CUR at the megakernel families of B >= 32 (not chosen there, but the planner's rows; mode ab stops its
+#    megakernel cells at B=8): `MPK_PF_CUR_KB=0 N=val_pf0 T=280 VAL_CTXS="512" VAL_B512=32,128 VAL_LIM=260 bash
+#    scripts/gpu_run.sh val`, then the same as N=val_pf64 without the variable; compare the families' measured steps.
+#    If slower there, the packer should give the prefetch only to the CUDA-core tiles' tasks.
+# 4. The batch-1 early round in registers does not fit the kernel's registers (bench/results/s46/b1_prewait.patch:
+#    176-752 B of spills); the chain says it is worth ~8% of a llama layer with a task's ends (47.5 -> 43.75 us). Making
+#    room (the persistent loop's state in shared memory) is built on CPU first; nothing of it is queued.
 # 5. The bench-order effect is gpt-fast's batch-1 torch.compile cell (session 45: after it the conventional plan took
 #    +8% / +6% at llama B=8 / 32; after our megakernel's B=1 cell +0.6% / +1.5%). Which of its state (cudagraph trees,
 #    inductor's autotune, the allocator pool) is open; the bench runs the planned cells first, so its table is clean.
@@ -199,8 +192,8 @@ for V in $VARS; do
              headparts) D=""; G=""; QF=0;;  # ... as head parts (MPK_QKV_FLAT=0, the default before s32; -1.4% s32)
              qknorm) D=""; G=""; QN=1;;     # attention norms qwen3's q / k heads itself (MPK_ATTN_QKNORM, default since s33)
              noqknorm) D=""; G=""; QN=0;;   # ... the qk_norm_rope tasks instead (MPK_ATTN_QKNORM=0; s33: +0.5% B=1, +3.2% B=8)
-             pf32|pf64|pf128) D=""; G=""; PFK=${V#pf};;   # batch-1 tasks' first KiB of weights bulk-prefetched into
-                                             # L2 before their waits (MPK_PF_CUR_KB; session 45's chain: early rounds)
+             pf0|pf32|pf64|pf128) D=""; G=""; PFK=${V#pf};;   # each task's first KiB of weights bulk-prefetched into
+                                             # L2 before its waits (MPK_PF_CUR_KB; 64 = base since session 46, 0 = off)
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac

@@ -23,9 +23,9 @@ grep -q 'ray.tar.xz" ] ||' .cache/gb/install.sh || { echo "gpu_prepare: could no
 # cubins: compile_device.py builds every source and variant into the cache (hits are instant); tar them when new
 MPK_CACHE_DIR=$PWD/.cache/kc python3 scripts/compile_device.py > .cache/compile_device.log 2>&1 || {
   tail -20 .cache/compile_device.log; echo "gpu_prepare: compile_device.py failed (log: .cache/compile_device.log)"; exit 1; }
-# the batch-1 L2 prefetch A/B's builds (gpu_pending.sh ab variants pf32 / pf64: MPK_PF_CUR_KB changes the generated
+# the L2 prefetch A/B's builds (gpu_pending.sh ab variants pf0 / pf32; 64 is the default: MPK_PF_CUR_KB changes the generated
 # header), llama's and qwen3's, so the GPU does not compile them
-for kb in 32 64; do for d in "" -DMPK_ATT_QKNORM=1; do
+for kb in 0 32; do for d in "" -DMPK_ATT_QKNORM=1; do
   MPK_PF_CUR_KB=$kb MPK_NVCC_DEFINES="$d" MPK_CACHE_DIR=$PWD/.cache/kc python3 -c \
     "from mpk_runtime.codegen import nvcc; nvcc.build()" >> .cache/compile_device.log 2>&1 || {
     tail -20 .cache/compile_device.log; echo "gpu_prepare: the MPK_PF_CUR_KB=$kb $d build failed"; exit 1; }

@@ -168,10 +168,11 @@ CONSTANTS = {
     # ... among at most this many candidates (the keys >= the C-th largest of the per-thread maxima; more, from
     # heavy ties: the radix select over the staged keys)
     "SAMPLE_CAP": 1024,
-    # L2 weight prefetch: measured slower on llama-3.2-1b B=1 (1.49 ms off vs 1.64-1.75 on), so off by default.
-    # $MPK_PF_CUR_KB sets PF_CUR for an A/B (session 45's chain benchmark: a phase's first round in flight before
-    # its wait took 16% off a llama layer's stream; docs/perf-notes.md)
-    "PF_CUR": _env_kb("MPK_PF_CUR_KB", "0", 4096, "a task's weights"),   # bytes of a task's weights pulled into L2 before waiting on its events
+    # L2 weight prefetch before a task's waits (thread 0, cp.async.bulk.prefetch.L2, no registers held): 64 KiB by
+    # default since session 46 (ABBA at B=1 ctx 512: qwen3-8b 4.89 -> 4.80 ms, -1.8%; llama-3.2-1b within +-0.4%;
+    # qwen3-8b's B=8 megakernel -0.5%; session 2's 256 KiB + next-task form was 10-17% slower on an older kernel).
+    # $MPK_PF_CUR_KB sets it (0 = off; gpu_pending.sh ab variants pf0 / pf32 / pf128).
+    "PF_CUR": _env_kb("MPK_PF_CUR_KB", "64", 4096, "a task's weights"),   # bytes of a task's weights pulled into L2 before waiting on its events
     "PF_NEXT": 0,           # bytes of the following task's weights pulled into L2 at the same time
     "PF_DIST": 0,           # linear: L2-prefetch the weight rows this many warp passes ahead (0 = off)
     # Weight staging (TASK_HEADER "stage"): chosen CUDA-core linear / qkv_rope tiles get the first weight rows that

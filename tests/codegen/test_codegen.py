@@ -221,9 +221,10 @@ def test_ptxas_summary_keeps_the_kernels_own_spills_apart_from_its_callees():
 
 
 def test_pf_cur_kb_sets_the_headers_prefetch_size_and_refuses_bad_values():
-    """$MPK_PF_CUR_KB (the batch-1 L2 prefetch A/B, gpu_pending.sh ab variants pf32 / pf64) is read when layout is
-    imported: it becomes the generated header's PF_CUR in bytes (a different header, so a different cache entry),
-    unset is 0 (the default build), and a value that is not 0-4096 KiB is refused with what it takes."""
+    """$MPK_PF_CUR_KB (the L2 prefetch before a task's waits, gpu_pending.sh ab variants pf0 / pf32 / pf128) is read
+    when layout is imported: it becomes the generated header's PF_CUR in bytes (a different header, so a different
+    cache entry), unset is 64 KiB (the default since session 46), 0 turns it off, and a value that is not 0-4096 KiB is
+    refused with what it takes."""
     import os
     import subprocess
     import sys
@@ -237,9 +238,9 @@ def test_pf_cur_kb_sets_the_headers_prefetch_size_and_refuses_bad_values():
             env["MPK_PF_CUR_KB"] = val
         return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True)
 
-    on, off = run("64"), run(None)
-    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
-    assert "65536" in on.stdout and "65536" not in off.stdout and " 0" in off.stdout
+    dflt, off, big = run(None), run("0"), run("128")
+    assert dflt.returncode == 0 and off.returncode == 0 and big.returncode == 0, dflt.stderr + off.stderr + big.stderr
+    assert "65536" in dflt.stdout and "131072" in big.stdout and "65536" not in off.stdout and " 0" in off.stdout
     bad = run("lots")
     assert bad.returncode != 0 and "MPK_PF_CUR_KB='lots': expected kilobytes" in bad.stderr
     assert "expected 0-4096 KiB" in run("5000").stderr
