@@ -69,8 +69,7 @@ class Rig:
         self.pos = torch.zeros(B, dtype=torch.int64, device="cuda")
         self.mk = Megakernel(self.tg, self.mem, page_size=ps, block_tables=self.tables, pos=self.pos,
                              inv_freq=rope_inv_freq(cfg), head_dim=cfg.head_dim, trace_steps=trace_steps,
-                             build_result=build, timeout_s=float(os.environ.get("MPK_KERNEL_TIMEOUT_S", "2")),
-                             stage_smem=stage_smem)
+                             build_result=build, stage_smem=stage_smem)   # timeout: $MPK_KERNEL_TIMEOUT_S, else 2 s
         log(f"  build: cached={self.mk.build.cached} {self.mk.build.resources} smem={self.mk.smem} occ={self.mk.occupancy}")
         self.ref = None
         if cpu_ref:
