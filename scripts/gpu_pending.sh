@@ -168,7 +168,7 @@ mkdir -p "$OUT/prof"; OUT="$OUT/prof" timeout ${CATTN_LIM:-420} python3 scripts/
     --budget-s ${CATTN_BUDGET:-400} > "$OUT/prof/conv_attn.log" 2>&1
 tail -4 "$OUT/prof/conv_attn.log"; snap
 elif [ "$MODE" = ab ]; then
-# ab: VARS="..." BS=... CTXS=... of the variants below (one megakernel up to B=8, the planned plan above), one table;
+# ab: VARS="..." BS=... CTXS=... of the variants below (one megakernel up to B=${MKB:-8}, the planned plan above), one table;
 # TRACE=1: per-task traces of the megakernel cells too (scripts/trace_phases.py reads them)
 VARS=${VARS:-base nowarp}; BS=${BS:-32,128}; CTXS=${CTXS:-512}; LIM=${LIM:-185}
 st "3d' $MODE: $VARS at B=$BS ctx $CTXS"
@@ -176,7 +176,7 @@ ABD=""   # one folder per run: a variant named twice (ABBA orders) gets ab_<v>_2
 for V in $VARS; do
   n=1; while [[ " $ABD " == *" ab_${V}$([ $n = 1 ] || echo _$n) "* ]]; do n=$((n + 1)); done
   VD="ab_${V}$([ $n = 1 ] || echo _$n)"; ABD="$ABD $VD"
-  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""; PFK=""
+  W=""; KD=""; PDL=""; GM=""; AS=""; GF=""; TL=""; TA=""; PSH=""; QF=""; QN=""; PFK=""; SK=""; SO=""; SC=""
   case $V in base) D=""; G="";; nowarp) D="-DMPK_ATT_WARP_PIPE=0"; G="";; nogroups) D=""; G=1;;
              stages3) D="-DMPK_ATT_STAGES=3"; G="";; old) D="-DMPK_ATT_WARP_PIPE=0"; G=1;;
              narrow) D=""; G=""; W=0;; nodefer) D=""; G=""; KD=0;;
@@ -194,12 +194,16 @@ for V in $VARS; do
              noqknorm) D=""; G=""; QN=0;;   # ... the qk_norm_rope tasks instead (MPK_ATTN_QKNORM=0; s33: +0.5% B=1, +3.2% B=8)
              pf0|pf32|pf64|pf128) D=""; G=""; PFK=${V#pf};;   # each task's first KiB of weights bulk-prefetched into
                                              # L2 before its waits (MPK_PF_CUR_KB; 64 = base since session 46, 0 = off)
+             stg64|stg64pf0|stgall) D=""; G=""; SK=auto; SO=.; SC=64   # every CUDA-core tile's first 64 KiB of
+                                             # weights staged in shared memory (TMA) while it waits, within the
+                                             # graph's shared memory (session 47); pf0: without the L2 prefetch
+               [ $V = stg64pf0 ] && PFK=0; [ $V = stgall ] && SC=0;;
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac
   d="$OUT/bench/$VD"; mkdir -p "$d"
-  MPK_PF_CUR_KB=$PFK MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
-      --batches $BS --contexts $CTXS --mk-max-batch 8 --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} ${TRACE:+--trace} \
+  MPK_STAGE_KB=$SK MPK_STAGE_OPS=$SO MPK_STAGE_CAP_KB=$SC MPK_PF_CUR_KB=$PFK MPK_ATTN_QKNORM=$QN MPK_QKV_FLAT=$QF MPK_PAGED_SHAPE=$PSH MPK_CONV_TRITON_ATTN=$TA MPK_CONV_TRITON_LMHEAD=$TL MPK_CONV_GREEDY_FAST=$GF MPK_ATT_GROUPS_MAX=$GM MPK_MK_PDL=$PDL MPK_KV_DEFER=$KD MPK_ATT_WIDE=$W MPK_ATT_GROUPS=$G MPK_NVCC_DEFINES="$D" OUT="$d" timeout $LIM python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b,qwen3-8b} \
+      --batches $BS --contexts $CTXS --mk-max-batch ${MKB:-8} --no-peers --budget-s $((LIM - 15)) ${AS:+--attn-splits $AS} ${TRACE:+--trace} \
       > "$d/bench.log" 2>&1
   grep -A20 "====" "$d/bench.log" | sed "s/^/[$V] /"; snap
 done

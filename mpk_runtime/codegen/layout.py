@@ -175,11 +175,22 @@ CONSTANTS = {
     "PF_CUR": _env_kb("MPK_PF_CUR_KB", "64", 4096, "a task's weights"),   # bytes of a task's weights pulled into L2 before waiting on its events
     "PF_NEXT": 0,           # bytes of the following task's weights pulled into L2 at the same time
     "PF_DIST": 0,           # linear: L2-prefetch the weight rows this many warp passes ahead (0 = off)
-    # Weight staging (TASK_HEADER "stage"): chosen CUDA-core linear / qkv_rope tiles get the first weight rows that
-    # fit below this many bytes of dynamic shared memory copied in while they wait on their events (STAGE_AUTO: the
-    # shared memory the graph needs anyway; 0 = off; runtime/packer.py TaskPacker; $MPK_STAGE_KB: auto | KB).
-    "STAGE_SMEM": _env_kb("MPK_STAGE_KB", "0"),     # off: measured neutral to slower (docs/perf-notes.md v22)
 }
+
+
+def stage_smem() -> int:
+    """Weight staging (TASK_HEADER "stage"), a packer setting, not a build constant (the kernel reads the stage word
+    only): chosen CUDA-core linear / qkv_rope tiles get the first weight rows that fit below this many bytes of
+    dynamic shared memory copied in while they wait on their events (STAGE_AUTO: the shared memory the graph needs
+    anyway; 0 = off; runtime/packer.py TaskPacker; $MPK_STAGE_KB: auto | KB, read when a packer is made). Off by
+    default: measured neutral to slower (docs/perf-notes.md v22)."""
+    return _env_kb("MPK_STAGE_KB", "0")
+
+
+def stage_cap() -> int:
+    """Bytes of a task's weights staged at most, all its ranges together ($MPK_STAGE_CAP_KB, 0 = no cap): a cap of
+    one warp pass (64 KiB at 8 warps x 2 columns x 4 KiB rows) stages the first round of every warp and no more."""
+    return _env_kb("MPK_STAGE_CAP_KB", "0", 4096, "a task's staged weights")
 
 KERNEL_NAME = "mpk_megakernel"
 

@@ -47,16 +47,18 @@ class TaskPacker:
 
     def __init__(self, tg: TaskGraph, mem: RankMemory, counters_ptr: int, head_dim: int,
                  peers: PeerTable | None = None, device: torch.device | str | None = None,
-                 stage_smem: int | None = None, stage_ops: str | None = None):
+                 stage_smem: int | None = None, stage_ops: str | None = None, stage_cap: int | None = None):
         """Weight staging (layout.TASK_HEADER "stage"): stage_smem is the shared bytes per CTA below which staged
         rows must fit: STAGE_AUTO (-1) = the shared memory the graph needs anyway (its largest op layout), so the
         launch's shared / L1 split does not change (a 224 KB carveout measured 6% slower at batch 1 on its own:
-        the L1 shrinks to ~28 KB); 0 = off; > 0 bytes. Default layout.CONSTANTS["STAGE_SMEM"] ($MPK_STAGE_KB), off:
+        the L1 shrinks to ~28 KB); 0 = off; > 0 bytes. Default layout.stage_smem() ($MPK_STAGE_KB), off:
         measured neutral at batch 1 and 3.7% slower for qwen3-8b at context 4096 (docs/perf-notes.md v22).
         stage_ops: a regular expression on op names choosing the staged tasks; default ($MPK_STAGE_OPS unset or
         empty): the tasks that wait on attention (o_proj), whose SMs idle while attention runs on a few of them
         and HBM is quiet (staging tiles that wait on a weight-streaming phase measured slower: their copies
-        compete with that phase)."""
+        compete with that phase).
+        stage_cap: bytes of a task's weights staged at most, its ranges together (default layout.stage_cap(),
+        $MPK_STAGE_CAP_KB; 0 = no cap)."""
         self.tg, self.mem, self.D = tg, mem, head_dim
         for name in ("MPK_RING_OPS", "MPK_RING_QUIET"):
             env_removed(name, "the per-warp weight page rings gained nothing at batch 1 in sessions 28-32 and were "
@@ -65,7 +67,10 @@ class TaskPacker:
                     "qwen3-8b -0.2% in session 37 and were removed; docs/perf-notes.md", allowed=("0",))
         ops = os.environ.get("MPK_STAGE_OPS", "") if stage_ops is None else stage_ops
         self.stage_ops = re.compile(ops) if ops else None
-        self.stage_smem = L.CONSTANTS["STAGE_SMEM"] if stage_smem is None else int(stage_smem)
+        self.stage_smem = L.stage_smem() if stage_smem is None else int(stage_smem)
+        self.stage_cap = L.stage_cap() if stage_cap is None else int(stage_cap)
+        if self.stage_cap < 0:
+            raise ValueError(f"stage_cap={self.stage_cap}: bytes of a task's staged weights, 0 = no cap")
         if not (self.stage_smem == L.STAGE_AUTO or 0 <= self.stage_smem <= 227 * 1024):
             raise ValueError(f"stage_smem={self.stage_smem}: {L.STAGE_AUTO} (auto), 0 (off) .. 227 KiB of shared "
                              "memory per CTA")
@@ -204,6 +209,8 @@ class TaskPacker:
         rows = ranges[0][1] // row_bytes
         off = (need + 127) & ~127
         fit = max(0, budget - off) // (len(ranges) * row_bytes)
+        if self.stage_cap > 0:
+            fit = min(fit, self.stage_cap // (len(ranges) * row_bytes))
         n = rows if fit >= rows else fit & ~1
         if n <= 0:
             return 0

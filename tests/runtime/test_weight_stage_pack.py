@@ -125,3 +125,36 @@ def test_the_stage_budget_variable_says_what_it_takes(monkeypatch):
         L._env_kb("MPK_STAGE_KB", "0")
     monkeypatch.setenv("MPK_STAGE_KB", "auto")
     assert L._env_kb("MPK_STAGE_KB", "0") == L.STAGE_AUTO
+
+
+def test_a_cap_stages_at_most_its_bytes_per_task_and_comes_from_the_environment(monkeypatch):
+    """MPK_STAGE_CAP_KB: each staged task's rows, all ranges together, fit the cap (even rows unless the whole range
+    fits); a cap below one row of each range stages nothing for that task. Read when a packer is made, like
+    MPK_STAGE_KB (packer settings: the build does not change)."""
+    tg, full, _ = _pack("tiny-llama", 1, 224 * 1024)
+    row = {t: full.stage_info[t][3] // full.stage_info[t][2] for t in full.stage_info}   # bytes a row, ranges together
+    cap = 4 * min(row.values())
+    p = TaskPacker(*_rig("tiny-llama", 1)[1:], 0x6000, 64, device="cpu", stage_smem=224 * 1024, stage_ops=".",
+                   stage_cap=cap)
+    p.pack()
+    assert p.stage_info and p.staged_bytes < full.staged_bytes
+    for t, (need, off, rows, nbytes) in p.stage_info.items():
+        assert nbytes <= cap and nbytes == rows * row[t]
+        assert rows == min(full.stage_info[t][2], cap // row[t]) or rows == (cap // row[t]) & ~1
+    for t in full.stage_info:
+        if row[t] > cap:
+            assert t not in p.stage_info
+    monkeypatch.setenv("MPK_STAGE_CAP_KB", "64")
+    monkeypatch.setenv("MPK_STAGE_KB", "auto")
+    q = TaskPacker(*_rig("tiny-llama", 1)[1:], 0x6000, 64, device="cpu")
+    assert (q.stage_cap, q.stage_smem) == (64 * 1024, L.STAGE_AUTO)
+    monkeypatch.setenv("MPK_STAGE_CAP_KB", "-1")
+    with pytest.raises(ValueError, match="MPK_STAGE_CAP_KB"):
+        TaskPacker(*_rig("tiny-llama", 1)[1:], 0x6000, 64, device="cpu")
+
+
+def test_staging_settings_are_not_build_constants():
+    """The kernel reads only the stage word: the staging budget and cap must not change the build's cache key."""
+    from mpk_runtime.codegen import header
+    text = header.generate_header()
+    assert "STAGE_SMEM" not in text and "STAGE_CAP" not in text and "STAGE_SMEM" not in L.CONSTANTS
