@@ -40,25 +40,26 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 46 left it (bench/results/s46: 79 GPU tests passed at 9d1626c;
-# the chain's prefetch modes, the PF_CUR A/B (64 KiB now the default), qwen3-8b ctx 4096 and h200_v50 at ctx 3072 all
-# measured there). A machine stays warm only ~30 s after a call and a call can be taken back before it returns
-# (session 45's first, ~330 s lost): short calls, chained with `;`, the next one ready.
+# Order for a 30-minute session (one GPU), as session 47 left it (bench/results/s47: 79 GPU tests passed at c37fe99,
+# the 64 KiB L2 prefetch default; the llama table; PF_CUR neutral-to-better at the B >= 32 megakernels; h200_v50 at B=1
+# / 8; the capped weight stage refuted). A machine stays warm only ~30 s after a call and a call can be taken back
+# before it returns (session 45's first, ~330 s lost; session 47 lost ~90 s to a call no machine took): short calls,
+# chained with `;`, the next one ready.
 # Before the first device call: `bash scripts/setup.sh` on a fresh machine, then `bash scripts/gpu_prepare.sh` (~1 min
 # after a checkout, ~4 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. The GPU set at the new default (PF_CUR 64 KiB; session 46 ran tests/gpu and gpu_check with it, not the rest of
-#    the set): `N=run1_one T=330 bash scripts/gpu_run.sh one`.
-# 2. The llama table at the new default, planned cells first (B=1 should not move: 1.076 in session 46's A/B):
-#    `N=bl T=380 BENCH_BUDGET=360 MODELS=llama-3.2-1b bash scripts/gpu_run.sh bench`.
-# 3. PF_CUR at the megakernel families of B >= 32 (not chosen there, but the planner's rows; mode ab stops its
-#    megakernel cells at B=8): `MPK_PF_CUR_KB=0 N=val_pf0 T=280 VAL_CTXS="512" VAL_B512=32,128 VAL_LIM=260 bash
-#    scripts/gpu_run.sh val`, then the same as N=val_pf64 without the variable; compare the families' measured steps.
-#    If slower there, the packer should give the prefetch only to the CUDA-core tiles' tasks.
-# 4. The batch-1 early round in registers does not fit the kernel's registers (bench/results/s46/b1_prewait.patch:
-#    176-752 B of spills); the chain says it is worth ~8% of a llama layer with a task's ends (47.5 -> 43.75 us). Making
-#    room (the persistent loop's state in shared memory) is built on CPU first; nothing of it is queued.
+# 1. The GPU set at HEAD: `N=run1_one T=330 bash scripts/gpu_run.sh one` (session 47 changed no device code; its
+#    header lost STAGE_SMEM, a host-only constant, so every cubin was rebuilt: tests/gpu/test_weight_stage.py ran on it).
+# 2. qwen3-8b's ctx 512 table at the default, planned cells first (the README mixes sessions 45 / 46 there):
+#    `N=bq T=560 BENCH_BUDGET=540 MODELS=qwen3-8b CTXS=512 bash scripts/gpu_run.sh bench`.
+# 3. The planner's per-layer plan is priced 3-10% low (docs/planner.md session 47): its one-layer megakernel segments
+#    measure ~8.5 us over their price where attn-conv's o_proj-to-qkv segments do not. Traces of both segment kinds at
+#    llama B=1 would say what a segment starting at qkv_rope pays; no mode records a plan's segment traces yet (CPU
+#    first: validate_planner / the plan executor would need a trace option).
+# 4. Batch 1's first round before the waits: registers do not fit the kernel (s46, b1_prewait.patch: 176-752 B of
+#    spills), staging it in shared memory is slower (s47: +8% llama, +6% qwen3-8b: the next phase's copies slow the
+#    current phase's last tasks); the L2 prefetch (default) is the form that pays. Nothing queued.
 # 5. The bench-order effect is gpt-fast's batch-1 torch.compile cell (session 45: after it the conventional plan took
 #    +8% / +6% at llama B=8 / 32; after our megakernel's B=1 cell +0.6% / +1.5%). Which of its state (cudagraph trees,
 #    inductor's autotune, the allocator pool) is open; the bench runs the planned cells first, so its table is clean.
