@@ -80,6 +80,7 @@ class Point:
         self.ctx = StepCtx(cfg, 1, self.pos, self.tables, ps, 1, self.inv, kv_len_cap=cap, greedy=not sampled,
                            logits_unread=not sampled)
         self.cfg, self.ps, self.heap = cfg, ps, heap
+        self.trace_steps = 0   # > 0: the megakernels measure_plan makes record per-task globaltimer starts / ends
 
     def make_mk(self, tg, m):
         from mpk_runtime.runtime.megakernel import Megakernel, PeerTable
@@ -89,7 +90,8 @@ class Point:
             counters = self.heap.tensor((n,), torch.int64)
             peers = PeerTable(self.heap.rank, self.heap.nranks, self.heap.peer_ptrs(counters), self.syms)
         return Megakernel(tg, m, page_size=self.ps, block_tables=self.tables, pos=self.pos,
-                          inv_freq=self.inv.cpu(), head_dim=self.cfg.head_dim, peers=peers, counters=counters)
+                          inv_freq=self.inv.cpu(), head_dim=self.cfg.head_dim, peers=peers, counters=counters,
+                          trace_steps=self.trace_steps)
 
 
 def _sync_all(ex, heap):
@@ -103,8 +105,36 @@ def _sync_all(ex, heap):
 WARM_S = 0.3   # seconds of untimed replays before a plan's timed ones
 
 
-def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None) -> dict:
-    """Step and per-segment times of one plan (ms lists), and how it ran."""
+def segment_spans(ex, trace_dir: str | None = None, tag: str = "") -> list[dict]:
+    """Where each megakernel segment's time went in the last replay (Point.trace_steps > 0): its tasks' window on
+    the GPU's globaltimer (first start, after the first task's waits, to last end) and the gap from the previous
+    megakernel segment's last task (the boundary, the next kernel's launch and prologue, and any conventional
+    segment between them). With trace_dir, each segment's per-task Chrome trace too (<tag>_seg<i>.json.gz)."""
+    import gzip
+    import json
+    out, prev_end = [], None
+    for i, (kind, e) in enumerate(ex.segments):
+        if kind != "megakernel" or not getattr(e, "trace_steps", 0):
+            continue
+        tr = e.trace_times()[0]
+        done = (tr[:, 0] > 0) & (tr[:, 1] > 0)
+        if not bool(done.any()):
+            continue
+        first, last = int(tr[done, 0].min()), int(tr[done, 1].max())
+        out.append({"segment": i, "tasks": int(done.sum()), "span_us": (last - first) / 1e3,
+                    "gap_before_us": None if prev_end is None else (first - prev_end) / 1e3})
+        prev_end = last
+        if trace_dir:
+            os.makedirs(trace_dir, exist_ok=True)
+            with gzip.open(os.path.join(trace_dir, f"{tag}_seg{i}.json.gz"), "wt") as f:
+                json.dump(e.chrome_trace(), f)
+    return out
+
+
+def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None, trace_dir: str | None = None,
+                 trace_tag: str = "") -> dict:
+    """Step and per-segment times of one plan (ms lists), and how it ran. With pt.trace_steps > 0 (GPU), the
+    megakernel segments' task windows in the last whole-step replay (segment_spans, "spans")."""
     heap = pt.heap
     ex = PlanExecutor(plan, pt.graphs, [pt.mem], backend="pyvm" if cpu else "megakernel", check=False,
                       num_sms=4 if cpu else None, make_megakernel=pt.make_mk, mode="ordered", comm=comm)
@@ -151,6 +181,8 @@ def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None) -> dict:
         _sync_all(ex, heap)
         if s:
             tot.append(a.elapsed_time(b))
+    if pt.trace_steps:   # the last whole-step replay's task windows, before the per-segment replays overwrite them
+        info["spans"] = segment_spans(ex, trace_dir, trace_tag)
     # per segment: one graph per segment, events between
     seg = [[] for _ in ex.segments]
     if not pt.ctx.greedy:   # the sampled variant's segments are not the plan's: step times only

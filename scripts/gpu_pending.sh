@@ -54,9 +54,10 @@
 # 2. qwen3-8b's ctx 512 table at the default, planned cells first (the README mixes sessions 45 / 46 there):
 #    `N=bq T=560 BENCH_BUDGET=540 MODELS=qwen3-8b CTXS=512 bash scripts/gpu_run.sh bench`.
 # 3. The planner's per-layer plan is priced 3-10% low (docs/planner.md session 47): its one-layer megakernel segments
-#    measure ~8.5 us over their price where attn-conv's o_proj-to-qkv segments do not. Traces of both segment kinds at
-#    llama B=1 would say what a segment starting at qkv_rope pays; no mode records a plan's segment traces yet (CPU
-#    first: validate_planner / the plan executor would need a trace option).
+#    measure ~8.5 us over their price where attn-conv's o_proj-to-qkv segments do not. Their task windows and the
+#    gaps between them say whether that is inside the kernel's tasks or at its ends (~1.5 min):
+#    `N=spans T=150 VAL_CTXS=512 VAL_B512=1 VAL_MODELS=llama-3.2-1b VAL_FAMILIES=mono,per-layer,attn-conv
+#    VAL_TRACE=all VAL_LIM=120 bash scripts/gpu_run.sh val` (scripts/trace_phases.py --gaps on val/c512/traces/*).
 # 4. Batch 1's first round before the waits: registers do not fit the kernel (s46, b1_prewait.patch: 176-752 B of
 #    spills), staging it in shared memory is slower (s47: +8% llama, +6% qwen3-8b: the next phase's copies slow the
 #    current phase's last tasks); the L2 prefetch (default) is the form that pays. Nothing queued.
@@ -307,12 +308,15 @@ for C in 512 4096; do
   grep -E "B=" "$d/validate.log" | tail -6; snap
 done
 elif [ "$MODE" = val ]; then
-# VAL_CTXS (default "512 4096"), VAL_B<ctx> the batches at each (defaults: 1,8,32,128 at 512, else 1,8,32), VAL_MODELS
+# VAL_CTXS (default "512 4096"), VAL_B<ctx> the batches at each (defaults: 1,8,32,128 at 512, else 1,8,32), VAL_MODELS,
+# VAL_FAMILIES (plan families, validate_planner --families), VAL_TRACE (plan names or all: their megakernel segments'
+# task windows in the rows, segment_spans, and the log's "span" lines; Chrome traces under val/c<ctx>/traces)
 st "4d validate_planner TP=1, all families, ctx ${VAL_CTXS:-512 4096} (the default profile out of sample)"
 for C in ${VAL_CTXS:-512 4096}; do
   v=VAL_B$C; d="$OUT/val/c$C"; mkdir -p "$d"; [ $C = 512 ] && BB=${!v:-1,8,32,128} || BB=${!v:-1,8,32}
   timeout ${VAL_LIM:-270} python3 scripts/validate_planner.py --tp 1 --context $C --batches $BB \
-      ${VAL_MODELS:+--models $VAL_MODELS} --budget-s $((${VAL_LIM:-270} - 15)) --out "$d" > "$d/validate.log" 2>&1
+      ${VAL_MODELS:+--models $VAL_MODELS} ${VAL_FAMILIES:+--families $VAL_FAMILIES} ${VAL_TRACE:+--trace-plans $VAL_TRACE} \
+      --budget-s $((${VAL_LIM:-270} - 15)) --out "$d" > "$d/validate.log" 2>&1
   grep -E "spearman|MAPE|regret" "$d/validate.log" | tail -14; snap
 done
 elif [ "$MODE" = bench ]; then

@@ -148,7 +148,7 @@ def est_s(plan, steps, tp) -> float:
 
 
 def validate(preds, context, tp, steps, budget_s, cpu, out, rank=0, heap=None, comm=None,
-             deadline=None, sampled=False) -> list[dict]:
+             deadline=None, sampled=False, trace_plans: tuple[str, ...] = ()) -> list[dict]:
     deadline = deadline or (T0 + budget_s)
     dev = "cpu" if cpu else "cuda"
     work = work_list(preds)
@@ -192,8 +192,18 @@ def validate(preds, context, tp, steps, budget_s, cpu, out, rank=0, heap=None, c
                     torch.cuda.empty_cache()
                 cur = ((m, B), Point(cfg, weights[m], B, context, dev, plan.attn_splits, tp, rank, heap,
                                            sampled=sampled))
-            meas = measure_plan(plan, cur[1], steps if plan.predicted_us < 50e3 else max(2, steps // 2), cpu, comm)
+            traced = not cpu and ("all" in trace_plans or plan.name in trace_plans)
+            cur[1].trace_steps = 1 if traced else 0
+            meas = measure_plan(plan, cur[1], steps if plan.predicted_us < 50e3 else max(2, steps // 2), cpu, comm,
+                                trace_dir=os.path.join(out, "traces") if traced else None,
+                                trace_tag=f"{m}_b{B}_c{context}_{plan.name}")
             row = plan_row(m, B, context, tp, plan, chosen, meas, time.time() - t0)
+            if "spans" in meas:   # megakernel segments' task windows (segment_spans)
+                row["segment_spans"] = meas["spans"]
+                for sp, sg in ((sp, row["segments"][sp["segment"]]) for sp in meas["spans"]):
+                    log(f"  span {plan.name} seg {sp['segment']} ({sg['first_op']}): tasks {sp['span_us']:.1f} us of "
+                        f"{sg['measured_us']:.1f} measured alone, {sg['predicted_us']:.1f} priced; gap before "
+                        f"{'-' if sp['gap_before_us'] is None else format(sp['gap_before_us'], '.1f')} us")
             row["predicted_us"] = pred   # sampled: the sampled variant's price (notes["sampled_us"])
         except Exception as e:  # noqa: BLE001 - report, keep validating the others
             row = dict(key, error=f"{type(e).__name__}: {e}"[:400], trace=traceback.format_exc()[-1500:])
@@ -342,6 +352,10 @@ def main() -> None:
     ap.add_argument("--sampled", action="store_true",
                     help="--tp 1: every row samples (temperature 0.8, top-k 50, top-p 0.9) instead of greedy: what a "
                          "sampled step costs each plan (its argmax as a megakernel where the plan's is conventional)")
+    ap.add_argument("--trace-plans", default="",
+                    help="comma-separated plan names (or 'all'): trace their megakernel segments in the last whole-"
+                         "step replay (rows get segment_spans: each segment's task window and the gap before it; "
+                         "Chrome traces under OUT/traces). GPU only; the traced plans' times include the trace writes")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -385,7 +399,8 @@ def main() -> None:
             meta["tp_error"] = f"{type(e).__name__}: {str(e)[:2000]}"
         write_report(rows, load_hf(a.hf), meta, a.out, f"_tp{a.tp}")
         return
-    rows = validate(preds, a.context, 1, a.steps, a.budget_s, a.cpu, a.out, sampled=a.sampled)
+    rows = validate(preds, a.context, 1, a.steps, a.budget_s, a.cpu, a.out, sampled=a.sampled,
+                    trace_plans=tuple(x for x in a.trace_plans.split(",") if x))
     hf = load_hf(a.hf)
     if a.hf == "measure" and not a.cpu:
         gc.collect()
