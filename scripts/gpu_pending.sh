@@ -49,8 +49,8 @@
 # after a checkout, ~4 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. The GPU set at HEAD: `N=run1_one T=330 bash scripts/gpu_run.sh one` (session 47 changed no device code; its
-#    header lost STAGE_SMEM, a host-only constant, so every cubin was rebuilt: tests/gpu/test_weight_stage.py ran on it).
+# 1. The GPU set at HEAD: `N=run1_one T=330 bash scripts/gpu_run.sh one` (session 47 changed no default device code: its
+#    header lost STAGE_SMEM, a host-only constant, so every cubin was rebuilt, and -DMPK_ATT_KV_PF is opt-in).
 # 2. qwen3-8b's ctx 512 table at the default, planned cells first (the README mixes sessions 45 / 46 there):
 #    `N=bq T=560 BENCH_BUDGET=540 MODELS=qwen3-8b CTXS=512 bash scripts/gpu_run.sh bench`.
 # 3. The planner's per-layer plan is priced 3-10% low (docs/planner.md session 47): its one-layer megakernel segments
@@ -61,10 +61,14 @@
 # 4. Batch 1's first round before the waits: registers do not fit the kernel (s46, b1_prewait.patch: 176-752 B of
 #    spills), staging it in shared memory is slower (s47: +8% llama, +6% qwen3-8b: the next phase's copies slow the
 #    current phase's last tasks); the L2 prefetch (default) is the form that pays. Nothing queued.
-# 5. The bench-order effect is gpt-fast's batch-1 torch.compile cell (session 45: after it the conventional plan took
+# 5. Attention's cached K / V rows into L2 while its waits are polled (-DMPK_ATT_KV_PF=1, built in session 47, not run;
+#    prediction in docs/perf-notes.md session 47: llama B=1 -0.7..-1.5% at ctx 512, -2..-4% at 4096):
+#    `N=kvpf T=200 VARS="base kvpf kvpf base" BS=1 CTXS=512,4096 LIM=80 bash scripts/gpu_run.sh ab`, then its tests:
+#    `MPK_NVCC_DEFINES=-DMPK_ATT_KV_PF=1 N=kvpft T=200 TESTS="tests/gpu/test_megakernel.py" bash scripts/gpu_run.sh tests`.
+# 6. The bench-order effect is gpt-fast's batch-1 torch.compile cell (session 45: after it the conventional plan took
 #    +8% / +6% at llama B=8 / 32; after our megakernel's B=1 cell +0.6% / +1.5%). Which of its state (cudagraph trees,
 #    inductor's autotune, the allocator pool) is open; the bench runs the planned cells first, so its table is clean.
-# 6. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
+# 7. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
 #    the next kernel work is built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
@@ -196,6 +200,7 @@ for V in $VARS; do
              noqknorm) D=""; G=""; QN=0;;   # ... the qk_norm_rope tasks instead (MPK_ATTN_QKNORM=0; s33: +0.5% B=1, +3.2% B=8)
              pf0|pf32|pf64|pf128) D=""; G=""; PFK=${V#pf};;   # each task's first KiB of weights bulk-prefetched into
                                              # L2 before its waits (MPK_PF_CUR_KB; 64 = base since session 46, 0 = off)
+             kvpf) D="-DMPK_ATT_KV_PF=1"; G="";;   # attention's cached K / V rows into L2 while it waits (s47)
              stg64|stg64pf0|stgall) D=""; G=""; SK=auto; SO=.; SC=64   # every CUDA-core tile's first 64 KiB of
                                              # weights staged in shared memory (TMA) while it waits, within the
                                              # graph's shared memory (session 47); pf0: without the L2 prefetch
