@@ -175,7 +175,8 @@ def price_from_features(f: dict, prof: HardwareProfile) -> float:
     """A segment's price from its features under `prof` (fit.py): the same arithmetic as the cost functions."""
     if f["kind"] == "megakernel":
         if not f.get("attn_only"):
-            return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us
+            return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us + \
+                (prof.mk_mixed_attn_us if f.get("attn_mixed") else 0.0)
         scale = prof.mk_scale if prof.mk_attn_scale is None else prof.mk_attn_scale
         return (prof.megakernel_launch_us + scale * f["sim_us"] + prof.mk_offset_us) * prof.mk_attn_factor
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
@@ -284,9 +285,11 @@ class SegmentCoster:
         return self._memo[key]
 
     def megakernel_features(self, ops: list[str], tiling: Tiling) -> dict:
-        """The segment's price terms (price_from_features; fit.py refits from them): its simulated makespan."""
-        return {"kind": "megakernel", "sim_us": self.sim_us(ops, tiling),
-                "attn_only": all(self._op[n].kind == "attention" for n in ops)}
+        """The segment's price terms (price_from_features; fit.py refits from them): its simulated makespan, and
+        whether it holds attention alone (attn_only) or among other ops (attn_mixed)."""
+        kinds = {self._op[n].kind for n in ops}
+        return {"kind": "megakernel", "sim_us": self.sim_us(ops, tiling), "attn_only": kinds == {"attention"},
+                "attn_mixed": "attention" in kinds and kinds != {"attention"}}
 
     def megakernel_us(self, ops: list[str], tiling: Tiling) -> float:
         return price_from_features(self.megakernel_features(ops, tiling), self.prof)

@@ -6,7 +6,8 @@
 Input: scripts/validate_planner.py rows; each measured segment carries the features of its price
 (cost.conventional_features / {"sim_us"} of a megakernel segment). Per regime (batch 1..7 -> "1", batch >= 8 ->
 "8": the batch-1 kernels and the 8-row-group kernels are different code paths) it fits:
-  megakernel    measured - launch = mk_scale * simulated + mk_offset_us        (weighted least squares)
+  megakernel    measured - launch = mk_scale * simulated + mk_offset_us (+ mk_mixed_attn_us: a segment holding a
+                layer's attention among other ops)                     (weighted least squares)
   conventional  measured = conv_fixed_scale * fixed + sum_ops max(stream / conv_bw_fraction, tc / conv_tc_eff)
                            + sum_attention max(conv_attn_kv_passes * attn_kv,
                                                conv_attn_key_us * keys)           (grid over the two efficiencies,
@@ -117,23 +118,31 @@ def _wls(cols: list[list[float]], y: list[float], w: list[float], nonneg: bool =
 
 
 def fit_megakernel(segs: list[dict], launch_us: float, offset_us: float | None = None) -> dict:
-    """mk_scale and mk_offset_us of whole megakernel segments (relative-error weights); offset_us given: that
-    offset kept and the scale alone fitted."""
+    """mk_scale and mk_offset_us of whole megakernel segments (relative-error weights), and mk_mixed_attn_us (the
+    price of holding a layer's attention among other ops, cost.price_from_features) where segments of both kinds
+    are among them; offset_us given: that offset kept and the scale alone fitted (the mixed term with it)."""
     sims = [s["features"]["sim_us"] for s in segs]
     y = [s["measured_us"] - launch_us for s in segs]
     w = [1.0 / s["measured_us"] ** 2 for s in segs]
+    mixed = [1.0 if s["features"].get("attn_mixed") else 0.0 for s in segs]
+    both = 0 < sum(mixed) < len(mixed)
     if offset_us is not None:
-        return {"mk_scale": _wls([sims], [v - offset_us for v in y], w)[0], "mk_offset_us": offset_us}
+        b = _wls([sims] + ([mixed] if both else []), [v - offset_us for v in y], w)
+        return {"mk_scale": b[0], "mk_offset_us": offset_us, **({"mk_mixed_attn_us": b[1]} if both else {})}
     if len({round(v, 3) for v in sims}) < 2:    # one size: scale only
         sc = _wls([sims], y, w)[0]
         return {"mk_scale": sc, "mk_offset_us": 0.0}
-    sc, off = _wls([sims, [1.0] * len(sims)], y, w, nonneg=False)
+    b = _wls([sims, [1.0] * len(sims)] + ([mixed] if both else []), y, w, nonneg=False)
+    sc, off, mx = b[0], b[1], (b[2] if both else None)
     if sc <= 0:
-        sc, off = _wls([sims], y, w)[0], 0.0
+        sc, off, mx = _wls([sims], y, w)[0], 0.0, None
     if off < -launch_us:   # a segment costs at least its scaled simulation: no negative per-segment overhead
         off = -launch_us   # (else plans of many segments, per-layer, are credited for every cut)
-        sc = _wls([sims], [v - off for v in y], w)[0]
-    return {"mk_scale": sc, "mk_offset_us": off}
+        b = _wls([sims] + ([mixed] if both else []), [v - off for v in y], w)
+        sc, mx = b[0], (b[1] if both else None)
+    if mx is not None and off + mx < -launch_us:   # the same floor for segments holding attention
+        mx = -launch_us - off
+    return {"mk_scale": sc, "mk_offset_us": off, **({"mk_mixed_attn_us": mx} if mx is not None else {})}
 
 
 def fit_attn_factor(segs: list[dict], prof: HardwareProfile) -> float:
@@ -274,7 +283,7 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
                 n_conv = {id(r): sum(1 for rr, _ in cv_rows if rr is r) for r, _ in cv_rows}
                 share = [1.0 / n_conv[id(r)] for r, _ in cv_rows]
             over.update(fit_conventional(cv, share))
-        shown = ("mk_scale", "mk_offset_us", "mk_attn_factor", "mk_attn_scale") + CONV_FIELDS
+        shown = ("mk_scale", "mk_offset_us", "mk_mixed_attn_us", "mk_attn_factor", "mk_attn_scale") + CONV_FIELDS
         report[key] = {"megakernel_segments": len(mk), "conventional_segments": len(cv),
                        **{k: over[k] for k in over if k in shown}}
         if over:

@@ -93,7 +93,10 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # h200_v50 since session 45: v49 with the paged curves re-measured under session 44's final TUNED (lookup_keys, qwen3-8b's
 # 512-key B=8 / 32 shapes; no point stale). Nothing fitted. Out of sample on session 45's 66 rows (ctx 1024 / 2048, same
 # machine start): regret 0 at 10 of 10 under both, step MAPE 2.63% either way, segment MAPE 4.40% -> 4.31%.
-DEFAULT_PROFILE = "h200_v50"
+# h200_v51 since session 47: v50 with regimes 1 / 8's megakernel terms refit on session 47's rows (B=1 / 8, the L2
+# prefetch default) and the new mk_mixed_attn_us (a segment holding a layer's attention among other ops). Out of
+# sample on sessions 45 / 46's rows (B=8-128): step MAPE 2.63 / 2.33% -> 2.49 / 2.23%, the same choices.
+DEFAULT_PROFILE = "h200_v51"
 
 
 def key_fallbacks(key: str) -> list[str]:
@@ -214,6 +217,11 @@ class HardwareProfile:
     # ... and the scale on its simulated makespan (None = mk_scale): a refit that moves mk_scale for whole-layer
     # segments alone (planner.fit --keep-attn, session 35) leaves attention-only segments at their validated price
     mk_attn_scale: float | None = None
+    # a megakernel segment that holds a layer's attention among its other ops (mono, megaN, per-layer; not attn-mk's
+    # attention-only segments, not attn-conv's o_proj-to-qkv segments): added to its price once. Session 47's
+    # validation at B=1 / 8 priced per-layer's one-layer segments ~8.5 us low while attn-conv's segments of the same
+    # simulated size priced within 1 us; one mk_offset_us cannot hold both (planner.fit fits the three together).
+    mk_mixed_attn_us: float = 0.0
     # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
     # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
     conv_collective_us: float = 0.0

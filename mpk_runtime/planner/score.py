@@ -264,10 +264,17 @@ def mape_by(rows: list[dict], prof: HardwareProfile | None = None) -> dict:
 
 def features(seg: dict) -> dict:
     """A measured segment's price features; rows written before session 29 lack a megakernel segment's
-    "attn_only", which their op count and first op tell (one op, an attention)."""
+    "attn_only", which their op count and first op tell (one op, an attention), and rows before session 47 its
+    "attn_mixed": a segment of at least a whole layer's five ops from an embedding or a qkv_rope on holds its
+    attention (plan segments are contiguous runs of the step's ops; attn-conv's megakernel segments start at o_proj
+    and hold none)."""
     f = seg["features"]
     if f.get("kind") == "megakernel" and "attn_only" not in f:
         f = dict(f, attn_only=seg.get("ops") == 1 and str(seg.get("first_op", "")).endswith("attention"))
+    if f.get("kind") == "megakernel" and "attn_mixed" not in f:
+        first = str(seg.get("first_op", ""))
+        f = dict(f, attn_mixed=not f["attn_only"] and (seg.get("ops") or 0) >= 5 and
+                 (first == "embed" or first.endswith("qkv_rope")))
     return f
 
 

@@ -29,7 +29,8 @@ def synthetic_rows(prof_true: HardwareProfile, base: HardwareProfile) -> list[di
         for B in (1, 2, 8, 16, 64):
             for p in candidates(PRESETS[name], batch=B, context=64, prof=base):
                 pt = prof_true.for_batch(B)
-                segs = [dict(kind=s.kind, ops=len(s.ops), predicted_us=s.predicted_us, features=s.features,
+                segs = [dict(kind=s.kind, ops=len(s.ops), first_op=s.ops[0], predicted_us=s.predicted_us,
+                             features=s.features,
                              measured_us=price_from_features(s.features, pt)) for s in p.segments]
                 meas = sum(s["measured_us"] for s in segs) + pt.boundary_us * (len(segs) - 1)
                 rows.append(dict(model=name, batch=B, tp=1, plan=p.name, chosen=p is candidates, segments=segs,
@@ -492,3 +493,33 @@ def test_rows_from_before_the_bf16_argmax_are_resimulated_with_the_copy(monkeypa
     forced = resimulate([dict(rows["0"], env={"MPK_CONV_TRITON_ATTN": "1", "MPK_CONV_BF16_ARGMAX": "1"})], prof,
                         procs=1)[0]
     assert forced["predicted_us"] == pytest.approx(rows["1"]["predicted_us"], rel=1e-9)
+
+
+def test_segments_holding_attention_among_other_ops_get_their_own_term(base):
+    """mk_mixed_attn_us (session 47): a megakernel segment holding a layer's attention among other ops (mono, megaN,
+    per-layer) pays it once; attn-conv's segments (no attention) and attn-mk's (attention alone) do not. fit.py fits
+    it beside mk_scale / mk_offset_us, and rows written before the feature tell it from op count and first op."""
+    true_regimes = {k: dict(v, mk_mixed_attn_us=x) for (k, v), x in zip(TRUE.items(), (9.0, 6.0))}
+    true = dataclasses.replace(base, regimes=true_regimes)
+    plans = {p.name: p for p in candidates(PRESETS["tiny-llama"], batch=1, context=64, prof=true,
+                                           families=("mono", "mega2", "attn-conv", "attn-mk"))}
+    def mixed(name):
+        return [s.features.get("attn_mixed") for s in plans[name].segments if s.kind == "megakernel"]
+    assert mixed("mono") == [True] and mixed("mega2") == [True, True]   # (two layers: mega2 is per-layer here)
+    assert not any(mixed("attn-conv")) and not any(mixed("attn-mk"))
+    s = plans["mono"].segments[0]
+    p1 = true.for_batch(1)
+    assert s.predicted_us == pytest.approx(price_from_features(dict(s.features, attn_mixed=False), p1) + 9.0)
+    rows = synthetic_rows(true, base)
+    fitted, _rep = fit_profile(rows, base)
+    for key, x in (("1", 9.0), ("8", 6.0)):
+        assert fitted.regimes[key]["mk_mixed_attn_us"] == pytest.approx(x, rel=1e-3, abs=1e-3)
+        assert fitted.regimes[key]["mk_offset_us"] == pytest.approx(TRUE[key]["mk_offset_us"], rel=1e-3)
+    # older rows: no attn_mixed in the features; their op count and first op tell it
+    from mpk_runtime.planner.score import features
+    for r in rows:
+        for sg in r["segments"]:
+            if sg["kind"] != "megakernel":
+                continue
+            f = {k: v for k, v in sg["features"].items() if k != "attn_mixed"}
+            assert features(dict(sg, features=f))["attn_mixed"] == sg["features"]["attn_mixed"], (r["plan"], sg)
