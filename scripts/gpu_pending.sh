@@ -53,11 +53,11 @@
 #    header lost STAGE_SMEM, a host-only constant, so every cubin was rebuilt, and -DMPK_ATT_KV_PF is opt-in).
 # 2. qwen3-8b's ctx 512 table at the default, planned cells first (the README mixes sessions 45 / 46 there):
 #    `N=bq T=560 BENCH_BUDGET=540 MODELS=qwen3-8b CTXS=512 bash scripts/gpu_run.sh bench`.
-# 3. The planner's per-layer plan is priced 3-10% low (docs/planner.md session 47): its one-layer megakernel segments
-#    measure ~8.5 us over their price where attn-conv's o_proj-to-qkv segments do not. Their task windows and the
-#    gaps between them say whether that is inside the kernel's tasks or at its ends (~1.5 min):
-#    `N=spans T=150 VAL_CTXS=512 VAL_B512=1 VAL_MODELS=llama-3.2-1b VAL_FAMILIES=mono,per-layer,attn-conv
-#    VAL_TRACE=all VAL_LIM=120 bash scripts/gpu_run.sh val` (scripts/trace_phases.py --gaps on val/c512/traces/*).
+# 3. h200_v51 (the default since session 47: a term for megakernel segments holding a layer's attention, fitted on
+#    s47's ctx 512 / 2048 rows at B=1 / 8) out of sample at B=1 / 8, with the one-layer segments traced (their task
+#    windows and the gaps between them say where the per-layer plan's ~8.5 us a segment goes; ~4 min):
+#    `N=val48 T=330 VAL_CTXS="4096" VAL_B4096=1,8 VAL_TRACE=per-layer,attn-conv VAL_LIM=300 bash scripts/gpu_run.sh val`
+#    (scripts/trace_phases.py --gaps on val/c4096/traces/*; the traced plans' steps include the trace writes).
 # 4. Batch 1's first round before the waits: registers do not fit the kernel (s46, b1_prewait.patch: 176-752 B of
 #    spills), staging it in shared memory is slower (s47: +8% llama, +6% qwen3-8b: the next phase's copies slow the
 #    current phase's last tasks); the L2 prefetch (default) is the form that pays. Nothing queued.
