@@ -121,13 +121,20 @@ __device__ __noinline__ void attn_kv_prefetch(const int64_t* a, const int64_t* P
   const int64_t* bt = ptr<const int64_t>(param(P, P_BLOCK_TABLES)) + b * param(P, P_MAX_PAGES);
   const char* kc = ptr<const char>(a[A_ATTN_PARTIAL_K_CACHE]);
   const char* vc = ptr<const char>(a[A_ATTN_PARTIAL_V_CACHE]);
-  const int row_bytes = ng * D * 2;
+  if (hi <= lo) return;
+  const int row_bytes = ng * D * 2, psi = (int)ps;
+  // a page a lane: its page-table entry is the only load, so the warp's issue takes one round trip (~0.6 us), not
+  // one per key, and warp 2 reaches the barrier after thread 0's poll in all but the shortest waits
 #pragma unroll 1
-  for (int j = lo + (int)(threadIdx.x & 31); j < hi; j += 32) {
-    const int64_t off = kv_row(ld_const_s64(bt + j / ps), j % ps, g, n_kv, ps, D) * 2;
-    for (int o = 0; o < row_bytes; o += 128) {
-      prefetch_l2_line(kc + off + o);
-      prefetch_l2_line(vc + off + o);
+  for (int pg = lo / psi + (int)(threadIdx.x & 31); pg <= (hi - 1) / psi; pg += 32) {
+    const int64_t page = ld_const_s64(bt + pg);
+#pragma unroll 1
+    for (int j = max(lo, pg * psi); j < min(hi, (pg + 1) * psi); ++j) {
+      const int64_t off = kv_row(page, j - pg * psi, g, n_kv, ps, D) * 2;
+      for (int o = 0; o < row_bytes; o += 128) {
+        prefetch_l2_line(kc + off + o);
+        prefetch_l2_line(vc + off + o);
+      }
     }
   }
 }
