@@ -192,7 +192,8 @@ def validate(preds, context, tp, steps, budget_s, cpu, out, rank=0, heap=None, c
                     torch.cuda.empty_cache()
                 cur = ((m, B), Point(cfg, weights[m], B, context, dev, plan.attn_splits, tp, rank, heap,
                                            sampled=sampled))
-            traced = not cpu and ("all" in trace_plans or plan.name in trace_plans)
+            # (greedy steps only: a sampled step may run other segments than the plan's, and records no segments)
+            traced = not cpu and not sampled and ("all" in trace_plans or plan.name in trace_plans)
             cur[1].trace_steps = 1 if traced else 0
             meas = measure_plan(plan, cur[1], steps if plan.predicted_us < 50e3 else max(2, steps // 2), cpu, comm,
                                 trace_dir=os.path.join(out, "traces") if traced else None,
@@ -355,7 +356,7 @@ def main() -> None:
     ap.add_argument("--trace-plans", default="",
                     help="comma-separated plan names (or 'all'): trace their megakernel segments in the last whole-"
                          "step replay (rows get segment_spans: each segment's task window and the gap before it; "
-                         "Chrome traces under OUT/traces). GPU only; the traced plans' times include the trace writes")
+                         "Chrome traces under OUT/traces). GPU, greedy steps only; the traced plans' times include the trace writes")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)

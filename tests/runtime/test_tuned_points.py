@@ -46,7 +46,7 @@ def test_lookup_keys_takes_a_power_of_two_cap_at_its_shortest_row():
     assert _at(64, 32, 8, 512) == _at(64, 32, 8, 700) != _at(64, 32, 8, 1024)
 
 
-@pytest.mark.parametrize("name", ["h200_v49", "h200_v50"])
+@pytest.mark.parametrize("name", ["h200_v49", "h200_v50", "h200_v51"])
 def test_profiles_record_a_shape_for_every_paged_point(name):
     prof = HardwareProfile.load(name)
     paged = {k: v for k, v in prof.conv_attn_us_by_shape.items() if k.endswith("@paged")}
