@@ -37,15 +37,71 @@ def _raise_for(status: int, body: dict | str):
     raise E.RequestFailedError(f"HTTP {status}: {msg}")
 
 
+def _json(r) -> dict | str:
+    try:
+        return r.json()
+    except ValueError:  # not JSON: a proxy's error page, a non-mpk server, ...
+        return r.text[:500]
+
+
+class _Transport:
+    """httpx.Client whose transport failures raise RequestFailedError (typed, with the address), not httpx's."""
+
+    def __init__(self, address: str, timeout: float):
+        import httpx
+        self._httpx, self.address = httpx, address
+        self._c = httpx.Client(base_url=address, timeout=timeout)
+
+    def _wrap(self, e: Exception) -> E.RequestFailedError:
+        if isinstance(e, self._httpx.TimeoutException):
+            return E.RequestFailedError(f"no answer from {self.address} within the client timeout ({e!r}); "
+                                        "raise Client(timeout=...) or lower max_tokens")
+        return E.RequestFailedError(f"cannot reach the mpk-runtime server at {self.address} ({e!r}); is it "
+                                    "running (python -m cluster.server ...) and is the address right?")
+
+    def get(self, *a, **k):
+        try:
+            return self._c.get(*a, **k)
+        except self._httpx.TransportError as e:
+            raise self._wrap(e) from e
+
+    def post(self, *a, **k):
+        try:
+            return self._c.post(*a, **k)
+        except self._httpx.TransportError as e:
+            raise self._wrap(e) from e
+
+    def stream(self, *a, **k):
+        import contextlib
+
+        @contextlib.contextmanager
+        def cm():
+            try:
+                with self._c.stream(*a, **k) as r:
+                    yield r
+            except self._httpx.TransportError as e:
+                raise self._wrap(e) from e
+        return cm()
+
+    def close(self) -> None:
+        self._c.close()
+
+
 class Client:
     def __init__(self, address: str, timeout: float = 300.0, model: str | None = None, max_parallel: int = 16):
-        import httpx
         self.address = address.rstrip("/")
         if not self.address.startswith("http"):
             self.address = "http://" + self.address
-        self._http = httpx.Client(base_url=self.address, timeout=timeout)
+        self._http = _Transport(self.address, timeout)
         self.max_parallel = max_parallel
-        self.model = model or self._http.get("/v1/models").json()["data"][0]["id"]
+        if model is None:
+            r = self._http.get("/v1/models")
+            body = _json(r)
+            if r.status_code != 200 or not isinstance(body, dict) or not body.get("data"):
+                raise E.RequestFailedError(f"{self.address}/v1/models answered HTTP {r.status_code} {str(body)[:200]}; "
+                                           "is this an mpk-runtime (OpenAI-compatible) server?")
+            model = body["data"][0]["id"]
+        self.model = model
 
     def _body(self, prompt, sp: SamplingParams, stream: bool) -> dict:
         return {"model": self.model, "prompt": prompt, "max_tokens": sp.max_tokens, "temperature": sp.temperature,
@@ -55,8 +111,8 @@ class Client:
     def _one(self, prompt, sp: SamplingParams, rid: str) -> RequestOutput:
         t0 = time.monotonic()
         r = self._http.post("/v1/completions", json=self._body(prompt, sp, False))
-        body = r.json()
-        if r.status_code != 200:
+        body = _json(r)
+        if r.status_code != 200 or not isinstance(body, dict):
             _raise_for(r.status_code, body)
         c = body["choices"][0]
         m = c.get("metrics") or {}
@@ -101,7 +157,7 @@ class Client:
             with self._http.stream("POST", "/v1/completions", json=self._body(p, sp, True)) as r:
                 if r.status_code != 200:
                     r.read()
-                    _raise_for(r.status_code, r.json())
+                    _raise_for(r.status_code, _json(r))
                 for line in r.iter_lines():
                     if not line.startswith("data: "):
                         continue

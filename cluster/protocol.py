@@ -26,11 +26,21 @@ class CommonRequest(BaseModel):
     top_k: int | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    # OpenAI fields this server does not implement: declared so that a request using them gets a 400 (the server
+    # checks them) instead of being served as if they were absent
+    logit_bias: dict | None = None
+    top_logprobs: int | None = None
+    response_format: dict | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list | None = None
 
 
 class CompletionRequest(CommonRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
 
 
 class ChatMessage(BaseModel):
@@ -41,3 +51,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(CommonRequest):
     messages: list[ChatMessage]
+    tools: list | None = None
+    tool_choice: Any = None
+    functions: list | None = None
+    function_call: Any = None

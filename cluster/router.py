@@ -45,10 +45,10 @@ class Router:
         return self.engine.tokenizer.get()
 
     def pick(self) -> Replica:
-        live = [r for r in self.replicas if not r.llm.engine.dead]
+        live = [r for r in self.replicas if not r.llm.engine.dead and r.loop.alive]
         if not live:
             raise RequestFailedError("every replica is down: " + "; ".join(
-                f"{r.name}: {r.llm.engine.dead}" for r in self.replicas))
+                f"{r.name}: {r.llm.engine.dead or 'engine loop exited'}" for r in self.replicas))
         with self._lock:
             start = next(self._rr)  # rotate among equally loaded replicas
             order = live[start % len(live):] + live[:start % len(live)]

@@ -23,6 +23,7 @@ from mpk_runtime.engine import (InvalidRequestError, NoTokenizerError, RequestFa
 
 from .metrics import Metrics
 from .protocol import ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
+from starlette.requests import Request  # likewise (the endpoints take the raw request to see disconnects)
 from .router import Router
 
 
@@ -41,7 +42,7 @@ def _sse(obj: Any) -> str:
 
 
 def create_app(router: Router, served_model_name: str | None = None):
-    from fastapi import FastAPI, Request
+    from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
@@ -77,6 +78,11 @@ def create_app(router: Router, served_model_name: str | None = None):
     async def _failed(_req, e: RequestFailedError):
         return JSONResponse(_err_body(str(e), "RequestFailedError", "server_error"), status_code=503)
 
+    @app.exception_handler(Exception)
+    async def _internal(_req, e: Exception):  # a bug: still an OpenAI-style JSON body (clients parse it)
+        return JSONResponse(_err_body(f"internal error ({type(e).__name__}: {e}); please report it", "internal_error",
+                                      "server_error"), status_code=500)
+
     # --- request -> (token ids, params) -------------------------------------------------------------------
     def _params(r: CommonRequest) -> SamplingParams:
         if r.n != 1:
@@ -87,6 +93,12 @@ def create_app(router: Router, served_model_name: str | None = None):
             raise HTTPError(400, "logprobs are not supported; leave the field out")
         if r.presence_penalty or r.frequency_penalty:
             raise HTTPError(400, "presence/frequency penalties are not supported; leave them at 0")
+        for field in ("logit_bias", "top_logprobs", "suffix", "tools", "tool_choice", "functions", "function_call",
+                      "response_format", "guided_json", "guided_regex", "guided_choice"):
+            if getattr(r, field, None) not in (None, {}, [], "", "none", {"type": "text"}):
+                raise HTTPError(400, f"{field} is not supported by this server; leave it out")
+        if (getattr(r, "best_of", None) or 1) != 1:
+            raise HTTPError(400, f"best_of={r.best_of} is not supported; send best_of=1 or leave it out")
         if r.model is not None and r.model not in (name, router.model_name):
             raise HTTPError(404, f"model {r.model!r} is not served here; this server serves {name!r}",
                             "model_not_found")
@@ -122,8 +134,14 @@ def create_app(router: Router, served_model_name: str | None = None):
         msgs = []
         for m in r.messages:
             content = m.content
-            if isinstance(content, list):  # OpenAI content parts: keep the text ones
-                content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
+            if isinstance(content, list):  # OpenAI content parts: the text ones; anything else is refused
+                texts = []
+                for part in content:
+                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise HTTPError(400, f"unsupported message content part {str(part)[:80]}: this server "
+                                             "takes only {'type': 'text', 'text': <string>} parts")
+                    texts.append(part["text"])
+                content = "".join(texts)
             msgs.append({"role": m.role, "content": content or ""})
         text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         return list(tok.encode(text, add_special_tokens=False)), text
@@ -149,8 +167,16 @@ def create_app(router: Router, served_model_name: str | None = None):
         for rep, rid in handles:
             rep.loop.abort(rid)
 
-    async def _collect(q: asyncio.Queue, n: int, handles) -> list[RequestOutput]:
+    async def _watch_disconnect(raw: Request, handles) -> None:
+        """uvicorn does not cancel a handler whose client left: poll, and abort its requests (they then finish
+        with "abort" and _collect returns)."""
+        while not await raw.is_disconnected():
+            await asyncio.sleep(0.5)
+        _abort(handles)
+
+    async def _collect(q: asyncio.Queue, n: int, handles, raw: Request | None = None) -> list[RequestOutput]:
         final: dict[int, RequestOutput] = {}
+        watcher = asyncio.ensure_future(_watch_disconnect(raw, handles)) if raw is not None else None
         try:
             while len(final) < n:
                 i, out = await q.get()
@@ -159,6 +185,9 @@ def create_app(router: Router, served_model_name: str | None = None):
         except asyncio.CancelledError:  # client went away
             _abort(handles)
             raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
         errors = [o for o in final.values() if o.finish_reason == "error"]
         if errors:
             raise RequestFailedError(errors[0].error)
@@ -196,7 +225,7 @@ def create_app(router: Router, served_model_name: str | None = None):
 
     # --- endpoints ----------------------------------------------------------------------------------------
     @app.post("/v1/completions")
-    async def completions(r: CompletionRequest):
+    async def completions(r: CompletionRequest, raw: Request):
         params = _params(r)
         prompts = _completion_prompts(r)
         q, handles = _submit_all(prompts, params)
@@ -211,7 +240,7 @@ def create_app(router: Router, served_model_name: str | None = None):
                                      "finish_reason": _finish(out), "token_ids": out.delta_token_ids}]}
             inc = bool((r.stream_options or {}).get("include_usage"))
             return StreamingResponse(_stream(q, len(prompts), handles, chunk, inc), media_type="text/event-stream")
-        outs = await _collect(q, len(prompts), handles)
+        outs = await _collect(q, len(prompts), handles, raw)
         return {"id": cid, "object": "text_completion", "created": created, "model": name,
                 "choices": [{"index": i, "text": o.text or "", "logprobs": None, "finish_reason": _finish(o),
                              "token_ids": o.token_ids, "prompt_token_ids": o.prompt_token_ids,
@@ -219,7 +248,7 @@ def create_app(router: Router, served_model_name: str | None = None):
                 "usage": _usage(outs)}
 
     @app.post("/v1/chat/completions")
-    async def chat(r: ChatRequest):
+    async def chat(r: ChatRequest, raw: Request):
         params = _params(r)
         ids, text = _chat_prompt(r)
         q, handles = _submit_all([(ids, text)], params)
@@ -237,7 +266,7 @@ def create_app(router: Router, served_model_name: str | None = None):
                                    "finish_reason": None}]}]
             inc = bool((r.stream_options or {}).get("include_usage"))
             return StreamingResponse(_stream(q, 1, handles, chunk, inc, first), media_type="text/event-stream")
-        (o,) = await _collect(q, 1, handles)
+        (o,) = await _collect(q, 1, handles, raw)
         return {"id": cid, "object": "chat.completion", "created": created, "model": name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": o.text or ""},
                              "logprobs": None, "finish_reason": _finish(o), "token_ids": o.token_ids}],

@@ -34,6 +34,18 @@ def build_job(job_args: list[str], pip: list[str] | None = None, env: dict | Non
             "runtime_env": runtime_env}
 
 
+def check_paths(job_args: list[str]) -> None:
+    """--input / --output must be absolute: the job runs in a temporary copy of this checkout on the cluster."""
+    for i, arg in enumerate(job_args):
+        flag, _, val = arg.partition("=")
+        if flag in ("--input", "--output"):
+            path = val if val else (job_args[i + 1] if i + 1 < len(job_args) else "")
+            if path and not os.path.isabs(path):
+                raise SystemExit(f"{flag} {path}: give an absolute path on storage every node sees; the job runs in a "
+                                 "temporary copy of this checkout on the cluster, where a relative path would be "
+                                 "read from / written to (and deleted with) that copy")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     job_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -45,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-wait", action="store_true", help="return after submitting")
     ap.add_argument("--timeout", type=float, default=3600.0)
     a = ap.parse_args(own)
+    check_paths(job_args)
     job = build_job(job_args, a.pip)
     try:
         from ray.job_submission import JobStatus, JobSubmissionClient

@@ -15,7 +15,7 @@ import json
 import sys
 import time
 
-from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams
+from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams, UnknownModelError
 
 SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
 
@@ -36,17 +36,41 @@ def read_requests(path: str) -> list[dict]:
             if extra:
                 raise InvalidRequestError(f"{path}:{n}: unknown fields {sorted(extra)}; allowed: prompt, "
                                           f"prompt_token_ids, id, {', '.join(sorted(SAMPLING_FIELDS))}")
+            if "prompt" in d and not isinstance(d["prompt"], str):
+                raise InvalidRequestError(f"{path}:{n}: 'prompt' must be a string (token ids go in 'prompt_token_ids')")
+            if "prompt_token_ids" in d and not (isinstance(d["prompt_token_ids"], list) and all(
+                    isinstance(t, int) and not isinstance(t, bool) for t in d["prompt_token_ids"])):
+                raise InvalidRequestError(f"{path}:{n}: 'prompt_token_ids' must be a list of int token ids")
             try:
                 sp = SamplingParams.from_dict({k: v for k, v in d.items() if k in SAMPLING_FIELDS})
             except InvalidRequestError as e:
                 raise InvalidRequestError(f"{path}:{n}: {e}") from None
-            reqs.append({"id": d.get("id", n - 1), "prompt": d.get("prompt", d.get("prompt_token_ids")), "params": sp})
+            reqs.append({"id": d.get("id", n - 1), "prompt": d.get("prompt", d.get("prompt_token_ids")), "params": sp,
+                         "where": f"{path}:{n}"})
     if not reqs:
         raise InvalidRequestError(f"{path} has no requests")
     return reqs
 
 
+def validate_requests(llm: LLM, reqs: list[dict]) -> None:
+    """Tokenize and check every request against the loaded model before generating; errors name the line."""
+    for r in reqs:
+        try:
+            ids = llm.engine.tokenize(r["prompt"]) if isinstance(r["prompt"], str) else r["prompt"]
+            llm.engine.validate(ids, r["params"])
+        except InvalidRequestError as e:
+            raise InvalidRequestError(f"{r['where']}: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except (InvalidRequestError, UnknownModelError, OSError) as e:  # the user's to fix: a message, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--input", required=True)
@@ -72,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     with LLM(a.model, backend=a.backend, tp=a.tp, executor=executor, dtype=a.dtype, seed=a.seed,
              max_batch=a.max_batch, max_seq_len=a.max_seq_len,
              **({"plan": a.plan} if a.plan != "none" else {})) as llm:
+        validate_requests(llm, reqs)
         outs = llm.generate([r["prompt"] for r in reqs], [r["params"] for r in reqs], use_tqdm=sys.stderr.isatty())
     with open(a.output, "w") as f:
         for r, o in zip(reqs, outs):

@@ -44,11 +44,16 @@ class EngineLoop:
     def load(self) -> int:
         return self._outstanding
 
+    @property
+    def alive(self) -> bool:
+        """The loop thread runs (it is the only thing that ever finishes a submitted request)."""
+        return self._thread.is_alive()
+
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, on_output: OutputCallback,
                prompt: str | None = None, request_id: str | None = None) -> str:
         """Validate now (typed errors raise in the caller), queue, and return the request id."""
-        if self.engine.dead:
-            raise RequestFailedError(f"replica {self.name} is down: {self.engine.dead}")
+        if self.engine.dead or not self.alive:
+            raise RequestFailedError(f"replica {self.name} is down: {self.engine.dead or 'its engine loop exited'}")
         self.engine.validate(prompt_token_ids, params)
         with self._lock:
             self._ids += 1
@@ -63,8 +68,11 @@ class EngineLoop:
     def stats(self) -> dict:
         s = dict(self.engine.stats)
         s.update(self._times)
+        dead = self.engine.dead
+        if dead is None and not self._thread.is_alive() and not self._stop.is_set():
+            dead = f"the engine loop thread of {self.name} has exited"
         s.update(waiting=len(self.engine.scheduler.waiting), running=len(self.engine.scheduler.running),
-                 outstanding=self._outstanding, dead=self.engine.dead)
+                 outstanding=self._outstanding, dead=dead)
         return s
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -125,7 +133,11 @@ class EngineLoop:
                 tm["loop_apply_s"] += t2 - t1
                 t1 = t2
             if self.engine.has_unfinished():
-                outs = self.engine.step()
+                try:
+                    outs = self.engine.step()
+                except Exception as e:  # a bug in a step must fail its requests, not kill this thread (and
+                    log.exception("engine step failed on %s", self.name)   # leave every caller waiting forever)
+                    outs = self.engine._on_failure(e)
                 t2 = pc()
                 tm["loop_step_s"] += t2 - t1
                 for out in outs:

@@ -179,7 +179,15 @@ class LLMEngine:
             elif logits is None:
                 raise RuntimeError(f"the runner returned no logits and no device-sampled token for request {r.seq_id}")
             else:
-                tok = sample(logits[i], r.params, r.generator)
+                try:
+                    tok = sample(logits[i], r.params, r.generator)
+                except Exception as e:  # one request's bad numbers must not take the batch (or the loop) down
+                    log.exception("sampling failed for request %s", r.request_id)
+                    r.finish("error", error=f"sampling failed for this request ({type(e).__name__}: {e})")
+                    self.stats["requests_failed"] += 1
+                    done.append(r)
+                    outputs.append(r.snapshot())
+                    continue
             r.output_token_ids.append(tok)
             self.stats["tokens_generated"] += 1
             if r.first_token_time is None:
@@ -193,7 +201,8 @@ class LLMEngine:
                 outputs.append(r.snapshot())
         for r in done:
             self.scheduler.release(r)
-            self.stats["requests_finished"] += 1
+            if r.finish_reason != "error":
+                self.stats["requests_finished"] += 1
         t3 = time.perf_counter()
         if done:
             self._forget_many(done)

@@ -19,6 +19,9 @@ from .errors import InvalidRequestError
 
 
 DEVICE_SAMPLING_MODES = ("auto", "on", "off")
+# temperatures below this are greedy: logits / T overflows fp32 for T ~< 1e-37 (softmax -> NaN), and long before
+# that the distribution is an argmax anyway (vLLM uses the same cut-off)
+SAMPLING_EPS = 1e-5
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < SAMPLING_EPS or self.top_k == 1
 
     def device_exact(self) -> bool:
         """The device sampler follows these params exactly (no top-C cap involved)."""
@@ -85,7 +88,8 @@ def request_seed(params: SamplingParams, engine_seed: int, request_index: int) -
 def make_generator(params: SamplingParams, engine_seed: int, request_index: int) -> torch.Generator | None:
     if params.greedy:
         return None
-    return torch.Generator().manual_seed(request_seed(params, engine_seed, request_index))
+    # any int is a valid seed: use its low 64 bits, as the device sampler does (manual_seed rejects >= 2**64)
+    return torch.Generator().manual_seed(request_seed(params, engine_seed, request_index) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
 def check_device_sampling(params: SamplingParams, mode: str) -> None:

@@ -7,7 +7,8 @@ import pytest
 from cluster.client import Client
 from cluster.router import build_router
 from cluster.server import ServerThread, create_app
-from mpk_runtime.engine import (LLM, InvalidRequestError, NoTokenizerError, PromptTooLongError, SamplingParams)
+from mpk_runtime.engine import (LLM, InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError,
+                                SamplingParams)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
@@ -148,3 +149,65 @@ def test_health_models_metrics(server):
                  'mpk_queue_depth{replica="replica-0"}', "mpk_time_to_first_token_seconds_count",
                  'mpk_requests_total{status="rejected"}'):
         assert name in text
+
+
+def test_tiny_temperature_is_greedy_and_the_replica_keeps_serving(server, local_llm):
+    """A temperature that overflows logits / T (1e-39) once killed the replica's engine thread: every later request
+    hung while /health said ok. Below SAMPLING_EPS it is greedy (vLLM's cut-off), and the replica keeps serving."""
+    want = local_llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    url = server[0].url
+    for t in (1e-39, 1e-7):
+        r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2, 3], "temperature": t, "max_tokens": 4,
+                                                       "ignore_eos": True}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["token_ids"] == want.token_ids
+    r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2, 3], "temperature": 0.7, "seed": 2 ** 70,
+                                                   "max_tokens": 3}, timeout=60)
+    assert r.status_code == 200, r.text   # any int seed: its low 64 bits (as on device)
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+
+
+def test_a_failing_sampler_fails_its_request_only(server, monkeypatch):
+    """A step error must fail the requests it hits with an error, not kill the engine loop."""
+    import mpk_runtime.engine.engine as eng
+
+    def boom(*a, **k):
+        raise RuntimeError("probability tensor contains nan")
+    url = server[0].url
+    monkeypatch.setattr(eng, "sample", boom)
+    r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "temperature": 0.5, "max_tokens": 2,
+                                                   "top_k": 0}, timeout=60)
+    assert r.status_code == 503 and "sampling failed" in r.json()["error"]["message"]
+    monkeypatch.undo()
+    r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "temperature": 0.5, "max_tokens": 2},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    assert server[1].replicas[0].loop.alive
+
+
+@pytest.mark.parametrize("body, word", [
+    ({"prompt": [1], "logit_bias": {"5": 10}}, "logit_bias"), ({"prompt": [1], "best_of": 3}, "best_of"),
+    ({"prompt": [1], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": [1], "suffix": "x"}, "suffix"),
+])
+def test_unsupported_openai_fields_are_400(server, body, word):
+    r = httpx.post(server[0].url + "/v1/completions", json=body)
+    assert r.status_code == 400 and word in r.json()["error"]["message"], r.text
+
+
+def test_chat_non_text_parts_are_400(server):
+    r = httpx.post(server[0].url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]})
+    assert r.status_code == 400 and "content part" in r.json()["error"]["message"], r.text
+    r = httpx.post(server[0].url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": [
+        {"type": "text", "text": 5}]}]})
+    assert r.status_code == 400, r.text
+
+
+def test_client_against_no_server_is_a_typed_error():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]   # closed again: nothing listens there
+    with pytest.raises(RequestFailedError, match="cannot reach"):
+        Client(f"http://127.0.0.1:{port}", timeout=5)

@@ -106,3 +106,37 @@ def test_submit_builds_job_with_working_dir():
     assert job["entrypoint"].startswith("python -m cluster.jobs.generate --model tiny-qwen3")
     assert "'a b.jsonl'" in job["entrypoint"]  # quoted
     assert job["runtime_env"]["working_dir"] == ROOT and ".git" in job["runtime_env"]["excludes"]
+
+
+def test_generate_job_errors_name_the_line_and_are_messages(tmp_path, capsys):
+    """Type errors in a line, and prompts the model cannot take (out of vocabulary, over the context), fail
+    before any generation with the line named; a missing input file is a message, not a traceback."""
+    from cluster.jobs.generate import main, read_requests
+    inp = tmp_path / "in.jsonl"
+    _write(inp, [{"prompt_token_ids": [1, 2]}, {"prompt": 5}])
+    with pytest.raises(InvalidRequestError, match=r"in.jsonl:2.*'prompt' must be a string"):
+        read_requests(str(inp))
+    _write(inp, [{"prompt_token_ids": "abc"}])
+    with pytest.raises(InvalidRequestError, match=r"in.jsonl:1.*prompt_token_ids"):
+        read_requests(str(inp))
+    out = tmp_path / "out.jsonl"
+    for rows, word in (([{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [1, 10 ** 6]}], "in.jsonl:2"),
+                       ([{"prompt_token_ids": list(range(100))}], "in.jsonl:1")):
+        _write(inp, rows)
+        rc = main(["--model", "tiny-qwen3", "--dtype", "float32", "--max-seq-len", "64", "--input", str(inp),
+                   "--output", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2 and word in err and "Traceback" not in err, err
+        assert not out.exists()
+    rc = main(["--model", "tiny-qwen3", "--input", str(tmp_path / "missing.jsonl"), "--output", str(out)])
+    assert rc == 2 and "missing.jsonl" in capsys.readouterr().err
+
+
+def test_submit_refuses_relative_paths():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import submit
+    with pytest.raises(SystemExit, match="absolute path"):
+        submit.check_paths(["--model", "m", "--input", "/data/in.jsonl", "--output", "out.jsonl"])
+    with pytest.raises(SystemExit, match="absolute path"):
+        submit.check_paths(["--input=in.jsonl"])
+    submit.check_paths(["--model", "m", "--input", "/data/in.jsonl", "--output", "/data/out.jsonl"])

@@ -40,6 +40,13 @@ def test_top_k_1_and_tiny_top_p_equal_greedy(llm, ref_models):
     assert greedy == ref
     assert llm.generate([PROMPT], SamplingParams(temperature=2.0, top_k=1, max_tokens=10, seed=7))[0].token_ids == ref
     assert llm.generate([PROMPT], SamplingParams(temperature=2.0, top_p=1e-6, max_tokens=10, seed=7))[0].token_ids == ref
+    # temperatures below SAMPLING_EPS are greedy (1e-39 overflowed logits / T to inf and NaN'd the softmax)
+    for t in (1e-39, 1e-6):
+        assert llm.generate([PROMPT], SamplingParams(temperature=t, max_tokens=10))[0].token_ids == ref
+    # any int seed (its low 64 bits, as the device sampler takes it)
+    sp = SamplingParams(temperature=1.0, max_tokens=4, seed=2 ** 64 + 3)
+    assert llm.generate([PROMPT], sp)[0].token_ids == \
+        llm.generate([PROMPT], SamplingParams(temperature=1.0, max_tokens=4, seed=3))[0].token_ids
 
 
 def test_top_k_tokens_come_from_the_top_k(llm, ref_models):
