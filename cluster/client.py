@@ -175,9 +175,10 @@ class Client:
                     first = first or time.monotonic()
                     done = c.get("finish_reason") is not None
                     now = time.monotonic()
-                    yield RequestOutput(str(i), p if isinstance(p, str) else None, [], list(toks), text,
+                    pids = c.get("prompt_token_ids") or ([] if isinstance(p, str) else list(p))
+                    yield RequestOutput(str(i), p if isinstance(p, str) else None, pids, list(toks), text,
                                         c.get("token_ids", []), c.get("text", ""), done, c.get("finish_reason"),
-                                        None, RequestMetrics(t0, first, now if done else None, 0, len(toks)))
+                                        None, RequestMetrics(t0, first, now if done else None, len(pids), len(toks)))
 
     def health(self) -> dict:
         return self._http.get("/health").json()

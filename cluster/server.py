@@ -69,8 +69,16 @@ def create_app(router: Router, served_model_name: str | None = None):
         metrics.on_reject()
         parts = []
         for err in e.errors():
+            if err.get("type") == "json_invalid":   # (its loc is a character offset, not a field)
+                at = err.get("loc", ())[-1:]
+                parts.append(f"the body is not valid JSON (at character {at[0] if at else '?'}: "
+                             f"{(err.get('ctx') or {}).get('error', err.get('msg'))})")
+                continue
             loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-            parts.append(f"{loc or 'body'}: {err.get('msg')}")
+            msg = err.get("msg")
+            if not loc and err.get("type") in ("model_attributes_type", "dict_type"):
+                msg += " (send a JSON object with the header Content-Type: application/json)"
+            parts.append(f"{loc or 'body'}: {msg}")
         return JSONResponse(_err_body("invalid request: " + "; ".join(parts[:5]), "InvalidRequestError"),
                             status_code=400)
 
@@ -147,10 +155,18 @@ def create_app(router: Router, served_model_name: str | None = None):
         return list(tok.encode(text, add_special_tokens=False)), text
 
     # --- engine bridge ------------------------------------------------------------------------------------
-    def _submit_all(prompts, params) -> tuple[asyncio.Queue, list[tuple[Any, str]]]:
-        """Validate every prompt, then queue them all; outputs arrive on one asyncio queue as (index, output)."""
+    def _submit_all(prompts, params, r: CommonRequest | None = None) -> tuple[asyncio.Queue, list[tuple[Any, str]]]:
+        """Validate every prompt, then queue them all; outputs arrive on one asyncio queue as (index, output).
+        A max_tokens the request sent explicitly must fit the context after the prompt (OpenAI's 400); the
+        default (16, or none for chat) stops at the context instead (finish_reason "length")."""
+        ctx = router.engine.kv_spec.max_seq_len
+        explicit = r is not None and bool({"max_tokens", "max_completion_tokens"} & r.model_fields_set)
         for ids, _ in prompts:
             router.engine.validate(ids, params)
+            if explicit and params.max_tokens is not None and len(ids) + params.max_tokens > ctx:
+                raise HTTPError(400, f"this model's context is {ctx} tokens, but the prompt ({len(ids)} tokens) plus "
+                                     f"max_tokens ({params.max_tokens}) would need {len(ids) + params.max_tokens}: lower "
+                                     f"max_tokens to at most {ctx - len(ids)}, or leave it out")
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         handles = []
@@ -228,16 +244,21 @@ def create_app(router: Router, served_model_name: str | None = None):
     async def completions(r: CompletionRequest, raw: Request):
         params = _params(r)
         prompts = _completion_prompts(r)
-        q, handles = _submit_all(prompts, params)
+        q, handles = _submit_all(prompts, params, r)
         cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if r.stream:
             def chunk(i, out, usage=None):
                 if out is None:
                     return {"id": cid, "object": "text_completion", "created": created, "model": name,
                             "choices": [], "usage": usage}
-                return {"id": cid, "object": "text_completion", "created": created, "model": name,
-                        "choices": [{"index": i, "text": out.delta_text or "", "logprobs": None,
-                                     "finish_reason": _finish(out), "token_ids": out.delta_token_ids}]}
+                c = {"index": i, "text": out.delta_text or "", "logprobs": None, "finish_reason": _finish(out),
+                     "token_ids": out.delta_token_ids}
+                if out.finished:   # (an extension, as the non-streaming token_ids: what Client.stream reports)
+                    c["prompt_token_ids"] = out.prompt_token_ids
+                body = {"id": cid, "object": "text_completion", "created": created, "model": name, "choices": [c]}
+                if inc:   # OpenAI: with include_usage every chunk but the last carries "usage": null
+                    body["usage"] = None
+                return body
             inc = bool((r.stream_options or {}).get("include_usage"))
             return StreamingResponse(_stream(q, len(prompts), handles, chunk, inc), media_type="text/event-stream")
         outs = await _collect(q, len(prompts), handles, raw)
@@ -251,7 +272,7 @@ def create_app(router: Router, served_model_name: str | None = None):
     async def chat(r: ChatRequest, raw: Request):
         params = _params(r)
         ids, text = _chat_prompt(r)
-        q, handles = _submit_all([(ids, text)], params)
+        q, handles = _submit_all([(ids, text)], params, r)
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         if r.stream:
             def chunk(i, out, usage=None):
@@ -260,11 +281,11 @@ def create_app(router: Router, served_model_name: str | None = None):
                     return {**base, "choices": [], "usage": usage}
                 return {**base, "choices": [{"index": 0, "delta": {"content": out.delta_text or ""},
                                              "logprobs": None, "finish_reason": _finish(out),
-                                             "token_ids": out.delta_token_ids}]}
+                                             "token_ids": out.delta_token_ids}], **({"usage": None} if inc else {})}
+            inc = bool((r.stream_options or {}).get("include_usage"))
             first = [{"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
                       "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                   "finish_reason": None}]}]
-            inc = bool((r.stream_options or {}).get("include_usage"))
+                                   "finish_reason": None}], **({"usage": None} if inc else {})}]
             return StreamingResponse(_stream(q, 1, handles, chunk, inc, first), media_type="text/event-stream")
         (o,) = await _collect(q, 1, handles, raw)
         return {"id": cid, "object": "chat.completion", "created": created, "model": name,

@@ -211,3 +211,33 @@ def test_client_against_no_server_is_a_typed_error():
         port = s.getsockname()[1]   # closed again: nothing listens there
     with pytest.raises(RequestFailedError, match="cannot reach"):
         Client(f"http://127.0.0.1:{port}", timeout=5)
+
+
+def test_explicit_max_tokens_past_the_context_is_400(server):
+    url = server[0].url   # max_seq_len 64
+    r = httpx.post(url + "/v1/completions", json={"prompt": list(range(1, 61)), "max_tokens": 10})
+    assert r.status_code == 400 and "at most 4" in r.json()["error"]["message"], r.text
+    r = httpx.post(url + "/v1/completions", json={"prompt": list(range(1, 61)), "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"   # the default stops there
+
+
+def test_json_errors_say_what_to_send(server):
+    url = server[0].url
+    r = httpx.post(url + "/v1/completions", content=b'{"prompt": [1, 2', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"], r.text
+    r = httpx.post(url + "/v1/completions", content=b'{"prompt": [1, 2]}')   # no content type
+    assert r.status_code == 400 and "Content-Type" in r.json()["error"]["message"], r.text
+
+
+def test_stream_chunks_carry_usage_null_and_the_prompt_ids(server):
+    import json as _json
+    url = server[0].url
+    with httpx.stream("POST", url + "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 3, "stream": True,
+                                                             "temperature": 0,
+                                                             "stream_options": {"include_usage": True}}) as r:
+        evs = [_json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert all("usage" in e for e in evs) and evs[-1]["usage"]["completion_tokens"] == 3
+    assert all(e["usage"] is None for e in evs[:-1])
+    with Client(url) as c:
+        parts = list(c.stream([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3)))
+    assert parts[-1].prompt_token_ids == [1, 2, 3]
