@@ -16,8 +16,9 @@ def _search(a: argparse.Namespace, cfg) -> int:
         print()
         return 0
     print(f"{cfg.name} tp={a.tp} batch={a.batch} context={a.context}, profile {prof.name}: "
-          f"{len(plans)} candidate plans, best first (predicted step time; in brackets the band that held "
-          f"90% of measured steps in the profile's validation: planner/band.py)")
+          f"{len(plans)} candidate plans, best first{f' (the top {a.top}: --top N for more)' if len(plans) > a.top else ''} "
+          f"(predicted step time; in brackets the band that held 90% of measured steps in the profile's "
+          f"validation: planner/band.py)")
     for p in plans[: a.top]:
         print("  " + p.describe())
     from .ir.defer import conv_attn_appends
@@ -63,6 +64,12 @@ def _plan(a: argparse.Namespace) -> int:
     from .models import load_config
     from .tasks import Tiling, build_task_graphs, check_task_graphs
     cfg = load_config(a.model)
+    for flag, v in (("--tp", a.tp), ("--batch", a.batch), ("--context", a.context), ("--sms", a.sms),
+                    ("--attn-splits", a.attn_splits), ("--top", a.top)):
+        if v < 1:
+            raise ValueError(f"{flag} must be >= 1, got {v}")
+    if a.classify and not a.search:
+        raise ValueError("--classify prices every batch bucket's candidates: add --search")
     if a.context > cfg.max_position_embeddings:
         raise ValueError(f"--context {a.context} exceeds {cfg.name}'s max_position_embeddings "
                          f"({cfg.max_position_embeddings}); plan for a context the model takes")
@@ -96,7 +103,7 @@ def _parse_ids(s: str) -> list[int]:
     try:
         return [int(x) for x in s.replace(",", " ").split()]
     except ValueError:
-        raise SystemExit(f"--prompt-ids must be integers separated by commas or spaces, got {s!r}")
+        raise ValueError(f"--prompt-ids must be integers separated by commas or spaces, got {s!r}") from None
 
 
 def _generate(a: argparse.Namespace) -> int:
@@ -105,11 +112,13 @@ def _generate(a: argparse.Namespace) -> int:
     prompts += a.prompt or []
     if not prompts:
         raise SystemExit("give --prompt-ids 1,2,3 (repeatable) or --prompt TEXT (needs a tokenizer in the model dir)")
-    sp = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, max_tokens=a.max_tokens, seed=a.seed)
+    sp = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, max_tokens=a.max_tokens, seed=a.seed,
+                        stop_token_ids=_parse_ids(a.stop_token_ids) if a.stop_token_ids else (),
+                        ignore_eos=a.ignore_eos)
     t0 = time.perf_counter()
     extra = {"plan": a.plan} if a.plan != "none" else {}   # backends without plans keep their signature
     llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len,
-              max_batch=max(a.max_batch, len(prompts)), **extra)
+              max_batch=max(a.max_batch, len(prompts)), page_size=a.page_size, num_pages=a.num_pages, **extra)
     t1 = time.perf_counter()
     try:
         outs = llm.generate(prompts, sp, use_tqdm=len(prompts) > 1)
@@ -157,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-seq-len", type=int, default=None)
     g.add_argument("--max-batch", type=int, default=8)
+    g.add_argument("--page-size", type=int, default=16, help="KV cache page size in tokens")
+    g.add_argument("--num-pages", type=int, default=None, help="KV cache pages (default: max-batch full sequences)")
+    g.add_argument("--stop-token-ids", default=None, help="comma-separated token ids that end a sequence")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past the tokenizer's / model's EOS")
     g.add_argument("--plan", default="none", choices=["none", "auto"],
                    help="auto: the planner's plan per batch bucket (backends pyvm, megakernel)")
     a = p.parse_args(argv)

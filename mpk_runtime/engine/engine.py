@@ -39,6 +39,7 @@ class LLMEngine:
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer or LazyTokenizer(None)
         self.seed = seed
+        self.model_eos: set[int] = set()   # EOS ids from the model directory (generation_config.json / config.json)
         self.step_timeout = step_timeout
         # called with the failed requests' outputs as soon as a step fails, before the workers are rebuilt (which
         # can take many seconds): a caller that streams outputs (EngineLoop) tells its users now; _on_failure then
@@ -88,7 +89,10 @@ class LLMEngine:
         if pages > self.kv_spec.num_pages:
             raise PromptTooLongError(f"the request needs {pages} KV pages (prompt {n} + up to "
                                      f"{max_total - n} generated tokens) but the cache has only "
-                                     f"{self.kv_spec.num_pages}; lower max_tokens or give the runner more pages")
+                                     f"{self.kv_spec.num_pages}; "
+                                     + ("lower max_tokens, or " if params.max_tokens is not None else
+                                        "set max_tokens, or ")
+                                     + f"create the LLM with num_pages >= {pages}")
         return max_total
 
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str | None = None,
@@ -136,6 +140,13 @@ class LLMEngine:
         c0 = time.thread_time()
         sched = self.scheduler.schedule()
         if not sched:
+            if self.scheduler.waiting and not self.scheduler.running:
+                # nothing runs and the head of the queue can never be admitted: fail loudly instead of letting
+                # generate() spin forever
+                raise RequestFailedError(
+                    f"cannot admit request {self.scheduler.waiting[0].request_id!r}: max_batch="
+                    f"{self.scheduler.max_batch}, {self.allocator.num_free} of {self.allocator.num_pages} KV pages "
+                    "free; create the LLM with max_batch >= 1 and enough num_pages")
             return []
         chunks = []
         n_prompt = 0  # prompt chunks (the scheduler's "still prefilling": no output token yet); the rest decode rows
@@ -174,20 +185,25 @@ class LLMEngine:
             r.num_computed += s.num_tokens
             if r.num_computed < r.num_tokens:
                 continue  # a prompt chunk that is not the last: nothing to sample yet
-            if dev_tokens is not None and chunks[i].sampling is not None and dev_tokens[i] >= 0:
-                tok = int(dev_tokens[i])
-            elif logits is None:
-                raise RuntimeError(f"the runner returned no logits and no device-sampled token for request {r.seq_id}")
-            else:
-                try:
+            try:
+                if dev_tokens is not None and chunks[i].sampling is not None and dev_tokens[i] >= 0:
+                    tok = int(dev_tokens[i])
+                elif logits is None:
+                    raise RuntimeError(f"the runner returned no logits and no device-sampled token for request "
+                                       f"{r.seq_id}")
+                else:
                     tok = sample(logits[i], r.params, r.generator)
-                except Exception as e:  # one request's bad numbers must not take the batch (or the loop) down
-                    log.exception("sampling failed for request %s", r.request_id)
-                    r.finish("error", error=f"sampling failed for this request ({type(e).__name__}: {e})")
-                    self.stats["requests_failed"] += 1
-                    done.append(r)
-                    outputs.append(r.snapshot())
-                    continue
+                if not 0 <= tok < self.vocab_size:
+                    raise RuntimeError(f"the runner produced token id {tok}, outside the vocabulary [0, "
+                                       f"{self.vocab_size}) (NaN / inf logits? try dtype='float32' or 'bfloat16' "
+                                       "instead of 'float16', and check the weights)")
+            except Exception as e:  # one request's bad numbers fail that request only: never leave it RUNNING with
+                log.exception("sampling failed for request %s", r.request_id)   # no token (nothing would ever
+                r.finish("error", error=f"sampling failed for this request ({type(e).__name__}: {e})")   # resume it)
+                self.stats["requests_failed"] += 1
+                done.append(r)
+                outputs.append(r.snapshot())
+                continue
             r.output_token_ids.append(tok)
             self.stats["tokens_generated"] += 1
             if r.first_token_time is None:
@@ -253,7 +269,7 @@ class LLMEngine:
 
     def _eos_ids(self) -> set[int]:
         if not hasattr(self, "_eos_cache"):
-            self._eos_cache = self.tokenizer.eos_token_ids() if self.tokenizer.available else set()
+            self._eos_cache = (self.tokenizer.eos_token_ids() if self.tokenizer.available else set()) | self.model_eos
         return self._eos_cache
 
     def _detokenize(self, r: Request, final: bool) -> None:

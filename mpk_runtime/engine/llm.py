@@ -15,9 +15,11 @@ from .engine import LLMEngine
 from .errors import InvalidRequestError, RequestFailedError, UnknownModelError
 from .request import RequestOutput
 from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
-from .tokenizer import LazyTokenizer
+from .tokenizer import LazyTokenizer, model_eos_ids
 
 Prompt = "str | list[int]"
+self_kw = ("model", "rank", "world_size", "comm", "seed", "dtype", "max_batch", "max_seq_len", "page_size",
+           "num_pages", "tp")
 
 
 def resolve_model(model: str):
@@ -72,6 +74,14 @@ class LLM:
         self.config = resolve_model(model)
         if not isinstance(tp, int) or tp < 1:
             raise InvalidRequestError(f"tp must be an int >= 1, got {tp!r}")
+        from ..runtime.base import runner_params
+        known = runner_params(backend) if isinstance(backend, str) else None
+        unknown = sorted(set(runner_kwargs) - known) if known is not None else []
+        if unknown:   # a typo (max_seqlen=) or a sampling option (temperature=) would otherwise do nothing
+            raise InvalidRequestError(f"unknown keyword argument(s) {unknown} for LLM(backend={backend!r}); "
+                                      f"LLM takes max_seq_len, max_batch, num_pages, page_size, dtype, ... and the "
+                                      f"backend's own: {sorted(known - set(self_kw))}; sampling options go in "
+                                      "SamplingParams")
         if isinstance(executor, str):
             executor = make_executor(executor, tp, **(executor_kwargs or {}))
         elif executor.world_size != tp:
@@ -91,6 +101,7 @@ class LLM:
         self.engine = LLMEngine(executor, kv_spec, self.config.vocab_size, LazyTokenizer(src), seed=seed,
                                 max_num_batched_tokens=max_num_batched_tokens, step_timeout=step_timeout,
                                 device_sampling=device_sampling)
+        self.engine.model_eos = {t for t in model_eos_ids(model) if t < self.config.vocab_size}
 
     @property
     def tokenizer(self):
@@ -131,6 +142,9 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
+            for r in rids:   # interrupted (KeyboardInterrupt, an engine error): do not leave our requests queued
+                if r not in final:
+                    self.engine.abort(r)
         errors = [o for o in final.values() if o.finish_reason == "error"]
         if errors:
             raise RequestFailedError(f"{len(errors)} of {len(rids)} requests failed: {errors[0].error}")

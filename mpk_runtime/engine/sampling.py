@@ -58,7 +58,9 @@ class SamplingParams:
                 isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in self.stop_token_ids):
             problems.append(f"stop_token_ids must be a list of non-negative ints, got {self.stop_token_ids!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            problems.append(f"seed must be an int or None, got {self.seed!r}")
+            problems.append(f"seed must be an int or None (any int: its low 64 bits are used), got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            problems.append(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if problems:
             raise InvalidRequestError("invalid SamplingParams: " + "; ".join(problems))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -114,7 +116,11 @@ def device_sampling_for(params: SamplingParams, mode: str, seed: int) -> DeviceS
 def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
     """One token id from fp32 logits (vocab,), on the host."""
     if params.greedy:
-        return int(torch.argmax(logits))
+        tok = int(torch.argmax(logits))
+        if not bool(torch.isfinite(logits[tok])):   # argmax lands on a NaN (or +inf) when there is one
+            raise ValueError("the model produced NaN / inf logits (float16 overflow or broken weights?): try "
+                             "dtype='float32' or 'bfloat16', and check the checkpoint")
+        return tok
     x = logits.float() / params.temperature
     if params.top_k > 0 and params.top_k < x.numel():
         kth = torch.topk(x, params.top_k).values[-1]
@@ -127,4 +133,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | 
         x = x.clone()
         x[idx[drop]] = float("-inf")
     probs = torch.softmax(x, -1)
+    if not bool(torch.isfinite(probs).all()):   # (softmax is O(V) already)
+        raise ValueError("the model produced NaN / inf logits (float16 overflow or broken weights?): try "
+                         "dtype='float32' or 'bfloat16', and check the checkpoint")
     return int(torch.multinomial(probs, 1, generator=gen))

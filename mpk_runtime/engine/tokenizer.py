@@ -7,6 +7,25 @@ import threading
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
+def model_eos_ids(model) -> set[int]:
+    """EOS ids a Hugging Face directory declares outside its tokenizer: generation_config.json (what HF's
+    `generate` stops on, e.g. Llama-3 Instruct's [128001, 128008, 128009]) and config.json."""
+    import json
+    out: set[int] = set()
+    if not isinstance(model, str) or not os.path.isdir(model):
+        return out
+    for fn in ("generation_config.json", "config.json"):
+        try:
+            with open(os.path.join(model, fn)) as f:
+                e = json.load(f).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        for x in (e if isinstance(e, (list, tuple)) else [e]):
+            if isinstance(x, int) and not isinstance(x, bool) and x >= 0:
+                out.add(x)
+    return out
+
+
 def has_tokenizer(model: str) -> bool:
     return os.path.isdir(model) and any(os.path.exists(os.path.join(model, f)) for f in _TOKENIZER_FILES)
 

@@ -132,6 +132,16 @@ class ModelConfig:
                               "'qwen3' (Qwen3 dense)")
         if hf.get("attention_bias") or hf.get("mlp_bias"):
             raise ConfigError("attention_bias / mlp_bias models are not supported")
+        if hf.get("layer_types"):       # transformers >= 4.53 writes the per-layer kinds
+            sliding = [i for i, t in enumerate(hf["layer_types"]) if t != "full_attention"]
+        elif hf.get("use_sliding_window") and hf.get("sliding_window"):   # older: layers >= max_window_layers slide
+            sliding = list(range(int(hf.get("max_window_layers", 0)), int(hf.get("num_hidden_layers", 0))))
+        else:
+            sliding = []
+        if sliding:
+            raise ConfigError(f"sliding-window attention (use_sliding_window / layer_types: layers {sliding[:4]}"
+                              f"{'...' if len(sliding) > 4 else ''}) is not supported: this runtime runs full attention in "
+                              "every layer, which would not match the model's outputs")
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"hidden_act {act!r} is not supported (only silu / SwiGLU)")
@@ -201,8 +211,18 @@ def load_config(name_or_path: str) -> ModelConfig:
         if not os.path.exists(path):
             raise ConfigError(f"{name_or_path} is a directory but has no config.json; point at a Hugging Face "
                               "format model directory or use a preset name")
-        with open(path) as f:
-            return ModelConfig.from_hf_config(json.load(f), name=os.path.basename(os.path.normpath(name_or_path)))
+        try:
+            with open(path) as f:
+                hf = json.load(f)
+        except ValueError as e:
+            raise ConfigError(f"{path} is not valid JSON ({e}); re-download it or fix it by hand") from e
+        if not isinstance(hf, dict):
+            raise ConfigError(f"{path} must hold a JSON object (a Hugging Face config), got {type(hf).__name__}")
+        try:
+            return ModelConfig.from_hf_config(hf, name=os.path.basename(os.path.normpath(name_or_path)))
+        except KeyError as e:
+            raise ConfigError(f"{path} has no {e.args[0]!r} entry, which a Llama / Qwen3 config needs; "
+                              "re-download config.json or add it") from e
     return ModelConfig.from_name(name_or_path)
 
 

@@ -89,7 +89,13 @@ def _weight_files(path: str) -> dict[str, str]:
     if os.path.exists(index):
         with open(index) as f:
             wm = json.load(f)["weight_map"]
-        return {k: os.path.join(path, v) for k, v in wm.items()}
+        out = {k: os.path.join(path, v) for k, v in wm.items()}
+        absent = sorted({v for v in out.values() if not os.path.exists(v)})
+        if absent:
+            raise WeightError(f"{index} lists {len(absent)} shard file(s) that are not in {path}, e.g. "
+                              f"{[os.path.basename(a) for a in absent[:3]]}: the download is incomplete; "
+                              "download the missing shards again")
+        return out
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
         raise WeightError(f"no *.safetensors files in {path}; download the model in safetensors format "
@@ -119,6 +125,14 @@ def load_weights(path: str, cfg: ModelConfig, dtype: str | torch.dtype | None = 
     files = _weight_files(path)
     shapes = weight_shapes(cfg)
     wanted = list(names) if names is not None else list(shapes)
+    if names is None:   # tensors the config does not account for: the checkpoint is not the model the config describes
+        import re
+        stray = sorted(n for n in files if n not in shapes and (n.endswith(".bias") or (
+            (m := re.match(r"model\.layers\.(\d+)\.", n)) and int(m.group(1)) >= cfg.num_layers)))
+        if stray:
+            raise WeightError(f"{len(stray)} tensors in {path} are not part of config {cfg.name!r}, e.g. {stray[:3]}; "
+                              f"config.json says {cfg.num_layers} layers and no biases: fix config.json to match "
+                              "the checkpoint (or the model is an architecture this runtime does not run)")
     missing = [n for n in wanted if n not in files]
     if missing:
         raise WeightError(f"{len(missing)} tensors missing from {path}, e.g. {missing[:3]}; the checkpoint does not "
@@ -131,6 +145,9 @@ def load_weights(path: str, cfg: ModelConfig, dtype: str | torch.dtype | None = 
         with safe_open(fn, framework="pt") as f:
             for n in ns:
                 sl = f.get_slice(n)
+                if sl.get_dtype() not in ("F32", "F16", "BF16", "F64"):
+                    raise WeightError(f"tensor {n} in {fn} has dtype {sl.get_dtype()}; expected a float tensor "
+                                      "(F32 / F16 / BF16): quantized or integer checkpoints are not supported")
                 shape = tuple(sl.get_shape())
                 if shape != shapes[n]:
                     raise WeightError(f"tensor {n} in {fn} has shape {shape}, config {cfg.name!r} expects {shapes[n]}")

@@ -71,6 +71,19 @@ class ModelRunner(abc.ABC):
         pass
 
 
+def check_sizes(cfg: ModelConfig, max_batch, max_seq_len, page_size, num_pages) -> int:
+    """Validate a runner's cache sizes (every backend the same way); returns max_seq_len. num_pages None = derive."""
+    for name, v in (("max_batch", max_batch), ("max_seq_len", max_seq_len), ("page_size", page_size)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    if num_pages is not None and (not isinstance(num_pages, int) or isinstance(num_pages, bool) or num_pages < 1):
+        raise ValueError(f"num_pages must be an int >= 1 (or None: enough for max_batch full sequences), got {num_pages!r}")
+    if max_seq_len > cfg.max_position_embeddings:
+        raise ValueError(f"max_seq_len={max_seq_len} exceeds {cfg.name}'s max_position_embeddings "
+                         f"({cfg.max_position_embeddings}); pass a smaller max_seq_len")
+    return max_seq_len
+
+
 # --- backend registry ---------------------------------------------------------------------------------------
 RunnerFactory = Callable[..., ModelRunner]
 _RUNNERS: dict[str, RunnerFactory] = {}
@@ -90,6 +103,18 @@ def make_runner(backend: str, **kwargs: Any) -> ModelRunner:
     if backend not in _RUNNERS:
         raise ValueError(f"unknown backend {backend!r}; known backends: {', '.join(sorted(_RUNNERS))}")
     return _RUNNERS[backend](**kwargs)
+
+
+def runner_params(backend: str) -> set[str] | None:
+    """The keyword arguments a backend's runner takes by name (None: unknown backend, or it takes anything)."""
+    import inspect
+    from . import backends  # noqa: F401
+    fn = _RUNNERS.get(backend)
+    if fn is None:
+        return None
+    sig = inspect.signature(fn.__init__ if isinstance(fn, type) else fn)
+    names = {n for n, p in sig.parameters.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return names - {"self"} or None
 
 
 def known_backends() -> list[str]:

@@ -28,7 +28,7 @@ from ..models.reference import rope_inv_freq
 from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling, attn_splits_for
-from .base import KVSpec, ModelRunner, SeqChunk, register_runner
+from .base import KVSpec, ModelRunner, SeqChunk, check_sizes, register_runner
 from .conventional_fused import prepare_weights
 from .device_sampling import host_logits_needed, step_output
 from .megakernel_plans import ConventionalPrefill, PlannedDecoder, fill_step
@@ -73,7 +73,7 @@ class MegakernelRunner(ModelRunner):
     backend = "megakernel"
 
     def __init__(self, model: str = "tiny-llama", *, world_size: int | None = None, tp: int = 1, rank: int = 0,
-                 seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int = 512,
+                 seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int | None = None,
                  page_size: int = DEFAULT_PAGE_SIZE, num_pages: int | None = None, num_sms: int | None = None,
                  attn_splits: int | None = None, timeout_s: float | None = None, device: str = "cuda", comm=None,
                  nvshmem_uid: bytes | None = None, tp_invariant: int = 1, plan=None, plan_buckets=None,
@@ -84,6 +84,8 @@ class MegakernelRunner(ModelRunner):
         self.rank, self.world_size = rank, world
         self._comm = comm
         dtype = dtype or "bfloat16"
+        max_seq_len = check_sizes(cfg, max_batch, max_seq_len or min(cfg.max_position_embeddings, 512), page_size,
+                                  num_pages)   # None (LLM's and the CLIs' default): 512, as before
         if world > 1:
             torch.cuda.set_device(torch.device(device).index if torch.device(device).index is not None
                                   else _local_device(rank))

@@ -17,7 +17,7 @@ from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
 from ..tasks.check import check_task_graphs
 from ..tasks.tiling import Tiling
-from .base import KVSpec, ModelRunner, SeqChunk, register_runner
+from .base import KVSpec, ModelRunner, SeqChunk, check_sizes, register_runner
 from .comm import ThreadComm
 from .device_sampling import fill_sampling, step_output
 from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory, StepCtx, connect
@@ -221,7 +221,7 @@ class _CPURunner(ModelRunner):
         if device != "cpu":
             raise ValueError(f"the {self.backend} backend runs on the CPU; use backend='megakernel' for GPUs")
         dtype = dtype or "float32"  # CPU: bf16 matmuls are slow and far from the fp32 reference
-        max_seq_len = default_max_seq_len(cfg, max_seq_len)
+        max_seq_len = check_sizes(cfg, max_batch, default_max_seq_len(cfg, max_seq_len), page_size, num_pages)
         num_pages = num_pages or max_batch * (-(-max_seq_len // page_size)) + 1
         self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
         self._comm = comm
@@ -303,7 +303,7 @@ _LOCK = threading.Lock()
 
 
 def default_max_seq_len(cfg: ModelConfig, max_seq_len: int | None) -> int:
-    return max_seq_len or min(cfg.max_position_embeddings, 2048)
+    return min(cfg.max_position_embeddings, 2048) if max_seq_len is None else max_seq_len
 
 
 def resolve_plan(plan, cfg, tp: int, max_batch: int, max_seq_len: int | None, buckets=None, context: int = 512):

@@ -12,7 +12,7 @@ import torch
 
 from ..models import KVCache, ReferenceModel, get_weights, load_config
 from ..models.weights import torch_dtype
-from .base import KVSpec, ModelRunner, SeqChunk, register_runner
+from .base import KVSpec, ModelRunner, SeqChunk, check_sizes, register_runner
 from .memory import DEFAULT_PAGE_SIZE
 
 
@@ -26,16 +26,13 @@ class ReferenceRunner(ModelRunner):
                              "or 'pyvm' for tp > 1")
         self.config = load_config(model)
         self.rank, self.world_size = 0, 1
-        self.dtype = torch_dtype(dtype or self.config.dtype)
+        # dtype None: fp32 on the CPU, as the pyvm / torch backends (the oracle should agree with them by default)
+        self.dtype = torch_dtype(dtype or ("float32" if torch.device(device).type == "cpu" else self.config.dtype))
         self.device = torch.device(device)
         self.model = ReferenceModel(self.config, get_weights(model, self.config, seed=seed, dtype=self.dtype,
                                                              device=self.device))
-        max_seq_len = int(max_seq_len or min(self.config.max_position_embeddings, 2048))
-        if max_seq_len > self.config.max_position_embeddings:
-            raise ValueError(f"max_seq_len={max_seq_len} exceeds the model's max_position_embeddings "
-                             f"({self.config.max_position_embeddings}); pass a smaller max_seq_len")
-        if max_batch < 1 or page_size < 1:
-            raise ValueError(f"max_batch ({max_batch}) and page_size ({page_size}) must be >= 1")
+        max_seq_len = check_sizes(self.config, max_batch, min(self.config.max_position_embeddings, 2048)
+                                  if max_seq_len is None else max_seq_len, page_size, num_pages)
         pages_per_seq = math.ceil(max_seq_len / page_size)
         self._spec = KVSpec(page_size=page_size, num_pages=int(num_pages or max_batch * pages_per_seq),
                             max_batch=max_batch, max_seq_len=max_seq_len)
@@ -86,6 +83,4 @@ class ReferenceRunner(ModelRunner):
         self._caches.clear()
 
 
-@register_runner("reference")
-def _make_reference(**kwargs) -> ReferenceRunner:
-    return ReferenceRunner(**kwargs)
+register_runner("reference")(ReferenceRunner)

@@ -71,3 +71,23 @@ def test_bad_params_type_and_count(llm):
 def test_typed_errors_are_value_errors():
     for cls in (InvalidRequestError, PromptTooLongError, NoTokenizerError, UnknownModelError):
         assert issubclass(cls, ValueError)
+
+
+def test_cli_bad_flags_are_messages(capsys):
+    from mpk_runtime.__main__ import main
+    for argv, word in ((["plan", "--model", "tiny-llama", "--sms", "0"], "--sms"),
+                       (["plan", "--model", "tiny-llama", "--classify"], "--search"),
+                       (["generate", "--model", "tiny-llama", "--prompt-ids", "1,x"], "--prompt-ids")):
+        assert main(argv) == 2
+        assert word in capsys.readouterr().err
+
+
+def test_cli_stop_token_ids_and_pages(capsys):
+    from mpk_runtime.__main__ import main
+    import json as _json
+    base = ["generate", "--model", "tiny-llama", "--prompt-ids", "1,2", "--backend", "torch", "--max-tokens", "8"]
+    assert main(base) == 0
+    free = _json.loads(capsys.readouterr().out.splitlines()[0])["token_ids"]
+    assert main(base + ["--stop-token-ids", str(free[3]), "--page-size", "8", "--num-pages", "4"]) == 0
+    got = _json.loads(capsys.readouterr().out.splitlines()[0])
+    assert got["token_ids"] == free[:free.index(free[3]) + 1] and got["finish_reason"] == "stop"
