@@ -99,3 +99,21 @@ def test_greedy_and_sampled_steps_replay_their_own_graphs():
             assert draws >= 8, (family, draws)   # two generates x the decode steps of the sampled row
         finally:
             llm.shutdown()
+
+
+def test_llm_megakernel_default_max_seq_len():
+    """LLM(backend="megakernel") with no max_seq_len (LLM passes None; the runner's default is 512) was passed
+    through as None and crashed before session 48: it must build the same engine as max_seq_len=512 and generate the
+    same greedy tokens."""
+    from mpk_runtime import LLM, SamplingParams
+    sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    got = []
+    for kw in ({}, {"max_seq_len": 512}):
+        llm = LLM("tiny-llama", backend="megakernel", **kw)
+        try:
+            assert llm.engine.kv_spec.max_seq_len == 512
+            got.append(llm.generate([[1, 2, 3], [4, 5]], sp, use_tqdm=False))
+        finally:
+            llm.shutdown()
+    assert [o.token_ids for o in got[0]] == [o.token_ids for o in got[1]]
+    assert all(len(o.token_ids) == 8 for o in got[0])
