@@ -64,7 +64,7 @@ def _plan(a: argparse.Namespace) -> int:
     from .models import load_config
     from .tasks import Tiling, build_task_graphs, check_task_graphs
     cfg = load_config(a.model)
-    for flag, v in (("--tp", a.tp), ("--batch", a.batch), ("--context", a.context), ("--sms", a.sms),
+    for flag, v in (("--tp", a.tp), ("--batch", a.batch), ("--sms", a.sms),
                     ("--attn-splits", a.attn_splits), ("--top", a.top)):
         if v < 1:
             raise ValueError(f"{flag} must be >= 1, got {v}")

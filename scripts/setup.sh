@@ -12,3 +12,12 @@ if ! $PY -c "import torch" 2>/dev/null; then
   fi
 fi
 $PY -m pip install -q -e ".[test]"
+# Triton for the CPU machine's tests of the Triton kernels (the paged attention, the skinny GEMM: Triton's interpreter,
+# and offline sm_90 builds): pinned to the GPU machine's 3.6.0, installed beside the environment (.cache/triton-site,
+# no dependencies), so the rest of the suite runs without Triton as the CPU machine's torch does. scripts/test.sh
+# runs those tests with it. MPK_NO_TRITON_TESTS=1 skips this.
+if ! command -v nvidia-smi >/dev/null 2>&1 && [ "${MPK_NO_TRITON_TESTS:-0}" != 1 ] && \
+   [ ! -f .cache/triton-site/triton/__init__.py ]; then
+  $PY -m pip install -q --no-deps --target .cache/triton-site triton==3.6.0 \
+    || echo "setup: triton 3.6.0 not installed (no index?): scripts/test.sh will skip the Triton kernel tests"
+fi

@@ -1,8 +1,8 @@
 """Imports the modules that register runner backends (`make_runner` imports this module first).
 
-The reference backend always exists. The others are written in parallel and may be missing from a checkout
-(or fail to import where their dependencies are absent); a missing module just means its backend is not
-registered, and `make_runner` then lists the backends that are.
+The reference, pyvm and torch backends are part of the package (a broken import of theirs fails loudly). The
+megakernel backend's module imports where its dependencies (CUDA bindings) may be absent; if it fails, its backend is
+not registered, `make_runner` lists the backends that are, and `import_errors()` says why.
 """
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import importlib
 from . import reference_runner  # noqa: F401  ("reference": the pure-torch oracle, world_size 1)
 
 # name of module -> why it might be absent (kept for `import_errors()` so a user can see what failed)
-_OPTIONAL = ("pyvm_runner", "torch_runner", "megakernel_runner")
+_OPTIONAL = ("megakernel_runner",)
 _IMPORT_ERRORS: dict[str, str] = {}
+
+from . import pyvm_runner  # noqa: F401,E402  ("pyvm" and "torch": part of the package; a broken import must fail)
 
 for _mod in _OPTIONAL:
     try:

@@ -77,17 +77,8 @@ def test_tp2_gloo_rendezvous_through_ray(ray_local):
 
 def test_tp2_backend_through_ray(ray_local, ref_greedy):
     from cluster.ray_executor import RayExecutor
-    from mpk_runtime.runtime.base import known_backends
-    from mpk_runtime.runtime.executor import WorkerError
-    if "torch" not in known_backends():
-        pytest.skip("backend 'torch' is not registered yet (make_runner says unknown)")
     ex = RayExecutor(2, name="tp2-torch")
-    try:
-        llm = LLM("tiny-qwen3", backend="torch", tp=2, dtype="float32", max_seq_len=64, executor=ex)
-    except (WorkerError, ValueError) as e:
-        if "shared" in str(e) or "ThreadGroup" in str(e) or "one process" in str(e):
-            pytest.skip(f"backend 'torch' does not run ranks in separate processes yet (needs a ThreadGroup): {e}"[:300])
-        raise
+    llm = LLM("tiny-qwen3", backend="torch", tp=2, dtype="float32", max_seq_len=64, executor=ex)
     try:
         outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
         assert [o.token_ids for o in outs] == [ref_greedy("tiny-qwen3", p, 8) for p in PROMPTS]

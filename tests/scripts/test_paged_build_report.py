@@ -15,7 +15,7 @@ SCRIPT = ROOT / "scripts" / "paged_build_report.py"
 
 
 def _run(*args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     env.pop("TRITON_INTERPRET", None)
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600)
 
