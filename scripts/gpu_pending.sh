@@ -128,13 +128,7 @@ grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -6
 # the paged attention's interpreter tests need Triton, which the CPU machine's torch lacks: here (triton 3.6, as built)
 TRITON_INTERPRET=1 timeout 120 python3 -m pytest -q tests/runtime/test_paged_attention.py -k interpreter \
     >> "$OUT/pytest_gpu.log" 2>&1
-# every other interpreter-marked test (session 48's audit: 18 of them matched no command: the paged switches, the
-# skinny GEMM, the deferred appends, the conventional step through the kernel), in a log of their own
-TRITON_INTERPRET=1 timeout 150 python3 -m pytest -q -m "not gpu" -k "not interpreter" tests/runtime/test_paged_attention.py \
-    > "$OUT/pytest_interp_rest.log" 2>&1
-TRITON_INTERPRET=1 timeout 120 python3 -m pytest -q -m "not gpu" tests/runtime/test_paged_switches.py \
-    tests/runtime/test_skinny_gemm.py >> "$OUT/pytest_interp_rest.log" 2>&1
-grep -E "^FAILED|passed|failed" "$OUT/pytest_interp_rest.log" | tail -4
+# (every interpreter test, these and the 18 no GPU command selected, also runs in CI since session 48: scripts/test.sh)
 # and the offline sm_90 builds of the Triton kernels (SASS checks: no spills, pipelined loads, the append paths)
 timeout 60 python3 -m pytest -q tests/runtime/test_triton_build.py >> "$OUT/pytest_gpu.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_gpu.log" | tail -3; snap

@@ -79,6 +79,10 @@ class MegakernelRunner(ModelRunner):
                  nvshmem_uid: bytes | None = None, tp_invariant: int = 1, plan=None, plan_buckets=None,
                  plan_context: int = 512, prefill_warmup_tokens: int = 64, **_: object):
         world = world_size or tp
+        if dtype not in (None, "bfloat16", "bf16", torch.bfloat16):   # the device code reads bf16 weights only
+            raise ValueError(f"backend 'megakernel' runs bf16 weights and activations; dtype={dtype!r} is not one it "
+                             "can run: leave dtype out (or 'bfloat16'), or use backend 'torch' / 'pyvm' / 'reference' "
+                             "for float32")
         require_gpu(device)
         self.config = cfg = load_config(model)
         self.rank, self.world_size = rank, world

@@ -27,3 +27,10 @@ def test_a_gpu_that_is_not_hopper_or_not_there_is_refused(monkeypatch):
         mr.require_gpu("cpu")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
     mr.require_gpu("cuda:1")   # an H100 / H200 passes
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_megakernel_refuses_dtypes_its_device_code_cannot_read(dtype):
+    """The kernel reads bf16 weights only: another dtype is refused by name (before any GPU check), not run."""
+    with pytest.raises(InvalidRequestError, match="bf16 weights.*backend 'torch'"):
+        LLM("tiny-llama", backend="megakernel", dtype=dtype)
