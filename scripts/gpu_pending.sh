@@ -49,8 +49,12 @@
 # after a checkout, ~4 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 1. The GPU set at HEAD: `N=run1_one T=330 bash scripts/gpu_run.sh one` (session 47 changed no default device code: its
-#    header lost STAGE_SMEM, a host-only constant, so every cubin was rebuilt, and -DMPK_ATT_KV_PF is opt-in).
+# (Session 48 had no device machine: its changes are host-side, CPU-tested; the GPU set at HEAD checks the engine paths
+#  they touched: LLM(backend="megakernel") without max_seq_len (it crashed before), the planned engine's tokens against
+#  the reference (tie tolerance), forced()'s far-token count, the megakernel refusing non-bf16 dtypes.)
+# 1. The GPU set at HEAD: `N=run1_one T=330 bash scripts/gpu_run.sh one` (sessions 47-48 changed no default device
+#    code: session 47's header lost STAGE_SMEM, a host-only constant, so every cubin was rebuilt; -DMPK_ATT_KV_PF is
+#    opt-in; session 48's GPU tests are in tests/gpu/test_engine_plans.py).
 # 2. qwen3-8b's ctx 512 table at the default, planned cells first (the README mixes sessions 45 / 46 there):
 #    `N=bq T=560 BENCH_BUDGET=540 MODELS=qwen3-8b CTXS=512 bash scripts/gpu_run.sh bench`.
 # 3. h200_v51 (the default since session 47: a term for megakernel segments holding a layer's attention, fitted on
