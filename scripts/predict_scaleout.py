@@ -14,9 +14,17 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mpk_runtime.ir import build_graph  # noqa: E402
 from mpk_runtime.models import load_config  # noqa: E402
 from mpk_runtime.planner import HardwareProfile, candidates  # noqa: E402
+
+
+def stream_bytes_per_gpu(cfg, tp: int) -> int:
+    """Weight bytes the busiest rank streams per decode step: its slices, the norms and its vocabulary rows of the
+    LM head (a tied head reads those rows of the replicated embedding table; an embedding table is gathered, not
+    streamed). The same count as the TP benchmarks' floor (scripts/_tp_rig.py rank_weight_bytes)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _tp_rig import rank_weight_bytes
+    return max(rank_weight_bytes(cfg, tp, r) for r in range(tp))
 
 
 def main() -> None:
@@ -35,8 +43,7 @@ def main() -> None:
             for b in map(int, a.batches.split(",")):
                 plans = candidates(cfg, tp=tp, batch=b, context=512, prof=prof,
                                    families=("mono", "mega3", "conventional"))
-                g = build_graph(cfg, batch=b, tp=tp)
-                stream = g.weight_bytes() - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * 2)
+                stream = stream_bytes_per_gpu(cfg, tp)
                 by = {p.name: p.predicted_us for p in plans}
                 rows.append({"model": m, "tp": tp, "batch": b, "chosen": plans[0].name,
                              "predicted_ms": plans[0].predicted_us / 1e3, "band_ms": [x / 1e3 for x in plans[0].band],

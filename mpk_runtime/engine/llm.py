@@ -74,6 +74,11 @@ class LLM:
         self.config = resolve_model(model)
         if not isinstance(tp, int) or tp < 1:
             raise InvalidRequestError(f"tp must be an int >= 1, got {tp!r}")
+        from ..ir.shard import check_tp
+        try:   # before any executor exists: a Ray one would first wait for tp bundles (60 s when they do not fit)
+            check_tp(self.config, tp)
+        except ConfigError as e:
+            raise InvalidRequestError(str(e)) from None
         from ..runtime.base import runner_params
         known = runner_params(backend) if isinstance(backend, str) else None
         unknown = sorted(set(runner_kwargs) - known) if known is not None else []

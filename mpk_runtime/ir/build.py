@@ -140,7 +140,9 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
     # argmax = the sampler (ir/sampling.py): per-row params in io tensors the runner fills (zeros = greedy);
     # each rank's vocabulary is cut into S equal slices, and the top-C candidates (value, index) of slice s go into
     # slot rank * S + s of every rank's buffer (several SMs share the scan of a rank's logits)
-    S = argmax_slices(sh.vocab[1] - sh.vocab[0])
+    # S is the same on every rank (slot rank * S + s is addressed in every rank's buffer): the smallest rank's choice,
+    # which divides every rank's vocabulary too (powers of two), also when the vocabulary splits unevenly
+    S = min(argmax_slices(shard_for(cfg, tp, r).n_vocab) for r in range(tp))
     amax = t("argmax.part", (tp * S, B, SAMPLE_CANDIDATES, 2), "sym", "float32")
     nxt = t("next_tokens", (B,), "io", "int64")
     sp = [t(n, (B,), "io", "int64" if n in ("sample.top_k", "sample.seed") else "float32") for n in SAMPLE_TENSORS]

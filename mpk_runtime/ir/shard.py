@@ -50,11 +50,12 @@ def check_tp(cfg: ModelConfig, tp: int) -> None:
         probs.append(f"tp={tp} is not a multiple of num_kv_heads={cfg.num_kv_heads} (needed to replicate KV heads)")
     if cfg.intermediate_size % tp:
         probs.append(f"intermediate_size={cfg.intermediate_size} is not divisible by tp={tp}")
-    if cfg.vocab_size < tp:
-        probs.append("vocab smaller than tp")
+    vper = -(-cfg.vocab_size // tp)   # shard_for's split: ceil(V / tp) rows a rank, the last ranks get the rest
+    if vper * (tp - 1) >= cfg.vocab_size:
+        probs.append(f"vocab_size={cfg.vocab_size} split in blocks of {vper} leaves rank {tp - 1} no LM head rows")
     if probs:
         raise ConfigError(f"model {cfg.name!r} cannot be split {tp} ways: " + "; ".join(probs) +
-                          ". Choose a tp that divides the head counts and the MLP width.")
+                          ". Choose a tp that divides the head counts and the MLP width (and leaves every rank vocabulary rows).")
 
 
 def shard_for(cfg: ModelConfig, tp: int, rank: int) -> Shard:

@@ -39,9 +39,34 @@ class ThreadGroup:
         self._barrier = threading.Barrier(world_size, timeout=timeout)
         self._slots: list[torch.Tensor | None] = [None] * world_size
         self.shared: dict = {}  # anything ranks must share (the pyvm symmetric heap lives here)
+        self._lock = threading.Lock()
+        self._waiting: set[int] = set()   # ranks blocked in a barrier now (a hang's diagnosis names the others)
 
     def comm(self, rank: int) -> "ThreadComm":
         return ThreadComm(self, rank)
+
+    def wait(self, rank: int) -> None:
+        with self._lock:
+            self._waiting.add(rank)
+        try:
+            self._barrier.wait()
+        finally:
+            with self._lock:
+                self._waiting.discard(rank)
+
+    def waiting_ranks(self) -> set[int]:
+        with self._lock:
+            return set(self._waiting)
+
+    def abort(self) -> None:
+        """A rank failed: release every rank blocked on it now (they raise BrokenBarrierError) instead of after
+        `timeout` seconds."""
+        self._barrier.abort()
+
+    def reset(self) -> None:
+        """Make the group usable again after `abort` (call only when no rank is inside a collective)."""
+        self._barrier.reset()
+        self._slots = [None] * self.world_size
 
 
 class ThreadComm(Communicator):
@@ -51,12 +76,12 @@ class ThreadComm(Communicator):
     def _exchange(self, t: torch.Tensor) -> list[torch.Tensor]:
         g = self.group
         g._slots[self.rank] = t
-        g._barrier.wait()
+        g.wait(self.rank)
         # copy the contents now: a slot is often a view of the rank's own buffer (a symmetric slot), which that
         # rank may overwrite as soon as it passes the next barrier (its next task) - reading it after the barrier
         # raced (a flaky TP=2 prefill test)
         parts = [p.clone() for p in g._slots]  # type: ignore[union-attr]
-        g._barrier.wait()  # nobody overwrites a slot before all have copied it
+        g.wait(self.rank)  # nobody overwrites a slot before all have copied it
         return parts
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -70,7 +95,7 @@ class ThreadComm(Communicator):
         return torch.cat(self._exchange(t), dim=dim)
 
     def barrier(self) -> None:
-        self.group._barrier.wait()
+        self.group.wait(self.rank)
 
 
 class TorchDistComm(Communicator):

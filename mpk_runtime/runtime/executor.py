@@ -233,16 +233,30 @@ class InProcessExecutor(Executor):
         submit_wall, t_submit = time.time(), time.perf_counter()
         futs = [pool.submit(getattr(w, method), *args, **kwargs) for w, pool in zip(self.workers, self._pools)]
         t_submitted = time.perf_counter()
-        results = []
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for rank, f in enumerate(futs):
-            try:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                results.append(f.result(timeout=left))
-            except cf.TimeoutError:
-                raise WorkerTimeout(f"rank {rank} did not finish {method!r} within {timeout} s", rank, method) from None
-            except Exception as e:
-                raise WorkerError(f"rank {rank} failed in {method!r}: {type(e).__name__}: {e}", rank, method) from e
+        # wait on every rank at once: a rank that raises is reported now, not after its peers' barrier timeout
+        done, pending = cf.wait(futs, timeout=timeout, return_when=cf.FIRST_EXCEPTION)
+        failed = [r for r, f in enumerate(futs) if f in done and f.exception() is not None]
+        if failed:
+            if pending and self.group is not None:
+                self.group.abort()              # peers blocked on the failed rank: release them at once
+                cf.wait(pending, timeout=5.0)   # (they end with BrokenBarrierError)
+            errs = {r: f.exception() for r, f in enumerate(futs) if f.done() and f.exception() is not None}
+            # the root cause: a rank whose error is not a peer's broken barrier
+            rank = min((r for r, e in errs.items() if not isinstance(e, threading.BrokenBarrierError)),
+                       default=min(errs))
+            e = errs[rank]
+            raise WorkerError(f"rank {rank} failed in {method!r}: {type(e).__name__}: {e}", rank, method) from e
+        if pending:
+            stuck = [r for r, f in enumerate(futs) if not f.done()]
+            waiting = self.group.waiting_ranks() if self.group is not None else set()
+            culprits = [r for r in stuck if r not in waiting] or stuck
+            note = (f" (rank(s) {sorted(waiting & set(stuck))} are waiting for it at the group barrier)"
+                    if waiting & set(stuck) else "")
+            if self.group is not None:
+                self.group.abort()
+            raise WorkerTimeout(f"rank {culprits[0]} did not finish {method!r} within {timeout} s{note}",
+                                culprits[0], method)
+        results = [f.result() for f in futs]
         if method == "execute":
             self.last_timing = call_timing(submit_wall, t_submit, t_submitted, time.perf_counter(), time.time(),
                                            [w.last_timing for w in self.workers])
@@ -251,6 +265,21 @@ class InProcessExecutor(Executor):
     def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:
         return self.collective_rpc("init_model", (backend, self.group), plan_once(backend, self.world_size,
                                                                                    runner_kwargs))
+
+    def recover(self, timeout: float = 10.0) -> bool:
+        """After a failed call: the workers keep their models; wait until every rank's thread is idle again and
+        re-arm the group's barrier (a failed rank broke it). False when a rank is still busy (hung)."""
+        if self._closed:
+            return False
+        if self.group is not None:
+            self.group.abort()
+        idle = [pool.submit(lambda: None) for pool in self._pools]
+        _, pending = cf.wait(idle, timeout=timeout)
+        if pending:
+            return False
+        if self.group is not None:
+            self.group.reset()
+        return True
 
     def shutdown(self) -> None:
         if self._closed:

@@ -314,6 +314,9 @@ def resolve_plan(plan, cfg, tp: int, max_batch: int, max_seq_len: int | None, bu
     if isinstance(plan, dict):
         if "buckets" not in plan:
             raise ValueError("plan must be None, 'auto' or a plan book dict (planner.book.plan_book)")
+        if plan.get("tp", tp) != tp:   # else every decode step fails later, request after request
+            raise ValueError(f"the plan book was made for tp={plan['tp']} but this runner has tp={tp}: make the book "
+                             f"for tp={tp} (planner.book.plan_book) or pass plan='auto'")
         return plan
     if plan != "auto":
         raise ValueError(f"plan must be None, 'auto' or a plan book dict, got {plan!r}")

@@ -91,3 +91,16 @@ def test_cli_stop_token_ids_and_pages(capsys):
     assert main(base + ["--stop-token-ids", str(free[3]), "--page-size", "8", "--num-pages", "4"]) == 0
     got = _json.loads(capsys.readouterr().out.splitlines()[0])
     assert got["token_ids"] == free[:free.index(free[3]) + 1] and got["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("model,tp", [("tiny-llama", 3), ("tiny-qwen3", 8)])
+def test_a_tp_the_model_cannot_take_is_refused_before_any_executor_starts(model, tp, monkeypatch):
+    """With executor='ray' the placement group (tp bundles) came first: on a machine without tp slots the user
+    waited placement_timeout (60 s) for a resources error instead of the model's 'cannot be split' message."""
+    import mpk_runtime.engine.llm as llm_mod
+
+    def no_executor(*a, **k):
+        raise AssertionError("an executor was created for a tp the model cannot take")
+    monkeypatch.setattr(llm_mod, "make_executor", no_executor)
+    with pytest.raises(InvalidRequestError, match=f"cannot be split {tp} ways"):
+        llm_mod.LLM(model, backend="torch", tp=tp, executor="ray")

@@ -99,3 +99,30 @@ def test_async_engine_reports_a_failed_step_before_the_workers_are_rebuilt():
         finally:
             release.set()
             loop.shutdown()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_tp2_rank_failure_is_reported_at_once_naming_the_rank_and_the_engine_goes_on(rank):
+    """In-process TP=2: a rank that raises must not leave its peer blocked in the group barrier until the comm
+    timeout (60 s), nor leave the barrier broken so that every later step fails."""
+    import time
+    with LLM("tiny-llama", backend="torch", tp=2, dtype="float32", max_seq_len=64) as llm:
+        sp = SamplingParams(temperature=0, max_tokens=5)
+        good = llm.generate([[1, 2, 3]], sp)[0].token_ids
+        llm.executor.workers[rank].inject_fault("raise")
+        t0 = time.monotonic()
+        with pytest.raises(RequestFailedError, match=f"rank {rank} failed in 'execute'.*injected fault on rank {rank}"):
+            llm.generate([[1, 2, 3]], sp)
+        assert time.monotonic() - t0 < 10
+        assert llm.engine.dead is None
+        assert llm.generate([[1, 2, 3]], sp)[0].token_ids == good
+
+
+def test_tp2_hung_rank_is_the_one_named():
+    with LLM("tiny-llama", backend="torch", tp=2, dtype="float32", max_seq_len=64, step_timeout=1.0) as llm:
+        sp = SamplingParams(temperature=0, max_tokens=5)
+        good = llm.generate([[1, 2, 3]], sp)[0].token_ids
+        llm.executor.workers[1].inject_fault("hang", 2.0)
+        with pytest.raises(RequestFailedError, match="rank 1 did not finish 'execute'"):
+            llm.generate([[1, 2, 3]], sp)
+        assert llm.generate([[1, 2, 3]], sp)[0].token_ids == good   # it came back: the group works again

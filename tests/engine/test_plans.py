@@ -96,3 +96,11 @@ def test_plan_book_disk_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MPK_PLAN_CACHE", "0")
     plan_book(cfg, 1, (1, 4), context=64)
     assert len(calls) == 8
+
+
+def test_a_plan_book_for_another_tp_is_refused_when_the_llm_is_made():
+    """It was accepted, and then every decode step failed ('the plan book was made for tp=2, this group has
+    tp=4') while the engine stayed up."""
+    book = plan_book(PRESETS["tiny-llama"], 2, [1, 8], context=64)
+    with pytest.raises(InvalidRequestError, match="plan book was made for tp=2 but this runner has tp=4"):
+        LLM("tiny-llama", backend="pyvm", tp=4, dtype="float32", max_seq_len=64, plan=book)

@@ -61,3 +61,30 @@ def test_gqa_replication_when_fewer_kv_heads_than_ranks():
         assert s.n_kv == 1
         # each rank's q heads all belong to the KV head it keeps
         assert {h // cfg.group_size for h in range(*s.q_heads)} == {s.kv_heads[0]}
+
+
+@pytest.mark.parametrize("vocab,tp", [(65537, 2), (32001, 2), (128259, 4)])
+def test_argmax_slices_agree_across_ranks_with_an_uneven_vocabulary(vocab, tp):
+    """Slot rank * S + s is written into every rank's argmax buffer, so S must be the same on every rank; with an
+    uneven vocabulary (65537 -> 32769 / 32768 at tp=2) each rank's own choice differed (1 vs 8) and a TP step
+    crashed ("The expanded size of the tensor (0) must match the existing size (8)")."""
+    cfg = ModelConfig.from_name("tiny-llama").replace(vocab_size=vocab)
+    gs = [build_graph(cfg, batch=2, tp=tp, rank=r) for r in range(tp)]
+    ops = [[o for o in g.ops if o.kind == "argmax"][0] for g in gs]
+    S = {o.attrs["slices"] for o in ops}
+    assert len(S) == 1
+    assert {g.tensors[o.attrs["part"]].shape for g, o in zip(gs, ops)} == {(tp * S.pop(), 2, 64, 2)}
+    for g, o in zip(gs, ops):
+        assert g.tensors[o.attrs["logits"]].shape[1] % o.attrs["slices"] == 0
+
+
+def test_tp2_generates_the_reference_tokens_with_an_uneven_vocabulary(tmp_path):
+    from mpk_runtime import LLM, SamplingParams
+    from mpk_runtime.models import random_weights, save_weights
+    cfg = ModelConfig.from_name("tiny-llama").replace(vocab_size=65537, dtype="float32")
+    save_weights(str(tmp_path), cfg, random_weights(cfg, seed=0, dtype="float32"))
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    with LLM(str(tmp_path), backend="reference", dtype="float32", max_seq_len=32) as ref:
+        want = [o.token_ids for o in ref.generate([[1, 2, 3], [4, 5]], sp)]
+    with LLM(str(tmp_path), backend="torch", tp=2, dtype="float32", max_seq_len=32) as llm:
+        assert [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], sp)] == want
