@@ -71,8 +71,11 @@ def plan_book(cfg: ModelConfig, tp: int, buckets=DEFAULT_BUCKETS, context: int =
             pass   # unreadable: plan again and overwrite
     out = {}
     for b in bs:
-        plan = candidates(cfg, tp=tp, batch=b, context=context, prof=p, families=families)[0]
-        out[b] = plan.to_dict()
+        plans = candidates(cfg, tp=tp, batch=b, context=context, prof=p, families=families)
+        if not plans:   # e.g. per-layer or mega3 on a model of fewer layers than the family needs
+            raise ValueError(f"no plan of families {families!r} exists for {cfg.name} ({cfg.num_layers} layers) at "
+                             f"tp={tp} batch={b}: pick other families (or None for every family)")
+        out[b] = plans[0].to_dict()
     book = json.loads(json.dumps({"buckets": out, "profile": p.name, "context": context, "tp": tp}))
     book["buckets"] = {int(k): v for k, v in book["buckets"].items()}   # plain JSON data, as a cached book reads
     if path is not None:

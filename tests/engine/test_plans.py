@@ -104,3 +104,9 @@ def test_a_plan_book_for_another_tp_is_refused_when_the_llm_is_made():
     book = plan_book(PRESETS["tiny-llama"], 2, [1, 8], context=64)
     with pytest.raises(InvalidRequestError, match="plan book was made for tp=2 but this runner has tp=4"):
         LLM("tiny-llama", backend="pyvm", tp=4, dtype="float32", max_seq_len=64, plan=book)
+
+
+def test_a_plan_family_the_model_cannot_have_is_a_clear_error():
+    """tiny-llama has no per-layer candidate (the search keeps it for deeper models): an IndexError before."""
+    with pytest.raises(ValueError, match="no plan of families"):
+        plan_book(PRESETS["tiny-llama"], 1, [1], context=64, families=("per-layer",), cache=False)
