@@ -126,7 +126,10 @@ class MegakernelRunner(ModelRunner):
             self.mk = None
             return
         if attn_splits is None:   # fill the SMs at a full batch: 2 at 8 rows x 8 KV heads, 16 for one sequence
-            attn_splits = attn_splits_for(max_batch, shard_for(cfg, world, rank).n_kv, max_seq_len, num_sms)
+            # (tp_invariant=R: the KV heads of a TP=R rank at every degree, so TP=1 and TP=R runs split alike and
+            # stay bit-identical; a count from this degree's heads differed: 2 at TP=1, 4 at TP=2, B=8 ctx 512)
+            heads_of = max(world, tp_invariant) if tp_invariant > 1 else world
+            attn_splits = attn_splits_for(max_batch, shard_for(cfg, heads_of, 0).n_kv, max_seq_len, num_sms)
         r = build_rank_kernel(cfg, w, rank=rank, world=world, heap=self.heap, batch=max_batch,
                               max_seq_len=max_seq_len, page_size=page_size, num_pages=num_pages, num_sms=num_sms,
                               attn_splits=attn_splits, dtype=dtype, timeout_s=timeout_s, device=dev,
