@@ -61,14 +61,14 @@ def test_step_phases_counts_and_nesting(backend, tp):
     # the phases are disjoint parts of the step, the steps part of the caller's measured wall time
     parts = s["t_schedule_s"] + s["t_execute_s"] + s["t_output_s"] + s["t_free_s"]
     assert parts <= s["t_step_s"] <= wall
-    assert s["t_step_s"] - parts < 1e-3 * s["steps"]  # nothing big unaccounted between the phases
+    assert s["t_step_s"] - parts < 5e-3 * s["steps"]  # nothing big unaccounted between the phases (loose: CI load)
     assert s["t_step_prefill_s"] + s["t_step_decode_s"] == pytest.approx(s["t_step_s"])
     assert s["t_execute_prefill_s"] + s["t_execute_decode_s"] == pytest.approx(s["t_execute_s"])
     assert s["t_exec_worker_prefill_s"] + s["t_exec_worker_decode_s"] == pytest.approx(s["t_exec_worker_s"])
     assert s["t_exec_dispatch_s"] + s["t_exec_wait_s"] <= s["t_execute_s"]
     # along the critical rank: to_worker + worker + from_worker is the call's span (two clocks, same host)
     span = s["t_exec_to_worker_s"] + s["t_exec_worker_s"] + s["t_exec_from_worker_s"]
-    assert abs(span - (s["t_exec_dispatch_s"] + s["t_exec_wait_s"])) < 2e-3 * s["steps"]
+    assert abs(span - (s["t_exec_dispatch_s"] + s["t_exec_wait_s"])) < 5e-3 * s["steps"]
     # the runners' sleeps are inside the worker phase, split by step type; the engine thread slept through them
     assert s["t_exec_worker_prefill_s"] >= PREFILL_SLEEP * 2
     assert s["t_exec_worker_decode_s"] >= DECODE_SLEEP * 13
