@@ -176,7 +176,8 @@ def price_from_features(f: dict, prof: HardwareProfile) -> float:
     if f["kind"] == "megakernel":
         if not f.get("attn_only"):
             return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us + \
-                (prof.mk_mixed_attn_us if f.get("attn_mixed") else 0.0)
+                ((prof.mk_mixed_attn_us + prof.mk_attn_layer_us * max(0, f.get("attn_layers", 1) - 1))
+                 if f.get("attn_mixed") else 0.0)
         scale = prof.mk_scale if prof.mk_attn_scale is None else prof.mk_attn_scale
         return (prof.megakernel_launch_us + scale * f["sim_us"] + prof.mk_offset_us) * prof.mk_attn_factor
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
@@ -286,10 +287,12 @@ class SegmentCoster:
 
     def megakernel_features(self, ops: list[str], tiling: Tiling) -> dict:
         """The segment's price terms (price_from_features; fit.py refits from them): its simulated makespan, and
-        whether it holds attention alone (attn_only) or among other ops (attn_mixed)."""
+        whether it holds attention alone (attn_only) or among other ops (attn_mixed), and how many attention ops
+        (attn_layers)."""
         kinds = {self._op[n].kind for n in ops}
         return {"kind": "megakernel", "sim_us": self.sim_us(ops, tiling), "attn_only": kinds == {"attention"},
-                "attn_mixed": "attention" in kinds and kinds != {"attention"}}
+                "attn_mixed": "attention" in kinds and kinds != {"attention"},
+                "attn_layers": sum(1 for n in ops if self._op[n].kind == "attention")}
 
     def megakernel_us(self, ops: list[str], tiling: Tiling) -> float:
         return price_from_features(self.megakernel_features(ops, tiling), self.prof)

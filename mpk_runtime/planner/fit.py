@@ -117,15 +117,29 @@ def _wls(cols: list[list[float]], y: list[float], w: list[float], nonneg: bool =
     return [float(v) for v in b]
 
 
-def fit_megakernel(segs: list[dict], launch_us: float, offset_us: float | None = None) -> dict:
+def fit_megakernel(segs: list[dict], launch_us: float, offset_us: float | None = None, per_layer: bool = False) -> dict:
     """mk_scale and mk_offset_us of whole megakernel segments (relative-error weights), and mk_mixed_attn_us (the
     price of holding a layer's attention among other ops, cost.price_from_features) where segments of both kinds
     are among them; offset_us given: that offset kept and the scale alone fitted (the mixed term with it)."""
     sims = [s["features"]["sim_us"] for s in segs]
-    y = [s["measured_us"] - launch_us for s in segs]
     w = [1.0 / s["measured_us"] ** 2 for s in segs]
     mixed = [1.0 if s["features"].get("attn_mixed") else 0.0 for s in segs]
     both = 0 < sum(mixed) < len(mixed)
+    # per_layer: attention layers beyond the first in a mixed segment (mk_attn_layer_us), fitted first on the mixed
+    # segments alone (scale, constant, layers), then taken off the measurements the other terms are fitted to
+    extra = [max(0, s["features"].get("attn_layers", 1) - 1) if m else 0 for s, m in zip(segs, mixed)]
+    layer_us = None
+    if per_layer and len({e for e, m in zip(extra, mixed) if m}) >= 2:
+        ix = [i for i, m in enumerate(mixed) if m]
+        b = _wls([[sims[i] for i in ix], [1.0] * len(ix), [extra[i] for i in ix]],
+                 [segs[i]["measured_us"] - launch_us for i in ix], [w[i] for i in ix], nonneg=False)
+        layer_us = max(0.0, b[2])
+    y = [s["measured_us"] - launch_us - (layer_us or 0.0) * e for s, e in zip(segs, extra)]
+    out = _fit_mk_terms(sims, y, w, mixed, both, launch_us, offset_us)
+    return {**out, **({"mk_attn_layer_us": layer_us} if layer_us is not None else {})}
+
+
+def _fit_mk_terms(sims, y, w, mixed, both, launch_us, offset_us) -> dict:
     if offset_us is not None:
         b = _wls([sims] + ([mixed] if both else []), [v - offset_us for v in y], w)
         return {"mk_scale": b[0], "mk_offset_us": offset_us, **({"mk_mixed_attn_us": b[1]} if both else {})}
@@ -246,7 +260,8 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
                 boundary_regimes: tuple[str, ...] = (), boundary_min: int = BOUNDARY_MIN,
                 conv_weight: str = "segment") -> tuple[HardwareProfile, dict]:
     """The base profile with per-regime calibration fitted on `rows`; and a report (counts per regime).
-    terms: "mk" (mk_scale, mk_offset_us), "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for
+    terms: "mk" (mk_scale, mk_offset_us), "mklayer" ("mk" plus mk_attn_layer_us, a price per attention layer beyond
+    the first in a mixed segment), "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for
     all regimes: fit_boundary; with `boundary_regimes`, written into those regimes only); the others keep the base
     profile's values.
     keep_attn: the megakernel refit moves only mk_scale: the base's mk_offset_us stays, and attention-only segments
@@ -266,11 +281,11 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
         cv_rows = [(r, s) for r, s in segs if s["features"]["kind"] == "conventional"]
         cv = [s for _, s in cv_rows]
         over = dict(keep.get(key, {}))
-        if "mk" in terms and len(mk) >= min_segments:
+        if ("mk" in terms or "mklayer" in terms) and len(mk) >= min_segments:
             whole = [s for s in mk if not s["features"].get("attn_only")]
             was = base.for_batch(int(key))
             over.update(fit_megakernel(whole if len(whole) >= min_segments else mk, base.megakernel_launch_us,
-                                       was.mk_offset_us if keep_attn else None))
+                                       was.mk_offset_us if keep_attn else None, per_layer="mklayer" in terms))
             attn = [s for s in mk if s["features"].get("attn_only")]
             if keep_attn:   # attention-only segments: the base's scale, offset and factor (cost.price_from_features)
                 over["mk_attn_scale"] = was.mk_scale if was.mk_attn_scale is None else was.mk_attn_scale
@@ -283,7 +298,8 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
                 n_conv = {id(r): sum(1 for rr, _ in cv_rows if rr is r) for r, _ in cv_rows}
                 share = [1.0 / n_conv[id(r)] for r, _ in cv_rows]
             over.update(fit_conventional(cv, share))
-        shown = ("mk_scale", "mk_offset_us", "mk_mixed_attn_us", "mk_attn_factor", "mk_attn_scale") + CONV_FIELDS
+        shown = ("mk_scale", "mk_offset_us", "mk_mixed_attn_us", "mk_attn_layer_us", "mk_attn_factor",
+                 "mk_attn_scale") + CONV_FIELDS
         report[key] = {"megakernel_segments": len(mk), "conventional_segments": len(cv),
                        **{k: over[k] for k in over if k in shown}}
         if over:

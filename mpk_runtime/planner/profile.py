@@ -96,7 +96,11 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # h200_v51 since session 47: v50 with regimes 1 / 8's megakernel terms refit on session 47's rows (B=1 / 8, the L2
 # prefetch default) and the new mk_mixed_attn_us (a segment holding a layer's attention among other ops). Out of
 # sample on sessions 45 / 46's rows (B=8-128): step MAPE 2.63 / 2.33% -> 2.49 / 2.23%, the same choices.
-DEFAULT_PROFILE = "h200_v51"
+# h200_v52 since session 48: v51 with regimes 32 / 128's megakernel terms refit on session 45's rows with the new
+# mk_attn_layer_us (per layer of attention beyond the first in a mixed segment; mk_offset_us and the attention-only
+# terms kept). Out of sample on sessions 44 / 46's rows: step MAPE 2.11 / 2.23% -> 1.63 / 1.86%, resolved pairs ordered
+# 94.7 / 94.0% -> 98.7 / 98.0%, regret 0, the same choices (docs/planner.md session 48).
+DEFAULT_PROFILE = "h200_v52"
 
 
 def key_fallbacks(key: str) -> list[str]:
@@ -222,6 +226,10 @@ class HardwareProfile:
     # validation at B=1 / 8 priced per-layer's one-layer segments ~8.5 us low while attn-conv's segments of the same
     # simulated size priced within 1 us; one mk_offset_us cannot hold both (planner.fit fits the three together).
     mk_mixed_attn_us: float = 0.0
+    # ... and per layer of attention beyond the first in such a segment (feature attn_layers): at B >= 32 whole-layer
+    # segments of many layers (mono, megaN) measured 4-6% above their price at llama-3.2-1b while one-layer segments
+    # (per-layer) priced within 1%, so mono / megaN / per-layer swapped places (session 48, sessions 44-46's rows)
+    mk_attn_layer_us: float = 0.0
     # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
     # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
     conv_collective_us: float = 0.0

@@ -275,6 +275,9 @@ def features(seg: dict) -> dict:
         first = str(seg.get("first_op", ""))
         f = dict(f, attn_mixed=not f["attn_only"] and (seg.get("ops") or 0) >= 5 and
                  (first == "embed" or first.endswith("qkv_rope")))
+    if f.get("kind") == "megakernel" and "attn_layers" not in f:   # (rows before session 48) five ops a layer from
+        n = (seg.get("ops") or 0) - (str(seg.get("first_op", "")) == "embed")   # its qkv_rope, the LM head's tail
+        f = dict(f, attn_layers=1 if f["attn_only"] else (max(1, round(n / 5)) if f["attn_mixed"] else 0))
     return f
 
 

@@ -523,3 +523,31 @@ def test_segments_holding_attention_among_other_ops_get_their_own_term(base):
                 continue
             f = {k: v for k, v in sg["features"].items() if k != "attn_mixed"}
             assert features(dict(sg, features=f))["attn_mixed"] == sg["features"]["attn_mixed"], (r["plan"], sg)
+
+
+def test_a_price_per_attention_layer_beyond_the_first(base):
+    """mk_attn_layer_us (session 48): a mixed segment pays it for every attention layer beyond its first (mono over
+    tiny-llama's two layers once, per-layer segments never); fit.py's `mklayer` term recovers a planted value with the
+    offset kept (--keep-attn), and rows written before the feature tell the layer count from their op count."""
+    true_regimes = {k: dict(v, mk_attn_layer_us=x) for (k, v), x in zip(TRUE.items(), (7.0, 30.0))}
+    true = dataclasses.replace(base, regimes=true_regimes)
+    plans = {p.name: p for p in candidates(PRESETS["tiny-llama"], batch=8, context=64, prof=true,
+                                           families=("mono", "mega2", "attn-mk"))}
+    mono = plans["mono"].segments[0]
+    assert mono.features["attn_layers"] == 2
+    assert [s.features["attn_layers"] for s in plans["mega2"].segments if s.kind == "megakernel"] == [1, 1]
+    p8 = true.for_batch(8)
+    assert mono.predicted_us == pytest.approx(price_from_features(dict(mono.features, attn_layers=1), p8) + 30.0)
+    rows = synthetic_rows(true, base)
+    fitted, _rep = fit_profile(rows, dataclasses.replace(base, regimes=TRUE), terms=("mklayer",), keep_attn=True)
+    for key, x in (("1", 7.0), ("8", 30.0)):
+        assert fitted.regimes[key]["mk_attn_layer_us"] == pytest.approx(x, rel=1e-3, abs=1e-3)
+        assert fitted.regimes[key]["mk_scale"] == pytest.approx(TRUE[key]["mk_scale"], rel=1e-3)
+    from mpk_runtime.planner.score import features
+    for r in rows:
+        for sg in r["segments"]:
+            if sg["kind"] == "megakernel":
+                f = {k: v for k, v in sg["features"].items() if k != "attn_layers"}
+                got = features(dict(sg, features=f))["attn_layers"]
+                assert got == (sg["features"]["attn_layers"] if sg["features"]["attn_mixed"] or
+                               sg["features"]["attn_only"] else 0), (r["plan"], sg)
