@@ -57,8 +57,8 @@
 #    opt-in; session 48's GPU tests are in tests/gpu/test_engine_plans.py).
 # 2. qwen3-8b's ctx 512 table at the default, planned cells first (the README mixes sessions 45 / 46 there):
 #    `N=bq T=560 BENCH_BUDGET=540 MODELS=qwen3-8b CTXS=512 bash scripts/gpu_run.sh bench`.
-# 3. h200_v51 (the default since session 47: a term for megakernel segments holding a layer's attention, fitted on
-#    s47's ctx 512 / 2048 rows at B=1 / 8) out of sample at B=1 / 8, with the one-layer segments traced (their task
+# 3. h200_v52 (the default since session 48: v51, whose B=1 / 8 terms were fitted on s47's ctx 512 / 2048 rows, with
+#    B=32 / 128's per-attention-layer term; CPU-scored only) out of sample at B=1 / 8 (then B=32 / 128 next), with the one-layer segments traced (their task
 #    windows and the gaps between them say where the per-layer plan's ~8.5 us a segment goes; ~4 min):
 #    `N=val48 T=330 VAL_CTXS="4096" VAL_B4096=1,8 VAL_TRACE=per-layer,attn-conv VAL_LIM=300 bash scripts/gpu_run.sh val`
 #    (scripts/trace_phases.py --gaps on val/c4096/traces/*; the traced plans' steps include the trace writes).
