@@ -85,7 +85,12 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seq-len", type=int, default=None)
     ap.add_argument("--plan", default="none", choices=["none", "auto"],
                     help="auto: the planner's plan per decode batch bucket (backends pyvm, megakernel at tp=1)")
+    ap.add_argument("--chunk", type=int, default=256,
+                    help="requests generated (and their results written and flushed) together: a failure part-way "
+                         "keeps every finished chunk's lines in --output")
     a = ap.parse_args(argv)
+    if a.chunk < 1:
+        raise InvalidRequestError(f"--chunk must be >= 1, got {a.chunk}")
     reqs = read_requests(a.input)
     executor = a.executor
     if executor == "ray":
@@ -97,14 +102,25 @@ def _main(argv: list[str] | None = None) -> int:
              max_batch=a.max_batch, max_seq_len=a.max_seq_len,
              **({"plan": a.plan} if a.plan != "none" else {})) as llm:
         validate_requests(llm, reqs)
-        outs = llm.generate([r["prompt"] for r in reqs], [r["params"] for r in reqs], use_tqdm=sys.stderr.isatty())
-    with open(a.output, "w") as f:
-        for r, o in zip(reqs, outs):
-            f.write(json.dumps({"id": r["id"], "prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids,
-                                "text": o.text, "finish_reason": o.finish_reason,
-                                "metrics": o.metrics.to_dict()}) + "\n")
-    n = sum(len(o.token_ids) for o in outs)
-    print(f"wrote {len(outs)} results to {a.output}: {n} tokens in {time.monotonic() - t0:.2f} s")
+        written = n = 0
+        with open(a.output, "w") as f:
+            try:
+                for c0 in range(0, len(reqs), a.chunk):   # in input order, a chunk at a time
+                    part = reqs[c0:c0 + a.chunk]
+                    outs = llm.generate([r["prompt"] for r in part], [r["params"] for r in part],
+                                        use_tqdm=sys.stderr.isatty())
+                    for r, o in zip(part, outs):
+                        f.write(json.dumps({"id": r["id"], "prompt_token_ids": o.prompt_token_ids,
+                                            "token_ids": o.token_ids, "text": o.text,
+                                            "finish_reason": o.finish_reason, "metrics": o.metrics.to_dict()}) + "\n")
+                    f.flush()
+                    written += len(outs)
+                    n += sum(len(o.token_ids) for o in outs)
+            except BaseException:
+                print(f"error after {written} of {len(reqs)} results: they are in {a.output} (lines 1-{written}); "
+                      f"rerun the rest from {a.input} line {written + 1}", file=sys.stderr)
+                raise
+    print(f"wrote {written} results to {a.output}: {n} tokens in {time.monotonic() - t0:.2f} s")
     return 0
 
 
