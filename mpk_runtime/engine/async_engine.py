@@ -69,7 +69,7 @@ class EngineLoop:
         s = dict(self.engine.stats)
         s.update(self._times)
         dead = self.engine.dead
-        if dead is None and not self._thread.is_alive() and not self._stop.is_set():
+        if dead is None and not self.alive and not self._stop.is_set():
             dead = f"the engine loop thread of {self.name} has exited"
         s.update(waiting=len(self.engine.scheduler.waiting), running=len(self.engine.scheduler.running),
                  outstanding=self._outstanding, dead=dead)

@@ -28,9 +28,10 @@ log = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
                  seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
-                 device_sampling: str = "auto"):
+                 device_sampling: str = "auto", eos_ids: set[int] | frozenset = frozenset()):
         """device_sampling: "auto" | "on" | "off": which requests the runner samples on device (SamplingParams
-        doc); runners without device sampling always return logits, and the host samples."""
+        doc); runners without device sampling always return logits, and the host samples. eos_ids: end-of-sequence
+        ids beyond the tokenizer's (a model directory's generation_config.json / config.json)."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         self.device_sampling = device_sampling
@@ -39,7 +40,7 @@ class LLMEngine:
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer or LazyTokenizer(None)
         self.seed = seed
-        self.model_eos: set[int] = set()   # EOS ids from the model directory (generation_config.json / config.json)
+        self.model_eos = frozenset(t for t in eos_ids if 0 <= t < vocab_size)
         self.step_timeout = step_timeout
         # called with the failed requests' outputs as soon as a step fails, before the workers are rebuilt (which
         # can take many seconds): a caller that streams outputs (EngineLoop) tells its users now; _on_failure then

@@ -18,8 +18,6 @@ from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
 from .tokenizer import LazyTokenizer, model_eos_ids
 
 Prompt = "str | list[int]"
-self_kw = ("model", "rank", "world_size", "comm", "seed", "dtype", "max_batch", "max_seq_len", "page_size",
-           "num_pages", "tp")
 
 
 def resolve_model(model: str):
@@ -84,8 +82,7 @@ class LLM:
         unknown = sorted(set(runner_kwargs) - known) if known is not None else []
         if unknown:   # a typo (max_seqlen=) or a sampling option (temperature=) would otherwise do nothing
             raise InvalidRequestError(f"unknown keyword argument(s) {unknown} for LLM(backend={backend!r}); "
-                                      f"LLM takes max_seq_len, max_batch, num_pages, page_size, dtype, ... and the "
-                                      f"backend's own: {sorted(known - set(self_kw))}; sampling options go in "
+                                      f"the {backend!r} runner takes {sorted(known)}; sampling options go in "
                                       "SamplingParams")
         if isinstance(executor, str):
             executor = make_executor(executor, tp, **(executor_kwargs or {}))
@@ -105,8 +102,7 @@ class LLM:
         src = tokenizer if tokenizer is not None else model
         self.engine = LLMEngine(executor, kv_spec, self.config.vocab_size, LazyTokenizer(src), seed=seed,
                                 max_num_batched_tokens=max_num_batched_tokens, step_timeout=step_timeout,
-                                device_sampling=device_sampling)
-        self.engine.model_eos = {t for t in model_eos_ids(model) if t < self.config.vocab_size}
+                                device_sampling=device_sampling, eos_ids=model_eos_ids(model))
 
     @property
     def tokenizer(self):

@@ -22,6 +22,8 @@ DEVICE_SAMPLING_MODES = ("auto", "on", "off")
 # temperatures below this are greedy: logits / T overflows fp32 for T ~< 1e-37 (softmax -> NaN), and long before
 # that the distribution is an argmax anyway (vLLM uses the same cut-off)
 SAMPLING_EPS = 1e-5
+_NONFINITE = ("the model produced NaN / inf logits (float16 overflow or broken weights?): try dtype='float32' or "
+              "'bfloat16', and check the checkpoint")
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | 
     if params.greedy:
         tok = int(torch.argmax(logits))
         if not bool(torch.isfinite(logits[tok])):   # argmax lands on a NaN (or +inf) when there is one
-            raise ValueError("the model produced NaN / inf logits (float16 overflow or broken weights?): try "
-                             "dtype='float32' or 'bfloat16', and check the checkpoint")
+            raise ValueError(_NONFINITE)
         return tok
     x = logits.float() / params.temperature
     if params.top_k > 0 and params.top_k < x.numel():
@@ -134,6 +135,5 @@ def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | 
         x[idx[drop]] = float("-inf")
     probs = torch.softmax(x, -1)
     if not bool(torch.isfinite(probs).all()):   # (softmax is O(V) already)
-        raise ValueError("the model produced NaN / inf logits (float16 overflow or broken weights?): try "
-                         "dtype='float32' or 'bfloat16', and check the checkpoint")
+        raise ValueError(_NONFINITE)
     return int(torch.multinomial(probs, 1, generator=gen))
