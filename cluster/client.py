@@ -37,6 +37,11 @@ def _raise_for(status: int, body: dict | str):
     raise E.RequestFailedError(f"HTTP {status}: {msg}")
 
 
+def _logprobs(rows) -> list[dict[int, float]] | None:
+    """The server's logprobs_by_id extension ([[token id, logprob], ...] a position) as RequestOutput.logprobs."""
+    return None if rows is None else [{int(t): float(v) for t, v in row} for row in rows]
+
+
 def _json(r) -> dict | str:
     try:
         return r.json()
@@ -106,7 +111,10 @@ class Client:
     def _body(self, prompt, sp: SamplingParams, stream: bool) -> dict:
         return {"model": self.model, "prompt": prompt, "max_tokens": sp.max_tokens, "temperature": sp.temperature,
                 "top_p": sp.top_p, "top_k": sp.top_k, "seed": sp.seed, "stop_token_ids": list(sp.stop_token_ids),
-                "ignore_eos": sp.ignore_eos, "stream": stream}
+                "ignore_eos": sp.ignore_eos, "stream": stream, "stop": list(sp.stop) or None,
+                "include_stop_str_in_output": sp.include_stop_str_in_output, "logprobs": sp.logprobs,
+                "presence_penalty": sp.presence_penalty, "frequency_penalty": sp.frequency_penalty,
+                "repetition_penalty": sp.repetition_penalty}
 
     def _one(self, prompt, sp: SamplingParams, rid: str) -> RequestOutput:
         t0 = time.monotonic()
@@ -123,7 +131,8 @@ class Client:
                              prompt_token_ids=c.get("prompt_token_ids") or [], token_ids=c["token_ids"],
                              text=c["text"], delta_token_ids=c["token_ids"], delta_text=c["text"], finished=True,
                              finish_reason=c["finish_reason"], error=None,
-                             metrics=RequestMetrics(t0, first, finish, body["usage"]["prompt_tokens"], n))
+                             metrics=RequestMetrics(t0, first, finish, body["usage"]["prompt_tokens"], n),
+                             logprobs=_logprobs(c.get("logprobs_by_id")))
 
     def _validated(self, prompts, sampling_params):
         prompts = normalize_prompts(prompts)
@@ -152,6 +161,7 @@ class Client:
         for i, (p, sp) in enumerate(zip(prompts, params)):
             t0 = time.monotonic()
             toks: list[int] = []
+            lps: list[dict[int, float]] | None = None if sp.logprobs is None else []
             text = ""
             first = None
             with self._http.stream("POST", "/v1/completions", json=self._body(p, sp, True)) as r:
@@ -171,6 +181,8 @@ class Client:
                         continue
                     c = ev["choices"][0]
                     toks = toks + c.get("token_ids", [])
+                    if lps is not None:
+                        lps = lps + (_logprobs(c.get("logprobs_by_id")) or [])
                     text += c.get("text", "")
                     first = first or time.monotonic()
                     done = c.get("finish_reason") is not None
@@ -178,7 +190,8 @@ class Client:
                     pids = c.get("prompt_token_ids") or ([] if isinstance(p, str) else list(p))
                     yield RequestOutput(str(i), p if isinstance(p, str) else None, pids, list(toks), text,
                                         c.get("token_ids", []), c.get("text", ""), done, c.get("finish_reason"),
-                                        None, RequestMetrics(t0, first, now if done else None, len(pids), len(toks)))
+                                        None, RequestMetrics(t0, first, now if done else None, len(pids), len(toks)),
+                                        logprobs=lps)
 
     def health(self) -> dict:
         return self._http.get("/health").json()

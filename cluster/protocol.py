@@ -26,10 +26,12 @@ class CommonRequest(BaseModel):
     top_k: int | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    repetition_penalty: float | None = 1.0
+    include_stop_str_in_output: bool = False
+    top_logprobs: int | None = None   # chat: with logprobs=true, how many top tokens a position reports
     # OpenAI fields this server does not implement: declared so that a request using them gets a 400 (the server
     # checks them) instead of being served as if they were absent
     logit_bias: dict | None = None
-    top_logprobs: int | None = None
     response_format: dict | None = None
     guided_json: Any = None
     guided_regex: str | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import threading
@@ -25,6 +26,9 @@ from .metrics import Metrics
 from .protocol import ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
 from starlette.requests import Request  # likewise (the endpoints take the raw request to see disconnects)
 from .router import Router
+
+
+MAX_N = 64   # completions per prompt a request may ask for
 
 
 class HTTPError(Exception):
@@ -93,15 +97,23 @@ def create_app(router: Router, served_model_name: str | None = None):
 
     # --- request -> (token ids, params) -------------------------------------------------------------------
     def _params(r: CommonRequest) -> SamplingParams:
-        if r.n != 1:
-            raise HTTPError(400, f"n={r.n} is not supported; send n=1 (one completion per prompt)")
-        if r.stop:
-            raise HTTPError(400, "stop strings are not supported; use stop_token_ids (list of token ids)")
-        if r.logprobs not in (None, False, 0):
-            raise HTTPError(400, "logprobs are not supported; leave the field out")
-        if r.presence_penalty or r.frequency_penalty:
-            raise HTTPError(400, "presence/frequency penalties are not supported; leave them at 0")
-        for field in ("logit_bias", "top_logprobs", "suffix", "tools", "tool_choice", "functions", "function_call",
+        if not isinstance(r.n, int) or not 1 <= r.n <= MAX_N:
+            raise HTTPError(400, f"n must be an int in [1, {MAX_N}] (completions per prompt), got {r.n!r}")
+        chat = isinstance(r, ChatRequest)
+        if chat:   # chat: logprobs is a bool, top_logprobs how many alternatives
+            if r.logprobs not in (None, True, False):
+                raise HTTPError(400, f"chat logprobs must be true or false, got {r.logprobs!r}; set top_logprobs "
+                                     "for the number of alternatives")
+            if r.top_logprobs and not r.logprobs:
+                raise HTTPError(400, "top_logprobs needs logprobs: true")
+            logprobs = (r.top_logprobs or 0) if r.logprobs else None
+        else:      # completions: logprobs is the number of alternatives (0 = the sampled token's only)
+            if r.top_logprobs is not None:
+                raise HTTPError(400, "top_logprobs is a chat field; completions take logprobs=<int>")
+            logprobs = None if r.logprobs is False else r.logprobs
+            if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
+                raise HTTPError(400, f"logprobs must be an int (top tokens per position), got {r.logprobs!r}")
+        for field in ("logit_bias", "suffix", "tools", "tool_choice", "functions", "function_call",
                       "response_format", "guided_json", "guided_regex", "guided_choice"):
             if getattr(r, field, None) not in (None, {}, [], "", "none", {"type": "text"}):
                 raise HTTPError(400, f"{field} is not supported by this server; leave it out")
@@ -113,7 +125,68 @@ def create_app(router: Router, served_model_name: str | None = None):
         max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
         return SamplingParams(temperature=1.0 if r.temperature is None else r.temperature,
                               top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0, max_tokens=max_tokens,
-                              stop_token_ids=tuple(r.stop_token_ids or ()), seed=r.seed, ignore_eos=r.ignore_eos)
+                              stop_token_ids=tuple(r.stop_token_ids or ()), seed=r.seed, ignore_eos=r.ignore_eos,
+                              stop=r.stop or (), include_stop_str_in_output=r.include_stop_str_in_output,
+                              logprobs=logprobs, presence_penalty=r.presence_penalty or 0.0,
+                              frequency_penalty=r.frequency_penalty or 0.0,
+                              repetition_penalty=1.0 if r.repetition_penalty is None else r.repetition_penalty)
+
+    def _choices(params: SamplingParams, n: int) -> list[SamplingParams]:
+        """The n completions of one prompt: a seeded request's j-th draws with seed + j (an unseeded one's
+        streams differ already: each request's seed comes from its index)."""
+        if n == 1 or params.seed is None:
+            return [params] * n
+        return [dataclasses.replace(params, seed=params.seed + j) for j in range(n)]
+
+    def _tok_str(t: int) -> tuple[str, bool]:
+        """A generated token as text, and whether that is its own text: a token that is part of a UTF-8 character
+        (it decodes to U+FFFD alone) is named by the tokenizer's token string instead, and one with no tokenizer or
+        past its vocabulary "token_id:<id>", so that different tokens never share a name."""
+        tok = router.tokenizer
+        if tok is None or t >= len(tok):
+            return f"token_id:{t}", False
+        s = tok.decode([t])
+        if "\ufffd" in s:
+            return tok.convert_ids_to_tokens(t) or f"token_id:{t}", False
+        return s, True
+
+    def _completion_logprobs(lps: list[dict] | None, offset: int) -> dict | None:
+        """The legacy completions format for the given positions (text offsets from `offset`)."""
+        if lps is None:
+            return None
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for lp in lps:
+            t, v = next(iter(lp.items()))
+            s = _tok_str(t)[0]
+            out["tokens"].append(s)
+            out["token_logprobs"].append(v)
+            out["top_logprobs"].append({_tok_str(a)[0]: b for a, b in lp.items()})
+            out["text_offset"].append(offset)
+            offset += len(s)
+        return out
+
+    def _chat_logprobs(lps: list[dict] | None, top: int) -> dict | None:
+        if lps is None:
+            return None
+
+        def entry(t, v):
+            s, own = _tok_str(t)
+            return {"token": s, "logprob": v, "bytes": list(s.encode("utf-8")) if own else None}
+        content = []
+        for lp in lps:
+            t, v = next(iter(lp.items()))
+            alts = sorted(lp.items(), key=lambda kv: -kv[1])[:top]
+            content.append({**entry(t, v), "top_logprobs": [entry(a, b) for a, b in alts]})
+        return {"content": content}
+
+    def _by_id(lps: list[dict]) -> list[list[list]]:
+        return [[[t, v] for t, v in lp.items()] for lp in lps]
+
+    def _delta_logprobs(out: RequestOutput) -> list[dict] | None:
+        if out.logprobs is None:
+            return None
+        k = len(out.delta_token_ids)
+        return out.logprobs[len(out.logprobs) - k:]
 
     def _tokenize(text: str) -> list[int]:
         return router.engine.tokenize(text)
@@ -156,11 +229,13 @@ def create_app(router: Router, served_model_name: str | None = None):
 
     # --- engine bridge ------------------------------------------------------------------------------------
     def _submit_all(prompts, params, r: CommonRequest | None = None) -> tuple[asyncio.Queue, list[tuple[Any, str]]]:
-        """Validate every prompt, then queue them all; outputs arrive on one asyncio queue as (index, output).
-        A max_tokens the request sent explicitly must fit the context after the prompt (OpenAI's 400); the
-        default (16, or none for chat) stops at the context instead (finish_reason "length")."""
+        """Validate every prompt, then queue them all (each r.n times: choice i * n + j is prompt i's j-th);
+        outputs arrive on one asyncio queue as (choice index, output). A max_tokens the request sent explicitly
+        must fit the context after the prompt (OpenAI's 400); the default (16, or none for chat) stops at the
+        context instead (finish_reason "length")."""
         ctx = router.engine.kv_spec.max_seq_len
         explicit = r is not None and bool({"max_tokens", "max_completion_tokens"} & r.model_fields_set)
+        n = r.n if r is not None else 1
         for ids, _ in prompts:
             router.engine.validate(ids, params)
             if explicit and params.max_tokens is not None and len(ids) + params.max_tokens > ctx:
@@ -170,13 +245,15 @@ def create_app(router: Router, served_model_name: str | None = None):
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         handles = []
-        for i, (ids, text) in enumerate(prompts):
-            def cb(out: RequestOutput, i=i):
-                metrics.on_tokens(len(out.delta_token_ids))
-                if out.finished:
-                    metrics.on_finish(out)
-                loop.call_soon_threadsafe(q.put_nowait, (i, out))
-            handles.append(router.submit(ids, params, cb, prompt=text))
+        per_choice = _choices(params, n)
+        for pi, (ids, text) in enumerate(prompts):
+            for j, sp in enumerate(per_choice):
+                def cb(out: RequestOutput, i=pi * n + j):
+                    metrics.on_tokens(len(out.delta_token_ids))
+                    if out.finished:
+                        metrics.on_finish(out)
+                    loop.call_soon_threadsafe(q.put_nowait, (i, out))
+                handles.append(router.submit(ids, sp, cb, prompt=text))
         return q, handles
 
     def _abort(handles) -> None:
@@ -209,15 +286,16 @@ def create_app(router: Router, served_model_name: str | None = None):
             raise RequestFailedError(errors[0].error)
         return [final[i] for i in range(n)]
 
-    def _usage(outs: list[RequestOutput]) -> dict:
-        p = sum(len(o.prompt_token_ids) for o in outs)
+    def _usage(outs: list[RequestOutput], n: int = 1) -> dict:
+        p = sum(len(o.prompt_token_ids) for o in outs[::n])   # a prompt counts once, whatever its n
         c = sum(len(o.token_ids) for o in outs)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     def _finish(o: RequestOutput) -> str | None:
         return None if not o.finished else ("stop" if o.finish_reason == "stop" else "length")
 
-    async def _stream(q, n, handles, make_chunk, include_usage: bool, first_chunks=()) -> AsyncIterator[str]:
+    async def _stream(q, n, handles, make_chunk, include_usage: bool, first_chunks=(),
+                      per_prompt: int = 1) -> AsyncIterator[str]:
         done, outs = set(), {}
         try:
             for c in first_chunks:
@@ -233,7 +311,7 @@ def create_app(router: Router, served_model_name: str | None = None):
                     done.add(i)
                     outs[i] = out
             if include_usage:
-                yield _sse(make_chunk(None, None, usage=_usage(list(outs.values()))))
+                yield _sse(make_chunk(None, None, usage=_usage([outs[i] for i in sorted(outs)], per_prompt)))
             yield "data: [DONE]\n\n"
         finally:
             if len(done) < n:  # disconnected (or failed) mid-stream: stop generating for it
@@ -246,13 +324,21 @@ def create_app(router: Router, served_model_name: str | None = None):
         prompts = _completion_prompts(r)
         q, handles = _submit_all(prompts, params, r)
         cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        n = len(prompts) * r.n
         if r.stream:
+            offsets: dict[int, int] = {}
+
             def chunk(i, out, usage=None):
                 if out is None:
                     return {"id": cid, "object": "text_completion", "created": created, "model": name,
                             "choices": [], "usage": usage}
-                c = {"index": i, "text": out.delta_text or "", "logprobs": None, "finish_reason": _finish(out),
+                lp = _completion_logprobs(_delta_logprobs(out), offsets.get(i, 0))
+                if lp is not None and lp["tokens"]:
+                    offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+                c = {"index": i, "text": out.delta_text or "", "logprobs": lp, "finish_reason": _finish(out),
                      "token_ids": out.delta_token_ids}
+                if lp is not None:   # (an extension: the same by token id, what Client.stream reports)
+                    c["logprobs_by_id"] = _by_id(_delta_logprobs(out))
                 if out.finished:   # (an extension, as the non-streaming token_ids: what Client.stream reports)
                     c["prompt_token_ids"] = out.prompt_token_ids
                 body = {"id": cid, "object": "text_completion", "created": created, "model": name, "choices": [c]}
@@ -260,13 +346,16 @@ def create_app(router: Router, served_model_name: str | None = None):
                     body["usage"] = None
                 return body
             inc = bool((r.stream_options or {}).get("include_usage"))
-            return StreamingResponse(_stream(q, len(prompts), handles, chunk, inc), media_type="text/event-stream")
-        outs = await _collect(q, len(prompts), handles, raw)
+            return StreamingResponse(_stream(q, n, handles, chunk, inc, per_prompt=r.n),
+                                     media_type="text/event-stream")
+        outs = await _collect(q, n, handles, raw)
         return {"id": cid, "object": "text_completion", "created": created, "model": name,
-                "choices": [{"index": i, "text": o.text or "", "logprobs": None, "finish_reason": _finish(o),
-                             "token_ids": o.token_ids, "prompt_token_ids": o.prompt_token_ids,
-                             "metrics": o.metrics.to_dict()} for i, o in enumerate(outs)],
-                "usage": _usage(outs)}
+                "choices": [{"index": i, "text": o.text or "", "logprobs": _completion_logprobs(o.logprobs, 0),
+                             "finish_reason": _finish(o), "token_ids": o.token_ids,
+                             "prompt_token_ids": o.prompt_token_ids, "metrics": o.metrics.to_dict(),
+                             **({"logprobs_by_id": _by_id(o.logprobs)} if o.logprobs is not None else {})}
+                            for i, o in enumerate(outs)],
+                "usage": _usage(outs, r.n)}
 
     @app.post("/v1/chat/completions")
     async def chat(r: ChatRequest, raw: Request):
@@ -274,24 +363,28 @@ def create_app(router: Router, served_model_name: str | None = None):
         ids, text = _chat_prompt(r)
         q, handles = _submit_all([(ids, text)], params, r)
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        top = params.logprobs or 0
         if r.stream:
             def chunk(i, out, usage=None):
                 base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name}
                 if out is None:
                     return {**base, "choices": [], "usage": usage}
-                return {**base, "choices": [{"index": 0, "delta": {"content": out.delta_text or ""},
-                                             "logprobs": None, "finish_reason": _finish(out),
-                                             "token_ids": out.delta_token_ids}], **({"usage": None} if inc else {})}
+                return {**base, "choices": [{"index": i, "delta": {"content": out.delta_text or ""},
+                                             "logprobs": _chat_logprobs(_delta_logprobs(out), top),
+                                             "finish_reason": _finish(out), "token_ids": out.delta_token_ids}],
+                        **({"usage": None} if inc else {})}
             inc = bool((r.stream_options or {}).get("include_usage"))
             first = [{"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
-                      "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                   "finish_reason": None}], **({"usage": None} if inc else {})}]
-            return StreamingResponse(_stream(q, 1, handles, chunk, inc, first), media_type="text/event-stream")
-        (o,) = await _collect(q, 1, handles, raw)
+                      "choices": [{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                   "finish_reason": None}], **({"usage": None} if inc else {})} for j in range(r.n)]
+            return StreamingResponse(_stream(q, r.n, handles, chunk, inc, first, per_prompt=r.n),
+                                     media_type="text/event-stream")
+        outs = await _collect(q, r.n, handles, raw)
         return {"id": cid, "object": "chat.completion", "created": created, "model": name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": o.text or ""},
-                             "logprobs": None, "finish_reason": _finish(o), "token_ids": o.token_ids}],
-                "usage": _usage([o])}
+                "choices": [{"index": j, "message": {"role": "assistant", "content": o.text or ""},
+                             "logprobs": _chat_logprobs(o.logprobs, top), "finish_reason": _finish(o),
+                             "token_ids": o.token_ids} for j, o in enumerate(outs)],
+                "usage": _usage(outs, r.n)}
 
     @app.get("/v1/models")
     async def models():

@@ -114,7 +114,9 @@ def _generate(a: argparse.Namespace) -> int:
         raise SystemExit("give --prompt-ids 1,2,3 (repeatable) or --prompt TEXT (needs a tokenizer in the model dir)")
     sp = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, max_tokens=a.max_tokens, seed=a.seed,
                         stop_token_ids=_parse_ids(a.stop_token_ids) if a.stop_token_ids else (),
-                        ignore_eos=a.ignore_eos)
+                        ignore_eos=a.ignore_eos, stop=tuple(a.stop or ()), logprobs=a.logprobs,
+                        presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
+                        repetition_penalty=a.repetition_penalty)
     t0 = time.perf_counter()
     extra = {"plan": a.plan} if a.plan != "none" else {}   # backends without plans keep their signature
     llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len,
@@ -126,8 +128,11 @@ def _generate(a: argparse.Namespace) -> int:
         llm.shutdown()
     t2 = time.perf_counter()
     for o in outs:
-        print(json.dumps({"prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids, "text": o.text,
-                          "finish_reason": o.finish_reason}))
+        line = {"prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids, "text": o.text,
+                "finish_reason": o.finish_reason}
+        if o.logprobs is not None:
+            line["logprobs"] = o.to_dict()["logprobs"]
+        print(json.dumps(line))
     n = sum(len(o.token_ids) for o in outs)
     print(f"# {a.model} backend={a.backend} tp={a.tp}: load {t1 - t0:.1f}s, {n} tokens in {t2 - t1:.2f}s",
           file=sys.stderr)
@@ -170,6 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--num-pages", type=int, default=None, help="KV cache pages (default: max-batch full sequences)")
     g.add_argument("--stop-token-ids", default=None, help="comma-separated token ids that end a sequence")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the tokenizer's / model's EOS")
+    g.add_argument("--stop", action="append", help="a stop string (repeatable; needs a tokenizer): the text ends "
+                   "before it")
+    g.add_argument("--logprobs", type=int, default=None, help="print each token's logprob and the N most likely "
+                   "tokens' ([[token id, logprob], ...] per generated token)")
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
     g.add_argument("--plan", default="none", choices=["none", "auto"],
                    help="auto: the planner's plan per batch bucket (backends pyvm, megakernel)")
     a = p.parse_args(argv)

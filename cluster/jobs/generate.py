@@ -3,9 +3,10 @@
     python -m cluster.jobs.generate --model tiny-qwen3 --dtype float32 --tp 1 \
         --input prompts.jsonl --output out.jsonl [--executor ray|inprocess] [--replicas 2]
 
-Each input line is {"prompt": str} or {"prompt_token_ids": [...]}, plus optional sampling fields
-(temperature, top_k, top_p, max_tokens, stop_token_ids, seed, ignore_eos) and an optional "id". Each output
-line (same order) is {"id", "prompt_token_ids", "token_ids", "text", "finish_reason", "metrics"}.
+Each input line is {"prompt": str} or {"prompt_token_ids": [...]}, plus optional sampling fields (any of
+SamplingParams': temperature, top_k, top_p, max_tokens, stop_token_ids, stop, seed, ignore_eos, logprobs,
+penalties, ...) and an optional "id". Each output line (same order) is {"id", "prompt_token_ids", "token_ids",
+"text", "finish_reason", "metrics"}, plus "logprobs" ([[token id, logprob], ...] a generated token) where asked.
 A bad line fails the job before any generation, naming the line.
 """
 from __future__ import annotations
@@ -110,9 +111,11 @@ def _main(argv: list[str] | None = None) -> int:
                     outs = llm.generate([r["prompt"] for r in part], [r["params"] for r in part],
                                         use_tqdm=sys.stderr.isatty())
                     for r, o in zip(part, outs):
-                        f.write(json.dumps({"id": r["id"], "prompt_token_ids": o.prompt_token_ids,
-                                            "token_ids": o.token_ids, "text": o.text,
-                                            "finish_reason": o.finish_reason, "metrics": o.metrics.to_dict()}) + "\n")
+                        line = {"id": r["id"], "prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids,
+                                "text": o.text, "finish_reason": o.finish_reason, "metrics": o.metrics.to_dict()}
+                        if o.logprobs is not None:
+                            line["logprobs"] = o.to_dict()["logprobs"]
+                        f.write(json.dumps(line) + "\n")
                     f.flush()
                     written += len(outs)
                     n += sum(len(o.token_ids) for o in outs)

@@ -16,10 +16,11 @@ from .block_allocator import BlockAllocator
 from .errors import InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError
 from .request import Request, RequestOutput, Status
 from ..runtime.device_sampling import StepOutput
-from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, check_device_sampling, device_sampling_for,
-                       make_generator, request_seed, sample)
+from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, apply_penalties, check_device_sampling,
+                       device_sampling_for, make_generator, request_seed, sample, token_logprobs)
 from .scheduler import Scheduler
 from .step_stats import new_step_stats
+from .stop_strings import visible_text
 from .tokenizer import LazyTokenizer
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,11 @@ class LLMEngine:
         bad_stop = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad_stop:
             raise InvalidRequestError(f"stop_token_ids must be < vocab size {self.vocab_size}; got {bad_stop}")
+        if params.stop and not self._has_tokenizer():
+            raise NoTokenizerError("stop strings need a tokenizer to turn the output into text, and this model has "
+                                   "none: use stop_token_ids, or a model directory that contains tokenizer files")
+        if params.logprobs is not None and params.logprobs > self.vocab_size:
+            raise InvalidRequestError(f"logprobs={params.logprobs} exceeds the vocabulary ({self.vocab_size} tokens)")
         ctx = self.kv_spec.max_seq_len
         if n >= ctx:
             raise PromptTooLongError(f"the prompt has {n} tokens but the context holds {ctx} (prompt + generated); "
@@ -107,8 +113,9 @@ class LLMEngine:
         if rid in self._requests:
             raise InvalidRequestError(f"request id {rid!r} is already in use")
         req = Request(request_id=rid, seq_id=idx, prompt=prompt, prompt_token_ids=prompt_token_ids, params=params,
-                      generator=make_generator(params, self.seed, idx), max_total_len=max_total)
-        if self.tokenizer.available and self.tokenizer.get() is not None:
+                      generator=make_generator(params, self.seed, idx), max_total_len=max_total,
+                      output_logprobs=None if params.logprobs is None else [])
+        if self._has_tokenizer():
             req.text = ""
         self._requests[rid] = req
         self.scheduler.add(req)
@@ -193,7 +200,12 @@ class LLMEngine:
                     raise RuntimeError(f"the runner returned no logits and no device-sampled token for request "
                                        f"{r.seq_id}")
                 else:
-                    tok = sample(logits[i], r.params, r.generator)
+                    lg = logits[i]
+                    if r.params.penalized:
+                        lg = apply_penalties(lg, r.params, r.output_token_ids, r.prompt_token_ids)
+                    tok = sample(lg, r.params, r.generator)
+                    if r.output_logprobs is not None:
+                        r.output_logprobs.append(token_logprobs(logits[i], tok, r.params.logprobs))
                 if not 0 <= tok < self.vocab_size:
                     raise RuntimeError(f"the runner produced token id {tok}, outside the vocabulary [0, "
                                        f"{self.vocab_size}) (NaN / inf logits? try dtype='float32' or 'bfloat16' "
@@ -210,7 +222,8 @@ class LLMEngine:
             if r.first_token_time is None:
                 r.first_token_time = now
             reason = self._stop_reason(r, tok)
-            self._detokenize(r, final=bool(reason))
+            if self._detokenize(r, final=bool(reason)):
+                reason = "stop"   # a stop string (the text ends before it)
             if reason:
                 r.finish(reason)
                 done.append(r)
@@ -273,14 +286,22 @@ class LLMEngine:
             self._eos_cache = (self.tokenizer.eos_token_ids() if self.tokenizer.available else set()) | self.model_eos
         return self._eos_cache
 
-    def _detokenize(self, r: Request, final: bool) -> None:
+    def _has_tokenizer(self) -> bool:
+        return self.tokenizer.available and self.tokenizer.get() is not None
+
+    def _detokenize(self, r: Request, final: bool) -> bool:
+        """Update r.text from the output tokens; True when a stop string ended the request."""
         if r.text is None:
-            return
+            return False
         # Decoding everything each time is O(n^2) but always right for multi-byte pieces; outputs are short.
         text = self.tokenizer.get().decode(r.output_token_ids, skip_special_tokens=True)
         if text.endswith("\ufffd") and not final:  # an incomplete UTF-8 sequence: wait for the next token
-            return
-        r.text = text
+            return False
+        p = r.params
+        text, hit = visible_text(text, p.stop, p.include_stop_str_in_output, final)
+        if len(text) >= len(r.text) or hit:   # a held-back tail never takes back text already shown
+            r.text = text
+        return hit
 
     def _forget(self, req: Request, free_on_workers: bool) -> None:
         self._requests.pop(req.request_id, None)

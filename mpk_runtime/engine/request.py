@@ -55,11 +55,17 @@ class RequestOutput:
     finish_reason: str | None           # "stop" | "length" | "abort" | "error"
     error: str | None
     metrics: RequestMetrics
+    # SamplingParams.logprobs set: one {token id: logprob} per generated token (the sampled token first, then the
+    # top ones); the delta's are the last len(delta_token_ids)
+    logprobs: list[dict[int, float]] | None = None
 
     def to_dict(self) -> dict:
-        return {"request_id": self.request_id, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
-                "token_ids": self.token_ids, "text": self.text, "finished": self.finished,
-                "finish_reason": self.finish_reason, "error": self.error, "metrics": self.metrics.to_dict()}
+        d = {"request_id": self.request_id, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
+             "token_ids": self.token_ids, "text": self.text, "finished": self.finished,
+             "finish_reason": self.finish_reason, "error": self.error, "metrics": self.metrics.to_dict()}
+        if self.logprobs is not None:   # JSON keys are strings: [[token id, logprob], ...] per generated token
+            d["logprobs"] = [[[t, v] for t, v in lp.items()] for lp in self.logprobs]
+        return d
 
 
 @dataclass(eq=False)
@@ -82,6 +88,7 @@ class Request:
     error: str | None = None
     text: str | None = None             # detokenized output so far (when a tokenizer exists)
     device_sampling: tuple | None = None   # (DeviceSampling or None,) once the engine decided (engine._device_sampling)
+    output_logprobs: list[dict[int, float]] | None = None   # SamplingParams.logprobs set: one dict a generated token
     _sent_tokens: int = 0               # how much of the output the last snapshot already reported
     _sent_text: int = 0
 
@@ -123,4 +130,5 @@ class Request:
             token_ids=list(self.output_token_ids), text=self.text, delta_token_ids=list(delta),
             delta_text=delta_text, finished=self.finished, finish_reason=self.finish_reason, error=self.error,
             metrics=RequestMetrics(self.arrival_time, self.first_token_time, self.finish_time,
-                                   len(self.prompt_token_ids), len(self.output_token_ids)))
+                                   len(self.prompt_token_ids), len(self.output_token_ids)),
+            logprobs=None if self.output_logprobs is None else list(self.output_logprobs))

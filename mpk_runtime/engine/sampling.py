@@ -22,6 +22,7 @@ DEVICE_SAMPLING_MODES = ("auto", "on", "off")
 # temperatures below this are greedy: logits / T overflows fp32 for T ~< 1e-37 (softmax -> NaN), and long before
 # that the distribution is an argmax anyway (vLLM uses the same cut-off)
 SAMPLING_EPS = 1e-5
+MAX_LOGPROBS = 20    # top tokens a request may ask logprobs for (OpenAI's chat limit)
 _NONFINITE = ("the model produced NaN / inf logits (float16 overflow or broken weights?): try dtype='float32' or "
               "'bfloat16', and check the checkpoint")
 
@@ -42,6 +43,20 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     seed: int | None = None           # None = derived from the engine seed and the request id
     ignore_eos: bool = False          # keep going past the tokenizer's EOS token
+    # stop strings (need a tokenizer): generation stops when the detokenized output contains one; the text ends
+    # before it (or after it with include_stop_str_in_output); the token ids keep every generated token. While a
+    # request runs, streamed text holds back a tail that could still become a stop string.
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    include_stop_str_in_output: bool = False
+    # log-probabilities: None = none; n >= 0 = each generated token's logprob plus the n most likely tokens', from
+    # the model's own distribution (log-softmax of the fp32 logits, before penalties / temperature / top-k / top-p)
+    logprobs: int | None = None
+    # penalties (OpenAI / vLLM semantics): presence / frequency subtract from the logits of tokens already
+    # generated (once / per occurrence), in [-2, 2]; repetition (> 0, 1 = off) divides positive and multiplies
+    # negative logits of tokens in the prompt or the output. Applied before temperature and top-k / top-p.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -63,17 +78,43 @@ class SamplingParams:
             problems.append(f"seed must be an int or None (any int: its low 64 bits are used), got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
             problems.append(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(x, str) and x for x in stop):
+            problems.append(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            problems.append(f"include_stop_str_in_output must be True or False, got {self.include_stop_str_in_output!r}")
+        lp = self.logprobs
+        if lp is not None and (not isinstance(lp, int) or isinstance(lp, bool) or not 0 <= lp <= MAX_LOGPROBS):
+            problems.append(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}] (the number of top tokens "
+                            f"reported beside the sampled one), got {lp!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not -2.0 <= v <= 2.0:
+                problems.append(f"{name} must be a number in [-2, 2] (0 = off), got {v!r}")
+        rp = self.repetition_penalty
+        if not isinstance(rp, (int, float)) or isinstance(rp, bool) or not 0 < rp < float("inf"):
+            problems.append(f"repetition_penalty must be a finite number > 0 (1 = off), got {rp!r}")
         if problems:
             raise InvalidRequestError("invalid SamplingParams: " + "; ".join(problems))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "stop", tuple(stop))
 
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS or self.top_k == 1
 
+    @property
+    def penalized(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @property
+    def needs_logits(self) -> bool:
+        """The host must see this request's logits (logprobs, penalties): the device sampler does neither."""
+        return self.logprobs is not None or self.penalized
+
     def device_exact(self) -> bool:
         """The device sampler follows these params exactly (no top-C cap involved)."""
-        return self.greedy or 1 <= self.top_k <= SAMPLE_CANDIDATES
+        return not self.needs_logits and (self.greedy or 1 <= self.top_k <= SAMPLE_CANDIDATES)
 
     @classmethod
     def from_dict(cls, d: dict) -> "SamplingParams":
@@ -97,7 +138,12 @@ def make_generator(params: SamplingParams, engine_seed: int, request_index: int)
 
 
 def check_device_sampling(params: SamplingParams, mode: str) -> None:
-    """Raise InvalidRequestError for params the device cannot do in mode "on" (top_k > C)."""
+    """Raise InvalidRequestError for params the device cannot do in mode "on" (top_k > C, logprobs, penalties)."""
+    if mode == "on" and params.needs_logits:
+        raise InvalidRequestError(
+            "logprobs and presence / frequency / repetition penalties need the logits on the host, and this LLM "
+            "samples every request on the device (device_sampling='on'): create it with device_sampling='auto' "
+            "(the default) or 'off', or leave those fields out")
     if mode == "on" and not params.greedy and params.top_k > SAMPLE_CANDIDATES:
         raise InvalidRequestError(
             f"top_k={params.top_k} exceeds the on-device sampling limit of {SAMPLE_CANDIDATES} candidates: use "
@@ -113,6 +159,34 @@ def device_sampling_for(params: SamplingParams, mode: str, seed: int) -> DeviceS
         return DeviceSampling(0.0, 0, 1.0, 0)
     k = params.top_k if params.top_k > 0 else 0
     return DeviceSampling(float(params.temperature), k, float(params.top_p), seed)
+
+
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, output_ids: list[int],
+                    prompt_ids: list[int]) -> torch.Tensor:
+    """The logits (vocab,) with the request's penalties applied (a new fp32 tensor; `logits` is not changed):
+    repetition over the prompt and output tokens, then frequency and presence over the output tokens."""
+    x = logits.float().clone()
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros(x.numel(), dtype=torch.bool)
+        seen[torch.tensor(prompt_ids + output_ids, dtype=torch.long)] = True
+        rp = params.repetition_penalty
+        x = torch.where(seen, torch.where(x > 0, x / rp, x * rp), x)
+    if output_ids and (params.frequency_penalty or params.presence_penalty):
+        counts = torch.bincount(torch.tensor(output_ids, dtype=torch.long), minlength=x.numel()).float()
+        x -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
+    return x
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int) -> dict[int, float]:
+    """{token: logprob} for the sampled token first, then the `top` most likely tokens (log-softmax of the fp32
+    logits; a top token equal to the sampled one appears once)."""
+    lp = torch.log_softmax(logits.float(), -1)
+    out = {token: float(lp[token])}
+    if top:
+        vals, ids = torch.topk(lp, top)
+        for v, i in zip(vals.tolist(), ids.tolist()):
+            out.setdefault(i, v)
+    return out
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:

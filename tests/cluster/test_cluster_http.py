@@ -92,8 +92,11 @@ def test_openai_chat_and_stream(oai, local_llm):
 
 @pytest.mark.parametrize("body, word", [
     ({"prompt": 5}, "prompt"), ({"prompt": []}, "empty"), ({"prompt": [1, 2], "temperature": -1}, "temperature"),
-    ({"prompt": [1, 2], "max_tokens": 0}, "max_tokens"), ({"prompt": [1, 2], "n": 2}, "n=2"),
-    ({"prompt": [1, 2], "stop": ["x"]}, "stop_token_ids"), ({"prompt": list(range(100))}, "context"),
+    ({"prompt": [1, 2], "max_tokens": 0}, "max_tokens"), ({"prompt": [1, 2], "n": 0}, "n must be"),
+    ({"prompt": [1, 2], "n": 65}, "n must be"), ({"prompt": [1, 2], "stop": [""]}, "stop must be"),
+    ({"prompt": [1, 2], "logprobs": 21}, "logprobs must be"), ({"prompt": [1, 2], "logprobs": "x"}, "logprobs"),
+    ({"prompt": [1, 2], "top_logprobs": 2}, "chat field"), ({"prompt": [1, 2], "presence_penalty": 3}, "presence"),
+    ({"prompt": [1, 2], "repetition_penalty": 0}, "repetition_penalty"), ({"prompt": list(range(100))}, "context"),
     ({"prompt": [1, 10 ** 6]}, "token ids"), ({"prompt": [1], "model": "other"}, "not served"),
     ({"prompt": [1], "top_p": 2}, "top_p"), ({}, "prompt"),
 ])
@@ -101,6 +104,87 @@ def test_bad_inputs_get_4xx(server, body, word):
     r = httpx.post(server[0].url + "/v1/completions", json=body)
     assert 400 <= r.status_code < 500, r.text
     assert word in r.json()["error"]["message"]
+
+
+def test_stop_strings_n_and_penalties_equal_llm(oai, local_llm):
+    full = local_llm.generate(["hello world"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    stop = full.text[len(full.text) // 2:len(full.text) // 2 + 2]
+    assert stop and stop in full.text
+    want = local_llm.generate(["hello world"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                              stop=stop))[0]
+    assert want.finish_reason == "stop" and want.text == full.text[:full.text.index(stop)]
+    r = oai.completions.create(model="tiny-qwen3-demo", prompt="hello world", max_tokens=12, temperature=0,
+                               stop=[stop], extra_body={"ignore_eos": True})
+    assert r.choices[0].text == want.text and r.choices[0].finish_reason == "stop"
+    chunks = list(oai.completions.create(model="tiny-qwen3-demo", prompt="hello world", max_tokens=12,
+                                         temperature=0, stop=stop, stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks) == want.text
+    # n: seeded choices draw with seed + j, so choice j equals one request with that seed
+    r = oai.completions.create(model="tiny-qwen3-demo", prompt=["hello", "world"], n=3, max_tokens=6,
+                               temperature=1.0, seed=11, extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == list(range(6))
+    for i, c in enumerate(r.choices):
+        one = local_llm.generate(["hello", "world"][i // 3], SamplingParams(temperature=1.0, seed=11 + i % 3,
+                                                                           max_tokens=6, ignore_eos=True))[0]
+        assert c.text == one.text
+    assert len({c.text for c in r.choices[:3]}) > 1
+    assert r.usage.prompt_tokens == sum(len(local_llm.tokenizer.encode(p)) for p in ("hello", "world"))
+    assert r.usage.completion_tokens == 36
+    # penalties reach the engine
+    kw = dict(frequency_penalty=1.5, presence_penalty=0.5)
+    want = local_llm.generate(["hello world"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, **kw))[0]
+    r = oai.completions.create(model="tiny-qwen3-demo", prompt="hello world", max_tokens=12, temperature=0,
+                               extra_body={"ignore_eos": True}, **kw)
+    assert r.choices[0].text == want.text
+
+
+def test_logprobs_completions_and_chat(oai, local_llm):
+    tok = local_llm.tokenizer
+    want = local_llm.generate(["hello world"], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True,
+                                                              logprobs=2))[0]
+    r = oai.completions.create(model="tiny-qwen3-demo", prompt="hello world", max_tokens=5, temperature=0,
+                               logprobs=2, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 5 and lp.tokens[0] == tok.decode([want.token_ids[0]])
+    assert lp.token_logprobs == pytest.approx([next(iter(d.values())) for d in want.logprobs])
+    # every position names its sampled token and the top 2, each under a name of its own (byte pieces that
+    # decode to U+FFFD alone are named by their token strings)
+    assert [len(d) for d in lp.top_logprobs] == [len(d) for d in want.logprobs]
+    assert lp.text_offset[0] == 0 and lp.text_offset[1] == len(lp.tokens[0])
+    chunks = list(oai.completions.create(model="tiny-qwen3-demo", prompt="hello world", max_tokens=5,
+                                         temperature=0, logprobs=2, stream=True, extra_body={"ignore_eos": True}))
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.token_logprobs]
+    assert streamed == pytest.approx(lp.token_logprobs)
+    msgs = [{"role": "user", "content": "hello"}]
+    r = oai.chat.completions.create(model="tiny-qwen3-demo", messages=msgs, max_tokens=4, temperature=0,
+                                    logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) == 3 for c in content)
+    for c in content:   # greedy: the chosen token is the most likely one
+        assert c.logprob == pytest.approx(c.top_logprobs[0].logprob) and c.logprob <= 0
+        assert [a.logprob for a in c.top_logprobs] == sorted((a.logprob for a in c.top_logprobs), reverse=True)
+    assert all(c.token in r.choices[0].message.content for c in content if c.bytes is not None)
+    r = oai.chat.completions.create(model="tiny-qwen3-demo", messages=msgs, max_tokens=2, temperature=0, n=2,
+                                    extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1] and r.choices[0].message.content == r.choices[1].message.content
+
+
+def test_client_carries_stop_logprobs_and_penalties(server, local_llm):
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2, frequency_penalty=1.0)
+    full = local_llm.generate(["hello world"], sp)[0]
+    sp_stop = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=2, frequency_penalty=1.0,
+                             stop=full.text[-4:-2], include_stop_str_in_output=True)
+    want = local_llm.generate(["hello world"], sp_stop)[0]
+    assert want.finish_reason == "stop" and len(want.token_ids) > 1
+    with Client(server[0].url) as c:
+        got = c.generate(["hello world"], sp_stop)[0]
+        parts = list(c.stream(["hello world"], sp_stop))
+    assert got.text == want.text and got.token_ids == want.token_ids and got.finish_reason == "stop"
+    assert [list(d) for d in got.logprobs] == [list(d) for d in want.logprobs]
+    assert [v for d in got.logprobs for v in d.values()] == pytest.approx(
+        [v for d in want.logprobs for v in d.values()])
+    assert parts[-1].token_ids == want.token_ids and parts[-1].text == want.text
+    assert [list(d) for d in parts[-1].logprobs] == [list(d) for d in want.logprobs]
 
 
 def test_bad_json_and_chat_errors(server):

@@ -30,6 +30,25 @@ def test_generate_job_inprocess(tmp_path, demo_dir, ref_greedy):
     assert rows[1]["id"] == "b" and len(rows[1]["token_ids"]) == 4 and isinstance(rows[1]["text"], str)
 
 
+def test_generate_job_stop_strings_and_logprobs(tmp_path, demo_dir):
+    from cluster.jobs.generate import main
+    from mpk_runtime.engine import LLM
+    with LLM(demo_dir, dtype="float32", max_seq_len=64) as llm:
+        full = llm.generate(["hello world"], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0]
+        stop = full.text[-3:-1]
+        want = llm.generate(["hello world"], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, stop=stop,
+                                                            logprobs=1))[0]
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, [{"prompt": "hello world", "temperature": 0, "max_tokens": 10, "ignore_eos": True, "stop": [stop],
+                  "logprobs": 1}, {"prompt": "hello world", "temperature": 0, "max_tokens": 3}])
+    assert main(["--model", demo_dir, "--dtype", "float32", "--executor", "inprocess", "--max-seq-len", "64",
+                 "--input", str(inp), "--output", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert rows[0]["text"] == want.text and rows[0]["finish_reason"] == "stop"
+    assert [[t for t, _ in pos] for pos in rows[0]["logprobs"]] == [list(d) for d in want.logprobs]
+    assert "logprobs" not in rows[1]
+
+
 def test_generate_job_with_planner(tmp_path, ref_greedy, demo_dir):
     """--plan auto: the job's engine decodes through the planner's plans (pyvm) and still gives the reference."""
     from cluster.jobs.generate import main
