@@ -120,7 +120,8 @@ def _generate(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     extra = {"plan": a.plan} if a.plan != "none" else {}   # backends without plans keep their signature
     llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len,
-              max_batch=max(a.max_batch, len(prompts)), page_size=a.page_size, num_pages=a.num_pages, **extra)
+              max_batch=max(a.max_batch, len(prompts)), page_size=a.page_size, num_pages=a.num_pages,
+              decode_steps=a.decode_steps, **extra)
     t1 = time.perf_counter()
     try:
         outs = llm.generate(prompts, sp, use_tqdm=len(prompts) > 1)
@@ -171,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-seq-len", type=int, default=None)
     g.add_argument("--max-batch", type=int, default=8)
+    g.add_argument("--decode-steps", type=int, default=1,
+                    help="decode steps per engine step while every running request is sampled on the device and "
+                         "none waits (the tokens stay on the GPU between them; default 1)")
     g.add_argument("--page-size", type=int, default=16, help="KV cache page size in tokens")
     g.add_argument("--num-pages", type=int, default=None, help="KV cache pages (default: max-batch full sequences)")
     g.add_argument("--stop-token-ids", default=None, help="comma-separated token ids that end a sequence")

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Host overhead of the engine per step, without a model: a runner that returns its tokens instantly (device
-sampling, no logits), so the time measured is the engine's own work (scheduling, paged KV bookkeeping, chunk
-building, output snapshots, stop checks) plus the in-process executor's hop. On the GPU this work sits between two
-replayed CUDA graphs; docs/perf-notes.md "Engine on the GPU with plans" measured ~8.7 ms of host work per step at
-128 requests on an H200 host.
+"""The engine's time per decode step, end to end through LLM.generate.
 
-    PYTHONPATH=. python3 scripts/bench_engine_overhead.py [--requests 128] [--max-tokens 256] [--prompt-len 16,48]
-Prints ms per engine step for generate() and writes $OUT/bench_engine_overhead.json (or ./gpu_out).
+With the default backend "instant" (a runner that returns its tokens at once: device sampling, no logits) the time
+measured is the engine's own host work (scheduling, paged KV bookkeeping, chunk building, output snapshots, stop
+checks) plus the in-process executor's hop. With a real backend (--backend megakernel --plan auto on the GPU) it is
+what a user of LLM.generate gets per token position, host work included: compare it with bench_decode's graph-replay
+time of the same plan. --decode-steps 1,8 runs each batch with one decode step per engine step and with bursts of 8
+(LLM(decode_steps=8): the drawn tokens stay on the device between the steps, one host round trip a burst).
+
+    PYTHONPATH=. python3 scripts/bench_engine_overhead.py [--requests 1,128] [--max-tokens 256] [--prompt-len 16,48]
+        [--decode-steps 1,8] [--backend megakernel --model llama-3.2-1b --plan auto]
+Prints ms per decode step and writes $OUT/bench_engine_overhead.json (or ./gpu_out).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from mpk_runtime.runtime.device_sampling import host_logits_needed, step_output
 @register_runner("instant")
 class InstantRunner(ModelRunner):
     """Returns token (start_pos % 7) + 1 for every chunk at once: no compute."""
+    samples_on_device = True
 
     def __init__(self, model: str = "llama-3.2-1b", max_batch: int = 128, max_seq_len: int = 512,
                  page_size: int = 16, **_: object):
@@ -43,37 +48,62 @@ class InstantRunner(ModelRunner):
         return step_output(chunks, lg, [1 + (c.start_pos % 7) for c in chunks])
 
 
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _device_steps(st: dict) -> int:
+    return st["steps"] - st["multi_steps"] + st["device_steps_in_multi"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=128)
+    ap.add_argument("--requests", default="128", help="batch sizes (comma-separated): requests run together")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--prompt-len", default="16,48")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode-steps", default="1", help="LLM(decode_steps=...) values (comma-separated)")
+    ap.add_argument("--backend", default="instant")
+    ap.add_argument("--model", default="llama-3.2-1b")
+    ap.add_argument("--plan", default="none", choices=["none", "auto"])
     a = ap.parse_args()
     lo, hi = (int(x) for x in a.prompt_len.split(","))
-    llm = LLM("llama-3.2-1b", backend="instant", max_batch=a.requests, max_seq_len=hi + a.max_tokens + 16)
+    batches, ks = _ints(a.requests), _ints(a.decode_steps)
     rng = random.Random(0)
-    prompts = [[rng.randrange(1000) for _ in range(rng.randint(lo, hi))] for _ in range(a.requests)]
+    prompts = [[rng.randrange(1000) for _ in range(rng.randint(lo, hi))] for _ in range(max(batches))]
     sp = SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True)
-    llm.generate(prompts[:4], sp, use_tqdm=False)
-    runs = []
-    for _ in range(a.repeats):
-        s0 = llm.engine.stats["steps"]
-        t0 = time.perf_counter()
-        llm.generate(prompts, sp, use_tqdm=False)
-        dt = time.perf_counter() - t0
-        runs.append(1e3 * dt / (llm.engine.stats["steps"] - s0))
-    llm.shutdown()
-    res = {"requests": a.requests, "max_tokens": a.max_tokens, "prompt_len": [lo, hi],
-           "ms_per_step": sorted(runs), "median_ms_per_step": sorted(runs)[len(runs) // 2],
-           "commit": os.environ.get("GIT_COMMIT", "unknown"), "cpu_count": os.cpu_count(),
-           "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
+    rows = []
+    for k in ks:
+        llm = LLM(a.model, backend=a.backend, max_batch=max(batches), max_seq_len=hi + a.max_tokens + 16,
+                  decode_steps=k, **({"plan": a.plan} if a.plan != "none" else {}))
+        try:
+            for b in batches:
+                llm.generate(prompts[:b], SamplingParams(max_tokens=2 * k + 2, temperature=0.0, ignore_eos=True),
+                             use_tqdm=False)   # warm: captures, the prefill graph, a burst
+                runs, toks = [], []
+                for _ in range(a.repeats):
+                    st0 = dict(llm.engine.stats)
+                    t0 = time.perf_counter()
+                    outs = llm.generate(prompts[:b], sp, use_tqdm=False)
+                    dt = time.perf_counter() - t0
+                    st = llm.engine.stats
+                    runs.append(1e3 * dt / (_device_steps(st) - _device_steps(st0)))
+                    toks.append(sum(len(o.token_ids) for o in outs) / dt)
+                med = sorted(runs)[len(runs) // 2]
+                rows.append({"requests": b, "decode_steps": k, "ms_per_decode_step": sorted(runs),
+                             "median_ms_per_decode_step": med, "tokens_per_s": sorted(toks)[len(toks) // 2]})
+                print(f"{a.model} {a.backend} B={b} decode_steps={k}: {med:.3f} ms per decode step "
+                      f"({rows[-1]['tokens_per_s']:.0f} tokens/s; runs {', '.join(f'{x:.3f}' for x in runs)})")
+        finally:
+            llm.shutdown()
+    res = {"model": a.model, "backend": a.backend, "plan": a.plan, "max_tokens": a.max_tokens,
+           "prompt_len": [lo, hi], "rows": rows, "commit": os.environ.get("GIT_COMMIT", "unknown"),
+           "cpu_count": os.cpu_count(), "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
+           "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     out = Path(os.environ.get("OUT") or "gpu_out")
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_engine_overhead.json").write_text(json.dumps(res, indent=1))
-    print(f"{a.requests} requests x {a.max_tokens} tokens: {res['median_ms_per_step']:.2f} ms per engine step "
-          f"(runs {', '.join(f'{x:.2f}' for x in runs)})")
     return 0
 
 

@@ -24,6 +24,8 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh ncupa    # (one GPU, ~2 min): ncu of the paged attention kernel, one / group
 #     OUT=$OUT bash scripts/gpu_pending.sh ncuatt   # stage 4e (one GPU): ncu stall sampling of attention's passes (~5 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh launch   # stage 4f (one GPU): a megakernel segment's fixed cost in graphs (~2 min)
+#     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh engine   # (one GPU, ~3 min a model): LLM.generate's
+#                                                   ms per decode step, decode_steps 1 vs 8, B=1 / 8 (planned megakernel)
 #     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh chain    # stage 4i (one GPU, ~1 min): a batch-1 layer's dependent phases,
 #                                                   registers (first round after / before the wait, with and without
@@ -69,6 +71,13 @@
 #    prediction in docs/perf-notes.md session 47: llama B=1 -0.7..-1.5% at ctx 512, -2..-4% at 4096):
 #    `N=kvpf T=200 VARS="base kvpf kvpf base" BS=1 CTXS=512,4096 LIM=80 bash scripts/gpu_run.sh ab`, then its tests:
 #    `MPK_NVCC_DEFINES=-DMPK_ATT_KV_PF=1 N=kvpft T=200 TESTS="tests/gpu/test_megakernel.py" bash scripts/gpu_run.sh tests`.
+# 5b. (session 49) What a user of LLM.generate gets per token, host work included, and the multi-step decode built in
+#    session 49 (LLM(decode_steps=k): k steps per engine step, the drawn tokens fed back on the device, one host round
+#    trip a burst): `N=eng T=420 ENGINE_LIM=200 bash scripts/gpu_run.sh engine`. Prediction (docs/perf-notes.md
+#    session 49): llama-3.2-1b B=1 ~1.25-1.35 ms a step at decode_steps=1 (kernel ~1.0 at these short contexts + the
+#    host's ~0.25) and ~1.03-1.10 at 8; qwen3-8b B=1 -3..-5%. If it holds, decode_steps > 1 becomes the default
+#    (the server's TTFT is unaffected: bursts run only while nothing waits).
+#    Then its GPU tests: `N=engt T=200 TESTS="tests/gpu/test_engine_plans.py" bash scripts/gpu_run.sh tests`.
 # 6. The bench-order effect is gpt-fast's batch-1 torch.compile cell (session 45: after it the conventional plan took
 #    +8% / +6% at llama B=8 / 32; after our megakernel's B=1 cell +0.6% / +1.5%). Which of its state (cudagraph trees,
 #    inductor's autotune, the allocator pool) is open; the bench runs the planned cells first, so its table is clean.
@@ -392,6 +401,17 @@ elif [ "$MODE" = launch ]; then
 st "4f what a megakernel segment costs beyond its tasks, in CUDA graphs (scripts/bench_mk_launch.py)"
 OUT="$OUT/bench" timeout 200 python3 scripts/bench_mk_launch.py --batches ${LAUNCH_BATCHES:-1,32,128} > "$OUT/bench/mk_launch.log" 2>&1
 tail -12 "$OUT/bench/mk_launch.log"; snap
+elif [ "$MODE" = engine ]; then
+# engine (session 49): LLM.generate end to end through the planned megakernel, ms per decode step with one decode step
+# per engine step and with bursts of 8 (LLM(decode_steps=8): drawn tokens fed back on the device); bench_decode's
+# graph-replay time of the same plan is the kernel-only reference
+st "4j the engine's time per token through the planned megakernel, decode_steps 1 and 8 (bench_engine_overhead.py)"
+for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do
+  OUT="$OUT/bench/engine_$m" timeout ${ENGINE_LIM:-200} python3 scripts/bench_engine_overhead.py --backend megakernel \
+      --plan auto --model "$m" --requests ${ENGINE_BS:-1,8} --decode-steps ${ENGINE_KS:-1,8} --max-tokens 128 \
+      --prompt-len 16,48 > "$OUT/bench/engine_$m.log" 2>&1
+  tail -6 "$OUT/bench/engine_$m.log"
+done; snap
 elif [ "$MODE" = phase ]; then
 st "4g one batch-1 phase's weight stream per SM: registers (64 KiB in flight) against TMA rings (bench_stream --phase)"
 OUT="$OUT/bench" timeout 120 python3 scripts/bench_stream.py --phase > "$OUT/bench/phase.log" 2>&1

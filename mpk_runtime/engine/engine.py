@@ -29,12 +29,18 @@ log = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
                  seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
-                 device_sampling: str = "auto", eos_ids: set[int] | frozenset = frozenset()):
+                 device_sampling: str = "auto", eos_ids: set[int] | frozenset = frozenset(), decode_steps: int = 1):
         """device_sampling: "auto" | "on" | "off": which requests the runner samples on device (SamplingParams
         doc); runners without device sampling always return logits, and the host samples. eos_ids: end-of-sequence
-        ids beyond the tokenizer's (a model directory's generation_config.json / config.json)."""
+        ids beyond the tokenizer's (a model directory's generation_config.json / config.json). decode_steps: up to
+        this many decode steps per engine step when every running row is sampled on the device and nothing waits
+        for admission (ModelRunner.decode_steps: the drawn tokens stay on the device between the steps, one host
+        round trip for all of them); the tokens past a row's stop are computed and dropped."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
+        if not isinstance(decode_steps, int) or isinstance(decode_steps, bool) or not 1 <= decode_steps <= 64:
+            raise InvalidRequestError(f"decode_steps must be an int in [1, 64], got {decode_steps!r}")
+        self.decode_steps = decode_steps
         self.device_sampling = device_sampling
         self.executor = executor
         self.kv_spec = kv_spec
@@ -57,6 +63,7 @@ class LLMEngine:
         self.stats = {"steps": 0, "tokens_generated": 0, "prompt_tokens": 0, "requests_finished": 0,
                       "requests_failed": 0, "recoveries": 0, "last_batch_size": 0, "max_batch_size_seen": 0,
                       "sequences_scheduled": 0,  # / steps = mean batch occupancy
+                      "multi_steps": 0, "device_steps_in_multi": 0,   # engine steps running several decode steps
                       **new_step_stats()}        # where each step's time goes (step_stats.py; load_test prints it)
 
     # --- admission ----------------------------------------------------------------------------------------
@@ -168,6 +175,9 @@ class LLMEngine:
                                    token_ids=r.token_slice(r.num_computed, r.num_computed + s.num_tokens),
                                    sampling=ds, wants_logits=last and ds is None))
         t1 = time.perf_counter()
+        k = self._steps_for(sched, chunks)
+        if k > 1:
+            return self._step_many(sched, chunks, k, outputs == "all", t0, t1, c0)
         try:
             logits = self.executor.collective_rpc("execute", (chunks,), timeout=self.step_timeout)[0]
         except Exception as e:  # a worker died, hung or raised: fail what ran, keep what waits
@@ -207,9 +217,7 @@ class LLMEngine:
                     if r.output_logprobs is not None:
                         r.output_logprobs.append(token_logprobs(logits[i], tok, r.params.logprobs))
                 if not 0 <= tok < self.vocab_size:
-                    raise RuntimeError(f"the runner produced token id {tok}, outside the vocabulary [0, "
-                                       f"{self.vocab_size}) (NaN / inf logits? try dtype='float32' or 'bfloat16' "
-                                       "instead of 'float16', and check the weights)")
+                    raise RuntimeError(self._bad_token(tok))
             except Exception as e:  # one request's bad numbers fail that request only: never leave it RUNNING with
                 log.exception("sampling failed for request %s", r.request_id)   # no token (nothing would ever
                 r.finish("error", error=f"sampling failed for this request ({type(e).__name__}: {e})")   # resume it)
@@ -217,18 +225,33 @@ class LLMEngine:
                 done.append(r)
                 outputs.append(r.snapshot())
                 continue
-            r.output_token_ids.append(tok)
-            self.stats["tokens_generated"] += 1
-            if r.first_token_time is None:
-                r.first_token_time = now
-            reason = self._stop_reason(r, tok)
-            if self._detokenize(r, final=bool(reason)):
-                reason = "stop"   # a stop string (the text ends before it)
+            reason = self._accept(r, tok, now)
             if reason:
-                r.finish(reason)
                 done.append(r)
             if want_all or reason:
                 outputs.append(r.snapshot())
+        self._finish_step(done, n_prompt, len(chunks) - n_prompt, t0, t1, t2, c0, timing)
+        return outputs
+
+    def _bad_token(self, tok: int) -> str:
+        return (f"the runner produced token id {tok}, outside the vocabulary [0, {self.vocab_size}) (NaN / inf "
+                "logits? try dtype='float32' or 'bfloat16' instead of 'float16', and check the weights)")
+
+    def _accept(self, r: Request, tok: int, now: float) -> str | None:
+        """Append a generated token; finish the request when it stops it (the reason, else None)."""
+        r.output_token_ids.append(tok)
+        self.stats["tokens_generated"] += 1
+        if r.first_token_time is None:
+            r.first_token_time = now
+        reason = self._stop_reason(r, tok)
+        if self._detokenize(r, final=bool(reason)):
+            reason = "stop"   # a stop string (the text ends before it)
+        if reason:
+            r.finish(reason)
+        return reason
+
+    def _finish_step(self, done: list[Request], n_prompt: int, n_decode: int, t0: float, t1: float, t2: float,
+                     c0: float, timing: dict | None) -> None:
         for r in done:
             self.scheduler.release(r)
             if r.finish_reason != "error":
@@ -236,8 +259,60 @@ class LLMEngine:
         t3 = time.perf_counter()
         if done:
             self._forget_many(done)
-        self._account_step(n_prompt, len(chunks) - n_prompt, t0, t1, t2, t3, time.perf_counter(),
-                           time.thread_time() - c0, timing)
+        self._account_step(n_prompt, n_decode, t0, t1, t2, t3, time.perf_counter(), time.thread_time() - c0, timing)
+
+    def _steps_for(self, sched, chunks: list[SeqChunk]) -> int:
+        """Decode steps this engine step runs: decode_steps when every row decodes one token sampled on the device
+        and nothing waits (a waiting request would wait the extra steps for its prefill), capped so that no row
+        goes past its length (its pages cover every position up to it); else 1."""
+        if self.decode_steps == 1 or self.scheduler.waiting:
+            return 1
+        k = self.decode_steps
+        for s, c in zip(sched, chunks):
+            r = s.request
+            if c.sampling is None or len(c.token_ids) != 1 or not r.output_token_ids:
+                return 1
+            k = min(k, r.max_total_len - r.num_tokens)
+        return max(k, 1)
+
+    def _step_many(self, sched, chunks: list[SeqChunk], k: int, want_all: bool, t0: float, t1: float,
+                   c0: float) -> list[RequestOutput]:
+        """k decode steps of the scheduled rows in one executor call; each row takes its k tokens in order up to
+        its stop (the rest were computed for nothing and are dropped)."""
+        timeout = None if self.step_timeout is None else self.step_timeout * k
+        try:
+            drawn = self.executor.collective_rpc("execute", (chunks, k), timeout=timeout)[0]
+        except Exception as e:
+            return self._on_failure(e)
+        t2 = time.perf_counter()
+        timing = getattr(self.executor, "last_timing", None)
+        rows = drawn.tolist()
+        self.stats["steps"] += 1
+        self.stats["multi_steps"] += 1
+        self.stats["device_steps_in_multi"] += k
+        self.stats["last_batch_size"] = len(chunks)
+        self.stats["sequences_scheduled"] += len(chunks)
+        self.stats["max_batch_size_seen"] = max(self.stats["max_batch_size_seen"], len(chunks))
+        now = time.monotonic()
+        outputs, done = [], []
+        for s, toks in zip(sched, rows):
+            r = s.request
+            reason = None
+            for tok in toks:
+                r.num_computed += 1
+                if not 0 <= tok < self.vocab_size:
+                    reason = "error"
+                    r.finish("error", error=f"sampling failed for this request ({self._bad_token(tok)})")
+                    self.stats["requests_failed"] += 1
+                    break
+                reason = self._accept(r, tok, now)
+                if reason:
+                    break
+            if reason:
+                done.append(r)
+            if want_all or reason:
+                outputs.append(r.snapshot())
+        self._finish_step(done, 0, len(chunks), t0, t1, t2, c0, timing)
         return outputs
 
     def _account_step(self, n_prompt: int, n_decode: int, t0: float, t1: float, t2: float, t3: float, t4: float,

@@ -60,14 +60,19 @@ class LLM:
                  seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int | None = None,
                  page_size: int = 16, num_pages: int | None = None, tokenizer: Any = None,
                  max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
-                 executor_kwargs: dict | None = None, device_sampling: str = "auto", **runner_kwargs: Any):
+                 executor_kwargs: dict | None = None, device_sampling: str = "auto", decode_steps: int = 1,
+                 **runner_kwargs: Any):
         """model: preset name or local HF directory. backend: runner registry name ("reference", "pyvm",
         "torch", "megakernel"). tp: ranks per replica. executor: "inprocess", "ray" (after `import cluster`)
         or an Executor instance (not yet initialised). tokenizer: None = from the model directory if present,
         a path, or a tokenizer object. device_sampling: "auto" | "on" | "off", which requests the runner samples
-        on device (see SamplingParams). Other keywords go to the runner."""
+        on device (see SamplingParams). decode_steps: up to this many decode steps per engine step while every
+        running request is sampled on the device and none waits (the tokens stay on the GPU between them; fewer
+        host round trips, tokens arrive in bursts; LLMEngine's doc). Other keywords go to the runner."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
+        if not isinstance(decode_steps, int) or isinstance(decode_steps, bool) or not 1 <= decode_steps <= 64:
+            raise InvalidRequestError(f"decode_steps must be an int in [1, 64], got {decode_steps!r}")
         self.model = model
         self.config = resolve_model(model)
         if not isinstance(tp, int) or tp < 1:
@@ -94,6 +99,12 @@ class LLM:
         try:
             executor.init_workers(backend, **self.runner_kwargs)
             kv_spec = executor.collective_rpc("kv_spec")[0]
+            if decode_steps > 1 and not (device_sampling != "off" and executor.collective_rpc("samples_on_device")[0]):
+                raise InvalidRequestError(
+                    f"decode_steps={decode_steps} keeps the drawn tokens on the device between steps, and "
+                    + (f"backend {backend!r} does not sample on the device" if device_sampling != "off" else
+                       "device_sampling='off' samples every token on the host")
+                    + ": use decode_steps=1, or backend 'megakernel' / 'torch' / 'pyvm' with device_sampling 'auto'")
         except BaseException as e:
             executor.shutdown()
             if isinstance(e.__cause__, ValueError):  # a bad argument (backend name, tp, sizes): the caller's to fix
@@ -102,7 +113,8 @@ class LLM:
         src = tokenizer if tokenizer is not None else model
         self.engine = LLMEngine(executor, kv_spec, self.config.vocab_size, LazyTokenizer(src), seed=seed,
                                 max_num_batched_tokens=max_num_batched_tokens, step_timeout=step_timeout,
-                                device_sampling=device_sampling, eos_ids=model_eos_ids(model))
+                                device_sampling=device_sampling, eos_ids=model_eos_ids(model),
+                                decode_steps=decode_steps)
 
     @property
     def tokenizer(self):

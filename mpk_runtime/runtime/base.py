@@ -60,6 +60,7 @@ class ModelRunner(abc.ABC):
     config: ModelConfig
     rank: int = 0
     world_size: int = 1
+    samples_on_device = False   # `step` draws the tokens of chunks that carry `sampling` (StepOutput.tokens)
 
     @abc.abstractmethod
     def kv_spec(self) -> KVSpec: ...
@@ -67,8 +68,37 @@ class ModelRunner(abc.ABC):
     @abc.abstractmethod
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor: ...
 
+    def decode_steps(self, chunks: list[SeqChunk], num_steps: int) -> torch.Tensor:
+        """num_steps decode steps of the same rows, each feeding the token drawn for a row to its next step:
+        the drawn tokens (n, num_steps) int64. Every chunk is one token with device sampling, and its block table
+        covers start_pos + num_steps - 1. This default runs `step` once a step (the tokens pass through the host);
+        a runner overrides it to keep them on the device between the steps."""
+        check_decode_steps(chunks, num_steps)
+        from .device_sampling import StepOutput
+        drawn = []
+        for j in range(num_steps):
+            out = self.step(chunks)
+            if not isinstance(out, StepOutput):
+                raise ValueError(f"{type(self).__name__} did not sample on the device: decode_steps needs a runner "
+                                 "that does (samples_on_device)")
+            drawn.append(out.tokens)
+            chunks = [SeqChunk(c.seq_id, [int(t)], c.start_pos + 1, c.block_table, c.sampling, False)
+                      for c, t in zip(chunks, out.tokens.tolist())]
+        return torch.stack(drawn, 1)
+
     def shutdown(self) -> None:  # pragma: no cover - default no-op
         pass
+
+
+def check_decode_steps(chunks: list[SeqChunk], num_steps: int) -> None:
+    """decode_steps' contract: one token a chunk, sampled on the device (the engine also gives every row the pages
+    of all num_steps positions: a request reserves its whole length at admission)."""
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
+    for c in chunks:
+        if len(c.token_ids) != 1 or c.sampling is None:
+            raise ValueError(f"decode_steps runs decode rows sampled on the device; sequence {c.seq_id} has "
+                             f"{len(c.token_ids)} tokens and sampling={c.sampling!r}")
 
 
 def check_sizes(cfg: ModelConfig, max_batch, max_seq_len, page_size, num_pages) -> int:

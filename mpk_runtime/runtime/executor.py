@@ -105,9 +105,10 @@ class Worker:
     def model_config(self):
         return self._need_runner().config
 
-    def execute(self, chunks: list[SeqChunk]):
+    def execute(self, chunks: list[SeqChunk], num_steps: int = 1):
         """Run one step. Every rank computes; only rank 0 returns the fp32 logits (n, vocab) - the others return
-        None so that a remote executor does not ship world_size identical copies."""
+        None so that a remote executor does not ship world_size identical copies. num_steps > 1: that many decode
+        steps of the same rows (ModelRunner.decode_steps), returning the drawn tokens (n, num_steps)."""
         if self._fault is not None:
             kind, arg = self._fault
             self._fault = None
@@ -119,16 +120,20 @@ class Worker:
                 raise RuntimeError(f"injected fault on rank {self.rank}")
         runner = self._need_runner()
         w0, t0 = time.time(), time.perf_counter()
-        logits = runner.step(chunks)
+        logits = runner.step(chunks) if num_steps == 1 else runner.decode_steps(chunks, num_steps)
         dt = time.perf_counter() - t0
         self._steps += 1
         self._runner_s += dt
         self.last_timing = (w0, dt, time.time())
         return logits if self.rank == 0 or self.logits_on_every_rank else None
 
-    def execute_timed(self, chunks: list[SeqChunk]):
+    def execute_timed(self, chunks: list[SeqChunk], num_steps: int = 1):
         """`execute`, plus this rank's `last_timing`, for an executor in another process to account the call."""
-        return self.execute(chunks), self.last_timing
+        return self.execute(chunks, num_steps), self.last_timing
+
+    def samples_on_device(self) -> bool:
+        """The runner draws tokens itself (needed for multi-step decode, LLM(decode_steps=...))."""
+        return bool(getattr(self._need_runner(), "samples_on_device", False))
 
     def free(self, seq_ids: list[int]) -> None:
         runner = self._need_runner()

@@ -63,6 +63,12 @@ def fill_step(mem: RankMemory, pos_t, tables_t, toks, pos, tables, width: int, s
     fill_sampling(mem, sampling or [])
 
 
+def feed_back(mem: RankMemory, pos_t: torch.Tensor, n: int) -> None:
+    """The next step's inputs from this one's, on the device: each row's drawn token, one position on."""
+    mem.t("tokens")[:n].copy_(mem.t("next_tokens")[:n])
+    pos_t[:n] += 1
+
+
 class _Bucket:
     def __init__(self, batch: int, plan: Plan, ex: PlanExecutor, mem: RankMemory, pos, tables):
         self.batch, self.plan, self.ex, self.mem, self.pos, self.tables = batch, plan, ex, mem, pos, tables
@@ -120,41 +126,73 @@ class PlannedDecoder:
         for mk in bk.ex.megakernels():
             mk.check()
 
-    def decode(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling=None,
-               want_logits: bool = True):
-        """One step for len(toks) rows; returns (logits (n, V) fp32 on the CPU or None when not wanted, drawn
-        tokens (n,) int64)."""
-        n = len(toks)
+    def _ready(self, n: int, need: int, greedy: bool, want_logits: bool) -> _Bucket:
+        """The bucket of n rows with its step context set (and, on the GPU, a graph captured) for a key cap >=
+        need."""
         bk = self._bucket(self.bucket_of(n))
-        need = kv_cap(max(pos) + 1, self.max_seq_len)
-        # all rows greedy: the conventional argmax skips the sampling work (its own captured graph, StepCtx.greedy)
-        greedy = all(s is None or s.temperature <= 0 for s in (sampling or []))
         if self.backend == "pyvm":   # eager, keys as needed
             bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv, greedy=greedy,
                              logits_unread=not want_logits)
-        else:
-            if need > bk.cap:   # a larger key cap: every capture is stale
-                bk.ex.drop_graphs()
-                bk.cap = need
-            bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv, kv_len_cap=bk.cap,
-                             greedy=greedy, logits_unread=not want_logits)
-            ctx = bk.ctx
-            if not bk.ex.has_capture(lambda r: ctx):   # capture this variant, warm-up on inactive rows
-                fill_step(bk.mem, bk.pos, bk.tables, [], [], [], self.width, None)
-                bk.ex.capture(lambda r: ctx, mode="step", warmup=1)
-                self._check(bk)
-                bk.captures += 1
-        fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
+            return bk
+        if need > bk.cap:   # a larger key cap: every capture is stale
+            bk.ex.drop_graphs()
+            bk.cap = need
+        bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv, kv_len_cap=bk.cap,
+                         greedy=greedy, logits_unread=not want_logits)
+        ctx = bk.ctx
+        if not bk.ex.has_capture(lambda r: ctx):   # capture this variant, warm-up on inactive rows
+            fill_step(bk.mem, bk.pos, bk.tables, [], [], [], self.width, None)
+            bk.ex.capture(lambda r: ctx, mode="step", warmup=1)
+            self._check(bk)
+            bk.captures += 1
+        return bk
+
+    def _run(self, bk: _Bucket) -> None:
         ctx = bk.ctx
         bk.ex.run(lambda r: ctx)
+
+    def _finish(self, bk: _Bucket) -> None:
         try:
             self._check(bk)
         except KernelTimeout:
             self._buckets.pop(bk.batch, None)   # counters are inconsistent: rebuilt on next use
             raise
         self.used[bk.batch] = bk.plan.name
+
+    def decode(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling=None,
+               want_logits: bool = True):
+        """One step for len(toks) rows; returns (logits (n, V) fp32 on the CPU or None when not wanted, drawn
+        tokens (n,) int64)."""
+        n = len(toks)
+        # all rows greedy: the conventional argmax skips the sampling work (its own captured graph, StepCtx.greedy)
+        greedy = all(s is None or s.temperature <= 0 for s in (sampling or []))
+        bk = self._ready(n, kv_cap(max(pos) + 1, self.max_seq_len), greedy, want_logits)
+        fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
+        self._run(bk)
+        self._finish(bk)
         nxt = bk.mem.t("next_tokens")[:n].cpu()
         return (bk.mem.t("logits")[:n].float().cpu() if want_logits else None), nxt
+
+    def decode_steps(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling, num_steps: int
+                     ) -> torch.Tensor:
+        """num_steps steps of the same rows, each step's drawn tokens fed to the next one on the device (no host
+        round trip between the steps: the graph replays back to back); returns the drawn tokens (n, num_steps).
+        The tables must cover positions up to max(pos) + num_steps - 1."""
+        n = len(toks)
+        greedy = all(s is None or s.temperature <= 0 for s in (sampling or []))
+        bk = self._ready(n, kv_cap(max(pos) + num_steps, self.max_seq_len), greedy, False)
+        fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
+        drawn = torch.empty((num_steps, n), dtype=torch.int64, device=bk.pos.device)
+        for j in range(num_steps):
+            if j:
+                feed_back(bk.mem, bk.pos, n)
+                if self.backend == "pyvm":   # (the eager context is rebuilt per step, as decode does)
+                    bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv, greedy=greedy,
+                                     logits_unread=True)
+            self._run(bk)
+            drawn[j].copy_(bk.mem.t("next_tokens")[:n])
+        self._finish(bk)
+        return drawn.t().cpu()
 
 
 class _PrefillShape:

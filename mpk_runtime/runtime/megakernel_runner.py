@@ -28,10 +28,10 @@ from ..models.reference import rope_inv_freq
 from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling, attn_splits_for
-from .base import KVSpec, ModelRunner, SeqChunk, check_sizes, register_runner
+from .base import KVSpec, ModelRunner, SeqChunk, check_decode_steps, check_sizes, register_runner
 from .conventional_fused import prepare_weights
 from .device_sampling import host_logits_needed, step_output
-from .megakernel_plans import ConventionalPrefill, PlannedDecoder, fill_step
+from .megakernel_plans import ConventionalPrefill, PlannedDecoder, feed_back, fill_step
 from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory
 
 
@@ -71,6 +71,7 @@ def build_rank_kernel(cfg, weights: dict, *, rank: int, world: int, heap=None, b
 @register_runner("megakernel")
 class MegakernelRunner(ModelRunner):
     backend = "megakernel"
+    samples_on_device = True
 
     def __init__(self, model: str = "tiny-llama", *, world_size: int | None = None, tp: int = 1, rank: int = 0,
                  seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int | None = None,
@@ -185,6 +186,29 @@ class MegakernelRunner(ModelRunner):
             return self.planned.decode(toks, pos, tables, sampling, want_logits)
         lg = self._decode(toks, pos, tables, sampling, want_logits)
         return lg, self.last_next_tokens
+
+    def decode_steps(self, chunks: list[SeqChunk], num_steps: int) -> torch.Tensor:
+        """num_steps steps with the drawn tokens fed back on the device (a plan's graphs replayed back to back, or
+        the one megakernel launched once a step), one synchronisation at the end; at world size > 1 the base
+        class's step-by-step loop (the heap barriers between steps)."""
+        check_decode_steps(chunks, num_steps)
+        if len(chunks) > self._spec.max_batch or (self.planned is None and self.world_size > 1):
+            return super().decode_steps(chunks, num_steps)
+        args = ([c.token_ids[0] for c in chunks], [c.start_pos for c in chunks], [c.block_table for c in chunks],
+                [c.sampling for c in chunks])
+        if self.planned is not None:
+            return self.planned.decode_steps(*args, num_steps)
+        n = len(chunks)
+        fill_step(self.mem, self.pos, self.tables, *args[:3], self.width, args[3])
+        drawn = torch.empty((num_steps, n), dtype=torch.int64, device=self.pos.device)
+        for j in range(num_steps):
+            if j:
+                feed_back(self.mem, self.pos, n)
+            self.mk.launch(1)
+            drawn[j].copy_(self.mem.t("next_tokens")[:n])
+        torch.cuda.synchronize(self.pos.device)
+        self.mk.check()
+        return drawn.t().cpu()
 
     def step(self, chunks: list[SeqChunk]):
         B = self._spec.max_batch

@@ -62,6 +62,18 @@ def test_plan_book_shipped_to_ray_workers(ray_local, ref_greedy):
             assert set(used.values()) == {family}
 
 
+def test_decode_steps_through_ray(ray_local, ref_greedy):
+    """LLM(decode_steps=4) over a Ray worker: the steps' count travels with the execute call (execute_timed), one
+    actor call returns the burst's tokens, and they are the reference's."""
+    import cluster  # noqa: F401 - registers executor="ray"
+    with LLM("tiny-qwen3", backend="pyvm", dtype="float32", max_seq_len=64, max_batch=4, executor="ray",
+             decode_steps=4) as llm:
+        outs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+        assert llm.engine.stats["multi_steps"] >= 2
+    for p, o in zip(PROMPTS, outs):
+        assert o.token_ids == ref_greedy("tiny-qwen3", p, 8)
+
+
 def test_tp2_gloo_rendezvous_through_ray(ray_local):
     from cluster.ray_executor import RayExecutor
     ex = RayExecutor(2, name="tp2-comm")

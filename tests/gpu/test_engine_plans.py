@@ -143,3 +143,76 @@ def test_llm_megakernel_default_max_seq_len():
     assert [o.token_ids for o in got[0]] == [o.token_ids for o in got[1]]
     assert all(len(o.token_ids) == 8 for o in got[0])
     assert_follows_reference("tiny-llama", [[1, 2, 3], [4, 5]], got[0])
+
+
+def test_logprobs_and_penalties_through_the_megakernel():
+    """Requests with logprobs or penalties are sampled on the host from the step's logits while greedy rows of the
+    same batch keep the device sampler: the greedy rows' tokens do not change, the logprobs are the reference's
+    log-softmax within bf16 tolerance, and a penalized row follows the reference with the penalty applied."""
+    import torch
+
+    from mpk_runtime import LLM, SamplingParams
+    from mpk_runtime.models import ReferenceModel, get_weights, load_config
+    prompts = [[1, 2, 3], [4, 5]]
+    g = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    lp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=3)
+    pen = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, frequency_penalty=2.0, logprobs=0)
+    llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan="auto")
+    try:
+        greedy = llm.generate(prompts, g, use_tqdm=False)
+        mixed = llm.generate(prompts, [g, lp], use_tqdm=False)
+        pens = llm.generate([prompts[0]], pen, use_tqdm=False)[0]
+    finally:
+        llm.shutdown()
+    assert mixed[0].token_ids == greedy[0].token_ids and mixed[0].logprobs is None
+    assert_follows_reference("tiny-llama", prompts, [greedy[0], mixed[1]])
+    cfg = load_config("tiny-llama")
+    w = get_weights("tiny-llama", cfg, seed=0, dtype=torch.bfloat16, device="cuda")
+    ref = ReferenceModel(cfg.replace(dtype="float32"), {k: v.float() for k, v in w.items()})
+
+    def logits(seq):
+        t = torch.tensor([seq], device="cuda")
+        with torch.no_grad():
+            return ref.forward(t, torch.zeros(1, dtype=torch.long, device="cuda"), ref.new_cache(1, t.shape[1]))[0]
+    seq = prompts[1] + mixed[1].token_ids
+    want = torch.log_softmax(logits(seq).float(), -1)
+    for t, (tok, d) in enumerate(zip(mixed[1].token_ids, mixed[1].logprobs)):
+        row = want[len(prompts[1]) - 1 + t]
+        assert next(iter(d)) == tok and len(d) in (3, 4)
+        for k, v in d.items():
+            assert abs(v - float(row[k])) <= 5e-2 * max(1.0, abs(float(row[k]))), (t, k, v, float(row[k]))
+    seq = prompts[0] + pens.token_ids
+    lg = logits(seq)
+    for t, tok in enumerate(pens.token_ids):   # the penalized argmax, teacher-forced, with bf16's tolerance
+        out = pens.token_ids[:t]
+        row = lg[len(prompts[0]) - 1 + t].float().clone()
+        for u in set(out):
+            row[u] -= 2.0 * out.count(u)
+        gap = float(row.max() - row[tok])
+        assert gap <= 6e-2 * float(row.abs().max()), (t, tok, int(row.argmax()), gap)
+
+
+@pytest.mark.parametrize("plan", [None, "auto"])
+def test_decode_steps_feed_tokens_back_on_the_device(plan):
+    """LLM(decode_steps=4): bursts of decode steps with the drawn tokens fed back on the device (the one megakernel
+    launched per step, or a plan's graphs replayed back to back). The one megakernel runs the same kernel and inputs
+    either way, so its tokens (greedy and seeded top-k) equal decode_steps=1's; a plan's burst may capture a larger
+    key cap, so its greedy tokens are checked against the reference with the tie tolerance."""
+    from mpk_runtime import LLM, SamplingParams
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    g = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    s = SamplingParams(max_tokens=10, temperature=0.9, top_k=20, seed=7, ignore_eos=True)
+    got = {}
+    for k in (1, 4):
+        llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, decode_steps=k,
+                  **({"plan": plan} if plan else {}))
+        try:
+            got[k] = llm.generate(prompts, [g, s, g, s], use_tqdm=False)
+            assert (llm.engine.stats["multi_steps"] > 0) == (k > 1)
+        finally:
+            llm.shutdown()
+    assert all(len(o.token_ids) == 10 for o in got[4])
+    greedy = [got[4][0], got[4][2]]
+    assert_follows_reference("tiny-llama", [prompts[0], prompts[2]], greedy)
+    if plan is None:
+        assert [o.token_ids for o in got[1]] == [o.token_ids for o in got[4]]
