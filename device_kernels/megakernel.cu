@@ -142,10 +142,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       // (issuing them after the waits instead measured 5-8% slower at batch 1: docs/perf-notes.md, session 12)
       if (threadIdx.x == 64 && MPK_STAGED(rec[T_STAGE]))
         stage_task_weights(rec, rec[T_STAGE], stage_bar);
-#if MPK_ATT_KV_PF
-      // warp 2 (not the poller): an attention task's cached K / V rows into L2 while its waits are polled
-      if ((threadIdx.x >> 5) == 2 && (int)rec[T_OPCODE] == OP_ATTN_PARTIAL) attn_kv_prefetch(rec, s_par, ls);
-#endif
       if (threadIdx.x == 0) {
         cp_async_commit();
         const int tid = (int)rec[T_TASK_ID];

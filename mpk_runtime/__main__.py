@@ -172,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-seq-len", type=int, default=None)
     g.add_argument("--max-batch", type=int, default=8)
-    g.add_argument("--decode-steps", type=int, default=1,
+    g.add_argument("--decode-steps", type=int, default=None,
                     help="decode steps per engine step while every running request is sampled on the device and "
-                         "none waits (the tokens stay on the GPU between them; default 1)")
+                         "none waits (the tokens stay on the GPU between them; default 8 where the backend samples "
+                         "on the device, else 1; 1 streams every token as it is drawn)")
     g.add_argument("--page-size", type=int, default=16, help="KV cache page size in tokens")
     g.add_argument("--num-pages", type=int, default=None, help="KV cache pages (default: max-batch full sequences)")
     g.add_argument("--stop-token-ids", default=None, help="comma-separated token ids that end a sequence")

@@ -23,8 +23,7 @@ VARIANTS = ("-DMPK_ATT_WARP_PIPE=0", "-DMPK_ATT_STAGES=3", "-DMPK_AR_LL=1", "-DM
             "-DMPK_ATT_PV_SPLIT=0", "-DMPK_ATT_DIAG_L2=1",
             "-DMPK_PDL=1", "-DMPK_ATT_QKNORM=1",
             "-DMPK_STAGE_WORDS=12 -DMPK_ATT_QKNORM=1",   # qwen3's stage-stamp build (gpu_pending.sh stamps)
-            "-DMPK_STAGE_WORDS=16", "-DMPK_STAGE_WORDS=16 -DMPK_ATT_QKNORM=1",   # + the merge's stamps 10-12 (STAMP_K=16)
-            "-DMPK_ATT_KV_PF=1", "-DMPK_ATT_KV_PF=1 -DMPK_ATT_QKNORM=1")   # attention's K / V rows into L2 during its waits
+            "-DMPK_STAGE_WORDS=16", "-DMPK_STAGE_WORDS=16 -DMPK_ATT_QKNORM=1")   # + the merge's stamps 10-12 (STAMP_K=16)
 
 
 def main() -> int:

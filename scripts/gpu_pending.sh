@@ -214,7 +214,6 @@ for V in $VARS; do
              noqknorm) D=""; G=""; QN=0;;   # ... the qk_norm_rope tasks instead (MPK_ATTN_QKNORM=0; s33: +0.5% B=1, +3.2% B=8)
              pf0|pf32|pf64|pf128) D=""; G=""; PFK=${V#pf};;   # each task's first KiB of weights bulk-prefetched into
                                              # L2 before its waits (MPK_PF_CUR_KB; 64 = base since session 46, 0 = off)
-             kvpf) D="-DMPK_ATT_KV_PF=1"; G="";;   # attention's cached K / V rows into L2 while it waits (s47)
              stg64|stg64pf0|stgall) D=""; G=""; SK=auto; SO=.; SC=64   # every CUDA-core tile's first 64 KiB of
                                              # weights staged in shared memory (TMA) while it waits, within the
                                              # graph's shared memory (session 47); pf0: without the L2 prefetch

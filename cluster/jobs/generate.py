@@ -84,9 +84,10 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-seq-len", type=int, default=None)
-    ap.add_argument("--decode-steps", type=int, default=1,
+    ap.add_argument("--decode-steps", type=int, default=None,
                     help="decode steps per engine step while every running request is sampled on the device and "
-                         "none waits (the tokens stay on the GPU between them; default 1)")
+                         "none waits (the tokens stay on the GPU between them; default 8 where the backend samples "
+                         "on the device, else 1; 1 streams every token as it is drawn)")
     ap.add_argument("--plan", default="none", choices=["none", "auto"],
                     help="auto: the planner's plan per decode batch bucket (backends pyvm, megakernel at tp=1)")
     ap.add_argument("--chunk", type=int, default=256,

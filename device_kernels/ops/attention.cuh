@@ -97,49 +97,6 @@ __device__ __noinline__ void attn_append_new_row(const bf16* kv_new, int64_t ld,
   }
 }
 
-// MPK_ATT_KV_PF=1 (opt-in, session 47, not yet measured on a GPU): while thread 0 polls an attn_partial task's waits
-// (on the q / k / v of this step), warp 2 pulls the task's chunk of the cached K / V rows into L2 (prefetch.global.L2,
-// no registers held past it): the keys before this step's are in the cache already (the previous steps' appends, which
-// every task of this step comes after), and they never depend on this step's events, as the weights do not (PF_CUR).
-// Batch 1's attention phase is latency-bound (6.6 us a task at llama ctx 512 for 16 KiB of rows, session 47's traces)
-// and its SMs wait ~9 us on the qkv phase, which leaves HBM at ~30% of its rate. Rows as attn_partial_chunk walks
-// them: keys [lo, hi) of split s (L = pos + 1 keys, lo = L s / S), the task's ng heads g .. g + ng - 1 of each key
-// (contiguous, ng D bf16), 128-byte lines; the step's own key (pos) is left out (this step writes it).
-#ifndef MPK_ATT_KV_PF
-#define MPK_ATT_KV_PF 0
-#endif
-#if MPK_ATT_KV_PF
-__device__ __noinline__ void attn_kv_prefetch(const int64_t* a, const int64_t* P, int lstep) {
-  const int b = (int)a[A_ATTN_PARTIAL_B], g = (int)a[A_ATTN_PARTIAL_G], s = (int)a[A_ATTN_PARTIAL_SPLIT];
-  const int S = (int)a[A_ATTN_PARTIAL_SPLITS], D = (int)a[A_ATTN_PARTIAL_D], n_kv = (int)a[A_ATTN_PARTIAL_N_KV];
-  const int ng = (int)a[A_ATTN_PARTIAL_NG];
-  const int64_t p0 = ld_const_s64(ptr<const int64_t>(param(P, P_POS)) + b);
-  if (p0 < 0) return;   // inactive sequence
-  const int pos = (int)(p0 + lstep), L = pos + 1;
-  const int lo = L * s / S, hi = min(L * (s + 1) / S, pos);
-  const int64_t ps = param(P, P_PAGE_SIZE);
-  const int64_t* bt = ptr<const int64_t>(param(P, P_BLOCK_TABLES)) + b * param(P, P_MAX_PAGES);
-  const char* kc = ptr<const char>(a[A_ATTN_PARTIAL_K_CACHE]);
-  const char* vc = ptr<const char>(a[A_ATTN_PARTIAL_V_CACHE]);
-  if (hi <= lo) return;
-  const int row_bytes = ng * D * 2, psi = (int)ps;
-  // a page a lane: its page-table entry is the only load, so the warp's issue takes one round trip (~0.6 us), not
-  // one per key, and warp 2 reaches the barrier after thread 0's poll in all but the shortest waits
-#pragma unroll 1
-  for (int pg = lo / psi + (int)(threadIdx.x & 31); pg <= (hi - 1) / psi; pg += 32) {
-    const int64_t page = ld_const_s64(bt + pg);
-#pragma unroll 1
-    for (int j = max(lo, pg * psi); j < min(hi, (pg + 1) * psi); ++j) {
-      const int64_t off = kv_row(page, j - pg * psi, g, n_kv, ps, D) * 2;
-      for (int o = 0; o < row_bytes; o += 128) {
-        prefetch_l2_line(kc + off + o);
-        prefetch_l2_line(vc + off + o);
-      }
-    }
-  }
-}
-#endif
-
 // R: 16-key tiles per warp and pass (1 or 2).
 template <int R>
 __device__ inline void attn_partial_chunk(const Ctx& c) {

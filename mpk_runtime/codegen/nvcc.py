@@ -140,6 +140,8 @@ REMOVED_DEFINES = {
                           "four round trips), session 36"),
     "MPK_ARGMAX_RED1": (0, "the greedy reduce's slot loads together: its task 4.6 -> 3.7 us, -0.1% a step at "
                            "llama-3.2-1b B=1 (with MPK_ATT_MERGE1), session 35"),
+    "MPK_ATT_KV_PF": (0, "attention's cached K / V rows pulled into L2 by warp 2 while its waits were polled: +0.5 / "
+                         "+0.6% at ctx 512, +2.7..+3.0% at ctx 4096, llama-3.2-1b / qwen3-8b B=1, session 49"),
     "MPK_MLP": (0, "MPK_MLP_FUSE's build, the down projection inside the gate_up tiles: a batch-1 MLP block "
                    "(scripts/bench_mlp.py) fused +1.66 / +3.97 us a layer, with the in-place down share it ran "
                    "+5.0 / +18.1, at llama-3.2-1b / qwen3-8b against two phases, session 38"),

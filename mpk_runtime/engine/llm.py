@@ -18,6 +18,10 @@ from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
 from .tokenizer import LazyTokenizer, model_eos_ids
 
 Prompt = "str | list[int]"
+# decode steps per engine step by default where the backend samples on the device (session 49, 1x H200, LLM.generate
+# through plan="auto", 128 new tokens: llama-3.2-1b B=1 1.441 -> 1.152 ms a token (k = 8; 1.247 at 4, 1.126 at 16),
+# B=32 2.428 -> 1.918, B=128 4.632 -> 3.931; qwen3-8b B=1 5.344 -> 4.854, B=8 6.256 -> 5.856; docs/perf-notes.md)
+DEFAULT_DECODE_STEPS = 8
 
 
 def resolve_model(model: str):
@@ -60,7 +64,7 @@ class LLM:
                  seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int | None = None,
                  page_size: int = 16, num_pages: int | None = None, tokenizer: Any = None,
                  max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
-                 executor_kwargs: dict | None = None, device_sampling: str = "auto", decode_steps: int = 1,
+                 executor_kwargs: dict | None = None, device_sampling: str = "auto", decode_steps: int | None = None,
                  **runner_kwargs: Any):
         """model: preset name or local HF directory. backend: runner registry name ("reference", "pyvm",
         "torch", "megakernel"). tp: ranks per replica. executor: "inprocess", "ray" (after `import cluster`)
@@ -68,11 +72,13 @@ class LLM:
         a path, or a tokenizer object. device_sampling: "auto" | "on" | "off", which requests the runner samples
         on device (see SamplingParams). decode_steps: up to this many decode steps per engine step while every
         running request is sampled on the device and none waits (the tokens stay on the GPU between them; fewer
-        host round trips, tokens arrive in bursts; LLMEngine's doc). Other keywords go to the runner."""
+        host round trips, tokens arrive in bursts; LLMEngine's doc); None = DEFAULT_DECODE_STEPS where the backend
+        samples on the device and device_sampling is not "off", else 1. Other keywords go to the runner."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
-        if not isinstance(decode_steps, int) or isinstance(decode_steps, bool) or not 1 <= decode_steps <= 64:
-            raise InvalidRequestError(f"decode_steps must be an int in [1, 64], got {decode_steps!r}")
+        if decode_steps is not None and (not isinstance(decode_steps, int) or isinstance(decode_steps, bool)
+                                         or not 1 <= decode_steps <= 64):
+            raise InvalidRequestError(f"decode_steps must be None (automatic) or an int in [1, 64], got {decode_steps!r}")
         self.model = model
         self.config = resolve_model(model)
         if not isinstance(tp, int) or tp < 1:
@@ -99,7 +105,10 @@ class LLM:
         try:
             executor.init_workers(backend, **self.runner_kwargs)
             kv_spec = executor.collective_rpc("kv_spec")[0]
-            if decode_steps > 1 and not (device_sampling != "off" and executor.collective_rpc("samples_on_device")[0]):
+            on_device = device_sampling != "off" and executor.collective_rpc("samples_on_device")[0]
+            if decode_steps is None:
+                decode_steps = DEFAULT_DECODE_STEPS if on_device else 1
+            elif decode_steps > 1 and not on_device:
                 raise InvalidRequestError(
                     f"decode_steps={decode_steps} keeps the drawn tokens on the device between steps, and "
                     + (f"backend {backend!r} does not sample on the device" if device_sampling != "off" else

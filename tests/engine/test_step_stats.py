@@ -45,7 +45,9 @@ def _run(engine, arrivals):
 
 @pytest.mark.parametrize("backend,tp", [("reference", 1), ("torch", 2)])
 def test_step_phases_counts_and_nesting(backend, tp):
-    with LLM("tiny-qwen3", backend=backend, tp=tp, dtype="float32", max_seq_len=64, max_batch=4) as llm:
+    # decode_steps=1: one decode step per engine step (bursts would fold the 13 decode steps into a few calls)
+    with LLM("tiny-qwen3", backend=backend, tp=tp, dtype="float32", max_seq_len=64, max_batch=4,
+             decode_steps=1) as llm:
         _slow_runners(llm)
         eng = llm.engine
         before = dict(eng.stats)

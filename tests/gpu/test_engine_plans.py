@@ -95,7 +95,8 @@ def test_greedy_and_sampled_steps_replay_their_own_graphs():
     s = SamplingParams(max_tokens=6, temperature=0.9, top_k=20, seed=7, ignore_eos=True)
     for family, captures in (("mono", 1), ("conventional", 2), ("attn-mk", 2)):
         book = plan_book(load_config("tiny-llama"), 1, (4,), context=128, families=(family,))
-        llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan=book)
+        # decode_steps=1: the test records every decode() call (bursts go through decode_steps)
+        llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan=book, decode_steps=1)
         try:
             planned = llm.executor.workers[0].runner.planned
             seen = []
