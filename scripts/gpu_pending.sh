@@ -42,47 +42,34 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 47 left it (bench/results/s47: 79 GPU tests passed at c37fe99,
-# the 64 KiB L2 prefetch default; the llama table; PF_CUR neutral-to-better at the B >= 32 megakernels; h200_v50 at B=1
-# / 8; the capped weight stage refuted). A machine stays warm only ~30 s after a call and a call can be taken back
-# before it returns (session 45's first, ~330 s lost; session 47 lost ~90 s to a call no machine took): short calls,
-# chained with `;`, the next one ready.
+# Order for a 30-minute session (one GPU), as session 49 left it (bench/results/s49: 83 GPU tests passed at 72ae900;
+# LLM(decode_steps=8) measured -9..-21% a token through LLM.generate and made the default; -DMPK_ATT_KV_PF refuted and
+# removed; h200_v52 out of sample at ctx 4096 B=1 / 8 and ctx 512 B=32 / 128: regret 0 at all 8 points, segment MAPE
+# 4.1-4.7%; qwen3-8b ctx 512 table). A machine stays warm only ~30 s after a call and a call can be taken back before
+# it returns: short calls, chained with `;`, the next one ready.
 # Before the first device call: `bash scripts/setup.sh` on a fresh machine, then `bash scripts/gpu_prepare.sh` (~1 min
-# after a checkout, ~4 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
+# after a checkout, ~5 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# (Session 48 had no device machine: its changes are host-side, CPU-tested; the GPU set at HEAD checks the engine paths
-#  they touched: LLM(backend="megakernel") without max_seq_len (it crashed before), the planned engine's tokens against
-#  the reference (tie tolerance), forced()'s far-token count, the megakernel refusing non-bf16 dtypes.)
-# 1. The GPU set at HEAD: `N=run1_one T=330 bash scripts/gpu_run.sh one` (sessions 47-48 changed no default device
-#    code: session 47's header lost STAGE_SMEM, a host-only constant, so every cubin was rebuilt; -DMPK_ATT_KV_PF is
-#    opt-in; session 48's GPU tests are in tests/gpu/test_engine_plans.py).
-# 2. qwen3-8b's ctx 512 table at the default, planned cells first (the README mixes sessions 45 / 46 there):
-#    `N=bq T=560 BENCH_BUDGET=540 MODELS=qwen3-8b CTXS=512 bash scripts/gpu_run.sh bench`.
-# 3. h200_v52 (the default since session 48: v51, whose B=1 / 8 terms were fitted on s47's ctx 512 / 2048 rows, with
-#    B=32 / 128's per-attention-layer term; CPU-scored only) out of sample at B=1 / 8 (then B=32 / 128 next), with the one-layer segments traced (their task
-#    windows and the gaps between them say where the per-layer plan's ~8.5 us a segment goes; ~4 min):
-#    `N=val48 T=330 VAL_CTXS="4096" VAL_B4096=1,8 VAL_TRACE=per-layer,attn-conv VAL_LIM=300 bash scripts/gpu_run.sh val`
-#    (scripts/trace_phases.py --gaps on val/c4096/traces/*; the traced plans' steps include the trace writes).
-# 4. Batch 1's first round before the waits: registers do not fit the kernel (s46, b1_prewait.patch: 176-752 B of
-#    spills), staging it in shared memory is slower (s47: +8% llama, +6% qwen3-8b: the next phase's copies slow the
-#    current phase's last tasks); the L2 prefetch (default) is the form that pays. Nothing queued.
-# 5. Attention's cached K / V rows into L2 while its waits are polled (-DMPK_ATT_KV_PF=1, built in session 47, not run;
-#    prediction in docs/perf-notes.md session 47: llama B=1 -0.7..-1.5% at ctx 512, -2..-4% at 4096):
-#    `N=kvpf T=200 VARS="base kvpf kvpf base" BS=1 CTXS=512,4096 LIM=80 bash scripts/gpu_run.sh ab`, then its tests:
-#    `MPK_NVCC_DEFINES=-DMPK_ATT_KV_PF=1 N=kvpft T=200 TESTS="tests/gpu/test_megakernel.py" bash scripts/gpu_run.sh tests`.
-# 5b. (session 49) What a user of LLM.generate gets per token, host work included, and the multi-step decode built in
-#    session 49 (LLM(decode_steps=k): k steps per engine step, the drawn tokens fed back on the device, one host round
-#    trip a burst): `N=eng T=420 ENGINE_LIM=200 bash scripts/gpu_run.sh engine`. Prediction (docs/perf-notes.md
-#    session 49): llama-3.2-1b B=1 ~1.25-1.35 ms a step at decode_steps=1 (kernel ~1.0 at these short contexts + the
-#    host's ~0.25) and ~1.03-1.10 at 8; qwen3-8b B=1 -3..-5%. If it holds, decode_steps > 1 becomes the default
-#    (the server's TTFT is unaffected: bursts run only while nothing waits).
-#    Then its GPU tests: `N=engt T=200 TESTS="tests/gpu/test_engine_plans.py" bash scripts/gpu_run.sh tests`.
-# 6. The bench-order effect is gpt-fast's batch-1 torch.compile cell (session 45: after it the conventional plan took
-#    +8% / +6% at llama B=8 / 32; after our megakernel's B=1 cell +0.6% / +1.5%). Which of its state (cudagraph trees,
-#    inductor's autotune, the allocator pool) is open; the bench runs the planned cells first, so its table is clean.
-# 7. The paged kernel is register-bound at 121-128 registers (4 CTAs of 4 warps an SM; docs/perf-notes.md session 41):
-#    the next kernel work is built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
+# 1. The engine tests at the decode_steps=8 default (session 49's last commit made it the default after the GPU runs;
+#    the GPU set ran at 72ae900 with it opt-in): `N=tests49 T=260 TESTS="tests/gpu/test_engine_plans.py
+#    tests/gpu/test_prefill_graphs.py" bash scripts/gpu_run.sh tests`, then the whole set if time allows
+#    (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
+# 2. The engine's per-token time at the default and where the rest of it goes at k=8 (llama B=1: 1.152 ms against the
+#    kernel's ~1.07): `N=engd T=150 MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 bash scripts/gpu_run.sh engine`.
+#    Candidates for the remaining ~0.08 ms: the three feedback ops a step outside the graph (launch gaps), the burst's
+#    fill_step / sync / read-back, the prefill share of a 128-token run.
+# 3. h200_v52 at the points not yet seen out of sample: ctx 512 B=1 / 8 and ctx 4096 B=32
+#    (`N=val49 T=330 VAL_CTXS="512 4096" VAL_B512=1,8 VAL_B4096=32 VAL_LIM=150 bash scripts/gpu_run.sh val`).
+# 4. llama-3.2-1b's table at the default with peers (`N=bl T=560 BENCH_BUDGET=540 MODELS=llama-3.2-1b CTXS=512,4096
+#    bash scripts/gpu_run.sh bench`): the README's llama rows are session 45's.
+# 5. Batch 1's device-side levers tried before a phase's wait are exhausted for now: registers do not fit the kernel
+#    (s46), staging in shared memory (s47, +6..+8%) and attention's K / V into L2 (s49, +0.5..+3%) are slower; only the
+#    weights' L2 prefetch (PF_CUR, default) paid. Nothing queued.
+# 6. The bench-order effect is gpt-fast's batch-1 torch.compile cell (session 45); the bench runs the planned cells
+#    first, so its table is clean.
+# 7. The paged kernel is register-bound at 121-128 registers (docs/perf-notes.md session 41): the next kernel work is
+#    built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
 # With two GPUs first: `two` (TP=2 has not run since session 11).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
