@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from mpk_runtime import LLM, SamplingParams
+from mpk_runtime.engine.step_stats import breakdown, diff_stats, format_breakdown
 from mpk_runtime.models.config import load_config
 from mpk_runtime.runtime.base import KVSpec, ModelRunner, register_runner
 from mpk_runtime.runtime.device_sampling import host_logits_needed, step_output
@@ -100,6 +101,7 @@ def main() -> int:
                     toks.append(sum(len(o.token_ids) for o in outs) / dt)
                 med = sorted(runs)[len(runs) // 2]
                 dmed = sorted(dec)[len(dec) // 2]
+                print(format_breakdown(breakdown(diff_stats(dict(llm.engine.stats), st0), dt)))   # the last run's
                 rows.append({"requests": b, "decode_steps": k, "ms_per_decode_step": sorted(runs),
                              "median_ms_per_decode_step": med, "tokens_per_s": sorted(toks)[len(toks) // 2],
                              "median_ms_per_decode_step_without_prefill": dmed})
