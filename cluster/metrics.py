@@ -79,6 +79,10 @@ class Metrics:
         per_replica = [("queue_depth", "waiting", "gauge", "Requests queued (waiting for pages or a batch slot)"),
                        ("running_requests", "running", "gauge", "Requests in the decode batch"),
                        ("engine_steps_total", "steps", "counter", "Engine steps run"),
+                       ("multi_steps_total", "multi_steps", "counter",
+                        "Engine steps that ran several decode steps (decode_steps > 1)"),
+                       ("multi_step_decode_steps_total", "device_steps_in_multi", "counter",
+                        "Decode steps run inside those engine steps"),
                        ("replica_recoveries_total", "recoveries", "counter", "Times the replica's workers were rebuilt"),
                        ("max_batch_size_seen", "max_batch_size_seen", "gauge", "Largest batch in one step")]
         for metric, key, kind, help_ in per_replica:
