@@ -190,24 +190,45 @@ def token_logprobs(logits: torch.Tensor, token: int, top: int) -> dict[int, floa
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
-    """One token id from fp32 logits (vocab,), on the host."""
+    """One token id from fp32 logits (vocab,), on the host. Exact: temperature, then top-k (the k largest logits),
+    then top-p (the smallest prefix of the remaining tokens, most likely first, whose mass before each token is
+    < top_p), then one draw from what is left, renormalised. Never sorts the vocabulary: the candidates come from
+    torch.topk (a top-p nucleus from the fewest top entries that hold its mass), the draw from one uniform number
+    and the candidates' cumulative sum (a full sort and torch.multinomial took ~15 ms a token at V = 152k on a
+    2-core host; this ~1 ms)."""
     if params.greedy:
         tok = int(torch.argmax(logits))
         if not bool(torch.isfinite(logits[tok])):   # argmax lands on a NaN (or +inf) when there is one
             raise ValueError(_NONFINITE)
         return tok
     x = logits.float() / params.temperature
-    if params.top_k > 0 and params.top_k < x.numel():
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_x, idx = torch.sort(x, descending=True)
-        probs = torch.softmax(sorted_x, -1)
-        # drop a token when the mass before it already reaches top_p (the top token always stays)
-        drop = (torch.cumsum(probs, -1) - probs) >= params.top_p
-        x = x.clone()
-        x[idx[drop]] = float("-inf")
-    probs = torch.softmax(x, -1)
-    if not bool(torch.isfinite(probs).all()):   # (softmax is O(V) already)
+    V = x.numel()
+    if 0 < params.top_k < V:
+        vals, idx = torch.topk(x, params.top_k)           # sorted, most likely first
+        probs = torch.softmax(vals, -1)
+    else:
+        probs, idx = torch.softmax(x, -1), None
+    if not bool(torch.isfinite(probs).all()):
         raise ValueError(_NONFINITE)
-    return int(torch.multinomial(probs, 1, generator=gen))
+    if params.top_p < 1.0:
+        if idx is None:
+            probs, idx = _nucleus_candidates(probs, params.top_p)
+        before = torch.cumsum(probs.double(), -1) - probs.double()   # nondecreasing: the kept tokens are a prefix
+        keep = max(1, int((before < params.top_p).sum()))
+        probs, idx = probs[:keep], idx[:keep]
+    cum = torch.cumsum(probs.double(), -1)
+    u = torch.rand((), generator=gen, dtype=torch.float64) * cum[-1]
+    i = min(int(torch.searchsorted(cum, u.reshape(1), right=True)), cum.numel() - 1)
+    return int(idx[i]) if idx is not None else i
+
+
+def _nucleus_candidates(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The largest probabilities, most likely first, enough of them to hold a top_p nucleus (their mass >= top_p,
+    or all of them)."""
+    V = probs.numel()
+    k = min(V, 1024)
+    while True:
+        vals, idx = torch.topk(probs, k)
+        if k == V or float(vals.double().sum()) >= top_p:
+            return vals, idx
+        k = min(V, k * 8)
