@@ -222,11 +222,14 @@ def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | 
     return int(idx[i]) if idx is not None else i
 
 
+NUCLEUS_CANDIDATES = 1024   # top entries a top-p nucleus search starts from (x8 until they hold its mass)
+
+
 def _nucleus_candidates(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The largest probabilities, most likely first, enough of them to hold a top_p nucleus (their mass >= top_p,
-    or all of them)."""
+    """The largest probabilities (of the full distribution, not renormalised), most likely first, enough of them to
+    hold a top_p nucleus (their mass >= top_p, or all of them)."""
     V = probs.numel()
-    k = min(V, 1024)
+    k = min(V, NUCLEUS_CANDIDATES)
     while True:
         vals, idx = torch.topk(probs, k)
         if k == V or float(vals.double().sum()) >= top_p:

@@ -114,10 +114,14 @@ def _exact_distribution(logits, temperature, top_k, top_p):
 @pytest.mark.parametrize("V,kw", [(12, dict(temperature=1.3, top_p=0.8)), (12, dict(temperature=0.9, top_k=5, top_p=0.85)),
                                   (12, dict(temperature=1.0)), (12, dict(temperature=0.6, top_k=4)),
                                   (3000, dict(temperature=1.0, top_p=0.9))])   # (a nucleus beyond 1024 candidates)
-def test_sample_matches_the_exact_distribution(V, kw):
+@pytest.mark.parametrize("few", [False, True])
+def test_sample_matches_the_exact_distribution(V, kw, few, monkeypatch):
     """sample() (top-k / nucleus candidates by topk, one uniform draw on their cumulative sum) against the
     distribution computed by definition with a full sort: every draw inside its support, frequencies within a few
-    standard errors."""
+    standard errors; `few`: the nucleus search starts from 2 candidates and must grow."""
+    if few:   # a nucleus starting from 2 candidates: the growth path at a size whose frequencies are checked
+        from mpk_runtime.engine import sampling
+        monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", 2)
     torch.manual_seed(V)
     logits = torch.randn(V) * (2.0 if V < 100 else 0.3)
     sp = SamplingParams(**kw)
