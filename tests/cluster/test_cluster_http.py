@@ -326,3 +326,25 @@ def test_stream_chunks_carry_usage_null_and_the_prompt_ids(server):
     with Client(url) as c:
         parts = list(c.stream([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3)))
     assert parts[-1].prompt_token_ids == [1, 2, 3]
+
+
+def test_bursts_of_decode_steps_stream_through_the_server(demo_dir):
+    """A backend that samples on the device (pyvm) runs bursts of decode steps by default: the SSE stream carries
+    several tokens a chunk, and what the client assembles equals LLM.generate with one step per engine call."""
+    router = build_router(demo_dir, backend="pyvm", executor="inprocess", dtype="float32", max_seq_len=64,
+                          max_batch=4, health_interval=None)
+    srv = ServerThread(create_app(router))
+    try:
+        with LLM(demo_dir, backend="pyvm", dtype="float32", max_seq_len=64, decode_steps=1) as llm:
+            want = llm.generate([[1, 2, 3], "hello world"], GREEDY)
+        with Client(srv.url) as c:
+            got = c.generate([[1, 2, 3], "hello world"], GREEDY)
+            parts = list(c.stream([[1, 2, 3]], GREEDY))
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        assert [o.text for o in got] == [o.text for o in want]
+        assert parts[-1].token_ids == want[0].token_ids and parts[-1].text == want[0].text
+        assert any(len(p.delta_token_ids) > 1 for p in parts)          # bursts reached the client
+        assert router.stats()["replica-0"]["multi_steps"] > 0
+    finally:
+        srv.stop()
+        router.shutdown()
