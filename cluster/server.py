@@ -22,6 +22,8 @@ from typing import Any, AsyncIterator
 from mpk_runtime.engine import (InvalidRequestError, NoTokenizerError, RequestFailedError, RequestOutput,
                                 SamplingParams)
 
+from mpk_runtime.engine.request import logprobs_by_id
+
 from .metrics import Metrics
 from .protocol import ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
 from starlette.requests import Request  # likewise (the endpoints take the raw request to see disconnects)
@@ -179,9 +181,6 @@ def create_app(router: Router, served_model_name: str | None = None):
             content.append({**entry(t, v), "top_logprobs": [entry(a, b) for a, b in alts]})
         return {"content": content}
 
-    def _by_id(lps: list[dict]) -> list[list[list]]:
-        return [[[t, v] for t, v in lp.items()] for lp in lps]
-
     def _delta_logprobs(out: RequestOutput) -> list[dict] | None:
         if out.logprobs is None:
             return None
@@ -338,7 +337,7 @@ def create_app(router: Router, served_model_name: str | None = None):
                 c = {"index": i, "text": out.delta_text or "", "logprobs": lp, "finish_reason": _finish(out),
                      "token_ids": out.delta_token_ids}
                 if lp is not None:   # (an extension: the same by token id, what Client.stream reports)
-                    c["logprobs_by_id"] = _by_id(_delta_logprobs(out))
+                    c["logprobs_by_id"] = logprobs_by_id(_delta_logprobs(out))
                 if out.finished:   # (an extension, as the non-streaming token_ids: what Client.stream reports)
                     c["prompt_token_ids"] = out.prompt_token_ids
                 body = {"id": cid, "object": "text_completion", "created": created, "model": name, "choices": [c]}
@@ -353,7 +352,7 @@ def create_app(router: Router, served_model_name: str | None = None):
                 "choices": [{"index": i, "text": o.text or "", "logprobs": _completion_logprobs(o.logprobs, 0),
                              "finish_reason": _finish(o), "token_ids": o.token_ids,
                              "prompt_token_ids": o.prompt_token_ids, "metrics": o.metrics.to_dict(),
-                             **({"logprobs_by_id": _by_id(o.logprobs)} if o.logprobs is not None else {})}
+                             **({"logprobs_by_id": logprobs_by_id(o.logprobs)} if o.logprobs is not None else {})}
                             for i, o in enumerate(outs)],
                 "usage": _usage(outs, r.n)}
 

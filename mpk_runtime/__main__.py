@@ -108,6 +108,7 @@ def _parse_ids(s: str) -> list[int]:
 
 def _generate(a: argparse.Namespace) -> int:
     from .engine import LLM, SamplingParams
+    from .engine.request import logprobs_by_id
     prompts: list = [_parse_ids(p) for p in a.prompt_ids] if a.prompt_ids else []
     prompts += a.prompt or []
     if not prompts:
@@ -132,7 +133,7 @@ def _generate(a: argparse.Namespace) -> int:
         line = {"prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids, "text": o.text,
                 "finish_reason": o.finish_reason}
         if o.logprobs is not None:
-            line["logprobs"] = o.to_dict()["logprobs"]
+            line["logprobs"] = logprobs_by_id(o.logprobs)
         print(json.dumps(line))
     n = sum(len(o.token_ids) for o in outs)
     print(f"# {a.model} backend={a.backend} tp={a.tp}: load {t1 - t0:.1f}s, {n} tokens in {t2 - t1:.2f}s",

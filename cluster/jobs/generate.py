@@ -17,6 +17,7 @@ import sys
 import time
 
 from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams, UnknownModelError
+from mpk_runtime.engine.request import logprobs_by_id
 
 SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
 
@@ -118,7 +119,7 @@ def _main(argv: list[str] | None = None) -> int:
                         line = {"id": r["id"], "prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids,
                                 "text": o.text, "finish_reason": o.finish_reason, "metrics": o.metrics.to_dict()}
                         if o.logprobs is not None:
-                            line["logprobs"] = o.to_dict()["logprobs"]
+                            line["logprobs"] = logprobs_by_id(o.logprobs)
                         f.write(json.dumps(line) + "\n")
                     f.flush()
                     written += len(outs)

@@ -26,6 +26,14 @@ from .tokenizer import LazyTokenizer
 log = logging.getLogger(__name__)
 
 
+def check_decode_steps_arg(v, none_ok: bool = False) -> None:
+    if v is None and none_ok:
+        return
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 64:
+        raise InvalidRequestError(f"decode_steps must be {'None (automatic) or ' if none_ok else ''}an int in "
+                                  f"[1, 64], got {v!r}")
+
+
 class LLMEngine:
     def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
                  seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
@@ -38,8 +46,7 @@ class LLMEngine:
         round trip for all of them); the tokens past a row's stop are computed and dropped."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
-        if not isinstance(decode_steps, int) or isinstance(decode_steps, bool) or not 1 <= decode_steps <= 64:
-            raise InvalidRequestError(f"decode_steps must be an int in [1, 64], got {decode_steps!r}")
+        check_decode_steps_arg(decode_steps)
         self.decode_steps = decode_steps
         self.device_sampling = device_sampling
         self.executor = executor
@@ -187,10 +194,7 @@ class LLMEngine:
         dev_tokens = None
         if isinstance(logits, StepOutput):
             logits, dev_tokens = logits.logits, logits.tokens.tolist()
-        self.stats["steps"] += 1
-        self.stats["last_batch_size"] = len(chunks)
-        self.stats["sequences_scheduled"] += len(chunks)
-        self.stats["max_batch_size_seen"] = max(self.stats["max_batch_size_seen"], len(chunks))
+        self._count_step(len(chunks))
         if logits is not None:
             self.stats["logits_bytes"] += logits.numel() * logits.element_size()
         now = time.monotonic()
@@ -232,6 +236,13 @@ class LLMEngine:
                 outputs.append(r.snapshot())
         self._finish_step(done, n_prompt, len(chunks) - n_prompt, t0, t1, t2, c0, timing)
         return outputs
+
+    def _count_step(self, rows: int) -> None:
+        st = self.stats
+        st["steps"] += 1
+        st["last_batch_size"] = rows
+        st["sequences_scheduled"] += rows
+        st["max_batch_size_seen"] = max(st["max_batch_size_seen"], rows)
 
     def _bad_token(self, tok: int) -> str:
         return (f"the runner produced token id {tok}, outside the vocabulary [0, {self.vocab_size}) (NaN / inf "
@@ -287,12 +298,9 @@ class LLMEngine:
         t2 = time.perf_counter()
         timing = getattr(self.executor, "last_timing", None)
         rows = drawn.tolist()
-        self.stats["steps"] += 1
+        self._count_step(len(chunks))
         self.stats["multi_steps"] += 1
         self.stats["device_steps_in_multi"] += k
-        self.stats["last_batch_size"] = len(chunks)
-        self.stats["sequences_scheduled"] += len(chunks)
-        self.stats["max_batch_size_seen"] = max(self.stats["max_batch_size_seen"], len(chunks))
         now = time.monotonic()
         outputs, done = [], []
         for s, toks in zip(sched, rows):

@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 
 from ..models import PRESETS, ConfigError, load_config
 from ..runtime.executor import Executor, make_executor
-from .engine import LLMEngine
+from .engine import LLMEngine, check_decode_steps_arg
 from .errors import InvalidRequestError, RequestFailedError, UnknownModelError
 from .request import RequestOutput
 from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
@@ -76,9 +76,7 @@ class LLM:
         samples on the device and device_sampling is not "off", else 1. Other keywords go to the runner."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
-        if decode_steps is not None and (not isinstance(decode_steps, int) or isinstance(decode_steps, bool)
-                                         or not 1 <= decode_steps <= 64):
-            raise InvalidRequestError(f"decode_steps must be None (automatic) or an int in [1, 64], got {decode_steps!r}")
+        check_decode_steps_arg(decode_steps, none_ok=True)
         self.model = model
         self.config = resolve_model(model)
         if not isinstance(tp, int) or tp < 1:

@@ -63,9 +63,14 @@ class RequestOutput:
         d = {"request_id": self.request_id, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
              "token_ids": self.token_ids, "text": self.text, "finished": self.finished,
              "finish_reason": self.finish_reason, "error": self.error, "metrics": self.metrics.to_dict()}
-        if self.logprobs is not None:   # JSON keys are strings: [[token id, logprob], ...] per generated token
-            d["logprobs"] = [[[t, v] for t, v in lp.items()] for lp in self.logprobs]
+        if self.logprobs is not None:
+            d["logprobs"] = logprobs_by_id(self.logprobs)
         return d
+
+
+def logprobs_by_id(lps: list[dict[int, float]]) -> list[list[list]]:
+    """RequestOutput.logprobs in JSON form (its keys would become strings): [[token id, logprob], ...] a token."""
+    return [[[t, v] for t, v in lp.items()] for lp in lps]
 
 
 @dataclass(eq=False)

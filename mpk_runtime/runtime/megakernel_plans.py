@@ -63,10 +63,18 @@ def fill_step(mem: RankMemory, pos_t, tables_t, toks, pos, tables, width: int, s
     fill_sampling(mem, sampling or [])
 
 
-def feed_back(mem: RankMemory, pos_t: torch.Tensor, n: int) -> None:
-    """The next step's inputs from this one's, on the device: each row's drawn token, one position on."""
-    mem.t("tokens")[:n].copy_(mem.t("next_tokens")[:n])
-    pos_t[:n] += 1
+def burst(mem: RankMemory, pos_t: torch.Tensor, n: int, num_steps: int, run_step) -> torch.Tensor:
+    """num_steps calls of run_step() on the inputs fill_step wrote, each later step's inputs made from the last one's
+    on the device (each of the n rows' drawn token, one position on); returns the drawn tokens (num_steps, n) on the
+    device, without synchronising."""
+    drawn = torch.empty((num_steps, n), dtype=torch.int64, device=pos_t.device)
+    for j in range(num_steps):
+        if j:
+            mem.t("tokens")[:n].copy_(mem.t("next_tokens")[:n])
+            pos_t[:n] += 1
+        run_step()
+        drawn[j].copy_(mem.t("next_tokens")[:n])
+    return drawn
 
 
 class _Bucket:
@@ -182,15 +190,7 @@ class PlannedDecoder:
         greedy = all(s is None or s.temperature <= 0 for s in (sampling or []))
         bk = self._ready(n, kv_cap(max(pos) + num_steps, self.max_seq_len), greedy, False)
         fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
-        drawn = torch.empty((num_steps, n), dtype=torch.int64, device=bk.pos.device)
-        for j in range(num_steps):
-            if j:
-                feed_back(bk.mem, bk.pos, n)
-                if self.backend == "pyvm":   # (the eager context is rebuilt per step, as decode does)
-                    bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv, greedy=greedy,
-                                     logits_unread=True)
-            self._run(bk)
-            drawn[j].copy_(bk.mem.t("next_tokens")[:n])
+        drawn = burst(bk.mem, bk.pos, n, num_steps, lambda: self._run(bk))   # (the context reads pos in place)
         self._finish(bk)
         return drawn.t().cpu()
 

@@ -31,7 +31,7 @@ from ..tasks.tiling import Tiling, attn_splits_for
 from .base import KVSpec, ModelRunner, SeqChunk, check_decode_steps, check_sizes, register_runner
 from .conventional_fused import prepare_weights
 from .device_sampling import host_logits_needed, step_output
-from .megakernel_plans import ConventionalPrefill, PlannedDecoder, feed_back, fill_step
+from .megakernel_plans import ConventionalPrefill, PlannedDecoder, burst, fill_step
 from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory
 
 
@@ -198,14 +198,8 @@ class MegakernelRunner(ModelRunner):
                 [c.sampling for c in chunks])
         if self.planned is not None:
             return self.planned.decode_steps(*args, num_steps)
-        n = len(chunks)
         fill_step(self.mem, self.pos, self.tables, *args[:3], self.width, args[3])
-        drawn = torch.empty((num_steps, n), dtype=torch.int64, device=self.pos.device)
-        for j in range(num_steps):
-            if j:
-                feed_back(self.mem, self.pos, n)
-            self.mk.launch(1)
-            drawn[j].copy_(self.mem.t("next_tokens")[:n])
+        drawn = burst(self.mem, self.pos, len(chunks), num_steps, lambda: self.mk.launch(1))
         torch.cuda.synchronize(self.pos.device)
         self.mk.check()
         return drawn.t().cpu()
