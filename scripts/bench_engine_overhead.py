@@ -7,9 +7,13 @@ checks) plus the in-process executor's hop. With a real backend (--backend megak
 what a user of LLM.generate gets per token position, host work included: compare it with bench_decode's graph-replay
 time of the same plan. --decode-steps 1,8 runs each batch with one decode step per engine step and with bursts of 8
 (LLM(decode_steps=8): the drawn tokens stay on the device between the steps, one host round trip a burst).
+--sampling greedy,topk,plain,nucleus,host: how the requests sample (SAMPLINGS below): greedy; top_k 50 (the graph's
+top-64 sampler); top_k 0 at temperature 1 ("plain") and with top_p 0.95 ("nucleus"): the full-vocabulary draw on
+the device (runtime/full_sampling.py); "host": the nucleus requests with device_sampling="off" (logits copied, the
+host sampler; one decode step per engine step), what such requests cost before the full draw.
 
     PYTHONPATH=. python3 scripts/bench_engine_overhead.py [--requests 1,128] [--max-tokens 256] [--prompt-len 16,48]
-        [--decode-steps 1,8] [--backend megakernel --model llama-3.2-1b --plan auto]
+        [--decode-steps 1,8] [--sampling greedy,nucleus,host] [--backend megakernel --model llama-3.2-1b --plan auto]
 Prints ms per decode step and writes $OUT/bench_engine_overhead.json (or ./gpu_out).
 """
 from __future__ import annotations
@@ -49,6 +53,11 @@ class InstantRunner(ModelRunner):
         return step_output(chunks, lg, [1 + (c.start_pos % 7) for c in chunks])
 
 
+SAMPLINGS = {"greedy": dict(temperature=0.0), "topk": dict(temperature=0.8, top_k=50),
+             "plain": dict(temperature=1.0), "nucleus": dict(temperature=0.8, top_p=0.95),
+             "host": dict(temperature=0.8, top_p=0.95)}
+
+
 def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x.strip()]
 
@@ -62,6 +71,36 @@ def _decode_device_steps(st: dict) -> int:
     return st["decode_steps"] - st["multi_steps"] + st["device_steps_in_multi"]
 
 
+def _measure(llm, a, prompts: list, mode: str, k: int) -> dict:
+    """One batch of requests sampled as `mode`, a.repeats times after a warm-up: its result row."""
+    b = len(prompts)
+    llm.generate(prompts, SamplingParams(max_tokens=2 * k + 2, ignore_eos=True, **SAMPLINGS[mode]),
+                 use_tqdm=False)   # warm: captures, the prefill graph, a burst
+    sp = SamplingParams(max_tokens=a.max_tokens, ignore_eos=True, seed=1, **SAMPLINGS[mode])
+    runs, toks, dec = [], [], []
+    for _ in range(a.repeats):
+        st0 = dict(llm.engine.stats)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        st = llm.engine.stats
+        runs.append(1e3 * dt / (_device_steps(st) - _device_steps(st0)))
+        # the decode steps alone (the engine's decode-kind steps, host work included; no prefill)
+        dec.append(1e3 * (st["t_step_decode_s"] - st0["t_step_decode_s"])
+                   / max(1, _decode_device_steps(st) - _decode_device_steps(st0)))
+        toks.append(sum(len(o.token_ids) for o in outs) / dt)
+    med = sorted(runs)[len(runs) // 2]
+    dmed = sorted(dec)[len(dec) // 2]
+    print(format_breakdown(breakdown(diff_stats(dict(llm.engine.stats), st0), dt)))   # the last run's
+    row = {"requests": b, "decode_steps": k, "sampling": mode, "ms_per_decode_step": sorted(runs),
+           "median_ms_per_decode_step": med, "tokens_per_s": sorted(toks)[len(toks) // 2],
+           "median_ms_per_decode_step_without_prefill": dmed}
+    print(f"{a.model} {a.backend} B={b} {mode} decode_steps={k}: {med:.3f} ms per decode step, {dmed:.3f} "
+          f"without the prefill steps ({row['tokens_per_s']:.0f} tokens/s; runs {', '.join(f'{x:.3f}' for x in runs)})",
+          flush=True)
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", default="128", help="batch sizes (comma-separated): requests run together")
@@ -72,42 +111,28 @@ def main() -> int:
     ap.add_argument("--backend", default="instant")
     ap.add_argument("--model", default="llama-3.2-1b")
     ap.add_argument("--plan", default="none", choices=["none", "auto"])
+    ap.add_argument("--sampling", default="greedy", help=f"comma-separated, of {', '.join(SAMPLINGS)}")
     a = ap.parse_args()
+    modes = [m for m in a.sampling.split(",") if m]
+    bad = [m for m in modes if m not in SAMPLINGS]
+    if bad:
+        ap.error(f"--sampling {bad}: choose from {', '.join(SAMPLINGS)}")
     lo, hi = (int(x) for x in a.prompt_len.split(","))
     batches, ks = _ints(a.requests), _ints(a.decode_steps)
     rng = random.Random(0)
     vocab = min(1000, load_config(a.model).vocab_size)
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(max(batches))]
-    sp = SamplingParams(max_tokens=a.max_tokens, temperature=0.0, ignore_eos=True)
     rows = []
-    for k in ks:
+    # (decode_steps, device_sampling, sampling modes) of each LLM: "host" runs apart (device_sampling off, k = 1)
+    runs_of = [(k, "auto", [m for m in modes if m != "host"]) for k in ks] + ([(1, "off", ["host"])]
+                                                                              if "host" in modes else [])
+    for k, dmode, mlist in runs_of:
+        if not mlist:
+            continue
         llm = LLM(a.model, backend=a.backend, max_batch=max(batches), max_seq_len=hi + a.max_tokens + 16,
-                  decode_steps=k, **({"plan": a.plan} if a.plan != "none" else {}))
+                  decode_steps=k, device_sampling=dmode, **({"plan": a.plan} if a.plan != "none" else {}))
         try:
-            for b in batches:
-                llm.generate(prompts[:b], SamplingParams(max_tokens=2 * k + 2, temperature=0.0, ignore_eos=True),
-                             use_tqdm=False)   # warm: captures, the prefill graph, a burst
-                runs, toks, dec = [], [], []
-                for _ in range(a.repeats):
-                    st0 = dict(llm.engine.stats)
-                    t0 = time.perf_counter()
-                    outs = llm.generate(prompts[:b], sp, use_tqdm=False)
-                    dt = time.perf_counter() - t0
-                    st = llm.engine.stats
-                    runs.append(1e3 * dt / (_device_steps(st) - _device_steps(st0)))
-                    # the decode steps alone (the engine's decode-kind steps, host work included; no prefill)
-                    dec.append(1e3 * (st["t_step_decode_s"] - st0["t_step_decode_s"])
-                               / max(1, _decode_device_steps(st) - _decode_device_steps(st0)))
-                    toks.append(sum(len(o.token_ids) for o in outs) / dt)
-                med = sorted(runs)[len(runs) // 2]
-                dmed = sorted(dec)[len(dec) // 2]
-                print(format_breakdown(breakdown(diff_stats(dict(llm.engine.stats), st0), dt)))   # the last run's
-                rows.append({"requests": b, "decode_steps": k, "ms_per_decode_step": sorted(runs),
-                             "median_ms_per_decode_step": med, "tokens_per_s": sorted(toks)[len(toks) // 2],
-                             "median_ms_per_decode_step_without_prefill": dmed})
-                print(f"{a.model} {a.backend} B={b} decode_steps={k}: {med:.3f} ms per decode step, {dmed:.3f} "
-                      f"without the prefill steps ({rows[-1]['tokens_per_s']:.0f} tokens/s; runs "
-                      f"{', '.join(f'{x:.3f}' for x in runs)})")
+            rows += [_measure(llm, a, prompts[:b], mode, k) for mode in mlist for b in batches]
         finally:
             llm.shutdown()
     res = {"model": a.model, "backend": a.backend, "plan": a.plan, "max_tokens": a.max_tokens,

@@ -37,18 +37,21 @@ def check_decode_steps_arg(v, none_ok: bool = False) -> None:
 class LLMEngine:
     def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
                  seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
-                 device_sampling: str = "auto", eos_ids: set[int] | frozenset = frozenset(), decode_steps: int = 1):
+                 device_sampling: str = "auto", eos_ids: set[int] | frozenset = frozenset(), decode_steps: int = 1,
+                 full_sampling: bool = False):
         """device_sampling: "auto" | "on" | "off": which requests the runner samples on device (SamplingParams
         doc); runners without device sampling always return logits, and the host samples. eos_ids: end-of-sequence
         ids beyond the tokenizer's (a model directory's generation_config.json / config.json). decode_steps: up to
         this many decode steps per engine step when every running row is sampled on the device and nothing waits
         for admission (ModelRunner.decode_steps: the drawn tokens stay on the device between the steps, one host
-        round trip for all of them); the tokens past a row's stop are computed and dropped."""
+        round trip for all of them); the tokens past a row's stop are computed and dropped. full_sampling: the
+        runner draws full-vocabulary rows (samples_full_on_device): top_k 0 / > 64 requests are sampled there."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps)
         self.decode_steps = decode_steps
         self.device_sampling = device_sampling
+        self.full_sampling = bool(full_sampling)
         self.executor = executor
         self.kv_spec = kv_spec
         self.vocab_size = vocab_size
@@ -91,7 +94,7 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(f"prompt token ids must be ints in [0, {self.vocab_size}); got e.g. {bad[:3]}")
-        check_device_sampling(params, self.device_sampling)
+        check_device_sampling(params, self.device_sampling, self.full_sampling)
         bad_stop = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad_stop:
             raise InvalidRequestError(f"stop_token_ids must be < vocab size {self.vocab_size}; got {bad_stop}")
@@ -352,7 +355,8 @@ class LLMEngine:
         """The request's DeviceSampling (or None: host sampling), fixed for its life: made once."""
         if r.device_sampling is None:
             r.device_sampling = (device_sampling_for(r.params, self.device_sampling,
-                                                     request_seed(r.params, self.seed, r.seq_id)),)
+                                                     request_seed(r.params, self.seed, r.seq_id),
+                                                     self.full_sampling),)
         return r.device_sampling[0]
 
     def _stop_reason(self, r: Request, tok: int) -> str | None:

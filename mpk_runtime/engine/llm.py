@@ -104,6 +104,7 @@ class LLM:
             executor.init_workers(backend, **self.runner_kwargs)
             kv_spec = executor.collective_rpc("kv_spec")[0]
             on_device = device_sampling != "off" and executor.collective_rpc("samples_on_device")[0]
+            full = on_device and executor.collective_rpc("samples_full_on_device")[0]
             if decode_steps is None:
                 decode_steps = DEFAULT_DECODE_STEPS if on_device else 1
             elif decode_steps > 1 and not on_device:
@@ -121,7 +122,7 @@ class LLM:
         self.engine = LLMEngine(executor, kv_spec, self.config.vocab_size, LazyTokenizer(src), seed=seed,
                                 max_num_batched_tokens=max_num_batched_tokens, step_timeout=step_timeout,
                                 device_sampling=device_sampling, eos_ids=model_eos_ids(model),
-                                decode_steps=decode_steps)
+                                decode_steps=decode_steps, full_sampling=full)
 
     @property
     def tokenizer(self):

@@ -31,10 +31,13 @@ _NONFINITE = ("the model produced NaN / inf logits (float16 overflow or broken w
 class SamplingParams:
     """Per-request sampling. On device the candidate set is capped at C = SAMPLE_CANDIDATES (64) tokens:
     top_k must be <= C there, and with top_k disabled (0 / -1) the device samples from the top C tokens only
-    (top_p's mass measured over those C), an approximation. The engine's `device_sampling` mode decides:
-    "auto" (default) sends greedy and 1 <= top_k <= C requests to the device (exact) and the rest to the host
-    sampler (exact); "on" sends everything to the device, accepting the top-C cap for top_k = 0 and rejecting
-    top_k > C; "off" samples everything on the host."""
+    (top_p's mass measured over those C), an approximation. Runners that draw from the whole vocabulary on the
+    device (samples_full_on_device: the megakernel at world size 1, pyvm, torch; runtime/full_sampling.py) take
+    top_k = 0 and top_k > C there too, exactly. The engine's `device_sampling` mode decides: "auto" (default)
+    sends greedy and 1 <= top_k <= C requests to the device, the others to the full-vocabulary draw where the
+    runner has it, else to the host sampler (all exact); "on" sends everything to the device (without the full
+    draw: the top-C cap for top_k = 0, top_k > C rejected); "off" samples everything on the host. Logprobs and
+    penalties are host work ("auto" sends them there, "on" rejects them)."""
 
     temperature: float = 1.0          # 0 = greedy (argmax)
     top_k: int = 0                    # 0 or -1 = all tokens
@@ -137,27 +140,35 @@ def make_generator(params: SamplingParams, engine_seed: int, request_index: int)
     return torch.Generator().manual_seed(request_seed(params, engine_seed, request_index) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
-def check_device_sampling(params: SamplingParams, mode: str) -> None:
-    """Raise InvalidRequestError for params the device cannot do in mode "on" (top_k > C, logprobs, penalties)."""
+def check_device_sampling(params: SamplingParams, mode: str, full: bool = False) -> None:
+    """Raise InvalidRequestError for params the device cannot do in mode "on" (logprobs, penalties; top_k > C unless
+    the runner draws full-vocabulary rows: `full`)."""
     if mode == "on" and params.needs_logits:
         raise InvalidRequestError(
             "logprobs and presence / frequency / repetition penalties need the logits on the host, and this LLM "
             "samples every request on the device (device_sampling='on'): create it with device_sampling='auto' "
             "(the default) or 'off', or leave those fields out")
-    if mode == "on" and not params.greedy and params.top_k > SAMPLE_CANDIDATES:
+    if mode == "on" and not full and not params.greedy and params.top_k > SAMPLE_CANDIDATES:
         raise InvalidRequestError(
             f"top_k={params.top_k} exceeds the on-device sampling limit of {SAMPLE_CANDIDATES} candidates: use "
             f"top_k <= {SAMPLE_CANDIDATES}, or create the LLM with device_sampling='auto' (host sampling for such "
             "requests) or 'off'")
 
 
-def device_sampling_for(params: SamplingParams, mode: str, seed: int) -> DeviceSampling | None:
-    """The DeviceSampling a request's chunk carries under `mode` (None: sample on the host)."""
-    if mode == "off" or (mode == "auto" and not params.device_exact()):
+def device_sampling_for(params: SamplingParams, mode: str, seed: int, full: bool = False) -> DeviceSampling | None:
+    """The DeviceSampling a request's chunk carries under `mode` (None: sample on the host). full: the runner draws
+    rows from the whole vocabulary (samples_full_on_device): requests the graph's top-C sampler cannot follow
+    exactly (top_k 0 or > C) get DeviceSampling(full=True) instead of the host (mode "auto") or the cap ("on")."""
+    if mode == "off" or params.needs_logits and mode == "auto":
         return None
     if params.greedy:
         return DeviceSampling(0.0, 0, 1.0, 0)
     k = params.top_k if params.top_k > 0 else 0
+    exact = params.device_exact()
+    if not exact and full:
+        return DeviceSampling(float(params.temperature), k, float(params.top_p), seed, full=True)
+    if mode == "auto" and not exact:
+        return None
     return DeviceSampling(float(params.temperature), k, float(params.top_p), seed)
 
 

@@ -27,7 +27,10 @@ fused multiply-add; this is what makes the CPU and the GPU draw the same token f
 Approximation (documented in SamplingParams): the candidate set is capped at C. With 1 <= top_k <= C the result
 follows exactly the top-k (then top-p) renormalised softmax. With top_k disabled (0) the device samples from
 the top-C tokens only (and top_p's mass is measured over those C): tokens outside the top C are never drawn.
-The engine sends such requests to the host sampler unless told otherwise (LLM(..., device_sampling=...)).
+Runners that can (runtime/full_sampling.py: world size 1, or logits gathered on every rank) draw such rows from the
+whole vocabulary instead, exactly, after the graph ran (DeviceSampling.full): torch ops on the step's fp32 logits,
+the uniform from `uniform53(seed, pos)`. Otherwise the engine sends them to the host sampler unless told otherwise
+(LLM(..., device_sampling=...)).
 """
 from __future__ import annotations
 
@@ -68,6 +71,21 @@ def uniform_bits(seed: int, pos: int) -> int:
     h = hash32(h ^ (s >> 32))
     h = hash32(h ^ (s & 0xFFFFFFFF))
     return h >> 8
+
+
+FULL_SALT = 0x85EBCA6B          # mixes the second 32-bit word of `uniform53`
+
+
+def uniform53(seed: int, pos: int) -> float:
+    """A uniform number in [0, 1) with 53 random bits for (seed, position): the full-vocabulary sampler's draw
+    (runtime/full_sampling.py). a = the 32-bit hash `uniform_bits` takes its top 24 bits of, b = hash32(a ^ FULL_SALT);
+    u = ((a >> 5) * 2^26 + (b >> 6)) * 2^-53. Python reference of the torch version."""
+    s = seed & 0xFFFFFFFFFFFFFFFF
+    a = hash32((pos + POS_SALT) & 0xFFFFFFFF)
+    a = hash32(a ^ (s >> 32))
+    a = hash32(a ^ (s & 0xFFFFFFFF))
+    b = hash32(a ^ FULL_SALT)
+    return ((a >> 5) * (1 << 26) + (b >> 6)) * 2.0 ** -53
 
 
 def seed_to_int64(seed: int) -> int:

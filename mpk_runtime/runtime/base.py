@@ -61,6 +61,7 @@ class ModelRunner(abc.ABC):
     rank: int = 0
     world_size: int = 1
     samples_on_device = False   # `step` draws the tokens of chunks that carry `sampling` (StepOutput.tokens)
+    samples_full_on_device = False   # ... also DeviceSampling.full rows (top_k 0 / > 64: runtime/full_sampling.py)
 
     @abc.abstractmethod
     def kv_spec(self) -> KVSpec: ...

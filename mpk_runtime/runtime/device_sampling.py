@@ -18,12 +18,17 @@ from ..ir.sampling import SAMPLE_CANDIDATES, TENSORS, seed_to_int64
 @dataclass(frozen=True)
 class DeviceSampling:
     temperature: float     # 0 = greedy (exact argmax)
-    top_k: int             # 1..SAMPLE_CANDIDATES; 0 = SAMPLE_CANDIDATES (the documented cap)
+    top_k: int             # 1..SAMPLE_CANDIDATES; 0 = SAMPLE_CANDIDATES (the documented cap); with full: any k >= 0,
+    #                        0 = the whole vocabulary
     top_p: float           # (0, 1]
     seed: int              # any int (its low 64 bits are used)
+    full: bool = False     # drawn again after the step from the whole vocabulary, exactly (full_sampling.py); only
+    #                        runners with samples_full_on_device get such rows
 
     def __post_init__(self) -> None:
-        if not 0 <= self.top_k <= SAMPLE_CANDIDATES:
+        if self.full and (self.temperature <= 0 or self.top_k < 0):
+            raise ValueError(f"full-vocabulary sampling needs temperature > 0 and top_k >= 0, got {self}")
+        if not self.full and not 0 <= self.top_k <= SAMPLE_CANDIDATES:
             raise ValueError(f"device sampling supports top_k in [0, {SAMPLE_CANDIDATES}], got {self.top_k}")
 
 
@@ -54,13 +59,32 @@ def fill_sampling(mem, rows: list[DeviceSampling | None]) -> None:
         return
     temp, top_k, top_p, seed = [0.0] * B, [0] * B, [1.0] * B, [0] * B
     for i, s in enumerate(rows):
-        if s is not None:
-            temp[i], top_k[i], top_p[i], seed[i] = float(s.temperature), int(s.top_k), float(s.top_p), \
-                seed_to_int64(int(s.seed))
+        if s is not None:   # (a full row's graph draw is overwritten: any top_k the graph takes will do)
+            temp[i], top_k[i], top_p[i], seed[i] = float(s.temperature), int(s.top_k) if not s.full else 0, \
+                float(s.top_p), seed_to_int64(int(s.seed))
     for name, v, dt in zip(TENSORS, (temp, top_k, top_p, seed),
                            (torch.float32, torch.int64, torch.float32, torch.int64)):
         mem.t(name).copy_(torch.tensor(v, dtype=dt))
     mem._sampling_rows = key
+    from .full_sampling import full_rows
+    mem._full_rows = full_rows(list(rows), mem.t("next_tokens").device)
+
+
+def draw_full(mem, logits: torch.Tensor, pos) -> None:
+    """After a step ran: draw the full-vocabulary rows that fill_sampling last wrote (DeviceSampling.full) from
+    logits (n, V) of the whole vocabulary, over mem's next_tokens[:n]. pos: the positions (n,) of the rows' last
+    tokens (a tensor on the logits' device, or a list). No-op when no row is full."""
+    fr = getattr(mem, "_full_rows", None)
+    if fr is None:
+        return
+    V = mem.graph.config.vocab_size
+    if logits.shape[-1] != V:
+        raise ValueError(f"full-vocabulary sampling needs the logits of the whole vocabulary ({V}), got "
+                         f"{logits.shape[-1]} (a vocabulary shard): this runner cannot draw DeviceSampling.full rows")
+    n = logits.shape[0]
+    if not isinstance(pos, torch.Tensor):
+        pos = torch.tensor(list(pos), dtype=torch.int64)
+    fr.draw(logits, pos.to(logits.device), mem.t("next_tokens")[:n])
 
 
 def wants_sampling(chunks) -> bool:

@@ -135,6 +135,10 @@ class Worker:
         """The runner draws tokens itself (needed for multi-step decode, LLM(decode_steps=...))."""
         return bool(getattr(self._need_runner(), "samples_on_device", False))
 
+    def samples_full_on_device(self) -> bool:
+        """The runner also draws full-vocabulary rows (DeviceSampling.full: top_k 0 or > 64, exactly)."""
+        return bool(getattr(self._need_runner(), "samples_full_on_device", False))
+
     def free(self, seq_ids: list[int]) -> None:
         runner = self._need_runner()
         fn = getattr(runner, "free", None)

@@ -33,7 +33,7 @@ from ..models.reference import rope_inv_freq
 from ..planner.book import bucket_key, pick_plan
 from ..planner.plan import Plan
 from .base import KernelTimeout
-from .device_sampling import fill_sampling
+from .device_sampling import draw_full, fill_sampling
 from .memory import KVStore, RankMemory, StepCtx
 from .plan_exec import PlanExecutor
 from .torch_exec import ConventionalExecutor, pow2, prefill_groups
@@ -73,6 +73,7 @@ def burst(mem: RankMemory, pos_t: torch.Tensor, n: int, num_steps: int, run_step
             mem.t("tokens")[:n].copy_(mem.t("next_tokens")[:n])
             pos_t[:n] += 1
         run_step()
+        draw_full(mem, mem.t("logits")[:n], pos_t[:n])
         drawn[j].copy_(mem.t("next_tokens")[:n])
     return drawn
 
@@ -177,6 +178,7 @@ class PlannedDecoder:
         bk = self._ready(n, kv_cap(max(pos) + 1, self.max_seq_len), greedy, want_logits)
         fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
         self._run(bk)
+        draw_full(bk.mem, bk.mem.t("logits")[:n], bk.pos[:n])
         self._finish(bk)
         nxt = bk.mem.t("next_tokens")[:n].cpu()
         return (bk.mem.t("logits")[:n].float().cpu() if want_logits else None), nxt
@@ -339,6 +341,8 @@ class ConventionalPrefill:
             else:
                 sh.ex.run([self._ctx(sh, g.T, g.kv_cap)])
             self.graph_runs += 1
+            if self.tp == 1:   # (tp > 1: vocabulary shards; such runners get no full rows)
+                draw_full(mem, mem.t("logits")[:len(g.idx)], [chunks[i][1] + len(chunks[i][0]) - 1 for i in g.idx])
             nxt = mem.t("next_tokens")[:len(g.idx)].tolist()
             lg = self._logits(mem, len(g.idx)) if want_logits else None
             for j, i in enumerate(g.idx):

@@ -30,7 +30,7 @@ from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling, attn_splits_for
 from .base import KVSpec, ModelRunner, SeqChunk, check_decode_steps, check_sizes, register_runner
 from .conventional_fused import prepare_weights
-from .device_sampling import host_logits_needed, step_output
+from .device_sampling import draw_full, host_logits_needed, step_output
 from .megakernel_plans import ConventionalPrefill, PlannedDecoder, burst, fill_step
 from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory
 
@@ -72,6 +72,11 @@ def build_rank_kernel(cfg, weights: dict, *, rank: int, world: int, heap=None, b
 class MegakernelRunner(ModelRunner):
     backend = "megakernel"
     samples_on_device = True
+
+    @property
+    def samples_full_on_device(self) -> bool:
+        """Full-vocabulary rows (DeviceSampling.full) need the whole vocabulary's logits on this device: world 1."""
+        return self.world_size == 1
 
     def __init__(self, model: str = "tiny-llama", *, world_size: int | None = None, tp: int = 1, rank: int = 0,
                  seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int | None = None,
@@ -162,6 +167,8 @@ class MegakernelRunner(ModelRunner):
         if self.heap is not None:
             self.heap.barrier()   # no rank overwrites tokens/pos while a peer still reads the last step
         self.mk.launch(1)
+        if self.heap is None:   # (world size > 1: vocabulary shards; such runners get no full rows)
+            draw_full(self.mem, self.mem.t("logits")[:n], self.pos[:n])
         torch.cuda.synchronize(self.pos.device)
         self.mk.check()
         self.last_next_tokens = self.mem.t("next_tokens")[:n].cpu()

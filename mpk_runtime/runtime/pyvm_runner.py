@@ -19,7 +19,7 @@ from ..tasks.check import check_task_graphs
 from ..tasks.tiling import Tiling
 from .base import KVSpec, ModelRunner, SeqChunk, check_sizes, register_runner
 from .comm import ThreadComm
-from .device_sampling import fill_sampling, step_output
+from .device_sampling import draw_full, fill_sampling, step_output
 from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory, StepCtx, connect
 from .plan_exec import PlanExecutor
 from .pyvm import PyVM
@@ -142,17 +142,24 @@ class TPGroup:
                     for m in mems:
                         m.t("tokens").copy_(mems[0].t("next_tokens"))
                 ex.run(lambda r, k=k: self.ctx(torch.where(pos >= 0, pos + k, pos), tables, 1))
+                lg = self._gather_logits(mems)
+                draw_full(mems[0], lg, pos + k)
             self.last_next_tokens = mems[0].t("next_tokens").clone()
-            return self._gather_logits(mems)
+            return lg
         if backend == "pyvm":
             gs, mems, vm = self.decode_vm(B)
             for m in mems:
                 m.t("tokens").copy_(torch.as_tensor(tokens, dtype=torch.long))
                 fill_sampling(m, sampling or [])
             pos = torch.as_tensor(pos, dtype=torch.long)
+            if nsteps > 1 and getattr(mems[0], "_full_rows", None) is not None:
+                raise ValueError("one VM launch of several steps feeds the graph's own draws back: full-vocabulary "
+                                 "rows (DeviceSampling.full) need one step per launch")
             vm.launch(lambda r, k: self.ctx(torch.where(pos >= 0, pos + k, pos), tables, 1), nsteps)
+            lg = self._gather_logits(mems)
+            draw_full(mems[0], lg, pos)
             self.last_next_tokens = mems[0].t("next_tokens").clone()
-            return self._gather_logits(mems)
+            return lg
         if nsteps != 1:
             raise ValueError("the conventional path runs one step per call")
         gs, mems, ex = self.conventional("decode", B, 1)
@@ -160,8 +167,10 @@ class TPGroup:
             m.t("tokens").copy_(torch.as_tensor(tokens, dtype=torch.long))
             fill_sampling(m, sampling or [])
         ex.run([self.ctx(pos, tables, 1) for _ in mems])
+        lg = self._gather_logits(mems)
+        draw_full(mems[0], lg, pos)
         self.last_next_tokens = mems[0].t("next_tokens").clone()
-        return self._gather_logits(mems)
+        return lg
 
     def next_tokens(self, batch: int) -> torch.Tensor:
         return self.decode_vm(batch)[1][0].t("next_tokens").clone()
@@ -180,6 +189,7 @@ class TPGroup:
             ctx = StepCtx(self.cfg, 0, g.pos, g.tables, self.page_size, g.T, self.inv_freq, pad=g.pad)
             ex.run([ctx for _ in mems])
             lg = self._gather_logits(mems)
+            draw_full(mems[0], lg, [chunks[i][1] + len(chunks[i][0]) - 1 for i in g.idx])
             nxt = mems[0].t("next_tokens")
             for j, i in enumerate(g.idx):
                 logits[i], drawn[i] = lg[j], int(nxt[j])
@@ -194,8 +204,10 @@ class TPGroup:
             m.t("tokens").copy_(torch.as_tensor(tokens, dtype=torch.long))
             fill_sampling(m, [sampling])
         ex.run([self.ctx([start_pos], [table], T) for _ in mems])
+        lg = self._gather_logits(mems)
+        draw_full(mems[0], lg, [start_pos + T - 1])
         self.last_next_tokens = mems[0].t("next_tokens").clone()
-        return self._gather_logits(mems)[0]
+        return lg[0]
 
 
 class _CPURunner(ModelRunner):
@@ -208,6 +220,7 @@ class _CPURunner(ModelRunner):
 
     backend = "pyvm"
     samples_on_device = True
+    samples_full_on_device = True   # every rank's step has the gathered logits of the whole vocabulary
 
     def __init__(self, model: str = "tiny-llama", *, world_size: int = 1, rank: int = 0, comm=None,
                  seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int | None = None,

@@ -43,11 +43,12 @@ def test_device_and_host_streams_differ_but_host_fallback_is_host():
     assert ref_host == host
 
 
-def test_top_k_above_cap_rejected_in_on_mode():
+def test_on_mode_takes_every_top_k_where_the_runner_draws_the_whole_vocabulary():
+    """(Runners without the full draw reject top_k > 64 in mode "on": test_full_sampling_engine.py.)"""
     with LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=32, max_batch=2, device_sampling="on") as m:
-        with pytest.raises(InvalidRequestError, match="top_k"):
-            m.generate([[1, 2]], SamplingParams(temperature=1.0, top_k=65, max_tokens=2))
-        out = m.generate([[1, 2]], SamplingParams(temperature=1.0, max_tokens=3, seed=1))   # capped at C
-        assert len(out[0].token_ids) == 3
+        assert m.engine.full_sampling
+        for p in (SamplingParams(temperature=1.0, top_k=65, max_tokens=3, seed=1),
+                  SamplingParams(temperature=1.0, max_tokens=3, seed=1)):
+            assert len(m.generate([[1, 2]], p)[0].token_ids) == 3
     with pytest.raises(InvalidRequestError, match="device_sampling"):
         LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=32, device_sampling="maybe")

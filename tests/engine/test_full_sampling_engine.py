@@ -1,0 +1,94 @@
+"""Requests the graph's top-64 sampler cannot follow (top_k 0, top_k > 64) drawn on the device from the whole
+vocabulary (DeviceSampling.full): through LLM on the CPU runners, in bursts and single steps, against the reference
+model's logits and an independent definition of the draw (tests/runtime/test_full_sampling.ref_draw)."""
+import pytest
+import torch
+
+from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams
+from mpk_runtime.engine.sampling import check_device_sampling, device_sampling_for
+from mpk_runtime.ir.sampling import uniform53
+from mpk_runtime.runtime.device_sampling import DeviceSampling
+from tests.runtime.test_full_sampling import ref_draw
+
+PROMPTS = [[1, 2, 3], [5, 4], [7, 7, 7, 7], [9]]
+PARAMS = [SamplingParams(temperature=1.0, max_tokens=9, seed=21, ignore_eos=True),                 # top_k 0: plain
+          SamplingParams(temperature=0.8, top_p=0.9, max_tokens=9, seed=22, ignore_eos=True),      # nucleus
+          SamplingParams(temperature=1.2, top_k=100, top_p=0.95, max_tokens=9, seed=23, ignore_eos=True),  # k > 64
+          SamplingParams(temperature=0, max_tokens=9)]                                              # greedy beside
+
+
+def expected(ref, prompt: list[int], out: list[int], p: SamplingParams) -> list[int]:
+    """The tokens the definition draws from the reference model's logits along `out` (teacher-forced)."""
+    seq = torch.tensor([prompt + out[:-1]])
+    logits = ref.forward(seq, torch.zeros(1, dtype=torch.long), ref.new_cache(1, seq.shape[1]))[0]
+    if p.greedy:
+        return [int(logits[len(prompt) - 1 + s].argmax()) for s in range(len(out))]
+    ds = DeviceSampling(p.temperature, max(p.top_k, 0), p.top_p, p.seed, full=True)
+    return [ref_draw(logits[q].tolist(), ds, uniform53(p.seed, q))
+            for q in range(len(prompt) - 1, len(prompt) - 1 + len(out))]
+
+
+def _generate(backend="pyvm", tp=1, k=4, dmode="auto", **kw):
+    with LLM("tiny-llama", backend=backend, tp=tp, dtype="float32", max_seq_len=64, max_batch=4, decode_steps=k,
+             device_sampling=dmode, **kw) as m:
+        outs = m.generate(PROMPTS, PARAMS, use_tqdm=False)
+        return [o.token_ids for o in outs], dict(m.engine.stats)
+
+
+@pytest.fixture(scope="module")
+def pyvm_bursts():
+    return _generate()
+
+
+def test_full_rows_follow_the_reference_in_bursts(pyvm_bursts, ref_models):
+    toks, stats = pyvm_bursts
+    ref = ref_models("tiny-llama")
+    for prompt, out, p in zip(PROMPTS, toks, PARAMS):
+        assert len(out) == 9 and out == expected(ref, prompt, out, p)
+    # the full rows did not keep the batch at one step a call: after the prompts' step, 8 decode steps in 2 calls
+    assert stats["multi_steps"] == 2 and stats["device_steps_in_multi"] == 8
+
+
+def test_single_steps_plans_and_backends_draw_the_same_tokens(pyvm_bursts):
+    toks = pyvm_bursts[0]
+    assert _generate(k=1)[0] == toks
+    assert _generate("torch", k=1)[0] == toks
+    assert _generate("pyvm", plan="auto", plan_buckets=(1, 2, 4))[0] == toks
+
+
+def test_tp2_draws_from_the_gathered_vocabulary(ref_models):
+    """TP=2 ranks (threads) draw from the gathered logits of both vocabulary halves: the reference's tokens."""
+    toks, _ = _generate("pyvm", tp=2)
+    ref = ref_models("tiny-llama")
+    for prompt, out, p in zip(PROMPTS, toks, PARAMS):
+        assert out == expected(ref, prompt, out, p)
+
+
+def test_routing_by_runner_support_and_mode():
+    k0 = SamplingParams(temperature=1.0, seed=3)
+    k65 = SamplingParams(temperature=1.0, top_k=65, seed=3)
+    k8 = SamplingParams(temperature=1.0, top_k=8, seed=3)
+    lp = SamplingParams(temperature=1.0, logprobs=2)
+    assert device_sampling_for(k0, "auto", 3, full=True) == DeviceSampling(1.0, 0, 1.0, 3, full=True)
+    assert device_sampling_for(k65, "on", 3, full=True) == DeviceSampling(1.0, 65, 1.0, 3, full=True)
+    assert device_sampling_for(k8, "auto", 3, full=True) == DeviceSampling(1.0, 8, 1.0, 3)   # the graph's sampler
+    assert device_sampling_for(k0, "auto", 3, full=False) is None                            # host
+    assert device_sampling_for(k0, "on", 3, full=False) == DeviceSampling(1.0, 0, 1.0, 3)    # the top-64 cap
+    assert device_sampling_for(lp, "auto", 3, full=True) is None                             # logprobs: host
+    assert device_sampling_for(k0, "off", 3, full=True) is None
+    check_device_sampling(k65, "on", full=True)
+    with pytest.raises(InvalidRequestError, match="top_k=65"):
+        check_device_sampling(k65, "on", full=False)
+
+
+def test_runner_without_the_full_draw_samples_such_requests_on_the_host(monkeypatch, ref_models):
+    from mpk_runtime.runtime.pyvm_runner import TorchRunner
+    monkeypatch.setattr(TorchRunner, "samples_full_on_device", False)
+    with LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=64, max_batch=4, decode_steps=4) as m:
+        assert not m.engine.full_sampling
+        m.generate(PROMPTS[:1], PARAMS[:1], use_tqdm=False)
+        assert m.engine.stats["multi_steps"] == 0 and m.engine.stats["logits_bytes"] > 0   # host-sampled
+    with LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=64, max_batch=2,
+             device_sampling="on") as m:
+        with pytest.raises(InvalidRequestError, match="top_k"):
+            m.generate([[1, 2]], SamplingParams(temperature=1.0, top_k=65, max_tokens=2))

@@ -1,0 +1,75 @@
+"""GPU: the full-vocabulary draw (runtime/full_sampling.py) on CUDA tensors draws the CPU's tokens for the same logits
+(vocabularies of 151936 and 128256 tokens, every kind of row); through LLM on the megakernel runner, top_k 0 / top_p /
+top_k > 64 requests are drawn on the device with no logits copy, bursts of decode steps give the single steps' tokens
+(one megakernel), and every drawn token is the definition's draw from the reference model's logits, teacher-forced,
+to within the bf16 model's distance (the uniform lies in the token's CDF interval, +- 0.03)."""
+import pytest
+import torch
+
+from tests.gpu.marks import GPU, KERNEL
+from tests.runtime.test_full_sampling import cdf_interval
+
+pytestmark = GPU
+
+
+def _rows():
+    from mpk_runtime.runtime.device_sampling import DeviceSampling
+    return [DeviceSampling(1.0, 0, 1.0, 5, full=True), DeviceSampling(0.7, 0, 0.9, 6, full=True),
+            DeviceSampling(1.3, 100, 0.95, 7, full=True), DeviceSampling(0.6, 1000, 1.0, 8, full=True),
+            DeviceSampling(1.0, 0, 0.95, 9, full=True), DeviceSampling(1.0, 0, 1.0, 10, full=True)]
+
+
+@pytest.mark.parametrize("vocab", [151936, 128256])
+def test_cuda_draws_equal_cpu_draws(vocab):
+    from mpk_runtime.runtime.full_sampling import FullRows
+    rows = _rows()
+    logits = torch.randn(len(rows), vocab, generator=torch.Generator().manual_seed(0)) * 4
+    logits[5] = (logits[5] * 2).round() / 2          # ties
+    cpu, gpu = FullRows(rows, "cpu"), FullRows(rows, "cuda")
+    lg = logits.cuda()
+    for p in range(0, 2000, 37):
+        pos = torch.full((len(rows),), p, dtype=torch.int64)
+        a = torch.zeros(len(rows), dtype=torch.int64)
+        b = torch.zeros(len(rows), dtype=torch.int64, device="cuda")
+        cpu.draw(logits, pos, a)
+        gpu.draw(lg, pos.cuda(), b)
+        assert a.tolist() == b.cpu().tolist(), p
+
+
+@KERNEL[-1]
+@pytest.mark.parametrize("plan", [None, "auto"])
+def test_llm_full_rows_on_the_megakernel(plan):
+    from mpk_runtime import LLM, SamplingParams
+    from mpk_runtime.ir.sampling import uniform53
+    from mpk_runtime.models import ReferenceModel, get_weights, load_config
+    from mpk_runtime.runtime.device_sampling import DeviceSampling
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
+    ps = [SamplingParams(max_tokens=10, temperature=1.0, seed=31, ignore_eos=True),
+          SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=32, ignore_eos=True),
+          SamplingParams(max_tokens=10, temperature=1.1, top_k=200, seed=33, ignore_eos=True),
+          SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)]
+    got = {}
+    for k in (1, 4):
+        llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, decode_steps=k,
+                  **({"plan": plan} if plan else {}))
+        try:
+            assert llm.engine.full_sampling
+            got[k] = [o.token_ids for o in llm.generate(prompts, ps, use_tqdm=False)]
+            assert (llm.engine.stats["multi_steps"] > 0) == (k > 1)
+            assert llm.engine.stats["logits_bytes"] == 0     # no row's logits went to the host
+        finally:
+            llm.shutdown()
+    if plan is None:
+        assert got[1] == got[4]
+    cfg = load_config("tiny-llama")
+    ref = ReferenceModel(cfg, get_weights("tiny-llama", cfg, seed=0, dtype="float32"))
+    for prompt, p, toks in zip(prompts[:3], ps[:3], got[4][:3]):
+        assert len(toks) == 10
+        seq = torch.tensor([prompt + toks[:-1]])
+        lg = ref.forward(seq, torch.zeros(1, dtype=torch.long), ref.new_cache(1, seq.shape[1]))[0]
+        ds = DeviceSampling(p.temperature, max(p.top_k, 0), p.top_p, p.seed, full=True)
+        for s, tok in enumerate(toks):
+            q = len(prompt) - 1 + s
+            iv = cdf_interval(lg[q].tolist(), ds, tok)
+            u = uniform53(p.seed, q)
+            assert iv is not None and iv[0] - 0.03 <= u < iv[1] + 0.03, (prompt, s, tok, iv, u)
