@@ -2,6 +2,7 @@
 definition (the host sampler's distribution: temperature, top-k, top-p, renormalised; inverse CDF at uniform53)."""
 import itertools
 import math
+import os
 import random
 
 import pytest
@@ -10,6 +11,7 @@ import torch
 from mpk_runtime.ir.sampling import uniform53 as uniform53_ref
 from mpk_runtime.runtime.device_sampling import DeviceSampling, draw_full, fill_sampling
 from mpk_runtime.runtime.full_sampling import FullRows, uniform53
+from mpk_runtime.runtime.triton_support import triton
 
 
 def ref_draw(logits: list[float], s: DeviceSampling, u: float) -> int:
@@ -23,7 +25,7 @@ def ref_draw(logits: list[float], s: DeviceSampling, u: float) -> int:
         top = max(x)
     else:
         k = s.top_k if 0 < s.top_k < V else V
-        cand = sorted(range(V), key=lambda i: (-x[i], i))[:k]
+        cand = sorted(range(V), key=lambda i: (-logits[i], i))[:k]   # (logit desc, index asc)
         top = x[cand[0]]
     e = [math.exp(x[i] - top) for i in cand]
     cum, c = [], 0.0
@@ -46,7 +48,7 @@ def cdf_interval(logits: list[float], s: DeviceSampling, token: int) -> tuple[fl
     V = len(x)
     plain = s.top_k == 0 and s.top_p >= 1.0
     k = V if plain or not 0 < s.top_k < V else s.top_k
-    cand = list(range(V)) if plain else sorted(range(V), key=lambda i: (-x[i], i))[:k]
+    cand = list(range(V)) if plain else sorted(range(V), key=lambda i: (-logits[i], i))[:k]
     top = max(x[i] for i in cand)
     e = [math.exp(x[i] - top) for i in cand]
     cum = [sum(e[:j + 1]) for j in range(len(e))] if len(e) < 2000 else list(itertools.accumulate(e))
@@ -101,7 +103,7 @@ def test_frequencies_follow_the_distribution():
         N = 20000
         fr = FullRows([s] * N, "cpu")
         out = torch.empty(N, dtype=torch.int64)
-        fr.draw(logits.expand(N, V), torch.arange(N), out)
+        fr.draw(logits.expand(N, V), torch.arange(N), out, impl="torch")   # (20000 rows: too many to interpret)
         freq = torch.bincount(out, minlength=V).double() / N
         x = logits[0].double() / s.temperature
         vals, idx = torch.sort(x, descending=True)
@@ -167,6 +169,27 @@ def test_cdf_interval_holds_the_drawn_uniform():
         for i, s in enumerate(PARAMS):
             lo, hi = cdf_interval(logits[i].tolist(), s, int(out[i]))
             assert lo - 1e-12 <= uniform53_ref(s.seed, p) < hi + 1e-12
+
+
+@pytest.mark.skipif(triton is None or os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the Triton kernel on the CPU needs Triton and TRITON_INTERPRET=1 (scripts/test.sh)")
+@pytest.mark.parametrize("rows", [PARAMS, PARAMS[:1], [PARAMS[2], PARAMS[4]]], ids=["mixed", "plain", "topk"])
+def test_triton_kernel_draws_the_torch_tokens(rows):
+    """The Triton kernel (_draw_kernel, interpreted) and the torch ops draw the same tokens; NaN rows give -1."""
+    V = 3000
+    logits = torch.randn(len(rows), V, generator=torch.Generator().manual_seed(6)) * 3
+    logits[0, :10] = (logits[0, :10] * 2).round() / 2
+    fr = FullRows(rows, "cpu")
+    for p in (0, 1, 99, 12345):
+        pos = torch.full((len(rows),), p, dtype=torch.int64)
+        a, b = torch.zeros(len(rows), dtype=torch.int64), torch.zeros(len(rows), dtype=torch.int64)
+        fr.draw(logits, pos, a, impl="torch")
+        fr.draw(logits, pos, b, impl="triton")
+        assert a.tolist() == b.tolist(), p
+    logits[-1, 5] = float("nan")
+    b = torch.zeros(len(rows), dtype=torch.int64)
+    fr.draw(logits, torch.zeros(len(rows), dtype=torch.int64), b, impl="triton")
+    assert int(b[-1]) == -1
 
 
 def test_device_sampling_full_validation():
