@@ -59,9 +59,9 @@ def fill_sampling(mem, rows: list[DeviceSampling | None]) -> None:
         return
     temp, top_k, top_p, seed = [0.0] * B, [0] * B, [1.0] * B, [0] * B
     for i, s in enumerate(rows):
-        if s is not None:   # (a full row's graph draw is overwritten: any top_k the graph takes will do)
-            temp[i], top_k[i], top_p[i], seed[i] = float(s.temperature), int(s.top_k) if not s.full else 0, \
-                float(s.top_p), seed_to_int64(int(s.seed))
+        if s is not None and not s.full:   # (a full row's graph draw is overwritten: greedy, the cheapest)
+            temp[i], top_k[i], top_p[i], seed[i] = float(s.temperature), int(s.top_k), float(s.top_p), \
+                seed_to_int64(int(s.seed))
     for name, v, dt in zip(TENSORS, (temp, top_k, top_p, seed),
                            (torch.float32, torch.int64, torch.float32, torch.int64)):
         mem.t(name).copy_(torch.tensor(v, dtype=dt))
@@ -85,6 +85,18 @@ def draw_full(mem, logits: torch.Tensor, pos) -> None:
     if not isinstance(pos, torch.Tensor):
         pos = torch.tensor(list(pos), dtype=torch.int64)
     fr.draw(logits, pos.to(logits.device), mem.t("next_tokens")[:n])
+
+
+def graph_greedy(rows) -> bool:
+    """Every row's graph draw is an argmax (greedy rows, and full rows: their token is drawn after the graph):
+    a plan may replay its all-greedy graph (StepCtx.greedy)."""
+    return all(s is None or s.temperature <= 0 or s.full for s in (rows or []))
+
+
+def any_full(rows) -> bool:
+    """Some row is drawn after the step from the fp32 logits (which the step must then write: StepCtx.logits_unread
+    false)."""
+    return any(s is not None and s.full for s in (rows or []))
 
 
 def wants_sampling(chunks) -> bool:

@@ -33,7 +33,7 @@ from ..models.reference import rope_inv_freq
 from ..planner.book import bucket_key, pick_plan
 from ..planner.plan import Plan
 from .base import KernelTimeout
-from .device_sampling import draw_full, fill_sampling
+from .device_sampling import any_full, draw_full, fill_sampling, graph_greedy
 from .memory import KVStore, RankMemory, StepCtx
 from .plan_exec import PlanExecutor
 from .torch_exec import ConventionalExecutor, pow2, prefill_groups
@@ -174,8 +174,8 @@ class PlannedDecoder:
         tokens (n,) int64)."""
         n = len(toks)
         # all rows greedy: the conventional argmax skips the sampling work (its own captured graph, StepCtx.greedy)
-        greedy = all(s is None or s.temperature <= 0 for s in (sampling or []))
-        bk = self._ready(n, kv_cap(max(pos) + 1, self.max_seq_len), greedy, want_logits)
+        bk = self._ready(n, kv_cap(max(pos) + 1, self.max_seq_len), graph_greedy(sampling),
+                         want_logits or any_full(sampling))
         fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
         self._run(bk)
         draw_full(bk.mem, bk.mem.t("logits")[:n], bk.pos[:n])
@@ -189,8 +189,8 @@ class PlannedDecoder:
         round trip between the steps: the graph replays back to back); returns the drawn tokens (n, num_steps).
         The tables must cover positions up to max(pos) + num_steps - 1."""
         n = len(toks)
-        greedy = all(s is None or s.temperature <= 0 for s in (sampling or []))
-        bk = self._ready(n, kv_cap(max(pos) + num_steps, self.max_seq_len), greedy, False)
+        bk = self._ready(n, kv_cap(max(pos) + num_steps, self.max_seq_len), graph_greedy(sampling),
+                         any_full(sampling))
         fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
         drawn = burst(bk.mem, bk.pos, n, num_steps, lambda: self._run(bk))   # (the context reads pos in place)
         self._finish(bk)

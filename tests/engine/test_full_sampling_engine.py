@@ -8,7 +8,7 @@ from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams
 from mpk_runtime.engine.sampling import check_device_sampling, device_sampling_for
 from mpk_runtime.ir.sampling import uniform53
 from mpk_runtime.runtime.device_sampling import DeviceSampling
-from tests.runtime.test_full_sampling import ref_draw
+from tests.runtime.test_full_sampling import cdf_interval, ref_draw
 
 PROMPTS = [[1, 2, 3], [5, 4], [7, 7, 7, 7], [9]]
 PARAMS = [SamplingParams(temperature=1.0, max_tokens=9, seed=21, ignore_eos=True),                 # top_k 0: plain
@@ -92,3 +92,59 @@ def test_runner_without_the_full_draw_samples_such_requests_on_the_host(monkeypa
              device_sampling="on") as m:
         with pytest.raises(InvalidRequestError, match="top_k"):
             m.generate([[1, 2]], SamplingParams(temperature=1.0, top_k=65, max_tokens=2))
+
+
+@pytest.mark.parametrize("family,dtype", [("mono", "float32"), ("conventional", "float32"),
+                                          ("conventional", "bfloat16")])   # bf16: the LM head's fp32 copy is optional
+def test_planned_decoder_full_rows_read_fresh_logits(family, dtype):
+    """PlannedDecoder (the GPU runner's plan path; here its CPU twin) with full rows beside greedy ones: the step runs
+    the all-greedy graph variant but still writes the fp32 logits the draw reads (a conventional LM head may skip them
+    in greedy steps): bursts equal single steps, and every token is the definition's draw from the reference model
+    (bf16: its uniform lies in the token's reference CDF interval, +- 0.03)."""
+    from mpk_runtime.ir.shard import shard_for
+    from mpk_runtime.models import PRESETS, ReferenceModel, random_weights
+    from mpk_runtime.planner import plan_book
+    from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill, PlannedDecoder
+    from mpk_runtime.runtime.memory import KVStore
+    cfg = PRESETS["tiny-llama"].replace(dtype=dtype)
+    w = random_weights(cfg, seed=3)
+    ref = ReferenceModel(cfg, {k: v.float() for k, v in w.items()})
+    book = plan_book(cfg, 1, (2, 4), context=16, families=(family,))
+    tables = [list(range(1 + 8 * i, 9 + 8 * i)) for i in range(3)]
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    samp = [DeviceSampling(0.9, 0, 1.0, 41, full=True), DeviceSampling(0.0, 0, 1.0, 0),
+            DeviceSampling(0.7, 0, 0.9, 42, full=True)]
+    results = []
+    for multi in (False, True):
+        kv = KVStore(cfg.num_layers, 40, 4, shard_for(cfg, 1, 0).n_kv, cfg.head_dim, getattr(torch, dtype),
+                     poison=False)
+        dec = PlannedDecoder(cfg, w, kv, book, max_seq_len=32, page_size=4, num_sms=4, dtype=dtype,
+                             device=torch.device("cpu"), backend="pyvm")
+        pre = ConventionalPrefill(cfg, w, kv, max_seq_len=32, page_size=4, dtype=dtype, device=torch.device("cpu"))
+        toks = [pre.run(p, 0, tables[i], samp[i])[1] for i, p in enumerate(prompts)]
+        pos = [len(p) for p in prompts]
+        rows = [[t] for t in toks]
+        if multi:
+            for r, more in zip(rows, dec.decode_steps(toks, pos, tables, samp, 5).tolist()):
+                r += more
+        else:
+            for _ in range(5):
+                _, nxt = dec.decode(toks, pos, tables, samp, want_logits=False)
+                toks, pos = [int(t) for t in nxt], [p + 1 for p in pos]
+                for r, t in zip(rows, toks):
+                    r.append(t)
+        results.append(rows)
+    assert results[0] == results[1]
+    for prompt, s, out in zip(prompts, samp, results[1]):
+        if dtype == "float32":
+            p = SamplingParams(temperature=s.temperature, top_p=s.top_p, seed=s.seed, max_tokens=6)
+            assert out == expected(ref, prompt, out, p)
+            continue
+        if not s.full:   # (bf16 greedy rows against the reference: tests/gpu, with a tie tolerance)
+            continue
+        seq = torch.tensor([prompt + out[:-1]])
+        lg = ref.forward(seq, torch.zeros(1, dtype=torch.long), ref.new_cache(1, seq.shape[1]))[0]
+        for j, tok in enumerate(out):
+            q = len(prompt) - 1 + j
+            iv = cdf_interval(lg[q].tolist(), s, tok)
+            assert iv is not None and iv[0] - 0.03 <= uniform53(s.seed, q) < iv[1] + 0.03, (prompt, j, tok, iv)
