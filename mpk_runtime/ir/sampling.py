@@ -74,16 +74,20 @@ def uniform_bits(seed: int, pos: int) -> int:
 
 
 FULL_SALT = 0x85EBCA6B          # mixes the second 32-bit word of `uniform53`
+ROUND_SALT = 0xC2B2AE35         # mixes a later round's first word (`uniform53`'s `round`)
 
 
-def uniform53(seed: int, pos: int) -> float:
-    """A uniform number in [0, 1) with 53 random bits for (seed, position): the full-vocabulary sampler's draw
-    (runtime/full_sampling.py). a = the 32-bit hash `uniform_bits` takes its top 24 bits of, b = hash32(a ^ FULL_SALT);
-    u = ((a >> 5) * 2^26 + (b >> 6)) * 2^-53. Python reference of the torch version."""
+def uniform53(seed: int, pos: int, round: int = 0) -> float:
+    """A uniform number in [0, 1) with 53 random bits for (seed, position, round): the full-vocabulary sampler's
+    draws (runtime/full_sampling.py; round r > 0: the r-th redraw of a nucleus row). a_0 = the 32-bit hash whose top 24
+    bits `uniform_bits` takes, a_r = hash32(a_(r-1) ^ ROUND_SALT), b_r = hash32(a_r ^ FULL_SALT);
+    u = ((a_r >> 5) * 2^26 + (b_r >> 6)) * 2^-53. Python reference of the torch and Triton versions."""
     s = seed & 0xFFFFFFFFFFFFFFFF
     a = hash32((pos + POS_SALT) & 0xFFFFFFFF)
     a = hash32(a ^ (s >> 32))
     a = hash32(a ^ (s & 0xFFFFFFFF))
+    for _ in range(round):
+        a = hash32(a ^ ROUND_SALT)
     b = hash32(a ^ FULL_SALT)
     return ((a >> 5) * (1 << 26) + (b >> 6)) * 2.0 ** -53
 

@@ -67,7 +67,7 @@ def fill_sampling(mem, rows: list[DeviceSampling | None]) -> None:
         mem.t(name).copy_(torch.tensor(v, dtype=dt))
     mem._sampling_rows = key
     from .full_sampling import full_rows
-    mem._full_rows = full_rows(list(rows), mem.t("next_tokens").device)
+    mem._full_rows = full_rows(list(rows), mem.t("next_tokens").device, mem.graph.config.vocab_size)
 
 
 def draw_full(mem, logits: torch.Tensor, pos) -> None:
@@ -77,10 +77,6 @@ def draw_full(mem, logits: torch.Tensor, pos) -> None:
     fr = getattr(mem, "_full_rows", None)
     if fr is None:
         return
-    V = mem.graph.config.vocab_size
-    if logits.shape[-1] != V:
-        raise ValueError(f"full-vocabulary sampling needs the logits of the whole vocabulary ({V}), got "
-                         f"{logits.shape[-1]} (a vocabulary shard): this runner cannot draw DeviceSampling.full rows")
     n = logits.shape[0]
     if not isinstance(pos, torch.Tensor):
         pos = torch.tensor(list(pos), dtype=torch.int64)

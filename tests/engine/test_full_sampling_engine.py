@@ -8,7 +8,7 @@ from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams
 from mpk_runtime.engine.sampling import check_device_sampling, device_sampling_for
 from mpk_runtime.ir.sampling import uniform53
 from mpk_runtime.runtime.device_sampling import DeviceSampling
-from tests.runtime.test_full_sampling import cdf_interval, ref_draw
+from tests.runtime.test_full_sampling import ref_draw
 
 PROMPTS = [[1, 2, 3], [5, 4], [7, 7, 7, 7], [9]]
 PARAMS = [SamplingParams(temperature=1.0, max_tokens=9, seed=21, ignore_eos=True),                 # top_k 0: plain
@@ -24,8 +24,26 @@ def expected(ref, prompt: list[int], out: list[int], p: SamplingParams) -> list[
     if p.greedy:
         return [int(logits[len(prompt) - 1 + s].argmax()) for s in range(len(out))]
     ds = DeviceSampling(p.temperature, max(p.top_k, 0), p.top_p, p.seed, full=True)
-    return [ref_draw(logits[q].tolist(), ds, uniform53(p.seed, q))
-            for q in range(len(prompt) - 1, len(prompt) - 1 + len(out))]
+    return [ref_draw(logits[q].tolist(), ds, q)[0] for q in range(len(prompt) - 1, len(prompt) - 1 + len(out))]
+
+
+TOL = 1e-4   # bf16 against fp32 logits: decisions closer than this to a boundary (relative mass) may go either
+#              way (a 512-token flat vocabulary: a token is ~2e-3 wide)
+
+
+def assert_near_reference(ref, prompt: list[int], out: list[int], s: DeviceSampling) -> int:
+    """Each token of `out` (drawn by a bf16 model) is the definition's draw from the fp32 reference's logits,
+    teacher-forced, wherever that draw's margin exceeds TOL; returns how many tokens were checked."""
+    seq = torch.tensor([prompt + out[:-1]])
+    lg = ref.forward(seq, torch.zeros(1, dtype=torch.long), ref.new_cache(1, seq.shape[1]))[0]
+    checked = 0
+    for j, tok in enumerate(out):
+        q = len(prompt) - 1 + j
+        want, margin = ref_draw(lg[q].tolist(), s, q)
+        if margin > TOL:
+            assert tok == want, (prompt, j, tok, want, margin)
+            checked += 1
+    return checked
 
 
 def _generate(backend="pyvm", tp=1, k=4, dmode="auto", **kw):
@@ -100,7 +118,7 @@ def test_planned_decoder_full_rows_read_fresh_logits(family, dtype):
     """PlannedDecoder (the GPU runner's plan path; here its CPU twin) with full rows beside greedy ones: the step runs
     the all-greedy graph variant but still writes the fp32 logits the draw reads (a conventional LM head may skip them
     in greedy steps): bursts equal single steps, and every token is the definition's draw from the reference model
-    (bf16: its uniform lies in the token's reference CDF interval, +- 0.03)."""
+    (bf16: wherever the reference's draw is not within TOL of a boundary, ref_draw's margin)."""
     from mpk_runtime.ir.shard import shard_for
     from mpk_runtime.models import PRESETS, ReferenceModel, random_weights
     from mpk_runtime.planner import plan_book
@@ -114,7 +132,7 @@ def test_planned_decoder_full_rows_read_fresh_logits(family, dtype):
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
     samp = [DeviceSampling(0.9, 0, 1.0, 41, full=True), DeviceSampling(0.0, 0, 1.0, 0),
             DeviceSampling(0.7, 0, 0.9, 42, full=True)]
-    results = []
+    results, checked = [], 0
     for multi in (False, True):
         kv = KVStore(cfg.num_layers, 40, 4, shard_for(cfg, 1, 0).n_kv, cfg.head_dim, getattr(torch, dtype),
                      poison=False)
@@ -142,9 +160,6 @@ def test_planned_decoder_full_rows_read_fresh_logits(family, dtype):
             continue
         if not s.full:   # (bf16 greedy rows against the reference: tests/gpu, with a tie tolerance)
             continue
-        seq = torch.tensor([prompt + out[:-1]])
-        lg = ref.forward(seq, torch.zeros(1, dtype=torch.long), ref.new_cache(1, seq.shape[1]))[0]
-        for j, tok in enumerate(out):
-            q = len(prompt) - 1 + j
-            iv = cdf_interval(lg[q].tolist(), s, tok)
-            assert iv is not None and iv[0] - 0.03 <= uniform53(s.seed, q) < iv[1] + 0.03, (prompt, j, tok, iv)
+        checked += assert_near_reference(ref, prompt, out, s)
+    if dtype != "float32":
+        assert checked >= 6   # of 12 sampled tokens: the check is not vacuous

@@ -2,12 +2,12 @@
 (vocabularies of 151936 and 128256 tokens, every kind of row); through LLM on the megakernel runner, top_k 0 / top_p /
 top_k > 64 requests are drawn on the device with no logits copy, bursts of decode steps give the single steps' tokens
 (one megakernel), and every drawn token is the definition's draw from the reference model's logits, teacher-forced,
-to within the bf16 model's distance (the uniform lies in the token's CDF interval, +- 0.03)."""
+wherever that draw is not within bf16's reach of a boundary (tests/engine/test_full_sampling_engine.py's TOL)."""
 import pytest
 import torch
 
 from tests.gpu.marks import GPU, KERNEL
-from tests.runtime.test_full_sampling import cdf_interval
+from tests.engine.test_full_sampling_engine import assert_near_reference
 
 pytestmark = GPU
 
@@ -16,7 +16,7 @@ def _rows():
     from mpk_runtime.runtime.device_sampling import DeviceSampling
     return [DeviceSampling(1.0, 0, 1.0, 5, full=True), DeviceSampling(0.7, 0, 0.9, 6, full=True),
             DeviceSampling(1.3, 100, 0.95, 7, full=True), DeviceSampling(0.6, 1000, 1.0, 8, full=True),
-            DeviceSampling(1.0, 0, 0.95, 9, full=True), DeviceSampling(1.0, 0, 1.0, 10, full=True)]
+            DeviceSampling(1.0, 0, 0.95, 9, full=True), DeviceSampling(1.0, 0, 0.2, 10, full=True)]
 
 
 @pytest.mark.parametrize("vocab", [151936, 128256])
@@ -25,14 +25,14 @@ def test_cuda_draws_equal_cpu_draws(vocab):
     rows = _rows()
     logits = torch.randn(len(rows), vocab, generator=torch.Generator().manual_seed(0)) * 4
     logits[5] = (logits[5] * 2).round() / 2          # ties
-    cpu, gpu = FullRows(rows, "cpu"), FullRows(rows, "cuda")
+    cpu, gpu = FullRows(rows, "cpu", vocab), FullRows(rows, "cuda", vocab)
     lg = logits.cuda()
     for p in range(0, 2000, 37):
         pos = torch.full((len(rows),), p, dtype=torch.int64)
         a = torch.zeros(len(rows), dtype=torch.int64)
         b = torch.zeros(len(rows), dtype=torch.int64, device="cuda")
-        cpu.draw(logits, pos, a)
-        gpu.draw(lg, pos.cuda(), b)
+        cpu.draw(logits, pos, a, impl="torch")
+        gpu.draw(lg, pos.cuda(), b)   # the Triton kernels
         assert a.tolist() == b.cpu().tolist(), p
 
 
@@ -40,7 +40,6 @@ def test_cuda_draws_equal_cpu_draws(vocab):
 @pytest.mark.parametrize("plan", [None, "auto"])
 def test_llm_full_rows_on_the_megakernel(plan):
     from mpk_runtime import LLM, SamplingParams
-    from mpk_runtime.ir.sampling import uniform53
     from mpk_runtime.models import ReferenceModel, get_weights, load_config
     from mpk_runtime.runtime.device_sampling import DeviceSampling
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
@@ -63,13 +62,9 @@ def test_llm_full_rows_on_the_megakernel(plan):
         assert got[1] == got[4]
     cfg = load_config("tiny-llama")
     ref = ReferenceModel(cfg, get_weights("tiny-llama", cfg, seed=0, dtype="float32"))
+    checked = 0
     for prompt, p, toks in zip(prompts[:3], ps[:3], got[4][:3]):
         assert len(toks) == 10
-        seq = torch.tensor([prompt + toks[:-1]])
-        lg = ref.forward(seq, torch.zeros(1, dtype=torch.long), ref.new_cache(1, seq.shape[1]))[0]
         ds = DeviceSampling(p.temperature, max(p.top_k, 0), p.top_p, p.seed, full=True)
-        for s, tok in enumerate(toks):
-            q = len(prompt) - 1 + s
-            iv = cdf_interval(lg[q].tolist(), ds, tok)
-            u = uniform53(p.seed, q)
-            assert iv is not None and iv[0] - 0.03 <= u < iv[1] + 0.03, (prompt, s, tok, iv, u)
+        checked += assert_near_reference(ref, prompt, toks, ds)
+    assert checked >= 10   # of 30: not vacuous

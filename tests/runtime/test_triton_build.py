@@ -135,3 +135,22 @@ def test_skinny_lm_head_builds():
     regs, stack, sass = build(sg._skinny_kernel, sig, dict(BM=32, BN=BN, BK=BK, NK=2048 // BK, ROUND=True),
                               num_warps=warps, num_stages=stages)
     assert stack <= 64 and "HMMA" in sass, (regs, stack)
+
+
+@pytest.mark.parametrize("kernel,nucleus", [("vocab", False), ("vocab", True), ("ranked", False), ("ranked", True)])
+def test_full_sampling_kernels_build(kernel, nucleus):
+    """The full-vocabulary draw's kernels (runtime/full_sampling.py) build for sm_90 (the loop-carried types of the
+    rejection rounds included) without spilling more than a few words."""
+    from mpk_runtime.ir import sampling as smp
+    from mpk_runtime.runtime import full_sampling as fs
+    c = dict(NUCLEUS=nucleus, BLOCK=fs.BLOCK, M1=smp.HASH_M1, M2=smp.HASH_M2, SALT=smp.POS_SALT, SALT2=smp.FULL_SALT)
+    rows = dict(idx_ptr="*i64", temp_ptr="*fp32")
+    tail = dict(top_p_ptr="*fp64", seed_ptr="*i64", pos_ptr="*i64", out_ptr="*i64")
+    if kernel == "vocab":
+        fn, sig = fs._vocab_kernel, dict(lg_ptr="*fp32", stride="i32", V="i32", **rows, **tail)
+        c.update(MAX_ROUNDS=fs.MAX_ROUNDS, RSALT=smp.ROUND_SALT)
+    else:
+        fn, sig = fs._ranked_kernel, dict(val_ptr="*fp32", order_ptr="*i64", stride="i32", **rows, k_ptr="*i64",
+                                          **tail)
+    b = build_offline(fn, sig, c, num_warps=8, num_stages=1)
+    assert b.stack <= 16 and b.regs <= 128, (b.regs, b.stack)
