@@ -33,44 +33,24 @@ from __future__ import annotations
 import torch
 
 from ..ir.sampling import FULL_SALT, HASH_M1, HASH_M2, POS_SALT, ROUND_SALT, seed_to_int64
+from ..tasks.ops.argmax import hash32, seed_pos_hash
 from .triton_support import runs_on, tl, triton
 
 MAX_ROUNDS = 64
 BLOCK = 1024        # a Triton program's entries a pass step
-_M32 = 0xFFFFFFFF
 
 
 # --- the (seed, position, round) uniform in torch ops ------------------------------------------------------------
-def _mulmod32(x: torch.Tensor, m: int) -> torch.Tensor:
-    """(x * m) mod 2^32 for int64 x in [0, 2^32), without int64 overflow (products < 2^48)."""
-    lo, hi = m & 0xFFFF, m >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
-
-
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    x = x ^ (x >> 16)
-    x = _mulmod32(x, HASH_M1)
-    x = x ^ (x >> 15)
-    x = _mulmod32(x, HASH_M2)
-    return x ^ (x >> 16)
-
-
-def _first_word(seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    a = _hash32((pos + POS_SALT) & _M32)
-    a = _hash32(a ^ ((seed >> 32) & _M32))
-    return _hash32(a ^ (seed & _M32))
-
-
 def _u53(a: torch.Tensor) -> torch.Tensor:
-    b = _hash32(a ^ FULL_SALT)
+    b = hash32(a ^ FULL_SALT)
     return ((a >> 5) * (1 << 26) + (b >> 6)).double() * 2.0 ** -53
 
 
 def uniform53(seed: torch.Tensor, pos: torch.Tensor, round: int = 0) -> torch.Tensor:
     """ir.sampling.uniform53 on int64 tensors (seed: the int64 two's complement of the 64-bit seed): float64."""
-    a = _first_word(seed, pos)
+    a = seed_pos_hash(seed, pos)
     for _ in range(round):
-        a = _hash32(a ^ ROUND_SALT)
+        a = hash32(a ^ ROUND_SALT)
     return _u53(a)
 
 
@@ -108,7 +88,7 @@ class _VocabRows(_Rows):
         e = torch.exp((x - x.amax(1, keepdim=True)).double())
         total = e.sum(1)
         lim = self.top_p * total
-        a = _first_word(self.seed, pos.index_select(0, self.idx))
+        a = seed_pos_hash(self.seed, pos.index_select(0, self.idx))
         j = torch.arange(v.shape[1], device=v.device)
         in_a = torch.ones_like(e, dtype=torch.bool)
         mass, tok = total.clone(), torch.zeros_like(self.idx)
@@ -127,7 +107,7 @@ class _VocabRows(_Rows):
             if not bool(todo.any()):
                 break
             in_a, mass = before_set, torch.where(todo, before, mass)
-            a = _hash32(a ^ ROUND_SALT)
+            a = hash32(a ^ ROUND_SALT)
         self._put(out, self.idx, tok, total)
 
     def _triton(self, logits, pos, out) -> None:
@@ -234,6 +214,12 @@ if triton is not None:
         return tl.zeros([1], tl.float64).sum(0)
 
     @triton.jit
+    def _weights(base, j, L, T, mx):
+        """e_j = exp(logit_j / T - mx) in float64 for entries j < L of the row at base, 0 past L."""
+        v = tl.load(base + j, mask=j < L, other=0.0)
+        return tl.where(j < L, tl.exp((tl.math.div_rn(v, T) - mx).to(tl.float64)), 0.0)
+
+    @triton.jit
     def _vocab_kernel(lg_ptr, stride, V, idx_ptr, temp_ptr, top_p_ptr, seed_ptr, pos_ptr, out_ptr,
                       NUCLEUS: tl.constexpr, MAX_ROUNDS: tl.constexpr, BLOCK: tl.constexpr, M1: tl.constexpr,
                       M2: tl.constexpr, SALT: tl.constexpr, SALT2: tl.constexpr, RSALT: tl.constexpr):
@@ -250,9 +236,7 @@ if triton is not None:
         mx = tl.math.div_rn(tl.max(m, 0), T)    # (division by T > 0 keeps the max)
         total = _zero64()
         for s in range(0, V, BLOCK):
-            j = s + offs
-            v = tl.load(base + j, mask=j < V, other=0.0)
-            total += tl.sum(tl.where(j < V, tl.exp((tl.math.div_rn(v, T) - mx).to(tl.float64)), 0.0), 0)
+            total += tl.sum(_weights(base, s + offs, V, T, mx), 0)
         lim = tp * total
         good = (total == total) & (total > 0) & (total < float("inf"))
         a = _first_word_k(tl.load(seed_ptr + r), tl.load(pos_ptr + row), M1, M2, SALT)
@@ -312,9 +296,7 @@ if triton is not None:
         mx = tl.math.div_rn(tl.load(base), T)
         total = _zero64()
         for s in range(0, L, BLOCK):
-            j = s + offs
-            v = tl.load(base + j, mask=j < L, other=0.0)
-            total += tl.sum(tl.where(j < L, tl.exp((tl.math.div_rn(v, T) - mx).to(tl.float64)), 0.0), 0)
+            total += tl.sum(_weights(base, s + offs, L, T, mx), 0)
         mass = total
         if NUCLEUS:   # the kept prefix: (mass before j) < top_p * total, j = 0 always
             lim = tl.load(top_p_ptr + r) * total
@@ -322,8 +304,7 @@ if triton is not None:
             mass = _zero64()
             for s in range(0, L, BLOCK):
                 j = s + offs
-                v = tl.load(base + j, mask=j < L, other=0.0)
-                e = tl.where(j < L, tl.exp((tl.math.div_rn(v, T) - mx).to(tl.float64)), 0.0)
+                e = _weights(base, j, L, T, mx)
                 cs = carry + tl.cumsum(e, 0)
                 keep = (((cs - e) < lim) | (j == 0)) & (j < L)
                 mass = tl.maximum(mass, tl.max(tl.where(keep, cs, 0.0), 0))
@@ -335,8 +316,7 @@ if triton is not None:
         carry = _zero64()
         for s in range(0, L, BLOCK):
             j = s + offs
-            v = tl.load(base + j, mask=j < L, other=0.0)
-            e = tl.where(j < L, tl.exp((tl.math.div_rn(v, T) - mx).to(tl.float64)), 0.0)
+            e = _weights(base, j, L, T, mx)
             cs = carry + tl.cumsum(e, 0)
             first = tl.minimum(first, tl.where((cs > rr) & (j < L), j, 2147483647))
             last = tl.maximum(last, tl.where((j < L) & (cs <= mass) & (e > 0), j, -1))

@@ -91,12 +91,16 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform(seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """(B,) fp32 in [0, 1): 24 bits of hash(seed, pos) (ir.sampling.uniform_bits) times 2^-24 (exact)."""
+def seed_pos_hash(seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The 32-bit hash of (seed, pos) (int64 tensors) that ir.sampling.uniform_bits takes 24 bits of."""
     h = hash32((pos.to(torch.int64) + POS_SALT) & _M32)
     h = hash32(h ^ ((seed >> 32) & _M32))
-    h = hash32(h ^ (seed & _M32))
-    return (h >> 8).to(torch.float32) * (2.0 ** -24)   # a power of two: exact in fp32
+    return hash32(h ^ (seed & _M32))
+
+
+def uniform(seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """(B,) fp32 in [0, 1): 24 bits of hash(seed, pos) (ir.sampling.uniform_bits) times 2^-24 (exact)."""
+    return (seed_pos_hash(seed, pos) >> 8).to(torch.float32) * (2.0 ** -24)   # a power of two: exact in fp32
 
 
 def _f32(x: float, dev) -> torch.Tensor:
