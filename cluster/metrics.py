@@ -83,6 +83,12 @@ class Metrics:
                         "Engine steps that ran several decode steps (decode_steps > 1)"),
                        ("multi_step_decode_steps_total", "device_steps_in_multi", "counter",
                         "Decode steps run inside those engine steps"),
+                       ("requests_graph_sampled_total", "sampled_graph", "counter",
+                        "Requests whose tokens the step's graph draws (greedy, top_k <= 64)"),
+                       ("requests_full_sampled_total", "sampled_full", "counter",
+                        "Requests drawn from the whole vocabulary on the device (top_k 0 or > 64)"),
+                       ("requests_host_sampled_total", "sampled_host", "counter",
+                        "Requests sampled on the host (logprobs, penalties; or a runner without the device draws)"),
                        ("replica_recoveries_total", "recoveries", "counter", "Times the replica's workers were rebuilt"),
                        ("max_batch_size_seen", "max_batch_size_seen", "gauge", "Largest batch in one step")]
         for metric, key, kind, help_ in per_replica:

@@ -74,6 +74,9 @@ class LLMEngine:
                       "requests_failed": 0, "recoveries": 0, "last_batch_size": 0, "max_batch_size_seen": 0,
                       "sequences_scheduled": 0,  # / steps = mean batch occupancy
                       "multi_steps": 0, "device_steps_in_multi": 0,   # engine steps running several decode steps
+                      # requests by where their tokens are drawn: the step graph's sampler (greedy, top_k <= 64),
+                      # the full-vocabulary draw on the device, the host sampler
+                      "sampled_graph": 0, "sampled_full": 0, "sampled_host": 0,
                       **new_step_stats()}        # where each step's time goes (step_stats.py; load_test prints it)
 
     # --- admission ----------------------------------------------------------------------------------------
@@ -354,9 +357,10 @@ class LLMEngine:
     def _device_sampling(self, r: Request):
         """The request's DeviceSampling (or None: host sampling), fixed for its life: made once."""
         if r.device_sampling is None:
-            r.device_sampling = (device_sampling_for(r.params, self.device_sampling,
-                                                     request_seed(r.params, self.seed, r.seq_id),
-                                                     self.full_sampling),)
+            ds = device_sampling_for(r.params, self.device_sampling, request_seed(r.params, self.seed, r.seq_id),
+                                     self.full_sampling)
+            r.device_sampling = (ds,)
+            self.stats["sampled_host" if ds is None else "sampled_full" if ds.full else "sampled_graph"] += 1
         return r.device_sampling[0]
 
     def _stop_reason(self, r: Request, tok: int) -> str | None:

@@ -232,7 +232,9 @@ def test_health_models_metrics(server):
     for name in ("mpk_tokens_per_second", 'mpk_request_latency_seconds{quantile="0.99"}',
                  'mpk_queue_depth{replica="replica-0"}', "mpk_time_to_first_token_seconds_count",
                  'mpk_requests_total{status="rejected"}', 'mpk_multi_steps_total{replica="replica-0"}',
-                 'mpk_multi_step_decode_steps_total{replica="replica-0"}'):
+                 'mpk_multi_step_decode_steps_total{replica="replica-0"}',
+                 'mpk_requests_full_sampled_total{replica="replica-0"}',
+                 'mpk_requests_host_sampled_total{replica="replica-0"}'):
         assert name in text
 
 

@@ -65,6 +65,7 @@ def test_full_rows_follow_the_reference_in_bursts(pyvm_bursts, ref_models):
         assert len(out) == 9 and out == expected(ref, prompt, out, p)
     # the full rows did not keep the batch at one step a call: after the prompts' step, 8 decode steps in 2 calls
     assert stats["multi_steps"] == 2 and stats["device_steps_in_multi"] == 8
+    assert (stats["sampled_full"], stats["sampled_graph"], stats["sampled_host"]) == (3, 1, 0)
 
 
 def test_single_steps_plans_and_backends_draw_the_same_tokens(pyvm_bursts):
@@ -106,6 +107,7 @@ def test_runner_without_the_full_draw_samples_such_requests_on_the_host(monkeypa
         assert not m.engine.full_sampling
         m.generate(PROMPTS[:1], PARAMS[:1], use_tqdm=False)
         assert m.engine.stats["multi_steps"] == 0 and m.engine.stats["logits_bytes"] > 0   # host-sampled
+        assert m.engine.stats["sampled_host"] == 1 and m.engine.stats["sampled_full"] == 0
     with LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=64, max_batch=2,
              device_sampling="on") as m:
         with pytest.raises(InvalidRequestError, match="top_k"):
