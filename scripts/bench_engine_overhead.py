@@ -101,6 +101,20 @@ def _measure(llm, a, prompts: list, mode: str, k: int) -> dict:
     return row
 
 
+def _summary(rows: list[dict]) -> None:
+    """Each sampling mode's ms per decode step (without the prefill steps) beside greedy's at the same batch."""
+    greedy = {(r["requests"], r["decode_steps"]): r["median_ms_per_decode_step_without_prefill"]
+              for r in rows if r["sampling"] == "greedy"}
+    base = {b: v for (b, k), v in sorted(greedy.items(), key=lambda kv: -kv[0][1])}   # the largest k's greedy
+    for r in rows:
+        g = base.get(r["requests"])
+        if g and r["sampling"] != "greedy":
+            r["ratio_to_greedy"] = r["median_ms_per_decode_step_without_prefill"] / g
+            print(f"B={r['requests']} {r['sampling']} k={r['decode_steps']}: "
+                  f"{r['median_ms_per_decode_step_without_prefill']:.3f} ms, {r['ratio_to_greedy']:.3f}x greedy "
+                  f"({g:.3f})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", default="128", help="batch sizes (comma-separated): requests run together")
@@ -135,6 +149,7 @@ def main() -> int:
             rows += [_measure(llm, a, prompts[:b], mode, k) for mode in mlist for b in batches]
         finally:
             llm.shutdown()
+    _summary(rows)
     res = {"model": a.model, "backend": a.backend, "plan": a.plan, "max_tokens": a.max_tokens,
            "prompt_len": [lo, hi], "rows": rows, "commit": os.environ.get("GIT_COMMIT", "unknown"),
            "cpu_count": os.cpu_count(), "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",

@@ -396,7 +396,7 @@ for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do
   OUT="$OUT/bench/engine_$m" timeout ${ENGINE_LIM:-200} python3 scripts/bench_engine_overhead.py --backend megakernel \
       --plan auto --model "$m" --requests ${ENGINE_BS:-1,8} --decode-steps ${ENGINE_KS:-1,8} --max-tokens 128 \
       --prompt-len 16,48 --sampling ${ENGINE_SAMPLING:-greedy} > "$OUT/bench/engine_$m.log" 2>&1
-  grep "ms per decode step" "$OUT/bench/engine_$m.log" | tail -12
+  grep -E "ms per decode step|x greedy" "$OUT/bench/engine_$m.log" | tail -20
 done; snap
 elif [ "$MODE" = phase ]; then
 st "4g one batch-1 phase's weight stream per SM: registers (64 KiB in flight) against TMA rings (bench_stream --phase)"
