@@ -37,7 +37,10 @@ from ..tasks.ops.argmax import hash32, seed_pos_hash
 from .triton_support import runs_on, tl, triton
 
 MAX_ROUNDS = 64
-BLOCK = 1024        # a Triton program's entries a pass step
+# a Triton program's entries a pass step, and its warps: one program streams a row, so each step must keep many
+# bytes in flight (session 50, 1x H200: 1024 entries x 8 warps took ~0.22 ms a step for three passes over a
+# 128256-entry row, latency-bound)
+BLOCK, WARPS = 4096, 16   # (8192 spilled: 120-184 bytes of stack at 16 and 32 warps)
 
 
 # --- the (seed, position, round) uniform in torch ops ------------------------------------------------------------
@@ -114,7 +117,7 @@ class _VocabRows(_Rows):
         _vocab_kernel[(self.idx.numel(),)](
             logits, logits.stride(0), logits.shape[1], self.idx, self.temp, self.top_p, self.seed, pos, out,
             NUCLEUS=self.nucleus, MAX_ROUNDS=MAX_ROUNDS, BLOCK=BLOCK, M1=HASH_M1, M2=HASH_M2, SALT=POS_SALT,
-            SALT2=FULL_SALT, RSALT=ROUND_SALT, num_warps=8)
+            SALT2=FULL_SALT, RSALT=ROUND_SALT, num_warps=WARPS)
 
 
 class _RankedRows(_Rows):
@@ -152,7 +155,7 @@ class _RankedRows(_Rows):
         vals = vals.contiguous()
         _ranked_kernel[(self.idx.numel(),)](
             vals, order.contiguous(), vals.stride(0), self.idx, self.temp, self.k, self.top_p, self.seed, pos, out,
-            NUCLEUS=self.nucleus, BLOCK=BLOCK, M1=HASH_M1, M2=HASH_M2, SALT=POS_SALT, SALT2=FULL_SALT, num_warps=8)
+            NUCLEUS=self.nucleus, BLOCK=BLOCK, M1=HASH_M1, M2=HASH_M2, SALT=POS_SALT, SALT2=FULL_SALT, num_warps=WARPS)
 
 
 class FullRows:

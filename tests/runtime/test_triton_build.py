@@ -152,5 +152,5 @@ def test_full_sampling_kernels_build(kernel, nucleus):
     else:
         fn, sig = fs._ranked_kernel, dict(val_ptr="*fp32", order_ptr="*i64", stride="i32", **rows, k_ptr="*i64",
                                           **tail)
-    b = build_offline(fn, sig, c, num_warps=8, num_stages=1)
+    b = build_offline(fn, sig, c, num_warps=fs.WARPS, num_stages=1)
     assert b.stack <= 16 and b.regs <= 128, (b.regs, b.stack)
