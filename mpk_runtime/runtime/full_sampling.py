@@ -5,7 +5,7 @@ The graph's `argmax` op draws every row from its top C = 64 logits. A full row's
 step ran, from the step's fp32 logits, and written over the op's `next_tokens` entry: no logits copy to the host, no
 host round trip, so such rows take part in multi-step bursts (megakernel_plans.burst) like the others.
 
-Per row, with x = logits / temperature (fp32), e_i = exp(x_i - max x) in float64, the ranking of the vocabulary by
+Per row, with x = logits / temperature (fp32), e_i = exp(x_i - max x) (fp32, summed in float64), the ranking of the vocabulary by
 (logit desc, index asc), and u_r = uniform53(seed, pos, r) (ir/sampling.py, 53 bits; pos = the position of the
 row's last token, as the graph sampler's):
   - top_k == 0 or >= V ("vocab" rows): a token is drawn from a set A by inverse CDF in vocabulary order (the first i
@@ -19,14 +19,15 @@ row's last token, as the graph sampler's):
     row's top_k are 0; the nucleus keeps the prefix of j with (mass before j) < top_p * (mass of all candidates),
     j = 0 always kept; the token is the first candidate j with cumsum(e)_j > u_0 * (nucleus mass).
 That is the host sampler's distribution (engine/sampling.py: temperature, top-k, then top-p, renormalised) to
-float64 rounding; the stream differs from the host's for the same seed (another random source), as the graph
-sampler's does. A row whose logits hold NaN / inf draws -1 (the engine fails that request with a clear error). A
-row's token does not depend on the other rows of the step: every pass works row by row.
+fp32 rounding of each weight (float64 sums); the stream differs from the host's for the same seed (another random
+source), as the graph sampler's does. A row whose logits hold NaN / inf draws -1 (the engine fails that request
+with a clear error). A row's token does not depend on the other rows of the step: every pass works row by row.
 
 Two implementations of that definition: one Triton kernel per group (a program per row: the hash, then max, sum,
 search and nucleus-check passes over the row; on CUDA tensors, and on the CPU under TRITON_INTERPRET=1 for the
 tests), and torch ops (CPU runners; a host check a round). Ranked rows take torch.topk first either way. Their sums
-run in different orders, so the two may differ where a uniform falls within float64 rounding of a boundary.
+run in different orders and their fp32 exp may differ in the last bit, so the two may differ where a uniform falls
+that close to a boundary. (Weights in float64 exp cost ~0.1 ms a step on one SM at V = 128k: session 50.)
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ class _VocabRows(_Rows):
     def _torch(self, logits, pos, out) -> None:
         v = logits.index_select(0, self.idx).float()
         x = v / self.temp[:, None]
-        e = torch.exp((x - x.amax(1, keepdim=True)).double())
+        e = torch.exp(x - x.amax(1, keepdim=True)).double()
         total = e.sum(1)
         lim = self.top_p * total
         a = seed_pos_hash(self.seed, pos.index_select(0, self.idx))
@@ -141,7 +142,7 @@ class _RankedRows(_Rows):
         vals, order = self.candidates(logits)
         x = vals.float() / self.temp[:, None]
         j = torch.arange(self.K, device=x.device)[None]
-        e = torch.exp((x - x[:, :1]).double()) * (j < self.k[:, None])
+        e = torch.exp(x - x[:, :1]).double() * (j < self.k[:, None])
         cum = torch.cumsum(e, 1)
         keep = ((cum - e) < self.top_p[:, None] * cum[:, -1:]) | (j == 0)   # a prefix: the mass before j only grows
         mass = cum.gather(1, keep.sum(1, keepdim=True) - 1)
@@ -220,7 +221,7 @@ if triton is not None:
     def _weights(base, j, L, T, mx):
         """e_j = exp(logit_j / T - mx) in float64 for entries j < L of the row at base, 0 past L."""
         v = tl.load(base + j, mask=j < L, other=0.0)
-        return tl.where(j < L, tl.exp((tl.math.div_rn(v, T) - mx).to(tl.float64)), 0.0)
+        return tl.where(j < L, tl.exp(tl.math.div_rn(v, T) - mx).to(tl.float64), 0.0)
 
     @triton.jit
     def _vocab_kernel(lg_ptr, stride, V, idx_ptr, temp_ptr, top_p_ptr, seed_ptr, pos_ptr, out_ptr,
@@ -258,7 +259,7 @@ if triton is not None:
                 j = s + offs
                 v = tl.load(base + j, mask=j < V, other=float("-inf"))
                 in_a = (j < V) & ((v > bv) | ((v == bv) & (j < bj)))
-                e = tl.where(in_a, tl.exp((tl.math.div_rn(v, T) - mx).to(tl.float64)), 0.0)
+                e = tl.where(in_a, tl.exp(tl.math.div_rn(v, T) - mx).to(tl.float64), 0.0)
                 cs = carry + tl.cumsum(e, 0)
                 first = tl.minimum(first, tl.where((cs > rr) & in_a, j, 2147483647))
                 last = tl.maximum(last, tl.where(in_a & (e > 0), j, -1))
@@ -276,7 +277,7 @@ if triton is not None:
                         j = s + offs
                         v = tl.load(base + j, mask=j < V, other=float("-inf"))
                         ahead = (j < V) & ((v > vi) | ((v == vi) & (j < i)))
-                        before += tl.sum(tl.where(ahead, tl.exp((tl.math.div_rn(v, T) - mx).to(tl.float64)),
+                        before += tl.sum(tl.where(ahead, tl.exp(tl.math.div_rn(v, T) - mx).to(tl.float64),
                                                   0.0), 0)
                     go = (before >= lim) & (rnd < MAX_ROUNDS)
                     bv = tl.where(go, vi, bv)
