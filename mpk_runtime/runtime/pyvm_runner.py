@@ -142,8 +142,10 @@ class TPGroup:
                     for m in mems:
                         m.t("tokens").copy_(mems[0].t("next_tokens"))
                 ex.run(lambda r, k=k: self.ctx(torch.where(pos >= 0, pos + k, pos), tables, 1))
-                lg = self._gather_logits(mems)
-                draw_full(mems[0], lg, pos + k)
+                full = getattr(mems[0], "_full_rows", None) is not None
+                lg = self._gather_logits(mems) if full or k == nsteps - 1 else None   # (gathered once a step at most)
+                if full:
+                    draw_full(mems[0], lg, pos + k)
             self.last_next_tokens = mems[0].t("next_tokens").clone()
             return lg
         if backend == "pyvm":
