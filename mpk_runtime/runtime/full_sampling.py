@@ -23,25 +23,22 @@ fp32 rounding of each weight (float64 sums); the stream differs from the host's 
 source), as the graph sampler's does. A row whose logits hold NaN / inf draws -1 (the engine fails that request
 with a clear error). A row's token does not depend on the other rows of the step: every pass works row by row.
 
-Two implementations of that definition: one Triton kernel per group (a program per row: the hash, then max, sum,
-search and nucleus-check passes over the row; on CUDA tensors, and on the CPU under TRITON_INTERPRET=1 for the
-tests), and torch ops (CPU runners; a host check a round). Ranked rows take torch.topk first either way. Their sums
-run in different orders and their fp32 exp may differ in the last bit, so the two may differ where a uniform falls
-that close to a boundary. (Weights in float64 exp cost ~0.1 ms a step on one SM at V = 128k: session 50.)
+Two implementations of that definition: Triton kernels (full_sampling_triton.py: a vocab row split into chunks over
+many programs, a few launches a step, no host synchronisation; on CUDA tensors, and on the CPU under
+TRITON_INTERPRET=1 for the tests), and torch ops (CPU runners; a host check a round). Ranked rows take torch.topk first
+either way. Their sums run in different orders and their fp32 exp may differ in the last bit, so the two may differ
+where a uniform falls that close to a boundary.
 """
 from __future__ import annotations
 
 import torch
 
-from ..ir.sampling import FULL_SALT, HASH_M1, HASH_M2, POS_SALT, ROUND_SALT, seed_to_int64
+from ..ir.sampling import FULL_SALT, ROUND_SALT, seed_to_int64
 from ..tasks.ops.argmax import hash32, seed_pos_hash
-from .triton_support import runs_on, tl, triton
+from . import full_sampling_triton as fst
+from .triton_support import runs_on
 
-MAX_ROUNDS = 64
-# a Triton program's entries a pass step, and its warps: one program streams a row, so each step must keep many
-# bytes in flight (session 50, 1x H200: 1024 entries x 8 warps took ~0.22 ms a step for three passes over a
-# 128256-entry row, latency-bound)
-BLOCK, WARPS = 4096, 16   # (8192 spilled: 120-184 bytes of stack at 16 and 32 warps)
+MAX_ROUNDS = fst.MAX_ROUNDS
 
 
 # --- the (seed, position, round) uniform in torch ops ------------------------------------------------------------
@@ -115,10 +112,10 @@ class _VocabRows(_Rows):
         self._put(out, self.idx, tok, total)
 
     def _triton(self, logits, pos, out) -> None:
-        _vocab_kernel[(self.idx.numel(),)](
-            logits, logits.stride(0), logits.shape[1], self.idx, self.temp, self.top_p, self.seed, pos, out,
-            NUCLEUS=self.nucleus, MAX_ROUNDS=MAX_ROUNDS, BLOCK=BLOCK, M1=HASH_M1, M2=HASH_M2, SALT=POS_SALT,
-            SALT2=FULL_SALT, RSALT=ROUND_SALT, num_warps=WARPS)
+        key = (logits.device, logits.shape[1], fst.CHUNK)
+        if getattr(self, "_work_key", None) != key:   # (a burst's steps draw the same rows: one workspace)
+            self._work, self._work_key = fst.VocabWork(self.idx.numel(), logits.shape[1], logits.device, fst.CHUNK), key
+        fst.draw_vocab(self, logits, pos, out, self._work)
 
 
 class _RankedRows(_Rows):
@@ -153,10 +150,7 @@ class _RankedRows(_Rows):
 
     def _triton(self, logits, pos, out) -> None:
         vals, order = self.candidates(logits)
-        vals = vals.contiguous()
-        _ranked_kernel[(self.idx.numel(),)](
-            vals, order.contiguous(), vals.stride(0), self.idx, self.temp, self.k, self.top_p, self.seed, pos, out,
-            NUCLEUS=self.nucleus, BLOCK=BLOCK, M1=HASH_M1, M2=HASH_M2, SALT=POS_SALT, SALT2=FULL_SALT, num_warps=WARPS)
+        fst.draw_ranked(self, vals.contiguous(), order.contiguous(), pos, out)
 
 
 class FullRows:
@@ -186,147 +180,3 @@ def full_rows(rows: list, device, vocab: int) -> FullRows | None:
     if not any(s is not None and getattr(s, "full", False) for s in rows):
         return None
     return FullRows(rows, device, vocab)
-
-
-# --- Triton ---------------------------------------------------------------------------------------------------
-if triton is not None:
-    @triton.jit
-    def _mulmod32_k(x, m: tl.constexpr):
-        return (x * (m & 0xFFFF) + (((x * (m >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
-
-    @triton.jit
-    def _hash32_k(x, M1: tl.constexpr, M2: tl.constexpr):
-        x = x ^ (x >> 16)
-        x = _mulmod32_k(x, M1)
-        x = x ^ (x >> 15)
-        x = _mulmod32_k(x, M2)
-        return x ^ (x >> 16)
-
-    @triton.jit
-    def _first_word_k(seed, p, M1: tl.constexpr, M2: tl.constexpr, SALT: tl.constexpr):
-        a = _hash32_k((p + SALT) & 0xFFFFFFFF, M1, M2)
-        a = _hash32_k(a ^ ((seed >> 32) & 0xFFFFFFFF), M1, M2)
-        return _hash32_k(a ^ (seed & 0xFFFFFFFF), M1, M2)
-
-    @triton.jit
-    def _u53_k(a, M1: tl.constexpr, M2: tl.constexpr, SALT2: tl.constexpr):
-        b = _hash32_k(a ^ SALT2, M1, M2)
-        return ((a >> 5) * 67108864 + (b >> 6)).to(tl.float64) * 1.1102230246251565e-16   # 2^26, 2^-53
-
-    @triton.jit
-    def _zero64():
-        return tl.zeros([1], tl.float64).sum(0)
-
-    @triton.jit
-    def _weights(base, j, L, T, mx):
-        """e_j = exp(logit_j / T - mx) in float64 for entries j < L of the row at base, 0 past L."""
-        v = tl.load(base + j, mask=j < L, other=0.0)
-        return tl.where(j < L, tl.exp(tl.math.div_rn(v, T) - mx).to(tl.float64), 0.0)
-
-    @triton.jit
-    def _vocab_kernel(lg_ptr, stride, V, idx_ptr, temp_ptr, top_p_ptr, seed_ptr, pos_ptr, out_ptr,
-                      NUCLEUS: tl.constexpr, MAX_ROUNDS: tl.constexpr, BLOCK: tl.constexpr, M1: tl.constexpr,
-                      M2: tl.constexpr, SALT: tl.constexpr, SALT2: tl.constexpr, RSALT: tl.constexpr):
-        """A vocab row (module doc): program r draws row idx[r] of the step's logits."""
-        r = tl.program_id(0)
-        row = tl.load(idx_ptr + r)
-        base = lg_ptr + row * stride
-        T = tl.load(temp_ptr + r)
-        tp = tl.load(top_p_ptr + r)
-        offs = tl.arange(0, BLOCK)
-        m = tl.full([BLOCK], float("-inf"), tl.float32)
-        for s in range(0, V, BLOCK):
-            m = tl.maximum(m, tl.load(base + s + offs, mask=s + offs < V, other=float("-inf")))
-        mx = tl.math.div_rn(tl.max(m, 0), T)    # (division by T > 0 keeps the max)
-        total = _zero64()
-        for s in range(0, V, BLOCK):
-            total += tl.sum(_weights(base, s + offs, V, T, mx), 0)
-        lim = tp * total
-        good = (total == total) & (total > 0) & (total < float("inf"))
-        a = _first_word_k(tl.load(seed_ptr + r), tl.load(pos_ptr + row), M1, M2, SALT)
-        mass = total
-        bv = tl.full([1], float("-inf"), tl.float32).max(0)   # A = the tokens ranked before (bv, bj): v > bv,
-        bj = tl.zeros([1], tl.int64).sum(0) + V + 1            # or v == bv and index < bj
-        tok = tl.zeros([1], tl.int64).sum(0)
-        rnd = 0
-        go = good
-        while go:
-            rr = tl.minimum(_u53_k(a, M1, M2, SALT2) * mass, mass * 0.9999999999999998)   # < mass (1 - 2^-52)
-            first = tl.full([BLOCK], 2147483647, tl.int64)
-            last = tl.full([BLOCK], -1, tl.int64)
-            carry = _zero64()
-            for s in range(0, V, BLOCK):
-                j = s + offs
-                v = tl.load(base + j, mask=j < V, other=float("-inf"))
-                in_a = (j < V) & ((v > bv) | ((v == bv) & (j < bj)))
-                e = tl.where(in_a, tl.exp(tl.math.div_rn(v, T) - mx).to(tl.float64), 0.0)
-                cs = carry + tl.cumsum(e, 0)
-                first = tl.minimum(first, tl.where((cs > rr) & in_a, j, 2147483647))
-                last = tl.maximum(last, tl.where(in_a & (e > 0), j, -1))
-                carry += tl.sum(e, 0)
-            i = tl.min(first, 0)
-            i = tl.where(i == 2147483647, tl.max(last, 0), i)   # rounding left no cs above rr: the last in A
-            tok = i
-            rnd += 1
-            go = good & (rnd < 0)   # (false: a tensor, as the loop carries it)
-            if NUCLEUS:
-                if tp < 1.0:
-                    vi = tl.load(base + i)
-                    before = _zero64()
-                    for s in range(0, V, BLOCK):
-                        j = s + offs
-                        v = tl.load(base + j, mask=j < V, other=float("-inf"))
-                        ahead = (j < V) & ((v > vi) | ((v == vi) & (j < i)))
-                        before += tl.sum(tl.where(ahead, tl.exp(tl.math.div_rn(v, T) - mx).to(tl.float64),
-                                                  0.0), 0)
-                    go = (before >= lim) & (rnd < MAX_ROUNDS)
-                    bv = tl.where(go, vi, bv)
-                    bj = tl.where(go, i, bj)
-                    mass = tl.where(go, before, mass)
-                    a = _hash32_k(a ^ RSALT, M1, M2)
-        tl.store(out_ptr + row, tl.where(good, tok, -1))
-
-    @triton.jit
-    def _ranked_kernel(val_ptr, order_ptr, stride, idx_ptr, temp_ptr, k_ptr, top_p_ptr, seed_ptr, pos_ptr, out_ptr,
-                       NUCLEUS: tl.constexpr, BLOCK: tl.constexpr, M1: tl.constexpr, M2: tl.constexpr,
-                       SALT: tl.constexpr, SALT2: tl.constexpr):
-        """A ranked row (module doc): program r draws row idx[r] from its sorted candidates (row r of val / order)."""
-        r = tl.program_id(0)
-        row = tl.load(idx_ptr + r)
-        base = val_ptr + r.to(tl.int64) * stride
-        T = tl.load(temp_ptr + r)
-        L = tl.load(k_ptr + r)
-        offs = tl.arange(0, BLOCK)
-        mx = tl.math.div_rn(tl.load(base), T)
-        total = _zero64()
-        for s in range(0, L, BLOCK):
-            total += tl.sum(_weights(base, s + offs, L, T, mx), 0)
-        mass = total
-        if NUCLEUS:   # the kept prefix: (mass before j) < top_p * total, j = 0 always
-            lim = tl.load(top_p_ptr + r) * total
-            carry = _zero64()
-            mass = _zero64()
-            for s in range(0, L, BLOCK):
-                j = s + offs
-                e = _weights(base, j, L, T, mx)
-                cs = carry + tl.cumsum(e, 0)
-                keep = (((cs - e) < lim) | (j == 0)) & (j < L)
-                mass = tl.maximum(mass, tl.max(tl.where(keep, cs, 0.0), 0))
-                carry += tl.sum(e, 0)
-        a = _first_word_k(tl.load(seed_ptr + r), tl.load(pos_ptr + row), M1, M2, SALT)
-        rr = tl.minimum(_u53_k(a, M1, M2, SALT2) * mass, mass * 0.9999999999999998)
-        first = tl.full([BLOCK], 2147483647, tl.int64)
-        last = tl.full([BLOCK], -1, tl.int64)
-        carry = _zero64()
-        for s in range(0, L, BLOCK):
-            j = s + offs
-            e = _weights(base, j, L, T, mx)
-            cs = carry + tl.cumsum(e, 0)
-            first = tl.minimum(first, tl.where((cs > rr) & (j < L), j, 2147483647))
-            last = tl.maximum(last, tl.where((j < L) & (cs <= mass) & (e > 0), j, -1))
-            carry += tl.sum(e, 0)
-        jj = tl.min(first, 0)
-        jj = tl.where(jj == 2147483647, tl.max(last, 0), jj)
-        tok = tl.load(order_ptr + r.to(tl.int64) * stride + jj)
-        good = (mass == mass) & (mass > 0) & (mass < float("inf"))
-        tl.store(out_ptr + row, tl.where(good, tok, -1))

@@ -207,6 +207,32 @@ def test_triton_kernel_draws_the_torch_tokens(rows):
     assert _draw(rows, logits, 0, "triton")[-1] == -1
 
 
+@pytest.mark.skipif(triton is None or os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the Triton kernel on the CPU needs Triton and TRITON_INTERPRET=1 (scripts/test.sh)")
+@pytest.mark.parametrize("chunk,rounds", [(256, 2), (128, 0), (512, 1)])
+def test_split_rows_draw_the_torch_tokens(monkeypatch, chunk, rounds):
+    """A vocab row split into chunks (full_sampling_triton: a chunk count that is not a power of two, a last chunk
+    part full), nucleus rounds run split then carried on in one program (rounds=0: every rejected row goes there):
+    the torch ops' tokens, position by position, and every path taken."""
+    from mpk_runtime.runtime import full_sampling_triton as fst
+    monkeypatch.setattr(fst, "CHUNK", chunk)
+    monkeypatch.setattr(fst, "ROUNDS", rounds)
+    V = 3000
+    rows = PARAMS + [DeviceSampling(1.0, 0, 0.05, 11, full=True), DeviceSampling(0.8, 0, 0.5, 12, full=True)]
+    logits = torch.randn(len(rows), V, generator=torch.Generator().manual_seed(8)) * 3
+    logits[1] = (logits[1] * 2).round() / 2   # ties: (logit desc, index asc)
+    logits[0, 100:400] = float("-inf")
+    fr = FullRows(rows, "cpu", V)
+    most = 0
+    for p in range(0, 60, 3):
+        out = torch.full((len(rows),), -7, dtype=torch.int64)
+        fr.draw(logits, torch.full((len(rows),), p, dtype=torch.int64), out, "triton")
+        assert out.tolist() == _draw(rows, logits, p, "torch"), p
+        most = max(most, int(fr.groups[0]._work.st[:, 2].max()))   # rounds drawn by a row
+    assert fr.groups[0]._work.C == -(-V // chunk)
+    assert most > rounds + 1   # some row was still undecided after the split rounds: the one-program loop ran
+
+
 def test_device_sampling_full_validation():
     with pytest.raises(ValueError, match="top_k"):
         DeviceSampling(1.0, 65, 1.0, 0)

@@ -137,20 +137,38 @@ def test_skinny_lm_head_builds():
     assert stack <= 64 and "HMMA" in sass, (regs, stack)
 
 
-@pytest.mark.parametrize("kernel,nucleus", [("vocab", False), ("vocab", True), ("ranked", False), ("ranked", True)])
-def test_full_sampling_kernels_build(kernel, nucleus):
-    """The full-vocabulary draw's kernels (runtime/full_sampling.py) build for sm_90 (the loop-carried types of the
-    rejection rounds included) without spilling more than a few words."""
+@pytest.mark.parametrize("kernel", ["chunk_max", "chunk_sum", "first_draw", "first_draw_nucleus", "chunk_before",
+                                    "next_draw", "next_draw_loop", "ranked", "ranked_nucleus"])
+def test_full_sampling_kernels_build(kernel):
+    """The full-vocabulary draw's kernels (runtime/full_sampling_triton.py) build for sm_90 at their launch shapes
+    (the loop-carried types of the rejection rounds included) without spilling more than a few words."""
     from mpk_runtime.ir import sampling as smp
-    from mpk_runtime.runtime import full_sampling as fs
-    c = dict(NUCLEUS=nucleus, BLOCK=fs.BLOCK, M1=smp.HASH_M1, M2=smp.HASH_M2, SALT=smp.POS_SALT, SALT2=smp.FULL_SALT)
-    rows = dict(idx_ptr="*i64", temp_ptr="*fp32")
-    tail = dict(top_p_ptr="*fp64", seed_ptr="*i64", pos_ptr="*i64", out_ptr="*i64")
-    if kernel == "vocab":
-        fn, sig = fs._vocab_kernel, dict(lg_ptr="*fp32", stride="i32", V="i32", **rows, **tail)
-        c.update(MAX_ROUNDS=fs.MAX_ROUNDS, RSALT=smp.ROUND_SALT)
+    from mpk_runtime.runtime import full_sampling_triton as fs
+    h = dict(M1=smp.HASH_M1, M2=smp.HASH_M2)
+    lg = dict(lg_ptr="*fp32", stride="i32", V="i32", idx_ptr="*i64", temp_ptr="*fp32")
+    ws = dict(cmax_ptr="*fp32", w_ptr="*fp64", C="i32")
+    st = dict(tot_ptr="*fp64", vi_ptr="*fp32", st_ptr="*i64")
+    shape = dict(CP=64, CH=fs.CHUNK)
+    name = kernel.replace("_nucleus", "").replace("_loop", "")
+    fn = getattr(fs, "_" + name if name != "ranked" else "_ranked_kernel")
+    warps = fs.ROW_WARPS
+    if kernel == "chunk_max":
+        sig, c, warps = dict(**lg, cmax_ptr="*fp32", C="i32"), dict(CH=fs.CHUNK), fs.WARPS
+        sig.pop("temp_ptr")
+    elif kernel == "chunk_sum":
+        sig, c, warps = dict(**lg, **ws), shape, fs.WARPS
+    elif kernel == "chunk_before":
+        sig, c, warps = dict(**lg, **ws, vi_ptr="*fp32", st_ptr="*i64"), shape, fs.WARPS
+    elif name == "first_draw":
+        sig = dict(**lg, top_p_ptr="*fp64", seed_ptr="*i64", pos_ptr="*i64", out_ptr="*i64", **ws, **st)
+        c = dict(NUCLEUS=kernel.endswith("nucleus"), **shape, **h, SALT=smp.POS_SALT, SALT2=smp.FULL_SALT)
+    elif name == "next_draw":
+        sig = dict(**lg, top_p_ptr="*fp64", out_ptr="*i64", **ws, **st)
+        c = dict(MAX_ROUNDS=fs.MAX_ROUNDS, LOOP=kernel.endswith("loop"), **shape, **h, SALT2=smp.FULL_SALT,
+                 RSALT=smp.ROUND_SALT)
     else:
-        fn, sig = fs._ranked_kernel, dict(val_ptr="*fp32", order_ptr="*i64", stride="i32", **rows, k_ptr="*i64",
-                                          **tail)
-    b = build_offline(fn, sig, c, num_warps=fs.WARPS, num_stages=1)
+        sig = dict(val_ptr="*fp32", order_ptr="*i64", stride="i32", idx_ptr="*i64", temp_ptr="*fp32", k_ptr="*i64",
+                   top_p_ptr="*fp64", seed_ptr="*i64", pos_ptr="*i64", out_ptr="*i64")
+        c = dict(NUCLEUS=kernel.endswith("nucleus"), BLOCK=fs.BLOCK, **h, SALT=smp.POS_SALT, SALT2=smp.FULL_SALT)
+    b = build_offline(fn, sig, c, num_warps=warps, num_stages=1)
     assert b.stack <= 16 and b.regs <= 128, (b.regs, b.stack)
