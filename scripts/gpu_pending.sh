@@ -42,20 +42,20 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 50 left it (two calls ran, bench/results/s50: the engine and
-# prefill GPU tests passed at the decode_steps=8 default; the full-vocabulary draw measured +0.17 / +0.28 ms a step
-# over greedy at llama B=1 / 128 with 4096 x 16-warp programs). A machine stays warm only ~30 s after a call and a
-# call can be taken back before it returns: short calls, chained with `;`, the next one ready.
+# Order for a 30-minute session (one GPU), as session 51 left it (no machine lent in session 51; session 50's two
+# calls: bench/results/s50, the full-vocabulary draw +0.17 / +0.28 ms a step over greedy at llama B=1 / 128 with one
+# program a row). A machine stays warm only ~30 s after a call and a call can be taken back before it returns: short
+# calls, chained with `;`, the next one ready.
 # Before the first device call: `bash scripts/setup.sh` on a fresh machine, then `bash scripts/gpu_prepare.sh` (~1 min
 # after a checkout, ~5 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 0. The full draw with fp32 exp (654a8f4, unmeasured) and its GPU test with the bf16-weight reference:
-#    `N=t50c T=100 TESTS="tests/gpu/test_full_sampling_gpu.py" bash scripts/gpu_run.sh tests; N=engs3 T=170
+# 0. The full draw split into chunks (session 51, docs/perf-notes.md has the prediction: B=1 plain +0.015-0.03 ms,
+#    nucleus +0.03-0.05; B=128 +0.05-0.07 / +0.08-0.11) and its GPU test (CUDA == CPU draws, the engine at k = 8):
+#    `N=t51 T=100 TESTS="tests/gpu/test_full_sampling_gpu.py" bash scripts/gpu_run.sh tests; N=engs51 T=170
 #    MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 ENGINE_SAMPLING=greedy,plain,nucleus ENGINE_LIM=160 bash
 #    scripts/gpu_run.sh engine`; then what it replaced (`... ENGINE_BS=1,8 ENGINE_SAMPLING=greedy,nucleus,host ...`)
-#    and qwen3-8b (V = 151936: `MODELS=qwen3-8b ENGINE_BS=1,8 ENGINE_SAMPLING=greedy,plain,nucleus`). The next lever
-#    (built on CPU first): a row split over many programs at small batches (docs/perf-notes.md session 50).
+#    and qwen3-8b (V = 151936: `MODELS=qwen3-8b ENGINE_BS=1,8 ENGINE_SAMPLING=greedy,plain,nucleus`).
 # 1. The whole GPU set at the default (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
 # 2. The engine's per-token time at the default and where the rest of it goes at k=8 (llama B=1: 1.152 ms against the
 #    kernel's ~1.07): `N=engd T=150 MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 bash scripts/gpu_run.sh engine`.
