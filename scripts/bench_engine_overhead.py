@@ -39,6 +39,7 @@ from mpk_runtime.runtime.device_sampling import host_logits_needed, step_output
 class InstantRunner(ModelRunner):
     """Returns token (start_pos % 7) + 1 for every chunk at once: no compute."""
     samples_on_device = True
+    shares_kv_pages = True   # (no K/V at all)
 
     def __init__(self, model: str = "llama-3.2-1b", max_batch: int = 128, max_seq_len: int = 512,
                  page_size: int = 16, **_: object):

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 from ..runtime.base import KVSpec, SeqChunk
 from ..runtime.executor import Executor
 from .block_allocator import BlockAllocator
+from .prefix_cache import PrefixCachingAllocator
 from .errors import InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError
 from .request import Request, RequestOutput, Status
 from ..runtime.device_sampling import StepOutput
@@ -38,14 +39,16 @@ class LLMEngine:
     def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
                  seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
                  device_sampling: str = "auto", eos_ids: set[int] | frozenset = frozenset(), decode_steps: int = 1,
-                 full_sampling: bool = False):
+                 full_sampling: bool = False, prefix_caching: bool = False):
         """device_sampling: "auto" | "on" | "off": which requests the runner samples on device (SamplingParams
         doc); runners without device sampling always return logits, and the host samples. eos_ids: end-of-sequence
         ids beyond the tokenizer's (a model directory's generation_config.json / config.json). decode_steps: up to
         this many decode steps per engine step when every running row is sampled on the device and nothing waits
         for admission (ModelRunner.decode_steps: the drawn tokens stay on the device between the steps, one host
         round trip for all of them); the tokens past a row's stop are computed and dropped. full_sampling: the
-        runner draws full-vocabulary rows (samples_full_on_device): top_k 0 / > 64 requests are sampled there."""
+        runner draws full-vocabulary rows (samples_full_on_device): top_k 0 / > 64 requests are sampled there.
+        prefix_caching: computed pages stay cached by content and a prompt that starts with cached pages takes them
+        instead of computing them (prefix_cache.py; the runner must keep K/V only in the pages: shares_kv_pages)."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps)
@@ -63,7 +66,9 @@ class LLMEngine:
         # can take many seconds): a caller that streams outputs (EngineLoop) tells its users now; _on_failure then
         # returns only the outputs it did not hand over
         self.on_failed_outputs: Callable[[list[RequestOutput]], None] | None = None
-        self.allocator = BlockAllocator(kv_spec.num_pages, kv_spec.page_size)
+        self.prefix_caching = bool(prefix_caching)
+        self.allocator = (PrefixCachingAllocator if self.prefix_caching else BlockAllocator)(kv_spec.num_pages,
+                                                                                           kv_spec.page_size)
         self.scheduler = Scheduler(self.allocator, kv_spec.max_batch,
                                    max_num_batched_tokens or max(kv_spec.max_seq_len, kv_spec.max_batch))
         self._ids = itertools.count()
@@ -77,6 +82,8 @@ class LLMEngine:
                       # requests by where their tokens are drawn: the step graph's sampler (greedy, top_k <= 64),
                       # the full-vocabulary draw on the device, the host sampler
                       "sampled_graph": 0, "sampled_full": 0, "sampled_host": 0,
+                      # prefix caching: prompt tokens looked up at admission / found cached / cached pages evicted
+                      "prefix_cache_query_tokens": 0, "prefix_cache_hit_tokens": 0, "prefix_cache_evictions": 0,
                       **new_step_stats()}        # where each step's time goes (step_stats.py; load_test prints it)
 
     # --- admission ----------------------------------------------------------------------------------------
@@ -167,6 +174,10 @@ class LLMEngine:
         t0 = time.perf_counter()
         c0 = time.thread_time()
         sched = self.scheduler.schedule()
+        if self.prefix_caching:
+            a, st = self.allocator, self.stats
+            st["prefix_cache_query_tokens"], st["prefix_cache_hit_tokens"] = a.query_tokens, a.hit_tokens
+            st["prefix_cache_evictions"] = a.evictions
         if not sched:
             if self.scheduler.waiting and not self.scheduler.running:
                 # nothing runs and the head of the queue can never be admitted: fail loudly instead of letting
@@ -211,6 +222,7 @@ class LLMEngine:
             if not r.output_token_ids:
                 self.stats["prompt_tokens"] += s.num_tokens
             r.num_computed += s.num_tokens
+            self.allocator.commit(r)
             if r.num_computed < r.num_tokens:
                 continue  # a prompt chunk that is not the last: nothing to sample yet
             try:
@@ -322,6 +334,7 @@ class LLMEngine:
                 reason = self._accept(r, tok, now)
                 if reason:
                     break
+            self.allocator.commit(r)
             if reason:
                 done.append(r)
             if want_all or reason:

@@ -65,7 +65,7 @@ class LLM:
                  page_size: int = 16, num_pages: int | None = None, tokenizer: Any = None,
                  max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
                  executor_kwargs: dict | None = None, device_sampling: str = "auto", decode_steps: int | None = None,
-                 **runner_kwargs: Any):
+                 enable_prefix_caching: bool = False, **runner_kwargs: Any):
         """model: preset name or local HF directory. backend: runner registry name ("reference", "pyvm",
         "torch", "megakernel"). tp: ranks per replica. executor: "inprocess", "ray" (after `import cluster`)
         or an Executor instance (not yet initialised). tokenizer: None = from the model directory if present,
@@ -73,10 +73,15 @@ class LLM:
         on device (see SamplingParams). decode_steps: up to this many decode steps per engine step while every
         running request is sampled on the device and none waits (the tokens stay on the GPU between them; fewer
         host round trips, tokens arrive in bursts; LLMEngine's doc); None = DEFAULT_DECODE_STEPS where the backend
-        samples on the device and device_sampling is not "off", else 1. Other keywords go to the runner."""
+        samples on the device and device_sampling is not "off", else 1. enable_prefix_caching: pages of computed
+        tokens stay cached by content, and a prompt that starts with cached pages (a shared system prompt, a chat's
+        earlier turns) takes them instead of computing them again (engine/prefix_cache.py; backends that keep K/V
+        only in the engine's pages: pyvm, torch, megakernel). Other keywords go to the runner."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps, none_ok=True)
+        if not isinstance(enable_prefix_caching, bool):
+            raise InvalidRequestError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
         self.model = model
         self.config = resolve_model(model)
         if not isinstance(tp, int) or tp < 1:
@@ -105,6 +110,11 @@ class LLM:
             kv_spec = executor.collective_rpc("kv_spec")[0]
             on_device = device_sampling != "off" and executor.collective_rpc("samples_on_device")[0]
             full = on_device and executor.collective_rpc("samples_full_on_device")[0]
+            if enable_prefix_caching and not executor.collective_rpc("shares_kv_pages")[0]:
+                raise InvalidRequestError(
+                    f"enable_prefix_caching needs a backend that keeps K/V only in the engine's pages; {backend!r} "
+                    "keeps a cache per sequence: use backend 'pyvm', 'torch' or 'megakernel', or leave prefix "
+                    "caching off")
             if decode_steps is None:
                 decode_steps = DEFAULT_DECODE_STEPS if on_device else 1
             elif decode_steps > 1 and not on_device:
@@ -122,7 +132,8 @@ class LLM:
         self.engine = LLMEngine(executor, kv_spec, self.config.vocab_size, LazyTokenizer(src), seed=seed,
                                 max_num_batched_tokens=max_num_batched_tokens, step_timeout=step_timeout,
                                 device_sampling=device_sampling, eos_ids=model_eos_ids(model),
-                                decode_steps=decode_steps, full_sampling=full)
+                                decode_steps=decode_steps, full_sampling=full,
+                                prefix_caching=enable_prefix_caching)
 
     @property
     def tokenizer(self):

@@ -58,11 +58,13 @@ class RequestOutput:
     # SamplingParams.logprobs set: one {token id: logprob} per generated token (the sampled token first, then the
     # top ones); the delta's are the last len(delta_token_ids)
     logprobs: list[dict[int, float]] | None = None
+    num_cached_tokens: int = 0          # prompt tokens taken from the prefix cache (not computed for this request)
 
     def to_dict(self) -> dict:
         d = {"request_id": self.request_id, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
              "token_ids": self.token_ids, "text": self.text, "finished": self.finished,
-             "finish_reason": self.finish_reason, "error": self.error, "metrics": self.metrics.to_dict()}
+             "finish_reason": self.finish_reason, "error": self.error, "metrics": self.metrics.to_dict(),
+             "num_cached_tokens": self.num_cached_tokens}
         if self.logprobs is not None:
             d["logprobs"] = logprobs_by_id(self.logprobs)
         return d
@@ -94,6 +96,8 @@ class Request:
     text: str | None = None             # detokenized output so far (when a tokenizer exists)
     device_sampling: tuple | None = None   # (DeviceSampling or None,) once the engine decided (engine._device_sampling)
     output_logprobs: list[dict[int, float]] | None = None   # SamplingParams.logprobs set: one dict a generated token
+    num_cached_tokens: int = 0          # prompt tokens whose K/V came from the prefix cache (prefix_cache.py)
+    block_keys: list[bytes] = field(default_factory=list)   # prefix-cache keys of its full computed pages
     _sent_tokens: int = 0               # how much of the output the last snapshot already reported
     _sent_text: int = 0
 
@@ -136,4 +140,5 @@ class Request:
             delta_text=delta_text, finished=self.finished, finish_reason=self.finish_reason, error=self.error,
             metrics=RequestMetrics(self.arrival_time, self.first_token_time, self.finish_time,
                                    len(self.prompt_token_ids), len(self.output_token_ids)),
-            logprobs=None if self.output_logprobs is None else list(self.output_logprobs))
+            logprobs=None if self.output_logprobs is None else list(self.output_logprobs),
+            num_cached_tokens=self.num_cached_tokens)

@@ -2,9 +2,11 @@
 
 Every step: all running requests that have finished their prompt decode one token; requests still in prefill get
 a chunk of their prompt within the step's token budget; then waiting requests are admitted in arrival order while
-a batch slot and their pages are free. A request reserves the pages for its whole life (prompt + max_tokens,
-capped by the context) at admission, so a running request never runs out of pages and nothing is preempted;
-when the cache is full, new requests wait in the queue (never dropped) until finished ones free their pages.
+a batch slot and their pages are free (with prefix caching, the pages of a cached prefix of the prompt are taken
+as they are and its prefill starts after them: prefix_cache.py). A request reserves the pages for its whole life
+(prompt + max_tokens, capped by the context) at admission, so a running request never runs out of pages and nothing
+is preempted; when the cache is full, new requests wait in the queue (never dropped) until finished ones free their
+pages.
 """
 from __future__ import annotations
 
@@ -57,14 +59,15 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_batch:
             r = self.waiting[0]
-            need = self.pages_needed(r)
-            if not self.allocator.can_allocate(need):
+            got = self.allocator.admit(r, self.pages_needed(r))
+            if got is None:
                 break  # FIFO: the head waits for pages; later arrivals do not overtake it
             self.waiting.popleft()
-            r.block_table = self.allocator.allocate(need)
+            r.block_table, r.num_cached_tokens = got
+            r.num_computed = r.num_cached_tokens   # a cached prefix (prefix_cache.py) is not computed again
             r.status = Status.RUNNING
             self.running.append(r)
-            n = min(len(r.prompt_token_ids), budget)
+            n = min(len(r.prompt_token_ids) - r.num_computed, budget)
             out.append(ScheduledChunk(r, n))
             budget -= n
         return out

@@ -62,6 +62,8 @@ class ModelRunner(abc.ABC):
     world_size: int = 1
     samples_on_device = False   # `step` draws the tokens of chunks that carry `sampling` (StepOutput.tokens)
     samples_full_on_device = False   # ... also DeviceSampling.full rows (top_k 0 / > 64: runtime/full_sampling.py)
+    shares_kv_pages = False   # K/V live only in the engine's pages (nothing kept per sequence), so sequences can share
+    #                           pages: the engine's prefix cache (engine/prefix_cache.py) needs it
 
     @abc.abstractmethod
     def kv_spec(self) -> KVSpec: ...

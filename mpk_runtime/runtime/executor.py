@@ -139,6 +139,10 @@ class Worker:
         """The runner also draws full-vocabulary rows (DeviceSampling.full: top_k 0 or > 64, exactly)."""
         return bool(getattr(self._need_runner(), "samples_full_on_device", False))
 
+    def shares_kv_pages(self) -> bool:
+        """The runner keeps K/V only in the engine's pages, so sequences may share them (prefix caching)."""
+        return bool(getattr(self._need_runner(), "shares_kv_pages", False))
+
     def free(self, seq_ids: list[int]) -> None:
         runner = self._need_runner()
         fn = getattr(runner, "free", None)

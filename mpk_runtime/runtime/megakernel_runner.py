@@ -72,6 +72,7 @@ def build_rank_kernel(cfg, weights: dict, *, rank: int, world: int, heap=None, b
 class MegakernelRunner(ModelRunner):
     backend = "megakernel"
     samples_on_device = True
+    shares_kv_pages = True
 
     @property
     def samples_full_on_device(self) -> bool:

@@ -223,6 +223,7 @@ class _CPURunner(ModelRunner):
     backend = "pyvm"
     samples_on_device = True
     samples_full_on_device = True   # every rank's step has the gathered logits of the whole vocabulary
+    shares_kv_pages = True
 
     def __init__(self, model: str = "tiny-llama", *, world_size: int = 1, rank: int = 0, comm=None,
                  seed: int = 0, dtype: str | None = None, max_batch: int = 8, max_seq_len: int | None = None,

@@ -1,0 +1,141 @@
+"""Automatic prefix caching: pages whose tokens were computed stay findable by their content after their sequence
+ends, and a new request whose prompt starts with the same tokens takes those pages instead of computing them again
+(a shared system prompt, the turns before this one of a chat, few-shot examples).
+
+A page is cached once it is full and all its tokens' K/V are in it (req.num_computed passed its end). Its key is a
+chained digest, sha256(key of the page before | its page_size token ids), so a key names the whole prefix up to the
+page's end: K/V at a position depend on every token before it, and on nothing else for a given model. Sharing is
+read-only by construction: a sequence writes K/V only at positions >= its num_computed, and a request that takes
+cached pages starts computing at their end, in pages of its own. At least the prompt's last token is computed, so
+its logits exist to sample from.
+
+A cached page nobody holds is not free but *evictable*: allocation takes free pages first, then evicts the least
+recently released cached page (a sequence's pages are released tail first, so a shared head outlives its tails).
+Reference counts let several running requests hold one page. The engine resets the allocator (and so the cache)
+whenever the workers fail: their K/V may be gone.
+
+Outputs with a cached prefix equal the uncached ones up to the rounding of a prompt computed in two parts (the
+cached pages, then the rest) instead of one, as with chunked prefill.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+
+from .block_allocator import BlockAllocator, OutOfPages
+
+
+def block_key(prev: bytes, tokens) -> bytes:
+    """The key of a full page of tokens after the prefix whose last page's key is prev (b"" for the first page)."""
+    return hashlib.sha256(prev + struct.pack(f"<{len(tokens)}q", *tokens)).digest()
+
+
+class PrefixCachingAllocator(BlockAllocator):
+    def __init__(self, num_pages: int, page_size: int):
+        super().__init__(num_pages, page_size)
+        self._ref: dict[int, int] = {}              # page -> sequences holding it (pages in use)
+        self._page_of: dict[bytes, int] = {}        # key -> cached page
+        self._key_of: dict[int, bytes] = {}         # cached page -> key
+        self._evictable: OrderedDict[int, None] = OrderedDict()   # cached pages nobody holds, oldest release first
+        self.query_tokens = 0     # prompt tokens looked up at admission
+        self.hit_tokens = 0       # of those, found cached (not computed again)
+        self.evictions = 0        # cached pages reused for other content
+
+    def reset(self) -> None:
+        """Forget every page and the cache (the workers' K/V may be gone); the counters stay."""
+        counts = self.query_tokens, self.hit_tokens, self.evictions
+        super().reset()
+        self.query_tokens, self.hit_tokens, self.evictions = counts
+
+    # --- capacity --------------------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        """Pages holding a cached block (held by a sequence or evictable)."""
+        return len(self._key_of)
+
+    def can_allocate(self, n: int) -> bool:
+        return n <= self.num_free
+
+    def allocate(self, n: int) -> list[int]:
+        if n > self.num_free:
+            raise OutOfPages(f"asked for {n} pages, {self.num_free} free or evictable of {self.num_pages}")
+        pages = []
+        for _ in range(n):
+            if self._free:
+                p = self._free.pop()
+            else:   # the least recently released cached page: forget its content
+                p, _ = self._evictable.popitem(last=False)
+                del self._page_of[self._key_of.pop(p)]
+                self.evictions += 1
+            self._ref[p] = 1
+            pages.append(p)
+        self._used.update(pages)
+        return pages
+
+    def free(self, pages: list[int]) -> None:
+        for p in reversed(pages):   # tail first: evicted before the head other prompts share
+            if p not in self._ref:
+                raise ValueError(f"page {p} freed twice or never allocated (engine bookkeeping bug)")
+            self._ref[p] -= 1
+            if self._ref[p]:
+                continue
+            del self._ref[p]
+            self._used.discard(p)
+            if p in self._key_of:
+                self._evictable[p] = None
+            else:
+                self._free.append(p)
+        self._free.sort(reverse=True)
+
+    # --- lookup and registration ---------------------------------------------------------------------------
+    def match(self, tokens) -> tuple[list[int], list[bytes]]:
+        """The cached pages of the longest run of full pages that starts `tokens` (leaving the last token out:
+        it must be computed), and their keys."""
+        ps = self.page_size
+        pages, keys, prev = [], [], b""
+        for i in range((len(tokens) - 1) // ps):
+            k = block_key(prev, tokens[i * ps:(i + 1) * ps])
+            p = self._page_of.get(k)
+            if p is None:
+                break
+            pages.append(p)
+            keys.append(k)
+            prev = k
+        return pages, keys
+
+    def admit(self, req, num_pages: int) -> tuple[list[int], int] | None:
+        prompt = req.prompt_token_ids
+        hits, keys = self.match(prompt)
+        idle = sum(p in self._evictable for p in hits)   # evictable now, held once claimed
+        if num_pages - len(hits) > self.num_free - idle:
+            return None
+        for p in hits:
+            if p in self._evictable:
+                del self._evictable[p]
+                self._ref[p] = 1
+                self._used.add(p)
+            else:
+                self._ref[p] += 1
+        pages = hits + self.allocate(num_pages - len(hits))
+        req.block_keys = keys
+        cached = len(hits) * self.page_size
+        self.query_tokens += len(prompt)
+        self.hit_tokens += cached
+        return pages, cached
+
+    def commit(self, req) -> None:
+        """Cache the request's pages that became full and computed since the last call."""
+        ps, keys = self.page_size, req.block_keys
+        while len(keys) < req.num_computed // ps:
+            i = len(keys)
+            k = block_key(keys[-1] if keys else b"", req.token_slice(i * ps, (i + 1) * ps))
+            keys.append(k)
+            p = req.block_table[i]
+            if k not in self._page_of and p not in self._key_of:   # (else another sequence cached it first: ours
+                self._page_of[k] = p                               # stays private)
+                self._key_of[p] = k
