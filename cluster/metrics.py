@@ -89,6 +89,12 @@ class Metrics:
                         "Requests drawn from the whole vocabulary on the device (top_k 0 or > 64)"),
                        ("requests_host_sampled_total", "sampled_host", "counter",
                         "Requests sampled on the host (logprobs, penalties; or a runner without the device draws)"),
+                       ("prefix_cache_query_tokens_total", "prefix_cache_query_tokens", "counter",
+                        "Prompt tokens looked up in the prefix cache at admission (enable_prefix_caching)"),
+                       ("prefix_cache_hit_tokens_total", "prefix_cache_hit_tokens", "counter",
+                        "Of those, tokens found cached: their prefill was skipped"),
+                       ("prefix_cache_evictions_total", "prefix_cache_evictions", "counter",
+                        "Cached pages reused for other content"),
                        ("replica_recoveries_total", "recoveries", "counter", "Times the replica's workers were rebuilt"),
                        ("max_batch_size_seen", "max_batch_size_seen", "gauge", "Largest batch in one step")]
         for metric, key, kind, help_ in per_replica:

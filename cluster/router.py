@@ -44,7 +44,9 @@ class Router:
     def tokenizer(self):
         return self.engine.tokenizer.get()
 
-    def pick(self) -> Replica:
+    def pick(self, prompt_token_ids: list[int] | None = None) -> Replica:
+        """The least loaded live replica; with prefix caching, the one holding the longest cached prefix of the
+        prompt instead, unless it has more than a quarter of a batch more requests outstanding."""
         live = [r for r in self.replicas if not r.llm.engine.dead and r.loop.alive]
         if not live:
             raise RequestFailedError("every replica is down: " + "; ".join(
@@ -52,11 +54,18 @@ class Router:
         with self._lock:
             start = next(self._rr)  # rotate among equally loaded replicas
             order = live[start % len(live):] + live[:start % len(live)]
-            return min(order, key=lambda r: r.loop.load)
+            least = min(order, key=lambda r: r.loop.load)
+            if prompt_token_ids is None or len(order) == 1 or not least.llm.engine.prefix_caching:
+                return least
+            slack = max(1, least.llm.engine.kv_spec.max_batch // 4)
+            near = [r for r in order if r.loop.load <= least.loop.load + slack]
+            hits = [len(r.llm.engine.allocator.match(prompt_token_ids)[0]) for r in near]   # (read-only lookups)
+            best = max(range(len(near)), key=lambda i: (hits[i], -near[i].loop.load))
+            return near[best] if hits[best] else least
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, on_output: OutputCallback,
                prompt: str | None = None) -> tuple[Replica, str]:
-        rep = self.pick()
+        rep = self.pick(prompt_token_ids)
         return rep, rep.loop.submit(prompt_token_ids, params, on_output, prompt=prompt)
 
     def stats(self) -> dict[str, dict]:

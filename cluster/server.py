@@ -288,7 +288,10 @@ def create_app(router: Router, served_model_name: str | None = None):
     def _usage(outs: list[RequestOutput], n: int = 1) -> dict:
         p = sum(len(o.prompt_token_ids) for o in outs[::n])   # a prompt counts once, whatever its n
         c = sum(len(o.token_ids) for o in outs)
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        u = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+        if router.engine.prefix_caching:   # OpenAI's field: prompt tokens served from the cache
+            u["prompt_tokens_details"] = {"cached_tokens": sum(o.num_cached_tokens for o in outs[::n])}
+        return u
 
     def _finish(o: RequestOutput) -> str | None:
         return None if not o.finished else ("stop" if o.finish_reason == "stop" else "length")
@@ -451,6 +454,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plan", default="none", choices=["none", "auto"],
                     help="auto: the planner picks the plan of each decode batch bucket, once, in the controller "
                          "(backends pyvm and megakernel; megakernel at tp=1)")
+    ap.add_argument("--enable-prefix-caching", action="store_true",
+                    help="keep computed K/V pages cached by content: prompts that start alike (a system prompt, a "
+                         "chat's earlier turns) skip the cached part of their prefill (backends pyvm, torch, "
+                         "megakernel)")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ap.add_argument("--port", type=int, default=8000)
     a = ap.parse_args(argv)
@@ -461,6 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
                           step_timeout=a.step_timeout, dtype=a.dtype, seed=a.seed, max_batch=a.max_batch,
                           max_seq_len=a.max_seq_len, decode_steps=a.decode_steps,
+                          enable_prefix_caching=a.enable_prefix_caching,
                           **({"plan": a.plan} if a.plan != "none" else {}))
     import uvicorn
     try:

@@ -91,6 +91,10 @@ def _main(argv: list[str] | None = None) -> int:
                          "on the device, else 1; 1 streams every token as it is drawn)")
     ap.add_argument("--plan", default="none", choices=["none", "auto"],
                     help="auto: the planner's plan per decode batch bucket (backends pyvm, megakernel at tp=1)")
+    ap.add_argument("--enable-prefix-caching", action="store_true",
+                    help="keep computed K/V pages cached by content: prompts that start alike (a system prompt, a "
+                         "chat's earlier turns) skip the cached part of their prefill (backends pyvm, torch, "
+                         "megakernel)")
     ap.add_argument("--chunk", type=int, default=256,
                     help="requests generated (and their results written and flushed) together: a failure part-way "
                          "keeps every finished chunk's lines in --output")
@@ -106,6 +110,7 @@ def _main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with LLM(a.model, backend=a.backend, tp=a.tp, executor=executor, dtype=a.dtype, seed=a.seed,
              max_batch=a.max_batch, max_seq_len=a.max_seq_len, decode_steps=a.decode_steps,
+             enable_prefix_caching=a.enable_prefix_caching,
              **({"plan": a.plan} if a.plan != "none" else {})) as llm:
         validate_requests(llm, reqs)
         written = n = 0
@@ -117,7 +122,8 @@ def _main(argv: list[str] | None = None) -> int:
                                         use_tqdm=sys.stderr.isatty())
                     for r, o in zip(part, outs):
                         line = {"id": r["id"], "prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids,
-                                "text": o.text, "finish_reason": o.finish_reason, "metrics": o.metrics.to_dict()}
+                                "text": o.text, "finish_reason": o.finish_reason, "metrics": o.metrics.to_dict(),
+                                "num_cached_tokens": o.num_cached_tokens}
                         if o.logprobs is not None:
                             line["logprobs"] = logprobs_by_id(o.logprobs)
                         f.write(json.dumps(line) + "\n")

@@ -350,3 +350,38 @@ def test_bursts_of_decode_steps_stream_through_the_server(demo_dir):
     finally:
         srv.stop()
         router.shutdown()
+
+
+def test_prefix_caching_through_the_server(demo_dir):
+    """--enable-prefix-caching: chats sharing a system message report cached prompt tokens in OpenAI's usage field,
+    the router sends them to the replica that holds the prefix, /metrics counts the hits, and the answers equal an
+    LLM without the cache."""
+    router = build_router(demo_dir, backend="torch", executor="inprocess", dtype="float32", max_seq_len=128,
+                          max_batch=4, num_replicas=2, health_interval=None, enable_prefix_caching=True)
+    srv = ServerThread(create_app(router))
+    system = {"role": "system", "content": "Be brief and kind."}
+    try:
+        with LLM(demo_dir, dtype="float32", max_seq_len=128) as llm:
+            tok = llm.tokenizer
+            usages, texts, wants = [], [], []
+            for q in ("hello", "what is two plus two", "name a colour"):
+                msgs = [system, {"role": "user", "content": q}]
+                ids = tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False),
+                                 add_special_tokens=False)
+                wants.append(llm.generate([ids], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+                                          use_tqdm=False)[0].text)
+                r = httpx.post(srv.url + "/v1/chat/completions", json={
+                    "model": "tiny-qwen3-demo", "messages": msgs, "max_tokens": 5, "temperature": 0,
+                    "ignore_eos": True}, timeout=60).json()
+                usages.append(r["usage"])
+                texts.append(r["choices"][0]["message"]["content"])
+        assert texts == wants
+        cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+        assert cached[0] == 0 and cached[1] >= 16 and cached[2] >= 16
+        stats = router.stats()
+        assert sorted(s["prefix_cache_hit_tokens"] for s in stats.values()) == [0, cached[1] + cached[2]]
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert "mpk_prefix_cache_hit_tokens_total{replica=" in metrics
+    finally:
+        srv.stop()
+        router.shutdown()

@@ -30,6 +30,22 @@ def test_generate_job_inprocess(tmp_path, demo_dir, ref_greedy):
     assert rows[1]["id"] == "b" and len(rows[1]["token_ids"]) == 4 and isinstance(rows[1]["text"], str)
 
 
+def test_generate_job_with_prefix_caching(tmp_path, demo_dir, ref_greedy):
+    """--enable-prefix-caching: prompts sharing a head, admitted after the first finished (max batch 1), report
+    cached tokens and keep the reference's tokens."""
+    from cluster.jobs.generate import main
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    head = list(range(10, 30))
+    prompts = [head + [i] for i in (1, 2, 3)]
+    _write(inp, [{"prompt_token_ids": p, "temperature": 0, "max_tokens": 4, "ignore_eos": True} for p in prompts])
+    assert main(["--model", demo_dir, "--backend", "torch", "--dtype", "float32", "--executor", "inprocess",
+                 "--max-seq-len", "64", "--max-batch", "1", "--enable-prefix-caching", "--input", str(inp),
+                 "--output", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["num_cached_tokens"] for r in rows] == [0, 16, 16]
+    assert [r["token_ids"] for r in rows] == [ref_greedy(demo_dir, p, 4) for p in prompts]
+
+
 def test_generate_job_stop_strings_and_logprobs(tmp_path, demo_dir):
     from cluster.jobs.generate import main
     from mpk_runtime.engine import LLM
