@@ -26,6 +26,8 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh launch   # stage 4f (one GPU): a megakernel segment's fixed cost in graphs (~2 min)
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh engine   # (one GPU, ~3 min a model): LLM.generate's
 #                                                   ms per decode step, decode_steps 1 vs 8, B=1 / 8 (planned megakernel)
+#     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh prefix   # (one GPU, ~2 min a model): prefix caching
+#                                                   off / on, TTFT with a shared system prompt (bench_prefix_cache.py)
 #     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
 #     OUT=$OUT bash scripts/gpu_pending.sh chain    # stage 4i (one GPU, ~1 min): a batch-1 layer's dependent phases,
 #                                                   registers (first round after / before the wait, with and without
@@ -56,6 +58,10 @@
 #    MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 ENGINE_SAMPLING=greedy,plain,nucleus ENGINE_LIM=160 bash
 #    scripts/gpu_run.sh engine`; then what it replaced (`... ENGINE_BS=1,8 ENGINE_SAMPLING=greedy,nucleus,host ...`)
 #    and qwen3-8b (V = 151936: `MODELS=qwen3-8b ENGINE_BS=1,8 ENGINE_SAMPLING=greedy,plain,nucleus`).
+# 0b. Prefix caching on the GPU (session 51, CPU-tested only; perf-notes has the prediction): its engine tests on the
+#    megakernel runner (`N=tpfx T=120 TESTS="tests/gpu/test_prefix_cache_gpu.py" bash scripts/gpu_run.sh tests`), then
+#    `N=pfx T=200 MODELS=llama-3.2-1b bash scripts/gpu_run.sh prefix`. If both hold, make
+#    enable_prefix_caching the default.
 # 1. The whole GPU set at the default (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
 # 2. The engine's per-token time at the default and where the rest of it goes at k=8 (llama B=1: 1.152 ms against the
 #    kernel's ~1.07): `N=engd T=150 MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 bash scripts/gpu_run.sh engine`.
@@ -399,6 +405,16 @@ for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do
       --plan auto --model "$m" --requests ${ENGINE_BS:-1,8} --decode-steps ${ENGINE_KS:-1,8} --max-tokens 128 \
       --prompt-len 16,48 --sampling ${ENGINE_SAMPLING:-greedy} > "$OUT/bench/engine_$m.log" 2>&1
   grep -E "ms per decode step|x greedy" "$OUT/bench/engine_$m.log" | tail -20
+done; snap
+elif [ "$MODE" = prefix ]; then
+# prefix (session 51): prefix caching on a chat-like workload through the planned megakernel, off and on in one run
+# (bench_prefix_cache.py): TTFT of requests sharing a system prompt, and a batch of them
+st "4k prefix caching off / on: TTFT and a batch sharing a ${PREFIX_SYSTEM:-1024}-token system prompt"
+for m in ${MODELS:-llama-3.2-1b}; do
+  OUT="$OUT/bench/prefix_$m" timeout ${PREFIX_LIM:-200} python3 scripts/bench_prefix_cache.py --backend megakernel \
+      --plan auto --model "$m" --system ${PREFIX_SYSTEM:-1024} --suffix 32 --requests ${PREFIX_REQS:-16} \
+      --max-tokens 16 > "$OUT/bench/prefix_$m.log" 2>&1
+  tail -4 "$OUT/bench/prefix_$m.log"
 done; snap
 elif [ "$MODE" = phase ]; then
 st "4g one batch-1 phase's weight stream per SM: registers (64 KiB in flight) against TMA rings (bench_stream --phase)"
