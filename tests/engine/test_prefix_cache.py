@@ -116,10 +116,11 @@ def _llm(backend="torch", model="tiny-llama", **kw):
     return LLM(model, backend=backend, dtype="float32", **{"max_seq_len": 128, "max_batch": 4, **kw})
 
 
-@pytest.mark.parametrize("backend,model", [("torch", "tiny-llama"), ("pyvm", "tiny-qwen3")])
-def test_shared_system_prompt_is_computed_once(backend, model, ref_greedy):
+@pytest.mark.parametrize("backend,model,plan", [("torch", "tiny-llama", None), ("pyvm", "tiny-qwen3", None),
+                                                ("pyvm", "tiny-llama", "auto")])
+def test_shared_system_prompt_is_computed_once(backend, model, plan, ref_greedy):
     prompts = [SYSTEM + [50 + i, 60 + i, 70 + i] for i in range(4)]
-    with _llm(backend, model, enable_prefix_caching=True) as llm:
+    with _llm(backend, model, enable_prefix_caching=True, **({"plan": plan} if plan else {})) as llm:
         first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
         computed = llm.engine.stats["prompt_tokens"]
         rest = llm.generate(prompts[1:], GREEDY, use_tqdm=False)
