@@ -17,6 +17,19 @@ OUT = Path(os.environ.get("OUT") or "gpu_out")
 T0 = time.time()   # the run's start (a --tp 2 rank process sets it to its parent's)
 
 
+def write_result(name: str, res: dict) -> Path:
+    """res + where and when it ran (commit from GIT_COMMIT, machine, device, date) as $OUT/<name> (./gpu_out)."""
+    import platform
+    res = {**res, "commit": os.environ.get("GIT_COMMIT", "unknown"), "cpu_count": os.cpu_count(),
+           "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
+           "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+           "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    out = Path(os.environ.get("OUT") or "gpu_out")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(res, indent=1))
+    return out / name
+
+
 def log(*a):
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 

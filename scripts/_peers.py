@@ -180,18 +180,24 @@ def hf_prefill(m, cache, ids, max_tokens=65536):
     return logits
 
 
-def bench_hf(cfg, B, ctx, steps=32, warm=6):
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, StaticCache
+def hf_model(cfg, max_positions: int, device="cuda", dtype=torch.bfloat16):
+    """An HF transformers model of cfg's shape (random weights: the peers are timed, not compared) and its config."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
     common = dict(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                   num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
                   num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
-                  tie_word_embeddings=cfg.tie_word_embeddings, max_position_embeddings=ctx + steps + warm + 8,
+                  tie_word_embeddings=cfg.tie_word_embeddings, max_position_embeddings=max_positions,
                   rope_theta=cfg.rope_theta)
     hcfg = (Qwen3Config if cfg.family == "qwen3" else LlamaConfig)(**common)
+    with torch.device(device):
+        m = AutoModelForCausalLM.from_config(hcfg, torch_dtype=dtype)
+    return m.eval(), hcfg
+
+
+def bench_hf(cfg, B, ctx, steps=32, warm=6):
+    from transformers import StaticCache
     t = time.time()
-    with torch.device("cuda"):
-        m = AutoModelForCausalLM.from_config(hcfg, torch_dtype=torch.bfloat16)
-    m.eval()
+    m, hcfg = hf_model(cfg, ctx + steps + warm + 8)
     cache = StaticCache(config=hcfg, max_batch_size=B, max_cache_len=ctx + steps + warm + 8, device="cuda",
                         dtype=torch.bfloat16)
     fwd = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)

@@ -19,12 +19,8 @@ Prints ms per decode step and writes $OUT/bench_engine_overhead.json (or ./gpu_o
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import random
 import time
-from pathlib import Path
 
 import torch
 
@@ -33,6 +29,8 @@ from mpk_runtime.engine.step_stats import breakdown, diff_stats, format_breakdow
 from mpk_runtime.models.config import load_config
 from mpk_runtime.runtime.base import KVSpec, ModelRunner, register_runner
 from mpk_runtime.runtime.device_sampling import host_logits_needed, step_output
+
+from _bench_common import write_result   # (scripts/, this script's folder)
 
 
 @register_runner("instant")
@@ -151,14 +149,8 @@ def main() -> int:
         finally:
             llm.shutdown()
     _summary(rows)
-    res = {"model": a.model, "backend": a.backend, "plan": a.plan, "max_tokens": a.max_tokens,
-           "prompt_len": [lo, hi], "rows": rows, "commit": os.environ.get("GIT_COMMIT", "unknown"),
-           "cpu_count": os.cpu_count(), "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
-           "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-           "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    out = Path(os.environ.get("OUT") or "gpu_out")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_engine_overhead.json").write_text(json.dumps(res, indent=1))
+    write_result("bench_engine_overhead.json", {"model": a.model, "backend": a.backend, "plan": a.plan,
+                                                "max_tokens": a.max_tokens, "prompt_len": [lo, hi], "rows": rows})
     return 0
 
 

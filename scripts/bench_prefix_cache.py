@@ -7,8 +7,10 @@ on in the same run: N requests share a system prompt of --system tokens, each wi
   batch:      all N at once after a priming request: wall time and generated tokens per second.
 
 Printed: median TTFT off / on and their ratio, batch wall time ratio, prompt tokens computed, the cache's hit
-tokens. No peer runs here: HF transformers' generate keeps no cache across requests (a user would pass
-past_key_values by hand), so the comparison is this engine with and without the cache.
+tokens. The peer, in the same run: HF transformers (eager, bf16 on a GPU / fp32 on the CPU, a model of the same
+shape) timed to the first token of each sequential request, without reuse (the whole prompt) and with its documented
+prompt reuse (the system prompt's DynamicCache computed once, deep-copied for each request, the suffix run on it).
+--no-peer leaves it out.
 
     PYTHONPATH=. python3 scripts/bench_prefix_cache.py [--model llama-3.2-1b --backend megakernel --plan auto]
         [--system 1024] [--suffix 32] [--requests 16] [--max-tokens 16]
@@ -17,18 +19,65 @@ Writes $OUT/bench_prefix_cache.json (or ./gpu_out).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from mpk_runtime import LLM, SamplingParams
-from mpk_runtime.models.config import load_config
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mpk_runtime import LLM, SamplingParams  # noqa: E402
+from mpk_runtime.models.config import load_config  # noqa: E402
+
+from _bench_common import write_result  # noqa: E402
+
+
+def _hf_peer(a, system: list[int], suffixes: list[list[int]], warm: list[list[int]]) -> dict:
+    """HF transformers' time to the first token, the whole prompt vs a deep copy of the system prompt's cache."""
+    import copy
+
+    from transformers import DynamicCache
+
+    from _peers import hf_model
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m, _ = hf_model(load_config(a.model), a.system + a.suffix + a.max_tokens + 16, dev,
+                    torch.bfloat16 if dev == "cuda" else torch.float32)
+
+    def first_token(ids: list[int], cache=None) -> float:
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = m(input_ids=torch.tensor([ids], device=dev), past_key_values=cache if cache is not None else
+                    DynamicCache(), use_cache=True, logits_to_keep=1)
+            int(out.logits[0, -1].argmax())
+        return time.perf_counter() - t0
+
+    def prefix_cache(ids: list[int]):
+        c = DynamicCache()
+        with torch.no_grad():
+            m(input_ids=torch.tensor([ids], device=dev), past_key_values=c, use_cache=True, logits_to_keep=1)
+        return c
+
+    for w in warm:   # allocator, kernels' first calls
+        first_token(w)
+        first_token(w[-a.suffix:], copy.deepcopy(prefix_cache(w[:-a.suffix])))
+    whole = [first_token(system + s) for s in suffixes[1:]]
+    sc = prefix_cache(system)
+    reuse = []
+    for s in suffixes[1:]:
+        t0 = time.perf_counter()
+        c = copy.deepcopy(sc)
+        reuse.append(time.perf_counter() - t0 + first_token(s, c))
+    del m
+    row = {"system": "hf", "device": dev, "ttft_s": whole, "median_ttft_s": statistics.median(whole),
+           "reuse_ttft_s": reuse, "median_reuse_ttft_s": statistics.median(reuse)}
+    print(f"HF transformers (eager, {dev}): median TTFT {1e3 * row['median_ttft_s']:.2f} ms whole prompt, "
+          f"{1e3 * row['median_reuse_ttft_s']:.2f} ms reusing the system prompt's cache", flush=True)
+    return row
 
 
 def _run(a, caching: bool, system: list[int], suffixes: list[list[int]], warm: list[list[int]]) -> dict:
@@ -77,6 +126,7 @@ def main() -> int:
     ap.add_argument("--suffix", type=int, default=16, help="each request's own tokens after it")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--no-peer", action="store_true", help="leave out the HF transformers peer")
     a = ap.parse_args()
     rng = random.Random(0)
     vocab = min(1000, load_config(a.model).vocab_size)
@@ -90,15 +140,16 @@ def main() -> int:
                "batch_wall_ratio_off_to_on": off["batch_wall_s"] / on["batch_wall_s"]}
     print(f"median TTFT {summary['median_ttft_ratio_off_to_on']:.2f}x lower with the cache; batch wall time "
           f"{summary['batch_wall_ratio_off_to_on']:.2f}x")
-    res = {"model": a.model, "backend": a.backend, "plan": a.plan, "dtype": a.dtype, "system_tokens": a.system,
-           "suffix_tokens": a.suffix, "requests": a.requests, "max_tokens": a.max_tokens, "rows": rows,
-           "summary": summary, "commit": os.environ.get("GIT_COMMIT", "unknown"),
-           "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
-           "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-           "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    out = Path(os.environ.get("OUT") or "gpu_out")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_prefix_cache.json").write_text(json.dumps(res, indent=1))
+    peer = None if a.no_peer else _hf_peer(a, system, suffixes, warm)
+    if peer is not None:
+        summary["hf_whole_ttft_over_ours_cached"] = peer["median_ttft_s"] / on["median_ttft_s"]
+        summary["hf_reuse_ttft_over_ours_cached"] = peer["median_reuse_ttft_s"] / on["median_ttft_s"]
+        print(f"ours cached vs HF: {summary['hf_whole_ttft_over_ours_cached']:.2f}x faster than HF's whole prompt, "
+              f"{summary['hf_reuse_ttft_over_ours_cached']:.2f}x than HF reusing the cache")
+    write_result("bench_prefix_cache.json", {
+        "model": a.model, "backend": a.backend, "plan": a.plan, "dtype": a.dtype, "system_tokens": a.system,
+        "suffix_tokens": a.suffix, "requests": a.requests, "max_tokens": a.max_tokens, "rows": rows, "peer": peer,
+        "summary": summary})
     return 0
 
 

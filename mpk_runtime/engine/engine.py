@@ -21,7 +21,7 @@ from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, apply_penalties, c
                        device_sampling_for, make_generator, request_seed, sample, token_logprobs)
 from .scheduler import Scheduler
 from .step_stats import new_step_stats
-from .stop_strings import visible_text
+from .detokenize import IncrementalText
 from .tokenizer import LazyTokenizer
 
 log = logging.getLogger(__name__)
@@ -394,15 +394,16 @@ class LLMEngine:
         return self.tokenizer.available and self.tokenizer.get() is not None
 
     def _detokenize(self, r: Request, final: bool) -> bool:
-        """Update r.text from the output tokens; True when a stop string ended the request."""
+        """Update r.text from the output tokens (detokenize.py: the new token's text from a window of the last few);
+        True when a stop string ended the request."""
         if r.text is None:
             return False
-        # Decoding everything each time is O(n^2) but always right for multi-byte pieces; outputs are short.
-        text = self.tokenizer.get().decode(r.output_token_ids, skip_special_tokens=True)
-        if text.endswith("\ufffd") and not final:  # an incomplete UTF-8 sequence: wait for the next token
+        if r.detok is None:
+            r.detok = IncrementalText()
+        if not r.detok.add(self.tokenizer.get(), r.output_token_ids, final) and not final:
             return False
         p = r.params
-        text, hit = visible_text(text, p.stop, p.include_stop_str_in_output, final)
+        text, hit = r.detok.visible(p.stop, p.include_stop_str_in_output, final)
         if len(text) >= len(r.text) or hit:   # a held-back tail never takes back text already shown
             r.text = text
         return hit

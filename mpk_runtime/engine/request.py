@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -98,6 +99,7 @@ class Request:
     output_logprobs: list[dict[int, float]] | None = None   # SamplingParams.logprobs set: one dict a generated token
     num_cached_tokens: int = 0          # prompt tokens whose K/V came from the prefix cache (prefix_cache.py)
     block_keys: list[bytes] = field(default_factory=list)   # prefix-cache keys of its full computed pages
+    detok: Any = None                   # detokenize.IncrementalText once it has output text
     _sent_tokens: int = 0               # how much of the output the last snapshot already reported
     _sent_text: int = 0
 
