@@ -21,7 +21,7 @@ from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, apply_penalties, c
                        device_sampling_for, make_generator, request_seed, sample, token_logprobs)
 from .scheduler import Scheduler
 from .step_stats import new_step_stats
-from .detokenize import IncrementalText
+from .detokenize import IncrementalText, text_decoder
 from .tokenizer import LazyTokenizer
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,7 @@ class LLMEngine:
         self.kv_spec = kv_spec
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer or LazyTokenizer(None)
+        self._decode = None   # detokenize.text_decoder of the tokenizer, made at the first output text
         self.seed = seed
         self.model_eos = frozenset(t for t in eos_ids if 0 <= t < vocab_size)
         self.step_timeout = step_timeout
@@ -400,7 +401,9 @@ class LLMEngine:
             return False
         if r.detok is None:
             r.detok = IncrementalText()
-        if not r.detok.add(self.tokenizer.get(), r.output_token_ids, final) and not final:
+        if self._decode is None:
+            self._decode = text_decoder(self.tokenizer.get())
+        if not r.detok.add(self._decode, r.output_token_ids, final) and not final:
             return False
         p = r.params
         text, hit = r.detok.visible(p.stop, p.include_stop_str_in_output, final)

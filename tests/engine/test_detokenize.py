@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from mpk_runtime.engine.detokenize import IncrementalText
+from mpk_runtime.engine.detokenize import IncrementalText, text_decoder
 from mpk_runtime.engine.stop_strings import visible_text
 
 CORPUS = ["hello world, the quick brown fox jumps over the lazy dog. ", "naïve café über straße ünïcödé ⌘ 日本語 テスト",
@@ -49,17 +49,18 @@ def _streams(tok, n=60, length=80):
 @pytest.mark.parametrize("name", ["byte_level", "metaspace"])
 def test_incremental_text_equals_the_whole_decode(name, request):
     tok = request.getfixturevalue(name)
+    dec = text_decoder(tok)
     for ids in _streams(tok):
         it, shown = IncrementalText(), ""
         for n in range(1, len(ids) + 1):
-            it.add(tok, ids[:n], final=False)
+            it.add(dec, ids[:n], final=False)
             whole = tok.decode(ids[:n], skip_special_tokens=True)
             assert whole.startswith(it.full), (ids[:n], it.full, whole)   # never ahead of the truth
             assert it.full.startswith(shown)                             # never takes text back
             shown = it.full
             if not whole.endswith("\ufffd"):   # complete: the whole decode exactly
                 assert it.full == whole, (ids[:n], it.full, whole)
-        it.add(tok, ids, final=True)
+        it.add(dec, ids, final=True)
         assert it.full == tok.decode(ids, skip_special_tokens=True)
 
 
@@ -72,10 +73,10 @@ def test_stop_strings_over_the_incremental_text(name, request):
         text = tok.decode(ids, skip_special_tokens=True)
         stops = tuple({text[i:i + rng.randint(1, 4)] for i in (rng.randrange(max(1, len(text))) for _ in range(2))
                        if text[i:i + 1]}) or ("zz",)
-        it = IncrementalText()
+        it, dec = IncrementalText(), text_decoder(tok)
         for n in range(1, len(ids) + 1):
             final = n == len(ids)
-            if not it.add(tok, ids[:n], final) and not final:
+            if not it.add(dec, ids[:n], final) and not final:
                 continue
             got = it.visible(stops, False, final)
             assert got == visible_text(it.full, stops, False, final), (stops, it.full)
@@ -83,3 +84,15 @@ def test_stop_strings_over_the_incremental_text(name, request):
                 whole = tok.decode(ids[:n], skip_special_tokens=True)
                 assert got == visible_text(whole, stops, False, final)
                 break
+
+
+@pytest.mark.parametrize("name", ["byte_level", "metaspace"])
+def test_text_decoder_is_the_tokenizers_decode(name, request):
+    """The direct backend call where the tokenizer has no space cleanup, tok.decode where it has (both kinds here)."""
+    tok = request.getfixturevalue(name)
+    for clean in (False, True):
+        tok.clean_up_tokenization_spaces = clean
+        dec = text_decoder(tok)
+        for ids in _streams(tok, n=20):
+            assert dec(ids) == tok.decode(ids, skip_special_tokens=True)
+    tok.clean_up_tokenization_spaces = False
