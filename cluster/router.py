@@ -55,10 +55,12 @@ class Router:
             start = next(self._rr)  # rotate among equally loaded replicas
             order = live[start % len(live):] + live[:start % len(live)]
             least = min(order, key=lambda r: r.loop.load)
-            if prompt_token_ids is None or len(order) == 1 or not least.llm.engine.prefix_caching:
+            if prompt_token_ids is None or len(order) == 1:
                 return least
             slack = max(1, least.llm.engine.kv_spec.max_batch // 4)
-            near = [r for r in order if r.loop.load <= least.loop.load + slack]
+            near = [r for r in order if r.loop.load <= least.loop.load + slack and r.llm.engine.prefix_caching]
+            if not near:
+                return least
             hits = [len(r.llm.engine.allocator.match(prompt_token_ids)[0]) for r in near]   # (read-only lookups)
             best = max(range(len(near)), key=lambda i: (hits[i], -near[i].loop.load))
             return near[best] if hits[best] else least

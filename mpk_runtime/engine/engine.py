@@ -400,10 +400,10 @@ class LLMEngine:
         if r.text is None:
             return False
         if r.detok is None:
-            r.detok = IncrementalText()
-        if self._decode is None:
-            self._decode = text_decoder(self.tokenizer.get())
-        if not r.detok.add(self._decode, r.output_token_ids, final) and not final:
+            if self._decode is None:
+                self._decode = text_decoder(self.tokenizer.get())
+            r.detok = IncrementalText(self._decode)
+        if not r.detok.add(r.output_token_ids, final) and not final:
             return False
         p = r.params
         text, hit = r.detok.visible(p.stop, p.include_stop_str_in_output, final)

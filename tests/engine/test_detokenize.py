@@ -50,18 +50,19 @@ def _streams(tok, n=60, length=80):
 def test_incremental_text_equals_the_whole_decode(name, request):
     tok = request.getfixturevalue(name)
     dec = text_decoder(tok)
+    assert dec.whole is None and dec.clean is None   # the fast path
     for ids in _streams(tok):
-        it, shown = IncrementalText(), ""
+        it, shown = IncrementalText(dec), ""
         for n in range(1, len(ids) + 1):
-            it.add(dec, ids[:n], final=False)
+            it.add(ids[:n], final=False)
             whole = tok.decode(ids[:n], skip_special_tokens=True)
-            assert whole.startswith(it.full), (ids[:n], it.full, whole)   # never ahead of the truth
-            assert it.full.startswith(shown)                             # never takes text back
-            shown = it.full
+            assert whole.startswith(it.text), (ids[:n], it.text, whole)   # never ahead of the truth
+            assert it.text.startswith(shown)                             # never takes text back
+            shown = it.text
             if not whole.endswith("\ufffd"):   # complete: the whole decode exactly
-                assert it.full == whole, (ids[:n], it.full, whole)
-        it.add(dec, ids, final=True)
-        assert it.full == tok.decode(ids, skip_special_tokens=True)
+                assert it.text == whole, (ids[:n], it.text, whole)
+        it.add(ids, final=True)
+        assert it.text == tok.decode(ids, skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("name", ["byte_level", "metaspace"])
@@ -73,26 +74,71 @@ def test_stop_strings_over_the_incremental_text(name, request):
         text = tok.decode(ids, skip_special_tokens=True)
         stops = tuple({text[i:i + rng.randint(1, 4)] for i in (rng.randrange(max(1, len(text))) for _ in range(2))
                        if text[i:i + 1]}) or ("zz",)
-        it, dec = IncrementalText(), text_decoder(tok)
+        it = IncrementalText(text_decoder(tok))
         for n in range(1, len(ids) + 1):
             final = n == len(ids)
-            if not it.add(dec, ids[:n], final) and not final:
+            if not it.add(ids[:n], final) and not final:
                 continue
             got = it.visible(stops, False, final)
-            assert got == visible_text(it.full, stops, False, final), (stops, it.full)
+            assert got == visible_text(it.text, stops, False, final), (stops, it.text)
             if got[1]:
                 whole = tok.decode(ids[:n], skip_special_tokens=True)
                 assert got == visible_text(whole, stops, False, final)
                 break
 
 
+def _wordlevel(vocab_extra=(".", ",", "!", "?", "'", "n't", "'m", "'s", "'ve", "'re")):
+    """A Metaspace WordLevel tokenizer (not BPE: transformers applies its space cleanup when asked)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    words = ["<unk>", "</s>", "\u2581"] + ["\u2581" + w for w in "abcdefghijk"] + list(vocab_extra) + \
+        ["\u2581" + w for w in vocab_extra]
+    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Metaspace()
+    t.decoder = decoders.Metaspace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="</s>", unk_token="<unk>")
+    tok.clean_up_tokenization_spaces = True
+    return tok
+
+
+@pytest.mark.parametrize("kind", ["cleanup", "cannot_tell"])
+def test_tokenizers_with_space_cleanup(kind):
+    """transformers' cleanup (" ." -> ".", " n't" -> "n't") is not local to a window: applied over the whole text
+    where the tokenizer applies it ("cleanup"), or the whole output decoded each token where a probe cannot tell
+    ("cannot_tell": a vocabulary without those pieces); equal to the whole decode at every token either way."""
+    tok = _wordlevel() if kind == "cleanup" else _wordlevel(vocab_extra=())
+    dec = text_decoder(tok)
+    assert (dec.clean is not None) if kind == "cleanup" else (dec.whole is not None)
+    rng = random.Random(2)
+    V = len(tok)
+    for trial in range(40):
+        ids = [3, 2, 14] + [rng.randrange(V) for _ in range(30)]   # "\u2581a", "\u2581", ".": "a." (not "a .")
+        it = IncrementalText(dec)
+        for n in range(1, len(ids) + 1):
+            it.add(ids[:n], final=n == len(ids))
+            assert it.text == tok.decode(ids[:n], skip_special_tokens=True), (ids[:n], it.text)
+        stops = (tok.decode(ids[5:7], skip_special_tokens=True) or "zz",)
+        it2, whole = IncrementalText(dec), None
+        for n in range(1, len(ids) + 1):
+            final = n == len(ids)
+            if it2.add(ids[:n], final) or final:
+                got = it2.visible(stops, False, final)
+                whole = tok.decode(ids[:n], skip_special_tokens=True)
+                assert got == visible_text(whole, stops, False, final)
+                if got[1]:
+                    break
+
+
 @pytest.mark.parametrize("name", ["byte_level", "metaspace"])
 def test_text_decoder_is_the_tokenizers_decode(name, request):
-    """The direct backend call where the tokenizer has no space cleanup, tok.decode where it has (both kinds here)."""
+    """With the cleanup flag off and on: the incremental text is the tokenizer's decode."""
     tok = request.getfixturevalue(name)
-    for clean in (False, True):
+    for clean in (False, True):   # (BPE: transformers 5 ignores the flag; either way the texts must agree)
         tok.clean_up_tokenization_spaces = clean
         dec = text_decoder(tok)
         for ids in _streams(tok, n=20):
-            assert dec(ids) == tok.decode(ids, skip_special_tokens=True)
+            it = IncrementalText(dec)
+            for n in range(1, len(ids) + 1):
+                it.add(ids[:n], final=n == len(ids))
+            assert it.text == tok.decode(ids, skip_special_tokens=True)
     tok.clean_up_tokenization_spaces = False
