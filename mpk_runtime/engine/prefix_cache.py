@@ -93,24 +93,25 @@ class PrefixCachingAllocator(BlockAllocator):
         self._free.sort(reverse=True)
 
     # --- lookup and registration ---------------------------------------------------------------------------
-    def match(self, tokens) -> tuple[list[int], list[bytes]]:
+    def match(self, tokens, known: list[bytes] | None = None) -> tuple[list[int], list[bytes]]:
         """The cached pages of the longest run of full pages that starts `tokens` (leaving the last token out:
-        it must be computed), and their keys."""
+        it must be computed), and their keys. known: the keys of tokens' first pages computed by an earlier call
+        (extended here; a queued request's admission is retried every step)."""
         ps = self.page_size
-        pages, keys, prev = [], [], b""
+        known = [] if known is None else known
+        pages = []
         for i in range((len(tokens) - 1) // ps):
-            k = block_key(prev, tokens[i * ps:(i + 1) * ps])
-            p = self._page_of.get(k)
+            if i == len(known):
+                known.append(block_key(known[-1] if known else b"", tokens[i * ps:(i + 1) * ps]))
+            p = self._page_of.get(known[i])
             if p is None:
                 break
             pages.append(p)
-            keys.append(k)
-            prev = k
-        return pages, keys
+        return pages, known[:len(pages)]
 
     def admit(self, req, num_pages: int) -> tuple[list[int], int] | None:
         prompt = req.prompt_token_ids
-        hits, keys = self.match(prompt)
+        hits, keys = self.match(prompt, req.prompt_keys)
         idle = sum(p in self._evictable for p in hits)   # evictable now, held once claimed
         if num_pages - len(hits) > self.num_free - idle:
             return None

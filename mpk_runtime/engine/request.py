@@ -99,6 +99,7 @@ class Request:
     output_logprobs: list[dict[int, float]] | None = None   # SamplingParams.logprobs set: one dict a generated token
     num_cached_tokens: int = 0          # prompt tokens whose K/V came from the prefix cache (prefix_cache.py)
     block_keys: list[bytes] = field(default_factory=list)   # prefix-cache keys of its full computed pages
+    prompt_keys: list[bytes] = field(default_factory=list)  # keys of its prompt's first pages (admission retries)
     detok: Any = None                   # detokenize.IncrementalText once it has output text
     _sent_tokens: int = 0               # how much of the output the last snapshot already reported
     _sent_text: int = 0

@@ -138,7 +138,8 @@ if triton is not None:
         in_a = ok & ((v > bv) | ((v == bv) & (j < bj)))
         e = tl.where(in_a, _e(v, T, mx), 0.0)
         cs = carry + tl.cumsum(e, 0)
-        first = tl.min(tl.where((cs > rr) & in_a, j, 2147483647), 0)
+        first = tl.min(tl.where((cs > rr) & in_a & (e > 0), j, 2147483647), 0)   # (a chunk's carry can round
+        #                                                                            above rr: skip weight-0 entries)
         last = tl.max(tl.where(in_a & (e > 0), j, -1), 0)
         return first, last, tl.sum(e, 0)
 

@@ -206,3 +206,22 @@ def test_prefix_caching_needs_a_paged_backend():
         LLM("tiny-llama", backend="reference", dtype="float32", enable_prefix_caching=True)
     with pytest.raises(InvalidRequestError, match="True or False"):
         LLM("tiny-llama", backend="torch", dtype="float32", enable_prefix_caching="yes")
+
+
+def test_a_queued_request_hashes_its_prompt_once(monkeypatch):
+    """Admission is retried every step while the head of the queue waits for pages: its prompt's page keys are kept
+    on the request, not recomputed."""
+    from mpk_runtime.engine import prefix_cache as pc
+    a = PrefixCachingAllocator(num_pages=7, page_size=2)
+    r1 = _req([1, 2, 3, 4, 5, 6, 7])
+    _admit(a, r1, 4)
+    _computed(a, r1, 6)                                   # three pages cached, held by r1
+    calls = []
+    real = pc.block_key
+    monkeypatch.setattr(pc, "block_key", lambda prev, toks: calls.append(1) or real(prev, toks))
+    r2 = _req([1, 2, 3, 4, 5, 6, 9, 9, 9, 9, 9, 9, 9])
+    for _ in range(5):
+        assert _admit(a, r2, 7) is None                   # 3 hits + 4 new > 3 free
+    assert len(calls) == 4                                # 3 hits + the first miss, once
+    a.free(r1.block_table)
+    assert _admit(a, r2, 7)[1] == 6 and len(calls) == 4
