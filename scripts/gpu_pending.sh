@@ -26,6 +26,7 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh launch   # stage 4f (one GPU): a megakernel segment's fixed cost in graphs (~2 min)
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh engine   # (one GPU, ~3 min a model): LLM.generate's
 #                                                   ms per decode step, decode_steps 1 vs 8, B=1 / 8 (planned megakernel)
+#     OUT=$OUT bash scripts/gpu_pending.sh fulldraw   # (one GPU, ~2 min): the full-vocabulary draw's kernels alone
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh prefix   # (one GPU, ~2 min a model): prefix caching
 #                                                   off / on, TTFT with a shared system prompt (bench_prefix_cache.py)
 #     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
@@ -54,7 +55,8 @@
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
 # 0. The full draw split into chunks (session 51, docs/perf-notes.md has the prediction: B=1 plain +0.015-0.03 ms,
 #    nucleus +0.03-0.05; B=128 +0.05-0.07 / +0.08-0.11) and its GPU test (CUDA == CPU draws, the engine at k = 8):
-#    `N=t51 T=100 TESTS="tests/gpu/test_full_sampling_gpu.py" bash scripts/gpu_run.sh tests; N=engs51 T=170
+#    `N=t51 T=100 TESTS="tests/gpu/test_full_sampling_gpu.py" bash scripts/gpu_run.sh tests; N=fd T=160 bash
+#    scripts/gpu_run.sh fulldraw; N=engs51 T=170
 #    MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 ENGINE_SAMPLING=greedy,plain,nucleus ENGINE_LIM=160 bash
 #    scripts/gpu_run.sh engine`; then what it replaced (`... ENGINE_BS=1,8 ENGINE_SAMPLING=greedy,nucleus,host ...`)
 #    and qwen3-8b (V = 151936: `MODELS=qwen3-8b ENGINE_BS=1,8 ENGINE_SAMPLING=greedy,plain,nucleus`).
@@ -406,6 +408,12 @@ for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do
       --prompt-len 16,48 --sampling ${ENGINE_SAMPLING:-greedy} > "$OUT/bench/engine_$m.log" 2>&1
   grep -E "ms per decode step|x greedy" "$OUT/bench/engine_$m.log" | tail -20
 done; snap
+elif [ "$MODE" = fulldraw ]; then
+# fulldraw (session 51): the full-vocabulary draw alone, split Triton kernels vs the torch twin vs argmax
+st "4l the full-vocabulary draw's kernels (bench_full_draw.py)"
+mkdir -p "$OUT/bench"
+OUT="$OUT/bench" timeout ${FULLDRAW_LIM:-150} python3 scripts/bench_full_draw.py > "$OUT/bench/fulldraw.log" 2>&1
+grep -E "triton" "$OUT/bench/fulldraw.log" | tail -24; snap
 elif [ "$MODE" = prefix ]; then
 # prefix (session 51): prefix caching on a chat-like workload through the planned megakernel, off and on in one run
 # (bench_prefix_cache.py): TTFT of requests sharing a system prompt, and a batch of them
