@@ -137,9 +137,11 @@ class Request:
         if self.text is not None:
             delta_text = self.text[self._sent_text:]
             self._sent_text = len(self.text)
+        # (the prompt's list is shared by every snapshot, not copied: the engine never changes it, and a long
+        # prompt's copy a streamed update was most of a snapshot's cost)
         return RequestOutput(
-            request_id=self.request_id, prompt=self.prompt, prompt_token_ids=list(self.prompt_token_ids),
-            token_ids=list(self.output_token_ids), text=self.text, delta_token_ids=list(delta),
+            request_id=self.request_id, prompt=self.prompt, prompt_token_ids=self.prompt_token_ids,
+            token_ids=list(self.output_token_ids), text=self.text, delta_token_ids=delta,
             delta_text=delta_text, finished=self.finished, finish_reason=self.finish_reason, error=self.error,
             metrics=RequestMetrics(self.arrival_time, self.first_token_time, self.finish_time,
                                    len(self.prompt_token_ids), len(self.output_token_ids)),
