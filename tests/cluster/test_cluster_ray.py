@@ -98,6 +98,23 @@ def test_tp2_backend_through_ray(ray_local, ref_greedy):
         llm.shutdown()
 
 
+def test_prefix_caching_over_tp2_ray_ranks(ray_local, ref_greedy):
+    """Two ranks in two actor processes, each with its own K/V pages: a prompt that shares the first's head takes
+    its cached pages on both ranks (the engine's page table is every rank's) and follows the reference."""
+    from cluster.ray_executor import RayExecutor
+    ex = RayExecutor(2, name="tp2-prefix")
+    head = list(range(20, 60))
+    prompts = [head + [1, 2], head + [3]]
+    llm = LLM("tiny-qwen3", backend="torch", tp=2, dtype="float32", max_seq_len=64, executor=ex,
+              enable_prefix_caching=True)
+    try:
+        outs = [llm.generate([p], GREEDY, use_tqdm=False)[0] for p in prompts]
+        assert [o.num_cached_tokens for o in outs] == [0, 32]
+        assert [o.token_ids for o in outs] == [ref_greedy("tiny-qwen3", p, 8) for p in prompts]
+    finally:
+        llm.shutdown()
+
+
 @pytest.fixture(scope="module")
 def ray_server(ray_local):
     from cluster.router import build_router
