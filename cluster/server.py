@@ -424,6 +424,13 @@ def create_app(router: Router, served_model_name: str | None = None):
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "mpk-runtime",
                                             "max_model_len": router.engine.kv_spec.max_seq_len}]}
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        """Forget every replica's prefix cache (--enable-prefix-caching): the next prompts compute all their pages."""
+        futs = [asyncio.wrap_future(r.loop.call(lambda e: e.reset_prefix_cache())) for r in router.replicas]
+        pages = await asyncio.gather(*futs)
+        return {"reset": bool(router.engine.prefix_caching), "cached_pages_dropped": sum(pages)}
+
     @app.get("/health")
     async def health():
         stats = router.stats()

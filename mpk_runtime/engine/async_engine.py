@@ -7,6 +7,7 @@ dead worker is noticed (and the executor rebuilt) before the next request arrive
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import queue
 import threading
@@ -65,6 +66,13 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._cmds.put(("abort", request_id))
 
+    def call(self, fn: Callable[[LLMEngine], object]) -> "cf.Future":
+        """Run fn(engine) on the loop thread between steps (the engine is not thread-safe); its result or error
+        arrives in the returned future."""
+        fut: cf.Future = cf.Future()
+        self._cmds.put(("call", fn, fut))
+        return fut
+
     def stats(self) -> dict:
         s = dict(self.engine.stats)
         s.update(self._times)
@@ -107,6 +115,12 @@ class EngineLoop:
             out = self.engine.abort(cmd[1])
             if out is not None:
                 self._deliver(out)
+        elif cmd[0] == "call":
+            _, fn, fut = cmd
+            try:
+                fut.set_result(fn(self.engine))
+            except Exception as e:   # the caller's to handle
+                fut.set_exception(e)
 
     def _run(self) -> None:
         last_health = time.monotonic()

@@ -159,6 +159,12 @@ class LLMEngine:
         self._forget(req, free_on_workers=was_running)
         return req.snapshot()
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the prefix cache (LLM(enable_prefix_caching=True)): later prompts compute every page again (a cold
+        measurement, or weights changed under the same engine). Returns the pages that were cached (0 without it).
+        Running requests keep their pages; their pages computed later are cached again."""
+        return self.allocator.drop_cache() if self.prefix_caching else 0
+
     # --- stepping -----------------------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

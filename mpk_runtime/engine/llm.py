@@ -201,6 +201,10 @@ class LLM:
             for r in left:
                 self.engine.abort(r)
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the prefix cache (enable_prefix_caching): the pages it held; see LLMEngine.reset_prefix_cache."""
+        return self.engine.reset_prefix_cache()
+
     def shutdown(self) -> None:
         self.executor.shutdown()
 

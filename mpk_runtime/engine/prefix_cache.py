@@ -48,6 +48,17 @@ class PrefixCachingAllocator(BlockAllocator):
         super().reset()
         self.query_tokens, self.hit_tokens, self.evictions = counts
 
+    def drop_cache(self) -> int:
+        """Forget every cached block (pages nobody holds become free; held ones stay held, uncached). Returns the
+        number of pages that were cached."""
+        n = len(self._key_of)
+        self._free.extend(self._evictable)
+        self._free.sort(reverse=True)
+        self._evictable.clear()
+        self._page_of.clear()
+        self._key_of.clear()
+        return n
+
     # --- capacity --------------------------------------------------------------------------------------------
     @property
     def num_free(self) -> int:

@@ -382,6 +382,13 @@ def test_prefix_caching_through_the_server(demo_dir):
         assert sorted(s["prefix_cache_hit_tokens"] for s in stats.values()) == [0, cached[1] + cached[2]]
         metrics = httpx.get(srv.url + "/metrics").text
         assert "mpk_prefix_cache_hit_tokens_total{replica=" in metrics
+        reset = httpx.post(srv.url + "/reset_prefix_cache").json()
+        assert reset["reset"] and reset["cached_pages_dropped"] > 0
+        r = httpx.post(srv.url + "/v1/chat/completions", json={
+            "model": "tiny-qwen3-demo", "messages": msgs, "max_tokens": 5, "temperature": 0, "ignore_eos": True},
+            timeout=60).json()
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and r["choices"][0]["message"]["content"] == \
+            wants[-1]
     finally:
         srv.stop()
         router.shutdown()

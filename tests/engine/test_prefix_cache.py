@@ -225,3 +225,24 @@ def test_a_queued_request_hashes_its_prompt_once(monkeypatch):
     assert len(calls) == 4                                # 3 hits + the first miss, once
     a.free(r1.block_table)
     assert _admit(a, r2, 7)[1] == 6 and len(calls) == 4
+
+
+def test_reset_prefix_cache(ref_greedy):
+    """LLM.reset_prefix_cache: the cache is forgotten (a cold run after a warm one), pages held by nobody are free
+    again, and caching goes on afterwards."""
+    a = PrefixCachingAllocator(num_pages=6, page_size=2)
+    r = _req([1, 2, 3, 4, 5])
+    p, _ = _admit(a, r, 3)
+    _computed(a, r, 4)
+    a.free(p)
+    assert a.drop_cache() == 2 and a.num_cached == 0 and a.num_free == 6
+    assert _admit(a, _req([1, 2, 3, 4, 9]), 3)[1] == 0
+    with _llm(enable_prefix_caching=True) as llm:
+        llm.generate([SYSTEM + [1]], GREEDY, use_tqdm=False)
+        assert llm.reset_prefix_cache() == 3   # the system prompt's two pages and the answer's third
+        cold = llm.generate([SYSTEM + [2]], GREEDY, use_tqdm=False)[0]
+        warm = llm.generate([SYSTEM + [3]], GREEDY, use_tqdm=False)[0]
+    assert (cold.num_cached_tokens, warm.num_cached_tokens) == (0, 32)
+    assert warm.token_ids == ref_greedy("tiny-llama", SYSTEM + [3], 10)
+    with _llm() as llm:
+        assert llm.reset_prefix_cache() == 0
