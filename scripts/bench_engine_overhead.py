@@ -35,19 +35,23 @@ from _bench_common import write_result   # (scripts/, this script's folder)
 
 @register_runner("instant")
 class InstantRunner(ModelRunner):
-    """Returns token (start_pos % 7) + 1 for every chunk at once: no compute."""
+    """Returns token (start_pos % 7) + 1 for every chunk at once: no compute (step_ms > 0: sleeps that long a step,
+    the GIL released, as a GPU step's CUDA wait is)."""
     samples_on_device = True
     shares_kv_pages = True   # (no K/V at all)
 
     def __init__(self, model: str = "llama-3.2-1b", max_batch: int = 128, max_seq_len: int = 512,
-                 page_size: int = 16, **_: object):
+                 page_size: int = 16, step_ms: float = 0.0, **_: object):
         self.config = load_config(model)
+        self.step_s = step_ms / 1e3
         self._spec = KVSpec(page_size, max_batch * (-(-max_seq_len // page_size)) + 1, max_batch, max_seq_len)
 
     def kv_spec(self) -> KVSpec:
         return self._spec
 
     def step(self, chunks):
+        if self.step_s:
+            time.sleep(self.step_s)
         lg = torch.zeros(len(chunks), self.config.vocab_size) if host_logits_needed(chunks) else None
         return step_output(chunks, lg, [1 + (c.start_pos % 7) for c in chunks])
 
