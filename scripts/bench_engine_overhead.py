@@ -10,7 +10,10 @@ time of the same plan. --decode-steps 1,8 runs each batch with one decode step p
 --sampling greedy,topk,plain,nucleus,host: how the requests sample (SAMPLINGS below): greedy; top_k 50 (the graph's
 top-64 sampler); top_k 0 at temperature 1 ("plain") and with top_p 0.95 ("nucleus"): the full-vocabulary draw on
 the device (runtime/full_sampling.py); "host": the nucleus requests with device_sampling="off" (logits copied, the
-host sampler; one decode step per engine step), what such requests cost before the full draw.
+host sampler; one decode step per engine step), what such requests cost before the full draw. --async-bursts runs each
+decode_steps > 1 again with LLM(async_bursts=True) (the next burst in flight while the engine reads the last);
+--tokenizer DIR gives the requests text out (the engine detokenizes each token); --step-ms T makes the instant
+runner wait T ms a step with the GIL released, as a GPU step does.
 
     PYTHONPATH=. python3 scripts/bench_engine_overhead.py [--requests 1,128] [--max-tokens 256] [--prompt-len 16,48]
         [--decode-steps 1,8] [--sampling greedy,nucleus,host] [--backend megakernel --model llama-3.2-1b --plan auto]
@@ -27,7 +30,7 @@ import torch
 from mpk_runtime import LLM, SamplingParams
 from mpk_runtime.engine.step_stats import breakdown, diff_stats, format_breakdown
 from mpk_runtime.models.config import load_config
-from mpk_runtime.runtime.base import KVSpec, ModelRunner, register_runner
+from mpk_runtime.runtime.base import KVSpec, ModelRunner, check_decode_steps, register_runner
 from mpk_runtime.runtime.device_sampling import host_logits_needed, step_output
 
 from _bench_common import write_result   # (scripts/, this script's folder)
@@ -54,6 +57,19 @@ class InstantRunner(ModelRunner):
             time.sleep(self.step_s)
         lg = torch.zeros(len(chunks), self.config.vocab_size) if host_logits_needed(chunks) else None
         return step_output(chunks, lg, [1 + (c.start_pos % 7) for c in chunks])
+
+    def decode_steps(self, chunks, num_steps: int, resume: bool = False):
+        """As a GPU burst: every step's work issued at once, then one wait (num_steps x step_ms, the GIL released)
+        for all of them; the tokens step by step as step() gives them."""
+        check_decode_steps(chunks, num_steps)
+        if resume and [c.seq_id for c in chunks] != getattr(self, "_rows", None):
+            raise ValueError("decode_steps(resume=True) continues the last call's rows")
+        self._rows = [c.seq_id for c in chunks]
+        if self.launched is not None:
+            self.launched()
+        if self.step_s:
+            time.sleep(self.step_s * num_steps)
+        return torch.tensor([[1 + ((c.start_pos + j) % 7) for j in range(num_steps)] for c in chunks])
 
 
 SAMPLINGS = {"greedy": dict(temperature=0.0), "topk": dict(temperature=0.8, top_k=50),
@@ -98,7 +114,8 @@ def _measure(llm, a, prompts: list, mode: str, k: int) -> dict:
     row = {"requests": b, "decode_steps": k, "sampling": mode, "ms_per_decode_step": sorted(runs),
            "median_ms_per_decode_step": med, "tokens_per_s": sorted(toks)[len(toks) // 2],
            "median_ms_per_decode_step_without_prefill": dmed}
-    print(f"{a.model} {a.backend} B={b} {mode} decode_steps={k}: {med:.3f} ms per decode step, {dmed:.3f} "
+    print(f"{a.model} {a.backend} B={b} {mode} decode_steps={k}{' async' if llm.engine.async_bursts else ''}: "
+          f"{med:.3f} ms per decode step, {dmed:.3f} "
           f"without the prefill steps ({row['tokens_per_s']:.0f} tokens/s; runs {', '.join(f'{x:.3f}' for x in runs)})",
           flush=True)
     return row
@@ -107,7 +124,7 @@ def _measure(llm, a, prompts: list, mode: str, k: int) -> dict:
 def _summary(rows: list[dict]) -> None:
     """Each sampling mode's ms per decode step (without the prefill steps) beside greedy's at the same batch."""
     greedy = {(r["requests"], r["decode_steps"]): r["median_ms_per_decode_step_without_prefill"]
-              for r in rows if r["sampling"] == "greedy"}
+              for r in rows if r["sampling"] == "greedy" and not r.get("async_bursts")}
     base = {b: v for (b, k), v in sorted(greedy.items(), key=lambda kv: -kv[0][1])}   # the largest k's greedy
     for r in rows:
         g = base.get(r["requests"])
@@ -129,6 +146,11 @@ def main() -> int:
     ap.add_argument("--model", default="llama-3.2-1b")
     ap.add_argument("--plan", default="none", choices=["none", "auto"])
     ap.add_argument("--sampling", default="greedy", help=f"comma-separated, of {', '.join(SAMPLINGS)}")
+    ap.add_argument("--async-bursts", action="store_true",
+                    help="also run each decode_steps > 1 with LLM(async_bursts=True) (engine/bursts.py)")
+    ap.add_argument("--tokenizer", default=None, help="a tokenizer directory: text out (the engine detokenizes)")
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="the instant runner's time a step (slept, the GIL released, as a GPU step waits)")
     a = ap.parse_args()
     modes = [m for m in a.sampling.split(",") if m]
     bad = [m for m in modes if m not in SAMPLINGS]
@@ -141,15 +163,20 @@ def main() -> int:
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(max(batches))]
     rows = []
     # (decode_steps, device_sampling, sampling modes) of each LLM: "host" runs apart (device_sampling off, k = 1)
-    runs_of = [(k, "auto", [m for m in modes if m != "host"]) for k in ks] + ([(1, "off", ["host"])]
-                                                                              if "host" in modes else [])
-    for k, dmode, mlist in runs_of:
+    # (--async-bursts: each k > 1 run again with LLM(async_bursts=True), in the same process, after it)
+    runs_of = [(k, "auto", [m for m in modes if m != "host"], False) for k in ks] + \
+        ([(k, "auto", [m for m in modes if m != "host"], True) for k in ks if k > 1] if a.async_bursts else []) + \
+        ([(1, "off", ["host"], False)] if "host" in modes else [])
+    for k, dmode, mlist, asy in runs_of:
         if not mlist:
             continue
         llm = LLM(a.model, backend=a.backend, max_batch=max(batches), max_seq_len=hi + a.max_tokens + 16,
-                  decode_steps=k, device_sampling=dmode, **({"plan": a.plan} if a.plan != "none" else {}))
+                  decode_steps=k, device_sampling=dmode, async_bursts=asy, tokenizer=a.tokenizer,
+                  **({"plan": a.plan} if a.plan != "none" else {}), **({"step_ms": a.step_ms} if a.step_ms else {}))
         try:
-            rows += [_measure(llm, a, prompts[:b], mode, k) for mode in mlist for b in batches]
+            for mode in mlist:
+                for b in batches:
+                    rows.append({**_measure(llm, a, prompts[:b], mode, k), "async_bursts": asy})
         finally:
             llm.shutdown()
     _summary(rows)

@@ -65,6 +65,10 @@
 #       B=128 +0.05-0.07 / +0.08-0.11; session 50: +0.17 / +0.24 / +0.28 / +0.48):
 #       `N=engs51 T=170 MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 ENGINE_SAMPLING=greedy,plain,nucleus
 #       ENGINE_LIM=160 bash scripts/gpu_run.sh engine`
+#    d. async bursts (session 51, CPU-measured -5.8% a decode step at 64 text requests with a 2 ms waiting step;
+#       predicted on the GPU: llama B=1 k=8 0..-2%, B=64/128 -2..-6%): `N=asy T=200 MODELS=llama-3.2-1b
+#       ENGINE_BS=1,64 ENGINE_KS=8 ENGINE_ASYNC=1 ENGINE_LIM=190 bash scripts/gpu_run.sh engine`; if it holds and the
+#       GPU tests pass with it, make async_bursts the default.
 #    Then what the draw replaced (`... ENGINE_BS=1,8 ENGINE_SAMPLING=greedy,nucleus,host ...`) and qwen3-8b (V = 151936:
 #    `MODELS=qwen3-8b ENGINE_BS=1,8 ENGINE_SAMPLING=greedy,plain,nucleus`). If prefix caching holds, make
 #    enable_prefix_caching the default (LLM, server, jobs).
@@ -409,7 +413,8 @@ st "4j the engine's time per token through the planned megakernel, decode_steps 
 for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do
   OUT="$OUT/bench/engine_$m" timeout ${ENGINE_LIM:-200} python3 scripts/bench_engine_overhead.py --backend megakernel \
       --plan auto --model "$m" --requests ${ENGINE_BS:-1,8} --decode-steps ${ENGINE_KS:-1,8} --max-tokens 128 \
-      --prompt-len 16,48 --sampling ${ENGINE_SAMPLING:-greedy} > "$OUT/bench/engine_$m.log" 2>&1
+      --prompt-len 16,48 --sampling ${ENGINE_SAMPLING:-greedy} ${ENGINE_ASYNC:+--async-bursts} \
+      > "$OUT/bench/engine_$m.log" 2>&1
   grep -E "ms per decode step|x greedy" "$OUT/bench/engine_$m.log" | tail -20
 done; snap
 elif [ "$MODE" = fulldraw ]; then

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 from ..runtime.base import KVSpec, SeqChunk
 from ..runtime.executor import Executor
 from .block_allocator import BlockAllocator
+from .bursts import BurstsMixin
 from .prefix_cache import PrefixCachingAllocator
 from .errors import InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError
 from .request import Request, RequestOutput, Status
@@ -35,11 +36,11 @@ def check_decode_steps_arg(v, none_ok: bool = False) -> None:
                                   f"[1, 64], got {v!r}")
 
 
-class LLMEngine:
+class LLMEngine(BurstsMixin):
     def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
                  seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
                  device_sampling: str = "auto", eos_ids: set[int] | frozenset = frozenset(), decode_steps: int = 1,
-                 full_sampling: bool = False, prefix_caching: bool = False):
+                 full_sampling: bool = False, prefix_caching: bool = False, async_bursts: bool = False):
         """device_sampling: "auto" | "on" | "off": which requests the runner samples on device (SamplingParams
         doc); runners without device sampling always return logits, and the host samples. eos_ids: end-of-sequence
         ids beyond the tokenizer's (a model directory's generation_config.json / config.json). decode_steps: up to
@@ -48,11 +49,18 @@ class LLMEngine:
         round trip for all of them); the tokens past a row's stop are computed and dropped. full_sampling: the
         runner draws full-vocabulary rows (samples_full_on_device): top_k 0 / > 64 requests are sampled there.
         prefix_caching: computed pages stay cached by content and a prompt that starts with cached pages takes them
-        instead of computing them (prefix_cache.py; the runner must keep K/V only in the pages: shares_kv_pages)."""
+        instead of computing them (prefix_cache.py; the runner must keep K/V only in the pages: shares_kv_pages).
+        async_bursts: the next burst of decode steps runs while the engine reads the last one (bursts.py; needs
+        decode_steps > 1 and an executor with async_rpc)."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps)
         self.decode_steps = decode_steps
+        if async_bursts and not getattr(executor, "async_rpc", False):
+            raise InvalidRequestError(f"async_bursts needs an executor that takes asynchronous calls (in-process, "
+                                      f"Ray); {type(executor).__name__} does not")
+        self.async_bursts = bool(async_bursts)
+        self._inflight = None   # bursts.Burst submitted and not read yet (async_bursts)
         self.device_sampling = device_sampling
         self.full_sampling = bool(full_sampling)
         self.executor = executor
@@ -80,6 +88,7 @@ class LLMEngine:
                       "requests_failed": 0, "recoveries": 0, "last_batch_size": 0, "max_batch_size_seen": 0,
                       "sequences_scheduled": 0,  # / steps = mean batch occupancy
                       "multi_steps": 0, "device_steps_in_multi": 0,   # engine steps running several decode steps
+                      "async_bursts": 0,     # bursts submitted before the last one was read (async_bursts)
                       # requests by where their tokens are drawn: the step graph's sampler (greedy, top_k <= 64),
                       # the full-vocabulary draw on the device, the host sampler
                       "sampled_graph": 0, "sampled_full": 0, "sampled_host": 0,
@@ -153,6 +162,8 @@ class LLMEngine:
         req = self._requests.get(request_id)
         if req is None or req.finished:
             return None
+        if self._abort_inflight(req):   # (its pages are released after the burst in flight)
+            return req.snapshot()
         was_running = req.status is Status.RUNNING
         self.scheduler.release(req)
         req.finish("abort")
@@ -178,6 +189,8 @@ class LLMEngine:
         the request's tokens)."""
         if outputs not in ("all", "finished"):
             raise ValueError(f"outputs must be 'all' or 'finished', got {outputs!r}")
+        if self._inflight is not None:   # a burst in flight (async_bursts): read it before scheduling anything
+            return self._read_inflight(outputs == "all")
         t0 = time.perf_counter()
         c0 = time.thread_time()
         sched = self.scheduler.schedule()
@@ -287,67 +300,22 @@ class LLMEngine:
         return reason
 
     def _finish_step(self, done: list[Request], n_prompt: int, n_decode: int, t0: float, t1: float, t2: float,
-                     c0: float, timing: dict | None) -> None:
+                     c0: float, timing: dict | None, defer_to=None) -> None:
+        """defer_to: the burst in flight (bursts.Burst) that still writes the finished rows' pages: they are
+        released after it returns."""
         for r in done:
-            self.scheduler.release(r)
+            if defer_to is None:
+                self.scheduler.release(r)
             if r.finish_reason != "error":
                 self.stats["requests_finished"] += 1
         t3 = time.perf_counter()
-        if done:
+        if done and defer_to is not None:
+            for r in done:
+                self._requests.pop(r.request_id, None)
+            defer_to.deferred.extend(done)
+        elif done:
             self._forget_many(done)
         self._account_step(n_prompt, n_decode, t0, t1, t2, t3, time.perf_counter(), time.thread_time() - c0, timing)
-
-    def _steps_for(self, sched, chunks: list[SeqChunk]) -> int:
-        """Decode steps this engine step runs: decode_steps when every row decodes one token sampled on the device
-        and nothing waits (a waiting request would wait the extra steps for its prefill), capped so that no row
-        goes past its length (its pages cover every position up to it); else 1."""
-        if self.decode_steps == 1 or self.scheduler.waiting:
-            return 1
-        k = self.decode_steps
-        for s, c in zip(sched, chunks):
-            r = s.request
-            if c.sampling is None or len(c.token_ids) != 1 or not r.output_token_ids:
-                return 1
-            k = min(k, r.max_total_len - r.num_tokens)
-        return max(k, 1)
-
-    def _step_many(self, sched, chunks: list[SeqChunk], k: int, want_all: bool, t0: float, t1: float,
-                   c0: float) -> list[RequestOutput]:
-        """k decode steps of the scheduled rows in one executor call; each row takes its k tokens in order up to
-        its stop (the rest were computed for nothing and are dropped)."""
-        timeout = None if self.step_timeout is None else self.step_timeout * k
-        try:
-            drawn = self.executor.collective_rpc("execute", (chunks, k), timeout=timeout)[0]
-        except Exception as e:
-            return self._on_failure(e)
-        t2 = time.perf_counter()
-        timing = getattr(self.executor, "last_timing", None)
-        rows = drawn.tolist()
-        self._count_step(len(chunks))
-        self.stats["multi_steps"] += 1
-        self.stats["device_steps_in_multi"] += k
-        now = time.monotonic()
-        outputs, done = [], []
-        for s, toks in zip(sched, rows):
-            r = s.request
-            reason = None
-            for tok in toks:
-                r.num_computed += 1
-                if not 0 <= tok < self.vocab_size:
-                    reason = "error"
-                    r.finish("error", error=f"sampling failed for this request ({self._bad_token(tok)})")
-                    self.stats["requests_failed"] += 1
-                    break
-                reason = self._accept(r, tok, now)
-                if reason:
-                    break
-            self.allocator.commit(r)
-            if reason:
-                done.append(r)
-            if want_all or reason:
-                outputs.append(r.snapshot())
-        self._finish_step(done, 0, len(chunks), t0, t1, t2, c0, timing)
-        return outputs
 
     def _account_step(self, n_prompt: int, n_decode: int, t0: float, t1: float, t2: float, t3: float, t4: float,
                       cpu: float, timing: dict | None) -> None:
@@ -446,6 +414,14 @@ class LLMEngine:
             return self._on_failure(e)
 
     def _on_failure(self, exc: Exception) -> list[RequestOutput]:
+        if self._inflight is not None:   # let the burst in flight end before its rows' pages go back
+            b, self._inflight = self._inflight, None
+            try:
+                b.future.result()
+            except Exception:   # noqa: BLE001 - the failure below is the one reported
+                pass
+            for r in b.deferred:
+                self.scheduler.release(r)
         msg = f"{type(exc).__name__}: {exc}"
         log.error("step failed: %s", msg)
         outputs, failed_ids = [], []

@@ -65,7 +65,7 @@ class LLM:
                  page_size: int = 16, num_pages: int | None = None, tokenizer: Any = None,
                  max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
                  executor_kwargs: dict | None = None, device_sampling: str = "auto", decode_steps: int | None = None,
-                 enable_prefix_caching: bool = False, **runner_kwargs: Any):
+                 enable_prefix_caching: bool = False, async_bursts: bool = False, **runner_kwargs: Any):
         """model: preset name or local HF directory. backend: runner registry name ("reference", "pyvm",
         "torch", "megakernel"). tp: ranks per replica. executor: "inprocess", "ray" (after `import cluster`)
         or an Executor instance (not yet initialised). tokenizer: None = from the model directory if present,
@@ -76,12 +76,15 @@ class LLM:
         samples on the device and device_sampling is not "off", else 1. enable_prefix_caching: pages of computed
         tokens stay cached by content, and a prompt that starts with cached pages (a shared system prompt, a chat's
         earlier turns) takes them instead of computing them again (engine/prefix_cache.py; backends that keep K/V
-        only in the engine's pages: pyvm, torch, megakernel). Other keywords go to the runner."""
+        only in the engine's pages: pyvm, torch, megakernel). async_bursts: the next burst of decode steps runs on
+        the workers while the engine reads the last one's tokens (engine/bursts.py; needs decode_steps > 1 and the
+        in-process or Ray executor). Other keywords go to the runner."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps, none_ok=True)
-        if not isinstance(enable_prefix_caching, bool):
-            raise InvalidRequestError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
+        for name, v in (("enable_prefix_caching", enable_prefix_caching), ("async_bursts", async_bursts)):
+            if not isinstance(v, bool):
+                raise InvalidRequestError(f"{name} must be True or False, got {v!r}")
         self.model = model
         self.config = resolve_model(model)
         if not isinstance(tp, int) or tp < 1:
@@ -110,6 +113,10 @@ class LLM:
             kv_spec = executor.collective_rpc("kv_spec")[0]
             on_device = device_sampling != "off" and executor.collective_rpc("samples_on_device")[0]
             full = on_device and executor.collective_rpc("samples_full_on_device")[0]
+            if async_bursts and decode_steps < 2:
+                raise InvalidRequestError(f"async_bursts overlaps bursts of decode steps; decode_steps={decode_steps} "
+                                          "runs none: leave decode_steps out (8 where the backend samples on the "
+                                          "device) or set it > 1")
             if enable_prefix_caching and not executor.collective_rpc("shares_kv_pages")[0]:
                 raise InvalidRequestError(
                     f"enable_prefix_caching needs a backend that keeps K/V only in the engine's pages; {backend!r} "
@@ -133,7 +140,7 @@ class LLM:
                                 max_num_batched_tokens=max_num_batched_tokens, step_timeout=step_timeout,
                                 device_sampling=device_sampling, eos_ids=model_eos_ids(model),
                                 decode_steps=decode_steps, full_sampling=full,
-                                prefix_caching=enable_prefix_caching)
+                                prefix_caching=enable_prefix_caching, async_bursts=async_bursts)
 
     @property
     def tokenizer(self):

@@ -62,6 +62,8 @@ class ModelRunner(abc.ABC):
     world_size: int = 1
     samples_on_device = False   # `step` draws the tokens of chunks that carry `sampling` (StepOutput.tokens)
     samples_full_on_device = False   # ... also DeviceSampling.full rows (top_k 0 / > 64: runtime/full_sampling.py)
+    launched = None   # set by the worker for a call: invoked once the call's device work is queued (the caller may go
+    #                   on: InProcessExecutor.rpc_async); runners that do not call it are waited for to the end
     shares_kv_pages = False   # K/V live only in the engine's pages (nothing kept per sequence), so sequences can share
     #                           pages: the engine's prefix cache (engine/prefix_cache.py) needs it
 
@@ -71,13 +73,21 @@ class ModelRunner(abc.ABC):
     @abc.abstractmethod
     def step(self, chunks: list[SeqChunk]) -> torch.Tensor: ...
 
-    def decode_steps(self, chunks: list[SeqChunk], num_steps: int) -> torch.Tensor:
+    def decode_steps(self, chunks: list[SeqChunk], num_steps: int, resume: bool = False) -> torch.Tensor:
         """num_steps decode steps of the same rows, each feeding the token drawn for a row to its next step:
         the drawn tokens (n, num_steps) int64. Every chunk is one token with device sampling, and its block table
-        covers start_pos + num_steps - 1. This default runs `step` once a step (the tokens pass through the host);
-        a runner overrides it to keep them on the device between the steps."""
+        covers start_pos + num_steps - 1. resume: the rows are the last call's, in its order, and each one's token
+        is the last one drawn for it there (the chunks' token ids are ignored: the engine has not read them yet).
+        This default runs `step` once a step (the tokens pass through the host); a runner overrides it to keep them
+        on the device between the steps."""
         check_decode_steps(chunks, num_steps)
         from .device_sampling import StepOutput
+        if resume:
+            last = getattr(self, "_last_drawn", {})
+            if [c.seq_id for c in chunks] != list(last):
+                raise ValueError("decode_steps(resume=True) continues the last call's rows, in its order")
+            chunks = [SeqChunk(c.seq_id, [last[c.seq_id]], c.start_pos, c.block_table, c.sampling, False)
+                      for c in chunks]
         drawn = []
         for j in range(num_steps):
             out = self.step(chunks)
@@ -87,7 +97,9 @@ class ModelRunner(abc.ABC):
             drawn.append(out.tokens)
             chunks = [SeqChunk(c.seq_id, [int(t)], c.start_pos + 1, c.block_table, c.sampling, False)
                       for c, t in zip(chunks, out.tokens.tolist())]
-        return torch.stack(drawn, 1)
+        out = torch.stack(drawn, 1)
+        self._last_drawn = {c.seq_id: int(t) for c, t in zip(chunks, out[:, -1].tolist())}
+        return out
 
     def shutdown(self) -> None:  # pragma: no cover - default no-op
         pass

@@ -105,10 +105,11 @@ class Worker:
     def model_config(self):
         return self._need_runner().config
 
-    def execute(self, chunks: list[SeqChunk], num_steps: int = 1):
+    def execute(self, chunks: list[SeqChunk], num_steps: int = 1, resume: bool = False):
         """Run one step. Every rank computes; only rank 0 returns the fp32 logits (n, vocab) - the others return
-        None so that a remote executor does not ship world_size identical copies. num_steps > 1: that many decode
-        steps of the same rows (ModelRunner.decode_steps), returning the drawn tokens (n, num_steps)."""
+        None so that a remote executor does not ship world_size identical copies. num_steps > 1 (or resume): that
+        many decode steps of the same rows (ModelRunner.decode_steps), returning the drawn tokens (n, num_steps);
+        resume: the rows of the last decode_steps call, each fed its last drawn token (from the device)."""
         if self._fault is not None:
             kind, arg = self._fault
             self._fault = None
@@ -120,16 +121,27 @@ class Worker:
                 raise RuntimeError(f"injected fault on rank {self.rank}")
         runner = self._need_runner()
         w0, t0 = time.time(), time.perf_counter()
-        logits = runner.step(chunks) if num_steps == 1 else runner.decode_steps(chunks, num_steps)
+        ev, self.launched = getattr(self, "launched", None), None   # (InProcessExecutor.rpc_async's handshake)
+        runner.launched = ev.set if ev is not None else None
+        try:
+            if num_steps == 1 and not resume:
+                logits = runner.step(chunks)
+            else:
+                logits = runner.decode_steps(chunks, num_steps, resume=True) if resume else \
+                    runner.decode_steps(chunks, num_steps)
+        finally:
+            runner.launched = None
+            if ev is not None:
+                ev.set()
         dt = time.perf_counter() - t0
         self._steps += 1
         self._runner_s += dt
         self.last_timing = (w0, dt, time.time())
         return logits if self.rank == 0 or self.logits_on_every_rank else None
 
-    def execute_timed(self, chunks: list[SeqChunk], num_steps: int = 1):
+    def execute_timed(self, chunks: list[SeqChunk], num_steps: int = 1, resume: bool = False):
         """`execute`, plus this rank's `last_timing`, for an executor in another process to account the call."""
-        return self.execute(chunks, num_steps), self.last_timing
+        return self.execute(chunks, num_steps, resume), self.last_timing
 
     def samples_on_device(self) -> bool:
         """The runner draws tokens itself (needed for multi-step decode, LLM(decode_steps=...))."""
@@ -205,9 +217,23 @@ class Executor:
     # that do not measure leave it None
     last_timing: dict | None = None
 
+    # collective_rpc may run on a helper thread while the caller works (rpc_async): the in-process and Ray executors;
+    # an SPMD executor's ranks run the engine in lockstep on their main threads, so it does not
+    async_rpc = False
+
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
                        timeout: float | None = None) -> list:
         raise NotImplementedError
+
+    def rpc_async(self, method: str, args: tuple = (), kwargs: dict | None = None,
+                  timeout: float | None = None) -> cf.Future:
+        """collective_rpc on a helper thread: its result (or error) in the returned future, while the caller goes on
+        (LLMEngine's async_bursts: the next burst runs while the engine reads the last one)."""
+        if not self.async_rpc:
+            raise RuntimeError(f"{type(self).__name__} does not take asynchronous calls")
+        if getattr(self, "_rpc_pool", None) is None:
+            self._rpc_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="mpk-rpc")
+        return self._rpc_pool.submit(self.collective_rpc, method, args, kwargs, timeout)
 
     def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:
         """Build each rank's communicator and runner (`Worker.init_model`)."""
@@ -228,6 +254,23 @@ class InProcessExecutor(Executor):
     Each rank keeps one dedicated thread (a device context or thread-local state stays with its rank); a call
     runs on all ranks concurrently, and an exception on any rank is re-raised naming that rank.
     """
+    async_rpc = True
+
+    def rpc_async(self, method: str, args: tuple = (), kwargs: dict | None = None,
+                  timeout: float | None = None) -> cf.Future:
+        """As Executor.rpc_async, returning once every rank's runner has its work under way (ModelRunner.launched:
+        a GPU runner's launches are queued; else the call ended): the ranks are threads of this process, and the
+        caller's Python work would otherwise hold the GIL they need to start."""
+        if method != "execute":
+            return super().rpc_async(method, args, kwargs, timeout)
+        evs = [threading.Event() for _ in self.workers]
+        for w, ev in zip(self.workers, evs):
+            w.launched = ev
+        fut = super().rpc_async(method, args, kwargs, timeout)
+        for ev in evs:
+            while not ev.wait(0.01) and not fut.done():
+                pass
+        return fut
 
     def __init__(self, world_size: int = 1, comm_timeout: float = 60.0):
         if world_size < 1:

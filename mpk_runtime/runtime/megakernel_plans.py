@@ -183,16 +183,27 @@ class PlannedDecoder:
         nxt = bk.mem.t("next_tokens")[:n].cpu()
         return (bk.mem.t("logits")[:n].float().cpu() if want_logits else None), nxt
 
-    def decode_steps(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling, num_steps: int
-                     ) -> torch.Tensor:
+    def decode_steps(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling, num_steps: int,
+                     resume: bool = False, launched=None) -> torch.Tensor:
         """num_steps steps of the same rows, each step's drawn tokens fed to the next one on the device (no host
         round trip between the steps: the graph replays back to back); returns the drawn tokens (n, num_steps).
-        The tables must cover positions up to max(pos) + num_steps - 1."""
+        The tables must cover positions up to max(pos) + num_steps - 1. resume: the rows are the last call's and
+        each takes the token drawn last for it there, from the device (toks are ignored)."""
         n = len(toks)
+        last = None
+        if resume:   # (before _ready: a capture at a larger key cap runs the graph on inactive rows)
+            prev = self._buckets.get(self.bucket_of(n))
+            if prev is None:
+                raise ValueError("decode_steps(resume=True) needs a previous burst of these rows")
+            last = prev.mem.t("next_tokens")[:n].clone()
         bk = self._ready(n, kv_cap(max(pos) + num_steps, self.max_seq_len), graph_greedy(sampling),
                          any_full(sampling))
         fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
+        if last is not None:
+            bk.mem.t("tokens")[:n].copy_(last)
         drawn = burst(bk.mem, bk.pos, n, num_steps, lambda: self._run(bk))   # (the context reads pos in place)
+        if launched is not None:
+            launched()   # (ModelRunner.launched: the steps are queued)
         self._finish(bk)
         return drawn.t().cpu()
 

@@ -195,24 +195,39 @@ class MegakernelRunner(ModelRunner):
         lg = self._decode(toks, pos, tables, sampling, want_logits)
         return lg, self.last_next_tokens
 
-    def decode_steps(self, chunks: list[SeqChunk], num_steps: int) -> torch.Tensor:
+    def decode_steps(self, chunks: list[SeqChunk], num_steps: int, resume: bool = False) -> torch.Tensor:
         """num_steps steps with the drawn tokens fed back on the device (a plan's graphs replayed back to back, or
         the one megakernel launched once a step), one synchronisation at the end; at world size > 1 the base
-        class's step-by-step loop (the heap barriers between steps)."""
+        class's step-by-step loop (the heap barriers between steps). resume: the last call's rows, each fed the
+        token drawn last for it, read on the device (ModelRunner.decode_steps)."""
         check_decode_steps(chunks, num_steps)
         if len(chunks) > self._spec.max_batch or (self.planned is None and self.world_size > 1):
-            return super().decode_steps(chunks, num_steps)
+            return super().decode_steps(chunks, num_steps, resume)
+        rows = [c.seq_id for c in chunks]
+        if resume and rows != getattr(self, "_burst_rows", None):
+            raise ValueError("decode_steps(resume=True) continues the last call's rows, in its order")
+        self._burst_rows = None
         args = ([c.token_ids[0] for c in chunks], [c.start_pos for c in chunks], [c.block_table for c in chunks],
                 [c.sampling for c in chunks])
         if self.planned is not None:
-            return self.planned.decode_steps(*args, num_steps)
-        fill_step(self.mem, self.pos, self.tables, *args[:3], self.width, args[3])
-        drawn = burst(self.mem, self.pos, len(chunks), num_steps, lambda: self.mk.launch(1))
-        torch.cuda.synchronize(self.pos.device)
-        self.mk.check()
-        return drawn.t().cpu()
+            out = self.planned.decode_steps(*args, num_steps, resume=resume, launched=self.launched)
+        else:
+            n = len(chunks)
+            last = self.mem.t("next_tokens")[:n].clone() if resume else None
+            fill_step(self.mem, self.pos, self.tables, *args[:3], self.width, args[3])
+            if last is not None:
+                self.mem.t("tokens")[:n].copy_(last)
+            drawn = burst(self.mem, self.pos, n, num_steps, lambda: self.mk.launch(1))
+            if self.launched is not None:
+                self.launched()   # queued: the engine may go on while the GPU runs it
+            torch.cuda.synchronize(self.pos.device)
+            self.mk.check()
+            out = drawn.t().cpu()
+        self._burst_rows = rows
+        return out
 
     def step(self, chunks: list[SeqChunk]):
+        self._burst_rows = None   # (a step between two bursts: the device's last tokens are not theirs any more)
         B = self._spec.max_batch
         out: list[torch.Tensor | None] = [None] * len(chunks)
         toks: list[int | None] = [None] * len(chunks)

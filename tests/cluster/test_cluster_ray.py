@@ -74,6 +74,19 @@ def test_decode_steps_through_ray(ray_local, ref_greedy):
         assert o.token_ids == ref_greedy("tiny-qwen3", p, 8)
 
 
+def test_async_bursts_through_ray(ray_local, ref_greedy):
+    """LLM(async_bursts=True) over a Ray worker: the next burst is an actor call in flight while the engine reads the
+    last one's tokens, resumed from the tokens the worker drew (execute_timed's resume flag)."""
+    import cluster  # noqa: F401 - registers executor="ray"
+    sp = SamplingParams(temperature=0, max_tokens=21, ignore_eos=True)
+    with LLM("tiny-qwen3", backend="pyvm", dtype="float32", max_seq_len=64, max_batch=4, executor="ray",
+             decode_steps=4, async_bursts=True) as llm:
+        outs = llm.generate(PROMPTS, sp, use_tqdm=False)
+        assert llm.engine.stats["async_bursts"] >= 2
+    for p, o in zip(PROMPTS, outs):
+        assert o.token_ids == ref_greedy("tiny-qwen3", p, 21)
+
+
 def test_tp2_gloo_rendezvous_through_ray(ray_local):
     from cluster.ray_executor import RayExecutor
     ex = RayExecutor(2, name="tp2-comm")

@@ -154,3 +154,34 @@ def test_batched_prefill_tp2_over_a_communicator():
     with pytest.raises(ValueError, match="communicator"):
         ConventionalPrefill(cfg, w, KVStore(1, 2, PS, 1, cfg.head_dim, torch.float32), max_seq_len=MAXLEN,
                             page_size=PS, dtype="float32", device=torch.device("cpu"), tp=2)
+
+
+def test_planned_bursts_resume_from_the_device():
+    """decode_steps(resume=True) (LLMEngine's async_bursts): the rows of the last burst continue from the tokens it
+    drew, read on the device, whatever token ids the call carries; two bursts of 3 + 2 steps give the reference's
+    greedy continuation, and a resume without a previous burst is refused."""
+    cfg, w, kv = _setup("tiny-llama")
+    book = plan_book(cfg, 1, (2, 4), context=16, families=("mono",))
+    dec = PlannedDecoder(cfg, w, kv, book, max_seq_len=MAXLEN, page_size=PS, num_sms=4, dtype="float32",
+                         device=torch.device("cpu"), backend="pyvm")
+    with pytest.raises(ValueError, match="previous burst"):
+        dec.decode_steps([1, 2, 3], [3, 3, 3], [[1]] * 3, None, 2, resume=True)
+    pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="float32",
+                              device=torch.device("cpu"))
+    ref = ReferenceModel(cfg, w)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    tables = [list(range(1 + 8 * i, 9 + 8 * i)) for i in range(3)]
+    toks, lens, want = [], [], []
+    for i, p in enumerate(prompts):
+        _, tok = pre.run(p, 0, tables[i])
+        toks.append(tok)
+        lens.append(len(p))
+        seq, c = list(p) + [tok], ref.new_cache(1, MAXLEN)
+        lg = ref.forward(torch.tensor([seq]), torch.zeros(1, dtype=torch.long), c)[0, -1]
+        for _ in range(5):
+            seq.append(int(lg.argmax()))
+            lg = ref.forward(torch.tensor([[seq[-1]]]), torch.tensor([len(seq) - 1]), c)[0, -1]
+        want.append(seq[len(p) + 1:])
+    first = dec.decode_steps(toks, lens, tables, None, 3)
+    second = dec.decode_steps([0, 0, 0], [n + 3 for n in lens], tables, None, 2, resume=True)
+    assert torch.cat([first, second], 1).tolist() == want

@@ -1,0 +1,150 @@
+"""Bursts of decode steps (LLMEngine(decode_steps=k)), and with async_bursts the next burst in flight while the
+engine reads the last one.
+
+A burst: while every scheduled row decodes one token sampled on the device and nothing waits for admission, one
+executor call runs up to k decode steps (ModelRunner.decode_steps: the drawn tokens fed back on the device); each row
+takes its tokens in order up to its stop, and the rest were computed for nothing.
+
+async_bursts: when a burst returns and nothing waits, the engine first submits the next burst of the same rows on a
+helper thread (Executor.rpc_async), resumed from the device (each row fed the token the last burst drew for it, which
+the engine has not read yet: decode_steps(resume=True)), and only then reads the returned tokens; the GPU runs while
+the host turns tokens into outputs. Rows that stop in the burst being read are dropped from the one in flight (its
+tokens for them are not taken) and their pages are released only after it returns (it still writes K/V into them);
+a request aborted meanwhile is treated the same way; a new arrival ends the pipeline after the burst in flight. The
+next engine step reads the burst in flight before it schedules anything.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..runtime.base import SeqChunk
+from .request import Request, RequestOutput
+
+
+class _Now:
+    """A synchronous call behind the future's interface (bursts without async_bursts)."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self._fn = fn
+
+    def result(self):
+        return self._fn()
+
+
+@dataclass
+class Burst:
+    future: Any                      # .result() -> the executor's per-rank results (rank 0's: drawn (n, k))
+    reqs: list[Request]              # its rows, in chunk order
+    chunks: list[SeqChunk]
+    k: int
+    dropped: set[str] = field(default_factory=set)        # request ids whose tokens in it are not taken
+    deferred: list[Request] = field(default_factory=list)  # finished requests whose pages it still writes
+
+
+class BurstsMixin:
+    """LLMEngine's burst steps (engine.py holds the rest; this class only uses its state)."""
+
+    def _steps_for(self, sched, chunks: list[SeqChunk]) -> int:
+        """Decode steps this engine step runs: decode_steps when every row decodes one token sampled on the device
+        and nothing waits (a waiting request would wait the extra steps for its prefill), capped so that no row
+        goes past its length (its pages cover every position up to it); else 1."""
+        if self.decode_steps == 1 or self.scheduler.waiting:
+            return 1
+        k = self.decode_steps
+        for s, c in zip(sched, chunks):
+            r = s.request
+            if c.sampling is None or len(c.token_ids) != 1 or not r.output_token_ids:
+                return 1
+            k = min(k, r.max_total_len - r.num_tokens)
+        return max(k, 1)
+
+    def _submit_burst(self, reqs: list[Request], chunks: list[SeqChunk], k: int, resume: bool = False) -> Burst:
+        timeout = None if self.step_timeout is None else self.step_timeout * k
+        args = (chunks, k, True) if resume else (chunks, k)
+        if self.async_bursts:
+            fut = self.executor.rpc_async("execute", args, timeout=timeout)
+        else:
+            fut = _Now(lambda: self.executor.collective_rpc("execute", args, timeout=timeout))
+        return Burst(fut, reqs, chunks, k)
+
+    def _step_many(self, sched, chunks: list[SeqChunk], k: int, want_all: bool, t0: float, t1: float,
+                   c0: float) -> list[RequestOutput]:
+        """k decode steps of the scheduled rows in one executor call; each row takes its k tokens in order up to
+        its stop (the rest were computed for nothing and are dropped)."""
+        return self._read_burst(self._submit_burst([s.request for s in sched], chunks, k), want_all, t0, t1, c0)
+
+    def _next_burst(self, b: Burst) -> Burst | None:
+        """The burst after b, submitted now (async_bursts), or None: some row of b is gone, a request waits, or a
+        row has no position left after b."""
+        if not self.async_bursts or b.dropped or self.scheduler.waiting:
+            return None
+        k = min([self.decode_steps] + [r.max_total_len - (r.num_tokens + b.k) for r in b.reqs])
+        if k < 1:
+            return None
+        chunks = [SeqChunk(c.seq_id, [0], c.start_pos + b.k, c.block_table, c.sampling, False) for c in b.chunks]
+        self.stats["async_bursts"] += 1
+        return self._submit_burst(b.reqs, chunks, k, resume=True)
+
+    def _read_burst(self, b: Burst, want_all: bool, t0: float, t1: float, c0: float) -> list[RequestOutput]:
+        try:
+            drawn = b.future.result()[0]
+        except Exception as e:
+            for r in b.deferred:   # (finished and reported already: not failed again)
+                self.scheduler.release(r)
+            return self._on_failure(e)
+        if b.deferred:
+            for r in b.deferred:
+                self.scheduler.release(r)
+            self._forget_many(b.deferred)
+        t2 = time.perf_counter()
+        timing = getattr(self.executor, "last_timing", None)
+        nxt = self._inflight = self._next_burst(b)   # the GPU runs it while the host reads this one
+        rows = drawn.tolist()
+        self._count_step(len(b.chunks))
+        self.stats["multi_steps"] += 1
+        self.stats["device_steps_in_multi"] += b.k
+        now = time.monotonic()
+        outputs, done = [], []
+        for r, toks in zip(b.reqs, rows):
+            if r.request_id in b.dropped:
+                continue
+            reason = None
+            for tok in toks:
+                r.num_computed += 1
+                if not 0 <= tok < self.vocab_size:
+                    reason = "error"
+                    r.finish("error", error=f"sampling failed for this request ({self._bad_token(tok)})")
+                    self.stats["requests_failed"] += 1
+                    break
+                reason = self._accept(r, tok, now)
+                if reason:
+                    break
+            self.allocator.commit(r)
+            if reason:
+                done.append(r)
+            if want_all or reason:
+                outputs.append(r.snapshot())
+        if nxt is not None:
+            nxt.dropped.update(r.request_id for r in done)
+        self._finish_step(done, 0, len(b.chunks), t0, t1, t2, c0, timing, defer_to=nxt)
+        return outputs
+
+    def _read_inflight(self, want_all: bool) -> list[RequestOutput]:
+        """The next engine step when a burst is in flight: read it (and maybe submit the one after)."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        b, self._inflight = self._inflight, None
+        return self._read_burst(b, want_all, t0, t0, c0)
+
+    def _abort_inflight(self, req: Request) -> bool:
+        """Abort a row of the burst in flight: its tokens there are dropped and its pages released after it. False
+        when req is not in it."""
+        b = self._inflight
+        if b is None or req not in b.reqs or req.request_id in b.dropped:
+            return False
+        b.dropped.add(req.request_id)
+        b.deferred.append(req)
+        req.finish("abort")
+        self._requests.pop(req.request_id, None)
+        return True

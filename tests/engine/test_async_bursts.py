@@ -1,0 +1,108 @@
+"""LLM(async_bursts=True) (engine/bursts.py): the next burst of decode steps is submitted before the engine reads
+the last one, resumed from the tokens the runner drew. Every output must equal the synchronous bursts' (and the
+reference), rows that stop or are aborted mid-pipeline keep their pages until the burst in flight returns, new
+arrivals end the pipeline, and a worker failure in flight fails its requests cleanly."""
+import pytest
+
+from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams
+
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3], [8, 9, 7, 9, 3, 2]]
+
+
+def _params():
+    """Rows that stop at different points of different bursts: lengths, a stop token, seeded graph / full draws."""
+    return [SamplingParams(temperature=0, max_tokens=23, ignore_eos=True),
+            SamplingParams(temperature=0.8, top_k=20, seed=5, max_tokens=17, ignore_eos=True),
+            SamplingParams(temperature=1.1, top_p=0.9, seed=6, max_tokens=30, ignore_eos=True),   # full draw
+            SamplingParams(temperature=0.7, top_k=8, seed=7, max_tokens=26, ignore_eos=True, stop_token_ids=[11])]
+
+
+def _llm(async_bursts, backend="torch", **kw):
+    return LLM("tiny-llama", backend=backend, dtype="float32", **{"max_seq_len": 64, "max_batch": 4,
+                                                                  "decode_steps": 4, "async_bursts": async_bursts,
+                                                                  **kw})
+
+
+@pytest.mark.parametrize("backend", ["torch", "pyvm"])
+def test_async_bursts_equal_synchronous_ones(backend, ref_greedy):
+    got = {}
+    for a in (False, True):
+        with _llm(a, backend) as llm:
+            got[a] = [o.token_ids for o in llm.generate(PROMPTS, _params(), use_tqdm=False)]
+            st = llm.engine.stats
+            assert (st["async_bursts"] > 0) == a
+            assert not llm.engine.has_unfinished() or a   # (a burst may still be in flight after the last output)
+            for _ in range(2):
+                llm.engine.step()
+            assert not llm.engine.has_unfinished()
+            assert llm.engine.allocator.num_free == llm.engine.allocator.num_pages
+    assert got[True] == got[False]
+    assert got[True][0] == ref_greedy("tiny-llama", PROMPTS[0], 23)
+    assert [len(t) for t in got[True]][:3] == [23, 17, 30]
+
+
+def test_pages_of_a_row_that_stopped_stay_taken_while_the_next_burst_runs(ref_greedy):
+    """A row that stops on a token (not by its length: that one the pipeline sees coming) inside a burst whose
+    successor is already running."""
+    stop = ref_greedy("tiny-llama", PROMPTS[1], 8)[6]
+    with _llm(True) as llm:
+        e = llm.engine
+        e.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), request_id="long")
+        e.add_request(PROMPTS[1], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop_token_ids=[stop]),
+                      request_id="short")
+        held = None
+        while e.has_unfinished():
+            outs = e.step()
+            if any(o.request_id == "short" and o.finished for o in outs) and e._inflight is not None:
+                held = e.allocator.num_free            # "short" finished, a burst holding its row is in flight
+                assert "short" in e._inflight.dropped
+                e.step()                               # that burst is read: now its pages go back
+                assert e.allocator.num_free > held
+        assert held is not None and e.allocator.num_free == e.allocator.num_pages
+
+
+def test_arrivals_and_aborts_during_the_pipeline(ref_greedy):
+    sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    with _llm(True, max_batch=3) as llm:
+        e = llm.engine
+        for i, p in enumerate(PROMPTS[:2]):
+            e.add_request(p, sp, request_id=str(i))
+        done, aborted = {}, None
+        for n in range(200):
+            if not e.has_unfinished():
+                break
+            if e._inflight is not None and aborted is None:   # abort a row of the burst in flight
+                aborted = e.abort("1")
+                assert aborted is not None and aborted.finish_reason == "abort"
+                e.add_request(PROMPTS[2], sp, request_id="2")    # and one arrives while it runs
+            for o in e.step():
+                if o.finished:
+                    done[o.request_id] = o
+        assert aborted is not None and "1" not in done
+        assert done["0"].token_ids == ref_greedy("tiny-llama", PROMPTS[0], 20)
+        assert done["2"].token_ids == ref_greedy("tiny-llama", PROMPTS[2], 20)
+        assert e.allocator.num_free == e.allocator.num_pages and not e.scheduler.running
+
+
+def test_a_failure_in_flight_fails_its_requests_and_the_engine_goes_on(ref_greedy):
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with _llm(True) as llm:
+        e = llm.engine
+        e.add_request(PROMPTS[0], sp, request_id="a")
+        while e._inflight is None:
+            e.step()
+        llm.executor.collective_rpc("inject_fault", ("raise",))   # the burst after the one in flight fails
+        outs = []
+        while e.has_unfinished():
+            outs += e.step()
+        assert [o.finish_reason for o in outs if o.finished] == ["error"]
+        assert e.allocator.num_free == e.allocator.num_pages
+        again = llm.generate([PROMPTS[1]], sp, use_tqdm=False)[0]
+    assert again.token_ids == ref_greedy("tiny-llama", PROMPTS[1], 24)
+
+
+def test_async_bursts_refused_where_they_cannot_work():
+    with pytest.raises(InvalidRequestError, match="decode_steps"):
+        _llm(True, decode_steps=1)
+    with pytest.raises(InvalidRequestError, match="True or False"):
+        _llm("yes")
