@@ -461,6 +461,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plan", default="none", choices=["none", "auto"],
                     help="auto: the planner picks the plan of each decode batch bucket, once, in the controller "
                          "(backends pyvm and megakernel; megakernel at tp=1)")
+    ap.add_argument("--async-bursts", action="store_true",
+                    help="submit the next burst of decode steps before reading the last one (needs decode steps > 1)")
     ap.add_argument("--enable-prefix-caching", action="store_true",
                     help="keep computed K/V pages cached by content: prompts that start alike (a system prompt, a "
                          "chat's earlier turns) skip the cached part of their prefill (backends pyvm, torch, "
@@ -475,7 +477,7 @@ def main(argv: list[str] | None = None) -> None:
     router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
                           step_timeout=a.step_timeout, dtype=a.dtype, seed=a.seed, max_batch=a.max_batch,
                           max_seq_len=a.max_seq_len, decode_steps=a.decode_steps,
-                          enable_prefix_caching=a.enable_prefix_caching,
+                          enable_prefix_caching=a.enable_prefix_caching, async_bursts=a.async_bursts,
                           **({"plan": a.plan} if a.plan != "none" else {}))
     import uvicorn
     try:

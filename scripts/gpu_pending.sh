@@ -56,8 +56,8 @@
 # 0. Session 51's CPU-built work, in three device calls (~10 min with the overhead), each line one call:
 #    a. the GPU tests of the split full draw and of prefix caching (CUDA == CPU draws at V = 151936 / 128256; the
 #       engine at k = 8; prefix caching through the megakernel with and without plans):
-#       `N=t51 T=200 TESTS="tests/gpu/test_full_sampling_gpu.py tests/gpu/test_prefix_cache_gpu.py" bash
-#       scripts/gpu_run.sh tests`
+#       `N=t51 T=240 TESTS="tests/gpu/test_full_sampling_gpu.py tests/gpu/test_prefix_cache_gpu.py
+#       tests/gpu/test_async_bursts_gpu.py" bash scripts/gpu_run.sh tests` (async bursts: resumed == synchronous)
 #    b. the draw's kernels alone and prefix caching's TTFT (predictions in docs/perf-notes.md session 51: B=1 plain
 #       ~8-15 us a draw, nucleus ~15-25; TTFT 3-5x lower at a 1024-token system prompt):
 #       `N=fd T=160 bash scripts/gpu_run.sh fulldraw; N=pfx T=200 MODELS=llama-3.2-1b bash scripts/gpu_run.sh prefix`

@@ -31,16 +31,16 @@ def test_generate_job_inprocess(tmp_path, demo_dir, ref_greedy):
 
 
 def test_generate_job_with_prefix_caching(tmp_path, demo_dir, ref_greedy):
-    """--enable-prefix-caching: prompts sharing a head, admitted after the first finished (max batch 1), report
-    cached tokens and keep the reference's tokens."""
+    """--enable-prefix-caching (with --async-bursts): prompts sharing a head, admitted after the first finished
+    (max batch 1), report cached tokens and keep the reference's tokens."""
     from cluster.jobs.generate import main
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     head = list(range(10, 30))
     prompts = [head + [i] for i in (1, 2, 3)]
     _write(inp, [{"prompt_token_ids": p, "temperature": 0, "max_tokens": 4, "ignore_eos": True} for p in prompts])
     assert main(["--model", demo_dir, "--backend", "torch", "--dtype", "float32", "--executor", "inprocess",
-                 "--max-seq-len", "64", "--max-batch", "1", "--enable-prefix-caching", "--input", str(inp),
-                 "--output", str(out)]) == 0
+                 "--max-seq-len", "64", "--max-batch", "1", "--enable-prefix-caching", "--async-bursts",
+                 "--input", str(inp), "--output", str(out)]) == 0
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["num_cached_tokens"] for r in rows] == [0, 16, 16]
     assert [r["token_ids"] for r in rows] == [ref_greedy(demo_dir, p, 4) for p in prompts]
