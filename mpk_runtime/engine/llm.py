@@ -113,10 +113,6 @@ class LLM:
             kv_spec = executor.collective_rpc("kv_spec")[0]
             on_device = device_sampling != "off" and executor.collective_rpc("samples_on_device")[0]
             full = on_device and executor.collective_rpc("samples_full_on_device")[0]
-            if async_bursts and decode_steps < 2:
-                raise InvalidRequestError(f"async_bursts overlaps bursts of decode steps; decode_steps={decode_steps} "
-                                          "runs none: leave decode_steps out (8 where the backend samples on the "
-                                          "device) or set it > 1")
             if enable_prefix_caching and not executor.collective_rpc("shares_kv_pages")[0]:
                 raise InvalidRequestError(
                     f"enable_prefix_caching needs a backend that keeps K/V only in the engine's pages; {backend!r} "
@@ -130,6 +126,10 @@ class LLM:
                     + (f"backend {backend!r} does not sample on the device" if device_sampling != "off" else
                        "device_sampling='off' samples every token on the host")
                     + ": use decode_steps=1, or backend 'megakernel' / 'torch' / 'pyvm' with device_sampling 'auto'")
+            if async_bursts and decode_steps < 2:
+                raise InvalidRequestError(f"async_bursts overlaps bursts of decode steps; decode_steps={decode_steps} "
+                                          "runs none: leave decode_steps out (8 where the backend samples on the "
+                                          "device) or set it > 1")
         except BaseException as e:
             executor.shutdown()
             if isinstance(e.__cause__, ValueError):  # a bad argument (backend name, tp, sizes): the caller's to fix
