@@ -24,6 +24,7 @@ from mpk_runtime.engine import (InvalidRequestError, NoTokenizerError, RequestFa
 
 from mpk_runtime.engine.request import logprobs_by_id
 
+from .cli_flags import add_engine_flags, engine_kwargs
 from .metrics import Metrics
 from .protocol import ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
 from starlette.requests import Request  # likewise (the endpoints take the raw request to see disconnects)
@@ -461,12 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plan", default="none", choices=["none", "auto"],
                     help="auto: the planner picks the plan of each decode batch bucket, once, in the controller "
                          "(backends pyvm and megakernel; megakernel at tp=1)")
-    ap.add_argument("--async-bursts", action="store_true",
-                    help="submit the next burst of decode steps before reading the last one (needs decode steps > 1)")
-    ap.add_argument("--enable-prefix-caching", action="store_true",
-                    help="keep computed K/V pages cached by content: prompts that start alike (a system prompt, a "
-                         "chat's earlier turns) skip the cached part of their prefill (backends pyvm, torch, "
-                         "megakernel)")
+    add_engine_flags(ap)
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ap.add_argument("--port", type=int, default=8000)
     a = ap.parse_args(argv)
@@ -477,7 +473,7 @@ def main(argv: list[str] | None = None) -> None:
     router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
                           step_timeout=a.step_timeout, dtype=a.dtype, seed=a.seed, max_batch=a.max_batch,
                           max_seq_len=a.max_seq_len, decode_steps=a.decode_steps,
-                          enable_prefix_caching=a.enable_prefix_caching, async_bursts=a.async_bursts,
+                          **engine_kwargs(a),
                           **({"plan": a.plan} if a.plan != "none" else {}))
     import uvicorn
     try:

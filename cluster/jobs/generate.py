@@ -16,6 +16,7 @@ import json
 import sys
 import time
 
+from cluster.cli_flags import add_engine_flags, engine_kwargs
 from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams, UnknownModelError
 from mpk_runtime.engine.request import logprobs_by_id
 
@@ -91,12 +92,7 @@ def _main(argv: list[str] | None = None) -> int:
                          "on the device, else 1; 1 streams every token as it is drawn)")
     ap.add_argument("--plan", default="none", choices=["none", "auto"],
                     help="auto: the planner's plan per decode batch bucket (backends pyvm, megakernel at tp=1)")
-    ap.add_argument("--async-bursts", action="store_true",
-                    help="submit the next burst of decode steps before reading the last one (needs decode steps > 1)")
-    ap.add_argument("--enable-prefix-caching", action="store_true",
-                    help="keep computed K/V pages cached by content: prompts that start alike (a system prompt, a "
-                         "chat's earlier turns) skip the cached part of their prefill (backends pyvm, torch, "
-                         "megakernel)")
+    add_engine_flags(ap)
     ap.add_argument("--chunk", type=int, default=256,
                     help="requests generated (and their results written and flushed) together: a failure part-way "
                          "keeps every finished chunk's lines in --output")
@@ -112,7 +108,7 @@ def _main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with LLM(a.model, backend=a.backend, tp=a.tp, executor=executor, dtype=a.dtype, seed=a.seed,
              max_batch=a.max_batch, max_seq_len=a.max_seq_len, decode_steps=a.decode_steps,
-             enable_prefix_caching=a.enable_prefix_caching, async_bursts=a.async_bursts,
+             **engine_kwargs(a),
              **({"plan": a.plan} if a.plan != "none" else {})) as llm:
         validate_requests(llm, reqs)
         written = n = 0
