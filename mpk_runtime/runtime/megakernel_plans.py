@@ -48,16 +48,21 @@ def kv_cap(need: int, max_seq_len: int) -> int:
     return min(pow2(need, MIN_CAP), max_seq_len)
 
 
-def fill_step(mem: RankMemory, pos_t, tables_t, toks, pos, tables, width: int, sampling) -> None:
-    """Write a step's inputs in place (what a captured graph reads): rows past len(toks) inactive."""
+def fill_step(mem: RankMemory, pos_t, tables_t, toks, pos, tables, width: int, sampling,
+              tokens_from: torch.Tensor | None = None) -> None:
+    """Write a step's inputs in place (what a captured graph reads): rows past len(toks) inactive. tokens_from: the
+    live rows' tokens as a tensor on the device (a resumed burst: the tokens the last one drew; toks then ignored)."""
     B = pos_t.shape[0]
-    n = len(toks)
+    n = len(pos)
     # one host tensor per input, built from padded lists (a tensor per row cost ~1 ms at 128 rows)
-    t = torch.tensor(list(toks) + [0] * (B - n), dtype=torch.int64)
     p = torch.tensor(list(pos) + [-1] * (B - n), dtype=torch.int64)
     tab = torch.tensor([list(r) + [0] * (width - len(r)) for r in tables] + [[0] * width] * (B - len(tables)),
                        dtype=torch.int64)
-    mem.t("tokens").copy_(t)
+    if tokens_from is None:
+        mem.t("tokens").copy_(torch.tensor(list(toks) + [0] * (B - n), dtype=torch.int64))
+    else:
+        mem.t("tokens")[:n].copy_(tokens_from)
+        mem.t("tokens")[n:].zero_()
     pos_t.copy_(p)
     tables_t.copy_(tab)
     fill_sampling(mem, sampling or [])
@@ -198,9 +203,7 @@ class PlannedDecoder:
             last = prev.mem.t("next_tokens")[:n].clone()
         bk = self._ready(n, kv_cap(max(pos) + num_steps, self.max_seq_len), graph_greedy(sampling),
                          any_full(sampling))
-        fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
-        if last is not None:
-            bk.mem.t("tokens")[:n].copy_(last)
+        fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling, tokens_from=last)
         drawn = burst(bk.mem, bk.pos, n, num_steps, lambda: self._run(bk))   # (the context reads pos in place)
         if launched is not None:
             launched()   # (ModelRunner.launched: the steps are queued)

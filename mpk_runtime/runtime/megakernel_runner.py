@@ -214,9 +214,7 @@ class MegakernelRunner(ModelRunner):
         else:
             n = len(chunks)
             last = self.mem.t("next_tokens")[:n].clone() if resume else None
-            fill_step(self.mem, self.pos, self.tables, *args[:3], self.width, args[3])
-            if last is not None:
-                self.mem.t("tokens")[:n].copy_(last)
+            fill_step(self.mem, self.pos, self.tables, *args[:3], self.width, args[3], tokens_from=last)
             drawn = burst(self.mem, self.pos, n, num_steps, lambda: self.mk.launch(1))
             if self.launched is not None:
                 self.launched()   # queued: the engine may go on while the GPU runs it
