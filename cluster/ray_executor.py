@@ -191,11 +191,7 @@ class RayExecutor(Executor):
         the caller holds while it reads the last burst); only the gathering runs on the helper thread."""
         if method != "execute" or not self.actors:
             return super().rpc_async(method, args, kwargs, timeout)
-        gather = self._submit_execute(args, kwargs or {}, timeout)
-        if getattr(self, "_rpc_pool", None) is None:
-            import concurrent.futures as cf
-            self._rpc_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="mpk-rpc")
-        return self._rpc_pool.submit(gather)
+        return self._helper().submit(self._submit_execute(args, kwargs or {}, timeout))
 
     def comm_spec(self) -> dict | None:
         """torch.distributed rendezvous: rank 0 picks a free port on its node; the address travels by actor call."""

@@ -231,9 +231,13 @@ class Executor:
         (LLMEngine's async_bursts: the next burst runs while the engine reads the last one)."""
         if not self.async_rpc:
             raise RuntimeError(f"{type(self).__name__} does not take asynchronous calls")
+        return self._helper().submit(self.collective_rpc, method, args, kwargs, timeout)
+
+    def _helper(self) -> cf.ThreadPoolExecutor:
+        """The thread rpc_async's calls wait on (one: calls stay in order)."""
         if getattr(self, "_rpc_pool", None) is None:
             self._rpc_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="mpk-rpc")
-        return self._rpc_pool.submit(self.collective_rpc, method, args, kwargs, timeout)
+        return self._rpc_pool
 
     def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:
         """Build each rank's communicator and runner (`Worker.init_model`)."""
