@@ -11,8 +11,20 @@ def add_engine_flags(ap: argparse.ArgumentParser) -> None:
                     help="keep computed K/V pages cached by content: prompts that start alike (a system prompt, a "
                          "chat's earlier turns) skip the cached part of their prefill (backends pyvm, torch, "
                          "megakernel)")
+    ap.add_argument("--num-pages", type=int, default=None,
+                    help="KV cache pages per replica (default: enough for max-batch sequences of max-seq-len)")
+    ap.add_argument("--page-size", type=int, default=None, help="tokens per KV page (default 16)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="tokens one engine step computes at most: long prompts are prefilled in chunks of this "
+                         "(default: max(max-seq-len, max-batch))")
+    ap.add_argument("--kv-allocation", choices=("lazy", "reserve"), default="lazy",
+                    help="lazy (default): KV pages taken as tokens need them, the newest request preempted (and "
+                         "recomputed later) when they run out; reserve: a request's whole length at admission")
 
 
 def engine_kwargs(a: argparse.Namespace) -> dict:
     """LLM keywords of add_engine_flags' options."""
-    return dict(async_bursts=a.async_bursts, enable_prefix_caching=a.enable_prefix_caching)
+    sizes = {k: getattr(a, k) for k in ("num_pages", "page_size", "max_num_batched_tokens")
+             if getattr(a, k) is not None}
+    return dict(async_bursts=a.async_bursts, enable_prefix_caching=a.enable_prefix_caching,
+                kv_allocation=a.kv_allocation, **sizes)

@@ -95,6 +95,13 @@ class Metrics:
                         "Of those, tokens found cached: their prefill was skipped"),
                        ("prefix_cache_evictions_total", "prefix_cache_evictions", "counter",
                         "Cached pages reused for other content"),
+                       ("kv_pages_used", "kv_pages_used", "gauge",
+                        "KV cache pages held by requests (cached pages nobody holds count as free)"),
+                       ("kv_pages_total", "kv_pages_total", "gauge", "KV cache pages of the replica"),
+                       ("preemptions_total", "preemptions", "counter",
+                        "Requests preempted for KV pages (kv_allocation lazy): queued again, computed again later"),
+                       ("recomputed_tokens_total", "recomputed_tokens", "counter",
+                        "Tokens of preempted requests computed again on readmission"),
                        ("replica_recoveries_total", "recoveries", "counter", "Times the replica's workers were rebuilt"),
                        ("max_batch_size_seen", "max_batch_size_seen", "gauge", "Largest batch in one step")]
         for metric, key, kind, help_ in per_replica:

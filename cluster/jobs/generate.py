@@ -132,7 +132,11 @@ def _main(argv: list[str] | None = None) -> int:
                 print(f"error after {written} of {len(reqs)} results: they are in {a.output} (lines 1-{written}); "
                       f"rerun the rest from {a.input} line {written + 1}", file=sys.stderr)
                 raise
-    print(f"wrote {written} results to {a.output}: {n} tokens in {time.monotonic() - t0:.2f} s")
+        st = llm.engine.stats
+    pre = (f"; {st['preemptions']} preemptions for KV pages ({st['recomputed_tokens']} tokens computed again: "
+           "more --num-pages would avoid them)" if st["preemptions"] else "")
+    print(f"wrote {written} results to {a.output}: {n} tokens in {time.monotonic() - t0:.2f} s"
+          f" (largest batch {st['max_batch_size_seen']}{pre})")
     return 0
 
 

@@ -79,8 +79,10 @@ class EngineLoop:
         dead = self.engine.dead
         if dead is None and not self.alive and not self._stop.is_set():
             dead = f"the engine loop thread of {self.name} has exited"
+        a = self.engine.allocator
         s.update(waiting=len(self.engine.scheduler.waiting), running=len(self.engine.scheduler.running),
-                 outstanding=self._outstanding, dead=dead)
+                 outstanding=self._outstanding, dead=dead, kv_pages_total=a.num_pages,
+                 kv_pages_used=a.num_pages - a.num_free)
         return s
 
     def shutdown(self, timeout: float = 10.0) -> None:

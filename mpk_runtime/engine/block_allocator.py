@@ -43,10 +43,11 @@ class BlockAllocator:
         self._free.extend(sorted(pages, reverse=True))
         self._free.sort(reverse=True)
 
-    def admit(self, req, num_pages: int) -> tuple[list[int], int] | None:
-        """Pages for a request being admitted (num_pages for its whole life) and how many of its prompt tokens they
-        already hold (0 here: no cache), or None when they are not free."""
-        return (self.allocate(num_pages), 0) if self.can_allocate(num_pages) else None
+    def admit(self, req, num_pages: int, keep_free: int = 0) -> tuple[list[int], int] | None:
+        """Pages for a request being admitted (num_pages: the positions it computes before it decodes, or its whole
+        life; scheduler.py) and how many of its tokens they already hold (0 here: no cache), or None when they are
+        not free with keep_free pages left over."""
+        return (self.allocate(num_pages), 0) if self.can_allocate(num_pages + keep_free) else None
 
     def commit(self, req) -> None:
         """Called after req.num_computed grew (its K/V for those tokens are in its pages). Nothing here."""

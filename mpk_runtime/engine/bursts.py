@@ -49,7 +49,8 @@ class BurstsMixin:
     def _steps_for(self, sched, chunks: list[SeqChunk]) -> int:
         """Decode steps this engine step runs: decode_steps when every row decodes one token sampled on the device
         and nothing waits (a waiting request would wait the extra steps for its prefill), capped so that no row
-        goes past its length (its pages cover every position up to it); else 1."""
+        goes past its length, and (lazy pages) so that the free pages cover every row's positions of the burst
+        (the rows' tables grown to them, the chunks given the grown tables); else 1."""
         if self.decode_steps == 1 or self.scheduler.waiting:
             return 1
         k = self.decode_steps
@@ -58,7 +59,14 @@ class BurstsMixin:
             if c.sampling is None or len(c.token_ids) != 1 or not r.output_token_ids:
                 return 1
             k = min(k, r.max_total_len - r.num_tokens)
-        return max(k, 1)
+        if k <= 1:
+            return 1
+        reqs = [s.request for s in sched]
+        k = max(self.scheduler.grow_burst(reqs, [r.num_computed for r in reqs], k), 1)
+        for r, c in zip(reqs, chunks):
+            if len(c.block_table) != len(r.block_table):
+                c.block_table = list(r.block_table)
+        return k
 
     def _submit_burst(self, reqs: list[Request], chunks: list[SeqChunk], k: int, resume: bool = False) -> Burst:
         timeout = None if self.step_timeout is None else self.step_timeout * k
@@ -81,9 +89,12 @@ class BurstsMixin:
         if not self.async_bursts or b.dropped or self.scheduler.waiting:
             return None
         k = min([self.decode_steps] + [r.max_total_len - (r.num_tokens + b.k) for r in b.reqs])
+        if k >= 1:   # (lazy pages: as many steps as the free pages cover; never a preemption for a burst)
+            k = self.scheduler.grow_burst(b.reqs, [c.start_pos + b.k for c in b.chunks], k)
         if k < 1:
             return None
-        chunks = [SeqChunk(c.seq_id, [0], c.start_pos + b.k, c.block_table, c.sampling, False) for c in b.chunks]
+        chunks = [SeqChunk(c.seq_id, [0], c.start_pos + b.k, list(r.block_table) if len(r.block_table) !=
+                           len(c.block_table) else c.block_table, c.sampling, False) for c, r in zip(b.chunks, b.reqs)]
         self.stats["async_bursts"] += 1
         return self._submit_burst(b.reqs, chunks, k, resume=True)
 

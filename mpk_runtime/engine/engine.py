@@ -20,7 +20,7 @@ from .request import Request, RequestOutput, Status
 from ..runtime.device_sampling import StepOutput
 from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, apply_penalties, check_device_sampling,
                        device_sampling_for, make_generator, request_seed, sample, token_logprobs)
-from .scheduler import Scheduler
+from .scheduler import KV_ALLOCATION_MODES, Scheduler
 from .step_stats import new_step_stats
 from .detokenize import IncrementalText, text_decoder
 from .tokenizer import LazyTokenizer
@@ -40,7 +40,8 @@ class LLMEngine(BurstsMixin):
     def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
                  seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
                  device_sampling: str = "auto", eos_ids: set[int] | frozenset = frozenset(), decode_steps: int = 1,
-                 full_sampling: bool = False, prefix_caching: bool = False, async_bursts: bool = False):
+                 full_sampling: bool = False, prefix_caching: bool = False, async_bursts: bool = False,
+                 kv_allocation: str = "lazy"):
         """device_sampling: "auto" | "on" | "off": which requests the runner samples on device (SamplingParams
         doc); runners without device sampling always return logits, and the host samples. eos_ids: end-of-sequence
         ids beyond the tokenizer's (a model directory's generation_config.json / config.json). decode_steps: up to
@@ -51,7 +52,9 @@ class LLMEngine(BurstsMixin):
         prefix_caching: computed pages stay cached by content and a prompt that starts with cached pages takes them
         instead of computing them (prefix_cache.py; the runner must keep K/V only in the pages: shares_kv_pages).
         async_bursts: the next burst of decode steps runs while the engine reads the last one (bursts.py; needs
-        decode_steps > 1 and an executor with async_rpc)."""
+        decode_steps > 1 and an executor with async_rpc). kv_allocation: "lazy" (pages taken as tokens need them,
+        the newest request preempted and recomputed later when they run out) or "reserve" (a request's whole length
+        at admission, never preempted): scheduler.py."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps)
@@ -78,8 +81,11 @@ class LLMEngine(BurstsMixin):
         self.prefix_caching = bool(prefix_caching)
         self.allocator = (PrefixCachingAllocator if self.prefix_caching else BlockAllocator)(kv_spec.num_pages,
                                                                                            kv_spec.page_size)
+        if kv_allocation not in KV_ALLOCATION_MODES:
+            raise InvalidRequestError(f"kv_allocation must be one of {KV_ALLOCATION_MODES}, got {kv_allocation!r}")
         self.scheduler = Scheduler(self.allocator, kv_spec.max_batch,
-                                   max_num_batched_tokens or max(kv_spec.max_seq_len, kv_spec.max_batch))
+                                   max_num_batched_tokens or max(kv_spec.max_seq_len, kv_spec.max_batch),
+                                   kv_allocation)
         self._ids = itertools.count()
         self._requests: dict[str, Request] = {}
         self.dead: str | None = None  # set when the workers failed and could not be recovered
@@ -94,6 +100,8 @@ class LLMEngine(BurstsMixin):
                       "sampled_graph": 0, "sampled_full": 0, "sampled_host": 0,
                       # prefix caching: prompt tokens looked up at admission / found cached / cached pages evicted
                       "prefix_cache_query_tokens": 0, "prefix_cache_hit_tokens": 0, "prefix_cache_evictions": 0,
+                      # lazy pages (scheduler.py): requests preempted, and their tokens computed again on readmission
+                      "preemptions": 0, "recomputed_tokens": 0,
                       **new_step_stats()}        # where each step's time goes (step_stats.py; load_test prints it)
 
     # --- admission ----------------------------------------------------------------------------------------
@@ -194,6 +202,8 @@ class LLMEngine(BurstsMixin):
         t0 = time.perf_counter()
         c0 = time.thread_time()
         sched = self.scheduler.schedule()
+        if self.scheduler.preempted:
+            self._on_preempted()
         if self.prefix_caching:
             a, st = self.allocator, self.stats
             st["prefix_cache_query_tokens"], st["prefix_cache_hit_tokens"] = a.query_tokens, a.hit_tokens
@@ -208,12 +218,12 @@ class LLMEngine(BurstsMixin):
                     "free; create the LLM with max_batch >= 1 and enough num_pages")
             return []
         chunks = []
-        n_prompt = 0  # prompt chunks (the scheduler's "still prefilling": no output token yet); the rest decode rows
+        n_prompt = 0  # prompt chunks (a prompt, or a preempted request's tokens, computed); the rest decode rows
         for s in sched:
             r = s.request
             last = r.num_computed + s.num_tokens >= r.num_tokens   # this chunk yields the next token
             ds = self._device_sampling(r) if last else None
-            if not r.output_token_ids:
+            if not r.decoding:
                 n_prompt += 1
             chunks.append(SeqChunk(seq_id=r.seq_id, start_pos=r.num_computed, block_table=list(r.block_table),
                                    token_ids=r.token_slice(r.num_computed, r.num_computed + s.num_tokens),
@@ -241,6 +251,8 @@ class LLMEngine(BurstsMixin):
             r = s.request
             if not r.output_token_ids:
                 self.stats["prompt_tokens"] += s.num_tokens
+            elif not r.decoding:
+                self.stats["recomputed_tokens"] += s.num_tokens
             r.num_computed += s.num_tokens
             self.allocator.commit(r)
             if r.num_computed < r.num_tokens:
@@ -274,6 +286,18 @@ class LLMEngine(BurstsMixin):
                 outputs.append(r.snapshot())
         self._finish_step(done, n_prompt, len(chunks) - n_prompt, t0, t1, t2, c0, timing)
         return outputs
+
+    def _on_preempted(self) -> None:
+        """Requests the scheduler preempted: their workers' per-sequence state goes (a runner that keeps K/V per
+        sequence recomputes it from the start on readmission)."""
+        pre, self.scheduler.preempted = self.scheduler.preempted, []
+        self.stats["preemptions"] += len(pre)
+        log.info("preempted %d request(s) for KV pages (%d free of %d): %s", len(pre), self.allocator.num_free,
+                 self.allocator.num_pages, [r.request_id for r in pre][:8])
+        try:
+            self.executor.collective_rpc("free", ([r.seq_id for r in pre],), timeout=self.step_timeout)
+        except Exception as e:  # the next execute call will surface a dead worker
+            log.warning("free after preemption failed: %s", e)
 
     def _count_step(self, rows: int) -> None:
         st = self.stats

@@ -65,7 +65,8 @@ class LLM:
                  page_size: int = 16, num_pages: int | None = None, tokenizer: Any = None,
                  max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
                  executor_kwargs: dict | None = None, device_sampling: str = "auto", decode_steps: int | None = None,
-                 enable_prefix_caching: bool = False, async_bursts: bool = False, **runner_kwargs: Any):
+                 enable_prefix_caching: bool = False, async_bursts: bool = False, kv_allocation: str = "lazy",
+                 **runner_kwargs: Any):
         """model: preset name or local HF directory. backend: runner registry name ("reference", "pyvm",
         "torch", "megakernel"). tp: ranks per replica. executor: "inprocess", "ray" (after `import cluster`)
         or an Executor instance (not yet initialised). tokenizer: None = from the model directory if present,
@@ -78,10 +79,16 @@ class LLM:
         earlier turns) takes them instead of computing them again (engine/prefix_cache.py; backends that keep K/V
         only in the engine's pages: pyvm, torch, megakernel). async_bursts: the next burst of decode steps runs on
         the workers while the engine reads the last one's tokens (engine/bursts.py; needs decode_steps > 1 and the
-        in-process or Ray executor). Other keywords go to the runner."""
+        in-process or Ray executor). kv_allocation: "lazy" (default: a request takes KV pages as its tokens need
+        them; when they run out the request admitted last is preempted and later computed again) or "reserve" (its
+        whole length, prompt + max_tokens, at admission; never preempted): engine/scheduler.py. Other keywords go to
+        the runner."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps, none_ok=True)
+        from .scheduler import KV_ALLOCATION_MODES
+        if kv_allocation not in KV_ALLOCATION_MODES:
+            raise InvalidRequestError(f"kv_allocation must be one of {KV_ALLOCATION_MODES}, got {kv_allocation!r}")
         for name, v in (("enable_prefix_caching", enable_prefix_caching), ("async_bursts", async_bursts)):
             if not isinstance(v, bool):
                 raise InvalidRequestError(f"{name} must be True or False, got {v!r}")
@@ -140,7 +147,8 @@ class LLM:
                                 max_num_batched_tokens=max_num_batched_tokens, step_timeout=step_timeout,
                                 device_sampling=device_sampling, eos_ids=model_eos_ids(model),
                                 decode_steps=decode_steps, full_sampling=full,
-                                prefix_caching=enable_prefix_caching, async_bursts=async_bursts)
+                                prefix_caching=enable_prefix_caching, async_bursts=async_bursts,
+                                kv_allocation=kv_allocation)
 
     @property
     def tokenizer(self):

@@ -120,11 +120,13 @@ class PrefixCachingAllocator(BlockAllocator):
             pages.append(p)
         return pages, known[:len(pages)]
 
-    def admit(self, req, num_pages: int) -> tuple[list[int], int] | None:
-        prompt = req.prompt_token_ids
-        hits, keys = self.match(prompt, req.prompt_keys)
+    def admit(self, req, num_pages: int, keep_free: int = 0) -> tuple[list[int], int] | None:
+        """(A preempted request is looked up by all its tokens, prompt and output: its own computed pages may still
+        be cached.)"""
+        tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
+        hits, keys = self.match(tokens, req.prompt_keys)
         idle = sum(p in self._evictable for p in hits)   # evictable now, held once claimed
-        if num_pages - len(hits) > self.num_free - idle:
+        if num_pages - len(hits) + keep_free > self.num_free - idle:
             return None
         for p in hits:
             if p in self._evictable:
@@ -136,7 +138,7 @@ class PrefixCachingAllocator(BlockAllocator):
         pages = hits + self.allocate(num_pages - len(hits))
         req.block_keys = keys
         cached = len(hits) * self.page_size
-        self.query_tokens += len(prompt)
+        self.query_tokens += len(tokens)
         self.hit_tokens += cached
         return pages, cached
 

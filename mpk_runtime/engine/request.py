@@ -12,8 +12,8 @@ from .sampling import SamplingParams
 
 
 class Status(enum.Enum):
-    WAITING = "waiting"      # queued; no pages yet
-    RUNNING = "running"      # pages reserved; prefilling or decoding
+    WAITING = "waiting"      # queued, or preempted (its pages taken back; it computes its tokens again when readmitted)
+    RUNNING = "running"      # holds pages; prefilling or decoding
     FINISHED = "finished"
 
 
@@ -101,6 +101,7 @@ class Request:
     block_keys: list[bytes] = field(default_factory=list)   # prefix-cache keys of its full computed pages
     prompt_keys: list[bytes] = field(default_factory=list)  # keys of its prompt's first pages (admission retries)
     detok: Any = None                   # detokenize.IncrementalText once it has output text
+    num_preemptions: int = 0            # times its pages were taken back for an older request (scheduler.py)
     _sent_tokens: int = 0               # how much of the output the last snapshot already reported
     _sent_text: int = 0
 
@@ -111,6 +112,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def decoding(self) -> bool:
+        """Running with every token but the newest computed: its next chunk is that one token."""
+        return bool(self.output_token_ids) and self.num_computed == self.num_tokens - 1
 
     def token_slice(self, a: int, b: int) -> list[int]:
         """all_token_ids[a:b] without building the whole list (a decode step reads one token of a long sequence)."""

@@ -72,6 +72,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 # --- worker -------------------------------------------------------------------------------------------------
 
+def check_pages(chunks: list[SeqChunk], num_steps: int, page_size: int) -> None:
+    """Every chunk's block table covers the positions the call writes (its tokens', and with num_steps > 1 the
+    burst's): a runner pads a short table with page 0, so a missing page would write another sequence's K/V."""
+    extra = num_steps - 1
+    for c in chunks:
+        if len(c.block_table) * page_size < c.start_pos + len(c.token_ids) + extra:
+            raise ValueError(f"sequence {c.seq_id}'s block table has {len(c.block_table)} pages of {page_size} "
+                             f"tokens, too few for positions up to {c.start_pos + len(c.token_ids) + extra - 1} "
+                             "(engine page bookkeeping bug)")
+
+
 class Worker:
     """One rank. Every public method is callable through `Executor.collective_rpc(name, ...)`."""
 
@@ -120,6 +131,7 @@ class Worker:
             elif kind == "raise":
                 raise RuntimeError(f"injected fault on rank {self.rank}")
         runner = self._need_runner()
+        check_pages(chunks, num_steps, runner.kv_spec().page_size)
         w0, t0 = time.time(), time.perf_counter()
         ev, self.launched = getattr(self, "launched", None), None   # (InProcessExecutor.rpc_async's handshake)
         runner.launched = ev.set if ev is not None else None

@@ -392,3 +392,28 @@ def test_prefix_caching_through_the_server(demo_dir):
     finally:
         srv.stop()
         router.shutdown()
+
+
+def test_preemption_through_the_server(demo_dir):
+    """kv_allocation lazy (the default) on a replica with few KV pages: a batch of prompts in one request preempts,
+    /metrics counts it, and every completion equals an LLM that reserves whole lengths (never preempts)."""
+    kw = dict(backend="torch", dtype="float32", max_seq_len=64, max_batch=4, page_size=4, num_pages=12)
+    router = build_router(demo_dir, executor="inprocess", num_replicas=1, health_interval=None, **kw)
+    srv = ServerThread(create_app(router))
+    prompts = [[3, 1, 4, 1, 5, 9], [2, 6], [5, 3, 5, 8, 9, 7, 9], [3, 2, 3, 8]]
+    try:
+        with LLM(demo_dir, kv_allocation="reserve", **kw) as llm:
+            want = [o.text for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30,
+                                                                         ignore_eos=True), use_tqdm=False)]
+            assert llm.engine.stats["preemptions"] == 0
+        r = httpx.post(srv.url + "/v1/completions", json={"model": "tiny-qwen3-demo", "prompt": prompts,
+                                                          "max_tokens": 30, "temperature": 0, "ignore_eos": True},
+                       timeout=60).json()
+        assert [c["text"] for c in sorted(r["choices"], key=lambda c: c["index"])] == want
+        metrics = httpx.get(srv.url + "/metrics").text
+        line = next(x for x in metrics.splitlines() if x.startswith("mpk_preemptions_total{"))
+        assert float(line.split()[-1]) > 0
+        assert 'mpk_kv_pages_total{replica="replica-0"} 12' in metrics
+    finally:
+        srv.stop()
+        router.shutdown()

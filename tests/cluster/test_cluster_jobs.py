@@ -46,6 +46,28 @@ def test_generate_job_with_prefix_caching(tmp_path, demo_dir, ref_greedy):
     assert [r["token_ids"] for r in rows] == [ref_greedy(demo_dir, p, 4) for p in prompts]
 
 
+@pytest.mark.parametrize("alloc", ["lazy", "reserve"])
+def test_generate_job_kv_flags(tmp_path, demo_dir, ref_greedy, alloc, capsys):
+    """--num-pages / --page-size / --max-num-batched-tokens / --kv-allocation reach the engine: few pages preempt
+    (lazy) or queue (reserve), long prompts prefill in chunks, and the outputs stay the reference's."""
+    from cluster.jobs.generate import main
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3], [2, 6], [5, 3, 5, 8, 9, 7, 9], [3, 2, 3, 8]]
+    _write(inp, [{"prompt_token_ids": p, "temperature": 0, "max_tokens": 24, "ignore_eos": True} for p in prompts])
+    assert main(["--model", demo_dir, "--backend", "torch", "--dtype", "float32", "--executor", "inprocess",
+                 "--max-seq-len", "64", "--max-batch", "4", "--num-pages", "12", "--page-size", "4",
+                 "--max-num-batched-tokens", "8", "--kv-allocation", alloc, "--decode-steps", "1",
+                 "--input", str(inp), "--output", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["token_ids"] for r in rows] == [ref_greedy(demo_dir, p, 24) for p in prompts]
+    summary = capsys.readouterr().out
+    # 12 pages of 4: reserve fits one request of up to 33 tokens (9 pages) at a time; lazy runs all four and preempts
+    assert ("largest batch 1)" in summary) == (alloc == "reserve")
+    assert ("preemptions for KV pages" in summary) == (alloc == "lazy")
+    with pytest.raises(SystemExit):
+        main(["--model", demo_dir, "--input", str(inp), "--output", str(out), "--kv-allocation", "eager"])
+
+
 def test_generate_job_stop_strings_and_logprobs(tmp_path, demo_dir):
     from cluster.jobs.generate import main
     from mpk_runtime.engine import LLM

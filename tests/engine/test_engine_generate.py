@@ -72,9 +72,13 @@ def test_chunked_prefill_matches_reference(ref_greedy):
     llm.shutdown()
 
 
-def test_admission_control_queues_when_pages_run_out(ref_greedy):
-    # page_size 4, 10 pages: each request reserves ceil((len+12-1)/4) >= 3 pages, so at most 3 run at once
-    llm, engine = _engine(page_size=4, num_pages=10, max_batch=8)
+@pytest.mark.parametrize("kv_allocation", ["reserve", "lazy"])
+def test_admission_control_queues_when_pages_run_out(ref_greedy, kv_allocation):
+    # page_size 4, 10 pages. reserve: each request takes ceil((len+12-1)/4) = 4 pages, so at most 2 run at once
+    # and none is preempted. lazy: one page at admission (3 prompt tokens), so all 8 slots fill, then pages run out
+    # and the newest are preempted (the reference backend keeps K/V per sequence: a preempted one is freed on the
+    # worker and computed again from its first token)
+    llm, engine = _engine(page_size=4, num_pages=10, max_batch=8, kv_allocation=kv_allocation)
     prompts = [[i, i + 1, i + 2] for i in range(1, 60, 7)]  # 9 requests
     for p in prompts:
         engine.add_request(p, GREEDY, request_id=str(p))
@@ -85,9 +89,15 @@ def test_admission_control_queues_when_pages_run_out(ref_greedy):
                 finished[o.request_id] = o
         max_running = max(max_running, len(engine.scheduler.running))
         saw_queue |= bool(engine.scheduler.waiting) and bool(engine.scheduler.running)
-    assert saw_queue and 1 < max_running <= 3
+        assert engine.allocator.num_free + sum(len(r.block_table) for r in engine.scheduler.running) == 10
+    if kv_allocation == "reserve":
+        assert saw_queue and max_running == 2 and engine.stats["preemptions"] == 0
+    else:
+        assert saw_queue and max_running == 8 and engine.stats["preemptions"] > 0
+        assert engine.stats["recomputed_tokens"] > 0
     for p in prompts:
         assert finished[str(p)].token_ids == ref_greedy("tiny-qwen3", p, 12)
+    assert engine.allocator.num_free == 10
     llm.shutdown()
 
 
