@@ -151,6 +151,8 @@ def main() -> int:
     ap.add_argument("--tokenizer", default=None, help="a tokenizer directory: text out (the engine detokenizes)")
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="the instant runner's time a step (slept, the GIL released, as a GPU step waits)")
+    ap.add_argument("--kv-allocation", default="lazy", choices=["lazy", "reserve"],
+                    help="LLM(kv_allocation=...): pages as tokens need them, or the whole length at admission")
     a = ap.parse_args()
     modes = [m for m in a.sampling.split(",") if m]
     bad = [m for m in modes if m not in SAMPLINGS]
@@ -172,6 +174,7 @@ def main() -> int:
             continue
         llm = LLM(a.model, backend=a.backend, max_batch=max(batches), max_seq_len=hi + a.max_tokens + 16,
                   decode_steps=k, device_sampling=dmode, async_bursts=asy, tokenizer=a.tokenizer,
+                  kv_allocation=a.kv_allocation,
                   **({"plan": a.plan} if a.plan != "none" else {}), **({"step_ms": a.step_ms} if a.step_ms else {}))
         try:
             for mode in mlist:
@@ -181,6 +184,7 @@ def main() -> int:
             llm.shutdown()
     _summary(rows)
     write_result("bench_engine_overhead.json", {"model": a.model, "backend": a.backend, "plan": a.plan,
+                                                "kv_allocation": a.kv_allocation,
                                                 "max_tokens": a.max_tokens, "prompt_len": [lo, hi], "rows": rows})
     return 0
 
