@@ -45,7 +45,7 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 51 left it (no machine lent in session 51; session 50's two
+# Order for a 30-minute session (one GPU), as session 52 left it (no machine lent in sessions 51-52; session 50's two
 # calls: bench/results/s50, the full-vocabulary draw +0.17 / +0.28 ms a step over greedy at llama B=1 / 128 with one
 # program a row). A machine stays warm only ~30 s after a call and a call can be taken back before it returns: short
 # calls, chained with `;`, the next one ready.
@@ -57,7 +57,9 @@
 #    a. the GPU tests of the split full draw and of prefix caching (CUDA == CPU draws at V = 151936 / 128256; the
 #       engine at k = 8; prefix caching through the megakernel with and without plans):
 #       `N=t51 T=240 TESTS="tests/gpu/test_full_sampling_gpu.py tests/gpu/test_prefix_cache_gpu.py
-#       tests/gpu/test_async_bursts_gpu.py" bash scripts/gpu_run.sh tests` (async bursts: resumed == synchronous)
+#       tests/gpu/test_async_bursts_gpu.py tests/gpu/test_preemption_gpu.py" bash scripts/gpu_run.sh tests` (async
+#       bursts: resumed == synchronous; session 52's lazy KV pages: preempted requests recomputed through the
+#       conventional prefill still follow the reference; every other GPU test now runs with lazy tables too)
 #    b. the draw's kernels alone and prefix caching's TTFT (predictions in docs/perf-notes.md session 51: B=1 plain
 #       ~8-15 us a draw, nucleus ~15-25; TTFT 3-5x lower at a 1024-token system prompt):
 #       `N=fd T=160 bash scripts/gpu_run.sh fulldraw; N=pfx T=200 MODELS=llama-3.2-1b bash scripts/gpu_run.sh prefix`
