@@ -29,9 +29,11 @@ class CommonRequest(BaseModel):
     repetition_penalty: float | None = 1.0
     include_stop_str_in_output: bool = False
     top_logprobs: int | None = None   # chat: with logprobs=true, how many top tokens a position reports
+    min_p: float | None = None
+    min_tokens: int | None = None
+    logit_bias: dict | None = None    # OpenAI: {"token id": bias in [-100, 100]}
     # OpenAI fields this server does not implement: declared so that a request using them gets a 400 (the server
     # checks them) instead of being served as if they were absent
-    logit_bias: dict | None = None
     response_format: dict | None = None
     guided_json: Any = None
     guided_regex: str | None = None

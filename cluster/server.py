@@ -116,7 +116,14 @@ def create_app(router: Router, served_model_name: str | None = None):
             logprobs = None if r.logprobs is False else r.logprobs
             if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
                 raise HTTPError(400, f"logprobs must be an int (top tokens per position), got {r.logprobs!r}")
-        for field in ("logit_bias", "suffix", "tools", "tool_choice", "functions", "function_call",
+        bias = None
+        if r.logit_bias:
+            try:
+                bias = {int(k): v for k, v in r.logit_bias.items()}
+            except (TypeError, ValueError):
+                raise HTTPError(400, "logit_bias keys must be token ids (integers as strings), e.g. "
+                                     f"{{\"1234\": -100}}; got {list(r.logit_bias)[:5]}") from None
+        for field in ("suffix", "tools", "tool_choice", "functions", "function_call",
                       "response_format", "guided_json", "guided_regex", "guided_choice"):
             if getattr(r, field, None) not in (None, {}, [], "", "none", {"type": "text"}):
                 raise HTTPError(400, f"{field} is not supported by this server; leave it out")
@@ -132,7 +139,8 @@ def create_app(router: Router, served_model_name: str | None = None):
                               stop=r.stop or (), include_stop_str_in_output=r.include_stop_str_in_output,
                               logprobs=logprobs, presence_penalty=r.presence_penalty or 0.0,
                               frequency_penalty=r.frequency_penalty or 0.0,
-                              repetition_penalty=1.0 if r.repetition_penalty is None else r.repetition_penalty)
+                              repetition_penalty=1.0 if r.repetition_penalty is None else r.repetition_penalty,
+                              logit_bias=bias, min_p=r.min_p or 0.0, min_tokens=r.min_tokens or 0)
 
     def _choices(params: SamplingParams, n: int) -> list[SamplingParams]:
         """The n completions of one prompt: a seeded request's j-th draws with seed + j (an unseeded one's

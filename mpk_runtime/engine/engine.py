@@ -18,7 +18,7 @@ from .prefix_cache import PrefixCachingAllocator
 from .errors import InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError
 from .request import Request, RequestOutput, Status
 from ..runtime.device_sampling import StepOutput
-from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, apply_penalties, check_device_sampling,
+from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, check_device_sampling, process_logits,
                        device_sampling_for, make_generator, request_seed, sample, token_logprobs)
 from .scheduler import KV_ALLOCATION_MODES, Scheduler
 from .step_stats import new_step_stats
@@ -129,6 +129,9 @@ class LLMEngine(BurstsMixin):
         if params.stop and not self._has_tokenizer():
             raise NoTokenizerError("stop strings need a tokenizer to turn the output into text, and this model has "
                                    "none: use stop_token_ids, or a model directory that contains tokenizer files")
+        bad_bias = [t for t, _ in params.logit_bias or () if t >= self.vocab_size]
+        if bad_bias:
+            raise InvalidRequestError(f"logit_bias token ids must be < vocab size {self.vocab_size}; got {bad_bias[:5]}")
         if params.logprobs is not None and params.logprobs > self.vocab_size:
             raise InvalidRequestError(f"logprobs={params.logprobs} exceeds the vocabulary ({self.vocab_size} tokens)")
         ctx = self.kv_spec.max_seq_len
@@ -265,8 +268,8 @@ class LLMEngine(BurstsMixin):
                                        f"{r.seq_id}")
                 else:
                     lg = logits[i]
-                    if r.params.penalized:
-                        lg = apply_penalties(lg, r.params, r.output_token_ids, r.prompt_token_ids)
+                    if r.params.processed:
+                        lg = process_logits(lg, r.params, r.output_token_ids, r.prompt_token_ids, self._eos_ids())
                     tok = sample(lg, r.params, r.generator)
                     if r.output_logprobs is not None:
                         r.output_logprobs.append(token_logprobs(logits[i], tok, r.params.logprobs))

@@ -9,6 +9,7 @@ batch: the host sampler has a `torch.Generator` per request, the device one hash
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +61,14 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # more logits processing, host work like the penalties (OpenAI / vLLM semantics): logit_bias {token id: bias in
+    # [-100, 100]} added to the logits (kept as sorted (id, bias) pairs); min_tokens: neither EOS nor stop_token_ids
+    # can end the request before it has this many generated tokens (their logits are -inf until then; stop strings
+    # still apply); min_p in [0, 1]: after temperature, tokens whose probability is below min_p x the most likely
+    # token's are dropped (before top-k / top-p)
+    logit_bias: dict[int, float] | tuple | None = None
+    min_tokens: int = 0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -97,6 +106,28 @@ class SamplingParams:
         rp = self.repetition_penalty
         if not isinstance(rp, (int, float)) or isinstance(rp, bool) or not 0 < rp < float("inf"):
             problems.append(f"repetition_penalty must be a finite number > 0 (1 = off), got {rp!r}")
+        lb = self.logit_bias
+        if lb is not None:
+            items = lb.items() if isinstance(lb, dict) else lb if isinstance(lb, (list, tuple)) else None
+            try:
+                pairs = tuple(sorted((k, v) for k, v in items)) if items is not None else None
+            except (TypeError, ValueError):
+                pairs = None
+            if pairs is None or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 and
+                                        isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100
+                                        for k, v in pairs):
+                problems.append("logit_bias must map token ids (ints >= 0) to biases in [-100, 100], got "
+                                f"{lb!r:.120}")
+            else:
+                object.__setattr__(self, "logit_bias", tuple((k, float(v)) for k, v in pairs) or None)
+        mt = self.min_tokens
+        if not isinstance(mt, int) or isinstance(mt, bool) or mt < 0:
+            problems.append(f"min_tokens must be an int >= 0, got {mt!r}")
+        elif m is not None and isinstance(m, int) and mt > m:
+            problems.append(f"min_tokens ({mt}) must not exceed max_tokens ({m})")
+        mp = self.min_p
+        if not isinstance(mp, (int, float)) or isinstance(mp, bool) or not 0 <= mp <= 1:
+            problems.append(f"min_p must be a number in [0, 1] (0 = off), got {mp!r}")
         if problems:
             raise InvalidRequestError("invalid SamplingParams: " + "; ".join(problems))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -111,9 +142,15 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
     @property
+    def processed(self) -> bool:
+        """The host changes the logits before sampling (process_logits)."""
+        return self.penalized or self.logit_bias is not None or self.min_tokens > 0
+
+    @property
     def needs_logits(self) -> bool:
-        """The host must see this request's logits (logprobs, penalties): the device sampler does neither."""
-        return self.logprobs is not None or self.penalized
+        """The host must see this request's logits (logprobs, penalties, logit_bias, min_tokens, min_p): the device
+        samplers do none of them."""
+        return self.logprobs is not None or self.processed or (self.min_p > 0 and not self.greedy)
 
     def device_exact(self) -> bool:
         """The device sampler follows these params exactly (no top-C cap involved)."""
@@ -126,6 +163,9 @@ class SamplingParams:
         unknown = set(d) - allowed
         if unknown:
             raise InvalidRequestError(f"unknown sampling fields {sorted(unknown)}; allowed: {sorted(allowed)}")
+        lb = d.get("logit_bias")
+        if isinstance(lb, dict):   # JSON object keys are strings: "1234" -> 1234
+            d = {**d, "logit_bias": {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in lb.items()}}
         return cls(**d)
 
 
@@ -145,7 +185,8 @@ def check_device_sampling(params: SamplingParams, mode: str, full: bool = False)
     the runner draws full-vocabulary rows: `full`)."""
     if mode == "on" and params.needs_logits:
         raise InvalidRequestError(
-            "logprobs and presence / frequency / repetition penalties need the logits on the host, and this LLM "
+            "logprobs, presence / frequency / repetition penalties, logit_bias, min_tokens and min_p need the logits "
+            "on the host, and this LLM "
             "samples every request on the device (device_sampling='on'): create it with device_sampling='auto' "
             "(the default) or 'off', or leave those fields out")
     if mode == "on" and not full and not params.greedy and params.top_k > SAMPLE_CANDIDATES:
@@ -170,6 +211,23 @@ def device_sampling_for(params: SamplingParams, mode: str, seed: int, full: bool
     if mode == "auto" and not exact:
         return None
     return DeviceSampling(float(params.temperature), k, float(params.top_p), seed)
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams, output_ids: list[int], prompt_ids: list[int],
+                   eos_ids=()) -> torch.Tensor:
+    """The logits (vocab,) as the request's sampler sees them (a new fp32 tensor; `logits` is not changed): the
+    penalties (apply_penalties), then logit_bias added, then, while fewer than min_tokens are generated, the tokens
+    that would end it (its stop_token_ids, and eos_ids unless ignore_eos) at -inf."""
+    x = apply_penalties(logits, params, output_ids, prompt_ids)
+    if params.logit_bias is not None:
+        ids, bias = zip(*params.logit_bias)
+        x[torch.tensor(ids, dtype=torch.long)] += torch.tensor(bias, dtype=x.dtype)
+    if len(output_ids) < params.min_tokens:
+        ends = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+        ends = [t for t in ends if 0 <= t < x.numel()]
+        if ends:
+            x[torch.tensor(ends, dtype=torch.long)] = float("-inf")
+    return x
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, output_ids: list[int],
@@ -201,7 +259,8 @@ def token_logprobs(logits: torch.Tensor, token: int, top: int) -> dict[int, floa
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
-    """One token id from fp32 logits (vocab,), on the host. Exact: temperature, then top-k (the k largest logits),
+    """One token id from fp32 logits (vocab,), on the host. Exact: temperature, then min_p (tokens below min_p x the
+    largest probability dropped), then top-k (the k largest logits),
     then top-p (the smallest prefix of the remaining tokens, most likely first, whose mass before each token is
     < top_p), then one draw from what is left, renormalised. Never sorts the vocabulary: the candidates come from
     torch.topk (a top-p nucleus from the fewest top entries that hold its mass), the draw from one uniform number
@@ -213,6 +272,8 @@ def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | 
             raise ValueError(_NONFINITE)
         return tok
     x = logits.float() / params.temperature
+    if params.min_p > 0:   # p < min_p * p_max  <=>  x < x_max + log(min_p)
+        x = x.masked_fill(x < x.max() + math.log(params.min_p), float("-inf"))
     V = x.numel()
     if 0 < params.top_k < V:
         vals, idx = torch.topk(x, params.top_k)           # sorted, most likely first

@@ -273,11 +273,13 @@ def test_a_failing_sampler_fails_its_request_only(server, monkeypatch):
 
 
 @pytest.mark.parametrize("body, word", [
-    ({"prompt": [1], "logit_bias": {"5": 10}}, "logit_bias"), ({"prompt": [1], "best_of": 3}, "best_of"),
+    ({"prompt": [1], "logit_bias": {"five": 10}}, "logit_bias"), ({"prompt": [1], "best_of": 3}, "best_of"),
+    ({"prompt": [1], "logit_bias": {"5": 101}}, "logit_bias"), ({"prompt": [1], "min_p": 1.5}, "min_p"),
+    ({"prompt": [1], "max_tokens": 2, "min_tokens": 3}, "min_tokens"),
     ({"prompt": [1], "response_format": {"type": "json_object"}}, "response_format"),
     ({"prompt": [1], "suffix": "x"}, "suffix"),
 ])
-def test_unsupported_openai_fields_are_400(server, body, word):
+def test_unsupported_or_invalid_openai_fields_are_400(server, body, word):
     r = httpx.post(server[0].url + "/v1/completions", json=body)
     assert r.status_code == 400 and word in r.json()["error"]["message"], r.text
 
@@ -414,6 +416,32 @@ def test_preemption_through_the_server(demo_dir):
         line = next(x for x in metrics.splitlines() if x.startswith("mpk_preemptions_total{"))
         assert float(line.split()[-1]) > 0
         assert 'mpk_kv_pages_total{replica="replica-0"} 12' in metrics
+    finally:
+        srv.stop()
+        router.shutdown()
+
+
+def test_logit_bias_min_p_min_tokens_through_the_server(demo_dir):
+    """OpenAI's logit_bias (string token ids) and vLLM's min_p / min_tokens reach the sampler: the completions equal
+    LLM.generate's with the same SamplingParams, and a +100 bias makes every token the biased one."""
+    router = build_router(demo_dir, backend="torch", executor="inprocess", dtype="float32", max_seq_len=64,
+                          num_replicas=1, health_interval=None)
+    srv = ServerThread(create_app(router))
+    try:
+        with LLM(demo_dir, backend="torch", dtype="float32", max_seq_len=64) as llm:
+            sp = [SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logit_bias={42: 100}),
+                  SamplingParams(temperature=0.9, seed=4, max_tokens=8, min_p=0.2, min_tokens=8,
+                                 logit_bias={42: -100, 43: 5})]
+            want = llm.generate(["hello world"] * 2, sp, use_tqdm=False)
+        assert want[0].token_ids == [42] * 5 and 42 not in want[1].token_ids and len(want[1].token_ids) == 8
+        bodies = [{"prompt": "hello world", "temperature": 0, "max_tokens": 5, "ignore_eos": True,
+                   "logit_bias": {"42": 100}},
+                  {"prompt": "hello world", "temperature": 0.9, "seed": 4, "max_tokens": 8, "min_p": 0.2,
+                   "min_tokens": 8, "logit_bias": {"42": -100, "43": 5}}]
+        for body, w in zip(bodies, want):
+            r = httpx.post(srv.url + "/v1/completions", json={"model": "tiny-qwen3-demo", **body}, timeout=60)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == w.text
     finally:
         srv.stop()
         router.shutdown()
