@@ -14,6 +14,7 @@ from ..runtime.base import KVSpec, SeqChunk
 from ..runtime.executor import Executor
 from .block_allocator import BlockAllocator
 from .bursts import BurstsMixin
+from .recovery import RecoveryMixin
 from .prefix_cache import PrefixCachingAllocator
 from .errors import InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError
 from .request import Request, RequestOutput, Status
@@ -36,7 +37,7 @@ def check_decode_steps_arg(v, none_ok: bool = False) -> None:
                                   f"[1, 64], got {v!r}")
 
 
-class LLMEngine(BurstsMixin):
+class LLMEngine(BurstsMixin, RecoveryMixin):
     def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
                  seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
                  device_sampling: str = "auto", eos_ids: set[int] | frozenset = frozenset(), decode_steps: int = 1,
@@ -290,18 +291,6 @@ class LLMEngine(BurstsMixin):
         self._finish_step(done, n_prompt, len(chunks) - n_prompt, t0, t1, t2, c0, timing)
         return outputs
 
-    def _on_preempted(self) -> None:
-        """Requests the scheduler preempted: their workers' per-sequence state goes (a runner that keeps K/V per
-        sequence recomputes it from the start on readmission)."""
-        pre, self.scheduler.preempted = self.scheduler.preempted, []
-        self.stats["preemptions"] += len(pre)
-        log.info("preempted %d request(s) for KV pages (%d free of %d): %s", len(pre), self.allocator.num_free,
-                 self.allocator.num_pages, [r.request_id for r in pre][:8])
-        try:
-            self.executor.collective_rpc("free", ([r.seq_id for r in pre],), timeout=self.step_timeout)
-        except Exception as e:  # the next execute call will surface a dead worker
-            log.warning("free after preemption failed: %s", e)
-
     def _count_step(self, rows: int) -> None:
         st = self.stats
         st["steps"] += 1
@@ -411,79 +400,3 @@ class LLMEngine(BurstsMixin):
         if len(text) >= len(r.text) or hit:   # a held-back tail never takes back text already shown
             r.text = text
         return hit
-
-    def _forget(self, req: Request, free_on_workers: bool) -> None:
-        self._requests.pop(req.request_id, None)
-        if free_on_workers:
-            try:
-                self.executor.collective_rpc("free", ([req.seq_id],), timeout=self.step_timeout)
-            except Exception as e:  # the next execute call will surface a dead worker
-                log.warning("free(%s) failed: %s", req.seq_id, e)
-
-    def _forget_many(self, reqs: list[Request]) -> None:
-        for r in reqs:
-            self._requests.pop(r.request_id, None)
-        self.stats["free_calls"] += 1
-        try:
-            self.executor.collective_rpc("free", ([r.seq_id for r in reqs],), timeout=self.step_timeout)
-        except Exception as e:
-            log.warning("free failed: %s", e)
-
-    # --- failures -----------------------------------------------------------------------------------------
-    def check_health(self, timeout: float = 10.0) -> list[RequestOutput]:
-        """Ask every worker for `health`; on failure run the same path as a failed step (rebuild if possible)."""
-        if self.dead:
-            return []
-        try:
-            self.executor.collective_rpc("health", timeout=timeout)
-            return []
-        except Exception as e:
-            return self._on_failure(e)
-
-    def _on_failure(self, exc: Exception) -> list[RequestOutput]:
-        if self._inflight is not None:   # let the burst in flight end before its rows' pages go back
-            b, self._inflight = self._inflight, None
-            try:
-                b.future.result()
-            except Exception:   # noqa: BLE001 - the failure below is the one reported
-                pass
-            for r in b.deferred:
-                self.scheduler.release(r)
-        msg = f"{type(exc).__name__}: {exc}"
-        log.error("step failed: %s", msg)
-        outputs, failed_ids = [], []
-        for r in list(self.scheduler.running):
-            failed_ids.append(r.seq_id)
-            self.scheduler.release(r)
-            r.finish("error", error=f"the model workers failed while running this request ({msg}); "
-                                    "it was not completed - retry it")
-            self._requests.pop(r.request_id, None)
-            self.stats["requests_failed"] += 1
-            outputs.append(r.snapshot())
-        self.allocator.reset()
-        if self.on_failed_outputs is not None and outputs:
-            self.on_failed_outputs(outputs)
-            outputs = []
-        recovered = False
-        try:
-            recovered = self.executor.recover()
-        except Exception as e:  # recovery itself failed
-            msg += f"; recovery failed: {type(e).__name__}: {e}"
-        if recovered:
-            self.stats["recoveries"] += 1
-        else:
-            try:  # workers may be fine (a Python exception in one step): keep serving if they answer
-                self.executor.collective_rpc("health", timeout=10)
-                self.executor.collective_rpc("free", (failed_ids,), timeout=10)
-                recovered = True
-            except Exception as e:
-                msg += f"; health check failed: {e}"
-        if not recovered:
-            self.dead = msg
-            for r in list(self.scheduler.waiting):
-                self.scheduler.release(r)
-                r.finish("error", error=f"the model workers are down ({msg})")
-                self._requests.pop(r.request_id, None)
-                self.stats["requests_failed"] += 1
-                outputs.append(r.snapshot())
-        return outputs

@@ -1,0 +1,71 @@
+"""OpenAI request bodies -> the engine's SamplingParams: what the server checks before it queues anything (a 4xx
+names what to send instead)."""
+from __future__ import annotations
+
+import dataclasses
+
+from mpk_runtime.engine import SamplingParams
+
+from .protocol import ChatRequest, CommonRequest
+
+MAX_N = 64   # completions per prompt a request may ask for
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+def sampling_params(r: CommonRequest, served: tuple[str, ...]) -> SamplingParams:
+    """The SamplingParams of an OpenAI request body (HTTPError 400 / 404 for what cannot be served; `served`: the
+    model names this server answers to)."""
+    if not isinstance(r.n, int) or not 1 <= r.n <= MAX_N:
+        raise HTTPError(400, f"n must be an int in [1, {MAX_N}] (completions per prompt), got {r.n!r}")
+    chat = isinstance(r, ChatRequest)
+    if chat:   # chat: logprobs is a bool, top_logprobs how many alternatives
+        if r.logprobs not in (None, True, False):
+            raise HTTPError(400, f"chat logprobs must be true or false, got {r.logprobs!r}; set top_logprobs "
+                                 "for the number of alternatives")
+        if r.top_logprobs and not r.logprobs:
+            raise HTTPError(400, "top_logprobs needs logprobs: true")
+        logprobs = (r.top_logprobs or 0) if r.logprobs else None
+    else:      # completions: logprobs is the number of alternatives (0 = the sampled token's only)
+        if r.top_logprobs is not None:
+            raise HTTPError(400, "top_logprobs is a chat field; completions take logprobs=<int>")
+        logprobs = None if r.logprobs is False else r.logprobs
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
+            raise HTTPError(400, f"logprobs must be an int (top tokens per position), got {r.logprobs!r}")
+    bias = None
+    if r.logit_bias:
+        try:
+            bias = {int(k): v for k, v in r.logit_bias.items()}
+        except (TypeError, ValueError):
+            raise HTTPError(400, "logit_bias keys must be token ids (integers as strings), e.g. "
+                                 f"{{\"1234\": -100}}; got {list(r.logit_bias)[:5]}") from None
+    for field in ("suffix", "tools", "tool_choice", "functions", "function_call",
+                  "response_format", "guided_json", "guided_regex", "guided_choice"):
+        if getattr(r, field, None) not in (None, {}, [], "", "none", {"type": "text"}):
+            raise HTTPError(400, f"{field} is not supported by this server; leave it out")
+    if (getattr(r, "best_of", None) or 1) != 1:
+        raise HTTPError(400, f"best_of={r.best_of} is not supported; send best_of=1 or leave it out")
+    if r.model is not None and r.model not in served:
+        raise HTTPError(404, f"model {r.model!r} is not served here; this server serves {served[0]!r}",
+                        "model_not_found")
+    max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
+    return SamplingParams(temperature=1.0 if r.temperature is None else r.temperature,
+                          top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0, max_tokens=max_tokens,
+                          stop_token_ids=tuple(r.stop_token_ids or ()), seed=r.seed, ignore_eos=r.ignore_eos,
+                          stop=r.stop or (), include_stop_str_in_output=r.include_stop_str_in_output,
+                          logprobs=logprobs, presence_penalty=r.presence_penalty or 0.0,
+                          frequency_penalty=r.frequency_penalty or 0.0,
+                          repetition_penalty=1.0 if r.repetition_penalty is None else r.repetition_penalty,
+                          logit_bias=bias, min_p=r.min_p or 0.0, min_tokens=r.min_tokens or 0)
+
+
+def choices(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """The n completions of one prompt: a seeded request's j-th draws with seed + j (an unseeded one's
+    streams differ already: each request's seed comes from its index)."""
+    if n == 1 or params.seed is None:
+        return [params] * n
+    return [dataclasses.replace(params, seed=params.seed + j) for j in range(n)]
