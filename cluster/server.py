@@ -22,7 +22,7 @@ from mpk_runtime.engine import InvalidRequestError, NoTokenizerError, RequestFai
 
 from mpk_runtime.engine.request import logprobs_by_id
 
-from .cli_flags import add_engine_flags, engine_kwargs
+from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
 from .metrics import Metrics
 from .openai_params import HTTPError, choices, sampling_params
 from .protocol import ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here

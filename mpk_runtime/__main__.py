@@ -117,15 +117,16 @@ def _generate(a: argparse.Namespace) -> int:
                         stop_token_ids=_parse_ids(a.stop_token_ids) if a.stop_token_ids else (),
                         ignore_eos=a.ignore_eos, stop=tuple(a.stop or ()), logprobs=a.logprobs,
                         presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
-                        repetition_penalty=a.repetition_penalty)
+                        repetition_penalty=a.repetition_penalty, min_p=a.min_p, min_tokens=a.min_tokens)
     t0 = time.perf_counter()
     extra = {"plan": a.plan} if a.plan != "none" else {}   # backends without plans keep their signature
+    from .engine.cli_flags import engine_kwargs
     llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len,
-              max_batch=max(a.max_batch, len(prompts)), page_size=a.page_size, num_pages=a.num_pages,
-              decode_steps=a.decode_steps, **extra)
+              max_batch=max(a.max_batch, len(prompts)), decode_steps=a.decode_steps, **engine_kwargs(a), **extra)
     t1 = time.perf_counter()
     try:
         outs = llm.generate(prompts, sp, use_tqdm=len(prompts) > 1)
+        pre = llm.engine.stats["preemptions"]
     finally:
         llm.shutdown()
     t2 = time.perf_counter()
@@ -136,8 +137,8 @@ def _generate(a: argparse.Namespace) -> int:
             line["logprobs"] = logprobs_by_id(o.logprobs)
         print(json.dumps(line))
     n = sum(len(o.token_ids) for o in outs)
-    print(f"# {a.model} backend={a.backend} tp={a.tp}: load {t1 - t0:.1f}s, {n} tokens in {t2 - t1:.2f}s",
-          file=sys.stderr)
+    print(f"# {a.model} backend={a.backend} tp={a.tp}: load {t1 - t0:.1f}s, {n} tokens in {t2 - t1:.2f}s"
+          + (f", {pre} preemptions for KV pages (more --num-pages would avoid them)" if pre else ""), file=sys.stderr)
     return 0
 
 
@@ -177,8 +178,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="decode steps per engine step while every running request is sampled on the device and "
                          "none waits (the tokens stay on the GPU between them; default 8 where the backend samples "
                          "on the device, else 1; 1 streams every token as it is drawn)")
-    g.add_argument("--page-size", type=int, default=16, help="KV cache page size in tokens")
-    g.add_argument("--num-pages", type=int, default=None, help="KV cache pages (default: max-batch full sequences)")
     g.add_argument("--stop-token-ids", default=None, help="comma-separated token ids that end a sequence")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the tokenizer's / model's EOS")
     g.add_argument("--stop", action="append", help="a stop string (repeatable; needs a tokenizer): the text ends "
@@ -188,8 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--presence-penalty", type=float, default=0.0)
     g.add_argument("--frequency-penalty", type=float, default=0.0)
     g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top token's probability")
+    g.add_argument("--min-tokens", type=int, default=0, help="EOS / stop token ids cannot end a sequence sooner")
     g.add_argument("--plan", default="none", choices=["none", "auto"],
                    help="auto: the planner's plan per batch bucket (backends pyvm, megakernel)")
+    from .engine.cli_flags import add_engine_flags
+    add_engine_flags(g)
     a = p.parse_args(argv)
     try:
         return _plan(a) if a.cmd == "plan" else _generate(a)

@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from cluster.cli_flags import add_engine_flags, engine_kwargs
+from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
 from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams, UnknownModelError
 from mpk_runtime.engine.request import logprobs_by_id
 

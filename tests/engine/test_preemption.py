@@ -263,3 +263,21 @@ def test_workers_refuse_a_block_table_that_does_not_cover_the_positions():
         check_pages(ok, 2, 4)                        # a burst of 2 writes position 8 too
     with pytest.raises(ValueError, match="too few"):
         check_pages([SeqChunk(1, [1, 2, 3, 4, 5], 0, [9])], 1, 4)
+
+
+def test_generate_cli_takes_the_kv_flags(capsys):
+    """python -m mpk_runtime generate shares the serving CLIs' engine flags: few pages, lazy and reserve, same tokens."""
+    from mpk_runtime.__main__ import main
+    got = {}
+    for alloc in ("lazy", "reserve"):
+        args = ["generate", "--model", "tiny-llama", "--backend", "torch", "--dtype", "float32", "--max-tokens", "20",
+                "--ignore-eos", "--max-seq-len", "64", "--num-pages", "12", "--page-size", "4", "--decode-steps", "1",
+                "--kv-allocation", alloc]
+        for p in PROMPTS:
+            args += ["--prompt-ids", ",".join(map(str, p))]
+        assert main(args) == 0
+        import json
+        cap = capsys.readouterr()
+        got[alloc] = [json.loads(x)["token_ids"] for x in cap.out.splitlines() if x.startswith("{")]
+        assert ("preemptions for KV pages" in cap.err) == (alloc == "lazy")
+    assert len(got["lazy"]) == len(PROMPTS) and got["lazy"] == got["reserve"]

@@ -1,4 +1,5 @@
-"""Engine options shared by the serving entry points' command lines (cluster.server, cluster.jobs.generate)."""
+"""Engine options shared by the command lines (python -m mpk_runtime generate, cluster.server,
+cluster.jobs.generate)."""
 from __future__ import annotations
 
 import argparse
