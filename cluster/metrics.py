@@ -95,6 +95,8 @@ class Metrics:
                         "Of those, tokens found cached: their prefill was skipped"),
                        ("prefix_cache_evictions_total", "prefix_cache_evictions", "counter",
                         "Cached pages reused for other content"),
+                       ("prefix_cache_held_requests_total", "prefix_cache_held", "counter",
+                        "Requests whose admission waited for another request to compute their prompt's pages"),
                        ("kv_pages_used", "kv_pages_used", "gauge",
                         "KV cache pages held by requests (cached pages nobody holds count as free)"),
                        ("kv_pages_total", "kv_pages_total", "gauge", "KV cache pages of the replica"),

@@ -5,6 +5,8 @@ on in the same run: N requests share a system prompt of --system tokens, each wi
   sequential: requests one after another (an interactive user): time to first token of each, after a first request
               that fills the cache (its TTFT is reported apart).
   batch:      all N at once after a priming request: wall time and generated tokens per second.
+  cold:       all N at once with a system prompt nothing has computed yet (a burst of arrivals, or n samples of one
+              prompt): with the cache the first computes it while the others are held back, then take its pages.
 
 Printed: median TTFT off / on and their ratio, batch wall time ratio, prompt tokens computed, the cache's hit
 tokens. The peer, in the same run: HF transformers (eager, bf16 on a GPU / fp32 on the CPU, a model of the same
@@ -80,7 +82,8 @@ def _hf_peer(a, system: list[int], suffixes: list[list[int]], warm: list[list[in
     return row
 
 
-def _run(a, caching: bool, system: list[int], suffixes: list[list[int]], warm: list[list[int]]) -> dict:
+def _run(a, caching: bool, system: list[int], suffixes: list[list[int]], warm: list[list[int]],
+         cold: list[int]) -> dict:
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     llm = LLM(a.model, backend=a.backend, dtype=a.dtype, max_batch=a.requests,
               max_seq_len=a.system + a.suffix + a.max_tokens + 16, enable_prefix_caching=caching,
@@ -100,6 +103,10 @@ def _run(a, caching: bool, system: list[int], suffixes: list[list[int]], warm: l
         outs = llm.generate([system + s[::-1] for s in suffixes], sp, use_tqdm=False)
         wall = time.perf_counter() - t0
         st2 = dict(llm.engine.stats)
+        t0 = time.perf_counter()
+        cold_outs = llm.generate([cold + s for s in suffixes], sp, use_tqdm=False)
+        cold_wall = time.perf_counter() - t0
+        st3 = dict(llm.engine.stats)
     finally:
         llm.shutdown()
     row = {"prefix_caching": caching, "first_ttft_s": first.metrics.time_to_first_token,
@@ -108,11 +115,16 @@ def _run(a, caching: bool, system: list[int], suffixes: list[list[int]], warm: l
            "sequential_hit_tokens": st1["prefix_cache_hit_tokens"] - st0["prefix_cache_hit_tokens"],
            "batch_wall_s": wall, "batch_tokens_per_s": sum(len(o.token_ids) for o in outs) / wall,
            "batch_prompt_tokens_computed": st2["prompt_tokens"] - st1["prompt_tokens"],
-           "batch_cached_tokens": sum(o.num_cached_tokens for o in outs)}
+           "batch_cached_tokens": sum(o.num_cached_tokens for o in outs),
+           "cold_batch_wall_s": cold_wall, "cold_batch_prompt_tokens_computed": st3["prompt_tokens"] - st2["prompt_tokens"],
+           "cold_batch_cached_tokens": sum(o.num_cached_tokens for o in cold_outs),
+           "cold_batch_mean_ttft_s": statistics.mean(o.metrics.time_to_first_token for o in cold_outs)}
     print(f"prefix caching {'on ' if caching else 'off'}: first TTFT {1e3 * row['first_ttft_s']:.2f} ms, median TTFT "
           f"{1e3 * row['median_ttft_s']:.2f} ms ({row['sequential_prompt_tokens_computed']} prompt tokens computed, "
           f"{row['sequential_hit_tokens']} cached); batch of {a.requests}: {wall * 1e3:.1f} ms "
-          f"({row['batch_tokens_per_s']:.0f} tokens/s, {row['batch_cached_tokens']} cached tokens)", flush=True)
+          f"({row['batch_tokens_per_s']:.0f} tokens/s, {row['batch_cached_tokens']} cached tokens); cold batch: "
+          f"{cold_wall * 1e3:.1f} ms ({row['cold_batch_prompt_tokens_computed']} prompt tokens computed, mean TTFT "
+          f"{1e3 * row['cold_batch_mean_ttft_s']:.1f} ms)", flush=True)
     return row
 
 
@@ -134,12 +146,14 @@ def main() -> int:
     system = draw(a.system)
     suffixes = [draw(a.suffix) for _ in range(a.requests)]
     warm = [draw(a.system) + draw(a.suffix) for _ in range(2)]
-    rows = [_run(a, c, system, suffixes, warm) for c in (False, True)]
+    cold = draw(a.system)
+    rows = [_run(a, c, system, suffixes, warm, cold) for c in (False, True)]
     off, on = rows
     summary = {"median_ttft_ratio_off_to_on": off["median_ttft_s"] / on["median_ttft_s"],
-               "batch_wall_ratio_off_to_on": off["batch_wall_s"] / on["batch_wall_s"]}
+               "batch_wall_ratio_off_to_on": off["batch_wall_s"] / on["batch_wall_s"],
+               "cold_batch_wall_ratio_off_to_on": off["cold_batch_wall_s"] / on["cold_batch_wall_s"]}
     print(f"median TTFT {summary['median_ttft_ratio_off_to_on']:.2f}x lower with the cache; batch wall time "
-          f"{summary['batch_wall_ratio_off_to_on']:.2f}x")
+          f"{summary['batch_wall_ratio_off_to_on']:.2f}x; cold batch {summary['cold_batch_wall_ratio_off_to_on']:.2f}x")
     peer = None if a.no_peer else _hf_peer(a, system, suffixes, warm)
     if peer is not None:
         summary["hf_whole_ttft_over_ours_cached"] = peer["median_ttft_s"] / on["median_ttft_s"]

@@ -52,5 +52,12 @@ class BlockAllocator:
     def commit(self, req) -> None:
         """Called after req.num_computed grew (its K/V for those tokens are in its pages). Nothing here."""
 
+    def waits_for_pending(self, req) -> bool:
+        """Admitting req later would spare computing pages another request computes now (prefix caching only)."""
+        return False
+
+    def forget_pending(self, req) -> None:
+        """req ended or was preempted (prefix caching: it no longer computes its pending pages)."""
+
     def reset(self) -> None:
         self.__init__(self.num_pages, self.page_size)

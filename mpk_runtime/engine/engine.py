@@ -101,6 +101,7 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
                       "sampled_graph": 0, "sampled_full": 0, "sampled_host": 0,
                       # prefix caching: prompt tokens looked up at admission / found cached / cached pages evicted
                       "prefix_cache_query_tokens": 0, "prefix_cache_hit_tokens": 0, "prefix_cache_evictions": 0,
+                      "prefix_cache_held": 0,   # requests held back until a running one computed their prompt's pages
                       # lazy pages (scheduler.py): requests preempted, and their tokens computed again on readmission
                       "preemptions": 0, "recomputed_tokens": 0,
                       **new_step_stats()}        # where each step's time goes (step_stats.py; load_test prints it)
@@ -211,7 +212,7 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
         if self.prefix_caching:
             a, st = self.allocator, self.stats
             st["prefix_cache_query_tokens"], st["prefix_cache_hit_tokens"] = a.query_tokens, a.hit_tokens
-            st["prefix_cache_evictions"] = a.evictions
+            st["prefix_cache_evictions"], st["prefix_cache_held"] = a.evictions, a.held
         if not sched:
             if self.scheduler.waiting and not self.scheduler.running:
                 # nothing runs and the head of the queue can never be admitted: fail loudly instead of letting

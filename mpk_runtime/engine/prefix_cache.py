@@ -14,6 +14,12 @@ recently released cached page (a sequence's pages are released tail first, so a 
 Reference counts let several running requests hold one page. The engine resets the allocator (and so the cache)
 whenever the workers fail: their K/V may be gone.
 
+A prompt page being computed by a running request is *pending*: a request whose prompt's next uncached page is
+pending (the same prompt sent n times, many requests with one system prompt arriving together) is held back from
+admission until that page is cached, then takes it, instead of computing the same tokens beside it (the scheduler
+admits the requests behind it meanwhile). If the computing request ends or is preempted first, its pending pages are
+forgotten and the held request is admitted as usual.
+
 Outputs with a cached prefix equal the uncached ones up to the rounding of a prompt computed in two parts (the
 cached pages, then the rest) instead of one, as with chunked prefill.
 """
@@ -38,15 +44,18 @@ class PrefixCachingAllocator(BlockAllocator):
         self._page_of: dict[bytes, int] = {}        # key -> cached page
         self._key_of: dict[int, bytes] = {}         # cached page -> key
         self._evictable: OrderedDict[int, None] = OrderedDict()   # cached pages nobody holds, oldest release first
+        self._pending: dict[bytes, object] = {}     # key -> the running request computing that prompt page
         self.query_tokens = 0     # prompt tokens looked up at admission
         self.hit_tokens = 0       # of those, found cached (not computed again)
         self.evictions = 0        # cached pages reused for other content
+        self.held = 0             # admissions held back for a pending prompt page (counted once per request)
 
     def reset(self) -> None:
         """Forget every page and the cache (the workers' K/V may be gone); the counters stay."""
         counts = self.query_tokens, self.hit_tokens, self.evictions
         super().reset()
         self.query_tokens, self.hit_tokens, self.evictions = counts
+        self.held = 0
 
     def drop_cache(self) -> int:
         """Forget every cached block (pages nobody holds become free; held ones stay held, uncached). Returns the
@@ -57,7 +66,7 @@ class PrefixCachingAllocator(BlockAllocator):
         self._evictable.clear()
         self._page_of.clear()
         self._key_of.clear()
-        return n
+        return n   # (pending pages stay pending: their requests cache them when computed)
 
     # --- capacity --------------------------------------------------------------------------------------------
     @property
@@ -120,10 +129,31 @@ class PrefixCachingAllocator(BlockAllocator):
             pages.append(p)
         return pages, known[:len(pages)]
 
+    def waits_for_pending(self, req) -> bool:
+        """The request's prompt goes on, after its cached pages, with a page a running request is computing now:
+        admitting it later takes that page from the cache instead of computing it again."""
+        hits, _ = self.match(self._tokens(req), req.prompt_keys)
+        wait = len(req.prompt_keys) > len(hits) and req.prompt_keys[len(hits)] in self._pending
+        if wait and not req.was_held:
+            req.was_held = True
+            self.held += 1
+        return wait
+
+    def forget_pending(self, req) -> None:
+        """req no longer computes its pending pages (it ended or was preempted)."""
+        for k in req.pending_keys:
+            if self._pending.get(k) is req:
+                del self._pending[k]
+        req.pending_keys = []
+
+    @staticmethod
+    def _tokens(req):
+        # (a preempted request is looked up by all its tokens, prompt and output: its own computed pages may still
+        # be cached)
+        return req.all_token_ids if req.output_token_ids else req.prompt_token_ids
+
     def admit(self, req, num_pages: int, keep_free: int = 0) -> tuple[list[int], int] | None:
-        """(A preempted request is looked up by all its tokens, prompt and output: its own computed pages may still
-        be cached.)"""
-        tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
+        tokens = self._tokens(req)
         hits, keys = self.match(tokens, req.prompt_keys)
         idle = sum(p in self._evictable for p in hits)   # evictable now, held once claimed
         if num_pages - len(hits) + keep_free > self.num_free - idle:
@@ -137,18 +167,34 @@ class PrefixCachingAllocator(BlockAllocator):
                 self._ref[p] += 1
         pages = hits + self.allocate(num_pages - len(hits))
         req.block_keys = keys
+        self._mark_pending(req, tokens, len(hits))
         cached = len(hits) * self.page_size
         self.query_tokens += len(tokens)
         self.hit_tokens += cached
         return pages, cached
 
+    def _mark_pending(self, req, tokens, start: int) -> None:
+        """Its prompt's full pages from `start` (the first uncached one) are pending until it computes them."""
+        ps, known = self.page_size, req.prompt_keys
+        for i in range(start, (len(tokens) - 1) // ps):
+            if i == len(known):
+                known.append(block_key(known[-1] if known else b"", tokens[i * ps:(i + 1) * ps]))
+            k = known[i]
+            if k in self._page_of or k in self._pending:
+                continue
+            self._pending[k] = req
+            req.pending_keys.append(k)
+
     def commit(self, req) -> None:
         """Cache the request's pages that became full and computed since the last call."""
-        ps, keys = self.page_size, req.block_keys
+        ps, keys, known = self.page_size, req.block_keys, req.prompt_keys
         while len(keys) < req.num_computed // ps:
             i = len(keys)
-            k = block_key(keys[-1] if keys else b"", req.token_slice(i * ps, (i + 1) * ps))
+            k = known[i] if i < len(known) else block_key(keys[-1] if keys else b"",
+                                                            req.token_slice(i * ps, (i + 1) * ps))
             keys.append(k)
+            if self._pending.get(k) is req:
+                del self._pending[k]
             p = req.block_table[i]
             if k not in self._page_of and p not in self._key_of:   # (else another sequence cached it first: ours
                 self._page_of[k] = p                               # stays private)

@@ -100,6 +100,8 @@ class Request:
     num_cached_tokens: int = 0          # prompt tokens whose K/V came from the prefix cache (prefix_cache.py)
     block_keys: list[bytes] = field(default_factory=list)   # prefix-cache keys of its full computed pages
     prompt_keys: list[bytes] = field(default_factory=list)  # keys of its prompt's first pages (admission retries)
+    pending_keys: list[bytes] = field(default_factory=list)  # prompt pages it computes that others wait for
+    was_held: bool = False              # its admission waited for another request's pending prompt page
     detok: Any = None                   # detokenize.IncrementalText once it has output text
     num_preemptions: int = 0            # times its pages were taken back for an older request (scheduler.py)
     _sent_tokens: int = 0               # how much of the output the last snapshot already reported

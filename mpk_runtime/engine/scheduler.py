@@ -84,8 +84,12 @@ class Scheduler:
                 self._put(r, min(r.num_tokens - r.num_computed, self._budget))
         if self.num_preemptions != preempted:
             return out   # short of pages: admitting now would preempt the newcomer again
+        held = []
         while self.waiting and self._budget > 0 and len(self.running) < self.max_batch:
             r = self.waiting[0]
+            if self.allocator.waits_for_pending(r):   # (prefix caching) its next prompt page is being computed:
+                held.append(self.waiting.popleft())   # taken from the cache in a step or two; those behind go on
+                continue
             got = self.allocator.admit(r, self.pages_needed(r), self.watermark if self.running else 0)
             if got is None:
                 break  # FIFO: the head waits for pages; later arrivals do not overtake it
@@ -97,6 +101,7 @@ class Scheduler:
             r.status = Status.RUNNING
             self.running.append(r)
             self._put(r, min(r.num_tokens - r.num_computed, self._budget))
+        self.waiting.extendleft(reversed(held))   # back at the head, in their order
         return out
 
     def _put(self, r: Request, n: int) -> None:
@@ -121,6 +126,7 @@ class Scheduler:
         """Take r's pages back and queue it first, to compute its tokens again when readmitted. (r is not scheduled in
         this step yet: only decodes grow, in admission order, and victims are taken from the other end.)"""
         self.running.remove(r)
+        self.allocator.forget_pending(r)
         self.allocator.free(r.block_table)
         r.block_table = []
         # its computed pages' keys (prefix caching): the readmission looks its tokens up without hashing them again
@@ -157,6 +163,7 @@ class Scheduler:
         """Remove a finished (or aborted/failed) request and free its pages."""
         if req in self.running:
             self.running.remove(req)
+            self.allocator.forget_pending(req)
             self.allocator.free(req.block_table)
             req.block_table = []
         elif req in self.waiting:

@@ -224,7 +224,10 @@ def test_a_queued_request_hashes_its_prompt_once(monkeypatch):
         assert _admit(a, r2, 7) is None                   # 3 hits + 4 new > 3 free
     assert len(calls) == 4                                # 3 hits + the first miss, once
     a.free(r1.block_table)
-    assert _admit(a, r2, 7)[1] == 6 and len(calls) == 4
+    # admitted: its other full pages are hashed now (pending: other requests with this prompt wait for them), once
+    assert _admit(a, r2, 7)[1] == 6 and len(calls) == 6
+    _computed(a, r2, 13)
+    assert len(calls) == 6 and len(r2.block_keys) == 6    # committing them reuses the keys
 
 
 def test_reset_prefix_cache(ref_greedy):
@@ -246,3 +249,46 @@ def test_reset_prefix_cache(ref_greedy):
     assert warm.token_ids == ref_greedy("tiny-llama", SYSTEM + [3], 10)
     with _llm() as llm:
         assert llm.reset_prefix_cache() == 0
+
+
+@pytest.mark.parametrize("backend", ["torch", "pyvm"])
+def test_identical_prompts_together_compute_the_prompt_once(backend):
+    """Eight copies of one prompt (n = 8 samples, or one system prompt arriving in a burst) queued at once: the first
+    computes the prompt, the others are held back while its pages are pending and then take them from the cache,
+    computing only their last partial page; the samples equal those of an engine without the cache."""
+    prompt = list(range(3, 43))                               # 40 tokens: 9 full pages of 4 before the last token
+    sps = [SamplingParams(temperature=0.9, seed=s, max_tokens=6, ignore_eos=True) for s in range(8)]
+    got = {}
+    for caching in (False, True):
+        with LLM("tiny-llama", backend=backend, dtype="float32", max_seq_len=64, max_batch=8, page_size=4,
+                 enable_prefix_caching=caching) as llm:
+            outs = llm.generate([prompt] * 8, sps, use_tqdm=False)
+            got[caching] = [o.token_ids for o in outs], dict(llm.engine.stats), [o.num_cached_tokens for o in outs]
+            if caching:
+                assert llm.engine.allocator.held == 7 and llm.engine.stats["prefix_cache_held"] == 7
+    (toks0, st0, _), (toks1, st1, cached) = got[False], got[True]
+    assert toks1 == toks0
+    assert st0["prompt_tokens"] == 8 * 40
+    assert cached == [0] + [36] * 7 and st1["prompt_tokens"] == 40 + 7 * 4
+
+
+def test_held_requests_go_on_when_the_computing_one_is_aborted():
+    prompt = list(range(3, 43))
+    with LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=64, max_batch=4, page_size=4,
+             max_num_batched_tokens=8, enable_prefix_caching=True) as llm:
+        e = llm.engine
+        sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        first = e.add_request(prompt, sp)
+        others = [e.add_request(prompt, sp) for _ in range(3)]
+        e.step()                                  # first computes 8 of its 40 tokens; the others are held
+        assert [r.request_id for r in e.scheduler.running] == [first] and len(e.scheduler.waiting) == 3
+        e.abort(first)                            # its pending pages are forgotten: one of the others computes them
+        done = {}
+        while e.has_unfinished():
+            for o in e.step():
+                if o.finished:
+                    done[o.request_id] = o
+        assert sorted(done) == sorted(others)
+        assert len({tuple(o.token_ids) for o in done.values()}) == 1
+        # the aborted one had computed and cached two pages; the next computes the rest, the last two wait for it
+        assert sorted(o.num_cached_tokens for o in done.values()) == [8, 36, 36]
