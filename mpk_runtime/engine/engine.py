@@ -254,10 +254,12 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
         outputs, done = [], []
         for i, s in enumerate(sched):
             r = s.request
-            if not r.output_token_ids:
-                self.stats["prompt_tokens"] += s.num_tokens
-            elif not r.decoding:
-                self.stats["recomputed_tokens"] += s.num_tokens
+            a, b = r.num_computed, r.num_computed + s.num_tokens
+            if r.computed_high:   # preempted before: the positions it had computed are computed again
+                again = max(0, min(b, r.computed_high) - a)
+                self.stats["recomputed_tokens"] += again
+                a += again
+            self.stats["prompt_tokens"] += max(0, min(b, len(r.prompt_token_ids)) - a)
             r.num_computed += s.num_tokens
             self.allocator.commit(r)
             if r.num_computed < r.num_tokens:

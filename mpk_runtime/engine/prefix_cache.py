@@ -52,10 +52,9 @@ class PrefixCachingAllocator(BlockAllocator):
 
     def reset(self) -> None:
         """Forget every page and the cache (the workers' K/V may be gone); the counters stay."""
-        counts = self.query_tokens, self.hit_tokens, self.evictions
+        counts = self.query_tokens, self.hit_tokens, self.evictions, self.held
         super().reset()
-        self.query_tokens, self.hit_tokens, self.evictions = counts
-        self.held = 0
+        self.query_tokens, self.hit_tokens, self.evictions, self.held = counts
 
     def drop_cache(self) -> int:
         """Forget every cached block (pages nobody holds become free; held ones stay held, uncached). Returns the
@@ -169,8 +168,9 @@ class PrefixCachingAllocator(BlockAllocator):
         req.block_keys = keys
         self._mark_pending(req, tokens, len(hits))
         cached = len(hits) * self.page_size
-        self.query_tokens += len(tokens)
-        self.hit_tokens += cached
+        if not req.num_preemptions:   # (a readmission's hits are its own pages: not a prompt's hit rate)
+            self.query_tokens += len(tokens)
+            self.hit_tokens += cached
         return pages, cached
 
     def _mark_pending(self, req, tokens, start: int) -> None:

@@ -104,6 +104,7 @@ class Request:
     was_held: bool = False              # its admission waited for another request's pending prompt page
     detok: Any = None                   # detokenize.IncrementalText once it has output text
     num_preemptions: int = 0            # times its pages were taken back for an older request (scheduler.py)
+    computed_high: int = 0              # the most tokens it had computed before its last preemption
     _sent_tokens: int = 0               # how much of the output the last snapshot already reported
     _sent_text: int = 0
 

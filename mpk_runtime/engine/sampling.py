@@ -113,10 +113,10 @@ class SamplingParams:
                 pairs = tuple(sorted((k, v) for k, v in items)) if items is not None else None
             except (TypeError, ValueError):
                 pairs = None
-            if pairs is None or not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 and
-                                        isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100
-                                        for k, v in pairs):
-                problems.append("logit_bias must map token ids (ints >= 0) to biases in [-100, 100], got "
+            if pairs is None or len({k for k, _ in pairs}) != len(pairs) or not all(
+                    isinstance(k, int) and not isinstance(k, bool) and k >= 0 and
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and -100 <= v <= 100 for k, v in pairs):
+                problems.append("logit_bias must map token ids (ints >= 0, each once) to biases in [-100, 100], got "
                                 f"{lb!r:.120}")
             else:
                 object.__setattr__(self, "logit_bias", tuple((k, float(v)) for k, v in pairs) or None)

@@ -132,6 +132,7 @@ class Scheduler:
         # its computed pages' keys (prefix caching): the readmission looks its tokens up without hashing them again
         r.prompt_keys = max(r.prompt_keys, r.block_keys, key=len)
         r.block_keys = []
+        r.computed_high = max(r.computed_high, r.num_computed)
         r.num_computed = 0
         r.status = Status.WAITING
         r.num_preemptions += 1

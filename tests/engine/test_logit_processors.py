@@ -94,6 +94,7 @@ def test_min_p_and_friends_are_host_work():
 
 @pytest.mark.parametrize("kw, word", [
     (dict(logit_bias={"a": 1}), "logit_bias"), (dict(logit_bias={1: 200}), "logit_bias"),
+    (dict(logit_bias=[(3, 50.0), (3, 50.0)]), "each once"),
     (dict(min_tokens=-1), "min_tokens"), (dict(min_tokens=5, max_tokens=2), "min_tokens"),
     (dict(min_p=1.5), "min_p"), (dict(min_p="x"), "min_p")])
 def test_bad_values_are_refused(kw, word):

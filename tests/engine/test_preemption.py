@@ -141,7 +141,7 @@ def test_preempted_request_finds_its_own_cached_pages():
     hits = a.hit_tokens
     # readmitted with its computed full pages found in the cache: it computes only the rest (here the newest token)
     assert [(s.request, s.num_tokens) for s in sched.schedule()] == [(r1, n - 4 * ((n - 1) // 4))]
-    assert r1.num_computed == 4 * ((n - 1) // 4) and a.hit_tokens - hits == r1.num_computed
+    assert r1.num_computed == 4 * ((n - 1) // 4) and a.hit_tokens == hits   # (readmissions: not in the hit rate)
     assert r1.num_cached_tokens == 0   # (what the prompt found at its first admission)
 
 
@@ -217,8 +217,8 @@ def test_prefix_caching_makes_readmission_cheap():
     (t0, s0), (t1, s1) = runs[False], runs[True]
     assert t0 == t1
     assert s0["preemptions"] > 0 and s1["preemptions"] > 0
-    # the same prompts share nothing: every hit is a preempted request's own computed pages, found again
-    assert s1["prefix_cache_hit_tokens"] > 0
+    # the same prompts share nothing: a readmitted request finds its own computed pages again, so it recomputes less
+    assert s1["prefix_cache_hit_tokens"] == 0   # (the prompt hit rate: readmissions are not counted in it)
     per_preemption = (s0["recomputed_tokens"] / s0["preemptions"], s1["recomputed_tokens"] / s1["preemptions"])
     assert per_preemption[1] < per_preemption[0]
 
@@ -281,3 +281,20 @@ def test_generate_cli_takes_the_kv_flags(capsys):
         got[alloc] = [json.loads(x)["token_ids"] for x in cap.out.splitlines() if x.startswith("{")]
         assert ("preemptions for KV pages" in cap.err) == (alloc == "lazy")
     assert len(got["lazy"]) == len(PROMPTS) and got["lazy"] == got["reserve"]
+
+
+def test_a_prompt_preempted_in_its_prefill_is_counted_once():
+    """A request preempted before its first token: on readmission the positions it had computed count as recomputed,
+    the rest of its prompt as prompt tokens (found by a review: all of it counted as prompt tokens again)."""
+    with LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=64, page_size=4, num_pages=14,
+             max_batch=4, decode_steps=1, max_num_batched_tokens=3) as llm:
+        e = llm.engine
+        e.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+        e.step()
+        e.step()
+        e.add_request(list(range(5, 45)), SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+        while e.has_unfinished():
+            e.step()
+        st = e.stats
+        assert st["preemptions"] > 0 and st["recomputed_tokens"] > 0
+        assert st["prompt_tokens"] == 3 + 40

@@ -292,3 +292,10 @@ def test_held_requests_go_on_when_the_computing_one_is_aborted():
         assert len({tuple(o.token_ids) for o in done.values()}) == 1
         # the aborted one had computed and cached two pages; the next computes the rest, the last two wait for it
         assert sorted(o.num_cached_tokens for o in done.values()) == [8, 36, 36]
+
+
+def test_reset_keeps_the_counters():
+    a = PrefixCachingAllocator(8, 4)
+    a.query_tokens, a.hit_tokens, a.evictions, a.held = 9, 5, 2, 3
+    a.reset()
+    assert (a.query_tokens, a.hit_tokens, a.evictions, a.held) == (9, 5, 2, 3)
