@@ -6,12 +6,13 @@ import argparse
 
 
 def add_engine_flags(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--async-bursts", action="store_true",
-                    help="submit the next burst of decode steps before reading the last one (needs decode steps > 1)")
-    ap.add_argument("--enable-prefix-caching", action="store_true",
+    ap.add_argument("--async-bursts", action=argparse.BooleanOptionalAction, default=None,
+                    help="submit the next burst of decode steps before reading the last one (needs decode steps > 1; "
+                         "default: for bursts of 32 rows or more)")
+    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                     help="keep computed K/V pages cached by content: prompts that start alike (a system prompt, a "
-                         "chat's earlier turns) skip the cached part of their prefill (backends pyvm, torch, "
-                         "megakernel)")
+                         "chat's earlier turns) skip the cached part of their prefill (default: on for the backends "
+                         "that can, pyvm, torch, megakernel)")
     ap.add_argument("--num-pages", type=int, default=None,
                     help="KV cache pages per replica (default: enough for max-batch sequences of max-seq-len)")
     ap.add_argument("--page-size", type=int, default=None, help="tokens per KV page (default 16)")

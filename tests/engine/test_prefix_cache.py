@@ -204,7 +204,7 @@ def test_a_worker_failure_empties_the_cache(ref_greedy):
 def test_prefix_caching_needs_a_paged_backend():
     with pytest.raises(InvalidRequestError, match="keeps a cache per sequence"):
         LLM("tiny-llama", backend="reference", dtype="float32", enable_prefix_caching=True)
-    with pytest.raises(InvalidRequestError, match="True or False"):
+    with pytest.raises(InvalidRequestError, match="True, False or None"):
         LLM("tiny-llama", backend="torch", dtype="float32", enable_prefix_caching="yes")
 
 
@@ -299,3 +299,22 @@ def test_reset_keeps_the_counters():
     a.query_tokens, a.hit_tokens, a.evictions, a.held = 9, 5, 2, 3
     a.reset()
     assert (a.query_tokens, a.hit_tokens, a.evictions, a.held) == (9, 5, 2, 3)
+
+
+def test_prefix_caching_is_on_by_default_where_the_backend_can():
+    for backend, on in (("torch", True), ("pyvm", True), ("reference", False)):
+        with LLM("tiny-llama", backend=backend, dtype="float32", max_seq_len=32) as llm:
+            assert llm.engine.prefix_caching is on
+    with LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=32, enable_prefix_caching=False) as llm:
+        assert not llm.engine.prefix_caching
+
+
+def test_the_command_lines_turn_the_defaults_off():
+    import argparse
+    from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
+    ap = argparse.ArgumentParser()
+    add_engine_flags(ap)
+    kw = engine_kwargs(ap.parse_args([]))
+    assert kw["enable_prefix_caching"] is None and kw["async_bursts"] is None and kw["kv_allocation"] == "lazy"
+    kw = engine_kwargs(ap.parse_args(["--no-enable-prefix-caching", "--no-async-bursts", "--kv-allocation", "reserve"]))
+    assert kw["enable_prefix_caching"] is False and kw["async_bursts"] is False and kw["kv_allocation"] == "reserve"
