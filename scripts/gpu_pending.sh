@@ -53,27 +53,12 @@
 # after a checkout, ~5 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 0. Session 51's CPU-built work, in three device calls (~10 min with the overhead), each line one call:
-#    a. the GPU tests of the split full draw and of prefix caching (CUDA == CPU draws at V = 151936 / 128256; the
-#       engine at k = 8; prefix caching through the megakernel with and without plans):
-#       `N=t51 T=240 TESTS="tests/gpu/test_full_sampling_gpu.py tests/gpu/test_prefix_cache_gpu.py
-#       tests/gpu/test_async_bursts_gpu.py tests/gpu/test_preemption_gpu.py" bash scripts/gpu_run.sh tests` (async
-#       bursts: resumed == synchronous; session 52's lazy KV pages: preempted requests recomputed through the
-#       conventional prefill still follow the reference; every other GPU test now runs with lazy tables too)
-#    b. the draw's kernels alone and prefix caching's TTFT (predictions in docs/perf-notes.md session 51: B=1 plain
-#       ~8-15 us a draw, nucleus ~15-25; TTFT 3-5x lower at a 1024-token system prompt):
-#       `N=fd T=160 bash scripts/gpu_run.sh fulldraw; N=pfx T=200 MODELS=llama-3.2-1b bash scripts/gpu_run.sh prefix`
-#    c. the engine with the split draw (predicted B=1 plain +0.015-0.03 ms a step over greedy, nucleus +0.03-0.05;
-#       B=128 +0.05-0.07 / +0.08-0.11; session 50: +0.17 / +0.24 / +0.28 / +0.48):
-#       `N=engs51 T=170 MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 ENGINE_SAMPLING=greedy,plain,nucleus
-#       ENGINE_LIM=160 bash scripts/gpu_run.sh engine`
-#    d. async bursts (session 51, CPU-measured -5.8% a decode step at 64 text requests with a 2 ms waiting step;
-#       predicted on the GPU: llama B=1 k=8 0..-2%, B=64/128 -2..-6%): `N=asy T=200 MODELS=llama-3.2-1b
-#       ENGINE_BS=1,64 ENGINE_KS=8 ENGINE_ASYNC=1 ENGINE_LIM=190 bash scripts/gpu_run.sh engine`; if it holds and the
-#       GPU tests pass with it, make async_bursts the default.
-#    Then what the draw replaced (`... ENGINE_BS=1,8 ENGINE_SAMPLING=greedy,nucleus,host ...`) and qwen3-8b (V = 151936:
-#    `MODELS=qwen3-8b ENGINE_BS=1,8 ENGINE_SAMPLING=greedy,plain,nucleus`). If prefix caching holds, make
-#    enable_prefix_caching the default (LLM, server, jobs).
+# 0. (Session 52 ran session 51's item 0 on one H100: bench/results/s52/gpu.) Next, in one call each:
+#    a. the draw captured into the step's graph, once built (session 52: the split draw costs +0.08-0.15 ms a step at
+#       llama B=1 / 128, launch-bound: five eager launches a step): `N=engd T=170 MODELS=llama-3.2-1b
+#       ENGINE_BS=1,128 ENGINE_KS=8 ENGINE_SAMPLING=greedy,plain,nucleus ENGINE_LIM=160 bash scripts/gpu_run.sh engine`
+#    b. on an H200, the same cells as session 52's H100 ones (engine, async, prefix), to put them beside the H200
+#       tables: `... ENGINE_ASYNC=1 ...` and `N=pfx T=200 MODELS=llama-3.2-1b bash scripts/gpu_run.sh prefix`.
 # 1. The whole GPU set at the default (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
 # 2. The engine's per-token time at the default and where the rest of it goes at k=8 (llama B=1: 1.152 ms against the
 #    kernel's ~1.07): `N=engd T=150 MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 bash scripts/gpu_run.sh engine`.
