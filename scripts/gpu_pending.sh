@@ -27,6 +27,7 @@
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh engine   # (one GPU, ~3 min a model): LLM.generate's
 #                                                   ms per decode step, decode_steps 1 vs 8, B=1 / 8 (planned megakernel)
 #     OUT=$OUT bash scripts/gpu_pending.sh fulldraw   # (one GPU, ~2 min): the full-vocabulary draw's kernels alone
+#     OUT=$OUT bash scripts/gpu_pending.sh kvp        # (one GPU, ~4 min): KV pages short, reserve vs lazy
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh prefix   # (one GPU, ~2 min a model): prefix caching
 #                                                   off / on, TTFT with a shared system prompt (bench_prefix_cache.py)
 #     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
@@ -57,6 +58,9 @@
 #    a. the draw captured into the step's graph, once built (session 52: the split draw costs +0.08-0.15 ms a step at
 #       llama B=1 / 128, launch-bound: five eager launches a step): `N=engd T=170 MODELS=llama-3.2-1b
 #       ENGINE_BS=1,128 ENGINE_KS=8 ENGINE_SAMPLING=greedy,plain,nucleus ENGINE_LIM=160 bash scripts/gpu_run.sh engine`
+#    c. KV pages short of the batch on the GPU, reserve vs lazy (session 52 measured it only through a runner modelled
+#       on H200 step times: 1.84x / 1.45x tokens/s at KV for 16 / 32 full sequences): `N=kvp T=300 bash
+#       scripts/gpu_run.sh kvp` (llama-3.2-1b, 256 requests, cap 512, mean answer ~100 by calibration)
 #    b. on an H200, the same cells as session 52's H100 ones (engine, async, prefix), to put them beside the H200
 #       tables: `... ENGINE_ASYNC=1 ...` and `N=pfx T=200 MODELS=llama-3.2-1b bash scripts/gpu_run.sh prefix`.
 # 1. The whole GPU set at the default (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
@@ -419,6 +423,16 @@ for m in ${MODELS:-llama-3.2-1b}; do
       --plan auto --model "$m" --system ${PREFIX_SYSTEM:-1024} --suffix 32 --requests ${PREFIX_REQS:-16} \
       --max-tokens 16 > "$OUT/bench/prefix_$m.log" 2>&1
   tail -4 "$OUT/bench/prefix_$m.log"
+done; snap
+elif [ "$MODE" = kvp ]; then
+# kvp (session 52): KV pages short of the batch, kv_allocation reserve vs lazy through the planned megakernel
+# (bench_kv_pressure.py; lengths from a calibration pass, unknown to the engine: stop token ids)
+st "4m KV pages short of the batch: reserve vs lazy (bench_kv_pressure.py)"
+for m in ${MODELS:-llama-3.2-1b}; do
+  OUT="$OUT/bench/kvp_$m" timeout ${KVP_LIM:-280} python3 scripts/bench_kv_pressure.py --backend megakernel \
+      --plan auto --model "$m" --requests ${KVP_REQS:-256} --max-tokens 512 --mean-out 100 --max-seq-len 1024 \
+      --max-batch 128 --kv-seqs ${KVP_SEQS:-8,16,64} --prompt-len 64,256 > "$OUT/bench/kvp_$m.log" 2>&1
+  grep -E "^kv|differ" "$OUT/bench/kvp_$m.log"
 done; snap
 elif [ "$MODE" = phase ]; then
 st "4g one batch-1 phase's weight stream per SM: registers (64 KiB in flight) against TMA rings (bench_stream --phase)"
