@@ -60,7 +60,8 @@
 #       ENGINE_BS=1,128 ENGINE_KS=8 ENGINE_SAMPLING=greedy,plain,nucleus ENGINE_LIM=160 bash scripts/gpu_run.sh engine`
 #    c. KV pages short of the batch on the GPU, reserve vs lazy (session 52 measured it only through a runner modelled
 #       on H200 step times: 1.84x / 1.45x tokens/s at KV for 16 / 32 full sequences): `N=kvp T=300 bash
-#       scripts/gpu_run.sh kvp` (llama-3.2-1b, 256 requests, cap 512, mean answer ~100 by calibration)
+#       scripts/gpu_run.sh kvp` (llama-3.2-1b, 256 requests, cap 512, answers ~100 set by the length oracle; session
+#       52's run stopped on calibrated stop tokens and was confounded by batch-dependent bf16 tokens: rerun it)
 #    b. on an H200, the same cells as session 52's H100 ones (engine, async, prefix), to put them beside the H200
 #       tables: `... ENGINE_ASYNC=1 ...` and `N=pfx T=200 MODELS=llama-3.2-1b bash scripts/gpu_run.sh prefix`.
 # 1. The whole GPU set at the default (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
@@ -426,7 +427,7 @@ for m in ${MODELS:-llama-3.2-1b}; do
 done; snap
 elif [ "$MODE" = kvp ]; then
 # kvp (session 52): KV pages short of the batch, kv_allocation reserve vs lazy through the planned megakernel
-# (bench_kv_pressure.py; lengths from a calibration pass, unknown to the engine: stop token ids)
+# (bench_kv_pressure.py; lengths set by its LengthOracle runner around the megakernel, unknown to the engine)
 st "4m KV pages short of the batch: reserve vs lazy (bench_kv_pressure.py)"
 for m in ${MODELS:-llama-3.2-1b}; do
   OUT="$OUT/bench/kvp_$m" timeout ${KVP_LIM:-280} python3 scripts/bench_kv_pressure.py --backend megakernel \
