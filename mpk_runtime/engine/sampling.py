@@ -2,8 +2,10 @@
 
 Device sampling (the runner's graph draws the token: megakernel, pyvm and the conventional executor share one
 definition, ir/sampling.py) is used by runners that support it for the requests `device_sampling` routes there;
-the others use the host sampler below. Either way a request's tokens do not depend on what else shares its
-batch: the host sampler has a `torch.Generator` per request, the device one hashes (seed, position). The seed is
+the others use the host sampler below. Either way a request's draws do not depend on what else shares its batch,
+given its logits: the host sampler has a `torch.Generator` per request, the device one hashes (seed, position). (The
+logits themselves may: on the GPU the bf16 step differs with the batch size, its plan bucket and split counts, so a
+near-tie can break differently in another batch; session 52 saw it with random weights.) The seed is
 `SamplingParams.seed`, or derived from the engine seed and the request index. The two samplers draw different
 (equally distributed) streams for the same seed.
 """
