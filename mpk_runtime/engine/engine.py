@@ -21,7 +21,7 @@ from .request import Request, RequestOutput, Status
 from ..runtime.device_sampling import StepOutput
 from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, check_device_sampling, process_logits,
                        device_sampling_for, make_generator, request_seed, sample, token_logprobs)
-from .scheduler import KV_ALLOCATION_MODES, Scheduler
+from .scheduler import Scheduler
 from .step_stats import new_step_stats
 from .detokenize import IncrementalText, text_decoder
 from .tokenizer import LazyTokenizer
@@ -84,8 +84,6 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
         self.prefix_caching = bool(prefix_caching)
         self.allocator = (PrefixCachingAllocator if self.prefix_caching else BlockAllocator)(kv_spec.num_pages,
                                                                                            kv_spec.page_size)
-        if kv_allocation not in KV_ALLOCATION_MODES:
-            raise InvalidRequestError(f"kv_allocation must be one of {KV_ALLOCATION_MODES}, got {kv_allocation!r}")
         self.scheduler = Scheduler(self.allocator, kv_spec.max_batch,
                                    max_num_batched_tokens or max(kv_spec.max_seq_len, kv_spec.max_batch),
                                    kv_allocation)

@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .block_allocator import BlockAllocator
+from .errors import InvalidRequestError
 from .request import Request, Status
 
 
@@ -41,7 +42,7 @@ class Scheduler:
     def __init__(self, allocator: BlockAllocator, max_batch: int, max_num_batched_tokens: int,
                  kv_allocation: str = "lazy"):
         if kv_allocation not in KV_ALLOCATION_MODES:
-            raise ValueError(f"kv_allocation must be one of {KV_ALLOCATION_MODES}, got {kv_allocation!r}")
+            raise InvalidRequestError(f"kv_allocation must be one of {KV_ALLOCATION_MODES}, got {kv_allocation!r}")
         self.allocator = allocator
         self.max_batch = max_batch
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -106,8 +106,8 @@ class ModelRunner(abc.ABC):
 
 
 def check_decode_steps(chunks: list[SeqChunk], num_steps: int) -> None:
-    """decode_steps' contract: one token a chunk, sampled on the device (the engine also gives every row the pages
-    of all num_steps positions: a request reserves its whole length at admission)."""
+    """decode_steps' contract: one token a chunk, sampled on the device (the pages of all num_steps positions are
+    checked by the worker: executor.check_pages)."""
     if not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
     for c in chunks:
