@@ -13,7 +13,9 @@ the device (runtime/full_sampling.py); "host": the nucleus requests with device_
 host sampler; one decode step per engine step), what such requests cost before the full draw. --async-bursts runs each
 decode_steps > 1 again with LLM(async_bursts=True) (the next burst in flight while the engine reads the last);
 --tokenizer DIR gives the requests text out (the engine detokenizes each token); --step-ms T makes the instant
-runner wait T ms a step with the GIL released, as a GPU step does.
+runner wait T ms a step with the GIL released, as a GPU step does. --profile N: after each cell's timed runs, one
+more generate of N tokens under torch.profiler: its Chrome trace ($OUT/profile_<cell>.json.gz) and, from it, each
+kernel's time, the device's busy share between the first and last kernel, and the idle gaps (profile_summary below).
 
     PYTHONPATH=. python3 scripts/bench_engine_overhead.py [--requests 1,128] [--max-tokens 256] [--prompt-len 16,48]
         [--decode-steps 1,8] [--sampling greedy,nucleus,host] [--backend megakernel --model llama-3.2-1b --plan auto]
@@ -121,6 +123,60 @@ def _measure(llm, a, prompts: list, mode: str, k: int) -> dict:
     return row
 
 
+def profile_summary(trace: dict, top: int = 25) -> dict:
+    """From a Chrome trace (torch.profiler's export): the kernels' total and count by name (the `top` largest),
+    the device busy time (union of kernel intervals) over the span from the first kernel's start to the last's end,
+    and the idle gaps between kernels (count and sum of those > 5 us, the largest)."""
+    ks = sorted(((float(e["ts"]), float(e.get("dur", 0)), e["name"]) for e in trace.get("traceEvents", [])
+                 if e.get("cat") == "kernel" and "ts" in e), key=lambda k: k[0])
+    if not ks:
+        return {"kernels": 0}
+    by: dict[str, list[float]] = {}
+    busy, gaps, end = 0.0, [], ks[0][0]
+    for ts, dur, name in ks:
+        by.setdefault(name, []).append(dur)
+        if ts > end:
+            gaps.append(ts - end)
+        busy += max(0.0, ts + dur - max(ts, end))
+        end = max(end, ts + dur)
+    span = end - ks[0][0]
+    names = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:top]
+    big = [g for g in gaps if g > 5.0]
+    return {"kernels": len(ks), "span_us": span, "busy_us": busy, "busy_share": busy / span if span else 1.0,
+            "gaps_over_5us": len(big), "gap_us_over_5us": sum(big), "largest_gaps_us": sorted(gaps)[-5:],
+            "by_kernel": [{"name": n[:120], "count": len(d), "total_us": sum(d), "mean_us": sum(d) / len(d)}
+                          for n, d in names]}
+
+
+def _profile(llm, a, prompts: list, mode: str, k: int) -> dict:
+    """One more generate of a.profile tokens under torch.profiler: its trace written, its profile_summary."""
+    import gzip
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    sp = SamplingParams(max_tokens=a.profile, ignore_eos=True, seed=2, **SAMPLINGS[mode])
+    with profile(activities=acts) as prof:
+        llm.generate(prompts, sp, use_tqdm=False)
+    with tempfile.TemporaryDirectory() as d:
+        prof.export_chrome_trace(f"{d}/t.json")
+        trace = json.loads(Path(f"{d}/t.json").read_text())
+    out = Path(os.environ.get("OUT") or "gpu_out")
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"profile_B{len(prompts)}_{mode}_k{k}{'_async' if llm.engine.async_bursts else ''}"
+    with gzip.open(out / f"{name}.json.gz", "wt") as f:
+        json.dump(trace, f)
+    summ = profile_summary(trace)
+    print(f"profile {name}: {summ['kernels']} kernels, busy {summ.get('busy_us', 0) / 1e3:.2f} of "
+          f"{summ.get('span_us', 0) / 1e3:.2f} ms ({100 * summ.get('busy_share', 1):.1f}%), "
+          f"{summ.get('gaps_over_5us', 0)} gaps > 5 us ({summ.get('gap_us_over_5us', 0) / 1e3:.2f} ms)", flush=True)
+    for r in summ.get("by_kernel", [])[:12]:
+        print(f"    {r['count']:6d} x {r['mean_us']:8.2f} us = {r['total_us'] / 1e3:8.3f} ms  {r['name'][:90]}")
+    return summ
+
+
 def _summary(rows: list[dict]) -> None:
     """Each sampling mode's ms per decode step (without the prefill steps) beside greedy's at the same batch."""
     greedy = {(r["requests"], r["decode_steps"]): r["median_ms_per_decode_step_without_prefill"]
@@ -151,6 +207,8 @@ def main() -> int:
     ap.add_argument("--tokenizer", default=None, help="a tokenizer directory: text out (the engine detokenizes)")
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="the instant runner's time a step (slept, the GIL released, as a GPU step waits)")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="N > 0: each cell once more, N tokens, under torch.profiler (trace + kernel summary)")
     ap.add_argument("--kv-allocation", default="lazy", choices=["lazy", "reserve"],
                     help="LLM(kv_allocation=...): pages as tokens need them, or the whole length at admission")
     a = ap.parse_args()
@@ -180,6 +238,8 @@ def main() -> int:
             for mode in mlist:
                 for b in batches:
                     rows.append({**_measure(llm, a, prompts[:b], mode, k), "async_bursts": asy})
+                    if a.profile:
+                        rows[-1]["profile"] = _profile(llm, a, prompts[:b], mode, k)
         finally:
             llm.shutdown()
     _summary(rows)

@@ -28,6 +28,7 @@
 #                                                   ms per decode step, decode_steps 1 vs 8, B=1 / 8 (planned megakernel)
 #     OUT=$OUT bash scripts/gpu_pending.sh fulldraw   # (one GPU, ~2 min): the full-vocabulary draw's kernels alone
 #     OUT=$OUT bash scripts/gpu_pending.sh kvp        # (one GPU, ~4 min): KV pages short, reserve vs lazy
+#     OUT=$OUT bash scripts/gpu_pending.sh drawg      # (one GPU, ~6 min): the full draw as a CUDA graph vs eager
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh prefix   # (one GPU, ~2 min a model): prefix caching
 #                                                   off / on, TTFT with a shared system prompt (bench_prefix_cache.py)
 #     OUT=$OUT bash scripts/gpu_pending.sh phase    # stage 4g (one GPU): a batch-1 phase's stream, registers vs TMA (~1 min)
@@ -415,6 +416,23 @@ st "4l the full-vocabulary draw's kernels (bench_full_draw.py)"
 mkdir -p "$OUT/bench"
 OUT="$OUT/bench" timeout ${FULLDRAW_LIM:-150} python3 scripts/bench_full_draw.py > "$OUT/bench/fulldraw.log" 2>&1
 grep -E "triton" "$OUT/bench/fulldraw.log" | tail -24; snap
+elif [ "$MODE" = drawg ]; then
+# drawg (session 53): the full draw replayed as one CUDA graph (runtime/draw_graphs.py) against session 52's eager
+# launches: the kernels alone (bench_full_draw, impls triton / graph), then LLM.generate's ms per decode step with the
+# graphs on and off (MPK_DRAW_GRAPHS=1 / 0, greedy in each run as the baseline), each cell profiled once (kernel
+# times, the device's busy share, the gaps: bench_engine_overhead --profile)
+st "4n the full draw as a CUDA graph: the kernels alone, then the engine with MPK_DRAW_GRAPHS=1 / 0"
+mkdir -p "$OUT/bench"
+OUT="$OUT/bench" timeout 60 python3 scripts/bench_full_draw.py --vocab 128256 --batch 1,8,128 --modes plain,nucleus \
+    --impls triton,graph > "$OUT/bench/fulldraw.log" 2>&1
+grep -E "triton|graph" "$OUT/bench/fulldraw.log" | tail -12; snap
+for g in 1 0; do
+  MPK_DRAW_GRAPHS=$g OUT="$OUT/bench/engine_g$g" timeout ${ENGINE_LIM:-170} python3 scripts/bench_engine_overhead.py \
+      --backend megakernel --plan auto --model ${MODELS:-llama-3.2-1b} --requests ${ENGINE_BS:-1,128} --decode-steps 8 \
+      --max-tokens 128 --prompt-len 16,48 --sampling ${ENGINE_SAMPLING:-greedy,plain,nucleus} --profile 32 \
+      > "$OUT/bench/engine_g$g.log" 2>&1
+  grep -E "ms per decode step|x greedy|^profile" "$OUT/bench/engine_g$g.log" | tail -20; snap
+done
 elif [ "$MODE" = prefix ]; then
 # prefix (session 51): prefix caching on a chat-like workload through the planned megakernel, off and on in one run
 # (bench_prefix_cache.py): TTFT of requests sharing a system prompt, and a batch of them

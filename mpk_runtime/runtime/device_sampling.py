@@ -70,17 +70,27 @@ def fill_sampling(mem, rows: list[DeviceSampling | None]) -> None:
     mem._full_rows = full_rows(list(rows), mem.t("next_tokens").device, mem.graph.config.vocab_size)
 
 
-def draw_full(mem, logits: torch.Tensor, pos) -> None:
+def draw_full(mem, logits: torch.Tensor, pos, graph: bool = False) -> None:
     """After a step ran: draw the full-vocabulary rows that fill_sampling last wrote (DeviceSampling.full) from
     logits (n, V) of the whole vocabulary, over mem's next_tokens[:n]. pos: the positions (n,) of the rows' last
-    tokens (a tensor on the logits' device, or a list). No-op when no row is full."""
+    tokens (a tensor on the logits' device, or a list). No-op when no row is full. graph: pos is a view of a tensor
+    that stays put (a decode step's): the draw may replay as a CUDA graph (runtime/draw_graphs.py)."""
     fr = getattr(mem, "_full_rows", None)
     if fr is None:
         return
     n = logits.shape[0]
     if not isinstance(pos, torch.Tensor):
-        pos = torch.tensor(list(pos), dtype=torch.int64)
-    fr.draw(logits, pos.to(logits.device), mem.t("next_tokens")[:n])
+        pos, graph = torch.tensor(list(pos), dtype=torch.int64), False
+    pos, out = pos.to(logits.device), mem.t("next_tokens")[:n]
+    from .draw_graphs import DrawGraphs, enabled
+    from .triton_support import runs_on
+    if not (enabled() and runs_on(logits)):
+        fr.draw(logits, pos, out)
+        return
+    dg = getattr(mem, "_draw_graphs", None)
+    if dg is None:
+        dg = mem._draw_graphs = DrawGraphs()
+    dg.draw(fr, logits, pos, out, graph)
 
 
 def graph_greedy(rows) -> bool:

@@ -78,7 +78,7 @@ def burst(mem: RankMemory, pos_t: torch.Tensor, n: int, num_steps: int, run_step
             mem.t("tokens")[:n].copy_(mem.t("next_tokens")[:n])
             pos_t[:n] += 1
         run_step()
-        draw_full(mem, mem.t("logits")[:n], pos_t[:n])
+        draw_full(mem, mem.t("logits")[:n], pos_t[:n], graph=True)
         drawn[j].copy_(mem.t("next_tokens")[:n])
     return drawn
 
@@ -183,7 +183,7 @@ class PlannedDecoder:
                          want_logits or any_full(sampling))
         fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
         self._run(bk)
-        draw_full(bk.mem, bk.mem.t("logits")[:n], bk.pos[:n])
+        draw_full(bk.mem, bk.mem.t("logits")[:n], bk.pos[:n], graph=True)
         self._finish(bk)
         nxt = bk.mem.t("next_tokens")[:n].cpu()
         return (bk.mem.t("logits")[:n].float().cpu() if want_logits else None), nxt

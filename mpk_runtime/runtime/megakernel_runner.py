@@ -169,7 +169,7 @@ class MegakernelRunner(ModelRunner):
             self.heap.barrier()   # no rank overwrites tokens/pos while a peer still reads the last step
         self.mk.launch(1)
         if self.heap is None:   # (world size > 1: vocabulary shards; such runners get no full rows)
-            draw_full(self.mem, self.mem.t("logits")[:n], self.pos[:n])
+            draw_full(self.mem, self.mem.t("logits")[:n], self.pos[:n], graph=True)
         torch.cuda.synchronize(self.pos.device)
         self.mk.check()
         self.last_next_tokens = self.mem.t("next_tokens")[:n].cpu()

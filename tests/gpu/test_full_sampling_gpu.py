@@ -36,6 +36,36 @@ def test_cuda_draws_equal_cpu_draws(vocab):
         assert a.tolist() == b.cpu().tolist(), p
 
 
+def test_draw_graphs_replay_the_eager_draw():
+    """runtime/draw_graphs.py on the GPU: a step's draw replayed as a CUDA graph over logits and positions rewritten
+    in place (a decode step's buffers) gives FullRows' eager tokens at every step, for row sets that change (padding
+    3 -> 4, a nucleus and not, ranked rows beside); one capture per (padded rows, nucleus), replays after."""
+    from mpk_runtime.runtime.device_sampling import DeviceSampling
+    from mpk_runtime.runtime.draw_graphs import DrawGraphs
+    from mpk_runtime.runtime.full_sampling import FullRows
+    V, B = 128256, 8
+    logits = torch.zeros(B, V, device="cuda")
+    pos = torch.zeros(B, dtype=torch.int64, device="cuda")
+    out = torch.zeros(B, dtype=torch.int64, device="cuda")
+    plain = [DeviceSampling(1.0, 0, 1.0, 50 + i, full=True) for i in range(B)]
+    sets = [_rows(), plain[:3], plain[3:6] + [None], _rows()[:2] + [None, _rows()[4]], plain]
+    dg = DrawGraphs()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for rows in sets:
+        fr = FullRows(rows, "cuda", V)
+        n = len(rows)
+        for step in range(5):
+            logits.copy_(torch.randn(B, V, device="cuda", generator=g) * 4)
+            pos.copy_(torch.arange(B, device="cuda") * 31 + step * 7)
+            out.fill_(-7)
+            dg.draw(fr, logits[:n], pos[:n], out[:n], graph=True)
+            want = torch.full((n,), -7, dtype=torch.int64, device="cuda")
+            fr.draw(logits[:n], pos[:n], want)
+            assert out[:n].tolist() == want.tolist(), (rows, step)
+    # (m, nucleus): (4, T) [_rows: 4 vocab rows], (4, F) [3 plain], (4, F) reloaded, (4, T) [3 vocab], (8, F)
+    assert dg.captures == 3 and dg.replays == 5 * 5 - 3
+
+
 @KERNEL[-1]
 @pytest.mark.parametrize("plan", [None, "auto"])
 def test_llm_full_rows_on_the_megakernel(plan):

@@ -239,3 +239,54 @@ def test_device_sampling_full_validation():
     with pytest.raises(ValueError, match="temperature > 0"):
         DeviceSampling(0.0, 0, 1.0, 0, full=True)
     assert DeviceSampling(1.0, 1000, 1.0, 0, full=True).top_k == 1000
+
+
+@pytest.mark.skipif(triton is None or os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the Triton kernel on the CPU needs Triton and TRITON_INTERPRET=1 (scripts/test.sh)")
+def test_padded_static_rows_draw_the_rows_tokens():
+    """runtime/draw_graphs.py: vocab rows padded to a power of two by repeating the last one (3 -> 4, 5 -> 8) and
+    reloaded when the step's rows change draw what FullRows draws of the rows as they are (the torch ops), every
+    position; ranked rows beside them untouched; rows the group does not hold keep their slot."""
+    from mpk_runtime.runtime.draw_graphs import DrawGraphs
+    V = 3000
+    sets = [PARAMS[:3] + [None],                                               # 2 vocab rows, 1 ranked (m = 2)
+            [PARAMS[1], None, PARAMS[0], PARAMS[5], PARAMS[3]],                # 3 vocab rows, 1 ranked (m = 4)
+            [DeviceSampling(1.0, 0, 1.0, 40 + i, full=True) for i in range(5)],   # 5 at top_p 1 (m = 8)
+            [PARAMS[5], PARAMS[0], None, PARAMS[1], None]]                     # 3: m = 4's tensors, reloaded
+    dg = DrawGraphs()
+    logits = torch.randn(5, V, generator=torch.Generator().manual_seed(9)) * 3
+    for rows in sets:
+        fr = FullRows(rows, "cpu", V)
+        for p in (0, 17, 301):
+            pos = torch.arange(len(rows), dtype=torch.int64) + p
+            want = torch.full((len(rows),), -7, dtype=torch.int64)
+            fr.draw(logits[:len(rows)], pos, want, "torch")
+            got = torch.full((len(rows),), -7, dtype=torch.int64)
+            dg.draw(fr, logits[:len(rows)], pos, got, graph=True)   # (CPU: the padded launches, eagerly)
+            assert got.tolist() == want.tolist(), (rows, p)
+            assert [t for t, s in zip(got.tolist(), rows) if s is None] == [-7] * rows.count(None)
+    assert sorted((k[0], k[2]) for k in dg._static) == [(2, True), (4, True), (8, False)]
+    assert dg.captures == 0
+
+
+def test_draw_full_without_draw_graphs_draws_the_rows_as_they_are(monkeypatch):
+    """MPK_DRAW_GRAPHS=0: FullRows.draw itself (no DrawGraphs on the memory); the default keeps one on it where the
+    Triton kernels run."""
+    from types import SimpleNamespace
+    from mpk_runtime.runtime.triton_support import runs_on
+    V = 64
+    names = ("sample.temperature", "sample.top_k", "sample.top_p", "sample.seed", "next_tokens")
+    tensors = {n: torch.zeros(3, dtype=torch.int64 if n in ("sample.top_k", "sample.seed", "next_tokens")
+                              else torch.float32) for n in names}
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(2))
+    got = {}
+    for env in ("0", "1"):
+        monkeypatch.setenv("MPK_DRAW_GRAPHS", env)
+        mem = SimpleNamespace(tensors=tensors, t=tensors.__getitem__,
+                              graph=SimpleNamespace(config=SimpleNamespace(vocab_size=V)))
+        fill_sampling(mem, [PARAMS[0], None, PARAMS[1]])
+        draw_full(mem, logits, torch.tensor([5, 6, 7]), graph=True)
+        got[env] = mem.t("next_tokens").tolist()
+        assert hasattr(mem, "_draw_graphs") == (env == "1" and runs_on(logits))
+    assert got["0"] == got["1"]
+    assert got["0"][0::2] == [ref_draw(logits[i].tolist(), PARAMS[i // 2], 5 + i)[0] for i in (0, 2)]
