@@ -6,7 +6,8 @@
   ray         cluster.RayExecutor: one actor per GPU in a STRICT_PACK placement group, NVSHMEM unique id and
               torch.distributed rendezvous through Ray, the engine in this driver.
 Both generate greedy continuations of the same prompts (different lengths, one batch) with the same seeded
-weights; the token ids must be identical.
+weights, then seeded nucleus samples (temperature 0.8, top_p 0.95, top_k 0: the full-vocabulary draw, on the device
+from the gathered vocab shards since session 53, no logits to the host); the token ids must be identical.
 
     source .gpubundle/install.sh; PYTHONPATH=$PWD:/tmp/site python3 scripts/gpu_check_ray.py [--model llama-3.2-1b]
 Writes $OUT/gpu_check_ray.json (or ./gpu_out); exit status 1 on a mismatch or an error.
@@ -38,7 +39,7 @@ def runner_kwargs(a) -> dict:
 
 def spmd_rank(ctx, a):
     """One rank of the in-process TP=2 run: same engine, same requests, this rank's shard."""
-    from mpk_runtime import LLM, SamplingParams
+    from mpk_runtime import LLM
     from mpk_runtime.models.config import load_config
     from mpk_runtime.runtime.executor import SPMDExecutor
     from mpk_runtime.runtime.comm import TorchDistComm
@@ -47,12 +48,20 @@ def spmd_rank(ctx, a):
     llm = LLM(a.model, backend="megakernel", tp=ctx.nranks,
               executor=SPMDExecutor(ctx.rank, ctx.nranks, comm_spec=TorchDistComm()), **runner_kwargs(a))
     t0 = time.time()
-    outs = llm.generate(prompts(load_config(a.model).vocab_size, a.prompts),
-                        SamplingParams(max_tokens=a.max_tokens, temperature=0.0), use_tqdm=False)
+    toks = []
+    for sp in params(a):
+        outs = llm.generate(prompts(load_config(a.model).vocab_size, a.prompts), sp, use_tqdm=False)
+        toks += [list(o.token_ids) for o in outs]
     dt = time.time() - t0
-    toks = [list(o.token_ids) for o in outs]
+    host_logits = llm.engine.stats["logits_bytes"]
     llm.shutdown()
-    return {"tokens": toks, "seconds": dt}
+    return {"tokens": toks, "seconds": dt, "logits_bytes": host_logits}
+
+
+def params(a) -> list:
+    from mpk_runtime import SamplingParams
+    return [SamplingParams(max_tokens=a.max_tokens, temperature=0.0),
+            SamplingParams(max_tokens=a.max_tokens, temperature=0.8, top_p=0.95, seed=7)]
 
 
 def main() -> int:
@@ -71,7 +80,7 @@ def main() -> int:
         t0 = time.time()
         r = tp_launch.run(spmd_rank, 2, (a,), timeout_s=300)
         res["inprocess"] = {"tokens": r[0]["tokens"], "seconds": round(time.time() - t0, 1),
-                            "ranks_agree": r[0]["tokens"] == r[1]["tokens"]}
+                            "ranks_agree": r[0]["tokens"] == r[1]["tokens"], "logits_bytes": r[0]["logits_bytes"]}
         print("in-process TP=2:", json.dumps(res["inprocess"])[:300], flush=True)
     except Exception:  # noqa: BLE001
         res["errors"].append("inprocess: " + traceback.format_exc()[-3000:])
@@ -81,17 +90,19 @@ def main() -> int:
 
         import cluster  # noqa: F401  (registers the "ray" executor)
         from cluster.ray_utils import ensure_ray
-        from mpk_runtime import LLM, SamplingParams
+        from mpk_runtime import LLM
         from mpk_runtime.models.config import load_config
         t0 = time.time()
         ensure_ray(num_gpus=torch.cuda.device_count(), include_dashboard=False)
         llm = LLM(a.model, backend="megakernel", tp=2, executor="ray", **runner_kwargs(a))
         info = llm.executor.collective_rpc("node_info", timeout=30)
         t1 = time.time()
-        outs = llm.generate(prompts(load_config(a.model).vocab_size, a.prompts),
-                            SamplingParams(max_tokens=a.max_tokens, temperature=0.0), use_tqdm=False)
-        res["ray"] = {"tokens": [list(o.token_ids) for o in outs], "setup_s": round(t1 - t0, 1),
-                      "generate_s": round(time.time() - t1, 1), "actors": info}
+        toks = []
+        for sp in params(a):
+            outs = llm.generate(prompts(load_config(a.model).vocab_size, a.prompts), sp, use_tqdm=False)
+            toks += [list(o.token_ids) for o in outs]
+        res["ray"] = {"tokens": toks, "setup_s": round(t1 - t0, 1), "generate_s": round(time.time() - t1, 1),
+                      "actors": info, "logits_bytes": llm.engine.stats["logits_bytes"]}
         llm.shutdown()
         print("ray TP=2:", json.dumps(res["ray"])[:600], flush=True)
     except Exception:  # noqa: BLE001
@@ -99,7 +110,7 @@ def main() -> int:
         print(res["errors"][-1], flush=True)
     if "inprocess" in res and "ray" in res:
         a_, b_ = res["inprocess"]["tokens"], res["ray"]["tokens"]
-        res["identical"] = a_ == b_
+        res["identical"] = a_ == b_ and res["inprocess"]["logits_bytes"] == 0 == res["ray"]["logits_bytes"]
         res["mismatching_prompts"] = [i for i, (x, y) in enumerate(zip(a_, b_)) if x != y]
     (OUT / "gpu_check_ray.json").write_text(json.dumps(res, indent=1))
     print("identical:", res.get("identical"), "errors:", len(res["errors"]), flush=True)

@@ -35,7 +35,7 @@ class SamplingParams:
     """Per-request sampling. On device the candidate set is capped at C = SAMPLE_CANDIDATES (64) tokens:
     top_k must be <= C there, and with top_k disabled (0 / -1) the device samples from the top C tokens only
     (top_p's mass measured over those C), an approximation. Runners that draw from the whole vocabulary on the
-    device (samples_full_on_device: the megakernel at world size 1, pyvm, torch; runtime/full_sampling.py) take
+    device (samples_full_on_device: the megakernel (at TP > 1 from the gathered vocab shards), pyvm, torch; runtime/full_sampling.py) take
     top_k = 0 and top_k > C there too, exactly. The engine's `device_sampling` mode decides: "auto" (default)
     sends greedy and 1 <= top_k <= C requests to the device, the others to the full-vocabulary draw where the
     runner has it, else to the host sampler (all exact); "on" sends everything to the device (without the full

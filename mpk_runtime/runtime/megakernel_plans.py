@@ -355,26 +355,28 @@ class ConventionalPrefill:
             else:
                 sh.ex.run([self._ctx(sh, g.T, g.kv_cap)])
             self.graph_runs += 1
-            if self.tp == 1:   # (tp > 1: vocabulary shards; such runners get no full rows)
-                draw_full(mem, mem.t("logits")[:len(g.idx)], [chunks[i][1] + len(chunks[i][0]) - 1 for i in g.idx])
+            last = [chunks[i][1] + len(chunks[i][0]) - 1 for i in g.idx]
+            full = getattr(mem, "_full_rows", None) is not None   # (the same on every rank: the same chunks)
+            glg = self._gathered(mem, len(g.idx)) if (full or want_logits) and self.tp > 1 else None
+            if full:   # tp > 1: every rank draws the same tokens from the gathered shards
+                draw_full(mem, glg if glg is not None else mem.t("logits")[:len(g.idx)], last)
             nxt = mem.t("next_tokens")[:len(g.idx)].tolist()
-            lg = self._logits(mem, len(g.idx)) if want_logits else None
+            lg = None if not want_logits else (glg if glg is not None else mem.t("logits")[:len(g.idx)]).float().cpu()
             for j, i in enumerate(g.idx):
                 drawn[i] = int(nxt[j])
                 logits[i] = lg[j] if lg is not None else None
         return (torch.stack(logits) if want_logits else None), drawn   # type: ignore[arg-type]
 
-    def _logits(self, mem: RankMemory, n: int) -> torch.Tensor:
-        """(n, V) fp32 on the CPU; at tp > 1 the vocab shards of every rank, gathered (padded to the largest)."""
-        lg = mem.t("logits")[:n].float()
-        if self.tp == 1:
-            return lg.cpu()
+    def _gathered(self, mem: RankMemory, n: int) -> torch.Tensor:
+        """(n, V) fp32 on this device, tp > 1: the vocab shards of every rank, gathered through the communicator (a
+        collective: every rank calls it for the same groups)."""
         from ..ir.shard import shard_for
+        lg = mem.t("logits")[:n].float()
         nv = [shard_for(self.cfg, self.tp, q).n_vocab for q in range(self.tp)]
         buf = torch.zeros((n, max(nv)), dtype=torch.float32, device=lg.device)
         buf[:, :lg.shape[1]] = lg
         parts = self.comm.all_gather(buf, dim=0).view(self.tp, n, max(nv))
-        return torch.cat([parts[q, :, :nv[q]] for q in range(self.tp)], dim=-1).cpu()
+        return torch.cat([parts[q, :, :nv[q]] for q in range(self.tp)], dim=-1)
 
     def run(self, tokens: list[int], start_pos: int, table: list[int], sampling=None):
         """One chunk: (logits (V,) fp32 on the CPU of its last token, the token drawn for it)."""

@@ -76,8 +76,10 @@ class MegakernelRunner(ModelRunner):
 
     @property
     def samples_full_on_device(self) -> bool:
-        """Full-vocabulary rows (DeviceSampling.full) need the whole vocabulary's logits on this device: world 1."""
-        return self.world_size == 1
+        """Full-vocabulary rows (DeviceSampling.full) need the whole vocabulary's logits on this device: at world size
+        1 the step's own; at world size > 1 every rank gathers the vocabulary shards through the heap (peer reads)
+        and draws the same tokens from them (_gathered_logits); the prefill's shards through its communicator."""
+        return self.world_size == 1 or self._gather is not None
 
     def __init__(self, model: str = "tiny-llama", *, world_size: int | None = None, tp: int = 1, rank: int = 0,
                  seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int | None = None,
@@ -154,6 +156,7 @@ class MegakernelRunner(ModelRunner):
             from nvshmem.core.interop import torch as nt
             self._gather = (buf, [nt.get_peer_tensor(buf, q) if q != rank else buf for q in range(world)],
                             [shard_for(cfg, world, q).n_vocab for q in range(world)])
+            self._full_logits = torch.empty((max_batch, sum(self._gather[2])), dtype=torch.float32, device=dev)
 
     def kv_spec(self) -> KVSpec:
         return self._spec
@@ -168,8 +171,12 @@ class MegakernelRunner(ModelRunner):
         if self.heap is not None:
             self.heap.barrier()   # no rank overwrites tokens/pos while a peer still reads the last step
         self.mk.launch(1)
-        if self.heap is None:   # (world size > 1: vocabulary shards; such runners get no full rows)
+        gathered = None
+        if self.heap is None:
             draw_full(self.mem, self.mem.t("logits")[:n], self.pos[:n], graph=True)
+        elif getattr(self.mem, "_full_rows", None) is not None:   # (every rank has the same rows: all gather)
+            gathered = self._gathered_logits(n)
+            draw_full(self.mem, gathered, self.pos[:n], graph=True)   # the same tokens on every rank
         torch.cuda.synchronize(self.pos.device)
         self.mk.check()
         self.last_next_tokens = self.mem.t("next_tokens")[:n].cpu()
@@ -177,12 +184,19 @@ class MegakernelRunner(ModelRunner):
             return None
         if self._gather is None:
             return self.mem.t("logits")[:n].float().cpu()
+        return (gathered if gathered is not None else self._gathered_logits(n)).cpu()
+
+    def _gathered_logits(self, n: int) -> torch.Tensor:
+        """(n, V) fp32 on this device: the step's logits of every rank's vocabulary shard, in vocabulary order, read
+        from the peers' heap buffers between two barriers (every rank calls it for the same steps). A view of one
+        buffer that stays put (the draw's graph keys on its address), valid until the next call."""
         buf, views, nv = self._gather
         lg = self.mem.t("logits")
         buf[:, :lg.shape[1]].copy_(lg)
         self.heap.barrier()
-        out = torch.cat([views[q][:n, :nv[q]] for q in range(len(views))], dim=-1).float().cpu()
-        self.heap.barrier()   # peers have read this rank's logits before the next step writes them
+        out = self._full_logits[:n]
+        torch.cat([views[q][:n, :nv[q]] for q in range(len(views))], dim=-1, out=out)
+        self.heap.barrier()   # (synchronises first: out is complete) peers have read this rank's logits
         return out
 
     def plans_used(self) -> dict:

@@ -156,6 +156,47 @@ def test_batched_prefill_tp2_over_a_communicator():
                             page_size=PS, dtype="float32", device=torch.device("cpu"), tp=2)
 
 
+def test_batched_prefill_tp2_draws_full_rows_from_the_gathered_shards():
+    """TP=2 prefill with full-vocabulary rows (DeviceSampling.full): every rank gathers the vocab shards on its device
+    and draws the same tokens, the full draw of the gathered logits (FullRows' torch ops), not the graph's argmax."""
+    import threading
+    from mpk_runtime.runtime.comm import ThreadGroup
+    from mpk_runtime.runtime.device_sampling import DeviceSampling
+    from mpk_runtime.runtime.full_sampling import FullRows
+    from mpk_runtime.runtime.pyvm_runner import shard_weights
+    cfg = PRESETS["tiny-qwen3"].replace(dtype="float32")
+    w = random_weights(cfg, seed=3)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14], [15]]
+    tables = [list(range(1 + 8 * i, 9 + 8 * i)) for i in range(4)]
+    rows = [DeviceSampling(2.0, 0, 1.0, 7, full=True), None, DeviceSampling(1.5, 0, 0.9, 8, full=True),
+            DeviceSampling(3.0, 300, 1.0, 9, full=True)]
+    group = ThreadGroup(2)
+    out, errs = {}, []
+
+    def rank(r):
+        try:
+            kv = KVStore(cfg.num_layers, 40, PS, shard_for(cfg, 2, r).n_kv, cfg.head_dim, torch.float32, poison=False)
+            pre = ConventionalPrefill(cfg, shard_weights(cfg, w, 2, r), kv, max_seq_len=MAXLEN, page_size=PS,
+                                      dtype="float32", device=torch.device("cpu"), tp=2, rank=r, comm=group.comm(r))
+            out[r] = [pre.run_many([(p, 0, tables[i], rows[i]) for i, p in enumerate(prompts)], want_logits=wl)
+                      for wl in (True, False)]
+        except Exception as e:  # noqa: BLE001
+            errs.append(e)
+    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    [t.start() for t in ts]
+    [t.join(60) for t in ts]
+    assert not errs, errs
+    lg, drawn = out[0][0]
+    assert lg.shape[-1] == cfg.vocab_size
+    want = torch.tensor([int(lg[i].argmax()) for i in range(len(prompts))])
+    FullRows(rows, "cpu", cfg.vocab_size).draw(lg, torch.tensor([len(p) - 1 for p in prompts]), want, "torch")
+    for r in range(2):
+        for wl in range(2):
+            assert out[r][wl][1] == want.tolist(), (r, wl)
+    assert out[1][1][0] is None   # (want_logits=False: no logits copied)
+    assert any(int(want[i]) != int(lg[i].argmax()) for i in (0, 2, 3))   # the rows were drawn, not argmax'd
+
+
 def test_planned_bursts_resume_from_the_device():
     """decode_steps(resume=True) (LLMEngine's async_bursts): the rows of the last burst continue from the tokens it
     drew, read on the device, whatever token ids the call carries; two bursts of 3 + 2 steps give the reference's
