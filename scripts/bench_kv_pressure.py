@@ -117,7 +117,7 @@ def _llm(a, table, **kw) -> LLM:
         kw.update(step_table=table, prefill_us=a.prefill_us, mean_out=a.mean_out)
     else:
         backend = "length-oracle"
-        kw.update(inner=a.backend, targets=a.targets, **({"plan": a.plan} if a.plan != "none" else {}))
+        kw.update(inner=a.backend, targets=a.targets, **({"inner_plan": a.plan} if a.plan != "none" else {}))
     return LLM(a.model, backend=backend, max_batch=a.max_batch, max_seq_len=a.max_seq_len, page_size=a.page_size,
                decode_steps=a.decode_steps, max_num_batched_tokens=a.max_num_batched_tokens, **kw)
 
@@ -129,7 +129,11 @@ class LengthOracle(ModelRunner):
 
     def __init__(self, **kw):
         self.targets = kw.pop("targets")
-        self.inner = make_runner(kw.pop("inner"), **kw)
+        inner, plan = kw.pop("inner"), kw.pop("inner_plan", None)
+        if plan is not None:   # (the executor resolves plan="auto" for known backends only: here, for the inner one)
+            from mpk_runtime.runtime.executor import plan_once
+            kw = plan_once(inner, 1, {**kw, "plan": plan})
+        self.inner = make_runner(inner, **kw)
         self.config, self.samples_on_device = self.inner.config, self.inner.samples_on_device
         self.samples_full_on_device = self.inner.samples_full_on_device
         self.shares_kv_pages = self.inner.shares_kv_pages

@@ -5,6 +5,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
@@ -27,8 +28,10 @@ def test_modelled_runner_lazy_runs_more_rows(tmp_path, monkeypatch):
     assert lazy["mean_rows"] > 2 * reserve["mean_rows"] and reserve["preemptions"] == 0
 
 
-def test_length_oracle_stops_each_request_at_its_length(tmp_path, monkeypatch):
-    argv = ["--backend", "torch", "--model", "tiny-llama", "--requests", "16", "--max-tokens", "40", "--mean-out", "10",
+@pytest.mark.parametrize("backend", [["torch"], ["pyvm", "--plan", "auto"]], ids=["torch", "pyvm-plan"])
+def test_length_oracle_stops_each_request_at_its_length(tmp_path, monkeypatch, backend):
+    """(pyvm with plan auto: the inner runner's plan resolved by the oracle, as the GPU run's megakernel needs.)"""
+    argv = ["--backend", *backend, "--model", "tiny-llama", "--requests", "16", "--max-tokens", "40", "--mean-out", "10",
             "--max-seq-len", "96", "--max-batch", "8", "--kv-seqs", "2", "--prompt-len", "12,24"]
     d = _rows(tmp_path, monkeypatch, argv)
     g = torch.Generator().manual_seed(1)
