@@ -138,6 +138,7 @@ class LengthOracle(ModelRunner):
         self.samples_full_on_device = self.inner.samples_full_on_device
         self.shares_kv_pages = self.inner.shares_kv_pages
         self.stop_at: dict[int, int] = {}
+        self._head: dict[int, list[int]] = {}
 
     @property
     def launched(self):
@@ -151,9 +152,17 @@ class LengthOracle(ModelRunner):
         return self.inner.kv_spec()
 
     def _see(self, chunks) -> None:
+        """A request's first HEAD prompt tokens, gathered over its first chunks (a step's token budget can split a
+        prompt's start into chunks shorter than HEAD), name its target."""
         for c in chunks:
             if c.start_pos == 0:
-                self.stop_at[c.seq_id] = self.targets[tuple(c.token_ids[:HEAD])]
+                self._head[c.seq_id] = []
+            head = self._head.get(c.seq_id)
+            if head is not None and c.start_pos == len(head):
+                head += list(c.token_ids[:HEAD - len(head)])
+                if len(head) == HEAD:
+                    self.stop_at[c.seq_id] = self.targets[tuple(head)]
+                    del self._head[c.seq_id]
 
     def step(self, chunks):
         self._see(chunks)

@@ -28,9 +28,11 @@ def test_modelled_runner_lazy_runs_more_rows(tmp_path, monkeypatch):
     assert lazy["mean_rows"] > 2 * reserve["mean_rows"] and reserve["preemptions"] == 0
 
 
-@pytest.mark.parametrize("backend", [["torch"], ["pyvm", "--plan", "auto"]], ids=["torch", "pyvm-plan"])
+@pytest.mark.parametrize("backend", [["torch"], ["pyvm", "--plan", "auto"],
+                                     ["torch", "--max-num-batched-tokens", "14"]], ids=["torch", "pyvm-plan", "split"])
 def test_length_oracle_stops_each_request_at_its_length(tmp_path, monkeypatch, backend):
-    """(pyvm with plan auto: the inner runner's plan resolved by the oracle, as the GPU run's megakernel needs.)"""
+    """(pyvm with plan auto: the inner runner's plan resolved by the oracle, as the GPU run's megakernel needs; split:
+    a step's token budget of 14 cuts prompt starts into chunks shorter than the oracle's 12-token head.)"""
     argv = ["--backend", *backend, "--model", "tiny-llama", "--requests", "16", "--max-tokens", "40", "--mean-out", "10",
             "--max-seq-len", "96", "--max-batch", "8", "--kv-seqs", "2", "--prompt-len", "12,24"]
     d = _rows(tmp_path, monkeypatch, argv)
