@@ -158,7 +158,7 @@ def _profile(llm, a, prompts: list, mode: str, k: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     sp = SamplingParams(max_tokens=a.profile, ignore_eos=True, seed=2, **SAMPLINGS[mode])
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, with_stack=a.profile_stack) as prof:
         llm.generate(prompts, sp, use_tqdm=False)
     with tempfile.TemporaryDirectory() as d:
         prof.export_chrome_trace(f"{d}/t.json")
@@ -209,6 +209,8 @@ def main() -> int:
                     help="the instant runner's time a step (slept, the GIL released, as a GPU step waits)")
     ap.add_argument("--profile", type=int, default=0,
                     help="N > 0: each cell once more, N tokens, under torch.profiler (trace + kernel summary)")
+    ap.add_argument("--profile-stack", action="store_true",
+                    help="with --profile: the Python tracer too (python_function events: where the host time goes)")
     ap.add_argument("--kv-allocation", default="lazy", choices=["lazy", "reserve"],
                     help="LLM(kv_allocation=...): pages as tokens need them, or the whole length at admission")
     a = ap.parse_args()

@@ -433,6 +433,15 @@ for g in 1 0; do
       > "$OUT/bench/engine_g$g.log" 2>&1
   grep -E "ms per decode step|x greedy|^profile" "$OUT/bench/engine_g$g.log" | tail -20; snap
 done
+elif [ "$MODE" = hostgap ]; then
+# hostgap (session 53): the engine's host turnaround between two bursts at llama B=1 (~0.7-0.96 ms a burst of 8 on an
+# H100, session 53's profiles): one greedy cell profiled with the Python tracer (python_function events)
+st "4o the host between bursts: B=1 greedy k=8 under the Python tracer"
+mkdir -p "$OUT/bench"
+OUT="$OUT/bench/hostgap" timeout ${HG_LIM:-150} python3 scripts/bench_engine_overhead.py --backend megakernel --plan auto \
+    --model llama-3.2-1b --requests 1 --decode-steps 8 --max-tokens 128 --prompt-len 16,48 --sampling greedy \
+    --repeats 2 --profile 32 --profile-stack > "$OUT/bench/hostgap.log" 2>&1
+grep -E "ms per decode step|^profile" "$OUT/bench/hostgap.log" | tail -4; snap
 elif [ "$MODE" = prefix ]; then
 # prefix (session 51): prefix caching on a chat-like workload through the planned megakernel, off and on in one run
 # (bench_prefix_cache.py): TTFT of requests sharing a system prompt, and a batch of them
