@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
+from itertools import chain
 
 import torch
 
@@ -56,16 +57,40 @@ def fill_step(mem: RankMemory, pos_t, tables_t, toks, pos, tables, width: int, s
     n = len(pos)
     # one host tensor per input, built from padded lists (a tensor per row cost ~1 ms at 128 rows)
     p = torch.tensor(list(pos) + [-1] * (B - n), dtype=torch.int64)
-    tab = torch.tensor([list(r) + [0] * (width - len(r)) for r in tables] + [[0] * width] * (B - len(tables)),
-                       dtype=torch.int64)
     if tokens_from is None:
         mem.t("tokens").copy_(torch.tensor(list(toks) + [0] * (B - n), dtype=torch.int64))
     else:
         mem.t("tokens")[:n].copy_(tokens_from)
         mem.t("tokens")[n:].zero_()
     pos_t.copy_(p)
-    tables_t.copy_(tab)
+    write_tables(tables_t, tables)
     fill_sampling(mem, sampling or [])
+
+
+def write_tables(tables_t: torch.Tensor, tables) -> None:
+    """The rows' page tables into tables_t (B, width): each row zero past its pages, the rows past len(tables) zero,
+    exactly as a full-width rewrite leaves it, but only the columns some row uses now or used at the last write are
+    written (the rows' lengths are kept on the tensor). A full-width host table was O(B x max_seq_len / page_size)
+    Python ints a step: 3.7 ms at 128 rows and max_seq_len 8192 (page 16), 57 ms at 131072, on the critical path of
+    every burst; now O(pages in use)."""
+    B, width = tables_t.shape
+    lens = [len(r) for r in tables] + [0] * (B - len(tables))
+    prev = getattr(tables_t, "_mpk_lens", None)
+    w = width if prev is None or len(prev) != B else max(max(lens), max(prev))   # (first write: all of it)
+    if w and B * w <= 16384:   # small: padded lists (fewer torch calls)
+        tab = torch.tensor([list(r) + [0] * (w - len(r)) for r in tables] + [[0] * w] * (B - len(tables)),
+                           dtype=torch.int64).view(-1)
+        tables_t[:, :w].copy_(tab.view(B, w))
+    elif w:
+        tab = torch.zeros(B * w, dtype=torch.int64)
+        flat = list(chain.from_iterable(tables))
+        if flat:   # entry k of row i (first entry at offset o_i of flat) goes to i * w + (k - o_i)
+            ln = torch.tensor(lens[:len(tables)], dtype=torch.int64)
+            shift = torch.arange(len(tables), dtype=torch.int64) * w - (torch.cumsum(ln, 0) - ln)
+            tab[torch.arange(len(flat), dtype=torch.int64) + torch.repeat_interleave(shift, ln)] = \
+                torch.tensor(flat, dtype=torch.int64)
+        tables_t[:, :w].copy_(tab.view(B, w))
+    tables_t._mpk_lens = lens
 
 
 def burst(mem: RankMemory, pos_t: torch.Tensor, n: int, num_steps: int, run_step) -> torch.Tensor:

@@ -226,3 +226,32 @@ def test_planned_bursts_resume_from_the_device():
     first = dec.decode_steps(toks, lens, tables, None, 3)
     second = dec.decode_steps([0, 0, 0], [n + 3 for n in lens], tables, None, 2, resume=True)
     assert torch.cat([first, second], 1).tolist() == want
+
+
+@pytest.mark.parametrize("B,width", [(4, 12), (64, 600)], ids=["lists", "scatter"])
+def test_write_tables_leaves_what_a_full_rewrite_leaves(B, width):
+    """fill_step's page tables (megakernel_plans.write_tables: only the columns in use now or at the last write) equal
+    a full-width rewrite after every write: rows growing, a row replaced by a shorter one, fewer rows, none (a
+    capture's warm-up), a tensor written elsewhere first (garbage: the first write covers every column)."""
+    import random
+    from mpk_runtime.runtime.megakernel_plans import write_tables
+    rnd = random.Random(B)
+    t = torch.full((B, width), 7777, dtype=torch.int64)
+    seqs = [[rnd.randrange(1, 999) for _ in range(rnd.randrange(0, width // 2))] for _ in range(B)]
+    for step in range(12):
+        if step == 5:
+            seqs = seqs[:B // 2]                       # fewer rows
+        if step == 7:
+            seqs = []                                  # a warm-up step: no rows
+        if step == 8:
+            seqs = [[rnd.randrange(1, 999)] for _ in range(B)]   # every row replaced by a short one
+        for r in seqs:
+            if r and rnd.random() < 0.5:
+                r.extend(rnd.randrange(1, 999) for _ in range(rnd.randrange(1, 4)))   # growing
+        if seqs and step in (3, 9):
+            seqs[0] = seqs[0][:1]                      # one row replaced by a shorter one
+        write_tables(t, seqs)
+        want = torch.zeros((B, width), dtype=torch.int64)
+        for i, r in enumerate(seqs):
+            want[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
+        assert torch.equal(t, want), step
