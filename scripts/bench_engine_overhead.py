@@ -207,6 +207,9 @@ def main() -> int:
     ap.add_argument("--tokenizer", default=None, help="a tokenizer directory: text out (the engine detokenizes)")
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="the instant runner's time a step (slept, the GIL released, as a GPU step waits)")
+    ap.add_argument("--max-seq-len", type=int, default=0,
+                    help="LLM(max_seq_len=...) (default: the longest prompt + max_tokens + 16); a long one makes the "
+                         "page tables wide (fill_step's host cost before session 53's write_tables)")
     ap.add_argument("--profile", type=int, default=0,
                     help="N > 0: each cell once more, N tokens, under torch.profiler (trace + kernel summary)")
     ap.add_argument("--profile-stack", action="store_true",
@@ -232,7 +235,7 @@ def main() -> int:
     for k, dmode, mlist, asy in runs_of:
         if not mlist:
             continue
-        llm = LLM(a.model, backend=a.backend, max_batch=max(batches), max_seq_len=hi + a.max_tokens + 16,
+        llm = LLM(a.model, backend=a.backend, max_batch=max(batches), max_seq_len=a.max_seq_len or hi + a.max_tokens + 16,
                   decode_steps=k, device_sampling=dmode, async_bursts=asy, tokenizer=a.tokenizer,
                   kv_allocation=a.kv_allocation,
                   **({"plan": a.plan} if a.plan != "none" else {}), **({"step_ms": a.step_ms} if a.step_ms else {}))

@@ -47,24 +47,23 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
-# Order for a 30-minute session (one GPU), as session 52 left it (no machine lent in sessions 51-52; session 50's two
-# calls: bench/results/s50, the full-vocabulary draw +0.17 / +0.28 ms a step over greedy at llama B=1 / 128 with one
-# program a row). A machine stays warm only ~30 s after a call and a call can be taken back before it returns: short
-# calls, chained with `;`, the next one ready.
+# Order for a 30-minute session (one GPU), as session 53 left it (session 53: one H100 for two calls after eight
+# refused starts: bench/results/s53; the GPU suite at the defaults passed, the draw graphs measured). A machine stays
+# warm only ~30 s after a call and a call can be taken back before it returns: short calls, chained with `;` in one
+# command where they fit 600 s (a refused start costs 90-180 s of the budget).
 # Before the first device call: `bash scripts/setup.sh` on a fresh machine, then `bash scripts/gpu_prepare.sh` (~1 min
 # after a checkout, ~5 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 0. (Session 52 ran session 51's item 0 on one H100: bench/results/s52/gpu.) Next, in one call each:
-#    a. the draw captured into the step's graph, once built (session 52: the split draw costs +0.08-0.15 ms a step at
-#       llama B=1 / 128, launch-bound: five eager launches a step): `N=engd T=170 MODELS=llama-3.2-1b
-#       ENGINE_BS=1,128 ENGINE_KS=8 ENGINE_SAMPLING=greedy,plain,nucleus ENGINE_LIM=160 bash scripts/gpu_run.sh engine`
-#    c. KV pages short of the batch on the GPU, reserve vs lazy (session 52 measured it only through a runner modelled
-#       on H200 step times: 1.84x / 1.45x tokens/s at KV for 16 / 32 full sequences): `N=kvp T=300 bash
-#       scripts/gpu_run.sh kvp` (llama-3.2-1b, 256 requests, cap 512, answers ~100 set by the length oracle; session
-#       52's run stopped on calibrated stop tokens and was confounded by batch-dependent bf16 tokens: rerun it)
-#    b. on an H200, the same cells as session 52's H100 ones (engine, async, prefix), to put them beside the H200
-#       tables: `... ENGINE_ASYNC=1 ...` and `N=pfx T=200 MODELS=llama-3.2-1b bash scripts/gpu_run.sh prefix`.
+# 0. In one call (~6 min): `N=hg T=150 bash scripts/gpu_run.sh hostgap; N=kvp T=280 KVP_REQS=160 KVP_SEQS=8,16 bash
+#    scripts/gpu_run.sh kvp` -- a. where the ~0.56 ms of host Python between two B=1 bursts goes (the Python tracer;
+#    session 53's profiles: the device idles 0.70-0.96 ms a burst of 8, 7% of B=1); b. KV pages short of the batch,
+#    reserve vs lazy, lengths set by the length oracle (both session-53 attempts failed in the script, fixed since).
+#    c. write_tables at a long context: `N=engl T=200 MODELS=llama-3.2-1b ENGINE_BS=128 ENGINE_KS=1,8 ENGINE_MSL=8192
+#    bash scripts/gpu_run.sh engine` beside the same at ENGINE_MSL unset (width 12 pages): predicted equal ms a step
+#    with write_tables (~3.4 ms a burst more before it: `git checkout 688610f -- mpk_runtime/runtime/megakernel_plans.py`
+#    for the "before" if there is time).
+#    d. on an H200, session 52 / 53's H100 cells (engine, async, prefix, drawg) beside the H200 tables.
 # 1. The whole GPU set at the default (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
 # 2. The engine's per-token time at the default and where the rest of it goes at k=8 (llama B=1: 1.152 ms against the
 #    kernel's ~1.07): `N=engd T=150 MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 bash scripts/gpu_run.sh engine`.
@@ -407,6 +406,7 @@ for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do
   OUT="$OUT/bench/engine_$m" timeout ${ENGINE_LIM:-200} python3 scripts/bench_engine_overhead.py --backend megakernel \
       --plan auto --model "$m" --requests ${ENGINE_BS:-1,8} --decode-steps ${ENGINE_KS:-1,8} --max-tokens 128 \
       --prompt-len 16,48 --sampling ${ENGINE_SAMPLING:-greedy} ${ENGINE_ASYNC:+--async-bursts} \
+      ${ENGINE_MSL:+--max-seq-len $ENGINE_MSL} \
       > "$OUT/bench/engine_$m.log" 2>&1
   grep -E "ms per decode step|x greedy" "$OUT/bench/engine_$m.log" | tail -20
 done; snap
