@@ -119,32 +119,39 @@ def test_batched_prefill_samples_like_a_lone_chunk():
     assert together == alone
 
 
-def test_batched_prefill_tp2_over_a_communicator():
-    """TP=2 ranks in separate "processes" (threads, each holding one shard and a communicator, as Ray workers hold
-    an NCCL group): the padded prefill gathers partial sums and vocab shards through it and gives the reference."""
+def _tp2_prefill(cfg, w, run) -> dict:
+    """Two TP ranks as threads, each with its shard, a KV store and a ConventionalPrefill over one communicator (as
+    Ray workers hold an NCCL group): {rank: run(prefill)}."""
     import threading
     from mpk_runtime.runtime.comm import ThreadGroup
     from mpk_runtime.runtime.pyvm_runner import shard_weights
-    cfg = PRESETS["tiny-qwen3"].replace(dtype="float32")
-    w = random_weights(cfg, seed=3)
-    ref = ReferenceModel(cfg, w)
-    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
-    tables = [list(range(1, 9)), list(range(9, 17))]
     group = ThreadGroup(2)
     out, errs = {}, []
 
     def rank(r):
         try:
             kv = KVStore(cfg.num_layers, 40, PS, shard_for(cfg, 2, r).n_kv, cfg.head_dim, torch.float32, poison=False)
-            pre = ConventionalPrefill(cfg, shard_weights(cfg, w, 2, r), kv, max_seq_len=MAXLEN, page_size=PS,
-                                      dtype="float32", device=torch.device("cpu"), tp=2, rank=r, comm=group.comm(r))
-            out[r] = pre.run_many([(p, 0, tables[i], None) for i, p in enumerate(prompts)])
+            out[r] = run(ConventionalPrefill(cfg, shard_weights(cfg, w, 2, r), kv, max_seq_len=MAXLEN, page_size=PS,
+                                             dtype="float32", device=torch.device("cpu"), tp=2, rank=r,
+                                             comm=group.comm(r)))
         except Exception as e:  # noqa: BLE001
             errs.append(e)
     ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
     [t.start() for t in ts]
     [t.join(60) for t in ts]
     assert not errs, errs
+    return out
+
+
+def test_batched_prefill_tp2_over_a_communicator():
+    """TP=2 ranks in separate "processes" (threads, each holding one shard and a communicator, as Ray workers hold
+    an NCCL group): the padded prefill gathers partial sums and vocab shards through it and gives the reference."""
+    cfg = PRESETS["tiny-qwen3"].replace(dtype="float32")
+    w = random_weights(cfg, seed=3)
+    ref = ReferenceModel(cfg, w)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12]]
+    tables = [list(range(1, 9)), list(range(9, 17))]
+    out = _tp2_prefill(cfg, w, lambda pre: pre.run_many([(p, 0, tables[i], None) for i, p in enumerate(prompts)]))
     for r in range(2):
         lg, drawn = out[r]
         for i, p in enumerate(prompts):
@@ -159,33 +166,16 @@ def test_batched_prefill_tp2_over_a_communicator():
 def test_batched_prefill_tp2_draws_full_rows_from_the_gathered_shards():
     """TP=2 prefill with full-vocabulary rows (DeviceSampling.full): every rank gathers the vocab shards on its device
     and draws the same tokens, the full draw of the gathered logits (FullRows' torch ops), not the graph's argmax."""
-    import threading
-    from mpk_runtime.runtime.comm import ThreadGroup
     from mpk_runtime.runtime.device_sampling import DeviceSampling
     from mpk_runtime.runtime.full_sampling import FullRows
-    from mpk_runtime.runtime.pyvm_runner import shard_weights
     cfg = PRESETS["tiny-qwen3"].replace(dtype="float32")
     w = random_weights(cfg, seed=3)
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14], [15]]
     tables = [list(range(1 + 8 * i, 9 + 8 * i)) for i in range(4)]
     rows = [DeviceSampling(2.0, 0, 1.0, 7, full=True), None, DeviceSampling(1.5, 0, 0.9, 8, full=True),
             DeviceSampling(3.0, 300, 1.0, 9, full=True)]
-    group = ThreadGroup(2)
-    out, errs = {}, []
-
-    def rank(r):
-        try:
-            kv = KVStore(cfg.num_layers, 40, PS, shard_for(cfg, 2, r).n_kv, cfg.head_dim, torch.float32, poison=False)
-            pre = ConventionalPrefill(cfg, shard_weights(cfg, w, 2, r), kv, max_seq_len=MAXLEN, page_size=PS,
-                                      dtype="float32", device=torch.device("cpu"), tp=2, rank=r, comm=group.comm(r))
-            out[r] = [pre.run_many([(p, 0, tables[i], rows[i]) for i, p in enumerate(prompts)], want_logits=wl)
-                      for wl in (True, False)]
-        except Exception as e:  # noqa: BLE001
-            errs.append(e)
-    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    [t.start() for t in ts]
-    [t.join(60) for t in ts]
-    assert not errs, errs
+    out = _tp2_prefill(cfg, w, lambda pre: [pre.run_many([(p, 0, tables[i], rows[i]) for i, p in enumerate(prompts)],
+                                                         want_logits=wl) for wl in (True, False)])
     lg, drawn = out[0][0]
     assert lg.shape[-1] == cfg.vocab_size
     want = torch.tensor([int(lg[i].argmax()) for i in range(len(prompts))])
