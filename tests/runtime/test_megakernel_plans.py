@@ -218,11 +218,12 @@ def test_planned_bursts_resume_from_the_device():
     assert torch.cat([first, second], 1).tolist() == want
 
 
-@pytest.mark.parametrize("B,width", [(4, 12), (64, 600)], ids=["lists", "scatter"])
+@pytest.mark.parametrize("B,width", [(4, 12), (64, 600)], ids=["small", "wide"])
 def test_write_tables_leaves_what_a_full_rewrite_leaves(B, width):
-    """fill_step's page tables (megakernel_plans.write_tables: only the columns in use now or at the last write) equal
-    a full-width rewrite after every write: rows growing, a row replaced by a shorter one, fewer rows, none (a
-    capture's warm-up), a tensor written elsewhere first (garbage: the first write covers every column)."""
+    """fill_step's page tables (megakernel_plans.write_tables: the cells that changed since the last write) equal a
+    full-width rewrite after every write: rows growing, a row replaced by a shorter one, by a longer one sharing its
+    first pages, fewer rows, none (a capture's warm-up), a tensor holding garbage first (the first write covers every
+    column); a row longer than the tensor is an error, not a device-side fault."""
     import random
     from mpk_runtime.runtime.megakernel_plans import write_tables
     rnd = random.Random(B)
@@ -240,8 +241,13 @@ def test_write_tables_leaves_what_a_full_rewrite_leaves(B, width):
                 r.extend(rnd.randrange(1, 999) for _ in range(rnd.randrange(1, 4)))   # growing
         if seqs and step in (3, 9):
             seqs[0] = seqs[0][:1]                      # one row replaced by a shorter one
+        if len(seqs) > 1 and step in (4, 10):         # one replaced by a longer one sharing its first pages (a
+            seqs[1] = seqs[1][:2] + [rnd.randrange(1, 999) for _ in range(5)]   # cached prefix), one by its copy
+            seqs[-1] = list(seqs[-1])
         write_tables(t, seqs)
         want = torch.zeros((B, width), dtype=torch.int64)
         for i, r in enumerate(seqs):
             want[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
         assert torch.equal(t, want), step
+    with pytest.raises(ValueError, match="pages for a table"):
+        write_tables(t, [[1] * (width + 1)])
