@@ -14,7 +14,7 @@ def add_engine_flags(ap: argparse.ArgumentParser) -> None:
                          "chat's earlier turns) skip the cached part of their prefill (default: on for the backends "
                          "that can, pyvm, torch, megakernel)")
     ap.add_argument("--num-pages", type=int, default=None,
-                    help="KV cache pages per replica (default: enough for max-batch sequences of max-seq-len)")
+                    help="KV cache pages per replica (default: enough for max-batch sequences of max-seq-len; on one GPU as many of those as fit its free memory beside the weights and a reserve)")
     ap.add_argument("--page-size", type=int, default=None, help="tokens per KV page (default 16)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="tokens one engine step computes at most: long prompts are prefilled in chunks of this "

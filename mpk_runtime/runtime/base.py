@@ -122,7 +122,7 @@ def check_sizes(cfg: ModelConfig, max_batch, max_seq_len, page_size, num_pages) 
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     if num_pages is not None and (not isinstance(num_pages, int) or isinstance(num_pages, bool) or num_pages < 1):
-        raise ValueError(f"num_pages must be an int >= 1 (or None: enough for max_batch full sequences), got {num_pages!r}")
+        raise ValueError(f"num_pages must be an int >= 1 (or None: enough for max_batch full sequences, or what fits the GPU), got {num_pages!r}")
     if max_seq_len > cfg.max_position_embeddings:
         raise ValueError(f"max_seq_len={max_seq_len} exceeds {cfg.name}'s max_position_embeddings "
                          f"({cfg.max_position_embeddings}); pass a smaller max_seq_len")

@@ -19,6 +19,8 @@ torch.cuda / cuda-python are touched only when a runner is created.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..ir.build import build_graph
@@ -32,7 +34,9 @@ from .base import KVSpec, ModelRunner, SeqChunk, check_decode_steps, check_sizes
 from .conventional_fused import prepare_weights
 from .device_sampling import draw_full, host_logits_needed, step_output
 from .megakernel_plans import ConventionalPrefill, PlannedDecoder, burst, fill_step
-from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory
+from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory, fit_num_pages, kv_page_bytes
+
+log = logging.getLogger(__name__)
 
 
 def build_rank_kernel(cfg, weights: dict, *, rank: int, world: int, heap=None, batch: int, max_seq_len: int,
@@ -112,7 +116,20 @@ class MegakernelRunner(ModelRunner):
             slicer = lambda n, shape: weight_slice(cfg, sh, n, shape)  # noqa: E731
         # drawn (preset) or loaded (directory) on the GPU: an 8B model's random init on the host took minutes
         w = prepare_weights(get_weights(model, cfg, seed=seed, dtype=dtype, device=dev, slicer=slicer), cfg)
-        num_pages = num_pages or max_batch * (-(-max_seq_len // page_size)) + 1
+        per_seq = -(-max_seq_len // page_size)
+        if num_pages is None and world == 1:   # as many of max_batch full sequences as this GPU has room for
+            # (TP ranks keep the full count: their free memory may differ and their page counts must not)
+            free, total = torch.cuda.mem_get_info(dev)
+            n_kv = cfg.num_kv_heads
+            num_pages = fit_num_pages(max_batch * per_seq + 1, per_seq,
+                                      kv_page_bytes(cfg.num_layers, page_size, n_kv, cfg.head_dim, torch_dtype(dtype)),
+                                      free, total)
+            if num_pages < max_batch * per_seq + 1:
+                log.warning("KV cache: %d pages (%d tokens) fit this GPU's free memory, not the %d of max_batch=%d "
+                            "sequences of max_seq_len=%d; requests are preempted and recomputed when pages run out "
+                            "(pass num_pages to choose)", num_pages, num_pages * page_size,
+                            max_batch * per_seq + 1, max_batch, max_seq_len)
+        num_pages = num_pages or max_batch * per_seq + 1
         self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
         num_sms = num_sms or torch.cuda.get_device_properties(dev).multi_processor_count
         from .pyvm_runner import resolve_plan

@@ -47,6 +47,34 @@ class KVStore:
         self.v = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(num_layers)]
 
 
+KV_RESERVE_BYTES = 4 << 30   # device memory left beside an auto-sized KV cache: activations of the plan buckets and
+#                              prefill graphs, CUDA graph pools, cuBLAS / Triton workspaces, the logits buffers
+KV_RESERVE_SHARE = 0.08      # ... and this share of the device's total memory on top
+
+
+def kv_page_bytes(num_layers: int, page_size: int, n_kv: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Device bytes of one KV page across the layers (K and V)."""
+    return 2 * num_layers * page_size * n_kv * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def fit_num_pages(full: int, per_seq: int, page_bytes: int, free_bytes: int, total_bytes: int) -> int:
+    """The KV pages a runner takes when num_pages is not given: `full` (max_batch sequences of max_seq_len, as before)
+    where that fits the device's free memory less the reserve, else as many as fit (kv_allocation "lazy", the
+    default, preempts a request when they run out), never fewer than one full sequence (per_seq pages): else an error
+    saying what to change. One page more than the count is the scratch page."""
+    budget = free_bytes - KV_RESERVE_BYTES - int(KV_RESERVE_SHARE * total_bytes)
+    fit = budget // page_bytes - 1
+    if fit >= full:
+        return full
+    if fit < per_seq:
+        gib = 1 << 30
+        raise ValueError(f"the KV cache for one sequence of max_seq_len ({per_seq} pages, {per_seq * page_bytes / gib:.2f} "
+                         f"GiB) does not fit the {max(budget, 0) / gib:.2f} GiB this GPU has free beside the weights "
+                         f"and a {(free_bytes - budget) / gib:.2f} GiB reserve: pass a smaller max_seq_len (or a "
+                         f"smaller model / more GPUs with tp)")
+    return int(fit)
+
+
 class RankMemory:
     """What one rank's tasks address for one Graph: `t(name)` tensors, `kv(name)` pages, `sym(name, parity)`."""
 
@@ -198,4 +226,5 @@ def make_ctx(cfg, step: int, pos, block_tables, page_size: int, tokens_per_seq: 
                    page_size, tokens_per_seq, inv_freq if inv_freq is not None else rope_inv_freq(cfg))
 
 
-__all__ = ["KVStore", "RankMemory", "StepCtx", "Tickets", "connect", "make_ctx", "torch_dtype"]
+__all__ = ["KVStore", "RankMemory", "StepCtx", "Tickets", "connect", "fit_num_pages", "kv_page_bytes", "make_ctx",
+           "torch_dtype"]
