@@ -64,6 +64,8 @@
 #    with write_tables (~3.4 ms a burst more before it: `git checkout 688610f -- mpk_runtime/runtime/megakernel_plans.py`
 #    for the "before" if there is time).
 #    d. on an H200, session 52 / 53's H100 cells (engine, async, prefix, drawg) beside the H200 tables.
+#    e. the GPU tests written after session 53's run (write_tables under every GPU test; the KV cache sized to free
+#    memory: tests/gpu/test_preemption_gpu.py): `N=tall T=250 LIM=240 TESTS="tests/gpu" bash scripts/gpu_run.sh tests`.
 # 1. The whole GPU set at the default (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
 # 2. The engine's per-token time at the default and where the rest of it goes at k=8 (llama B=1: 1.152 ms against the
 #    kernel's ~1.07): `N=engd T=150 MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 bash scripts/gpu_run.sh engine`.
