@@ -25,10 +25,6 @@ from . import full_sampling_triton as fst
 from .full_sampling import FullRows, _VocabRows
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def enabled() -> bool:
     return os.environ.get("MPK_DRAW_GRAPHS", "1") != "0"
 
@@ -78,7 +74,7 @@ class DrawGraphs:
                 g.draw(logits, pos, out)
                 continue
             V = logits.shape[1]
-            key = (_pow2(g.idx.numel()), V, g.nucleus)
+            key = (fst._pow2(g.idx.numel()), V, g.nucleus)
             st = self._static.get(key)
             if st is None:
                 st = self._static[key] = _Static(key[0], V, logits.device, g.nucleus)

@@ -80,28 +80,24 @@ def write_tables(tables_t: torch.Tensor, tables) -> None:
         raise ValueError(f"{len(tables)} page tables of up to {max(map(len, rows), default=0)} pages for a table "
                          f"tensor of {B} rows x {width} pages")
     prev = getattr(tables_t, "_mpk_rows", None)
-    if prev is None or len(prev) != B:   # the first write: every column (contents unknown)
-        tab = torch.zeros((B, width), dtype=torch.int64)
-        for i, r in enumerate(rows):
-            if r:
-                tab[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
-        tables_t.copy_(tab)
-    else:
-        idx: list[int] = []
-        val: list[int] = []
-        for i, (r, p) in enumerate(zip(rows, prev)):
-            lp, lr = len(p), len(r)
-            if lr >= lp and r[:lp] == p:   # grew (or unchanged)
-                if lr > lp:
-                    idx.extend(range(i * width + lp, i * width + lr))
-                    val.extend(r[lp:])
-            else:                          # another sequence, or shorter: the row over its old length
-                m = max(lr, lp)
-                idx.extend(range(i * width, i * width + m))
-                val.extend(r + [0] * (m - lr))
-        if idx:
-            upd = torch.tensor([idx, val], dtype=torch.int64).to(tables_t.device)
-            tables_t.view(-1).index_copy_(0, upd[0], upd[1])
+    if prev is None or len(prev) != B:   # the first write: contents unknown, zeroed
+        tables_t.zero_()
+        prev = [[]] * B
+    idx: list[int] = []
+    val: list[int] = []
+    for i, (r, p) in enumerate(zip(rows, prev)):
+        lp, lr = len(p), len(r)
+        if lr >= lp and r[:lp] == p:   # grew (or unchanged)
+            if lr > lp:
+                idx.extend(range(i * width + lp, i * width + lr))
+                val.extend(r[lp:])
+        else:                          # another sequence, or shorter: the row over its old length
+            m = max(lr, lp)
+            idx.extend(range(i * width, i * width + m))
+            val.extend(r + [0] * (m - lr))
+    if idx:
+        upd = torch.tensor([idx, val], dtype=torch.int64).to(tables_t.device)
+        tables_t.view(-1).index_copy_(0, upd[0], upd[1])
     tables_t._mpk_rows = rows
 
 

@@ -117,19 +117,18 @@ class MegakernelRunner(ModelRunner):
         # drawn (preset) or loaded (directory) on the GPU: an 8B model's random init on the host took minutes
         w = prepare_weights(get_weights(model, cfg, seed=seed, dtype=dtype, device=dev, slicer=slicer), cfg)
         per_seq = -(-max_seq_len // page_size)
+        full = max_batch * per_seq + 1
         if num_pages is None and world == 1:   # as many of max_batch full sequences as this GPU has room for
             # (TP ranks keep the full count: their free memory may differ and their page counts must not)
-            free, total = torch.cuda.mem_get_info(dev)
-            n_kv = cfg.num_kv_heads
-            num_pages = fit_num_pages(max_batch * per_seq + 1, per_seq,
-                                      kv_page_bytes(cfg.num_layers, page_size, n_kv, cfg.head_dim, torch_dtype(dtype)),
-                                      free, total)
-            if num_pages < max_batch * per_seq + 1:
+            num_pages = fit_num_pages(full, per_seq, kv_page_bytes(cfg.num_layers, page_size, cfg.num_kv_heads,
+                                                                   cfg.head_dim, torch_dtype(dtype)),
+                                      *torch.cuda.mem_get_info(dev))
+            if num_pages < full:
                 log.warning("KV cache: %d pages (%d tokens) fit this GPU's free memory, not the %d of max_batch=%d "
                             "sequences of max_seq_len=%d; requests are preempted and recomputed when pages run out "
-                            "(pass num_pages to choose)", num_pages, num_pages * page_size,
-                            max_batch * per_seq + 1, max_batch, max_seq_len)
-        num_pages = num_pages or max_batch * per_seq + 1
+                            "(pass num_pages to choose)", num_pages, num_pages * page_size, full, max_batch,
+                            max_seq_len)
+        num_pages = num_pages or full
         self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
         num_sms = num_sms or torch.cuda.get_device_properties(dev).multi_processor_count
         from .pyvm_runner import resolve_plan
