@@ -72,7 +72,6 @@ class RayWorker(Worker):
 
 
 class RayExecutor(Executor):
-    async_rpc = True   # (collective_rpc waits on object refs: a helper thread can)
     def __init__(self, world_size: int = 1, num_gpus_per_worker: float | None = None,
                  num_cpus_per_worker: float | None = None, target_node_id: str | None = None,
                  rpc_timeout: float = 60.0, init_timeout: float = 300.0, placement_timeout: float = 60.0,
@@ -166,32 +165,21 @@ class RayExecutor(Executor):
         if not self.actors:
             raise WorkerError(f"{self.name} is shut down")
         kwargs = kwargs or {}
-        if method != "execute":
+        if method not in ("execute", "collect") or kwargs.get("defer"):
             return self._gather([getattr(a, method).remote(*args, **kwargs) for a in self.actors], method, timeout)
-        return self._submit_execute(args, kwargs, timeout)()
+        return self._timed(method, args, kwargs, timeout)
 
-    def _submit_execute(self, args: tuple, kwargs: dict, timeout: float | None):
-        """Submit a step to every rank now; returns the function that gathers it. Each rank also returns its own
-        timing (Worker.execute_timed), so the engine can tell the model's time from the call's (submit, object
-        store, result transfer)."""
+    def _timed(self, method: str, args: tuple, kwargs: dict, timeout: float | None) -> list:
+        """A step (or a deferred burst's collection) on every rank, each also returning its own timing
+        (Worker.execute_timed / collect_timed), so the engine can tell the model's time from the call's (submit,
+        object store, result transfer)."""
         submit_wall, t_submit = time.time(), time.perf_counter()
-        refs = [a.execute_timed.remote(*args, **kwargs) for a in self.actors]
+        refs = [getattr(a, method + "_timed").remote(*args, **kwargs) for a in self.actors]
         t_submitted = time.perf_counter()
-
-        def gather() -> list:
-            pairs = self._gather(refs, "execute", timeout)
-            self.last_timing = call_timing(submit_wall, t_submit, t_submitted, time.perf_counter(), time.time(),
-                                           [p[1] for p in pairs])
-            return [p[0] for p in pairs]
-        return gather
-
-    def rpc_async(self, method: str, args: tuple = (), kwargs: dict | None = None,
-                  timeout: float | None = None):
-        """A step is submitted to the actors here, in the caller's thread (a helper thread would wait for the GIL
-        the caller holds while it reads the last burst); only the gathering runs on the helper thread."""
-        if method != "execute" or not self.actors:
-            return super().rpc_async(method, args, kwargs, timeout)
-        return self._helper().submit(self._submit_execute(args, kwargs or {}, timeout))
+        pairs = self._gather(refs, method, timeout)
+        self.last_timing = call_timing(submit_wall, t_submit, t_submitted, time.perf_counter(), time.time(),
+                                       [p[1] for p in pairs])
+        return [p[0] for p in pairs]
 
     def comm_spec(self) -> dict | None:
         """torch.distributed rendezvous: rank 0 picks a free port on its node; the address travels by actor call."""

@@ -160,3 +160,34 @@ def stage_summary(mk, step: int, path) -> dict:
     return {k: {"n": d["n"], "dur_us": round(statistics.median(d["dur"]), 3),
                 "stage_us": [round(statistics.median(x), 3) if x else None for x in d["stages"]]}
             for k, d in by.items()}
+
+
+class ModelledDevice:
+    """A device's queue for the modelled runners (bench_engine_overhead's instant runner, bench_kv_pressure's):
+    work issued runs after the work issued before it, for the seconds it is given; the host sleeps (the GIL
+    released, as a CUDA wait does) only where it waits for a result. A burst launched without waiting
+    (ModelRunner.launch_steps) is a Pending whose wait sleeps until the burst's end."""
+
+    def __init__(self):
+        self.free_at = 0.0   # time.perf_counter() when the last work issued ends
+
+    def issue(self, seconds: float) -> float:
+        """Queue `seconds` of work; returns when it ends."""
+        self.free_at = max(time.perf_counter(), self.free_at) + seconds
+        return self.free_at
+
+    @staticmethod
+    def until(t: float) -> None:
+        left = t - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+
+    def run(self, seconds: float) -> None:
+        """Queue the work and wait for it (a synchronous step)."""
+        self.until(self.issue(seconds))
+
+    def pending(self, seconds: float, value):
+        """Queue the work; a runtime.base.Pending of value, ready when it ends."""
+        from mpk_runtime.runtime.base import Pending
+        end = self.issue(seconds)
+        return Pending(lambda: (self.until(end), value)[1])

@@ -35,7 +35,7 @@ from mpk_runtime.models.config import load_config
 from mpk_runtime.runtime.base import KVSpec, ModelRunner, check_decode_steps, register_runner
 from mpk_runtime.runtime.device_sampling import host_logits_needed, step_output
 
-from _bench_common import write_result   # (scripts/, this script's folder)
+from _bench_common import ModelledDevice, write_result   # (scripts/, this script's folder)
 
 
 @register_runner("instant")
@@ -49,29 +49,29 @@ class InstantRunner(ModelRunner):
                  page_size: int = 16, step_ms: float = 0.0, **_: object):
         self.config = load_config(model)
         self.step_s = step_ms / 1e3
+        self.device = ModelledDevice()
         self._spec = KVSpec(page_size, max_batch * (-(-max_seq_len // page_size)) + 1, max_batch, max_seq_len)
 
     def kv_spec(self) -> KVSpec:
         return self._spec
 
     def step(self, chunks):
-        if self.step_s:
-            time.sleep(self.step_s)
+        self.device.run(self.step_s)
         lg = torch.zeros(len(chunks), self.config.vocab_size) if host_logits_needed(chunks) else None
         return step_output(chunks, lg, [1 + (c.start_pos % 7) for c in chunks])
 
     def decode_steps(self, chunks, num_steps: int, resume: bool = False):
-        """As a GPU burst: every step's work issued at once, then one wait (num_steps x step_ms, the GIL released)
-        for all of them; the tokens step by step as step() gives them."""
+        return self.launch_steps(chunks, num_steps, resume).wait()
+
+    def launch_steps(self, chunks, num_steps: int, resume: bool = False):
+        """As a GPU burst: every step's work queued at once behind the device's earlier work (num_steps x step_ms;
+        _bench_common.ModelledDevice), read by one wait; the tokens step by step as step() gives them."""
         check_decode_steps(chunks, num_steps)
         if resume and [c.seq_id for c in chunks] != getattr(self, "_rows", None):
             raise ValueError("decode_steps(resume=True) continues the last call's rows")
         self._rows = [c.seq_id for c in chunks]
-        if self.launched is not None:
-            self.launched()
-        if self.step_s:
-            time.sleep(self.step_s * num_steps)
-        return torch.tensor([[1 + ((c.start_pos + j) % 7) for j in range(num_steps)] for c in chunks])
+        return self.device.pending(self.step_s * num_steps, torch.tensor(
+            [[1 + ((c.start_pos + j) % 7) for j in range(num_steps)] for c in chunks]))
 
 
 SAMPLINGS = {"greedy": dict(temperature=0.0), "topk": dict(temperature=0.8, top_k=50),

@@ -38,11 +38,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mpk_runtime.engine import LLM, SamplingParams  # noqa: E402
 from mpk_runtime.models.config import load_config  # noqa: E402
-from mpk_runtime.runtime.base import (KVSpec, ModelRunner, check_decode_steps, make_runner,  # noqa: E402
+from mpk_runtime.runtime.base import (KVSpec, ModelRunner, Pending, check_decode_steps, make_runner,  # noqa: E402
                                       register_runner)
 from mpk_runtime.runtime.device_sampling import step_output  # noqa: E402
 
-from _bench_common import write_result  # noqa: E402
+from _bench_common import ModelledDevice, write_result  # noqa: E402
 
 EOS = 0
 
@@ -70,6 +70,7 @@ class ModelledRunner(ModelRunner):
         self._spec = KVSpec(page_size, num_pages or max_batch * (-(-max_seq_len // page_size)) + 1, max_batch,
                             max_seq_len)
         self.device_s = 0.0
+        self.device = ModelledDevice()
 
     def kv_spec(self) -> KVSpec:
         return self._spec
@@ -78,13 +79,11 @@ class ModelledRunner(ModelRunner):
         h = int.from_bytes(hashlib.blake2b(f"{seq}:{pos}".encode(), digest_size=8).digest(), "little")
         return EOS if h % 1_000_003 < 1_000_003 / self.mean_out else 1 + h % 1000
 
-    def _sleep(self, s: float) -> None:
-        self.device_s += s
-        time.sleep(s)
-
     def step(self, chunks):
         prompt = sum(len(c.token_ids) for c in chunks if len(c.token_ids) > 1)
-        self._sleep(_interp(self.table, len(chunks)) / 1e3 + prompt * self.prefill_s)
+        s = _interp(self.table, len(chunks)) / 1e3 + prompt * self.prefill_s
+        self.device_s += s
+        self.device.run(s)
         toks = [self._token(c.seq_id, c.start_pos + len(c.token_ids)) for c in chunks]
         lg = None
         if any(c.wants_logits for c in chunks):
@@ -92,12 +91,14 @@ class ModelledRunner(ModelRunner):
         return step_output(chunks, lg, toks)
 
     def decode_steps(self, chunks, num_steps: int, resume: bool = False):
+        return self.launch_steps(chunks, num_steps, resume).wait()
+
+    def launch_steps(self, chunks, num_steps: int, resume: bool = False):
         check_decode_steps(chunks, num_steps)
-        if self.launched is not None:
-            self.launched()
-        self._sleep(num_steps * _interp(self.table, len(chunks)) / 1e3)
-        return torch.tensor([[self._token(c.seq_id, c.start_pos + 1 + j) for j in range(num_steps)]
-                             for c in chunks])
+        s = num_steps * _interp(self.table, len(chunks)) / 1e3
+        self.device_s += s
+        return self.device.pending(s, torch.tensor([[self._token(c.seq_id, c.start_pos + 1 + j)
+                                                     for j in range(num_steps)] for c in chunks]))
 
 
 register_runner("modelled")(ModelledRunner)
@@ -140,14 +141,6 @@ class LengthOracle(ModelRunner):
         self.stop_at: dict[int, int] = {}
         self._head: dict[int, list[int]] = {}
 
-    @property
-    def launched(self):
-        return self.inner.launched
-
-    @launched.setter
-    def launched(self, fn):
-        self.inner.launched = fn
-
     def kv_spec(self):
         return self.inner.kv_spec()
 
@@ -175,12 +168,19 @@ class LengthOracle(ModelRunner):
         return out
 
     def decode_steps(self, chunks, num_steps: int, resume: bool = False):
-        out = self.inner.decode_steps(chunks, num_steps, resume)
-        for i, c in enumerate(chunks):
-            j = self.stop_at.get(c.seq_id, -1) - (c.start_pos + 1)
-            if 0 <= j < num_steps:
-                out[i, j] = EOS
-        return out
+        return self.launch_steps(chunks, num_steps, resume).wait()
+
+    def launch_steps(self, chunks, num_steps: int, resume: bool = False):
+        p = self.inner.launch_steps(chunks, num_steps, resume)
+
+        def wait():
+            out = p.wait().clone()
+            for i, c in enumerate(chunks):
+                j = self.stop_at.get(c.seq_id, -1) - (c.start_pos + 1)
+                if 0 <= j < num_steps:
+                    out[i, j] = EOS
+            return out
+        return Pending(wait)
 
     def free(self, seq_id: int) -> None:
         fn = getattr(self.inner, "free", None)

@@ -1,17 +1,19 @@
-"""Bursts of decode steps (LLMEngine(decode_steps=k)), and with async_bursts the next burst in flight while the
-engine reads the last one.
+"""Bursts of decode steps (LLMEngine(decode_steps=k)), and with async_bursts the next burst queued on the device
+before the engine reads the last one.
 
 A burst: while every scheduled row decodes one token sampled on the device and nothing waits for admission, one
 executor call runs up to k decode steps (ModelRunner.decode_steps: the drawn tokens fed back on the device); each row
 takes its tokens in order up to its stop, and the rest were computed for nothing.
 
-async_bursts: when a burst returns and nothing waits, the engine first submits the next burst of the same rows on a
-helper thread (Executor.rpc_async), resumed from the device (each row fed the token the last burst drew for it, which
-the engine has not read yet: decode_steps(resume=True)), and only then reads the returned tokens; the GPU runs while
-the host turns tokens into outputs. Rows that stop in the burst being read are dropped from the one in flight (its
-tokens for them are not taken) and their pages are released only after it returns (it still writes K/V into them);
-a request aborted meanwhile is treated the same way; a new arrival ends the pipeline after the burst in flight. The
-next engine step reads the burst in flight before it schedules anything.
+async_bursts: bursts are launched without waiting (Worker.execute(defer=True): ModelRunner.launch_steps returns once
+its launches are queued) and read later (Worker.collect). Before the engine reads a burst it launches the next burst
+of the same rows, resumed from the device (each row fed the token the last burst drew for it, which the engine has
+not read yet: resume=True), so the device runs the two back to back and never waits for the host between them:
+reading the tokens, turning them into outputs, scheduling, the next burst's inputs and launches all happen while
+the device runs. Rows that stop in the burst being read are dropped from the one queued after it (its tokens for them
+are not taken) and their pages are released only after it is read (it still writes K/V into them); a request aborted
+meanwhile is treated the same way; a new arrival ends the pipeline after the burst in flight. The next engine step
+reads the burst in flight before it schedules anything.
 """
 from __future__ import annotations
 
@@ -23,13 +25,14 @@ from ..runtime.base import SeqChunk
 from .request import Request, RequestOutput
 
 # LLM(async_bursts=None), the default: bursts of at least this many rows go asynchronous. Measured on one H100
-# (session 52, llama-3.2-1b, k = 8): 64 rows -10.3%, 128 rows -8.0% / -2.1% a decode step; 1 row +2.0% / -0.8% /
-# +4.2%; qwen3-8b 1 and 8 rows +0.3% / -0.1%. 32 is between the measured points, not measured itself.
+# (session 52, llama-3.2-1b, k = 8) with session 52's form (the next burst submitted after the last one returned,
+# from a helper thread): 64 rows -10.3%, 128 rows -8.0% / -2.1% a decode step; 1 row +2.0% / -0.8% / +4.2%;
+# qwen3-8b 1 and 8 rows +0.3% / -0.1%. 32 is between the measured points, not measured itself.
 ASYNC_AUTO_MIN_ROWS = 32
 
 
 class _Now:
-    """A synchronous call behind the future's interface (bursts without async_bursts)."""
+    """A call's result behind the reader's interface: a synchronous burst's tokens (without async_bursts)."""
 
     def __init__(self, fn: Callable[[], Any]):
         self._fn = fn
@@ -40,7 +43,7 @@ class _Now:
 
 @dataclass
 class Burst:
-    future: Any                      # .result() -> the executor's per-rank results (rank 0's: drawn (n, k))
+    future: Any                      # .result() -> the executor's per-rank results (rank 0's: drawn (n, k)), once
     reqs: list[Request]              # its rows, in chunk order
     chunks: list[SeqChunk]
     k: int
@@ -74,11 +77,14 @@ class BurstsMixin:
         return k
 
     def _submit_burst(self, reqs: list[Request], chunks: list[SeqChunk], k: int, resume: bool = False) -> Burst:
+        """The burst as a Burst to read: launched now without waiting (async_bursts: Worker.execute(defer=True),
+        read by Worker.collect), else run when it is read."""
         timeout = None if self.step_timeout is None else self.step_timeout * k
-        args = (chunks, k, True) if resume else (chunks, k)
         if self.async_bursts and len(reqs) >= self.async_min_rows:
-            fut = self.executor.rpc_async("execute", args, timeout=timeout)
+            self.executor.collective_rpc("execute", (chunks, k, resume), {"defer": True}, timeout=self.step_timeout)
+            fut = _Now(lambda: self.executor.collective_rpc("collect", timeout=timeout))
         else:
+            args = (chunks, k, True) if resume else (chunks, k)
             fut = _Now(lambda: self.executor.collective_rpc("execute", args, timeout=timeout))
         return Burst(fut, reqs, chunks, k)
 
@@ -89,8 +95,8 @@ class BurstsMixin:
         return self._read_burst(self._submit_burst([s.request for s in sched], chunks, k), want_all, t0, t1, c0)
 
     def _next_burst(self, b: Burst) -> Burst | None:
-        """The burst after b, submitted now (async_bursts), or None: some row of b is gone, a request waits, or a
-        row has no position left after b."""
+        """The burst after b, launched now, before b is read (async_bursts), or None: some row of b is gone, a
+        request waits, or a row has no position left after b."""
         if not self.async_bursts or len(b.reqs) < self.async_min_rows or b.dropped or self.scheduler.waiting:
             return None
         k = min([self.decode_steps] + [r.max_total_len - (r.num_tokens + b.k) for r in b.reqs])
@@ -105,18 +111,18 @@ class BurstsMixin:
 
     def _read_burst(self, b: Burst, want_all: bool, t0: float, t1: float, c0: float) -> list[RequestOutput]:
         try:
+            nxt = self._inflight = self._next_burst(b)   # queued behind b before b is read: the device runs both
             drawn = b.future.result()[0]
         except Exception as e:
             for r in b.deferred:   # (finished and reported already: not failed again)
                 self.scheduler.release(r)
-            return self._on_failure(e)
+            return self._on_failure(e)   # (the burst queued after b, if any, is discarded there)
         if b.deferred:
             for r in b.deferred:
                 self.scheduler.release(r)
             self._forget_many(b.deferred)
         t2 = time.perf_counter()
         timing = getattr(self.executor, "last_timing", None)
-        nxt = self._inflight = self._next_burst(b)   # the GPU runs it while the host reads this one
         rows = drawn.tolist()
         self._count_step(len(b.chunks))
         self.stats["multi_steps"] += 1

@@ -52,18 +52,14 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
         runner draws full-vocabulary rows (samples_full_on_device): top_k 0 / > 64 requests are sampled there.
         prefix_caching: computed pages stay cached by content and a prompt that starts with cached pages takes them
         instead of computing them (prefix_cache.py; the runner must keep K/V only in the pages: shares_kv_pages).
-        async_bursts: the next burst of decode steps runs while the engine reads the last one (bursts.py; needs
-        decode_steps > 1 and an executor with async_rpc), for bursts of at least async_min_rows rows (smaller ones
-        run synchronously). kv_allocation: "lazy" (pages taken as tokens need them,
+        async_bursts: the next burst of decode steps is queued before the engine reads the last one (bursts.py;
+        needs decode_steps > 1), for bursts of at least async_min_rows rows (smaller ones run synchronously). kv_allocation: "lazy" (pages taken as tokens need them,
         the newest request preempted and recomputed later when they run out) or "reserve" (a request's whole length
         at admission, never preempted): scheduler.py."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps)
         self.decode_steps = decode_steps
-        if async_bursts and not getattr(executor, "async_rpc", False):
-            raise InvalidRequestError(f"async_bursts needs an executor that takes asynchronous calls (in-process, "
-                                      f"Ray); {type(executor).__name__} does not")
         self.async_bursts = bool(async_bursts)
         self.async_min_rows = async_min_rows
         self._inflight = None   # bursts.Burst submitted and not read yet (async_bursts)

@@ -80,10 +80,9 @@ class LLM:
         tokens stay cached by content, and a prompt that starts with cached pages (a shared system prompt, a chat's
         earlier turns) takes them instead of computing them again (engine/prefix_cache.py; backends that keep K/V
         only in the engine's pages: pyvm, torch, megakernel; None, the default: on where the backend does that).
-        async_bursts: the next burst of decode steps runs on the workers while the engine reads the last one's
-        tokens (engine/bursts.py; needs decode_steps > 1 and the in-process or Ray executor; None, the default: on
-        for bursts of at least ASYNC_AUTO_MIN_ROWS rows where those hold, since it measured 8-10% faster at 64-128
-        rows and nothing or up to 4% slower at 1-8 on one GPU; True: every burst). kv_allocation: "lazy" (default: a request takes KV pages as its tokens need
+        async_bursts: the next burst of decode steps is queued on the workers before the engine reads the last
+        one's tokens (engine/bursts.py; needs decode_steps > 1; None, the default: on for bursts of at least
+        ASYNC_AUTO_MIN_ROWS rows; True: every burst). kv_allocation: "lazy" (default: a request takes KV pages as its tokens need
         them; when they run out the request admitted last is preempted and later computed again) or "reserve" (its
         whole length, prompt + max_tokens, at admission; never preempted): engine/scheduler.py. Other keywords go to
         the runner."""
@@ -142,7 +141,7 @@ class LLM:
                     + ": use decode_steps=1, or backend 'megakernel' / 'torch' / 'pyvm' with device_sampling 'auto'")
             min_rows = 1
             if async_bursts is None:
-                async_bursts = decode_steps > 1 and bool(getattr(executor, "async_rpc", False))
+                async_bursts = decode_steps > 1
                 min_rows = ASYNC_AUTO_MIN_ROWS
             if async_bursts and decode_steps < 2:
                 raise InvalidRequestError(f"async_bursts overlaps bursts of decode steps; decode_steps={decode_steps} "

@@ -51,14 +51,15 @@ class RecoveryMixin:
             return self._on_failure(e)
 
     def _on_failure(self, exc: Exception) -> list[RequestOutput]:
-        if self._inflight is not None:   # let the burst in flight end before its rows' pages go back
+        if self._inflight is not None:   # the burst queued after the failed one: its finished rows' pages go back
             b, self._inflight = self._inflight, None
-            try:
-                b.future.result()
-            except Exception:   # noqa: BLE001 - the failure below is the one reported
-                pass
             for r in b.deferred:
                 self.scheduler.release(r)
+        if self.async_bursts:   # bursts still queued on a rank (its peer failed): waited for and dropped
+            try:
+                self.executor.collective_rpc("discard_bursts", timeout=30)
+            except Exception:   # noqa: BLE001 - the failure below is the one reported; recovery follows
+                pass
         msg = f"{type(exc).__name__}: {exc}"
         log.error("step failed: %s", msg)
         outputs, failed_ids = [], []

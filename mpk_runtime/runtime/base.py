@@ -62,8 +62,6 @@ class ModelRunner(abc.ABC):
     world_size: int = 1
     samples_on_device = False   # `step` draws the tokens of chunks that carry `sampling` (StepOutput.tokens)
     samples_full_on_device = False   # ... also DeviceSampling.full rows (top_k 0 / > 64: runtime/full_sampling.py)
-    launched = None   # set by the worker for a call: invoked once the call's device work is queued (the caller may go
-    #                   on: InProcessExecutor.rpc_async); runners that do not call it are waited for to the end
     shares_kv_pages = False   # K/V live only in the engine's pages (nothing kept per sequence), so sequences can share
     #                           pages: the engine's prefix cache (engine/prefix_cache.py) needs it
 
@@ -101,8 +99,37 @@ class ModelRunner(abc.ABC):
         self._last_drawn = {c.seq_id: int(t) for c, t in zip(chunks, out[:, -1].tolist())}
         return out
 
+    def launch_steps(self, chunks: list[SeqChunk], num_steps: int, resume: bool = False) -> "Pending":
+        """decode_steps queued without waiting for it: the caller may queue the next burst (resume=True) before
+        it reads this one (Pending.wait), so a device runs the two back to back (engine/bursts.py). Bursts are
+        read in the order they were launched. This default runs decode_steps now; a GPU runner overrides it to
+        return once its launches are queued."""
+        return Pending(value=self.decode_steps(chunks, num_steps, resume))
+
     def shutdown(self) -> None:  # pragma: no cover - default no-op
         pass
+
+
+class Pending:
+    """A launched burst's drawn tokens: wait() returns them (n, num_steps) int64 on the CPU, once (the first call
+    waits for the device and raises what the burst raised; later calls return the same tokens)."""
+
+    def __init__(self, wait: Callable[[], torch.Tensor] | None = None, value: torch.Tensor | None = None):
+        if (wait is None) == (value is None):
+            raise ValueError("Pending takes either a wait function or a value")
+        self._wait, self._value, self._error = wait, value, None
+
+    def wait(self) -> torch.Tensor:
+        if self._wait is not None:
+            fn, self._wait = self._wait, None
+            try:
+                self._value = fn()
+            except BaseException as e:
+                self._error = e
+                raise
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def check_decode_steps(chunks: list[SeqChunk], num_steps: int) -> None:

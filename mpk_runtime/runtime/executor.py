@@ -12,9 +12,10 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from typing import Any, Callable
 
-from .base import KVSpec, RuntimeError_, SeqChunk, make_runner
+from .base import KVSpec, RuntimeError_, SeqChunk, check_decode_steps, make_runner
 from .comm import Communicator, SingleComm, ThreadGroup
 
 
@@ -97,6 +98,7 @@ class Worker:
         self.last_timing: tuple[float, float, float] | None = None  # last execute: (time.time() at entry,
         #                                                              seconds in runner.step, time.time() at exit)
         self._comm: Communicator | None = None
+        self._pending: deque = deque()   # (wall, perf_counter, runtime.base.Pending) of execute(defer=True) bursts
 
     def init_model(self, backend: str, comm_spec: Any = None, **runner_kwargs: Any) -> dict:
         comm = build_comm(comm_spec, self.rank, self.world_size)
@@ -116,11 +118,14 @@ class Worker:
     def model_config(self):
         return self._need_runner().config
 
-    def execute(self, chunks: list[SeqChunk], num_steps: int = 1, resume: bool = False):
+    def execute(self, chunks: list[SeqChunk], num_steps: int = 1, resume: bool = False, defer: bool = False):
         """Run one step. Every rank computes; only rank 0 returns the fp32 logits (n, vocab) - the others return
         None so that a remote executor does not ship world_size identical copies. num_steps > 1 (or resume): that
         many decode steps of the same rows (ModelRunner.decode_steps), returning the drawn tokens (n, num_steps);
-        resume: the rows of the last decode_steps call, each fed its last drawn token (from the device)."""
+        resume: the rows of the last decode_steps call, each fed its last drawn token (from the device).
+        defer (decode steps only): return None once the burst is queued (ModelRunner.launch_steps); `collect`
+        returns its tokens later, bursts in launch order (a step in between is refused: its caller would lose
+        them)."""
         if self._fault is not None:
             kind, arg = self._fault
             self._fault = None
@@ -130,26 +135,70 @@ class Worker:
                 os._exit(1)
             elif kind == "raise":
                 raise RuntimeError(f"injected fault on rank {self.rank}")
+        if defer:
+            return self._launch(chunks, num_steps, resume)
+        if self._pending:
+            raise RuntimeError(f"rank {self.rank}: a step was sent while {len(self._pending)} deferred burst(s) were "
+                               "not collected: collect() them first (their tokens would be lost)")
         runner = self._need_runner()
         check_pages(chunks, num_steps, runner.kv_spec().page_size)
         w0, t0 = time.time(), time.perf_counter()
-        ev, self.launched = getattr(self, "launched", None), None   # (InProcessExecutor.rpc_async's handshake)
-        runner.launched = ev.set if ev is not None else None
-        try:
-            if num_steps == 1 and not resume:
-                logits = runner.step(chunks)
-            else:
-                logits = runner.decode_steps(chunks, num_steps, resume=True) if resume else \
-                    runner.decode_steps(chunks, num_steps)
-        finally:
-            runner.launched = None
-            if ev is not None:
-                ev.set()
+        if num_steps == 1 and not resume:
+            logits = runner.step(chunks)
+        else:
+            logits = runner.decode_steps(chunks, num_steps, resume=True) if resume else \
+                runner.decode_steps(chunks, num_steps)
+        self._account(w0, t0)
+        return self._mine(logits)
+
+    def _mine(self, out):
+        return out if self.rank == 0 or self.logits_on_every_rank else None
+
+    def _account(self, w0: float, t0: float) -> None:
         dt = time.perf_counter() - t0
         self._steps += 1
         self._runner_s += dt
         self.last_timing = (w0, dt, time.time())
-        return logits if self.rank == 0 or self.logits_on_every_rank else None
+
+    def _launch(self, chunks: list[SeqChunk], num_steps: int, resume: bool) -> None:
+        runner = self._need_runner()
+        check_decode_steps(chunks, num_steps)
+        check_pages(chunks, num_steps, runner.kv_spec().page_size)
+        try:
+            self._pending.append((time.time(), time.perf_counter(), runner.launch_steps(chunks, num_steps, resume)))
+        except BaseException:
+            self._pending.clear()   # (the bursts queued before it are read by nobody: the engine fails them)
+            raise
+        return None
+
+    def collect(self):
+        """The oldest deferred burst's drawn tokens (n, num_steps) (rank 0; None elsewhere), waited for. A failed
+        burst drops the ones queued after it (they resumed from it) and raises."""
+        if not self._pending:
+            raise RuntimeError(f"rank {self.rank}: collect() without a burst launched by execute(defer=True)")
+        w0, t0, p = self._pending.popleft()
+        try:
+            out = p.wait()
+        except BaseException:
+            self._pending.clear()
+            raise
+        self._account(w0, t0)
+        return self._mine(out)
+
+    def discard_bursts(self) -> int:
+        """After a failed call: wait for the deferred bursts still queued and drop them, errors included (a rank
+        whose peer failed to launch may hold one). Returns how many there were."""
+        n = len(self._pending)
+        while self._pending:
+            try:
+                self._pending.popleft()[2].wait()
+            except Exception:   # noqa: BLE001 - the engine reports the failure that led here
+                pass
+        return n
+
+    def collect_timed(self):
+        """`collect`, plus this rank's `last_timing` (execute_timed's counterpart)."""
+        return self.collect(), self.last_timing
 
     def execute_timed(self, chunks: list[SeqChunk], num_steps: int = 1, resume: bool = False):
         """`execute`, plus this rank's `last_timing`, for an executor in another process to account the call."""
@@ -225,31 +274,13 @@ class Executor:
     """Calls workers by method name. Subclasses: `InProcessExecutor` here, `cluster.RayExecutor`."""
 
     world_size: int = 1
-    # where the latest "execute" call's time went (`call_timing`), for the engine's step accounting; executors
-    # that do not measure leave it None
+    # where the latest "execute" / "collect" call's time went (`call_timing`), for the engine's step accounting;
+    # executors that do not measure leave it None
     last_timing: dict | None = None
-
-    # collective_rpc may run on a helper thread while the caller works (rpc_async): the in-process and Ray executors;
-    # an SPMD executor's ranks run the engine in lockstep on their main threads, so it does not
-    async_rpc = False
 
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
                        timeout: float | None = None) -> list:
         raise NotImplementedError
-
-    def rpc_async(self, method: str, args: tuple = (), kwargs: dict | None = None,
-                  timeout: float | None = None) -> cf.Future:
-        """collective_rpc on a helper thread: its result (or error) in the returned future, while the caller goes on
-        (LLMEngine's async_bursts: the next burst runs while the engine reads the last one)."""
-        if not self.async_rpc:
-            raise RuntimeError(f"{type(self).__name__} does not take asynchronous calls")
-        return self._helper().submit(self.collective_rpc, method, args, kwargs, timeout)
-
-    def _helper(self) -> cf.ThreadPoolExecutor:
-        """The thread rpc_async's calls wait on (one: calls stay in order)."""
-        if getattr(self, "_rpc_pool", None) is None:
-            self._rpc_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="mpk-rpc")
-        return self._rpc_pool
 
     def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:
         """Build each rank's communicator and runner (`Worker.init_model`)."""
@@ -270,24 +301,6 @@ class InProcessExecutor(Executor):
     Each rank keeps one dedicated thread (a device context or thread-local state stays with its rank); a call
     runs on all ranks concurrently, and an exception on any rank is re-raised naming that rank.
     """
-    async_rpc = True
-
-    def rpc_async(self, method: str, args: tuple = (), kwargs: dict | None = None,
-                  timeout: float | None = None) -> cf.Future:
-        """As Executor.rpc_async, returning once every rank's runner has its work under way (ModelRunner.launched:
-        a GPU runner's launches are queued; else the call ended): the ranks are threads of this process, and the
-        caller's Python work would otherwise hold the GIL they need to start."""
-        if method != "execute":
-            return super().rpc_async(method, args, kwargs, timeout)
-        evs = [threading.Event() for _ in self.workers]
-        for w, ev in zip(self.workers, evs):
-            w.launched = ev
-        fut = super().rpc_async(method, args, kwargs, timeout)
-        for ev in evs:
-            while not ev.wait(0.01) and not fut.done():
-                pass
-        return fut
-
     def __init__(self, world_size: int = 1, comm_timeout: float = 60.0):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -329,7 +342,7 @@ class InProcessExecutor(Executor):
             raise WorkerTimeout(f"rank {culprits[0]} did not finish {method!r} within {timeout} s{note}",
                                 culprits[0], method)
         results = [f.result() for f in futs]
-        if method == "execute":
+        if method in ("execute", "collect"):
             self.last_timing = call_timing(submit_wall, t_submit, t_submitted, time.perf_counter(), time.time(),
                                            [w.last_timing for w in self.workers])
         return results
@@ -392,7 +405,7 @@ class SPMDExecutor(Executor):
             out = getattr(self.worker, method)(*args, **(kwargs or {}))
         except Exception as e:
             raise WorkerError(f"rank {self.rank} failed in {method!r}: {type(e).__name__}: {e}", self.rank, method) from e
-        if method == "execute":
+        if method in ("execute", "collect"):
             self.last_timing = call_timing(submit_wall, t_submit, t_submit, time.perf_counter(), time.time(),
                                            [self.worker.last_timing])
         return [out] * self.world_size

@@ -172,9 +172,11 @@ class Megakernel:
                                      stream, args, 0), "cuLaunchKernel")
         self.steps_done += nsteps
 
-    def check(self) -> None:
-        """Synchronise and raise KernelTimeout naming the task if any SM's wait timed out."""
-        st = self.status.cpu().tolist()
+    def check(self, status: torch.Tensor | None = None) -> None:
+        """Synchronise and raise KernelTimeout naming the task if any SM's wait timed out. status: a host copy of
+        the status words taken after the launches in question (a burst's, read when the burst is; the device's
+        words may already be a later launch's)."""
+        st = (self.status if status is None else status).cpu().tolist()
         s = dict(zip(L.STATUS, st))
         if s["flag"] != L.STATUS_OK:
             t = self.tg.tasks[s["task"]]

@@ -32,7 +32,7 @@ from ..ir.build import build_graph
 from ..models.reference import rope_inv_freq
 from ..planner.book import bucket_key, pick_plan
 from ..planner.plan import Plan
-from .base import KernelTimeout
+from .base import KernelTimeout, Pending
 from .device_sampling import any_full, draw_full, fill_sampling, graph_greedy
 from .memory import KVStore, RankMemory, StepCtx
 from .plan_exec import PlanExecutor
@@ -55,15 +55,25 @@ def fill_step(mem: RankMemory, pos_t, tables_t, toks, pos, tables, width: int, s
     B = pos_t.shape[0]
     n = len(pos)
     # one host tensor per input, built from padded lists (a tensor per row cost ~1 ms at 128 rows)
-    p = torch.tensor(list(pos) + [-1] * (B - n), dtype=torch.int64)
     if tokens_from is None:
-        mem.t("tokens").copy_(torch.tensor(list(toks) + [0] * (B - n), dtype=torch.int64))
+        host_copy(mem.t("tokens"), list(toks) + [0] * (B - n))
     else:
         mem.t("tokens")[:n].copy_(tokens_from)
         mem.t("tokens")[n:].zero_()
-    pos_t.copy_(p)
+    host_copy(pos_t, list(pos) + [-1] * (B - n))
     write_tables(tables_t, tables)
     fill_sampling(mem, sampling or [])
+
+
+def host_copy(dst: torch.Tensor, values) -> None:
+    """dst (flat view) <- values (a list, or a nested list of dst's shape), queued on the current stream without
+    synchronising: through pinned memory when dst is on a GPU. A pageable host tensor's copy_ waits for the stream
+    to drain, i.e. for a burst already queued (engine/bursts.py queues the next one before reading the last); the
+    pinned block goes back to torch's host cache only after the copy ran."""
+    if dst.is_cuda:
+        dst.copy_(torch.tensor(values, dtype=dst.dtype, pin_memory=True).view(dst.shape), non_blocking=True)
+    else:
+        dst.copy_(torch.tensor(values, dtype=dst.dtype).view(dst.shape))
 
 
 def write_tables(tables_t: torch.Tensor, tables) -> None:
@@ -96,7 +106,8 @@ def write_tables(tables_t: torch.Tensor, tables) -> None:
             idx.extend(range(i * width, i * width + m))
             val.extend(r + [0] * (m - lr))
     if idx:
-        upd = torch.tensor([idx, val], dtype=torch.int64).to(tables_t.device)
+        upd = torch.empty((2, len(idx)), dtype=torch.int64, device=tables_t.device)
+        host_copy(upd, [idx, val])
         tables_t.view(-1).index_copy_(0, upd[0], upd[1])
     tables_t._mpk_rows = rows
 
@@ -114,6 +125,31 @@ def burst(mem: RankMemory, pos_t: torch.Tensor, n: int, num_steps: int, run_step
         draw_full(mem, mem.t("logits")[:n], pos_t[:n], graph=True)
         drawn[j].copy_(mem.t("next_tokens")[:n])
     return drawn
+
+
+def device_pending(drawn: torch.Tensor, megakernels, on_timeout=None) -> Pending:
+    """A burst's drawn tokens (k, n) on the device as a Pending of (n, k) on the CPU. Queued behind the burst now,
+    nothing synchronised: the tokens' copy into pinned memory, each megakernel's status words beside them, and an
+    event; wait() synchronises on the event, raises KernelTimeout for a timed-out status (after on_timeout()), and
+    returns the tokens. On the CPU (the pyvm twin) the tokens are already there."""
+    if not drawn.is_cuda:
+        return Pending(value=drawn.t().contiguous())
+    host = drawn.t().to("cpu", non_blocking=True)
+    status = [(mk, mk.status.to("cpu", non_blocking=True)) for mk in megakernels]
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> torch.Tensor:
+        done.synchronize()
+        try:
+            for mk, st in status:
+                mk.check(st)
+        except KernelTimeout:
+            if on_timeout is not None:
+                on_timeout()
+            raise
+        return host
+    return Pending(wait)
 
 
 class _Bucket:
@@ -222,11 +258,17 @@ class PlannedDecoder:
         return (bk.mem.t("logits")[:n].float().cpu() if want_logits else None), nxt
 
     def decode_steps(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling, num_steps: int,
-                     resume: bool = False, launched=None) -> torch.Tensor:
+                     resume: bool = False) -> torch.Tensor:
         """num_steps steps of the same rows, each step's drawn tokens fed to the next one on the device (no host
         round trip between the steps: the graph replays back to back); returns the drawn tokens (n, num_steps).
         The tables must cover positions up to max(pos) + num_steps - 1. resume: the rows are the last call's and
         each takes the token drawn last for it there, from the device (toks are ignored)."""
+        return self.launch_steps(toks, pos, tables, sampling, num_steps, resume).wait()
+
+    def launch_steps(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling, num_steps: int,
+                     resume: bool = False) -> Pending:
+        """decode_steps queued on the device, returned unread (ModelRunner.launch_steps): a burst resumed from
+        this one may be queued behind it before it is read."""
         n = len(toks)
         last = None
         if resume:   # (before _ready: a capture at a larger key cap runs the graph on inactive rows)
@@ -238,10 +280,8 @@ class PlannedDecoder:
                          any_full(sampling))
         fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling, tokens_from=last)
         drawn = burst(bk.mem, bk.pos, n, num_steps, lambda: self._run(bk))   # (the context reads pos in place)
-        if launched is not None:
-            launched()   # (ModelRunner.launched: the steps are queued)
-        self._finish(bk)
-        return drawn.t().cpu()
+        self.used[bk.batch] = bk.plan.name
+        return device_pending(drawn, bk.ex.megakernels(), lambda: self._buckets.pop(bk.batch, None))
 
 
 class _PrefillShape:

@@ -30,10 +30,10 @@ from ..models.reference import rope_inv_freq
 from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling, attn_splits_for
-from .base import KVSpec, ModelRunner, SeqChunk, check_decode_steps, check_sizes, register_runner
+from .base import KVSpec, ModelRunner, Pending, SeqChunk, check_decode_steps, check_sizes, register_runner
 from .conventional_fused import prepare_weights
 from .device_sampling import draw_full, host_logits_needed, step_output
-from .megakernel_plans import ConventionalPrefill, PlannedDecoder, burst, fill_step
+from .megakernel_plans import ConventionalPrefill, PlannedDecoder, burst, device_pending, fill_step
 from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory, fit_num_pages, kv_page_bytes
 
 log = logging.getLogger(__name__)
@@ -230,9 +230,14 @@ class MegakernelRunner(ModelRunner):
         the one megakernel launched once a step), one synchronisation at the end; at world size > 1 the base
         class's step-by-step loop (the heap barriers between steps). resume: the last call's rows, each fed the
         token drawn last for it, read on the device (ModelRunner.decode_steps)."""
+        return self.launch_steps(chunks, num_steps, resume).wait()
+
+    def launch_steps(self, chunks: list[SeqChunk], num_steps: int, resume: bool = False) -> Pending:
+        """decode_steps queued, not waited for (ModelRunner.launch_steps): the tokens' and the status words' copies
+        are queued behind the steps, and Pending.wait synchronises on them."""
         check_decode_steps(chunks, num_steps)
         if len(chunks) > self._spec.max_batch or (self.planned is None and self.world_size > 1):
-            return super().decode_steps(chunks, num_steps, resume)
+            return Pending(value=ModelRunner.decode_steps(self, chunks, num_steps, resume))
         rows = [c.seq_id for c in chunks]
         if resume and rows != getattr(self, "_burst_rows", None):
             raise ValueError("decode_steps(resume=True) continues the last call's rows, in its order")
@@ -240,17 +245,12 @@ class MegakernelRunner(ModelRunner):
         args = ([c.token_ids[0] for c in chunks], [c.start_pos for c in chunks], [c.block_table for c in chunks],
                 [c.sampling for c in chunks])
         if self.planned is not None:
-            out = self.planned.decode_steps(*args, num_steps, resume=resume, launched=self.launched)
+            out = self.planned.launch_steps(*args, num_steps, resume=resume)
         else:
             n = len(chunks)
             last = self.mem.t("next_tokens")[:n].clone() if resume else None
             fill_step(self.mem, self.pos, self.tables, *args[:3], self.width, args[3], tokens_from=last)
-            drawn = burst(self.mem, self.pos, n, num_steps, lambda: self.mk.launch(1))
-            if self.launched is not None:
-                self.launched()   # queued: the engine may go on while the GPU runs it
-            torch.cuda.synchronize(self.pos.device)
-            self.mk.check()
-            out = drawn.t().cpu()
+            out = device_pending(burst(self.mem, self.pos, n, num_steps, lambda: self.mk.launch(1)), [self.mk])
         self._burst_rows = rows
         return out
 

@@ -1,8 +1,10 @@
-"""LLM(async_bursts=True) (engine/bursts.py): the next burst of decode steps is submitted before the engine reads
-the last one, resumed from the tokens the runner drew. Every output must equal the synchronous bursts' (and the
-reference), rows that stop or are aborted mid-pipeline keep their pages until the burst in flight returns, new
-arrivals end the pipeline, and a worker failure in flight fails its requests cleanly."""
+"""LLM(async_bursts=True) (engine/bursts.py): the next burst of decode steps is launched (Worker.execute(defer=True))
+before the engine reads the last one (Worker.collect), resumed from the tokens the runner drew. Every output must
+equal the synchronous bursts' (and the reference), each burst's successor must be launched before it is read, rows
+that stop or are aborted mid-pipeline keep their pages until the burst in flight returns, new arrivals end the
+pipeline, and a worker failure in flight fails its requests cleanly."""
 import pytest
+import torch
 
 from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams
 
@@ -128,3 +130,61 @@ def test_the_defaults_pipeline_large_bursts_only():
     assert [o.token_ids for o in small] == [o.token_ids for o in big[:4]]
     with LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=32, decode_steps=1) as llm:
         assert not llm.engine.async_bursts   # (nothing to overlap: no error, as the default)
+
+
+def test_each_burst_is_read_after_its_successor_is_launched():
+    """The device never waits for the host between two bursts of the same rows: the runner sees burst i + 1 launched
+    before burst i is waited for, every burst read once, in launch order (a single request, 4 steps a burst)."""
+    log = []
+    with _llm(True) as llm:
+        runner = llm.executor.workers[0].runner
+        launch = runner.launch_steps
+
+        def logged(chunks, num_steps, resume=False):
+            i = sum(e[0] == "launch" for e in log)
+            log.append(("launch", i))
+            p = launch(chunks, num_steps, resume)
+            wait = p.wait
+            p.wait = lambda: (log.append(("wait", i)), wait())[1]
+            return p
+        runner.launch_steps = logged
+        out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+                           use_tqdm=False)[0]
+        llm.engine.step()
+    n = sum(e[0] == "launch" for e in log)
+    assert n >= 6 and [e for e in log if e[0] == "wait"] == [("wait", i) for i in range(n)]
+    for i in range(n - 1):   # (the last burst: none after it, the request's length is known)
+        assert log.index(("launch", i + 1)) < log.index(("wait", i)), log
+    assert len(out.token_ids) == 30
+
+
+def test_worker_deferred_bursts_are_collected_in_order_and_guarded():
+    """Worker.execute(defer=True) / collect: tokens in launch order, equal to synchronous decode_steps; collect with
+    nothing launched and a step sent over uncollected bursts are errors (tokens would be lost); discard_bursts drops
+    what is queued."""
+    from mpk_runtime.runtime.base import SeqChunk
+    from mpk_runtime.runtime.executor import InProcessExecutor
+    from mpk_runtime.runtime.device_sampling import DeviceSampling
+    ex = InProcessExecutor(1)
+    try:
+        ex.init_workers("torch", model="tiny-llama", dtype="float32", max_batch=2, max_seq_len=64)
+        ds = DeviceSampling(temperature=0.0, top_k=1, top_p=1.0, seed=0)
+        pre = [SeqChunk(i, p, 0, [1 + 4 * i, 2 + 4 * i, 3 + 4 * i], ds) for i, p in enumerate(PROMPTS[:2])]
+        first = [int(t) for t in ex.collective_rpc("execute", (pre,))[0].tokens]
+        dec = [SeqChunk(c.seq_id, [t], len(c.token_ids), c.block_table, ds) for c, t in zip(pre, first)]
+        want = ex.collective_rpc("execute", (dec, 3))[0]
+        # the same positions again (K/V rewritten with the same values), 2 + 1 steps, the second resumed
+        ex.collective_rpc("execute", (dec, 2), {"defer": True})
+        ex.collective_rpc("execute", ([SeqChunk(c.seq_id, [0], c.start_pos + 2, c.block_table, ds) for c in dec],
+                                      1, True), {"defer": True})
+        with pytest.raises(Exception, match="collect"):
+            ex.collective_rpc("execute", (dec,))
+        a, b = ex.collective_rpc("collect")[0], ex.collective_rpc("collect")[0]
+        assert torch.cat([a, b], 1).tolist() == want.tolist()
+        with pytest.raises(Exception, match="without a burst"):
+            ex.collective_rpc("collect")
+        ex.collective_rpc("execute", (dec, 2), {"defer": True})
+        assert ex.collective_rpc("discard_bursts") == [1]
+        assert ex.collective_rpc("execute", (dec, 3))[0].tolist() == want.tolist()
+    finally:
+        ex.shutdown()
