@@ -56,7 +56,8 @@
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
 # 0s. (session 54, first) `N=tall T=250 LIM=240 TESTS="tests/gpu" bash scripts/gpu_run.sh tests; N=pipe T=300
-#    MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 ENGINE_ASYNC=1 bash scripts/gpu_run.sh engine` -- the GPU suite
+#    MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 ENGINE_ASYNC=1 ENGINE_PROFILE=32 bash scripts/gpu_run.sh engine`
+#    -- the GPU suite
 #    with pipelined bursts (a resumed burst launched under sync debug mode "error"), write_tables and the KV auto-size;
 #    then synchronous against pipelined bursts in one process (docs/perf-notes.md session 54: predicted B=1 -5..-7%,
 #    B=128 -3..-6%). If B=1 gains, ASYNC_AUTO_MIN_ROWS -> 1.
@@ -413,9 +414,9 @@ for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do
   OUT="$OUT/bench/engine_$m" timeout ${ENGINE_LIM:-200} python3 scripts/bench_engine_overhead.py --backend megakernel \
       --plan auto --model "$m" --requests ${ENGINE_BS:-1,8} --decode-steps ${ENGINE_KS:-1,8} --max-tokens 128 \
       --prompt-len 16,48 --sampling ${ENGINE_SAMPLING:-greedy} ${ENGINE_ASYNC:+--async-bursts} \
-      ${ENGINE_MSL:+--max-seq-len $ENGINE_MSL} \
+      ${ENGINE_MSL:+--max-seq-len $ENGINE_MSL} ${ENGINE_PROFILE:+--profile $ENGINE_PROFILE} \
       > "$OUT/bench/engine_$m.log" 2>&1
-  grep -E "ms per decode step|x greedy" "$OUT/bench/engine_$m.log" | tail -20
+  grep -E "ms per decode step|x greedy|^profile" "$OUT/bench/engine_$m.log" | tail -20
 done; snap
 elif [ "$MODE" = fulldraw ]; then
 # fulldraw (session 51): the full-vocabulary draw alone, split Triton kernels vs the torch twin vs argmax

@@ -57,7 +57,7 @@ class RecoveryMixin:
                 self.scheduler.release(r)
         if self.async_bursts:   # bursts still queued on a rank (its peer failed): waited for and dropped
             try:
-                self.executor.collective_rpc("discard_bursts", timeout=30)
+                self.executor.collective_rpc("discard_bursts", timeout=10)
             except Exception:   # noqa: BLE001 - the failure below is the one reported; recovery follows
                 pass
         msg = f"{type(exc).__name__}: {exc}"
