@@ -24,11 +24,12 @@ from typing import Any, Callable
 from ..runtime.base import SeqChunk
 from .request import Request, RequestOutput
 
-# LLM(async_bursts=None), the default: bursts of at least this many rows go asynchronous. Measured on one H100
-# (session 52, llama-3.2-1b, k = 8) with session 52's form (the next burst submitted after the last one returned,
-# from a helper thread): 64 rows -10.3%, 128 rows -8.0% / -2.1% a decode step; 1 row +2.0% / -0.8% / +4.2%;
-# qwen3-8b 1 and 8 rows +0.3% / -0.1%. 32 is between the measured points, not measured itself.
-ASYNC_AUTO_MIN_ROWS = 32
+# LLM(async_bursts=None), the default: bursts of at least this many rows are pipelined. Session 52's form (the next
+# burst submitted from a helper thread after the last one returned) gained only from 64 rows (H100), so it was 32.
+# Session 54's (queued before the last one is read; one H200, k = 8, greedy, ms a decode step without the prefill
+# steps, synchronous -> pipelined in one process): llama-3.2-1b 1 row 1.205 -> 1.092 and 1.184 -> 1.086, 8 rows
+# 1.423 -> 1.306, 128 rows 2.278 -> 1.846; qwen3-8b 1 row 4.939 -> 4.789, 8 rows 5.810 -> 5.623. So every size.
+ASYNC_AUTO_MIN_ROWS = 1
 
 
 class _Now:

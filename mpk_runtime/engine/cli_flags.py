@@ -7,8 +7,8 @@ import argparse
 
 def add_engine_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--async-bursts", action=argparse.BooleanOptionalAction, default=None,
-                    help="submit the next burst of decode steps before reading the last one (needs decode steps > 1; "
-                         "default: for bursts of 32 rows or more)")
+                    help="queue the next burst of decode steps on the device before reading the last one (needs "
+                         "decode steps > 1; default: on; --no-async-bursts runs bursts synchronously)")
     ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                     help="keep computed K/V pages cached by content: prompts that start alike (a system prompt, a "
                          "chat's earlier turns) skip the cached part of their prefill (default: on for the backends "
