@@ -3,7 +3,7 @@
 
 The graph's `argmax` op draws every row from its top C = 64 logits. A full row's token is drawn again after the
 step ran, from the step's fp32 logits, and written over the op's `next_tokens` entry: no logits copy to the host, no
-host round trip, so such rows take part in multi-step bursts (megakernel_plans.burst) like the others.
+host round trip, so such rows take part in multi-step bursts (decode_io.burst) like the others.
 
 Per row, with x = logits / temperature (fp32), e_i = exp(x_i - max x) (fp32, summed in float64), the ranking of the vocabulary by
 (logit desc, index asc), and u_r = uniform53(seed, pos, r) (ir/sampling.py, 53 bits; pos = the position of the

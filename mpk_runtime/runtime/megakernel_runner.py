@@ -33,7 +33,8 @@ from ..tasks.tiling import Tiling, attn_splits_for
 from .base import KVSpec, ModelRunner, Pending, SeqChunk, check_decode_steps, check_sizes, register_runner
 from .conventional_fused import prepare_weights
 from .device_sampling import draw_full, host_logits_needed, step_output
-from .megakernel_plans import ConventionalPrefill, PlannedDecoder, burst, device_pending, fill_step
+from .decode_io import burst, device_pending, fill_step
+from .megakernel_plans import ConventionalPrefill, PlannedDecoder
 from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory, fit_num_pages, kv_page_bytes
 
 log = logging.getLogger(__name__)

@@ -220,12 +220,12 @@ def test_planned_bursts_resume_from_the_device():
 
 @pytest.mark.parametrize("B,width", [(4, 12), (64, 600)], ids=["small", "wide"])
 def test_write_tables_leaves_what_a_full_rewrite_leaves(B, width):
-    """fill_step's page tables (megakernel_plans.write_tables: the cells that changed since the last write) equal a
+    """fill_step's page tables (decode_io.write_tables: the cells that changed since the last write) equal a
     full-width rewrite after every write: rows growing, a row replaced by a shorter one, by a longer one sharing its
     first pages, fewer rows, none (a capture's warm-up), a tensor holding garbage first (the first write covers every
     column); a row longer than the tensor is an error, not a device-side fault."""
     import random
-    from mpk_runtime.runtime.megakernel_plans import write_tables
+    from mpk_runtime.runtime.decode_io import write_tables
     rnd = random.Random(B)
     t = torch.full((B, width), 7777, dtype=torch.int64)
     seqs = [[rnd.randrange(1, 999) for _ in range(rnd.randrange(0, width // 2))] for _ in range(B)]
