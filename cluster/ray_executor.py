@@ -13,7 +13,8 @@ import os
 import time
 from typing import Any
 
-from mpk_runtime.runtime.executor import Executor, Worker, WorkerError, WorkerTimeout, call_timing, free_port
+from mpk_runtime.runtime.executor import Executor, Worker, WorkerError, WorkerTimeout, call_timing
+from mpk_runtime.runtime.worker import free_port
 
 from .plan import make_plan
 from .ray_utils import local_device_index, nvshmem_init_from_bytes, nvshmem_unique_id_bytes, require_ray

@@ -11,7 +11,7 @@ in-process, multi-process and Ray backends share one interface (the vLLM v1 exec
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -134,7 +134,7 @@ class Pending:
 
 def check_decode_steps(chunks: list[SeqChunk], num_steps: int) -> None:
     """decode_steps' contract: one token a chunk, sampled on the device (the pages of all num_steps positions are
-    checked by the worker: executor.check_pages)."""
+    checked by the worker: worker.check_pages)."""
     if not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
     for c in chunks:

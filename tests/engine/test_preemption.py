@@ -11,7 +11,7 @@ from mpk_runtime.engine.prefix_cache import PrefixCachingAllocator
 from mpk_runtime.engine.request import Request, Status
 from mpk_runtime.engine.scheduler import Scheduler
 from mpk_runtime.runtime.base import SeqChunk
-from mpk_runtime.runtime.executor import check_pages
+from mpk_runtime.runtime.worker import check_pages
 
 
 # --- the scheduler alone ------------------------------------------------------------------------------------
