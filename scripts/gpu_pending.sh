@@ -55,19 +55,14 @@
 # after a checkout, ~5 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# (0s, session 54: done, bench/results/s54: pipelined bursts -3..-19% a step, the default now; GPU suite 74 passed;
-#    kvp lazy 1.57x / 1.13x over reserve.)
-# 0. In one call (~6 min): `N=hg T=150 bash scripts/gpu_run.sh hostgap; N=kvp T=280 KVP_REQS=160 KVP_SEQS=8,16 bash
-#    scripts/gpu_run.sh kvp` -- a. where the ~0.56 ms of host Python between two B=1 bursts goes (the Python tracer;
-#    session 53's profiles: the device idles 0.70-0.96 ms a burst of 8, 7% of B=1); b. KV pages short of the batch,
-#    reserve vs lazy, lengths set by the length oracle (both session-53 attempts failed in the script, fixed since).
-#    c. write_tables at a long context: `N=engl T=200 MODELS=llama-3.2-1b ENGINE_BS=128 ENGINE_KS=1,8 ENGINE_MSL=8192
-#    bash scripts/gpu_run.sh engine` beside the same at ENGINE_MSL unset (width 12 pages): predicted equal ms a step
-#    with write_tables (~3.4 ms a burst more before it: `git checkout 688610f -- mpk_runtime/runtime/megakernel_plans.py`
-#    for the "before" if there is time).
-#    d. on an H200, session 52 / 53's H100 cells (engine, async, prefix, drawg) beside the H200 tables.
-#    e. the GPU tests written after session 53's run (write_tables under every GPU test; the KV cache sized to free
-#    memory: tests/gpu/test_preemption_gpu.py): `N=tall T=250 LIM=240 TESTS="tests/gpu" bash scripts/gpu_run.sh tests`.
+# 0. (session 54 ran: bench/results/s54 -- pipelined bursts -3..-19% a decode step, the default now; tests/gpu 74
+#    passed, write_tables and the KV auto-size included; kvp lazy 1.57x / 1.13x over reserve through the megakernel;
+#    hostgap is moot: no gap > 100 us between pipelined bursts.) Next, one call each:
+#    a. h200_v52 at the points not yet seen out of sample (`N=val52 T=340 VAL_CTXS="512 4096" VAL_B512=1,8
+#       VAL_B4096=32 VAL_LIM=160 bash scripts/gpu_run.sh val`; refused twice in session 54).
+#    b. B=128 at max_seq_len 512 vs 8192 with more runs (session 54's cells spread 2.0-2.5 ms within a process): the
+#       `engine` mode at ENGINE_BS=128 with and without ENGINE_MSL=8192, twice each, alternated.
+#    c. on an H200, session 52 / 53's H100 cells (async, prefix, drawg) beside the H200 tables.
 # 1. The whole GPU set at the default (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
 # 2. The engine's per-token time at the default and where the rest of it goes at k=8 (llama B=1: 1.152 ms against the
 #    kernel's ~1.07): `N=engd T=150 MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 bash scripts/gpu_run.sh engine`.
