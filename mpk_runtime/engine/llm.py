@@ -19,10 +19,14 @@ from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
 from .tokenizer import LazyTokenizer, model_eos_ids
 
 Prompt = "str | list[int]"
-# decode steps per engine step by default where the backend samples on the device (session 49, 1x H200, LLM.generate
-# through plan="auto", 128 new tokens: llama-3.2-1b B=1 1.441 -> 1.152 ms a token (k = 8; 1.247 at 4, 1.126 at 16),
-# B=32 2.428 -> 1.918, B=128 4.632 -> 3.931; qwen3-8b B=1 5.344 -> 4.854, B=8 6.256 -> 5.856; docs/perf-notes.md)
-DEFAULT_DECODE_STEPS = 8
+# decode steps per engine step by default where the backend samples on the device. Session 49 (1x H200, LLM.generate
+# through plan="auto", 128 new tokens, synchronous bursts): llama-3.2-1b B=1 1.441 -> 1.152 ms a token (k = 8; 1.247
+# at 4, 1.126 at 16), B=32 2.428 -> 1.918, B=128 4.632 -> 3.931; qwen3-8b B=1 5.344 -> 4.854, B=8 6.256 -> 5.856: it
+# was 8. With pipelined bursts (session 54, 1x H100, ms a decode step without the prefill steps) the length stops
+# mattering: B=1 k = 2 / 4 / 8 1.265 / 1.263 / 1.272, B=128 1.991 / 2.034 / 2.065 (synchronous: 1.429 / 1.401 / 1.336,
+# 2.643 / 2.521 / 2.259). 4 keeps twice k = 2's host slack a burst and halves 8's tokens computed past a stop, the
+# granularity of streamed tokens and the burst an arrival waits behind.
+DEFAULT_DECODE_STEPS = 4
 
 
 def resolve_model(model: str):
@@ -145,7 +149,7 @@ class LLM:
                 min_rows = ASYNC_AUTO_MIN_ROWS
             if async_bursts and decode_steps < 2:
                 raise InvalidRequestError(f"async_bursts overlaps bursts of decode steps; decode_steps={decode_steps} "
-                                          "runs none: leave decode_steps out (8 where the backend samples on the "
+                                          "runs none: leave decode_steps out (4 where the backend samples on the "
                                           "device) or set it > 1")
         except BaseException as e:
             executor.shutdown()
