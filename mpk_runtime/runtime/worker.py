@@ -244,6 +244,7 @@ class Worker:
         self._fault = (kind, float(arg))
 
     def shutdown(self) -> None:
+        self.discard_bursts()   # (a pipelined burst still running reads and writes the runner's buffers)
         if self.runner is not None:
             self.runner.shutdown()
             self.runner = None

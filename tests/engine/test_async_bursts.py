@@ -184,5 +184,9 @@ def test_worker_deferred_bursts_are_collected_in_order_and_guarded():
         ex.collective_rpc("execute", (dec, 2), {"defer": True})
         assert ex.collective_rpc("discard_bursts") == [1]
         assert ex.collective_rpc("execute", (dec, 3))[0].tolist() == want.tolist()
+        ex.collective_rpc("execute", (dec, 2), {"defer": True})   # still queued at shutdown: waited for there
+        pending = ex.workers[0]._pending
+        assert len(pending) == 1
     finally:
         ex.shutdown()
+    assert not pending
