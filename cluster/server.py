@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--step-timeout", type=float, default=30.0)
     ap.add_argument("--decode-steps", type=int, default=None,
                     help="decode steps per engine step while every running request is sampled on the device and "
-                         "none waits (the tokens stay on the GPU between them; default 4 where the backend samples "
+                         "no waiting one could be admitted (the tokens stay on the GPU between them; default 4 where the backend samples "
                          "on the device, else 1; 1 streams every token as it is drawn)")
     ap.add_argument("--plan", default="none", choices=["none", "auto"],
                     help="auto: the planner picks the plan of each decode batch bucket, once, in the controller "

@@ -1,8 +1,9 @@
 """Bursts of decode steps (LLMEngine(decode_steps=k)), and with async_bursts the next burst queued on the device
 before the engine reads the last one.
 
-A burst: while every scheduled row decodes one token sampled on the device and nothing waits for admission, one
-executor call runs up to k decode steps (ModelRunner.decode_steps: the drawn tokens fed back on the device); each row
+A burst: while every scheduled row decodes one token sampled on the device and no waiting request could be admitted
+(none waits, or the batch is full: the head waits for a row to finish, which the burst's end shows), one executor
+call runs up to k decode steps (ModelRunner.decode_steps: the drawn tokens fed back on the device); each row
 takes its tokens in order up to its stop, and the rest were computed for nothing.
 
 async_bursts: bursts are launched without waiting (Worker.execute(defer=True): ModelRunner.launch_steps returns once
@@ -12,8 +13,8 @@ not read yet: resume=True), so the device runs the two back to back and never wa
 reading the tokens, turning them into outputs, scheduling, the next burst's inputs and launches all happen while
 the device runs. Rows that stop in the burst being read are dropped from the one queued after it (its tokens for them
 are not taken) and their pages are released only after it is read (it still writes K/V into them); a request aborted
-meanwhile is treated the same way; a new arrival ends the pipeline after the burst in flight. The next engine step
-reads the burst in flight before it schedules anything.
+meanwhile is treated the same way; an arrival that could be admitted ends the pipeline after the burst in flight.
+The next engine step reads the burst in flight before it schedules anything.
 """
 from __future__ import annotations
 
@@ -57,10 +58,11 @@ class BurstsMixin:
 
     def _steps_for(self, sched, chunks: list[SeqChunk]) -> int:
         """Decode steps this engine step runs: decode_steps when every row decodes one token sampled on the device
-        and nothing waits (a waiting request would wait the extra steps for its prefill), capped so that no row
+        and no waiting request could be admitted (one that could would wait the extra steps for its prefill; with
+        the batch full the head waits for a row to finish anyway, found at the burst's end), capped so that no row
         goes past its length, and (lazy pages) so that the free pages cover every row's positions of the burst
         (the rows' tables grown to them, the chunks given the grown tables); else 1."""
-        if self.decode_steps == 1 or self.scheduler.waiting:
+        if self.decode_steps == 1 or self.scheduler.admission_waits():
             return 1
         k = self.decode_steps
         for s, c in zip(sched, chunks):
@@ -97,8 +99,9 @@ class BurstsMixin:
 
     def _next_burst(self, b: Burst) -> Burst | None:
         """The burst after b, launched now, before b is read (async_bursts), or None: some row of b is gone, a
-        request waits, or a row has no position left after b."""
-        if not self.async_bursts or len(b.reqs) < self.async_min_rows or b.dropped or self.scheduler.waiting:
+        waiting request could be admitted, or a row has no position left after b."""
+        if not self.async_bursts or len(b.reqs) < self.async_min_rows or b.dropped or \
+                self.scheduler.admission_waits():
             return None
         k = min([self.decode_steps] + [r.max_total_len - (r.num_tokens + b.k) for r in b.reqs])
         if k >= 1:   # (lazy pages: as many steps as the free pages cover; never a preemption for a burst)

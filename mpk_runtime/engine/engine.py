@@ -46,8 +46,8 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
         """device_sampling: "auto" | "on" | "off": which requests the runner samples on device (SamplingParams
         doc); runners without device sampling always return logits, and the host samples. eos_ids: end-of-sequence
         ids beyond the tokenizer's (a model directory's generation_config.json / config.json). decode_steps: up to
-        this many decode steps per engine step when every running row is sampled on the device and nothing waits
-        for admission (ModelRunner.decode_steps: the drawn tokens stay on the device between the steps, one host
+        this many decode steps per engine step when every running row is sampled on the device and no waiting
+        request could be admitted (none waits, or the batch is full) (ModelRunner.decode_steps: the drawn tokens stay on the device between the steps, one host
         round trip for all of them); the tokens past a row's stop are computed and dropped. full_sampling: the
         runner draws full-vocabulary rows (samples_full_on_device): top_k 0 / > 64 requests are sampled there.
         prefix_caching: computed pages stay cached by content and a prompt that starts with cached pages takes them

@@ -78,7 +78,7 @@ class LLM:
         or an Executor instance (not yet initialised). tokenizer: None = from the model directory if present,
         a path, or a tokenizer object. device_sampling: "auto" | "on" | "off", which requests the runner samples
         on device (see SamplingParams). decode_steps: up to this many decode steps per engine step while every
-        running request is sampled on the device and none waits (the tokens stay on the GPU between them; fewer
+        running request is sampled on the device and no waiting one could be admitted (the tokens stay on the GPU between them; fewer
         host round trips, tokens arrive in bursts; LLMEngine's doc); None = DEFAULT_DECODE_STEPS where the backend
         samples on the device and device_sampling is not "off", else 1. enable_prefix_caching: pages of computed
         tokens stay cached by content, and a prompt that starts with cached pages (a shared system prompt, a chat's

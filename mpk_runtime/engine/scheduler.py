@@ -70,6 +70,12 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def admission_waits(self) -> bool:
+        """A waiting request could be admitted by the next schedule(): one waits and the batch has a free slot. (With
+        the batch full, the head waits for a running request to finish whatever the engine does, so a burst of decode
+        steps does not hold it back beyond the burst in which that request finishes.)"""
+        return bool(self.waiting) and len(self.running) < self.max_batch
+
     def schedule(self) -> list[ScheduledChunk]:
         self._budget = self.max_num_batched_tokens
         self._out = out = []

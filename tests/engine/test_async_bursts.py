@@ -190,3 +190,27 @@ def test_worker_deferred_bursts_are_collected_in_order_and_guarded():
     finally:
         ex.shutdown()
     assert not pending
+
+
+@pytest.mark.parametrize("async_bursts", [False, True])
+def test_a_full_batch_with_a_queue_runs_bursts(async_bursts, ref_greedy):
+    """With the batch full, a waiting request can only be admitted when a running one finishes, so the engine runs
+    bursts (pipelined or not) instead of single steps; it admits the head once a row has finished, and every output
+    is the reference's (greedy; 4 requests through 2 slots, lengths 9 / 20 / 13 / 11)."""
+    lens = [9, 20, 13, 11]
+    with _llm(async_bursts, max_batch=2) as llm:
+        e = llm.engine
+        for i, (p, n) in enumerate(zip(PROMPTS, lens)):
+            e.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), request_id=str(i))
+        done, queued_bursts = {}, 0
+        while e.has_unfinished():
+            before = e.stats["multi_steps"]
+            full = len(e.scheduler.running) == 2 and bool(e.scheduler.waiting)
+            for o in e.step():
+                if o.finished:
+                    done[o.request_id] = o
+            queued_bursts += full and e.stats["multi_steps"] > before
+        e.step()
+    assert queued_bursts >= 3
+    for i, (p, n) in enumerate(zip(PROMPTS, lens)):
+        assert done[str(i)].token_ids == ref_greedy("tiny-llama", p, n), i
