@@ -63,6 +63,13 @@
 #    b. B=128 at max_seq_len 512 vs 8192 with more runs (session 54's cells spread 2.0-2.5 ms within a process): the
 #       `engine` mode at ENGINE_BS=128 with and without ENGINE_MSL=8192, twice each, alternated.
 #    c. on an H200, session 52 / 53's H100 cells (async, prefix, drawg) beside the H200 tables.
+#    d. bursts under a full batch with a queue (session 54, CPU-modelled +6..+15% tokens/s): the megakernel through
+#       bench_kv_pressure's length oracle, 512 requests through 32 and 128 slots, KV not short, decode_steps 1 (what
+#       a saturated server ran before) against 4: `OUT=$OUT/sat python3 scripts/bench_kv_pressure.py --backend
+#       megakernel --plan auto --requests 512 --max-batch 32 --kv-seqs 64 --modes lazy --decode-steps 1` and
+#       `--decode-steps 4` (then --max-batch 128 --kv-seqs 160); predicted 4 over 1: +20..+60% tokens/s.
+#    e. tests/gpu at the new defaults (decode_steps 4, bursts under a full batch): `N=tall T=250 LIM=240
+#       TESTS="tests/gpu" bash scripts/gpu_run.sh tests`.
 # 1. The whole GPU set at the default (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
 # 2. The engine's per-token time at the default and where the rest of it goes at k=8 (llama B=1: 1.152 ms against the
 #    kernel's ~1.07): `N=engd T=150 MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 bash scripts/gpu_run.sh engine`.
