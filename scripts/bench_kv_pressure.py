@@ -119,8 +119,10 @@ def _llm(a, table, **kw) -> LLM:
     else:
         backend = "length-oracle"
         kw.update(inner=a.backend, targets=a.targets, **({"inner_plan": a.plan} if a.plan != "none" else {}))
+    asy = {"auto": None, "on": True, "off": False}[a.async_bursts]
     return LLM(a.model, backend=backend, max_batch=a.max_batch, max_seq_len=a.max_seq_len, page_size=a.page_size,
-               decode_steps=a.decode_steps, max_num_batched_tokens=a.max_num_batched_tokens, **kw)
+               decode_steps=a.decode_steps, max_num_batched_tokens=a.max_num_batched_tokens,
+               **({} if asy is None or a.decode_steps < 2 else {"async_bursts": asy}), **kw)
 
 
 class LengthOracle(ModelRunner):
@@ -249,6 +251,8 @@ def main(argv=None) -> int:
                     help="measured decode step ms by rows, 'B:ms,...' (default: llama-3.2-1b, one H200, session 45)")
     ap.add_argument("--prefill-us", type=float, default=10.0, help="modelled cost of a prompt token (us)")
     ap.add_argument("--modes", default="reserve,lazy")
+    ap.add_argument("--async-bursts", default="auto", choices=["auto", "on", "off"],
+                    help="LLM(async_bursts=...): auto = the default (pipelined bursts); off = synchronous bursts")
     ap.add_argument("--prefix-caching", action="store_true", help="also run lazy with prefix caching")
     a = ap.parse_args(argv)
     a.prompt_len = [int(x) for x in a.prompt_len.split(",")]
