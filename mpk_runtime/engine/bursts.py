@@ -25,12 +25,11 @@ from typing import Any, Callable
 from ..runtime.base import SeqChunk
 from .request import Request, RequestOutput
 
-# LLM(async_bursts=None), the default: bursts of at least this many rows are pipelined. Session 52's form (the next
-# burst submitted from a helper thread after the last one returned) gained only from 64 rows (H100), so it was 32.
+# LLM(async_bursts=None), the default, pipelines every burst. Session 52's form (the next burst submitted from a
+# helper thread after the last one returned) gained only from 64 rows (H100), so it ran only bursts of >= 32 rows.
 # Session 54's (queued before the last one is read; one H200, k = 8, greedy, ms a decode step without the prefill
 # steps, synchronous -> pipelined in one process): llama-3.2-1b 1 row 1.205 -> 1.092 and 1.184 -> 1.086, 8 rows
-# 1.423 -> 1.306, 128 rows 2.278 -> 1.846; qwen3-8b 1 row 4.939 -> 4.789, 8 rows 5.810 -> 5.623. So every size.
-ASYNC_AUTO_MIN_ROWS = 1
+# 1.423 -> 1.306, 128 rows 2.278 -> 1.846; qwen3-8b 1 row 4.939 -> 4.789, 8 rows 5.810 -> 5.623: every size gains.
 
 
 class _Now:
@@ -83,7 +82,7 @@ class BurstsMixin:
         """The burst as a Burst to read: launched now without waiting (async_bursts: Worker.execute(defer=True),
         read by Worker.collect), else run when it is read."""
         timeout = None if self.step_timeout is None else self.step_timeout * k
-        if self.async_bursts and len(reqs) >= self.async_min_rows:
+        if self.async_bursts:
             self.executor.collective_rpc("execute", (chunks, k, resume), {"defer": True}, timeout=self.step_timeout)
             fut = _Now(lambda: self.executor.collective_rpc("collect", timeout=timeout))
         else:
@@ -100,8 +99,7 @@ class BurstsMixin:
     def _next_burst(self, b: Burst) -> Burst | None:
         """The burst after b, launched now, before b is read (async_bursts), or None: some row of b is gone, a
         waiting request could be admitted, or a row has no position left after b."""
-        if not self.async_bursts or len(b.reqs) < self.async_min_rows or b.dropped or \
-                self.scheduler.admission_waits():
+        if not self.async_bursts or b.dropped or self.scheduler.admission_waits():
             return None
         k = min([self.decode_steps] + [r.max_total_len - (r.num_tokens + b.k) for r in b.reqs])
         if k >= 1:   # (lazy pages: as many steps as the free pages cover; never a preemption for a burst)

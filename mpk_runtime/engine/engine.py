@@ -42,7 +42,7 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
                  seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
                  device_sampling: str = "auto", eos_ids: set[int] | frozenset = frozenset(), decode_steps: int = 1,
                  full_sampling: bool = False, prefix_caching: bool = False, async_bursts: bool = False,
-                 kv_allocation: str = "lazy", async_min_rows: int = 1):
+                 kv_allocation: str = "lazy"):
         """device_sampling: "auto" | "on" | "off": which requests the runner samples on device (SamplingParams
         doc); runners without device sampling always return logits, and the host samples. eos_ids: end-of-sequence
         ids beyond the tokenizer's (a model directory's generation_config.json / config.json). decode_steps: up to
@@ -53,7 +53,7 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
         prefix_caching: computed pages stay cached by content and a prompt that starts with cached pages takes them
         instead of computing them (prefix_cache.py; the runner must keep K/V only in the pages: shares_kv_pages).
         async_bursts: the next burst of decode steps is queued before the engine reads the last one (bursts.py;
-        needs decode_steps > 1), for bursts of at least async_min_rows rows (smaller ones run synchronously). kv_allocation: "lazy" (pages taken as tokens need them,
+        needs decode_steps > 1). kv_allocation: "lazy" (pages taken as tokens need them,
         the newest request preempted and recomputed later when they run out) or "reserve" (a request's whole length
         at admission, never preempted): scheduler.py."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
@@ -61,7 +61,6 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
         check_decode_steps_arg(decode_steps)
         self.decode_steps = decode_steps
         self.async_bursts = bool(async_bursts)
-        self.async_min_rows = async_min_rows
         self._inflight = None   # bursts.Burst submitted and not read yet (async_bursts)
         self.device_sampling = device_sampling
         self.full_sampling = bool(full_sampling)

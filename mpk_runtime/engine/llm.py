@@ -11,7 +11,6 @@ from typing import Any, Iterator, Sequence
 
 from ..models import PRESETS, ConfigError, load_config
 from ..runtime.executor import Executor, make_executor
-from .bursts import ASYNC_AUTO_MIN_ROWS
 from .engine import LLMEngine, check_decode_steps_arg
 from .errors import InvalidRequestError, RequestFailedError, UnknownModelError
 from .request import RequestOutput
@@ -85,8 +84,7 @@ class LLM:
         earlier turns) takes them instead of computing them again (engine/prefix_cache.py; backends that keep K/V
         only in the engine's pages: pyvm, torch, megakernel; None, the default: on where the backend does that).
         async_bursts: the next burst of decode steps is queued on the workers before the engine reads the last
-        one's tokens (engine/bursts.py; needs decode_steps > 1; None, the default: on for bursts of at least
-        ASYNC_AUTO_MIN_ROWS rows; True: every burst). kv_allocation: "lazy" (default: a request takes KV pages as its tokens need
+        one's tokens (engine/bursts.py; needs decode_steps > 1; None, the default: on wherever decode_steps > 1). kv_allocation: "lazy" (default: a request takes KV pages as its tokens need
         them; when they run out the request admitted last is preempted and later computed again) or "reserve" (its
         whole length, prompt + max_tokens, at admission; never preempted): engine/scheduler.py. Other keywords go to
         the runner."""
@@ -143,10 +141,8 @@ class LLM:
                     + (f"backend {backend!r} does not sample on the device" if device_sampling != "off" else
                        "device_sampling='off' samples every token on the host")
                     + ": use decode_steps=1, or backend 'megakernel' / 'torch' / 'pyvm' with device_sampling 'auto'")
-            min_rows = 1
-            if async_bursts is None:
+            if async_bursts is None:   # (engine/bursts.py: pipelined bursts gained at every measured size)
                 async_bursts = decode_steps > 1
-                min_rows = ASYNC_AUTO_MIN_ROWS
             if async_bursts and decode_steps < 2:
                 raise InvalidRequestError(f"async_bursts overlaps bursts of decode steps; decode_steps={decode_steps} "
                                           "runs none: leave decode_steps out (4 where the backend samples on the "
@@ -162,7 +158,6 @@ class LLM:
                                 device_sampling=device_sampling, eos_ids=model_eos_ids(model),
                                 decode_steps=decode_steps, full_sampling=full,
                                 prefix_caching=enable_prefix_caching, async_bursts=async_bursts,
-                                async_min_rows=min_rows,
                                 kv_allocation=kv_allocation)
 
     @property

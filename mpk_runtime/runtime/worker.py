@@ -10,7 +10,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .base import KVSpec, RuntimeError_, SeqChunk, check_decode_steps, make_runner
+from .base import KVSpec, RuntimeError_, SeqChunk, make_runner
 from .comm import Communicator, SingleComm, ThreadGroup
 
 
@@ -157,14 +157,12 @@ class Worker:
 
     def _launch(self, chunks: list[SeqChunk], num_steps: int, resume: bool) -> None:
         runner = self._need_runner()
-        check_decode_steps(chunks, num_steps)
         check_pages(chunks, num_steps, runner.kv_spec().page_size)
-        try:
+        try:   # (the runner checks the decode_steps contract, as on the synchronous path)
             self._pending.append((time.time(), time.perf_counter(), runner.launch_steps(chunks, num_steps, resume)))
         except BaseException:
             self._pending.clear()   # (the bursts queued before it are read by nobody: the engine fails them)
             raise
-        return None
 
     def collect(self):
         """The oldest deferred burst's drawn tokens (n, num_steps) (rank 0; None elsewhere), waited for. A failed
