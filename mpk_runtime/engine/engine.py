@@ -37,6 +37,29 @@ def check_decode_steps_arg(v, none_ok: bool = False) -> None:
                                   f"[1, 64], got {v!r}")
 
 
+# The tokens an engine step computes at most by default: a longer prompt is prefilled in chunks of this many. Without a
+# bound a prompt was one chunk, and the conventional prefill's attention holds a (g * T, L) mask per sequence (g query
+# heads a KV head, T the chunk's tokens, L its keys): 8 GiB at a 32k-token llama-3.2-1b prompt and 128 GiB at 128k,
+# where a prompt of the model's context failed for memory. 4096 rows is also the largest prefill bucket captured as a
+# CUDA graph (ConventionalPrefill.capture_tokens); a chunk streams the weights once (~0.5 ms at llama-3.2-1b on an
+# H200 against ~10 ms of its 4096 tokens' matmuls), so chunking costs a long prompt a few percent of its prefill.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 4096
+
+
+def step_token_budget(max_num_batched_tokens: int | None, kv_spec: KVSpec) -> int:
+    """The scheduler's token budget a step: the caller's, or min(max_seq_len, DEFAULT_MAX_NUM_BATCHED_TOKENS), never
+    below max_batch (every running row decodes a token a step within it)."""
+    check_max_num_batched_tokens(max_num_batched_tokens)
+    if max_num_batched_tokens is None:
+        return max(min(kv_spec.max_seq_len, DEFAULT_MAX_NUM_BATCHED_TOKENS), kv_spec.max_batch)
+    return max_num_batched_tokens
+
+
+def check_max_num_batched_tokens(v) -> None:
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        raise InvalidRequestError(f"max_num_batched_tokens must be None (automatic) or an int >= 1, got {v!r}")
+
+
 class LLMEngine(BurstsMixin, RecoveryMixin):
     def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
                  seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
@@ -80,8 +103,7 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
         self.allocator = (PrefixCachingAllocator if self.prefix_caching else BlockAllocator)(kv_spec.num_pages,
                                                                                            kv_spec.page_size)
         self.scheduler = Scheduler(self.allocator, kv_spec.max_batch,
-                                   max_num_batched_tokens or max(kv_spec.max_seq_len, kv_spec.max_batch),
-                                   kv_allocation)
+                                   step_token_budget(max_num_batched_tokens, kv_spec), kv_allocation)
         self._ids = itertools.count()
         self._requests: dict[str, Request] = {}
         self.dead: str | None = None  # set when the workers failed and could not be recovered

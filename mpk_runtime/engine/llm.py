@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 
 from ..models import PRESETS, ConfigError, load_config
 from ..runtime.executor import Executor, make_executor
-from .engine import LLMEngine, check_decode_steps_arg
+from .engine import LLMEngine, check_decode_steps_arg, check_max_num_batched_tokens
 from .errors import InvalidRequestError, RequestFailedError, UnknownModelError
 from .request import RequestOutput
 from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
@@ -91,6 +91,7 @@ class LLM:
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps, none_ok=True)
+        check_max_num_batched_tokens(max_num_batched_tokens)
         from .scheduler import KV_ALLOCATION_MODES
         if kv_allocation not in KV_ALLOCATION_MODES:
             raise InvalidRequestError(f"kv_allocation must be one of {KV_ALLOCATION_MODES}, got {kv_allocation!r}")
