@@ -68,6 +68,8 @@
 #       a saturated server ran before) against 4: `OUT=$OUT/sat python3 scripts/bench_kv_pressure.py --backend
 #       megakernel --plan auto --requests 512 --max-batch 32 --kv-seqs 64 --modes lazy --decode-steps 1` and
 #       `--decode-steps 4` (then --max-batch 128 --kv-seqs 160); predicted 4 over 1: +20..+60% tokens/s.
+#    f. (session 55) long contexts, never GPU-run: `N=long T=560 bash scripts/gpu_run.sh long` (gpu_check_long 8k /
+#       32k / 128k against the reference and through the engine, then bench_decode B=1 at those contexts with gpt-fast).
 #    e. tests/gpu at the new defaults (decode_steps 4, bursts under a full batch): `N=tall T=250 LIM=240
 #       TESTS="tests/gpu" bash scripts/gpu_run.sh tests`.
 # 1. The whole GPU set at the default (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
@@ -516,6 +518,32 @@ for V in a_after_mk128 b_after_peers c_alone; do
   grep -E "^$OM +8 +512 (planned|gptfast)" "$d/bench.log" | sed "s/^/[$V] /"
   tar -czf "$OUT/order.tar.gz" -C "$OUT" order 2>/dev/null
 done
+elif [ "$MODE" = long ]; then
+# long (session 55): contexts of 8k-128k tokens, never run before on a GPU: prefill in 4096-token chunks (the engine's
+# new default step budget) and decode against the reference (scripts/gpu_check_long.py), then the kernel alone with the
+# gpt-fast peer at the same contexts (bench_decode, B=1)
+st "long contexts: gpu_check_long ${LONG_LENS:-8192,32768,131008}, then bench_decode ctx ${LONG_CTXS:-8192,32768,131072}"
+mkdir -p "$OUT/long"
+OUT="$OUT/long" timeout ${LONG_LIM:-300} python3 scripts/gpu_check_long.py --models ${MODELS:-llama-3.2-1b} \
+    --lens ${LONG_LENS:-8192,32768,131008} ${LONG_ARGS:---book-at-ctx} > "$OUT/long/check.log" 2>&1
+sed -n '/==== gpu_check_long/,$p' "$OUT/long/check.log" | cut -c1-700; tail -3 "$OUT/long/check.log"; snap
+if [ -n "${LONG_CTXS-x}" ]; then
+OUT="$OUT/long" timeout ${LONG_BENCH_LIM:-240} python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b} \
+    --batches ${LONG_BS:-1} --contexts ${LONG_CTXS:-8192,32768,131072} --peer-batches ${LONG_BS:-1} --hf-batches "" \
+    --budget-s 220 > "$OUT/long/bench.log" 2>&1
+grep -E "ms/token|FAILED|%floor" -A12 "$OUT/long/bench.log" | tail -16; snap
+fi
+elif [ "$MODE" = sat ]; then
+# sat (session 54 item 0d): bursts under a full batch with a queue, through the megakernel: decode_steps 1 (what a
+# saturated server ran before) against 4, 512 requests through 32 slots (bench_kv_pressure's length oracle)
+st "saturated server: 512 requests through ${SAT_SLOTS:-32} slots, decode_steps 1 vs 4"
+mkdir -p "$OUT/sat"
+for k in ${SAT_KS:-1 4}; do
+  OUT="$OUT/sat/k$k" timeout ${SAT_LIM:-120} python3 scripts/bench_kv_pressure.py --backend megakernel --plan auto \
+      --requests ${SAT_REQ:-512} --max-batch ${SAT_SLOTS:-32} --kv-seqs ${SAT_KV:-64} --modes lazy --decode-steps $k \
+      > "$OUT/sat/k$k.log" 2>&1
+  tail -4 "$OUT/sat/k$k.log"
+done; snap
 elif [ "$MODE" = tests ]; then
 # tests: TESTS="<pytest ids or -k expressions>" of the GPU tests, one log ($OUT/pytest_sel.log)
 st "tests: ${TESTS:-tests/gpu}"
