@@ -14,7 +14,7 @@ weights.
            near-tie flip is the only acceptable divergence). --book-at-ctx adds a run whose plan book was made at the
            prompt's context (plan="auto" plans at 512: attention splits for 512 keys).
 
-    PYTHONPATH=. python3 scripts/gpu_check_long.py [--models llama-3.2-1b] [--lens 8192,32768,131008] [--steps 16]
+    PYTHONPATH=. python3 scripts/gpu_check_long.py [--models llama-3.2-1b] [--lens 8192,32768,130944] [--steps 16]
 Writes $OUT/gpu_check_long.json. Exit status 1 when a check fails.
 """
 from __future__ import annotations
@@ -75,8 +75,11 @@ def forced(name: str, P: int, steps: int, chunk: int, ref_chunk: int, ref_prefil
     with torch.no_grad():
         sync()
         t0 = time.time()
+        chunk_ms = []
         for c in range(0, P, chunk):
-            lg, _ = pre.run(prompt[c:c + chunk], c, table)
+            t1 = time.time()
+            lg, _ = pre.run(prompt[c:c + chunk], c, table)   # (returns the logits on the CPU: synchronised)
+            chunk_ms.append(round(1e3 * (time.time() - t1), 1))
         sync()
         t_pre = time.time() - t0
         peak_pre = torch.cuda.max_memory_allocated() / 2 ** 30 if gpu else 0.0
@@ -98,7 +101,7 @@ def forced(name: str, P: int, steps: int, chunk: int, ref_chunk: int, ref_prefil
         tok = lr.argmax(-1)          # (1,)
         ref_tokens = [int(tok)]
         worst, agree, far = 0.0, 0, 0
-        dec_ms = []
+        dec_ms, differ = [], []
         for s in range(steps):
             p = P + s
             sync()
@@ -109,15 +112,19 @@ def forced(name: str, P: int, steps: int, chunk: int, ref_chunk: int, ref_prefil
             lr = ref.forward(tok[:, None], torch.tensor([p], device=dev), cache)[:, 0].float()
             worst = max(worst, rel(lm.to(dev), lr))
             agree += int((nm.to(dev) == lr.argmax(-1)).sum())
+            if int(nm[0]) != int(lr[0].argmax()):
+                differ.append(s + 1)   # the index of the generated token it would be
             gap = lr.max(-1).values - lr.gather(1, nm.to(dev).long()[:, None])[:, 0]
             far += int((gap > 2 * TOL * lr.abs().max(-1).values).sum())
             tok = lr.argmax(-1)
             ref_tokens.append(int(tok))
     bk = dec._buckets[dec.bucket_of(1)]
-    res = dict(model=name, prompt_len=P, steps=steps, chunk=chunk, plan=bk.plan.name, attn_splits=bk.plan.attn_splits,
+    res = dict(model=name, prompt_len=P, steps=steps, chunk=chunk, plan=bk.plan.name, plan_splits=bk.plan.attn_splits,
+               attn_splits=bk.splits, prefill_chunk_ms=chunk_ms,
                key_cap=bk.cap, reference_prefill=ref_pre, prefill_s=round(t_pre, 2), prefill_peak_gib=round(peak_pre, 2),
                reference_s=round(t_ref, 1), prefill_rel_err=pre_err, prefill_argmax_agree=pre_agree,
                decode_max_rel_err=worst, decode_argmax_agree=f"{agree}/{steps}", decode_far_tokens=far,
+               differ_at=([0] if pre_agree is False else []) + differ,
                decode_call_ms_median=round(sorted(dec_ms)[len(dec_ms) // 2], 3), ref_tokens=ref_tokens,
                ok=bool((pre_err is None or pre_err < TOL) and worst < TOL and far == 0))
     del dec, pre, ref, w, kv, cache
@@ -138,17 +145,19 @@ def engine(name: str, lens: list[int], max_tokens: int, ref_tokens: dict, book_a
     for P in lens:
         for tag, plan in variants:
             t0 = time.time()
-            llm = LLM(name, backend="megakernel" if gpu else "pyvm", max_batch=1, max_seq_len=P + max_tokens + 16, dtype="bfloat16",
-                      seed=0, plan=plan(P))
+            llm = LLM(name, backend="megakernel" if gpu else "pyvm", max_batch=1, max_seq_len=P + max_tokens + 16,
+                      dtype="bfloat16", seed=0, plan=plan(P), enable_prefix_caching=False)   # (every run prefills)
             r = dict(model=name, prompt_len=P, variant=tag, setup_s=round(time.time() - t0, 1))
             try:
                 prompt = prompt_of(cfg, P)
                 llm.generate([prompt[:64]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
                              use_tqdm=False)   # warm-up: decode graphs of the short cap
+                ttft_cold = None
                 for rep in range(2):   # the second run: the long prefill's graphs and the long caps captured
                     t0 = time.time()
                     o = llm.generate([prompt], sp, use_tqdm=False)[0]
                     dt = time.time() - t0
+                    ttft_cold = o.metrics.time_to_first_token if rep == 0 else ttft_cold
                 m = o.metrics
                 ref = ref_tokens.get((name, P))
                 same = 0
@@ -158,6 +167,7 @@ def engine(name: str, lens: list[int], max_tokens: int, ref_tokens: dict, book_a
                             break
                         same += 1
                 r.update(seconds=round(dt, 3), tokens=len(o.token_ids), ttft_s=round(m.time_to_first_token, 3),
+                         ttft_first_run_s=round(ttft_cold, 3),
                          ms_per_decode_token=round(1e3 * m.per_token_latency, 3) if m.per_token_latency else None,
                          tokens_equal_reference_prefix=f"{same}/{min(len(o.token_ids), len(ref))}" if ref else None,
                          plans_used=llm.executor.collective_rpc("health")[0].get("plans_used"),
@@ -176,12 +186,12 @@ def engine(name: str, lens: list[int], max_tokens: int, ref_tokens: dict, book_a
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="llama-3.2-1b")
-    ap.add_argument("--lens", default="8192,32768,131008", help="prompt lengths (forced and engine)")
+    ap.add_argument("--lens", default="8192,32768,130944", help="prompt lengths (forced and engine)")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--chunk", type=int, default=4096, help="prefill chunk (the engine's default step budget)")
     ap.add_argument("--ref-chunk", type=int, default=512)
     ap.add_argument("--ref-prefill-max", type=int, default=32768)
-    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--book-at-ctx", action="store_true")
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="a smoke run of this script on the CPU (pyvm decode; tiny models)")
@@ -221,7 +231,8 @@ def main() -> int:
         pe = "-" if r["prefill_rel_err"] is None else f"{r['prefill_rel_err']:.2e}"
         print(f"{r['model']:13s} P={r['prompt_len']:6d} plan={r['plan']} splits={r['attn_splits']} prefill "
               f"{r['prefill_s']} s peak {r['prefill_peak_gib']} GiB err {pe}  decode err {r['decode_max_rel_err']:.2e} "
-              f"agree {r['decode_argmax_agree']} far {r['decode_far_tokens']} call {r['decode_call_ms_median']} ms "
+              f"agree {r['decode_argmax_agree']} (differ at {r['differ_at']}) far {r['decode_far_tokens']} call "
+              f"{r['decode_call_ms_median']} ms "
               f"ok={r['ok']}")
     for e in res["engine"]:
         print(json.dumps(e)[:600])

@@ -522,10 +522,10 @@ elif [ "$MODE" = long ]; then
 # long (session 55): contexts of 8k-128k tokens, never run before on a GPU: prefill in 4096-token chunks (the engine's
 # new default step budget) and decode against the reference (scripts/gpu_check_long.py), then the kernel alone with the
 # gpt-fast peer at the same contexts (bench_decode, B=1)
-st "long contexts: gpu_check_long ${LONG_LENS:-8192,32768,131008}, then bench_decode ctx ${LONG_CTXS:-8192,32768,131072}"
+st "long contexts: gpu_check_long ${LONG_LENS:-8192,32768,130944}, then bench_decode ctx ${LONG_CTXS:-8192,32768,131072}"
 mkdir -p "$OUT/long"
 OUT="$OUT/long" timeout ${LONG_LIM:-300} python3 scripts/gpu_check_long.py --models ${MODELS:-llama-3.2-1b} \
-    --lens ${LONG_LENS:-8192,32768,131008} ${LONG_ARGS:---book-at-ctx} > "$OUT/long/check.log" 2>&1
+    --lens ${LONG_LENS:-8192,32768,130944} ${LONG_ARGS:---book-at-ctx} > "$OUT/long/check.log" 2>&1
 sed -n '/==== gpu_check_long/,$p' "$OUT/long/check.log" | cut -c1-700; tail -3 "$OUT/long/check.log"; snap
 if [ -n "${LONG_CTXS-x}" ]; then
 OUT="$OUT/long" timeout ${LONG_BENCH_LIM:-240} python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b} \

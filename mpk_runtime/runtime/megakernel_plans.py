@@ -32,6 +32,7 @@ from ..ir.build import build_graph
 from ..models.reference import rope_inv_freq
 from ..planner.book import bucket_key, pick_plan
 from ..planner.plan import Plan
+from ..tasks.tiling import attn_splits_for
 from .base import KernelTimeout, Pending
 from .decode_io import burst, device_pending, fill_step
 from .device_sampling import any_full, draw_full, fill_sampling, graph_greedy
@@ -50,8 +51,9 @@ def kv_cap(need: int, max_seq_len: int) -> int:
 
 
 class _Bucket:
-    def __init__(self, batch: int, plan: Plan, ex: PlanExecutor, mem: RankMemory, pos, tables):
+    def __init__(self, batch: int, plan: Plan, ex: PlanExecutor, mem: RankMemory, pos, tables, splits: int):
         self.batch, self.plan, self.ex, self.mem, self.pos, self.tables = batch, plan, ex, mem, pos, tables
+        self.splits = splits   # attention key splits of its graph (PlannedDecoder.splits_at)
         self.cap = 0                      # kv_len_cap of the captured graph (0 = none captured yet)
         self.ctx: StepCtx | None = None
         self.captures = 0
@@ -79,13 +81,25 @@ class PlannedDecoder:
             raise ValueError(f"{n} decode rows but the plan book's largest bucket is {b}")
         return b
 
-    def _bucket(self, b: int) -> _Bucket:
-        if b not in self._buckets:
-            plan = pick_plan(self.book, b)
+    def splits_at(self, plan: Plan, b: int, cap: int) -> int:
+        """Attention key splits of bucket b at key cap `cap`. A plan's splits follow the context it was made for
+        (planner.search.attn_splits: rows x KV heads x splits ~ the SMs, >= 64 keys a split; the engine's book is
+        made at 512 keys); past it the same rule at the step's cap, never fewer than the plan's. At batch 1 that is
+        8 splits of 8 KV heads at 512 keys and 16 from 1024: llama-3.2-1b at a 131k-token context 3.79 -> 2.98 ms a
+        token through LLM.generate (1x H100, session 55; 16 splits was what the bench's plans, made at the bench's
+        context, had run)."""
+        return max(plan.attn_splits or self.attn_splits, attn_splits_for(b, self.cfg.num_kv_heads, cap, self.num_sms))
+
+    def _bucket(self, b: int, cap: int) -> _Bucket:
+        """Bucket b, built for key caps up to `cap` (rebuilt when a larger cap wants more attention splits)."""
+        plan = pick_plan(self.book, b)
+        splits = self.splits_at(plan, b, cap)
+        if b not in self._buckets or self._buckets[b].splits < splits:
             if plan.tp != 1:
                 raise ValueError(f"the plan book was made for tp={plan.tp}; the GPU runner takes plans at tp=1")
+            self._buckets.pop(b, None)   # (its graphs and memory go before the new ones are made)
             g = build_graph(self.cfg, mode="decode", batch=b, context_len=0, max_seq_len=self.max_seq_len,
-                            attn_splits=plan.attn_splits or self.attn_splits, dtype=self.dtype)
+                            attn_splits=splits, dtype=self.dtype)
             mem = RankMemory(g, self.weights, self.kv, device=self.device)
             pos = torch.full((b,), -1, dtype=torch.int64, device=self.device)
             tables = torch.zeros((b, self.width), dtype=torch.int64, device=self.device)
@@ -96,7 +110,7 @@ class PlannedDecoder:
                                   inv_freq=self.inv_cpu, head_dim=self.cfg.head_dim, timeout_s=self.timeout_s)
             ex = PlanExecutor(plan, [g], [mem], backend=self.backend, num_sms=self.num_sms, mode="ordered",
                               check=self.backend == "pyvm", make_megakernel=make_mk)
-            self._buckets[b] = _Bucket(b, plan, ex, mem, pos, tables)
+            self._buckets[b] = _Bucket(b, plan, ex, mem, pos, tables, splits)
         return self._buckets[b]
 
     def _check(self, bk: _Bucket) -> None:
@@ -109,7 +123,7 @@ class PlannedDecoder:
     def _ready(self, n: int, need: int, greedy: bool, want_logits: bool) -> _Bucket:
         """The bucket of n rows with its step context set (and, on the GPU, a graph captured) for a key cap >=
         need."""
-        bk = self._bucket(self.bucket_of(n))
+        bk = self._bucket(self.bucket_of(n), need)
         if self.backend == "pyvm":   # eager, keys as needed
             bk.ctx = StepCtx(self.cfg, 1, bk.pos, bk.tables, self.page_size, 1, self.inv, greedy=greedy,
                              logits_unread=not want_logits)

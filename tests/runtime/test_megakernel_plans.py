@@ -2,6 +2,8 @@
 bucket of each step's row count, writes the step's inputs in place (inactive padding rows), and every plan family
 gives the reference model's logits; ConventionalPrefill gives the reference prefill logits; the key-length cap of a
 captured step covers the longest sequence."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -251,3 +253,41 @@ def test_write_tables_leaves_what_a_full_rewrite_leaves(B, width):
         assert torch.equal(t, want), step
     with pytest.raises(ValueError, match="pages for a table"):
         write_tables(t, [[1] * (width + 1)])
+
+
+def test_attention_splits_follow_the_key_cap_past_the_plans_context():
+    """The engine's book is made at 512 keys (8 key splits at batch 1 over 8 KV heads); from a key cap of 1024 the
+    bucket is rebuilt with the plan rule's 16 (PlannedDecoder.splits_at), within a resumed burst too, and the
+    tokens stay the reference's. Never fewer splits than the plan's at short caps."""
+    cfg = PRESETS["tiny-llama-g8"].replace(dtype="float32")
+    w = random_weights(cfg, seed=3)
+    ps, maxlen = 16, 1024 + 64
+    kv = KVStore(cfg.num_layers, maxlen // ps + 2, ps, cfg.num_kv_heads, cfg.head_dim, torch.float32, poison=False)
+    book = plan_book(cfg, 1, (1,), context=512, families=("mono",))
+    assert book["buckets"][1]["attn_splits"] == 8
+    dec = PlannedDecoder(cfg, w, kv, book, max_seq_len=maxlen, page_size=ps, num_sms=132, dtype="float32",
+                         device=torch.device("cpu"), backend="pyvm")
+    plan = dec._bucket(1, 256).plan
+    assert [dec.splits_at(plan, 1, c) for c in (256, 512, 1024, 2048)] == [8, 8, 16, 16]
+    p8 = dataclasses.replace(plan, batch=8, attn_splits=2)   # a batch-8 plan's 2 (rows x heads fill the SMs): kept
+    assert [dec.splits_at(p8, 8, c) for c in (256, 4096)] == [2, 2]
+    pre = ConventionalPrefill(cfg, w, kv, max_seq_len=maxlen, page_size=ps, dtype="float32",
+                              device=torch.device("cpu"))
+    ref = ReferenceModel(cfg, w)
+    prompt = torch.randint(0, cfg.vocab_size, (500,), generator=torch.Generator().manual_seed(0)).tolist()
+    table = list(range(1, maxlen // ps + 1))
+    cache = ref.new_cache(1, maxlen)
+    lr = ref.forward(torch.tensor([prompt]), torch.zeros(1, dtype=torch.long), cache)[0, -1]
+    _, tok = pre.run(prompt, 0, table)
+    assert tok == int(lr.argmax())
+    want = []
+    t = tok
+    for p in range(500, 516):
+        lr = ref.forward(torch.tensor([[t]]), torch.tensor([p]), cache)[0, 0]
+        t = int(lr.argmax())
+        want.append(t)
+    got = dec.decode_steps([tok], [500], [table], None, 8)[0].tolist()      # keys up to 508: cap 512, 8 splits
+    assert dec._buckets[1].splits == 8
+    got += dec.decode_steps([0], [508], [table], None, 8, resume=True)[0].tolist()   # cap 1024: rebuilt, 16
+    assert dec._buckets[1].splits == 16
+    assert got == want
