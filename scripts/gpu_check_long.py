@@ -145,10 +145,13 @@ def engine(name: str, lens: list[int], max_tokens: int, ref_tokens: dict, book_a
     for P in lens:
         for tag, plan in variants:
             t0 = time.time()
-            llm = LLM(name, backend="megakernel" if gpu else "pyvm", max_batch=1, max_seq_len=P + max_tokens + 16,
-                      dtype="bfloat16", seed=0, plan=plan(P), enable_prefix_caching=False)   # (every run prefills)
-            r = dict(model=name, prompt_len=P, variant=tag, setup_s=round(time.time() - t0, 1))
+            r = dict(model=name, prompt_len=P, variant=tag)
+            llm = None
             try:
+                llm = LLM(name, backend="megakernel" if gpu else "pyvm", max_batch=1, dtype="bfloat16", seed=0,
+                          max_seq_len=min(P + max_tokens + 16, cfg.max_position_embeddings), plan=plan(P),
+                          enable_prefix_caching=False)   # (every run prefills)
+                r["setup_s"] = round(time.time() - t0, 1)
                 prompt = prompt_of(cfg, P)
                 llm.generate([prompt[:64]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
                              use_tqdm=False)   # warm-up: decode graphs of the short cap
@@ -175,7 +178,8 @@ def engine(name: str, lens: list[int], max_tokens: int, ref_tokens: dict, book_a
             except Exception:  # noqa: BLE001 - report, go on with the next length
                 r["error"] = traceback.format_exc()[-1500:]
             finally:
-                llm.shutdown()
+                if llm is not None:
+                    llm.shutdown()
                 if gpu:
                     torch.cuda.empty_cache()
             rows.append(r)
