@@ -9,6 +9,8 @@ longest sequence, and a bucket re-captures when a step needs a larger cap (at mo
 caps per bucket; the cap never shrinks, so a graph is never captured twice for the same cap). Per cap there are up
 to two graphs: all-greedy steps (StepCtx.greedy: the conventional argmax skips the sampling candidates and draw,
 ~250 small kernels, ~0.6 ms on an H200) and steps with sampled rows; each is captured when first needed and kept.
+A larger cap can also want more attention key splits than the plan's (PlannedDecoder.splits_at: batch 1 from 1024
+keys): the bucket is then rebuilt with them, once per split count.
 
 backend="pyvm" runs the same buckets eagerly on the CPU twin (no capture, no cap): what the CPU tests check.
 
@@ -97,7 +99,7 @@ class PlannedDecoder:
         if b not in self._buckets or self._buckets[b].splits < splits:
             if plan.tp != 1:
                 raise ValueError(f"the plan book was made for tp={plan.tp}; the GPU runner takes plans at tp=1")
-            self._buckets.pop(b, None)   # (its graphs and memory go before the new ones are made)
+            old = self._buckets.pop(b, None)   # (its graphs and memory go before the new ones are made)
             g = build_graph(self.cfg, mode="decode", batch=b, context_len=0, max_seq_len=self.max_seq_len,
                             attn_splits=splits, dtype=self.dtype)
             mem = RankMemory(g, self.weights, self.kv, device=self.device)
@@ -111,6 +113,7 @@ class PlannedDecoder:
             ex = PlanExecutor(plan, [g], [mem], backend=self.backend, num_sms=self.num_sms, mode="ordered",
                               check=self.backend == "pyvm", make_megakernel=make_mk)
             self._buckets[b] = _Bucket(b, plan, ex, mem, pos, tables, splits)
+            self._buckets[b].captures = old.captures if old is not None else 0   # (the bucket's count goes on)
         return self._buckets[b]
 
     def _check(self, bk: _Bucket) -> None:
