@@ -133,13 +133,16 @@ def forced(name: str, P: int, steps: int, chunk: int, ref_chunk: int, ref_prefil
     return res
 
 
-def engine(name: str, lens: list[int], max_tokens: int, ref_tokens: dict, book_at_ctx: bool, gpu: bool) -> list[dict]:
+def engine(name: str, lens: list[int], max_tokens: int, ref_tokens: dict, book_at_ctx: bool, gpu: bool,
+           prefill_ab: bool = False) -> list[dict]:
     from mpk_runtime import LLM, SamplingParams
     from mpk_runtime.planner import plan_book
     cfg = load_config(name)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     rows = []
     variants = [("auto", lambda P: "auto")]
+    if prefill_ab:   # the prefill's graphs over the power-of-two key cap at every length (before session 55)
+        variants.append(("prefill_graphs", lambda P: "auto"))
     if book_at_ctx:
         variants.append(("book_at_ctx", lambda P: plan_book(cfg.replace(dtype="bfloat16"), 1, (1,), context=P)))
     for P in lens:
@@ -147,6 +150,9 @@ def engine(name: str, lens: list[int], max_tokens: int, ref_tokens: dict, book_a
             t0 = time.time()
             r = dict(model=name, prompt_len=P, variant=tag)
             llm = None
+            env0 = os.environ.get("MPK_PREFILL_EXACT_KEYS")
+            if tag == "prefill_graphs":
+                os.environ["MPK_PREFILL_EXACT_KEYS"] = "0"
             try:
                 llm = LLM(name, backend="megakernel" if gpu else "pyvm", max_batch=1, dtype="bfloat16", seed=0,
                           max_seq_len=min(P + max_tokens + 16, cfg.max_position_embeddings), plan=plan(P),
@@ -178,6 +184,9 @@ def engine(name: str, lens: list[int], max_tokens: int, ref_tokens: dict, book_a
             except Exception:  # noqa: BLE001 - report, go on with the next length
                 r["error"] = traceback.format_exc()[-1500:]
             finally:
+                if tag == "prefill_graphs":
+                    os.environ.pop("MPK_PREFILL_EXACT_KEYS", None) if env0 is None else \
+                        os.environ.__setitem__("MPK_PREFILL_EXACT_KEYS", env0)
                 if llm is not None:
                     llm.shutdown()
                 if gpu:
@@ -197,6 +206,7 @@ def main() -> int:
     ap.add_argument("--ref-prefill-max", type=int, default=32768)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--book-at-ctx", action="store_true")
+    ap.add_argument("--prefill-ab", action="store_true", help="engine runs with MPK_PREFILL_EXACT_KEYS=0 too")
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="a smoke run of this script on the CPU (pyvm decode; tiny models)")
     a = ap.parse_args()
@@ -224,7 +234,7 @@ def main() -> int:
             save()
         if not a.skip_engine:
             try:
-                res["engine"] += engine(name, lens, a.max_tokens, ref_tokens, a.book_at_ctx, gpu)
+                res["engine"] += engine(name, lens, a.max_tokens, ref_tokens, a.book_at_ctx, gpu, a.prefill_ab)
             except Exception as e:  # noqa: BLE001
                 res["errors"].append({"model": name, "engine": True, "error": traceback.format_exc()[-1500:]})
                 log("ERROR engine", name, e)

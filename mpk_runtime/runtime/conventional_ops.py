@@ -311,6 +311,9 @@ def attention(op, mem, ctx, cache) -> None:
     if kvn is not None:   # deferred rows, but this step takes the gather + SDPA path: append them first
         rows = kvn.view(B * T, 2, nkv, D)
         _append_kv(rows[:, 0], rows[:, 1], kc, vc, _kv_slots(cache, mem, ctx))
+    if ctx.rows is not None:
+        attention_rows(q, out, kc, vc, ctx, B, T, nq, nkv, D, a["scale"])
+        return
     st = _attn_step(cache, ctx, g, q.dtype, q.device)
     L, npg = st["L"], st["npg"]
     # index_select copies whole contiguous pages (a vectorised gather); advanced indexing kc[pages] ran an
@@ -335,6 +338,34 @@ def attention(op, mem, ctx, cache) -> None:
         torch.where(st["live"], o, st["zero"], out=out.view(B, T, nkv, g, D))
     else:
         out.copy_(torch.where(st["live"], o, st["zero"]).reshape(B * T, nq * D))
+
+
+def attention_rows(q, out, kc, vc, ctx, B: int, T: int, nq: int, nkv: int, D: int, scale: float) -> None:
+    """A prefill step's attention, one sequence at a time over exactly its own keys (ctx.rows: host-known pad,
+    start, n of each; eager steps only, the shapes follow the data): the n live rows of sequence b attend to keys
+    [0, start + n), causal to the last key (torch's lower-right causal bias: no mask in memory, so SDPA can take its
+    flash kernel), K / V expanded to the query heads (GQA) for that call only. Padding rows and sequences get zeros.
+    What it replaces at long contexts: the (B, 1, g * T, L_cap) additive mask over the power-of-two key cap, which at a
+    4096-token chunk and a 131072-key cap is 4 GiB and makes every chunk pay for the whole cap (ConventionalPrefill
+    picks this path from MPK_PREFILL_EXACT_KEYS keys)."""
+    from torch.nn.attention.bias import causal_lower_right
+    ps, g = ctx.page_size, nq // nkv
+    qv = q.view(B, T, nq, D)
+    ov = out.view(B, T, nq, D)
+    for b, (pad, start, n) in enumerate(ctx.rows):
+        if pad:
+            ov[b, :pad].zero_()
+        if n <= 0:
+            continue
+        L = start + n
+        npg = -(-L // ps)
+        pages = ctx.block_tables[b, :npg]
+        k = kc.index_select(0, pages).view(npg * ps, nkv, D)[:L].transpose(0, 1).repeat_interleave(g, dim=0)
+        v = vc.index_select(0, pages).view(npg * ps, nkv, D)[:L].transpose(0, 1).repeat_interleave(g, dim=0)
+        qb = qv[b, pad:].transpose(0, 1)                      # (nq, n, D)
+        o = F.scaled_dot_product_attention(qb[None], k[None].to(qb.dtype), v[None].to(qb.dtype),
+                                           attn_mask=causal_lower_right(n, L), scale=scale)   # (1, nq, n, D)
+        ov[b, pad:] = o[0].transpose(0, 1).to(ov.dtype)
 
 
 # kind -> (whole-op implementation, which ops of that kind run whole; the rest run as their coarse task)

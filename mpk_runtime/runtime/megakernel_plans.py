@@ -24,12 +24,14 @@ token.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections import OrderedDict
 
 import torch
 
+from ..envflags import env_int
 from ..ir.build import build_graph
 from ..models.reference import rope_inv_freq
 from ..planner.book import bucket_key, pick_plan
@@ -219,6 +221,14 @@ def _pow2s(lo: int, hi: int) -> list[int]:
     return out
 
 
+# Key caps from which a prefill group runs eagerly over its sequences' exact keys instead of replaying a graph over the
+# power-of-two cap with a mask (session 55, 1x H100, llama-3.2-1b, 4096-token chunks through the graphs: ~92 / 163 /
+# 340 ms a chunk at caps 16k / 32k / 128k, the time following the cap, not the keys; a 131k-token prompt's first token
+# 6.9 s warm, 7.9 s cold, each new cap's first chunk 0.4-1.6 s with its capture). From 16k keys a chunk's attention
+# should dominate its time (prediction: ~60-80%), so an eager step's launches hide behind it.
+EXACT_KEYS = 16384
+
+
 class ConventionalPrefill:
     """Prompt chunks through the conventional executor on the GPU. The chunks of a step are grouped by length
     bucket (powers of two >= 16) and each group runs as one prefill graph of (sequences, tokens) bucketed to
@@ -254,12 +264,16 @@ class ConventionalPrefill:
             capture = os.environ.get("MPK_PREFILL_GRAPHS", "1") != "0"
         self.capture = bool(capture) and torch.device(device).type == "cuda"
         self.capture_tokens = capture_tokens
+        # a group whose key cap reaches this many keys runs eagerly, each sequence over its exact keys with no mask
+        # (StepCtx.rows, conventional_ops.attention_rows); 0 = never
+        self.exact_keys = env_int("MPK_PREFILL_EXACT_KEYS", EXACT_KEYS, lo=0, hi=1 << 30)
         self.share_activations = share_activations
         self._pool = None
         self._ex: OrderedDict[tuple[int, int], _PrefillShape] = OrderedDict()
         self.graph_runs = 0          # prefill graphs run (tests: chunks of a step share graphs)
         self.captures = 0            # CUDA graphs captured
         self.replays = 0             # steps' groups run by replaying one
+        self.exact_runs = 0          # groups run eagerly over their exact keys (exact_keys)
 
     def _get(self, B: int, T: int) -> _PrefillShape:
         key = (B, T)
@@ -326,7 +340,8 @@ class ConventionalPrefill:
         drawn = [0] * len(chunks)
         for g in prefill_groups(chunks, self.max_seq_len, self.width):
             sh = self._get(g.B, g.T)
-            graphed = self.capture and g.B * g.T <= self.capture_tokens
+            exact = 0 < self.exact_keys <= g.kv_cap
+            graphed = self.capture and g.B * g.T <= self.capture_tokens and not exact
             if graphed and g.kv_cap not in sh.graphs:
                 self._capture(sh, g.T, g.kv_cap)
                 graphed = g.kv_cap in sh.graphs
@@ -339,6 +354,11 @@ class ConventionalPrefill:
             if graphed:
                 sh.graphs[g.kv_cap].replay()
                 self.replays += 1
+            elif exact:
+                rows = tuple((int(g.pad[j]), int(g.pos[j]), g.T - int(g.pad[j]) if g.pos[j] >= 0 else 0)
+                             for j in range(g.B))
+                sh.ex.run([dataclasses.replace(self._ctx(sh, g.T, g.kv_cap), rows=rows)])
+                self.exact_runs += 1
             else:
                 sh.ex.run([self._ctx(sh, g.T, g.kv_cap)])
             self.graph_runs += 1

@@ -205,6 +205,9 @@ class StepCtx:
     greedy: bool = False           # the caller's promise that every row is greedy (temperature 0) this step: the
     #                                conventional argmax then skips the sampling candidates and draw (~250 small
     #                                kernels on a GPU), giving the same tokens; a static field (graphs key on it)
+    rows: tuple | None = None      # (pad, start, n) of each sequence, host-known (an eager prefill step only): the
+    #                                conventional attention then runs each sequence over exactly its start + n keys,
+    #                                causal to the last key, with no mask (conventional_ops.attention_rows)
     logits_unread: bool = False    # the caller's promise that nothing reads the step's fp32 logits afterwards (only
     #                                the drawn tokens): with greedy and MPK_CONV_BF16_ARGMAX=1 a conventional LM head
     #                                followed by its argmax in the same segment skips the fp32 logits write

@@ -70,11 +70,13 @@ def test_gpu_runner_plans_refused_at_tp2():
         LLM("tiny-llama", backend="megakernel", tp=2, max_batch=2, plan="auto")
 
 
+@pytest.mark.parametrize("exact", ["", "16"])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-def test_batched_prefill_of_unequal_chunks_matches_reference(name):
+def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, monkeypatch):
     """The chunks of a step, of different lengths and start positions (a continued chunk too), run left-padded
     in few graphs; each chunk's last-token logits, its KV (checked by decoding after) and its drawn token equal
     the reference."""
+    monkeypatch.setenv("MPK_PREFILL_EXACT_KEYS", exact)   # "16": every group over its exact keys (attention_rows)
     cfg, w, kv = _setup(name)
     pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="float32",
                               device=torch.device("cpu"))
@@ -99,6 +101,7 @@ def test_batched_prefill_of_unequal_chunks_matches_reference(name):
         got, _ = pre.run([drawn[i], 1], len(p), tables[i])
         want = ref.forward(torch.tensor([[drawn[i], 1]]), torch.tensor([len(p)]), caches[i])[0, -1]
         assert ((got - want).abs().max() / want.abs().max()) < 1e-5, i
+    assert (pre.exact_runs > 0) == bool(exact)
 
 
 def test_batched_prefill_samples_like_a_lone_chunk():
