@@ -57,7 +57,8 @@ def graph_us(unit, reps: int, replays: int = 10) -> float:
         ts.append(a.elapsed_time(b) * 1e3 / reps)
     return statistics.median(ts)
 
-def floor_ms(cfg) -> tuple[float, int]:
+def floor_ms(cfg, bw: float = HBM) -> tuple[float, int]:
+    """(ms to stream the weights one decode step reads at `bw` bytes/s, those bytes)."""
     from mpk_runtime.models.weights import weight_shapes
     n = 0
     for name, shape in weight_shapes(cfg).items():
@@ -67,7 +68,44 @@ def floor_ms(cfg) -> tuple[float, int]:
         if name.endswith("embed_tokens.weight") and not cfg.tie_word_embeddings:
             continue
         n += 2 * k
-    return n / HBM * 1e3, n
+    return n / bw * 1e3, n
+
+
+def kv_bytes_per_token(cfg) -> int:
+    """Bytes of K and V one cached token holds across the layers (bf16): what a decode step reads per key."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
+
+
+def floor_kv_ms(cfg, batch: int, context: int, bw: float = HBM) -> float:
+    """ms to stream the weights and every row's cached K / V (batch x context keys) once at `bw`: the floor that
+    counts what a long context adds (floor_ms counts the weights only, the issue's definition at context 512)."""
+    return (floor_ms(cfg, bw)[1] + batch * context * kv_bytes_per_token(cfg)) / bw * 1e3
+
+
+def stream_bandwidth(device_name: str, measure=None) -> tuple[float, str]:
+    """(read-only streaming bytes/s of this GPU, where the number comes from). An H200: HBM, the rate measured by
+    our own streaming kernel (the floor of every table so far). Another card: measured now by `measure` (default:
+    torch.sum over 4 GiB of bf16, the median of 10), so its floor is its own and not the H200's."""
+    if "H200" in device_name:
+        return HBM, "4.55 TB/s: read-only streaming measured on one H200 (the issue's floor)"
+    bw = (measure or _measure_sum_bandwidth)()
+    return bw, f"{bw / 1e12:.2f} TB/s: torch.sum over 4 GiB of bf16 on this {device_name}, median of 10 (measured now)"
+
+
+def _measure_sum_bandwidth(nbytes: int = 4 << 30, reps: int = 10) -> float:
+    a = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda")
+    ts = []
+    for i in range(reps + 2):
+        e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
+        e0.record()
+        a.sum(dtype=torch.float32)
+        e1.record()
+        e1.synchronize()
+        if i >= 2:
+            ts.append(e0.elapsed_time(e1) / 1e3)
+    del a
+    torch.cuda.empty_cache()
+    return nbytes / statistics.median(ts)
 
 
 # ------------------------------------------------------------------------------------------------ megakernel

@@ -61,7 +61,8 @@ os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_
 
 import torch  # noqa: E402
 
-from _bench_common import HBM, OUT, T0, _ints, bench_megakernel, floor_ms, log, stage_summary  # noqa: E402,F401
+from _bench_common import (HBM, OUT, T0, _ints, bench_megakernel, floor_kv_ms, floor_ms, log, stage_summary,  # noqa: E402,F401
+                           stream_bandwidth)
 from _bench_tp import main_tp  # noqa: E402  (--tp 2)
 from mpk_runtime.envflags import resolved_switches, switches  # noqa: E402
 
@@ -130,13 +131,15 @@ def summarize(rows: list[dict]) -> None:
         if r.get("status") == "ok" and k in ours:
             r["ratio_vs_ours"] = r["ms"] / ours[k]   # > 1: this runtime (its chosen plan) is faster
     print("\n==== bench_decode (ms/token, median) ====")
-    print(f"{'model':13s} {'B':>3s} {'ctx':>5s} {'system':10s} {'ms':>8s} {'floor':>7s} {'%floor':>6s} {'peer/ours':>9s}")
+    print(f"{'model':13s} {'B':>3s} {'ctx':>5s} {'system':10s} {'ms':>8s} {'floor':>7s} {'%floor':>6s} {'peer/ours':>9s} "
+          f"{'floor+kv':>8s} {'%':>4s}")
     for r in rows:
         if r.get("status") != "ok":
             print(f"{r['model']:13s} {r['batch']:3d} {r['context']:5d} {r['system']:10s} {r['status'][:60]}")
             continue
         print(f"{r['model']:13s} {r['batch']:3d} {r['context']:5d} {r['system']:10s} {r['ms']:8.3f} {r['floor_ms']:7.3f} "
-              f"{r['pct_of_floor']:6.0f} {r.get('ratio_vs_ours', float('nan')):9.2f}"
+              f"{r['pct_of_floor']:6.0f} {r.get('ratio_vs_ours', float('nan')):9.2f} "
+              f"{r.get('floor_kv_ms', float('nan')):8.3f} {r.get('pct_of_floor_kv', float('nan')):4.0f}"
               + (f"  ({r['plan']})" if r["system"] == "planned" else ""))
 
 
@@ -260,10 +263,12 @@ def main():
     batches = [int(b) for b in args.batches.split(",")]
     ctxs = [int(c) for c in args.contexts.split(",")]
     share = args.budget_s / len(models)
+    bw, bw_source = stream_bandwidth(torch.cuda.get_device_name(0))
     meta = dict(machine=f"{torch.cuda.get_device_name(0)} (GPU 0 of {torch.cuda.device_count()} visible), {platform.node()}", date=datetime.datetime.now().isoformat(),
                 t0_local=datetime.datetime.fromtimestamp(T0).isoformat(),   # rows' t_s count from here (smi_join.py)
-                git_commit=os.environ.get("GIT_COMMIT", "unknown"), torch=torch.__version__, hbm_bytes_per_s=HBM,
-                note="floor = streamed weight bytes / 4.55 TB/s; untied embedding excluded", switches=switches(),
+                git_commit=os.environ.get("GIT_COMMIT", "unknown"), torch=torch.__version__, hbm_bytes_per_s=bw, bandwidth_source=bw_source,
+                note="floor = streamed weight bytes / the card's streaming rate (bandwidth_source); untied embedding "
+                     "excluded; floor_kv_ms adds every row's cached K / V at the context", switches=switches(),
                 graph_switches=resolved_switches(),
                 order="work_order: --before cells, this runtime's planned cells, its megakernel cells (B=1 first), then "
                       "the peers (gpt-fast / HF B=1 first), one process (since session 44; before it the batch-1 cells of "
@@ -279,7 +284,7 @@ def main():
 
     for mi, model in enumerate(models):
         cfg = load_config(model)
-        fl, nbytes = floor_ms(cfg)
+        fl, nbytes = floor_ms(cfg, bw)
         deadline = T0 + share * (mi + 1)
         # the planner's choice where it is not the one megakernel (from B=8: the conventional plan)
         chosen = {c: chosen_plans(cfg, batches, c) for c in ctxs} if args.planned else {}
@@ -297,6 +302,7 @@ def main():
             # seq / t_s: the cell's place in this process's order and its start (s after the process began), kept
             # with each number (session 36: the same plan moves ~4% between machine starts, < 1% between orders)
             key = dict(model=model, system=system, batch=B, context=ctx, floor_ms=fl, weight_bytes=nbytes,
+                       floor_kv_ms=floor_kv_ms(cfg, B, ctx, bw),
                        seq=len(ROWS), t_s=round(time.time() - T0, 1))
             est = {"megakernel": 8, "planned": 25 if "8b" in model else 12, "gptfast": 45 if "8b" in model else 25,
                    "hf": 90 if "8b" in model else 45}[system]
@@ -319,7 +325,8 @@ def main():
                         weights = None
                         gc.collect(); torch.cuda.empty_cache()
                     r = (bench_gptfast if system == "gptfast" else bench_hf)(cfg, B, ctx)
-                r = dict(key, **r, status="ok", pct_of_floor=100 * fl / r["ms"])
+                r = dict(key, **r, status="ok", pct_of_floor=100 * fl / r["ms"],
+                         pct_of_floor_kv=100 * key["floor_kv_ms"] / r["ms"])
                 log(f"{system:10s} {model:13s} B={B:<3d} ctx={ctx:<5d} {r['ms']:.3f} ms/token "
                     f"({r['pct_of_floor']:.0f}% of floor {fl:.3f})")
             except Exception as e:  # noqa: BLE001

@@ -524,9 +524,11 @@ elif [ "$MODE" = long ]; then
 # gpt-fast peer at the same contexts (bench_decode, B=1)
 st "long contexts: gpu_check_long ${LONG_LENS:-8192,32768,130944}, then bench_decode ctx ${LONG_CTXS:-8192,32768,131072}"
 mkdir -p "$OUT/long"
+if [ -n "${LONG_LENS-x}" ]; then   # (LONG_LENS= : the bench alone)
 OUT="$OUT/long" timeout ${LONG_LIM:-300} python3 scripts/gpu_check_long.py --models ${MODELS:-llama-3.2-1b} \
     --lens ${LONG_LENS:-8192,32768,130944} ${LONG_ARGS:---book-at-ctx} > "$OUT/long/check.log" 2>&1
 sed -n '/==== gpu_check_long/,$p' "$OUT/long/check.log" | cut -c1-700; tail -3 "$OUT/long/check.log"; snap
+fi
 if [ -n "${LONG_CTXS-x}" ]; then
 OUT="$OUT/long" timeout ${LONG_BENCH_LIM:-240} python3 scripts/bench_decode.py --models ${MODELS:-llama-3.2-1b} \
     --batches ${LONG_BS:-1} --contexts ${LONG_CTXS:-8192,32768,131072} --peer-batches ${LONG_BS:-1} --hf-batches "" \

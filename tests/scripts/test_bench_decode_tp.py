@@ -325,3 +325,18 @@ def test_graph_kwargs_default_is_the_engine_setting():
         return {t.params.get("k_slices") for t in tg.tasks if t.kind == "linear" and t.op.endswith("down")}
     assert kslices(_tp_rig.graph_kwargs(2, 2)) == {1}
     assert kslices(_tp_rig.graph_kwargs(2)) == {0}
+
+
+def test_floor_with_the_kv_cache_and_the_cards_own_bandwidth():
+    """floor_kv_ms adds every row's cached K / V (llama-3.2-1b: 32 KiB a token; 131072 keys: 4 GiB, more than its
+    2.47 GB of weights); a card that is not an H200 gets its own measured rate, not the H200's 4.55 TB/s."""
+    from _bench_common import HBM, floor_kv_ms, kv_bytes_per_token, stream_bandwidth
+    cfg = load_config("llama-3.2-1b")
+    assert kv_bytes_per_token(cfg) == 32 * 1024
+    fl, nb = bench_decode.floor_ms(cfg)
+    assert floor_kv_ms(cfg, 1, 0) == pytest.approx(fl)
+    assert floor_kv_ms(cfg, 1, 131072) == pytest.approx((nb + 131072 * 32768) / HBM * 1e3)
+    assert floor_kv_ms(cfg, 8, 4096, 3e12) == pytest.approx((nb + 8 * 4096 * 32768) / 3e9)
+    assert stream_bandwidth("NVIDIA H200", measure=lambda: 1 / 0)[0] == HBM
+    bw, src = stream_bandwidth("NVIDIA H100 80GB HBM3", measure=lambda: 3.1e12)
+    assert bw == 3.1e12 and "H100" in src and "measured now" in src
