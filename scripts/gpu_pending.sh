@@ -55,23 +55,22 @@
 # after a checkout, ~5 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 0. (session 54 ran: bench/results/s54 -- pipelined bursts -3..-19% a decode step, the default now; tests/gpu 74
-#    passed, write_tables and the KV auto-size included; kvp lazy 1.57x / 1.13x over reserve through the megakernel;
-#    hostgap is moot: no gap > 100 us between pipelined bursts.) Next, one call each:
-#    a. h200_v52 at the points not yet seen out of sample (`N=val52 T=340 VAL_CTXS="512 4096" VAL_B512=1,8
+# 0. (session 55 ran, 1x H100: bench/results/s55 -- long contexts 8k-131k checked against the reference and through
+#    the engine, the attention splits following the key cap (-23% a token at 131k), exact-key long prefill (131k TTFT
+#    7.06 -> 4.84 s), bursts under a full batch +28% tokens/s (old 0d), tests/gpu at the defaults (old 0e: 67 passed
+#    and test_engine_plans' 13 after the capture-count fix; the whole suite not rerun after it).) Next, one call each:
+#    a. tests/gpu whole at HEAD (`N=tall T=300 LIM=290 TESTS="tests/gpu" bash scripts/gpu_run.sh tests`).
+#    b. long contexts on an H200 (the issue's card): `N=long T=560 LONG_BS=1,8 bash scripts/gpu_run.sh long` and
+#       `MODELS=qwen3-8b LONG_LENS=8192,40800 LONG_CTXS=8192,32768`.
+#    c. B=8 at long contexts, where gpt-fast leads (5-9% at 32k / 131k, H100): the planner's conventional attention
+#       curves past 4096 keys (`gpu_run.sh cattn` with a longer key grid) and the megakernel's attention at B=8 32k
+#       (stamps: STAMP_BATCHES=8 STAMP_CTX=32768 stamps).
+#    d. h200_v52 at the points not yet seen out of sample (`N=val52 T=340 VAL_CTXS="512 4096" VAL_B512=1,8
 #       VAL_B4096=32 VAL_LIM=160 bash scripts/gpu_run.sh val`; refused twice in session 54).
-#    b. B=128 at max_seq_len 512 vs 8192 with more runs (session 54's cells spread 2.0-2.5 ms within a process): the
+#    e. B=128 at max_seq_len 512 vs 8192 with more runs (session 54's cells spread 2.0-2.5 ms within a process): the
 #       `engine` mode at ENGINE_BS=128 with and without ENGINE_MSL=8192, twice each, alternated.
-#    c. on an H200, session 52 / 53's H100 cells (async, prefix, drawg) beside the H200 tables.
-#    d. bursts under a full batch with a queue (session 54, CPU-modelled +6..+15% tokens/s): the megakernel through
-#       bench_kv_pressure's length oracle, 512 requests through 32 and 128 slots, KV not short, decode_steps 1 (what
-#       a saturated server ran before) against 4: `OUT=$OUT/sat python3 scripts/bench_kv_pressure.py --backend
-#       megakernel --plan auto --requests 512 --max-batch 32 --kv-seqs 64 --modes lazy --decode-steps 1` and
-#       `--decode-steps 4` (then --max-batch 128 --kv-seqs 160); predicted 4 over 1: +20..+60% tokens/s.
-#    f. (session 55) long contexts, never GPU-run: `N=long T=560 bash scripts/gpu_run.sh long` (gpu_check_long 8k /
-#       32k / 128k against the reference and through the engine, then bench_decode B=1 at those contexts with gpt-fast).
-#    e. tests/gpu at the new defaults (decode_steps 4, bursts under a full batch): `N=tall T=250 LIM=240
-#       TESTS="tests/gpu" bash scripts/gpu_run.sh tests`.
+#    f. on an H200, session 52 / 53's H100 cells (async, prefix, drawg) beside the H200 tables; `sat` at 128 slots
+#       (`SAT_SLOTS=128 SAT_KV=160`).
 # 1. The whole GPU set at the default (`N=run1_one T=330 bash scripts/gpu_run.sh one`).
 # 2. The engine's per-token time at the default and where the rest of it goes at k=8 (llama B=1: 1.152 ms against the
 #    kernel's ~1.07): `N=engd T=150 MODELS=llama-3.2-1b ENGINE_BS=1,128 ENGINE_KS=8 bash scripts/gpu_run.sh engine`.
