@@ -148,9 +148,12 @@ def _tp2_prefill(cfg, w, run) -> dict:
     return out
 
 
-def test_batched_prefill_tp2_over_a_communicator():
+@pytest.mark.parametrize("exact", ["", "16"])
+def test_batched_prefill_tp2_over_a_communicator(exact, monkeypatch):
     """TP=2 ranks in separate "processes" (threads, each holding one shard and a communicator, as Ray workers hold
-    an NCCL group): the padded prefill gathers partial sums and vocab shards through it and gives the reference."""
+    an NCCL group): the padded prefill gathers partial sums and vocab shards through it and gives the reference
+    (exact "16": each rank's heads over the sequences' exact keys, attention_rows)."""
+    monkeypatch.setenv("MPK_PREFILL_EXACT_KEYS", exact)
     cfg = PRESETS["tiny-qwen3"].replace(dtype="float32")
     w = random_weights(cfg, seed=3)
     ref = ReferenceModel(cfg, w)
