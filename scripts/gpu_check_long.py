@@ -151,7 +151,7 @@ def engine(name: str, lens: list[int], max_tokens: int, ref_tokens: dict, book_a
             r = dict(model=name, prompt_len=P, variant=tag)
             llm = None
             env0 = os.environ.get("MPK_PREFILL_EXACT_KEYS")
-            if tag == "prefill_graphs":
+            if tag == "prefill_graphs":   # (read when the runner's ConventionalPrefill is made)
                 os.environ["MPK_PREFILL_EXACT_KEYS"] = "0"
             try:
                 llm = LLM(name, backend="megakernel" if gpu else "pyvm", max_batch=1, dtype="bfloat16", seed=0,
@@ -184,9 +184,10 @@ def engine(name: str, lens: list[int], max_tokens: int, ref_tokens: dict, book_a
             except Exception:  # noqa: BLE001 - report, go on with the next length
                 r["error"] = traceback.format_exc()[-1500:]
             finally:
-                if tag == "prefill_graphs":
-                    os.environ.pop("MPK_PREFILL_EXACT_KEYS", None) if env0 is None else \
-                        os.environ.__setitem__("MPK_PREFILL_EXACT_KEYS", env0)
+                if env0 is None:
+                    os.environ.pop("MPK_PREFILL_EXACT_KEYS", None)
+                else:
+                    os.environ["MPK_PREFILL_EXACT_KEYS"] = env0
                 if llm is not None:
                     llm.shutdown()
                 if gpu:
