@@ -403,10 +403,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-seq-len", type=int, default=None)
     ap.add_argument("--step-timeout", type=float, default=30.0)
-    ap.add_argument("--decode-steps", type=int, default=None,
-                    help="decode steps per engine step while every running request is sampled on the device and "
-                         "no waiting one could be admitted (the tokens stay on the GPU between them; default 4 where the backend samples "
-                         "on the device, else 1; 1 streams every token as it is drawn)")
     ap.add_argument("--plan", default="none", choices=["none", "auto"],
                     help="auto: the planner picks the plan of each decode batch bucket, once, in the controller "
                          "(backends pyvm and megakernel; megakernel at tp=1)")
@@ -420,7 +416,7 @@ def main(argv: list[str] | None = None) -> None:
     from .router import build_router
     router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
                           step_timeout=a.step_timeout, dtype=a.dtype, seed=a.seed, max_batch=a.max_batch,
-                          max_seq_len=a.max_seq_len, decode_steps=a.decode_steps,
+                          max_seq_len=a.max_seq_len,
                           **engine_kwargs(a),
                           **({"plan": a.plan} if a.plan != "none" else {}))
     import uvicorn

@@ -122,7 +122,7 @@ def _generate(a: argparse.Namespace) -> int:
     extra = {"plan": a.plan} if a.plan != "none" else {}   # backends without plans keep their signature
     from .engine.cli_flags import engine_kwargs
     llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len,
-              max_batch=max(a.max_batch, len(prompts)), decode_steps=a.decode_steps, **engine_kwargs(a), **extra)
+              max_batch=max(a.max_batch, len(prompts)), **engine_kwargs(a), **extra)
     t1 = time.perf_counter()
     try:
         outs = llm.generate(prompts, sp, use_tqdm=len(prompts) > 1)
@@ -174,10 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-seq-len", type=int, default=None)
     g.add_argument("--max-batch", type=int, default=8)
-    g.add_argument("--decode-steps", type=int, default=None,
-                    help="decode steps per engine step while every running request is sampled on the device and "
-                         "none waits (the tokens stay on the GPU between them; default 8 where the backend samples "
-                         "on the device, else 1; 1 streams every token as it is drawn)")
     g.add_argument("--stop-token-ids", default=None, help="comma-separated token ids that end a sequence")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the tokenizer's / model's EOS")
     g.add_argument("--stop", action="append", help="a stop string (repeatable; needs a tokenizer): the text ends "

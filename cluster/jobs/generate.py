@@ -86,10 +86,6 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-seq-len", type=int, default=None)
-    ap.add_argument("--decode-steps", type=int, default=None,
-                    help="decode steps per engine step while every running request is sampled on the device and "
-                         "none waits (the tokens stay on the GPU between them; default 8 where the backend samples "
-                         "on the device, else 1; 1 streams every token as it is drawn)")
     ap.add_argument("--plan", default="none", choices=["none", "auto"],
                     help="auto: the planner's plan per decode batch bucket (backends pyvm, megakernel at tp=1)")
     add_engine_flags(ap)
@@ -107,7 +103,7 @@ def _main(argv: list[str] | None = None) -> int:
         ensure_ray(a.ray_address)
     t0 = time.monotonic()
     with LLM(a.model, backend=a.backend, tp=a.tp, executor=executor, dtype=a.dtype, seed=a.seed,
-             max_batch=a.max_batch, max_seq_len=a.max_seq_len, decode_steps=a.decode_steps,
+             max_batch=a.max_batch, max_seq_len=a.max_seq_len,
              **engine_kwargs(a),
              **({"plan": a.plan} if a.plan != "none" else {})) as llm:
         validate_requests(llm, reqs)

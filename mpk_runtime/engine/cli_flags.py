@@ -6,6 +6,12 @@ import argparse
 
 
 def add_engine_flags(ap: argparse.ArgumentParser) -> None:
+    from .llm import DEFAULT_DECODE_STEPS
+    ap.add_argument("--decode-steps", type=int, default=None,
+                    help="decode steps per engine step while every running request is sampled on the device and no "
+                         "waiting one could be admitted (the tokens stay on the GPU between them; default "
+                         f"{DEFAULT_DECODE_STEPS} where the backend samples on the device, else 1; 1 streams every "
+                         "token as it is drawn)")
     ap.add_argument("--async-bursts", action=argparse.BooleanOptionalAction, default=None,
                     help="queue the next burst of decode steps on the device before reading the last one (needs "
                          "decode steps > 1; default: on; --no-async-bursts runs bursts synchronously)")
@@ -29,4 +35,4 @@ def engine_kwargs(a: argparse.Namespace) -> dict:
     sizes = {k: getattr(a, k) for k in ("num_pages", "page_size", "max_num_batched_tokens")
              if getattr(a, k) is not None}
     return dict(async_bursts=a.async_bursts, enable_prefix_caching=a.enable_prefix_caching,
-                kv_allocation=a.kv_allocation, **sizes)
+                kv_allocation=a.kv_allocation, decode_steps=a.decode_steps, **sizes)
