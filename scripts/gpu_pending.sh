@@ -59,7 +59,13 @@
 #    the engine, the attention splits following the key cap (-23% a token at 131k), exact-key long prefill (131k TTFT
 #    7.06 -> 4.84 s), bursts under a full batch +28% tokens/s (old 0d), tests/gpu at the defaults (old 0e: 67 passed
 #    and test_engine_plans' 13 after the capture-count fix; the whole suite not rerun after it).) Next, one call each:
-#    a. tests/gpu whole at HEAD (`N=tall T=300 LIM=290 TESTS="tests/gpu" bash scripts/gpu_run.sh tests`).
+#    a. tests/gpu whole at HEAD (`N=tall T=300 LIM=290 TESTS="tests/gpu" bash scripts/gpu_run.sh tests`), with
+#       session 55's new tests/gpu/test_long_context_engine.py (written after the budget was spent: never run).
+#    a2. The megakernel backend's default plan: LLM(backend="megakernel") without `plan` runs one megakernel built for
+#       max_batch rows at every batch (a batch-1 step pays the max_batch kernel), the server / jobs / CLI default
+#       `--plan none` too, while plan="auto" is what every table measures. Measure LLM.generate plan=None vs "auto" at
+#       B=1 / 8 / 128 (gpu_check_plans.py's engine mode); if auto wins everywhere (expected), make it the default at
+#       tp=1 and run tests/gpu under it (tests that need the one megakernel pass plan=None).
 #    b. long contexts on an H200 (the issue's card): `N=long T=560 LONG_BS=1,8 bash scripts/gpu_run.sh long` and
 #       `MODELS=qwen3-8b LONG_LENS=8192,40800 LONG_CTXS=8192,32768`.
 #    c. B=8 at long contexts, where gpt-fast leads (5-9% at 32k / 131k, H100): the planner's conventional attention
