@@ -101,7 +101,9 @@ class PlannedDecoder:
         if b not in self._buckets or self._buckets[b].splits < splits:
             if plan.tp != 1:
                 raise ValueError(f"the plan book was made for tp={plan.tp}; the GPU runner takes plans at tp=1")
-            old = self._buckets.pop(b, None)   # (its graphs and memory go before the new ones are made)
+            old = self._buckets.pop(b, None)
+            captures = old.captures if old is not None else 0   # (the bucket's count goes on)
+            del old   # (its graphs and memory go before the new ones are made: freed in stream order behind a queued burst)
             g = build_graph(self.cfg, mode="decode", batch=b, context_len=0, max_seq_len=self.max_seq_len,
                             attn_splits=splits, dtype=self.dtype)
             mem = RankMemory(g, self.weights, self.kv, device=self.device)
@@ -115,7 +117,7 @@ class PlannedDecoder:
             ex = PlanExecutor(plan, [g], [mem], backend=self.backend, num_sms=self.num_sms, mode="ordered",
                               check=self.backend == "pyvm", make_megakernel=make_mk)
             self._buckets[b] = _Bucket(b, plan, ex, mem, pos, tables, splits)
-            self._buckets[b].captures = old.captures if old is not None else 0   # (the bucket's count goes on)
+            self._buckets[b].captures = captures
         return self._buckets[b]
 
     def _check(self, bk: _Bucket) -> None:
