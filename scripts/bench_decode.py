@@ -61,8 +61,8 @@ os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_
 
 import torch  # noqa: E402
 
-from _bench_common import (HBM, OUT, T0, _ints, bench_megakernel, floor_kv_ms, floor_ms, log, stage_summary,  # noqa: E402,F401
-                           stream_bandwidth)
+from _bench_common import (HBM, OUT, T0, _ints, bench_megakernel, floor_kv_ms, floor_ms, log,  # noqa: E402,F401
+                           stage_summary, stream_bandwidth)
 from _bench_tp import main_tp  # noqa: E402  (--tp 2)
 from mpk_runtime.envflags import resolved_switches, switches  # noqa: E402
 

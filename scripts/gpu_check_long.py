@@ -121,7 +121,8 @@ def forced(name: str, P: int, steps: int, chunk: int, ref_chunk: int, ref_prefil
     bk = dec._buckets[dec.bucket_of(1)]
     res = dict(model=name, prompt_len=P, steps=steps, chunk=chunk, plan=bk.plan.name, plan_splits=bk.plan.attn_splits,
                attn_splits=bk.splits, prefill_chunk_ms=chunk_ms,
-               key_cap=bk.cap, reference_prefill=ref_pre, prefill_s=round(t_pre, 2), prefill_peak_gib=round(peak_pre, 2),
+               key_cap=bk.cap, reference_prefill=ref_pre, prefill_s=round(t_pre, 2),
+               prefill_peak_gib=round(peak_pre, 2),
                reference_s=round(t_ref, 1), prefill_rel_err=pre_err, prefill_argmax_agree=pre_agree,
                decode_max_rel_err=worst, decode_argmax_agree=f"{agree}/{steps}", decode_far_tokens=far,
                differ_at=([0] if pre_agree is False else []) + differ,
@@ -209,7 +210,8 @@ def main() -> int:
     ap.add_argument("--book-at-ctx", action="store_true")
     ap.add_argument("--prefill-ab", action="store_true", help="engine runs with MPK_PREFILL_EXACT_KEYS=0 too")
     ap.add_argument("--skip-engine", action="store_true")
-    ap.add_argument("--cpu", action="store_true", help="a smoke run of this script on the CPU (pyvm decode; tiny models)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="a smoke run of this script on the CPU (pyvm decode; tiny models)")
     a = ap.parse_args()
     gpu = not a.cpu
     OUT.mkdir(parents=True, exist_ok=True)

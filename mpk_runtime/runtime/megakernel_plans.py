@@ -103,7 +103,7 @@ class PlannedDecoder:
                 raise ValueError(f"the plan book was made for tp={plan.tp}; the GPU runner takes plans at tp=1")
             old = self._buckets.pop(b, None)
             captures = old.captures if old is not None else 0   # (the bucket's count goes on)
-            del old   # (its graphs and memory go before the new ones are made: freed in stream order behind a queued burst)
+            del old   # (its graphs and memory go before the new ones are made, in stream order behind a queued burst)
             g = build_graph(self.cfg, mode="decode", batch=b, context_len=0, max_seq_len=self.max_seq_len,
                             attn_splits=splits, dtype=self.dtype)
             mem = RankMemory(g, self.weights, self.kv, device=self.device)
