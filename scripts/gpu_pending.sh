@@ -69,8 +69,10 @@
 #    b. long contexts on an H200 (the issue's card): `N=long T=560 LONG_BS=1,8 bash scripts/gpu_run.sh long` and
 #       `MODELS=qwen3-8b LONG_LENS=8192,40800 LONG_CTXS=8192,32768`.
 #    c. B=8 at long contexts, where gpt-fast leads (5-9% at 32k / 131k, H100): the planner's conventional attention
-#       curves past 4096 keys (`gpu_run.sh cattn` with a longer key grid) and the megakernel's attention at B=8 32k
-#       (stamps: STAMP_BATCHES=8 STAMP_CTX=32768 stamps).
+#       curves past 4096 keys (`N=cattn T=560 CATTN_TP=1 CATTN_BASE=h200_v52 CATTN_NAME=h200_v55
+#       CATTN_KEYS=16385,32769,65537,131073 CATTN_BS=1,2,4,8 MPK_CONV_TRITON_ATTN=1 bash scripts/gpu_run.sh cattn`, on
+#       an H200: the profile's card), then validate_planner at ctx 32768 B=1 / 8 (`VAL_CTXS=32768 VAL_B32768=1,8`), and the
+#       megakernel's attention at B=8 32k (stamps: STAMP_BATCHES=8 STAMP_CTX=32768 stamps).
 #    d. h200_v52 at the points not yet seen out of sample (`N=val52 T=340 VAL_CTXS="512 4096" VAL_B512=1,8
 #       VAL_B4096=32 VAL_LIM=160 bash scripts/gpu_run.sh val`; refused twice in session 54).
 #    e. B=128 at max_seq_len 512 vs 8192 with more runs (session 54's cells spread 2.0-2.5 ms within a process): the
@@ -195,6 +197,7 @@ elif [ "$MODE" = cattn ]; then
 st "3c the conventional attention op measured whole (scripts/profile_conv_attn.py): llama-3.2-1b / qwen3-8b shapes at TP 1 and 2"
 mkdir -p "$OUT/prof"; OUT="$OUT/prof" timeout ${CATTN_LIM:-420} python3 scripts/profile_conv_attn.py --out "$OUT/prof" --cycle-mb 200 \
     --tp ${CATTN_TP:-1,2} --merge ${CATTN_BASE:-h200_v48} --name ${CATTN_NAME:-h200_v49} \
+    ${CATTN_KEYS:+--keys $CATTN_KEYS} ${CATTN_BS:+--batches $CATTN_BS} \
     --budget-s ${CATTN_BUDGET:-400} > "$OUT/prof/conv_attn.log" 2>&1
 tail -4 "$OUT/prof/conv_attn.log"; snap
 elif [ "$MODE" = ab ]; then
