@@ -72,7 +72,9 @@
 #       curves past 4096 keys (`N=cattn T=560 CATTN_TP=1 CATTN_BASE=h200_v52 CATTN_NAME=h200_v55
 #       CATTN_KEYS=16385,32769,65537,131073 CATTN_BS=1,2,4,8 MPK_CONV_TRITON_ATTN=1 bash scripts/gpu_run.sh cattn`, on
 #       an H200: the profile's card), then validate_planner at ctx 32768 B=1 / 8 (`VAL_CTXS=32768 VAL_B32768=1,8`), and the
-#       megakernel's attention at B=8 32k (stamps: STAMP_BATCHES=8 STAMP_CTX=32768 stamps).
+#       megakernel's attention at B=8 32k (stamps: STAMP_BATCHES=8 STAMP_CTX=32768 stamps). The paged kernel's
+#       TUNED shapes end at 4096 keys (a 32k step takes the 4096-key shape): `SWEEP_ARGS="--batches 1,8 --keys
+#       16384,32768,131072" bash scripts/gpu_run.sh sweep` first, since the curves are measured per shape.
 #    d. h200_v52 at the points not yet seen out of sample (`N=val52 T=340 VAL_CTXS="512 4096" VAL_B512=1,8
 #       VAL_B4096=32 VAL_LIM=160 bash scripts/gpu_run.sh val`; refused twice in session 54).
 #    e. B=128 at max_seq_len 512 vs 8192 with more runs (session 54's cells spread 2.0-2.5 ms within a process): the
