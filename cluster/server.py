@@ -403,9 +403,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-seq-len", type=int, default=None)
     ap.add_argument("--step-timeout", type=float, default=30.0)
-    ap.add_argument("--plan", default="none", choices=["none", "auto"],
-                    help="auto: the planner picks the plan of each decode batch bucket, once, in the controller "
-                         "(backends pyvm and megakernel; megakernel at tp=1)")
     add_engine_flags(ap)
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ap.add_argument("--port", type=int, default=8000)
@@ -417,8 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
                           step_timeout=a.step_timeout, dtype=a.dtype, seed=a.seed, max_batch=a.max_batch,
                           max_seq_len=a.max_seq_len,
-                          **engine_kwargs(a),
-                          **({"plan": a.plan} if a.plan != "none" else {}))
+                          **engine_kwargs(a))
     import uvicorn
     try:
         uvicorn.run(create_app(router, a.served_model_name), host=a.host, port=a.port, log_level="info")

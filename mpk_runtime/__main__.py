@@ -119,10 +119,9 @@ def _generate(a: argparse.Namespace) -> int:
                         presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
                         repetition_penalty=a.repetition_penalty, min_p=a.min_p, min_tokens=a.min_tokens)
     t0 = time.perf_counter()
-    extra = {"plan": a.plan} if a.plan != "none" else {}   # backends without plans keep their signature
     from .engine.cli_flags import engine_kwargs
     llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len,
-              max_batch=max(a.max_batch, len(prompts)), **engine_kwargs(a), **extra)
+              max_batch=max(a.max_batch, len(prompts)), **engine_kwargs(a))
     t1 = time.perf_counter()
     try:
         outs = llm.generate(prompts, sp, use_tqdm=len(prompts) > 1)
@@ -185,8 +184,6 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--repetition-penalty", type=float, default=1.0)
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top token's probability")
     g.add_argument("--min-tokens", type=int, default=0, help="EOS / stop token ids cannot end a sequence sooner")
-    g.add_argument("--plan", default="none", choices=["none", "auto"],
-                   help="auto: the planner's plan per batch bucket (backends pyvm, megakernel)")
     from .engine.cli_flags import add_engine_flags
     add_engine_flags(g)
     a = p.parse_args(argv)

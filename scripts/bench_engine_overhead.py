@@ -30,6 +30,7 @@ import time
 import torch
 
 from mpk_runtime import LLM, SamplingParams
+from mpk_runtime.engine.cli_flags import plan_kw
 from mpk_runtime.engine.step_stats import breakdown, diff_stats, format_breakdown
 from mpk_runtime.models.config import load_config
 from mpk_runtime.runtime.base import KVSpec, ModelRunner, check_decode_steps, register_runner
@@ -200,7 +201,8 @@ def main() -> int:
     ap.add_argument("--decode-steps", default="1", help="LLM(decode_steps=...) values (comma-separated)")
     ap.add_argument("--backend", default="instant")
     ap.add_argument("--model", default="llama-3.2-1b")
-    ap.add_argument("--plan", default="none", choices=["none", "auto"])
+    ap.add_argument("--plan", default=None, choices=["none", "auto"],
+                    help="default: the backend's (megakernel at tp=1: auto, runtime/executor.default_plan)")
     ap.add_argument("--sampling", default="greedy", help=f"comma-separated, of {', '.join(SAMPLINGS)}")
     ap.add_argument("--async-bursts", action="store_true",
                     help="also run each decode_steps > 1 with LLM(async_bursts=True) (engine/bursts.py)")
@@ -238,7 +240,7 @@ def main() -> int:
         llm = LLM(a.model, backend=a.backend, max_batch=max(batches), max_seq_len=a.max_seq_len or hi + a.max_tokens + 16,
                   decode_steps=k, device_sampling=dmode, async_bursts=asy, tokenizer=a.tokenizer,
                   kv_allocation=a.kv_allocation,
-                  **({"plan": a.plan} if a.plan != "none" else {}), **({"step_ms": a.step_ms} if a.step_ms else {}))
+                  **plan_kw(a.plan, a.backend), **({"step_ms": a.step_ms} if a.step_ms else {}))
         try:
             for mode in mlist:
                 for b in batches:
@@ -248,7 +250,7 @@ def main() -> int:
         finally:
             llm.shutdown()
     _summary(rows)
-    write_result("bench_engine_overhead.json", {"model": a.model, "backend": a.backend, "plan": a.plan,
+    write_result("bench_engine_overhead.json", {"model": a.model, "backend": a.backend, "plan": a.plan or "default",
                                                 "kv_allocation": a.kv_allocation,
                                                 "max_tokens": a.max_tokens, "prompt_len": [lo, hi], "rows": rows})
     return 0

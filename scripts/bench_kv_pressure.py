@@ -118,7 +118,8 @@ def _llm(a, table, **kw) -> LLM:
         kw.update(step_table=table, prefill_us=a.prefill_us, mean_out=a.mean_out)
     else:
         backend = "length-oracle"
-        kw.update(inner=a.backend, targets=a.targets, **({"inner_plan": a.plan} if a.plan != "none" else {}))
+        kw.update(inner=a.backend, targets=a.targets,
+                  **({} if a.plan is None else {"inner_plan": None if a.plan == "none" else a.plan}))
     asy = {"auto": None, "on": True, "off": False}[a.async_bursts]
     return LLM(a.model, backend=backend, max_batch=a.max_batch, max_seq_len=a.max_seq_len, page_size=a.page_size,
                decode_steps=a.decode_steps, max_num_batched_tokens=a.max_num_batched_tokens,
@@ -132,10 +133,10 @@ class LengthOracle(ModelRunner):
 
     def __init__(self, **kw):
         self.targets = kw.pop("targets")
-        inner, plan = kw.pop("inner"), kw.pop("inner_plan", None)
-        if plan is not None:   # (the executor resolves plan="auto" for known backends only: here, for the inner one)
-            from mpk_runtime.runtime.executor import plan_once
-            kw = plan_once(inner, 1, {**kw, "plan": plan})
+        inner = kw.pop("inner")
+        # (the executor resolves plan="auto" and the default plan for known backends only: here, for the inner one)
+        from mpk_runtime.runtime.executor import plan_once
+        kw = plan_once(inner, 1, {**kw, **({"plan": kw.pop("inner_plan")} if "inner_plan" in kw else {})})
         self.inner = make_runner(inner, **kw)
         self.config, self.samples_on_device = self.inner.config, self.inner.samples_on_device
         self.samples_full_on_device = self.inner.samples_full_on_device
@@ -236,7 +237,8 @@ def main(argv=None) -> int:
                     help="modelled backend: its config only (the vocabulary); others: the preset's seeded weights")
     ap.add_argument("--backend", default="modelled", help="modelled (no model: step times slept) | megakernel | torch "
                                                           "| pyvm")
-    ap.add_argument("--plan", default="none", choices=["none", "auto"])
+    ap.add_argument("--plan", default=None, choices=["none", "auto"],
+                    help="the inner backend's plan (default: its default, runtime/executor.default_plan)")
     ap.add_argument("--requests", type=int, default=512)
     ap.add_argument("--prompt-len", default="128,512", help="uniform in [lo, hi]")
     ap.add_argument("--max-tokens", type=int, default=1536)

@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mpk_runtime import LLM, SamplingParams  # noqa: E402
+from mpk_runtime.engine.cli_flags import plan_kw  # noqa: E402
 from mpk_runtime.models.config import load_config  # noqa: E402
 
 from _bench_common import write_result  # noqa: E402
@@ -87,7 +88,7 @@ def _run(a, caching: bool, system: list[int], suffixes: list[list[int]], warm: l
     sp = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     llm = LLM(a.model, backend=a.backend, dtype=a.dtype, max_batch=a.requests,
               max_seq_len=a.system + a.suffix + a.max_tokens + 16, enable_prefix_caching=caching,
-              **({"plan": a.plan} if a.plan != "none" else {}))
+              **plan_kw(a.plan, a.backend))
     try:
         # warm-up on another system prompt: captures / plans for these shapes, cached and not
         llm.generate([w for w in warm], sp, use_tqdm=False)
@@ -133,7 +134,8 @@ def main() -> int:
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--backend", default="torch")
     ap.add_argument("--dtype", default=None)
-    ap.add_argument("--plan", default="none", choices=["none", "auto"])
+    ap.add_argument("--plan", default=None, choices=["none", "auto"],
+                    help="default: the backend's (megakernel at tp=1: auto, runtime/executor.default_plan)")
     ap.add_argument("--system", type=int, default=256, help="system prompt tokens shared by every request")
     ap.add_argument("--suffix", type=int, default=16, help="each request's own tokens after it")
     ap.add_argument("--requests", type=int, default=8)
@@ -161,7 +163,7 @@ def main() -> int:
         print(f"ours cached vs HF: {summary['hf_whole_ttft_over_ours_cached']:.2f}x faster than HF's whole prompt, "
               f"{summary['hf_reuse_ttft_over_ours_cached']:.2f}x than HF reusing the cache")
     write_result("bench_prefix_cache.json", {
-        "model": a.model, "backend": a.backend, "plan": a.plan, "dtype": a.dtype, "system_tokens": a.system,
+        "model": a.model, "backend": a.backend, "plan": a.plan or "default", "dtype": a.dtype, "system_tokens": a.system,
         "suffix_tokens": a.suffix, "requests": a.requests, "max_tokens": a.max_tokens, "rows": rows, "peer": peer,
         "summary": summary})
     return 0

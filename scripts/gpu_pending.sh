@@ -61,11 +61,11 @@
 #    and test_engine_plans' 13 after the capture-count fix; the whole suite not rerun after it).) Next, one call each:
 #    a. tests/gpu whole at HEAD (`N=tall T=300 LIM=290 TESTS="tests/gpu" bash scripts/gpu_run.sh tests`), with
 #       session 55's new tests/gpu/test_long_context_engine.py (written after the budget was spent: never run).
-#    a2. The megakernel backend's default plan: LLM(backend="megakernel") without `plan` runs one megakernel built for
-#       max_batch rows at every batch (a batch-1 step pays the max_batch kernel), the server / jobs / CLI default
-#       `--plan none` too, while plan="auto" is what every table measures. Measure LLM.generate plan=None vs "auto" at
-#       B=1 / 8 / 128 (gpu_check_plans.py's engine mode); if auto wins everywhere (expected), make it the default at
-#       tp=1 and run tests/gpu under it (tests that need the one megakernel pass plan=None).
+#    a2. The megakernel backend's default plan is "auto" at tp=1 since session 55 (runtime/executor.default_plan;
+#       before: one megakernel built for max_batch rows at every batch, the server / jobs / CLI `--plan none`), switched
+#       after the budget was spent: tests/gpu (item a) runs it first (the GPU tests that wanted the one megakernel now
+#       pass plan=None explicitly), then LLM.generate plan=None vs default at B=1 / 8 / 128 (gpu_check_plans.py's engine
+#       mode) to put a number on what the old default cost.
 #    b. long contexts on an H200 (the issue's card): `N=long T=560 LONG_BS=1,8 bash scripts/gpu_run.sh long` and
 #       `MODELS=qwen3-8b LONG_LENS=8192,40800 LONG_CTXS=8192,32768`.
 #    c. B=8 at long contexts, where gpt-fast leads (5-9% at 32k / 131k, H100): the planner's conventional attention

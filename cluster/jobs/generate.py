@@ -86,8 +86,6 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-seq-len", type=int, default=None)
-    ap.add_argument("--plan", default="none", choices=["none", "auto"],
-                    help="auto: the planner's plan per decode batch bucket (backends pyvm, megakernel at tp=1)")
     add_engine_flags(ap)
     ap.add_argument("--chunk", type=int, default=256,
                     help="requests generated (and their results written and flushed) together: a failure part-way "
@@ -104,8 +102,7 @@ def _main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with LLM(a.model, backend=a.backend, tp=a.tp, executor=executor, dtype=a.dtype, seed=a.seed,
              max_batch=a.max_batch, max_seq_len=a.max_seq_len,
-             **engine_kwargs(a),
-             **({"plan": a.plan} if a.plan != "none" else {})) as llm:
+             **engine_kwargs(a)) as llm:
         validate_requests(llm, reqs)
         written = n = 0
         with open(a.output, "w") as f:

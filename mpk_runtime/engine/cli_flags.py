@@ -12,6 +12,10 @@ def add_engine_flags(ap: argparse.ArgumentParser) -> None:
                          "waiting one could be admitted (the tokens stay on the GPU between them; default "
                          f"{DEFAULT_DECODE_STEPS} where the backend samples on the device, else 1; 1 streams every "
                          "token as it is drawn)")
+    ap.add_argument("--plan", default=None, choices=["none", "auto"],
+                    help="auto: the planner's plan per decode batch bucket, made once in the controller (backends pyvm "
+                         "and megakernel at tp=1); none: one task graph / megakernel for max-batch rows (default: auto "
+                         "for megakernel at tp=1, else none)")
     ap.add_argument("--async-bursts", action=argparse.BooleanOptionalAction, default=None,
                     help="queue the next burst of decode steps on the device before reading the last one (needs "
                          "decode steps > 1; default: on; --no-async-bursts runs bursts synchronously)")
@@ -34,5 +38,16 @@ def engine_kwargs(a: argparse.Namespace) -> dict:
     """LLM keywords of add_engine_flags' options."""
     sizes = {k: getattr(a, k) for k in ("num_pages", "page_size", "max_num_batched_tokens")
              if getattr(a, k) is not None}
+    sizes.update(plan_kw(a.plan, getattr(a, "backend", None)))
     return dict(async_bursts=a.async_bursts, enable_prefix_caching=a.enable_prefix_caching,
                 kv_allocation=a.kv_allocation, decode_steps=a.decode_steps, **sizes)
+
+
+def plan_kw(plan: str | None, backend: str | None) -> dict:
+    """LLM's `plan` keyword for a command line's --plan (None: not given): "auto" as is, "none" as plan=None where
+    the backend's default differs (megakernel: runtime/executor.default_plan), else nothing."""
+    if plan == "auto":
+        return {"plan": "auto"}
+    if plan == "none" and backend == "megakernel":
+        return {"plan": None}
+    return {}

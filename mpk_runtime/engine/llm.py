@@ -87,7 +87,9 @@ class LLM:
         one's tokens (engine/bursts.py; needs decode_steps > 1; None, the default: on wherever decode_steps > 1). kv_allocation: "lazy" (default: a request takes KV pages as its tokens need
         them; when they run out the request admitted last is preempted and later computed again) or "reserve" (its
         whole length, prompt + max_tokens, at admission; never preempted): engine/scheduler.py. Other keywords go to
-        the runner."""
+        the runner; among them `plan` (backends pyvm and megakernel): "auto" = the planner's plan per decode batch
+        bucket, None = one task graph / megakernel for max_batch rows; not given: "auto" for the megakernel backend at
+        tp=1, else None (runtime/executor.default_plan)."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps, none_ok=True)

@@ -19,7 +19,7 @@ def test_async_bursts_equal_synchronous_ones(plan):
     got = {}
     for a in (False, True):
         llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=512, decode_steps=8, async_bursts=a,
-                  **({"plan": plan} if plan else {}))
+                  plan=plan)
         try:
             got[a] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
             assert (llm.engine.stats["async_bursts"] > 0) == a
@@ -43,7 +43,7 @@ def test_a_resumed_burst_queues_without_synchronising(plan):
     got = {}
     for a in (False, True):
         llm = LLM("tiny-llama", backend="megakernel", max_batch=2, max_seq_len=512, decode_steps=8, async_bursts=a,
-                  **({"plan": plan} if plan else {}))
+                  plan=plan)
         try:
             runner = llm.executor.workers[0].runner
             launch, resumed = runner.launch_steps, []

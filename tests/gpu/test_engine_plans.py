@@ -133,17 +133,20 @@ def test_llm_megakernel_default_max_seq_len():
     same greedy tokens."""
     from mpk_runtime import LLM, SamplingParams
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    got = []
-    for kw in ({}, {"max_seq_len": 512}):
+    got, used = [], []
+    for kw in ({}, {"max_seq_len": 512}, {"plan": None}):   # (no plan named: planned, executor.default_plan)
         llm = LLM("tiny-llama", backend="megakernel", **kw)
         try:
             assert llm.engine.kv_spec.max_seq_len == 512
             got.append(llm.generate([[1, 2, 3], [4, 5]], sp, use_tqdm=False))
+            used.append(llm.executor.collective_rpc("health")[0].get("plans_used"))
         finally:
             llm.shutdown()
     assert [o.token_ids for o in got[0]] == [o.token_ids for o in got[1]]
-    assert all(len(o.token_ids) == 8 for o in got[0])
-    assert_follows_reference("tiny-llama", [[1, 2, 3], [4, 5]], got[0])
+    assert all(len(o.token_ids) == 8 for o in got[0] + got[2])
+    assert used[0] and not used[2]   # the planned buckets by default; plan=None: the one megakernel
+    for g in (got[0], got[2]):
+        assert_follows_reference("tiny-llama", [[1, 2, 3], [4, 5]], g)
 
 
 def test_logprobs_and_penalties_through_the_megakernel():
@@ -206,7 +209,7 @@ def test_decode_steps_feed_tokens_back_on_the_device(plan):
     got = {}
     for k in (1, 4):
         llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, decode_steps=k,
-                  **({"plan": plan} if plan else {}))
+                  plan=plan)
         try:
             got[k] = llm.generate(prompts, [g, s, g, s], use_tqdm=False)
             assert (llm.engine.stats["multi_steps"] > 0) == (k > 1)

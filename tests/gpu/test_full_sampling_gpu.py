@@ -80,7 +80,7 @@ def test_llm_full_rows_on_the_megakernel(plan):
     got = {}
     for k in (1, 4):
         llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, decode_steps=k,
-                  **({"plan": plan} if plan else {}))
+                  plan=plan)
         try:
             assert llm.engine.full_sampling
             got[k] = [o.token_ids for o in llm.generate(prompts, ps, use_tqdm=False)]

@@ -16,7 +16,7 @@ def test_preemption_through_the_megakernel(plan):
     prompts = [[5 + 3 * i + j for j in range(10 + 4 * i)] for i in range(6)]
     # 12 pages of 16 tokens: six requests of up to 30 + 40 tokens need ~3-4 pages each at their end
     llm = LLM("tiny-llama", backend="megakernel", max_batch=6, max_seq_len=128, num_pages=12,
-              **({"plan": plan} if plan else {}))
+              plan=plan)
     try:
         outs = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True), use_tqdm=False)
         st = llm.engine.stats

@@ -16,7 +16,7 @@ def test_shared_system_prompt_through_the_megakernel(plan):
     system = list(range(5, 75))   # 70 tokens: four full pages of 16
     prompts = [system + [100 + i, 120 + i] for i in range(6)]
     llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, enable_prefix_caching=True,
-              **({"plan": plan} if plan else {}))
+              plan=plan)
     try:
         sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
         outs = llm.generate(prompts[:1], sp, use_tqdm=False) + llm.generate(prompts[1:], sp, use_tqdm=False)

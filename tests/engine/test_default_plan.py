@@ -1,0 +1,45 @@
+"""The plan when none is named (runtime/executor.default_plan): the megakernel backend at world size 1 gets the
+planner's book (the plan each batch bucket runs), everything else keeps plan=None; the command lines' --plan none
+still reaches the one megakernel."""
+import argparse
+
+import pytest
+
+from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
+from mpk_runtime.runtime.executor import default_plan, plan_once
+
+
+def test_megakernel_at_world_size_1_is_planned_by_default():
+    kw = {"model": "tiny-llama", "max_batch": 8, "max_seq_len": 128}
+    got = plan_once("megakernel", 1, kw)
+    assert set(got["plan"]["buckets"]) == {1, 8}            # a book, made here once for the ranks
+    assert got["plan"]["buckets"][1]["name"] == "mono"
+
+
+@pytest.mark.parametrize("backend,world,kw", [
+    ("megakernel", 2, {}),                         # plans run at world size 1 only
+    ("megakernel", 1, {"tp": 2}),
+    ("megakernel", 1, {"attn_splits": 4}),         # the one megakernel's knobs asked for
+    ("megakernel", 1, {"tp_invariant": 2}),
+    ("pyvm", 1, {}), ("torch", 1, {}), ("reference", 1, {})])
+def test_no_default_plan_elsewhere(backend, world, kw):
+    assert default_plan(backend, world, kw) is None
+    base = dict(kw, model="tiny-llama", max_batch=4)
+    assert plan_once(backend, world, base) == base
+
+
+def test_explicit_none_keeps_the_one_megakernel():
+    kw = {"model": "tiny-llama", "max_batch": 4, "plan": None}
+    assert plan_once("megakernel", 1, kw) == kw
+
+
+@pytest.mark.parametrize("argv,backend,want", [([], "megakernel", "absent"), (["--plan", "none"], "megakernel", None),
+                                               (["--plan", "auto"], "pyvm", "auto"), (["--plan", "none"], "torch",
+                                                                                      "absent")])
+def test_cli_plan_flag(argv, backend, want):
+    ap = argparse.ArgumentParser()
+    add_engine_flags(ap)
+    a = ap.parse_args(argv)
+    a.backend = backend
+    kw = engine_kwargs(a)
+    assert kw.get("plan", "absent") == want
