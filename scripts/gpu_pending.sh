@@ -66,6 +66,10 @@
 #       after the budget was spent: tests/gpu (item a) runs it first (the GPU tests that wanted the one megakernel now
 #       pass plan=None explicitly), then LLM.generate plan=None vs default at B=1 / 8 / 128 (gpu_check_plans.py's engine
 #       mode) to put a number on what the old default cost.
+#    a3. A batch-1 bucket rebuilt with 16 splits (PlannedDecoder.splits_at, after a request past 1024 keys) keeps them
+#       for every later request, short ones too: is 16 at 512 keys slower than 8? `python3 scripts/bench_decode.py
+#       --models llama-3.2-1b,qwen3-8b --batches 1 --contexts 512 --no-peers --no-planned --attn-splits 16` against the
+#       same without --attn-splits (8). If it is, key the buckets by (batch, splits) so short steps go back to 8.
 #    b. long contexts on an H200 (the issue's card): `N=long T=560 LONG_BS=1,8 bash scripts/gpu_run.sh long` and
 #       `MODELS=qwen3-8b LONG_LENS=8192,40800 LONG_CTXS=8192,32768`.
 #    c. B=8 at long contexts, where gpt-fast leads (5-9% at 32k / 131k, H100): the planner's conventional attention
