@@ -24,7 +24,6 @@ token.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections import OrderedDict
@@ -55,12 +54,13 @@ def kv_cap(need: int, max_seq_len: int) -> int:
 
 
 class _Bucket:
-    def __init__(self, batch: int, plan: Plan, ex: PlanExecutor, mem: RankMemory, pos, tables, splits: int):
+    def __init__(self, batch: int, plan: Plan, ex: PlanExecutor, mem: RankMemory, pos, tables, splits: int,
+                 captures: int = 0):
         self.batch, self.plan, self.ex, self.mem, self.pos, self.tables = batch, plan, ex, mem, pos, tables
         self.splits = splits   # attention key splits of its graph (PlannedDecoder.splits_at)
         self.cap = 0                      # kv_len_cap of the captured graph (0 = none captured yet)
         self.ctx: StepCtx | None = None
-        self.captures = 0
+        self.captures = captures          # graphs captured for batch bucket b (across rebuilds for more splits)
 
 
 class PlannedDecoder:
@@ -96,14 +96,15 @@ class PlannedDecoder:
 
     def _bucket(self, b: int, cap: int) -> _Bucket:
         """Bucket b, built for key caps up to `cap` (rebuilt when a larger cap wants more attention splits)."""
-        plan = pick_plan(self.book, b)
+        bk = self._buckets.get(b)
+        plan = bk.plan if bk is not None else pick_plan(self.book, b)   # (parsed once a bucket, not every step)
         splits = self.splits_at(plan, b, cap)
-        if b not in self._buckets or self._buckets[b].splits < splits:
+        if bk is None or bk.splits < splits:
             if plan.tp != 1:
                 raise ValueError(f"the plan book was made for tp={plan.tp}; the GPU runner takes plans at tp=1")
-            old = self._buckets.pop(b, None)
-            captures = old.captures if old is not None else 0   # (the bucket's count goes on)
-            del old   # (its graphs and memory go before the new ones are made, in stream order behind a queued burst)
+            captures = bk.captures if bk is not None else 0   # (the bucket's count goes on)
+            self._buckets.pop(b, None)
+            del bk   # (its graphs and memory go before the new ones are made, in stream order behind a queued burst)
             g = build_graph(self.cfg, mode="decode", batch=b, context_len=0, max_seq_len=self.max_seq_len,
                             attn_splits=splits, dtype=self.dtype)
             mem = RankMemory(g, self.weights, self.kv, device=self.device)
@@ -116,8 +117,7 @@ class PlannedDecoder:
                                   inv_freq=self.inv_cpu, head_dim=self.cfg.head_dim, timeout_s=self.timeout_s)
             ex = PlanExecutor(plan, [g], [mem], backend=self.backend, num_sms=self.num_sms, mode="ordered",
                               check=self.backend == "pyvm", make_megakernel=make_mk)
-            self._buckets[b] = _Bucket(b, plan, ex, mem, pos, tables, splits)
-            self._buckets[b].captures = captures
+            self._buckets[b] = _Bucket(b, plan, ex, mem, pos, tables, splits, captures)
         return self._buckets[b]
 
     def _check(self, bk: _Bucket) -> None:
@@ -291,8 +291,9 @@ class ConventionalPrefill:
             self._ex.popitem(last=False)
         return self._ex[key]
 
-    def _ctx(self, sh: _PrefillShape, T: int, cap: int) -> StepCtx:
-        return StepCtx(self.cfg, 1, sh.pos, sh.tables, self.page_size, T, self.inv, pad=sh.pad, kv_len_cap=cap)
+    def _ctx(self, sh: _PrefillShape, T: int, cap: int, rows: tuple | None = None) -> StepCtx:
+        return StepCtx(self.cfg, 1, sh.pos, sh.tables, self.page_size, T, self.inv, pad=sh.pad, kv_len_cap=cap,
+                       rows=rows)
 
     def _capture(self, sh: _PrefillShape, T: int, cap: int) -> None:
         """Warm up and capture bucket `sh` at key cap `cap`, every row inactive (nothing live is written)."""
@@ -359,7 +360,7 @@ class ConventionalPrefill:
             elif exact:
                 rows = tuple((int(g.pad[j]), int(g.pos[j]), g.T - int(g.pad[j]) if g.pos[j] >= 0 else 0)
                              for j in range(g.B))
-                sh.ex.run([dataclasses.replace(self._ctx(sh, g.T, g.kv_cap), rows=rows)])
+                sh.ex.run([self._ctx(sh, g.T, g.kv_cap, rows)])
                 self.exact_runs += 1
             else:
                 sh.ex.run([self._ctx(sh, g.T, g.kv_cap)])
