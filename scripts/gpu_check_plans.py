@@ -152,6 +152,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--books", default=None)
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--skip-forced", action="store_true", help="the engine comparison alone")
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": os.environ.get("GIT_COMMIT", "unknown"),
@@ -162,7 +163,7 @@ def main() -> int:
     for name in a.models.split(","):
         book = book_for(name, a.books)
         res.setdefault("books", {})[name] = {k: v["name"] for k, v in book["buckets"].items()}
-        for B in [int(x) for x in a.batches.split(",")]:
+        for B in [] if a.skip_forced else [int(x) for x in a.batches.split(",")]:
             try:
                 r = forced(name, book, B, a.prompt_len, a.steps)
                 res["forced"].append(r)
