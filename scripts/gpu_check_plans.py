@@ -100,6 +100,7 @@ def forced(name: str, book: dict, B: int, prompt_len: int, steps: int) -> dict:
 def engine(name: str, book: dict, max_tokens: int) -> dict:
     import random
     from mpk_runtime import LLM, SamplingParams
+    from mpk_runtime.engine.step_stats import diff_stats
     vocab = load_config(name).vocab_size
     rng = random.Random(0)
     many = [[rng.randrange(vocab) for _ in range(rng.randint(16, 48))] for _ in range(128)]
@@ -114,12 +115,15 @@ def engine(name: str, book: dict, max_tokens: int) -> dict:
             llm.generate(many, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
             llm.generate([many[0]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
             for wl, prompts in (("b128", many), ("b1", [many[0]])):
-                s0 = llm.engine.stats["steps"]
+                s0, st0 = llm.engine.stats["steps"], dict(llm.engine.stats)
+                g0 = llm.executor.collective_rpc("health")[0].get("graphs", {})
                 torch.cuda.synchronize()
                 t0 = time.time()
                 o = llm.generate(prompts, sp, use_tqdm=False)
                 dt = time.time() - t0
                 steps = llm.engine.stats["steps"] - s0
+                g1 = llm.executor.collective_rpc("health")[0].get("graphs", {})
+                st = diff_stats(llm.engine.stats, st0)
                 n = sum(len(x.token_ids) for x in o)
                 toks[(tag, wl)] = [list(x.token_ids) for x in o]
                 ttft = sorted(x.metrics.time_to_first_token for x in o if x.metrics.time_to_first_token is not None)
@@ -127,7 +131,12 @@ def engine(name: str, book: dict, max_tokens: int) -> dict:
                 r[wl] = dict(seconds=round(dt, 3), tokens=n, tokens_per_s=round(n / dt, 1), engine_steps=steps,
                              ms_per_step=round(1e3 * dt / max(steps, 1), 3),
                              ttft_p50_ms=round(1e3 * ttft[len(ttft) // 2], 2) if ttft else None,
-                             per_token_ms_p50=round(1e3 * tpot[len(tpot) // 2], 3) if tpot else None)
+                             per_token_ms_p50=round(1e3 * tpot[len(tpot) // 2], 3) if tpot else None,
+                             # where the time went (engine step stats) and the graphs captured inside the timed run
+                             prefill_steps=st.get("prefill_steps"), decode_steps=st.get("decode_steps"),
+                             worker_prefill_s=round(st.get("t_exec_worker_prefill_s", 0.0), 3),
+                             worker_decode_s=round(st.get("t_exec_worker_decode_s", 0.0), 3),
+                             graphs_captured={k: g1[k] - g0.get(k, 0) for k in g1})
             r["plans_used"] = llm.executor.collective_rpc("health")[0]["plans_used"]
         finally:
             llm.shutdown()

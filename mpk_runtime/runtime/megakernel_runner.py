@@ -219,6 +219,15 @@ class MegakernelRunner(ModelRunner):
     def plans_used(self) -> dict:
         return dict(self.planned.used) if self.planned is not None else {}
 
+    def graph_counts(self) -> dict:
+        """CUDA graphs captured so far: prompt-chunk graphs (ConventionalPrefill) and the planned decode buckets'
+        (each costs a warm-up step and a capture, ~0.1-0.3 s, in the step that first needs it)."""
+        pf = self.prefiller
+        dec = sum(b.captures for b in self.planned._buckets.values()) if self.planned is not None else 0
+        return {"prefill_captures": pf.captures if pf is not None else 0,
+                "prefill_replays": pf.replays if pf is not None else 0,
+                "prefill_exact_runs": pf.exact_runs if pf is not None else 0, "decode_captures": dec}
+
     def _decode_rows(self, toks, pos, tables, sampling, want_logits: bool = True):
         """(logits (n, V) or None, drawn tokens) of one decode step of n <= max_batch rows."""
         if self.planned is not None:

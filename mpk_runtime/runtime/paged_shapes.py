@@ -166,6 +166,21 @@ TUNED = {
     (64, 64, 1024): PagedAttnConfig(128, 528, 4, 2), (64, 1024, 1024): PagedAttnConfig(128, 528, 4, 4),
     (128, 64, 1024): PagedAttnConfig(64, 528, 4, 2, table="i64"),
     (128, 1024, 1024): PagedAttnConfig(64, 2112, 4, 2, table="i64"),
+    # Long contexts (session 56, 1x H100, bench/results/s56/sweep: rows of C + 1 keys under the engine's cap, int64
+    # tables; the op alone, us a layer, the shape config_for picked before (the 4096-key point's) -> this one). Until
+    # then every cap past 8192 keys took the 4096-key shapes.
+    (64, 64, 16384): PagedAttnConfig(64, 264, 4, 3, idx_ahead=True),     # llama B=8: 120.8 -> 104.9
+    (64, 64, 32768): PagedAttnConfig(64, 264, 4, 3, idx_ahead=True),     # 228.1 -> 196.1
+    (64, 64, 131072): PagedAttnConfig(64, 264, 4, 3, idx_ahead=True),    # 854.9 -> 754.4
+    (64, 256, 16384): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # llama B=32: 390.2 -> 379.9
+    (64, 256, 32768): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # 768.4 -> 747.4
+    (64, 256, 131072): PagedAttnConfig(32, 264, 4, 4, idx_ahead=True),   # 3021.9 -> 2957.2
+    (128, 64, 16384): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i64"),   # qwen3-8b B=8: 190.4
+    (128, 64, 32768): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i64"),   # 368.5
+    (128, 64, 131072): PagedAttnConfig(64, 1056, 4, 4, table="i64"),     # 1439.5
+    (128, 256, 16384): PagedAttnConfig(32, 1056, 4, 4, table="i64"),     # qwen3-8b B=32: 721.1
+    (128, 256, 32768): PagedAttnConfig(64, 528, 4, 3, table="i64"),      # 1425.0
+    (128, 256, 131072): PagedAttnConfig(128, 528, 4, 3, table="i64"),    # 5648.8
 }
 
 

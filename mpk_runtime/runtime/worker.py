@@ -218,11 +218,14 @@ class Worker:
 
     def health(self) -> dict:
         used = getattr(self.runner, "plans_used", None)
+        graphs = getattr(self.runner, "graph_counts", None)
         return {"rank": self.rank, "world_size": self.world_size, "pid": os.getpid(), "host": socket.gethostname(),
                 "backend": self.backend, "ready": self.runner is not None, "steps": self._steps,
                 "runner_s": self._runner_s,
                 # decode batches run through a plan (batch -> plan family), when the runner was given a plan book
-                "plans_used": used() if used is not None else {}}
+                "plans_used": used() if used is not None else {},
+                # CUDA graphs the runner captured (GPU megakernel runner; {} elsewhere)
+                "graphs": graphs() if graphs is not None else {}}
 
     def check_comm(self) -> float:
         """All-reduce of 1.0 over the ranks: returns world_size when the communicator works."""
