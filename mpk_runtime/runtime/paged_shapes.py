@@ -166,21 +166,25 @@ TUNED = {
     (64, 64, 1024): PagedAttnConfig(128, 528, 4, 2), (64, 1024, 1024): PagedAttnConfig(128, 528, 4, 4),
     (128, 64, 1024): PagedAttnConfig(64, 528, 4, 2, table="i64"),
     (128, 1024, 1024): PagedAttnConfig(64, 2112, 4, 2, table="i64"),
-    # Long contexts (session 56, 1x H100, bench/results/s56/sweep: rows of C + 1 keys under the engine's cap, int64
-    # tables; the op alone, us a layer, the shape config_for picked before (the 4096-key point's) -> this one). Until
-    # then every cap past 8192 keys took the 4096-key shapes.
-    (64, 64, 16384): PagedAttnConfig(64, 264, 4, 3, idx_ahead=True),     # llama B=8: 120.8 -> 104.9
-    (64, 64, 32768): PagedAttnConfig(64, 264, 4, 3, idx_ahead=True),     # 228.1 -> 196.1
-    (64, 64, 131072): PagedAttnConfig(64, 264, 4, 3, idx_ahead=True),    # 854.9 -> 754.4
+    # Long contexts (session 56; bench/results/s56). Until then every cap past 8192 keys took the 4096-key shapes.
+    # llama B=8 (int32 tables, as the step reads them), the op alone in us a layer on an H200: 32k keys 181.0 under
+    # (64, 264, 4, 3, ahead) -> 145.9; 131k 697.1 -> 542.7 (87% of 4.55 TB/s). On an H100 with int64 tables the same
+    # shapes were 6% / 3% behind (64, 264, 4, 3, ahead) (208.7 / 776.9 against 196.1 / 754.4 us): the issue's card
+    # decides. The 16k point is the 32k point's shape (H100 int64: 111.4 against the best 104.9).
+    (64, 64, 16384): PagedAttnConfig(128, 1056, 4, 3),
+    (64, 64, 32768): PagedAttnConfig(128, 1056, 4, 3),
+    (64, 64, 131072): PagedAttnConfig(128, 2112, 4, 3),
+    # measured on the H100 alone (int64 tables), us a layer: llama B=32 the old shape -> this one; qwen3-8b the
+    # kernel's DEFAULT_CONFIG -> this one (the 4096-key points' int64 shapes were not in the sweep's set)
     (64, 256, 16384): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # llama B=32: 390.2 -> 379.9
     (64, 256, 32768): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # 768.4 -> 747.4
     (64, 256, 131072): PagedAttnConfig(32, 264, 4, 4, idx_ahead=True),   # 3021.9 -> 2957.2
-    (128, 64, 16384): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i64"),   # qwen3-8b B=8: 190.4
-    (128, 64, 32768): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i64"),   # 368.5
-    (128, 64, 131072): PagedAttnConfig(64, 1056, 4, 4, table="i64"),     # 1439.5
-    (128, 256, 16384): PagedAttnConfig(32, 1056, 4, 4, table="i64"),     # qwen3-8b B=32: 721.1
-    (128, 256, 32768): PagedAttnConfig(64, 528, 4, 3, table="i64"),      # 1425.0
-    (128, 256, 131072): PagedAttnConfig(128, 528, 4, 3, table="i64"),    # 5648.8
+    (128, 64, 16384): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i64"),   # qwen3-8b B=8: 193.8 -> 190.4
+    (128, 64, 32768): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i64"),   # 374.5 -> 368.5
+    (128, 64, 131072): PagedAttnConfig(64, 1056, 4, 4, table="i64"),     # 1465.5 -> 1439.5
+    (128, 256, 16384): PagedAttnConfig(32, 1056, 4, 4, table="i64"),     # qwen3-8b B=32: 881.9 -> 721.1
+    (128, 256, 32768): PagedAttnConfig(64, 528, 4, 3, table="i64"),      # 1742.3 -> 1425.0
+    (128, 256, 131072): PagedAttnConfig(128, 528, 4, 3, table="i64"),    # 6871.3 -> 5648.8
 }
 
 
