@@ -29,12 +29,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _bench_common import graph_us  # noqa: E402
+from _bench_common import graph_us, stream_bandwidth  # noqa: E402
 from mpk_runtime.envflags import resolved_switches  # noqa: E402
 from mpk_runtime.models import load_config  # noqa: E402
 from mpk_runtime.runtime import paged_attention as pa  # noqa: E402
 
-STREAM_TBS = 4.55
 PAGE = 16
 
 
@@ -133,6 +132,9 @@ def main() -> None:
     if not torch.cuda.is_available() or pa.triton is None:
         raise SystemExit("bench_paged_attention.py needs a CUDA GPU and Triton (the kernel's logic is tested on CPU "
                          "by tests/runtime/test_paged_attention.py under the Triton interpreter)")
+    bw, bw_source = stream_bandwidth(torch.cuda.get_device_name())   # the card's own rate (the H200's 4.55 TB/s)
+    stream_tbs = bw / 1e12
+    print(f"stream rate {bw_source}", flush=True)
     t0 = time.time()
     rows, best = [], []
     for model in a.models.split(","):
@@ -177,7 +179,7 @@ def main() -> None:
             best.append(b)
             print(f"{model:13s} B={B:4d} keys={P:5d} (rows {keys}, cap {L}) {kv_bytes / 1e6:7.1f} MB: default {d['us']:7.1f} us "
                   f"({d['tbs']:.2f} TB/s)  best {b['us']:7.1f} us ({b['tbs']:.2f} TB/s, "
-                  f"{b['tbs'] / STREAM_TBS:.0%} of {STREAM_TBS}) block {b['block_n']} target {b['target']} "
+                  f"{b['tbs'] / stream_tbs:.0%} of {stream_tbs:.2f}) block {b['block_n']} target {b['target']} "
                   f"warps {b['warps']} stages {b['stages']} idx_ahead {b['idx_ahead']} splits {b['splits']}"
                   + (f"  config_for's {tu['us']:.1f} us" if tu else "")
                   + (f"  [{len(bad)} configs off the default's output]" if bad else ""), flush=True)
@@ -186,6 +188,7 @@ def main() -> None:
     os.makedirs(a.out, exist_ok=True)
     meta = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
                 commit=os.environ.get("GIT_COMMIT", "unknown"), l2_mb=a.l2_mb, triton=pa.triton.__version__,
+                stream_tbs=round(stream_tbs, 3), stream_source=bw_source,
                 cap=a.cap, table_dtype=a.table_dtype,
                 switches=resolved_switches())
     with open(os.path.join(a.out, "paged_attention.json"), "w") as f:

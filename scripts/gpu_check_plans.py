@@ -136,7 +136,7 @@ def engine(name: str, book: dict, max_tokens: int) -> dict:
                              prefill_steps=st.get("prefill_steps"), decode_steps=st.get("decode_steps"),
                              worker_prefill_s=round(st.get("t_exec_worker_prefill_s", 0.0), 3),
                              worker_decode_s=round(st.get("t_exec_worker_decode_s", 0.0), 3),
-                             graphs_captured={k: g1[k] - g0.get(k, 0) for k in g1})
+                             graphs_captured={k: round(g1[k] - g0.get(k, 0), 3) for k in g1})
             r["plans_used"] = llm.executor.collective_rpc("health")[0]["plans_used"]
         finally:
             llm.shutdown()
@@ -163,6 +163,9 @@ def main() -> int:
     ap.add_argument("--skip-engine", action="store_true")
     ap.add_argument("--skip-forced", action="store_true", help="the engine comparison alone")
     a = ap.parse_args()
+    import logging   # every decode capture with its variant and seconds (PlannedDecoder._ready's debug line)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("mpk_runtime.runtime.megakernel_plans").setLevel(logging.DEBUG)
     OUT.mkdir(parents=True, exist_ok=True)
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": os.environ.get("GIT_COMMIT", "unknown"),
            "device": torch.cuda.get_device_name(0), "forced": [], "engine": [], "errors": []}

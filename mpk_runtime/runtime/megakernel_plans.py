@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import OrderedDict
 
 import torch
@@ -78,6 +79,8 @@ class PlannedDecoder:
         self.inv = self.inv_cpu.to(device)
         self._buckets: dict[int, _Bucket] = {}
         self.used: dict[int, str] = {}    # bucket -> plan name, for health()/tests
+        self.capture_s = 0.0              # seconds spent capturing decode graphs (warm-up step + capture)
+        self.build_s = 0.0                # seconds spent building buckets (task graph, memory, executor)
 
     def bucket_of(self, n: int) -> int:
         b = bucket_key(self.book, n)
@@ -103,6 +106,7 @@ class PlannedDecoder:
             if plan.tp != 1:
                 raise ValueError(f"the plan book was made for tp={plan.tp}; the GPU runner takes plans at tp=1")
             captures = bk.captures if bk is not None else 0   # (the bucket's count goes on)
+            t0 = time.perf_counter()
             self._buckets.pop(b, None)
             del bk   # (its graphs and memory go before the new ones are made, in stream order behind a queued burst)
             g = build_graph(self.cfg, mode="decode", batch=b, context_len=0, max_seq_len=self.max_seq_len,
@@ -118,6 +122,7 @@ class PlannedDecoder:
             ex = PlanExecutor(plan, [g], [mem], backend=self.backend, num_sms=self.num_sms, mode="ordered",
                               check=self.backend == "pyvm", make_megakernel=make_mk)
             self._buckets[b] = _Bucket(b, plan, ex, mem, pos, tables, splits, captures)
+            self.build_s += time.perf_counter() - t0
         return self._buckets[b]
 
     def _check(self, bk: _Bucket) -> None:
@@ -142,10 +147,14 @@ class PlannedDecoder:
                          greedy=greedy, logits_unread=not want_logits)
         ctx = bk.ctx
         if not bk.ex.has_capture(lambda r: ctx):   # capture this variant, warm-up on inactive rows
+            t0 = time.perf_counter()
             fill_step(bk.mem, bk.pos, bk.tables, [], [], [], self.width, None)
             bk.ex.capture(lambda r: ctx, mode="step", warmup=1)
             self._check(bk)
             bk.captures += 1
+            self.capture_s += time.perf_counter() - t0
+            log.debug("decode bucket %d: graph captured at key cap %d (greedy=%s, logits unread=%s) in %.3f s",
+                      bk.batch, bk.cap, greedy, not want_logits, time.perf_counter() - t0)
         return bk
 
     def _run(self, bk: _Bucket) -> None:
@@ -274,6 +283,7 @@ class ConventionalPrefill:
         self._ex: OrderedDict[tuple[int, int], _PrefillShape] = OrderedDict()
         self.graph_runs = 0          # prefill graphs run (tests: chunks of a step share graphs)
         self.captures = 0            # CUDA graphs captured
+        self.capture_s = 0.0         # seconds spent capturing them (warm-up run + capture)
         self.replays = 0             # steps' groups run by replaying one
         self.exact_runs = 0          # groups run eagerly over their exact keys (exact_keys)
 
@@ -302,6 +312,7 @@ class ConventionalPrefill:
         sh.tables.zero_()
         fill_sampling(sh.mem, [])
         ctx = self._ctx(sh, T, cap)
+        t0 = time.perf_counter()
         try:
             sh.ex.run([ctx])                 # warm-up: cuBLAS / attention plans, lazy allocations
             torch.cuda.synchronize(self.device)
@@ -316,6 +327,7 @@ class ConventionalPrefill:
         self._pool = self._pool or graph.pool()
         sh.graphs[cap] = graph
         self.captures += 1
+        self.capture_s += time.perf_counter() - t0
 
     def warm(self, max_batch: int, max_tokens: int) -> int:
         """Capture the short-prompt buckets now rather than in the first requests' path (~0.25 s each): sequences

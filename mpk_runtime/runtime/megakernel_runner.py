@@ -224,9 +224,13 @@ class MegakernelRunner(ModelRunner):
         (each costs a warm-up step and a capture, ~0.1-0.3 s, in the step that first needs it)."""
         pf = self.prefiller
         dec = sum(b.captures for b in self.planned._buckets.values()) if self.planned is not None else 0
+        pl = self.planned
         return {"prefill_captures": pf.captures if pf is not None else 0,
+                "prefill_capture_s": round(pf.capture_s, 3) if pf is not None else 0.0,
                 "prefill_replays": pf.replays if pf is not None else 0,
-                "prefill_exact_runs": pf.exact_runs if pf is not None else 0, "decode_captures": dec}
+                "prefill_exact_runs": pf.exact_runs if pf is not None else 0, "decode_captures": dec,
+                "decode_capture_s": round(pl.capture_s, 3) if pl is not None else 0.0,
+                "decode_build_s": round(pl.build_s, 3) if pl is not None else 0.0}
 
     def _decode_rows(self, toks, pos, tables, sampling, want_logits: bool = True):
         """(logits (n, V) or None, drawn tokens) of one decode step of n <= max_batch rows."""
