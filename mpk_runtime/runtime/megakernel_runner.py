@@ -20,6 +20,8 @@ torch.cuda / cuda-python are touched only when a runner is created.
 from __future__ import annotations
 
 import logging
+import os
+import time
 
 import torch
 
@@ -91,7 +93,8 @@ class MegakernelRunner(ModelRunner):
                  page_size: int = DEFAULT_PAGE_SIZE, num_pages: int | None = None, num_sms: int | None = None,
                  attn_splits: int | None = None, timeout_s: float | None = None, device: str = "cuda", comm=None,
                  nvshmem_uid: bytes | None = None, tp_invariant: int = 1, plan=None, plan_buckets=None,
-                 plan_context: int = 512, prefill_warmup_tokens: int = 64, **_: object):
+                 plan_context: int = 512, prefill_warmup_tokens: int = 64, decode_warmup: bool | None = None,
+                 **_: object):
         world = world_size or tp
         if dtype not in (None, "bfloat16", "bf16", torch.bfloat16):   # the device code reads bf16 weights only
             raise ValueError(f"backend 'megakernel' runs bf16 weights and activations; dtype={dtype!r} is not one it "
@@ -149,6 +152,12 @@ class MegakernelRunner(ModelRunner):
             self.prefiller = ConventionalPrefill(cfg, w, self.kv, max_seq_len=max_seq_len, page_size=page_size,
                                                  dtype=dtype, device=dev)
             self.prefiller.warm(max_batch, prefill_warmup_tokens)
+            if decode_warmup is None:
+                decode_warmup = os.environ.get("MPK_DECODE_WARMUP", "1") != "0"
+            if decode_warmup:   # every bucket's first capture (and its kernels' compilation) now, not in a request
+                t0 = time.perf_counter()
+                n = self.planned.warm(max_batch)
+                log.info("decode graphs: %d captured at start-up in %.1f s", n, time.perf_counter() - t0)
             self.mk = None
             return
         if attn_splits is None:   # fill the SMs at a full batch: 2 at 8 rows x 8 KV heads, 16 for one sequence

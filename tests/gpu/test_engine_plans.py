@@ -93,7 +93,9 @@ def test_greedy_and_sampled_steps_replay_their_own_graphs():
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10]]
     g = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     s = SamplingParams(max_tokens=6, temperature=0.9, top_k=20, seed=7, ignore_eos=True)
-    for family, captures in (("mono", 1), ("conventional", 2), ("attn-mk", 2)):
+    # (since session 56 the runner captures each bucket's logits-unread greedy and sampled graphs at start-up; this
+    # test reads every step's logits, the other two variants of a plan whose argmax is conventional)
+    for family, captures in (("mono", 1), ("conventional", 4), ("attn-mk", 4)):
         book = plan_book(load_config("tiny-llama"), 1, (4,), context=128, families=(family,))
         # decode_steps=1: the test records every decode() call (bursts go through decode_steps)
         llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan=book, decode_steps=1)
@@ -220,3 +222,35 @@ def test_decode_steps_feed_tokens_back_on_the_device(plan):
     assert_follows_reference("tiny-llama", [prompts[0], prompts[2]], greedy)
     if plan is None:
         assert [o.token_ids for o in got[1]] == [o.token_ids for o in got[4]]
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_decode_graphs_captured_at_start_up(warm, monkeypatch):
+    """The runner captures every plan bucket's step graph when it starts (PlannedDecoder.warm): greedy and sampled,
+    logits unread, at the smallest key cap; steps of those batch sizes then capture nothing (session 56: lazily, a
+    prefill step carrying 5 decode rows captured bucket 8 for 1.3 s inside 128 requests' time to first token).
+    MPK_DECODE_WARMUP=0 leaves every capture to the first step that needs it."""
+    from mpk_runtime import LLM, SamplingParams
+    from mpk_runtime.models.config import load_config
+    from mpk_runtime.planner import plan_book
+    monkeypatch.setenv("MPK_DECODE_WARMUP", "1" if warm else "0")
+    book = plan_book(load_config("tiny-llama"), 1, (1, 4, 8), context=128, families=("conventional",))
+    llm = LLM("tiny-llama", backend="megakernel", max_batch=4, max_seq_len=128, plan=book)
+    try:
+        planned = llm.executor.workers[0].runner.planned
+        at_start = {b: bk.captures for b, bk in planned._buckets.items()}
+        assert at_start == ({1: 2, 4: 2} if warm else {}), at_start   # (bucket 8 is above max_batch: not built)
+        prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+        g = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+        s = SamplingParams(max_tokens=5, temperature=0.8, top_k=10, seed=3, ignore_eos=True)
+        outs = llm.generate(prompts, g, use_tqdm=False)
+        llm.generate(prompts[:1], g, use_tqdm=False)
+        llm.generate(prompts, [g, g, s], use_tqdm=False)
+        after = {b: bk.captures for b, bk in planned._buckets.items()}
+        if warm:
+            assert after == at_start, (at_start, after)
+        else:
+            assert set(after) == {1, 4} and after[4] == 2, after   # (captured lazily: the same graphs, later)
+        assert_follows_reference("tiny-llama", prompts, outs)
+    finally:
+        llm.shutdown()
