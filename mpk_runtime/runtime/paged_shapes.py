@@ -166,6 +166,14 @@ TUNED = {
     (64, 64, 1024): PagedAttnConfig(128, 528, 4, 2), (64, 1024, 1024): PagedAttnConfig(128, 528, 4, 4),
     (128, 64, 1024): PagedAttnConfig(64, 528, 4, 2, table="i64"),
     (128, 1024, 1024): PagedAttnConfig(64, 2112, 4, 2, table="i64"),
+    # 8192 keys (a cap of 16384, ctx 8192): what these points ran before session 56's long-key points (the 4096-key
+    # points' shapes; the profiles' 8193-key curve points were measured under them), kept so the 16384-key entries
+    # below start at their own caps
+    (64, 64, 8192): PagedAttnConfig(128, 528, 4, 2), (64, 256, 8192): PagedAttnConfig(128, 264, 4, 3),
+    (64, 1024, 8192): PagedAttnConfig(128, 528, 4, 4),
+    (128, 64, 8192): PagedAttnConfig(64, 528, 4, 2, table="i64"),
+    (128, 256, 8192): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i64"),
+    (128, 1024, 8192): PagedAttnConfig(64, 2112, 4, 2, table="i64"),
     # Long contexts (session 56; bench/results/s56). Until then every cap past 8192 keys took the 4096-key shapes.
     # llama B=8 (int32 tables, as the step reads them), the op alone in us a layer on an H200: 32k keys 181.0 under
     # (64, 264, 4, 3, ahead) -> 145.9; 131k 697.1 -> 542.7 (87% of 4.55 TB/s). On an H100 with int64 tables the same
