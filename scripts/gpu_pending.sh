@@ -55,30 +55,29 @@
 # after a checkout, ~5 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 0. (session 55 ran, 1x H100: bench/results/s55 -- long contexts 8k-131k checked against the reference and through
-#    the engine, the attention splits following the key cap (-23% a token at 131k), exact-key long prefill (131k TTFT
-#    7.06 -> 4.84 s), bursts under a full batch +28% tokens/s (old 0d), tests/gpu at the defaults (old 0e: 67 passed
-#    and test_engine_plans' 13 after the capture-count fix; the whole suite not rerun after it).) Next, one call each:
-#    a. tests/gpu whole at HEAD (`N=tall T=300 LIM=290 TESTS="tests/gpu" bash scripts/gpu_run.sh tests`), with
-#       session 55's new tests/gpu/test_long_context_engine.py (written after the budget was spent: never run).
-#    a2. The megakernel backend's default plan is "auto" at tp=1 since session 55 (runtime/executor.default_plan;
-#       before: one megakernel built for max_batch rows at every batch, the server / jobs / CLI `--plan none`), switched
-#       after the budget was spent: tests/gpu (item a) runs it first (the GPU tests that wanted the one megakernel now
-#       pass plan=None explicitly), then LLM.generate plan=None vs default at B=1 / 8 / 128 (gpu_check_plans.py's engine
-#       mode) to put a number on what the old default cost.
-#    a3. A batch-1 bucket rebuilt with 16 splits (PlannedDecoder.splits_at, after a request past 1024 keys) keeps them
-#       for every later request, short ones too: is 16 at 512 keys slower than 8? `python3 scripts/bench_decode.py
-#       --models llama-3.2-1b,qwen3-8b --batches 1 --contexts 512 --no-peers --no-planned --attn-splits 16` against the
-#       same without --attn-splits (8). If it is, key the buckets by (batch, splits) so short steps go back to 8.
-#    b. long contexts on an H200 (the issue's card): `N=long T=560 LONG_BS=1,8 bash scripts/gpu_run.sh long` and
+# 0. (session 56 ran, 1x H100 x5 + 1x H200 x1: bench/results/s56 -- tests/gpu 76 passed at 8a5e8d9; the paged
+#    attention's launch shapes swept at 16k-131k keys and adopted (llama B=8 32k 5.098 -> 4.333 ms, gpt-fast 4.523 on
+#    the H100); plan=None vs the book through LLM.generate (B=1 12-13 ms a token vs 1.1-1.3); 16 splits at 512 keys
+#    +2%; the planned engine's TTFT traced to lazy decode captures.) Next, one call each:
+#    a. PlannedDecoder.warm (21ca4a5, never GPU-run: every bucket's decode graphs captured at start-up, default on):
+#       `N=warm T=200 LIM=190 TESTS="tests/gpu/test_engine_plans.py" bash scripts/gpu_run.sh tests`, then the
+#       engine comparison `python3 scripts/gpu_check_plans.py --models llama-3.2-1b --skip-forced` (predicted: the
+#       planned b128 TTFT p50 1.46 s -> ~0.2 s, setup_s +6-8 s, graphs_captured decode_captures 0 in the timed runs),
+#       and tests/gpu whole after (startup captures make every planned LLM in the suite slower to build).
+#    b. On an H200 (the issue's card), B=8 at long contexts under the adopted shapes: `N=longb8 T=200 LONG_LENS=
+#       LONG_BS=8 LONG_CTXS=32768,131072 bash scripts/gpu_run.sh long` (predicted: llama 32k conventional ~3.37 ms vs
+#       gpt-fast 3.316; 131k the planner picks mono, 11.67 ms, while conventional should be ~9.7), and the curves for
+#       the profile: `N=cattn T=300 CATTN_TP=1 CATTN_BASE=h200_v52 CATTN_NAME=h200_v56 CATTN_KEYS=16385,32769,65537,131073
+#       CATTN_BS=1,2,4,8 MPK_CONV_TRITON_ATTN=1 bash scripts/gpu_run.sh cattn` (only on an H200: the profile's card),
+#       then validate_planner at ctx 32768 / 131072 B=8 (`VAL_CTXS="32768 131072" VAL_B32768=8 VAL_B131072=8
+#       VAL_MODELS=llama-3.2-1b VAL_FAMILIES=conventional,mono`).
+#    b2. Long contexts on an H200 through the engine: `N=long T=560 LONG_BS=1,8 bash scripts/gpu_run.sh long` and
 #       `MODELS=qwen3-8b LONG_LENS=8192,40800 LONG_CTXS=8192,32768`.
-#    c. B=8 at long contexts, where gpt-fast leads (5-9% at 32k / 131k, H100): the planner's conventional attention
-#       curves past 4096 keys (`N=cattn T=560 CATTN_TP=1 CATTN_BASE=h200_v52 CATTN_NAME=h200_v55
-#       CATTN_KEYS=16385,32769,65537,131073 CATTN_BS=1,2,4,8 MPK_CONV_TRITON_ATTN=1 bash scripts/gpu_run.sh cattn`, on
-#       an H200: the profile's card), then validate_planner at ctx 32768 B=1 / 8 (`VAL_CTXS=32768 VAL_B32768=1,8`), and the
-#       megakernel's attention at B=8 32k (stamps: STAMP_BATCHES=8 STAMP_CTX=32768 stamps). The paged kernel's
-#       TUNED shapes end at 4096 keys (a 32k step takes the 4096-key shape): `SWEEP_ARGS="--batches 1,8 --keys
-#       16384,32768,131072" bash scripts/gpu_run.sh sweep` first, since the curves are measured per shape.
+#    b3. The one megakernel's attention at B=8 and 131k keys streams at 69% of floor+kv (H200) against gpt-fast's 86%:
+#       2 splits x 8 KV heads x 8 rows = 128 tasks of 65k keys. Try `bench_decode.py --batches 8 --contexts 131072
+#       --no-peers --no-planned --attn-splits 4` against the default (2) before any kernel work.
+#    c. The megakernel's attention at B=8 32k, stamped (`STAMP_BATCHES=8 STAMP_CTX=32768 ... stamps`), and the paged
+#       sweep at B=1 / 128 past 8192 keys (TUNED's long-key points are B=8 / 32 only).
 #    d. h200_v52 at the points not yet seen out of sample (`N=val52 T=340 VAL_CTXS="512 4096" VAL_B512=1,8
 #       VAL_B4096=32 VAL_LIM=160 bash scripts/gpu_run.sh val`; refused twice in session 54).
 #    e. B=128 at max_seq_len 512 vs 8192 with more runs (session 54's cells spread 2.0-2.5 ms within a process): the
