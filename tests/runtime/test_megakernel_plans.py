@@ -293,7 +293,15 @@ def test_attention_splits_follow_the_key_cap_past_the_plans_context():
         t = int(lr.argmax())
         want.append(t)
     got = dec.decode_steps([tok], [500], [table], None, 8)[0].tolist()      # keys up to 508: cap 512, 8 splits
-    assert dec._buckets[1].splits == 8
+    b8 = dec._buckets[1]
+    assert b8.splits == 8
     got += dec.decode_steps([0], [508], [table], None, 8, resume=True)[0].tolist()   # cap 1024: rebuilt, 16
-    assert dec._buckets[1].splits == 16
+    b16 = dec._buckets[1]
+    assert b16.splits == 16 and b16 is not b8
     assert got == want
+    # a short request after the long one runs the plan's 8 splits again, on the build kept aside (session 56: 16 at
+    # 512 keys was ~2% slower a token), and back to the 16-split build past 1024 keys
+    again = dec.decode_steps([tok], [500], [table], None, 8)[0].tolist()
+    assert dec._buckets[1] is b8 and again == want[:8]
+    again += dec.decode_steps([0], [508], [table], None, 8, resume=True)[0].tolist()
+    assert dec._buckets[1] is b16 and again == want
