@@ -65,7 +65,7 @@
 #       planned b128 TTFT p50 1.46 s -> ~0.2 s, setup_s +6-8 s, graphs_captured decode_captures 0 in the timed runs),
 #       and tests/gpu whole after (startup captures make every planned LLM in the suite slower to build). Also
 #       never GPU-run: PlannedDecoder's shelf (a batch-1 request after a long one takes the 8-split build back):
-#       `N=long T=300 LONG_LENS=32768 LONG_CTXS= bash scripts/gpu_run.sh long` runs a long request then short ones.
+#       test_engine_plans.py::test_batch1_split_builds_follow_each_requests_key_cap (in the same file).
 #    b. On an H200 (the issue's card), B=8 at long contexts under the adopted shapes: `N=longb8 T=200 LONG_LENS=
 #       LONG_BS=8 LONG_CTXS=32768,131072 bash scripts/gpu_run.sh long` (predicted: llama 32k conventional ~3.37 ms vs
 #       gpt-fast 3.316; 131k the planner picks mono, 11.67 ms, while conventional should be ~9.7), and the curves for

@@ -254,3 +254,31 @@ def test_decode_graphs_captured_at_start_up(warm, monkeypatch):
         assert_follows_reference("tiny-llama", prompts, outs)
     finally:
         llm.shutdown()
+
+
+def test_batch1_split_builds_follow_each_requests_key_cap():
+    """A batch-1 request past 512 keys (tiny-llama: cap 1024) runs 16 attention splits (PlannedDecoder.splits_at);
+    a short request after it runs the plan's 8 again, on the build kept aside since the first short one (no rebuild,
+    no capture: session 56, 16 splits at 512 keys was ~2% slower a token at llama-3.2-1b), and both follow the
+    reference."""
+    import random
+
+    from mpk_runtime import LLM, SamplingParams
+    rng = random.Random(5)
+    short, long_ = [3, 1, 4, 1, 5], [rng.randrange(1, 200) for _ in range(600)]
+    g = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    llm = LLM("tiny-llama", backend="megakernel", max_batch=1, max_seq_len=1024, plan="auto")
+    try:
+        planned = llm.executor.workers[0].runner.planned
+        outs = [llm.generate([short], g, use_tqdm=False)[0]]
+        b8 = planned._buckets[1]
+        outs.append(llm.generate([long_], g, use_tqdm=False)[0])
+        b16 = planned._buckets[1]
+        assert (b8.splits, b16.splits) == (8, 16), (b8.splits, b16.splits)
+        captures = b16.captures
+        outs.append(llm.generate([short], g, use_tqdm=False)[0])
+        assert planned._buckets[1] is b8 and b8.captures == captures   # (the batch's count, nothing new captured)
+        assert_follows_reference("tiny-llama", [short, long_, short], outs)
+        assert outs[2].token_ids == outs[0].token_ids
+    finally:
+        llm.shutdown()
