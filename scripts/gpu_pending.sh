@@ -76,8 +76,12 @@
 #    b2. Long contexts on an H200 through the engine: `N=long T=560 LONG_BS=1,8 bash scripts/gpu_run.sh long` and
 #       `MODELS=qwen3-8b LONG_LENS=8192,40800 LONG_CTXS=8192,32768`.
 #    b3. The one megakernel's attention at B=8 and 131k keys streams at 69% of floor+kv (H200) against gpt-fast's 86%:
-#       2 splits x 8 KV heads x 8 rows = 128 tasks of 65k keys. Try `bench_decode.py --batches 8 --contexts 131072
-#       --no-peers --no-planned --attn-splits 4` against the default (2) before any kernel work.
+#       2 splits x 8 KV heads x 8 rows = 128 tasks of 65k keys, one an SM, each streaming ~17 MB a layer at ~25 GB/s
+#       (3.2 TB/s in all). By Little's law an SM needs ~50 KB in flight for its share of 4.55 TB/s at ~1.5 us; the
+#       default ring keeps one pass of K / V in flight (MPK_ATT_STAGES=2). A/B three stages there first:
+#       `N=st3 T=400 VARS="base stages3 s4 stages3 base" MODELS=llama-3.2-1b BS=8 CTXS=32768,131072 LIM=75 bash
+#       scripts/gpu_run.sh ab` (predicted: stages3 -5..-15% at 131k if in-flight bytes are the limit, within noise if
+#       not; s4, four key splits instead of two, within noise: the same bytes an SM).
 #    c. The megakernel's attention at B=8 32k, stamped (`STAMP_BATCHES=8 STAMP_CTX=32768 ... stamps`), and the paged
 #       sweep at B=1 / 128 past 8192 keys (TUNED's long-key points are B=8 / 32 only).
 #    d. h200_v52 at the points not yet seen out of sample (`N=val52 T=340 VAL_CTXS="512 4096" VAL_B512=1,8
