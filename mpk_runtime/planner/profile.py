@@ -100,7 +100,13 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # mk_attn_layer_us (per layer of attention beyond the first in a mixed segment; mk_offset_us and the attention-only
 # terms kept). Out of sample on sessions 44 / 46's rows: step MAPE 2.11 / 2.23% -> 1.63 / 1.86%, resolved pairs ordered
 # 94.7 / 94.0% -> 98.7 / 98.0%, regret 0, the same choices (docs/planner.md session 48).
-DEFAULT_PROFILE = "h200_v52"
+# h200_v56 since session 56: v52 with the B=8 regime's megakernel attention partials at 0.9 of their fair streaming
+# share. The one megakernel's cost a key at B=8 (H200) is 0.078-0.083 us at every context from 512 to 131072 keys;
+# v52 priced 0.064, so mono at 32k / 131k keys came out -11.2% / -15.3% (session 56 run 3) and the planner chose it at
+# 131k, where the conventional plan is faster (H100: 12875 against 13205 us measured). Now -5.5% / -7.4% and
+# conventional at both; on sessions 44-49's 257 rows the same choices and Spearman, step MAPE 1.79 -> 1.76%, segment
+# MAPE 4.53 -> 4.85% (docs/planner.md session 56).
+DEFAULT_PROFILE = "h200_v56"
 
 
 def key_fallbacks(key: str) -> list[str]:
