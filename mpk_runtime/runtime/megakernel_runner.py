@@ -229,8 +229,9 @@ class MegakernelRunner(ModelRunner):
         return dict(self.planned.used) if self.planned is not None else {}
 
     def graph_counts(self) -> dict:
-        """CUDA graphs captured so far: prompt-chunk graphs (ConventionalPrefill) and the planned decode buckets'
-        (each costs a warm-up step and a capture, ~0.1-0.3 s, in the step that first needs it)."""
+        """CUDA graphs captured so far and the seconds they took: prompt-chunk graphs (ConventionalPrefill) and the
+        planned decode buckets' (a warm-up step and a capture each: ~0.1-0.3 s, up to 3.7 s where the plan's kernels
+        compile on first use; session 56, 1x H100), and the seconds spent building decode buckets."""
         pf = self.prefiller
         dec = sum(b.captures for b in self.planned._buckets.values()) if self.planned is not None else 0
         pl = self.planned
