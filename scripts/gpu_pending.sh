@@ -76,7 +76,9 @@
 #       rate read off session 56's run 3; predicted mono 3842 / 10806 us, conventional 3515 / 9935 at 32k / 131k).
 #    b2. Long contexts on an H200 through the engine: `N=long T=560 LONG_BS=1,8 bash scripts/gpu_run.sh long` and
 #       `MODELS=qwen3-8b LONG_LENS=8192,40800 LONG_CTXS=8192,32768`.
-#    b3. The one megakernel's attention at B=8 and 131k keys streams at 69% of floor+kv (H200) against gpt-fast's 86%:
+#    b3. (On an H200: on the H100 the same kernel's B=8 cost a key, 32k -> 131k, is 0.0866 us for 262 KB of K / V,
+#       3.03 TB/s: its full streaming rate, so only the H200's faster HBM exposes the limit.)
+#       The one megakernel's attention at B=8 and 131k keys streams at 69% of floor+kv (H200) against gpt-fast's 86%:
 #       2 splits x 8 KV heads x 8 rows = 128 tasks of 65k keys, one an SM, each streaming ~17 MB a layer at ~25 GB/s
 #       (3.2 TB/s in all). By Little's law an SM needs ~50 KB in flight for its share of 4.55 TB/s at ~1.5 us; the
 #       default ring keeps one pass of K / V in flight (MPK_ATT_STAGES=2). A/B three stages there first:
