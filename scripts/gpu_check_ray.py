@@ -37,16 +37,19 @@ def runner_kwargs(a) -> dict:
     return dict(max_batch=a.max_batch, max_seq_len=a.max_seq_len, dtype="bfloat16", seed=0)
 
 
-def spmd_rank(ctx, a):
-    """One rank of the in-process TP=2 run: same engine, same requests, this rank's shard."""
-    from mpk_runtime import LLM
+def spmd_rank(ctx, a, plan="default"):
+    """One rank of the in-process TP=2 run: same engine, same requests, this rank's shard. plan: "default" (the
+    engine's choice: one megakernel per batch bucket since session 57, runtime/tp_buckets.py) or None (one
+    megakernel for max_batch rows). Also times one request alone (ms a decode step, LLM.generate)."""
+    from mpk_runtime import LLM, SamplingParams
     from mpk_runtime.models.config import load_config
     from mpk_runtime.runtime.executor import SPMDExecutor
     from mpk_runtime.runtime.comm import TorchDistComm
     ctx.heap()   # NVSHMEM up (the unique id travelled from rank 0 as bytes); the runner attaches to it
     ctx.dist()   # and an NCCL group, as Ray workers have: prefill runs through the conventional path over it
+    kw = runner_kwargs(a) if plan == "default" else dict(runner_kwargs(a), plan=plan)
     llm = LLM(a.model, backend="megakernel", tp=ctx.nranks,
-              executor=SPMDExecutor(ctx.rank, ctx.nranks, comm_spec=TorchDistComm()), **runner_kwargs(a))
+              executor=SPMDExecutor(ctx.rank, ctx.nranks, comm_spec=TorchDistComm()), **kw)
     t0 = time.time()
     toks = []
     for sp in params(a):
@@ -54,8 +57,17 @@ def spmd_rank(ctx, a):
         toks += [list(o.token_ids) for o in outs]
     dt = time.time() - t0
     host_logits = llm.engine.stats["logits_bytes"]
+    one = prompts(load_config(a.model).vocab_size, 1)
+    ms = []
+    for n in (8, 8 + a.timed_tokens):   # the difference: decode steps only, prefill and first step out
+        llm.generate(one, SamplingParams(max_tokens=n, temperature=0.0), use_tqdm=False)   # warm
+        t1 = time.perf_counter()
+        llm.generate(one, SamplingParams(max_tokens=n, temperature=0.0), use_tqdm=False)
+        ms.append((time.perf_counter() - t1) * 1e3)
+    used = llm.executor.collective_rpc("health")[0].get("plans_used")
     llm.shutdown()
-    return {"tokens": toks, "seconds": dt, "logits_bytes": host_logits}
+    return {"tokens": toks, "seconds": dt, "logits_bytes": host_logits, "plans_used": used,
+            "b1_ms_per_step": round((ms[1] - ms[0]) / a.timed_tokens, 4)}
 
 
 def params(a) -> list:
@@ -71,6 +83,12 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-seq-len", type=int, default=256)
+    ap.add_argument("--timed-tokens", type=int, default=64, help="decode steps timed for one request alone")
+    ap.add_argument("--compare-plan-none", action="store_true",
+                    help="also run in-process with plan=None (one megakernel for max_batch rows): tokens compared "
+                         "(the kernels of other batch sizes round differently: reported, the greedy prefix must "
+                         "agree for --agree tokens) and one request's ms a step")
+    ap.add_argument("--agree", type=int, default=4)
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     res: dict = {"model": a.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -80,11 +98,27 @@ def main() -> int:
         t0 = time.time()
         r = tp_launch.run(spmd_rank, 2, (a,), timeout_s=300)
         res["inprocess"] = {"tokens": r[0]["tokens"], "seconds": round(time.time() - t0, 1),
-                            "ranks_agree": r[0]["tokens"] == r[1]["tokens"], "logits_bytes": r[0]["logits_bytes"]}
+                            "ranks_agree": r[0]["tokens"] == r[1]["tokens"], "logits_bytes": r[0]["logits_bytes"],
+                            "plans_used": r[0]["plans_used"], "b1_ms_per_step": r[0]["b1_ms_per_step"]}
         print("in-process TP=2:", json.dumps(res["inprocess"])[:300], flush=True)
     except Exception:  # noqa: BLE001
         res["errors"].append("inprocess: " + traceback.format_exc()[-3000:])
         print(res["errors"][-1], flush=True)
+    if a.compare_plan_none and "inprocess" in res:
+        try:
+            from mpk_runtime.runtime import tp_launch
+            r = tp_launch.run(spmd_rank, 2, (a, None), timeout_s=300)
+            mine, none = res["inprocess"]["tokens"], r[0]["tokens"]
+            agree = [next((j for j, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q)))
+                     for p, q in zip(mine, none)]
+            greedy = agree[:a.prompts]   # the first a.prompts outputs are greedy (params' order)
+            res["plan_none"] = {"b1_ms_per_step": r[0]["b1_ms_per_step"], "plans_used": r[0]["plans_used"],
+                                "agreeing_prefix": agree, "identical": mine == none,
+                                "greedy_prefix_ok": min(greedy) >= min(a.agree, a.max_tokens)}
+            print("in-process TP=2 plan=None:", json.dumps(res["plan_none"])[:400], flush=True)
+        except Exception:  # noqa: BLE001
+            res["errors"].append("plan_none: " + traceback.format_exc()[-3000:])
+            print(res["errors"][-1], flush=True)
     try:
         import torch
 
@@ -114,7 +148,8 @@ def main() -> int:
         res["mismatching_prompts"] = [i for i, (x, y) in enumerate(zip(a_, b_)) if x != y]
     (OUT / "gpu_check_ray.json").write_text(json.dumps(res, indent=1))
     print("identical:", res.get("identical"), "errors:", len(res["errors"]), flush=True)
-    return 0 if res.get("identical") and not res["errors"] else 1
+    ok = res.get("identical") and not res["errors"] and res.get("plan_none", {}).get("greedy_prefix_ok", True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ def add_engine_flags(ap: argparse.ArgumentParser) -> None:
                          "token as it is drawn)")
     ap.add_argument("--plan", default=None, choices=["none", "auto"],
                     help="auto: the planner's plan per decode batch bucket, made once in the controller (backends pyvm "
-                         "and megakernel at tp=1); none: one task graph / megakernel for max-batch rows (default: auto "
-                         "for megakernel at tp=1, else none)")
+                         "and megakernel; megakernel at tp > 1: one whole-step megakernel per bucket); none: one task "
+                         "graph / megakernel for max-batch rows (default: auto for megakernel, else none)")
     ap.add_argument("--async-bursts", action=argparse.BooleanOptionalAction, default=None,
                     help="queue the next burst of decode steps on the device before reading the last one (needs "
                          "decode steps > 1; default: on; --no-async-bursts runs bursts synchronously)")

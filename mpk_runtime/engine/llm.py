@@ -88,8 +88,9 @@ class LLM:
         them; when they run out the request admitted last is preempted and later computed again) or "reserve" (its
         whole length, prompt + max_tokens, at admission; never preempted): engine/scheduler.py. Other keywords go to
         the runner; among them `plan` (backends pyvm and megakernel): "auto" = the planner's plan per decode batch
-        bucket, None = one task graph / megakernel for max_batch rows; not given: "auto" for the megakernel backend at
-        tp=1, else None (runtime/executor.default_plan)."""
+        bucket (megakernel at tp > 1: one whole-step megakernel per bucket, runtime/tp_buckets.py), None = one task
+        graph / megakernel for max_batch rows; not given: "auto" for the megakernel backend, else None
+        (runtime/executor.default_plan)."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps, none_ok=True)

@@ -191,14 +191,15 @@ class SPMDExecutor(Executor):
 
 
 def default_plan(backend: str, world_size: int, runner_kwargs: dict):
-    """The plan when the caller names none: "auto" for the megakernel backend at world size 1 (the planner's plan per
-    batch bucket: the one megakernel built for that bucket's rows at small batches, conventional segments where it
-    predicts they win; what every benchmark measures), else None. plan=None builds one megakernel for max_batch rows
-    and every step streams that many rows' tiles, however few are live: at llama-3.2-1b the kernel built for 8 rows
-    took 1.476 ms a step and the one built for 1 row 1.064, the one for 128 rows 12.9 ms against the planned 2.1
-    (1x H200, session 41's bench cells). Not where the caller asked for the one megakernel's knobs (attn_splits,
-    tp_invariant): those keep plan=None."""
-    if backend != "megakernel" or (runner_kwargs.get("tp") or world_size) != 1:
+    """The plan when the caller names none: "auto" for the megakernel backend (the planner's plan per batch bucket:
+    at world size 1 the one megakernel built for that bucket's rows at small batches, conventional segments where
+    it predicts they win, what every benchmark measures; at world size > 1 one whole-step megakernel per bucket,
+    runtime/tp_buckets.py, since session 57, not yet run on two GPUs), else None. plan=None builds one megakernel for
+    max_batch rows and every step streams that many rows' tiles, however few are live: at llama-3.2-1b the kernel
+    built for 8 rows took 1.476 ms a step and the one built for 1 row 1.064, the one for 128 rows 12.9 ms against
+    the planned 2.1 (1x H200, session 41's bench cells). Not where the caller asked for the one megakernel's knobs
+    (attn_splits, tp_invariant): those keep plan=None."""
+    if backend != "megakernel":
         return None
     if runner_kwargs.get("attn_splits") is not None or runner_kwargs.get("tp_invariant", 1) != 1:
         return None
@@ -208,24 +209,24 @@ def default_plan(backend: str, world_size: int, runner_kwargs: dict):
 def plan_once(backend: str, world_size: int, runner_kwargs: dict) -> dict:
     """runner_kwargs with plan="auto" replaced by a plan book made here, once for every rank (the executor is the
     controller: ranks only look plans up). Plans run on the "pyvm" backend (CPU) and the "megakernel" backend
-    (GPU, world size 1). No plan named: default_plan's."""
+    (GPU; at world size > 1 the book holds one-megakernel plans only: tp_buckets.plan_families). No plan named:
+    default_plan's."""
     plan = runner_kwargs["plan"] if "plan" in runner_kwargs else default_plan(backend, world_size, runner_kwargs)
     if plan is None:
         return runner_kwargs
     if backend not in ("pyvm", "megakernel"):
         raise ValueError(f"plan={plan!r}: plans run on the 'pyvm' (CPU) and 'megakernel' (GPU) backends; the "
                          f"{backend!r} backend is conventional already")
-    if backend == "megakernel" and (runner_kwargs.get("tp") or world_size) > 1:
-        raise ValueError("plan=...: the GPU runner runs plans at world size 1; at TP > 1 use plan=None (one "
-                         "megakernel per rank) or scripts/validate_planner.py")
     if isinstance(plan, dict):
         return runner_kwargs
     from ..models.config import load_config
     from .pyvm_runner import resolve_plan
-    book = resolve_plan(plan, load_config(runner_kwargs.get("model", "tiny-llama")),
-                        runner_kwargs.get("tp") or world_size, runner_kwargs.get("max_batch", 8),
-                        runner_kwargs.get("max_seq_len"), runner_kwargs.get("plan_buckets"),
-                        runner_kwargs.get("plan_context", 512))
+    from .tp_buckets import plan_families
+    tp = runner_kwargs.get("tp") or world_size
+    book = resolve_plan(plan, load_config(runner_kwargs.get("model", "tiny-llama")), tp,
+                        runner_kwargs.get("max_batch", 8), runner_kwargs.get("max_seq_len"),
+                        runner_kwargs.get("plan_buckets"), runner_kwargs.get("plan_context", 512),
+                        families=plan_families(backend, tp))
     return dict(runner_kwargs, plan=book)
 
 

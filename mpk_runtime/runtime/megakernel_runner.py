@@ -12,9 +12,11 @@ such a group (only an NVSHMEM heap): the prompt's tokens run as single-token dec
 (one launch per token; correct, not fast). Batches are padded to the graph's batch with
 inactive rows (pos = -1).
 
-plan="auto" | a plan book (world size 1): decode runs the planner's plan for each batch bucket, replayed as CUDA
-graphs (megakernel_plans.PlannedDecoder): one megakernel at small batches, conventional segments where the
-planner predicts they win. Without a plan: one megakernel over max_batch rows, launched per step.
+plan="auto" | a plan book (the default): at world size 1 decode runs the planner's plan for each batch bucket,
+replayed as CUDA graphs (megakernel_plans.PlannedDecoder): one megakernel at small batches, conventional segments
+where the planner predicts they win. At world size > 1 one whole-step megakernel per bucket (tp_buckets.TPBuckets:
+the book's plans come from the one-megakernel families), launched per step. plan=None: one megakernel over
+max_batch rows, launched per step.
 torch.cuda / cuda-python are touched only when a runner is created.
 """
 from __future__ import annotations
@@ -45,15 +47,17 @@ log = logging.getLogger(__name__)
 def build_rank_kernel(cfg, weights: dict, *, rank: int, world: int, heap=None, batch: int, max_seq_len: int,
                       page_size: int, num_pages: int, num_sms: int, attn_splits: int = 2, dtype: str = "bfloat16",
                       timeout_s: float | None = None, trace_steps: int = 0, device="cuda", tiling: Tiling | None = None,
-                      tp_invariant: int = 1):
+                      tp_invariant: int = 1, kv: KVStore | None = None):
     """One rank's Megakernel for decode at `batch` (world > 1 needs a SymmetricHeap; collective then: every
-    rank calls this with the same arguments but its own rank). Returns a namespace: mk, mem, tg, pos, tables."""
+    rank calls this with the same arguments but its own rank). `kv`: a KVStore to share (kernels of several batch
+    sizes over one cache); None: a new one of num_pages. Returns a namespace: mk, mem, tg, pos, tables, kv, width."""
     from types import SimpleNamespace
 
     from .megakernel import Megakernel
     dev = torch.device(device)
-    n_kv = cfg.num_kv_heads if world == 1 else shard_for(cfg, world, rank).n_kv
-    kv = KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(dtype), device=dev)
+    if kv is None:
+        n_kv = cfg.num_kv_heads if world == 1 else shard_for(cfg, world, rank).n_kv
+        kv = KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(dtype), device=dev)
     gs = [build_graph(cfg, mode="decode", batch=batch, context_len=0, max_seq_len=max_seq_len, tp=world, rank=r,
                       attn_splits=attn_splits, dtype=dtype, tp_invariant=tp_invariant) for r in range(world)]
     tgs = build_task_graphs(gs, tiling or Tiling(num_sms=num_sms))   # events of a rank come from every rank
@@ -113,7 +117,22 @@ class MegakernelRunner(ModelRunner):
             dev = torch.device("cuda", torch.cuda.current_device())
         else:
             dev = torch.device(device)
-        self.heap = _heap(rank, world, comm, nvshmem_uid, dev) if world > 1 else None
+        from .pyvm_runner import resolve_plan
+        from .tp_buckets import TPBuckets, heap_bytes, plan_families
+        book = resolve_plan(plan, cfg, world, max_batch, max_seq_len, plan_buckets, plan_context,
+                            families=plan_families("megakernel", world))
+        if book is not None and tp_invariant != 1:
+            raise ValueError("plan=... and tp_invariant > 1 do not go together: the bit-identical TP check runs one "
+                             "megakernel for max_batch rows (plan=None)")
+        if book is not None and world > 1 and max(int(b) for b in book["buckets"]) < max_batch:
+            raise ValueError(f"the plan book's largest bucket ({max(int(b) for b in book['buckets'])}) is below "
+                             f"max_batch={max_batch}: make the book with a bucket >= max_batch")
+        if world > 1:   # the heap holds every kernel's symmetric buffers: a bucket's each, or max_batch rows'
+            batches = sorted(int(b) for b in book["buckets"]) if book is not None else [max_batch]
+            self.heap = _heap(rank, world, comm, nvshmem_uid, dev,
+                              heap_bytes(cfg, world, batches, max_seq_len, max_batch))
+        else:
+            self.heap = None
         slicer = None
         if world > 1:
             sh = shard_for(cfg, world, rank)
@@ -135,14 +154,9 @@ class MegakernelRunner(ModelRunner):
         num_pages = num_pages or full
         self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
         num_sms = num_sms or torch.cuda.get_device_properties(dev).multi_processor_count
-        from .pyvm_runner import resolve_plan
-        book = resolve_plan(plan, cfg, world, max_batch, max_seq_len, plan_buckets, plan_context)
-        self.planned = self.prefiller = None
+        self.planned = self.prefiller = self.tp_buckets = None
         self._gather = None
-        if book is not None:
-            if world > 1 or tp_invariant != 1:
-                raise ValueError("plan=...: the GPU runner runs plans at world size 1 (tp=1, tp_invariant=1); at "
-                                 "TP > 1 use plan=None (one megakernel per rank) or scripts/validate_planner.py")
+        if book is not None and world == 1:
             n_kv = cfg.num_kv_heads
             self.kv = KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(dtype),
                               device=dev, poison=False)
@@ -165,10 +179,19 @@ class MegakernelRunner(ModelRunner):
             # stay bit-identical; a count from this degree's heads differed: 2 at TP=1, 4 at TP=2, B=8 ctx 512)
             heads_of = max(world, tp_invariant) if tp_invariant > 1 else world
             attn_splits = attn_splits_for(max_batch, shard_for(cfg, heads_of, 0).n_kv, max_seq_len, num_sms)
-        r = build_rank_kernel(cfg, w, rank=rank, world=world, heap=self.heap, batch=max_batch,
-                              max_seq_len=max_seq_len, page_size=page_size, num_pages=num_pages, num_sms=num_sms,
-                              attn_splits=attn_splits, dtype=dtype, timeout_s=timeout_s, device=dev,
-                              tp_invariant=tp_invariant)
+        if book is not None:   # world > 1: one whole-step megakernel per bucket over one cache (tp_buckets.py)
+            kv = KVStore(cfg.num_layers, num_pages, page_size, shard_for(cfg, world, rank).n_kv, cfg.head_dim,
+                         torch_dtype(dtype), device=dev)
+            self.tp_buckets = TPBuckets(cfg, w, book, rank=rank, world=world, heap=self.heap, kv=kv,
+                                        max_seq_len=max_seq_len, page_size=page_size, num_sms=num_sms, dtype=dtype,
+                                        timeout_s=timeout_s, device=dev)
+            r = self.tp_buckets.largest()
+        else:
+            r = build_rank_kernel(cfg, w, rank=rank, world=world, heap=self.heap, batch=max_batch,
+                                  max_seq_len=max_seq_len, page_size=page_size, num_pages=num_pages, num_sms=num_sms,
+                                  attn_splits=attn_splits, dtype=dtype, timeout_s=timeout_s, device=dev,
+                                  tp_invariant=tp_invariant)
+        self._k = r   # the kernel a step runs when no bucket is chosen (plan=None: the only one)
         self.mk, self.mem, self.tg, self.kv = r.mk, r.mem, r.tg, r.kv
         self.tables, self.pos, self.width = r.tables, r.pos, r.width
         from .comm import TorchDistComm
@@ -193,32 +216,35 @@ class MegakernelRunner(ModelRunner):
         kernel drew (greedy, or with `sampling`: one DeviceSampling or None per row) are in
         `self.last_next_tokens` afterwards."""
         n = len(toks)
-        fill_step(self.mem, self.pos, self.tables, toks, pos, tables, self.width, sampling)
+        k = self.tp_buckets.kernel_for(n) if self.tp_buckets is not None else self._k
+        mem = k.mem
+        fill_step(mem, k.pos, k.tables, toks, pos, tables, k.width, sampling)
         if self.heap is not None:
             self.heap.barrier()   # no rank overwrites tokens/pos while a peer still reads the last step
-        self.mk.launch(1)
+        k.mk.launch(1)
         gathered = None
         if self.heap is None:
-            draw_full(self.mem, self.mem.t("logits")[:n], self.pos[:n], graph=True)
-        elif getattr(self.mem, "_full_rows", None) is not None:   # (every rank has the same rows: all gather)
-            gathered = self._gathered_logits(n)
-            draw_full(self.mem, gathered, self.pos[:n], graph=True)   # the same tokens on every rank
-        torch.cuda.synchronize(self.pos.device)
-        self.mk.check()
-        self.last_next_tokens = self.mem.t("next_tokens")[:n].cpu()
+            draw_full(mem, mem.t("logits")[:n], k.pos[:n], graph=True)
+        elif getattr(mem, "_full_rows", None) is not None:   # (every rank has the same rows: all gather)
+            gathered = self._gathered_logits(n, mem)
+            draw_full(mem, gathered, k.pos[:n], graph=True)   # the same tokens on every rank
+        torch.cuda.synchronize(k.pos.device)
+        k.mk.check()
+        self.last_next_tokens = mem.t("next_tokens")[:n].cpu()
         if not want_logits:   # the same on every rank (same chunks): no rank enters the gather's barriers
             return None
         if self._gather is None:
-            return self.mem.t("logits")[:n].float().cpu()
-        return (gathered if gathered is not None else self._gathered_logits(n)).cpu()
+            return mem.t("logits")[:n].float().cpu()
+        return (gathered if gathered is not None else self._gathered_logits(n, mem)).cpu()
 
-    def _gathered_logits(self, n: int) -> torch.Tensor:
+    def _gathered_logits(self, n: int, mem=None) -> torch.Tensor:
         """(n, V) fp32 on this device: the step's logits of every rank's vocabulary shard, in vocabulary order, read
         from the peers' heap buffers between two barriers (every rank calls it for the same steps). A view of one
-        buffer that stays put (the draw's graph keys on its address), valid until the next call."""
+        buffer that stays put (the draw's graph keys on its address), valid until the next call. `mem`: the
+        memory of the kernel that ran the step (a bucket's; default the runner's one kernel)."""
         buf, views, nv = self._gather
-        lg = self.mem.t("logits")
-        buf[:, :lg.shape[1]].copy_(lg)
+        lg = (mem or self.mem).t("logits")
+        buf[:lg.shape[0], :lg.shape[1]].copy_(lg)
         self.heap.barrier()
         out = self._full_logits[:n]
         torch.cat([views[q][:n, :nv[q]] for q in range(len(views))], dim=-1, out=out)
@@ -226,6 +252,8 @@ class MegakernelRunner(ModelRunner):
         return out
 
     def plans_used(self) -> dict:
+        if self.tp_buckets is not None:
+            return dict(self.tp_buckets.used)
         return dict(self.planned.used) if self.planned is not None else {}
 
     def graph_counts(self) -> dict:
@@ -338,10 +366,13 @@ def _local_device(rank: int) -> int:
     return rank % n if n else 0
 
 
-def _heap(rank: int, world: int, comm, uid: bytes | None, dev: torch.device):
+def _heap(rank: int, world: int, comm, uid: bytes | None, dev: torch.device, need: int = 0):
     """This rank's NVSHMEM PE: from uid bytes; else already initialised (cluster layer); else the uid goes from
-    rank 0 to the others through the communicator (all_gather of 128 bytes)."""
-    from .nvshmem import NvshmemUnavailable, SymmetricHeap, unique_id_bytes
+    rank 0 to the others through the communicator (all_gather of 128 bytes). need: the bytes the runner will
+    place on the heap (tp_buckets.heap_bytes); where NVSHMEM starts here, NVSHMEM_SYMMETRIC_SIZE is raised to hold
+    them unless the caller set it (nvshmem.heap_size_env)."""
+    from .nvshmem import NvshmemUnavailable, SymmetricHeap, heap_size_env, unique_id_bytes
+    heap_size_env(need, rank)
     if uid is not None:
         return SymmetricHeap.init(uid, rank, world, dev.index)
     try:

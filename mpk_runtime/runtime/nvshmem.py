@@ -23,6 +23,41 @@ import torch
 SAFE_ENV = {"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
+DEFAULT_HEAP = 1 << 30   # NVSHMEM_SYMMETRIC_SIZE's default (1 GiB)
+
+
+def heap_size_env(need: int, rank: int = 0) -> str | None:
+    """Before NVSHMEM starts in this process: NVSHMEM_SYMMETRIC_SIZE raised to hold `need` bytes with a margin (a
+    quarter more, rounded up to 256 MiB) where they exceed the 1 GiB default and the variable is unset; a set value
+    is kept (a warning where it looks too small). Returns the value in force, or None (the default)."""
+    import logging
+    have = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "").strip()
+    if have:
+        if need > _size_bytes(have):
+            logging.getLogger(__name__).warning(
+                "rank %d: NVSHMEM_SYMMETRIC_SIZE=%s but the megakernels place ~%d MiB on the heap; raise it (or "
+                "unset it: the runner then sizes the heap)", rank, have, need >> 20)
+        return have
+    step = 256 << 20
+    want = -(-int(need * 1.25) // step) * step
+    if want <= DEFAULT_HEAP:
+        return None
+    os.environ["NVSHMEM_SYMMETRIC_SIZE"] = str(want)
+    return str(want)
+
+
+def _size_bytes(v: str) -> int:
+    """NVSHMEM's size syntax (a number with an optional k / m / g / t suffix) in bytes; unreadable: 0."""
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    v = v.strip().lower()
+    try:
+        if v and v[-1] in mult:
+            return int(float(v[:-1] or 0) * mult[v[-1]])
+        return int(float(v))
+    except ValueError:
+        return 0
+
+
 class NvshmemUnavailable(RuntimeError):
     """NVSHMEM cannot be used here; the message says what is missing and what to do."""
 

@@ -323,9 +323,11 @@ def default_max_seq_len(cfg: ModelConfig, max_seq_len: int | None) -> int:
     return min(cfg.max_position_embeddings, 2048) if max_seq_len is None else max_seq_len
 
 
-def resolve_plan(plan, cfg, tp: int, max_batch: int, max_seq_len: int | None, buckets=None, context: int = 512):
+def resolve_plan(plan, cfg, tp: int, max_batch: int, max_seq_len: int | None, buckets=None, context: int = 512,
+                 families: tuple[str, ...] | None = None):
     """plan=None: no planner (one task graph per batch). "auto": plan here (one process holds the whole group,
-    so this is still planning once). A dict: a PlanBook made by the controller (cluster/plan.py)."""
+    so this is still planning once), among `families` (None: every family; tp_buckets.plan_families says which
+    the runner can run). A dict: a PlanBook made by the controller (cluster/plan.py)."""
     if plan is None:
         return None
     if isinstance(plan, dict):
@@ -339,7 +341,7 @@ def resolve_plan(plan, cfg, tp: int, max_batch: int, max_seq_len: int | None, bu
         raise ValueError(f"plan must be None, 'auto' or a plan book dict, got {plan!r}")
     from ..planner.book import DEFAULT_BUCKETS, plan_book
     buckets = buckets or sorted({b for b in DEFAULT_BUCKETS if b < max_batch} | {max_batch})
-    return plan_book(cfg, tp, buckets, context=min(context, default_max_seq_len(cfg, max_seq_len)))
+    return plan_book(cfg, tp, buckets, context=min(context, default_max_seq_len(cfg, max_seq_len)), families=families)
 
 
 def _pad(table: list[int], width: int) -> list[int]:

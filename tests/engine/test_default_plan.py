@@ -1,6 +1,6 @@
-"""The plan when none is named (runtime/executor.default_plan): the megakernel backend at world size 1 gets the
-planner's book (the plan each batch bucket runs), everything else keeps plan=None; the command lines' --plan none
-still reaches the one megakernel."""
+"""The plan when none is named (runtime/executor.default_plan): the megakernel backend gets the planner's book (the
+plan each batch bucket runs; at world size > 1 one whole-step megakernel per bucket), everything else keeps
+plan=None; the command lines' --plan none still reaches the one megakernel."""
 import argparse
 
 import pytest
@@ -16,9 +16,19 @@ def test_megakernel_at_world_size_1_is_planned_by_default():
     assert got["plan"]["buckets"][1]["name"] == "mono"
 
 
+@pytest.mark.parametrize("world,kw", [(2, {}), (1, {"tp": 2})])
+def test_megakernel_at_tp2_gets_one_megakernel_per_bucket(world, kw):
+    from mpk_runtime.runtime.tp_buckets import TP_FAMILIES
+    got = plan_once("megakernel", world, dict(kw, model="tiny-llama", max_batch=8, max_seq_len=128))
+    book = got["plan"]
+    assert book["tp"] == 2 and set(book["buckets"]) == {1, 8}
+    for plan in book["buckets"].values():
+        assert plan["name"] in TP_FAMILIES and [s["kind"] for s in plan["segments"]] == ["megakernel"]
+    # the CPU twin is not restricted: its book may hold any family (the same call for pyvm, plan named)
+    assert plan_once("pyvm", 2, {"model": "tiny-llama", "max_batch": 8, "plan": "auto"})["plan"]["tp"] == 2
+
+
 @pytest.mark.parametrize("backend,world,kw", [
-    ("megakernel", 2, {}),                         # plans run at world size 1 only
-    ("megakernel", 1, {"tp": 2}),
     ("megakernel", 1, {"attn_splits": 4}),         # the one megakernel's knobs asked for
     ("megakernel", 1, {"tp_invariant": 2}),
     ("pyvm", 1, {}), ("torch", 1, {}), ("reference", 1, {})])

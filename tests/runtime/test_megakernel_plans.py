@@ -64,12 +64,6 @@ def test_planned_decoder_matches_reference(family, share):
         dec.decode([1] * 5, [1] * 5, [tables[0]] * 5)
 
 
-def test_gpu_runner_plans_refused_at_tp2():
-    from mpk_runtime.engine.llm import LLM
-    with pytest.raises(Exception, match="world size 1"):
-        LLM("tiny-llama", backend="megakernel", tp=2, max_batch=2, plan="auto")
-
-
 @pytest.mark.parametrize("exact", ["", "16"])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
 def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, monkeypatch):
