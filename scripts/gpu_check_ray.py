@@ -34,7 +34,13 @@ def prompts(vocab: int, n: int) -> list[list[int]]:
 
 
 def runner_kwargs(a) -> dict:
-    return dict(max_batch=a.max_batch, max_seq_len=a.max_seq_len, dtype="bfloat16", seed=0)
+    kw = dict(max_batch=a.max_batch, max_seq_len=a.max_seq_len, dtype="bfloat16", seed=0)
+    if a.families:   # a book among these families only (else the engine's default book at tp=2)
+        from mpk_runtime.models.config import load_config
+        from mpk_runtime.planner.book import DEFAULT_BUCKETS, plan_book
+        buckets = sorted({b for b in DEFAULT_BUCKETS if b < a.max_batch} | {a.max_batch})
+        kw["plan"] = plan_book(load_config(a.model), 2, buckets, families=tuple(a.families.split(",")))
+    return kw
 
 
 def spmd_rank(ctx, a, plan="default"):
@@ -89,6 +95,8 @@ def main() -> int:
                          "(the kernels of other batch sizes round differently: reported, the greedy prefix must "
                          "agree for --agree tokens) and one request's ms a step")
     ap.add_argument("--agree", type=int, default=4)
+    ap.add_argument("--families", default="", help="plan families of the book (e.g. conventional: every bucket runs "
+                                                   "the conventional plan over NCCL); default: the engine's book")
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     res: dict = {"model": a.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),

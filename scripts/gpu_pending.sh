@@ -623,7 +623,7 @@ else
     grep -o '"ok": [a-z]*' "$OUT/tp/gpu_check_tp.json" | sort | uniq -c; snap
     st "6b the engine at TP=2: one megakernel per batch bucket (the default since session 57) vs plan=None, Ray vs in-process"
     mkdir -p "$OUT/tpeng"
-    OUT="$OUT/tpeng" timeout 240 python3 scripts/gpu_check_ray.py --model llama-3.2-1b --compare-plan-none \
+    OUT="$OUT/tpeng" timeout 240 python3 scripts/gpu_check_ray.py --model llama-3.2-1b --max-batch 32 --compare-plan-none \
         > "$OUT/tpeng/stdout.log" 2>&1; tail -5 "$OUT/tpeng/stdout.log"; snap
     st "7 TP=2 bench with the PyTorch TP peer"
     MPK_ATTN_FOLD=$FOLD OUT="$OUT/tpbench" timeout 150 python3 scripts/bench_decode.py --tp 2 \

@@ -77,17 +77,18 @@ def write_tables(tables_t: torch.Tensor, tables) -> None:
     tables_t._mpk_rows = rows
 
 
-def burst(mem: RankMemory, pos_t: torch.Tensor, n: int, num_steps: int, run_step) -> torch.Tensor:
+def burst(mem: RankMemory, pos_t: torch.Tensor, n: int, num_steps: int, run_step, logits=None) -> torch.Tensor:
     """num_steps calls of run_step() on the inputs fill_step wrote, each later step's inputs made from the last one's
     on the device (each of the n rows' drawn token, one position on); returns the drawn tokens (num_steps, n) on the
-    device, without synchronising."""
+    device, without synchronising. logits(): the step's logits over the whole vocabulary for the full draw (a TP
+    rank's gathered shards); default the step's own."""
     drawn = torch.empty((num_steps, n), dtype=torch.int64, device=pos_t.device)
     for j in range(num_steps):
         if j:
             mem.t("tokens")[:n].copy_(mem.t("next_tokens")[:n])
             pos_t[:n] += 1
         run_step()
-        draw_full(mem, mem.t("logits")[:n], pos_t[:n], graph=True)
+        draw_full(mem, logits() if logits is not None else mem.t("logits")[:n], pos_t[:n], graph=True)
         drawn[j].copy_(mem.t("next_tokens")[:n])
     return drawn
 

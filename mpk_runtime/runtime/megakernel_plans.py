@@ -34,6 +34,7 @@ import torch
 
 from ..envflags import env_int
 from ..ir.build import build_graph
+from ..ir.shard import shard_for
 from ..models.reference import rope_inv_freq
 from ..planner.book import bucket_key, pick_plan
 from ..planner.plan import Plan
@@ -65,12 +66,36 @@ class _Bucket:
         self.captures = captures          # graphs captured for batch bucket b (across rebuilds for more splits)
 
 
+def gather_vocab(cfg, tp: int, comm, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(n, V) fp32 on this device from this rank's vocab shard of the logits (n, V / tp), through the communicator:
+    every rank's shard, in vocabulary order (a collective: every rank calls it for the same rows). out: an (n, V)
+    fp32 tensor to write (one whose storage stays put: the full draw's graphs key on its address)."""
+    lg = logits.float()
+    n = lg.shape[0]
+    nv = [shard_for(cfg, tp, q).n_vocab for q in range(tp)]
+    buf = torch.zeros((n, max(nv)), dtype=torch.float32, device=lg.device)
+    buf[:, :lg.shape[1]] = lg
+    parts = comm.all_gather(buf, dim=0).view(tp, n, max(nv))
+    pieces = [parts[q, :, :nv[q]] for q in range(tp)]
+    if out is None:
+        return torch.cat(pieces, dim=-1)
+    return torch.cat(pieces, dim=-1, out=out)
+
+
 class PlannedDecoder:
     def __init__(self, cfg, weights: dict, kv: KVStore, book: dict, *, max_seq_len: int, page_size: int,
                  num_sms: int, dtype: str, device: torch.device, timeout_s: float | None = None, attn_splits: int = 2,
-                 backend: str = "megakernel"):
+                 backend: str = "megakernel", tp: int = 1, rank: int = 0, comm=None):
+        """tp > 1: this process's rank (`weights` its shard, `kv` its KV heads) and the group's communicator; the
+        book's plans must be all conventional there (tp_buckets.py runs the one-megakernel buckets): the
+        all-reduces, the distributed argmax and the vocab gathers of full-vocabulary rows go through `comm` (NCCL
+        inside the captured graphs on GPUs, as ConventionalPrefill's)."""
         if backend not in ("megakernel", "pyvm"):
             raise ValueError(f"backend {backend!r}: 'megakernel' (GPU) or 'pyvm' (CPU twin)")
+        if tp > 1 and (comm is None or getattr(comm, "world_size", 1) != tp):
+            raise ValueError(f"tp={tp} decode through conventional plans needs the group's communicator")
+        self.tp, self.rank, self.comm = tp, rank, comm
+        self._vocab: torch.Tensor | None = None   # tp > 1: the gathered logits (_logits), one buffer that stays put
         self.backend = backend
         self.cfg, self.weights, self.kv, self.book = cfg, weights, kv, book
         self.max_seq_len, self.page_size, self.num_sms, self.dtype = max_seq_len, page_size, num_sms, dtype
@@ -97,7 +122,8 @@ class PlannedDecoder:
         8 splits of 8 KV heads at 512 keys and 16 from 1024: llama-3.2-1b at a 131k-token context 3.79 -> 2.98 ms a
         token through LLM.generate (1x H100, session 55; 16 splits was what the bench's plans, made at the bench's
         context, had run)."""
-        return max(plan.attn_splits or self.attn_splits, attn_splits_for(b, self.cfg.num_kv_heads, cap, self.num_sms))
+        n_kv = shard_for(self.cfg, self.tp, self.rank).n_kv
+        return max(plan.attn_splits or self.attn_splits, attn_splits_for(b, n_kv, cap, self.num_sms))
 
     def _bucket(self, b: int, cap: int) -> _Bucket:
         """Bucket b built with the attention splits of key cap `cap` (splits_at). A build for another split count
@@ -117,12 +143,16 @@ class PlannedDecoder:
             kept.captures = max(kept.captures, captures)
             self._buckets[b] = kept
             return kept
-        if plan.tp != 1:
-            raise ValueError(f"the plan book was made for tp={plan.tp}; the GPU runner takes plans at tp=1")
+        if plan.tp != self.tp:
+            raise ValueError(f"the plan book was made for tp={plan.tp}; this decoder's group has tp={self.tp}")
+        if self.tp > 1 and any(seg.kind != "conventional" for seg in plan.segments):
+            raise ValueError(f"bucket {b}'s plan {plan.name!r} has megakernel segments: at tp > 1 PlannedDecoder runs "
+                             "conventional plans (one-megakernel plans: runtime/tp_buckets.TPBuckets)")
         t0 = time.perf_counter()
         self._buckets.pop(b, None)
-        g = build_graph(self.cfg, mode="decode", batch=b, context_len=0, max_seq_len=self.max_seq_len,
-                        attn_splits=splits, dtype=self.dtype)
+        gs = [build_graph(self.cfg, mode="decode", batch=b, context_len=0, max_seq_len=self.max_seq_len,
+                          attn_splits=splits, dtype=self.dtype, tp=self.tp, rank=r) for r in range(self.tp)]
+        g = gs[self.rank]
         mem = RankMemory(g, self.weights, self.kv, device=self.device)
         pos = torch.full((b,), -1, dtype=torch.int64, device=self.device)
         tables = torch.zeros((b, self.width), dtype=torch.int64, device=self.device)
@@ -131,8 +161,9 @@ class PlannedDecoder:
             from .megakernel import Megakernel
             return Megakernel(tg, m, page_size=self.page_size, block_tables=tables, pos=pos,
                               inv_freq=self.inv_cpu, head_dim=self.cfg.head_dim, timeout_s=self.timeout_s)
-        ex = PlanExecutor(plan, [g], [mem], backend=self.backend, num_sms=self.num_sms, mode="ordered",
-                          check=self.backend == "pyvm", make_megakernel=make_mk)
+        ex = PlanExecutor(plan, gs, [mem], backend=self.backend, num_sms=self.num_sms, mode="ordered",
+                          check=self.backend == "pyvm", make_megakernel=make_mk,
+                          comm=self.comm if self.tp > 1 else None)
         self._buckets[b] = _Bucket(b, plan, ex, mem, pos, tables, splits, captures)
         self.build_s += time.perf_counter() - t0
         return self._buckets[b]
@@ -210,10 +241,23 @@ class PlannedDecoder:
                          want_logits or any_full(sampling))
         fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling)
         self._run(bk)
-        draw_full(bk.mem, bk.mem.t("logits")[:n], bk.pos[:n], graph=True)
+        full = self._logits(bk.mem, n, want_logits)
+        draw_full(bk.mem, full, bk.pos[:n], graph=True)
         self._finish(bk)
         nxt = bk.mem.t("next_tokens")[:n].cpu()
-        return (bk.mem.t("logits")[:n].float().cpu() if want_logits else None), nxt
+        return (full.float().to("cpu", copy=True) if want_logits else None), nxt   # (a copy: full may be a buffer)
+
+    def _logits(self, mem: RankMemory, n: int, needed: bool = False) -> torch.Tensor:
+        """The step's logits of n rows over the whole vocabulary: the step's own at tp=1; at tp > 1 gathered from
+        every rank's shard where a row draws from the full vocabulary or `needed` (a collective: every rank has the
+        same rows), else this rank's shard (unread)."""
+        lg = mem.t("logits")[:n]
+        if self.tp > 1 and (needed or getattr(mem, "_full_rows", None) is not None):
+            if self._vocab is None:   # rows of the largest bucket: allocated once
+                rows = max(int(k) for k in self.book["buckets"])
+                self._vocab = torch.empty((rows, self.cfg.vocab_size), dtype=torch.float32, device=lg.device)
+            return gather_vocab(self.cfg, self.tp, self.comm, lg, out=self._vocab[:n])
+        return lg
 
     def decode_steps(self, toks: list[int], pos: list[int], tables: list[list[int]], sampling, num_steps: int,
                      resume: bool = False) -> torch.Tensor:
@@ -237,7 +281,8 @@ class PlannedDecoder:
         bk = self._ready(n, kv_cap(max(pos) + num_steps, self.max_seq_len), graph_greedy(sampling),
                          any_full(sampling))
         fill_step(bk.mem, bk.pos, bk.tables, toks, pos, tables, self.width, sampling, tokens_from=last)
-        drawn = burst(bk.mem, bk.pos, n, num_steps, lambda: self._run(bk))   # (the context reads pos in place)
+        drawn = burst(bk.mem, bk.pos, n, num_steps, lambda: self._run(bk),   # (the context reads pos in place)
+                      logits=lambda: self._logits(bk.mem, n))
         self.used[bk.batch] = bk.plan.name
         return device_pending(drawn, bk.ex.megakernels(), lambda: self._buckets.pop(bk.batch, None))
 
@@ -423,13 +468,7 @@ class ConventionalPrefill:
     def _gathered(self, mem: RankMemory, n: int) -> torch.Tensor:
         """(n, V) fp32 on this device, tp > 1: the vocab shards of every rank, gathered through the communicator (a
         collective: every rank calls it for the same groups)."""
-        from ..ir.shard import shard_for
-        lg = mem.t("logits")[:n].float()
-        nv = [shard_for(self.cfg, self.tp, q).n_vocab for q in range(self.tp)]
-        buf = torch.zeros((n, max(nv)), dtype=torch.float32, device=lg.device)
-        buf[:, :lg.shape[1]] = lg
-        parts = self.comm.all_gather(buf, dim=0).view(self.tp, n, max(nv))
-        return torch.cat([parts[q, :, :nv[q]] for q in range(self.tp)], dim=-1)
+        return gather_vocab(self.cfg, self.tp, self.comm, mem.t("logits")[:n])
 
     def run(self, tokens: list[int], start_pos: int, table: list[int], sampling=None):
         """One chunk: (logits (V,) fp32 on the CPU of its last token, the token drawn for it)."""

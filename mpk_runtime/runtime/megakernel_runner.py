@@ -29,6 +29,7 @@ import torch
 
 from ..ir.build import build_graph
 from ..ir.shard import shard_for, weight_slice
+from ..planner.book import bucket_key
 from ..models.config import load_config
 from ..models.reference import rope_inv_freq
 from ..models.weights import get_weights, torch_dtype
@@ -89,8 +90,9 @@ class MegakernelRunner(ModelRunner):
     def samples_full_on_device(self) -> bool:
         """Full-vocabulary rows (DeviceSampling.full) need the whole vocabulary's logits on this device: at world size
         1 the step's own; at world size > 1 every rank gathers the vocabulary shards through the heap (peer reads)
-        and draws the same tokens from them (_gathered_logits); the prefill's shards through its communicator."""
-        return self.world_size == 1 or self._gather is not None
+        and draws the same tokens from them (_gathered_logits); the prefill's and the conventional buckets' shards
+        through the group's communicator (PlannedDecoder at tp > 1)."""
+        return self.world_size == 1 or self._gather is not None or self.planned is not None
 
     def __init__(self, model: str = "tiny-llama", *, world_size: int | None = None, tp: int = 1, rank: int = 0,
                  seed: int = 0, dtype: str | None = "bfloat16", max_batch: int = 8, max_seq_len: int | None = None,
@@ -117,18 +119,26 @@ class MegakernelRunner(ModelRunner):
             dev = torch.device("cuda", torch.cuda.current_device())
         else:
             dev = torch.device(device)
+        from .comm import TorchDistComm
         from .pyvm_runner import resolve_plan
-        from .tp_buckets import TPBuckets, heap_bytes, plan_families
+        from .tp_buckets import heap_bytes, mk_only_book, plan_families, split_tp_book, tp_decoders
         book = resolve_plan(plan, cfg, world, max_batch, max_seq_len, plan_buckets, plan_context,
                             families=plan_families("megakernel", world))
         if book is not None and tp_invariant != 1:
             raise ValueError("plan=... and tp_invariant > 1 do not go together: the bit-identical TP check runs one "
                              "megakernel for max_batch rows (plan=None)")
-        if book is not None and world > 1 and max(int(b) for b in book["buckets"]) < max_batch:
-            raise ValueError(f"the plan book's largest bucket ({max(int(b) for b in book['buckets'])}) is below "
-                             f"max_batch={max_batch}: make the book with a bucket >= max_batch")
-        if world > 1:   # the heap holds every kernel's symmetric buffers: a bucket's each, or max_batch rows'
-            batches = sorted(int(b) for b in book["buckets"]) if book is not None else [max_batch]
+        group = isinstance(comm, TorchDistComm) and comm.world_size == world   # NCCL (or gloo) across the ranks
+        mk_book = conv_book = None
+        if book is not None and world > 1:   # per bucket one megakernel or the conventional plan (tp_buckets.py)
+            if max(int(b) for b in book["buckets"]) < max_batch:
+                raise ValueError(f"the plan book's largest bucket ({max(int(b) for b in book['buckets'])}) is below "
+                                 f"max_batch={max_batch}: make the book with a bucket >= max_batch")
+            if not group:
+                book = mk_only_book(book, cfg, max_batch, max_seq_len, plan_context)
+            mk_book, conv_book = split_tp_book(book, cfg, max_seq_len)
+        self.tp_book = book if world > 1 else None
+        if world > 1 and (book is None or mk_book is not None):   # the heap holds every kernel's symmetric buffers
+            batches = sorted(mk_book["buckets"]) if mk_book is not None else [max_batch]
             self.heap = _heap(rank, world, comm, nvshmem_uid, dev,
                               heap_bytes(cfg, world, batches, max_seq_len, max_batch))
         else:
@@ -179,13 +189,11 @@ class MegakernelRunner(ModelRunner):
             # stay bit-identical; a count from this degree's heads differed: 2 at TP=1, 4 at TP=2, B=8 ctx 512)
             heads_of = max(world, tp_invariant) if tp_invariant > 1 else world
             attn_splits = attn_splits_for(max_batch, shard_for(cfg, heads_of, 0).n_kv, max_seq_len, num_sms)
-        if book is not None:   # world > 1: one whole-step megakernel per bucket over one cache (tp_buckets.py)
-            kv = KVStore(cfg.num_layers, num_pages, page_size, shard_for(cfg, world, rank).n_kv, cfg.head_dim,
-                         torch_dtype(dtype), device=dev)
-            self.tp_buckets = TPBuckets(cfg, w, book, rank=rank, world=world, heap=self.heap, kv=kv,
-                                        max_seq_len=max_seq_len, page_size=page_size, num_sms=num_sms, dtype=dtype,
-                                        timeout_s=timeout_s, device=dev)
-            r = self.tp_buckets.largest()
+        if book is not None:   # world > 1: the two kinds of bucket over one cache (tp_buckets.py)
+            self.planned, self.tp_buckets, r = tp_decoders(
+                cfg, w, mk_book, conv_book, rank=rank, world=world, heap=self.heap, comm=comm, num_pages=num_pages,
+                max_seq_len=max_seq_len, page_size=page_size, num_sms=num_sms, dtype=dtype, timeout_s=timeout_s,
+                device=dev)
         else:
             r = build_rank_kernel(cfg, w, rank=rank, world=world, heap=self.heap, batch=max_batch,
                                   max_seq_len=max_seq_len, page_size=page_size, num_pages=num_pages, num_sms=num_sms,
@@ -194,12 +202,18 @@ class MegakernelRunner(ModelRunner):
         self._k = r   # the kernel a step runs when no bucket is chosen (plan=None: the only one)
         self.mk, self.mem, self.tg, self.kv = r.mk, r.mem, r.tg, r.kv
         self.tables, self.pos, self.width = r.tables, r.pos, r.width
-        from .comm import TorchDistComm
-        if world == 1 or (isinstance(comm, TorchDistComm) and comm.world_size == world):
+        if world == 1 or group:
             self.prefiller = ConventionalPrefill(cfg, w, self.kv, max_seq_len=max_seq_len, page_size=page_size,
                                                  dtype=dtype, device=dev, tp=world, rank=rank, comm=comm)
             self.prefiller.warm(max_batch, prefill_warmup_tokens)   # the same on every rank (NCCL in the graphs)
-        if world > 1:   # vocab-parallel logits gathered through the heap (peer reads after a barrier)
+        if self.planned is not None:   # world > 1, conventional buckets: their graphs now, on every rank alike
+            if decode_warmup is None:
+                decode_warmup = os.environ.get("MPK_DECODE_WARMUP", "1") != "0"
+            if decode_warmup:
+                t0 = time.perf_counter()
+                n = self.planned.warm(max_batch)
+                log.info("decode graphs: %d captured at start-up in %.1f s", n, time.perf_counter() - t0)
+        if world > 1 and self.heap is not None:   # vocab-parallel logits gathered through the heap (peer reads)
             vmax = max(shard_for(cfg, world, q).n_vocab for q in range(world))
             buf = self.heap.tensor((max_batch, vmax), torch.float32)
             from nvshmem.core.interop import torch as nt
@@ -252,9 +266,10 @@ class MegakernelRunner(ModelRunner):
         return out
 
     def plans_used(self) -> dict:
+        used = dict(self.planned.used) if self.planned is not None else {}
         if self.tp_buckets is not None:
-            return dict(self.tp_buckets.used)
-        return dict(self.planned.used) if self.planned is not None else {}
+            used.update(self.tp_buckets.used)
+        return used
 
     def graph_counts(self) -> dict:
         """CUDA graphs captured so far and the seconds they took: prompt-chunk graphs (ConventionalPrefill) and the
@@ -270,9 +285,16 @@ class MegakernelRunner(ModelRunner):
                 "decode_capture_s": round(pl.capture_s, 3) if pl is not None else 0.0,
                 "decode_build_s": round(pl.build_s, 3) if pl is not None else 0.0}
 
+    def _planned_rows(self, n: int) -> bool:
+        """A step of n rows runs through PlannedDecoder: every step under a book at world size 1; at world size > 1
+        those whose bucket's plan is conventional (the others launch their bucket's megakernel)."""
+        if self.planned is None:
+            return False
+        return self.tp_buckets is None or bucket_key(self.tp_book, n) in self.planned.book["buckets"]
+
     def _decode_rows(self, toks, pos, tables, sampling, want_logits: bool = True):
         """(logits (n, V) or None, drawn tokens) of one decode step of n <= max_batch rows."""
-        if self.planned is not None:
+        if self._planned_rows(len(toks)):
             return self.planned.decode(toks, pos, tables, sampling, want_logits)
         lg = self._decode(toks, pos, tables, sampling, want_logits)
         return lg, self.last_next_tokens
@@ -288,7 +310,8 @@ class MegakernelRunner(ModelRunner):
         """decode_steps queued, not waited for (ModelRunner.launch_steps): the tokens' and the status words' copies
         are queued behind the steps, and Pending.wait synchronises on them."""
         check_decode_steps(chunks, num_steps)
-        if len(chunks) > self._spec.max_batch or (self.planned is None and self.world_size > 1):
+        planned = len(chunks) <= self._spec.max_batch and self._planned_rows(len(chunks))
+        if len(chunks) > self._spec.max_batch or (not planned and self.world_size > 1):
             return Pending(value=ModelRunner.decode_steps(self, chunks, num_steps, resume))
         rows = [c.seq_id for c in chunks]
         if resume and rows != getattr(self, "_burst_rows", None):
@@ -296,7 +319,7 @@ class MegakernelRunner(ModelRunner):
         self._burst_rows = None
         args = ([c.token_ids[0] for c in chunks], [c.start_pos for c in chunks], [c.block_table for c in chunks],
                 [c.sampling for c in chunks])
-        if self.planned is not None:
+        if planned:
             out = self.planned.launch_steps(*args, num_steps, resume=resume)
         else:
             n = len(chunks)

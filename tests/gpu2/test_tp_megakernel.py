@@ -30,20 +30,25 @@ def test_tp2_matches_tp1_and_stall_times_out(tmp_path):
     assert st and st[0]["stall_test"] == "KernelTimeout" and st[0]["seconds"] < 10, st
 
 
-def test_engine_tp2_runs_one_megakernel_per_bucket(tmp_path):
-    """The engine's default at TP=2 (runtime/tp_buckets.py, session 57): steps run the kernel of their batch bucket;
-    in-process and Ray-placed runs draw the same tokens; plan=None (one kernel for max_batch rows) agrees on the
-    greedy prefix (other batch sizes round differently). (The script also times one request under both: a
-    benchmark's number, not asserted here.)"""
+@pytest.mark.parametrize("families", ["", "conventional"], ids=["default", "conventional"])
+def test_engine_tp2_runs_each_buckets_plan(tmp_path, families):
+    """The engine at TP=2 (runtime/tp_buckets.py, session 57): steps run their batch bucket's plan, one megakernel
+    (the default book at tiny-llama) or the conventional plan over NCCL (families "conventional"); in-process and
+    Ray-placed runs draw the same tokens; plan=None (one kernel for max_batch rows) agrees on the greedy prefix
+    (other batch sizes round differently). (The script also times one request under both: a benchmark's number,
+    not asserted here.)"""
     pytest.importorskip("nvshmem.core")
     env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(ROOT), NVSHMEM_DISABLE_NVLS="1", NCCL_NVLS_ENABLE="0",
                TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     p = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_check_ray.py"), "--model", "tiny-llama",
-                        "--compare-plan-none", "--max-tokens", "16", "--timed-tokens", "32"], env=env,
-                       capture_output=True, text=True, timeout=600)
+                        "--compare-plan-none", "--max-tokens", "16", "--timed-tokens", "32", "--families", families],
+                       env=env, capture_output=True, text=True, timeout=600)
     res = json.loads((tmp_path / "gpu_check_ray.json").read_text())
     errs = [e for e in res["errors"] if not e.startswith("ray:") or "No module named 'ray'" not in e]
     assert not errs, p.stdout[-3000:]
     ip = res["inprocess"]
-    assert ip["ranks_agree"] and set(map(int, ip["plans_used"])) >= {1, 8}, ip["plans_used"]
+    used = {int(b): name for b, name in ip["plans_used"].items()}
+    assert ip["ranks_agree"] and set(used) >= {1, 8}, used
+    if families:
+        assert set(used.values()) == {"conventional"}, used
     assert res["plan_none"]["greedy_prefix_ok"], res["plan_none"]
