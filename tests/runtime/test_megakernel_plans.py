@@ -121,25 +121,14 @@ def test_batched_prefill_samples_like_a_lone_chunk():
 def _tp2_prefill(cfg, w, run) -> dict:
     """Two TP ranks as threads, each with its shard, a KV store and a ConventionalPrefill over one communicator (as
     Ray workers hold an NCCL group): {rank: run(prefill)}."""
-    import threading
-    from mpk_runtime.runtime.comm import ThreadGroup
     from mpk_runtime.runtime.pyvm_runner import shard_weights
-    group = ThreadGroup(2)
-    out, errs = {}, []
+    from tp_threads import run_ranks
 
-    def rank(r):
-        try:
-            kv = KVStore(cfg.num_layers, 40, PS, shard_for(cfg, 2, r).n_kv, cfg.head_dim, torch.float32, poison=False)
-            out[r] = run(ConventionalPrefill(cfg, shard_weights(cfg, w, 2, r), kv, max_seq_len=MAXLEN, page_size=PS,
-                                             dtype="float32", device=torch.device("cpu"), tp=2, rank=r,
-                                             comm=group.comm(r)))
-        except Exception as e:  # noqa: BLE001
-            errs.append(e)
-    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    [t.start() for t in ts]
-    [t.join(60) for t in ts]
-    assert not errs, errs
-    return out
+    def rank(r, comm):
+        kv = KVStore(cfg.num_layers, 40, PS, shard_for(cfg, 2, r).n_kv, cfg.head_dim, torch.float32, poison=False)
+        return run(ConventionalPrefill(cfg, shard_weights(cfg, w, 2, r), kv, max_seq_len=MAXLEN, page_size=PS,
+                                       dtype="float32", device=torch.device("cpu"), tp=2, rank=r, comm=comm))
+    return run_ranks(rank)
 
 
 @pytest.mark.parametrize("exact", ["", "16"])

@@ -91,31 +91,19 @@ def test_heap_bytes_counts_every_bucket_and_the_heap_is_sized(monkeypatch):
 def _tp2_decoders(cfg, w, book, run) -> dict:
     """Two TP ranks as threads, each with its shard, a KV store, a ConventionalPrefill and a PlannedDecoder over one
     communicator (as Ray workers hold an NCCL group): {rank: run(prefill, decoder)}."""
-    import threading
-
     from mpk_runtime.ir.shard import shard_for
-    from mpk_runtime.runtime.comm import ThreadGroup
     from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill, PlannedDecoder
     from mpk_runtime.runtime.memory import KVStore
     from mpk_runtime.runtime.pyvm_runner import shard_weights
-    group = ThreadGroup(2)
-    out, errs = {}, []
+    from tp_threads import run_ranks
 
-    def rank(r):
-        try:
-            ws = shard_weights(cfg, w, 2, r)
-            kv = KVStore(cfg.num_layers, 40, 4, shard_for(cfg, 2, r).n_kv, cfg.head_dim, torch.float32, poison=False)
-            kw = dict(max_seq_len=32, page_size=4, dtype="float32", device=torch.device("cpu"), tp=2, rank=r,
-                      comm=group.comm(r))
-            out[r] = run(ConventionalPrefill(cfg, ws, kv, **kw),
-                         PlannedDecoder(cfg, ws, kv, book, num_sms=4, backend="pyvm", **kw))
-        except Exception as e:  # noqa: BLE001
-            errs.append(e)
-    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    [t.start() for t in ts]
-    [t.join(120) for t in ts]
-    assert not errs, errs
-    return out
+    def rank(r, comm):
+        ws = shard_weights(cfg, w, 2, r)
+        kv = KVStore(cfg.num_layers, 40, 4, shard_for(cfg, 2, r).n_kv, cfg.head_dim, torch.float32, poison=False)
+        kw = dict(max_seq_len=32, page_size=4, dtype="float32", device=torch.device("cpu"), tp=2, rank=r, comm=comm)
+        return run(ConventionalPrefill(cfg, ws, kv, **kw), PlannedDecoder(cfg, ws, kv, book, num_sms=4, backend="pyvm",
+                                                                        **kw))
+    return run_ranks(rank)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
