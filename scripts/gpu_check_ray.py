@@ -95,6 +95,9 @@ def main() -> int:
                          "(the kernels of other batch sizes round differently: reported, the greedy prefix must "
                          "agree for --agree tokens) and one request's ms a step")
     ap.add_argument("--agree", type=int, default=4)
+    ap.add_argument("--compare-tp-bursts", action="store_true",
+                    help="also run in-process with MPK_TP_BURSTS=1 (a one-megakernel bucket's burst launched back to "
+                         "back, no barrier between its steps): the tokens must be identical")
     ap.add_argument("--families", default="", help="plan families of the book (e.g. conventional: every bucket runs "
                                                    "the conventional plan over NCCL); default: the engine's book")
     a = ap.parse_args()
@@ -112,6 +115,20 @@ def main() -> int:
     except Exception:  # noqa: BLE001
         res["errors"].append("inprocess: " + traceback.format_exc()[-3000:])
         print(res["errors"][-1], flush=True)
+    if a.compare_tp_bursts and "inprocess" in res:   # the same run with the one-megakernel buckets' bursts on
+        try:
+            from mpk_runtime.runtime import tp_launch
+            os.environ["MPK_TP_BURSTS"] = "1"   # (the spawned ranks inherit it)
+            r = tp_launch.run(spmd_rank, 2, (a,), timeout_s=300)
+            res["tp_bursts"] = {"identical": r[0]["tokens"] == res["inprocess"]["tokens"],
+                                "ranks_agree": r[0]["tokens"] == r[1]["tokens"],
+                                "b1_ms_per_step": r[0]["b1_ms_per_step"], "plans_used": r[0]["plans_used"]}
+            print("in-process TP=2 MPK_TP_BURSTS=1:", json.dumps(res["tp_bursts"]), flush=True)
+        except Exception:  # noqa: BLE001
+            res["errors"].append("tp_bursts: " + traceback.format_exc()[-3000:])
+            print(res["errors"][-1], flush=True)
+        finally:
+            os.environ.pop("MPK_TP_BURSTS", None)
     if a.compare_plan_none and "inprocess" in res:
         try:
             from mpk_runtime.runtime import tp_launch
@@ -156,7 +173,8 @@ def main() -> int:
         res["mismatching_prompts"] = [i for i, (x, y) in enumerate(zip(a_, b_)) if x != y]
     (OUT / "gpu_check_ray.json").write_text(json.dumps(res, indent=1))
     print("identical:", res.get("identical"), "errors:", len(res["errors"]), flush=True)
-    ok = res.get("identical") and not res["errors"] and res.get("plan_none", {}).get("greedy_prefix_ok", True)
+    ok = (res.get("identical") and not res["errors"] and res.get("plan_none", {}).get("greedy_prefix_ok", True)
+          and res.get("tp_bursts", {}).get("identical", True))
     return 0 if ok else 1
 
 

@@ -27,17 +27,18 @@ import time
 
 import torch
 
+from ..envflags import env_flag
 from ..ir.build import build_graph
 from ..ir.shard import shard_for, weight_slice
-from ..planner.book import bucket_key
 from ..models.config import load_config
 from ..models.reference import rope_inv_freq
 from ..models.weights import get_weights, torch_dtype
+from ..planner.book import bucket_key
 from ..tasks.build import build_task_graphs
 from ..tasks.tiling import Tiling, attn_splits_for
 from .base import KVSpec, ModelRunner, Pending, SeqChunk, check_decode_steps, check_sizes, register_runner
 from .conventional_fused import prepare_weights
-from .device_sampling import draw_full, host_logits_needed, step_output
+from .device_sampling import any_full, draw_full, host_logits_needed, step_output
 from .decode_io import burst, device_pending, fill_step
 from .megakernel_plans import ConventionalPrefill, PlannedDecoder
 from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory, fit_num_pages, kv_page_bytes
@@ -310,8 +311,13 @@ class MegakernelRunner(ModelRunner):
         """decode_steps queued, not waited for (ModelRunner.launch_steps): the tokens' and the status words' copies
         are queued behind the steps, and Pending.wait synchronises on them."""
         check_decode_steps(chunks, num_steps)
-        planned = len(chunks) <= self._spec.max_batch and self._planned_rows(len(chunks))
-        if len(chunks) > self._spec.max_batch or (not planned and self.world_size > 1):
+        fits = len(chunks) <= self._spec.max_batch
+        planned = fits and self._planned_rows(len(chunks))
+        # tp > 1, a one-megakernel bucket: the burst's launches back to back on the device (MPK_TP_BURSTS=1), or
+        # step by step with a heap barrier and the tokens through the host (default until run on two GPUs)
+        tp_burst = (fits and not planned and self.tp_buckets is not None and env_flag("MPK_TP_BURSTS")
+                    and not any_full([c.sampling for c in chunks]))
+        if not fits or (not planned and self.world_size > 1 and not tp_burst):
             return Pending(value=ModelRunner.decode_steps(self, chunks, num_steps, resume))
         rows = [c.seq_id for c in chunks]
         if resume and rows != getattr(self, "_burst_rows", None):
@@ -321,6 +327,14 @@ class MegakernelRunner(ModelRunner):
                 [c.sampling for c in chunks])
         if planned:
             out = self.planned.launch_steps(*args, num_steps, resume=resume)
+        elif tp_burst:   # the kernels only push into the peers' parity buffers and signal their counters, and every
+            # rank launches the same steps (docs/tp-nvshmem.md): one barrier a burst, none between its steps
+            k = self.tp_buckets.kernel_for(len(chunks))
+            n = len(chunks)
+            last = k.mem.t("next_tokens")[:n].clone() if resume else None
+            fill_step(k.mem, k.pos, k.tables, *args[:3], k.width, args[3], tokens_from=last)
+            self.heap.barrier()
+            out = device_pending(burst(k.mem, k.pos, n, num_steps, lambda: k.mk.launch(1)), [k.mk])
         else:
             n = len(chunks)
             last = self.mem.t("next_tokens")[:n].clone() if resume else None

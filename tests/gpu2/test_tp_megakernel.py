@@ -34,14 +34,16 @@ def test_tp2_matches_tp1_and_stall_times_out(tmp_path):
 def test_engine_tp2_runs_each_buckets_plan(tmp_path, families):
     """The engine at TP=2 (runtime/tp_buckets.py, session 57): steps run their batch bucket's plan, one megakernel
     (the default book at tiny-llama) or the conventional plan over NCCL (families "conventional"); in-process and
-    Ray-placed runs draw the same tokens; plan=None (one kernel for max_batch rows) agrees on the greedy prefix
-    (other batch sizes round differently). (The script also times one request under both: a benchmark's number,
+    Ray-placed runs draw the same tokens, and so does the run with MPK_TP_BURSTS=1 (bursts of the megakernel
+    buckets launched back to back); plan=None (one kernel for max_batch rows) agrees on the greedy prefix (other
+    batch sizes round differently). (The script also times one request under both: a benchmark's number,
     not asserted here.)"""
     pytest.importorskip("nvshmem.core")
     env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(ROOT), NVSHMEM_DISABLE_NVLS="1", NCCL_NVLS_ENABLE="0",
                TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     p = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_check_ray.py"), "--model", "tiny-llama",
-                        "--compare-plan-none", "--max-tokens", "16", "--timed-tokens", "32", "--families", families],
+                        "--compare-plan-none", "--compare-tp-bursts", "--max-tokens", "16", "--timed-tokens", "32",
+                        "--families", families],
                        env=env, capture_output=True, text=True, timeout=600)
     res = json.loads((tmp_path / "gpu_check_ray.json").read_text())
     errs = [e for e in res["errors"] if not e.startswith("ray:") or "No module named 'ray'" not in e]
@@ -52,3 +54,4 @@ def test_engine_tp2_runs_each_buckets_plan(tmp_path, families):
     if families:
         assert set(used.values()) == {"conventional"}, used
     assert res["plan_none"]["greedy_prefix_ok"], res["plan_none"]
+    assert res["tp_bursts"]["identical"] and res["tp_bursts"]["ranks_agree"], res["tp_bursts"]
