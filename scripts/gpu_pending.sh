@@ -110,7 +110,9 @@
 # 7. The paged kernel is register-bound at 121-128 registers (docs/perf-notes.md session 41): the next kernel work is
 #    built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
-# With two GPUs first: `two` (TP=2 has not run since session 11).
+# With two GPUs first: `two` (TP=2 has not run since session 11). Its stage 6b is session 57's engine at tp > 1 (one
+# megakernel or the conventional plan per batch bucket, MPK_TP_BURSTS): predictions in docs/perf-notes.md session 57;
+# then tests/gpu2 (test_engine_tp2_runs_each_buckets_plan).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
 # Mode two needs Ray: `RAY=1 bash scripts/gpu_prepare.sh` keeps it in the bundle (+28 MB: check the 64 MiB line).
@@ -623,7 +625,7 @@ else
     grep -o '"ok": [a-z]*' "$OUT/tp/gpu_check_tp.json" | sort | uniq -c; snap
     st "6b the engine at TP=2: one megakernel per batch bucket (the default since session 57) vs plan=None, Ray vs in-process"
     mkdir -p "$OUT/tpeng"
-    OUT="$OUT/tpeng" timeout 240 python3 scripts/gpu_check_ray.py --model llama-3.2-1b --max-batch 32 --compare-plan-none \
+    OUT="$OUT/tpeng" timeout 300 python3 scripts/gpu_check_ray.py --model llama-3.2-1b --max-batch 32 --compare-plan-none --compare-tp-bursts \
         > "$OUT/tpeng/stdout.log" 2>&1; tail -5 "$OUT/tpeng/stdout.log"; snap
     st "7 TP=2 bench with the PyTorch TP peer"
     MPK_ATTN_FOLD=$FOLD OUT="$OUT/tpbench" timeout 150 python3 scripts/bench_decode.py --tp 2 \
