@@ -2,8 +2,10 @@
 
     PYTHONPATH=. python3 scripts/predict_scaleout.py [--models qwen3-8b,qwen3-32b] [--out bench/results]
 
-Writes predictions_scaleout.json: per model, TP and batch, the chosen plan, its predicted step time and band,
-the one-megakernel and all-conventional predictions, and the per-GPU weight-streaming floor.
+Writes predictions_scaleout.json: per model, TP and batch, the plan the engine's book takes (engine_plan: at tp > 1
+one megakernel or the conventional plan, runtime/tp_buckets.py), the chosen plan among mono / mega3 / conventional,
+its predicted step time and band, the one-megakernel and all-conventional predictions, and the per-GPU
+weight-streaming floor.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mpk_runtime.models import load_config  # noqa: E402
 from mpk_runtime.planner import HardwareProfile, candidates  # noqa: E402
+from mpk_runtime.runtime.tp_buckets import plan_families  # noqa: E402
 
 
 def stream_bytes_per_gpu(cfg, tp: int) -> int:
@@ -45,7 +48,11 @@ def main() -> None:
                                    families=("mono", "mega3", "conventional"))
                 stream = stream_bytes_per_gpu(cfg, tp)
                 by = {p.name: p.predicted_us for p in plans}
-                rows.append({"model": m, "tp": tp, "batch": b, "chosen": plans[0].name,
+                # what LLM(backend="megakernel", tp=tp) runs: its book's families (runtime/tp_buckets.py at tp > 1)
+                eng = candidates(cfg, tp=tp, batch=b, context=512, prof=prof,
+                                 families=plan_families("megakernel", tp))[0]
+                rows.append({"model": m, "tp": tp, "batch": b, "engine_plan": eng.name,
+                             "engine_ms": eng.predicted_us / 1e3, "chosen": plans[0].name,
                              "predicted_ms": plans[0].predicted_us / 1e3, "band_ms": [x / 1e3 for x in plans[0].band],
                              "mono_ms": by.get("mono", 0) / 1e3, "conventional_ms": by.get("conventional", 0) / 1e3,
                              "floor_ms_per_gpu": stream / prof.bw(prof.num_sms) * 1e3})
