@@ -4,15 +4,17 @@ At tp=1 the GPU runner runs any plan (megakernel_plans.PlannedDecoder: megakerne
 graphs). At tp > 1 it runs two kinds of plan (families TP_FAMILIES), the two ends of the planner's range:
 - one megakernel for the whole step (mono / mono-w2): one kernel per such bucket on every rank (TPBuckets), each with
   its own task graph, activations, symmetric buffers and event counters on the NVSHMEM heap, over the same weights
-  and KV cache, launched per step after a heap barrier. A step of n rows runs the kernel of the smallest bucket >= n,
+  and KV cache, launched per step after a heap barrier (MPK_TP_BURSTS=1: an engine burst's steps back to back, one
+  barrier a burst; docs/tp-nvshmem.md). A step of n rows runs the kernel of the smallest bucket >= n,
   so one live sequence streams one row's tiles, not max_batch rows' (plan=None; at tp=1 the kernel built for 8 rows
   took 1.476 ms a llama-3.2-1b step against 1.064 for the one built for 1 row, 1x H200);
 - the conventional plan (torch ops, the all-reduces and the vocab-parallel argmax over the group's torch.distributed
   communicator, NCCL on GPUs), replayed as CUDA graphs per bucket by PlannedDecoder(tp=..., comm=...): what the
   planner picks from B=8 at tp=2 (llama-3.2-1b, h200_v56: 1748 us predicted at B=128 against 8184 for the one
   megakernel; qwen3-8b 5702 against 42903).
-Plans that mix megakernel and conventional segments are not run at tp > 1 (a megakernel segment's partial sums would
-travel through the heap and the conventional segments' through NCCL, in one step: not built).
+Plans that mix megakernel and conventional segments are not run at tp > 1: each megakernel segment would need its own
+counters on the heap and, replayed inside the step's CUDA graph, a zeroing of them that every rank's replay agrees on
+(at tp=1 a replay zeroes its counters and runs as step 1; plan_exec._graph_launch). Not built.
 
 Every rank builds the same buckets in the same order (the heap's allocations and the graphs' NCCL captures are
 collective) and, since the engine sends every rank the same rows, runs the same bucket in the same step.
