@@ -21,6 +21,14 @@ def _search(a: argparse.Namespace, cfg) -> int:
           f"validation: planner/band.py)")
     for p in plans[: a.top]:
         print("  " + p.describe())
+    from .runtime.tp_buckets import plan_families
+    fams = plan_families("megakernel", a.tp)
+    if fams is not None and plans and plans[0].name not in fams:   # what LLM(backend="megakernel") would run instead
+        run = next((p for p in plans if p.name in fams), None)
+        if run is not None:
+            print(f"note: at tp > 1 the engine runs families {', '.join(fams)} only (runtime/tp_buckets.py): here "
+                  f"{run.name}, predicted {run.predicted_us:.1f} us ({run.predicted_us / plans[0].predicted_us - 1:+.1%} "
+                  f"against the best)")
     from .ir.defer import conv_attn_appends
     if not conv_attn_appends():   # the GPU runs the paged Triton kernel; without Triton here it is priced as the old path
         print("note: conventional attention priced as gather + SDPA (Triton is not installed here, or "

@@ -39,3 +39,19 @@ def test_plan_bad_input_is_one_clear_error(args, msg):
     r = subprocess.run([sys.executable, "-m", "mpk_runtime", "plan", "--model", "tiny-llama", "--search", *args],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr[-1000:]
+
+
+def test_plan_search_at_tp2_names_what_the_engine_runs():
+    """At tp > 1 the engine runs one-megakernel and conventional plans only (runtime/tp_buckets.py): where the best
+    candidate is another family, the search says which plan the engine takes and how much slower it is predicted."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MPK_CONV_TRITON_ATTN="0")
+    r = subprocess.run([sys.executable, "-m", "mpk_runtime", "plan", "--model", "tiny-llama", "--tp", "2", "--batch",
+                        "128", "--search", "--top", "3"], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in r.stdout.splitlines() if "predicted" in l and "segments" in l]
+    best = lines[0].split()[0]
+    note = [l for l in r.stdout.splitlines() if l.startswith("note: at tp > 1 the engine runs")]
+    assert best not in ("mono", "mono-w2", "conventional") and len(note) == 1, r.stdout   # (attn-mk here)
+    took = note[0].split("here ")[1].split(",")[0]
+    assert took in ("mono", "mono-w2", "conventional") and "against the best" in note[0]
