@@ -9,6 +9,11 @@ Both generate greedy continuations of the same prompts (different lengths, one b
 weights, then seeded nucleus samples (temperature 0.8, top_p 0.95, top_k 0: the full-vocabulary draw, on the device
 from the gathered vocab shards since session 53, no logits to the host); the token ids must be identical.
 
+Each in-process run also times LLM.generate's decode steps (greedy, prefill and first step out) for one request and
+for max_batch at once: b1_ms_per_step / bmax_ms_per_step, under the engine's default book at tp=2 (one megakernel or
+the conventional plan per batch bucket, runtime/tp_buckets.py) and, with --compare-plan-none / --compare-tp-bursts,
+under plan=None and MPK_TP_BURSTS=1.
+
     source .gpubundle/install.sh; PYTHONPATH=$PWD:/tmp/site python3 scripts/gpu_check_ray.py [--model llama-3.2-1b]
 Writes $OUT/gpu_check_ray.json (or ./gpu_out); exit status 1 on a mismatch or an error.
 """
@@ -63,17 +68,20 @@ def spmd_rank(ctx, a, plan="default"):
         toks += [list(o.token_ids) for o in outs]
     dt = time.time() - t0
     host_logits = llm.engine.stats["logits_bytes"]
-    one = prompts(load_config(a.model).vocab_size, 1)
-    ms = []
-    for n in (8, 8 + a.timed_tokens):   # the difference: decode steps only, prefill and first step out
-        llm.generate(one, SamplingParams(max_tokens=n, temperature=0.0), use_tqdm=False)   # warm
-        t1 = time.perf_counter()
-        llm.generate(one, SamplingParams(max_tokens=n, temperature=0.0), use_tqdm=False)
-        ms.append((time.perf_counter() - t1) * 1e3)
+    timed = {}
+    for rows in (1, a.max_batch):   # one request alone, then max_batch at once
+        batch = prompts(load_config(a.model).vocab_size, rows)
+        ms = []
+        for n in (8, 8 + a.timed_tokens):   # the difference: decode steps only, prefill and first step out
+            llm.generate(batch, SamplingParams(max_tokens=n, temperature=0.0), use_tqdm=False)   # warm
+            t1 = time.perf_counter()
+            llm.generate(batch, SamplingParams(max_tokens=n, temperature=0.0), use_tqdm=False)
+            ms.append((time.perf_counter() - t1) * 1e3)
+        timed[rows] = round((ms[1] - ms[0]) / a.timed_tokens, 4)
     used = llm.executor.collective_rpc("health")[0].get("plans_used")
     llm.shutdown()
     return {"tokens": toks, "seconds": dt, "logits_bytes": host_logits, "plans_used": used,
-            "b1_ms_per_step": round((ms[1] - ms[0]) / a.timed_tokens, 4)}
+            "b1_ms_per_step": timed[1], "bmax_ms_per_step": timed[a.max_batch]}
 
 
 def params(a) -> list:
@@ -103,14 +111,21 @@ def main() -> int:
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     res: dict = {"model": a.model, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                 "commit": os.environ.get("GIT_COMMIT", "?"), "errors": []}
+                 "commit": os.environ.get("GIT_COMMIT", "?"), "errors": [], "max_batch": a.max_batch,
+                 "families": a.families or "default"}
+    try:
+        import torch
+        res["device"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001
+        res["device"] = "?"
     try:
         from mpk_runtime.runtime import tp_launch
         t0 = time.time()
         r = tp_launch.run(spmd_rank, 2, (a,), timeout_s=300)
         res["inprocess"] = {"tokens": r[0]["tokens"], "seconds": round(time.time() - t0, 1),
                             "ranks_agree": r[0]["tokens"] == r[1]["tokens"], "logits_bytes": r[0]["logits_bytes"],
-                            "plans_used": r[0]["plans_used"], "b1_ms_per_step": r[0]["b1_ms_per_step"]}
+                            "plans_used": r[0]["plans_used"], "b1_ms_per_step": r[0]["b1_ms_per_step"],
+                            "bmax_ms_per_step": r[0]["bmax_ms_per_step"]}
         print("in-process TP=2:", json.dumps(res["inprocess"])[:300], flush=True)
     except Exception:  # noqa: BLE001
         res["errors"].append("inprocess: " + traceback.format_exc()[-3000:])
@@ -122,7 +137,8 @@ def main() -> int:
             r = tp_launch.run(spmd_rank, 2, (a,), timeout_s=300)
             res["tp_bursts"] = {"identical": r[0]["tokens"] == res["inprocess"]["tokens"],
                                 "ranks_agree": r[0]["tokens"] == r[1]["tokens"],
-                                "b1_ms_per_step": r[0]["b1_ms_per_step"], "plans_used": r[0]["plans_used"]}
+                                "b1_ms_per_step": r[0]["b1_ms_per_step"], "bmax_ms_per_step": r[0]["bmax_ms_per_step"],
+                                "plans_used": r[0]["plans_used"]}
             print("in-process TP=2 MPK_TP_BURSTS=1:", json.dumps(res["tp_bursts"]), flush=True)
         except Exception:  # noqa: BLE001
             res["errors"].append("tp_bursts: " + traceback.format_exc()[-3000:])
@@ -137,7 +153,8 @@ def main() -> int:
             agree = [next((j for j, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q)))
                      for p, q in zip(mine, none)]
             greedy = agree[:a.prompts]   # the first a.prompts outputs are greedy (params' order)
-            res["plan_none"] = {"b1_ms_per_step": r[0]["b1_ms_per_step"], "plans_used": r[0]["plans_used"],
+            res["plan_none"] = {"b1_ms_per_step": r[0]["b1_ms_per_step"], "bmax_ms_per_step": r[0]["bmax_ms_per_step"],
+                                "plans_used": r[0]["plans_used"],
                                 "agreeing_prefix": agree, "identical": mine == none,
                                 "greedy_prefix_ok": min(greedy) >= min(a.agree, a.max_tokens)}
             print("in-process TP=2 plan=None:", json.dumps(res["plan_none"])[:400], flush=True)
