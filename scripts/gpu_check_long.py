@@ -51,7 +51,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def forced(name: str, P: int, steps: int, chunk: int, ref_chunk: int, ref_prefill_max: int, dev: str) -> dict:
-    from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill, PlannedDecoder
+    from mpk_runtime.runtime.conventional_prefill import ConventionalPrefill
+    from mpk_runtime.runtime.megakernel_plans import PlannedDecoder
     from mpk_runtime.runtime.memory import KVStore
     from mpk_runtime.runtime.pyvm_runner import resolve_plan
     cfg = load_config(name).replace(dtype="bfloat16")

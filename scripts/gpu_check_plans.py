@@ -47,7 +47,8 @@ def book_for(name: str, books: str | None) -> dict:
 
 
 def forced(name: str, book: dict, B: int, prompt_len: int, steps: int) -> dict:
-    from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill, PlannedDecoder
+    from mpk_runtime.runtime.conventional_prefill import ConventionalPrefill
+    from mpk_runtime.runtime.megakernel_plans import PlannedDecoder
     from mpk_runtime.runtime.memory import KVStore
     cfg = load_config(name).replace(dtype="bfloat16")
     dev = torch.device("cuda")

@@ -28,7 +28,7 @@ def rank_main(rank: int, a, port: int) -> None:
     from mpk_runtime.models.config import load_config
     from mpk_runtime.models.weights import get_weights, torch_dtype
     from mpk_runtime.runtime.comm import TorchDistComm
-    from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill
+    from mpk_runtime.runtime.conventional_prefill import ConventionalPrefill
     from mpk_runtime.runtime.memory import KVStore
 
     cpu = a.device == "cpu"

@@ -1,4 +1,4 @@
-"""GPU decode and prefill for the "megakernel" ModelRunner beyond one task graph (world size 1).
+"""GPU decode for the "megakernel" ModelRunner beyond one task graph: PlannedDecoder.
 
 PlannedDecoder: decode under a plan book (planner/book.py). Each batch bucket of the book gets its own decode graph
 at that batch, a RankMemory over the shared weights and KV cache, and a PlanExecutor running the bucket's plan
@@ -19,20 +19,16 @@ Capture runs one eager warm-up step first (cuBLAS handles, lazy allocations). It
 (pos = -1: KV writes go to the scratch page, nothing of the live sequences changes), then the step's real inputs are
 written back and the graph replays them.
 
-ConventionalPrefill: the prompt chunks of a step as a few left-padded prefill graphs through the conventional
-executor (torch ops on the GPU, replayed as CUDA graphs per shape), instead of one megakernel launch per prompt
-token.
+At tp > 1 (runtime/tp_buckets.py) a PlannedDecoder holds one rank of the group and runs conventional plans only, its
+collectives over the group's communicator. The prompts' prefill: runtime/conventional_prefill.py.
 """
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections import OrderedDict
 
 import torch
 
-from ..envflags import env_int
 from ..ir.build import build_graph
 from ..ir.shard import shard_for
 from ..models.reference import rope_inv_freq
@@ -41,10 +37,11 @@ from ..planner.plan import Plan
 from ..tasks.tiling import attn_splits_for
 from .base import KernelTimeout, Pending
 from .decode_io import burst, device_pending, fill_step
-from .device_sampling import any_full, draw_full, fill_sampling, graph_greedy
+from .conventional_prefill import gather_vocab
+from .device_sampling import any_full, draw_full, graph_greedy
 from .memory import KVStore, RankMemory, StepCtx
 from .plan_exec import PlanExecutor
-from .torch_exec import ConventionalExecutor, pow2, prefill_groups
+from .torch_exec import pow2
 
 MIN_CAP = 256
 log = logging.getLogger(__name__)
@@ -64,22 +61,6 @@ class _Bucket:
         self.cap = 0                      # kv_len_cap of the captured graph (0 = none captured yet)
         self.ctx: StepCtx | None = None
         self.captures = captures          # graphs captured for batch bucket b (across rebuilds for more splits)
-
-
-def gather_vocab(cfg, tp: int, comm, logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """(n, V) fp32 on this device from this rank's vocab shard of the logits (n, V / tp), through the communicator:
-    every rank's shard, in vocabulary order (a collective: every rank calls it for the same rows). out: an (n, V)
-    fp32 tensor to write (one whose storage stays put: the full draw's graphs key on its address)."""
-    lg = logits.float()
-    n = lg.shape[0]
-    nv = [shard_for(cfg, tp, q).n_vocab for q in range(tp)]
-    buf = torch.zeros((n, max(nv)), dtype=torch.float32, device=lg.device)
-    buf[:, :lg.shape[1]] = lg
-    parts = comm.all_gather(buf, dim=0).view(tp, n, max(nv))
-    pieces = [parts[q, :, :nv[q]] for q in range(tp)]
-    if out is None:
-        return torch.cat(pieces, dim=-1)
-    return torch.cat(pieces, dim=-1, out=out)
 
 
 class PlannedDecoder:
@@ -285,192 +266,3 @@ class PlannedDecoder:
                       logits=lambda: self._logits(bk.mem, n))
         self.used[bk.batch] = bk.plan.name
         return device_pending(drawn, bk.ex.megakernels(), lambda: self._buckets.pop(bk.batch, None))
-
-
-class _PrefillShape:
-    """One (sequences, tokens) bucket of ConventionalPrefill: its graph's memory and executor, the step inputs a
-    captured CUDA graph reads (updated in place), and the graphs captured so far, one per key cap."""
-
-    def __init__(self, mem: RankMemory, ex: ConventionalExecutor, B: int, width: int, device):
-        self.mem, self.ex = mem, ex
-        self.pos = torch.full((B,), -1, dtype=torch.int64, device=device)
-        self.pad = torch.zeros((B,), dtype=torch.int64, device=device)
-        self.tables = torch.zeros((B, width), dtype=torch.int64, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-
-
-def _pow2s(lo: int, hi: int) -> list[int]:
-    """lo, 2 lo, 4 lo, ... <= hi (lo a power of two)."""
-    out, p = [], lo
-    while p <= hi:
-        out.append(p)
-        p *= 2
-    return out
-
-
-# Key caps from which a prefill group runs eagerly over its sequences' exact keys instead of replaying a graph over the
-# power-of-two cap with a mask (session 55, 1x H100, llama-3.2-1b, 4096-token chunks through the graphs: ~92 / 163 /
-# 340 ms a chunk at caps 16k / 32k / 128k, the time following the cap, not the keys; a 131k-token prompt's first token
-# 6.9 s warm, 7.9 s cold, each new cap's first chunk 0.4-1.6 s with its capture). From 16k keys a chunk's attention
-# should dominate its time (prediction: ~60-80%), so an eager step's launches hide behind it.
-EXACT_KEYS = 16384
-
-
-class ConventionalPrefill:
-    """Prompt chunks through the conventional executor on the GPU. The chunks of a step are grouped by length
-    bucket (powers of two >= 16) and each group runs as one prefill graph of (sequences, tokens) bucketed to
-    powers of two, the chunks left-padded (StepCtx.pad: padding rows have position -1, write the scratch page and
-    are masked out of attention; each chunk's last token is the graph's last row); padding sequences are inactive.
-    Attention gathers a static key count per group (PrefillGroup.kv_cap, a power of two), so shapes repeat.
-    Executors are cached per (sequences, tokens) bucket (a few).
-
-    CUDA graphs (`capture`, GPU): a bucket of at most `capture_tokens` rows is captured once per key cap (warm-up
-    and capture on inactive rows: their KV writes go to the scratch page) and replayed after its inputs are
-    written in place: eager, a short prompt's prefill was ~60-100 ms of host time per group (~800 kernel launches
-    for llama-3.2-1b; measured, scripts/profile_prefill.py). At tp > 1 the graphs hold the NCCL all-gathers;
-    every rank captures the same buckets in the same order (the engine sends every rank the same chunks). The
-    graphs share one memory pool (they never run concurrently). MPK_PREFILL_GRAPHS=0 turns capture off; a failed
-    capture turns it off for this runner and runs eagerly."""
-
-    def __init__(self, cfg, weights: dict, kv: KVStore, *, max_seq_len: int, page_size: int, dtype: str,
-                 device: torch.device, keep: int = 8, tp: int = 1, rank: int = 0, comm=None,
-                 capture: bool | None = None, capture_tokens: int = 4096, share_activations: bool = True):
-        """tp > 1: this process's rank of the group (`weights` its shard) and a multi-process communicator
-        (torch.distributed): the all-reduces and the distributed argmax run as all-gathers through it.
-        share_activations: the layers' activations share storage (RankMemory; 11.6 -> 0.3 GiB for a qwen3-8b
-        shape of 4096 rows; replays equal to eager bitwise on the GPU, tests/gpu/test_prefill_graphs.py)."""
-        if tp > 1 and (comm is None or getattr(comm, "world_size", 1) != tp):
-            raise ValueError(f"tp={tp} prefill through the conventional path needs the group's communicator")
-        self.tp, self.rank, self.comm = tp, rank, comm
-        self.cfg, self.weights, self.kv = cfg, weights, kv
-        self.max_seq_len, self.page_size, self.dtype, self.device = max_seq_len, page_size, dtype, device
-        self.width = -(-max_seq_len // page_size)
-        self.inv = rope_inv_freq(cfg).to(device)
-        self.keep = keep
-        if capture is None:
-            capture = os.environ.get("MPK_PREFILL_GRAPHS", "1") != "0"
-        self.capture = bool(capture) and torch.device(device).type == "cuda"
-        self.capture_tokens = capture_tokens
-        # a group whose key cap reaches this many keys runs eagerly, each sequence over its exact keys with no mask
-        # (StepCtx.rows, conventional_ops.attention_rows); 0 = never
-        self.exact_keys = env_int("MPK_PREFILL_EXACT_KEYS", EXACT_KEYS, lo=0, hi=1 << 30)
-        self.share_activations = share_activations
-        self._pool = None
-        self._ex: OrderedDict[tuple[int, int], _PrefillShape] = OrderedDict()
-        self.graph_runs = 0          # prefill graphs run (tests: chunks of a step share graphs)
-        self.captures = 0            # CUDA graphs captured
-        self.capture_s = 0.0         # seconds spent capturing them (warm-up run + capture)
-        self.replays = 0             # steps' groups run by replaying one
-        self.exact_runs = 0          # groups run eagerly over their exact keys (exact_keys)
-
-    def _get(self, B: int, T: int) -> _PrefillShape:
-        key = (B, T)
-        if key in self._ex:
-            self._ex.move_to_end(key)
-            return self._ex[key]
-        g = build_graph(self.cfg, mode="prefill", batch=B, tokens_per_seq=T, context_len=0,
-                        max_seq_len=self.max_seq_len, dtype=self.dtype, tp=self.tp, rank=self.rank)
-        mem = RankMemory(g, self.weights, self.kv, device=self.device, share_activations=self.share_activations)
-        ex = ConventionalExecutor([g], [mem], comm=self.comm if self.tp > 1 else None)
-        self._ex[key] = _PrefillShape(mem, ex, B, self.width, self.device)
-        while len(self._ex) > self.keep:
-            self._ex.popitem(last=False)
-        return self._ex[key]
-
-    def _ctx(self, sh: _PrefillShape, T: int, cap: int, rows: tuple | None = None) -> StepCtx:
-        return StepCtx(self.cfg, 1, sh.pos, sh.tables, self.page_size, T, self.inv, pad=sh.pad, kv_len_cap=cap,
-                       rows=rows)
-
-    def _capture(self, sh: _PrefillShape, T: int, cap: int) -> None:
-        """Warm up and capture bucket `sh` at key cap `cap`, every row inactive (nothing live is written)."""
-        sh.pos.fill_(-1)
-        sh.pad.fill_(T)
-        sh.tables.zero_()
-        fill_sampling(sh.mem, [])
-        ctx = self._ctx(sh, T, cap)
-        t0 = time.perf_counter()
-        try:
-            sh.ex.run([ctx])                 # warm-up: cuBLAS / attention plans, lazy allocations
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                sh.ex.run([ctx])
-            torch.cuda.synchronize(self.device)
-        except Exception as e:   # eager from now on (every rank fails alike: same ops, same shapes)
-            log.warning("prefill CUDA graph capture failed (%s: %s); prefill runs eagerly", type(e).__name__, e)
-            self.capture = False
-            return
-        self._pool = self._pool or graph.pool()
-        sh.graphs[cap] = graph
-        self.captures += 1
-        self.capture_s += time.perf_counter() - t0
-
-    def warm(self, max_batch: int, max_tokens: int) -> int:
-        """Capture the short-prompt buckets now rather than in the first requests' path (~0.25 s each): sequences
-        1, 2, 4 .. max_batch rounded up to a power of two (as prefill_groups rounds) x tokens 16, 32 .. max_tokens,
-        key cap = tokens (a chunk that starts a sequence). Every rank of a group calls it with the same arguments
-        (same captures, same order). Returns the number of graphs captured."""
-        if not self.capture:
-            return 0
-        shapes = [(B, T) for B in _pow2s(1, pow2(max_batch)) for T in _pow2s(16, min(max_tokens, self.max_seq_len))
-                  if B * T <= self.capture_tokens]
-        self.keep = max(self.keep, len(shapes) + 4)
-        before = self.captures
-        for B, T in shapes:
-            sh = self._get(B, T)
-            if T not in sh.graphs:
-                self._capture(sh, T, T)
-            if not self.capture:   # a capture failed: eager from now on
-                break
-        return self.captures - before
-
-    def run_many(self, chunks: list[tuple[list[int], int, list[int], object]], want_logits: bool = True):
-        """chunks: (tokens, start_pos, block table, sampling or None). Returns (logits (n, V) fp32 on the CPU of
-        each chunk's last token, or None when not wanted; the tokens drawn for them, list of n ints)."""
-        logits: list[torch.Tensor | None] = [None] * len(chunks)
-        drawn = [0] * len(chunks)
-        for g in prefill_groups(chunks, self.max_seq_len, self.width):
-            sh = self._get(g.B, g.T)
-            exact = 0 < self.exact_keys <= g.kv_cap
-            graphed = self.capture and g.B * g.T <= self.capture_tokens and not exact
-            if graphed and g.kv_cap not in sh.graphs:
-                self._capture(sh, g.T, g.kv_cap)
-                graphed = g.kv_cap in sh.graphs
-            mem = sh.mem
-            mem.t("tokens").copy_(g.tokens)
-            sh.pos.copy_(g.pos)
-            sh.pad.copy_(g.pad)
-            sh.tables.copy_(g.tables)
-            fill_sampling(mem, g.sampling)
-            if graphed:
-                sh.graphs[g.kv_cap].replay()
-                self.replays += 1
-            elif exact:
-                rows = tuple((int(g.pad[j]), int(g.pos[j]), g.T - int(g.pad[j]) if g.pos[j] >= 0 else 0)
-                             for j in range(g.B))
-                sh.ex.run([self._ctx(sh, g.T, g.kv_cap, rows)])
-                self.exact_runs += 1
-            else:
-                sh.ex.run([self._ctx(sh, g.T, g.kv_cap)])
-            self.graph_runs += 1
-            last = [chunks[i][1] + len(chunks[i][0]) - 1 for i in g.idx]
-            full = getattr(mem, "_full_rows", None) is not None   # (the same on every rank: the same chunks)
-            glg = self._gathered(mem, len(g.idx)) if (full or want_logits) and self.tp > 1 else None
-            if full:   # tp > 1: every rank draws the same tokens from the gathered shards
-                draw_full(mem, glg if glg is not None else mem.t("logits")[:len(g.idx)], last)
-            nxt = mem.t("next_tokens")[:len(g.idx)].tolist()
-            lg = None if not want_logits else (glg if glg is not None else mem.t("logits")[:len(g.idx)]).float().cpu()
-            for j, i in enumerate(g.idx):
-                drawn[i] = int(nxt[j])
-                logits[i] = lg[j] if lg is not None else None
-        return (torch.stack(logits) if want_logits else None), drawn   # type: ignore[arg-type]
-
-    def _gathered(self, mem: RankMemory, n: int) -> torch.Tensor:
-        """(n, V) fp32 on this device, tp > 1: the vocab shards of every rank, gathered through the communicator (a
-        collective: every rank calls it for the same groups)."""
-        return gather_vocab(self.cfg, self.tp, self.comm, mem.t("logits")[:n])
-
-    def run(self, tokens: list[int], start_pos: int, table: list[int], sampling=None):
-        """One chunk: (logits (V,) fp32 on the CPU of its last token, the token drawn for it)."""
-        lg, drawn = self.run_many([(tokens, start_pos, table, sampling)])
-        return lg[0], drawn[0]

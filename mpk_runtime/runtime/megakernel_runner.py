@@ -6,7 +6,7 @@ symmetric buffers and event counters live on the NVSHMEM heap (runtime/nvshmem.p
 the partial sums travel inside the kernel (pushes + remote signals through nvshmem_ptr peer addresses).
 
 Mirrors `_CPURunner` (pyvm_runner.py). Prefill: the prompt chunks of a step as a few left-padded prefill graphs
-through the conventional executor on the GPU (megakernel_plans.ConventionalPrefill; at world size > 1 its
+through the conventional executor on the GPU (conventional_prefill.ConventionalPrefill; at world size > 1 its
 all-reduces run over the torch.distributed group the executor gave, e.g. NCCL under Ray). World size > 1 without
 such a group (only an NVSHMEM heap): the prompt's tokens run as single-token decode steps through the megakernel
 (one launch per token; correct, not fast). Batches are padded to the graph's batch with
@@ -40,7 +40,8 @@ from .base import KVSpec, ModelRunner, Pending, SeqChunk, check_decode_steps, ch
 from .conventional_fused import prepare_weights
 from .device_sampling import any_full, draw_full, host_logits_needed, step_output
 from .decode_io import burst, device_pending, fill_step
-from .megakernel_plans import ConventionalPrefill, PlannedDecoder
+from .conventional_prefill import ConventionalPrefill
+from .megakernel_plans import PlannedDecoder
 from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory, fit_num_pages, kv_page_bytes
 
 log = logging.getLogger(__name__)

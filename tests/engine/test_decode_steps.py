@@ -8,7 +8,8 @@ from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams
 from mpk_runtime.models import PRESETS, random_weights
 from mpk_runtime.ir.shard import shard_for
 from mpk_runtime.planner import plan_book
-from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill, PlannedDecoder
+from mpk_runtime.runtime.conventional_prefill import ConventionalPrefill
+from mpk_runtime.runtime.megakernel_plans import PlannedDecoder
 from mpk_runtime.runtime.memory import KVStore
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3], [8, 9, 7, 9, 3, 2]]

@@ -6,7 +6,6 @@ import torch
 
 from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams
 from mpk_runtime.engine.sampling import check_device_sampling, device_sampling_for
-from mpk_runtime.ir.sampling import uniform53
 from mpk_runtime.runtime.device_sampling import DeviceSampling
 from tests.runtime.test_full_sampling import ref_draw
 
@@ -124,7 +123,8 @@ def test_planned_decoder_full_rows_read_fresh_logits(family, dtype):
     from mpk_runtime.ir.shard import shard_for
     from mpk_runtime.models import PRESETS, ReferenceModel, random_weights
     from mpk_runtime.planner import plan_book
-    from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill, PlannedDecoder
+    from mpk_runtime.runtime.conventional_prefill import ConventionalPrefill
+    from mpk_runtime.runtime.megakernel_plans import PlannedDecoder
     from mpk_runtime.runtime.memory import KVStore
     cfg = PRESETS["tiny-llama"].replace(dtype=dtype)
     w = random_weights(cfg, seed=3)

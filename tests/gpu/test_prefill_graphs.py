@@ -30,7 +30,7 @@ def _steps(cfg, width):
 @pytest.mark.parametrize("model,share", [("tiny-llama", False), ("tiny-qwen3", False), ("tiny-qwen3", True)])
 def test_prefill_graph_replays_equal_eager_and_reference(model, share):
     from mpk_runtime.models import ReferenceModel, load_config, random_weights
-    from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill
+    from mpk_runtime.runtime.conventional_prefill import ConventionalPrefill
     from mpk_runtime.runtime.memory import KVStore
     cfg = load_config(model)
     dev = torch.device("cuda")
@@ -62,7 +62,7 @@ def test_warm_captures_short_prompt_buckets_ahead():
     """warm() captures the (sequences, tokens) buckets of short prompts up front: a step of such prompts then
     replays without capturing, and gives the logits of an unwarmed run."""
     from mpk_runtime.models import load_config, random_weights
-    from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill
+    from mpk_runtime.runtime.conventional_prefill import ConventionalPrefill
     from mpk_runtime.runtime.memory import KVStore
     cfg = load_config("tiny-llama")
     dev = torch.device("cuda")

@@ -1,7 +1,7 @@
-"""The GPU runner's plan machinery (runtime/megakernel_plans.py), run on the CPU twin: PlannedDecoder picks the
-bucket of each step's row count, writes the step's inputs in place (inactive padding rows), and every plan family
-gives the reference model's logits; ConventionalPrefill gives the reference prefill logits; the key-length cap of a
-captured step covers the longest sequence."""
+"""The GPU runner's plan machinery (runtime/megakernel_plans.py, runtime/conventional_prefill.py), run on the CPU
+twin: PlannedDecoder picks the bucket of each step's row count, writes the step's inputs in place (inactive padding
+rows), and every plan family gives the reference model's logits; ConventionalPrefill gives the reference prefill
+logits; the key-length cap of a captured step covers the longest sequence."""
 import dataclasses
 
 import pytest
@@ -10,7 +10,8 @@ import torch
 from mpk_runtime.ir.shard import shard_for
 from mpk_runtime.models import PRESETS, ReferenceModel, random_weights
 from mpk_runtime.planner import plan_book
-from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill, PlannedDecoder, kv_cap
+from mpk_runtime.runtime.conventional_prefill import ConventionalPrefill
+from mpk_runtime.runtime.megakernel_plans import PlannedDecoder, kv_cap
 from mpk_runtime.runtime.memory import KVStore
 
 PS, MAXLEN = 4, 32

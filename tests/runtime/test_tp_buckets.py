@@ -92,7 +92,8 @@ def _tp2_decoders(cfg, w, book, run) -> dict:
     """Two TP ranks as threads, each with its shard, a KV store, a ConventionalPrefill and a PlannedDecoder over one
     communicator (as Ray workers hold an NCCL group): {rank: run(prefill, decoder)}."""
     from mpk_runtime.ir.shard import shard_for
-    from mpk_runtime.runtime.megakernel_plans import ConventionalPrefill, PlannedDecoder
+    from mpk_runtime.runtime.conventional_prefill import ConventionalPrefill
+    from mpk_runtime.runtime.megakernel_plans import PlannedDecoder
     from mpk_runtime.runtime.memory import KVStore
     from mpk_runtime.runtime.pyvm_runner import shard_weights
     from tp_threads import run_ranks
