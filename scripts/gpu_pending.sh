@@ -623,9 +623,9 @@ else
     OUT="$OUT/tp" timeout 90 python3 scripts/gpu_check_tp.py --models llama-3.2-1b,qwen3-8b \
         --batches 1,8 --steps 32 --no-timing --skip-stall --tp-invariant 2 > "$OUT/tp/stdout.log" 2>&1
     grep -o '"ok": [a-z]*' "$OUT/tp/gpu_check_tp.json" | sort | uniq -c; snap
-    st "6b the engine at TP=2: one megakernel per batch bucket (the default since session 57) vs plan=None, Ray vs in-process"
+    st "6b (~5-8 min: its own call) the engine at TP=2: each bucket's plan (the default since session 57) vs plan=None and MPK_TP_BURSTS=1, Ray vs in-process"
     mkdir -p "$OUT/tpeng"
-    OUT="$OUT/tpeng" timeout 300 python3 scripts/gpu_check_ray.py --model llama-3.2-1b --max-batch 32 --compare-plan-none --compare-tp-bursts \
+    OUT="$OUT/tpeng" timeout 500 python3 scripts/gpu_check_ray.py --model llama-3.2-1b --max-batch 32 --compare-plan-none --compare-tp-bursts \
         > "$OUT/tpeng/stdout.log" 2>&1; tail -5 "$OUT/tpeng/stdout.log"; snap
     st "7 TP=2 bench with the PyTorch TP peer"
     MPK_ATTN_FOLD=$FOLD OUT="$OUT/tpbench" timeout 150 python3 scripts/bench_decode.py --tp 2 \
