@@ -47,6 +47,7 @@
 #                                                   in five fresh processes (three kernel profiles, two bench cells)
 #     TESTS="tests/gpu/test_attn_fold.py" OUT=$OUT bash scripts/gpu_pending.sh tests   # chosen GPU tests, one log
 #     OUT=$OUT bash scripts/gpu_pending.sh two      # stages 5-8 (two GPUs)
+#     OUT=$OUT bash scripts/gpu_pending.sh tpeng    # (two GPUs, ~5-8 min): the engine at TP=2 (session 57's default)
 # Order for a 30-minute session (one GPU), as session 53 left it (session 53: one H100 for two calls after eight
 # refused starts: bench/results/s53; the GPU suite at the defaults passed, the draw graphs measured). A machine stays
 # warm only ~30 s after a call and a call can be taken back before it returns: short calls, chained with `;` in one
@@ -110,12 +111,12 @@
 # 7. The paged kernel is register-bound at 121-128 registers (docs/perf-notes.md session 41): the next kernel work is
 #    built on CPU first (scripts/paged_build_report.py); nothing of it is queued yet.
 # The device tool returns at most ~8 files of $OUT: tar the rest (session 27 lost run 3's ctx 512 rows to that).
-# With two GPUs first: `two` (TP=2 has not run since session 11). Its stage 6b is session 57's engine at tp > 1 (one
-# megakernel or the conventional plan per batch bucket, MPK_TP_BURSTS): predictions in docs/perf-notes.md session 57;
+# With two GPUs first: `two` (TP=2 has not run since session 11), then `tpeng`: session 57's engine at tp > 1 (one
+# megakernel or the conventional plan per batch bucket, MPK_TP_BURSTS; predictions in docs/perf-notes.md session 57),
 # then tests/gpu2 (test_engine_tp2_runs_each_buckets_plan).
 # The device tool copies the working tree only under 64 MiB (tracked files + the bundle in `carry`): commit result
 # files compressed and small (session 22 moved 20 MB of old traces to git history: bench/results/ARCHIVED.md).
-# Mode two needs Ray: `RAY=1 bash scripts/gpu_prepare.sh` keeps it in the bundle (+28 MB: check the 64 MiB line).
+# Modes two and tpeng need Ray: `RAY=1 bash scripts/gpu_prepare.sh` keeps it in the bundle (+28 MB: check the 64 MiB line).
 #  1. tests/gpu (49 passed at bca6d81 and at 5a47206)
 #  2. the sampler alone: gpu_check_sampling (bitwise vs the CPU semantics) and --profile
 #  3. profile_conventional.py --family attn-mk, llama-3.2-1b B=32,128 (s18: attention megakernels 551 / 1558 us per step),
@@ -612,6 +613,12 @@ for F in ${PROF_FAMS:-conventional gptfast}; do
   done
 done
 tar -czf "$OUT/profq.tar.gz" -C "$OUT" prof 2>/dev/null
+elif [ "$MODE" = tpeng ]; then   # (two GPUs, ~5-8 min: a call of its own)
+    [ "$(nvidia-smi -L | wc -l)" -lt 2 ] && { echo "mode tpeng needs two GPUs"; exit 2; }
+    st "the engine at TP=2: each bucket's plan (the default since session 57) vs plan=None and MPK_TP_BURSTS=1, Ray vs in-process"
+    mkdir -p "$OUT/tpeng"
+    OUT="$OUT/tpeng" timeout 540 python3 scripts/gpu_check_ray.py --model llama-3.2-1b --max-batch 32 --compare-plan-none \
+        --compare-tp-bursts > "$OUT/tpeng/stdout.log" 2>&1; tail -5 "$OUT/tpeng/stdout.log"; snap
 elif [ "$MODE" != two ]; then
     echo "unknown mode $MODE (see the usage at the top of $0)"; exit 2
 elif [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
@@ -623,10 +630,6 @@ else
     OUT="$OUT/tp" timeout 90 python3 scripts/gpu_check_tp.py --models llama-3.2-1b,qwen3-8b \
         --batches 1,8 --steps 32 --no-timing --skip-stall --tp-invariant 2 > "$OUT/tp/stdout.log" 2>&1
     grep -o '"ok": [a-z]*' "$OUT/tp/gpu_check_tp.json" | sort | uniq -c; snap
-    st "6b (~5-8 min: its own call) the engine at TP=2: each bucket's plan (the default since session 57) vs plan=None and MPK_TP_BURSTS=1, Ray vs in-process"
-    mkdir -p "$OUT/tpeng"
-    OUT="$OUT/tpeng" timeout 500 python3 scripts/gpu_check_ray.py --model llama-3.2-1b --max-batch 32 --compare-plan-none --compare-tp-bursts \
-        > "$OUT/tpeng/stdout.log" 2>&1; tail -5 "$OUT/tpeng/stdout.log"; snap
     st "7 TP=2 bench with the PyTorch TP peer"
     MPK_ATTN_FOLD=$FOLD OUT="$OUT/tpbench" timeout 150 python3 scripts/bench_decode.py --tp 2 \
         --models llama-3.2-1b,qwen3-8b --batches 1,8 --budget-s 130 > "$OUT/tpbench/bench_tp2.log" 2>&1
