@@ -176,3 +176,47 @@ def test_planned_decoder_at_tp2_refuses_megakernel_plans_and_a_missing_communica
     dec = PlannedDecoder(cfg, {}, kv, book, tp=2, comm=ThreadGroup(2).comm(0), **kw)
     with pytest.raises(ValueError, match="megakernel segments"):
         dec.decode([1], [3], [[1]])
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_conventional_decode_at_tp2_samples_as_tp1(name):
+    """Sampled rows through the conventional plan at tp=2 (the distributed top-k draw inside the step; a full-vocabulary
+    row drawn from the logits gathered through the communicator) draw the tokens the same plan draws at tp=1: the
+    sampling contract (ir/sampling.py) is the same on every executor and degree. Four rows (greedy, top-k 20, top-k
+    64 with top-p 0.8, full top-p 0.9), four steps one at a time and a burst of three."""
+    from mpk_runtime.models import random_weights
+    from mpk_runtime.runtime.conventional_prefill import ConventionalPrefill
+    from mpk_runtime.runtime.device_sampling import DeviceSampling
+    from mpk_runtime.runtime.megakernel_plans import PlannedDecoder
+    from mpk_runtime.runtime.memory import KVStore
+    cfg = PRESETS[name].replace(dtype="float32")
+    w = random_weights(cfg, seed=3)
+    rows = [None, DeviceSampling(1.0, 20, 1.0, 11), DeviceSampling(0.7, 64, 0.8, 12),
+            DeviceSampling(1.3, 0, 0.9, 13, full=True)]
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+    tables = [list(range(1 + 8 * i, 9 + 8 * i)) for i in range(4)]
+
+    def run(pre, dec):
+        toks = [pre.run(p, 0, tables[i], rows[i])[1] for i, p in enumerate(prompts)]
+        lens = [len(p) for p in prompts]
+        out = [list(toks)]
+        for _ in range(4):
+            _, nxt = dec.decode(toks, lens, tables, rows, want_logits=False)
+            toks, lens = nxt.tolist(), [n + 1 for n in lens]
+            out.append(list(toks))
+        out += dec.decode_steps(toks, lens, tables, rows, 3).t().tolist()
+        return out
+
+    def tp1():
+        kv = KVStore(cfg.num_layers, 40, 4, cfg.num_kv_heads, cfg.head_dim, torch.float32, poison=False)
+        kw = dict(max_seq_len=32, page_size=4, dtype="float32", device=torch.device("cpu"))
+        book1 = plan_book(cfg, 1, (4,), context=16, families=("conventional",), cache=False)
+        return run(ConventionalPrefill(cfg, w, kv, **kw), PlannedDecoder(cfg, w, kv, book1, num_sms=4, backend="pyvm",
+                                                                         **kw))
+
+    one = tp1()
+    two = _tp2_decoders(cfg, w, plan_book(cfg, 2, (4,), context=16, families=("conventional",), cache=False), run)
+    assert two[0] == two[1] == one, (one, two[0])
+    rows[1:] = [DeviceSampling(r.temperature, r.top_k, r.top_p, r.seed + 100, r.full) for r in rows[1:]]
+    other = tp1()   # (other seeds draw other tokens: the comparison above is about the draws, not only argmaxes)
+    assert [t[0] for t in other] == [t[0] for t in one] and other != one
