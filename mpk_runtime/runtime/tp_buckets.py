@@ -12,9 +12,11 @@ graphs). At tp > 1 it runs two kinds of plan (families TP_FAMILIES), the two end
   communicator, NCCL on GPUs), replayed as CUDA graphs per bucket by PlannedDecoder(tp=..., comm=...): what the
   planner picks from B=8 at tp=2 (llama-3.2-1b, h200_v56: 1748 us predicted at B=128 against 8184 for the one
   megakernel; qwen3-8b 5702 against 42903).
-Plans that mix megakernel and conventional segments are not run at tp > 1: each megakernel segment would need its own
-counters on the heap and, replayed inside the step's CUDA graph, a zeroing of them that every rank's replay agrees on
-(at tp=1 a replay zeroes its counters and runs as step 1; plan_exec._graph_launch). Not built.
+Plans that mix megakernel and conventional segments are not run by the engine at tp > 1. scripts/validate_planner.py
+measures them there (PlanExecutor: each megakernel segment with its own counters on the heap, launched eagerly between
+the conventional segments' graphs, a heap barrier a step: a step cannot be one CUDA graph, since a replay zeroes its
+megakernels' counters, which at tp > 1 every rank's replay would have to agree on); at tp=2 none of them is the
+planner's pick at llama-3.2-1b's or qwen3-8b's buckets (h200_v56), so the engine's book leaves them out.
 
 Every rank builds the same buckets in the same order (the heap's allocations and the graphs' NCCL captures are
 collective) and, since the engine sends every rank the same rows, runs the same bucket in the same step.
