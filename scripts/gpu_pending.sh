@@ -56,36 +56,21 @@
 # after a checkout, ~5 min on a fresh machine: the bundle without Ray (.cache/gb), every cubin prebuilt
 # (.cache/kc.tar.xz, the pf0 / pf32 builds included), .cache/commit, the 64 MiB check). Carry [".cache/gb",
 # ".cache/commit", ".cache/kc.tar.xz"]. Rerun it after any commit.
-# 0. (session 56 ran, 1x H100 x5 + 1x H200 x1: bench/results/s56 -- tests/gpu 76 passed at 8a5e8d9; the paged
-#    attention's launch shapes swept at 16k-131k keys and adopted (llama B=8 32k 5.098 -> 4.333 ms, gpt-fast 4.523 on
-#    the H100); plan=None vs the book through LLM.generate (B=1 12-13 ms a token vs 1.1-1.3); 16 splits at 512 keys
-#    +2%; the planned engine's TTFT traced to lazy decode captures.) Next, one call each:
-#    a. PlannedDecoder.warm (21ca4a5, never GPU-run: every bucket's decode graphs captured at start-up, default on):
-#       `N=warm T=200 LIM=190 TESTS="tests/gpu/test_engine_plans.py" bash scripts/gpu_run.sh tests`, then the
-#       engine comparison `python3 scripts/gpu_check_plans.py --models llama-3.2-1b --skip-forced` (predicted: the
-#       planned b128 TTFT p50 1.46 s -> ~0.2 s, setup_s +6-8 s, graphs_captured decode_captures 0 in the timed runs),
-#       and tests/gpu whole after (startup captures make every planned LLM in the suite slower to build). Also
-#       never GPU-run: PlannedDecoder's shelf (a batch-1 request after a long one takes the 8-split build back):
-#       test_engine_plans.py::test_batch1_split_builds_follow_each_requests_key_cap (in the same file).
-#    b. On an H200 (the issue's card), B=8 at long contexts under the adopted shapes: `N=longb8 T=200 LONG_LENS=
-#       LONG_BS=8 LONG_CTXS=32768,131072 bash scripts/gpu_run.sh long` (predicted: llama 32k conventional ~3.37 ms vs
-#       gpt-fast 3.316; 131k the planner picks mono, 11.67 ms, while conventional should be ~9.7), and the curves for
-#       the profile: `N=cattn T=300 CATTN_TP=1 CATTN_BASE=h200_v52 CATTN_NAME=h200_v56 CATTN_KEYS=16385,32769,65537,131073
-#       CATTN_BS=1,2,4,8 MPK_CONV_TRITON_ATTN=1 bash scripts/gpu_run.sh cattn` (only on an H200: the profile's card),
-#       then validate_planner at ctx 32768 / 131072 B=8 (`VAL_CTXS="32768 131072" VAL_B32768=8 VAL_B131072=8
-#       VAL_MODELS=llama-3.2-1b VAL_FAMILIES=conventional,mono`: h200_v56's first test, its long-context attention
-#       rate read off session 56's run 3; predicted mono 3842 / 10806 us, conventional 3515 / 9935 at 32k / 131k).
+# 0. (session 57 ran, 1x H200: bench/results/s57 -- tests/gpu 79 passed at b596749 (session 56's start-up captures and
+#    kept split builds: planned b128 TTFT 1.46 s -> 191 ms); llama B=8 32k / 131k on the H200 level with gpt-fast
+#    (3.290 / 9.216 vs 3.277 / 9.258), h200_v56 out of sample there (regret 0, conventional +7%, mono -7%); the one
+#    megakernel's three K / V stages refuted (+35-50%); qwen3-8b B=8's H200 long-key shape adopted (32k 15.30 -> 14.07
+#    ms, gpt-fast 14.26).) Next, one call each:
+#    a. the conventional attention curves past 8193 keys for the profile, on an H200 only (the profile's card):
+#       `N=cattn T=300 CATTN_TP=1 CATTN_BASE=h200_v56 CATTN_NAME=h200_v57 CATTN_KEYS=16385,32769,65537,131073
+#       CATTN_BS=1,2,4,8 MPK_CONV_TRITON_ATTN=1 bash scripts/gpu_run.sh cattn` (then refit the long-context terms on
+#       session 57's run 2 rows: conventional priced +7% there, mono -7%).
+#    b. qwen3-8b B=8 / 32 at long contexts against gpt-fast on the H200 with the adopted shape (`N=longq T=300
+#       MODELS=qwen3-8b LONG_LENS= LONG_BS=8,32 LONG_CTXS=16384,32768 bash scripts/gpu_run.sh long`; predicted B=8 32k
+#       ~14.1 ms against gpt-fast's ~14.3), and the H200 sweep at qwen3-8b B=32 / llama B=32 past 8192 keys (their
+#       shapes are the H100's too: `bench_paged_attention.py --batches 32 --keys 16384,32768,131072`).
 #    b2. Long contexts on an H200 through the engine: `N=long T=560 LONG_BS=1,8 bash scripts/gpu_run.sh long` and
 #       `MODELS=qwen3-8b LONG_LENS=8192,40800 LONG_CTXS=8192,32768`.
-#    b3. (On an H200: on the H100 the same kernel's B=8 cost a key, 32k -> 131k, is 0.0866 us for 262 KB of K / V,
-#       3.03 TB/s: its full streaming rate, so only the H200's faster HBM exposes the limit.)
-#       The one megakernel's attention at B=8 and 131k keys streams at 69% of floor+kv (H200) against gpt-fast's 86%:
-#       2 splits x 8 KV heads x 8 rows = 128 tasks of 65k keys, one an SM, each streaming ~17 MB a layer at ~25 GB/s
-#       (3.2 TB/s in all). By Little's law an SM needs ~50 KB in flight for its share of 4.55 TB/s at ~1.5 us; the
-#       default ring keeps one pass of K / V in flight (MPK_ATT_STAGES=2). A/B three stages there first:
-#       `N=st3 T=400 VARS="base stages3 s4 stages3 base" MODELS=llama-3.2-1b BS=8 CTXS=32768,131072 LIM=75 bash
-#       scripts/gpu_run.sh ab` (predicted: stages3 -5..-15% at 131k if in-flight bytes are the limit, within noise if
-#       not; s4, four key splits instead of two, within noise: the same bytes an SM).
 #    c. The megakernel's attention at B=8 32k, stamped (`STAMP_BATCHES=8 STAMP_CTX=32768 ... stamps`), and the paged
 #       sweep at B=1 / 128 past 8192 keys (TUNED's long-key points are B=8 / 32 only).
 #    d. h200_v52 at the points not yet seen out of sample (`N=val52 T=340 VAL_CTXS="512 4096" VAL_B512=1,8

@@ -187,8 +187,12 @@ TUNED = {
     (64, 256, 16384): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # llama B=32: 390.2 -> 379.9
     (64, 256, 32768): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True),    # 768.4 -> 747.4
     (64, 256, 131072): PagedAttnConfig(32, 264, 4, 4, idx_ahead=True),   # 3021.9 -> 2957.2
-    (128, 64, 16384): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i64"),   # qwen3-8b B=8: 193.8 -> 190.4
-    (128, 64, 32768): PagedAttnConfig(32, 264, 4, 3, idx_ahead=True, table="i64"),   # 374.5 -> 368.5
+    # qwen3-8b B=8 (session 57, the H200's best at 16k / 32k / 40k keys, int64 tables): the op 153.9 / 295.4 / 363.8 ->
+    # 138.1 / 259.2 / 321.9 us a layer (the H100's shapes above it were 10-12% behind on the H200; on the H100 this
+    # one is 3.2% / 2.5% behind them: 196.5 / 377.8 against 190.4 / 368.5); the step (1x H200, ABAB): ctx 16384
+    # 10.25 -> 9.68 ms, 32768 15.30 -> 14.07 (gpt-fast 14.26 on the same machine), 40000 17.36 -> 15.96
+    (128, 64, 16384): PagedAttnConfig(64, 528, 4, 2, table="i64"),
+    (128, 64, 32768): PagedAttnConfig(64, 528, 4, 2, table="i64"),
     (128, 64, 131072): PagedAttnConfig(64, 1056, 4, 4, table="i64"),     # 1465.5 -> 1439.5
     (128, 256, 16384): PagedAttnConfig(32, 1056, 4, 4, table="i64"),     # qwen3-8b B=32: 881.9 -> 721.1
     (128, 256, 32768): PagedAttnConfig(64, 528, 4, 3, table="i64"),      # 1742.3 -> 1425.0
