@@ -45,15 +45,11 @@ def heap_bytes(cfg, world: int, batches, max_seq_len: int, max_batch: int) -> in
     """Bytes a TP rank's runner places on the NVSHMEM heap: each kernel's symmetric buffers (parity-doubled partial
     sums, from the decode graph at that batch), its event counters, and the gathered logits of max_batch rows.
     At llama-3.1-70b tp=2 one kernel of 128 rows needs ~2.5 GiB, past NVSHMEM's 1 GiB default heap."""
-    import math
-
     from ..ir.shard import shard_for
     total = 0
     for b in batches:
         g = build_graph(cfg, mode="decode", batch=int(b), context_len=0, max_seq_len=max_seq_len, tp=world, rank=0)
-        for spec in g.tensors.values():
-            if spec.kind == "sym":
-                total += 2 * math.prod(spec.shape) * (4 if spec.dtype == "float32" else 2)
+        total += sum(2 * spec.nbytes for spec in g.tensors.values() if spec.kind == "sym")   # (2 parities)
         total += 64 << 10   # event counters and the allocator's alignment, generously
     vmax = max(shard_for(cfg, world, q).n_vocab for q in range(world))
     return total + max_batch * vmax * 4
