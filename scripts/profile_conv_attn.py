@@ -189,9 +189,9 @@ def main() -> None:
     if a.merge:
         prof = json.loads(HardwareProfile.load(a.merge).to_json())
         prof["name"] = a.name or f"{a.merge}_attn"
-        prof["conv_attn_us_by_shape"] = {**prof.get("conv_attn_us_by_shape", {}), **curves}
-        prof["conv_attn_step_us_by_shape"] = {**prof.get("conv_attn_step_us_by_shape", {}), **steps}
-        prof["conv_attn_shape_by_shape"] = {**prof.get("conv_attn_shape_by_shape", {}), **shapes}
+        for field, new in (("conv_attn_us_by_shape", curves), ("conv_attn_step_us_by_shape", steps),
+                           ("conv_attn_shape_by_shape", shapes)):
+            prof[field] = merge_points(prof.get(field, {}), new)
         prof["source"] = (prof.get("source", "") + f"; conventional attention curves measured by "
                           f"scripts/profile_conv_attn.py on {meta['machine']} {meta['date']} (commit {meta['commit']})"
                           "; NOT CALIBRATED: the regimes' conventional terms were fit without the curves - refit "
@@ -201,6 +201,18 @@ def main() -> None:
             json.dump(prof, f, indent=1)
         print("wrote", path, "(refit it with python -m mpk_runtime.planner.fit --profile before use: its regimes' "
               "conventional terms were fit without the curves)")
+
+
+def merge_points(old: dict[str, list], new: dict[str, list]) -> dict[str, list]:
+    """{shape: [[batch, keys, value], ...]} with `new`'s points added to `old`'s per shape: a point measured again
+    replaces the old one, the rest are kept (a run over more keys, e.g. --keys 16385,...,131073, extends a shape's
+    curve instead of replacing the whole grid with its own points), sorted by (batch, keys)."""
+    out = {k: list(v) for k, v in old.items()}
+    for key, pts in new.items():
+        mine = {(int(p[0]), int(p[1])): p for p in out.get(key, [])}
+        mine.update({(int(p[0]), int(p[1])): p for p in pts})
+        out[key] = [mine[bk] for bk in sorted(mine)]
+    return out
 
 
 def _write(out: str, meta: dict, curves: dict, steps: dict, shapes: dict) -> None:

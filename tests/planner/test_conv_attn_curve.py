@@ -191,6 +191,28 @@ def test_the_script_writes_curves_and_a_profile_that_prices_with_them(tmp_path):
     assert prof.conv_attn_curve_us(2, 32, 2, 2, 64) is not None and prof.conv_attn_curve_us(4, 64, 4, 2, 64) is None
 
 
+def test_a_run_over_more_keys_extends_the_merged_profiles_curves(tmp_path):
+    """--merge over a profile that has the shape's curve: the new keys are added to it and the old points kept (a run
+    at 16k-131k keys must not replace the 257-8193-key grid the planner prices short contexts by)."""
+    def run(keys, merge, name):
+        r = subprocess.run([sys.executable, "scripts/profile_conv_attn.py", "--device", "cpu", "--models",
+                            "tiny-qwen3", "--tp", "1", "--batches", "1,2", "--keys", keys, "--out", str(tmp_path),
+                            "--merge", merge, "--name", name], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": ROOT})
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads((tmp_path / f"{name}.json").read_text())
+    first = run("32,64", "h200_v33_cal", "h200_a")
+    second = run("64,128", str(tmp_path / "h200_a.json"), "h200_b")
+    for field in ("conv_attn_us_by_shape", "conv_attn_step_us_by_shape"):
+        got = {(b, k): us for b, k, us in second[field]["2x32x2"]}
+        assert sorted(got) == [(1, 32), (1, 64), (1, 128), (2, 32), (2, 64), (2, 128)]
+        was = {(b, k): us for b, k, us in first[field]["2x32x2"]}
+        assert got[(1, 32)] == was[(1, 32)] and got[(2, 32)] == was[(2, 32)]   # kept as measured
+    # every other shape of the base profile is untouched
+    base = json.loads(HardwareProfile.load("h200_v33_cal").to_json())["conv_attn_us_by_shape"]
+    assert all(second["conv_attn_us_by_shape"][k] == v for k, v in base.items() if k != "2x32x2")
+
+
 def test_the_script_measures_the_op_with_deferred_appends(tmp_path):
     """--appends: the op as the whole conventional plan runs it (the step's new K / V rows deferred into it), under
     its own curve key (a CPU smoke run: the path, not the times)."""
