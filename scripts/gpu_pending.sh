@@ -60,7 +60,10 @@
 #    kept split builds: planned b128 TTFT 1.46 s -> 191 ms); llama B=8 32k / 131k on the H200 level with gpt-fast
 #    (3.290 / 9.216 vs 3.277 / 9.258), h200_v56 out of sample there (regret 0, conventional +7%, mono -7%); the one
 #    megakernel's three K / V stages refuted (+35-50%); qwen3-8b B=8's H200 long-key shape adopted (32k 15.30 -> 14.07
-#    ms, gpt-fast 14.26).) Next, one call each:
+#    ms, gpt-fast 14.26).) (session 58, 1x H100 after ~45 min of refused starts: tests/gpu 79 passed at HEAD with
+#    that shape as the default; qwen3-8b B=8 16k / 32k level with gpt-fast on the H100; a. ran on the H100 -- a call
+#    for nvidia-h200 may get an H100 -- and was kept as the H100's record, not merged: start H200-only items with
+#    `nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0`.) Next, one call each:
 #    a. the conventional attention curves past 8193 keys for the profile, on an H200 only (the profile's card):
 #       `N=cattn T=300 CATTN_TP=1 CATTN_BASE=h200_v56 CATTN_NAME=h200_v57 CATTN_KEYS=16385,32769,65537,131073
 #       CATTN_BS=1,2,4,8 MPK_CONV_TRITON_ATTN=1 bash scripts/gpu_run.sh cattn` (then refit the long-context terms on
