@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 FAMILIES = ("llama", "qwen3")
 
@@ -121,22 +124,37 @@ class ModelConfig:
 
     @classmethod
     def from_hf_config(cls, hf: dict, name: str | None = None) -> "ModelConfig":
-        """Build from a Hugging Face `config.json` dict of a LlamaForCausalLM or Qwen3ForCausalLM."""
+        """Build from a Hugging Face `config.json` dict of a LlamaForCausalLM, MistralForCausalLM (the Llama
+        architecture: family "llama") or Qwen3ForCausalLM."""
         model_type = hf.get("model_type", "")
-        if model_type == "llama":
+        if model_type in ("llama", "mistral"):
             family = "llama"
         elif model_type == "qwen3":
             family = "qwen3"
         else:
             raise ConfigError(f"model_type {model_type!r} is not supported; supported: 'llama' (Llama-3.x), "
-                              "'qwen3' (Qwen3 dense)")
+                              "'mistral' (Mistral dense, the Llama architecture), 'qwen3' (Qwen3 dense)")
         if hf.get("attention_bias") or hf.get("mlp_bias"):
             raise ConfigError("attention_bias / mlp_bias models are not supported")
+        n_layers = int(hf.get("num_hidden_layers", 0))
+        window = hf.get("sliding_window")
         if hf.get("layer_types"):       # transformers >= 4.53 writes the per-layer kinds
             sliding = [i for i, t in enumerate(hf["layer_types"]) if t != "full_attention"]
-        elif hf.get("use_sliding_window") and hf.get("sliding_window"):   # older: layers >= max_window_layers slide
-            sliding = list(range(int(hf.get("max_window_layers", 0)), int(hf.get("num_hidden_layers", 0))))
+        elif hf.get("use_sliding_window") and window:   # Qwen: layers >= max_window_layers slide
+            sliding = list(range(int(hf.get("max_window_layers", 0)), n_layers))
+        elif model_type == "mistral" and window:      # Mistral (v0.1): every layer slides
+            sliding = list(range(n_layers))
         else:
+            sliding = []
+        max_pos = int(hf.get("max_position_embeddings", 8192))
+        if sliding and len(sliding) == n_layers and window and int(window) < max_pos:
+            # One window W in every layer: a position attends to the W keys up to itself, which is every key while
+            # the context stays within W. Served with a context of at most W, full attention is the model exactly.
+            log.warning("%s: sliding-window attention (%d tokens) in every layer; served with a context of at most %d "
+                        "tokens (max_position_embeddings %d -> %d), where full attention is exact", model_type,
+                        int(window), int(window), max_pos, int(window))
+            max_pos, sliding = int(window), []
+        elif sliding and len(sliding) == n_layers and window:   # a window at least the context: full attention
             sliding = []
         if sliding:
             raise ConfigError(f"sliding-window attention (use_sliding_window / layer_types: layers {sliding[:4]}"
@@ -174,7 +192,7 @@ class ModelConfig:
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
+            max_position_embeddings=max_pos,
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             dtype=str(dtype).replace("torch.", ""),
         )

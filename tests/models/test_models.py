@@ -38,7 +38,7 @@ def test_invalid_configs_say_what_is_wrong():
     with pytest.raises(ConfigError, match="positive"):
         base.replace(hidden_size=0)
     with pytest.raises(ConfigError, match="not supported"):
-        ModelConfig.from_hf_config({"model_type": "mistral"})
+        ModelConfig.from_hf_config({"model_type": "gemma2"})
 
 
 def test_save_load_sharded_directory(tmp_path):
