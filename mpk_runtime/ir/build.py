@@ -110,7 +110,7 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         lse = t(f"L{i}.attn_lse", (M, nq, splits), "act", dtype_="float32")
         add(f"L{i}.attention", "attention", [q, kc, vc], [part, lse, attn],
             {"layer": i, "q": q, "k_cache": kc, "v_cache": vc, "part": part, "lse": lse, "out": attn,
-             "n_q": nq, "n_kv": nkv, "splits": splits, "scale": D ** -0.5, "kv_new": kvn},
+             "n_q": nq, "n_kv": nkv, "splits": splits, "scale": cfg.attn_scale, "kv_new": kvn},
             B * kv_read * nkv * D * eb * 2 + 2 * M * nq * D * eb, 4 * M * nq * D * kv_read)
 
         x = _proj(t, w, add, cfg, tp, f"L{i}.o_proj", x_in=attn, residual=x, wnames=[p + "self_attn.o_proj.weight"],

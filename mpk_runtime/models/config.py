@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,14 +23,62 @@ class ConfigError(ValueError):
     """A model configuration is invalid or unknown; the message says what to change."""
 
 
+ROPE_TYPES = ("llama3", "yarn")
+
+
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama-3 style frequency-dependent RoPE scaling (rope_type == "llama3")."""
+    """RoPE scaling: Llama-3's frequency-dependent scaling (rope_type "llama3": factor, low / high_freq_factor,
+    original_max_position_embeddings) or YaRN ("yarn", Qwen3's long-context setting: factor, the original context,
+    beta_fast / beta_slow bound the ramp between extrapolated and interpolated frequencies, and q / k are scaled by
+    attention_factor(), which the attention takes as its softmax scale times attention_factor()^2; models/reference.py
+    rope_inv_freq computes the frequencies)."""
 
     factor: float = 8.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    rope_type: str = "llama3"
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    yarn_attention_factor: float | None = None   # None: from factor (and mscale / mscale_all_dim), as transformers
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise ConfigError(f"rope type {self.rope_type!r} is not supported ({' or '.join(ROPE_TYPES)})")
+        if not self.factor > 0 or self.original_max_position_embeddings <= 0:
+            raise ConfigError(f"rope scaling needs factor > 0 and original_max_position_embeddings > 0, got "
+                              f"{self.factor} / {self.original_max_position_embeddings}")
+
+    def attention_factor(self) -> float:
+        """What q and k are multiplied by after RoPE (YaRN's "attention factor"; 1 for llama3)."""
+        if self.rope_type != "yarn":
+            return 1.0
+        if self.yarn_attention_factor is not None:
+            return float(self.yarn_attention_factor)
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+        if self.mscale and self.mscale_all_dim:
+            return mscale(self.factor, self.mscale) / mscale(self.factor, self.mscale_all_dim)
+        return mscale(self.factor)
+
+    def hf_dict(self) -> dict:
+        """The config.json entry (transformers' keys for this rope type)."""
+        if self.rope_type == "llama3":
+            return {"rope_type": "llama3", "factor": self.factor, "low_freq_factor": self.low_freq_factor,
+                    "high_freq_factor": self.high_freq_factor,
+                    "original_max_position_embeddings": self.original_max_position_embeddings}
+        d = {"rope_type": "yarn", "factor": self.factor, "beta_fast": self.beta_fast, "beta_slow": self.beta_slow,
+             "original_max_position_embeddings": self.original_max_position_embeddings, "truncate": self.truncate}
+        for k, v in (("attention_factor", self.yarn_attention_factor), ("mscale", self.mscale),
+                     ("mscale_all_dim", self.mscale_all_dim)):
+            if v is not None:
+                d[k] = v
+        return d
 
 
 @dataclass(frozen=True)
@@ -74,6 +123,13 @@ class ModelConfig:
     def qk_norm(self) -> bool:
         """Qwen3 normalises each q and k head with its own RMSNorm before RoPE."""
         return self.family == "qwen3"
+
+    @property
+    def attn_scale(self) -> float:
+        """The attention's softmax scale: head_dim^-1/2, times YaRN's attention factor squared (the factor that
+        transformers multiplies q and k by after RoPE, taken in the scores instead: the cache holds k unscaled)."""
+        af = self.rope_scaling.attention_factor() if self.rope_scaling is not None else 1.0
+        return self.head_dim ** -0.5 * af * af
 
     @property
     def group_size(self) -> int:
@@ -176,8 +232,17 @@ class ModelConfig:
                     factor=float(rs["factor"]), low_freq_factor=float(rs["low_freq_factor"]),
                     high_freq_factor=float(rs["high_freq_factor"]),
                     original_max_position_embeddings=int(rs["original_max_position_embeddings"]))
+            elif rtype == "yarn":   # transformers' defaults: the original context = max_position_embeddings,
+                hf_max = int(hf.get("max_position_embeddings", 8192))                 # factor = their ratio
+                orig = int(rs.get("original_max_position_embeddings") or hf_max)
+                opt = lambda k: None if rs.get(k) is None else float(rs[k])  # noqa: E731
+                rope_scaling = RopeScaling(
+                    factor=float(rs.get("factor") or hf_max / orig), original_max_position_embeddings=orig,
+                    rope_type="yarn", beta_fast=float(rs.get("beta_fast") or 32), beta_slow=float(rs.get("beta_slow") or 1),
+                    yarn_attention_factor=opt("attention_factor"), mscale=opt("mscale"),
+                    mscale_all_dim=opt("mscale_all_dim"), truncate=bool(rs.get("truncate", True)))
             elif rtype not in ("default", None):
-                raise ConfigError(f"rope type {rtype!r} is not supported (default or llama3)")
+                raise ConfigError(f"rope type {rtype!r} is not supported (default, llama3 or yarn)")
         dtype = hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"
         return cls(
             name=name or hf.get("_name_or_path") or model_type,
@@ -218,7 +283,7 @@ class ModelConfig:
             "torch_dtype": self.dtype,
         }
         if self.rope_scaling is not None:
-            d["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+            d["rope_scaling"] = self.rope_scaling.hf_dict()
         return d
 
 

@@ -15,12 +15,31 @@ from .config import ModelConfig
 from .weights import lm_head_name
 
 
+def _yarn_inv_freq(inv: torch.Tensor, d: int, base: float, rs) -> torch.Tensor:
+    """YaRN: frequencies that turn fewer than beta_slow times over the original context are interpolated (divided by
+    the factor), those that turn more than beta_fast times are kept, a linear ramp over the dimensions between."""
+    def dim_of(rotations: float) -> float:   # the dimension whose frequency turns `rotations` times in that context
+        return d * math.log(rs.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
+    lo, hi = dim_of(rs.beta_fast), dim_of(rs.beta_slow)
+    if rs.truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+    keep = 1 - ramp   # 1: extrapolate (the frequency as is), 0: interpolate
+    return inv / rs.factor * (1 - keep) + inv * keep
+
+
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """(head_dim/2,) fp32 inverse frequencies, with Llama-3 scaling when configured."""
+    """(head_dim/2,) fp32 inverse frequencies, with Llama-3 or YaRN scaling when configured (YaRN's attention
+    factor is in cfg.attn_scale, not here)."""
     d = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     rs = cfg.rope_scaling
-    if rs is not None:
+    if rs is not None and rs.rope_type == "yarn":
+        inv = _yarn_inv_freq(inv, d, cfg.rope_theta, rs)
+    elif rs is not None:
         low_wl = rs.original_max_position_embeddings / rs.low_freq_factor
         high_wl = rs.original_max_position_embeddings / rs.high_freq_factor
         wl = 2 * math.pi / inv
@@ -103,7 +122,7 @@ class ReferenceModel:
             cache.v[i][bidx, :, pos] = v.transpose(1, 2)
             ks = cache.k[i][:, :, :max_len].repeat_interleave(cfg.group_size, dim=1)  # (B, nh, S, D)
             vs = cache.v[i][:, :, :max_len].repeat_interleave(cfg.group_size, dim=1)
-            scores = (q.float() @ ks.float().transpose(-1, -2)) / math.sqrt(D)  # (B, nh, T, S)
+            scores = (q.float() @ ks.float().transpose(-1, -2)) * cfg.attn_scale  # (B, nh, T, S)
             scores = scores.masked_fill(~mask[:, None], float("-inf"))
             attn = (F.softmax(scores, dim=-1) @ vs.float()).to(self.dtype)  # (B, nh, T, D)
             attn = attn.transpose(1, 2).reshape(B, T, nh * D)

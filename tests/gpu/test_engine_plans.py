@@ -282,3 +282,21 @@ def test_batch1_split_builds_follow_each_requests_key_cap():
         assert outs[2].token_ids == outs[0].token_ids
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("family", ["mono", "conventional"])
+def test_yarn_scaled_model_matches_reference(family, tmp_path):
+    """A YaRN-scaled Qwen3 (rope_type yarn, factor 4 over an original context of 64; decoded at positions 250-260):
+    the frequencies and the attention factor (ModelConfig.attn_scale, the graph's softmax scale) through the one
+    megakernel and the conventional plan, against the reference (which tests/models/test_yarn.py checks against HF)."""
+    import json
+    from mpk_runtime.models import RopeScaling
+    from mpk_runtime.models.config import load_config
+    from mpk_runtime.planner import plan_book
+    cfg = load_config("tiny-qwen3").replace(max_position_embeddings=512, rope_scaling=RopeScaling(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=64))
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_config()))
+    assert load_config(str(tmp_path)).attn_scale != cfg.head_dim ** -0.5
+    book = plan_book(load_config(str(tmp_path)), 1, (2, 4), context=256, families=(family,))
+    r = _script().forced(str(tmp_path), book, 3, 250, 10)
+    assert r["plan"] == family and r["ok"], r
