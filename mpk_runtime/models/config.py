@@ -23,13 +23,14 @@ class ConfigError(ValueError):
     """A model configuration is invalid or unknown; the message says what to change."""
 
 
-ROPE_TYPES = ("llama3", "yarn")
+ROPE_TYPES = ("llama3", "yarn", "linear")
 
 
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE scaling: Llama-3's frequency-dependent scaling (rope_type "llama3": factor, low / high_freq_factor,
-    original_max_position_embeddings) or YaRN ("yarn", Qwen3's long-context setting: factor, the original context,
+    original_max_position_embeddings), linear position interpolation ("linear": every frequency divided by factor) or
+    YaRN ("yarn", Qwen3's long-context setting: factor, the original context,
     beta_fast / beta_slow bound the ramp between extrapolated and interpolated frequencies, and q / k are scaled by
     attention_factor(), which the attention takes as its softmax scale times attention_factor()^2; models/reference.py
     rope_inv_freq computes the frequencies)."""
@@ -68,6 +69,8 @@ class RopeScaling:
 
     def hf_dict(self) -> dict:
         """The config.json entry (transformers' keys for this rope type)."""
+        if self.rope_type == "linear":
+            return {"rope_type": "linear", "factor": self.factor}
         if self.rope_type == "llama3":
             return {"rope_type": "llama3", "factor": self.factor, "low_freq_factor": self.low_freq_factor,
                     "high_freq_factor": self.high_freq_factor,
@@ -241,8 +244,10 @@ class ModelConfig:
                     rope_type="yarn", beta_fast=float(rs.get("beta_fast") or 32), beta_slow=float(rs.get("beta_slow") or 1),
                     yarn_attention_factor=opt("attention_factor"), mscale=opt("mscale"),
                     mscale_all_dim=opt("mscale_all_dim"), truncate=bool(rs.get("truncate", True)))
+            elif rtype == "linear":
+                rope_scaling = RopeScaling(factor=float(rs["factor"]), rope_type="linear")
             elif rtype not in ("default", None):
-                raise ConfigError(f"rope type {rtype!r} is not supported (default, llama3 or yarn)")
+                raise ConfigError(f"rope type {rtype!r} is not supported (default, llama3, yarn or linear)")
         dtype = hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"
         return cls(
             name=name or hf.get("_name_or_path") or model_type,

@@ -32,13 +32,15 @@ def _yarn_inv_freq(inv: torch.Tensor, d: int, base: float, rs) -> torch.Tensor:
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """(head_dim/2,) fp32 inverse frequencies, with Llama-3 or YaRN scaling when configured (YaRN's attention
+    """(head_dim/2,) fp32 inverse frequencies, with Llama-3, linear or YaRN scaling when configured (YaRN's attention
     factor is in cfg.attn_scale, not here)."""
     d = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     rs = cfg.rope_scaling
     if rs is not None and rs.rope_type == "yarn":
         inv = _yarn_inv_freq(inv, d, cfg.rope_theta, rs)
+    elif rs is not None and rs.rope_type == "linear":
+        inv = inv / rs.factor
     elif rs is not None:
         low_wl = rs.original_max_position_embeddings / rs.low_freq_factor
         high_wl = rs.original_max_position_embeddings / rs.high_freq_factor

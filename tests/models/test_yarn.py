@@ -1,4 +1,4 @@
-"""YaRN RoPE scaling (rope_type "yarn", Qwen3's long-context setting) against Hugging Face transformers on the same
+"""YaRN RoPE scaling (rope_type "yarn", Qwen3's long-context setting; and "linear" interpolation) against Hugging Face transformers on the same
 weights: the frequencies (models/reference.py rope_inv_freq) and the attention factor, which this runtime takes in the
 softmax scale (ModelConfig.attn_scale) instead of multiplying q and k. Skips without transformers."""
 import math
@@ -18,6 +18,9 @@ CONFIGS = [
     ModelConfig(name="yarn-qwen3", family="qwen3", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2,
                 num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=1e4, rms_norm_eps=1e-6,
                 rope_scaling=RopeScaling(**YARN), max_position_embeddings=64, tie_word_embeddings=True),
+    ModelConfig(name="linear-llama", family="llama", vocab_size=300, hidden_size=64, intermediate_size=96,
+                num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=1e4,
+                rope_scaling=RopeScaling(rope_type="linear", factor=2.5), max_position_embeddings=64),
     ModelConfig(name="yarn-llama", family="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2,
                 num_heads=4, num_kv_heads=1, head_dim=16, rope_theta=1e4,
                 rope_scaling=RopeScaling(**YARN, beta_fast=16.0, beta_slow=2.0, mscale=1.0, mscale_all_dim=0.5),
@@ -38,7 +41,7 @@ def test_yarn_frequencies_and_attention_factor_are_transformers(cfg, tmp_path):
     rot = hf.model.rotary_emb
     assert torch.allclose(rope_inv_freq(cfg), rot.inv_freq.float(), rtol=1e-6, atol=0)
     assert math.isclose(cfg.rope_scaling.attention_factor(), rot.attention_scaling, rel_tol=1e-9)
-    assert cfg.rope_scaling.attention_factor() != 1.0 and cfg.attn_scale != cfg.head_dim ** -0.5
+    assert (cfg.rope_scaling.attention_factor() != 1.0) == (cfg.rope_scaling.rope_type == "yarn")
     # and the config round-trips through config.json
     assert load_config(str(tmp_path)).replace(name=cfg.name) == cfg.replace(dtype="float32")
 
