@@ -350,6 +350,19 @@ class HardwareProfile:
         return json.dumps(asdict(self), indent=1)
 
 
+def card_mismatch(profile_name: str, device_name: str) -> str | None:
+    """A warning when the GPU is not the card a profile was measured on (the profile's name starts with it: "h200_v56"
+    is an H200's), else None. The planner's prices are that card's. Its choices have held on an H100 (h200_v56 on the
+    46 plans sessions 54 / 56 measured there: the fastest chosen at 8 of 8 points), its times not (step MAPE 16%: the
+    H100 streams 3.06 TB/s against the H200's 4.55)."""
+    card = os.path.basename(profile_name).split("_")[0].upper()
+    if not card or card.lower() in ("seeded", "test") or card in device_name.upper():
+        return None
+    return (f"planning with profile {profile_name} (measured on an {card}) on {device_name}: the plans' predicted times "
+            f"are the {card}'s; measure this card's profile (scripts/profile_hw.py, docs/planner.md) and set "
+            "MPK_PLANNER_PROFILE to plan with its own prices")
+
+
 def conv_attn_shape(n_kv: int, head_dim: int, gs: int, impl: str = "") -> str:
     """conv_attn_us_by_shape's key: KV heads of a rank, head dim, q heads per KV head (and "@<impl>" for another
     implementation than the gather + SDPA one: "paged", runtime/paged_attention.py)."""

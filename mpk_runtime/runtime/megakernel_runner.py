@@ -126,6 +126,11 @@ class MegakernelRunner(ModelRunner):
         from .tp_buckets import heap_bytes, mk_only_book, plan_families, split_tp_book, tp_decoders
         book = resolve_plan(plan, cfg, world, max_batch, max_seq_len, plan_buckets, plan_context,
                             families=plan_families("megakernel", world))
+        if book is not None and rank == 0:
+            from ..planner.profile import card_mismatch
+            msg = card_mismatch(str(book.get("profile", "")), torch.cuda.get_device_name(dev))
+            if msg:
+                log.warning(msg)
         if book is not None and tp_invariant != 1:
             raise ValueError("plan=... and tp_invariant > 1 do not go together: the bit-identical TP check runs one "
                              "megakernel for max_batch rows (plan=None)")

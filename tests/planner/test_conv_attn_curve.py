@@ -262,3 +262,11 @@ def test_default_profile_prices_the_paged_kernel():
             gather = prof.conv_attn_curve_us(nkv, c.head_dim, c.num_heads // c.num_kv_heads, 32, 512)
             paged = prof.conv_attn_curve_us(nkv, c.head_dim, c.num_heads // c.num_kv_heads, 32, 512, impl="paged")
             assert paged < gather, (model, tp, paged, gather)
+
+
+def test_a_gpu_that_is_not_the_profiles_card_is_named():
+    from mpk_runtime.planner.profile import card_mismatch
+    assert card_mismatch("h200_v56", "NVIDIA H200") is None
+    msg = card_mismatch("h200_v56", "NVIDIA H100 80GB HBM3")
+    assert "H200" in msg and "NVIDIA H100 80GB HBM3" in msg and "MPK_PLANNER_PROFILE" in msg
+    assert card_mismatch("/tmp/x/h100_measured.json", "NVIDIA H100 80GB HBM3") is None
