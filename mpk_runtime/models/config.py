@@ -244,6 +244,13 @@ class ModelConfig:
                     rope_type="yarn", beta_fast=float(rs.get("beta_fast") or 32), beta_slow=float(rs.get("beta_slow") or 1),
                     yarn_attention_factor=opt("attention_factor"), mscale=opt("mscale"),
                     mscale_all_dim=opt("mscale_all_dim"), truncate=bool(rs.get("truncate", True)))
+                # Qwen3's YaRN setting keeps max_position_embeddings at the original 32768 and extends the context
+                # to factor x that (the model card's 131072): served up to there
+                ext = int(rope_scaling.factor * orig)
+                if ext > max_pos:
+                    log.info("%s: YaRN x%g over %d positions: context up to %d (max_position_embeddings %d)",
+                             model_type, rope_scaling.factor, orig, ext, max_pos)
+                    max_pos = ext
             elif rtype == "linear":
                 rope_scaling = RopeScaling(factor=float(rs["factor"]), rope_type="linear")
             elif rtype not in ("default", None):

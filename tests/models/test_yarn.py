@@ -78,6 +78,10 @@ def test_yarn_from_a_qwen3_style_config_and_bad_rope_types():
     rs = cfg.rope_scaling
     assert rs.rope_type == "yarn" and rs.factor == 4.0 and rs.original_max_position_embeddings == 32
     assert math.isclose(rs.attention_factor(), 0.1 * math.log(4.0) + 1)
+    assert cfg.max_position_embeddings == 128   # max(its own 128, 4 x 32)
+    # Qwen3's model-card setting: max_position_embeddings stays the original; the context is factor x that
+    hf32 = dict(hf, max_position_embeddings=32)
+    assert ModelConfig.from_hf_config(hf32).max_position_embeddings == 128
     # no factor: the ratio of the contexts (transformers' rule)
     hf["rope_scaling"] = {"rope_type": "yarn", "original_max_position_embeddings": 32}
     assert ModelConfig.from_hf_config(hf).rope_scaling.factor == 4.0
