@@ -63,7 +63,9 @@
 #    ms, gpt-fast 14.26).) (session 58, 1x H100 after ~45 min of refused starts: tests/gpu 79 passed at HEAD with
 #    that shape as the default; qwen3-8b B=8 16k / 32k level with gpt-fast on the H100; a. ran on the H100 -- a call
 #    for nvidia-h200 may get an H100 -- and was kept as the H100's record, not merged: start H200-only items with
-#    `nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0`.) Next, one call each:
+#    `nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || exit 0`. Not GPU-run: session 58's YaRN
+#    test through the one megakernel and the conventional plan, `TESTS="tests/gpu/test_engine_plans.py -k yarn"
+#    ... tests`, ~1 min on any card; the whole tests/gpu holds it.) Next, one call each:
 #    a. the conventional attention curves past 8193 keys for the profile, on an H200 only (the profile's card):
 #       `N=cattn T=300 CATTN_TP=1 CATTN_BASE=h200_v56 CATTN_NAME=h200_v57 CATTN_KEYS=16385,32769,65537,131073
 #       CATTN_BS=1,2,4,8 MPK_CONV_TRITON_ATTN=1 bash scripts/gpu_run.sh cattn` (then refit the long-context terms on
