@@ -57,16 +57,19 @@ def test_yarn_logits_match_hf_past_the_original_context(cfg, tmp_path):
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
 
 
-@pytest.mark.parametrize("backend", ["pyvm", "torch"])
-def test_the_engine_decodes_hfs_greedy_tokens_with_yarn(backend, tmp_path):
+@pytest.mark.parametrize("backend,tp", [("pyvm", 1), ("torch", 1), ("pyvm", 2)])
+def test_the_engine_decodes_hfs_greedy_tokens_with_yarn(backend, tp, tmp_path):
     """Through the task graphs (pyvm: the megakernel's CPU twin; torch: the conventional ops), whose attention takes
-    the graph's scale: HF's greedy continuation past the original context."""
+    the graph's scale; tp=2: two ranks' shards): HF's greedy continuation past the original context."""
     cfg, hf = _hf_dir(CONFIGS[0], tmp_path)
     prompt = torch.randint(0, cfg.vocab_size, (20,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         want = hf.generate(prompt[None], max_new_tokens=16, do_sample=False)[0, 20:].tolist()
-    llm = LLM(str(tmp_path), backend=backend, dtype="float32", max_seq_len=64)
-    out = llm.generate([prompt.tolist()], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    llm = LLM(str(tmp_path), backend=backend, tp=tp, dtype="float32", max_seq_len=64)
+    try:
+        out = llm.generate([prompt.tolist()], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    finally:
+        llm.shutdown()
     assert out[0].token_ids == want
 
 
