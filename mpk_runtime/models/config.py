@@ -197,28 +197,22 @@ class ModelConfig:
             raise ConfigError("attention_bias / mlp_bias models are not supported")
         n_layers = int(hf.get("num_hidden_layers", 0))
         window = hf.get("sliding_window")
+        other = []
         if hf.get("layer_types"):       # transformers >= 4.53 writes the per-layer kinds
-            sliding = [i for i, t in enumerate(hf["layer_types"]) if t != "full_attention"]
+            sliding = [i for i, t in enumerate(hf["layer_types"]) if t == "sliding_attention"]
+            other = sorted({t for t in hf["layer_types"] if t not in ("full_attention", "sliding_attention")})
         elif hf.get("use_sliding_window") and window:   # Qwen: layers >= max_window_layers slide
             sliding = list(range(int(hf.get("max_window_layers", 0)), n_layers))
         elif model_type == "mistral" and window:      # Mistral (v0.1): every layer slides
             sliding = list(range(n_layers))
         else:
             sliding = []
+        if other:
+            raise ConfigError(f"layer kinds {other} are not supported: this runtime runs full attention in every layer")
         max_pos = int(hf.get("max_position_embeddings", 8192))
-        if sliding and len(sliding) == n_layers and window and int(window) < max_pos:
-            # One window W in every layer: a position attends to the W keys up to itself, which is every key while
-            # the context stays within W. Served with a context of at most W, full attention is the model exactly.
-            log.warning("%s: sliding-window attention (%d tokens) in every layer; served with a context of at most %d "
-                        "tokens (max_position_embeddings %d -> %d), where full attention is exact", model_type,
-                        int(window), int(window), max_pos, int(window))
-            max_pos, sliding = int(window), []
-        elif sliding and len(sliding) == n_layers and window:   # a window at least the context: full attention
-            sliding = []
-        if sliding:
-            raise ConfigError(f"sliding-window attention (use_sliding_window / layer_types: layers {sliding[:4]}"
-                              f"{'...' if len(sliding) > 4 else ''}) is not supported: this runtime runs full attention in "
-                              "every layer, which would not match the model's outputs")
+        if sliding and not window:
+            raise ConfigError(f"layers {sliding[:4]}{'...' if len(sliding) > 4 else ''} use sliding-window attention "
+                              "but the config has no sliding_window size; add it or fix layer_types")
         act = hf.get("hidden_act", "silu")
         if act != "silu":
             raise ConfigError(f"hidden_act {act!r} is not supported (only silu / SwiGLU)")
@@ -255,6 +249,13 @@ class ModelConfig:
                 rope_scaling = RopeScaling(factor=float(rs["factor"]), rope_type="linear")
             elif rtype not in ("default", None):
                 raise ConfigError(f"rope type {rtype!r} is not supported (default, llama3, yarn or linear)")
+        if sliding and int(window) < max_pos:   # (after the rope scaling, which may extend max_pos)
+            # A sliding layer attends to the `window` keys up to each position, which is every key while the context
+            # stays within the window: served with a context of at most the window, full attention is exact there.
+            log.warning("%s: sliding-window attention (%d tokens) in %d of %d layers; served with a context of at most "
+                        "%d tokens (max_position_embeddings %d -> %d), where full attention is exact", model_type,
+                        int(window), len(sliding), n_layers, int(window), max_pos, int(window))
+            max_pos = int(window)
         dtype = hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"
         return cls(
             name=name or hf.get("_name_or_path") or model_type,

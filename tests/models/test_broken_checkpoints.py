@@ -65,13 +65,26 @@ def test_config_json_errors(tmp_path):
         load_config(d)
 
 
-def test_sliding_window_qwen3_refused():
+def test_sliding_window_layers_cap_the_context_or_are_refused():
+    """Sliding layers are served with a context of at most the window (full attention is exact there); without a
+    window size, or with layer kinds other than full / sliding attention, the config is refused."""
     hf = PRESETS["tiny-qwen3"].to_hf_config()
     from mpk_runtime.models import ModelConfig
-    with pytest.raises(ConfigError, match="sliding-window"):
-        ModelConfig.from_hf_config(dict(hf, use_sliding_window=True, sliding_window=8, max_window_layers=1))
-    with pytest.raises(ConfigError, match="sliding-window"):
-        ModelConfig.from_hf_config(dict(hf, layer_types=["full_attention", "sliding_attention"]))
+    assert hf["max_position_embeddings"] > 8
+    cfg = ModelConfig.from_hf_config(dict(hf, use_sliding_window=True, sliding_window=8, max_window_layers=1))
+    assert cfg.max_position_embeddings == 8
+    mixed = ["full_attention", "sliding_attention"]
+    assert ModelConfig.from_hf_config(dict(hf, layer_types=mixed, sliding_window=8)).max_position_embeddings == 8
+    big = hf["max_position_embeddings"]   # a window at least the context: nothing to cap
+    assert ModelConfig.from_hf_config(dict(hf, layer_types=mixed, sliding_window=big)).max_position_embeddings == big
+    with pytest.raises(ConfigError, match="no sliding_window"):
+        ModelConfig.from_hf_config(dict(hf, layer_types=mixed))
+    with pytest.raises(ConfigError, match="chunked_attention"):
+        ModelConfig.from_hf_config(dict(hf, layer_types=["full_attention", "chunked_attention"]))
+    # a YaRN extension does not lift the window's cap
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": big}
+    assert ModelConfig.from_hf_config(dict(hf, layer_types=mixed, sliding_window=8,
+                                           rope_scaling=yarn)).max_position_embeddings == 8
     ModelConfig.from_hf_config(dict(hf, use_sliding_window=False, sliding_window=8))   # off: fine
     ModelConfig.from_hf_config(dict(hf, layer_types=["full_attention"] * hf["num_hidden_layers"]))
 

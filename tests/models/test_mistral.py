@@ -69,6 +69,7 @@ def test_window_rules_of_the_config(tmp_path):
     assert ModelConfig.from_hf_config(dict(base, sliding_window=4096)).max_position_embeddings == 64   # >= context
     assert ModelConfig.from_hf_config(dict(base, sliding_window=32)).max_position_embeddings == 32
     n = base["num_hidden_layers"]
-    mixed = ["sliding_attention"] + ["full_attention"] * (n - 1)
-    with pytest.raises(ConfigError, match="sliding-window"):   # some layers only: not servable as full attention
-        ModelConfig.from_hf_config(dict(base, sliding_window=32, layer_types=mixed))
+    mixed = ["sliding_attention"] + ["full_attention"] * (n - 1)   # some layers only: the same cap
+    assert ModelConfig.from_hf_config(dict(base, sliding_window=32, layer_types=mixed)).max_position_embeddings == 32
+    with pytest.raises(ConfigError, match="no sliding_window"):
+        ModelConfig.from_hf_config(dict(base, sliding_window=None, layer_types=mixed))
