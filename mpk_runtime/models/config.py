@@ -230,11 +230,10 @@ class ModelConfig:
                     high_freq_factor=float(rs["high_freq_factor"]),
                     original_max_position_embeddings=int(rs["original_max_position_embeddings"]))
             elif rtype == "yarn":   # transformers' defaults: the original context = max_position_embeddings,
-                hf_max = int(hf.get("max_position_embeddings", 8192))                 # factor = their ratio
-                orig = int(rs.get("original_max_position_embeddings") or hf_max)
+                orig = int(rs.get("original_max_position_embeddings") or max_pos)      # factor = their ratio
                 opt = lambda k: None if rs.get(k) is None else float(rs[k])  # noqa: E731
                 rope_scaling = RopeScaling(
-                    factor=float(rs.get("factor") or hf_max / orig), original_max_position_embeddings=orig,
+                    factor=float(rs.get("factor") or max_pos / orig), original_max_position_embeddings=orig,
                     rope_type="yarn", beta_fast=float(rs.get("beta_fast") or 32), beta_slow=float(rs.get("beta_slow") or 1),
                     yarn_attention_factor=opt("attention_factor"), mscale=opt("mscale"),
                     mscale_all_dim=opt("mscale_all_dim"), truncate=bool(rs.get("truncate", True)))

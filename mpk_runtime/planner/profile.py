@@ -9,6 +9,7 @@ import bisect
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 _DIR = os.path.join(os.path.dirname(__file__), "profiles")
@@ -355,8 +356,9 @@ def card_mismatch(profile_name: str, device_name: str) -> str | None:
     is an H200's), else None. The planner's prices are that card's. Its choices have held on an H100 (h200_v56 on the
     46 plans sessions 54 / 56 measured there: the fastest chosen at 8 of 8 points), its times not (step MAPE 16%: the
     H100 streams 3.06 TB/s against the H200's 4.55)."""
-    card = os.path.basename(profile_name).split("_")[0].upper()
-    if not card or card.lower() in ("seeded", "test") or card in device_name.upper():
+    m = re.match(r"([a-z]\d{2,4})(_|\.json$|$)", os.path.basename(profile_name).lower())
+    card = m.group(1).upper() if m else ""   # a name that does not start with a card says nothing about it
+    if not card or card in device_name.upper():
         return None
     return (f"planning with profile {profile_name} (measured on an {card}) on {device_name}: the plans' predicted times "
             f"are the {card}'s; measure this card's profile (scripts/profile_hw.py, docs/planner.md) and set "

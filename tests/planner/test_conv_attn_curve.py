@@ -270,3 +270,5 @@ def test_a_gpu_that_is_not_the_profiles_card_is_named():
     msg = card_mismatch("h200_v56", "NVIDIA H100 80GB HBM3")
     assert "H200" in msg and "NVIDIA H100 80GB HBM3" in msg and "MPK_PLANNER_PROFILE" in msg
     assert card_mismatch("/tmp/x/h100_measured.json", "NVIDIA H100 80GB HBM3") is None
+    assert card_mismatch("h200.json", "NVIDIA H100 80GB HBM3") is not None
+    assert card_mismatch("/tmp/x/measured.json", "NVIDIA H100 80GB HBM3") is None   # no card in the name
