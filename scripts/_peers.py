@@ -68,16 +68,22 @@ class GptFast(torch.nn.Module):
                 w13 = torch.cat([w13[i0:i1], w13[I + i0:I + i1]])
                 w2 = w2[:, i0:i1].contiguous()
                 kc, vc = kc[:, k0:k1].contiguous(), vc[:, k0:k1].contiguous()
-            self.layers.append(dict(wqkv=wqkv, wo=wo, w13=w13, w2=w2, n1=one(D), n2=one(D), qn=one(hd), kn=one(hd),
-                                    kc=kc, vc=vc))
+            bqkv = None
+            if cfg.qkv_bias:   # (Qwen2) the projections' biases, sliced as the weights' rows
+                bqkv = r((H + 2 * KV) * hd)
+                if tp > 1:
+                    bq, bk, bv = bqkv.split([H * hd, KV * hd, KV * hd])
+                    bqkv = torch.cat([bq[q0 * hd:q1 * hd], bk[k0 * hd:k1 * hd], bv[k0 * hd:k1 * hd]])
+            self.layers.append(dict(wqkv=wqkv, bqkv=bqkv, wo=wo, w13=w13, w2=w2, n1=one(D), n2=one(D), qn=one(hd),
+                                    kn=one(hd), kc=kc, vc=vc))
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, device=device).float() / hd))
         f = torch.outer(torch.arange(max_ctx, device=device).float(), inv)
         self.cos, self.sin = f.cos(), f.sin()
 
     def weight_bytes(self) -> int:
         """Weights streamed per step by this rank (the gathered embedding table excluded)."""
-        keys = ("wqkv", "wo", "w13", "w2", "n1", "n2") + (("qn", "kn") if self.qk_norm else ())
-        n = sum(lyr[k].numel() * lyr[k].element_size() for lyr in self.layers for k in keys)
+        keys = ("wqkv", "bqkv", "wo", "w13", "w2", "n1", "n2") + (("qn", "kn") if self.qk_norm else ())
+        n = sum(lyr[k].numel() * lyr[k].element_size() for lyr in self.layers for k in keys if lyr[k] is not None)
         return n + (self.norm.numel() + self.lm.numel()) * self.lm.element_size()
 
     def rope(self, x, pos):
@@ -94,7 +100,7 @@ class GptFast(torch.nn.Module):
         x = self.emb[tok]                                  # (B, 1, D)
         for lyr in self.layers:
             h = F.rms_norm(x, (x.shape[-1],), lyr["n1"], self.eps)
-            q, k, v = F.linear(h, lyr["wqkv"]).split([self.h * self.hd, self.kv * self.hd, self.kv * self.hd], -1)
+            q, k, v = F.linear(h, lyr["wqkv"], lyr["bqkv"]).split([self.h * self.hd, self.kv * self.hd, self.kv * self.hd], -1)
             q, k = q.view(B, 1, self.h, self.hd), k.view(B, 1, self.kv, self.hd)
             if self.qk_norm:
                 q, k = F.rms_norm(q, (self.hd,), lyr["qn"], self.eps), F.rms_norm(k, (self.hd,), lyr["kn"], self.eps)
@@ -182,13 +188,13 @@ def hf_prefill(m, cache, ids, max_tokens=65536):
 
 def hf_model(cfg, max_positions: int, device="cuda", dtype=torch.bfloat16):
     """An HF transformers model of cfg's shape (random weights: the peers are timed, not compared) and its config."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
     common = dict(hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                   num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
                   num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, vocab_size=cfg.vocab_size,
                   tie_word_embeddings=cfg.tie_word_embeddings, max_position_embeddings=max_positions,
                   rope_theta=cfg.rope_theta)
-    hcfg = (Qwen3Config if cfg.family == "qwen3" else LlamaConfig)(**common)
+    hcfg = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[cfg.family](**common)
     with torch.device(device):
         m = AutoModelForCausalLM.from_config(hcfg, torch_dtype=dtype)
     return m.eval(), hcfg

@@ -21,7 +21,7 @@ from mpk_runtime.codegen import nvcc  # noqa: E402
 
 VARIANTS = ("-DMPK_ATT_WARP_PIPE=0", "-DMPK_ATT_STAGES=3", "-DMPK_AR_LL=1", "-DMPK_STAGE_WORDS=12",
             "-DMPK_ATT_PV_SPLIT=0", "-DMPK_ATT_DIAG_L2=1",
-            "-DMPK_PDL=1", "-DMPK_ATT_QKNORM=1",
+            "-DMPK_PDL=1", "-DMPK_ATT_QKNORM=1", "-DMPK_QKV_BIAS=1",   # (Qwen2's build: q / k / v biases)
             "-DMPK_STAGE_WORDS=12 -DMPK_ATT_QKNORM=1",   # qwen3's stage-stamp build (gpu_pending.sh stamps)
             "-DMPK_STAGE_WORDS=16", "-DMPK_STAGE_WORDS=16 -DMPK_ATT_QKNORM=1")   # + the merge's stamps 10-12 (STAMP_K=16)
 

@@ -25,8 +25,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 def hf_model(cfg: ModelConfig, weights, dtype):
     import transformers
     hc = cfg.to_hf_config()
-    cls = transformers.LlamaForCausalLM if cfg.family == "llama" else transformers.Qwen3ForCausalLM
-    conf_cls = transformers.LlamaConfig if cfg.family == "llama" else transformers.Qwen3Config
+    arch = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[cfg.family]
+    cls, conf_cls = getattr(transformers, f"{arch}ForCausalLM"), getattr(transformers, f"{arch}Config")
     hc = {k: v for k, v in hc.items() if k not in ("architectures", "model_type", "torch_dtype")}
     with torch.device("meta"):
         m = cls(conf_cls(**hc))

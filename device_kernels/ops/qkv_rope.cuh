@@ -8,6 +8,17 @@
 
 namespace mpk {
 
+// (Qwen2) the bias of a part's rows added to one row's rounded product and rounded again, bf16(bf16(x W^T) + b) as
+// torch's y + b (a warp: lanes over the nr pairs). Only in a -DMPK_QKV_BIAS=1 build: the default build is at its
+// register limit (the branch alone spills a few bytes), and a model without biases never needs it; not inlined: inlined
+// here or in the rounding loop above, the bias build spills (8-100 bytes), called it does not.
+__device__ __noinline__ void add_row_bias(float* y0, float* y1, int nr, int lane, const bf16* b0, const bf16* b1) {
+  for (int i = lane; i < nr; i += 32) {
+    y0[i] = bf(y0[i] + w_bf16(b0 + i));
+    y1[i] = bf(y1[i] + w_bf16(b1 + i));
+  }
+}
+
 __device__ inline void op_qkv_rope(const Ctx& c) {
   const int64_t* a = c.rec;
   const bf16* x = ptr<const bf16>(a[A_QKV_ROPE_X]);
@@ -47,6 +58,13 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
       const int64_t pos = seq_pos(c, row);
       float* y0 = y0s + m * nr;
       float* y1 = y1s + m * nr;
+#if MPK_QKV_BIAS   // (Qwen2's build: the packer's needs) + the head's bias, before norm / rope
+      if (a[A_QKV_ROPE_BIAS] != 0) {
+        const bf16* hb = ptr<const bf16>(a[A_QKV_ROPE_BIAS]);
+        add_row_bias(y0, y1, nr, lane, hb + r0, hb + h2 + r0);
+        __syncwarp();
+      }
+#endif
       if (which == WHICH_Q || which == WHICH_K) {
         if (hn != nullptr) {  // whole head here (nr == h2): y0 = rows [0, h2), y1 = rows [h2, D)
           float ss = 0.f;

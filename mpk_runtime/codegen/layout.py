@@ -38,8 +38,9 @@ OP_ARGS: dict[str, list[str]] = {
     # head*D) -> [q/k norm: nr == D/2] -> rope (pairs r0..r0+nr-1) -> q or paged cache
     # which "raw" (a normed head's part): only the bf16 projection rows, to q = qk_raw (row stride ldq) at the
     # head's column block, no norm / rope
+    # bias: the head's (D,) bf16 bias (Qwen2), added to the rounded product before norm / rope; 0 = none
     "qkv_rope": ["x", "norm", "w", "head_norm", "q", "ldq", "cache", "which", "head", "m", "k", "d", "eps",
-                 "n_kv", "r0", "nr", "kslices"],
+                 "n_kv", "r0", "nr", "kslices", "bias"],
     # whole normed heads of qk_raw: q heads [qh0, qh0+nqh) (raw column block qh)
     # and k heads [kh0, kh0+nkh) (block nq + kh) -> q-/k-norm -> rope -> q or the paged k cache
     "qk_norm_rope": ["raw", "ldraw", "q_norm", "k_norm", "q", "ldq", "cache", "m", "d", "eps", "n_kv", "nq", "qh0",

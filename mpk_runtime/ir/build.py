@@ -1,7 +1,7 @@
 """Build the Graph of one step for one TP rank from a ModelConfig.
 
 Op sequence per layer (the fused units the megakernel runs; TP>1 adds the all-reduces):
-    qkv_rope   RMSNorm + Q/K/V projections + (Qwen3) q/k-norm + RoPE + KV-cache append     -> q
+    qkv_rope   RMSNorm + Q/K/V projections (+ Qwen2 biases) + (Qwen3) q/k-norm + RoPE + KV append -> q
     attention  causal GQA attention over the paged cache, split-KV partials + merge          -> attn
     linear     o_proj (+ residual when tp == 1; else pushes partial sums to every rank)      -> h | h_part
     allreduce  (tp > 1) sum of the ranks' partials + residual                               -> h
@@ -86,6 +86,8 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         ln1 = w(p + "input_layernorm.weight", (H,))
         wq, wk, wv = w(p + "self_attn.q_proj.weight", (nq * D, H)), w(p + "self_attn.k_proj.weight", (nkv * D, H)), \
             w(p + "self_attn.v_proj.weight", (nkv * D, H))
+        bq, bk, bv = (w(p + "self_attn.q_proj.bias", (nq * D,)), w(p + "self_attn.k_proj.bias", (nkv * D,)),
+                      w(p + "self_attn.v_proj.bias", (nkv * D,))) if cfg.qkv_bias else (None, None, None)
         qn = w(p + "self_attn.q_norm.weight", (D,)) if cfg.qk_norm else None
         kn = w(p + "self_attn.k_norm.weight", (D,)) if cfg.qk_norm else None
         kc = t(f"L{i}.k_cache", (B, nkv, max_seq_len, D), "kv", layer=i)
@@ -99,8 +101,10 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         # decode: the step's k and v rows (k heads, then v heads), where a conventional qkv_rope leaves them for
         # the attention megakernel to append (ir/defer.py, MPK_KV_DEFER); unused otherwise
         kvn = t(f"L{i}.kv_new", (M, 2 * nkv * D), "act") if mode == "decode" else None
-        add(f"L{i}.qkv_rope", "qkv_rope", [x, ln1, wq, wk, wv] + [n for n in (qn, kn) if n], [q, kc, vc] + [raw] * bool(raw),
-            {"layer": i, "x": x, "norm": ln1, "wq": wq, "wk": wk, "wv": wv, "q_norm": qn, "k_norm": kn,
+        add(f"L{i}.qkv_rope", "qkv_rope", [x, ln1, wq, wk, wv] + [n for n in (bq, bk, bv, qn, kn) if n],
+            [q, kc, vc] + [raw] * bool(raw),
+            {"layer": i, "x": x, "norm": ln1, "wq": wq, "wk": wk, "wv": wv, "bq": bq, "bk": bk, "bv": bv,
+             "q_norm": qn, "k_norm": kn,
              "q": q, "k_cache": kc, "v_cache": vc, "eps": cfg.rms_norm_eps, "n_q": nq, "n_kv": nkv,
              "q_head0": sh.q_heads[0], "kv_head0": sh.kv_heads[0], "qk_raw": raw, "kv_new": kvn},
             n_qkv * H * eb + M * H * eb + M * n_qkv * eb, 2 * M * n_qkv * H)

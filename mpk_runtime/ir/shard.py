@@ -80,10 +80,11 @@ def weight_slice(cfg: ModelConfig, shard: Shard, name: str, shape: tuple[int, ..
     if shard.tp == 1:
         return None
     D = cfg.head_dim
-    if name.endswith("q_proj.weight"):
-        return (slice(shard.q_heads[0] * D, shard.q_heads[1] * D), slice(None))
-    if name.endswith(("k_proj.weight", "v_proj.weight")):
-        return (slice(shard.kv_heads[0] * D, shard.kv_heads[1] * D), slice(None))
+    rest = (slice(None),) * (len(shape) - 1)   # (Qwen2's q / k / v biases: the heads' rows of a vector)
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return (slice(shard.q_heads[0] * D, shard.q_heads[1] * D),) + rest
+    if name.endswith(("k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias")):
+        return (slice(shard.kv_heads[0] * D, shard.kv_heads[1] * D),) + rest
     if name.endswith("o_proj.weight"):
         return (slice(None), slice(shard.q_heads[0] * D, shard.q_heads[1] * D))
     if name.endswith(("gate_proj.weight", "up_proj.weight")):

@@ -1,4 +1,4 @@
-"""Model configurations for the Llama-3.x and Qwen3 dense families.
+"""Model configurations for the Llama-3.x (and Mistral), Qwen2 / Qwen2.5 and Qwen3 dense families.
 
 A `ModelConfig` is a small frozen dataclass: everything later stages need to know about the network's shape.
 Presets are registered by name (`ModelConfig.from_name("qwen3-8b")`); any sane config of the two families works,
@@ -16,7 +16,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FAMILIES = ("llama", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3")
+# the Hugging Face class of each family (config.json "architectures"; model_type is the family's name)
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 class ConfigError(ValueError):
@@ -87,7 +89,7 @@ class RopeScaling:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
-    family: str  # "llama" | "qwen3"
+    family: str  # "llama" | "qwen2" | "qwen3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -128,6 +130,11 @@ class ModelConfig:
         return self.family == "qwen3"
 
     @property
+    def qkv_bias(self) -> bool:
+        """Qwen2 / Qwen2.5 add a bias to the q, k and v projections (before RoPE); no other projection has one."""
+        return self.family == "qwen2"
+
+    @property
     def attn_scale(self) -> float:
         """The attention's softmax scale: head_dim^-1/2, times YaRN's attention factor squared (the factor that
         transformers multiplies q and k by after RoPE, taken in the scores instead: the cache holds k unscaled)."""
@@ -151,6 +158,8 @@ class ModelConfig:
         per_layer = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 3 * h * i + 2 * h
         if self.qk_norm:
             per_layer += 2 * self.head_dim
+        if self.qkv_bias:
+            per_layer += self.q_dim + 2 * self.kv_dim
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
@@ -184,17 +193,21 @@ class ModelConfig:
     @classmethod
     def from_hf_config(cls, hf: dict, name: str | None = None) -> "ModelConfig":
         """Build from a Hugging Face `config.json` dict of a LlamaForCausalLM, MistralForCausalLM (the Llama
-        architecture: family "llama") or Qwen3ForCausalLM."""
+        architecture: family "llama"), Qwen2ForCausalLM (Qwen2 / Qwen2.5: q / k / v biases) or Qwen3ForCausalLM."""
         model_type = hf.get("model_type", "")
         if model_type in ("llama", "mistral"):
             family = "llama"
-        elif model_type == "qwen3":
-            family = "qwen3"
+        elif model_type in ("qwen2", "qwen3"):
+            family = model_type
         else:
             raise ConfigError(f"model_type {model_type!r} is not supported; supported: 'llama' (Llama-3.x), "
-                              "'mistral' (Mistral dense, the Llama architecture), 'qwen3' (Qwen3 dense)")
-        if hf.get("attention_bias") or hf.get("mlp_bias"):
-            raise ConfigError("attention_bias / mlp_bias models are not supported")
+                              "'mistral' (Mistral dense, the Llama architecture), 'qwen2' (Qwen2 / Qwen2.5 dense), "
+                              "'qwen3' (Qwen3 dense)")
+        if hf.get("mlp_bias") or (family != "qwen2" and hf.get("attention_bias")):
+            # (a Llama attention_bias also biases o_proj; Qwen2's q / k / v biases are its architecture, no flag)
+            raise ConfigError(f"{'mlp_bias' if hf.get('mlp_bias') else 'attention_bias'} is set in this {model_type} "
+                              "config: biases in the o_proj / MLP projections are not supported (only Qwen2's q / k / "
+                              "v biases, model_type 'qwen2')")
         n_layers = int(hf.get("num_hidden_layers", 0))
         window = hf.get("sliding_window")
         other = []
@@ -277,7 +290,7 @@ class ModelConfig:
     def to_hf_config(self) -> dict:
         """The equivalent Hugging Face config.json (used to save seeded models and to build HF references)."""
         d = {
-            "architectures": ["LlamaForCausalLM" if self.family == "llama" else "Qwen3ForCausalLM"],
+            "architectures": [HF_ARCHITECTURES[self.family]],
             "model_type": self.family,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -294,6 +307,9 @@ class ModelConfig:
             "attention_bias": False,
             "torch_dtype": self.dtype,
         }
+        if self.family == "qwen2":   # (its q / k / v biases are the architecture; no sliding window)
+            del d["attention_bias"]
+            d["use_sliding_window"] = False
         if self.rope_scaling is not None:
             d["rope_scaling"] = self.rope_scaling.hf_dict()
         return d
@@ -338,6 +354,13 @@ def _qwen3(name, h, i, L, nh, nkv, tie, vocab=151936, maxpos=40960) -> ModelConf
                        tie_word_embeddings=tie)
 
 
+def _qwen2(name, h, i, L, nh, nkv, tie, vocab=151936, maxpos=32768) -> ModelConfig:
+    return ModelConfig(name=name, family="qwen2", vocab_size=vocab, hidden_size=h, intermediate_size=i,
+                       num_layers=L, num_heads=nh, num_kv_heads=nkv, head_dim=h // nh, rms_norm_eps=1e-6,
+                       rope_theta=1000000.0, rope_scaling=None, max_position_embeddings=maxpos,
+                       tie_word_embeddings=tie)
+
+
 PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
     _llama("llama-3.2-1b", 2048, 8192, 16, 32, 8, 64, True, _L32),
     _llama("llama-3.2-3b", 3072, 8192, 28, 24, 8, 128, True, _L32),
@@ -349,6 +372,10 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
     _qwen3("qwen3-8b", 4096, 12288, 36, 32, 8, False),
     _qwen3("qwen3-14b", 5120, 17408, 40, 40, 8, False),
     _qwen3("qwen3-32b", 5120, 25600, 64, 64, 8, False),
+    # Qwen2.5 (Qwen2's architecture): GQA groups of 7 (0.5b / 7b) and 6 (1.5b)
+    _qwen2("qwen2.5-0.5b", 896, 4864, 24, 14, 2, True),
+    _qwen2("qwen2.5-1.5b", 1536, 8960, 28, 12, 2, True),
+    _qwen2("qwen2.5-7b", 3584, 18944, 28, 28, 4, False, vocab=152064),
     # Tiny configs for tests and the demo: same code paths, seconds on a CPU.
     ModelConfig(name="tiny-llama", family="llama", vocab_size=512, hidden_size=128, intermediate_size=352,
                 num_layers=2, num_heads=8, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=500000.0,
@@ -363,6 +390,10 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
     ModelConfig(name="tiny-llama-g8", family="llama", vocab_size=512, hidden_size=256, intermediate_size=512,
                 num_layers=2, num_heads=32, num_kv_heads=8, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
                 rope_scaling=None, max_position_embeddings=4096, tie_word_embeddings=True),
+    # Qwen2's q / k / v biases, with a GQA group of 3 (not a power of two, as Qwen2.5's 7 and 6)
+    ModelConfig(name="tiny-qwen2", family="qwen2", vocab_size=576, hidden_size=192, intermediate_size=320,
+                num_layers=2, num_heads=6, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                max_position_embeddings=1024, tie_word_embeddings=True),
     # qwen3-8b's head dim (128) and GQA group (4) at test size: the code paths of 128-wide heads (the megakernel's
     # narrow attention passes for them, tasks/tiling.py attn_wide)
     ModelConfig(name="tiny-qwen3-d128", family="qwen3", vocab_size=640, hidden_size=256, intermediate_size=512,

@@ -89,6 +89,12 @@ class ReferenceModel:
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return KVCache.empty(self.cfg, batch, max_len, self.dtype, self.device)
 
+    def _proj(self, h: torch.Tensor, name: str) -> torch.Tensor:
+        """h @ W.T, plus the bias where the model has one (Qwen2's q / k / v), added to the rounded product."""
+        y = h @ self.w[name + ".weight"].T
+        b = self.w.get(name + ".bias")
+        return y if b is None else y + b
+
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, start_pos: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """tokens (B, T) int64 at positions start_pos[b] + t; returns logits (B, T, V) fp32.
@@ -111,9 +117,10 @@ class ReferenceModel:
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-            q = (h @ w[p + "self_attn.q_proj.weight"].T).view(B, T, nh, D).transpose(1, 2)  # (B, nh, T, D)
-            k = (h @ w[p + "self_attn.k_proj.weight"].T).view(B, T, nkv, D).transpose(1, 2)
-            v = (h @ w[p + "self_attn.v_proj.weight"].T).view(B, T, nkv, D).transpose(1, 2)
+            q, k, v = (self._proj(h, p + f"self_attn.{n}_proj") for n in "qkv")
+            q = q.view(B, T, nh, D).transpose(1, 2)  # (B, nh, T, D)
+            k = k.view(B, T, nkv, D).transpose(1, 2)
+            v = v.view(B, T, nkv, D).transpose(1, 2)
             if cfg.qk_norm:
                 q = rms_norm(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
                 k = rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps)

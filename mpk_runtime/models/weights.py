@@ -43,6 +43,10 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "self_attn.k_proj.weight"] = (cfg.kv_dim, h)
         shapes[p + "self_attn.v_proj.weight"] = (cfg.kv_dim, h)
         shapes[p + "self_attn.o_proj.weight"] = (h, cfg.q_dim)
+        if cfg.qkv_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (cfg.q_dim,)
+            shapes[p + "self_attn.k_proj.bias"] = (cfg.kv_dim,)
+            shapes[p + "self_attn.v_proj.bias"] = (cfg.kv_dim,)
         if cfg.qk_norm:
             shapes[p + "self_attn.q_norm.weight"] = (hd,)
             shapes[p + "self_attn.k_norm.weight"] = (hd,)
@@ -70,7 +74,9 @@ def random_weights(cfg: ModelConfig, seed: int = 0, dtype: str | torch.dtype | N
     for k, (name, shape) in enumerate(sorted(weight_shapes(cfg).items())):
         g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + k)
         t = torch.randn(shape, generator=g, device=device)
-        if len(shape) == 1:
+        if name.endswith(".bias"):
+            t = t.mul_(0.5)   # (Qwen2's q / k / v biases: O(1) against projections of O(1) rows)
+        elif len(shape) == 1:
             t = t.mul_(0.1).add_(1.0)
         elif name.endswith("embed_tokens.weight"):
             t = t.mul_(std)  # small, as HF initialises it: the first RMSNorm rescales, and a tied LM head
@@ -131,7 +137,8 @@ def load_weights(path: str, cfg: ModelConfig, dtype: str | torch.dtype | None = 
             (m := re.match(r"model\.layers\.(\d+)\.", n)) and int(m.group(1)) >= cfg.num_layers)))
         if stray:
             raise WeightError(f"{len(stray)} tensors in {path} are not part of config {cfg.name!r}, e.g. {stray[:3]}; "
-                              f"config.json says {cfg.num_layers} layers and no biases: fix config.json to match "
+                              f"config.json says {cfg.num_layers} layers and "
+                              f"{'biases in q / k / v only' if cfg.qkv_bias else 'no biases'}: fix config.json to match "
                               "the checkpoint (or the model is an architecture this runtime does not run)")
     missing = [n for n in wanted if n not in files]
     if missing:

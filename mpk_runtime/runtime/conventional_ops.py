@@ -55,6 +55,17 @@ def _wt_cat(cache: dict, mem, names: list[str]) -> torch.Tensor | None:
     return ent[1]
 
 
+def _bias_cat(cache: dict, mem, names: list[str]) -> torch.Tensor:
+    """The biases `names` concatenated (one add for a q/k/v matmul's whole output), made once per executor."""
+    const = cache.setdefault("const", {})
+    bs = [mem.t(n) for n in names]
+    key = ("bias", *names)
+    ent = const.get(key)
+    if ent is None or any(a is not b for a, b in zip(ent[0], bs)):
+        ent = const[key] = (bs, torch.cat(bs))
+    return ent[1]
+
+
 def _rows(cache: dict, ctx) -> torch.Tensor:
     """Absolute position of every row of the step (row_positions), once per step."""
     if "pos" not in cache:
@@ -185,8 +196,8 @@ def _append_kv(k, v, kc, vc, slots) -> None:
 
 
 def qkv_rope(op, mem, ctx, cache) -> None:
-    """All heads at once, the task kernels' numerics: RMSNorm, the q/k/v projections, (Qwen3) per-head q/k
-    RMSNorm, RoPE, q written, k/v appended to the paged cache. q and k heads are stacked as (M, n_q + n_kv, D)
+    """All heads at once, the task kernels' numerics: RMSNorm, the q/k/v projections (+ Qwen2's biases), (Qwen3)
+    per-head q/k RMSNorm, RoPE, q written, k/v appended to the paged cache. q and k heads are stacked as (M, n_q + n_kv, D)
     so the per-head norm statistics and RoPE run once for both (per-row reductions over D and elementwise ops:
     the same values as per tensor); at batch 1 the projections write straight into that stack."""
     a = op.attrs
@@ -218,6 +229,14 @@ def qkv_rope(op, mem, ctx, cache) -> None:
             qk = torch.cat(((xn @ wq).view(M, nq, D), (xn @ wk).view(M, nkv, D)), 1)
     if yv is None:
         yv = (xn @ wv).view(M, nkv, D)
+    if a.get("bq") is not None:   # (Qwen2) the biases, added to the rounded products in place (the tasks' numerics)
+        if wqkv is not None:
+            out.add_(_bias_cat(cache, mem, [a["bq"], a["bk"], a["bv"]]))
+        else:
+            bq, bk = mem.t(a["bq"]).view(nq, D), mem.t(a["bk"]).view(nkv, D)
+            (qr if fused_tail else qk[:, :nq]).add_(bq)
+            (kr if fused_tail else qk[:, nq:]).add_(bk)
+            yv.add_(mem.t(a["bv"]).view(nkv, D))
     if a.get("kv_defer"):   # the attention megakernel appends them (ir/defer.py): k and v rows into kv_new
         kv = mem.t(a["kv_new"]).view(M, 2, nkv, D)
         if fused_tail:

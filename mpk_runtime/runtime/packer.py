@@ -248,7 +248,12 @@ class TaskPacker:
         dst, head = q, h
         if p.get("raw") is not None:   # a normed head's part: projection rows to its column block of qk_raw
             dst, head, which, cache = self.mem.t(p["raw"]), p["raw_slot"], "raw", None
+        bias = self.mem.t(p["bias"]) if p.get("bias") is not None else None   # (Qwen2) this head's D values
+        if bias is not None:
+            self.needs["MPK_QKV_BIAS"] = ("qkv_rope tasks of a model with q / k / v biases (Qwen2)",
+                                          "drop -DMPK_QKV_BIAS=0 from MPK_NVCC_DEFINES")
         return dict(x=x.data_ptr(), norm=self._t(p["norm"]), w=w.data_ptr() + h * D * K * w.element_size(),
+                    bias=0 if bias is None else bias.data_ptr() + h * D * bias.element_size(),
                     head_norm=self._t(p["head_norm"]), q=dst.data_ptr(), ldq=dst.shape[1],
                     cache=cache.data_ptr() if cache is not None else 0, which=L.WHICH.index(which), head=head, m=M,
                     k=K, d=D, eps=f32_bits(p["eps"]), n_kv=(cache.shape[2] if cache is not None else 0), r0=r0, nr=nr,

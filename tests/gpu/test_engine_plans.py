@@ -300,3 +300,15 @@ def test_yarn_scaled_model_matches_reference(family, tmp_path):
     book = plan_book(load_config(str(tmp_path)), 1, (2, 4), context=256, families=(family,))
     r = _script().forced(str(tmp_path), book, 3, 250, 10)
     assert r["plan"] == family and r["ok"], r
+
+
+@pytest.mark.parametrize("family", ["mono", "attn-mk", "conventional"])
+def test_qwen2_biases_through_each_plan_family(family):
+    """Qwen2's q / k / v biases (tiny-qwen2: GQA 3, tied embeddings) through the one megakernel's qkv_rope tasks, the
+    attention megakernels' deferred appends of rows the conventional projections biased, and the conventional plan,
+    against the reference (which tests/models/test_qwen2.py checks against HF's Qwen2ForCausalLM)."""
+    from mpk_runtime.models.config import load_config
+    from mpk_runtime.planner import plan_book
+    book = plan_book(load_config("tiny-qwen2"), 1, (2, 4), context=256, families=(family,))
+    r = _script().forced("tiny-qwen2", book, 3, 250, 10)
+    assert r["plan"] == family and r["ok"], r

@@ -7,7 +7,7 @@ from tests.gpu.marks import KERNEL
 pytestmark = KERNEL
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3", "tiny-qwen2"])
 @pytest.mark.parametrize("batch", [1, 8])
 def test_megakernel_matches_pyvm(model, batch, gpu_check):
     res = []

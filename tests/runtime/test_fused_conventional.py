@@ -69,7 +69,7 @@ def test_fused_rope_and_projections_are_on_by_default_and_can_be_turned_off(monk
         assert not fn()
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3"])
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3", "tiny-qwen2"])
 @pytest.mark.parametrize("B", [1, 3])
 def test_projections_stored_back_to_back_compute_the_same_step(model, B):
     """MPK_CONV_FUSE_PROJ: with each layer's q/k/v and gate/up weights packed back to back (pack_adjacent), the

@@ -31,7 +31,7 @@ def _run(cfg, tp, family, batch=4, splits=2):
 @pytest.mark.parametrize("model,tp,splits,groups", [("tiny-llama", 1, 2, ""), ("tiny-qwen3", 1, 2, ""),
                                                     ("tiny-qwen3", 2, 2, ""), ("tiny-llama", 1, 1, "2"),
                                                     ("tiny-qwen3", 1, 1, "2"), ("tiny-llama", 1, 8, ""),
-                                                    ("tiny-llama-g8", 1, 1, "8")])
+                                                    ("tiny-llama-g8", 1, 1, "8"), ("tiny-qwen2", 2, 2, "")])
 def test_deferred_appends_match_the_reference_and_the_appending_plan(model, tp, splits, groups, monkeypatch):
     """Two attention splits: only the last chunk's partial appends; 8 splits: more splits than some sequences have
     keys (empty chunks); one split with groups=2: a partial of two KV groups appends both groups' rows. Several

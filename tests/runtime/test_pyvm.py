@@ -61,7 +61,7 @@ def run_steps(grp, lens, tables, ref_logits, toks, backend="pyvm"):
 
 
 CASES = [(c, tp, b) for c in (PRESETS["tiny-llama"], PRESETS["tiny-qwen3"], ODD) for tp in (1, 2, 4) for b in (1, 4)
-         if not (c is ODD and tp == 4)]
+         if not (c is ODD and tp == 4)] + [(PRESETS["tiny-qwen2"], tp, 4) for tp in (1, 2)]   # (Qwen2: q/k/v biases)
 
 
 @pytest.mark.parametrize("cfg,tp,batch", CASES, ids=lambda x: getattr(x, "name", x))
@@ -80,7 +80,7 @@ def test_pyvm_matches_reference_in_random_interleavings(cfg, tp, batch):
 
 
 @pytest.mark.parametrize("cfg,tp,parts", [(PRESETS["tiny-llama"], 1, 2), (PRESETS["tiny-llama"], 2, 2),
-                                           (PRESETS["tiny-qwen3"], 1, 4), (ODD, 1, 3)],
+                                           (PRESETS["tiny-qwen3"], 1, 4), (ODD, 1, 3), (PRESETS["tiny-qwen2"], 2, 2)],
                          ids=lambda x: getattr(x, "name", x))
 def test_qkv_heads_split_by_rope_pairs(cfg, tp, parts):
     """qkv_rope heads cut into RoPE-pair parts. Qwen3's q/k heads, which carry a per-head norm, are split too:

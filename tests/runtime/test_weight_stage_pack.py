@@ -158,3 +158,21 @@ def test_staging_settings_are_not_build_constants():
     from mpk_runtime.codegen import header
     text = header.generate_header()
     assert "STAGE_SMEM" not in text and "STAGE_CAP" not in text and "STAGE_SMEM" not in L.CONSTANTS
+
+
+def test_qwen2_qkv_tasks_carry_their_heads_bias_and_need_the_bias_build():
+    """A qkv_rope task's bias word is the address of its own head's (D,) bias row (q, k or v, by head), and the
+    packer asks for the -DMPK_QKV_BIAS=1 build, which the default (bias-free) graphs never do."""
+    tg, p, tasks = _pack("tiny-qwen2", 2, 0)
+    cfg, _, mem = _rig("tiny-qwen2", 2)
+    D = cfg.head_dim
+    assert "MPK_QKV_BIAS" in p.needs
+    seen = set()
+    for t in tg.tasks:
+        if t.kind != "qkv_rope":
+            continue
+        b = mem.t(f"model.layers.{t.params['layer']}.self_attn.{t.params['which']}_proj.bias")
+        assert int(tasks[t.id][L.arg_index("qkv_rope", "bias")]) == b.data_ptr() + t.params["head"] * D * 2
+        seen.add(t.params["which"])
+    assert seen == {"q", "k", "v"}
+    assert "MPK_QKV_BIAS" not in _pack("tiny-llama", 2, 0)[1].needs

@@ -1,7 +1,7 @@
 """qkv_rope: a head of this rank (q heads, then k heads, then v heads) is cut into `parts` tasks by RoPE pairs.
 
 A task normalises the input rows (RMSNorm, recomputed per task: cheaper than a sync), projects them onto its
-weight rows of the head, applies the Qwen3 per-head q/k RMSNorm and RoPE, and writes q, or appends k / v into
+weight rows of the head (adds Qwen2's bias of those rows), applies the Qwen3 per-head q/k RMSNorm and RoPE, and writes q, or appends k / v into
 the paged KV cache at each row's position. Part [r0, r1) of a head owns pair indices r0..r1-1 of [0, D/2), i.e.
 head rows [r0, r1) and [D/2 + r0, D/2 + r1): RoPE mixes d with d + D/2 only, so it stays local to the task and a
 head's weights stream on several SMs without a reduction. A per-head q/k RMSNorm needs every row of the head:
@@ -27,6 +27,9 @@ def decompose(op, graph, tiling, rank):
     B = graph.batch
     D = graph.config.head_dim
     h2 = D // 2
+    if a.get("bq") is not None and a.get("qk_raw") is not None:
+        raise ValueError(f"{op.name}: q / k / v biases with a per-head q / k norm (qk_raw) are not decomposed: the "
+                         "flat projection tiles and qk_norm_rope add no bias (no model family has both)")
     if a.get("kv_defer"):
         raise ValueError(f"{op.name}: a deferred KV append (ir/defer.py) is for a conventional qkv_rope; its tasks "
                          "append themselves")
@@ -86,7 +89,8 @@ def _head_parts(op, graph, rank, which, n, P, raw, M, B, H, D):
             else:
                 writes = [Region(a[f"{which}_cache"], rank, ((0, B), (h, h + 1)))]
             params = {k: a[k] for k in ("x", "norm", "eps", "q", "k_cache", "v_cache", "layer")}
-            params.update(which=which, head=h, weight=a["w" + which], head_norm=None if to_raw else head_norm,
+            params.update(which=which, head=h, weight=a["w" + which], bias=a.get("b" + which),
+                          head_norm=None if to_raw else head_norm,
                           r0=r0, r1=r1, raw=raw if to_raw else None, raw_slot=slot,
                           k_slices=1 if graph.tp_invariant > 1 else 0)   # see linear.py k_slices
             tasks.append(Task(-1, rank, "qkv_rope", op.name, params,
@@ -161,6 +165,8 @@ def execute(task, mem, ctx):
     rows = part_rows(D, r0, r1)
     xn = rms_norm(x, mem.t(p["norm"]), p["eps"])
     y = xn @ mem.t(p["weight"])[[h * D + r for r in rows]].T  # (M, 2 (r1 - r0)): pairs' first, then second rows
+    if p.get("bias") is not None:              # (Qwen2) added to the rounded product, before norm / RoPE
+        y = y + mem.t(p["bias"])[[h * D + r for r in rows]]
     cols = torch.tensor(rows, device=y.device)
     if p.get("raw") is not None:               # a normed head's part: projection only (qk_norm_rope finishes it)
         mem.t(p["raw"])[:, p["raw_slot"] * D + cols] = y
