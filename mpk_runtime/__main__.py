@@ -21,6 +21,8 @@ def _search(a: argparse.Namespace, cfg) -> int:
           f"validation: planner/band.py)")
     for p in plans[: a.top]:
         print("  " + p.describe())
+    for fam, why in (plans[0].notes.get("infeasible") or {}).items() if plans else ():
+        print(f"  {fam:<14} not a candidate: {why}")
     from .runtime.tp_buckets import plan_families
     fams = plan_families("megakernel", a.tp)
     if fams is not None and plans and plans[0].name not in fams:   # what LLM(backend="megakernel") would run instead

@@ -280,6 +280,13 @@ def linear_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, in
     return 0, cuda_core
 
 
+def qkv_rope_smem(M: int, K: int) -> int:
+    """Shared bytes of a qkv_rope task of M rows and K inputs (qkv_rope.cuh): xs (cc_xrows rows of K bf16), the two
+    fp32 result tiles (ROW_TILE x MAX_HEAD_DIM together at most), the Tensor Core k-slice partials of two weights."""
+    C = CONSTANTS
+    return ((cc_xrows(M) * K * 2 + 15) & ~15) + C["ROW_TILE"] * C["MAX_HEAD_DIM"] * 4 + 2 * 8 * 16 * 8 * 4
+
+
 def linear_passes(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:
     """(rows per pass, passes) of a linear tile: the kernel streams its weight tile once per pass
     (op_linear_tc: passes of tc_rows rows; op_linear: passes of ROW_TILE rows)."""

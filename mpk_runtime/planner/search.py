@@ -9,6 +9,8 @@ Candidates (cut points at op boundaries, in families):
   conventional   every op as conventional kernels (torch ops in a CUDA graph)
 The best predicted plan is chosen; the others are kept (sorted) for validation. Plans whose argmax is conventional also
 carry notes["sampled_us"]: a step with sampled rows (its argmax as a megakernel, PlanExecutor.segments_for).
+A plan whose megakernel segments cannot launch (a task over a CTA's shared memory: feasible.py) is not a candidate; the
+others carry notes["infeasible"] (family -> why).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from ..ir.graph import Graph
 from ..models.config import ModelConfig
 from ..tasks.tiling import Tiling, attn_splits_for
 from .cost import SegmentCoster, conventional_features, conventional_us, price_from_features
+from .feasible import SmemCheck
 from .plan import Plan, Segment
 from .profile import HardwareProfile
 
@@ -91,7 +94,14 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits) ->
     fams = families or ALL_FAMILIES
     plans: list[Plan] = []
 
-    def mk(name: str, parts: list[tuple[str, list[str]]], tiling: Tiling) -> Plan:
+    smem = SmemCheck(graphs, Tiling(num_sms=prof.num_sms))
+    infeasible: dict[str, str] = {}   # family -> why it cannot launch here (feasible.py)
+
+    def mk(name: str, parts: list[tuple[str, list[str]]], tiling: Tiling) -> Plan | None:
+        why = next((w for kind, ops in parts if kind == "megakernel" and (w := smem.problem(ops))), None)
+        if why is not None:
+            infeasible[name] = why
+            return None
         segs = []
         total = 0.0
         gd = defer_kv_appends(g, kv_defer_layers(g, parts))   # the graph the executor will run (MPK_KV_DEFER)
@@ -133,6 +143,12 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits) ->
             plans.append(mk(name, parts, base))
     if "conventional" in fams:
         plans.append(mk("conventional", [("conventional", all_ops)], base))
+    plans = [p for p in plans if p is not None]
+    if not plans:
+        raise ValueError(f"no plan of {', '.join(fams)} can run {cfg.name} at tp={tp} batch={batch}: "
+                         + "; ".join(f"{k}: {v}" for k, v in infeasible.items())
+                         + ". Plans that keep these ops out of megakernels (attn-mk, conventional) can, or a batch "
+                         "below the Tensor Core rows (TC_MIN_M) keeps only its own rows")
     # a step with sampled rows runs a conventional argmax as a megakernel of its own (PlanExecutor.segments_for,
     # world size 1): its price, beside the greedy step's the plans are ranked by
     argmax = [o.name for o in g.ops if o.kind == "argmax"]
@@ -142,6 +158,8 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits) ->
                                      + coster.megakernel_us(argmax, base))
     plans.sort(key=lambda p: p.predicted_us)
     for p in plans:
+        if infeasible:
+            p.notes["infeasible"] = dict(infeasible)
         p.notes["simulations"] = coster.simulations
         p.notes["extrapolated_segments"] = coster.extrapolated
     return plans

@@ -126,9 +126,15 @@ class Megakernel:
         nvcc.check_defines(self.build.flags, needs)
         static = int(self.build.resources.get(L.KERNEL_NAME, {}).get("smem", 0))
         if self.smem + static > L.SMEM_PER_CTA:   # (cuFuncSetAttribute would refuse it with a bare error)
+            need, op, kind = packer.largest
+            fix = (f"{op} keeps its input rows whole in shared memory, too many bytes at this batch: run it outside "
+                   "the megakernel (plan='auto' does: the planner keeps such ops out, planner/feasible.py) or decode "
+                   f"fewer than {L.CONSTANTS['TC_MIN_M']} sequences a step"
+                   if kind in ("linear", "qkv_rope") and need + static > L.SMEM_PER_CTA
+                   else "fewer attention stages or groups (MPK_NVCC_DEFINES, MPK_ATT_GROUPS), a smaller MPK_STAGE_KB, "
+                   "or a lower ROW_TILE")
             raise ValueError(f"megakernel needs {self.smem} B of dynamic + {static} B of static shared memory per CTA "
-                             f"(> {L.SMEM_PER_CTA} B): fewer attention stages or groups (MPK_NVCC_DEFINES, "
-                             f"MPK_ATT_GROUPS), a smaller MPK_STAGE_KB, or a lower ROW_TILE")
+                             f"(> {L.SMEM_PER_CTA} B; its largest task, {op} ({kind}), {need} B): {fix}")
         self._load()
 
     def _write_params(self):

@@ -87,6 +87,8 @@ class TaskPacker:
         self._peer_arrays: dict[str, torch.Tensor] = {}   # keep alive
         self.smem = 0
         self._task_need = 0     # the shared bytes of the task being packed (its op's layout)
+        self.largest = (0, "", "")   # (shared bytes, op, kind) of the task that needs the most (error messages)
+        self.task_smem: dict[int, int] = {}   # task -> its op layout's shared bytes (planner/feasible.py mirrors them)
         # build defines the packed tasks need ({name: (what needs it, how to get it)}): Megakernel builds with them
         # (nvcc.build(needs=...)) and checks the build it launches (nvcc.check_defines)
         self.needs: dict[str, tuple[str, str]] = {}
@@ -160,6 +162,9 @@ class TaskPacker:
             for j, (a, nb) in enumerate(ranges[:2]):
                 self.prefetch[t.id, 2 * j], self.prefetch[t.id, 2 * j + 1] = int(a), int(nb)
             cands.append((t, args, ranges, self._task_need))
+            self.task_smem[t.id] = self._task_need
+            if self._task_need > self.largest[0]:
+                self.largest = (self._task_need, t.op, t.kind)
         # second pass: the staging budget may depend on every task's layout (STAGE_AUTO)
         budget = self.smem if self.stage_smem == L.STAGE_AUTO else self.stage_smem
         for t, args, ranges, need in cands:
@@ -239,11 +244,7 @@ class TaskPacker:
         nr = p.get("r1", D // 2) - r0
         assert D % 2 == 0 and 0 <= r0 and nr > 0 and r0 + nr <= D // 2
         assert p["head_norm"] is None or nr == D // 2, "a per-head q/k norm needs the whole head in one task"
-        rt, dm = L.CONSTANTS["ROW_TILE"], L.CONSTANTS["MAX_HEAD_DIM"]
-        xr = L.cc_xrows(M)
-        # qkv_rope.cuh: xs (cc_xrows rows), the two fp32 result tiles (ROW_TILE x nr each, <= ROW_TILE x MAX_HEAD_DIM together),
-        # the Tensor Core k-slice partials of two weights (8 x 16 x 8 fp32 each)
-        self._need(((xr * K * 2 + 15) & ~15) + rt * dm * 4 + 2 * 8 * 16 * 8 * 4)
+        self._need(L.qkv_rope_smem(M, K))
         _check_kslices(p.get("k_slices", 0), nr)
         dst, head = q, h
         if p.get("raw") is not None:   # a normed head's part: projection rows to its column block of qk_raw
