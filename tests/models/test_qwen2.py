@@ -111,3 +111,15 @@ def test_a_missing_bias_file_is_named(tmp_path):
     cfg = load_config(str(tmp_path))
     with pytest.raises(ValueError, match="v_proj.bias"):
         load_weights(str(tmp_path), cfg)
+
+
+def test_the_published_qwen25_7b_config_is_the_preset():
+    """Qwen2.5-7B-Instruct's config.json as published (sliding_window set, use_sliding_window false: full attention
+    in every layer, no cap) reads as the qwen2.5-7b preset."""
+    hf = {"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+          "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+          "intermediate_size": 18944, "max_position_embeddings": 32768, "max_window_layers": 28, "model_type": "qwen2",
+          "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+          "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+          "transformers_version": "4.43.1", "use_cache": True, "use_sliding_window": False, "vocab_size": 152064}
+    assert ModelConfig.from_hf_config(hf, name="qwen2.5-7b") == ModelConfig.from_name("qwen2.5-7b")
