@@ -144,7 +144,7 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits) ->
     if "conventional" in fams:
         plans.append(mk("conventional", [("conventional", all_ops)], base))
     plans = [p for p in plans if p is not None]
-    if not plans:
+    if not plans and infeasible:   # (families the model cannot have at all: none built, the caller says so)
         raise ValueError(f"no plan of {', '.join(fams)} can run {cfg.name} at tp={tp} batch={batch}: "
                          + "; ".join(f"{k}: {v}" for k, v in infeasible.items())
                          + ". Plans that keep these ops out of megakernels (attn-mk, conventional) can, or a batch "

@@ -197,9 +197,9 @@ def _append_kv(k, v, kc, vc, slots) -> None:
 
 def qkv_rope(op, mem, ctx, cache) -> None:
     """All heads at once, the task kernels' numerics: RMSNorm, the q/k/v projections (+ Qwen2's biases), (Qwen3)
-    per-head q/k RMSNorm, RoPE, q written, k/v appended to the paged cache. q and k heads are stacked as (M, n_q + n_kv, D)
-    so the per-head norm statistics and RoPE run once for both (per-row reductions over D and elementwise ops:
-    the same values as per tensor); at batch 1 the projections write straight into that stack."""
+    per-head q/k RMSNorm, RoPE, q written, k/v appended to the paged cache. q and k heads are stacked as
+    (M, n_q + n_kv, D) so the per-head norm statistics and RoPE run once for both (per-row reductions over D and
+    elementwise ops: the same values as per tensor); at batch 1 the projections write straight into that stack."""
     a = op.attrs
     D = ctx.config.head_dim
     nq, nkv = a["n_q"], a["n_kv"]

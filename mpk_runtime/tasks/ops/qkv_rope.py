@@ -1,8 +1,8 @@
 """qkv_rope: a head of this rank (q heads, then k heads, then v heads) is cut into `parts` tasks by RoPE pairs.
 
 A task normalises the input rows (RMSNorm, recomputed per task: cheaper than a sync), projects them onto its
-weight rows of the head (adds Qwen2's bias of those rows), applies the Qwen3 per-head q/k RMSNorm and RoPE, and writes q, or appends k / v into
-the paged KV cache at each row's position. Part [r0, r1) of a head owns pair indices r0..r1-1 of [0, D/2), i.e.
+weight rows of the head (adding Qwen2's bias of those rows), applies the Qwen3 per-head q/k RMSNorm and RoPE, and
+writes q, or appends k / v into the paged KV cache at each row's position. Part [r0, r1) of a head owns pair indices r0..r1-1 of [0, D/2), i.e.
 head rows [r0, r1) and [D/2 + r0, D/2 + r1): RoPE mixes d with d + D/2 only, so it stays local to the task and a
 head's weights stream on several SMs without a reduction. A per-head q/k RMSNorm needs every row of the head:
 those heads are split like the others when the op has a `qk_raw` activation: their parts write the bf16
