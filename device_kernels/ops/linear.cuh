@@ -188,7 +188,7 @@ __host__ __device__ __forceinline__ int tc_kslices(int ntn, bool two, int R, int
 template <bool TWO, int MT8>
 __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
                                          int n0, int n1, int kseg, int kslices, int red_cap, float* y0s,
-                                         float* y1s, float* red) {
+                                         float* y1s, float* red, int ldw, bool acc) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   const int g = lane >> 2, t = lane & 3;
   const int w = n1 - n0, ntn = (w + 15) / 16, units = TWO ? 2 * ntn : ntn;
@@ -223,8 +223,8 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
       for (int i = 0; i < MT8; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) c0[i][j] = 0.f;
-      const bf16* wa = wt + (int64_t)na * K + kb + 8 * t;
-      const bf16* wb = wt + (int64_t)nb * K + kb + 8 * t;
+      const bf16* wa = wt + (int64_t)na * ldw + kb + 8 * t;
+      const bf16* wb = wt + (int64_t)nb * ldw + kb + 8 * t;
       // stage loads: rounds [rr, rr + H) (zeros past r1, nothing read)
       auto load = [&](int rr, uint4 (&A)[H], uint4 (&B)[H]) {
 #pragma unroll
@@ -266,7 +266,7 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
           const int m = mt * 8 + 2 * t + (j & 1), col = nt * 16 + g + (j >> 1) * 8;
           if (m >= M || col >= w) continue;
           if (wk == 1)
-            ys[m * w + col] = sg == 0 ? c0[mt][j] : ys[m * w + col] + c0[mt][j];
+            ys[m * w + col] = sg == 0 && !acc ? c0[mt][j] : ys[m * w + col] + c0[mt][j];
           else
             red[(int64_t)(u * wk + ks) * BLK + (g + (j >> 1) * 8) * MT8 * 8 + m] = c0[mt][j];
         }
@@ -284,8 +284,8 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
             s1 = q == 0 ? v : s1 + v;
           }
         }
-        y0s[i] = sg == 0 ? s0 : y0s[i] + s0;
-        if (TWO) y1s[i] = sg == 0 ? s1 : y1s[i] + s1;
+        y0s[i] = sg == 0 && !acc ? s0 : y0s[i] + s0;
+        if (TWO) y1s[i] = sg == 0 && !acc ? s1 : y1s[i] + s1;
       }
       __syncthreads();
     }
@@ -297,7 +297,7 @@ __device__ __forceinline__ void linear_tc_t(const bf16* xs, int ldx, int M, int 
 // _pack_qkv_rope): the k-slice count is capped to fit them. Ends with __syncthreads().
 __device__ __noinline__ void linear_tc_rows8(const bf16* xs, int ldx, int M, int K, const bf16* w0, const bf16* w1,
                                              int n0, int n1, int kslices, float* y0s, float* y1s, float* red) {
-  linear_tc_t<true, 1>(xs, ldx, M, K, w0, w1, n0, n1, 1, kslices, 2 * 8, y0s, y1s, red);
+  linear_tc_t<true, 1>(xs, ldx, M, K, w0, w1, n0, n1, 1, kslices, 2 * 8, y0s, y1s, red, K, false);
   __syncthreads();
 }
 
@@ -380,6 +380,21 @@ __device__ inline void op_linear(const Ctx& c) {
   }
 }
 
+// Columns [0, Kc) of M input rows (row m at x + (row_off + m * row_stride) * K: x already offset to the chunk) into
+// xs (row stride ldx), without a norm: one chunk of rows too long for shared memory (op_linear_tc's x chunks). As
+// load_rows_norm: cp.async through L2, one wait, then a barrier.
+__device__ inline void load_rows_chunk(bf16* xs, int ldx, const bf16* x, int M, int Kc, int K, int64_t row_off,
+                                       int64_t row_stride) {
+  const int KV = Kc >> 3;
+  for (int i = threadIdx.x; i < M * KV; i += THREADS) {
+    const int m = i / KV, k8 = i - m * KV;
+    cp_async16(xs + (int64_t)m * ldx + k8 * 8, x + (row_off + m * row_stride) * (int64_t)K + k8 * 8, true);
+  }
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();
+}
+
 // A linear tile on Tensor Cores: passes of tc_rows (8, 16 or 32) rows, each streaming the weights once. Out of
 // line: its registers are allocated apart from the persistent loop's.
 __device__ __noinline__ void op_linear_tc(const Ctx& c) {
@@ -388,10 +403,13 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
   const bf16* w0 = ptr<const bf16>(a[A_LINEAR_W0]);
   const bf16* w1 = ptr<const bf16>(a[A_LINEAR_W1]);
   const int K = (int)a[A_LINEAR_K], n0 = (int)a[A_LINEAR_N0], n1 = (int)a[A_LINEAR_N1];
-  const int M = (int)a[A_LINEAR_M], kseg = (int)a[A_LINEAR_KSEG], rows = (int)a[A_LINEAR_TC_ROWS];
+  const int M = (int)a[A_LINEAR_M], kseg = (int)a[A_LINEAR_KSEG], rows = (int)(a[A_LINEAR_TC_ROWS] & 0xff);
   const int ksl = (int)a[A_LINEAR_KSLICES];
   const bool two = (int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL;
-  const int w = n1 - n0, ldx = K + 8;  // +8: rows start in different banks
+  // x chunks (codegen/layout.py linear_tile): input rows too long for shared memory are held K / xch columns at a
+  // time (no norm, kseg 1), each chunk's products added into the fp32 result tile; 1: whole rows
+  const int xch = max(1, (int)((a[A_LINEAR_TC_ROWS] >> 8) & 0xff)), Kc = K / xch;
+  const int w = n1 - n0, ldx = Kc + 8;  // +8: rows start in different banks
   bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
   float* y0s = linear_ytile(dyn_smem(), rows, ldx);
   float* y1s = y0s + rows * w;
@@ -399,17 +417,28 @@ __device__ __noinline__ void op_linear_tc(const Ctx& c) {
   MPK_STAMP(0);
   for (int g0 = 0; g0 < M; g0 += rows) {
     const int Mg = min(rows, M - g0);
-    load_rows_norm(xs, ldx, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
-                   ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
-    MPK_STAMP(1);
-    if (two) {  // red: sized by codegen/layout.py linear_geometry for tc_kslices' rule (cap 0)
-      if (Mg <= 8) linear_tc_t<true, 1>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
-      else if (Mg <= 16) linear_tc_t<true, 2>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
-      else linear_tc_t<true, 4>(xs, ldx, Mg, K, w0, w1, n0, n1, kseg, ksl, 0, y0s, y1s, red);
-    } else {
-      if (Mg <= 8) linear_tc_t<false, 1>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, 0, y0s, nullptr, red);
-      else if (Mg <= 16) linear_tc_t<false, 2>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, 0, y0s, nullptr, red);
-      else linear_tc_t<false, 4>(xs, ldx, Mg, K, w0, nullptr, n0, n1, kseg, ksl, 0, y0s, nullptr, red);
+    for (int ch = 0; ch < xch; ++ch) {
+      if (xch == 1) {
+        load_rows_norm(xs, ldx, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
+                       ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
+      } else {
+        if (ch > 0) __syncthreads();   // every warp is done reading the previous chunk
+        load_rows_chunk(xs, ldx, x + (int64_t)ch * Kc, Mg, Kc, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE],
+                        a[A_LINEAR_ROW_STRIDE]);
+      }
+      MPK_STAMP(1);
+      const bf16* c0 = w0 + (int64_t)ch * Kc;
+      const bf16* c1 = two ? w1 + (int64_t)ch * Kc : nullptr;
+      const bool acc = ch > 0;
+      if (two) {  // red: sized by codegen/layout.py linear_geometry for tc_kslices' rule (cap 0)
+        if (Mg <= 8) linear_tc_t<true, 1>(xs, ldx, Mg, Kc, c0, c1, n0, n1, kseg, ksl, 0, y0s, y1s, red, K, acc);
+        else if (Mg <= 16) linear_tc_t<true, 2>(xs, ldx, Mg, Kc, c0, c1, n0, n1, kseg, ksl, 0, y0s, y1s, red, K, acc);
+        else linear_tc_t<true, 4>(xs, ldx, Mg, Kc, c0, c1, n0, n1, kseg, ksl, 0, y0s, y1s, red, K, acc);
+      } else {
+        if (Mg <= 8) linear_tc_t<false, 1>(xs, ldx, Mg, Kc, c0, nullptr, n0, n1, kseg, ksl, 0, y0s, nullptr, red, K, acc);
+        else if (Mg <= 16) linear_tc_t<false, 2>(xs, ldx, Mg, Kc, c0, nullptr, n0, n1, kseg, ksl, 0, y0s, nullptr, red, K, acc);
+        else linear_tc_t<false, 4>(xs, ldx, Mg, Kc, c0, nullptr, n0, n1, kseg, ksl, 0, y0s, nullptr, red, K, acc);
+      }
     }
     __syncthreads();
     MPK_STAMP(2);

@@ -60,6 +60,8 @@ OP_ARGS: dict[str, list[str]] = {
     "attn_merge": ["part", "lse", "out", "b", "g", "gs", "d", "nq", "splits"],
     # y[:, n0:n1] = epilogue(norm?(x) @ W[r0+n0 : r0+n1].T) (+ residual); out_kind: OUT_BF16 | OUT_F32 | OUT_PUSH;
     # kslices: Tensor Core warp k-slices per n-tile (0 = auto from the tile width; tasks/ops/linear.py k_slices)
+    # tc_rows: rows per Tensor Core pass (bits 0-7; 0 = CUDA cores) | x chunks << 8 (pack_tc_rows: tiles whose whole
+    # input rows do not fit hold K / chunks columns at a time, layout.linear_tile; 0 or 1 = whole rows)
     "linear": ["x", "w0", "w1", "norm", "residual", "out", "m_in", "k", "n0", "n1", "n", "m", "eps", "epilogue",
                "out_kind", "row_off", "row_stride", "peers", "npeers", "par_stride", "slot", "kseg", "tc_rows", "kslices"],
     # out[:, n0:n1] = residual + sum_r part[parity][r]
@@ -252,8 +254,37 @@ def tc_kslices(ntn: int, nw: int, R: int, kslices: int = 0, cap: int = 0) -> int
     return wk
 
 
-def linear_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:
-    """(tc_rows, shared bytes) of a linear tile of M rows, K inputs, w output columns, nw weights, kseg K
+def pack_tc_rows(rows: int, chunks: int) -> int:
+    """The linear record's tc_rows word: rows per pass (bits 0-7), x chunks (bits 8-15; linear_tile)."""
+    assert 0 <= rows < 256 and 1 <= chunks < 256, (rows, chunks)
+    return rows | (chunks << 8 if chunks > 1 else 0)
+
+
+def linear_geometry(M: int, K: int, w: int, nw: int, kseg: int, norm: bool = False) -> tuple[int, int]:
+    """(tc_rows, shared bytes) of a linear tile: linear_tile without its x chunks."""
+    return linear_tile(M, K, w, nw, kseg, norm)[:2]
+
+
+def linear_tile(M: int, K: int, w: int, nw: int, kseg: int, norm: bool = False) -> tuple[int, int, int]:
+    """(tc_rows, shared bytes, x chunks) of a linear tile. x chunks > 1 where the whole input rows fit no layout (the
+    CUDA-core fallback over a CTA's shared memory: K past ~14k at 8 rows, an MLP down projection of llama-3.1-8b,
+    qwen3-14b, qwen2.5-7b): the Tensor Core tile then holds K / chunks columns of its rows at a time (op_linear_tc
+    loads chunk c, reduces it into the fp32 result, loads the next), streaming each weight row once as before.
+    Only without K segments (kseg 1) and without a norm of the input (`norm`: RMSNorm needs whole rows); chunks
+    divide K into 32-wide rounds; the fewest that fit."""
+    rows, need = _tile_geometry(M, K, w, nw, kseg)
+    if rows or M < CONSTANTS["TC_MIN_M"] or kseg != 1 or norm or need <= ATT_SMEM_MAX:
+        return rows, need, 1
+    for chunks in range(2, K // 32 + 1):
+        if K % (32 * chunks) == 0:
+            r, n = _tile_geometry(M, K // chunks, w, nw, 1)
+            if r:
+                return r, n, chunks
+    return rows, need, 1
+
+
+def _tile_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:
+    """(tc_rows, shared bytes) of a linear tile holding its whole input rows of M rows, K inputs, w output columns, nw weights, kseg K
     segments, as linear.cuh lays it out: xs (xrows, ldx) bf16, the fp32 result tile(s) (rows, w), then (Tensor
     Cores) the k-slice partials `red` in blocks of (16, mt8 * 8) fp32, one per (unit, k-slice) pair: one weight
     8 (ntn * wk <= 8); two weights 2 ntn wk with wk = tc_kslices(ntn, 2, R) (auto: the kslices = 1 of tp_invariant

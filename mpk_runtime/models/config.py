@@ -394,6 +394,11 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
     ModelConfig(name="tiny-qwen2", family="qwen2", vocab_size=576, hidden_size=192, intermediate_size=320,
                 num_layers=2, num_heads=6, num_kv_heads=2, head_dim=32, rms_norm_eps=1e-6, rope_theta=1000000.0,
                 max_position_embeddings=1024, tie_word_embeddings=True),
+    # an MLP reduction as long as llama-3.1-8b's (K = 16384 > 14336): from batch 3 its down projection's input rows
+    # fit a CTA's shared memory only in chunks (codegen/layout.py linear_tile), the path those models take
+    ModelConfig(name="tiny-llama-k16k", family="llama", vocab_size=512, hidden_size=128, intermediate_size=16384,
+                num_layers=2, num_heads=8, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=500000.0,
+                max_position_embeddings=1024, tie_word_embeddings=True),
     # qwen3-8b's head dim (128) and GQA group (4) at test size: the code paths of 128-wide heads (the megakernel's
     # narrow attention passes for them, tasks/tiling.py attn_wide)
     ModelConfig(name="tiny-qwen3-d128", family="qwen3", vocab_size=640, hidden_size=256, intermediate_size=512,

@@ -1,8 +1,9 @@
 """Whether a megakernel segment can launch: the shared memory of its largest task (the packer's layouts, one
-definition in codegen/layout.py) against a CTA's. A linear tile keeps its input rows whole in shared memory (8 rows x
-K bf16 from TC_MIN_M rows on), so a long reduction does not fit from batch 3: the MLP down projection of qwen2.5-7b
-(K = 18944), qwen3-14b / 32b (17408 / 25600) or llama-3.1-70b at tp 2 (14336). Segments holding such an op are not
-candidates at those batches; plans that keep it out of megakernels (attn-mk, conventional) still are."""
+definition in codegen/layout.py) against a CTA's. A linear tile keeps its input rows in shared memory (8 rows x K bf16
+from TC_MIN_M rows on); rows too long for that are held in chunks (layout.linear_tile: the MLP down projections of
+llama-3.1-8b, qwen3-14b / 32b, qwen2.5-7b), but not where the input is normed (RMSNorm needs the whole row) or K is
+reduced in segments (tp_invariant graphs). Segments holding an op that fits no layout are not candidates; plans that
+keep it out of megakernels (attn-mk, conventional) still are."""
 from __future__ import annotations
 
 from ..codegen import layout as L
@@ -20,7 +21,8 @@ def task_smem(task, graph: Graph) -> int:
     if task.kind == "linear":
         K = graph.tensors[p["x"]].shape[1]
         M = graph.tensors[p["out"]].shape[-2]    # (M, N), or a push buffer's (..., M, N)
-        return L.linear_geometry(M, K, p["n1"] - p["n0"], len(p["weights"]), p.get("k_segments", 1))[1]
+        return L.linear_geometry(M, K, p["n1"] - p["n0"], len(p["weights"]), p.get("k_segments", 1),
+                                 bool(p.get("norm")))[1]
     if task.kind == "qkv_rope":
         M, K = graph.tensors[p["x"]].shape
         return L.qkv_rope_smem(M, K)
@@ -54,5 +56,5 @@ class SmemCheck:
                 o = self._op[n]
                 K = self.graph.tensors[o.attrs["x"]].shape[1]
                 return (f"{n} ({o.kind}, K={K}) needs {need} B of shared memory per task, over the {LIMIT} B a CTA has "
-                        f"(its input rows are kept whole)")
+                        f"(its input rows, normed or in K segments, are kept whole)")
         return None

@@ -51,7 +51,7 @@ def linear_shape(t: Task) -> tuple[int, int, int, int, int]:
 
 def linear_passes(t: Task) -> tuple[int, int]:
     """(tc_rows, passes) of a linear task: codegen/layout.linear_geometry, the function the packer calls
-    (TaskPacker._linear_geometry), so the simulator's rows per pass are the kernel's. tc_rows 0 = CUDA cores
+    (layout.linear_tile in the packer), so the simulator's rows per pass are the kernel's. tc_rows 0 = CUDA cores
     (op_linear, ROW_TILE rows per pass). The weight tile is streamed once per pass."""
     M, K, w, nw, kseg = linear_shape(t)
     tc_rows = L.linear_geometry(M, K, w, nw, kseg)[0]

@@ -359,17 +359,12 @@ class TaskPacker:
             out = self.mem.t(p["out"])
             d.update(out=out.data_ptr(), m=out.shape[0], n=out.shape[1],
                      out_kind=L.OUT_KINDS.index("f32" if out.dtype == torch.float32 else "bf16"))
-        d["tc_rows"], need = self._linear_geometry(d["m"], K, p["n1"] - p["n0"], len(wp),
-                                                   d["kseg"])
+        rows, need, chunks = L.linear_tile(d["m"], K, p["n1"] - p["n0"], len(wp), d["kseg"], bool(p["norm"]))
+        d["tc_rows"] = L.pack_tc_rows(rows, chunks)
         _check_kslices(d["kslices"], p["n1"] - p["n0"])
         self._need(need)
         return d
 
-    @staticmethod
-    def _linear_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:
-        """(tc_rows, shared bytes) of a linear tile: codegen/layout.linear_geometry (one definition, also used
-        by the planner's simulator for the rows per pass)."""
-        return L.linear_geometry(M, K, w, nw, kseg)
 
     def _pack_allreduce(self, p):
         base, stride = self._sym(p["part"])

@@ -170,8 +170,7 @@ def test_real_kernel_compiles_without_spills(tmp_path, monkeypatch):
 
 def test_linear_tensor_core_geometry():
     """Which linear tiles run on Tensor Cores and with how many rows per pass (weights stream once per pass)."""
-    from mpk_runtime.runtime.packer import SMEM_BUDGET, TaskPacker
-    geo = TaskPacker._linear_geometry
+    from mpk_runtime.codegen.layout import SMEM_BUDGET, linear_geometry as geo
     assert geo(1, 2048, 16, 1, 1)[0] == 0                     # batch 1: CUDA cores
     assert geo(2, 2048, 16, 1, 1)[0] == 0
     assert geo(8, 2048, 64, 2, 1)[0] == 8                     # gate_up at batch 8: one pass
@@ -244,3 +243,31 @@ def test_pf_cur_kb_sets_the_headers_prefetch_size_and_refuses_bad_values():
     bad = run("lots")
     assert bad.returncode != 0 and "MPK_PF_CUR_KB='lots': expected kilobytes" in bad.stderr
     assert "expected 0-4096 KiB" in run("5000").stderr
+
+
+def test_long_input_rows_in_chunks_only_where_whole_rows_fit_nowhere():
+    """layout.linear_tile: a Tensor Core tile whose whole input rows fit no layout (K past ~14k at 8 rows: the down
+    projections of llama-3.1-8b, qwen3-14b / 32b, qwen2.5-7b) holds them in the fewest chunks of 32-wide rounds that
+    fit; every tile that fits today (every linear op of the presets at batch 1-128 that launches) keeps whole rows."""
+    from mpk_runtime.codegen import layout as L
+    from mpk_runtime.ir.build import build_graph
+    from mpk_runtime.models import PRESETS
+    for K, want in ((14336, 2), (17408, 2), (18944, 2), (25600, 4), (28672, 4)):
+        for M in (3, 8, 32, 128):
+            for w, nw in ((32, 1), (64, 1), (64, 2)):
+                rows, need, chunks = L.linear_tile(M, K, w, nw, 1)
+                assert chunks == want and rows in (8, 16, 32) and need <= L.SMEM_BUDGET, (K, M, w, nw)
+                assert K % (32 * chunks) == 0
+                assert L.linear_geometry(M, K // chunks, w, nw, 1) == (rows, need)
+        assert L.linear_tile(2, K, 32, 1, 1)[2] == 1      # below TC_MIN_M rows: its own rows only, whole
+        assert L.linear_tile(8, K, 32, 1, 2)[2] == 1      # K segments (tp_invariant): no chunks
+    for name, cfg in PRESETS.items():
+        g = build_graph(cfg.replace(num_layers=1), batch=8, context_len=64)
+        for o in g.ops:
+            if o.kind != "linear":
+                continue
+            M, K = g.tensors[o.attrs["out"]].shape[-2], g.tensors[o.attrs["x"]].shape[1]
+            for w in (16, 32, 64, 128):
+                rows, need, chunks = L.linear_tile(M, K, w, len(o.attrs["weights"]), 1)
+                whole = L._tile_geometry(M, K, w, len(o.attrs["weights"]), 1)[1]   # whole input rows
+                assert (chunks > 1) == (whole > L.ATT_SMEM_MAX and M >= L.CONSTANTS["TC_MIN_M"]), (name, o.name, w)

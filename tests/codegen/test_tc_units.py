@@ -114,9 +114,10 @@ def test_units_and_slices_run_once_each(two):
 
 
 def _red_fits(M: int, K: int, w: int, nw: int, kseg: int) -> None:
-    rows, need = L.linear_geometry(M, K, w, nw, kseg)
+    rows, need, chunks = L.linear_tile(M, K, w, nw, kseg)
     if not rows:
         return
+    K //= chunks   # (x chunks: op_linear_tc holds K / chunks columns of its rows, and reduces that many a call)
     ntn, R = -(-w // 16), K // kseg // 32
     red_off = ((rows * (K + 8) * 2 + 15) & ~15) + 2 * rows * w * 4   # op_linear_tc: xs, y0s, y1s, then red
     for Mg in {min(rows, M - g0) for g0 in range(0, M, rows)}:
@@ -129,7 +130,7 @@ def _red_fits(M: int, K: int, w: int, nw: int, kseg: int) -> None:
 
 def test_red_buffer_covers_what_the_kernel_indexes():
     for M in (3, 8, 13, 16, 24, 32, 40, 128):
-        for K in (1024, 2048, 4096, 6144, 8192, 12288):
+        for K in (1024, 2048, 4096, 6144, 8192, 12288, 18944):
             for kseg in (1, 2, 4):
                 for w in list(range(1, 130)) + [144, 160, 192, 256, 400, 976]:
                     for nw in (1, 2):

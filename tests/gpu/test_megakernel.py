@@ -15,6 +15,17 @@ def test_megakernel_matches_pyvm(model, batch, gpu_check):
     assert res[-1]["ok"], res[-1]
 
 
+@pytest.mark.parametrize("batch", [3, 8])
+def test_long_input_rows_in_chunks_match_pyvm(batch, gpu_check):
+    """tiny-llama-k16k's down projection (K = 16384): from batch 3 its Tensor Core tiles hold the input rows in two
+    chunks (codegen/layout.py linear_tile, op_linear_tc), each chunk's products added into the fp32 result."""
+    from mpk_runtime.codegen import layout as L
+    assert L.linear_tile(batch, 16384, 16, 1, 1)[2] == 2
+    res = []
+    gpu_check.check_correct("tiny-llama-k16k", batch, 8, res)
+    assert res[-1]["ok"], res[-1]
+
+
 def test_megakernel_with_waits_and_signals_past_the_inlined_words(gpu_check, monkeypatch):
     """One inlined wait / signal word per record (a separate build): tasks with two waits or two signals take the
     rest from the wait / signal tables (the path TP all-reduces with many producers take), and still match pyvm."""

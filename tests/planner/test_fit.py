@@ -148,10 +148,9 @@ def test_megakernel_row_groups_restream_weights(base):
 @pytest.mark.parametrize("name", ["qwen3-8b", "llama-3.2-1b"])
 def test_simulator_passes_equal_the_packer(name, M, base):
     """Rows per pass / passes per linear tile in the simulator == what the packer hands the kernel
-    (TaskPacker._linear_geometry -> tc_rows; op_linear_tc loops M in tc_rows passes, op_linear in ROW_TILE),
+    (codegen/layout.linear_tile -> tc_rows; op_linear_tc loops M in tc_rows passes, op_linear in ROW_TILE),
     and the weight tile is streamed once per pass (Tensor Core model, the default)."""
     from mpk_runtime.codegen import layout as L
-    from mpk_runtime.runtime.packer import TaskPacker
     from mpk_runtime.planner.simulate import linear_passes, linear_shape
     cfg = PRESETS[name].replace(num_layers=1)
     g = build_graph(cfg, batch=M, context_len=64)
@@ -163,7 +162,7 @@ def test_simulator_passes_equal_the_packer(name, M, base):
             continue
         Mo, K, w, nw, kseg = linear_shape(t)
         assert Mo == M
-        tc_rows, need = TaskPacker._linear_geometry(Mo, K, w, nw, kseg)
+        tc_rows, need = L.linear_geometry(Mo, K, w, nw, kseg)
         assert need <= 227 * 1024
         rows = tc_rows or L.CONSTANTS["ROW_TILE"]
         passes = -(-M // rows)
@@ -180,13 +179,14 @@ def test_simulator_passes_equal_the_packer(name, M, base):
 
 
 def test_packer_geometry_is_the_layout_function():
-    """One definition: the packer's staticmethod delegates to codegen/layout.linear_geometry (the simulator's)."""
+    """One definition: the packer packs codegen/layout.linear_tile, whose rows and bytes are linear_geometry's (the
+    simulator's); these tiles all hold whole input rows (no x chunks)."""
     from mpk_runtime.codegen import layout as L
-    from mpk_runtime.runtime.packer import SMEM_BUDGET, TaskPacker
+    from mpk_runtime.runtime.packer import SMEM_BUDGET
     assert SMEM_BUDGET == L.SMEM_BUDGET
     for args in [(1, 2048, 64, 2, 1), (8, 4096, 32, 1, 1), (32, 2048, 16, 1, 1), (128, 12288, 32, 1, 1),
                  (128, 12288, 64, 1, 1), (32, 4096, 96, 2, 1), (64, 4096, 32, 1, 2)]:
-        assert TaskPacker._linear_geometry(*args) == L.linear_geometry(*args)
+        assert L.linear_tile(*args) == L.linear_geometry(*args) + (1,)
     assert L.linear_passes(128, 12288, 32, 1, 1) == (8, 16)
     assert L.linear_passes(2, 4096, 32, 1, 1) == (8, 1)
 
