@@ -10,8 +10,8 @@ namespace mpk {
 
 // (Qwen2) the bias of a part's rows added to one row's rounded product and rounded again, bf16(bf16(x W^T) + b) as
 // torch's y + b (a warp: lanes over the nr pairs). Only in a -DMPK_QKV_BIAS=1 build: the default build is at its
-// register limit (the branch alone spills a few bytes), and a model without biases never needs it; not inlined: inlined
-// here or in the rounding loop above, the bias build spills (8-100 bytes), called it does not.
+// register limit (the branch alone spills a few bytes), and a model without biases never needs it. Not inlined:
+// inlined into op_qkv_rope (its row loop or its rounding loop) the bias build spills 8-100 bytes, called it does not.
 __device__ __noinline__ void add_row_bias(float* y0, float* y1, int nr, int lane, const bf16* b0, const bf16* b1) {
   for (int i = lane; i < nr; i += 32) {
     y0[i] = bf(y0[i] + w_bf16(b0 + i));
