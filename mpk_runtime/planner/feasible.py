@@ -43,7 +43,7 @@ class SmemCheck:
         if o.kind not in ("linear", "qkv_rope"):
             return 0
         key = (o.kind, tuple(self.graph.tensors[t].shape for t in o.inputs + o.outputs), len(o.attrs.get("weights", ())),
-               o.attrs.get("k_segments", 1))
+               o.attrs.get("k_segments", 1), bool(o.attrs.get("norm")))
         if key not in self._memo:
             tg = build_task_graphs([g.subgraph([name]) for g in self.graphs], self.tiling)[0]
             self._memo[key] = max((task_smem(t, self.graph) for t in tg.tasks), default=0)
