@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile every device source for sm_90a (CI entry point). Exits non-zero on any nvcc error or warning.
 
-    python scripts/compile_device.py [--force] [--cache-dir DIR] [--no-variants]
+    python scripts/compile_device.py [--force] [--cache-dir DIR] [--no-variants] [--jobs N]
 
 Besides the default build (what a graph with no special needs launches: Llama), the megakernel is built once per
 compile-time switch still in the tree (VARIANTS: the builds a GPU run A/Bs through MPK_NVCC_DEFINES, and the ones a
@@ -11,6 +11,7 @@ nvcc.build(needs=...)), so a switch that no longer compiles fails CI, not a GPU 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ def main() -> int:
     ap.add_argument("--force", action="store_true", help="rebuild even on a cache hit")
     ap.add_argument("--cache-dir", help="override MPK_CACHE_DIR")
     ap.add_argument("--no-variants", action="store_true", help="only the default build of each source")
+    ap.add_argument("--jobs", type=int, default=0, help="builds at once (default: the CPU count)")
     args = ap.parse_args()
     if args.cache_dir:
         os.environ["MPK_CACHE_DIR"] = args.cache_dir
@@ -40,21 +42,29 @@ def main() -> int:
     sources = sorted(p.name for p in nvcc.DEVICE_DIR.glob("*.cu"))
     builds = [(src, "") for src in sources] + \
         ([] if args.no_variants else [("megakernel.cu", v) for v in VARIANTS])
-    user_defines = os.environ.get("MPK_NVCC_DEFINES", "")
+    jobs = max(1, min(args.jobs or (os.cpu_count() or 1), len(builds)))
     failed = 0
-    for src, variant in builds:
-        os.environ["MPK_NVCC_DEFINES"] = f"{user_defines} {variant}".strip()
-        tag = f"{src} [{variant}]" if variant else src
-        try:
-            r = nvcc.build(src, force=args.force)
-        except nvcc.CompileError as e:
-            print(f"FAIL {tag}\n{e}", file=sys.stderr)
-            failed += 1
-            continue
-        for fn, res in r.resources.items():
-            print(f"ok   {tag} -> {r.cubin} ({'cached' if r.cached else f'{r.seconds:.1f}s'}) {fn}: {res}")
-    os.environ["MPK_NVCC_DEFINES"] = user_defines
+    # one process a build (each sets its own MPK_NVCC_DEFINES; the cache is safe under concurrent processes)
+    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+        user = os.environ.get("MPK_NVCC_DEFINES", "")
+        for tag, lines, ok in pool.map(_build, builds, [user] * len(builds), [args.force] * len(builds)):
+            print("\n".join(lines), file=sys.stdout if ok else sys.stderr, flush=True)
+            failed += not ok
     return 1 if failed else 0
+
+
+def _build(build: tuple[str, str], user: str, force: bool) -> tuple[str, list[str], bool]:
+    """(tag, lines to print, ok) of one build: the device source with the variant's defines after the user's (a
+    worker process runs several builds: each sets the whole variable)."""
+    src, variant = build
+    os.environ["MPK_NVCC_DEFINES"] = f"{user} {variant}".strip()
+    tag = f"{src} [{variant}]" if variant else src
+    try:
+        r = nvcc.build(src, force=force)
+    except nvcc.CompileError as e:
+        return tag, [f"FAIL {tag}\n{e}"], False
+    return tag, [f"ok   {tag} -> {r.cubin} ({'cached' if r.cached else f'{r.seconds:.1f}s'}) {fn}: {res}"
+                 for fn, res in r.resources.items()], True
 
 
 if __name__ == "__main__":
