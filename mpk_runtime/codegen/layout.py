@@ -284,8 +284,8 @@ def linear_tile(M: int, K: int, w: int, nw: int, kseg: int, norm: bool = False) 
 
 
 def _tile_geometry(M: int, K: int, w: int, nw: int, kseg: int) -> tuple[int, int]:
-    """(tc_rows, shared bytes) of a linear tile holding its whole input rows of M rows, K inputs, w output columns, nw weights, kseg K
-    segments, as linear.cuh lays it out: xs (xrows, ldx) bf16, the fp32 result tile(s) (rows, w), then (Tensor
+    """(tc_rows, shared bytes) of a linear tile holding its whole input rows: M rows, K inputs, w output columns, nw
+    weights, kseg K segments, as linear.cuh lays it out: xs (xrows, ldx) bf16, the fp32 result tile(s) (rows, w), then (Tensor
     Cores) the k-slice partials `red` in blocks of (16, mt8 * 8) fp32, one per (unit, k-slice) pair: one weight
     8 (ntn * wk <= 8); two weights 2 ntn wk with wk = tc_kslices(ntn, 2, R) (auto: the kslices = 1 of tp_invariant
     graphs uses none), at least 16 (v18's two-weight loop, replaced in v20: kept so tile geometries stay). Tensor

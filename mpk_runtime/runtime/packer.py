@@ -365,7 +365,6 @@ class TaskPacker:
         self._need(need)
         return d
 
-
     def _pack_allreduce(self, p):
         base, stride = self._sym(p["part"])
         W, M, N = self.mem.syms[p["part"]].shape[1:]
