@@ -31,12 +31,14 @@ for kb in 0 32; do for d in "" -DMPK_ATT_QKNORM=1; do
     tail -20 .cache/compile_device.log; echo "gpu_prepare: the MPK_PF_CUR_KB=$kb $d build failed"; exit 1; }
 done; done
 tar -cJf .cache/kc.tar.xz -C .cache kc
+# shared/gpu/sync_bw.cu (flag / barrier latency, read-only stream by SMs) for gpu_pending.sh's mode card
+[ -x .cache/sync_bw ] || nvcc -O3 -arch=sm_90a -o .cache/sync_bw ../shared/gpu/sync_bw.cu
 git rev-parse HEAD > .cache/commit
 [ -z "$(git status --porcelain --untracked-files=no)" ] || echo "gpu_prepare: note: uncommitted changes (the results will name $(cut -c1-7 .cache/commit) but run the working tree)"
 tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
-carry=$(du -cb .cache/gb .cache/kc.tar.xz .cache/commit | tail -1 | cut -f1)
+carry=$(du -cb .cache/gb .cache/kc.tar.xz .cache/commit .cache/sync_bw | tail -1 | cut -f1)
 others=$(git ls-files -z --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
 total=$((tree + carry + ${others:-0}))
 echo "gpu_prepare: tree $((tree / 1048576)) MiB + carry $((carry / 1048576)) MiB + untracked $((${others:-0} / 1048576)) MiB = $((total / 1048576)) MiB (limit 64)"
 [ "$total" -lt $((64 * 1048576)) ] || { echo "gpu_prepare: over the device tool's 64 MiB: move old results to git history (bench/results/ARCHIVED.md)"; exit 1; }
-echo 'carry: [".cache/gb", ".cache/commit", ".cache/kc.tar.xz"]'
+echo 'carry: [".cache/gb", ".cache/commit", ".cache/kc.tar.xz", ".cache/sync_bw"]'

@@ -96,7 +96,7 @@ def main() -> None:
     rig = Rig(a.model, 1)
     if a.only == "conv":
         old = dict(prof["conv_fixed_us_by_kind"])
-        prof["conv_fixed_us_by_kind"] = {**old, **measure_conv(rig, base)}
+        prof["conv_fixed_us_by_kind"] = {**old, **measure_conv(rig, base, log)}
         log["conv_fixed_us_by_kind_before"] = old
         prof["source"] = (f"{base.name} with conv_fixed_us_by_kind re-measured by scripts/profile_hw.py --only conv on "
                           f"{torch.cuda.get_device_name()} {time.strftime('%Y-%m-%d')} (commit "
@@ -139,16 +139,17 @@ def main() -> None:
     prof["flop_us_by_kind"] = fl
     prof["task_fixed_us_by_kind"], prof["stream_eff_by_kind"] = fixed, eff
     # 4. conventional ops: each op alone in a CUDA graph; fixed cost per kernel sequence, bytes at one bandwidth
-    prof["conv_fixed_us_by_kind"] = measure_conv(rig, base)
+    prof["conv_fixed_us_by_kind"] = measure_conv(rig, base, log)
     prof["source"] = (f"measured by scripts/profile_hw.py on {torch.cuda.get_device_name()} {time.strftime('%Y-%m-%d')}"
                       f" (commit {os.environ.get('GIT_COMMIT', '?')}); sync/remote/NCCL terms from the seed profile")
     write(prof, log, a)
 
 
-def measure_conv(rig: Rig, base: HardwareProfile) -> dict[str, float]:
+def measure_conv(rig: Rig, base: HardwareProfile, log: dict | None = None) -> dict[str, float]:
     """Each op of the first two layers and the step's last two (lm_head, argmax) alone as conventional torch
     kernels in a CUDA graph (greedy steps, as the rig's StepCtx promises): per kernel-sequence key, the median of
-    (time - its bytes at the conventional streaming rate)."""
+    (time - its bytes at the conventional streaming rate). The raw (bytes, us) samples go to log["conv_samples"]
+    (to refit offline at another streaming rate)."""
     from mpk_runtime.planner.cost import conv_key
     samples: dict[str, list[tuple[float, float]]] = {}
     for op in rig.g.ops[:40] + rig.g.ops[-2:]:
@@ -164,6 +165,9 @@ def measure_conv(rig: Rig, base: HardwareProfile) -> dict[str, float]:
             s_.record(); cg.replay(); e_.record(); e_.synchronize()
             ts.append(s_.elapsed_time(e_) * 1e3 / 10)
         samples.setdefault(conv_key(op), []).append((float(op.bytes), med(ts)))
+    if log is not None:
+        log["conv_samples"] = samples
+        log["conv_stream_bw"] = base.bw(132) * base.conv_bw_fraction
     stream_us = lambda b: b / (base.bw(132) * base.conv_bw_fraction) * 1e6
     got = {k: max(0.0, med([t - stream_us(b) for b, t in v])) for k, v in samples.items()}
     for k, v in got.items():
