@@ -108,6 +108,31 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # conventional at both; on sessions 44-49's 257 rows the same choices and Spearman, step MAPE 1.79 -> 1.76%, segment
 # MAPE 4.53 -> 4.85% (docs/planner.md session 56).
 DEFAULT_PROFILE = "h200_v56"
+# The profile a planner not handed one (and without MPK_PLANNER_PROFILE) prices with on each card, by the name the
+# CUDA device reports; a card not here (and a machine without a GPU: CI, `plan` on a laptop) gets DEFAULT_PROFILE.
+PROFILE_BY_CARD: dict[str, str] = {"H200": DEFAULT_PROFILE}
+
+
+def profile_for_card(device_name: str) -> str:
+    """The default profile for a CUDA device name ("NVIDIA H100 80GB HBM3" -> PROFILE_BY_CARD["H100"]): the card
+    whose key appears in the name (the longest such key, so "GH200" is not taken for "H200" once it has its own)."""
+    hits = [k for k in PROFILE_BY_CARD if k in device_name.upper()]
+    return PROFILE_BY_CARD[max(hits, key=len)] if hits else DEFAULT_PROFILE
+
+
+def default_profile_name() -> str:
+    """$MPK_PLANNER_PROFILE, else this machine's card's profile (profile_for_card of CUDA device 0's current device),
+    else DEFAULT_PROFILE (no GPU, or torch without CUDA)."""
+    env = os.environ.get("MPK_PLANNER_PROFILE")
+    if env:
+        return env
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return profile_for_card(torch.cuda.get_device_name(torch.cuda.current_device()))
+    except (ImportError, RuntimeError, AssertionError):
+        pass
+    return DEFAULT_PROFILE
 
 
 def key_fallbacks(key: str) -> list[str]:
@@ -335,8 +360,9 @@ class HardwareProfile:
     @classmethod
     def load(cls, name_or_path: str | None = None) -> "HardwareProfile":
         # MPK_PLANNER_PROFILE: a profile (name or JSON path) for every planner that is not handed one (the engine's,
-        # the benchmarks'), e.g. one measured on this machine by scripts/profile_hw.py
-        name_or_path = name_or_path or os.environ.get("MPK_PLANNER_PROFILE") or DEFAULT_PROFILE
+        # the benchmarks'), e.g. one measured on this machine by scripts/profile_hw.py; without it, the card's own
+        # (PROFILE_BY_CARD)
+        name_or_path = name_or_path or default_profile_name()
         path = name_or_path if os.path.exists(name_or_path) else os.path.join(_DIR, f"{name_or_path}.json")
         if not os.path.exists(path):
             known = sorted(f[:-5] for f in os.listdir(_DIR) if f.endswith(".json"))
