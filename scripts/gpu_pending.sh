@@ -567,7 +567,7 @@ elif [ "$MODE" = card ]; then
 # card (session 60): this card's own hardware profile, the measured parts (~5 min): shared/gpu/sync_bw.cu's flag /
 # barrier latencies and read-only stream by SMs (.cache/sync_bw, built on the CPU machine by gpu_prepare.sh) into a
 # copy of CARD_BASE (scripts/card_base.py), then profile_hw.py on it (linear tiles by SMs, launch, task terms, the
-# conventional ops' fixed costs), then the conventional paged attention's curves (profile_conv_attn.py, TP 1).
+# conventional ops' fixed costs), then the conventional paged attention's curves (profile_conv_attn.py, TP 1 and 2 shapes).
 # The regimes (calibration) are fitted on the CPU afterwards from this card's validate_planner rows (mode val).
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -E 'H100|H200|H20|A100|B200|GH200' | head -1 | tr A-Z a-z)
 CARD=${CARD:-gpu}; mkdir -p "$OUT/prof"
@@ -578,7 +578,7 @@ python3 scripts/card_base.py --sync-log "$OUT/prof/sync_bw.log" --base ${CARD_BA
 timeout ${CARD_HW_LIM:-200} python3 scripts/profile_hw.py --name ${CARD}_measured --base "$OUT/prof/${CARD}_base.json" \
     --out "$OUT/prof" > "$OUT/prof/profile_hw.log" 2>&1; tail -30 "$OUT/prof/profile_hw.log"; snap
 MPK_CONV_TRITON_ATTN=1 timeout ${CATTN_LIM:-300} python3 scripts/profile_conv_attn.py --out "$OUT/prof" --cycle-mb 200 \
-    --tp 1 ${CATTN_KEYS:+--keys $CATTN_KEYS} ${CATTN_BS:+--batches $CATTN_BS} --budget-s ${CATTN_BUDGET:-270} \
+    --tp ${CATTN_TP:-1,2} ${CATTN_KEYS:+--keys $CATTN_KEYS} ${CATTN_BS:+--batches $CATTN_BS} --budget-s ${CATTN_BUDGET:-270} \
     > "$OUT/prof/conv_attn.log" 2>&1
 tail -4 "$OUT/prof/conv_attn.log"; snap
 elif [ "$MODE" = tests ]; then
