@@ -86,3 +86,27 @@ def test_card_base_takes_sync_bw_numbers(tmp_path):
     r = subprocess.run([sys.executable, "scripts/card_base.py", "--sync-log", str(log), "--out", str(out)],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "lacks stream by SMs" in r.stderr
+
+
+def test_card_profile_takes_only_this_cards_curves(tmp_path):
+    """scripts/card_profile.py: the measured profile with the card's conventional attention curves; a shape the
+    base had a curve for and this card did not measure is dropped (named in the source), later files win."""
+    import subprocess
+    import sys
+    base = json.loads(HardwareProfile.load(P.DEFAULT_PROFILE).to_json())
+    (tmp_path / "m.json").write_text(json.dumps(base))
+    a = {"meta": {"machine": "NVIDIA H100"}, "conv_attn_us_by_shape": {"8x64x4@paged": [[1, 513, 10.0], [2, 513, 11.0]]},
+         "conv_attn_step_us_by_shape": {"8x64x4@paged": [[1, 513, 1.0]]}, "conv_attn_shape_by_shape": {}}
+    b = {"meta": {"machine": "NVIDIA H100"}, "conv_attn_us_by_shape": {"8x64x4@paged": [[1, 513, 12.0]]},
+         "conv_attn_step_us_by_shape": {}, "conv_attn_shape_by_shape": {}}
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    r = subprocess.run([sys.executable, "scripts/card_profile.py", "--measured", str(tmp_path / "m.json"), "--curves",
+                        f"{tmp_path / 'a.json'},{tmp_path / 'b.json'}", "--name", "h100_t"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["name"] == "h100_t"
+    assert d["conv_attn_us_by_shape"] == {"8x64x4@paged": [[1, 513, 12.0], [2, 513, 11.0]]}
+    assert "8x128x4@paged" in d["source"] and "dropped" in d["source"]
+    HardwareProfile(**{k: v for k, v in d.items() if k in HardwareProfile.__dataclass_fields__})
