@@ -171,13 +171,20 @@ def conv_attn_us(f: dict, passes: float, key_us: float) -> float:
     return sum(c * _attn_us(kv, n, passes, key_us) for kv, n, c in f["attn"])
 
 
+def kv_beyond_first(f: dict) -> float:
+    """The MB of K / V a megakernel segment's attention layers beyond its first read (mk_mixed_kv_us_per_mb's
+    feature): attn_kv_mb x (layers - 1) / layers."""
+    n = f.get("attn_layers", 1) or 1
+    return f.get("attn_kv_mb", 0.0) * max(0, n - 1) / n
+
+
 def price_from_features(f: dict, prof: HardwareProfile) -> float:
     """A segment's price from its features under `prof` (fit.py): the same arithmetic as the cost functions."""
     if f["kind"] == "megakernel":
         if not f.get("attn_only"):
             return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us + \
-                ((prof.mk_mixed_attn_us + prof.mk_attn_layer_us * max(0, f.get("attn_layers", 1) - 1))
-                 if f.get("attn_mixed") else 0.0)
+                ((prof.mk_mixed_attn_us + prof.mk_attn_layer_us * max(0, f.get("attn_layers", 1) - 1) +
+                  prof.mk_mixed_kv_us_per_mb * kv_beyond_first(f)) if f.get("attn_mixed") else 0.0)
         scale = prof.mk_scale if prof.mk_attn_scale is None else prof.mk_attn_scale
         return (prof.megakernel_launch_us + scale * f["sim_us"] + prof.mk_offset_us) * prof.mk_attn_factor
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
@@ -287,12 +294,13 @@ class SegmentCoster:
 
     def megakernel_features(self, ops: list[str], tiling: Tiling) -> dict:
         """The segment's price terms (price_from_features; fit.py refits from them): its simulated makespan, and
-        whether it holds attention alone (attn_only) or among other ops (attn_mixed), and how many attention ops
-        (attn_layers)."""
+        whether it holds attention alone (attn_only) or among other ops (attn_mixed), how many attention ops
+        (attn_layers) and the MB they read (attn_kv_mb: the K / V at the graph's context, the ops' bytes)."""
         kinds = {self._op[n].kind for n in ops}
+        attn = [self._op[n] for n in ops if self._op[n].kind == "attention"]
         return {"kind": "megakernel", "sim_us": self.sim_us(ops, tiling), "attn_only": kinds == {"attention"},
-                "attn_mixed": "attention" in kinds and kinds != {"attention"},
-                "attn_layers": sum(1 for n in ops if self._op[n].kind == "attention")}
+                "attn_mixed": "attention" in kinds and kinds != {"attention"}, "attn_layers": len(attn),
+                "attn_kv_mb": sum(o.bytes for o in attn) / 1e6}
 
     def megakernel_us(self, ops: list[str], tiling: Tiling) -> float:
         return price_from_features(self.megakernel_features(ops, tiling), self.prof)

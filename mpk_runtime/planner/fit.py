@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
-from .cost import price_from_features
+from .cost import kv_beyond_first, price_from_features
 from .profile import HardwareProfile
 from .score import valid
 from .score import features as seg_features
@@ -42,8 +42,9 @@ FIXED_PREFIX = "fixed."   # --grid fixed.<task kind>=...: the per-kind task fixe
 FLOP_PREFIX = "flop."     # --grid flop.<task kind>=...: the per-kind per-flop time not hidden (flop_us_by_kind)
 KEY_PREFIX = "key."       # --grid key.<task kind>=...: an attention partial's per-key time (key_us_by_kind)
 PASS_PREFIX = "pass."     # --grid pass.<rows>=...: a Tensor Core linear pass's serial time (tc_pass_us_by_rows)
+EFF_PREFIX = "eff."       # --grid eff.<task kind>=...: the kind's streaming efficiency (stream_eff_by_kind)
 PREFIXES = {FIXED_PREFIX: "task_fixed_us_by_kind", FLOP_PREFIX: "flop_us_by_kind", KEY_PREFIX: "key_us_by_kind",
-            PASS_PREFIX: "tc_pass_us_by_rows"}
+            PASS_PREFIX: "tc_pass_us_by_rows", EFF_PREFIX: "stream_eff_by_kind"}
 
 
 def with_terms(base: HardwareProfile, combo) -> HardwareProfile:
@@ -117,14 +118,26 @@ def _wls(cols: list[list[float]], y: list[float], w: list[float], nonneg: bool =
     return [float(v) for v in b]
 
 
-def fit_megakernel(segs: list[dict], launch_us: float, offset_us: float | None = None, per_layer: bool = False) -> dict:
+def fit_megakernel(segs: list[dict], launch_us: float, offset_us: float | None = None, per_layer: bool = False,
+                   per_kv: bool = False) -> dict:
     """mk_scale and mk_offset_us of whole megakernel segments (relative-error weights), and mk_mixed_attn_us (the
     price of holding a layer's attention among other ops, cost.price_from_features) where segments of both kinds
-    are among them; offset_us given: that offset kept and the scale alone fitted (the mixed term with it)."""
+    are among them; offset_us given: that offset kept and the scale alone fitted (the mixed term with it).
+    per_kv: mk_mixed_kv_us_per_mb (a mixed segment's price per MB of K / V its attention layers beyond the first
+    read, cost.kv_beyond_first), fitted first on the mixed segments alone (scale, constant, MB; at least two
+    distinct MB), then taken off their measurements as per_layer's term is."""
     sims = [s["features"]["sim_us"] for s in segs]
     w = [1.0 / s["measured_us"] ** 2 for s in segs]
     mixed = [1.0 if s["features"].get("attn_mixed") else 0.0 for s in segs]
     both = 0 < sum(mixed) < len(mixed)
+    kv = [kv_beyond_first(s["features"]) if m else 0.0 for s, m in zip(segs, mixed)]
+    kv_us = None
+    if per_kv and len({round(k, 3) for k, m in zip(kv, mixed) if m}) >= 2:
+        ix = [i for i, m in enumerate(mixed) if m]
+        b = _wls([[sims[i] for i in ix], [1.0] * len(ix), [kv[i] for i in ix]],
+                 [segs[i]["measured_us"] - launch_us for i in ix], [w[i] for i in ix], nonneg=False)
+        kv_us = max(0.0, b[2])
+        segs = [dict(s, measured_us=s["measured_us"] - kv_us * k) for s, k in zip(segs, kv)]
     # per_layer: attention layers beyond the first in a mixed segment (mk_attn_layer_us), fitted first on the mixed
     # segments alone (scale, constant, layers), then taken off the measurements the other terms are fitted to
     extra = [max(0, s["features"].get("attn_layers", 1) - 1) if m else 0 for s, m in zip(segs, mixed)]
@@ -136,7 +149,8 @@ def fit_megakernel(segs: list[dict], launch_us: float, offset_us: float | None =
         layer_us = max(0.0, b[2])
     y = [s["measured_us"] - launch_us - (layer_us or 0.0) * e for s, e in zip(segs, extra)]
     out = _fit_mk_terms(sims, y, w, mixed, both, launch_us, offset_us)
-    return {**out, **({"mk_attn_layer_us": layer_us} if layer_us is not None else {})}
+    return {**out, **({"mk_attn_layer_us": layer_us} if layer_us is not None else {}),
+            **({"mk_mixed_kv_us_per_mb": kv_us} if kv_us is not None else {})}
 
 
 def _fit_mk_terms(sims, y, w, mixed, both, launch_us, offset_us) -> dict:
@@ -178,11 +192,13 @@ KV_PASSES = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0)
 KEY_US = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08)
 
 
-def fit_conventional(segs: list[dict], share: list[float] | None = None) -> dict:
+def fit_conventional(segs: list[dict], share: list[float] | None = None, paged_scale: float | None = None) -> dict:
     """The conventional calibration terms minimising the segments' squared relative errors, each segment's error
     weighted by `share` (default 1: every segment alike; fit_profile's conv_weight="plan" gives each plan's
     conventional segments a total of 1, so a whole-step conventional plan counts as much as the ~36 small
-    segments of an attention-split plan)."""
+    segments of an attention-split plan). paged_scale given: the paged attention's curve enters at that scale
+    instead of a fitted one (1.0: the curve measured on this card taken as it is; a scale fitted at short contexts,
+    where the curve is a small part of the step, is extrapolated with it to long ones)."""
     import numpy as np
     from .cost import conv_attn_us
     meas = np.array([s["measured_us"] for s in segs], dtype=float)
@@ -193,6 +209,9 @@ def fit_conventional(segs: list[dict], share: list[float] | None = None) -> dict
     has_coll = any(s["features"].get("n_coll", 0) > 0 for s in segs)
     has_curve = any(s["features"].get("attn_curve_us", 0) > 0 for s in segs)   # measured attention (profile curve)
     has_paged = any(s["features"].get("attn_curve_paged_us", 0) > 0 for s in segs)   # ... the paged kernel's curve
+    fixed_paged = np.array([(paged_scale or 0.0) * float(s["features"].get("attn_curve_paged_us", 0.0)) for s in segs])
+    if paged_scale is not None:
+        has_paged = False
     cols = [[s["features"]["fixed_us"] for s in segs]]
     if has_coll:
         cols.append([float(s["features"].get("n_coll", 0)) for s in segs])
@@ -202,7 +221,7 @@ def fit_conventional(segs: list[dict], share: list[float] | None = None) -> dict
         cols.append([float(s["features"].get("attn_curve_paged_us", 0.0)) for s in segs])
     X = np.array(cols, dtype=float).T
     # the greedy bf16 argmax's saving (cost.logits_copy_saved_us): priced from bytes, not fitted
-    copy = np.array([float(s["features"].get("logits_copy_us", 0.0)) for s in segs])
+    copy = np.array([float(s["features"].get("logits_copy_us", 0.0)) for s in segs]) + fixed_paged
     # the attention term of every segment for each (KV passes, per-key floor) on the grids
     attn = {}
     for kvp in (KV_PASSES if has_kv else (1.0,)):
@@ -233,6 +252,8 @@ def fit_conventional(segs: list[dict], share: list[float] | None = None) -> dict
         out["conv_attn_curve_scale"] = b[1 + has_coll]
     if has_paged:
         out["conv_attn_paged_scale"] = b[1 + has_coll + has_curve]
+    elif paged_scale is not None:
+        out["conv_attn_paged_scale"] = paged_scale
     return out
 
 
@@ -258,10 +279,10 @@ def fit_boundary(rows: list[dict], min_boundaries: int = BOUNDARY_MIN) -> tuple[
 def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, regimes=REGIMES,
                 terms=("mk", "conv"), keep_attn: bool = False,
                 boundary_regimes: tuple[str, ...] = (), boundary_min: int = BOUNDARY_MIN,
-                conv_weight: str = "segment") -> tuple[HardwareProfile, dict]:
+                conv_weight: str = "segment", paged_scale: float | None = None) -> tuple[HardwareProfile, dict]:
     """The base profile with per-regime calibration fitted on `rows`; and a report (counts per regime).
     terms: "mk" (mk_scale, mk_offset_us), "mklayer" ("mk" plus mk_attn_layer_us, a price per attention layer beyond
-    the first in a mixed segment), "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for
+    the first in a mixed segment), "mkkv" ("mk" plus mk_mixed_kv_us_per_mb, per MB of K / V in a mixed segment), "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for
     all regimes: fit_boundary; with `boundary_regimes`, written into those regimes only); the others keep the base
     profile's values.
     keep_attn: the megakernel refit moves only mk_scale: the base's mk_offset_us stays, and attention-only segments
@@ -269,7 +290,7 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
     changes whole-layer segments only (tc_pass_us_by_rows: linear tiles), fitted on rows of older code whose
     attention segments no longer price the same (session 35, docs/planner.md).
     conv_weight: "segment" (every conventional segment's relative error alike, as before session 39) or "plan"
-    (each plan's conventional segments share a weight of 1: fit_conventional)."""
+    (each plan's conventional segments share a weight of 1: fit_conventional). paged_scale: fit_conventional's."""
     if conv_weight not in ("segment", "plan"):
         raise ValueError(f"conv_weight {conv_weight!r}: expected segment or plan")
     keep = {k: dict(v) for k, v in base.regimes.items()}
@@ -281,11 +302,12 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
         cv_rows = [(r, s) for r, s in segs if s["features"]["kind"] == "conventional"]
         cv = [s for _, s in cv_rows]
         over = dict(keep.get(key, {}))
-        if ("mk" in terms or "mklayer" in terms) and len(mk) >= min_segments:
+        if ({"mk", "mklayer", "mkkv"} & set(terms)) and len(mk) >= min_segments:
             whole = [s for s in mk if not s["features"].get("attn_only")]
             was = base.for_batch(int(key))
             over.update(fit_megakernel(whole if len(whole) >= min_segments else mk, base.megakernel_launch_us,
-                                       was.mk_offset_us if keep_attn else None, per_layer="mklayer" in terms))
+                                       was.mk_offset_us if keep_attn else None, per_layer="mklayer" in terms,
+                                       per_kv="mkkv" in terms))
             attn = [s for s in mk if s["features"].get("attn_only")]
             if keep_attn:   # attention-only segments: the base's scale, offset and factor (cost.price_from_features)
                 over["mk_attn_scale"] = was.mk_scale if was.mk_attn_scale is None else was.mk_attn_scale
@@ -297,8 +319,8 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
             if conv_weight == "plan":
                 n_conv = {id(r): sum(1 for rr, _ in cv_rows if rr is r) for r, _ in cv_rows}
                 share = [1.0 / n_conv[id(r)] for r, _ in cv_rows]
-            over.update(fit_conventional(cv, share))
-        shown = ("mk_scale", "mk_offset_us", "mk_mixed_attn_us", "mk_attn_layer_us", "mk_attn_factor",
+            over.update(fit_conventional(cv, share, paged_scale))
+        shown = ("mk_scale", "mk_offset_us", "mk_mixed_attn_us", "mk_attn_layer_us", "mk_mixed_kv_us_per_mb", "mk_attn_factor",
                  "mk_attn_scale") + CONV_FIELDS
         report[key] = {"megakernel_segments": len(mk), "conventional_segments": len(cv),
                        **{k: over[k] for k in over if k in shown}}

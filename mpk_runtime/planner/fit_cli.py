@@ -9,7 +9,7 @@ import os
 from dataclasses import replace
 
 from .cost import price_from_features
-from .fit import FIXED_PREFIX, FLOP_PREFIX, KEY_PREFIX, PREFIXES, SIM_FIELDS, fit_profile, regime_of, scoped_terms, \
+from .fit import PREFIXES, SIM_FIELDS, fit_profile, regime_of, scoped_terms, \
     with_terms
 from .fit import __doc__ as FIT_DOC
 from .profile import HardwareProfile
@@ -73,7 +73,7 @@ def _grid(spec: str) -> list[tuple]:
     for part in filter(None, spec.split(";")):
         k, vs = part.split("=")
         assert k in SIM_FIELDS or any(k.startswith(p) for p in PREFIXES), \
-            f"--grid field {k!r}: one of {SIM_FIELDS}, {FIXED_PREFIX}<task kind>, {FLOP_PREFIX}<task kind> or {KEY_PREFIX}<task kind>"
+            f"--grid field {k!r}: one of {SIM_FIELDS} or " + ", ".join(f"{p}<task kind>" for p in PREFIXES)
         axes.append([(k, float(v)) for v in vs.split(",")])
     return [tuple(c) for c in itertools.product(*axes)] if axes else [()]
 
@@ -92,8 +92,9 @@ def main() -> None:
                          "re-simulate every measured plan with the current simulator under the profile")
     ap.add_argument("--grid", default="", help="simulator terms to choose by re-simulation, e.g. "
                     "'mk_tc_stream_eff=0.4,0.5,0.6;mk_tc_eff=0.5,1;fixed.qkv_rope=5,15' (fixed.<kind> / flop.<kind>: "
-                    "per-kind task fixed cost / per-flop time; pass.<rows>: a Tensor Core linear pass's serial time by "
-                    "its rows; chosen on the training half in --holdout)")
+                    "per-kind task fixed cost / per-flop time; key.<kind>: per-key time; eff.<kind>: streaming "
+                    "efficiency; pass.<rows>: a Tensor Core linear pass's serial time by its rows; chosen on the "
+                    "training half in --holdout)")
     ap.add_argument("--procs", type=int, default=0, help="processes for re-simulation (default: all cores)")
     ap.add_argument("--test", default="", help="rows never fitted on (e.g. another context): scored out of sample "
                     "with the fitted profile (re-simulated under the chosen grid terms)")
@@ -109,6 +110,9 @@ def main() -> None:
                     help="conventional refit: every segment's relative error alike (segment), or each plan's "
                     "conventional segments sharing one weight (plan: a whole-step conventional plan counts as much "
                     "as an attention-split plan's ~36 segments)")
+    ap.add_argument("--paged-scale", type=float, default=None,
+                    help="the paged attention curves' scale fixed (e.g. 1.0: curves measured on this card taken as "
+                         "they are) instead of fitted per regime")
     a = ap.parse_args()
     rows = load_rows(a.rows)
     if a.batches:
@@ -119,7 +123,7 @@ def main() -> None:
     base = HardwareProfile.load(a.profile)
     kw = {"regimes": tuple((int(b), b) for b in a.regimes.split(",")), "terms": tuple(a.terms.split(",")),
           "keep_attn": a.keep_attn, "boundary_regimes": tuple(x for x in a.boundary_regimes.split(",") if x),
-          "conv_weight": a.conv_weight}
+          "conv_weight": a.conv_weight, "paged_scale": a.paged_scale}
     sims = {}
     if not a.no_resimulate:
         for combo in _grid(a.grid):

@@ -110,7 +110,9 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 DEFAULT_PROFILE = "h200_v56"
 # The profile a planner not handed one (and without MPK_PLANNER_PROFILE) prices with on each card, by the name the
 # CUDA device reports; a card not here (and a machine without a GPU: CI, `plan` on a laptop) gets DEFAULT_PROFILE.
-PROFILE_BY_CARD: dict[str, str] = {"H200": DEFAULT_PROFILE}
+# h100_v1 (session 60): this card's stream, latencies, launch, conventional costs and attention curves measured,
+# its regimes fitted on its own validation rows (docs/planner.md session 60).
+PROFILE_BY_CARD: dict[str, str] = {"H200": DEFAULT_PROFILE, "H100": "h100_v1"}
 
 
 def profile_for_card(device_name: str) -> str:
@@ -262,6 +264,12 @@ class HardwareProfile:
     # segments of many layers (mono, megaN) measured 4-6% above their price at llama-3.2-1b while one-layer segments
     # (per-layer) priced within 1%, so mono / megaN / per-layer swapped places (session 48, sessions 44-46's rows)
     mk_attn_layer_us: float = 0.0
+    # ... and per MB of K / V such a segment's attention layers beyond its first read (cost.kv_beyond_first): on an
+    # H100 (session 60) the one megakernel's step grew with the context ~1.5-2.6x faster than its simulation
+    # (llama-3.2-1b B=8: 0.120 us a key measured, 0.083 priced) while attn-mk's attention-only segments and
+    # per-layer's one-layer segments at the same keys priced within 2%: attention inside a kernel that streams the
+    # next layers' weights reads its K / V slower. planner.fit --terms mkkv fits it per regime.
+    mk_mixed_kv_us_per_mb: float = 0.0
     # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
     # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
     conv_collective_us: float = 0.0
