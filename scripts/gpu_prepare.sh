@@ -35,9 +35,10 @@ tar -cJf .cache/kc.tar.xz -C .cache kc
 [ -x .cache/sync_bw ] || nvcc -O3 -arch=sm_90a -o .cache/sync_bw ../shared/gpu/sync_bw.cu
 git rev-parse HEAD > .cache/commit
 [ -z "$(git status --porcelain --untracked-files=no)" ] || echo "gpu_prepare: note: uncommitted changes (the results will name $(cut -c1-7 .cache/commit) but run the working tree)"
-tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+# (the sum over every file: `xargs du -cb | tail -1` took the last of several du calls' totals only)
+tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 carry=$(du -cb .cache/gb .cache/kc.tar.xz .cache/commit .cache/sync_bw | tail -1 | cut -f1)
-others=$(git ls-files -z --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null | tail -1 | cut -f1)
+others=$(git ls-files -z --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 total=$((tree + carry + ${others:-0}))
 echo "gpu_prepare: tree $((tree / 1048576)) MiB + carry $((carry / 1048576)) MiB + untracked $((${others:-0} / 1048576)) MiB = $((total / 1048576)) MiB (limit 64)"
 [ "$total" -lt $((64 * 1048576)) ] || { echo "gpu_prepare: over the device tool's 64 MiB: move old results to git history (bench/results/ARCHIVED.md)"; exit 1; }
