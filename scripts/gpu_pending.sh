@@ -67,7 +67,10 @@
 #    bench/results/s59 -- every file of tests/gpu passed at ee50b82 with session 58's YaRN test and the Qwen2 tests;
 #    gpu_check_ref on tiny-qwen2 / qwen2.5-0.5b against HF; qwen2.5-7b ctx 512 B=1 5.570 ms vs gpt-fast 6.502, B=8
 #    attn-mk 6.558 vs 6.523; the H200 items below were refused; input rows in chunks for K past ~14k passed against
-#    pyvm (tiny-llama-k16k B=3 / 8), mono launches at qwen2.5-7b / llama-3.1-8b B=8.) Next, one call each:
+#    pyvm (tiny-llama-k16k B=3 / 8), mono launches at qwen2.5-7b / llama-3.1-8b B=8.) (session 60, 1x H100, four
+#    calls: bench/results/s60 -- mode card and mode val at ctx 512 / 2048 / 4096 gave the H100's own profile
+#    h100_v1 (the default on an H100); with it picked by the card, ctx 1024 regret 0, 131k llama B=8 regret 3.7%.)
+#    Next, one call each:
 #    a. the conventional attention curves past 8193 keys for the profile, on an H200 only (the profile's card):
 #       `N=cattn T=300 CATTN_TP=1 CATTN_BASE=h200_v56 CATTN_NAME=h200_v57 CATTN_KEYS=16385,32769,65537,131073
 #       CATTN_BS=1,2,4,8 MPK_CONV_TRITON_ATTN=1 bash scripts/gpu_run.sh cattn` (then refit the long-context terms on
