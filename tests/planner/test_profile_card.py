@@ -110,3 +110,11 @@ def test_card_profile_takes_only_this_cards_curves(tmp_path):
     assert d["conv_attn_us_by_shape"] == {"8x64x4@paged": [[1, 513, 12.0], [2, 513, 11.0]]}
     assert "8x128x4@paged" in d["source"] and "dropped" in d["source"]
     HardwareProfile(**{k: v for k, v in d.items() if k in HardwareProfile.__dataclass_fields__})
+
+
+def test_a_card_name_loads_its_profile():
+    """`plan --profile h100` on a machine without that card: the card's own profile, by name."""
+    for card, name in P.PROFILE_BY_CARD.items():
+        assert HardwareProfile.load(card.lower()).name == HardwareProfile.load(name).name
+    with pytest.raises(FileNotFoundError, match="a card's"):
+        HardwareProfile.load("a100")
