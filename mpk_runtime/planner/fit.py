@@ -221,7 +221,8 @@ def fit_conventional(segs: list[dict], share: list[float] | None = None, paged_s
         cols.append([float(s["features"].get("attn_curve_paged_us", 0.0)) for s in segs])
     X = np.array(cols, dtype=float).T
     # the greedy bf16 argmax's saving (cost.logits_copy_saved_us): priced from bytes, not fitted
-    copy = np.array([float(s["features"].get("logits_copy_us", 0.0)) for s in segs]) + fixed_paged
+    copy = np.array([float(s["features"].get("logits_copy_us", 0.0)) for s in segs])
+    given = copy + fixed_paged   # the priced parts no column fits (the fixed-scale paged curve with them)
     # the attention term of every segment for each (KV passes, per-key floor) on the grids
     attn = {}
     for kvp in (KV_PASSES if has_kv else (1.0,)):
@@ -233,9 +234,9 @@ def fit_conventional(segs: list[dict], share: list[float] | None = None, paged_s
         for eff in [1.0 - 0.1 * i for i in range(10)]:
             st = np.array([sum(c * max(a / frac, t / eff) for a, t, c in s["features"]["st"]) for s in segs])
             for (kvp, ku), at in attn.items():
-                y = meas - st - at - copy
+                y = meas - st - at - given
                 b = _wls([list(col) for col in X.T], list(y), list(w))
-                pred = st + at + copy + X @ np.array(b)
+                pred = st + at + given + X @ np.array(b)
                 err = float((sh * ((pred - meas) / meas) ** 2).sum())
                 if best is None or err < best[0] * (1 - 1e-9) - 1e-15:
                     best = (err, frac, eff, kvp, ku, b)
@@ -282,9 +283,9 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
                 conv_weight: str = "segment", paged_scale: float | None = None) -> tuple[HardwareProfile, dict]:
     """The base profile with per-regime calibration fitted on `rows`; and a report (counts per regime).
     terms: "mk" (mk_scale, mk_offset_us), "mklayer" ("mk" plus mk_attn_layer_us, a price per attention layer beyond
-    the first in a mixed segment), "mkkv" ("mk" plus mk_mixed_kv_us_per_mb, per MB of K / V in a mixed segment), "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for
-    all regimes: fit_boundary; with `boundary_regimes`, written into those regimes only); the others keep the base
-    profile's values.
+    the first in a mixed segment), "mkkv" ("mk" plus mk_mixed_kv_us_per_mb, per MB of K / V in a mixed segment),
+    "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for all regimes: fit_boundary; with
+    `boundary_regimes`, written into those regimes only); the others keep the base profile's values.
     keep_attn: the megakernel refit moves only mk_scale: the base's mk_offset_us stays, and attention-only segments
     keep the base's scale (mk_attn_scale) and factor, so their price does not move. For a simulator term that
     changes whole-layer segments only (tc_pass_us_by_rows: linear tiles), fitted on rows of older code whose
@@ -320,8 +321,8 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
                 n_conv = {id(r): sum(1 for rr, _ in cv_rows if rr is r) for r, _ in cv_rows}
                 share = [1.0 / n_conv[id(r)] for r, _ in cv_rows]
             over.update(fit_conventional(cv, share, paged_scale))
-        shown = ("mk_scale", "mk_offset_us", "mk_mixed_attn_us", "mk_attn_layer_us", "mk_mixed_kv_us_per_mb", "mk_attn_factor",
-                 "mk_attn_scale") + CONV_FIELDS
+        shown = ("mk_scale", "mk_offset_us", "mk_mixed_attn_us", "mk_attn_layer_us", "mk_mixed_kv_us_per_mb",
+                 "mk_attn_factor", "mk_attn_scale") + CONV_FIELDS
         report[key] = {"megakernel_segments": len(mk), "conventional_segments": len(cv),
                        **{k: over[k] for k in over if k in shown}}
         if over:
