@@ -1,5 +1,6 @@
 """fit.py recovers known calibration terms from synthetic measurements; prices from features equal candidates()'
 prices; batch regimes; row-group re-streaming in the simulator."""
+import copy
 import dataclasses
 import json
 import os
@@ -22,15 +23,27 @@ TRUE = {"1": {"mk_scale": 0.8, "mk_offset_us": 12.0, "conv_fixed_scale": 1.7, "c
               "conv_tc_eff": 0.3, "conv_attn_kv_passes": 4.0, "conv_attn_key_us": 0.0}}
 
 
+_BASE_PLANS: dict = {}
+
+
+def _base_plans(name: str, B: int, base: HardwareProfile) -> list:
+    """candidates() under the base profile, searched once per (model, batch) in this module (it is deterministic and
+    every synthetic_rows call made the same search); each call takes its own copy of the features below."""
+    key = (name, B, id(base))
+    if key not in _BASE_PLANS:
+        _BASE_PLANS[key] = (base, candidates(PRESETS[name], batch=B, context=64, prof=base))
+    return _BASE_PLANS[key][1]
+
+
 def synthetic_rows(prof_true: HardwareProfile, base: HardwareProfile) -> list[dict]:
     """Rows as validate_planner writes them, with 'measured' = the true profile's price of each segment."""
     rows = []
     for name in ("tiny-llama", "tiny-qwen3"):
         for B in (1, 2, 8, 16, 64):
-            for p in candidates(PRESETS[name], batch=B, context=64, prof=base):
+            for p in _base_plans(name, B, base):
                 pt = prof_true.for_batch(B)
                 segs = [dict(kind=s.kind, ops=len(s.ops), first_op=s.ops[0], predicted_us=s.predicted_us,
-                             features=s.features,
+                             features=copy.deepcopy(s.features),
                              measured_us=price_from_features(s.features, pt)) for s in p.segments]
                 meas = sum(s["measured_us"] for s in segs) + pt.boundary_us * (len(segs) - 1)
                 rows.append(dict(model=name, batch=B, tp=1, plan=p.name, chosen=p is candidates, segments=segs,

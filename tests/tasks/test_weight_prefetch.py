@@ -1,6 +1,7 @@
 """weight_prefetch tasks (tasks/ops/prefetch.py, Tiling.l2_prefetch_mb): which bytes they cover, where they run,
 what they wait for, how they are packed, and that they change no value (pyvm, bitwise, against prefetch off)."""
 import collections
+import functools
 
 import pytest
 import torch
@@ -19,6 +20,11 @@ from mpk_runtime.tasks.tiling import Tiling
 
 
 def _tg(model="llama-3.2-1b", B=1, mb=24.0, sms=132):
+    return _built(model, B, mb, sms)
+
+
+@functools.lru_cache(maxsize=None)   # a deterministic build that no test changes: once per shape in this module
+def _built(model, B, mb, sms):
     g = build_graph(load_config(model), batch=B, context_len=512, attn_splits=8 if B == 1 else 2)
     tgs = build_task_graphs([g], Tiling(num_sms=sms, l2_prefetch_mb=mb))
     check_task_graphs(tgs)
