@@ -391,16 +391,16 @@ class HardwareProfile:
 
 def card_mismatch(profile_name: str, device_name: str) -> str | None:
     """A warning when the GPU is not the card a profile was measured on (the profile's name starts with it: "h200_v56"
-    is an H200's), else None. The planner's prices are that card's. Its choices have held on an H100 (h200_v56 on the
-    46 plans sessions 54 / 56 measured there: the fastest chosen at 8 of 8 points), its times not (step MAPE 16%: the
-    H100 streams 3.06 TB/s against the H200's 4.55)."""
+    is an H200's), else None. The planner's prices are that card's. h200_v56's choices held on an H100 at the two
+    models it was fitted on (sessions 54-60), its times not (step MAPE 12-16%: the H100 streams 3.20 TB/s against the
+    H200's 4.55), and at qwen2.5-7b B=8 its choice cost 8.4% there (session 60): hence h100_v1."""
     m = re.match(r"([a-z]\d{2,4})(_|\.json$|$)", os.path.basename(profile_name).lower())
     card = m.group(1).upper() if m else ""   # a name that does not start with a card says nothing about it
     if not card or card in device_name.upper():
         return None
     return (f"planning with profile {profile_name} (measured on an {card}) on {device_name}: the plans' predicted times "
-            f"are the {card}'s; measure this card's profile (scripts/profile_hw.py, docs/planner.md) and set "
-            "MPK_PLANNER_PROFILE to plan with its own prices")
+            f"are the {card}'s; measure this card's profile (scripts/gpu_pending.sh mode card, docs/planner.md "
+            "session 60) and set MPK_PLANNER_PROFILE, or add it to PROFILE_BY_CARD, to plan with its own prices")
 
 
 def conv_attn_shape(n_kv: int, head_dim: int, gs: int, impl: str = "") -> str:
