@@ -39,3 +39,6 @@ def test_every_removed_define_is_in_the_removed_table():
 def test_the_documented_default_profile_is_the_planners():
     m = re.search(r"`MPK_PLANNER_PROFILE`[^\n]*default (h200_v\d+)", SWITCHES)
     assert m and m.group(1) == DEFAULT_PROFILE, (m and m.group(1), DEFAULT_PROFILE)
+    line = re.search(r"`MPK_PLANNER_PROFILE`[^\n]*", SWITCHES).group(0)
+    from mpk_runtime.planner.profile import PROFILE_BY_CARD
+    assert all(name in line for card, name in PROFILE_BY_CARD.items() if name != DEFAULT_PROFILE), line
