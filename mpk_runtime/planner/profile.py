@@ -371,15 +371,12 @@ class HardwareProfile:
         # the benchmarks'), e.g. one measured on this machine by scripts/profile_hw.py; without it, the card's own
         # (PROFILE_BY_CARD)
         name_or_path = name_or_path or default_profile_name()
-        if name_or_path.upper() in PROFILE_BY_CARD and not os.path.exists(name_or_path) and \
-                not os.path.exists(os.path.join(_DIR, f"{name_or_path}.json")):   # a card ("h100") without a
-            name_or_path = PROFILE_BY_CARD[name_or_path.upper()]                   # profile of that name ("h200")
         path = name_or_path if os.path.exists(name_or_path) else os.path.join(_DIR, f"{name_or_path}.json")
         if not os.path.exists(path):
             known = sorted(f[:-5] for f in os.listdir(_DIR) if f.endswith(".json"))
-            raise FileNotFoundError(f"no hardware profile {name_or_path!r}; known: {known}, a card's "
-                                    f"({', '.join(sorted(PROFILE_BY_CARD))}), or a JSON path written by "
-                                    "scripts/profile_hw.py")
+            cards = ", ".join(f"{c}: {n}" for c, n in sorted(PROFILE_BY_CARD.items()))
+            raise FileNotFoundError(f"no hardware profile {name_or_path!r}; known: {known} (by card: {cards}), or a "
+                                    "JSON path written by scripts/profile_hw.py")
         with open(path) as f:
             d = json.load(f)
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
