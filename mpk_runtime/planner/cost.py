@@ -178,13 +178,22 @@ def kv_beyond_first(f: dict) -> float:
     return f.get("attn_kv_mb", 0.0) * max(0, n - 1) / n
 
 
+def mixed_attn_terms_us(f: dict, prof: HardwareProfile) -> float:
+    """What a megakernel segment holding attention among other ops (attn_mixed) adds to its scaled simulation: once
+    (mk_mixed_attn_us), per attention layer beyond the first (mk_attn_layer_us), per MB of K / V those layers read
+    (mk_mixed_kv_us_per_mb) and on its attention ops' own simulated time (mk_mixed_attn_sim_scale x attn_sim_us)."""
+    if not f.get("attn_mixed"):
+        return 0.0
+    return prof.mk_mixed_attn_us + prof.mk_attn_layer_us * max(0, f.get("attn_layers", 1) - 1) + \
+        prof.mk_mixed_kv_us_per_mb * kv_beyond_first(f) + prof.mk_mixed_attn_sim_scale * f.get("attn_sim_us", 0.0)
+
+
 def price_from_features(f: dict, prof: HardwareProfile) -> float:
     """A segment's price from its features under `prof` (fit.py): the same arithmetic as the cost functions."""
     if f["kind"] == "megakernel":
         if not f.get("attn_only"):
             return prof.megakernel_launch_us + prof.mk_scale * f["sim_us"] + prof.mk_offset_us + \
-                ((prof.mk_mixed_attn_us + prof.mk_attn_layer_us * max(0, f.get("attn_layers", 1) - 1) +
-                  prof.mk_mixed_kv_us_per_mb * kv_beyond_first(f)) if f.get("attn_mixed") else 0.0)
+                mixed_attn_terms_us(f, prof)
         scale = prof.mk_scale if prof.mk_attn_scale is None else prof.mk_attn_scale
         return (prof.megakernel_launch_us + scale * f["sim_us"] + prof.mk_offset_us) * prof.mk_attn_factor
     st = sum(c * max(s / prof.conv_bw_fraction, t / prof.conv_tc_eff) for s, t, c in f["st"])
@@ -295,12 +304,15 @@ class SegmentCoster:
     def megakernel_features(self, ops: list[str], tiling: Tiling) -> dict:
         """The segment's price terms (price_from_features; fit.py refits from them): its simulated makespan, and
         whether it holds attention alone (attn_only) or among other ops (attn_mixed), how many attention ops
-        (attn_layers) and the MB they read (attn_kv_mb: the K / V at the graph's context, the ops' bytes)."""
+        (attn_layers) and the MB they read (attn_kv_mb: the K / V at the graph's context, the ops' bytes); in a
+        mixed segment also attn_sim_us, its attention ops' simulated makespans each alone (an attention-only
+        segment's simulation, memoised per shape: one simulation for identical layers)."""
         kinds = {self._op[n].kind for n in ops}
         attn = [self._op[n] for n in ops if self._op[n].kind == "attention"]
+        mixed = "attention" in kinds and kinds != {"attention"}
         return {"kind": "megakernel", "sim_us": self.sim_us(ops, tiling), "attn_only": kinds == {"attention"},
-                "attn_mixed": "attention" in kinds and kinds != {"attention"}, "attn_layers": len(attn),
-                "attn_kv_mb": sum(o.bytes for o in attn) / 1e6}
+                "attn_mixed": mixed, "attn_layers": len(attn), "attn_kv_mb": sum(o.bytes for o in attn) / 1e6,
+                **({"attn_sim_us": sum(self.sim_us([o.name], tiling) for o in attn)} if mixed else {})}
 
     def megakernel_us(self, ops: list[str], tiling: Tiling) -> float:
         return price_from_features(self.megakernel_features(ops, tiling), self.prof)

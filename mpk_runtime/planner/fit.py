@@ -118,39 +118,48 @@ def _wls(cols: list[list[float]], y: list[float], w: list[float], nonneg: bool =
     return [float(v) for v in b]
 
 
+def _mixed_columns(segs, sims, w, mixed, cols: dict, launch_us) -> dict:
+    """The coefficients of feature columns fitted together on the mixed segments alone (scale, constant, the
+    columns; relative-error weights), each floored at 0 (a column fitted negative is set to 0 and the rest
+    refitted without it); a column that takes fewer than two distinct values there is left out (not returned)."""
+    ix = [i for i, m in enumerate(mixed) if m]
+    names = [n for n, c in cols.items() if len({round(c[i], 3) for i in ix}) >= 2]
+    zero = {}
+    while names:
+        b = _wls([[sims[i] for i in ix], [1.0] * len(ix)] + [[cols[n][i] for i in ix] for n in names],
+                 [segs[i]["measured_us"] - launch_us for i in ix], [w[i] for i in ix], nonneg=False)
+        got = dict(zip(names, b[2:]))
+        neg = [n for n, v in got.items() if v < 0]
+        if not neg:
+            return {**zero, **got}
+        zero.update({n: 0.0 for n in neg})
+        names = [n for n in names if n not in neg]
+    return zero
+
+
 def fit_megakernel(segs: list[dict], launch_us: float, offset_us: float | None = None, per_layer: bool = False,
-                   per_kv: bool = False) -> dict:
+                   per_kv: bool = False, per_attn_sim: bool = False) -> dict:
     """mk_scale and mk_offset_us of whole megakernel segments (relative-error weights), and mk_mixed_attn_us (the
     price of holding a layer's attention among other ops, cost.price_from_features) where segments of both kinds
     are among them; offset_us given: that offset kept and the scale alone fitted (the mixed term with it).
-    per_kv: mk_mixed_kv_us_per_mb (a mixed segment's price per MB of K / V its attention layers beyond the first
-    read, cost.kv_beyond_first), fitted first on the mixed segments alone (scale, constant, MB; at least two
-    distinct MB), then taken off their measurements as per_layer's term is."""
+    The mixed segments' own terms, fitted together first on the mixed segments alone (scale, constant, the terms'
+    features; each needs at least two distinct values) and then taken off their measurements: per_layer
+    mk_attn_layer_us (per attention layer beyond the first), per_kv mk_mixed_kv_us_per_mb (per MB of K / V those
+    layers read, cost.kv_beyond_first), per_attn_sim mk_mixed_attn_sim_scale (on the simulated time of the
+    segment's attention ops, feature attn_sim_us)."""
     sims = [s["features"]["sim_us"] for s in segs]
     w = [1.0 / s["measured_us"] ** 2 for s in segs]
     mixed = [1.0 if s["features"].get("attn_mixed") else 0.0 for s in segs]
     both = 0 < sum(mixed) < len(mixed)
-    kv = [kv_beyond_first(s["features"]) if m else 0.0 for s, m in zip(segs, mixed)]
-    kv_us = None
-    if per_kv and len({round(k, 3) for k, m in zip(kv, mixed) if m}) >= 2:
-        ix = [i for i, m in enumerate(mixed) if m]
-        b = _wls([[sims[i] for i in ix], [1.0] * len(ix), [kv[i] for i in ix]],
-                 [segs[i]["measured_us"] - launch_us for i in ix], [w[i] for i in ix], nonneg=False)
-        kv_us = max(0.0, b[2])
-        segs = [dict(s, measured_us=s["measured_us"] - kv_us * k) for s, k in zip(segs, kv)]
-    # per_layer: attention layers beyond the first in a mixed segment (mk_attn_layer_us), fitted first on the mixed
-    # segments alone (scale, constant, layers), then taken off the measurements the other terms are fitted to
-    extra = [max(0, s["features"].get("attn_layers", 1) - 1) if m else 0 for s, m in zip(segs, mixed)]
-    layer_us = None
-    if per_layer and len({e for e, m in zip(extra, mixed) if m}) >= 2:
-        ix = [i for i, m in enumerate(mixed) if m]
-        b = _wls([[sims[i] for i in ix], [1.0] * len(ix), [extra[i] for i in ix]],
-                 [segs[i]["measured_us"] - launch_us for i in ix], [w[i] for i in ix], nonneg=False)
-        layer_us = max(0.0, b[2])
-    y = [s["measured_us"] - launch_us - (layer_us or 0.0) * e for s, e in zip(segs, extra)]
+    feats = {"mk_attn_layer_us": (per_layer, lambda f: max(0, f.get("attn_layers", 1) - 1)),
+             "mk_mixed_kv_us_per_mb": (per_kv, kv_beyond_first),
+             "mk_mixed_attn_sim_scale": (per_attn_sim, lambda f: f.get("attn_sim_us", 0.0))}
+    cols = {n: [float(feat(s["features"])) if m else 0.0 for s, m in zip(segs, mixed)]
+            for n, (on, feat) in feats.items() if on}
+    found = _mixed_columns(segs, sims, w, mixed, cols, launch_us) if cols else {}
+    y = [s["measured_us"] - launch_us - sum(v * cols[n][i] for n, v in found.items()) for i, s in enumerate(segs)]
     out = _fit_mk_terms(sims, y, w, mixed, both, launch_us, offset_us)
-    return {**out, **({"mk_attn_layer_us": layer_us} if layer_us is not None else {}),
-            **({"mk_mixed_kv_us_per_mb": kv_us} if kv_us is not None else {})}
+    return {**out, **found}
 
 
 def _fit_mk_terms(sims, y, w, mixed, both, launch_us, offset_us) -> dict:
@@ -175,8 +184,11 @@ def _fit_mk_terms(sims, y, w, mixed, both, launch_us, offset_us) -> dict:
 
 def fit_attn_factor(segs: list[dict], prof: HardwareProfile) -> float:
     """mk_attn_factor: the factor on the price of attention-only megakernel segments (priced with `prof`'s
-    mk_scale / mk_offset_us, fitted on whole-layer segments) that minimises their squared relative errors."""
-    r = [price_from_features(dict(s["features"], attn_only=False), prof) / s["measured_us"] for s in segs]
+    mk_offset_us and its mk_attn_scale, or mk_scale where it has none) that minimises their squared relative
+    errors. (Before session 61 they were priced with mk_scale here whatever mk_attn_scale was, so a regime with
+    both (h100_v1's 32 / 128: 0.93 and 1.22) got a factor for another price and attn-mk's segments ~20% high.)"""
+    unit = replace(prof, mk_attn_factor=1.0)   # priced as they are (mk_attn_scale where the regime has one)
+    r = [price_from_features(dict(s["features"], attn_only=True), unit) / s["measured_us"] for s in segs]
     return sum(r) / sum(v * v for v in r)
 
 
@@ -284,6 +296,7 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
     """The base profile with per-regime calibration fitted on `rows`; and a report (counts per regime).
     terms: "mk" (mk_scale, mk_offset_us), "mklayer" ("mk" plus mk_attn_layer_us, a price per attention layer beyond
     the first in a mixed segment), "mkkv" ("mk" plus mk_mixed_kv_us_per_mb, per MB of K / V in a mixed segment),
+    "mkas" ("mk" plus mk_mixed_attn_sim_scale, on the simulated time of a mixed segment's attention ops),
     "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for all regimes: fit_boundary; with
     `boundary_regimes`, written into those regimes only); the others keep the base profile's values.
     keep_attn: the megakernel refit moves only mk_scale: the base's mk_offset_us stays, and attention-only segments
@@ -303,12 +316,12 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
         cv_rows = [(r, s) for r, s in segs if s["features"]["kind"] == "conventional"]
         cv = [s for _, s in cv_rows]
         over = dict(keep.get(key, {}))
-        if ({"mk", "mklayer", "mkkv"} & set(terms)) and len(mk) >= min_segments:
+        if ({"mk", "mklayer", "mkkv", "mkas"} & set(terms)) and len(mk) >= min_segments:
             whole = [s for s in mk if not s["features"].get("attn_only")]
             was = base.for_batch(int(key))
             over.update(fit_megakernel(whole if len(whole) >= min_segments else mk, base.megakernel_launch_us,
                                        was.mk_offset_us if keep_attn else None, per_layer="mklayer" in terms,
-                                       per_kv="mkkv" in terms))
+                                       per_kv="mkkv" in terms, per_attn_sim="mkas" in terms))
             attn = [s for s in mk if s["features"].get("attn_only")]
             if keep_attn:   # attention-only segments: the base's scale, offset and factor (cost.price_from_features)
                 over["mk_attn_scale"] = was.mk_scale if was.mk_attn_scale is None else was.mk_attn_scale
@@ -322,6 +335,7 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
                 share = [1.0 / n_conv[id(r)] for r, _ in cv_rows]
             over.update(fit_conventional(cv, share, paged_scale))
         shown = ("mk_scale", "mk_offset_us", "mk_mixed_attn_us", "mk_attn_layer_us", "mk_mixed_kv_us_per_mb",
+                 "mk_mixed_attn_sim_scale",
                  "mk_attn_factor", "mk_attn_scale") + CONV_FIELDS
         report[key] = {"megakernel_segments": len(mk), "conventional_segments": len(cv),
                        **{k: over[k] for k in over if k in shown}}

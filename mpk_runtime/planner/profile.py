@@ -111,8 +111,10 @@ DEFAULT_PROFILE = "h200_v56"
 # The profile a planner not handed one (and without MPK_PLANNER_PROFILE) prices with on each card, by the name the
 # CUDA device reports; a card not here (and a machine without a GPU: CI, `plan` on a laptop) gets DEFAULT_PROFILE.
 # h100_v1 (session 60): this card's stream, latencies, launch, conventional costs and attention curves measured,
-# its regimes fitted on its own validation rows (docs/planner.md session 60).
-PROFILE_BY_CARD: dict[str, str] = {"H200": DEFAULT_PROFILE, "H100": "h100_v1"}
+# its regimes fitted on its own validation rows (docs/planner.md session 60); h100_v2 (session 61) refitted on rows
+# to 32768 keys with a mixed segment's attention priced on its own simulated time (regret 0 at 22 out-of-sample
+# points to 131072 keys, where h100_v1's per-MB term cost up to 11.9%).
+PROFILE_BY_CARD: dict[str, str] = {"H200": DEFAULT_PROFILE, "H100": "h100_v2"}
 
 
 def profile_for_card(device_name: str) -> str:
@@ -270,6 +272,13 @@ class HardwareProfile:
     # per-layer's one-layer segments at the same keys priced within 2%: attention inside a kernel that streams the
     # next layers' weights reads its K / V slower. planner.fit --terms mkkv fits it per regime.
     mk_mixed_kv_us_per_mb: float = 0.0
+    # ... and on the simulated makespan of such a segment's attention ops, each simulated alone (feature attn_sim_us):
+    # the simulator's attention tasks run slower inside a mixed segment than priced, by a share of their own time.
+    # On an H100 (session 61, 512-131072 keys) one-layer and whole-model segments both fell short of their price by
+    # ~0.1-0.2 of their attention's simulated time from 8192 keys on, while attention-only segments priced within
+    # 2-6%; the per-MB term above, fitted at <= 2048 keys, priced the one megakernel +10..+27% at 65-131k keys.
+    # planner.fit --terms mkas fits it per regime.
+    mk_mixed_attn_sim_scale: float = 0.0
     # TP > 1: extra cost of each conventional collective (all-reduce, distributed argmax) beyond the NCCL curve:
     # the conventional executor all-gathers fp32 partials and sums them in rank order (copies + NCCL + sum)
     conv_collective_us: float = 0.0
@@ -390,7 +399,7 @@ def card_mismatch(profile_name: str, device_name: str) -> str | None:
     """A warning when the GPU is not the card a profile was measured on (the profile's name starts with it: "h200_v56"
     is an H200's), else None. The planner's prices are that card's. h200_v56's choices held on an H100 at the two
     models it was fitted on (sessions 54-60), its times not (step MAPE 12-16%: the H100 streams 3.20 TB/s against the
-    H200's 4.55), and at qwen2.5-7b B=8 its choice cost 8.4% there (session 60): hence h100_v1."""
+    H200's 4.55), and at qwen2.5-7b B=8 its choice cost 8.4% there (session 60): hence the H100's own (h100_v1, v2)."""
     m = re.match(r"([a-z]\d{2,4})(_|\.json$|$)", os.path.basename(profile_name).lower())
     card = m.group(1).upper() if m else ""   # a name that does not start with a card says nothing about it
     if not card or card in device_name.upper():
