@@ -66,6 +66,25 @@ def holdout(rows: list[dict], base: HardwareProfile, sims: dict | None = None, *
     return res
 
 
+def by_context(rows: list[dict], base: HardwareProfile, **kw) -> dict:
+    """Leave one context out: for each context among the rows, fit on the rows of every other context and score
+    that context's points (fit_profile's terms and regimes, no simulator grid). Says how a set of terms carries to a
+    context it never saw, where --test scores one split; "pooled" sums the held-out folds."""
+    ctxs = sorted({r.get("context", 512) for r in rows})
+    folds, held = {}, []
+    for c in ctxs:
+        train = [r for r in rows if r.get("context", 512) != c]
+        test = [r for r in rows if r.get("context", 512) == c]
+        if not train or not test:
+            continue
+        prof, _ = fit_profile(train, base, **kw)
+        priced = reprice(test, prof)
+        folds[c] = _brief(summarize(priced))
+        held += priced
+    pooled = _brief(summarize(held)) if held else {}
+    return {"folds": folds, "pooled": pooled}
+
+
 def _grid(spec: str) -> list[tuple]:
     """"f1=a,b;f2=c" -> [((f1, a), (f2, c)), ((f1, b), (f2, c))] (fields of SIM_FIELDS)."""
     import itertools
@@ -113,6 +132,9 @@ def main() -> None:
     ap.add_argument("--paged-scale", type=float, default=None,
                     help="the paged attention curves' scale fixed (e.g. 1.0: curves measured on this card taken as "
                          "they are) instead of fitted per regime")
+    ap.add_argument("--cv-context", action="store_true",
+                    help="also leave one context out: fit on the other contexts' rows, score the held-out one "
+                         "(by_context), per context and pooled")
     a = ap.parse_args()
     rows = load_rows(a.rows)
     if a.batches:
@@ -150,6 +172,14 @@ def main() -> None:
               "all_fitted_in_sample_mape": mape_by(fitted_rows, prof)}
     if a.holdout:
         report["holdout"] = holdout(base_rows, base, sims=sims if len(sims) > 1 else None, **kw)
+    if a.cv_context:
+        report["cv_context"] = by_context(base_rows, base, **kw)
+        for c, f in report["cv_context"]["folds"].items():
+            print(f"held out ctx {c}: step MAPE {f['step_mape']:.4f}, segment {f['segment_mape']:.4f}, max regret "
+                  f"{f['max_regret']}, min Spearman {f['min_spearman']}")
+        pl = report["cv_context"]["pooled"]
+        print(f"held out, pooled: step MAPE {pl['step_mape']:.4f}, segment {pl['segment_mape']:.4f}, max regret "
+              f"{pl['max_regret']}, pairs ordered {pl['resolved_pairs_ordered']}, min Spearman {pl['min_spearman']}")
     if a.test:
         test = valid_rows(load_rows(a.test))
         if not a.no_resimulate:
