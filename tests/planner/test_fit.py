@@ -13,7 +13,7 @@ from mpk_runtime.planner import HardwareProfile, candidates, simulate
 from mpk_runtime.planner.cost import price_from_features
 from mpk_runtime.planner.simulate import task_stream_bytes
 from mpk_runtime.planner.fit import fit_boundary, fit_profile
-from mpk_runtime.planner.fit_cli import holdout
+from mpk_runtime.planner.fit_cli import by_context, holdout
 from mpk_runtime.planner.score import reprice, spearman, summarize
 from mpk_runtime.tasks import Tiling, build_task_graphs
 
@@ -120,6 +120,20 @@ def test_holdout_reports_both_halves(base):
     for k in ("fit_a_test_b", "fit_b_test_a"):
         assert h[k]["test"]["segment_mape"] < 1e-3    # noise-free synthetic data: exact out of sample too
     assert h["base_profile"]["segment_mape"] > 0.05
+
+
+def test_leave_one_context_out_scores_each_context_unseen(base):
+    """fit --cv-context (by_context): one fold per context, each fitted without that context's rows; noise-free
+    rows of one true profile are priced exactly in every held-out fold, and the pooled report sums the folds."""
+    rows = synthetic_rows(dataclasses.replace(base, regimes=TRUE), base)
+    rows = [dict(r, context=64 if r["model"] == "tiny-llama" else 128) for r in rows]
+    cv = by_context(rows, base)
+    assert sorted(cv["folds"]) == [64, 128]
+    for f in cv["folds"].values():
+        assert f["segment_mape"] < 1e-3 and f["max_regret"] == 0.0
+        assert {p["context"] for p in f["points"]} and len({p["context"] for p in f["points"]}) == 1
+    assert len(cv["pooled"]["points"]) == sum(len(f["points"]) for f in cv["folds"].values())
+    assert by_context([dict(r, context=64) for r in rows], base) == {"folds": {}, "pooled": {}}   # one context: no fold
 
 
 def test_spearman_and_summary_checks():
