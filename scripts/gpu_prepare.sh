@@ -40,6 +40,8 @@ tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 carry=$(du -cb .cache/gb .cache/kc.tar.xz .cache/commit .cache/sync_bw | tail -1 | cut -f1)
 others=$(git ls-files -z --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 total=$((tree + carry + ${others:-0}))
-echo "gpu_prepare: tree $((tree / 1048576)) MiB + carry $((carry / 1048576)) MiB + untracked $((${others:-0} / 1048576)) MiB = $((total / 1048576)) MiB (limit 64)"
-[ "$total" -lt $((64 * 1048576)) ] || { echo "gpu_prepare: over the device tool's 64 MiB: move old results to git history (bench/results/ARCHIVED.md)"; exit 1; }
+# The device tool's limit behaves as 64 MB (10^6 bytes), not MiB: session 61 was refused at 62.7 MiB (65.7 MB) and
+# ran at 59.5 MiB (62.4 MB). sync_bw counts here though only mode card carries it.
+echo "gpu_prepare: tree $((tree / 1000000)) MB + carry $((carry / 1000000)) MB + untracked $((${others:-0} / 1000000)) MB = $((total / 1000000)) MB (limit 64 MB)"
+[ "$total" -lt 64000000 ] || { echo "gpu_prepare: over the device tool's 64 MB: move old results to git history (bench/results/ARCHIVED.md) or gzip them"; exit 1; }
 echo 'carry: [".cache/gb", ".cache/commit", ".cache/kc.tar.xz", ".cache/sync_bw"]'
