@@ -272,3 +272,35 @@ def test_a_gpu_that_is_not_the_profiles_card_is_named():
     assert card_mismatch("/tmp/x/h100_measured.json", "NVIDIA H100 80GB HBM3") is None
     assert card_mismatch("h200.json", "NVIDIA H100 80GB HBM3") is not None
     assert card_mismatch("/tmp/x/measured.json", "NVIDIA H100 80GB HBM3") is None   # no card in the name
+
+
+def test_a_shape_without_a_paged_curve_takes_the_nearest_at_equal_kv_bytes():
+    """Session 61: qwen2.5-7b's paged attention (4 KV heads x 128 x 7 q heads each) has no measured curve; it was
+    priced by the gather path's per-key floor (496 us a layer at 16384 keys, 39 measured on an H100). It now reads
+    the measured paged curve of the same head dim with the nearest KV heads, at the keys of equal K / V bytes a row."""
+    prof = HardwareProfile.load("h100_v2")
+    assert prof.has_conv_attn_curve(4, 128, 4, "paged") and prof.paged_stand_in(4, 128, 4) is not None
+    assert prof.paged_stand_in(4, 128, 7) == ("4x128x4@paged", 1.0)     # same KV heads: only the q heads differ
+    key, scale = prof.paged_stand_in(2, 128, 7)
+    assert key == "4x128x4@paged" and scale == 0.5
+    assert prof.has_conv_attn_curve(2, 128, 7, "paged") and not prof.has_conv_attn_curve(2, 128, 7)
+    for B, keys in ((1, 16384), (8, 4096), (32, 30000)):
+        got = prof.conv_attn_curve_us(2, 128, 7, B, keys, impl="paged")
+        assert got == pytest.approx(prof.conv_attn_curve_us(4, 128, 4, B, keys / 2, impl="paged"))
+    assert prof.paged_stand_in(8, 96, 4) is None and not prof.has_conv_attn_curve(8, 96, 4, "paged")   # no head dim 96
+    assert prof.conv_attn_curve_us(8, 96, 4, 8, 4096, impl="paged") is None
+
+
+def test_qwen25_conventional_attention_is_priced_from_a_paged_curve(monkeypatch):
+    """The conventional plan's attention ops of a model whose shape has no curve of its own (qwen2.5-7b) take the
+    stand-in curve, not the per-key floor, where the runtime runs the paged kernel."""
+    from mpk_runtime.ir import build_graph
+    from mpk_runtime.models import PRESETS
+    from mpk_runtime.planner.cost import conv_op_terms
+    monkeypatch.setenv("MPK_CONV_TRITON_ATTN", "1")
+    prof = HardwareProfile.load("h100_v2").for_batch(8)
+    g = build_graph(PRESETS["qwen2.5-7b"], batch=8, context_len=16384)
+    attn = next(o for o in g.ops if o.kind == "attention" and o.attrs.get("layer") == 1)
+    t = conv_op_terms(attn, g, prof)
+    assert "attn_curve_paged_us" in t and "attn_keys" not in t
+    assert 20.0 < t["attn_curve_paged_us"] < 200.0     # session 61 measured ~100 us a layer at B=8 (not 592)
