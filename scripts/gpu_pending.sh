@@ -70,9 +70,12 @@
 #    pyvm (tiny-llama-k16k B=3 / 8), mono launches at qwen2.5-7b / llama-3.1-8b B=8.) (session 60, 1x H100, four
 #    calls: bench/results/s60 -- mode card and mode val at ctx 512 / 2048 / 4096 gave the H100's own profile
 #    h100_v1 (the default on an H100); with it picked by the card, ctx 1024 regret 0, 131k llama B=8 regret 3.7%.)
-#    (session 61, 1x H100, seven calls: bench/results/s61 -- val rows at 8k-131k keys found h100_v1 choosing wrong from
-#    32k (regret up to 11.9%); h100_v2 (mk_mixed_attn_sim_scale, fitted on every H100 row) the H100's default: on the
-#    GPU at 12288 / 40960 / 49152 keys regret 0 at 8 of 9, 1.6% at the ninth. H200 starts were not tried.)
+#    (session 61, 1x H100, eleven calls: bench/results/s61 -- val rows at 8k-131k keys found h100_v1 choosing wrong
+#    from 32k (regret up to 11.9%); h100_v2 (mk_mixed_attn_sim_scale, fitted on every H100 row) the H100's default: on
+#    the GPU at 12288 / 40960 / 49152 keys regret 0 at 8 of 9, 1.6% at the ninth; llama-3.1-8b 32k and qwen2.5-7b
+#    16k / 24k (after the paged stand-in fix) regret 0; traces of the attention (run_tr). H200 starts were not tried.)
+#    On an H100: the attention task terms from run_tr-style traces (planner/trace_fit.py), then refit; paged curves
+#    for qwen2.5's shape (`profile_conv_attn.py` with 4 KV heads x 128 x 7) instead of the stand-in.
 #    On an H200, the same long-key rows would give h200_v56 the new term (`VAL_CTXS="8192 32768 131072"` ... val, then
 #    planner.fit --terms mkas,mklayer,conv --cv-context on them with session 57's rows).
 #    Next, one call each:

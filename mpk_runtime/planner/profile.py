@@ -111,9 +111,9 @@ DEFAULT_PROFILE = "h200_v56"
 # The profile a planner not handed one (and without MPK_PLANNER_PROFILE) prices with on each card, by the name the
 # CUDA device reports; a card not here (and a machine without a GPU: CI, `plan` on a laptop) gets DEFAULT_PROFILE.
 # h100_v1 (session 60): this card's stream, latencies, launch, conventional costs and attention curves measured,
-# its regimes fitted on its own validation rows (docs/planner.md session 60); h100_v2 (session 61) refitted on rows
-# to 32768 keys with a mixed segment's attention priced on its own simulated time (regret 0 at 22 out-of-sample
-# points to 131072 keys, where h100_v1's per-MB term cost up to 11.9%).
+# its regimes fitted on its own validation rows (docs/planner.md session 60); h100_v2 (session 61) refitted on its
+# rows from 512 to 131072 keys with a mixed segment's attention priced on its own simulated time (leaving one context
+# out: max regret 0.9%, where h100_v1 chose plans up to 11.9% slower from 32k keys on).
 PROFILE_BY_CARD: dict[str, str] = {"H200": DEFAULT_PROFILE, "H100": "h100_v2"}
 
 
