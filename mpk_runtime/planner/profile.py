@@ -328,16 +328,17 @@ class HardwareProfile:
         return self.conv_attn_curve_scale if self.conv_attn_paged_scale is None else self.conv_attn_paged_scale
 
     def has_conv_attn_curve(self, n_kv: int, head_dim: int, gs: int, impl: str = "") -> bool:
-        return conv_attn_shape(n_kv, head_dim, gs, impl) in self.conv_attn_us_by_shape or \
-            (impl == "paged" and self.paged_stand_in(n_kv, head_dim, gs) is not None)
+        if impl == "paged":
+            return self.paged_stand_in(n_kv, head_dim, gs) is not None
+        return conv_attn_shape(n_kv, head_dim, gs, impl) in self.conv_attn_us_by_shape
 
     def paged_stand_in(self, n_kv: int, head_dim: int, gs: int) -> tuple[str, float] | None:
-        """For a shape whose paged attention curve was not measured: the measured "@paged" curve of the same head dim
-        with the nearest KV heads (then q heads per KV head), and the factor n_kv / its KV heads that turns this
-        shape's keys into that curve's keys of equal K / V bytes a row (the paged kernel streams K / V; its programs
-        split rows x KV heads x keys). Without it such a shape was priced by the gather path's per-key floor:
-        qwen2.5-7b (4 KV heads x 128 x 7) at 16384 keys 496 us a layer against 39 measured (session 61). None: no
-        curve of that head dim."""
+        """The measured "@paged" curve that prices this shape's paged attention: its own (factor 1) where measured,
+        else the one of the same head dim with the nearest KV heads (then q heads per KV head), with the factor
+        n_kv / its KV heads that turns this shape's keys into that curve's keys of equal K / V bytes a row (the
+        paged kernel streams K / V; its programs split rows x KV heads x keys). Before session 61 a shape without
+        its own curve was priced by the gather path's per-key floor: qwen2.5-7b (4 KV heads x 128 x 7) at 16384 keys
+        496 us a layer against 39 measured. None: no curve of that head dim."""
         best = None
         for k in self.conv_attn_us_by_shape:
             m = re.fullmatch(r"(\d+)x(\d+)x(\d+)@paged", k)
@@ -355,9 +356,8 @@ class HardwareProfile:
         implementation the runtime takes ("paged": runtime/paged_attention.py), whose own curve is used where the
         profile has one, else the gather + SDPA curve (measured before it existed)."""
         key = conv_attn_shape(n_kv, head_dim, gs, impl)
-        if impl == "paged" and key not in self.conv_attn_us_by_shape and \
-                (stand := self.paged_stand_in(n_kv, head_dim, gs)) is not None:
-            key, keys = stand[0], keys * stand[1]   # a measured paged curve at equal K / V bytes a row
+        if impl == "paged" and (stand := self.paged_stand_in(n_kv, head_dim, gs)) is not None:
+            key, keys = stand[0], keys * stand[1]   # its own curve, or a measured one at equal K / V bytes a row
         elif impl and key not in self.conv_attn_us_by_shape:
             key = conv_attn_shape(n_kv, head_dim, gs)
         pts = self.conv_attn_us_by_shape.get(key)
