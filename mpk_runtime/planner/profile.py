@@ -113,8 +113,9 @@ DEFAULT_PROFILE = "h200_v56"
 # h100_v1 (session 60): this card's stream, latencies, launch, conventional costs and attention curves measured,
 # its regimes fitted on its own validation rows (docs/planner.md session 60); h100_v2 (session 61) refitted on its
 # rows from 512 to 131072 keys with a mixed segment's attention priced on its own simulated time (leaving one context
-# out: max regret 0.9%, where h100_v1 chose plans up to 11.9% slower from 32k keys on).
-PROFILE_BY_CARD: dict[str, str] = {"H200": DEFAULT_PROFILE, "H100": "h100_v2"}
+# out: max regret 0.9%, where h100_v1 chose plans up to 11.9% slower from 32k keys on); h100_v3 (session 62) is
+# h100_v2 with qwen2.5-7b's paged attention curve measured (nothing refitted).
+PROFILE_BY_CARD: dict[str, str] = {"H200": DEFAULT_PROFILE, "H100": "h100_v3"}
 
 
 def profile_for_card(device_name: str) -> str:
@@ -332,19 +333,25 @@ class HardwareProfile:
             return self.paged_stand_in(n_kv, head_dim, gs) is not None
         return conv_attn_shape(n_kv, head_dim, gs, impl) in self.conv_attn_us_by_shape
 
-    def paged_stand_in(self, n_kv: int, head_dim: int, gs: int) -> tuple[str, float] | None:
+    def paged_stand_in(self, n_kv: int, head_dim: int, gs: int, keys: float | None = None
+                       ) -> tuple[str, float] | None:
         """The measured "@paged" curve that prices this shape's paged attention: its own (factor 1) where measured,
-        else the one of the same head dim with the nearest KV heads (then q heads per KV head), with the factor
-        n_kv / its KV heads that turns this shape's keys into that curve's keys of equal K / V bytes a row (the
-        paged kernel streams K / V; its programs split rows x KV heads x keys). Before session 61 a shape without
-        its own curve was priced by the gather path's per-key floor: qwen2.5-7b (4 KV heads x 128 x 7) at 16384 keys
-        496 us a layer against 39 measured. None: no curve of that head dim."""
+        else one of the same head dim, with the factor n_kv / its KV heads that turns this shape's keys into that
+        curve's keys of equal K / V bytes a row (the paged kernel streams K / V; its programs split rows x KV heads
+        x keys). Among those: with `keys`, first the curves measured that far (their last point at or past keys x
+        factor: past a curve's end the kernel changes its launch shape, so its line does not extend: qwen2.5-7b at
+        16384 keys read off the 8193-key end of 4x128x4 priced 1.42x, s62), then the nearest KV heads, then the
+        nearest q heads per KV head. Before session 61 a shape without its own curve was priced by the gather
+        path's per-key floor: qwen2.5-7b (4 KV heads x 128 x 7) at 16384 keys 496 us a layer against 39 measured.
+        None: no curve of that head dim."""
         best = None
-        for k in self.conv_attn_us_by_shape:
+        for k, pts in self.conv_attn_us_by_shape.items():
             m = re.fullmatch(r"(\d+)x(\d+)x(\d+)@paged", k)
             if m and int(m.group(2)) == head_dim:
                 nk, g = int(m.group(1)), int(m.group(3))
-                rank = (abs(math.log(nk / n_kv)), abs(g - gs), -nk)
+                own = nk == n_kv and g == gs
+                short = keys is not None and max(p[1] for p in pts) < keys * n_kv / nk
+                rank = (not own, short, abs(math.log(nk / n_kv)), abs(g - gs), -nk)
                 if best is None or rank < best[0]:
                     best = (rank, k, n_kv / nk)
         return None if best is None else (best[1], best[2])
@@ -356,7 +363,7 @@ class HardwareProfile:
         implementation the runtime takes ("paged": runtime/paged_attention.py), whose own curve is used where the
         profile has one, else the gather + SDPA curve (measured before it existed)."""
         key = conv_attn_shape(n_kv, head_dim, gs, impl)
-        if impl == "paged" and (stand := self.paged_stand_in(n_kv, head_dim, gs)) is not None:
+        if impl == "paged" and (stand := self.paged_stand_in(n_kv, head_dim, gs, keys)) is not None:
             key, keys = stand[0], keys * stand[1]   # its own curve, or a measured one at equal K / V bytes a row
         elif impl and key not in self.conv_attn_us_by_shape:
             key = conv_attn_shape(n_kv, head_dim, gs)

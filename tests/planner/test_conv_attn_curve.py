@@ -284,11 +284,35 @@ def test_a_shape_without_a_paged_curve_takes_the_nearest_at_equal_kv_bytes():
     key, scale = prof.paged_stand_in(2, 128, 7)
     assert key == "4x128x4@paged" and scale == 0.5
     assert prof.has_conv_attn_curve(2, 128, 7, "paged") and not prof.has_conv_attn_curve(2, 128, 7)
-    for B, keys in ((1, 16384), (8, 4096), (32, 30000)):
+    for B, keys in ((1, 16384), (8, 4096), (32, 16386)):
         got = prof.conv_attn_curve_us(2, 128, 7, B, keys, impl="paged")
         assert got == pytest.approx(prof.conv_attn_curve_us(4, 128, 4, B, keys / 2, impl="paged"))
+    # Past the nearest curve's last point (4x128x4 ends at 8193 keys) a curve measured that far is read instead
+    # (its line past the end does not hold: the kernel takes its long-key launch shapes there).
+    assert max(p[1] for p in prof.conv_attn_us_by_shape["4x128x4@paged"]) == 8193
+    assert prof.paged_stand_in(2, 128, 7, 30000) == ("8x128x4@paged", 0.25)
+    got = prof.conv_attn_curve_us(2, 128, 7, 32, 30000, impl="paged")
+    assert got == pytest.approx(prof.conv_attn_curve_us(8, 128, 4, 32, 7500, impl="paged"))
+    assert prof.paged_stand_in(4, 128, 7, 16385) == ("8x128x4@paged", 0.5)
+    assert prof.paged_stand_in(4, 128, 4, 131073) == ("4x128x4@paged", 1.0)   # its own curve, however far
     assert prof.paged_stand_in(8, 96, 4) is None and not prof.has_conv_attn_curve(8, 96, 4, "paged")   # no head dim 96
     assert prof.conv_attn_curve_us(8, 96, 4, 8, 4096, impl="paged") is None
+
+
+def test_the_h100_profile_has_every_tp1_preset_shape_measured():
+    """Session 62: h100_v3 (the H100's profile by card) measured qwen2.5-7b's paged shape; every TP=1 preset the
+    validation ran on an H100 (llama-3.2-1b, llama-3.1-8b, qwen3-8b, qwen2.5-7b) prices its paged attention from its
+    own curve, not a stand-in; only a shape nobody measured still borrows one."""
+    from mpk_runtime.models import PRESETS
+    from mpk_runtime.planner.profile import PROFILE_BY_CARD
+    prof = HardwareProfile.load(PROFILE_BY_CARD["H100"])
+    for name in ("llama-3.2-1b", "llama-3.1-8b", "qwen3-8b", "qwen2.5-7b"):
+        c = PRESETS[name]
+        gs = c.num_heads // c.num_kv_heads
+        key, factor = prof.paged_stand_in(c.num_kv_heads, c.head_dim, gs, c.max_position_embeddings)
+        assert (key, factor) == (f"{c.num_kv_heads}x{c.head_dim}x{gs}@paged", 1.0), name
+    q = prof.conv_attn_us_by_shape["4x128x7@paged"]
+    assert {p[0] for p in q} == {1, 2, 4, 8, 16, 32, 64, 128} and max(p[1] for p in q) == 32769
 
 
 def test_qwen25_conventional_attention_is_priced_from_a_paged_curve(monkeypatch):
