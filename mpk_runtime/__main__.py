@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--search", action="store_true", help="price candidate partitions (megakernels vs "
                     "conventional) and show the best ones")
     pl.add_argument("--top", type=int, default=8)
-    pl.add_argument("--profile", default=None, help="hardware profile name (h100_v3 for an H100) or a JSON path "
+    pl.add_argument("--profile", default=None, help="hardware profile name (h100_v4 for an H100) or a JSON path "
                     "(default: this machine's card's, else planner.profile.DEFAULT_PROFILE)")
     pl.add_argument("--classify", action="store_true", help="with --search: category over batch 1/8/32/128")
     g = sub.add_parser("generate", help="generate tokens")

@@ -192,6 +192,33 @@ def fit_attn_factor(segs: list[dict], prof: HardwareProfile) -> float:
     return sum(r) / sum(v * v for v in r)
 
 
+def fit_attn_line(segs: list[dict], prof: HardwareProfile) -> dict:
+    """mk_attn_factor and mk_attn_scale together (term "mkattn"): attention-only megakernel segments priced as
+    factor x (launch + mk_offset_us + scale x sim_us), i.e. a line a + b x sim_us in their simulated time, fitted on
+    relative errors with the launch and offset the whole segments' fit left (prof). One factor alone scales the
+    line's intercept and slope together: session 62's H100 rows at B=128 want ~31 us + 1.09 x sim from 1024 to 8192
+    keys where the factor fitted at 512 keys priced 43 + 0.87 x sim, so attn-mk came out 13-18% low at 4096 / 8192
+    keys and was chosen over a conventional plan 5% faster. Needs two distinct sim_us; falls back to the factor
+    alone (fit_attn_factor) where the line's intercept or slope would not be positive."""
+    sims = {round(s["features"]["sim_us"], 3) for s in segs}
+    base = prof.megakernel_launch_us + prof.mk_offset_us
+    if len(sims) < 2 or base <= 0:
+        return {"mk_attn_factor": fit_attn_factor(segs, prof)}
+    rows = [[1.0 / s["measured_us"], s["features"]["sim_us"] / s["measured_us"]] for s in segs]
+    a11 = sum(r[0] * r[0] for r in rows)
+    a12 = sum(r[0] * r[1] for r in rows)
+    a22 = sum(r[1] * r[1] for r in rows)
+    b1, b2 = sum(r[0] for r in rows), sum(r[1] for r in rows)
+    det = a11 * a22 - a12 * a12
+    if det <= 1e-12 * a11 * a22:
+        return {"mk_attn_factor": fit_attn_factor(segs, prof)}
+    a, b = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
+    if a <= 0 or b <= 0:
+        return {"mk_attn_factor": fit_attn_factor(segs, prof)}
+    factor = a / base
+    return {"mk_attn_factor": factor, "mk_attn_scale": b / factor}
+
+
 # Passes over the gathered KV of the conventional attention (gather read + write, SDPA read: ~3): a grid of
 # physical values, not a free least-squares term. Free, it traded against the fixed term on one model's points
 # (191 passes and a 0.02 fixed scale at llama-3.2-1b batch 1, session 10), and the fit did not transfer across
@@ -297,7 +324,7 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
     terms: "mk" (mk_scale, mk_offset_us), "mklayer" ("mk" plus mk_attn_layer_us, a price per attention layer beyond
     the first in a mixed segment), "mkkv" ("mk" plus mk_mixed_kv_us_per_mb, per MB of K / V in a mixed segment),
     "mkas" ("mk" plus mk_mixed_attn_sim_scale, on the simulated time of a mixed segment's attention ops),
-    "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for all regimes: fit_boundary; with
+    "mkattn" ("mk" plus attention-only segments' own scale beside their factor: fit_attn_line), "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for all regimes: fit_boundary; with
     `boundary_regimes`, written into those regimes only); the others keep the base profile's values.
     keep_attn: the megakernel refit moves only mk_scale: the base's mk_offset_us stays, and attention-only segments
     keep the base's scale (mk_attn_scale) and factor, so their price does not move. For a simulator term that
@@ -316,7 +343,7 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
         cv_rows = [(r, s) for r, s in segs if s["features"]["kind"] == "conventional"]
         cv = [s for _, s in cv_rows]
         over = dict(keep.get(key, {}))
-        if ({"mk", "mklayer", "mkkv", "mkas"} & set(terms)) and len(mk) >= min_segments:
+        if ({"mk", "mklayer", "mkkv", "mkas", "mkattn"} & set(terms)) and len(mk) >= min_segments:
             whole = [s for s in mk if not s["features"].get("attn_only")]
             was = base.for_batch(int(key))
             over.update(fit_megakernel(whole if len(whole) >= min_segments else mk, base.megakernel_launch_us,
@@ -326,8 +353,11 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
             if keep_attn:   # attention-only segments: the base's scale, offset and factor (cost.price_from_features)
                 over["mk_attn_scale"] = was.mk_scale if was.mk_attn_scale is None else was.mk_attn_scale
             elif attn and len(whole) >= min_segments:
-                over["mk_attn_factor"] = fit_attn_factor(attn, replace(base, regimes={key: over}).for_batch(
-                    int(key)))
+                fitted = replace(base, regimes={key: over}).for_batch(int(key))
+                if "mkattn" in terms:
+                    over.update(fit_attn_line(attn, fitted))
+                else:
+                    over["mk_attn_factor"] = fit_attn_factor(attn, fitted)
         if "conv" in terms and len(cv) >= min_segments:
             share = None
             if conv_weight == "plan":

@@ -104,7 +104,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--name", default="h200_fitted")
     ap.add_argument("--holdout", action="store_true")
-    ap.add_argument("--terms", default="mk,conv", help="calibration terms to fit: mk, conv, boundary (comma-separated)")
+    ap.add_argument("--terms", default="mk,conv", help="calibration terms to fit: mk, mklayer, mkkv, mkas, mkattn, conv, "
+                    "boundary (comma-separated; planner.fit.fit_profile)")
     ap.add_argument("--regimes", default="1,8", help="min batch of each regime, e.g. 1,8 or 1,8,32,128")
     ap.add_argument("--no-resimulate", action="store_true",
                     help="price from the recorded features (sim_us of the simulator that made the plans); default: "

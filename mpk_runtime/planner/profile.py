@@ -114,8 +114,9 @@ DEFAULT_PROFILE = "h200_v56"
 # its regimes fitted on its own validation rows (docs/planner.md session 60); h100_v2 (session 61) refitted on its
 # rows from 512 to 131072 keys with a mixed segment's attention priced on its own simulated time (leaving one context
 # out: max regret 0.9%, where h100_v1 chose plans up to 11.9% slower from 32k keys on); h100_v3 (session 62) is
-# h100_v2 with qwen2.5-7b's paged attention curve measured (nothing refitted).
-PROFILE_BY_CARD: dict[str, str] = {"H200": DEFAULT_PROFILE, "H100": "h100_v3"}
+# h100_v2 with qwen2.5-7b's paged attention curve measured (nothing refitted); h100_v4 (session 62) refitted on
+# every H100 row with B=128 to 8192 keys and attention-only segments priced on their own line (fit --terms mkattn).
+PROFILE_BY_CARD: dict[str, str] = {"H200": DEFAULT_PROFILE, "H100": "h100_v4"}
 
 
 def profile_for_card(device_name: str) -> str:

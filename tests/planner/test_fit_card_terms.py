@@ -129,6 +129,29 @@ def test_attn_factor_is_fitted_against_the_price_attention_segments_get():
     assert all(price_from_features(s["features"], fitted) == pytest.approx(s["measured_us"]) for s in segs)
 
 
+def test_attn_line_recovers_an_intercept_and_a_slope_the_factor_alone_cannot():
+    """Term "mkattn" (session 62): attention-only segments measured on a line a + b x sim whose intercept and slope
+    are not in the ratio launch + offset : scale (the H100 at B=128: ~31 + 1.09 x sim against 43 + 0.87 x sim)
+    get their own factor and scale, and price every segment on the line; the factor alone leaves a slope error.
+    Where the line would need a negative intercept, the factor alone is fitted (a physical price)."""
+    from mpk_runtime.planner.fit import fit_attn_factor, fit_attn_line
+    prof = dataclasses.replace(HardwareProfile.load(DEFAULT_PROFILE).for_batch(128), mk_scale=0.88, mk_attn_scale=1.22,
+                               mk_offset_us=40.0, mk_attn_factor=0.71)
+    segs = []
+    for sim in (45.0, 88.0, 172.0, 341.0, 677.0):
+        f = {"kind": "megakernel", "sim_us": sim, "attn_only": True, "attn_mixed": False, "attn_layers": 1}
+        segs.append({"features": f, "measured_us": 31.0 + 1.09 * sim})
+    got = fit_attn_line(segs, prof)
+    fitted = dataclasses.replace(prof, **got)
+    assert got["mk_attn_factor"] * (prof.megakernel_launch_us + prof.mk_offset_us) == pytest.approx(31.0)
+    assert got["mk_attn_factor"] * got["mk_attn_scale"] == pytest.approx(1.09)
+    assert all(price_from_features(s["features"], fitted) == pytest.approx(s["measured_us"]) for s in segs)
+    alone = dataclasses.replace(prof, mk_attn_factor=fit_attn_factor(segs, prof))
+    assert max(abs(price_from_features(s["features"], alone) / s["measured_us"] - 1) for s in segs) > 0.05
+    neg = [dict(s, measured_us=1.09 * s["features"]["sim_us"] - 20.0) for s in segs]
+    assert set(fit_attn_line(neg, prof)) == {"mk_attn_factor"}
+
+
 def test_megakernel_features_carry_the_attention_sim():
     """A mixed segment's attn_sim_us is its attention ops' own simulated makespans: per layer what attn-mk's
     attention-only segment of that layer simulates. Segments without attention among other ops carry none."""

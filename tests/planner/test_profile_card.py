@@ -113,5 +113,5 @@ def test_card_profile_takes_only_this_cards_curves(tmp_path):
 
 
 def test_an_unknown_profile_names_the_cards_profiles():
-    with pytest.raises(FileNotFoundError, match="by card: .*H100: h100_v3"):
+    with pytest.raises(FileNotFoundError, match="by card: .*H100: h100_v4"):
         HardwareProfile.load("a100")
