@@ -74,10 +74,14 @@
 #    from 32k (regret up to 11.9%); h100_v2 (mk_mixed_attn_sim_scale, fitted on every H100 row) the H100's default: on
 #    the GPU at 12288 / 40960 / 49152 keys regret 0 at 8 of 9, 1.6% at the ninth; llama-3.1-8b 32k and qwen2.5-7b
 #    16k / 24k (after the paged stand-in fix) regret 0; traces of the attention (run_tr). H200 starts were not tried.)
-#    On an H100: the attention task terms from run_tr-style traces (planner/trace_fit.py), then refit; paged curves
-#    for qwen2.5's shape (`profile_conv_attn.py` with 4 KV heads x 128 x 7) instead of the stand-in.
-#    On an H200, the same long-key rows would give h200_v56 the new term (`VAL_CTXS="8192 32768 131072"` ... val, then
-#    planner.fit --terms mkas,mklayer,conv --cv-context on them with session 57's rows).
+#    (session 62, 1x H100, nine calls: bench/results/s62 -- tests/gpu 88 passed; issue 3's tables on the H100 with
+#    both peers; qwen2.5-7b's paged curve (h100_v3); B=128 at 1024-8192 keys found attn-mk chosen over a conventional
+#    plan up to 5.1% faster; h100_v4 (fit --terms mkattn) picks right there: regret 0 at 4 new points.)
+#    On an H100: the attention task terms from run_tr-style traces (planner/trace_fit.py), then refit; B=128 at the
+#    long contexts that fit (llama 16k) and qwen3-8b B=32 past 8k keys, both never validated on the H100.
+#    On an H200, the same long-key rows would give h200_v56 the new terms (`VAL_CTXS="8192 32768 131072"` ... val,
+#    B=128 at 1024-8192 keys, then planner.fit --terms mkas,mklayer,mkattn,conv --cv-context on them with session
+#    57's rows).
 #    Next, one call each:
 #    a. the conventional attention curves past 8193 keys for the profile, on an H200 only (the profile's card):
 #       `N=cattn T=300 CATTN_TP=1 CATTN_BASE=h200_v56 CATTN_NAME=h200_v57 CATTN_KEYS=16385,32769,65537,131073
