@@ -32,6 +32,7 @@ from .cost import kv_beyond_first, price_from_features
 from .profile import HardwareProfile
 from .score import valid
 from .score import features as seg_features
+from .trace_fit import lstsq
 
 REGIMES = ((1, "1"), (8, "8"))   # (min batch, key)
 BATCH_REGIMES = ((1, "1"), (8, "8"), (32, "32"), (128, "128"))   # --regimes batch: one per measured batch
@@ -204,17 +205,11 @@ def fit_attn_line(segs: list[dict], prof: HardwareProfile) -> dict:
     base = prof.megakernel_launch_us + prof.mk_offset_us
     if len(sims) < 2 or base <= 0:
         return {"mk_attn_factor": fit_attn_factor(segs, prof)}
-    rows = [[1.0 / s["measured_us"], s["features"]["sim_us"] / s["measured_us"]] for s in segs]
-    a11 = sum(r[0] * r[0] for r in rows)
-    a12 = sum(r[0] * r[1] for r in rows)
-    a22 = sum(r[1] * r[1] for r in rows)
-    b1, b2 = sum(r[0] for r in rows), sum(r[1] for r in rows)
-    det = a11 * a22 - a12 * a12
-    if det <= 1e-12 * a11 * a22:
+    sol = lstsq([[1.0 / s["measured_us"], s["features"]["sim_us"] / s["measured_us"]] for s in segs],
+                [1.0] * len(segs))   # a / m + b x sim / m = 1: the line on relative errors
+    if sol is None or sol[0] <= 0 or sol[1] <= 0:
         return {"mk_attn_factor": fit_attn_factor(segs, prof)}
-    a, b = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
-    if a <= 0 or b <= 0:
-        return {"mk_attn_factor": fit_attn_factor(segs, prof)}
+    a, b = sol
     factor = a / base
     return {"mk_attn_factor": factor, "mk_attn_scale": b / factor}
 
@@ -324,7 +319,8 @@ def fit_profile(rows: list[dict], base: HardwareProfile, min_segments: int = 2, 
     terms: "mk" (mk_scale, mk_offset_us), "mklayer" ("mk" plus mk_attn_layer_us, a price per attention layer beyond
     the first in a mixed segment), "mkkv" ("mk" plus mk_mixed_kv_us_per_mb, per MB of K / V in a mixed segment),
     "mkas" ("mk" plus mk_mixed_attn_sim_scale, on the simulated time of a mixed segment's attention ops),
-    "mkattn" ("mk" plus attention-only segments' own scale beside their factor: fit_attn_line), "conv" (CONV_FIELDS), "boundary" (segment_boundary_us, one value for all regimes: fit_boundary; with
+    "mkattn" ("mk" plus attention-only segments' own scale beside their factor: fit_attn_line), "conv"
+    (CONV_FIELDS), "boundary" (segment_boundary_us, one value for all regimes: fit_boundary; with
     `boundary_regimes`, written into those regimes only); the others keep the base profile's values.
     keep_attn: the megakernel refit moves only mk_scale: the base's mk_offset_us stays, and attention-only segments
     keep the base's scale (mk_attn_scale) and factor, so their price does not move. For a simulator term that
