@@ -80,8 +80,8 @@
 #    On an H100: the attention task terms from run_tr-style traces (planner/trace_fit.py), then refit; B=128 at the
 #    long contexts that fit (llama 16k) and qwen3-8b B=32 past 8k keys, both never validated on the H100.
 #    On an H200, the same long-key rows would give h200_v56 the new terms (`VAL_CTXS="8192 32768 131072"` ... val,
-#    B=128 at 1024-8192 keys, then planner.fit --terms mkas,mklayer,mkattn,conv --cv-context on them with session
-#    57's rows).
+#    B=128 at 8192 keys (its B=128 rows end at 4096), then planner.fit --terms mkas,mklayer,mkattn,conv
+#    --cv-context on them with session 57's rows).
 #    Next, one call each:
 #    a. the conventional attention curves past 8193 keys for the profile, on an H200 only (the profile's card):
 #       `N=cattn T=300 CATTN_TP=1 CATTN_BASE=h200_v56 CATTN_NAME=h200_v57 CATTN_KEYS=16385,32769,65537,131073
