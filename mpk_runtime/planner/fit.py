@@ -1,13 +1,14 @@
 """Refit the profile's calibration terms per batch regime from validation measurements, and score predictions.
 
     python -m mpk_runtime.planner.fit --rows $OUT/planner_validation_rows.jsonl [--profile h200_measured]
-        [--out DIR] [--holdout]
+        [--out DIR] [--holdout] [--terms mk,conv] [--regimes 1,8,32,128] [--cv-context [--cv-bands]]
 
 Input: scripts/validate_planner.py rows; each measured segment carries the features of its price
 (cost.conventional_features / {"sim_us"} of a megakernel segment). Per regime (batch 1..7 -> "1", batch >= 8 ->
 "8": the batch-1 kernels and the 8-row-group kernels are different code paths) it fits:
   megakernel    measured - launch = mk_scale * simulated + mk_offset_us (+ mk_mixed_attn_us: a segment holding a
-                layer's attention among other ops)                     (weighted least squares)
+                layer's attention among other ops)                     (weighted least squares); attention-only
+                segments: mk_attn_factor (and with --terms mkattn mk_attn_scale: fit_attn_line) on that price
   conventional  measured = conv_fixed_scale * fixed + sum_ops max(stream / conv_bw_fraction, tc / conv_tc_eff)
                            + sum_attention max(conv_attn_kv_passes * attn_kv,
                                                conv_attn_key_us * keys)           (grid over the two efficiencies,

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import replace
 
 from .cost import price_from_features
-from .fit import PREFIXES, SIM_FIELDS, fit_profile, regime_of, scoped_terms, \
+from .band import central, with_bands
+from .fit import PREFIXES, REGIMES, SIM_FIELDS, fit_profile, regime_of, scoped_terms, \
     with_terms
 from .fit import __doc__ as FIT_DOC
 from .profile import HardwareProfile
@@ -82,7 +84,22 @@ def by_context(rows: list[dict], base: HardwareProfile, **kw) -> dict:
         folds[c] = _brief(summarize(priced))
         held += priced
     pooled = _brief(summarize(held)) if held else {}
-    return {"folds": folds, "pooled": pooled}
+    return {"folds": folds, "pooled": pooled, "bands": held_bands(held, kw.get("regimes", REGIMES))}
+
+
+def held_bands(priced: list[dict], regimes, share: float = 0.9, min_rows: int = 10) -> dict[str, list[float]]:
+    """Per regime with >= min_rows held-out plans: the central interval of measured / predicted - 1 holding `share`
+    of them (band.central, rounded outwards), each plan priced by a fit that never saw its context: a step band
+    measured out of sample (`--cv-bands` writes it into the profile; band.py measures one on rows given apart)."""
+    errs: dict[str, list[float]] = {}
+    for r in priced:
+        errs.setdefault(regime_of(r["batch"], regimes), []).append(r["measured_us"] / r["predicted_us"] - 1.0)
+    out = {}
+    for key, e in errs.items():
+        if len(e) >= min_rows:
+            lo, hi = central(e, share)
+            out[key] = [math.floor(lo * 1e4) / 1e4, math.ceil(hi * 1e4) / 1e4]
+    return out
 
 
 def _grid(spec: str) -> list[tuple]:
@@ -136,7 +153,12 @@ def main() -> None:
     ap.add_argument("--cv-context", action="store_true",
                     help="also leave one context out: fit on the other contexts' rows, score the held-out one "
                          "(by_context), per context and pooled")
+    ap.add_argument("--cv-bands", action="store_true",
+                    help="with --cv-context: write the held-out folds' 90%% step bands per regime (held_bands) into "
+                         "the fitted profile's regimes (step_band), in place of the base's")
     a = ap.parse_args()
+    if a.cv_bands and not a.cv_context:
+        raise SystemExit("--cv-bands measures the bands on the held-out folds of --cv-context: add --cv-context")
     rows = load_rows(a.rows)
     if a.batches:
         rows = [r for r in rows if r["batch"] in {int(b) for b in a.batches.split(",")}]
@@ -181,6 +203,12 @@ def main() -> None:
         pl = report["cv_context"]["pooled"]
         print(f"held out, pooled: step MAPE {pl['step_mape']:.4f}, segment {pl['segment_mape']:.4f}, max regret "
               f"{pl['max_regret']}, pairs ordered {pl['resolved_pairs_ordered']}, min Spearman {pl['min_spearman']}")
+        print("held out, 90% step bands by regime:", report["cv_context"]["bands"])
+        if a.cv_bands:
+            prof = with_bands(prof, {int(k): tuple(v) for k, v in report["cv_context"]["bands"].items()})
+            with open(os.path.join(a.out, f"{a.name}.json"), "w") as f:
+                f.write(prof.to_json())
+            print(f"wrote the held-out bands into {a.name}.json")
     if a.test:
         test = valid_rows(load_rows(a.test))
         if not a.no_resimulate:

@@ -133,7 +133,26 @@ def test_leave_one_context_out_scores_each_context_unseen(base):
         assert f["segment_mape"] < 1e-3 and f["max_regret"] == 0.0
         assert {p["context"] for p in f["points"]} and len({p["context"] for p in f["points"]}) == 1
     assert len(cv["pooled"]["points"]) == sum(len(f["points"]) for f in cv["folds"].values())
-    assert by_context([dict(r, context=64) for r in rows], base) == {"folds": {}, "pooled": {}}   # one context: no fold
+    assert by_context([dict(r, context=64) for r in rows], base) == {"folds": {}, "pooled": {}, "bands": {}}
+    # noise-free: every held-out plan priced exactly, so each regime's band (where it has >= 10 plans) is ~0 wide
+    assert cv["bands"] and all(-1e-3 <= lo <= hi <= 1e-3 for lo, hi in cv["bands"].values())
+
+
+def test_held_out_bands_hold_the_central_share_per_regime():
+    """held_bands (fit --cv-context --cv-bands, session 62): per regime, the order-statistic interval of measured /
+    predicted - 1 over the held-out plans that holds 90% of them, rounded outwards; a regime of < 10 plans gets none."""
+    from mpk_runtime.planner.fit import BATCH_REGIMES
+    from mpk_runtime.planner.fit_cli import held_bands
+    errs = [-0.10 + 0.01 * i for i in range(20)]   # -0.10 .. +0.09: leave one out on each side of 20
+    priced = [{"batch": 8, "predicted_us": 100.0, "measured_us": 100.0 * (1 + e)} for e in errs]
+    priced += [{"batch": 1, "predicted_us": 100.0, "measured_us": 150.0}] * 9   # too few for a band
+    got = held_bands(priced, BATCH_REGIMES)
+    assert set(got) == {"8"}
+    lo, hi = got["8"]
+    assert lo == pytest.approx(-0.09, abs=2e-4) and hi == pytest.approx(0.08, abs=2e-4)
+    assert lo <= -0.09 and hi >= 0.08   # rounded outwards
+    seen = [r["measured_us"] / r["predicted_us"] - 1.0 for r in priced if r["batch"] == 8]   # as held_bands sees them
+    assert sum(lo <= e <= hi for e in seen) >= 0.9 * len(seen)
 
 
 def test_spearman_and_summary_checks():
