@@ -183,10 +183,12 @@ class RayExecutor(Executor):
         return [p[0] for p in pairs]
 
     def comm_spec(self) -> dict | None:
-        """torch.distributed rendezvous: rank 0 picks a free port on its node; the address travels by actor call."""
+        """torch.distributed rendezvous: rank 0 picks a free port on its node; the address travels by actor call. It is
+        the first call rank 0's actor answers, so it waits out the actor's start (process, imports) too: init_timeout,
+        not a short RPC limit (a 30 s limit failed two CI tests on a loaded 2-core machine, session 62)."""
         if self.world_size == 1:
             return None
-        addr = self._gather([self.actors[0].rendezvous_address.remote()], "rendezvous_address", 30)[0]
+        addr = self._gather([self.actors[0].rendezvous_address.remote()], "rendezvous_address", self.init_timeout)[0]
         return {"kind": "torch.distributed", "init_method": addr, "backend": "auto", "timeout_s": self.init_timeout}
 
     def init_workers(self, backend: str, **runner_kwargs: Any) -> list[dict]:
