@@ -29,3 +29,29 @@ def test_default_profile_meets_issue_5_bars_on_measured_rows(name):
     assert s["max_regret"] <= 0.05, s
     assert s["step_mape"] <= 0.04, s
     assert s["resolved_pairs_ordered"] >= 0.9, s
+
+
+# The H100's profile by card (h100_v4, session 62) against H100 rows it was never fitted on: the four points session 62
+# measured after the fit (B=8-128, 1024-6144 keys) with qwen2.5-7b at 8192 keys, and two models the fit never saw
+# (qwen2.5-7b, llama-3.1-8b; sessions 60-61, 512-24576 keys). Measured after the fit: regret 0 / 0.5%, step MAPE
+# 2.4% / 3.0%, segment 4.5% / 5.0%.
+H100_ROWS = {"s62 after the fit": [f"bench/results/s62/run_{n}/planner_validation_rows.jsonl"
+                                   for n in ("c7a", "c7b", "c7c", "c7d", "q25_8k")],
+             "s60-61 models never fitted": ["bench/results/s60/run4_val_new_models/c512/planner_validation_rows.jsonl",
+                                            "bench/results/s61/run_nm16k_h100/planner_validation_rows.jsonl",
+                                            "bench/results/s61/run_q25_24k/planner_validation_rows.jsonl"]}
+
+
+@pytest.mark.parametrize("name", sorted(H100_ROWS))
+def test_h100_profile_meets_issue_5_bars_on_rows_it_never_saw(name):
+    from mpk_runtime.planner.profile import PROFILE_BY_CARD
+    rows = valid_rows(load_rows(",".join(str(ROOT / p) for p in H100_ROWS[name])))
+    assert len(rows) >= 20, len(rows)
+    prof = HardwareProfile.load(PROFILE_BY_CARD["H100"])
+    rr = resimulate(rows, prof, procs=1)
+    assert len(rr) == len(rows)
+    s = _brief(summarize(reprice(rr, prof)))
+    assert s["segment_mape"] <= 0.10, s
+    assert s["max_regret"] <= 0.05, s
+    assert s["step_mape"] <= 0.04, s
+    assert s["resolved_pairs_ordered"] >= 0.9, s
