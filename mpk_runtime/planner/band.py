@@ -40,15 +40,21 @@ def rel_errors(rows: list[dict], prof: HardwareProfile, regimes=REGIMES) -> dict
     return out
 
 
+def bands_of(errs: dict, share: float = 0.9, min_rows: int = 10) -> dict:
+    """{regime: relative errors} -> {regime: (lo, hi)}: per regime with >= min_rows errors, the central interval
+    holding `share` of them, rounded outwards to 1e-4."""
+    out = {}
+    for b, e in errs.items():
+        if len(e) >= min_rows:
+            lo, hi = central(e, share)
+            out[b] = (math.floor(lo * 1e4) / 1e4, math.ceil(hi * 1e4) / 1e4)
+    return out
+
+
 def measure_bands(rows: list[dict], prof: HardwareProfile, regimes=REGIMES, share: float = 0.9,
                   min_rows: int = 10) -> dict[int, tuple[float, float]]:
     """Per regime with >= min_rows rows: the central interval holding `share` of the relative errors."""
-    out = {}
-    for b, e in rel_errors(rows, prof, regimes).items():
-        if len(e) >= min_rows:
-            lo, hi = central(e, share)
-            out[b] = (math.floor(lo * 1e4) / 1e4, math.ceil(hi * 1e4) / 1e4)   # rounded outwards
-    return out
+    return bands_of(rel_errors(rows, prof, regimes), share, min_rows)
 
 
 def with_bands(prof: HardwareProfile, bands: dict[int, tuple[float, float]]) -> HardwareProfile:

@@ -200,11 +200,11 @@ def fit_attn_line(segs: list[dict], prof: HardwareProfile) -> dict:
     relative errors with the launch and offset the whole segments' fit left (prof). One factor alone scales the
     line's intercept and slope together: session 62's H100 rows at B=128 want ~31 us + 1.09 x sim from 1024 to 8192
     keys where the factor fitted at 512 keys priced 43 + 0.87 x sim, so attn-mk came out 13-18% low at 4096 / 8192
-    keys and was chosen over a conventional plan 5% faster. Needs two distinct sim_us; falls back to the factor
-    alone (fit_attn_factor) where the line's intercept or slope would not be positive."""
-    sims = {round(s["features"]["sim_us"], 3) for s in segs}
+    keys and was chosen over a conventional plan 5% faster. Falls back to the factor alone (fit_attn_factor) where
+    the line is not determined (one distinct sim_us: lstsq finds its columns dependent) or its intercept or slope
+    would not be positive."""
     base = prof.megakernel_launch_us + prof.mk_offset_us
-    if len(sims) < 2 or base <= 0:
+    if base <= 0:
         return {"mk_attn_factor": fit_attn_factor(segs, prof)}
     sol = lstsq([[1.0 / s["measured_us"], s["features"]["sim_us"] / s["measured_us"]] for s in segs],
                 [1.0] * len(segs))   # a / m + b x sim / m = 1: the line on relative errors

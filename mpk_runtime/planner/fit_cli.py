@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 from dataclasses import replace
 
 from .cost import price_from_features
-from .band import central, with_bands
+from .band import bands_of, with_bands
 from .fit import PREFIXES, REGIMES, SIM_FIELDS, fit_profile, regime_of, scoped_terms, \
     with_terms
 from .fit import __doc__ as FIT_DOC
@@ -89,17 +88,12 @@ def by_context(rows: list[dict], base: HardwareProfile, **kw) -> dict:
 
 def held_bands(priced: list[dict], regimes, share: float = 0.9, min_rows: int = 10) -> dict[str, list[float]]:
     """Per regime with >= min_rows held-out plans: the central interval of measured / predicted - 1 holding `share`
-    of them (band.central, rounded outwards), each plan priced by a fit that never saw its context: a step band
-    measured out of sample (`--cv-bands` writes it into the profile; band.py measures one on rows given apart)."""
+    of them (band.bands_of), each plan priced by a fit that never saw its context: a step band measured out of
+    sample (`--cv-bands` writes it into the profile; band.py measures one on rows given apart)."""
     errs: dict[str, list[float]] = {}
     for r in priced:
         errs.setdefault(regime_of(r["batch"], regimes), []).append(r["measured_us"] / r["predicted_us"] - 1.0)
-    out = {}
-    for key, e in errs.items():
-        if len(e) >= min_rows:
-            lo, hi = central(e, share)
-            out[key] = [math.floor(lo * 1e4) / 1e4, math.ceil(hi * 1e4) / 1e4]
-    return out
+    return {k: list(v) for k, v in bands_of(errs, share, min_rows).items()}
 
 
 def _grid(spec: str) -> list[tuple]:

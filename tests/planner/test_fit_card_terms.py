@@ -150,6 +150,8 @@ def test_attn_line_recovers_an_intercept_and_a_slope_the_factor_alone_cannot():
     assert max(abs(price_from_features(s["features"], alone) / s["measured_us"] - 1) for s in segs) > 0.05
     neg = [dict(s, measured_us=1.09 * s["features"]["sim_us"] - 20.0) for s in segs]
     assert set(fit_attn_line(neg, prof)) == {"mk_attn_factor"}
+    one = [dict(segs[1], measured_us=m) for m in (120.0, 125.0, 130.0)]   # one sim_us: no line, the factor alone
+    assert set(fit_attn_line(one, prof)) == {"mk_attn_factor"}
 
 
 def test_megakernel_features_carry_the_attention_sim():
