@@ -37,6 +37,8 @@
 #                                                   a linear task's ends) against a producer ring (bench_stream --chain)
 #     OUT=$OUT bash scripts/gpu_pending.sh mlp      # stage 4h (one GPU, ~1 min): a batch-1 MLP block, two phases vs
 #                                                   the down projection fused into gate_up (bench_mlp.py)
+#     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh serve   # (one GPU, ~2-4 min a model): the HTTP server
+#                                                   under SERVE_N concurrent requests (load_test.py; needs .cache/gbs)
 #     OUT=$OUT bash scripts/gpu_pending.sh stamps   # stage 4b (one GPU): stage stamps at B=1,8 (STAMP_BATCHES=32,128 ...)
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh hf   # stage 4c (one GPU): the HF peer alone, B=8..128
 #     MODELS=qwen3-8b OUT=$OUT bash scripts/gpu_pending.sh order   # (one GPU, ~7 min): the bench-order effect on the
@@ -524,6 +526,20 @@ OUT="$OUT/bench" timeout 150 python3 scripts/bench_mlp.py > "$OUT/bench/mlp.log"
 tail -8 "$OUT/bench/mlp.log"
 timeout 120 python3 -m pytest -q -rs tests/gpu/test_mlp_block_bench.py > "$OUT/bench/mlp_test.log" 2>&1
 tail -3 "$OUT/bench/mlp_test.log"; snap
+elif [ "$MODE" = serve ]; then
+# serve (session 63): the OpenAI-compatible HTTP server (cluster/server.py) under a concurrent load on one GPU, the
+# in-process executor, the megakernel backend at its defaults (plan "auto", decode bursts of 8, lazy KV pages):
+# scripts/load_test.py fires SERVE_N requests at once (4-24 prompt tokens, SERVE_TOKENS new tokens, greedy) from a
+# client process. Needs the serve bundle (.cache/gbs: `SERVE=1 bash scripts/gpu_prepare.sh`, carry it).
+st "serve: HTTP load through the server, one GPU, in-process executor (load_test.py)"
+mkdir -p "$OUT/bench"
+for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do
+  OUT="$OUT/bench/serve_$m" timeout ${SERVE_LIM:-240} python3 scripts/load_test.py --model "$m" --backend megakernel \
+      --requests ${SERVE_N:-256} --max-tokens ${SERVE_TOKENS:-128} --max-batch ${SERVE_BATCH:-64} \
+      --max-seq-len ${SERVE_MSL:-256} > "$OUT/bench/serve_$m.log" 2>&1
+  grep -E '"(succeeded|errors|tokens_per_s|latency_p50_s|latency_p99_s|ttft_p50_s|ttft_p99_s|mean_batch_occupancy|machine)"|ms/step|Error|error' \
+      "$OUT/bench/serve_$m.log" | head -24
+done; snap
 elif [ "$MODE" = stamps ]; then
 st "4b stage stamps of the one-megakernel step at B=1, 8 (qwen3-8b B=8 is 0.82x gpt-fast; session 10's stamps are old)"
 st "   and B=32, 128 (attention's passes; session 16 has them for the default build)"

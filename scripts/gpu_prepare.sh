@@ -16,6 +16,26 @@ fi
 if [ "${RAY:-0}" != 1 ] && [ -f .cache/gb/ray.tar.xz ]; then
   rm .cache/gb/ray.tar.xz
 fi
+# SERVE=1: the HTTP server's packages the GPU image lacks (fastapi, starlette, uvicorn, pydantic and its core; httpx
+# is there), pinned to this machine's versions, as their own bundle .cache/gbs (~3 MB; gpu_pending.sh mode serve)
+if [ "${SERVE:-0}" = 1 ] && [ ! -f .cache/gbs/install.sh ]; then
+  mkdir -p .cache/gbs
+  specs=$(python3 -c "import importlib.metadata as m; print(' '.join(f'{p}=={m.version(p)}' for p in ('fastapi', 'starlette', 'uvicorn', 'pydantic', 'pydantic-core', 'annotated-types', 'typing-inspection')))")
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d .cache/gbs $specs 2>&1 | grep -v '^WARNING: Location' || true
+  cat > .cache/gbs/install.sh <<'INNER'
+# source this on the GPU machine: the HTTP server's packages into /tmp/site (on PYTHONPATH)
+_s=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [ ! -f /tmp/site/.serve-ok ]; then
+  mkdir -p /tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$_s"/*.whl 2>&1 | grep -v 'already exists' || true
+  touch /tmp/site/.serve-ok
+fi
+case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} ;; esac
+INNER
+  ls .cache/gbs/*.whl | wc -l | grep -qx 7 || { echo "gpu_prepare: the serve bundle is missing wheels: $(ls .cache/gbs)"; exit 1; }
+fi
 # the bundle's installer untars Ray only where it is there
 sed -i 's|^  tar -xJf "$_b/ray.tar.xz" -C /tmp/site && touch /tmp/site/.bundle-ok|  { [ ! -f "$_b/ray.tar.xz" ] \|\| tar -xJf "$_b/ray.tar.xz" -C /tmp/site; } \&\& touch /tmp/site/.bundle-ok|' \
     .cache/gb/install.sh
@@ -38,6 +58,7 @@ git rev-parse HEAD > .cache/commit
 # (the sum over every file: `xargs du -cb | tail -1` took the last of several du calls' totals only)
 tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 carry=$(du -cb .cache/gb .cache/kc.tar.xz .cache/commit .cache/sync_bw | tail -1 | cut -f1)
+[ ! -d .cache/gbs ] || echo "gpu_prepare: the serve bundle .cache/gbs is $(du -sb .cache/gbs | cut -f1) B more where a call carries it (then leave .cache/sync_bw out)"
 others=$(git ls-files -z --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 total=$((tree + carry + ${others:-0}))
 # The device tool's limit behaves as 64 MB (10^6 bytes), not MiB: session 61 was refused at 62.7 MiB (65.7 MB) and

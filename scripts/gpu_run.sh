@@ -6,7 +6,10 @@
 # scripts/compile_device.py; tar -cJf .cache/kc.tar.xz -C .cache kc`) and the commit (`git rev-parse HEAD > .cache/commit`).
 #     N=run1_one T=300 bash scripts/gpu_run.sh one; N=run2_order T=270 MODELS=qwen3-8b bash scripts/gpu_run.sh order
 set -u
-source .cache/gb/install.sh
+# the bundles carried: .cache/gb (nvshmem4py, jsonschema; Ray with RAY=1) and .cache/gbs (the HTTP server's packages,
+# SERVE=1 bash scripts/gpu_prepare.sh); a call may carry either or both
+for b in .cache/gb .cache/gbs; do [ ! -f $b/install.sh ] || source $b/install.sh; done
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD:/tmp/site GIT_COMMIT=$(cat .cache/commit 2>/dev/null || echo unknown)
 [ -d .cache/kc ] || { [ ! -f .cache/kc.tar.xz ] || tar -xJf .cache/kc.tar.xz -C .cache; }
 export MPK_CACHE_DIR=$PWD/.cache/kc

@@ -58,6 +58,15 @@ def _fire_in_child(args: tuple) -> list[dict]:
     return asyncio.run(fire(*args))
 
 
+def _machine() -> str:
+    """The GPU (or the CPU machine) the load ran on, for the result file."""
+    import platform
+    import torch
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} (GPU 0 of {torch.cuda.device_count()} visible), {platform.node()}"
+    return f"CPU ({os.cpu_count()} cores), {platform.node()}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny-qwen3")
@@ -69,6 +78,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--max-seq-len", type=int, default=256,
+                    help="the engine's positions a sequence (prompts are 4-24 tokens, so > 24 + --max-tokens)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     from cluster.router import build_router
@@ -79,7 +90,7 @@ def main() -> None:
         from cluster.ray_utils import ensure_ray
         ensure_ray()
     router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
-                          dtype=a.dtype, max_batch=a.max_batch, max_seq_len=256, step_timeout=120.0)
+                          dtype=a.dtype, max_batch=a.max_batch, max_seq_len=a.max_seq_len, step_timeout=120.0)
     srv = ServerThread(create_app(router))
     try:
         # the client runs in its own process: in this one it would share the GIL with the server and the engine
@@ -110,7 +121,9 @@ def main() -> None:
                "engine_steps": steps, "mean_batch_occupancy": seqs / steps if steps else 0.0,
                "max_batch": a.max_batch, "max_batch_seen": max((s.get("max_batch_size_seen", 0) for s in stats.values()), default=0),
                "time_breakdown": breakdown(sum_stats(list(stats.values())), wall),
-               "first_errors": [r for r in res if not r["ok"]][:3], "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+               "first_errors": [r for r in res if not r["ok"]][:3], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "machine": _machine(), "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
+               "max_tokens": a.max_tokens, "max_seq_len": a.max_seq_len}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "load_test.json"), "w") as f:
         json.dump(summary, f, indent=1)
