@@ -34,9 +34,12 @@ def test_default_profile_meets_issue_5_bars_on_measured_rows(name):
 # The H100's profile by card (h100_v4, session 62) against H100 rows it was never fitted on: the four points session 62
 # measured after the fit (B=8-128, 1024-6144 keys) with qwen2.5-7b at 8192 keys, and two models the fit never saw
 # (qwen2.5-7b, llama-3.1-8b; sessions 60-61, 512-24576 keys). Measured after the fit: regret 0 / 0.5%, step MAPE
-# 2.4% / 3.0%, segment 4.5% / 5.0%.
+# 2.4% / 3.0%, segment 4.5% / 5.0%. Session 63's three long-key points: regret 0, step MAPE 2.4%.
 H100_ROWS = {"s62 after the fit": [f"bench/results/s62/run_{n}/planner_validation_rows.jsonl"
                                    for n in ("c7a", "c7b", "c7c", "c7d", "q25_8k")],
+             # session 63: B=128 past 8192 keys and qwen3-8b B=32 past 8192 keys, predicted before the run
+             "s63 long keys never measured": [f"bench/results/s63/{n}/planner_validation_rows.jsonl"
+                                              for n in ("run1_v128_12k", "run2_v128_16k", "run2_v32q_10k")],
              "s60-61 models never fitted": ["bench/results/s60/run4_val_new_models/c512/planner_validation_rows.jsonl",
                                             "bench/results/s61/run_nm16k_h100/planner_validation_rows.jsonl",
                                             "bench/results/s61/run_q25_24k/planner_validation_rows.jsonl"]}
