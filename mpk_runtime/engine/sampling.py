@@ -46,13 +46,13 @@ class SamplingParams:
     top_k: int = 0                    # 0 or -1 = all tokens
     top_p: float = 1.0                # nucleus mass in (0, 1]
     max_tokens: int | None = 16       # None = until the context (max_seq_len) is full
-    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)   # (None: none)
     seed: int | None = None           # None = derived from the engine seed and the request id
     ignore_eos: bool = False          # keep going past the tokenizer's EOS token
     # stop strings (need a tokenizer): generation stops when the detokenized output contains one; the text ends
     # before it (or after it with include_stop_str_in_output); the token ids keep every generated token. While a
     # request runs, streamed text holds back a tail that could still become a stop string.
-    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop: tuple[str, ...] = field(default_factory=tuple)   # a string or several (None: none)
     include_stop_str_in_output: bool = False
     # log-probabilities: None = none; n >= 0 = each generated token's logprob plus the n most likely tokens', from
     # the model's own distribution (log-softmax of the fp32 logits, before penalties / temperature / top-k / top-p)
@@ -73,6 +73,11 @@ class SamplingParams:
     min_p: float = 0.0
 
     def __post_init__(self) -> None:
+        # None = none, as vLLM's SamplingParams and the OpenAI API's null take it
+        if self.stop_token_ids is None:
+            object.__setattr__(self, "stop_token_ids", ())
+        if self.stop is None:
+            object.__setattr__(self, "stop", ())
         problems = []
         t = self.temperature
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not t >= 0 or t == float("inf"):

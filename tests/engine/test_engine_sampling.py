@@ -92,6 +92,14 @@ def test_sampling_params_validation(kw, word):
     assert isinstance(e.value, ValueError)
 
 
+def test_sampling_params_none_means_no_stops():
+    """stop_token_ids=None / stop=None (vLLM's defaults, the OpenAI API's null) are no stops, not an error."""
+    sp = SamplingParams(stop_token_ids=None, stop=None)
+    assert sp.stop_token_ids == () and sp.stop == () and sp == SamplingParams()
+    assert SamplingParams.from_dict({"stop_token_ids": None, "stop": None}).stop_token_ids == ()
+    assert SamplingParams(stop="\n").stop == ("\n",) and SamplingParams(stop_token_ids=[3]).stop_token_ids == (3,)
+
+
 def test_sampling_params_from_dict_rejects_unknown():
     assert SamplingParams.from_dict({"temperature": 0, "max_tokens": 3}).max_tokens == 3
     with pytest.raises(InvalidRequestError, match="allowed"):
