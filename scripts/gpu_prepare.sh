@@ -16,11 +16,11 @@ fi
 if [ "${RAY:-0}" != 1 ] && [ -f .cache/gb/ray.tar.xz ]; then
   rm .cache/gb/ray.tar.xz
 fi
-# SERVE=1: the HTTP server's packages the GPU image lacks (fastapi, starlette, uvicorn, pydantic and its core; httpx
+# SERVE=1: the HTTP server's packages the GPU image lacks (fastapi and what it imports: starlette, pydantic and its core, opentelemetry-api; uvicorn; httpx
 # is there), pinned to this machine's versions, as their own bundle .cache/gbs (~3 MB; gpu_pending.sh mode serve)
 if [ "${SERVE:-0}" = 1 ] && [ ! -f .cache/gbs/install.sh ]; then
   mkdir -p .cache/gbs
-  specs=$(python3 -c "import importlib.metadata as m; print(' '.join(f'{p}=={m.version(p)}' for p in ('fastapi', 'starlette', 'uvicorn', 'pydantic', 'pydantic-core', 'annotated-types', 'typing-inspection')))")
+  specs=$(python3 -c "import importlib.metadata as m; print(' '.join(f'{p}=={m.version(p)}' for p in ('fastapi', 'starlette', 'uvicorn', 'pydantic', 'pydantic-core', 'annotated-types', 'typing-inspection', 'opentelemetry-api')))")
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
       -d .cache/gbs $specs 2>&1 | grep -v '^WARNING: Location' || true
@@ -34,7 +34,7 @@ if [ ! -f /tmp/site/.serve-ok ]; then
 fi
 case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} ;; esac
 INNER
-  ls .cache/gbs/*.whl | wc -l | grep -qx 7 || { echo "gpu_prepare: the serve bundle is missing wheels: $(ls .cache/gbs)"; exit 1; }
+  ls .cache/gbs/*.whl | wc -l | grep -qx 8 || { echo "gpu_prepare: the serve bundle is missing wheels: $(ls .cache/gbs)"; exit 1; }
 fi
 # the bundle's installer untars Ray only where it is there
 sed -i 's|^  tar -xJf "$_b/ray.tar.xz" -C /tmp/site && touch /tmp/site/.bundle-ok|  { [ ! -f "$_b/ray.tar.xz" ] \|\| tar -xJf "$_b/ray.tar.xz" -C /tmp/site; } \&\& touch /tmp/site/.bundle-ok|' \
