@@ -58,6 +58,19 @@ def _fire_in_child(args: tuple) -> list[dict]:
     return asyncio.run(fire(*args))
 
 
+def _graphs(router) -> dict:
+    """Each replica's rank-0 runner graph counts (worker health "graphs": captures and their seconds; {} where the
+    runner keeps none), read on the replica's engine loop between steps."""
+    out = {}
+    for r in router.replicas:
+        try:
+            h = r.loop.call(lambda eng: eng.executor.collective_rpc("health", timeout=30)).result(timeout=60)
+            out[r.name] = {k: v for k, v in (h[0].get("graphs") or {}).items() if isinstance(v, (int, float))}
+        except Exception as e:  # noqa: BLE001 - a diagnostic: the load's numbers stand without it
+            out[r.name] = {"error": str(e)[:200]}
+    return out
+
+
 def _machine() -> str:
     """The GPU (or the CPU machine) the load ran on, for the result file."""
     import platform
@@ -98,12 +111,18 @@ def main() -> None:
         with mp.get_context("spawn").Pool(1) as pool:
             pool.apply(_fire_in_child, ((srv.url, a.model, 1, 1, load_config(a.model).vocab_size, 1),))  # warm
             before = router.stats()
+            graphs_before = _graphs(router)
             t0 = time.perf_counter()
             res = pool.apply(_fire_in_child, ((srv.url, a.model, a.requests, a.max_tokens,
                                                load_config(a.model).vocab_size, 0),))
             wall = time.perf_counter() - t0
         # the load alone (no start-up idle, no warm-up request): counters differenced over the measured window
         stats = {k: diff_stats(v, before.get(k, {})) for k, v in router.stats().items()}
+        # CUDA graphs the replicas captured inside the measured window (a capture there is a one-time cost, not a
+        # steady-state one: the runner captures its buckets at start-up, so any here is a shape it did not expect)
+        graphs_after = _graphs(router)
+        graphs = {k: {c: (round(v - graphs_before.get(k, {}).get(c, 0), 3) if isinstance(v, (int, float)) else v)
+                      for c, v in g.items()} for k, g in graphs_after.items()}
     finally:
         srv.stop()
         router.shutdown()
@@ -121,6 +140,7 @@ def main() -> None:
                "engine_steps": steps, "mean_batch_occupancy": seqs / steps if steps else 0.0,
                "max_batch": a.max_batch, "max_batch_seen": max((s.get("max_batch_size_seen", 0) for s in stats.values()), default=0),
                "time_breakdown": breakdown(sum_stats(list(stats.values())), wall),
+               "graphs_in_window": graphs,
                "first_errors": [r for r in res if not r["ok"]][:3], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                "machine": _machine(), "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
                "max_tokens": a.max_tokens, "max_seq_len": a.max_seq_len}
@@ -129,6 +149,9 @@ def main() -> None:
         json.dump(summary, f, indent=1)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("first_errors", "time_breakdown")}, indent=1))
     print(format_breakdown(summary["time_breakdown"]))
+    for name, g in graphs.items():
+        if g:
+            print(f"  CUDA graphs captured during the load ({name}): " + ", ".join(f"{k} {v}" for k, v in g.items()))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ def test_load_test_writes_time_breakdown(tmp_path):
     # the result file names what it ran on and with (benchmarks' results carry machine, date, commit)
     assert d["machine"].startswith("CPU (") and d["git_commit"] == env.get("GIT_COMMIT", "unknown")
     assert d["max_tokens"] == 5 and d["max_seq_len"] == 256 and d["date"]
+    assert d["graphs_in_window"] == {"replica-0": {}}   # the reference runner keeps no CUDA graphs
     b = d["time_breakdown"]
     assert b["steps"] == d["engine_steps"] == b["prefill_steps"] + b["decode_steps"] >= 5
     assert b["prefill_steps"] >= 2  # 6 requests in batches of at most 4: at least two admissions
