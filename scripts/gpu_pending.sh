@@ -79,6 +79,11 @@
 #    (session 62, 1x H100, nine calls: bench/results/s62 -- tests/gpu 88 passed; issue 3's tables on the H100 with
 #    both peers; qwen2.5-7b's paged curve (h100_v3); B=128 at 1024-8192 keys found attn-mk chosen over a conventional
 #    plan up to 5.1% faster; h100_v4 (fit --terms mkattn) picks right there: regret 0 at 4 new points.)
+#    (session 63, 1x H100, four calls after ~800 s of refused starts: bench/results/s63 -- the B=1 step at 512 keys
+#    stage-stamped; h100_v4 out of sample at llama B=128 12k / 16k and qwen3-8b B=32 10k keys, regret 0; the paged
+#    curves at B=32-128 past 8193 keys (h100_v5, not adopted); mode serve: llama-3.2-1b 9586 tokens/s, qwen3-8b 5533,
+#    the prompt-admitting steps 60-75 ms each. Next: serve again: load_test.json now has graphs_in_window, and the mode
+#    fires the load twice in one process (--rounds 2), to split a one-time cost from a per-step one.)
 #    On an H100: the attention task terms from run_tr-style traces (planner/trace_fit.py), then refit; B=128 at the
 #    long contexts that fit (llama 16k) and qwen3-8b B=32 past 8k keys, both never validated on the H100.
 #    On an H200, the same long-key rows would give h200_v56 the new terms (`VAL_CTXS="8192 32768 131072"` ... val,
@@ -530,14 +535,15 @@ elif [ "$MODE" = serve ]; then
 # serve (session 63): the OpenAI-compatible HTTP server (cluster/server.py) under a concurrent load on one GPU, the
 # in-process executor, the megakernel backend at its defaults (plan "auto", decode bursts of 8, lazy KV pages):
 # scripts/load_test.py fires SERVE_N requests at once (4-24 prompt tokens, SERVE_TOKENS new tokens, greedy) from a
-# client process. Needs the serve bundle (.cache/gbs: `SERVE=1 bash scripts/gpu_prepare.sh`, carry it).
+# client process, SERVE_ROUNDS times in one server process (default 2: the last one is measured, the first warms it
+# up; session 63 ran one round). Needs the serve bundle (.cache/gbs: `SERVE=1 bash scripts/gpu_prepare.sh`, carry it).
 st "serve: HTTP load through the server, one GPU, in-process executor (load_test.py)"
 mkdir -p "$OUT/bench"
 for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do
   OUT="$OUT/bench/serve_$m" timeout ${SERVE_LIM:-240} python3 scripts/load_test.py --model "$m" --backend megakernel \
       --requests ${SERVE_N:-256} --max-tokens ${SERVE_TOKENS:-128} --max-batch ${SERVE_BATCH:-64} \
-      --max-seq-len ${SERVE_MSL:-256} > "$OUT/bench/serve_$m.log" 2>&1
-  grep -E '"(succeeded|errors|tokens_per_s|latency_p50_s|latency_p99_s|ttft_p50_s|ttft_p99_s|mean_batch_occupancy|machine)"|ms/step|Error|error' \
+      --max-seq-len ${SERVE_MSL:-256} --rounds ${SERVE_ROUNDS:-2} > "$OUT/bench/serve_$m.log" 2>&1
+  grep -E '"(succeeded|errors|tokens_per_s|latency_p50_s|latency_p99_s|ttft_p50_s|ttft_p99_s|mean_batch_occupancy|machine)"|ms/step|^round|CUDA graphs|Error|error' \
       "$OUT/bench/serve_$m.log" | head -24
 done; snap
 elif [ "$MODE" = stamps ]; then

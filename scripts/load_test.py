@@ -93,8 +93,13 @@ def main() -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-seq-len", type=int, default=256,
                     help="the engine's positions a sequence (prompts are 4-24 tokens, so > 24 + --max-tokens)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="fire the load this many times in one server process and measure the last (earlier rounds "
+                         "warm it up: a cost that goes away after the first round is a one-time cost)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
+    if a.rounds < 1:
+        raise SystemExit(f"--rounds must be >= 1, got {a.rounds}")
     from cluster.router import build_router
     from mpk_runtime.engine.step_stats import breakdown, diff_stats, format_breakdown, sum_stats
     from cluster.server import ServerThread, create_app
@@ -110,12 +115,18 @@ def main() -> None:
         import multiprocessing as mp
         with mp.get_context("spawn").Pool(1) as pool:
             pool.apply(_fire_in_child, ((srv.url, a.model, 1, 1, load_config(a.model).vocab_size, 1),))  # warm
-            before = router.stats()
-            graphs_before = _graphs(router)
-            t0 = time.perf_counter()
-            res = pool.apply(_fire_in_child, ((srv.url, a.model, a.requests, a.max_tokens,
-                                               load_config(a.model).vocab_size, 0),))
-            wall = time.perf_counter() - t0
+            earlier = []   # (wall s, tokens) of the rounds before the measured one
+            for rnd in range(a.rounds):
+                before = router.stats()
+                graphs_before = _graphs(router)
+                t0 = time.perf_counter()
+                res = pool.apply(_fire_in_child, ((srv.url, a.model, a.requests, a.max_tokens,
+                                                   load_config(a.model).vocab_size, rnd),))
+                wall = time.perf_counter() - t0
+                if rnd + 1 < a.rounds:
+                    earlier.append({"wall_s": wall, "tokens": sum(r.get("tokens", 0) for r in res if r["ok"]),
+                                    "errors": sum(not r["ok"] for r in res)})
+                    print(f"round {rnd + 1}: {earlier[-1]['tokens'] / wall:.1f} tokens/s (not the measured round)")
         # the load alone (no start-up idle, no warm-up request): counters differenced over the measured window
         stats = {k: diff_stats(v, before.get(k, {})) for k, v in router.stats().items()}
         # CUDA graphs the replicas captured inside the measured window (a capture there is a one-time cost, not a
@@ -140,7 +151,7 @@ def main() -> None:
                "engine_steps": steps, "mean_batch_occupancy": seqs / steps if steps else 0.0,
                "max_batch": a.max_batch, "max_batch_seen": max((s.get("max_batch_size_seen", 0) for s in stats.values()), default=0),
                "time_breakdown": breakdown(sum_stats(list(stats.values())), wall),
-               "graphs_in_window": graphs,
+               "graphs_in_window": graphs, "rounds": a.rounds, "earlier_rounds": earlier,
                "first_errors": [r for r in res if not r["ok"]][:3], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                "machine": _machine(), "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
                "max_tokens": a.max_tokens, "max_seq_len": a.max_seq_len}

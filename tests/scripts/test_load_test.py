@@ -29,6 +29,7 @@ def test_load_test_writes_time_breakdown(tmp_path):
     assert d["machine"].startswith("CPU (") and d["git_commit"] == env.get("GIT_COMMIT", "unknown")
     assert d["max_tokens"] == 5 and d["max_seq_len"] == 256 and d["date"]
     assert d["graphs_in_window"] == {"replica-0": {}}   # the reference runner keeps no CUDA graphs
+    assert d["rounds"] == 1 and d["earlier_rounds"] == []
     b = d["time_breakdown"]
     assert b["steps"] == d["engine_steps"] == b["prefill_steps"] + b["decode_steps"] >= 5
     assert b["prefill_steps"] >= 2  # 6 requests in batches of at most 4: at least two admissions
@@ -42,3 +43,19 @@ def test_load_test_writes_time_breakdown(tmp_path):
     # idle can include time before the first request of the measured window (so "other" may dip below 0);
     # the busy phases cannot exceed the wall time
     assert loop["apply"] + loop["step"] + loop["deliver"] + loop["health"] <= b["wall_ms_per_step"] + 1e-2
+
+
+def test_load_test_measures_the_last_round(tmp_path):
+    """--rounds 2: the first load warms the server up and is reported apart; the numbers are the second round's."""
+    pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test.py"), "--model", "tiny-qwen3",
+                        "--backend", "reference", "--requests", "3", "--max-tokens", "2", "--max-batch", "4",
+                        "--rounds", "2", "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "round 1:" in r.stdout
+    d = json.loads((tmp_path / "load_test.json").read_text())
+    assert d["rounds"] == 2 and d["succeeded"] == 3 and d["tokens"] == 6
+    assert len(d["earlier_rounds"]) == 1 and d["earlier_rounds"][0]["tokens"] == 6
+    assert d["earlier_rounds"][0]["errors"] == 0
