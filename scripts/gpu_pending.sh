@@ -533,7 +533,7 @@ timeout 120 python3 -m pytest -q -rs tests/gpu/test_mlp_block_bench.py > "$OUT/b
 tail -3 "$OUT/bench/mlp_test.log"; snap
 elif [ "$MODE" = serve ]; then
 # serve (session 63): the OpenAI-compatible HTTP server (cluster/server.py) under a concurrent load on one GPU, the
-# in-process executor, the megakernel backend at its defaults (plan "auto", decode bursts of 8, lazy KV pages):
+# in-process executor, the megakernel backend at its defaults (plan "auto", pipelined decode bursts of 4, lazy KV pages):
 # scripts/load_test.py fires SERVE_N requests at once (4-24 prompt tokens, SERVE_TOKENS new tokens, greedy) from a
 # client process, SERVE_ROUNDS times in one server process (default 2: the last one is measured, the first warms it
 # up; session 63 ran one round). Needs the serve bundle (.cache/gbs: `SERVE=1 bash scripts/gpu_prepare.sh`, carry it).

@@ -115,7 +115,7 @@ def main() -> None:
         import multiprocessing as mp
         with mp.get_context("spawn").Pool(1) as pool:
             pool.apply(_fire_in_child, ((srv.url, a.model, 1, 1, load_config(a.model).vocab_size, 1),))  # warm
-            earlier = []   # (wall s, tokens) of the rounds before the measured one
+            earlier = []   # {wall_s, tokens, errors} of the rounds before the measured one
             for rnd in range(a.rounds):
                 before = router.stats()
                 graphs_before = _graphs(router)

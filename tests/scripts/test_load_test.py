@@ -14,19 +14,24 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def test_load_test_writes_time_breakdown(tmp_path):
+def _load_test(tmp_path, requests: int, max_tokens: int, *extra: str):
+    """scripts/load_test.py on tiny-qwen3 (reference backend, max_batch 4): (its stdout, load_test.json)."""
     pytest.importorskip("httpx")
     pytest.importorskip("fastapi")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test.py"), "--model", "tiny-qwen3",
-                        "--backend", "reference", "--requests", "6", "--max-tokens", "5", "--max-batch", "4",
-                        "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+                        "--backend", "reference", "--requests", str(requests), "--max-tokens", str(max_tokens),
+                        "--max-batch", "4", *extra, "--out", str(tmp_path)],
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "where the time went:" in r.stdout and "execute ms/step:" in r.stdout
-    d = json.loads((tmp_path / "load_test.json").read_text())
+    return r.stdout, json.loads((tmp_path / "load_test.json").read_text())
+
+
+def test_load_test_writes_time_breakdown(tmp_path):
+    out, d = _load_test(tmp_path, 6, 5)
+    assert "where the time went:" in out and "execute ms/step:" in out
     assert d["succeeded"] == 6 and d["tokens"] == 30
     # the result file names what it ran on and with (benchmarks' results carry machine, date, commit)
-    assert d["machine"].startswith("CPU (") and d["git_commit"] == env.get("GIT_COMMIT", "unknown")
+    assert d["machine"].startswith("CPU (") and d["git_commit"] == os.environ.get("GIT_COMMIT", "unknown")
     assert d["max_tokens"] == 5 and d["max_seq_len"] == 256 and d["date"]
     assert d["graphs_in_window"] == {"replica-0": {}}   # the reference runner keeps no CUDA graphs
     assert d["rounds"] == 1 and d["earlier_rounds"] == []
@@ -47,15 +52,8 @@ def test_load_test_writes_time_breakdown(tmp_path):
 
 def test_load_test_measures_the_last_round(tmp_path):
     """--rounds 2: the first load warms the server up and is reported apart; the numbers are the second round's."""
-    pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test.py"), "--model", "tiny-qwen3",
-                        "--backend", "reference", "--requests", "3", "--max-tokens", "2", "--max-batch", "4",
-                        "--rounds", "2", "--out", str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "round 1:" in r.stdout
-    d = json.loads((tmp_path / "load_test.json").read_text())
+    out, d = _load_test(tmp_path, 3, 2, "--rounds", "2")
+    assert "round 1:" in out
     assert d["rounds"] == 2 and d["succeeded"] == 3 and d["tokens"] == 6
     assert len(d["earlier_rounds"]) == 1 and d["earlier_rounds"][0]["tokens"] == 6
     assert d["earlier_rounds"][0]["errors"] == 0
