@@ -172,6 +172,10 @@ class MegakernelRunner(ModelRunner):
         self._spec = KVSpec(page_size, num_pages, max_batch, max_seq_len)
         num_sms = num_sms or torch.cuda.get_device_properties(dev).multi_processor_count
         self.planned = self.prefiller = self.tp_buckets = None
+        # `step` calls' phases (graph_counts): "mixed" steps carry prompt chunks (and maybe decode rows), "single"
+        # ones only decode rows (the engine's bursts go through launch_steps, not counted here)
+        self.step_phases = {"mixed_steps": 0, "mixed_prompt_chunks": 0, "mixed_decode_rows": 0, "mixed_prefill_s": 0.0,
+                            "mixed_decode_s": 0.0, "single_steps": 0, "single_decode_s": 0.0}
         self._gather = None
         if book is not None and world == 1:
             n_kv = cfg.num_kv_heads
@@ -272,6 +276,20 @@ class MegakernelRunner(ModelRunner):
         self.heap.barrier()   # (synchronises first: out is complete) peers have read this rank's logits
         return out
 
+    def _count_step_phases(self, n_prompt: int, n_decode: int, t0: float, t1: float, t2: float) -> None:
+        """Add a `step` call's two phases (each ends in a synchronisation: host seconds are device-complete) to
+        the totals graph_counts reports: the prompt chunks' prefill and the decode rows beside them."""
+        st = self.step_phases
+        if n_prompt:
+            st["mixed_steps"] += 1
+            st["mixed_prompt_chunks"] += n_prompt
+            st["mixed_decode_rows"] += n_decode
+            st["mixed_prefill_s"] += t1 - t0
+            st["mixed_decode_s"] += t2 - t1
+        else:
+            st["single_steps"] += 1
+            st["single_decode_s"] += t2 - t1
+
     def plans_used(self) -> dict:
         used = dict(self.planned.used) if self.planned is not None else {}
         if self.tp_buckets is not None:
@@ -281,7 +299,8 @@ class MegakernelRunner(ModelRunner):
     def graph_counts(self) -> dict:
         """CUDA graphs captured so far and the seconds they took: prompt-chunk graphs (ConventionalPrefill) and the
         planned decode buckets' (a warm-up step and a capture each: ~0.1-0.3 s, up to 3.7 s where the plan's kernels
-        compile on first use; session 56, 1x H100), and the seconds spent building decode buckets."""
+        compile on first use; session 56, 1x H100), the seconds spent building decode buckets, and where `step`
+        calls' seconds went (step_phases)."""
         pf = self.prefiller
         dec = sum(b.captures for b in self.planned._buckets.values()) if self.planned is not None else 0
         pl = self.planned
@@ -290,7 +309,9 @@ class MegakernelRunner(ModelRunner):
                 "prefill_replays": pf.replays if pf is not None else 0,
                 "prefill_exact_runs": pf.exact_runs if pf is not None else 0, "decode_captures": dec,
                 "decode_capture_s": round(pl.capture_s, 3) if pl is not None else 0.0,
-                "decode_build_s": round(pl.build_s, 3) if pl is not None else 0.0}
+                "decode_build_s": round(pl.build_s, 3) if pl is not None else 0.0,
+                "prefill_graph_runs": pf.graph_runs if pf is not None else 0,
+                **{k: round(v, 4) if isinstance(v, float) else v for k, v in self.step_phases.items()}}
 
     def _planned_rows(self, n: int) -> bool:
         """A step of n rows runs through PlannedDecoder: every step under a book at world size 1; at world size > 1
@@ -357,6 +378,7 @@ class MegakernelRunner(ModelRunner):
         dec = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
         host = host_logits_needed(chunks)   # else the engine reads only the drawn tokens: no logits copy
         pre = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
+        t0 = time.perf_counter()
         if pre and self.prefiller is not None:   # a few left-padded prefill graphs, conventional ops
             lg, drawn = self.prefiller.run_many([(chunks[i].token_ids, chunks[i].start_pos, chunks[i].block_table,
                                                   chunks[i].sampling) for i in pre], host)
@@ -370,6 +392,7 @@ class MegakernelRunner(ModelRunner):
                 lg = self._decode([tok], [c.start_pos + j], [c.block_table], [c.sampling] if j == n - 1 else None)
             out[i] = lg[0]
             toks[i] = int(self.last_next_tokens[0])
+        t1 = time.perf_counter()
         for s in range(0, len(dec), B):
             part = dec[s:s + B]
             lg, nxt = self._decode_rows([chunks[i].token_ids[0] for i in part], [chunks[i].start_pos for i in part],
@@ -378,6 +401,7 @@ class MegakernelRunner(ModelRunner):
             for j, i in enumerate(part):
                 out[i] = lg[j] if lg is not None else None
                 toks[i] = int(nxt[j])
+        self._count_step_phases(len(chunks) - len(dec), len(dec), t0, t1, time.perf_counter())
         return step_output(chunks, torch.stack(out) if host else None, toks)  # type: ignore[arg-type]
 
 
