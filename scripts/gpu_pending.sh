@@ -539,13 +539,24 @@ elif [ "$MODE" = serve ]; then
 # up; session 63 ran one round). Needs the serve bundle (.cache/gbs: `SERVE=1 bash scripts/gpu_prepare.sh`, carry it).
 st "serve: HTTP load through the server, one GPU, in-process executor (load_test.py)"
 mkdir -p "$OUT/bench"
-for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do
-  OUT="$OUT/bench/serve_$m" timeout ${SERVE_LIM:-240} python3 scripts/load_test.py --model "$m" --backend megakernel \
-      --requests ${SERVE_N:-256} --max-tokens ${SERVE_TOKENS:-128} --max-batch ${SERVE_BATCH:-64} \
-      --max-seq-len ${SERVE_MSL:-256} --rounds ${SERVE_ROUNDS:-2} > "$OUT/bench/serve_$m.log" 2>&1
+for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do   # SERVE_TAG: a suffix of the folder's and log's names
+  OUT="$OUT/bench/serve_$m${SERVE_TAG:-}" timeout ${SERVE_LIM:-240} python3 scripts/load_test.py --model "$m" \
+      --backend megakernel --requests ${SERVE_N:-256} --max-tokens ${SERVE_TOKENS:-128} --max-batch ${SERVE_BATCH:-64} \
+      --max-seq-len ${SERVE_MSL:-256} --rounds ${SERVE_ROUNDS:-2} > "$OUT/bench/serve_$m${SERVE_TAG:-}.log" 2>&1
   grep -E '"(succeeded|errors|tokens_per_s|latency_p50_s|latency_p99_s|ttft_p50_s|ttft_p99_s|mean_batch_occupancy|machine)"|ms/step|^round|CUDA graphs|Error|error' \
-      "$OUT/bench/serve_$m.log" | head -24
+      "$OUT/bench/serve_$m${SERVE_TAG:-}.log" | head -24
 done; snap
+elif [ "$MODE" = admit ]; then
+# admit (session 64): a serving step's prompt chunks through ConventionalPrefill alone (profile_prefill.py: 11 chunks
+# of 4-24 tokens a step, as load_test's admissions), prefill_groups' merge_tokens 0 (a graph per power-of-two length)
+# against 1024 (the short groups as one graph)
+st "admit: prompt chunks of a serving step through the prefill graphs, merge_tokens 0 vs 1024"
+mkdir -p "$OUT/bench"
+for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do for mt in 0 1024; do
+  OUT="$OUT/bench" timeout 150 python3 scripts/profile_prefill.py --model "$m" --chunks ${ADMIT_CHUNKS:-11} \
+      --steps 16 --merge-tokens $mt --tag "_${m}_m$mt" > "$OUT/bench/admit_${m}_m$mt.log" 2>&1
+  grep -E '"(merge_tokens|graph_runs_per_step|steady_ms_median|profiled_step_ms|cuda_total_ms)"' "$OUT/bench/admit_${m}_m$mt.log"
+done; done; snap
 elif [ "$MODE" = stamps ]; then
 st "4b stage stamps of the one-megakernel step at B=1, 8 (qwen3-8b B=8 is 0.82x gpt-fast; session 10's stamps are old)"
 st "   and B=32, 128 (attention's passes; session 16 has them for the default build)"

@@ -65,7 +65,7 @@ def _graphs(router) -> dict:
     for r in router.replicas:
         try:
             h = r.loop.call(lambda eng: eng.executor.collective_rpc("health", timeout=30)).result(timeout=60)
-            out[r.name] = {k: v for k, v in (h[0].get("graphs") or {}).items() if isinstance(v, (int, float))}
+            out[r.name] = {k: v for k, v in (h[0].get("graphs") or {}).items() if isinstance(v, (int, float, str))}
         except Exception as e:  # noqa: BLE001 - a diagnostic: the load's numbers stand without it
             out[r.name] = {"error": str(e)[:200]}
     return out

@@ -51,6 +51,8 @@ def rank_main(rank: int, a, port: int) -> None:
                  device=dev, poison=False)
     pre = ConventionalPrefill(cfg, w, kv, max_seq_len=maxlen, page_size=ps, dtype="bfloat16", device=dev,
                               tp=a.tp, rank=rank, comm=comm)
+    if a.merge_tokens is not None:
+        pre.merge_tokens = a.merge_tokens
     rng = random.Random(1)
 
     def step():
@@ -68,6 +70,7 @@ def rank_main(rank: int, a, port: int) -> None:
 
     times = [step() for _ in range(a.steps)]
     res = {"model": a.model, "tp": a.tp, "chunks": a.chunks, "len": [a.min_len, a.max_len],
+           "merge_tokens": pre.merge_tokens, "graph_runs_per_step": round(pre.graph_runs / a.steps, 2),
            "step_ms": [round(t, 2) for t, _ in times], "new_executors": [m for _, m in times],
            "steady_ms_median": round(statistics.median(t for t, _ in times[a.steps // 2:]), 2),
            "executors_cached": len(pre._ex), "graphs_captured": pre.captures, "graph_replays": pre.replays}
@@ -84,7 +87,7 @@ def rank_main(rank: int, a, port: int) -> None:
         print(res["top_cuda"])
         if os.environ.get("OUT"):
             os.makedirs(os.environ["OUT"], exist_ok=True)
-            with open(os.path.join(os.environ["OUT"], f"profile_prefill_tp{a.tp}.json"), "w") as f:
+            with open(os.path.join(os.environ["OUT"], f"profile_prefill_tp{a.tp}{a.tag}.json"), "w") as f:
                 json.dump(res, f, indent=1)
     if a.tp > 1:   # NCCL teardown at exit hung the spawned ranks once (H200, 6f69d3a): leave without it
         dist.barrier()
@@ -101,6 +104,9 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=24)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--max-seq-len", type=int, default=512)
+    ap.add_argument("--tag", default="", help="suffix of the result file's name")
+    ap.add_argument("--merge-tokens", type=int, default=None,
+                    help="prefill_groups' merge_tokens (default: the runner's, MPK_PREFILL_MERGE_TOKENS)")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself (tp 1)")
     a = ap.parse_args()
     if a.device == "cpu":

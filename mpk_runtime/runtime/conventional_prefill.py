@@ -67,6 +67,10 @@ def _pow2s(lo: int, hi: int) -> list[int]:
 # should dominate its time (prediction: ~60-80%), so an eager step's launches hide behind it.
 EXACT_KEYS = 16384
 
+# prefill_groups' merge_tokens: a step's short prompt chunks grouped by length ran as ~2 graphs of 16 and 32 tokens a
+# row; at these sizes a graph's time is its kernels' count, not its rows (session 64: measured in serving)
+MERGE_TOKENS = 0
+
 
 class ConventionalPrefill:
     """Prompt chunks through the conventional executor on the GPU. The chunks of a step are grouped by length
@@ -107,6 +111,8 @@ class ConventionalPrefill:
         # (StepCtx.rows, conventional_ops.attention_rows); 0 = never
         self.exact_keys = env_int("MPK_PREFILL_EXACT_KEYS", EXACT_KEYS, lo=0, hi=1 << 30)
         self.share_activations = share_activations
+        # prefill_groups' merge_tokens: short length groups run as one graph (MPK_PREFILL_MERGE_TOKENS; 0 = never)
+        self.merge_tokens = env_int("MPK_PREFILL_MERGE_TOKENS", MERGE_TOKENS, lo=0, hi=1 << 20)
         self._pool = None
         self._ex: OrderedDict[tuple[int, int], _PrefillShape] = OrderedDict()
         self.graph_runs = 0          # prefill graphs run (tests: chunks of a step share graphs)
@@ -114,6 +120,8 @@ class ConventionalPrefill:
         self.capture_s = 0.0         # seconds spent capturing them (warm-up run + capture)
         self.replays = 0             # steps' groups run by replaying one
         self.exact_runs = 0          # groups run eagerly over their exact keys (exact_keys)
+        self.late_captures: list[str] = []   # "BxT@cap" of the graphs captured in a request's path (not in warm)
+        self._warming = False
 
     def _get(self, B: int, T: int) -> _PrefillShape:
         key = (B, T)
@@ -156,6 +164,10 @@ class ConventionalPrefill:
         sh.graphs[cap] = graph
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
+        if not self._warming:
+            self.late_captures.append(f"{sh.pos.shape[0]}x{T}@{cap}")
+            log.info("prefill graph %dx%d at key cap %d captured in a step (%.3f s)", sh.pos.shape[0], T, cap,
+                     time.perf_counter() - t0)
 
     def warm(self, max_batch: int, max_tokens: int) -> int:
         """Capture the short-prompt buckets now rather than in the first requests' path (~0.25 s each): sequences
@@ -168,12 +180,16 @@ class ConventionalPrefill:
                   if B * T <= self.capture_tokens]
         self.keep = max(self.keep, len(shapes) + 4)
         before = self.captures
-        for B, T in shapes:
-            sh = self._get(B, T)
-            if T not in sh.graphs:
-                self._capture(sh, T, T)
-            if not self.capture:   # a capture failed: eager from now on
-                break
+        self._warming = True
+        try:
+            for B, T in shapes:
+                sh = self._get(B, T)
+                if T not in sh.graphs:
+                    self._capture(sh, T, T)
+                if not self.capture:   # a capture failed: eager from now on
+                    break
+        finally:
+            self._warming = False
         return self.captures - before
 
     def run_many(self, chunks: list[tuple[list[int], int, list[int], object]], want_logits: bool = True):
@@ -181,7 +197,7 @@ class ConventionalPrefill:
         each chunk's last token, or None when not wanted; the tokens drawn for them, list of n ints)."""
         logits: list[torch.Tensor | None] = [None] * len(chunks)
         drawn = [0] * len(chunks)
-        for g in prefill_groups(chunks, self.max_seq_len, self.width):
+        for g in prefill_groups(chunks, self.max_seq_len, self.width, self.merge_tokens):
             sh = self._get(g.B, g.T)
             exact = 0 < self.exact_keys <= g.kv_cap
             graphed = self.capture and g.B * g.T <= self.capture_tokens and not exact

@@ -166,17 +166,25 @@ class PrefillGroup:
     #                         every chunk's end, so a GPU step's shapes repeat (StepCtx.kv_len_cap)
 
 
-def prefill_groups(chunks, max_seq_len: int, width: int) -> list[PrefillGroup]:
+def prefill_groups(chunks, max_seq_len: int, width: int, merge_tokens: int = 0) -> list[PrefillGroup]:
     """chunks: (tokens, start_pos, block table, sampling) of one step, grouped by power-of-two length (>= 16,
-    <= max_seq_len), each group's sequence count a power of two: few graph shapes, < 2x padding per dimension."""
+    <= max_seq_len), each group's sequence count a power of two: few graph shapes, < 2x padding per dimension.
+    merge_tokens: a group joins the next longer one while the merged group's padded rows (B * T) stay within it
+    (short groups cost their graph's kernel count, not their rows: one graph instead of two)."""
     for toks, start, _, _ in chunks:
         if start + len(toks) > max_seq_len:
             raise ValueError(f"prompt chunk ends at position {start + len(toks)} > max_seq_len {max_seq_len}")
     by_len: dict[int, list[int]] = {}
     for i, (toks, *_rest) in enumerate(chunks):
         by_len.setdefault(min(pow2(len(toks), 16), max_seq_len), []).append(i)
-    out = []
+    merged: list[tuple[int, list[int]]] = []
     for T, idx in sorted(by_len.items()):
+        if merged and pow2(len(merged[-1][1]) + len(idx)) * T <= merge_tokens:
+            merged[-1] = (T, merged[-1][1] + idx)
+        else:
+            merged.append((T, idx))
+    out = []
+    for T, idx in merged:
         B = pow2(len(idx))
         tok = torch.zeros((B, T), dtype=torch.int64)
         pos = torch.full((B,), -1, dtype=torch.int64)

@@ -65,13 +65,14 @@ def test_planned_decoder_matches_reference(family, share):
         dec.decode([1] * 5, [1] * 5, [tables[0]] * 5)
 
 
-@pytest.mark.parametrize("exact", ["", "16"])
+@pytest.mark.parametrize("exact,merge", [("", "0"), ("16", "0"), ("", "128"), ("16", "128")])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, monkeypatch):
+def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, merge, monkeypatch):
     """The chunks of a step, of different lengths and start positions (a continued chunk too), run left-padded
     in few graphs; each chunk's last-token logits, its KV (checked by decoding after) and its drawn token equal
-    the reference."""
+    the reference. merge: the 16-token group joins the 32-token one (4 x 32 rows <= 128): one graph."""
     monkeypatch.setenv("MPK_PREFILL_EXACT_KEYS", exact)   # "16": every group over its exact keys (attention_rows)
+    monkeypatch.setenv("MPK_PREFILL_MERGE_TOKENS", merge)
     cfg, w, kv = _setup(name)
     pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="float32",
                               device=torch.device("cpu"))
@@ -86,7 +87,8 @@ def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, monkey
     runs = pre.graph_runs
     chunks = [(p, 0, tables[i], None) for i, p in enumerate(prompts[:3])] + [(prompts[3][2:], 2, tables[3], None)]
     lg, drawn = pre.run_many(chunks)
-    assert pre.graph_runs - runs == 2          # lengths 3, 2, 3 -> one 16-token graph; 18 -> one 32-token graph
+    # lengths 3, 2, 3 -> one 16-token graph; 18 -> one 32-token graph (merged: all four in one 32-token graph)
+    assert pre.graph_runs - runs == (1 if merge == "128" else 2)
     for i, (toks, start, _, _) in enumerate(chunks):
         want = ref.forward(torch.tensor([toks]), torch.tensor([start]), caches[i])[0, -1]
         assert ((lg[i] - want).abs().max() / want.abs().max()) < 1e-5, i
@@ -289,3 +291,19 @@ def test_attention_splits_follow_the_key_cap_past_the_plans_context():
     assert dec._buckets[1] is b8 and again == want[:8]
     again += dec.decode_steps([0], [508], [table], None, 8, resume=True)[0].tolist()
     assert dec._buckets[1] is b16 and again == want
+
+
+def test_prefill_groups_merge_short_groups_within_the_row_budget():
+    """merge_tokens: a length group joins the next longer one while the merged group's padded rows fit; a group that
+    would pass the budget starts a new one; 0 keeps one group per power-of-two length."""
+    from mpk_runtime.runtime.torch_exec import prefill_groups
+    lens = [3] * 5 + [20] * 3 + [40]
+    chunks = [(list(range(1, n + 1)), 0, [1, 2, 3, 4], None) for n in lens]
+    shape = lambda gs: [(g.B, g.T, len(g.idx)) for g in gs]   # noqa: E731
+    assert shape(prefill_groups(chunks, 64, 4)) == [(8, 16, 5), (4, 32, 3), (1, 64, 1)]
+    assert shape(prefill_groups(chunks, 64, 4, merge_tokens=256)) == [(8, 32, 8), (1, 64, 1)]   # 16 x 64 > 256
+    got = prefill_groups(chunks, 64, 4, merge_tokens=1024)
+    assert shape(got) == [(16, 64, 9)]
+    g = got[0]   # every chunk left-padded to 64 rows, its tokens last
+    assert g.pad[:9].tolist() == [64 - n for n in lens] and g.kv_cap == 64
+    assert g.tokens.view(16, 64)[0, -3:].tolist() == [1, 2, 3] and g.pos[9:].tolist() == [-1] * 7
