@@ -45,8 +45,8 @@ async def fire(url: str, model: str, n: int, max_tokens: int, vocab: int, seed: 
             if r.status_code != 200:
                 return {"i": i, "ok": False, "status": r.status_code, "error": r.text[:200], "latency_s": dt}
             d = r.json()
-            return {"i": i, "ok": True, "latency_s": dt, "tokens": d["usage"]["completion_tokens"],
-                    "ttft_s": d["choices"][0].get("metrics", {}).get("time_to_first_token")}
+            return {"i": i, "ok": True, "latency_s": dt, "done": time.monotonic(),
+                    "tokens": d["usage"]["completion_tokens"], "ttft_s": d["choices"][0].get("metrics", {}).get("time_to_first_token")}
         except Exception as e:  # noqa: BLE001 - counted as an error
             return {"i": i, "ok": False, "error": f"{type(e).__name__}: {e}"[:200], "latency_s": time.perf_counter() - t0}
 
@@ -68,6 +68,17 @@ def _graphs(router) -> dict:
             out[r.name] = {k: v for k, v in (h[0].get("graphs") or {}).items() if isinstance(v, (int, float, str))}
         except Exception as e:  # noqa: BLE001 - a diagnostic: the load's numbers stand without it
             out[r.name] = {"error": str(e)[:200]}
+    return out
+
+
+def _idle_in(router, t0: float, t1: float) -> dict:
+    """Each replica's engine-loop idle stretches (nothing to run) inside [t0, t1] (time.monotonic(), shared by the
+    client process), as [ms from t0, ms long]: where in the load the engine waited for requests."""
+    out = {}
+    for r in router.replicas:
+        log = list(getattr(r.loop, "idle_log", ()))
+        out[r.name] = [[round((max(a, t0) - t0) * 1e3, 1), round((min(a + d, t1) - max(a, t0)) * 1e3, 1)]
+                       for a, d in log if a < t1 and a + d > t0]
     return out
 
 
@@ -119,10 +130,11 @@ def main() -> None:
             for rnd in range(a.rounds):
                 before = router.stats()
                 graphs_before = _graphs(router)
-                t0 = time.perf_counter()
+                t0, t0m = time.perf_counter(), time.monotonic()
                 res = pool.apply(_fire_in_child, ((srv.url, a.model, a.requests, a.max_tokens,
                                                    load_config(a.model).vocab_size, rnd),))
                 wall = time.perf_counter() - t0
+                idle = _idle_in(router, t0m, t0m + wall)
                 if rnd + 1 < a.rounds:
                     earlier.append({"wall_s": wall, "tokens": sum(r.get("tokens", 0) for r in res if r["ok"]),
                                     "errors": sum(not r["ok"] for r in res)})
@@ -151,7 +163,10 @@ def main() -> None:
                "engine_steps": steps, "mean_batch_occupancy": seqs / steps if steps else 0.0,
                "max_batch": a.max_batch, "max_batch_seen": max((s.get("max_batch_size_seen", 0) for s in stats.values()), default=0),
                "time_breakdown": breakdown(sum_stats(list(stats.values())), wall),
-               "graphs_in_window": graphs, "rounds": a.rounds, "earlier_rounds": earlier,
+               "graphs_in_window": graphs, "idle_stretches_ms": idle,
+               "client_done_ms": [round((min(r["done"] for r in ok) - t0m) * 1e3, 1),
+                                  round((max(r["done"] for r in ok) - t0m) * 1e3, 1)] if ok else None,
+               "rounds": a.rounds, "earlier_rounds": earlier,
                "first_errors": [r for r in res if not r["ok"]][:3], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                "machine": _machine(), "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
                "max_tokens": a.max_tokens, "max_seq_len": a.max_seq_len}
@@ -160,6 +175,11 @@ def main() -> None:
         json.dump(summary, f, indent=1)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("first_errors", "time_breakdown")}, indent=1))
     print(format_breakdown(summary["time_breakdown"]))
+    for name, st in idle.items():
+        if st:
+            big = sorted(st, key=lambda x: -x[1])[:4]
+            print(f"  engine idle in the window ({name}): {len(st)} stretches, {sum(d for _, d in st):.0f} ms; "
+                  "longest at +ms (ms): " + ", ".join(f"{a:.0f} ({d:.0f})" for a, d in big))
     for name, g in graphs.items():
         if g:
             print(f"  CUDA graphs captured during the load ({name}): " + ", ".join(f"{k} {v}" for k, v in g.items()))

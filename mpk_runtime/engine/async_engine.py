@@ -7,6 +7,7 @@ dead worker is noticed (and the executor rebuilt) before the next request arrive
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import logging
 import queue
@@ -36,6 +37,9 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._ids = 0
         self._times = new_loop_stats()  # where the loop thread's time goes (step_stats.py: loop_*_s)
+        # the loop's idle stretches (nothing to run) of 2 ms or more, newest last: (time.monotonic() at its start,
+        # seconds); load_test places them in its measured window
+        self.idle_log: collections.deque = collections.deque(maxlen=1024)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"mpk-{name}", daemon=True)
         self._thread.start()
@@ -128,8 +132,11 @@ class EngineLoop:
         last_health = time.monotonic()
         tm = self._times
         pc = time.perf_counter
+        idle_from = None   # time.monotonic() when the current idle stretch began
         while not self._stop.is_set():
             busy = self.engine.has_unfinished()
+            if not busy and idle_from is None:
+                idle_from = time.monotonic()
             t0 = pc()
             try:
                 cmd = self._cmds.get_nowait() if busy else self._cmds.get(timeout=0.5)
@@ -138,6 +145,11 @@ class EngineLoop:
             t1 = pc()
             if not busy:
                 tm["loop_idle_s"] += t1 - t0
+            if cmd is not None and idle_from is not None:   # the idle stretch ends with this command
+                now = time.monotonic()
+                if now - idle_from >= 0.002:
+                    self.idle_log.append((idle_from, now - idle_from))
+                idle_from = None
             if cmd is not None:
                 self._apply(cmd)
                 try:

@@ -108,10 +108,11 @@ def test_time_before_the_runner_is_not_model_time():
 
 def test_engine_loop_accounts_idle_and_steps():
     with LLM("tiny-qwen3", dtype="float32", max_seq_len=64, max_batch=4) as llm:
-        t0 = time.perf_counter()
+        t0, m0 = time.perf_counter(), time.monotonic()
         loop = EngineLoop(llm.engine, health_interval=None)
         try:
             time.sleep(0.3)  # nothing to do: idle
+            m1 = time.monotonic()
             done = threading.Event()
             left = [2]
 
@@ -131,6 +132,9 @@ def test_engine_loop_accounts_idle_and_steps():
     assert s["steps"] >= 12 and s["prefill_steps"] >= 1
     assert all(s[k] >= 0 for k in LOOP_TIMES)
     assert s["loop_idle_s"] >= 0.25  # the 0.3 s before the requests (and the 0.1 s after)
+    # the idle stretch before the requests, placed in time (load_test's idle_stretches_ms)
+    a, d = loop.idle_log[0]
+    assert m0 <= a < m1 and 0.25 <= d and a + d >= m1
     assert s["t_step_s"] <= s["loop_step_s"]
     assert sum(s[k] for k in LOOP_TIMES) <= elapsed
     b = breakdown(s, elapsed)
