@@ -4,9 +4,10 @@
     PYTHONPATH=. python3 scripts/load_test.py --model llama-3.2-1b --backend megakernel --tp 2 \
         --executor ray --requests 100 --max-batch 32                                              # GPUs
 
-The HTTP client runs in a separate process (in the server's process it shared the GIL with the server and the
-engine loop, and the harness's own work showed up as per-step time). Reports throughput (generated tokens/s),
-request latency p50/p99, time to first token p50/p99, errors, and batch occupancy (sequences per engine step: > 1 means the requests really shared decode steps), and writes
+The HTTP clients run in separate processes (--clients, default 4; in the server's process the client shared the GIL
+with the server and the engine loop, and the harness's own work showed up as per-step time). Reports throughput (generated tokens/s),
+request latency p50/p99, time to first token p50/p99, errors, and batch occupancy (sequences per engine step: > 1
+means the requests really shared decode steps), and writes
 load_test.json under --out. It also prints where the engine's time went during the load, in ms per step (engine loop
 idle / admitting / stepping / delivering; inside a step: scheduling, the executor call - split into dispatch,
 waiting, the model's own runner time on the critical rank and the transfer either side - output work and freeing;
@@ -31,13 +32,16 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
 
 
-async def fire(url: str, model: str, n: int, max_tokens: int, vocab: int, seed: int) -> list[dict]:
+async def fire(url: str, model: str, n: int, max_tokens: int, vocab: int, seed: int, part: int = 0,
+               parts: int = 1) -> list[dict]:
+    """Requests i = part, part + parts, ... of the load's n (the prompts depend on the seed alone, not on how many
+    client processes share the load), all at once, one connection each."""
     import httpx
     rng = random.Random(seed)
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randint(4, 24))] for _ in range(n)]
 
     async def one(i: int, client) -> dict:
-        prompt = [rng.randrange(vocab) for _ in range(rng.randint(4, 24))]
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0}
         t0 = time.perf_counter()
         try:
             r = await client.post(url + "/v1/completions", json=body)
@@ -50,12 +54,27 @@ async def fire(url: str, model: str, n: int, max_tokens: int, vocab: int, seed: 
         except Exception as e:  # noqa: BLE001 - counted as an error
             return {"i": i, "ok": False, "error": f"{type(e).__name__}: {e}"[:200], "latency_s": time.perf_counter() - t0}
 
-    async with httpx.AsyncClient(timeout=600.0) as client:
-        return await asyncio.gather(*(one(i, client) for i in range(n)))
+    mine = range(part, n, parts)
+    # (httpx's default pool of 100 connections queued the rest of a larger load inside the client)
+    async with httpx.AsyncClient(timeout=600.0, limits=httpx.Limits(max_connections=max(1, len(mine)))) as client:
+        return await asyncio.gather(*(one(i, client) for i in mine))
 
 
 def _fire_in_child(args: tuple) -> list[dict]:
     return asyncio.run(fire(*args))
+
+
+def _fire(pool, clients: int, url: str, model: str, n: int, max_tokens: int, vocab: int, seed: int) -> list[dict]:
+    """The load split over the pool's `clients` processes (one Python client issued ~1-2 ms of requests a request
+    on its own event loop: 256 requests took it ~0.5 s to send, and the engine idled meanwhile; session 64)."""
+    parts = pool.map(_fire_in_child, [(url, model, n, max_tokens, vocab, seed, k, clients) for k in range(clients)],
+                     chunksize=1)
+    return sorted((r for p in parts for r in p), key=lambda r: r["i"])
+
+
+def _warm_child(_: int) -> None:
+    import httpx  # noqa: F401 - the import, in every client process before the measured load
+    time.sleep(0.2)   # (so that the pool hands one warm-up to each process)
 
 
 def _graphs(router) -> dict:
@@ -107,10 +126,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1,
                     help="fire the load this many times in one server process and measure the last (earlier rounds "
                          "warm it up: a cost that goes away after the first round is a one-time cost)")
+    ap.add_argument("--clients", type=int, default=4,
+                    help="client processes the requests are split over (each sends its share at once)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     if a.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {a.rounds}")
+    if a.clients < 1:
+        raise SystemExit(f"--clients must be >= 1, got {a.clients}")
     from cluster.router import build_router
     from mpk_runtime.engine.step_stats import breakdown, diff_stats, format_breakdown, sum_stats
     from cluster.server import ServerThread, create_app
@@ -124,15 +147,16 @@ def main() -> None:
     try:
         # the client runs in its own process: in this one it would share the GIL with the server and the engine
         import multiprocessing as mp
-        with mp.get_context("spawn").Pool(1) as pool:
+        with mp.get_context("spawn").Pool(a.clients) as pool:
+            pool.map(_warm_child, range(a.clients), chunksize=1)
             pool.apply(_fire_in_child, ((srv.url, a.model, 1, 1, load_config(a.model).vocab_size, 1),))  # warm
             earlier = []   # {wall_s, tokens, errors} of the rounds before the measured one
             for rnd in range(a.rounds):
                 before = router.stats()
                 graphs_before = _graphs(router)
                 t0, t0m = time.perf_counter(), time.monotonic()
-                res = pool.apply(_fire_in_child, ((srv.url, a.model, a.requests, a.max_tokens,
-                                                   load_config(a.model).vocab_size, rnd),))
+                res = _fire(pool, a.clients, srv.url, a.model, a.requests, a.max_tokens,
+                            load_config(a.model).vocab_size, rnd)
                 wall = time.perf_counter() - t0
                 idle = _idle_in(router, t0m, t0m + wall)
                 if rnd + 1 < a.rounds:
@@ -169,7 +193,7 @@ def main() -> None:
                "rounds": a.rounds, "earlier_rounds": earlier,
                "first_errors": [r for r in res if not r["ok"]][:3], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                "machine": _machine(), "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
-               "max_tokens": a.max_tokens, "max_seq_len": a.max_seq_len}
+               "max_tokens": a.max_tokens, "max_seq_len": a.max_seq_len, "clients": a.clients}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "load_test.json"), "w") as f:
         json.dump(summary, f, indent=1)
