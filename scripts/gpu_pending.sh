@@ -543,7 +543,7 @@ for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do   # SERVE_TAG: a suffix of the fol
   OUT="$OUT/bench/serve_$m${SERVE_TAG:-}" timeout ${SERVE_LIM:-240} python3 scripts/load_test.py --model "$m" \
       --backend megakernel --requests ${SERVE_N:-256} --max-tokens ${SERVE_TOKENS:-128} --max-batch ${SERVE_BATCH:-64} \
       --max-seq-len ${SERVE_MSL:-256} --rounds ${SERVE_ROUNDS:-2} > "$OUT/bench/serve_$m${SERVE_TAG:-}.log" 2>&1
-  grep -E '"(succeeded|errors|tokens_per_s|latency_p50_s|latency_p99_s|ttft_p50_s|ttft_p99_s|mean_batch_occupancy|machine)"|ms/step|^round|CUDA graphs|Error|error' \
+  grep -E '"(succeeded|errors|tokens_per_s|latency_p50_s|latency_p99_s|ttft_p50_s|ttft_p99_s|mean_batch_occupancy|machine)"|ms/step|^round|CUDA graphs|engine (events|idle)|Error|error' \
       "$OUT/bench/serve_$m${SERVE_TAG:-}.log" | head -24
 done; snap
 elif [ "$MODE" = admit ]; then

@@ -188,6 +188,10 @@ def main() -> None:
                "max_batch": a.max_batch, "max_batch_seen": max((s.get("max_batch_size_seen", 0) for s in stats.values()), default=0),
                "time_breakdown": breakdown(sum_stats(list(stats.values())), wall),
                "graphs_in_window": graphs, "idle_stretches_ms": idle,
+               # the scheduler's events in the window (a preempted request's prompt and tokens are prefilled again)
+               "engine_events": {k: sum(s.get(k, 0) or 0 for s in stats.values())
+                                 for k in ("preemptions", "recomputed_tokens", "prefix_cache_hit_tokens",
+                                           "requests_failed")},
                "client_done_ms": [round((min(r["done"] for r in ok) - t0m) * 1e3, 1),
                                   round((max(r["done"] for r in ok) - t0m) * 1e3, 1)] if ok else None,
                "rounds": a.rounds, "earlier_rounds": earlier,
@@ -199,6 +203,7 @@ def main() -> None:
         json.dump(summary, f, indent=1)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("first_errors", "time_breakdown")}, indent=1))
     print(format_breakdown(summary["time_breakdown"]))
+    print("  engine events in the window: " + ", ".join(f"{k} {v}" for k, v in summary["engine_events"].items()))
     for name, st in idle.items():
         if st:
             big = sorted(st, key=lambda x: -x[1])[:4]
