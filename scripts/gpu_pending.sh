@@ -548,14 +548,15 @@ for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do   # SERVE_TAG: a suffix of the fol
 done; snap
 elif [ "$MODE" = admit ]; then
 # admit (session 64): a serving step's prompt chunks through ConventionalPrefill alone (profile_prefill.py: 11 chunks
-# of 4-24 tokens a step, as load_test's admissions), prefill_groups' merge_tokens 0 (a graph per power-of-two length)
-# against 1024 (the short groups as one graph)
-st "admit: prompt chunks of a serving step through the prefill graphs, merge_tokens 0 vs 1024"
+# of 4-24 tokens a step, as load_test's admissions, start-up graphs captured first), packed (one graph, rows back to
+# back) against grouped by length (packed_rows 0: a left-padded graph per power-of-two length, session 63's path)
+st "admit: prompt chunks of a serving step through the prefill graphs, packed vs grouped"
 mkdir -p "$OUT/bench"
-for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do for mt in 0 1024; do
+for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do for pr in 1024 0; do
   OUT="$OUT/bench" timeout 150 python3 scripts/profile_prefill.py --model "$m" --chunks ${ADMIT_CHUNKS:-11} \
-      --steps 16 --merge-tokens $mt --tag "_${m}_m$mt" > "$OUT/bench/admit_${m}_m$mt.log" 2>&1
-  grep -E '"(merge_tokens|graph_runs_per_step|steady_ms_median|profiled_step_ms|cuda_total_ms)"' "$OUT/bench/admit_${m}_m$mt.log"
+      --steps 16 --warm --packed-rows $pr --tag "_${m}_p$pr" > "$OUT/bench/admit_${m}_p$pr.log" 2>&1
+  grep -E '"(packed_rows|graph_runs_per_step|packed_runs|steady_ms_median|profiled_step_ms|cuda_total_ms)"|Error' \
+      "$OUT/bench/admit_${m}_p$pr.log"
 done; done; snap
 elif [ "$MODE" = stamps ]; then
 st "4b stage stamps of the one-megakernel step at B=1, 8 (qwen3-8b B=8 is 0.82x gpt-fast; session 10's stamps are old)"

@@ -51,8 +51,10 @@ def rank_main(rank: int, a, port: int) -> None:
                  device=dev, poison=False)
     pre = ConventionalPrefill(cfg, w, kv, max_seq_len=maxlen, page_size=ps, dtype="bfloat16", device=dev,
                               tp=a.tp, rank=rank, comm=comm)
-    if a.merge_tokens is not None:
-        pre.merge_tokens = a.merge_tokens
+    if a.packed_rows is not None:
+        pre.packed_rows = a.packed_rows
+    if a.warm:   # the server's start-up captures (ConventionalPrefill.warm), so the steps time replays only
+        pre.warm(a.chunks, 64)
     rng = random.Random(1)
 
     def step():
@@ -70,7 +72,8 @@ def rank_main(rank: int, a, port: int) -> None:
 
     times = [step() for _ in range(a.steps)]
     res = {"model": a.model, "tp": a.tp, "chunks": a.chunks, "len": [a.min_len, a.max_len],
-           "merge_tokens": pre.merge_tokens, "graph_runs_per_step": round(pre.graph_runs / a.steps, 2),
+           "packed_rows": pre.packed_rows, "graph_runs_per_step": round(pre.graph_runs / a.steps, 2),
+           "packed_runs": pre.packed_runs, "late_captures": pre.late_captures,
            "step_ms": [round(t, 2) for t, _ in times], "new_executors": [m for _, m in times],
            "steady_ms_median": round(statistics.median(t for t, _ in times[a.steps // 2:]), 2),
            "executors_cached": len(pre._ex), "graphs_captured": pre.captures, "graph_replays": pre.replays}
@@ -105,8 +108,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--max-seq-len", type=int, default=512)
     ap.add_argument("--tag", default="", help="suffix of the result file's name")
-    ap.add_argument("--merge-tokens", type=int, default=None,
-                    help="prefill_groups' merge_tokens (default: the runner's, MPK_PREFILL_MERGE_TOKENS)")
+    ap.add_argument("--packed-rows", type=int, default=None,
+                    help="ConventionalPrefill.packed_rows (default: MPK_PREFILL_PACKED_ROWS or 1024; 0: grouped)")
+    ap.add_argument("--warm", action="store_true", help="capture the start-up graphs first (as the GPU runner)")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself (tp 1)")
     a = ap.parse_args()
     if a.device == "cpu":

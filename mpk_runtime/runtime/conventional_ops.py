@@ -69,7 +69,7 @@ def _bias_cat(cache: dict, mem, names: list[str]) -> torch.Tensor:
 def _rows(cache: dict, ctx) -> torch.Tensor:
     """Absolute position of every row of the step (row_positions), once per step."""
     if "pos" not in cache:
-        cache["pos"] = row_positions(ctx)
+        cache["pos"] = ctx.packed[0] if ctx.packed is not None else row_positions(ctx)
     return cache["pos"]
 
 
@@ -92,7 +92,7 @@ def _kv_slots(cache: dict, mem, ctx) -> torch.Tensor:
     if "slots" not in cache:
         pos = _rows(cache, ctx)
         T, ps = ctx.tokens_per_seq, ctx.page_size
-        b = torch.arange(pos.numel(), device=pos.device) // T
+        b = ctx.packed[1].clamp(min=0) if ctx.packed is not None else torch.arange(pos.numel(), device=pos.device) // T
         p = pos.clamp(min=0)
         page = torch.where(pos >= 0, ctx.block_tables[b, p // ps], torch.full_like(p, mem.kvstore.scratch))
         cache["slots"] = page * ps + p % ps
@@ -122,8 +122,9 @@ def linear(op, mem, ctx, cache) -> None:
     out = mem.t(a["out"])
     N = out.shape[-1]
     r0 = a.get("weight_row0", 0)
-    if a["row_select"]:
-        x = x[a["row_select"]["offset"]::a["row_select"]["stride"]]
+    if a["row_select"]:   # each sequence's last row (a packed step's are where its chunks end)
+        x = x.index_select(0, ctx.packed[2]) if ctx.packed is not None else \
+            x[a["row_select"]["offset"]::a["row_select"]["stride"]]
     if a["norm"]:
         x = rms_norm(x, mem.t(a["norm"]), a["eps"])
     ws = [_wt(cache, mem, name) if (r0 == 0 and mem.t(name).shape[0] == N) else mem.t(name)[r0:r0 + N].T
@@ -319,6 +320,10 @@ def attention(op, mem, ctx, cache) -> None:
     out = mem.t(a["out"])
     kc, vc = mem.kv(a["k_cache"]), mem.kv(a["v_cache"])         # (pages, ps, nkv, D)
     kvn = mem.t(a["kv_new"]).view(B * T, -1) if a.get("kv_defer") else None   # rows qkv_rope left (ir/defer.py)
+    if ctx.packed is not None:
+        attention_packed(q, out, kc, vc, _kv_slots(cache, mem, ctx), _packed_step(cache, ctx, g, q.dtype), nkv, g, D,
+                         a["scale"])
+        return
     if ctx.pad is None and paged_attention.enabled(q, T, D) and q.is_contiguous() and out.is_contiguous():
         # decode straight from the pages (the default where Triton is installed): no gathered copy, no mask, and the
         # deferred k / v rows appended by the kernel
@@ -357,6 +362,37 @@ def attention(op, mem, ctx, cache) -> None:
         torch.where(st["live"], o, st["zero"], out=out.view(B, T, nkv, g, D))
     else:
         out.copy_(torch.where(st["live"], o, st["zero"]).reshape(B * T, nq * D))
+
+
+def _packed_step(cache: dict, ctx, g: int, dtype) -> dict:
+    """A packed step's attention inputs every layer shares: the (1, 1, g*M, M) additive mask (row i sees row j of
+    its own chunk at or before it; padding rows see every row, their output zeroed) and the live-row mask."""
+    key = ("packed", g, dtype)
+    if key not in cache:
+        seq = ctx.packed[1]
+        M = seq.numel()
+        r = torch.arange(M, device=seq.device)
+        ok = ((seq[:, None] == seq[None, :]) & (r[None, :] <= r[:, None])) | (seq < 0)[:, None]
+        mask = torch.full((M, M), float("-inf"), dtype=dtype, device=seq.device).masked_fill_(ok, 0.0)
+        cache[key] = dict(mask=mask.repeat(g, 1)[None, None], live=(seq >= 0).view(M, 1, 1, 1))
+    return cache[key]
+
+
+def attention_packed(q, out, kc, vc, slots, st: dict, nkv: int, g: int, D: int, scale: float) -> None:
+    """A packed prefill step (StepCtx.packed): every chunk starts its sequence, so its keys are its own rows, just
+    appended: read back from their slots (M rows, not M x L gathered keys) and attended under the block-diagonal
+    causal mask in one SDPA call, the g query heads of a KV head stacked as g*M rows (as `attention`)."""
+    M = q.shape[0]
+    k = kc.view(-1, nkv, D).index_select(0, slots).transpose(0, 1)[None]    # (1, nkv, M, D)
+    v = vc.view(-1, nkv, D).index_select(0, slots).transpose(0, 1)[None]
+    qg = q.view(M, nkv, g, D).permute(1, 2, 0, 3).reshape(1, nkv, g * M, D)
+    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=st["mask"], scale=scale)   # (1, nkv, g*M, D)
+    o = o.view(nkv, g, M, D).permute(2, 0, 1, 3)                                      # (M, nkv, g, D)
+    zero = st.setdefault("zero", torch.zeros((), dtype=o.dtype, device=o.device))
+    if out.dtype == o.dtype and out.is_contiguous():
+        torch.where(st["live"], o, zero, out=out.view(M, nkv, g, D))
+    else:
+        out.copy_(torch.where(st["live"], o, zero).reshape(M, nkv * g * D))
 
 
 def attention_rows(q, out, kc, vc, ctx, B: int, T: int, nq: int, nkv: int, D: int, scale: float) -> None:

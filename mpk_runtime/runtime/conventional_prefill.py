@@ -18,7 +18,7 @@ from ..ir.shard import shard_for
 from ..models.reference import rope_inv_freq
 from .device_sampling import draw_full, fill_sampling
 from .memory import KVStore, RankMemory, StepCtx
-from .torch_exec import ConventionalExecutor, pow2, prefill_groups
+from .torch_exec import ConventionalExecutor, packed_group, pow2, prefill_groups
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,11 @@ class _PrefillShape:
         self.pos = torch.full((B,), -1, dtype=torch.int64, device=device)
         self.pad = torch.zeros((B,), dtype=torch.int64, device=device)
         self.tables = torch.zeros((B, width), dtype=torch.int64, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        M = mem.t("tokens").numel()
+        self.packed = (torch.full((M,), -1, dtype=torch.int64, device=device),    # row positions, row sequences,
+                       torch.full((M,), -1, dtype=torch.int64, device=device),    # each sequence's last row
+                       torch.full((B,), M - 1, dtype=torch.int64, device=device))
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}   # by key cap (PACKED: the packed step's)
 
 
 def _pow2s(lo: int, hi: int) -> list[int]:
@@ -67,13 +71,17 @@ def _pow2s(lo: int, hi: int) -> list[int]:
 # should dominate its time (prediction: ~60-80%), so an eager step's launches hide behind it.
 EXACT_KEYS = 16384
 
-# prefill_groups' merge_tokens: a step's short prompt chunks grouped by length ran as ~2 graphs of 16 and 32 tokens a
-# row; at these sizes a graph's time is its kernels' count, not its rows (session 64: measured in serving)
-MERGE_TOKENS = 0
+# A step whose chunks all start their sequences and hold at most this many rows runs packed (torch_exec.packed_group:
+# one graph, rows back to back, attention under a block-diagonal mask of M x M): the (g * M, M) mask is 8 MB at 1024
+# rows and 4 query heads a KV head. Longer or continued chunks run grouped by length (prefill_groups).
+PACKED_ROWS = 1024
+PACKED = -1   # the key of a shape's packed graph in _PrefillShape.graphs (the padded ones key on their key cap)
 
 
 class ConventionalPrefill:
-    """Prompt chunks through the conventional executor on the GPU. The chunks of a step are grouped by length
+    """Prompt chunks through the conventional executor on the GPU. A step of fresh prompts (each chunk starts its
+    sequence) of at most `packed_rows` rows runs packed: one graph, the rows back to back (torch_exec.packed_group,
+    StepCtx.packed). Otherwise the chunks of a step are grouped by length
     bucket (powers of two >= 16) and each group runs as one prefill graph of (sequences, tokens) bucketed to
     powers of two, the chunks left-padded (StepCtx.pad: padding rows have position -1, write the scratch page and
     are masked out of attention; each chunk's last token is the graph's last row); padding sequences are inactive.
@@ -111,8 +119,8 @@ class ConventionalPrefill:
         # (StepCtx.rows, conventional_ops.attention_rows); 0 = never
         self.exact_keys = env_int("MPK_PREFILL_EXACT_KEYS", EXACT_KEYS, lo=0, hi=1 << 30)
         self.share_activations = share_activations
-        # prefill_groups' merge_tokens: short length groups run as one graph (MPK_PREFILL_MERGE_TOKENS; 0 = never)
-        self.merge_tokens = env_int("MPK_PREFILL_MERGE_TOKENS", MERGE_TOKENS, lo=0, hi=1 << 20)
+        # a step of fresh prompts of at most this many rows in all runs packed (MPK_PREFILL_PACKED_ROWS; 0 = never)
+        self.packed_rows = env_int("MPK_PREFILL_PACKED_ROWS", PACKED_ROWS, lo=0, hi=1 << 16)
         self._pool = None
         self._ex: OrderedDict[tuple[int, int], _PrefillShape] = OrderedDict()
         self.graph_runs = 0          # prefill graphs run (tests: chunks of a step share graphs)
@@ -120,6 +128,7 @@ class ConventionalPrefill:
         self.capture_s = 0.0         # seconds spent capturing them (warm-up run + capture)
         self.replays = 0             # steps' groups run by replaying one
         self.exact_runs = 0          # groups run eagerly over their exact keys (exact_keys)
+        self.packed_runs = 0         # steps run packed (packed_rows)
         self.late_captures: list[str] = []   # "BxT@cap" of the graphs captured in a request's path (not in warm)
         self._warming = False
 
@@ -138,14 +147,20 @@ class ConventionalPrefill:
         return self._ex[key]
 
     def _ctx(self, sh: _PrefillShape, T: int, cap: int, rows: tuple | None = None) -> StepCtx:
-        return StepCtx(self.cfg, 1, sh.pos, sh.tables, self.page_size, T, self.inv, pad=sh.pad, kv_len_cap=cap,
-                       rows=rows)
+        """cap PACKED: the packed step (StepCtx.packed)."""
+        return StepCtx(self.cfg, 1, sh.pos, sh.tables, self.page_size, T, self.inv, pad=sh.pad,
+                       kv_len_cap=T if cap == PACKED else cap, rows=rows,
+                       packed=sh.packed if cap == PACKED else None)
 
     def _capture(self, sh: _PrefillShape, T: int, cap: int) -> None:
-        """Warm up and capture bucket `sh` at key cap `cap`, every row inactive (nothing live is written)."""
+        """Warm up and capture bucket `sh` at key cap `cap` (or PACKED), every row inactive (nothing live is
+        written)."""
         sh.pos.fill_(-1)
         sh.pad.fill_(T)
         sh.tables.zero_()
+        sh.packed[0].fill_(-1)
+        sh.packed[1].fill_(-1)
+        sh.packed[2].fill_(sh.packed[0].numel() - 1)
         fill_sampling(sh.mem, [])
         ctx = self._ctx(sh, T, cap)
         t0 = time.perf_counter()
@@ -165,15 +180,16 @@ class ConventionalPrefill:
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
         if not self._warming:
-            self.late_captures.append(f"{sh.pos.shape[0]}x{T}@{cap}")
+            self.late_captures.append(f"{sh.pos.shape[0]}x{T}@{'packed' if cap == PACKED else cap}")
             log.info("prefill graph %dx%d at key cap %d captured in a step (%.3f s)", sh.pos.shape[0], T, cap,
                      time.perf_counter() - t0)
 
     def warm(self, max_batch: int, max_tokens: int) -> int:
         """Capture the short-prompt buckets now rather than in the first requests' path (~0.25 s each): sequences
         1, 2, 4 .. max_batch rounded up to a power of two (as prefill_groups rounds) x tokens 16, 32 .. max_tokens,
-        key cap = tokens (a chunk that starts a sequence). Every rank of a group calls it with the same arguments
-        (same captures, same order). Returns the number of graphs captured."""
+        key cap = tokens (a chunk that starts a sequence), and each shape's packed graph where it holds at most
+        packed_rows rows. Every rank of a group calls it with the same arguments (same captures, same order).
+        Returns the number of graphs captured."""
         if not self.capture:
             return 0
         shapes = [(B, T) for B in _pow2s(1, pow2(max_batch)) for T in _pow2s(16, min(max_tokens, self.max_seq_len))
@@ -184,8 +200,9 @@ class ConventionalPrefill:
         try:
             for B, T in shapes:
                 sh = self._get(B, T)
-                if T not in sh.graphs:
-                    self._capture(sh, T, T)
+                for cap in (T, PACKED) if B * T <= self.packed_rows else (T,):
+                    if cap not in sh.graphs and self.capture:
+                        self._capture(sh, T, cap)
                 if not self.capture:   # a capture failed: eager from now on
                     break
         finally:
@@ -197,21 +214,27 @@ class ConventionalPrefill:
         each chunk's last token, or None when not wanted; the tokens drawn for them, list of n ints)."""
         logits: list[torch.Tensor | None] = [None] * len(chunks)
         drawn = [0] * len(chunks)
-        for g in prefill_groups(chunks, self.max_seq_len, self.width, self.merge_tokens):
+        pg = packed_group(chunks, self.max_seq_len, self.width, self.packed_rows) if self.packed_rows else None
+        for g in [pg] if pg is not None else prefill_groups(chunks, self.max_seq_len, self.width):
             sh = self._get(g.B, g.T)
-            exact = 0 < self.exact_keys <= g.kv_cap
+            key = PACKED if g.packed is not None else g.kv_cap
+            exact = g.packed is None and 0 < self.exact_keys <= g.kv_cap
             graphed = self.capture and g.B * g.T <= self.capture_tokens and not exact
-            if graphed and g.kv_cap not in sh.graphs:
-                self._capture(sh, g.T, g.kv_cap)
-                graphed = g.kv_cap in sh.graphs
+            if graphed and key not in sh.graphs:
+                self._capture(sh, g.T, key)
+                graphed = key in sh.graphs
             mem = sh.mem
             mem.t("tokens").copy_(g.tokens)
             sh.pos.copy_(g.pos)
             sh.pad.copy_(g.pad)
             sh.tables.copy_(g.tables)
+            if g.packed is not None:
+                for dst, src in zip(sh.packed, g.packed):
+                    dst.copy_(src)
+                self.packed_runs += 1
             fill_sampling(mem, g.sampling)
             if graphed:
-                sh.graphs[g.kv_cap].replay()
+                sh.graphs[key].replay()
                 self.replays += 1
             elif exact:
                 rows = tuple((int(g.pad[j]), int(g.pos[j]), g.T - int(g.pad[j]) if g.pos[j] >= 0 else 0)
@@ -219,7 +242,7 @@ class ConventionalPrefill:
                 sh.ex.run([self._ctx(sh, g.T, g.kv_cap, rows)])
                 self.exact_runs += 1
             else:
-                sh.ex.run([self._ctx(sh, g.T, g.kv_cap)])
+                sh.ex.run([self._ctx(sh, g.T, key)])
             self.graph_runs += 1
             last = [chunks[i][1] + len(chunks[i][0]) - 1 for i in g.idx]
             full = getattr(mem, "_full_rows", None) is not None   # (the same on every rank: the same chunks)

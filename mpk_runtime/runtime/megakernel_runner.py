@@ -311,6 +311,7 @@ class MegakernelRunner(ModelRunner):
                 "decode_capture_s": round(pl.capture_s, 3) if pl is not None else 0.0,
                 "decode_build_s": round(pl.build_s, 3) if pl is not None else 0.0,
                 "prefill_graph_runs": pf.graph_runs if pf is not None else 0,
+                "prefill_packed_runs": pf.packed_runs if pf is not None else 0,
                 "prefill_late_captures": " ".join(pf.late_captures) if pf is not None else "",
                 **{k: round(v, 4) if isinstance(v, float) else v for k, v in self.step_phases.items()}}
 

@@ -208,6 +208,11 @@ class StepCtx:
     rows: tuple | None = None      # (pad, start, n) of each sequence, host-known (an eager prefill step only): the
     #                                conventional attention then runs each sequence over exactly its start + n keys,
     #                                causal to the last key, with no mask (conventional_ops.attention_rows)
+    packed: tuple | None = None    # (row_pos (M,), row_seq (M,), last_rows (B,)) device tensors: a packed prefill
+    #                                step (conventional path): the chunks' rows back to back, each chunk starting its
+    #                                sequence (no cached keys), padding rows after them (row_seq -1); sequence b's last
+    #                                row is last_rows[b]; pos / pad keep each chunk's start and T - length (the
+    #                                sampler's counter). conventional_ops reads the rows, slots and attention from it
     logits_unread: bool = False    # the caller's promise that nothing reads the step's fp32 logits afterwards (only
     #                                the drawn tokens): with greedy and MPK_CONV_BF16_ARGMAX=1 a conventional LM head
     #                                followed by its argmax in the same segment skips the fp32 logits write

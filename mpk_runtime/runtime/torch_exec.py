@@ -164,27 +164,20 @@ class PrefillGroup:
     sampling: list
     kv_cap: int = 0         # keys attention gathers at most: a power of two (>= 16, <= max_seq_len) covering
     #                         every chunk's end, so a GPU step's shapes repeat (StepCtx.kv_len_cap)
+    packed: tuple | None = None   # (row_pos, row_seq, last_rows) host tensors of a packed group (packed_group)
 
 
-def prefill_groups(chunks, max_seq_len: int, width: int, merge_tokens: int = 0) -> list[PrefillGroup]:
+def prefill_groups(chunks, max_seq_len: int, width: int) -> list[PrefillGroup]:
     """chunks: (tokens, start_pos, block table, sampling) of one step, grouped by power-of-two length (>= 16,
-    <= max_seq_len), each group's sequence count a power of two: few graph shapes, < 2x padding per dimension.
-    merge_tokens: a group joins the next longer one while the merged group's padded rows (B * T) stay within it
-    (short groups cost their graph's kernel count, not their rows: one graph instead of two)."""
+    <= max_seq_len), each group's sequence count a power of two: few graph shapes, < 2x padding per dimension."""
     for toks, start, _, _ in chunks:
         if start + len(toks) > max_seq_len:
             raise ValueError(f"prompt chunk ends at position {start + len(toks)} > max_seq_len {max_seq_len}")
     by_len: dict[int, list[int]] = {}
     for i, (toks, *_rest) in enumerate(chunks):
         by_len.setdefault(min(pow2(len(toks), 16), max_seq_len), []).append(i)
-    merged: list[tuple[int, list[int]]] = []
-    for T, idx in sorted(by_len.items()):
-        if merged and pow2(len(merged[-1][1]) + len(idx)) * T <= merge_tokens:
-            merged[-1] = (T, merged[-1][1] + idx)
-        else:
-            merged.append((T, idx))
     out = []
-    for T, idx in merged:
+    for T, idx in sorted(by_len.items()):
         B = pow2(len(idx))
         tok = torch.zeros((B, T), dtype=torch.int64)
         pos = torch.full((B,), -1, dtype=torch.int64)
@@ -199,3 +192,44 @@ def prefill_groups(chunks, max_seq_len: int, width: int, merge_tokens: int = 0) 
         out.append(PrefillGroup(idx, B, T, tok.view(-1), pos, pad, tab, [chunks[i][3] for i in idx],
                                 min(pow2(end, 16), max_seq_len)))
     return out
+
+
+def packed_group(chunks, max_seq_len: int, width: int, max_rows: int) -> PrefillGroup | None:
+    """The chunks of one step as one packed group (StepCtx.packed), when every chunk starts its sequence and their
+    rows fit max_rows: rows back to back from row 0, then padding (position -1, sequence -1); B = the chunks
+    rounded up to a power of two, T = the rows a sequence rounded so that B * T (a power of two >= 16 rows) holds
+    them all. Short prompts of unequal lengths pad to the step's total, not to each length's power of two times a
+    power-of-two count (session 64: 11 chunks of 4-24 tokens, 154 rows, ran as 384 rows in two graphs; packed,
+    256 in one). None when the step does not qualify (a continued chunk reads cached keys: prefill_groups)."""
+    if not chunks or any(start != 0 for _, start, _, _ in chunks):
+        return None
+    R = sum(len(t) for t, *_ in chunks)
+    if R > max_rows:
+        return None
+    for toks, start, _, _ in chunks:
+        if start + len(toks) > max_seq_len:
+            raise ValueError(f"prompt chunk ends at position {start + len(toks)} > max_seq_len {max_seq_len}")
+    n = len(chunks)
+    B = pow2(n)
+    T = pow2(-(-R // B), 16)
+    if T > max_seq_len:   # (a graph's rows a sequence stay within the positions, as the grouped path's)
+        return None
+    tok = torch.zeros(B * T, dtype=torch.int64)
+    row_pos = torch.full((B * T,), -1, dtype=torch.int64)
+    row_seq = torch.full((B * T,), -1, dtype=torch.int64)
+    last = torch.full((B,), B * T - 1, dtype=torch.int64)   # (an unused slot reads a padding row)
+    pos = torch.full((B,), -1, dtype=torch.int64)
+    pad = torch.full((B,), T, dtype=torch.int64)
+    tab = torch.zeros((B, width), dtype=torch.int64)
+    r = 0
+    for j, (toks, _, table, _) in enumerate(chunks):
+        L = len(toks)
+        tok[r:r + L] = torch.tensor(toks, dtype=torch.int64)
+        row_pos[r:r + L] = torch.arange(L)
+        row_seq[r:r + L] = j
+        last[j] = r + L - 1
+        pos[j], pad[j] = 0, T - L   # (the sampler's counter: pos + T - 1 - pad = the chunk's last position)
+        tab[j, :len(table)] = torch.tensor(table, dtype=torch.int64)
+        r += L
+    return PrefillGroup(list(range(n)), B, T, tok, pos, pad, tab, [c[3] for c in chunks],
+                        min(pow2(max(len(t) for t, *_ in chunks), 16), max_seq_len), (row_pos, row_seq, last))

@@ -27,8 +27,11 @@ def _steps(cfg, width):
     return out
 
 
+@pytest.mark.parametrize("packed", ["1024", "0"])
 @pytest.mark.parametrize("model,share", [("tiny-llama", False), ("tiny-qwen3", False), ("tiny-qwen3", True)])
-def test_prefill_graph_replays_equal_eager_and_reference(model, share):
+def test_prefill_graph_replays_equal_eager_and_reference(model, share, packed, monkeypatch):
+    """packed "1024": each step's fresh prompts as one packed graph; "0": grouped by length, left-padded."""
+    monkeypatch.setenv("MPK_PREFILL_PACKED_ROWS", packed)
     from mpk_runtime.models import ReferenceModel, load_config, random_weights
     from mpk_runtime.runtime.conventional_prefill import ConventionalPrefill
     from mpk_runtime.runtime.memory import KVStore
@@ -44,7 +47,8 @@ def test_prefill_graph_replays_equal_eager_and_reference(model, share):
                                   capture=capture, share_activations=share)
         runs[capture] = [pre.run_many(chunks) for chunks in _steps(cfg, width)]
         if capture:
-            assert pre.capture and pre.captures >= 3 and pre.replays == pre.graph_runs, (pre.captures, pre.replays)
+            assert pre.capture and pre.captures >= 2 and pre.replays == pre.graph_runs, (pre.captures, pre.replays)
+            assert pre.packed_runs == (5 if packed != "0" else 0)
         else:
             assert pre.captures == 0 and pre.replays == 0
     ref = ReferenceModel(cfg, w)
@@ -77,7 +81,7 @@ def test_warm_captures_short_prompt_buckets_ahead():
         pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="bfloat16", device=dev)
         if warm:
             n = pre.warm(max_batch=4, max_tokens=32)
-            assert n == 6 == pre.captures, n                # sequences 1, 2, 4 x tokens 16, 32
+            assert n == 12 == pre.captures, n               # sequences 1, 2, 4 x tokens 16, 32, padded and packed
         before = pre.captures
         out[warm] = pre.run_many(chunks)
         assert pre.replays == pre.graph_runs == 1

@@ -65,14 +65,13 @@ def test_planned_decoder_matches_reference(family, share):
         dec.decode([1] * 5, [1] * 5, [tables[0]] * 5)
 
 
-@pytest.mark.parametrize("exact,merge", [("", "0"), ("16", "0"), ("", "128"), ("16", "128")])
+@pytest.mark.parametrize("exact", ["", "16"])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, merge, monkeypatch):
+def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, monkeypatch):
     """The chunks of a step, of different lengths and start positions (a continued chunk too), run left-padded
     in few graphs; each chunk's last-token logits, its KV (checked by decoding after) and its drawn token equal
-    the reference. merge: the 16-token group joins the 32-token one (4 x 32 rows <= 128): one graph."""
+    the reference."""
     monkeypatch.setenv("MPK_PREFILL_EXACT_KEYS", exact)   # "16": every group over its exact keys (attention_rows)
-    monkeypatch.setenv("MPK_PREFILL_MERGE_TOKENS", merge)
     cfg, w, kv = _setup(name)
     pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="float32",
                               device=torch.device("cpu"))
@@ -87,8 +86,7 @@ def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, merge,
     runs = pre.graph_runs
     chunks = [(p, 0, tables[i], None) for i, p in enumerate(prompts[:3])] + [(prompts[3][2:], 2, tables[3], None)]
     lg, drawn = pre.run_many(chunks)
-    # lengths 3, 2, 3 -> one 16-token graph; 18 -> one 32-token graph (merged: all four in one 32-token graph)
-    assert pre.graph_runs - runs == (1 if merge == "128" else 2)
+    assert pre.graph_runs - runs == 2          # lengths 3, 2, 3 -> one 16-token graph; 18 -> one 32-token graph
     for i, (toks, start, _, _) in enumerate(chunks):
         want = ref.forward(torch.tensor([toks]), torch.tensor([start]), caches[i])[0, -1]
         assert ((lg[i] - want).abs().max() / want.abs().max()) < 1e-5, i
@@ -293,17 +291,52 @@ def test_attention_splits_follow_the_key_cap_past_the_plans_context():
     assert dec._buckets[1] is b16 and again == want
 
 
-def test_prefill_groups_merge_short_groups_within_the_row_budget():
-    """merge_tokens: a length group joins the next longer one while the merged group's padded rows fit; a group that
-    would pass the budget starts a new one; 0 keeps one group per power-of-two length."""
-    from mpk_runtime.runtime.torch_exec import prefill_groups
-    lens = [3] * 5 + [20] * 3 + [40]
-    chunks = [(list(range(1, n + 1)), 0, [1, 2, 3, 4], None) for n in lens]
-    shape = lambda gs: [(g.B, g.T, len(g.idx)) for g in gs]   # noqa: E731
-    assert shape(prefill_groups(chunks, 64, 4)) == [(8, 16, 5), (4, 32, 3), (1, 64, 1)]
-    assert shape(prefill_groups(chunks, 64, 4, merge_tokens=256)) == [(8, 32, 8), (1, 64, 1)]   # 16 x 64 > 256
-    got = prefill_groups(chunks, 64, 4, merge_tokens=1024)
-    assert shape(got) == [(16, 64, 9)]
-    g = got[0]   # every chunk left-padded to 64 rows, its tokens last
-    assert g.pad[:9].tolist() == [64 - n for n in lens] and g.kv_cap == 64
-    assert g.tokens.view(16, 64)[0, -3:].tolist() == [1, 2, 3] and g.pos[9:].tolist() == [-1] * 7
+@pytest.mark.parametrize("packed_rows", ["1024", "0"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_packed_prefill_of_fresh_prompts_matches_reference(name, packed_rows, monkeypatch):
+    """A step of fresh prompts of unequal lengths runs packed (one graph, rows back to back, block-diagonal causal
+    attention): each chunk's last-token logits, its drawn token and its KV (checked by a decode step after) equal
+    the reference, as on the grouped path (packed_rows 0) it replaces; padding rows write only the scratch page."""
+    monkeypatch.setenv("MPK_PREFILL_PACKED_ROWS", packed_rows)
+    cfg, w, kv = _setup(name)
+    pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="float32",
+                              device=torch.device("cpu"))
+    ref = ReferenceModel(cfg, w)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25], [10, 11],
+               [14, 15, 16, 17, 18]]
+    tables = [list(range(1 + 8 * i, 9 + 8 * i)) for i in range(4)]
+    caches = [ref.new_cache(1, MAXLEN) for _ in prompts]
+    before = kv.k[0][1:33].clone()
+    lg, drawn = pre.run_many([(p, 0, tables[i], None) for i, p in enumerate(prompts)])
+    assert pre.graph_runs == (1 if packed_rows != "0" else 2) and pre.packed_runs == (packed_rows != "0")
+    for i, p in enumerate(prompts):
+        want = ref.forward(torch.tensor([p]), torch.zeros(1, dtype=torch.long), caches[i])[0, -1]
+        assert ((lg[i] - want).abs().max() / want.abs().max()) < 1e-5, i
+        assert drawn[i] == int(want.argmax())
+    for i, p in enumerate(prompts):   # the pages past each prompt's rows are untouched
+        n_pages = -(-len(p) // PS)
+        assert torch.equal(kv.k[0][tables[i][n_pages] - 1 + 1], before[tables[i][n_pages] - 1]), i
+    for i, p in enumerate(prompts):   # the KV the packed step wrote is the reference's
+        got, _ = pre.run([drawn[i]], len(p), tables[i])
+        want = ref.forward(torch.tensor([[drawn[i]]]), torch.tensor([len(p)]), caches[i])[0, -1]
+        assert ((got - want).abs().max() / want.abs().max()) < 1e-5, i
+
+
+def test_packed_group_layout():
+    """packed_group: rows back to back, B a power of two >= the chunks, B * T >= the rows (T >= 16); each chunk's
+    last row, positions and sequence; the sampler's counter (pos + T - 1 - pad) is the chunk's last position; a
+    continued chunk or too many rows: None (the grouped path)."""
+    from mpk_runtime.runtime.torch_exec import packed_group
+    lens = [3, 20, 5]
+    chunks = [(list(range(1, n + 1)), 0, [1, 2], None) for n in lens]
+    g = packed_group(chunks, 64, 4, 1024)
+    assert (g.B, g.T) == (4, 16) and g.tokens.numel() == 64
+    row_pos, row_seq, last = g.packed
+    assert last.tolist() == [2, 22, 27, 63]
+    assert row_seq[:28].tolist() == [0] * 3 + [1] * 20 + [2] * 5 and (row_seq[28:] == -1).all()
+    assert row_pos[3:23].tolist() == list(range(20)) and (row_pos[28:] == -1).all()
+    assert (g.pos + g.T - 1 - g.pad)[:3].tolist() == [n - 1 for n in lens] and g.pos[3] == -1
+    assert g.tokens[23:28].tolist() == [1, 2, 3, 4, 5] and g.tables[:3, :2].tolist() == [[1, 2]] * 3
+    assert packed_group(chunks + [([1, 2], 4, [1, 2], None)], 64, 4, 1024) is None   # a continued chunk
+    assert packed_group(chunks, 64, 4, 27) is None                                      # 28 rows > 27
+    assert packed_group([([1] * 40, 0, [1], None)] * 3, 64, 4, 1024).T == 32           # 120 rows in 4 x 32
