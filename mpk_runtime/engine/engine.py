@@ -47,11 +47,13 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 4096
 
 
 def step_token_budget(max_num_batched_tokens: int | None, kv_spec: KVSpec) -> int:
-    """The scheduler's token budget a step: the caller's, or min(max_seq_len, DEFAULT_MAX_NUM_BATCHED_TOKENS), never
-    below max_batch (every running row decodes a token a step within it)."""
+    """The scheduler's token budget a step: the caller's, or DEFAULT_MAX_NUM_BATCHED_TOKENS, never below max_batch
+    (every running row decodes a token a step within it). (It was min(max_seq_len, 4096) until session 64: a server
+    of max_seq_len 256 admitted ~200 prompt tokens a step, so 4-24-token prompts arrived ~13 a step and the last one
+    of each step was cut, its rest prefilled in the next step on the grouped path.)"""
     check_max_num_batched_tokens(max_num_batched_tokens)
     if max_num_batched_tokens is None:
-        return max(min(kv_spec.max_seq_len, DEFAULT_MAX_NUM_BATCHED_TOKENS), kv_spec.max_batch)
+        return max(DEFAULT_MAX_NUM_BATCHED_TOKENS, kv_spec.max_batch)
     return max_num_batched_tokens
 
 

@@ -15,7 +15,7 @@ def _spec(max_seq_len, max_batch):
 
 
 def test_default_step_budget_is_bounded_at_long_contexts():
-    assert step_token_budget(None, _spec(512, 8)) == 512                       # short contexts: unchanged
+    assert step_token_budget(None, _spec(512, 8)) == 4096      # short contexts too: many prompts a step, none cut
     assert step_token_budget(None, _spec(131072, 8)) == DEFAULT_MAX_NUM_BATCHED_TOKENS == 4096
     assert step_token_budget(None, _spec(131072, 8192)) == 8192                # never below a step's decode rows
     assert step_token_budget(100, _spec(131072, 8)) == 100                      # the caller's, as given
