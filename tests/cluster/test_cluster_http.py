@@ -445,3 +445,23 @@ def test_logit_bias_min_p_min_tokens_through_the_server(demo_dir):
     finally:
         srv.stop()
         router.shutdown()
+
+
+def test_gil_switch_interval_from_the_environment(monkeypatch):
+    """MPK_GIL_SWITCH_S sets the server process's GIL switch interval (the handlers share the GIL with the engine
+    loop); unset keeps the interpreter's; a bad value is a clear error, not a silent default."""
+    import sys
+    router = build_router("tiny-qwen3", executor="inprocess", dtype="float32", max_seq_len=64, health_interval=None)
+    old = sys.getswitchinterval()
+    try:
+        create_app(router)
+        assert sys.getswitchinterval() == old
+        monkeypatch.setenv("MPK_GIL_SWITCH_S", "0.0005")
+        create_app(router)
+        assert abs(sys.getswitchinterval() - 0.0005) < 1e-9
+        monkeypatch.setenv("MPK_GIL_SWITCH_S", "-1")
+        with pytest.raises(ValueError, match="MPK_GIL_SWITCH_S"):
+            create_app(router)
+    finally:
+        sys.setswitchinterval(old)
+        router.shutdown()
