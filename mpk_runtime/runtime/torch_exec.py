@@ -214,22 +214,21 @@ def packed_group(chunks, max_seq_len: int, width: int, max_rows: int) -> Prefill
     T = pow2(-(-R // B), 16)
     if T > max_seq_len:   # (a graph's rows a sequence stay within the positions, as the grouped path's)
         return None
-    tok = torch.zeros(B * T, dtype=torch.int64)
-    row_pos = torch.full((B * T,), -1, dtype=torch.int64)
-    row_seq = torch.full((B * T,), -1, dtype=torch.int64)
-    last = torch.full((B,), B * T - 1, dtype=torch.int64)   # (an unused slot reads a padding row)
-    pos = torch.full((B,), -1, dtype=torch.int64)
-    pad = torch.full((B,), T, dtype=torch.int64)
-    tab = torch.zeros((B, width), dtype=torch.int64)
+    M, lens = B * T, [len(t) for t, *_ in chunks]
+    free = M - R   # (each array built as one list and converted once: ~10x faster than per-chunk tensor writes)
+    tok = torch.tensor([x for t, *_ in chunks for x in t] + [0] * free, dtype=torch.int64)
+    row_pos = torch.tensor([p for L in lens for p in range(L)] + [-1] * free, dtype=torch.int64)
+    row_seq = torch.tensor([j for j, L in enumerate(lens) for _ in range(L)] + [-1] * free, dtype=torch.int64)
+    ends = [0] * n
     r = 0
-    for j, (toks, _, table, _) in enumerate(chunks):
-        L = len(toks)
-        tok[r:r + L] = torch.tensor(toks, dtype=torch.int64)
-        row_pos[r:r + L] = torch.arange(L)
-        row_seq[r:r + L] = j
-        last[j] = r + L - 1
-        pos[j], pad[j] = 0, T - L   # (the sampler's counter: pos + T - 1 - pad = the chunk's last position)
-        tab[j, :len(table)] = torch.tensor(table, dtype=torch.int64)
+    for j, L in enumerate(lens):
         r += L
+        ends[j] = r - 1
+    last = torch.tensor(ends + [M - 1] * (B - n), dtype=torch.int64)   # (an unused slot reads a padding row)
+    pos = torch.tensor([0] * n + [-1] * (B - n), dtype=torch.int64)
+    # the sampler's counter: pos + T - 1 - pad = the chunk's last position
+    pad = torch.tensor([T - L for L in lens] + [T] * (B - n), dtype=torch.int64)
+    tab = torch.tensor([list(tb) + [0] * (width - len(tb)) for _, _, tb, _ in chunks] +
+                       [[0] * width] * (B - n), dtype=torch.int64)
     return PrefillGroup(list(range(n)), B, T, tok, pos, pad, tab, [c[3] for c in chunks],
                         min(pow2(max(len(t) for t, *_ in chunks), 16), max_seq_len), (row_pos, row_seq, last))
