@@ -552,7 +552,7 @@ elif [ "$MODE" = admit ]; then
 # back) against grouped by length (packed_rows 0: a left-padded graph per power-of-two length, session 63's path)
 st "admit: prompt chunks of a serving step through the prefill graphs, packed vs grouped"
 mkdir -p "$OUT/bench"
-for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do for pr in 1024 0; do
+for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do for pr in 2048 0; do
   OUT="$OUT/bench" timeout 150 python3 scripts/profile_prefill.py --model "$m" --chunks ${ADMIT_CHUNKS:-11} \
       --steps 16 --warm --packed-rows $pr --tag "_${m}_p$pr" > "$OUT/bench/admit_${m}_p$pr.log" 2>&1
   grep -E '"(packed_rows|graph_runs_per_step|packed_runs|steady_ms_median|profiled_step_ms|cuda_total_ms)"|Error' \
