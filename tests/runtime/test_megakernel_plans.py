@@ -99,10 +99,12 @@ def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, monkey
     assert (pre.exact_runs > 0) == bool(exact)
 
 
-def test_batched_prefill_samples_like_a_lone_chunk():
-    """Device sampling in a padded group draws what the chunk draws alone (the RNG counter is the chunk's last
-    position, not the padded row's)."""
+@pytest.mark.parametrize("packed", ["2048", "0"])
+def test_batched_prefill_samples_like_a_lone_chunk(packed, monkeypatch):
+    """Device sampling in a packed step or a padded group draws what the chunk draws alone (the RNG counter is the
+    chunk's last position, not the padded or packed row's)."""
     from mpk_runtime.runtime.device_sampling import DeviceSampling
+    monkeypatch.setenv("MPK_PREFILL_PACKED_ROWS", packed)
     cfg, w, kv = _setup("tiny-llama")
     pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="float32",
                               device=torch.device("cpu"))
@@ -110,6 +112,7 @@ def test_batched_prefill_samples_like_a_lone_chunk():
     chunks = [([5, 6, 7], 0, list(range(1, 9)), sp[0]), ([8, 9], 0, list(range(9, 17)), sp[1]),
               ([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2], 0, list(range(17, 25)), sp[2])]
     _, together = pre.run_many(chunks, want_logits=False)
+    assert pre.packed_runs == (packed != "0")
     from mpk_runtime.runtime.pyvm_runner import TPGroup     # the unpadded prefill (one graph of exactly T rows)
     grp = TPGroup(cfg, [w], num_pages=40, page_size=PS, max_seq_len=MAXLEN, dtype="float32")
     alone = []
@@ -132,12 +135,13 @@ def _tp2_prefill(cfg, w, run) -> dict:
     return run_ranks(rank)
 
 
-@pytest.mark.parametrize("exact", ["", "16"])
-def test_batched_prefill_tp2_over_a_communicator(exact, monkeypatch):
+@pytest.mark.parametrize("exact,packed", [("", "2048"), ("", "0"), ("16", "0")])
+def test_batched_prefill_tp2_over_a_communicator(exact, packed, monkeypatch):
     """TP=2 ranks in separate "processes" (threads, each holding one shard and a communicator, as Ray workers hold
-    an NCCL group): the padded prefill gathers partial sums and vocab shards through it and gives the reference
-    (exact "16": each rank's heads over the sequences' exact keys, attention_rows)."""
+    an NCCL group): the prefill, packed or padded, gathers partial sums and vocab shards through it and gives the
+    reference (exact "16": each rank's heads over the sequences' exact keys, attention_rows)."""
     monkeypatch.setenv("MPK_PREFILL_EXACT_KEYS", exact)
+    monkeypatch.setenv("MPK_PREFILL_PACKED_ROWS", packed)
     cfg = PRESETS["tiny-qwen3"].replace(dtype="float32")
     w = random_weights(cfg, seed=3)
     ref = ReferenceModel(cfg, w)
