@@ -84,6 +84,11 @@
 #    curves at B=32-128 past 8193 keys (h100_v5, not adopted); mode serve: llama-3.2-1b 9586 tokens/s, qwen3-8b 5533,
 #    the prompt-admitting steps 60-75 ms each. Next: serve again: load_test.json now has graphs_in_window, and the mode
 #    fires the load twice in one process (--rounds 2), to split a one-time cost from a per-step one.)
+#    (session 64, 1x H100, four calls: bench/results/s64 -- the admission steps separated: the step budget
+#    (min(max_seq_len, 4096)) cut each step's prompts, the grouped prefill padded 2.5x, one client process throttled
+#    the load; budget 4096, packed prefill, load_test --clients 4: llama-3.2-1b 26837 / 28624 tokens/s, qwen3-8b 7912;
+#    mode admit: packed 4.18 / 12.28 ms vs grouped 7.09 / 20.1. Next: `ADMIT_CHUNKS=64 ... admit` (a 64-prompt packed
+#    step took 26-31 ms in the server, llama: where), and stamp the admission step inside the server.)
 #    On an H100: the attention task terms from run_tr-style traces (planner/trace_fit.py), then refit; B=128 at the
 #    long contexts that fit (llama 16k) and qwen3-8b B=32 past 8k keys, both never validated on the H100.
 #    On an H200, the same long-key rows would give h200_v56 the new terms (`VAL_CTXS="8192 32768 131072"` ... val,
