@@ -28,7 +28,7 @@ def add_engine_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--page-size", type=int, default=None, help="tokens per KV page (default 16)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="tokens one engine step computes at most: long prompts are prefilled in chunks of this "
-                         "(default: min(max-seq-len, 4096), at least max-batch)")
+                         "(default: 4096, at least max-batch)")
     ap.add_argument("--kv-allocation", choices=("lazy", "reserve"), default="lazy",
                     help="lazy (default): KV pages taken as tokens need them, the newest request preempted (and "
                          "recomputed later) when they run out; reserve: a request's whole length at admission")
