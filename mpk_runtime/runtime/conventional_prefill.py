@@ -18,7 +18,7 @@ from ..ir.shard import shard_for
 from ..models.reference import rope_inv_freq
 from .device_sampling import draw_full, fill_sampling
 from .memory import KVStore, RankMemory, StepCtx
-from .torch_exec import ConventionalExecutor, packed_group, pow2, prefill_groups
+from .torch_exec import ConventionalExecutor, pow2, step_groups
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,8 @@ def _pow2s(lo: int, hi: int) -> list[int]:
 # should dominate its time (prediction: ~60-80%), so an eager step's launches hide behind it.
 EXACT_KEYS = 16384
 
-# A step whose chunks all start their sequences and hold at most this many rows runs packed (torch_exec.packed_group:
-# one graph, rows back to back, attention under a block-diagonal mask of M x M): the (g * M, M) mask is 32 MB at 2048
+# The chunks of a step that start their sequences, when they hold at most this many rows, run packed
+# (torch_exec.step_groups / packed_group: one graph, rows back to back, attention under a block-diagonal mask of M x M): the (g * M, M) mask is 32 MB at 2048
 # rows and 4 query heads a KV head (64 prompts of 4-24 tokens: up to 1536 rows). Longer or continued chunks run
 # grouped by length (prefill_groups). Session 64, 1x H100, 11 prompts of 4-24 tokens a step: 4.18 ms packed against
 # 7.09 grouped (llama-3.2-1b), 12.28 against 20.1 (qwen3-8b).
@@ -81,9 +81,9 @@ PACKED = -1   # the key of a shape's packed graph in _PrefillShape.graphs (the p
 
 
 class ConventionalPrefill:
-    """Prompt chunks through the conventional executor on the GPU. A step of fresh prompts (each chunk starts its
-    sequence) of at most `packed_rows` rows runs packed: one graph, the rows back to back (torch_exec.packed_group,
-    StepCtx.packed). Otherwise the chunks of a step are grouped by length
+    """Prompt chunks through the conventional executor on the GPU. A step's fresh prompts (chunks that start their
+    sequences), up to `packed_rows` rows in all, run packed: one graph, the rows back to back (torch_exec.step_groups,
+    StepCtx.packed). The other chunks (or all, past packed_rows) are grouped by length
     bucket (powers of two >= 16) and each group runs as one prefill graph of (sequences, tokens) bucketed to
     powers of two, the chunks left-padded (StepCtx.pad: padding rows have position -1, write the scratch page and
     are masked out of attention; each chunk's last token is the graph's last row); padding sequences are inactive.
@@ -216,8 +216,7 @@ class ConventionalPrefill:
         each chunk's last token, or None when not wanted; the tokens drawn for them, list of n ints)."""
         logits: list[torch.Tensor | None] = [None] * len(chunks)
         drawn = [0] * len(chunks)
-        pg = packed_group(chunks, self.max_seq_len, self.width, self.packed_rows) if self.packed_rows else None
-        for g in [pg] if pg is not None else prefill_groups(chunks, self.max_seq_len, self.width):
+        for g in step_groups(chunks, self.max_seq_len, self.width, self.packed_rows):
             sh = self._get(g.B, g.T)
             key = PACKED if g.packed is not None else g.kv_cap
             exact = g.packed is None and 0 < self.exact_keys <= g.kv_cap

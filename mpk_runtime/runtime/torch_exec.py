@@ -232,3 +232,19 @@ def packed_group(chunks, max_seq_len: int, width: int, max_rows: int) -> Prefill
                        [[0] * width] * (B - n), dtype=torch.int64)
     return PrefillGroup(list(range(n)), B, T, tok, pos, pad, tab, [c[3] for c in chunks],
                         min(pow2(max(len(t) for t, *_ in chunks), 16), max_seq_len), (row_pos, row_seq, last))
+
+
+def step_groups(chunks, max_seq_len: int, width: int, packed_rows: int) -> list[PrefillGroup]:
+    """The groups one prefill step runs: the chunks that start their sequences as one packed group (packed_group,
+    when packed_rows > 0 and their rows fit), the others (continued chunks: a long prompt's next part, a prefix-cache
+    hit's rest) grouped by length (prefill_groups); every group's idx indexes `chunks`."""
+    fresh = [i for i, c in enumerate(chunks) if c[1] == 0] if packed_rows else []
+    pg = packed_group([chunks[i] for i in fresh], max_seq_len, width, packed_rows) if fresh else None
+    if pg is None:
+        return prefill_groups(chunks, max_seq_len, width)
+    pg.idx = fresh
+    rest = [i for i, c in enumerate(chunks) if c[1] != 0]
+    groups = prefill_groups([chunks[i] for i in rest], max_seq_len, width) if rest else []
+    for g in groups:
+        g.idx = [rest[j] for j in g.idx]
+    return [pg] + groups

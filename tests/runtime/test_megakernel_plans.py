@@ -86,7 +86,8 @@ def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, monkey
     runs = pre.graph_runs
     chunks = [(p, 0, tables[i], None) for i, p in enumerate(prompts[:3])] + [(prompts[3][2:], 2, tables[3], None)]
     lg, drawn = pre.run_many(chunks)
-    assert pre.graph_runs - runs == 2          # lengths 3, 2, 3 -> one 16-token graph; 18 -> one 32-token graph
+    # the three fresh prompts packed (one graph), the continued chunk padded (one 16-token graph)
+    assert pre.graph_runs - runs == 2 and pre.packed_runs == 2
     for i, (toks, start, _, _) in enumerate(chunks):
         want = ref.forward(torch.tensor([toks]), torch.tensor([start]), caches[i])[0, -1]
         assert ((lg[i] - want).abs().max() / want.abs().max()) < 1e-5, i
@@ -344,3 +345,16 @@ def test_packed_group_layout():
     assert packed_group(chunks + [([1, 2], 4, [1, 2], None)], 64, 4, 1024) is None   # a continued chunk
     assert packed_group(chunks, 64, 4, 27) is None                                      # 28 rows > 27
     assert packed_group([([1] * 40, 0, [1], None)] * 3, 64, 4, 1024).T == 32           # 120 rows in 4 x 32
+
+
+def test_step_groups_pack_the_fresh_chunks_and_group_the_rest():
+    """step_groups: the chunks starting their sequences packed, the continued ones grouped by length, each group's
+    idx pointing into the step's chunks; nothing fresh, or packed_rows 0: all grouped."""
+    from mpk_runtime.runtime.torch_exec import step_groups
+    chunks = [([1, 2, 3], 0, [1], None), ([4] * 20, 16, [2, 3], None), ([5, 6], 0, [4], None), ([7] * 3, 5, [5], None)]
+    gs = step_groups(chunks, 64, 4, 2048)
+    assert [g.packed is not None for g in gs] == [True, False, False]
+    assert [g.idx for g in gs] == [[0, 2], [3], [1]]          # packed; length 16 (3 tokens); length 32 (20 tokens)
+    assert gs[0].packed[2][:2].tolist() == [2, 4] and gs[2].kv_cap == 64
+    assert [g.idx for g in step_groups(chunks, 64, 4, 0)] == [[0, 2, 3], [1]]
+    assert all(g.packed is None for g in step_groups([chunks[1], chunks[3]], 64, 4, 2048))
