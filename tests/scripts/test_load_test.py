@@ -35,6 +35,14 @@ def test_load_test_writes_time_breakdown(tmp_path):
     assert d["max_tokens"] == 5 and d["max_seq_len"] == 256 and d["date"]
     assert d["graphs_in_window"] == {"replica-0": {}}   # the reference runner keeps no CUDA graphs
     assert d["rounds"] == 1 and d["earlier_rounds"] == []
+    # 4 client processes by default; the engine's idle stretches placed in the window, the clients' responses inside it
+    assert d["clients"] == 4 and set(d["idle_stretches_ms"]) == {"replica-0"}
+    for a, dur in d["idle_stretches_ms"]["replica-0"]:
+        assert 0 <= a and 0 < dur and a + dur <= d["wall_s"] * 1e3 + 1
+    first, last = d["client_done_ms"]
+    assert 0 < first <= last <= d["wall_s"] * 1e3 + 1
+    assert d["engine_events"] == {"preemptions": 0, "recomputed_tokens": 0, "prefix_cache_hit_tokens": 0,
+                                  "requests_failed": 0}
     b = d["time_breakdown"]
     assert b["steps"] == d["engine_steps"] == b["prefill_steps"] + b["decode_steps"] >= 5
     assert b["prefill_steps"] >= 2  # 6 requests in batches of at most 4: at least two admissions
@@ -52,8 +60,15 @@ def test_load_test_writes_time_breakdown(tmp_path):
 
 def test_load_test_measures_the_last_round(tmp_path):
     """--rounds 2: the first load warms the server up and is reported apart; the numbers are the second round's."""
-    out, d = _load_test(tmp_path, 3, 2, "--rounds", "2")
-    assert "round 1:" in out
+    out, d = _load_test(tmp_path, 3, 2, "--rounds", "2", "--clients", "2")
+    assert "round 1:" in out and d["clients"] == 2
     assert d["rounds"] == 2 and d["succeeded"] == 3 and d["tokens"] == 6
     assert len(d["earlier_rounds"]) == 1 and d["earlier_rounds"][0]["tokens"] == 6
     assert d["earlier_rounds"][0]["errors"] == 0
+
+
+@pytest.mark.parametrize("flag,word", [("--clients", "--clients must be >= 1"), ("--rounds", "--rounds must be >= 1")])
+def test_load_test_refuses_bad_counts(flag, word):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test.py"), flag, "0"],
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and word in r.stderr
