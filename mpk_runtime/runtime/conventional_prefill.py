@@ -72,10 +72,10 @@ def _pow2s(lo: int, hi: int) -> list[int]:
 EXACT_KEYS = 16384
 
 # The chunks of a step that start their sequences, when they hold at most this many rows, run packed
-# (torch_exec.step_groups / packed_group: one graph, rows back to back, attention under a block-diagonal mask of M x M): the (g * M, M) mask is 32 MB at 2048
-# rows and 4 query heads a KV head (64 prompts of 4-24 tokens: up to 1536 rows). Longer or continued chunks run
-# grouped by length (prefill_groups). Session 64, 1x H100, 11 prompts of 4-24 tokens a step: 4.18 ms packed against
-# 7.09 grouped (llama-3.2-1b), 12.28 against 20.1 (qwen3-8b).
+# (torch_exec.step_groups / packed_group: one graph, rows back to back, attention under a block-diagonal mask of
+# M x M): the (g * M, M) mask is 32 MB at 2048 rows and 4 query heads a KV head (64 prompts of 4-24 tokens: up to 1536
+# rows). Continued chunks, and fresh ones past it, run grouped by length (prefill_groups). Session 64, 1x H100, 11
+# prompts of 4-24 tokens a step: 4.18 ms packed against 7.09 grouped (llama-3.2-1b), 12.28 against 20.1 (qwen3-8b).
 PACKED_ROWS = 2048
 PACKED = -1   # the key of a shape's packed graph in _PrefillShape.graphs (the padded ones key on their key cap)
 
@@ -182,7 +182,9 @@ class ConventionalPrefill:
         self.captures += 1
         self.capture_s += time.perf_counter() - t0
         if not self._warming:
-            self.late_captures.append(f"{sh.pos.shape[0]}x{T}@{'packed' if cap == PACKED else cap}")
+            # (the newest 32: a long-running server whose shapes churn past `keep` would grow it without end)
+            name = f"{sh.pos.shape[0]}x{T}@{'packed' if cap == PACKED else cap}"
+            self.late_captures = self.late_captures[-31:] + [name]
             log.info("prefill graph %dx%d at key cap %d captured in a step (%.3f s)", sh.pos.shape[0], T, cap,
                      time.perf_counter() - t0)
 
