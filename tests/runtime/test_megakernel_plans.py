@@ -65,13 +65,9 @@ def test_planned_decoder_matches_reference(family, share):
         dec.decode([1] * 5, [1] * 5, [tables[0]] * 5)
 
 
-@pytest.mark.parametrize("exact", ["", "16"])
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
-def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, monkeypatch):
-    """The chunks of a step, of different lengths and start positions (a continued chunk too), run left-padded
-    in few graphs; each chunk's last-token logits, its KV (checked by decoding after) and its drawn token equal
-    the reference."""
-    monkeypatch.setenv("MPK_PREFILL_EXACT_KEYS", exact)   # "16": every group over its exact keys (attention_rows)
+def _prefill_case(name):
+    """A CPU ConventionalPrefill over a fresh KV store, the reference, and four prompts of 2-18 tokens with their
+    block tables and reference caches: (kv, prefill, reference, prompts, tables, caches)."""
     cfg, w, kv = _setup(name)
     pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="float32",
                               device=torch.device("cpu"))
@@ -79,7 +75,17 @@ def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, monkey
     prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25], [10, 11],
                [14, 15, 16, 17, 18]]
     tables = [list(range(1 + 8 * i, 9 + 8 * i)) for i in range(4)]
-    caches = [ref.new_cache(1, MAXLEN) for _ in prompts]
+    return kv, pre, ref, prompts, tables, [ref.new_cache(1, MAXLEN) for _ in prompts]
+
+
+@pytest.mark.parametrize("exact", ["", "16"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_batched_prefill_of_unequal_chunks_matches_reference(name, exact, monkeypatch):
+    """The chunks of a step, of different lengths and start positions (a continued chunk too), run left-padded
+    in few graphs; each chunk's last-token logits, its KV (checked by decoding after) and its drawn token equal
+    the reference."""
+    monkeypatch.setenv("MPK_PREFILL_EXACT_KEYS", exact)   # "16": every group over its exact keys (attention_rows)
+    kv, pre, ref, prompts, tables, caches = _prefill_case(name)
     # sequence 3 already holds its first 2 tokens (a continued chunk starting at position 2)
     pre.run_many([(prompts[3][:2], 0, tables[3], None)])
     ref.forward(torch.tensor([prompts[3][:2]]), torch.zeros(1, dtype=torch.long), caches[3])
@@ -303,24 +309,17 @@ def test_packed_prefill_of_fresh_prompts_matches_reference(name, packed_rows, mo
     attention): each chunk's last-token logits, its drawn token and its KV (checked by a decode step after) equal
     the reference, as on the grouped path (packed_rows 0) it replaces; padding rows write only the scratch page."""
     monkeypatch.setenv("MPK_PREFILL_PACKED_ROWS", packed_rows)
-    cfg, w, kv = _setup(name)
-    pre = ConventionalPrefill(cfg, w, kv, max_seq_len=MAXLEN, page_size=PS, dtype="float32",
-                              device=torch.device("cpu"))
-    ref = ReferenceModel(cfg, w)
-    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25], [10, 11],
-               [14, 15, 16, 17, 18]]
-    tables = [list(range(1 + 8 * i, 9 + 8 * i)) for i in range(4)]
-    caches = [ref.new_cache(1, MAXLEN) for _ in prompts]
-    before = kv.k[0][1:33].clone()
+    kv, pre, ref, prompts, tables, caches = _prefill_case(name)
+    before = kv.k[0].clone()
     lg, drawn = pre.run_many([(p, 0, tables[i], None) for i, p in enumerate(prompts)])
     assert pre.graph_runs == (1 if packed_rows != "0" else 2) and pre.packed_runs == (packed_rows != "0")
     for i, p in enumerate(prompts):
         want = ref.forward(torch.tensor([p]), torch.zeros(1, dtype=torch.long), caches[i])[0, -1]
         assert ((lg[i] - want).abs().max() / want.abs().max()) < 1e-5, i
         assert drawn[i] == int(want.argmax())
-    for i, p in enumerate(prompts):   # the pages past each prompt's rows are untouched
-        n_pages = -(-len(p) // PS)
-        assert torch.equal(kv.k[0][tables[i][n_pages] - 1 + 1], before[tables[i][n_pages] - 1]), i
+    for i, p in enumerate(prompts):   # the page after each prompt's pages is untouched
+        nxt = tables[i][-(-len(p) // PS)]
+        assert torch.equal(kv.k[0][nxt], before[nxt]), i
     for i, p in enumerate(prompts):   # the KV the packed step wrote is the reference's
         got, _ = pre.run([drawn[i]], len(p), tables[i])
         want = ref.forward(torch.tensor([[drawn[i]]]), torch.tensor([len(p)]), caches[i])[0, -1]
