@@ -43,3 +43,22 @@ def test_a_prompt_longer_than_the_budget_prefills_in_chunks_and_matches_the_refe
                 st = llm.engine.stats
                 assert (st["prompt_chunks"], st["prefill_steps"]) == (2, 2), st
     assert outs["torch"] == outs["reference"]
+
+
+def test_short_prompts_join_the_batch_in_one_step_at_a_short_context():
+    """16 prompts of 9-14 tokens, max_seq_len 64, max_batch 16: the default budget (4096) admits all of them in the
+    first step, none cut (min(max_seq_len, 4096) = 64 tokens a step let in ~5 and cut the next), and the tokens
+    equal each prompt's alone."""
+    prompts = [[(7 * i + j) % 200 + 1 for j in range(9 + i % 6)] for i in range(16)]
+    sp = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    with LLM("tiny-llama", backend="torch", max_seq_len=64, max_batch=16, dtype="float32") as llm:
+        for p in prompts:
+            llm.engine.add_request(p, sp)
+        llm.engine.step()
+        st = llm.engine.stats
+        assert (st["prefill_steps"], st["prompt_chunks"], st["prompt_tokens"]) == (1, 16, sum(map(len, prompts)))
+        while llm.engine.has_unfinished():
+            llm.engine.step()
+        together = llm.generate(prompts, sp, use_tqdm=False)
+        alone = [llm.generate([p], sp, use_tqdm=False)[0].token_ids for p in prompts]
+    assert [o.token_ids for o in together] == alone
