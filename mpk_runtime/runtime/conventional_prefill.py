@@ -121,7 +121,7 @@ class ConventionalPrefill:
         # (StepCtx.rows, conventional_ops.attention_rows); 0 = never
         self.exact_keys = env_int("MPK_PREFILL_EXACT_KEYS", EXACT_KEYS, lo=0, hi=1 << 30)
         self.share_activations = share_activations
-        # a step of fresh prompts of at most this many rows in all runs packed (MPK_PREFILL_PACKED_ROWS; 0 = never)
+        # a step's fresh chunks, up to this many rows in all, run packed (MPK_PREFILL_PACKED_ROWS; 0 = never)
         self.packed_rows = env_int("MPK_PREFILL_PACKED_ROWS", PACKED_ROWS, lo=0, hi=1 << 16)
         self._pool = None
         self._ex: OrderedDict[tuple[int, int], _PrefillShape] = OrderedDict()
@@ -185,8 +185,7 @@ class ConventionalPrefill:
             # (the newest 32: a long-running server whose shapes churn past `keep` would grow it without end)
             name = f"{sh.pos.shape[0]}x{T}@{'packed' if cap == PACKED else cap}"
             self.late_captures = self.late_captures[-31:] + [name]
-            log.info("prefill graph %dx%d at key cap %d captured in a step (%.3f s)", sh.pos.shape[0], T, cap,
-                     time.perf_counter() - t0)
+            log.info("prefill graph %s captured in a step (%.3f s)", name, time.perf_counter() - t0)
 
     def warm(self, max_batch: int, max_tokens: int) -> int:
         """Capture the short-prompt buckets now rather than in the first requests' path (~0.25 s each): sequences
