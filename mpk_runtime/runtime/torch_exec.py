@@ -17,6 +17,7 @@ the first run compiles (seconds to a minute), and a new StepCtx shape or static 
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -167,12 +168,16 @@ class PrefillGroup:
     packed: tuple | None = None   # (row_pos, row_seq, last_rows) host tensors of a packed group (packed_group)
 
 
-def prefill_groups(chunks, max_seq_len: int, width: int) -> list[PrefillGroup]:
-    """chunks: (tokens, start_pos, block table, sampling) of one step, grouped by power-of-two length (>= 16,
-    <= max_seq_len), each group's sequence count a power of two: few graph shapes, < 2x padding per dimension."""
+def _check_ends(chunks, max_seq_len: int) -> None:
     for toks, start, _, _ in chunks:
         if start + len(toks) > max_seq_len:
             raise ValueError(f"prompt chunk ends at position {start + len(toks)} > max_seq_len {max_seq_len}")
+
+
+def prefill_groups(chunks, max_seq_len: int, width: int) -> list[PrefillGroup]:
+    """chunks: (tokens, start_pos, block table, sampling) of one step, grouped by power-of-two length (>= 16,
+    <= max_seq_len), each group's sequence count a power of two: few graph shapes, < 2x padding per dimension."""
+    _check_ends(chunks, max_seq_len)
     by_len: dict[int, list[int]] = {}
     for i, (toks, *_rest) in enumerate(chunks):
         by_len.setdefault(min(pow2(len(toks), 16), max_seq_len), []).append(i)
@@ -206,9 +211,7 @@ def packed_group(chunks, max_seq_len: int, width: int, max_rows: int) -> Prefill
     R = sum(len(t) for t, *_ in chunks)
     if R > max_rows:
         return None
-    for toks, start, _, _ in chunks:
-        if start + len(toks) > max_seq_len:
-            raise ValueError(f"prompt chunk ends at position {start + len(toks)} > max_seq_len {max_seq_len}")
+    _check_ends(chunks, max_seq_len)
     n = len(chunks)
     B = pow2(n)
     T = pow2(-(-R // B), 16)
@@ -219,19 +222,16 @@ def packed_group(chunks, max_seq_len: int, width: int, max_rows: int) -> Prefill
     tok = torch.tensor([x for t, *_ in chunks for x in t] + [0] * free, dtype=torch.int64)
     row_pos = torch.tensor([p for L in lens for p in range(L)] + [-1] * free, dtype=torch.int64)
     row_seq = torch.tensor([j for j, L in enumerate(lens) for _ in range(L)] + [-1] * free, dtype=torch.int64)
-    ends = [0] * n
-    r = 0
-    for j, L in enumerate(lens):
-        r += L
-        ends[j] = r - 1
+    ends = [e - 1 for e in itertools.accumulate(lens)]
     last = torch.tensor(ends + [M - 1] * (B - n), dtype=torch.int64)   # (an unused slot reads a padding row)
     pos = torch.tensor([0] * n + [-1] * (B - n), dtype=torch.int64)
     # the sampler's counter: pos + T - 1 - pad = the chunk's last position
     pad = torch.tensor([T - L for L in lens] + [T] * (B - n), dtype=torch.int64)
     tab = torch.tensor([list(tb) + [0] * (width - len(tb)) for _, _, tb, _ in chunks] +
                        [[0] * width] * (B - n), dtype=torch.int64)
+    # (no kv_cap: a packed step's keys are its own rows, whatever the cap)
     return PrefillGroup(list(range(n)), B, T, tok, pos, pad, tab, [c[3] for c in chunks],
-                        min(pow2(max(len(t) for t, *_ in chunks), 16), max_seq_len), (row_pos, row_seq, last))
+                        packed=(row_pos, row_seq, last))
 
 
 def step_groups(chunks, max_seq_len: int, width: int, packed_rows: int) -> list[PrefillGroup]:
