@@ -70,13 +70,17 @@ def rank_main(rank: int, a, port: int) -> None:
         sync()
         return (time.perf_counter() - t0) * 1e3, len(set(pre._ex) - before)   # executors built this step
 
-    times = [step() for _ in range(a.steps)]
+    times = [step() for _ in range(a.steps // 2)]
+    pre.timing = dict.fromkeys(pre.timing, 0.0)   # run_many's laps over the steady half (ConventionalPrefill.timing)
+    times += [step() for _ in range(a.steps - a.steps // 2)]
+    laps = {k.removesuffix("_s"): round(v * 1e3 / (a.steps - a.steps // 2), 3) for k, v in pre.timing.items()}
     res = {"model": a.model, "tp": a.tp, "chunks": a.chunks, "len": [a.min_len, a.max_len],
            "packed_rows": pre.packed_rows, "graph_runs_per_step": round(pre.graph_runs / a.steps, 2),
            "packed_runs": pre.packed_runs, "late_captures": pre.late_captures,
            "step_ms": [round(t, 2) for t, _ in times], "new_executors": [m for _, m in times],
            "steady_ms_median": round(statistics.median(t for t, _ in times[a.steps // 2:]), 2),
-           "executors_cached": len(pre._ex), "graphs_captured": pre.captures, "graph_replays": pre.replays}
+           "executors_cached": len(pre._ex), "graphs_captured": pre.captures, "graph_replays": pre.replays,
+           "run_many_ms": laps}
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         res["profiled_step_ms"] = round(step()[0], 2)

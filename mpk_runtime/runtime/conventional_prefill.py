@@ -77,6 +77,13 @@ EXACT_KEYS = 16384
 # rows). Continued chunks, and fresh ones past it, run grouped by length (prefill_groups). Session 64, 1x H100, 11
 # prompts of 4-24 tokens a step: 4.18 ms packed against 7.09 grouped (llama-3.2-1b), 12.28 against 20.1 (qwen3-8b).
 PACKED_ROWS = 2048
+def _lap(tm: dict, key: str, t: float) -> float:
+    """Add the seconds since t to tm[key]; the time now."""
+    now = time.perf_counter()
+    tm[key] += now - t
+    return now
+
+
 PACKED = -1   # the key of a shape's packed graph in _PrefillShape.graphs (the padded ones key on their key cap)
 
 
@@ -133,6 +140,14 @@ class ConventionalPrefill:
         self.packed_runs = 0         # steps run packed (packed_rows)
         self.late_captures: list[str] = []   # "BxT@cap" of the graphs captured in a request's path (not in warm)
         self._warming = False
+        # where run_many's seconds go (graph_counts: prefill_*_s): the groups built on the host, their inputs copied
+        # in, the graphs launched, the wait for the drawn tokens and the logits read back, the device's time from
+        # the first group's launch to the last group's end (CUDA events; several groups: with the host's reads
+        # between them), and this thread's CPU seconds; wall minus device minus CPU is time the thread waited for
+        # something else (the GIL, a copy queued behind other work)
+        self.timing = {"build_s": 0.0, "inputs_s": 0.0, "launch_s": 0.0, "wait_s": 0.0, "read_s": 0.0,
+                       "device_s": 0.0, "cpu_s": 0.0, "wall_s": 0.0}
+        self._events = None
 
     def _get(self, B: int, T: int) -> _PrefillShape:
         key = (B, T)
@@ -217,14 +232,20 @@ class ConventionalPrefill:
         each chunk's last token, or None when not wanted; the tokens drawn for them, list of n ints)."""
         logits: list[torch.Tensor | None] = [None] * len(chunks)
         drawn = [0] * len(chunks)
-        for g in step_groups(chunks, self.max_seq_len, self.width, self.packed_rows):
+        tm, w0, c0 = self.timing, time.perf_counter(), time.thread_time()
+        groups = step_groups(chunks, self.max_seq_len, self.width, self.packed_rows)
+        ev = self._step_events()
+        t = time.perf_counter()
+        tm["build_s"] += t - w0
+        for gi, g in enumerate(groups):
             sh = self._get(g.B, g.T)
             key = PACKED if g.packed is not None else g.kv_cap
             exact = g.packed is None and 0 < self.exact_keys <= g.kv_cap
             graphed = self.capture and g.B * g.T <= self.capture_tokens and not exact
             if graphed and key not in sh.graphs:
-                self._capture(sh, g.T, key)
+                self._capture(sh, g.T, key)   # (its seconds are capture_s, left out of the laps: wall_s has them)
                 graphed = key in sh.graphs
+                t = time.perf_counter()
             mem = sh.mem
             mem.t("tokens").copy_(g.tokens)
             sh.pos.copy_(g.pos)
@@ -235,6 +256,9 @@ class ConventionalPrefill:
                     dst.copy_(src)
                 self.packed_runs += 1
             fill_sampling(mem, g.sampling)
+            t = _lap(tm, "inputs_s", t)
+            if ev is not None and gi == 0:
+                ev[0].record()
             if graphed:
                 sh.graphs[key].replay()
                 self.replays += 1
@@ -246,17 +270,32 @@ class ConventionalPrefill:
             else:
                 sh.ex.run([self._ctx(sh, g.T, key)])
             self.graph_runs += 1
+            if ev is not None and gi == len(groups) - 1:
+                ev[1].record()
+            t = _lap(tm, "launch_s", t)
             last = [chunks[i][1] + len(chunks[i][0]) - 1 for i in g.idx]
             full = getattr(mem, "_full_rows", None) is not None   # (the same on every rank: the same chunks)
             glg = self._gathered(mem, len(g.idx)) if (full or want_logits) and self.tp > 1 else None
             if full:   # tp > 1: every rank draws the same tokens from the gathered shards
                 draw_full(mem, glg if glg is not None else mem.t("logits")[:len(g.idx)], last)
             nxt = mem.t("next_tokens")[:len(g.idx)].tolist()
+            t = _lap(tm, "wait_s", t)
             lg = None if not want_logits else (glg if glg is not None else mem.t("logits")[:len(g.idx)]).float().cpu()
             for j, i in enumerate(g.idx):
                 drawn[i] = int(nxt[j])
                 logits[i] = lg[j] if lg is not None else None
+            t = _lap(tm, "read_s", t)
+        if ev is not None:
+            tm["device_s"] += ev[0].elapsed_time(ev[1]) / 1e3   # (both recorded and passed: the tokens were read)
+        tm["cpu_s"] += time.thread_time() - c0
+        tm["wall_s"] += time.perf_counter() - w0
         return (torch.stack(logits) if want_logits else None), drawn   # type: ignore[arg-type]
+
+    def _step_events(self):
+        """The two CUDA events run_many times the device with (reused), or None off the GPU."""
+        if self._events is None and torch.device(self.device).type == "cuda":
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        return self._events
 
     def _gathered(self, mem: RankMemory, n: int) -> torch.Tensor:
         """(n, V) fp32 on this device, tp > 1: the vocab shards of every rank, gathered through the communicator (a

@@ -313,6 +313,7 @@ class MegakernelRunner(ModelRunner):
                 "prefill_graph_runs": pf.graph_runs if pf is not None else 0,
                 "prefill_packed_runs": pf.packed_runs if pf is not None else 0,
                 "prefill_late_captures": " ".join(pf.late_captures) if pf is not None else "",
+                **{f"prefill_{k}": round(v, 4) for k, v in (pf.timing.items() if pf is not None else ())},
                 **{k: round(v, 4) if isinstance(v, float) else v for k, v in self.step_phases.items()}}
 
     def _planned_rows(self, n: int) -> bool:

@@ -326,6 +326,20 @@ def test_packed_prefill_of_fresh_prompts_matches_reference(name, packed_rows, mo
         assert ((got - want).abs().max() / want.abs().max()) < 1e-5, i
 
 
+def test_run_many_times_its_phases():
+    """run_many's laps (ConventionalPrefill.timing, reported by the runner's graph_counts as prefill_*_s): each step
+    adds to them, the host laps add up to no more than the wall, this thread's CPU seconds are counted, and off the
+    GPU no device time is claimed."""
+    kv, pre, ref, prompts, tables, caches = _prefill_case("tiny-llama")
+    assert set(pre.timing) == {"build_s", "inputs_s", "launch_s", "wait_s", "read_s", "device_s", "cpu_s", "wall_s"}
+    pre.run_many([(p, 0, tables[i], None) for i, p in enumerate(prompts)])
+    one = dict(pre.timing)
+    laps = sum(one[k] for k in ("build_s", "inputs_s", "launch_s", "wait_s", "read_s"))
+    assert 0 < laps <= one["wall_s"] and one["cpu_s"] > 0 and one["launch_s"] > 0 and one["device_s"] == 0
+    pre.run_many([(p, 0, tables[i], None) for i, p in enumerate(prompts)])
+    assert pre.timing["wall_s"] > one["wall_s"] and pre.timing["launch_s"] > one["launch_s"]
+
+
 def test_packed_group_layout():
     """packed_group: rows back to back, B a power of two >= the chunks, B * T >= the rows (T >= 16); each chunk's
     last row, positions and sequence; the sampler's counter (pos + T - 1 - pad) is the chunk's last position; a
