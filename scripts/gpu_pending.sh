@@ -557,11 +557,12 @@ elif [ "$MODE" = admit ]; then
 # back) against grouped by length (packed_rows 0: a left-padded graph per power-of-two length, session 63's path)
 st "admit: prompt chunks of a serving step through the prefill graphs, packed vs grouped"
 mkdir -p "$OUT/bench"
-for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do for pr in 2048 0; do
+for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do for pr in ${ADMIT_PR:-2048 0}; do   # ADMIT_BUSY=1: a spinning thread beside
   OUT="$OUT/bench" timeout 150 python3 scripts/profile_prefill.py --model "$m" --chunks ${ADMIT_CHUNKS:-11} \
-      --steps 16 --warm --packed-rows $pr --tag "_${m}_p$pr" > "$OUT/bench/admit_${m}_p$pr.log" 2>&1
-  grep -E '"(packed_rows|graph_runs_per_step|packed_runs|steady_ms_median|profiled_step_ms|cuda_total_ms)"|Error' \
-      "$OUT/bench/admit_${m}_p$pr.log"
+      --steps 16 --warm --packed-rows $pr ${ADMIT_BUSY:+--busy-thread} --tag "_${m}_p$pr${ADMIT_BUSY:+_busy}" \
+      > "$OUT/bench/admit_${m}_p$pr${ADMIT_BUSY:+_busy}.log" 2>&1
+  grep -E '"(packed_rows|graph_runs_per_step|packed_runs|steady_ms_median|profiled_step_ms|cuda_total_ms|inputs|launch|wait|device|wall)"|Error' \
+      "$OUT/bench/admit_${m}_p$pr${ADMIT_BUSY:+_busy}.log"
 done; done; snap
 elif [ "$MODE" = stamps ]; then
 st "4b stage stamps of the one-megakernel step at B=1, 8 (qwen3-8b B=8 is 0.82x gpt-fast; session 10's stamps are old)"

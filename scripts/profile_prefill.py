@@ -70,6 +70,16 @@ def rank_main(rank: int, a, port: int) -> None:
         sync()
         return (time.perf_counter() - t0) * 1e3, len(set(pre._ex) - before)   # executors built this step
 
+    if a.busy_thread:   # a Python thread that never blocks, as the server's HTTP thread answering a wave's requests:
+        # every call of this thread that lets go of the GIL waits up to the switch interval (5 ms) to get it back
+        import threading
+        busy = threading.Event()
+
+        def spin():
+            x = 0
+            while not busy.is_set():
+                x += 1
+        threading.Thread(target=spin, daemon=True).start()
     times = [step() for _ in range(a.steps // 2)]
     pre.timing = dict.fromkeys(pre.timing, 0.0)   # run_many's laps over the steady half (ConventionalPrefill.timing)
     times += [step() for _ in range(a.steps - a.steps // 2)]
@@ -81,6 +91,9 @@ def rank_main(rank: int, a, port: int) -> None:
            "steady_ms_median": round(statistics.median(t for t, _ in times[a.steps // 2:]), 2),
            "executors_cached": len(pre._ex), "graphs_captured": pre.captures, "graph_replays": pre.replays,
            "run_many_ms": laps}
+    if a.busy_thread:
+        busy.set()
+    res["busy_thread"] = a.busy_thread
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         res["profiled_step_ms"] = round(step()[0], 2)
@@ -115,6 +128,8 @@ def main() -> None:
     ap.add_argument("--packed-rows", type=int, default=None,
                     help="ConventionalPrefill.packed_rows (default: MPK_PREFILL_PACKED_ROWS or 1024; 0: grouped)")
     ap.add_argument("--warm", action="store_true", help="capture the start-up graphs first (as the GPU runner)")
+    ap.add_argument("--busy-thread", action="store_true",
+                    help="a spinning Python thread beside the steps (the server's HTTP thread: the GIL's price)")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself (tp 1)")
     a = ap.parse_args()
     if a.device == "cpu":

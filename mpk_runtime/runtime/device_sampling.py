@@ -52,20 +52,30 @@ def fill_sampling(mem, rows: list[DeviceSampling | None]) -> None:
     if not has_sampling_tensors(mem):
         return
     B = mem.t("sample.temperature").shape[0]
-    if len(rows) > B:
-        raise ValueError(f"{len(rows)} sampling rows for a graph of batch {B}")
     key = tuple(rows)
     if getattr(mem, "_sampling_rows", None) == key:
         return
+    for name, v, dt in zip(TENSORS, sampling_lists(rows, B), (torch.float32, torch.int64, torch.float32, torch.int64)):
+        mem.t(name).copy_(torch.tensor(v, dtype=dt))
+    mem._sampling_rows = key
+    set_full_rows(mem, rows)
+
+
+def sampling_lists(rows: list[DeviceSampling | None], B: int) -> tuple[list, list, list, list]:
+    """The graph's sample.* values (temperature, top_k, top_p, seed; TENSORS' order) of B rows as lists: rows past
+    len(rows), None rows and full rows (their graph draw is overwritten) greedy."""
+    if len(rows) > B:
+        raise ValueError(f"{len(rows)} sampling rows for a graph of batch {B}")
     temp, top_k, top_p, seed = [0.0] * B, [0] * B, [1.0] * B, [0] * B
     for i, s in enumerate(rows):
         if s is not None and not s.full:   # (a full row's graph draw is overwritten: greedy, the cheapest)
             temp[i], top_k[i], top_p[i], seed[i] = float(s.temperature), int(s.top_k), float(s.top_p), \
                 seed_to_int64(int(s.seed))
-    for name, v, dt in zip(TENSORS, (temp, top_k, top_p, seed),
-                           (torch.float32, torch.int64, torch.float32, torch.int64)):
-        mem.t(name).copy_(torch.tensor(v, dtype=dt))
-    mem._sampling_rows = key
+    return temp, top_k, top_p, seed
+
+
+def set_full_rows(mem, rows: list) -> None:
+    """mem's FullRows for draw_full after the step (None when no row is full)."""
     from .full_sampling import full_rows
     mem._full_rows = full_rows(list(rows), mem.t("next_tokens").device, mem.graph.config.vocab_size)
 

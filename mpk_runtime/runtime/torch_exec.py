@@ -183,18 +183,17 @@ def prefill_groups(chunks, max_seq_len: int, width: int) -> list[PrefillGroup]:
         by_len.setdefault(min(pow2(len(toks), 16), max_seq_len), []).append(i)
     out = []
     for T, idx in sorted(by_len.items()):
-        B = pow2(len(idx))
-        tok = torch.zeros((B, T), dtype=torch.int64)
-        pos = torch.full((B,), -1, dtype=torch.int64)
-        pad = torch.full((B,), T, dtype=torch.int64)
-        tab = torch.zeros((B, width), dtype=torch.int64)
-        for j, i in enumerate(idx):
-            toks, start, table, _ = chunks[i]
-            tok[j, T - len(toks):] = torch.tensor(toks, dtype=torch.int64)
-            pos[j], pad[j] = start, T - len(toks)
-            tab[j, :len(table)] = torch.tensor(table, dtype=torch.int64)
+        B, free = pow2(len(idx)), pow2(len(idx)) - len(idx)
+        # (each array built as one list and converted once: an element or row written into a tensor is a torch call,
+        # which lets go of the GIL, and in a server whose HTTP thread is busy each one waits ~1-5 ms to get it back)
+        tok = torch.tensor([x for i in idx for x in [0] * (T - len(chunks[i][0])) + list(chunks[i][0])] +
+                           [0] * (free * T), dtype=torch.int64)
+        pos = torch.tensor([chunks[i][1] for i in idx] + [-1] * free, dtype=torch.int64)
+        pad = torch.tensor([T - len(chunks[i][0]) for i in idx] + [T] * free, dtype=torch.int64)
+        tab = torch.tensor([list(chunks[i][2]) + [0] * (width - len(chunks[i][2])) for i in idx] +
+                           [[0] * width] * free, dtype=torch.int64)
         end = max(chunks[i][1] + len(chunks[i][0]) for i in idx)
-        out.append(PrefillGroup(idx, B, T, tok.view(-1), pos, pad, tab, [chunks[i][3] for i in idx],
+        out.append(PrefillGroup(idx, B, T, tok, pos, pad, tab, [chunks[i][3] for i in idx],
                                 min(pow2(end, 16), max_seq_len)))
     return out
 
