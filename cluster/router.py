@@ -66,9 +66,10 @@ class Router:
             return near[best] if hits[best] else least
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, on_output: OutputCallback,
-               prompt: str | None = None) -> tuple[Replica, str]:
+               prompt: str | None = None, stream: bool = True) -> tuple[Replica, str]:
+        """stream=False: on_output gets the finished output only (AsyncEngine.submit)."""
         rep = self.pick(prompt_token_ids)
-        return rep, rep.loop.submit(prompt_token_ids, params, on_output, prompt=prompt)
+        return rep, rep.loop.submit(prompt_token_ids, params, on_output, prompt=prompt, stream=stream)
 
     def stats(self) -> dict[str, dict]:
         return {r.name: r.loop.stats() for r in self.replicas}

@@ -197,6 +197,7 @@ def create_app(router: Router, served_model_name: str | None = None):
         ctx = router.engine.kv_spec.max_seq_len
         explicit = r is not None and bool({"max_tokens", "max_completion_tokens"} & r.model_fields_set)
         n = r.n if r is not None else 1
+        stream = bool(getattr(r, "stream", True)) if r is not None else True
         for ids, _ in prompts:
             router.engine.validate(ids, params)
             if explicit and params.max_tokens is not None and len(ids) + params.max_tokens > ctx:
@@ -214,7 +215,8 @@ def create_app(router: Router, served_model_name: str | None = None):
                     if out.finished:
                         metrics.on_finish(out)
                     loop.call_soon_threadsafe(q.put_nowait, (i, out))
-                handles.append(router.submit(ids, sp, cb, prompt=text))
+                # (a non-streaming request is told only its end: no snapshot, callback and handler wake-up a step)
+                handles.append(router.submit(ids, sp, cb, prompt=text, stream=stream))
         return q, handles
 
     def _abort(handles) -> None:

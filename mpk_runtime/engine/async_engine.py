@@ -55,8 +55,9 @@ class EngineLoop:
         return self._thread.is_alive()
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, on_output: OutputCallback,
-               prompt: str | None = None, request_id: str | None = None) -> str:
-        """Validate now (typed errors raise in the caller), queue, and return the request id."""
+               prompt: str | None = None, request_id: str | None = None, stream: bool = True) -> str:
+        """Validate now (typed errors raise in the caller), queue, and return the request id. stream=False:
+        on_output gets the finished output only (LLMEngine.add_request)."""
         if self.engine.dead or not self.alive:
             raise RequestFailedError(f"replica {self.name} is down: {self.engine.dead or 'its engine loop exited'}")
         self.engine.validate(prompt_token_ids, params)
@@ -64,7 +65,7 @@ class EngineLoop:
             self._ids += 1
             rid = request_id or f"{self.name}-{self._ids}"
             self._outstanding += 1
-        self._cmds.put(("add", rid, list(prompt_token_ids), params, prompt, on_output))
+        self._cmds.put(("add", rid, list(prompt_token_ids), params, prompt, on_output, stream))
         return rid
 
     def abort(self, request_id: str) -> None:
@@ -109,10 +110,10 @@ class EngineLoop:
 
     def _apply(self, cmd) -> None:
         if cmd[0] == "add":
-            _, rid, ids, params, prompt, cb = cmd
+            _, rid, ids, params, prompt, cb, stream = cmd
             self._callbacks[rid] = cb
             try:
-                self.engine.add_request(ids, params, request_id=rid, prompt=prompt)
+                self.engine.add_request(ids, params, request_id=rid, prompt=prompt, stream=stream)
             except Exception as e:  # e.g. the engine died after submit validated: finish it with the error
                 from .request import RequestMetrics
                 self._deliver(RequestOutput(rid, prompt, ids, [], None, [], None, True, "error", str(e),

@@ -148,7 +148,7 @@ class BurstsMixin:
             self.allocator.commit(r)
             if reason:
                 done.append(r)
-            if want_all or reason:
+            if reason or (want_all and r.stream):
                 outputs.append(r.snapshot())
         if nxt is not None:
             nxt.dropped.update(r.request_id for r in done)

@@ -172,7 +172,10 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
         return max_total
 
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str | None = None,
-                    prompt: str | None = None) -> str:
+                    prompt: str | None = None, stream: bool = True) -> str:
+        """Queue a request; its id. stream=False: step() reports it only when it finishes (its last output's delta
+        then holds every token), not after every step (a snapshot copies its tokens; the server's non-streaming
+        requests need only the end)."""
         if self.dead:
             raise RequestFailedError(f"the engine is down ({self.dead}); create a new LLM / restart the server")
         prompt_token_ids = list(prompt_token_ids)
@@ -183,7 +186,7 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
             raise InvalidRequestError(f"request id {rid!r} is already in use")
         req = Request(request_id=rid, seq_id=idx, prompt=prompt, prompt_token_ids=prompt_token_ids, params=params,
                       generator=make_generator(params, self.seed, idx), max_total_len=max_total,
-                      output_logprobs=None if params.logprobs is None else [])
+                      output_logprobs=None if params.logprobs is None else [], stream=stream)
         if self._has_tokenizer():
             req.text = ""
         self._requests[rid] = req
@@ -308,7 +311,7 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
             reason = self._accept(r, tok, now)
             if reason:
                 done.append(r)
-            if want_all or reason:
+            if reason or (want_all and r.stream):
                 outputs.append(r.snapshot())
         self._finish_step(done, n_prompt, len(chunks) - n_prompt, t0, t1, t2, c0, timing)
         return outputs

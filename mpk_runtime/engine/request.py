@@ -105,6 +105,7 @@ class Request:
     detok: Any = None                   # detokenize.IncrementalText once it has output text
     num_preemptions: int = 0            # times its pages were taken back for an older request (scheduler.py)
     computed_high: int = 0              # the most tokens it had computed before its last preemption
+    stream: bool = True                 # reported after every step that gives it a token (else only at its end)
     _sent_tokens: int = 0               # how much of the output the last snapshot already reported
     _sent_text: int = 0
 

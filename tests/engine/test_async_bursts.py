@@ -212,3 +212,25 @@ def test_a_full_batch_with_a_queue_runs_bursts(async_bursts, ref_greedy):
     assert queued_bursts >= 3
     for i, (p, n) in enumerate(zip(PROMPTS, lens)):
         assert done[str(i)].token_ids == ref_greedy("tiny-llama", p, n), i
+
+
+@pytest.mark.parametrize("decode_steps", [1, 4])
+def test_a_request_that_does_not_stream_is_reported_at_its_end_only(decode_steps, ref_greedy):
+    """add_request(stream=False) (the server's non-streaming requests): step() returns no snapshot of it until it
+    finishes, and that one output's delta holds every token; a streaming request beside it is reported every step,
+    its deltas adding up to the same tokens. Single steps and bursts of 4 alike."""
+    kw = {"decode_steps": 4, "async_bursts": True} if decode_steps == 4 else {"decode_steps": 1}
+    with LLM("tiny-qwen3", backend="torch", dtype="float32", max_seq_len=64, max_batch=4, **kw) as llm:
+        eng = llm.engine
+        p = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+        eng.add_request([1, 2, 3], p, request_id="quiet", stream=False)
+        eng.add_request([1, 2, 3], p, request_id="loud")
+        seen = {"quiet": [], "loud": []}
+        while eng.has_unfinished():
+            for o in eng.step():
+                seen[o.request_id].append(o)
+    want = ref_greedy("tiny-qwen3", [1, 2, 3], 10)
+    (q,) = seen["quiet"]
+    assert q.finished and q.token_ids == want and q.delta_token_ids == want
+    assert len(seen["loud"]) > 1 and [t for o in seen["loud"] for t in o.delta_token_ids] == want
+    assert seen["loud"][-1].token_ids == want
