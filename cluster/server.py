@@ -391,7 +391,7 @@ class ServerThread:
                 port = s.getsockname()[1]
         self.url = f"http://{host}:{port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, name="mpk-http", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:

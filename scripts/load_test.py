@@ -22,6 +22,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -75,6 +76,18 @@ def _fire(pool, clients: int, url: str, model: str, n: int, max_tokens: int, voc
 def _warm_child(_: int) -> None:
     import httpx  # noqa: F401 - the import, in every client process before the measured load
     time.sleep(0.2)   # (so that the pool hands one warm-up to each process)
+
+
+def _thread_cpu() -> dict:
+    """CPU seconds so far of each live thread of this process by name (the HTTP server's, each engine loop's, the
+    client pool's helpers): what competes for the GIL with the engine loops (Linux; {} where the clock is missing)."""
+    out = {}
+    for t in threading.enumerate():
+        try:
+            out[t.name] = out.get(t.name, 0.0) + time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (AttributeError, OSError, TypeError):   # (a thread that just ended, or no such clock here)
+            pass
+    return out
 
 
 def _graphs(router) -> dict:
@@ -154,10 +167,12 @@ def main() -> None:
             for rnd in range(a.rounds):
                 before = router.stats()
                 graphs_before = _graphs(router)
+                cpu_before = _thread_cpu()
                 t0, t0m = time.perf_counter(), time.monotonic()
                 res = _fire(pool, a.clients, srv.url, a.model, a.requests, a.max_tokens,
                             load_config(a.model).vocab_size, rnd)
                 wall = time.perf_counter() - t0
+                cpu = {k: round(v - cpu_before.get(k, 0.0), 3) for k, v in _thread_cpu().items()}
                 idle = _idle_in(router, t0m, t0m + wall)
                 if rnd + 1 < a.rounds:
                     earlier.append({"wall_s": wall, "tokens": sum(r.get("tokens", 0) for r in res if r["ok"]),
@@ -187,7 +202,7 @@ def main() -> None:
                "engine_steps": steps, "mean_batch_occupancy": seqs / steps if steps else 0.0,
                "max_batch": a.max_batch, "max_batch_seen": max((s.get("max_batch_size_seen", 0) for s in stats.values()), default=0),
                "time_breakdown": breakdown(sum_stats(list(stats.values())), wall),
-               "graphs_in_window": graphs, "idle_stretches_ms": idle,
+               "graphs_in_window": graphs, "idle_stretches_ms": idle, "thread_cpu_s": cpu,
                # the scheduler's events in the window (a preempted request's prompt and tokens are prefilled again)
                "engine_events": {k: sum(s.get(k, 0) or 0 for s in stats.values())
                                  for k in ("preemptions", "recomputed_tokens", "prefix_cache_hit_tokens",
@@ -209,6 +224,8 @@ def main() -> None:
             big = sorted(st, key=lambda x: -x[1])[:4]
             print(f"  engine idle in the window ({name}): {len(st)} stretches, {sum(d for _, d in st):.0f} ms; "
                   "longest at +ms (ms): " + ", ".join(f"{a:.0f} ({d:.0f})" for a, d in big))
+    print("  CPU seconds of this process's threads in the window (they share one GIL): " +
+          ", ".join(f"{k} {v}" for k, v in sorted(cpu.items(), key=lambda x: -x[1])[:6]))
     for name, g in graphs.items():
         if g:
             print(f"  CUDA graphs captured during the load ({name}): " + ", ".join(f"{k} {v}" for k, v in g.items()))

@@ -41,6 +41,10 @@ def test_load_test_writes_time_breakdown(tmp_path):
         assert 0 <= a and 0 < dur and a + dur <= d["wall_s"] * 1e3 + 1
     first, last = d["client_done_ms"]
     assert 0 < first <= last <= d["wall_s"] * 1e3 + 1
+    # the threads that share the server's GIL, by name: the HTTP server's and the replica's engine loop ran in it
+    cpu = d["thread_cpu_s"]
+    assert cpu["mpk-http"] > 0 and cpu["mpk-replica-0"] > 0 and all(v >= 0 for v in cpu.values())
+    assert "CPU seconds of this process's threads" in out
     assert d["engine_events"] == {"preemptions": 0, "recomputed_tokens": 0, "prefix_cache_hit_tokens": 0,
                                   "requests_failed": 0}
     b = d["time_breakdown"]
