@@ -89,6 +89,13 @@
 #    the load; budget 4096, packed prefill, load_test --clients 4: llama-3.2-1b 26837 / 28624 tokens/s, qwen3-8b 7912;
 #    mode admit: packed 4.18 / 12.28 ms vs grouped 7.09 / 20.1. Next: `ADMIT_CHUNKS=64 ... admit` (a 64-prompt packed
 #    step took 26-31 ms in the server, llama: where), and stamp the admission step inside the server.)
+#    (session 65, 1x H100, three calls: bench/results/s65 -- tests 7 + 33 passed; a 64-prompt admission alone 7.1-7.4
+#    ms, in the server ~29-34: the engine blocked on the GIL while the HTTP thread answered the finished wave; inputs by
+#    pinned buffers copied in by the graph moved the wait, did not remove it. Then (CPU-measured only, no budget left):
+#    JSONResponse bodies, non-streaming requests reported at their end. Next, first: `for r in a b; do N=s_$r T=75
+#    SERVE_LIM=70 MODELS=llama-3.2-1b SERVE_TAG=_$r bash scripts/gpu_run.sh serve; done; N=s_q T=125 SERVE_LIM=120
+#    MODELS=qwen3-8b ... serve` at f7d069a or later: predicted admission prefill ~30 -> ~12-18 ms (laps
+#    prefill_*_s), thread_cpu_s mpk-http well below the engine's, llama ~28-31k tokens/s.)
 #    On an H100: the attention task terms from run_tr-style traces (planner/trace_fit.py), then refit; B=128 at the
 #    long contexts that fit (llama 16k) and qwen3-8b B=32 past 8k keys, both never validated on the H100.
 #    On an H200, the same long-key rows would give h200_v56 the new terms (`VAL_CTXS="8192 32768 131072"` ... val,

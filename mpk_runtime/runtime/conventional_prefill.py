@@ -205,7 +205,8 @@ class ConventionalPrefill:
         # where run_many's seconds go (graph_counts: prefill_*_s): the groups built on the host, their inputs copied
         # in, the graphs launched, the wait for the drawn tokens and the logits read back, the device's time from
         # the first group's launch to the last group's end (CUDA events; several groups: with the host's reads
-        # between them), and this thread's CPU seconds; wall minus device minus CPU is time the thread waited for
+        # between them; the end event is queued after the launch returns, so a thread that waits for the GIL there
+        # past the graph's end stretches it: an upper bound in a busy server), and this thread's CPU seconds; wall minus device minus CPU is time the thread waited for
         # something else (the GIL, a copy queued behind other work)
         self.timing = {"build_s": 0.0, "inputs_s": 0.0, "launch_s": 0.0, "wait_s": 0.0, "read_s": 0.0,
                        "device_s": 0.0, "cpu_s": 0.0, "wall_s": 0.0}
