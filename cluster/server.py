@@ -215,7 +215,8 @@ def create_app(router: Router, served_model_name: str | None = None):
                     if out.finished:
                         metrics.on_finish(out)
                     loop.call_soon_threadsafe(q.put_nowait, (i, out))
-                # (a non-streaming request is told only its end: no snapshot, callback and handler wake-up a step)
+                # (a non-streaming request is told only its end: no snapshot, callback and handler wake-up a step;
+                # its tokens reach the metrics' counters then, all at once)
                 handles.append(router.submit(ids, sp, cb, prompt=text, stream=stream))
         return q, handles
 
