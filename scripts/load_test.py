@@ -34,9 +34,10 @@ def pct(xs: list[float], q: float) -> float:
 
 
 async def fire(url: str, model: str, n: int, max_tokens: int, vocab: int, seed: int, part: int = 0,
-               parts: int = 1) -> list[dict]:
+               parts: int = 1, stream: bool = False) -> list[dict]:
     """Requests i = part, part + parts, ... of the load's n (the prompts depend on the seed alone, not on how many
-    client processes share the load), all at once, one connection each."""
+    client processes share the load), all at once, one connection each. stream: server-sent events, the tokens
+    counted from the chunks' token_ids and the time to first token taken here, at the first chunk that has one."""
     import httpx
     rng = random.Random(seed)
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(4, 24))] for _ in range(n)]
@@ -45,6 +46,8 @@ async def fire(url: str, model: str, n: int, max_tokens: int, vocab: int, seed: 
         body = {"model": model, "prompt": prompts[i], "max_tokens": max_tokens, "temperature": 0}
         t0 = time.perf_counter()
         try:
+            if stream:
+                return await one_stream(i, client, {**body, "stream": True}, t0)
             r = await client.post(url + "/v1/completions", json=body)
             dt = time.perf_counter() - t0
             if r.status_code != 200:
@@ -54,6 +57,25 @@ async def fire(url: str, model: str, n: int, max_tokens: int, vocab: int, seed: 
                     "tokens": d["usage"]["completion_tokens"], "ttft_s": d["choices"][0].get("metrics", {}).get("time_to_first_token")}
         except Exception as e:  # noqa: BLE001 - counted as an error
             return {"i": i, "ok": False, "error": f"{type(e).__name__}: {e}"[:200], "latency_s": time.perf_counter() - t0}
+
+    async def one_stream(i: int, client, body: dict, t0: float) -> dict:
+        toks, ttft = 0, None
+        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return {"i": i, "ok": False, "status": r.status_code, "error": (await r.aread())[:200].decode(),
+                        "latency_s": time.perf_counter() - t0}
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                d = json.loads(line[6:])
+                if "error" in d:
+                    return {"i": i, "ok": False, "error": str(d["error"])[:200], "latency_s": time.perf_counter() - t0}
+                got = sum(len(c.get("token_ids") or []) for c in d.get("choices", []))
+                if got and ttft is None:
+                    ttft = time.perf_counter() - t0
+                toks += got
+        return {"i": i, "ok": True, "latency_s": time.perf_counter() - t0, "done": time.monotonic(), "tokens": toks,
+                "ttft_s": ttft}
 
     mine = range(part, n, parts)
     # (httpx's default pool of 100 connections queued the rest of a larger load inside the client)
@@ -65,11 +87,12 @@ def _fire_in_child(args: tuple) -> list[dict]:
     return asyncio.run(fire(*args))
 
 
-def _fire(pool, clients: int, url: str, model: str, n: int, max_tokens: int, vocab: int, seed: int) -> list[dict]:
+def _fire(pool, clients: int, url: str, model: str, n: int, max_tokens: int, vocab: int, seed: int,
+          stream: bool = False) -> list[dict]:
     """The load split over the pool's `clients` processes (one Python client issued ~1-2 ms of requests a request
     on its own event loop: 256 requests took it ~0.5 s to send, and the engine idled meanwhile; session 64)."""
-    parts = pool.map(_fire_in_child, [(url, model, n, max_tokens, vocab, seed, k, clients) for k in range(clients)],
-                     chunksize=1)
+    parts = pool.map(_fire_in_child, [(url, model, n, max_tokens, vocab, seed, k, clients, stream)
+                                       for k in range(clients)], chunksize=1)
     return sorted((r for p in parts for r in p), key=lambda r: r["i"])
 
 
@@ -141,6 +164,9 @@ def main() -> None:
                          "warm it up: a cost that goes away after the first round is a one-time cost)")
     ap.add_argument("--clients", type=int, default=4,
                     help="client processes the requests are split over (each sends its share at once)")
+    ap.add_argument("--stream", action="store_true",
+                    help="stream every response (server-sent events, as chat clients do): the server reports each "
+                         "request after every step, so its HTTP thread works through the decode, not only at the end")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     if a.rounds < 1:
@@ -170,7 +196,7 @@ def main() -> None:
                 cpu_before = _thread_cpu()
                 t0, t0m = time.perf_counter(), time.monotonic()
                 res = _fire(pool, a.clients, srv.url, a.model, a.requests, a.max_tokens,
-                            load_config(a.model).vocab_size, rnd)
+                            load_config(a.model).vocab_size, rnd, a.stream)
                 wall = time.perf_counter() - t0
                 cpu = {k: round(v - cpu_before.get(k, 0.0), 3) for k, v in _thread_cpu().items()}
                 idle = _idle_in(router, t0m, t0m + wall)
@@ -212,7 +238,7 @@ def main() -> None:
                "rounds": a.rounds, "earlier_rounds": earlier,
                "first_errors": [r for r in res if not r["ok"]][:3], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                "machine": _machine(), "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
-               "max_tokens": a.max_tokens, "max_seq_len": a.max_seq_len, "clients": a.clients}
+               "max_tokens": a.max_tokens, "max_seq_len": a.max_seq_len, "clients": a.clients, "stream": a.stream}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "load_test.json"), "w") as f:
         json.dump(summary, f, indent=1)

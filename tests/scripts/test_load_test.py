@@ -71,6 +71,15 @@ def test_load_test_measures_the_last_round(tmp_path):
     assert d["earlier_rounds"][0]["errors"] == 0
 
 
+def test_load_test_streams(tmp_path):
+    """--stream: every request as server-sent events; the tokens counted from the chunks equal max_tokens a request
+    (as the non-streaming usage counts them) and the time to first token is taken at the first chunk, inside the
+    request's latency."""
+    out, d = _load_test(tmp_path, 5, 4, "--stream", "--clients", "2")
+    assert d["stream"] is True and d["succeeded"] == 5 and d["errors"] == 0 and d["tokens"] == 20
+    assert 0 < d["ttft_p50_s"] <= d["ttft_p99_s"] <= d["latency_p99_s"]
+
+
 @pytest.mark.parametrize("flag,word", [("--clients", "--clients must be >= 1"), ("--rounds", "--rounds must be >= 1")])
 def test_load_test_refuses_bad_counts(flag, word):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test.py"), flag, "0"],
