@@ -465,3 +465,37 @@ def test_gil_switch_interval_from_the_environment(monkeypatch):
     finally:
         sys.setswitchinterval(old)
         router.shutdown()
+
+
+def test_inbox_wakes_the_loop_once_a_batch_and_keeps_order():
+    """cluster.server._Inbox: outputs put from engine threads while the loop is busy cost one wake-up of the loop
+    (one call_soon_threadsafe, a self-pipe write) for the whole batch, and reach each queue in the order put; the
+    next output after the drain schedules the next one."""
+    import asyncio
+    import threading
+
+    from cluster.server import _Inbox
+    loop = asyncio.new_event_loop()
+    wakes = []
+    real = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda cb, *a: (wakes.append(cb), real(cb, *a))[1]
+    inbox = _Inbox(loop)
+    qs = [asyncio.Queue(), asyncio.Queue()]
+
+    def engine(k: int) -> None:
+        for j in range(50):
+            inbox.put(qs[k], (k, j))
+    threads = [threading.Thread(target=engine, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wakes) == 1   # the loop never ran meanwhile: one drain holds all 100
+    loop.run_until_complete(asyncio.sleep(0))
+    for k in range(2):
+        got = [qs[k].get_nowait() for _ in range(qs[k].qsize())]
+        assert got == [(k, j) for j in range(50)]
+    inbox.put(qs[0], "again")
+    loop.run_until_complete(asyncio.sleep(0))
+    assert len(wakes) == 2 and qs[0].get_nowait() == "again"
+    loop.close()
