@@ -210,13 +210,6 @@ def create_app(router: Router, served_model_name: str | None = None):
         text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         return list(tok.encode(text, add_special_tokens=False)), text
 
-    def _json(body: dict):
-        """A response body of plain dicts, lists, strings and numbers, serialised by json.dumps alone: a dict
-        returned from an endpoint goes through FastAPI's jsonable_encoder first, ~0.3-0.5 ms of Python a completion
-        of 128 tokens (it visits every token id), and that runs on the thread the engine loop shares the GIL with:
-        64 requests finishing together held it ~30 ms (session 65, the admission step after a wave)."""
-        return JSONResponse(body)
-
     # --- engine bridge ------------------------------------------------------------------------------------
     def _submit_all(prompts, params, r: CommonRequest | None = None) -> tuple[asyncio.Queue, list[tuple[Any, str]]]:
         """Validate every prompt, then queue them all (each r.n times: choice i * n + j is prompt i's j-th);
@@ -226,7 +219,7 @@ def create_app(router: Router, served_model_name: str | None = None):
         ctx = router.engine.kv_spec.max_seq_len
         explicit = r is not None and bool({"max_tokens", "max_completion_tokens"} & r.model_fields_set)
         n = r.n if r is not None else 1
-        stream = bool(getattr(r, "stream", True)) if r is not None else True
+        stream = r is None or r.stream
         for ids, _ in prompts:
             router.engine.validate(ids, params)
             if explicit and params.max_tokens is not None and len(ids) + params.max_tokens > ctx:
@@ -348,13 +341,17 @@ def create_app(router: Router, served_model_name: str | None = None):
             return StreamingResponse(_stream(q, n, handles, chunk, inc, per_prompt=r.n),
                                      media_type="text/event-stream")
         outs = await _collect(q, n, handles, raw)
-        return _json({"id": cid, "object": "text_completion", "created": created, "model": name,
-                "choices": [{"index": i, "text": o.text or "", "logprobs": _completion_logprobs(o.logprobs, 0),
-                             "finish_reason": _finish(o), "token_ids": o.token_ids,
-                             "prompt_token_ids": o.prompt_token_ids, "metrics": o.metrics.to_dict(),
-                             **({"logprobs_by_id": logprobs_by_id(o.logprobs)} if o.logprobs is not None else {})}
-                            for i, o in enumerate(outs)],
-                "usage": _usage(outs, r.n)})
+        # (bodies as JSONResponse: json.dumps alone; a returned dict goes through FastAPI's jsonable_encoder first,
+        # ~0.3-0.5 ms of Python a 128-token completion on the thread the engine loop shares the GIL with: 64
+        # requests finishing together held it ~30 ms, session 65)
+        return JSONResponse({
+            "id": cid, "object": "text_completion", "created": created, "model": name,
+            "choices": [{"index": i, "text": o.text or "", "logprobs": _completion_logprobs(o.logprobs, 0),
+                         "finish_reason": _finish(o), "token_ids": o.token_ids,
+                         "prompt_token_ids": o.prompt_token_ids, "metrics": o.metrics.to_dict(),
+                         **({"logprobs_by_id": logprobs_by_id(o.logprobs)} if o.logprobs is not None else {})}
+                        for i, o in enumerate(outs)],
+            "usage": _usage(outs, r.n)})
 
     @app.post("/v1/chat/completions")
     async def chat(r: ChatRequest, raw: Request):
@@ -379,11 +376,12 @@ def create_app(router: Router, served_model_name: str | None = None):
             return StreamingResponse(_stream(q, r.n, handles, chunk, inc, first, per_prompt=r.n),
                                      media_type="text/event-stream")
         outs = await _collect(q, r.n, handles, raw)
-        return _json({"id": cid, "object": "chat.completion", "created": created, "model": name,
-                "choices": [{"index": j, "message": {"role": "assistant", "content": o.text or ""},
-                             "logprobs": _chat_logprobs(o.logprobs, top), "finish_reason": _finish(o),
-                             "token_ids": o.token_ids} for j, o in enumerate(outs)],
-                "usage": _usage(outs, r.n)})
+        return JSONResponse({   # (not a returned dict: see completions)
+            "id": cid, "object": "chat.completion", "created": created, "model": name,
+            "choices": [{"index": j, "message": {"role": "assistant", "content": o.text or ""},
+                         "logprobs": _chat_logprobs(o.logprobs, top), "finish_reason": _finish(o),
+                         "token_ids": o.token_ids} for j, o in enumerate(outs)],
+            "usage": _usage(outs, r.n)})
 
     @app.get("/v1/models")
     async def models():

@@ -139,14 +139,14 @@ EXACT_KEYS = 16384
 # rows). Continued chunks, and fresh ones past it, run grouped by length (prefill_groups). Session 64, 1x H100, 11
 # prompts of 4-24 tokens a step: 4.18 ms packed against 7.09 grouped (llama-3.2-1b), 12.28 against 20.1 (qwen3-8b).
 PACKED_ROWS = 2048
+PACKED = -1   # the key of a shape's packed graph in _PrefillShape.graphs (the padded ones key on their key cap)
+
+
 def _lap(tm: dict, key: str, t: float) -> float:
     """Add the seconds since t to tm[key]; the time now."""
     now = time.perf_counter()
     tm[key] += now - t
     return now
-
-
-PACKED = -1   # the key of a shape's packed graph in _PrefillShape.graphs (the padded ones key on their key cap)
 
 
 class ConventionalPrefill:
@@ -206,8 +206,8 @@ class ConventionalPrefill:
         # in, the graphs launched, the wait for the drawn tokens and the logits read back, the device's time from
         # the first group's launch to the last group's end (CUDA events; several groups: with the host's reads
         # between them; the end event is queued after the launch returns, so a thread that waits for the GIL there
-        # past the graph's end stretches it: an upper bound in a busy server), and this thread's CPU seconds; wall minus device minus CPU is time the thread waited for
-        # something else (the GIL, a copy queued behind other work)
+        # past the graph's end stretches it: an upper bound in a busy server), and this thread's CPU seconds; wall
+        # minus device minus CPU is time the thread waited for something else (the GIL, a copy queued behind work)
         self.timing = {"build_s": 0.0, "inputs_s": 0.0, "launch_s": 0.0, "wait_s": 0.0, "read_s": 0.0,
                        "device_s": 0.0, "cpu_s": 0.0, "wall_s": 0.0}
         self._events = None
