@@ -1,8 +1,11 @@
-"""Model replicas (an `LLM` engine driven by an `EngineLoop`) behind a least-loaded router.
+"""Model replicas (an `LLM` engine driven by an `EngineLoop`, in this process or in a child process of its own:
+`EngineProcess`) behind a least-loaded router.
 
 `build_router(model, tp=2, num_replicas=2)` makes one Ray placement group per replica (STRICT_PACK: a TP group
 shares a node) and spreads replicas over the nodes that can hold them. With executor="inprocess" it builds
-replicas in this process instead (no Ray) - the HTTP server works the same way on top of either.
+replicas in this process instead (no Ray) - the HTTP server works the same way on top of either. With
+engine_process=True (executor "inprocess") each replica's engine and loop run in a process of their own, so the
+HTTP handlers no longer share a GIL with them (engine/engine_process.py).
 """
 from __future__ import annotations
 
@@ -11,19 +14,26 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from mpk_runtime.engine import LLM, RequestFailedError, SamplingParams
+from mpk_runtime.engine import LLM, InvalidRequestError, RequestFailedError, SamplingParams
 from mpk_runtime.engine.async_engine import EngineLoop, OutputCallback
+from mpk_runtime.engine.engine_process import EngineProcess
 
 
 @dataclass
 class Replica:
     name: str
-    llm: LLM
-    loop: EngineLoop
+    llm: LLM | None      # None where the engine runs in a process of its own (loop is then an EngineProcess)
+    loop: EngineLoop | EngineProcess
+
+    @property
+    def engine(self):
+        """The LLMEngine, or the EngineView of one in another process: validation, kv_spec, prefix cache."""
+        return self.loop.engine
 
     def shutdown(self) -> None:
         self.loop.shutdown()
-        self.llm.shutdown()
+        if self.llm is not None:
+            self.llm.shutdown()
 
 
 class Router:
@@ -38,7 +48,7 @@ class Router:
     @property
     def engine(self):
         """Any replica's engine: they share config, kv spec and tokenizer (used for validation/tokenizing)."""
-        return self.replicas[0].llm.engine
+        return self.replicas[0].engine
 
     @property
     def tokenizer(self):
@@ -47,21 +57,21 @@ class Router:
     def pick(self, prompt_token_ids: list[int] | None = None) -> Replica:
         """The least loaded live replica; with prefix caching, the one holding the longest cached prefix of the
         prompt instead, unless it has more than a quarter of a batch more requests outstanding."""
-        live = [r for r in self.replicas if not r.llm.engine.dead and r.loop.alive]
+        live = [r for r in self.replicas if not r.engine.dead and r.loop.alive]
         if not live:
             raise RequestFailedError("every replica is down: " + "; ".join(
-                f"{r.name}: {r.llm.engine.dead or 'engine loop exited'}" for r in self.replicas))
+                f"{r.name}: {r.engine.dead or 'engine loop exited'}" for r in self.replicas))
         with self._lock:
             start = next(self._rr)  # rotate among equally loaded replicas
             order = live[start % len(live):] + live[:start % len(live)]
             least = min(order, key=lambda r: r.loop.load)
             if prompt_token_ids is None or len(order) == 1:
                 return least
-            slack = max(1, least.llm.engine.kv_spec.max_batch // 4)
-            near = [r for r in order if r.loop.load <= least.loop.load + slack and r.llm.engine.prefix_caching]
+            slack = max(1, least.engine.kv_spec.max_batch // 4)
+            near = [r for r in order if r.loop.load <= least.loop.load + slack and r.engine.prefix_caching]
             if not near:
                 return least
-            hits = [len(r.llm.engine.allocator.match(prompt_token_ids)[0]) for r in near]   # (read-only lookups)
+            hits = [len(r.engine.allocator.match(prompt_token_ids)[0]) for r in near]   # (read-only lookups)
             best = max(range(len(near)), key=lambda i: (hits[i], -near[i].loop.load))
             return near[best] if hits[best] else least
 
@@ -90,8 +100,14 @@ def _spread_nodes(ray, tp: int, gpus: bool, n: int) -> list[str | None]:
 
 def build_router(model: str, backend: str = "reference", tp: int = 1, num_replicas: int = 1,
                  executor: str = "ray", step_timeout: float | None = 30.0, health_interval: float | None = 5.0,
-                 ray_executor_kwargs: dict | None = None, **llm_kwargs: Any) -> Router:
-    """Build `num_replicas` replicas of `model` (executor "ray" or "inprocess") and a router over them."""
+                 ray_executor_kwargs: dict | None = None, engine_process: bool = False, **llm_kwargs: Any) -> Router:
+    """Build `num_replicas` replicas of `model` (executor "ray" or "inprocess") and a router over them.
+    engine_process: each replica's engine in a child process (executor "inprocess" only)."""
+    if engine_process and executor != "inprocess":
+        raise InvalidRequestError(f"engine_process runs each replica's engine with its workers in a process of its "
+                                  f"own, with the in-process executor; executor={executor!r} keeps the engine here "
+                                  "(its workers are Ray actors already): pass executor='inprocess', or leave "
+                                  "engine_process off")
     replicas = []
     try:
         if executor == "ray":
@@ -105,6 +121,11 @@ def build_router(model: str, backend: str = "reference", tp: int = 1, num_replic
             rk.setdefault("rpc_timeout", step_timeout or 60.0)
         for i in range(num_replicas):
             name = f"replica-{i}"
+            if engine_process:
+                replicas.append(Replica(name, None, EngineProcess(
+                    model, name=name, health_interval=health_interval, backend=backend, tp=tp, executor=executor,
+                    step_timeout=step_timeout, **llm_kwargs)))
+                continue
             if executor == "ray":
                 ex = RayExecutor(tp, target_node_id=targets[i], name=name, **rk)
             else:

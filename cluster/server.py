@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from mpk_runtime.engine import InvalidRequestError, NoTokenizerError, RequestFailedError, RequestOutput
+from mpk_runtime.engine import InvalidRequestError, LLMEngine, NoTokenizerError, RequestFailedError, RequestOutput
 
 from mpk_runtime.engine.request import logprobs_by_id
 
@@ -391,7 +391,7 @@ def create_app(router: Router, served_model_name: str | None = None):
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache():
         """Forget every replica's prefix cache (--enable-prefix-caching): the next prompts compute all their pages."""
-        futs = [asyncio.wrap_future(r.loop.call(lambda e: e.reset_prefix_cache())) for r in router.replicas]
+        futs = [asyncio.wrap_future(r.loop.call(LLMEngine.reset_prefix_cache)) for r in router.replicas]
         pages = await asyncio.gather(*futs)
         return {"reset": bool(router.engine.prefix_caching), "cached_pages_dropped": sum(pages)}
 
@@ -449,6 +449,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--max-seq-len", type=int, default=None)
     ap.add_argument("--step-timeout", type=float, default=30.0)
+    ap.add_argument("--engine-process", action="store_true",
+                    help="run each replica's engine (and, in-process executor, its workers) in a process of its own: "
+                         "the HTTP handlers then do not share a GIL with the engine loop (engine/engine_process.py)")
     add_engine_flags(ap)
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ap.add_argument("--port", type=int, default=8000)
@@ -459,7 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     from .router import build_router
     router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
                           step_timeout=a.step_timeout, dtype=a.dtype, seed=a.seed, max_batch=a.max_batch,
-                          max_seq_len=a.max_seq_len,
+                          max_seq_len=a.max_seq_len, engine_process=a.engine_process,
                           **engine_kwargs(a))
     import uvicorn
     try:

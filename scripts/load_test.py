@@ -101,25 +101,29 @@ def _warm_child(_: int) -> None:
     time.sleep(0.2)   # (so that the pool hands one warm-up to each process)
 
 
-def _thread_cpu() -> dict:
+def _thread_cpu(router) -> dict:
     """CPU seconds so far of each live thread of this process by name (the HTTP server's, each engine loop's, the
-    client pool's helpers): what competes for the GIL with the engine loops (Linux; {} where the clock is missing)."""
-    out = {}
-    for t in threading.enumerate():
-        try:
-            out[t.name] = out.get(t.name, 0.0) + time.clock_gettime(time.pthread_getcpuclockid(t.ident))
-        except (AttributeError, OSError, TypeError):   # (a thread that just ended, or no such clock here)
-            pass
+    client pool's helpers: they share one GIL) and, with --engine-process, of each engine process's threads as
+    "<replica>/<thread>" (Linux; {} where the clock is missing)."""
+    from mpk_runtime.engine.engine_process import EngineProcess, thread_cpu
+    out = thread_cpu()
+    for r in router.replicas:
+        if isinstance(r.loop, EngineProcess):
+            try:
+                out.update({f"{r.name}/{k}": v for k, v in r.loop.rpc("thread_cpu").items()})
+            except Exception:   # noqa: BLE001 - a diagnostic
+                pass
     return out
 
 
 def _graphs(router) -> dict:
     """Each replica's rank-0 runner graph counts (worker health "graphs": captures and their seconds; {} where the
     runner keeps none), read on the replica's engine loop between steps."""
+    from mpk_runtime.engine.engine_process import workers_health
     out = {}
     for r in router.replicas:
         try:
-            h = r.loop.call(lambda eng: eng.executor.collective_rpc("health", timeout=30)).result(timeout=60)
+            h = r.loop.call(workers_health).result(timeout=60)
             out[r.name] = {k: v for k, v in (h[0].get("graphs") or {}).items() if isinstance(v, (int, float, str))}
         except Exception as e:  # noqa: BLE001 - a diagnostic: the load's numbers stand without it
             out[r.name] = {"error": str(e)[:200]}
@@ -167,6 +171,9 @@ def main() -> None:
     ap.add_argument("--stream", action="store_true",
                     help="stream every response (server-sent events, as chat clients do): the server reports each "
                          "request after every step, so its HTTP thread works through the decode, not only at the end")
+    ap.add_argument("--engine-process", action="store_true",
+                    help="each replica's engine in a process of its own (the server's --engine-process): the HTTP "
+                         "thread then shares no GIL with the engine loop")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     if a.rounds < 1:
@@ -181,7 +188,8 @@ def main() -> None:
         from cluster.ray_utils import ensure_ray
         ensure_ray()
     router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
-                          dtype=a.dtype, max_batch=a.max_batch, max_seq_len=a.max_seq_len, step_timeout=120.0)
+                          dtype=a.dtype, max_batch=a.max_batch, max_seq_len=a.max_seq_len, step_timeout=120.0,
+                          engine_process=a.engine_process)
     srv = ServerThread(create_app(router))
     try:
         # the client runs in its own process: in this one it would share the GIL with the server and the engine
@@ -193,12 +201,12 @@ def main() -> None:
             for rnd in range(a.rounds):
                 before = router.stats()
                 graphs_before = _graphs(router)
-                cpu_before = _thread_cpu()
+                cpu_before = _thread_cpu(router)
                 t0, t0m = time.perf_counter(), time.monotonic()
                 res = _fire(pool, a.clients, srv.url, a.model, a.requests, a.max_tokens,
                             load_config(a.model).vocab_size, rnd, a.stream)
                 wall = time.perf_counter() - t0
-                cpu = {k: round(v - cpu_before.get(k, 0.0), 3) for k, v in _thread_cpu().items()}
+                cpu = {k: round(v - cpu_before.get(k, 0.0), 3) for k, v in _thread_cpu(router).items()}
                 idle = _idle_in(router, t0m, t0m + wall)
                 if rnd + 1 < a.rounds:
                     earlier.append({"wall_s": wall, "tokens": sum(r.get("tokens", 0) for r in res if r["ok"]),
@@ -238,7 +246,8 @@ def main() -> None:
                "rounds": a.rounds, "earlier_rounds": earlier,
                "first_errors": [r for r in res if not r["ok"]][:3], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                "machine": _machine(), "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
-               "max_tokens": a.max_tokens, "max_seq_len": a.max_seq_len, "clients": a.clients, "stream": a.stream}
+               "max_tokens": a.max_tokens, "max_seq_len": a.max_seq_len, "clients": a.clients, "stream": a.stream,
+               "engine_process": a.engine_process}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "load_test.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -250,8 +259,8 @@ def main() -> None:
             big = sorted(st, key=lambda x: -x[1])[:4]
             print(f"  engine idle in the window ({name}): {len(st)} stretches, {sum(d for _, d in st):.0f} ms; "
                   "longest at +ms (ms): " + ", ".join(f"{a:.0f} ({d:.0f})" for a, d in big))
-    print("  CPU seconds of this process's threads in the window (they share one GIL): " +
-          ", ".join(f"{k} {v}" for k, v in sorted(cpu.items(), key=lambda x: -x[1])[:6]))
+    print("  CPU seconds of the threads in the window (those of one process share a GIL; an engine process's as "
+          "<replica>/<thread>): " + ", ".join(f"{k} {v}" for k, v in sorted(cpu.items(), key=lambda x: -x[1])[:8]))
     for name, g in graphs.items():
         if g:
             print(f"  CUDA graphs captured during the load ({name}): " + ", ".join(f"{k} {v}" for k, v in g.items()))

@@ -26,11 +26,16 @@ OutputCallback = Callable[[RequestOutput], None]
 
 
 class EngineLoop:
-    def __init__(self, engine: LLMEngine, name: str = "engine", health_interval: float | None = 5.0):
+    def __init__(self, engine: LLMEngine, name: str = "engine", health_interval: float | None = 5.0,
+                 on_delivered: Callable[[], None] | None = None):
+        """on_delivered: called on the loop thread after each round of outputs went to their callbacks (a step's,
+        an abort's, a health check's, a failed step's before its rebuild): engine_process sends them on as one
+        message there."""
         self.engine = engine
         self.name = name
         self.health_interval = health_interval
-        engine.on_failed_outputs = lambda outs: [self._deliver(o) for o in outs]   # before a slow rebuild
+        self._on_delivered = on_delivered
+        engine.on_failed_outputs = self._deliver_all   # before a slow rebuild
         self._cmds: queue.Queue = queue.Queue()
         self._callbacks: dict[str, OutputCallback] = {}
         self._outstanding = 0           # submitted and not finished (read by the router without a lock)
@@ -96,6 +101,12 @@ class EngineLoop:
         self._thread.join(timeout)
 
     # --- loop thread --------------------------------------------------------------------------------------
+    def _deliver_all(self, outs: list[RequestOutput]) -> None:
+        for o in outs:
+            self._deliver(o)
+        if self._on_delivered is not None:
+            self._on_delivered()
+
     def _deliver(self, out: RequestOutput) -> None:
         cb = self._callbacks.get(out.request_id)
         if out.finished:
@@ -115,9 +126,7 @@ class EngineLoop:
             try:
                 self.engine.add_request(ids, params, request_id=rid, prompt=prompt, stream=stream)
             except Exception as e:  # e.g. the engine died after submit validated: finish it with the error
-                from .request import RequestMetrics
-                self._deliver(RequestOutput(rid, prompt, ids, [], None, [], None, True, "error", str(e),
-                                            RequestMetrics(time.monotonic(), None, time.monotonic(), len(ids), 0)))
+                self._deliver(RequestOutput.failed(rid, prompt, ids, str(e)))
         elif cmd[0] == "abort":
             out = self.engine.abort(cmd[1])
             if out is not None:
@@ -169,12 +178,12 @@ class EngineLoop:
                     outs = self.engine._on_failure(e)
                 t2 = pc()
                 tm["loop_step_s"] += t2 - t1
-                for out in outs:
-                    self._deliver(out)
+                self._deliver_all(outs)
                 tm["loop_deliver_s"] += pc() - t2
                 last_health = time.monotonic()
             elif self.health_interval and time.monotonic() - last_health > self.health_interval:
                 last_health = time.monotonic()
-                for out in self.engine.check_health():
-                    self._deliver(out)
+                self._deliver_all(self.engine.check_health())
                 tm["loop_health_s"] += pc() - t1
+            elif cmd is not None and self._on_delivered is not None:   # (an abort's output, or an add refused)
+                self._on_delivered()

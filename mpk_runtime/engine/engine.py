@@ -14,12 +14,13 @@ from ..runtime.base import KVSpec, SeqChunk
 from ..runtime.executor import Executor
 from .block_allocator import BlockAllocator
 from .bursts import BurstsMixin
+from .checks import RequestChecks
 from .recovery import RecoveryMixin
 from .prefix_cache import PrefixCachingAllocator
-from .errors import InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError
+from .errors import InvalidRequestError, RequestFailedError
 from .request import Request, RequestOutput, Status
 from ..runtime.device_sampling import StepOutput
-from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, check_device_sampling, process_logits,
+from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, process_logits,
                        device_sampling_for, make_generator, request_seed, sample, token_logprobs)
 from .scheduler import Scheduler
 from .step_stats import new_step_stats
@@ -62,7 +63,7 @@ def check_max_num_batched_tokens(v) -> None:
         raise InvalidRequestError(f"max_num_batched_tokens must be None (automatic) or an int >= 1, got {v!r}")
 
 
-class LLMEngine(BurstsMixin, RecoveryMixin):
+class LLMEngine(BurstsMixin, RecoveryMixin, RequestChecks):
     def __init__(self, executor: Executor, kv_spec: KVSpec, vocab_size: int, tokenizer: LazyTokenizer | None = None,
                  seed: int = 0, max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
                  device_sampling: str = "auto", eos_ids: set[int] | frozenset = frozenset(), decode_steps: int = 1,
@@ -125,52 +126,7 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
                       "preemptions": 0, "recomputed_tokens": 0,
                       **new_step_stats()}        # where each step's time goes (step_stats.py; load_test prints it)
 
-    # --- admission ----------------------------------------------------------------------------------------
-    def tokenize(self, prompt: str) -> list[int]:
-        tok = self.tokenizer.get()
-        if tok is None:
-            raise NoTokenizerError("a text prompt needs a tokenizer, and this model has none: pass token ids "
-                                   "(list[int]) instead, or use a model directory that contains tokenizer files")
-        return list(tok.encode(prompt, add_special_tokens=True))
-
-    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
-        """Check a request before it is queued; returns its max total length (prompt + generated)."""
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise InvalidRequestError("the prompt is empty: give at least one token")
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"prompt token ids must be ints in [0, {self.vocab_size}); got e.g. {bad[:3]}")
-        check_device_sampling(params, self.device_sampling, self.full_sampling)
-        bad_stop = [t for t in params.stop_token_ids if t >= self.vocab_size]
-        if bad_stop:
-            raise InvalidRequestError(f"stop_token_ids must be < vocab size {self.vocab_size}; got {bad_stop}")
-        if params.stop and not self._has_tokenizer():
-            raise NoTokenizerError("stop strings need a tokenizer to turn the output into text, and this model has "
-                                   "none: use stop_token_ids, or a model directory that contains tokenizer files")
-        bad_bias = [t for t, _ in params.logit_bias or () if t >= self.vocab_size]
-        if bad_bias:
-            raise InvalidRequestError(f"logit_bias token ids must be < vocab size {self.vocab_size}; got {bad_bias[:5]}")
-        if params.logprobs is not None and params.logprobs > self.vocab_size:
-            raise InvalidRequestError(f"logprobs={params.logprobs} exceeds the vocabulary ({self.vocab_size} tokens)")
-        ctx = self.kv_spec.max_seq_len
-        if n >= ctx:
-            raise PromptTooLongError(f"the prompt has {n} tokens but the context holds {ctx} (prompt + generated); "
-                                     f"shorten it to at most {ctx - 1} tokens or create the LLM with a larger "
-                                     "max_seq_len")
-        max_total = ctx if params.max_tokens is None else min(ctx, n + params.max_tokens)
-        pages = self.allocator.pages_for(max(1, max_total - 1))
-        if pages > self.kv_spec.num_pages:
-            raise PromptTooLongError(f"the request needs {pages} KV pages (prompt {n} + up to "
-                                     f"{max_total - n} generated tokens) but the cache has only "
-                                     f"{self.kv_spec.num_pages}; "
-                                     + ("lower max_tokens, or " if params.max_tokens is not None else
-                                        "set max_tokens, or ")
-                                     + f"create the LLM with num_pages >= {pages}")
-        return max_total
-
+    # --- admission (validate / tokenize: checks.RequestChecks) -------------------------------------------
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str | None = None,
                     prompt: str | None = None, stream: bool = True) -> str:
         """Queue a request; its id. stream=False: step() reports it only when it finishes (its last output's delta
@@ -405,9 +361,6 @@ class LLMEngine(BurstsMixin, RecoveryMixin):
         if not hasattr(self, "_eos_cache"):
             self._eos_cache = (self.tokenizer.eos_token_ids() if self.tokenizer.available else set()) | self.model_eos
         return self._eos_cache
-
-    def _has_tokenizer(self) -> bool:
-        return self.tokenizer.available and self.tokenizer.get() is not None
 
     def _detokenize(self, r: Request, final: bool) -> bool:
         """Update r.text from the output tokens (detokenize.py: the new token's text from a window of the last few);

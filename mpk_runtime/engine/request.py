@@ -61,6 +61,13 @@ class RequestOutput:
     logprobs: list[dict[int, float]] | None = None
     num_cached_tokens: int = 0          # prompt tokens taken from the prefix cache (not computed for this request)
 
+    @classmethod
+    def failed(cls, request_id: str, prompt: str | None, prompt_token_ids: list[int], error: str) -> "RequestOutput":
+        """The end of a request that never ran (its engine died, or refused it after it was queued)."""
+        now = time.monotonic()
+        return cls(request_id, prompt, list(prompt_token_ids), [], None, [], None, True, "error", error,
+                   RequestMetrics(now, None, now, len(prompt_token_ids), 0))
+
     def to_dict(self) -> dict:
         d = {"request_id": self.request_id, "prompt": self.prompt, "prompt_token_ids": self.prompt_token_ids,
              "token_ids": self.token_ids, "text": self.text, "finished": self.finished,

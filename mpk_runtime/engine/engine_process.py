@@ -1,0 +1,465 @@
+"""`EngineProcess`: an `LLM` and the `EngineLoop` that drives it, in a child process of their own, behind the caller
+side of `EngineLoop` (`submit`, `abort`, `call`, `stats`, `load`, `alive`, `idle_log`, `shutdown`, `engine`).
+
+Why: in one process the HTTP handlers and the engine loop share one GIL, and every CUDA call the loop makes lets
+go of it; getting it back while a handler runs Python costs up to the switch interval (5 ms). Session 65 measured
+an admission step of 64 prompts at ~30 ms in the server against ~7 ms alone (docs/serving.md). Here the engine's
+threads share a GIL only with the pipe reader of their own process.
+
+    proc = EngineProcess("llama-3.2-1b", name="replica-0", backend="megakernel", max_batch=64)
+    proc.submit(ids, SamplingParams(max_tokens=16), on_output=print)
+
+The wire: two one-way pipes (multiprocessing.connection). Parent -> child: ("add", id, prompt ids, params, prompt
+text, stream), ("abort", id), ("call", call id, fn), ("rpc", call id, name), ("shutdown",). Child -> parent:
+("ready", spec) or ("failed", exception) once, then ("out", [RequestOutput, ...]) one message for each round of
+outputs (an engine step's), ("dead", reason) when the engine's state changes, ("reply", call id, ok, value).
+The parent validates and tokenises locally (`EngineView`, from the spec the child declares), so a bad request is
+refused before it is queued, as in process. A child that exits fails its outstanding requests with an error
+output and is started again (up to `max_restarts` times); `call(fn)` takes picklable functions only (module-level
+functions or methods named by their class, e.g. `LLMEngine.reset_prefix_cache`, never a lambda).
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import concurrent.futures as cf
+import itertools
+import logging
+import multiprocessing.connection as mpc
+import os
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+from .checks import RequestChecks
+from .errors import RequestFailedError
+from .prefix_cache import block_key
+from .request import RequestOutput
+from .sampling import SamplingParams
+from .tokenizer import LazyTokenizer
+
+log = logging.getLogger(__name__)
+OutputCallback = Callable[[RequestOutput], None]
+_LIVE: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
+
+
+# --- what the parent knows of the child's engine ---------------------------------------------------------------
+class _PrefixShadow:
+    """The pages this parent sent to one engine process, by content key, newest last (at most the engine's page
+    count): a router's estimate of what that engine's prefix cache holds, without a round trip per request.
+    `pages_for` as BlockAllocator's (RequestChecks uses it)."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        self.num_pages, self.page_size = num_pages, page_size
+        self._keys: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def _chain(self, tokens, stop_at_miss: bool) -> list[bytes]:
+        ps, keys = self.page_size, []
+        for i in range((len(tokens) - 1) // ps):
+            k = block_key(keys[-1] if keys else b"", tokens[i * ps:(i + 1) * ps])
+            if stop_at_miss and k not in self._keys:
+                break
+            keys.append(k)
+        return keys
+
+    def match(self, tokens) -> tuple[list[bytes], list[bytes]]:
+        """(the keys of tokens' leading full pages this engine was sent, the same keys): the shape of
+        PrefixCachingAllocator.match's answer, whose first item's length is all a router reads."""
+        with self._lock:
+            keys = self._chain(tokens, True)
+        return keys, keys
+
+    def note(self, tokens) -> None:
+        keys = self._chain(tokens, False)
+        with self._lock:
+            for k in keys:
+                self._keys[k] = None
+                self._keys.move_to_end(k)
+            while len(self._keys) > self.num_pages:
+                self._keys.popitem(last=False)
+
+
+class EngineView(RequestChecks):
+    """The parent's stand-in for the child's `LLMEngine` where the server and router read one: validate,
+    tokenize, tokenizer, kv_spec, vocab_size, prefix_caching, dead, allocator (a `_PrefixShadow`)."""
+
+    def __init__(self, spec: dict, tokenizer_source, proc: "EngineProcess"):
+        self.kv_spec = spec["kv_spec"]
+        self.vocab_size = spec["vocab_size"]
+        self.device_sampling = spec["device_sampling"]
+        self.full_sampling = spec["full_sampling"]
+        self.prefix_caching = spec["prefix_caching"]
+        self.decode_steps = spec["decode_steps"]
+        self.tokenizer = LazyTokenizer(tokenizer_source)
+        self.allocator = _PrefixShadow(self.kv_spec.num_pages, self.kv_spec.page_size)
+        self._proc = proc
+
+    @property
+    def dead(self) -> str | None:
+        return self._proc.dead
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of each live thread of this process, by name (Linux; {} where the clock is missing)."""
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        try:
+            out[t.name] = out.get(t.name, 0.0) + time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except (AttributeError, OSError, TypeError):   # (a thread that just ended, or no such clock here)
+            pass
+    return out
+
+
+def workers_health(engine) -> list[dict]:
+    """Every worker's health report (the runner's graph counts among it): a picklable `call` for either kind of
+    replica."""
+    return engine.executor.collective_rpc("health", timeout=30)
+
+
+# --- the parent's side ----------------------------------------------------------------------------------------
+class EngineProcess:
+    def __init__(self, model: str, name: str = "engine", health_interval: float | None = 5.0,
+                 max_restarts: int = 2, rpc_timeout: float = 30.0, **llm_kwargs: Any):
+        """Start the child and wait until its `LLM(model, **llm_kwargs)` is built; its construction error (an
+        unknown model, a bad argument, no GPU) is raised here, as LLM's own. max_restarts: times a child that
+        exited is started again (its requests fail; later ones run on the new one)."""
+        self.name = name
+        self.max_restarts = max_restarts
+        self.rpc_timeout = rpc_timeout
+        self.restarts = 0
+        self._args = (model, dict(llm_kwargs), health_interval)
+        tok = llm_kwargs.get("tokenizer")
+        self._tokenizer_source = tok if tok is not None else model
+        self._lock = threading.Lock()        # the request table and the counters
+        self._send_lock = threading.Lock()   # one writer at a time on the pipe
+        self._calls = itertools.count()
+        self._callbacks: dict[str, tuple[OutputCallback, str | None, list[int]]] = {}
+        self._replies: dict[int, cf.Future] = {}
+        self._ids = 0
+        self._outstanding = 0
+        self._dead: str | None = None        # this replica is down (the child's engine, or the child itself)
+        self._stopping = False
+        self._last_stats: dict = {}
+        self._start()
+        _LIVE.add(self)
+
+    def _start(self) -> None:
+        """A fresh interpreter (not multiprocessing's spawn, which would run the caller's main script again in
+        the child), the pipes' ends passed by descriptor, the arguments as the first message."""
+        model, kw, health = self._args
+        rx, child_tx = mpc.Pipe(duplex=False)   # child -> parent
+        child_rx, tx = mpc.Pipe(duplex=False)   # parent -> child
+        fds = (child_rx.fileno(), child_tx.fileno())
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # (as spawn does)
+        proc = subprocess.Popen([sys.executable, "-c", f"import {__name__} as m; m._child_entry({fds[0]}, {fds[1]})"],
+                                pass_fds=fds, env=env)
+        child_rx.close()
+        child_tx.close()
+        try:
+            tx.send((self.name, model, kw, health))
+            while not rx.poll(0.5):
+                if proc.poll() is not None:
+                    raise RequestFailedError(f"the engine process of {self.name} exited with code {proc.returncode} "
+                                             "before its engine was built (see its log above)")
+            msg = rx.recv()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        if msg[0] == "failed":
+            proc.wait(30)
+            raise msg[1]
+        self.engine = EngineView(msg[1], self._tokenizer_source, self)
+        self._proc, self._rx, self._tx = proc, rx, tx
+        self._dead = None
+        self._reader = threading.Thread(target=self._read, name=f"mpk-{self.name}-rx", daemon=True)
+        self._reader.start()
+
+    # --- caller side (any thread), as EngineLoop's ---------------------------------------------------------
+    @property
+    def load(self) -> int:
+        return self._outstanding
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None and self._reader.is_alive()
+
+    @property
+    def dead(self) -> str | None:
+        return self._dead
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, on_output: OutputCallback,
+               prompt: str | None = None, request_id: str | None = None, stream: bool = True) -> str:
+        if self._dead or not self.alive:
+            raise RequestFailedError(f"replica {self.name} is down: {self._dead or 'its engine process exited'}")
+        self.engine.validate(prompt_token_ids, params)
+        ids = list(prompt_token_ids)
+        with self._lock:
+            self._ids += 1
+            rid = request_id or f"{self.name}-{self._ids}"
+            self._callbacks[rid] = (on_output, prompt, ids)
+            self._outstanding += 1
+        try:
+            self._send(("add", rid, ids, params, prompt, stream))
+        except (OSError, ValueError) as e:   # the child is gone: its reader fails the rest
+            with self._lock:
+                if self._callbacks.pop(rid, None) is not None:
+                    self._outstanding -= 1
+            raise RequestFailedError(f"replica {self.name} is down: {e}") from e
+        if self.engine.prefix_caching:
+            self.engine.allocator.note(ids)
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        try:
+            self._send(("abort", request_id))
+        except (OSError, ValueError):
+            pass   # the child is gone; its requests are failed by the reader
+
+    def call(self, fn: Callable[[Any], object]) -> cf.Future:
+        """fn(engine) on the child's engine loop between steps; its result (picklable) or error in the future."""
+        return self._request("call", fn)
+
+    def rpc(self, what: str, timeout: float | None = None):
+        """What the child's reader thread answers at once: "stats", "idle_log", "thread_cpu"."""
+        return self._request("rpc", what).result(timeout=timeout or self.rpc_timeout)
+
+    def stats(self) -> dict:
+        """The child's EngineLoop.stats(); the last ones seen, with `dead` set, when it cannot answer."""
+        if not self._dead and self.alive:
+            try:
+                self._last_stats = self.rpc("stats", timeout=10.0)
+                return self._last_stats
+            except Exception as e:   # noqa: BLE001 - a busy or dying child: report what is known
+                reason = f"the engine process of {self.name} did not answer stats: {e}"
+        else:
+            reason = self._dead or f"the engine process of {self.name} exited"
+        return {**self._last_stats, "dead": reason, "outstanding": self._outstanding}
+
+    @property
+    def idle_log(self) -> list:
+        """The child's EngineLoop.idle_log (time.monotonic() is one clock for every process of the machine)."""
+        try:
+            return self.rpc("idle_log")
+        except Exception:   # noqa: BLE001 - a diagnostic
+            return []
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        _LIVE.discard(self)
+        try:
+            self._send(("shutdown",))
+        except (OSError, ValueError):
+            pass
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(5)
+        self._reader.join(5)
+        self._tx.close()
+
+    # --- parent internals ------------------------------------------------------------------------------------
+    def _send(self, msg) -> None:
+        with self._send_lock:
+            self._tx.send(msg)
+
+    def _request(self, kind: str, arg) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        cid = next(self._calls)
+        self._replies[cid] = fut
+        try:
+            self._send((kind, cid, arg))
+        except Exception as e:   # noqa: BLE001 - not picklable (a lambda), or the child is gone
+            self._replies.pop(cid, None)
+            hint = ("; pass a module-level function or a method named by its class (not a lambda or a closure): it "
+                    "runs in the engine process" if not isinstance(e, OSError) else "")
+            fut.set_exception(RequestFailedError(f"{kind} to the engine process of {self.name} failed: {e}{hint}"))
+        return fut
+
+    def _read(self) -> None:
+        rx = self._rx
+        while True:
+            try:
+                msg = rx.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:   # noqa: BLE001 - a message that does not unpickle here: skip it, keep reading
+                log.exception("engine process %s sent a message this process cannot read", self.name)
+                continue
+            tag = msg[0]
+            if tag == "out":
+                self._dispatch(msg[1])
+            elif tag == "reply":
+                fut = self._replies.pop(msg[1], None)
+                if fut is not None:
+                    (fut.set_result if msg[2] else fut.set_exception)(msg[3])
+            elif tag == "dead":
+                self._dead = msg[1]
+        rx.close()
+        self._child_exited()
+
+    def _dispatch(self, outs: list[RequestOutput]) -> None:
+        for out in outs:
+            rid = out.request_id
+            if out.finished:
+                with self._lock:
+                    entry = self._callbacks.pop(rid, None)
+                    if entry is not None:
+                        self._outstanding -= 1
+            else:
+                entry = self._callbacks.get(rid)
+            if entry is not None:
+                try:
+                    entry[0](out)
+                except Exception:   # a consumer's bug must not stop the reader
+                    log.exception("output callback failed for %s", rid)
+
+    def _child_exited(self) -> None:
+        """The pipe closed: fail what the child held; start a new child unless this is a shutdown."""
+        try:
+            self._proc.wait(5)
+        except subprocess.TimeoutExpired:   # the pipe closed but the process lingers: it is no use any more
+            self._proc.kill()
+            self._proc.wait(5)
+        if self._stopping:
+            return
+        code = self._proc.returncode
+        reason = f"the engine process of {self.name} exited (code {code})"
+        log.error("%s; failing its %d requests", reason, len(self._callbacks))
+        self._dead = reason
+        with self._lock:
+            pending, self._callbacks, self._outstanding = self._callbacks, {}, 0
+            replies, self._replies = self._replies, {}
+        for rid, (cb, prompt, ids) in pending.items():
+            try:
+                cb(RequestOutput.failed(rid, prompt, ids, reason))
+            except Exception:   # noqa: BLE001
+                log.exception("output callback failed for %s", rid)
+        for fut in replies.values():
+            fut.set_exception(RequestFailedError(reason))
+        if self.restarts >= self.max_restarts:
+            self._dead = f"{reason}; not restarted (max_restarts={self.max_restarts})"
+            return
+        self.restarts += 1
+        self._dead = f"{reason}; restarting (restart {self.restarts} of {self.max_restarts})"
+        try:
+            self._start()
+            log.warning("engine process of %s restarted", self.name)
+        except Exception as e:   # noqa: BLE001
+            self._dead = f"{reason}; the restart failed: {e}"
+
+
+@atexit.register
+def _stop_children() -> None:
+    for p in list(_LIVE):
+        try:
+            p.shutdown(timeout=5.0)
+        except Exception:   # noqa: BLE001 - exiting anyway
+            pass
+
+
+# --- the child's side -----------------------------------------------------------------------------------------
+def _picklable_error(e: BaseException) -> BaseException:
+    import pickle
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:   # noqa: BLE001
+        return RuntimeError(f"{type(e).__name__}: {e}")
+
+
+def _child_entry(rx_fd: int, tx_fd: int) -> None:
+    """The child interpreter's start (a new process, never a fork: CUDA in a forked child is unsafe)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's: it shuts this process down
+    logging.basicConfig(level=logging.WARNING)
+    rx, tx = mpc.Connection(rx_fd, writable=False), mpc.Connection(tx_fd, readable=False)
+    try:
+        name, model, llm_kwargs, health_interval = rx.recv()
+    except (EOFError, OSError):
+        return
+    _child_main(rx, tx, name, model, llm_kwargs, health_interval)
+
+
+def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval: float | None) -> None:
+    from .async_engine import EngineLoop
+    from .llm import LLM
+
+    send_lock = threading.Lock()
+
+    def send(msg) -> None:
+        with send_lock:
+            tx.send(msg)
+
+    try:
+        llm = LLM(model, **llm_kwargs)
+    except BaseException as e:   # noqa: BLE001 - the parent raises it
+        send(("failed", _picklable_error(e)))
+        return
+    eng = llm.engine
+    send(("ready", {"kv_spec": eng.kv_spec, "vocab_size": eng.vocab_size, "device_sampling": eng.device_sampling,
+                    "full_sampling": eng.full_sampling, "prefix_caching": eng.prefix_caching,
+                    "decode_steps": eng.decode_steps}))
+    outbox: list[RequestOutput] = []   # filled and emptied on the loop thread only
+    told = [None]                      # the engine's dead reason the parent was last sent
+
+    def flush() -> None:
+        if outbox:
+            batch = outbox[:]
+            outbox.clear()
+            send(("out", batch))
+        if eng.dead != told[0]:
+            told[0] = eng.dead
+            send(("dead", eng.dead))
+
+    def reply(cid: int, fut: cf.Future) -> None:
+        e = fut.exception()
+        try:
+            send(("reply", cid, e is None, fut.result() if e is None else _picklable_error(e)))
+        except Exception as pe:   # noqa: BLE001 - a result that does not pickle
+            send(("reply", cid, False, RuntimeError(f"the call's result cannot cross to the parent: {pe}")))
+
+    loop = EngineLoop(eng, name=name, health_interval=health_interval, on_delivered=flush)
+    rpcs = {"stats": loop.stats, "idle_log": lambda: list(loop.idle_log), "thread_cpu": thread_cpu}
+    try:
+        while True:
+            try:
+                msg = rx.recv()
+            except (EOFError, OSError):   # the parent is gone
+                break
+            tag = msg[0]
+            if tag == "add":
+                _, rid, ids, params, prompt, stream = msg
+                try:
+                    loop.submit(ids, params, outbox.append, prompt=prompt, request_id=rid, stream=stream)
+                except Exception as e:   # noqa: BLE001 - the engine died after the parent validated
+                    send(("out", [RequestOutput.failed(rid, prompt, ids, str(e))]))
+            elif tag == "abort":
+                loop.abort(msg[1])
+            elif tag == "call":
+                loop.call(msg[2]).add_done_callback(lambda f, cid=msg[1]: reply(cid, f))
+            elif tag == "rpc":   # answered on this thread, between the loop's steps or during them
+                f: cf.Future = cf.Future()
+                try:
+                    f.set_result(rpcs[msg[2]]())
+                except Exception as e:   # noqa: BLE001 - (a KeyError: an rpc this child does not know)
+                    f.set_exception(e)
+                reply(msg[1], f)
+            elif tag == "shutdown":
+                break
+    finally:
+        loop.shutdown()
+        llm.shutdown()
+        tx.close()

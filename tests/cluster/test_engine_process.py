@@ -1,0 +1,142 @@
+"""Replicas whose engine runs in a child process (engine/engine_process.py): the same tokens as an in-process LLM
+through the HTTP server, bad input refused in the parent, errors that cross the pipe, a child killed mid-request."""
+import os
+import signal
+import threading
+
+import pytest
+
+from cluster.client import Client
+from cluster.router import build_router
+from cluster.server import ServerThread, create_app
+from mpk_runtime.engine import (LLM, InvalidRequestError, LLMEngine, PromptTooLongError, RequestFailedError,
+                                SamplingParams)
+from mpk_runtime.engine.engine_process import EngineProcess, _PrefixShadow
+from mpk_runtime.engine.errors import UnknownModelError
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+KW = dict(dtype="float32", max_seq_len=64, max_batch=8)
+
+
+@pytest.fixture(scope="module")
+def proc_server(demo_dir):
+    router = build_router(demo_dir, executor="inprocess", engine_process=True, health_interval=None,
+                          backend="torch", **KW)
+    srv = ServerThread(create_app(router))
+    yield srv, router
+    srv.stop()
+    router.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_llm(demo_dir):
+    with LLM(demo_dir, backend="torch", **KW) as llm:
+        yield llm
+
+
+def _wait_for(proc: EngineProcess, ids, params=GREEDY, timeout=60.0):
+    done, outs = threading.Event(), []
+
+    def cb(o):
+        outs.append(o)
+        if o.finished:
+            done.set()
+    proc.submit(ids, params, cb)
+    assert done.wait(timeout), "no final output"
+    return outs
+
+
+def test_http_through_engine_process_equals_llm(proc_server, local_llm):
+    prompts = [[1, 2, 3], "hello world", [40, 41, 42, 43]]
+    want = local_llm.generate(prompts, GREEDY, use_tqdm=False)
+    with Client(proc_server[0].url) as c:
+        got = c.generate(prompts, GREEDY)
+        parts = list(c.stream([[5, 6, 7]], GREEDY))
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert [o.text for o in got] == [o.text for o in want]
+    streamed = local_llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)[0]
+    assert [t for p in parts for t in p.delta_token_ids] == streamed.token_ids
+    rep = proc_server[1].replicas[0]
+    assert rep.llm is None and rep.loop.load == 0
+    st = proc_server[1].stats()["replica-0"]
+    assert st["dead"] is None and st["tokens_generated"] >= 4 * 8 and st["requests_finished"] >= 4
+    assert rep.loop.pid != os.getpid()
+    # the child's threads, by name: its engine loop among them
+    assert "mpk-replica-0" in rep.loop.rpc("thread_cpu")
+
+
+def test_parent_refuses_bad_requests_before_the_pipe(proc_server):
+    proc = proc_server[1].replicas[0].loop
+    sent = proc.load
+    with pytest.raises(PromptTooLongError, match="context holds 64"):
+        proc.submit(list(range(1, 70)), GREEDY, lambda o: None)
+    with pytest.raises(InvalidRequestError, match="prompt token ids must be ints"):
+        proc.submit([1, 10**9], GREEDY, lambda o: None)
+    assert proc.load == sent
+    with Client(proc_server[0].url) as c:   # through the server: a 400 with the parent's message
+        with pytest.raises(PromptTooLongError, match="context holds 64"):
+            c.generate([list(range(1, 70))], GREEDY)
+
+
+def test_calls_cross_the_process_and_lambdas_are_refused(proc_server):
+    proc = proc_server[1].replicas[0].loop
+    assert proc.call(LLMEngine.reset_prefix_cache).result(timeout=30) >= 0
+    with pytest.raises(RequestFailedError, match="module-level function"):
+        proc.call(lambda e: e.stats).result(timeout=30)
+    with pytest.raises(KeyError):
+        proc.rpc("no-such-rpc")
+
+
+def test_construction_errors_surface_in_the_parent():
+    with pytest.raises(UnknownModelError, match="unknown model 'no-such-model'"):
+        EngineProcess("no-such-model", name="bad")
+    with pytest.raises(InvalidRequestError, match="executor='inprocess'"):
+        build_router("tiny-llama", executor="ray", engine_process=True)
+
+
+def test_killed_child_fails_its_requests_and_restarts(demo_dir, local_llm):
+    proc = EngineProcess(demo_dir, name="k", health_interval=None, max_restarts=1, backend="torch", **KW)
+    try:
+        first = proc.pid
+        done, outs = threading.Event(), []
+
+        def cb(o):
+            outs.append(o)
+            if o.finished:
+                done.set()
+        long = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+        proc.submit([1, 2, 3], long, cb)
+        os.kill(first, signal.SIGKILL)
+        assert done.wait(60)
+        assert outs[-1].finish_reason == "error" and "exited" in outs[-1].error
+        # a new child took over: the next request runs there, with the same tokens as in process
+        for _ in range(600):
+            if proc.dead is None and proc.alive:
+                break
+            threading.Event().wait(0.1)
+        assert proc.pid != first and proc.restarts == 1
+        got = _wait_for(proc, [5, 6, 7])[-1]
+        assert got.token_ids == local_llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)[0].token_ids
+        # past max_restarts: down for good, and submit says so
+        os.kill(proc.pid, signal.SIGKILL)
+        for _ in range(600):
+            if proc.dead and "not restarted" in proc.dead:
+                break
+            threading.Event().wait(0.1)
+        with pytest.raises(RequestFailedError, match="not restarted"):
+            proc.submit([1, 2], GREEDY, lambda o: None)
+        assert proc.stats()["dead"]
+    finally:
+        proc.shutdown()
+
+
+def test_prefix_shadow_matches_what_was_sent_and_forgets_oldest():
+    sh = _PrefixShadow(num_pages=3, page_size=4)
+    a = list(range(1, 14))            # 3 full pages before the last token
+    assert sh.match(a)[0] == []
+    sh.note(a)
+    assert len(sh.match(a)[0]) == 3
+    assert len(sh.match(a[:8] + [99] * 5)[0]) == 2      # shares the first two pages
+    assert len(sh.match([7] + a[1:])[0]) == 0           # a different first page: no chain
+    sh.note([50 + i for i in range(9)])                 # 2 new pages: the 2 oldest go
+    assert len(sh.match(a)[0]) == 0 and sh.pages_for(9) == 3
