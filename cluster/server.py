@@ -395,16 +395,20 @@ def create_app(router: Router, served_model_name: str | None = None):
         pages = await asyncio.gather(*futs)
         return {"reset": bool(router.engine.prefix_caching), "cached_pages_dropped": sum(pages)}
 
+    async def _stats() -> dict:
+        # (off the event loop: a replica in an engine process answers through its pipe, and a busy one may be slow)
+        return await asyncio.get_running_loop().run_in_executor(None, router.stats)
+
     @app.get("/health")
     async def health():
-        stats = router.stats()
+        stats = await _stats()
         up = {k: not v["dead"] for k, v in stats.items()}
         body = {"status": "ok" if any(up.values()) else "down", "replicas": up}
         return JSONResponse(body, status_code=200 if any(up.values()) else 503)
 
     @app.get("/metrics")
     async def prom():
-        return PlainTextResponse(metrics.render(router.stats()), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(metrics.render(await _stats()), media_type="text/plain; version=0.0.4")
 
     return app
 

@@ -335,6 +335,7 @@ class EngineProcess:
             self._proc.wait(5)
         if self._stopping:
             return
+        self._tx.close()   # (a submit racing this one gets an OSError there: a RequestFailedError to its caller)
         code = self._proc.returncode
         reason = f"the engine process of {self.name} exited (code {code})"
         log.error("%s; failing its %d requests", reason, len(self._callbacks))
