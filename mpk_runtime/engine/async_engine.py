@@ -133,6 +133,8 @@ class EngineLoop:
                 self._deliver(out)
         elif cmd[0] == "call":
             _, fn, fut = cmd
+            if not fut.set_running_or_notify_cancel():   # the caller cancelled it (a timeout): do not run it
+                return
             try:
                 fut.set_result(fn(self.engine))
             except Exception as e:   # the caller's to handle

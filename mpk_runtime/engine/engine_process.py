@@ -23,10 +23,12 @@ from __future__ import annotations
 import atexit
 import collections
 import concurrent.futures as cf
+import functools
 import itertools
 import logging
 import multiprocessing.connection as mpc
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -35,7 +37,7 @@ import weakref
 from typing import Any, Callable
 
 from .checks import RequestChecks
-from .errors import RequestFailedError
+from .errors import InvalidRequestError, RequestFailedError
 from .prefix_cache import block_key
 from .request import RequestOutput
 from .sampling import SamplingParams
@@ -126,13 +128,15 @@ def workers_health(engine) -> list[dict]:
 # --- the parent's side ----------------------------------------------------------------------------------------
 class EngineProcess:
     def __init__(self, model: str, name: str = "engine", health_interval: float | None = 5.0,
-                 max_restarts: int = 2, rpc_timeout: float = 30.0, **llm_kwargs: Any):
+                 max_restarts: int = 2, rpc_timeout: float = 30.0, start_timeout: float = 1800.0, **llm_kwargs: Any):
         """Start the child and wait until its `LLM(model, **llm_kwargs)` is built; its construction error (an
         unknown model, a bad argument, no GPU) is raised here, as LLM's own. max_restarts: times a child that
-        exited is started again (its requests fail; later ones run on the new one)."""
+        exited is started again (its requests fail; later ones run on the new one). start_timeout: seconds a
+        child may take to build its engine (weights, kernels compiled on first use, graphs captured)."""
         self.name = name
         self.max_restarts = max_restarts
         self.rpc_timeout = rpc_timeout
+        self.start_timeout = start_timeout
         self.restarts = 0
         self._args = (model, dict(llm_kwargs), health_interval)
         tok = llm_kwargs.get("tokenizer")
@@ -146,6 +150,7 @@ class EngineProcess:
         self._outstanding = 0
         self._dead: str | None = None        # this replica is down (the child's engine, or the child itself)
         self._stopping = False
+        self._starting: subprocess.Popen | None = None   # a child being built (shutdown kills it)
         self._last_stats: dict = {}
         self._start()
         _LIVE.add(self)
@@ -158,24 +163,36 @@ class EngineProcess:
         child_rx, tx = mpc.Pipe(duplex=False)   # parent -> child
         fds = (child_rx.fileno(), child_tx.fileno())
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # (as spawn does)
-        proc = subprocess.Popen([sys.executable, "-c", f"import {__name__} as m; m._child_entry({fds[0]}, {fds[1]})"],
-                                pass_fds=fds, env=env)
+        proc = self._starting = subprocess.Popen(
+            [sys.executable, "-c", f"import {__name__} as m; m._child_entry({fds[0]}, {fds[1]})"], pass_fds=fds, env=env)
         child_rx.close()
         child_tx.close()
+        deadline = time.monotonic() + self.start_timeout
         try:
             tx.send((self.name, model, kw, health))
             while not rx.poll(0.5):
                 if proc.poll() is not None:
                     raise RequestFailedError(f"the engine process of {self.name} exited with code {proc.returncode} "
                                              "before its engine was built (see its log above)")
+                if self._stopping:
+                    raise RequestFailedError(f"the engine process of {self.name} was shut down while it started")
+                if time.monotonic() > deadline:
+                    raise RequestFailedError(f"the engine process of {self.name} did not build its engine in "
+                                             f"{self.start_timeout:.0f} s (start_timeout)")
             msg = rx.recv()
+            if msg[0] == "failed":
+                proc.wait(30)
+                raise msg[1]
+            if self._stopping:
+                raise RequestFailedError(f"the engine process of {self.name} was shut down while it started")
         except BaseException:
             proc.kill()
             proc.wait()
+            rx.close()
+            tx.close()
             raise
-        if msg[0] == "failed":
-            proc.wait(30)
-            raise msg[1]
+        finally:
+            self._starting = None
         self.engine = EngineView(msg[1], self._tokenizer_source, self)
         self._proc, self._rx, self._tx = proc, rx, tx
         self._dead = None
@@ -210,13 +227,19 @@ class EngineProcess:
             rid = request_id or f"{self.name}-{self._ids}"
             self._callbacks[rid] = (on_output, prompt, ids)
             self._outstanding += 1
-        try:
-            self._send(("add", rid, ids, params, prompt, stream))
-        except (OSError, ValueError) as e:   # the child is gone: its reader fails the rest
+        try:   # (the request apart: the child answers a payload it cannot read with an error output, by id)
+            self._send(("add", rid, pickle.dumps((ids, params, prompt, stream), protocol=pickle.HIGHEST_PROTOCOL)))
+        except Exception as e:   # noqa: BLE001 - the child is gone (OSError), or params that do not pickle
             with self._lock:
-                if self._callbacks.pop(rid, None) is not None:
+                entry = self._callbacks.pop(rid, None)
+                if entry is not None:
                     self._outstanding -= 1
-            raise RequestFailedError(f"replica {self.name} is down: {e}") from e
+            if entry is None:   # the reader failed it already (the child exited meanwhile): that is its end
+                return rid
+            if isinstance(e, (OSError, ValueError)):
+                raise RequestFailedError(f"replica {self.name} is down: {e}") from e
+            raise InvalidRequestError(f"the request cannot cross to the engine process of {self.name}: {e} (pass "
+                                      "a SamplingParams of mpk_runtime, prompt token ids as ints)") from e
         if self.engine.prefix_caching:
             self.engine.allocator.note(ids)
         return rid
@@ -228,8 +251,23 @@ class EngineProcess:
             pass   # the child is gone; its requests are failed by the reader
 
     def call(self, fn: Callable[[Any], object]) -> cf.Future:
-        """fn(engine) on the child's engine loop between steps; its result (picklable) or error in the future."""
-        return self._request("call", fn)
+        """fn(engine) on the child's engine loop between steps; its result (picklable) or error in the future,
+        after every output the child delivered before it (as EngineLoop.call's)."""
+        if getattr(fn, "__module__", None) == "__main__":
+            fut: cf.Future = cf.Future()
+            fut.set_exception(RequestFailedError(
+                f"call({getattr(fn, '__qualname__', fn)}) runs in the engine process, which cannot import this "
+                "program's __main__: define the function in an importable module"))
+            return fut
+        try:
+            payload = pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:   # noqa: BLE001 - a lambda, a closure
+            fut = cf.Future()
+            fut.set_exception(RequestFailedError(
+                f"call() to the engine process of {self.name} failed: {e}; pass a module-level function or a method "
+                "named by its class (not a lambda or a closure): it runs in the engine process"))
+            return fut
+        return self._request("call", payload)
 
     def rpc(self, what: str, timeout: float | None = None):
         """What the child's reader thread answers at once: "stats", "idle_log", "thread_cpu"."""
@@ -258,6 +296,9 @@ class EngineProcess:
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopping = True
         _LIVE.discard(self)
+        starting = self._starting
+        if starting is not None:   # a restart in progress: its child goes too (_start sees _stopping)
+            starting.kill()
         try:
             self._send(("shutdown",))
         except (OSError, ValueError):
@@ -268,7 +309,8 @@ class EngineProcess:
             self._proc.kill()
             self._proc.wait(5)
         self._reader.join(5)
-        self._tx.close()
+        with self._send_lock:
+            self._tx.close()
 
     # --- parent internals ------------------------------------------------------------------------------------
     def _send(self, msg) -> None:
@@ -281,34 +323,37 @@ class EngineProcess:
         self._replies[cid] = fut
         try:
             self._send((kind, cid, arg))
-        except Exception as e:   # noqa: BLE001 - not picklable (a lambda), or the child is gone
-            self._replies.pop(cid, None)
-            hint = ("; pass a module-level function or a method named by its class (not a lambda or a closure): it "
-                    "runs in the engine process" if not isinstance(e, OSError) else "")
-            fut.set_exception(RequestFailedError(f"{kind} to the engine process of {self.name} failed: {e}{hint}"))
+        except Exception as e:   # noqa: BLE001 - the child is gone
+            if self._replies.pop(cid, None) is not None:
+                fut.set_exception(RequestFailedError(f"{kind} to the engine process of {self.name} failed: {e}"))
         return fut
 
     def _read(self) -> None:
         rx = self._rx
-        while True:
-            try:
-                msg = rx.recv()
-            except (EOFError, OSError):
-                break
-            except Exception:   # noqa: BLE001 - a message that does not unpickle here: skip it, keep reading
-                log.exception("engine process %s sent a message this process cannot read", self.name)
-                continue
-            tag = msg[0]
-            if tag == "out":
-                self._dispatch(msg[1])
-            elif tag == "reply":
-                fut = self._replies.pop(msg[1], None)
-                if fut is not None:
-                    (fut.set_result if msg[2] else fut.set_exception)(msg[3])
-            elif tag == "dead":
-                self._dead = msg[1]
-        rx.close()
-        self._child_exited()
+        try:
+            while True:
+                try:
+                    msg = rx.recv()
+                except (EOFError, OSError):
+                    break
+                try:
+                    self._handle(msg)
+                except Exception:   # noqa: BLE001 - a message that does not unpickle or apply: skip it, keep reading
+                    log.exception("engine process %s: a message this process cannot apply", self.name)
+        finally:
+            rx.close()
+            self._child_exited()
+
+    def _handle(self, msg) -> None:
+        tag = msg[0]
+        if tag == "out":
+            self._dispatch(msg[1])
+        elif tag == "reply":
+            fut = self._replies.pop(msg[1], None)
+            if fut is not None and fut.set_running_or_notify_cancel():   # (a caller may have cancelled it)
+                (fut.set_result if msg[2] else fut.set_exception)(msg[3])
+        elif tag == "dead":
+            self._dead = msg[1]
 
     def _dispatch(self, outs: list[RequestOutput]) -> None:
         for out in outs:
@@ -335,7 +380,8 @@ class EngineProcess:
             self._proc.wait(5)
         if self._stopping:
             return
-        self._tx.close()   # (a submit racing this one gets an OSError there: a RequestFailedError to its caller)
+        with self._send_lock:   # (a submit racing this one gets an OSError there: a RequestFailedError to its caller)
+            self._tx.close()
         code = self._proc.returncode
         reason = f"the engine process of {self.name} exited (code {code})"
         log.error("%s; failing its %d requests", reason, len(self._callbacks))
@@ -349,7 +395,8 @@ class EngineProcess:
             except Exception:   # noqa: BLE001
                 log.exception("output callback failed for %s", rid)
         for fut in replies.values():
-            fut.set_exception(RequestFailedError(reason))
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(RequestFailedError(reason))
         if self.restarts >= self.max_restarts:
             self._dead = f"{reason}; not restarted (max_restarts={self.max_restarts})"
             return
@@ -359,7 +406,8 @@ class EngineProcess:
             self._start()
             log.warning("engine process of %s restarted", self.name)
         except Exception as e:   # noqa: BLE001
-            self._dead = f"{reason}; the restart failed: {e}"
+            self._dead = f"{reason}; " + ("shut down during its restart" if self._stopping else
+                                          f"the restart failed: {type(e).__name__}: {e}")
 
 
 @atexit.register
@@ -425,12 +473,20 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
             told[0] = eng.dead
             send(("dead", eng.dead))
 
-    def reply(cid: int, fut: cf.Future) -> None:
-        e = fut.exception()
+    def reply(cid: int, ok: bool, value) -> None:
         try:
-            send(("reply", cid, e is None, fut.result() if e is None else _picklable_error(e)))
+            send(("reply", cid, ok, value if ok else _picklable_error(value)))
         except Exception as pe:   # noqa: BLE001 - a result that does not pickle
             send(("reply", cid, False, RuntimeError(f"the call's result cannot cross to the parent: {pe}")))
+
+    def run_call(engine, payload: bytes, cid: int) -> None:
+        """On the loop thread: fn(engine), then the outputs delivered before it, then its reply (that order)."""
+        try:
+            ok, value = True, pickle.loads(payload)(engine)
+        except Exception as e:   # noqa: BLE001 - the caller's to handle (a function this child cannot import too)
+            ok, value = False, e
+        flush()
+        reply(cid, ok, value)
 
     loop = EngineLoop(eng, name=name, health_interval=health_interval, on_delivered=flush)
     rpcs = {"stats": loop.stats, "idle_log": lambda: list(loop.idle_log), "thread_cpu": thread_cpu}
@@ -440,9 +496,18 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
                 msg = rx.recv()
             except (EOFError, OSError):   # the parent is gone
                 break
+            except Exception:   # noqa: BLE001 - a message that does not unpickle here: skip it, keep serving
+                log.exception("engine process %s: a message from the parent it cannot read", name)
+                continue
             tag = msg[0]
             if tag == "add":
-                _, rid, ids, params, prompt, stream = msg
+                rid = msg[1]
+                try:
+                    ids, params, prompt, stream = pickle.loads(msg[2])
+                except Exception as e:   # noqa: BLE001 - e.g. a SamplingParams subclass this child cannot import
+                    send(("out", [RequestOutput.failed(rid, None, [], f"the request cannot be read in the engine "
+                                                       f"process: {e}")]))
+                    continue
                 try:
                     loop.submit(ids, params, outbox.append, prompt=prompt, request_id=rid, stream=stream)
                 except Exception as e:   # noqa: BLE001 - the engine died after the parent validated
@@ -450,14 +515,13 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
             elif tag == "abort":
                 loop.abort(msg[1])
             elif tag == "call":
-                loop.call(msg[2]).add_done_callback(lambda f, cid=msg[1]: reply(cid, f))
+                loop.call(functools.partial(run_call, payload=msg[2], cid=msg[1]))
             elif tag == "rpc":   # answered on this thread, between the loop's steps or during them
-                f: cf.Future = cf.Future()
                 try:
-                    f.set_result(rpcs[msg[2]]())
+                    ok, value = True, rpcs[msg[2]]()
                 except Exception as e:   # noqa: BLE001 - (a KeyError: an rpc this child does not know)
-                    f.set_exception(e)
-                reply(msg[1], f)
+                    ok, value = False, e
+                reply(msg[1], ok, value)
             elif tag == "shutdown":
                 break
     finally:

@@ -87,6 +87,64 @@ def test_calls_cross_the_process_and_lambdas_are_refused(proc_server):
         proc.rpc("no-such-rpc")
 
 
+def _grow(engine):   # a call that needs the loop thread (module level: it crosses the pipe)
+    return engine.stats["steps"]
+
+
+def test_cancelled_call_leaves_the_replica_serving(proc_server):
+    """A caller that gave up on a call (asyncio.wait_for's timeout cancels the future) must not take the reader
+    thread down with it, in process or out."""
+    from mpk_runtime.engine.async_engine import EngineLoop
+    proc = proc_server[1].replicas[0].loop
+    fut = proc.call(_grow)
+    fut.cancel()
+    assert _wait_for(proc, [1, 2, 3])[-1].finish_reason == "length" and proc.alive and proc.dead is None
+    assert proc.call(_grow).result(timeout=30) >= 1
+    llm = LLM("tiny-llama", **KW)
+    loop = EngineLoop(llm.engine, name="c", health_interval=None)
+    try:
+        loop._cmds.put(("call", _grow, _cancelled()))
+        assert loop.call(_grow).result(timeout=30) == 0 and loop.alive
+    finally:
+        loop.shutdown()
+        llm.shutdown()
+
+
+def _cancelled():
+    import concurrent.futures as cf
+    f = cf.Future()
+    f.cancel()
+    return f
+
+
+def test_what_cannot_cross_the_pipe_is_refused_in_the_parent(proc_server):
+    proc = proc_server[1].replicas[0].loop
+
+    def from_main(engine):
+        return 0
+    from_main.__module__ = "__main__"   # (as a script's function would be: the child cannot import it)
+    with pytest.raises(RequestFailedError, match="cannot import this program's __main__"):
+        proc.call(from_main).result(timeout=30)
+
+    class LocalParams(SamplingParams):   # a local class does not pickle
+        pass
+    load = proc.load
+    with pytest.raises(InvalidRequestError, match="cannot cross to the engine process"):
+        proc.submit([1, 2, 3], LocalParams(temperature=0, max_tokens=4), lambda o: None)
+    assert proc.load == load and proc.alive
+
+
+def test_call_answers_after_the_outputs_before_it(proc_server):
+    """abort(); call(fn).result() is a barrier, as in process: the aborted request's end arrived first."""
+    proc = proc_server[1].replicas[0].loop
+    seen = []
+    rid = proc.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True),
+                      lambda o: seen.append(o.finish_reason) if o.finished else None)
+    proc.abort(rid)
+    proc.call(_grow).result(timeout=30)
+    assert seen and seen[-1] in ("abort", "length")
+
+
 def test_construction_errors_surface_in_the_parent():
     with pytest.raises(UnknownModelError, match="unknown model 'no-such-model'"):
         EngineProcess("no-such-model", name="bad")
