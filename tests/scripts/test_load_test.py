@@ -44,7 +44,7 @@ def test_load_test_writes_time_breakdown(tmp_path):
     # the threads that share the server's GIL, by name: the HTTP server's and the replica's engine loop ran in it
     cpu = d["thread_cpu_s"]
     assert cpu["mpk-http"] > 0 and cpu["mpk-replica-0"] > 0 and all(v >= 0 for v in cpu.values())
-    assert "CPU seconds of this process's threads" in out
+    assert "CPU seconds of the threads in the window" in out
     assert d["engine_events"] == {"preemptions": 0, "recomputed_tokens": 0, "prefix_cache_hit_tokens": 0,
                                   "requests_failed": 0}
     b = d["time_breakdown"]
@@ -85,3 +85,14 @@ def test_load_test_refuses_bad_counts(flag, word):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "load_test.py"), flag, "0"],
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and word in r.stderr
+
+
+def test_load_test_engine_process(tmp_path):
+    """--engine-process: the same load through a replica whose engine runs in a child process; that child's
+    threads are reported by name under the replica's, the HTTP thread under its own."""
+    out, d = _load_test(tmp_path, 6, 5, "--engine-process")
+    assert d["engine_process"] is True and d["succeeded"] == 6 and d["tokens"] == 30
+    cpu = d["thread_cpu_s"]
+    assert cpu["mpk-http"] > 0 and cpu["replica-0/mpk-replica-0"] > 0 and "mpk-replica-0" not in cpu
+    assert set(d["idle_stretches_ms"]) == {"replica-0"} and d["graphs_in_window"] == {"replica-0": {}}
+    assert d["time_breakdown"]["steps"] == d["engine_steps"] >= 5
