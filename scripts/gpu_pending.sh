@@ -551,12 +551,13 @@ elif [ "$MODE" = serve ]; then
 # up; session 63 ran one round). Needs the serve bundle (.cache/gbs: `SERVE=1 bash scripts/gpu_prepare.sh`, carry it).
 st "serve: HTTP load through the server, one GPU, in-process executor (load_test.py)"
 mkdir -p "$OUT/bench"
-# SERVE_PROC=1: each replica's engine in a process of its own (--engine-process, session 66)
+# each replica's engine in a process of its own (--engine-process, the default since session 66); SERVE_PROC=0: in the
+# server's process (--no-engine-process)
 for m in ${MODELS:-llama-3.2-1b qwen3-8b}; do   # SERVE_TAG: a suffix of the folder's and log's names; SERVE_STREAM=1: SSE
   OUT="$OUT/bench/serve_$m${SERVE_TAG:-}" timeout ${SERVE_LIM:-240} python3 scripts/load_test.py --model "$m" \
       --backend megakernel --requests ${SERVE_N:-256} --max-tokens ${SERVE_TOKENS:-128} --max-batch ${SERVE_BATCH:-64} \
       --max-seq-len ${SERVE_MSL:-256} --rounds ${SERVE_ROUNDS:-2} ${SERVE_STREAM:+--stream} \
-      ${SERVE_PROC:+--engine-process} > "$OUT/bench/serve_$m${SERVE_TAG:-}.log" 2>&1
+      $([ "${SERVE_PROC:-1}" = 0 ] && echo --no-engine-process) > "$OUT/bench/serve_$m${SERVE_TAG:-}.log" 2>&1
   grep -E '"(succeeded|errors|tokens_per_s|latency_p50_s|latency_p99_s|ttft_p50_s|ttft_p99_s|mean_batch_occupancy|machine)"|ms/step|^round|CUDA graphs|CPU seconds|engine (events|idle)|Error|error' \
       "$OUT/bench/serve_$m${SERVE_TAG:-}.log" | head -26
 done; snap

@@ -171,15 +171,18 @@ def main() -> None:
     ap.add_argument("--stream", action="store_true",
                     help="stream every response (server-sent events, as chat clients do): the server reports each "
                          "request after every step, so its HTTP thread works through the decode, not only at the end")
-    ap.add_argument("--engine-process", action="store_true",
-                    help="each replica's engine in a process of its own (the server's --engine-process): the HTTP "
-                         "thread then shares no GIL with the engine loop")
+    ap.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
+                    help="each replica's engine in a process of its own, as the server's --engine-process (default, "
+                         "as there: on with --executor inprocess); --no-engine-process: in this process, sharing "
+                         "the HTTP thread's GIL")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     if a.rounds < 1:
         raise SystemExit(f"--rounds must be >= 1, got {a.rounds}")
     if a.clients < 1:
         raise SystemExit(f"--clients must be >= 1, got {a.clients}")
+    if a.engine_process is None:
+        a.engine_process = a.executor == "inprocess"
     from cluster.router import build_router
     from mpk_runtime.engine.step_stats import breakdown, diff_stats, format_breakdown, sum_stats
     from cluster.server import ServerThread, create_app

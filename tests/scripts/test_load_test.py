@@ -27,7 +27,7 @@ def _load_test(tmp_path, requests: int, max_tokens: int, *extra: str):
 
 
 def test_load_test_writes_time_breakdown(tmp_path):
-    out, d = _load_test(tmp_path, 6, 5)
+    out, d = _load_test(tmp_path, 6, 5, "--no-engine-process")   # (the replica in this process: its threads here)
     assert "where the time went:" in out and "execute ms/step:" in out
     assert d["succeeded"] == 6 and d["tokens"] == 30
     # the result file names what it ran on and with (benchmarks' results carry machine, date, commit)
@@ -88,9 +88,10 @@ def test_load_test_refuses_bad_counts(flag, word):
 
 
 def test_load_test_engine_process(tmp_path):
-    """--engine-process: the same load through a replica whose engine runs in a child process; that child's
-    threads are reported by name under the replica's, the HTTP thread under its own."""
-    out, d = _load_test(tmp_path, 6, 5, "--engine-process")
+    """The default (--engine-process with the in-process executor): the same load through a replica whose engine
+    runs in a child process; that child's threads are reported by name under the replica's, the HTTP thread under
+    its own."""
+    out, d = _load_test(tmp_path, 6, 5)
     assert d["engine_process"] is True and d["succeeded"] == 6 and d["tokens"] == 30
     cpu = d["thread_cpu_s"]
     assert cpu["mpk-http"] > 0 and cpu["replica-0/mpk-replica-0"] > 0 and "mpk-replica-0" not in cpu
