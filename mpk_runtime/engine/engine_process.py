@@ -39,7 +39,7 @@ from typing import Any, Callable
 from .checks import RequestChecks
 from .errors import InvalidRequestError, RequestFailedError
 from .prefix_cache import block_key
-from .request import RequestOutput
+from .request import RequestMetrics, RequestOutput
 from .sampling import SamplingParams
 from .tokenizer import LazyTokenizer
 
@@ -125,6 +125,49 @@ def workers_health(engine) -> list[dict]:
     return engine.executor.collective_rpc("health", timeout=30)
 
 
+# --- outputs on the wire --------------------------------------------------------------------------------------
+# A RequestOutput carries every token so far, the prompt and a metrics object; pickled whole, 64 streamed outputs
+# were ~18 KB and most of a step's delivery in the child (session 66: 1.07 ms a step of the streaming load's loop).
+# On the wire an output is a tuple of what the parent does not know yet: the tokens (and logprobs) past those it was
+# sent, the text, the delta, the ending and the metrics' times; the parent keeps the prompt and the tokens so far
+# (_Pending) and rebuilds the same RequestOutput.
+def _pack(o: RequestOutput, sent: dict[str, tuple[int, int]]) -> tuple:
+    """o in its wire form; sent: request id -> (tokens, logprobs) the parent has of it (the loop thread's own)."""
+    n, m = sent.pop(o.request_id, (0, 0)) if o.finished else sent.get(o.request_id, (0, 0))
+    toks, lps = o.token_ids, o.logprobs
+    reset = len(toks) < n or (lps is not None and len(lps) < m)   # (never seen: a snapshot shorter than the last)
+    if reset:
+        n = m = 0
+    if not o.finished:
+        sent[o.request_id] = (len(toks), 0 if lps is None else len(lps))
+    new = toks[n:]
+    mt = o.metrics
+    return (o.request_id, reset, new, None if o.delta_token_ids == new else o.delta_token_ids, o.text, o.finished,
+            o.delta_text, o.finish_reason, o.error, (mt.arrival_time, mt.first_token_time, mt.finish_time),
+            None if lps is None else lps[m:], o.num_cached_tokens)
+
+
+class _Pending:
+    """A request the parent sent and has not seen finish: its callback, its prompt, its tokens so far."""
+    __slots__ = ("on_output", "prompt", "prompt_token_ids", "tokens", "logprobs")
+
+    def __init__(self, on_output: OutputCallback, prompt: str | None, prompt_token_ids: list[int]):
+        self.on_output, self.prompt, self.prompt_token_ids = on_output, prompt, prompt_token_ids
+        self.tokens: list[int] = []
+        self.logprobs: list | None = None
+
+    def unpack(self, rid: str, it: tuple) -> RequestOutput:
+        _, reset, new, delta, text, finished, delta_text, reason, error, times, lps, cached = it
+        toks = (new if reset else self.tokens + new)
+        self.tokens = toks
+        if lps is not None:
+            self.logprobs = lps if reset or self.logprobs is None else self.logprobs + lps
+        return RequestOutput(rid, self.prompt, self.prompt_token_ids, list(toks), text,
+                             new if delta is None else delta, delta_text, finished, reason, error,
+                             RequestMetrics(times[0], times[1], times[2], len(self.prompt_token_ids), len(toks)),
+                             None if self.logprobs is None else list(self.logprobs), cached)
+
+
 # --- the parent's side ----------------------------------------------------------------------------------------
 class EngineProcess:
     def __init__(self, model: str, name: str = "engine", health_interval: float | None = 5.0,
@@ -144,7 +187,7 @@ class EngineProcess:
         self._lock = threading.Lock()        # the request table and the counters
         self._send_lock = threading.Lock()   # one writer at a time on the pipe
         self._calls = itertools.count()
-        self._callbacks: dict[str, tuple[OutputCallback, str | None, list[int]]] = {}
+        self._callbacks: dict[str, _Pending] = {}
         self._replies: dict[int, cf.Future] = {}
         self._ids = 0
         self._outstanding = 0
@@ -225,7 +268,7 @@ class EngineProcess:
         with self._lock:
             self._ids += 1
             rid = request_id or f"{self.name}-{self._ids}"
-            self._callbacks[rid] = (on_output, prompt, ids)
+            self._callbacks[rid] = _Pending(on_output, prompt, ids)
             self._outstanding += 1
         try:   # (the request apart: the child answers a payload it cannot read with an error output, by id)
             self._send(("add", rid, pickle.dumps((ids, params, prompt, stream), protocol=pickle.HIGHEST_PROTOCOL)))
@@ -355,21 +398,29 @@ class EngineProcess:
         elif tag == "dead":
             self._dead = msg[1]
 
-    def _dispatch(self, outs: list[RequestOutput]) -> None:
-        for out in outs:
-            rid = out.request_id
-            if out.finished:
+    def _dispatch(self, items: list[tuple]) -> None:
+        """A step's outputs in their wire form (_pack): each rebuilt as the RequestOutput the child's engine made,
+        from what this side kept of the request, and handed to its callback."""
+        for it in items:
+            rid, finished = it[0], it[5]
+            if finished:
                 with self._lock:
                     entry = self._callbacks.pop(rid, None)
                     if entry is not None:
                         self._outstanding -= 1
             else:
                 entry = self._callbacks.get(rid)
-            if entry is not None:
-                try:
-                    entry[0](out)
-                except Exception:   # a consumer's bug must not stop the reader
-                    log.exception("output callback failed for %s", rid)
+            if entry is None:   # (a request failed here already: its child exited and this is a late output)
+                continue
+            try:
+                out = entry.unpack(rid, it)
+            except Exception:   # noqa: BLE001 - never leave the reader on a malformed item
+                log.exception("engine process %s: an output this process cannot read (%s)", self.name, rid)
+                continue
+            try:
+                entry.on_output(out)
+            except Exception:   # a consumer's bug must not stop the reader
+                log.exception("output callback failed for %s", rid)
 
     def _child_exited(self) -> None:
         """The pipe closed: fail what the child held; start a new child unless this is a shutdown."""
@@ -389,9 +440,9 @@ class EngineProcess:
         with self._lock:
             pending, self._callbacks, self._outstanding = self._callbacks, {}, 0
             replies, self._replies = self._replies, {}
-        for rid, (cb, prompt, ids) in pending.items():
+        for rid, p in pending.items():
             try:
-                cb(RequestOutput.failed(rid, prompt, ids, reason))
+                p.on_output(RequestOutput.failed(rid, p.prompt, p.prompt_token_ids, reason))
             except Exception:   # noqa: BLE001
                 log.exception("output callback failed for %s", rid)
         for fut in replies.values():
@@ -462,11 +513,12 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
                     "full_sampling": eng.full_sampling, "prefix_caching": eng.prefix_caching,
                     "decode_steps": eng.decode_steps}))
     outbox: list[RequestOutput] = []   # filled and emptied on the loop thread only
+    sent: dict[str, tuple[int, int]] = {}   # (_pack's: the loop thread's only)
     told = [None]                      # the engine's dead reason the parent was last sent
 
     def flush() -> None:
         if outbox:
-            batch = outbox[:]
+            batch = [_pack(o, sent) for o in outbox]
             outbox.clear()
             send(("out", batch))
         if eng.dead != told[0]:
@@ -505,13 +557,13 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
                 try:
                     ids, params, prompt, stream = pickle.loads(msg[2])
                 except Exception as e:   # noqa: BLE001 - e.g. a SamplingParams subclass this child cannot import
-                    send(("out", [RequestOutput.failed(rid, None, [], f"the request cannot be read in the engine "
-                                                       f"process: {e}")]))
+                    send(("out", [_pack(RequestOutput.failed(rid, None, [], "the request cannot be read in the "
+                                                             f"engine process: {e}"), {})]))
                     continue
                 try:
                     loop.submit(ids, params, outbox.append, prompt=prompt, request_id=rid, stream=stream)
                 except Exception as e:   # noqa: BLE001 - the engine died after the parent validated
-                    send(("out", [RequestOutput.failed(rid, prompt, ids, str(e))]))
+                    send(("out", [_pack(RequestOutput.failed(rid, prompt, ids, str(e)), {})]))
             elif tag == "abort":
                 loop.abort(msg[1])
             elif tag == "call":

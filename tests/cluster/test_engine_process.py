@@ -198,3 +198,27 @@ def test_prefix_shadow_matches_what_was_sent_and_forgets_oldest():
     assert len(sh.match([7] + a[1:])[0]) == 0           # a different first page: no chain
     sh.note([50 + i for i in range(9)])                 # 2 new pages: the 2 oldest go
     assert len(sh.match(a)[0]) == 0 and sh.pages_for(9) == 3
+
+
+def test_wire_form_rebuilds_every_output_exactly():
+    """_pack (child) -> _Pending.unpack (parent) gives back each RequestOutput the engine made, field for field:
+    streamed snapshots with logprobs and text, a stream=False request's one output, a failed request's."""
+    from mpk_runtime.engine.engine_process import _pack, _Pending
+    from mpk_runtime.engine.request import RequestOutput
+    llm = LLM("tiny-llama", **KW)
+    try:
+        sp = SamplingParams(temperature=0.8, seed=3, max_tokens=12, logprobs=2)
+        outs = list(llm.stream([[1, 2, 3], [4, 5, 6, 7]], sp))
+        eng = llm.engine
+        rid = eng.add_request([9, 8, 7], GREEDY, stream=False)
+        while eng.has_unfinished():
+            outs += [o for o in eng.step() if o.request_id == rid]
+    finally:
+        llm.shutdown()
+    outs.append(RequestOutput.failed("gone", None, [3, 4], "the engine process exited"))
+    assert sum(o.finished for o in outs) == 4 and any(o.logprobs for o in outs)
+    sent, pend = {}, {}
+    for o in outs:
+        p = pend.setdefault(o.request_id, _Pending(None, o.prompt, o.prompt_token_ids))
+        assert p.unpack(o.request_id, _pack(o, sent)) == o
+    assert sent == {}   # (forgotten at each request's end)
