@@ -96,6 +96,12 @@
 #    SERVE_LIM=70 MODELS=llama-3.2-1b SERVE_TAG=_$r bash scripts/gpu_run.sh serve; done; N=s_q T=125 SERVE_LIM=120
 #    MODELS=qwen3-8b ... serve` at f7d069a or later: predicted admission prefill ~30 -> ~12-18 ms (laps
 #    prefill_*_s), thread_cpu_s mpk-http well below the engine's, llama ~28-31k tokens/s.)
+#    (session 66, 1x H100, four calls on one start after ~790 s of refused starts: bench/results/s66 -- in process at
+#    252f032 llama 28617-29124 tokens/s (admission prefill 15-18 ms a step: the prediction held); the engine in its
+#    own process (--engine-process, now the server's default) 29474-30062, streaming 21872-22781 -> 25577-25642,
+#    qwen3-8b 7239-7352 -> 7934-7993; GPU tests 28 + 1 passed. Next: `SERVE_STREAM=1 ... serve` at the wire-form
+#    commit (outputs as tuples: predicted the child's deliver 1.07 -> ~0.3 ms a step, streaming ~27-28k tokens/s),
+#    with `SERVE_PROC=0` beside it.)
 #    On an H100: the attention task terms from run_tr-style traces (planner/trace_fit.py), then refit; B=128 at the
 #    long contexts that fit (llama 16k) and qwen3-8b B=32 past 8k keys, both never validated on the H100.
 #    On an H200, the same long-key rows would give h200_v56 the new terms (`VAL_CTXS="8192 32768 131072"` ... val,
