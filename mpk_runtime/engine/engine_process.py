@@ -484,12 +484,13 @@ def _child_entry(rx_fd: int, tx_fd: int) -> None:
     """The child interpreter's start (a new process, never a fork: CUDA in a forked child is unsafe)."""
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's: it shuts this process down
-    logging.basicConfig(level=logging.WARNING)
     rx, tx = mpc.Connection(rx_fd, writable=False), mpc.Connection(tx_fd, readable=False)
     try:
         name, model, llm_kwargs, health_interval = rx.recv()
     except (EOFError, OSError):
         return
+    # (its log lines go to the server's stderr, named by the replica they come from)
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s [engine {name}] %(levelname)s %(name)s: %(message)s")
     _child_main(rx, tx, name, model, llm_kwargs, health_interval)
 
 
