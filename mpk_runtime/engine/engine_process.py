@@ -207,7 +207,8 @@ class EngineProcess:
         fds = (child_rx.fileno(), child_tx.fileno())
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # (as spawn does)
         proc = self._starting = subprocess.Popen(
-            [sys.executable, "-c", f"import {__name__} as m; m._child_entry({fds[0]}, {fds[1]})"], pass_fds=fds, env=env)
+            [sys.executable, "-c", f"import {__name__} as m; m._child_entry({fds[0]}, {fds[1]})"],
+            pass_fds=fds, env=env)
         child_rx.close()
         child_tx.close()
         deadline = time.monotonic() + self.start_timeout
@@ -490,7 +491,8 @@ def _child_entry(rx_fd: int, tx_fd: int) -> None:
     except (EOFError, OSError):
         return
     # (its log lines go to the server's stderr, named by the replica they come from)
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s [engine {name}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING,
+                        format=f"%(asctime)s [engine {name}] %(levelname)s %(name)s: %(message)s")
     _child_main(rx, tx, name, model, llm_kwargs, health_interval)
 
 
