@@ -222,3 +222,23 @@ def test_wire_form_rebuilds_every_output_exactly():
         p = pend.setdefault(o.request_id, _Pending(None, o.prompt, o.prompt_token_ids))
         assert p.unpack(o.request_id, _pack(o, sent)) == o
     assert sent == {}   # (forgotten at each request's end)
+
+
+def test_router_sends_a_shared_prefix_to_the_replica_that_has_it(demo_dir):
+    """Two engine-process replicas with prefix caching: the router reads each one's prefix shadow (what it was sent),
+    so a prompt that starts with pages one replica computed goes there, and the cache there serves them."""
+    router = build_router(demo_dir, executor="inprocess", engine_process=True, num_replicas=2, health_interval=None,
+                          backend="torch", enable_prefix_caching=True, page_size=4, **KW)
+    try:
+        base = list(range(1, 14))   # 3 full pages before the last token
+        first = router.pick(base)
+        _wait_for(first.loop, base, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+        for tail in ([50, 51, 52], [60, 61]):
+            rep = router.pick(base[:12] + tail)
+            assert rep is first
+            out = _wait_for(rep.loop, base[:12] + tail, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+            assert out[-1].num_cached_tokens == 12   # the three pages came from that replica's cache
+        other = next(r for r in router.replicas if r is not first)
+        assert other.engine.allocator.match(base)[0] == []   # (its shadow holds none of those pages)
+    finally:
+        router.shutdown()
