@@ -60,12 +60,15 @@ class EngineLoop:
         return self._thread.is_alive()
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, on_output: OutputCallback,
-               prompt: str | None = None, request_id: str | None = None, stream: bool = True) -> str:
+               prompt: str | None = None, request_id: str | None = None, stream: bool = True,
+               checked: bool = False) -> str:
         """Validate now (typed errors raise in the caller), queue, and return the request id. stream=False:
-        on_output gets the finished output only (LLMEngine.add_request)."""
+        on_output gets the finished output only (LLMEngine.add_request). checked: the caller validated it against
+        this engine's spec already (an engine process's parent), so it is not walked again here."""
         if self.engine.dead or not self.alive:
             raise RequestFailedError(f"replica {self.name} is down: {self.engine.dead or 'its engine loop exited'}")
-        self.engine.validate(prompt_token_ids, params)
+        if not checked:
+            self.engine.validate(prompt_token_ids, params)
         with self._lock:
             self._ids += 1
             rid = request_id or f"{self.name}-{self._ids}"

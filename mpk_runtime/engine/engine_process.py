@@ -98,7 +98,6 @@ class EngineView(RequestChecks):
         self.device_sampling = spec["device_sampling"]
         self.full_sampling = spec["full_sampling"]
         self.prefix_caching = spec["prefix_caching"]
-        self.decode_steps = spec["decode_steps"]
         self.tokenizer = LazyTokenizer(tokenizer_source)
         self.allocator = _PrefixShadow(self.kv_spec.num_pages, self.kv_spec.page_size)
         self._proc = proc
@@ -513,8 +512,7 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
         return
     eng = llm.engine
     send(("ready", {"kv_spec": eng.kv_spec, "vocab_size": eng.vocab_size, "device_sampling": eng.device_sampling,
-                    "full_sampling": eng.full_sampling, "prefix_caching": eng.prefix_caching,
-                    "decode_steps": eng.decode_steps}))
+                    "full_sampling": eng.full_sampling, "prefix_caching": eng.prefix_caching}))
     outbox: list[RequestOutput] = []   # filled and emptied on the loop thread only
     sent: dict[str, tuple[int, int]] = {}   # (_pack's: the loop thread's only)
     told = [None]                      # the engine's dead reason the parent was last sent
@@ -564,7 +562,8 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
                                                              f"engine process: {e}"), {})]))
                     continue
                 try:
-                    loop.submit(ids, params, outbox.append, prompt=prompt, request_id=rid, stream=stream)
+                    loop.submit(ids, params, outbox.append, prompt=prompt, request_id=rid, stream=stream,
+                                checked=True)   # (the parent did, with the same code and spec)
                 except Exception as e:   # noqa: BLE001 - the engine died after the parent validated
                     send(("out", [_pack(RequestOutput.failed(rid, prompt, ids, str(e)), {})]))
             elif tag == "abort":
