@@ -37,11 +37,14 @@ class Replica:
 
 
 class Router:
-    def __init__(self, replicas: list[Replica], model_name: str):
+    def __init__(self, replicas: list[Replica], model_name: str, stall_after: float = 10.0):
+        """stall_after: a replica whose engine loop has not gone round for this many seconds (stalled_s: wedged,
+        or inside one very long step) is picked only where every live replica is."""
         if not replicas:
             raise ValueError("a router needs at least one replica")
         self.replicas = replicas
         self.model_name = model_name
+        self.stall_after = stall_after
         self._rr = itertools.count()
         self._lock = threading.Lock()
 
@@ -56,11 +59,13 @@ class Router:
 
     def pick(self, prompt_token_ids: list[int] | None = None) -> Replica:
         """The least loaded live replica; with prefix caching, the one holding the longest cached prefix of the
-        prompt instead, unless it has more than a quarter of a batch more requests outstanding."""
+        prompt instead, unless it has more than a quarter of a batch more requests outstanding. Stalled replicas
+        (stall_after) only where no other is live."""
         live = [r for r in self.replicas if not r.engine.dead and r.loop.alive]
         if not live:
             raise RequestFailedError("every replica is down: " + "; ".join(
                 f"{r.name}: {r.engine.dead or 'engine loop exited'}" for r in self.replicas))
+        live = [r for r in live if r.loop.stalled_s <= self.stall_after] or live
         with self._lock:
             start = next(self._rr)  # rotate among equally loaded replicas
             order = live[start % len(live):] + live[:start % len(live)]
@@ -100,9 +105,12 @@ def _spread_nodes(ray, tp: int, gpus: bool, n: int) -> list[str | None]:
 
 def build_router(model: str, backend: str = "reference", tp: int = 1, num_replicas: int = 1,
                  executor: str = "ray", step_timeout: float | None = 30.0, health_interval: float | None = 5.0,
-                 ray_executor_kwargs: dict | None = None, engine_process: bool = False, **llm_kwargs: Any) -> Router:
+                 ray_executor_kwargs: dict | None = None, engine_process: bool = False, stall_after: float = 10.0,
+                 wedge_timeout: float | None = 300.0, **llm_kwargs: Any) -> Router:
     """Build `num_replicas` replicas of `model` (executor "ray" or "inprocess") and a router over them.
-    engine_process: each replica's engine in a child process (executor "inprocess" only)."""
+    engine_process: each replica's engine in a child process (executor "inprocess" only). stall_after: Router's;
+    wedge_timeout: EngineProcess's (a child whose loop stops going round that long is killed and restarted; an
+    engine in this process cannot be, and stays out of the router's picks while stalled)."""
     if engine_process and executor != "inprocess":
         raise InvalidRequestError(f"engine_process runs each replica's engine with its workers in a process of its "
                                   f"own, with the in-process executor; executor={executor!r} keeps the engine here "
@@ -123,8 +131,8 @@ def build_router(model: str, backend: str = "reference", tp: int = 1, num_replic
             name = f"replica-{i}"
             if engine_process:
                 replicas.append(Replica(name, None, EngineProcess(
-                    model, name=name, health_interval=health_interval, backend=backend, tp=tp, executor=executor,
-                    step_timeout=step_timeout, **llm_kwargs)))
+                    model, name=name, health_interval=health_interval, wedge_timeout=wedge_timeout, backend=backend,
+                    tp=tp, executor=executor, step_timeout=step_timeout, **llm_kwargs)))
                 continue
             if executor == "ray":
                 ex = RayExecutor(tp, target_node_id=targets[i], name=name, **rk)
@@ -136,4 +144,4 @@ def build_router(model: str, backend: str = "reference", tp: int = 1, num_replic
         for r in replicas:
             r.shutdown()
         raise
-    return Router(replicas, model_name=model)
+    return Router(replicas, model_name=model, stall_after=stall_after)

@@ -45,6 +45,7 @@ class EngineLoop:
         # the loop's idle stretches (nothing to run) of 2 ms or more, newest last: (time.monotonic() at its start,
         # seconds); load_test places them in its measured window
         self.idle_log: collections.deque = collections.deque(maxlen=1024)
+        self.progress = time.monotonic()  # when the loop thread last went round (at least every 0.5 s unless wedged)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"mpk-{name}", daemon=True)
         self._thread.start()
@@ -58,6 +59,12 @@ class EngineLoop:
     def alive(self) -> bool:
         """The loop thread runs (it is the only thing that ever finishes a submitted request)."""
         return self._thread.is_alive()
+
+    @property
+    def stalled_s(self) -> float:
+        """Seconds since the loop thread last went round: under a second where it is idle or stepping, more only
+        inside one long step (a kernel compiled on first use, a worker waiting out step_timeout) or where wedged."""
+        return max(0.0, time.monotonic() - self.progress)
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, on_output: OutputCallback,
                prompt: str | None = None, request_id: str | None = None, stream: bool = True,
@@ -94,7 +101,8 @@ class EngineLoop:
             dead = f"the engine loop thread of {self.name} has exited"
         a = self.engine.allocator
         s.update(waiting=len(self.engine.scheduler.waiting), running=len(self.engine.scheduler.running),
-                 outstanding=self._outstanding, dead=dead, kv_pages_total=a.num_pages,
+                 outstanding=self._outstanding, dead=dead, stalled_s=round(self.stalled_s, 3),
+                 kv_pages_total=a.num_pages,
                  kv_pages_used=a.num_pages - a.num_free)
         return s
 
@@ -149,6 +157,7 @@ class EngineLoop:
         pc = time.perf_counter
         idle_from = None   # time.monotonic() when the current idle stretch began
         while not self._stop.is_set():
+            self.progress = time.monotonic()
             busy = self.engine.has_unfinished()
             if not busy and idle_from is None:
                 idle_from = time.monotonic()

@@ -12,10 +12,12 @@ threads share a GIL only with the pipe reader of their own process.
 The wire: two one-way pipes (multiprocessing.connection). Parent -> child: ("add", id, prompt ids, params, prompt
 text, stream), ("abort", id), ("call", call id, fn), ("rpc", call id, name), ("shutdown",). Child -> parent:
 ("ready", spec) or ("failed", exception) once, then ("out", [RequestOutput, ...]) one message for each round of
-outputs (an engine step's), ("dead", reason) when the engine's state changes, ("reply", call id, ok, value).
+outputs (an engine step's), ("dead", reason) when the engine's state changes, ("reply", call id, ok, value),
+("beat", the loop's last round) each second.
 The parent validates and tokenises locally (`EngineView`, from the spec the child declares), so a bad request is
 refused before it is queued, as in process. A child that exits fails its outstanding requests with an error
-output and is started again (up to `max_restarts` times); `call(fn)` takes picklable functions only (module-level
+output and is started again (up to `max_restarts` times), and so is one whose engine loop stops going round for
+`wedge_timeout` seconds (killed first); `call(fn)` takes picklable functions only (module-level
 functions or methods named by their class, e.g. `LLMEngine.reset_prefix_cache`, never a lambda).
 """
 from __future__ import annotations
@@ -45,6 +47,7 @@ from .tokenizer import LazyTokenizer
 
 log = logging.getLogger(__name__)
 OutputCallback = Callable[[RequestOutput], None]
+_BEAT_S = 1.0   # the child's heartbeat period (s): its loop's last round, for the parent's wedge watch
 _LIVE: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
 
 
@@ -170,15 +173,20 @@ class _Pending:
 # --- the parent's side ----------------------------------------------------------------------------------------
 class EngineProcess:
     def __init__(self, model: str, name: str = "engine", health_interval: float | None = 5.0,
-                 max_restarts: int = 2, rpc_timeout: float = 30.0, start_timeout: float = 1800.0, **llm_kwargs: Any):
+                 max_restarts: int = 2, rpc_timeout: float = 30.0, start_timeout: float = 1800.0,
+                 wedge_timeout: float | None = 300.0, **llm_kwargs: Any):
         """Start the child and wait until its `LLM(model, **llm_kwargs)` is built; its construction error (an
         unknown model, a bad argument, no GPU) is raised here, as LLM's own. max_restarts: times a child that
         exited is started again (its requests fail; later ones run on the new one). start_timeout: seconds a
-        child may take to build its engine (weights, kernels compiled on first use, graphs captured)."""
+        child may take to build its engine (weights, kernels compiled on first use, graphs captured).
+        wedge_timeout: seconds the child's engine loop may go without going round (it does at least every 0.5 s
+        idle, every step busy; the child tells each second) before the child is deemed wedged, killed and restarted
+        as one that exited (None: never). The router stops picking a replica long before (Router.stall_after)."""
         self.name = name
         self.max_restarts = max_restarts
         self.rpc_timeout = rpc_timeout
         self.start_timeout = start_timeout
+        self.wedge_timeout = wedge_timeout
         self.restarts = 0
         self._args = (model, dict(llm_kwargs), health_interval)
         tok = llm_kwargs.get("tokenizer")
@@ -194,6 +202,7 @@ class EngineProcess:
         self._stopping = False
         self._starting: subprocess.Popen | None = None   # a child being built (shutdown kills it)
         self._last_stats: dict = {}
+        self._wedged: str | None = None      # why this side killed the child (its engine loop stopped going round)
         self._start()
         _LIVE.add(self)
 
@@ -238,7 +247,8 @@ class EngineProcess:
             self._starting = None
         self.engine = EngineView(msg[1], self._tokenizer_source, self)
         self._proc, self._rx, self._tx = proc, rx, tx
-        self._dead = None
+        self._dead = self._wedged = None
+        self._progress = time.monotonic()   # the child's loop's last round, as its heartbeats and outputs tell
         self._reader = threading.Thread(target=self._read, name=f"mpk-{self.name}-rx", daemon=True)
         self._reader.start()
 
@@ -254,6 +264,12 @@ class EngineProcess:
     @property
     def dead(self) -> str | None:
         return self._dead
+
+    @property
+    def stalled_s(self) -> float:
+        """Seconds since the child's engine loop was last seen going round (EngineLoop.stalled_s, as told here
+        each second and by every output): it grows where the loop or the whole child is wedged, or stopped."""
+        return max(0.0, time.monotonic() - self._progress)
 
     @property
     def pid(self) -> int:
@@ -326,7 +342,8 @@ class EngineProcess:
                 reason = f"the engine process of {self.name} did not answer stats: {e}"
         else:
             reason = self._dead or f"the engine process of {self.name} exited"
-        return {**self._last_stats, "dead": reason, "outstanding": self._outstanding}
+        return {**self._last_stats, "dead": reason, "outstanding": self._outstanding,
+                "stalled_s": round(self.stalled_s, 3)}
 
     @property
     def idle_log(self) -> list:
@@ -376,6 +393,9 @@ class EngineProcess:
         try:
             while True:
                 try:
+                    if not rx.poll(_BEAT_S):   # (silence: the child's heartbeat is late)
+                        self._watch()
+                        continue
                     msg = rx.recv()
                 except (EOFError, OSError):
                     break
@@ -390,7 +410,11 @@ class EngineProcess:
     def _handle(self, msg) -> None:
         tag = msg[0]
         if tag == "out":
+            self._progress = time.monotonic()   # (a step's outputs: its loop went round)
             self._dispatch(msg[1])
+        elif tag == "beat":
+            self._progress = msg[1]   # (time.monotonic() is one clock for every process of the machine)
+            self._watch()
         elif tag == "reply":
             fut = self._replies.pop(msg[1], None)
             if fut is not None and fut.set_running_or_notify_cancel():   # (a caller may have cancelled it)
@@ -422,6 +446,17 @@ class EngineProcess:
             except Exception:   # a consumer's bug must not stop the reader
                 log.exception("output callback failed for %s", rid)
 
+    def _watch(self) -> None:
+        """Kill a child whose engine loop has not gone round for wedge_timeout s: its pipe closes, and
+        _child_exited fails its requests and starts another, as for a child that exited by itself."""
+        stalled = self.stalled_s
+        if self.wedge_timeout is None or stalled <= self.wedge_timeout or self._stopping or self._wedged:
+            return
+        self._wedged = (f"its engine loop made no progress for {stalled:.0f} s (wedge_timeout "
+                        f"{self.wedge_timeout:g} s), so it was killed")
+        log.error("engine process %s (pid %d): %s", self.name, self._proc.pid, self._wedged)
+        self._proc.kill()
+
     def _child_exited(self) -> None:
         """The pipe closed: fail what the child held; start a new child unless this is a shutdown."""
         try:
@@ -434,7 +469,8 @@ class EngineProcess:
         with self._send_lock:   # (a submit racing this one gets an OSError there: a RequestFailedError to its caller)
             self._tx.close()
         code = self._proc.returncode
-        reason = f"the engine process of {self.name} exited (code {code})"
+        reason = (f"the engine process of {self.name} was wedged: {self._wedged}" if self._wedged else
+                  f"the engine process of {self.name} exited (code {code})")
         log.error("%s; failing its %d requests", reason, len(self._callbacks))
         self._dead = reason
         with self._lock:
@@ -542,6 +578,16 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
         reply(cid, ok, value)
 
     loop = EngineLoop(eng, name=name, health_interval=health_interval, on_delivered=flush)
+    beating = threading.Event()
+
+    def beat() -> None:   # the loop's last round, each second (the parent's wedge watch)
+        while not beating.wait(_BEAT_S):
+            try:
+                send(("beat", loop.progress))
+            except (OSError, ValueError):   # the parent is gone
+                return
+
+    threading.Thread(target=beat, name=f"mpk-{name}-beat", daemon=True).start()
     rpcs = {"stats": loop.stats, "idle_log": lambda: list(loop.idle_log), "thread_cpu": thread_cpu}
     try:
         while True:
@@ -579,6 +625,8 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
             elif tag == "shutdown":
                 break
     finally:
+        beating.set()
         loop.shutdown()
         llm.shutdown()
-        tx.close()
+        with send_lock:
+            tx.close()

@@ -242,3 +242,66 @@ def test_router_sends_a_shared_prefix_to_the_replica_that_has_it(demo_dir):
         assert other.engine.allocator.match(base)[0] == []   # (its shadow holds none of those pages)
     finally:
         router.shutdown()
+
+
+def _wait_until(cond, timeout=60.0):
+    end = threading.Event()
+    for _ in range(int(timeout / 0.05)):
+        if cond():
+            return True
+        end.wait(0.05)
+    return False
+
+
+def test_wedged_child_is_skipped_then_killed_and_restarted(demo_dir, local_llm):
+    """A child that stops (SIGSTOP: no heartbeat, no step) is passed over by the router once stalled, then killed
+    after wedge_timeout: its request fails naming the wedge, a new child serves the next one."""
+    router = build_router(demo_dir, executor="inprocess", engine_process=True, num_replicas=2, health_interval=None,
+                          backend="torch", stall_after=1.0, wedge_timeout=None, **KW)
+    try:
+        a, b = router.replicas
+        for r in (a, b):   # (the first step warms torch up: seconds on a busy CPU machine)
+            _wait_for(r.loop, [1, 2])
+        a.loop.wedge_timeout = 4.0
+        first = a.loop.pid
+        done, outs = threading.Event(), []
+
+        def cb(o):
+            outs.append(o)
+            if o.finished:
+                done.set()
+        os.kill(first, signal.SIGSTOP)
+        a.loop.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True), cb)
+        assert _wait_until(lambda: a.loop.stalled_s > 1.5, 10)
+        # a holds one request, b none: least-loaded alone would pick b anyway, so load b past a first
+        for _ in range(3):
+            b.loop.submit([4, 5], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True), lambda o: None)
+        assert a.loop.load < b.loop.load and a.loop.alive and not a.engine.dead
+        assert all(router.pick([9, 9]) is b for _ in range(4))
+        assert router.stats()["replica-0"]["stalled_s"] > 1.0
+        assert done.wait(30), "the wedged child's request never ended"
+        assert outs[-1].finish_reason == "error" and "wedged" in outs[-1].error and "no progress" in outs[-1].error
+        assert _wait_until(lambda: a.loop.dead is None and a.loop.alive and a.loop.pid != first)
+        assert a.loop.stalled_s < 2.0
+        got = _wait_for(a.loop, [5, 6, 7])[-1]
+        assert got.token_ids == local_llm.generate([[5, 6, 7]], GREEDY, use_tqdm=False)[0].token_ids
+    finally:
+        try:
+            os.kill(first, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        router.shutdown()
+
+
+def test_idle_child_is_not_taken_for_wedged(demo_dir):
+    """An idle child's heartbeat keeps it fresh: well past wedge_timeout with nothing to run, it is not killed."""
+    proc = EngineProcess(demo_dir, name="idle", health_interval=None, wedge_timeout=None, backend="torch", **KW)
+    try:
+        _wait_for(proc, [1, 2])   # (the first step warms torch up: seconds on a busy CPU machine)
+        proc.wedge_timeout = 2.0
+        pid = proc.pid
+        threading.Event().wait(4.5)
+        assert proc.pid == pid and proc.restarts == 0 and proc.dead is None and proc.stalled_s < 1.5
+        assert _wait_for(proc, [1, 2, 3])[-1].finish_reason == "length"
+    finally:
+        proc.shutdown()
