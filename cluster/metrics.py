@@ -100,6 +100,8 @@ class Metrics:
                        ("kv_pages_used", "kv_pages_used", "gauge",
                         "KV cache pages held by requests (cached pages nobody holds count as free)"),
                        ("kv_pages_total", "kv_pages_total", "gauge", "KV cache pages of the replica"),
+                       ("stalled_seconds", "stalled_s", "gauge",
+                        "Seconds since the replica's engine loop last went round (grows only where it is wedged)"),
                        ("preemptions_total", "preemptions", "counter",
                         "Requests preempted for KV pages (kv_allocation lazy): queued again, computed again later"),
                        ("recomputed_tokens_total", "recomputed_tokens", "counter",

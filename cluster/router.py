@@ -4,8 +4,8 @@
 `build_router(model, tp=2, num_replicas=2)` makes one Ray placement group per replica (STRICT_PACK: a TP group
 shares a node) and spreads replicas over the nodes that can hold them. With executor="inprocess" it builds
 replicas in this process instead (no Ray) - the HTTP server works the same way on top of either. With
-engine_process=True (executor "inprocess") each replica's engine and loop run in a process of their own, so the
-HTTP handlers no longer share a GIL with them (engine/engine_process.py).
+engine_process=True each replica's engine and loop run in a process of their own (with executor "ray" that process
+drives the replica's actors), so the HTTP handlers no longer share a GIL with them (engine/engine_process.py).
 """
 from __future__ import annotations
 
@@ -108,14 +108,13 @@ def build_router(model: str, backend: str = "reference", tp: int = 1, num_replic
                  ray_executor_kwargs: dict | None = None, engine_process: bool = False, stall_after: float = 10.0,
                  wedge_timeout: float | None = 300.0, **llm_kwargs: Any) -> Router:
     """Build `num_replicas` replicas of `model` (executor "ray" or "inprocess") and a router over them.
-    engine_process: each replica's engine in a child process (executor "inprocess" only). stall_after: Router's;
+    engine_process: each replica's engine (scheduler, sampling, its loop) in a child process of its own; with
+    executor "ray" the child joins this process's Ray cluster as a driver and its workers are actors there, as
+    they would be of this process (placed the same way). stall_after: Router's;
     wedge_timeout: EngineProcess's (a child whose loop stops going round that long is killed and restarted; an
     engine in this process cannot be, and stays out of the router's picks while stalled)."""
-    if engine_process and executor != "inprocess":
-        raise InvalidRequestError(f"engine_process runs each replica's engine with its workers in a process of its "
-                                  f"own, with the in-process executor; executor={executor!r} keeps the engine here "
-                                  "(its workers are Ray actors already): pass executor='inprocess', or leave "
-                                  "engine_process off")
+    if engine_process and executor not in ("inprocess", "ray"):
+        raise InvalidRequestError(f"engine_process works with executor 'inprocess' or 'ray', not {executor!r}")
     replicas = []
     try:
         if executor == "ray":
@@ -127,12 +126,18 @@ def build_router(model: str, backend: str = "reference", tp: int = 1, num_replic
             gpus = ray.cluster_resources().get("GPU", 0) >= 1 if gpus is None else bool(gpus)
             targets = _spread_nodes(ray, tp, gpus, num_replicas)
             rk.setdefault("rpc_timeout", step_timeout or 60.0)
+            # a child engine process connects to this cluster (not a new one) and registers the "ray" executor
+            child = dict(child_env={"RAY_ADDRESS": ray.get_runtime_context().gcs_address},
+                         child_imports=("cluster",))
         for i in range(num_replicas):
             name = f"replica-{i}"
             if engine_process:
+                kw = dict(llm_kwargs)
+                if executor == "ray":
+                    kw.update(child, executor_kwargs=dict(rk, target_node_id=targets[i], name=name))
                 replicas.append(Replica(name, None, EngineProcess(
                     model, name=name, health_interval=health_interval, wedge_timeout=wedge_timeout, backend=backend,
-                    tp=tp, executor=executor, step_timeout=step_timeout, **llm_kwargs)))
+                    tp=tp, executor=executor, step_timeout=step_timeout, **kw)))
                 continue
             if executor == "ray":
                 ex = RayExecutor(tp, target_node_id=targets[i], name=name, **rk)

@@ -173,8 +173,8 @@ def main() -> None:
                          "request after every step, so its HTTP thread works through the decode, not only at the end")
     ap.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                     help="each replica's engine in a process of its own, as the server's --engine-process (default, "
-                         "as there: on with --executor inprocess); --no-engine-process: in this process, sharing "
-                         "the HTTP thread's GIL")
+                         "as there: on with --executor inprocess, opt-in with ray); --no-engine-process: in this "
+                         "process, sharing the HTTP thread's GIL")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     if a.rounds < 1:

@@ -174,21 +174,26 @@ class _Pending:
 class EngineProcess:
     def __init__(self, model: str, name: str = "engine", health_interval: float | None = 5.0,
                  max_restarts: int = 2, rpc_timeout: float = 30.0, start_timeout: float = 1800.0,
-                 wedge_timeout: float | None = 300.0, **llm_kwargs: Any):
+                 wedge_timeout: float | None = 300.0, child_env: dict[str, str] | None = None,
+                 child_imports: tuple[str, ...] = (), **llm_kwargs: Any):
         """Start the child and wait until its `LLM(model, **llm_kwargs)` is built; its construction error (an
         unknown model, a bad argument, no GPU) is raised here, as LLM's own. max_restarts: times a child that
         exited is started again (its requests fail; later ones run on the new one). start_timeout: seconds a
         child may take to build its engine (weights, kernels compiled on first use, graphs captured).
         wedge_timeout: seconds the child's engine loop may go without going round (it does at least every 0.5 s
         idle, every step busy; the child tells each second) before the child is deemed wedged, killed and restarted
-        as one that exited (None: never). The router stops picking a replica long before (Router.stall_after)."""
+        as one that exited (None: never). The router stops picking a replica long before (Router.stall_after).
+        child_env: environment variables the child gets beyond this process's; child_imports: modules it imports
+        before building the LLM (e.g. executor="ray": `cluster`, which registers that name, with RAY_ADDRESS set to
+        this process's cluster, so the child's workers are actors of the same cluster: cluster.build_router)."""
         self.name = name
         self.max_restarts = max_restarts
         self.rpc_timeout = rpc_timeout
         self.start_timeout = start_timeout
         self.wedge_timeout = wedge_timeout
         self.restarts = 0
-        self._args = (model, dict(llm_kwargs), health_interval)
+        self._args = (model, dict(llm_kwargs), health_interval, tuple(child_imports))
+        self._child_env = dict(child_env or {})
         tok = llm_kwargs.get("tokenizer")
         self._tokenizer_source = tok if tok is not None else model
         self._lock = threading.Lock()        # the request table and the counters
@@ -209,11 +214,12 @@ class EngineProcess:
     def _start(self) -> None:
         """A fresh interpreter (not multiprocessing's spawn, which would run the caller's main script again in
         the child), the pipes' ends passed by descriptor, the arguments as the first message."""
-        model, kw, health = self._args
+        model, kw, health, imports = self._args
         rx, child_tx = mpc.Pipe(duplex=False)   # child -> parent
         child_rx, tx = mpc.Pipe(duplex=False)   # parent -> child
         fds = (child_rx.fileno(), child_tx.fileno())
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # (as spawn does)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),   # (as spawn does)
+                   **self._child_env)
         proc = self._starting = subprocess.Popen(
             [sys.executable, "-c", f"import {__name__} as m; m._child_entry({fds[0]}, {fds[1]})"],
             pass_fds=fds, env=env)
@@ -221,7 +227,7 @@ class EngineProcess:
         child_tx.close()
         deadline = time.monotonic() + self.start_timeout
         try:
-            tx.send((self.name, model, kw, health))
+            tx.send((self.name, model, kw, health, imports))
             while not rx.poll(0.5):
                 if proc.poll() is not None:
                     raise RequestFailedError(f"the engine process of {self.name} exited with code {proc.returncode} "
@@ -522,16 +528,19 @@ def _child_entry(rx_fd: int, tx_fd: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's: it shuts this process down
     rx, tx = mpc.Connection(rx_fd, writable=False), mpc.Connection(tx_fd, readable=False)
     try:
-        name, model, llm_kwargs, health_interval = rx.recv()
+        name, model, llm_kwargs, health_interval, imports = rx.recv()
     except (EOFError, OSError):
         return
     # (its log lines go to the server's stderr, named by the replica they come from)
     logging.basicConfig(level=logging.WARNING,
                         format=f"%(asctime)s [engine {name}] %(levelname)s %(name)s: %(message)s")
-    _child_main(rx, tx, name, model, llm_kwargs, health_interval)
+    _child_main(rx, tx, name, model, llm_kwargs, health_interval, imports)
 
 
-def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval: float | None) -> None:
+def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval: float | None,
+                imports: tuple[str, ...] = ()) -> None:
+    import importlib
+
     from .async_engine import EngineLoop
     from .llm import LLM
 
@@ -542,6 +551,8 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
             tx.send(msg)
 
     try:
+        for m in imports:
+            importlib.import_module(m)
         llm = LLM(model, **llm_kwargs)
     except BaseException as e:   # noqa: BLE001 - the parent raises it
         send(("failed", _picklable_error(e)))

@@ -242,8 +242,9 @@ def register_executor(name: str):
     return deco
 
 
-def make_executor(name: str, world_size: int, **kwargs: Any) -> Executor:
-    """By name: "inprocess" (always), "ray" (registered by `import cluster`; needs ray installed)."""
+def make_executor(name: str, world_size: int, /, **kwargs: Any) -> Executor:
+    """By name: "inprocess" (always), "ray" (registered by `import cluster`; needs ray installed). kwargs go to
+    the executor (a RayExecutor's own `name` among them: hence the positional-only name here)."""
     if name not in _EXECUTORS:
         hint = (" The 'ray' executor lives in the cluster package: `import cluster` first (pip install ray), "
                 "or pass executor=cluster.RayExecutor(...)." if name == "ray" else "")
