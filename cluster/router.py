@@ -39,7 +39,8 @@ class Replica:
 class Router:
     def __init__(self, replicas: list[Replica], model_name: str, stall_after: float = 10.0):
         """stall_after: a replica whose engine loop has not gone round for this many seconds (stalled_s: wedged,
-        or inside one very long step) is picked only where every live replica is."""
+        or inside one very long step) is picked only where every live replica is. Keep it well above 2 s: an idle
+        engine process's loop goes round every 0.5 s and tells the parent each second."""
         if not replicas:
             raise ValueError("a router needs at least one replica")
         self.replicas = replicas

@@ -128,6 +128,49 @@ def test_prefix_caching_over_tp2_ray_ranks(ray_local, ref_greedy):
         llm.shutdown()
 
 
+def test_engine_processes_drive_ray_replicas(ray_local, ref_greedy):
+    """executor="ray" with engine_process: each replica's engine runs in a child that joins this cluster as a driver
+    and places its actors there; a child killed with a request in flight fails it, and its restart gets the GPU its
+    actors held back (the cluster has two logical GPUs, both in use), with the same tokens. (Before ray_server's
+    tests: that fixture holds both GPUs until the module ends.)"""
+    import os
+    import signal
+
+    from cluster.client import Client
+    from cluster.router import build_router
+    from cluster.server import ServerThread, create_app
+    router = build_router("tiny-qwen3", backend="reference", tp=1, num_replicas=2, executor="ray", engine_process=True,
+                          step_timeout=10.0, health_interval=None, dtype="float32", max_seq_len=128)
+    srv = ServerThread(create_app(router))
+    try:
+        assert all(r.llm is None and r.loop.pid != os.getpid() for r in router.replicas)
+        with Client(srv.url) as c:
+            outs = c.generate(PROMPTS * 2, GREEDY)
+            assert [o.token_ids for o in outs] == [ref_greedy("tiny-qwen3", p, 8) for p in PROMPTS * 2]
+            assert all(s["steps"] > 0 for s in router.stats().values())
+            assert ray_local.available_resources().get("GPU", 0) == 0   # (the children's actors hold both)
+            rep = router.replicas[0]
+            done, got = threading.Event(), []
+
+            def cb(o):
+                got.append(o)
+                if o.finished:
+                    done.set()
+            first = rep.loop.pid
+            rep.loop.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True), cb)
+            os.kill(first, signal.SIGKILL)
+            assert done.wait(30) and got[-1].finish_reason == "error" and "exited" in got[-1].error
+            deadline = time.monotonic() + 120
+            while (rep.loop.dead is not None or rep.loop.pid == first) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert rep.loop.dead is None and rep.loop.pid != first and rep.loop.restarts == 1
+            outs = c.generate([[4, 5, 6]] * 4, GREEDY)
+            assert all(o.token_ids == ref_greedy("tiny-qwen3", [4, 5, 6], 8) for o in outs)
+    finally:
+        srv.stop()
+        router.shutdown()
+
+
 @pytest.fixture(scope="module")
 def ray_server(ray_local):
     from cluster.router import build_router
@@ -222,44 +265,3 @@ def test_health_check_notices_dead_idle_worker(ray_server):
     assert rep.loop.stats()["recoveries"] == before + 1  # rebuilt with no request in flight
 
 
-
-def test_engine_processes_drive_ray_replicas(ray_local, ref_greedy):
-    """executor="ray" with engine_process: each replica's engine runs in a child that joins this cluster as a driver
-    and places its actors there; a child killed with a request in flight fails it, and its restart gets the GPU its
-    actors held back (the cluster has two logical GPUs, both in use), with the same tokens."""
-    import os
-    import signal
-
-    from cluster.client import Client
-    from cluster.router import build_router
-    from cluster.server import ServerThread, create_app
-    router = build_router("tiny-qwen3", backend="reference", tp=1, num_replicas=2, executor="ray", engine_process=True,
-                          step_timeout=10.0, health_interval=None, dtype="float32", max_seq_len=128)
-    srv = ServerThread(create_app(router))
-    try:
-        assert all(r.llm is None and r.loop.pid != os.getpid() for r in router.replicas)
-        with Client(srv.url) as c:
-            outs = c.generate(PROMPTS * 2, GREEDY)
-            assert [o.token_ids for o in outs] == [ref_greedy("tiny-qwen3", p, 8) for p in PROMPTS * 2]
-            assert all(s["steps"] > 0 for s in router.stats().values())
-            assert ray_local.available_resources().get("GPU", 0) == 0   # (the children's actors hold both)
-            rep = router.replicas[0]
-            done, got = threading.Event(), []
-
-            def cb(o):
-                got.append(o)
-                if o.finished:
-                    done.set()
-            first = rep.loop.pid
-            rep.loop.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True), cb)
-            os.kill(first, signal.SIGKILL)
-            assert done.wait(30) and got[-1].finish_reason == "error" and "exited" in got[-1].error
-            deadline = time.monotonic() + 120
-            while (rep.loop.dead is not None or rep.loop.pid == first) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert rep.loop.dead is None and rep.loop.pid != first and rep.loop.restarts == 1
-            outs = c.generate([[4, 5, 6]] * 4, GREEDY)
-            assert all(o.token_ids == ref_greedy("tiny-qwen3", [4, 5, 6], 8) for o in outs)
-    finally:
-        srv.stop()
-        router.shutdown()

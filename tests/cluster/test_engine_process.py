@@ -257,12 +257,12 @@ def test_wedged_child_is_skipped_then_killed_and_restarted(demo_dir, local_llm):
     """A child that stops (SIGSTOP: no heartbeat, no step) is passed over by the router once stalled, then killed
     after wedge_timeout: its request fails naming the wedge, a new child serves the next one."""
     router = build_router(demo_dir, executor="inprocess", engine_process=True, num_replicas=2, health_interval=None,
-                          backend="torch", stall_after=1.0, wedge_timeout=None, **KW)
+                          backend="torch", stall_after=3.0, wedge_timeout=None, **KW)
     try:
         a, b = router.replicas
         for r in (a, b):   # (the first step warms torch up: seconds on a busy CPU machine)
             _wait_for(r.loop, [1, 2])
-        a.loop.wedge_timeout = 4.0
+        a.loop.wedge_timeout = 8.0
         first = a.loop.pid
         done, outs = threading.Event(), []
 
@@ -272,7 +272,8 @@ def test_wedged_child_is_skipped_then_killed_and_restarted(demo_dir, local_llm):
                 done.set()
         os.kill(first, signal.SIGSTOP)
         a.loop.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True), cb)
-        assert _wait_until(lambda: a.loop.stalled_s > 1.5, 10)
+        assert b.loop.stalled_s < 3.0   # (b is idle: its heartbeat keeps it fresh)
+        assert _wait_until(lambda: a.loop.stalled_s > 3.5, 10)
         # a holds one request, b none: least-loaded alone would pick b anyway, so load b past a first
         for _ in range(3):
             b.loop.submit([4, 5], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True), lambda o: None)
@@ -281,7 +282,7 @@ def test_wedged_child_is_skipped_then_killed_and_restarted(demo_dir, local_llm):
         from cluster.metrics import Metrics
         line = next(x for x in Metrics().render(router.stats()).splitlines()
                     if x.startswith('mpk_stalled_seconds{replica="replica-0"}'))
-        assert float(line.split()[-1]) > 1.0
+        assert float(line.split()[-1]) > 3.0
         assert done.wait(30), "the wedged child's request never ended"
         assert outs[-1].finish_reason == "error" and "wedged" in outs[-1].error and "no progress" in outs[-1].error
         assert _wait_until(lambda: a.loop.dead is None and a.loop.alive and a.loop.pid != first)
