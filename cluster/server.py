@@ -404,6 +404,9 @@ def create_app(router: Router, served_model_name: str | None = None):
         stats = await _stats()
         up = {k: not v["dead"] for k, v in stats.items()}
         body = {"status": "ok" if any(up.values()) else "down", "replicas": up}
+        stalled = {k: v["stalled_s"] for k, v in stats.items() if v.get("stalled_s", 0) > router.stall_after}
+        if stalled:   # (up, but their engine loops have not gone round for this long: wedged, or one long step)
+            body["stalled_s"] = stalled
         return JSONResponse(body, status_code=200 if any(up.values()) else 503)
 
     @app.get("/metrics")

@@ -255,6 +255,7 @@ class EngineProcess:
         self._proc, self._rx, self._tx = proc, rx, tx
         self._dead = self._wedged = None
         self._progress = time.monotonic()   # the child's loop's last round, as its heartbeats and outputs tell
+        self._heard = time.monotonic()      # the last message of any kind from the child
         self._reader = threading.Thread(target=self._read, name=f"mpk-{self.name}-rx", daemon=True)
         self._reader.start()
 
@@ -340,7 +341,11 @@ class EngineProcess:
 
     def stats(self) -> dict:
         """The child's EngineLoop.stats(); the last ones seen, with `dead` set, when it cannot answer."""
-        if not self._dead and self.alive:
+        silent = time.monotonic() - self._heard
+        if not self._dead and self.alive and silent > 3 * _BEAT_S:   # (its heartbeat is late: no rpc would answer)
+            reason = (f"the engine process of {self.name} has sent nothing for {silent:.1f} s (a heartbeat is due each "
+                      f"{_BEAT_S:g} s)")
+        elif not self._dead and self.alive:
             try:
                 self._last_stats = self.rpc("stats", timeout=10.0)
                 return self._last_stats
@@ -403,6 +408,7 @@ class EngineProcess:
                         self._watch()
                         continue
                     msg = rx.recv()
+                    self._heard = time.monotonic()
                 except (EOFError, OSError):
                     break
                 try:

@@ -283,6 +283,15 @@ def test_wedged_child_is_skipped_then_killed_and_restarted(demo_dir, local_llm):
         line = next(x for x in Metrics().render(router.stats()).splitlines()
                     if x.startswith('mpk_stalled_seconds{replica="replica-0"}'))
         assert float(line.split()[-1]) > 3.0
+        srv = ServerThread(create_app(router))
+        try:
+            import httpx
+            health = httpx.get(srv.url + "/health", timeout=30).json()
+        finally:
+            srv.stop()
+        # (a child that sends nothing, not even its heartbeat, is reported down at once: no stats rpc to wait out)
+        assert health["status"] == "ok" and list(health["stalled_s"]) == ["replica-0"]
+        assert health["replicas"] == {"replica-0": False, "replica-1": True}
         assert done.wait(30), "the wedged child's request never ended"
         assert outs[-1].finish_reason == "error" and "wedged" in outs[-1].error and "no progress" in outs[-1].error
         assert _wait_until(lambda: a.loop.dead is None and a.loop.alive and a.loop.pid != first)
