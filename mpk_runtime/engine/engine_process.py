@@ -25,7 +25,6 @@ from __future__ import annotations
 import atexit
 import collections
 import concurrent.futures as cf
-import functools
 import itertools
 import logging
 import multiprocessing.connection as mpc
@@ -41,18 +40,18 @@ from typing import Any, Callable
 from .checks import RequestChecks
 from .errors import InvalidRequestError, RequestFailedError
 from .prefix_cache import block_key
-from .request import RequestMetrics, RequestOutput
+from .process_wire import BEAT_S, OutputCallback, PendingRequest, thread_cpu, workers_health
+from .request import RequestOutput
 from .sampling import SamplingParams
 from .tokenizer import LazyTokenizer
 
+__all__ = ["EngineProcess", "EngineView", "thread_cpu", "workers_health"]
 log = logging.getLogger(__name__)
-OutputCallback = Callable[[RequestOutput], None]
-_BEAT_S = 1.0   # the child's heartbeat period (s): its loop's last round, for the parent's wedge watch
 _LIVE: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
 
 
 # --- what the parent knows of the child's engine ---------------------------------------------------------------
-class _PrefixShadow:
+class PrefixShadow:
     """The pages this parent sent to one engine process, by content key, newest last (at most the engine's page
     count): a router's estimate of what that engine's prefix cache holds, without a round trip per request.
     `pages_for` as BlockAllocator's (RequestChecks uses it)."""
@@ -93,7 +92,7 @@ class _PrefixShadow:
 
 class EngineView(RequestChecks):
     """The parent's stand-in for the child's `LLMEngine` where the server and router read one: validate,
-    tokenize, tokenizer, kv_spec, vocab_size, prefix_caching, dead, allocator (a `_PrefixShadow`)."""
+    tokenize, tokenizer, kv_spec, vocab_size, prefix_caching, dead, allocator (a `PrefixShadow`)."""
 
     def __init__(self, spec: dict, tokenizer_source, proc: "EngineProcess"):
         self.kv_spec = spec["kv_spec"]
@@ -102,72 +101,12 @@ class EngineView(RequestChecks):
         self.full_sampling = spec["full_sampling"]
         self.prefix_caching = spec["prefix_caching"]
         self.tokenizer = LazyTokenizer(tokenizer_source)
-        self.allocator = _PrefixShadow(self.kv_spec.num_pages, self.kv_spec.page_size)
+        self.allocator = PrefixShadow(self.kv_spec.num_pages, self.kv_spec.page_size)
         self._proc = proc
 
     @property
     def dead(self) -> str | None:
         return self._proc.dead
-
-
-def thread_cpu() -> dict[str, float]:
-    """CPU seconds so far of each live thread of this process, by name (Linux; {} where the clock is missing)."""
-    out: dict[str, float] = {}
-    for t in threading.enumerate():
-        try:
-            out[t.name] = out.get(t.name, 0.0) + time.clock_gettime(time.pthread_getcpuclockid(t.ident))
-        except (AttributeError, OSError, TypeError):   # (a thread that just ended, or no such clock here)
-            pass
-    return out
-
-
-def workers_health(engine) -> list[dict]:
-    """Every worker's health report (the runner's graph counts among it): a picklable `call` for either kind of
-    replica."""
-    return engine.executor.collective_rpc("health", timeout=30)
-
-
-# --- outputs on the wire --------------------------------------------------------------------------------------
-# A RequestOutput carries every token so far, the prompt and a metrics object; pickled whole, 64 streamed outputs
-# were ~18 KB and most of a step's delivery in the child (session 66: 1.07 ms a step of the streaming load's loop).
-# On the wire an output is a tuple of what the parent does not know yet: the tokens (and logprobs) past those it was
-# sent, the text, the delta, the ending and the metrics' times; the parent keeps the prompt and the tokens so far
-# (_Pending) and rebuilds the same RequestOutput.
-def _pack(o: RequestOutput, sent: dict[str, tuple[int, int]]) -> tuple:
-    """o in its wire form; sent: request id -> (tokens, logprobs) the parent has of it (the loop thread's own)."""
-    n, m = sent.pop(o.request_id, (0, 0)) if o.finished else sent.get(o.request_id, (0, 0))
-    toks, lps = o.token_ids, o.logprobs
-    reset = len(toks) < n or (lps is not None and len(lps) < m)   # (never seen: a snapshot shorter than the last)
-    if reset:
-        n = m = 0
-    if not o.finished:
-        sent[o.request_id] = (len(toks), 0 if lps is None else len(lps))
-    new = toks[n:]
-    mt = o.metrics
-    return (o.request_id, reset, new, None if o.delta_token_ids == new else o.delta_token_ids, o.text, o.finished,
-            o.delta_text, o.finish_reason, o.error, (mt.arrival_time, mt.first_token_time, mt.finish_time),
-            None if lps is None else lps[m:], o.num_cached_tokens)
-
-
-class _Pending:
-    """A request the parent sent and has not seen finish: its callback, its prompt, its tokens so far."""
-    __slots__ = ("on_output", "prompt", "prompt_token_ids", "tokens", "logprobs")
-
-    def __init__(self, on_output: OutputCallback, prompt: str | None, prompt_token_ids: list[int]):
-        self.on_output, self.prompt, self.prompt_token_ids = on_output, prompt, prompt_token_ids
-        self.tokens: list[int] = []
-        self.logprobs: list | None = None
-
-    def unpack(self, rid: str, it: tuple) -> RequestOutput:
-        _, reset, new, delta, text, finished, delta_text, reason, error, times, lps, cached = it
-        toks = (new if reset else self.tokens + new)
-        self.tokens = toks
-        if lps is not None:
-            self.logprobs = lps if reset or self.logprobs is None else self.logprobs + lps
-        return RequestOutput(rid, self.prompt, self.prompt_token_ids, list(toks), text,
-                             new if delta is None else delta, delta_text, finished, reason, error,
-                             RequestMetrics(times[0], times[1], times[2], len(self.prompt_token_ids), len(toks)),
-                             None if self.logprobs is None else list(self.logprobs), cached)
 
 
 # --- the parent's side ----------------------------------------------------------------------------------------
@@ -199,7 +138,7 @@ class EngineProcess:
         self._lock = threading.Lock()        # the request table and the counters
         self._send_lock = threading.Lock()   # one writer at a time on the pipe
         self._calls = itertools.count()
-        self._callbacks: dict[str, _Pending] = {}
+        self._callbacks: dict[str, PendingRequest] = {}
         self._replies: dict[int, cf.Future] = {}
         self._ids = 0
         self._outstanding = 0
@@ -221,7 +160,7 @@ class EngineProcess:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),   # (as spawn does)
                    **self._child_env)
         proc = self._starting = subprocess.Popen(
-            [sys.executable, "-c", f"import {__name__} as m; m._child_entry({fds[0]}, {fds[1]})"],
+            [sys.executable, "-c", f"import mpk_runtime.engine.process_child as m; m.child_entry({fds[0]}, {fds[1]})"],
             pass_fds=fds, env=env)
         child_rx.close()
         child_tx.close()
@@ -291,7 +230,7 @@ class EngineProcess:
         with self._lock:
             self._ids += 1
             rid = request_id or f"{self.name}-{self._ids}"
-            self._callbacks[rid] = _Pending(on_output, prompt, ids)
+            self._callbacks[rid] = PendingRequest(on_output, prompt, ids)
             self._outstanding += 1
         try:   # (the request apart: the child answers a payload it cannot read with an error output, by id)
             self._send(("add", rid, pickle.dumps((ids, params, prompt, stream), protocol=pickle.HIGHEST_PROTOCOL)))
@@ -342,9 +281,9 @@ class EngineProcess:
     def stats(self) -> dict:
         """The child's EngineLoop.stats(); the last ones seen, with `dead` set, when it cannot answer."""
         silent = time.monotonic() - self._heard
-        if not self._dead and self.alive and silent > 3 * _BEAT_S:   # (its heartbeat is late: no rpc would answer)
+        if not self._dead and self.alive and silent > 3 * BEAT_S:   # (its heartbeat is late: no rpc would answer)
             reason = (f"the engine process of {self.name} has sent nothing for {silent:.1f} s (a heartbeat is due each "
-                      f"{_BEAT_S:g} s)")
+                      f"{BEAT_S:g} s)")
         elif not self._dead and self.alive:
             try:
                 self._last_stats = self.rpc("stats", timeout=10.0)
@@ -404,7 +343,7 @@ class EngineProcess:
         try:
             while True:
                 try:
-                    if not rx.poll(_BEAT_S):   # (silence: the child's heartbeat is late)
+                    if not rx.poll(BEAT_S):   # (silence: the child's heartbeat is late)
                         self._watch()
                         continue
                     msg = rx.recv()
@@ -435,7 +374,7 @@ class EngineProcess:
             self._dead = msg[1]
 
     def _dispatch(self, items: list[tuple]) -> None:
-        """A step's outputs in their wire form (_pack): each rebuilt as the RequestOutput the child's engine made,
+        """A step's outputs in their wire form (process_wire.pack_output): each rebuilt as the RequestOutput the child's engine made,
         from what this side kept of the request, and handed to its callback."""
         for it in items:
             rid, finished = it[0], it[5]
@@ -516,134 +455,3 @@ def _stop_children() -> None:
             p.shutdown(timeout=5.0)
         except Exception:   # noqa: BLE001 - exiting anyway
             pass
-
-
-# --- the child's side -----------------------------------------------------------------------------------------
-def _picklable_error(e: BaseException) -> BaseException:
-    import pickle
-    try:
-        pickle.loads(pickle.dumps(e))
-        return e
-    except Exception:   # noqa: BLE001
-        return RuntimeError(f"{type(e).__name__}: {e}")
-
-
-def _child_entry(rx_fd: int, tx_fd: int) -> None:
-    """The child interpreter's start (a new process, never a fork: CUDA in a forked child is unsafe)."""
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's: it shuts this process down
-    rx, tx = mpc.Connection(rx_fd, writable=False), mpc.Connection(tx_fd, readable=False)
-    try:
-        name, model, llm_kwargs, health_interval, imports = rx.recv()
-    except (EOFError, OSError):
-        return
-    # (its log lines go to the server's stderr, named by the replica they come from)
-    logging.basicConfig(level=logging.WARNING,
-                        format=f"%(asctime)s [engine {name}] %(levelname)s %(name)s: %(message)s")
-    _child_main(rx, tx, name, model, llm_kwargs, health_interval, imports)
-
-
-def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval: float | None,
-                imports: tuple[str, ...] = ()) -> None:
-    import importlib
-
-    from .async_engine import EngineLoop
-    from .llm import LLM
-
-    send_lock = threading.Lock()
-
-    def send(msg) -> None:
-        with send_lock:
-            tx.send(msg)
-
-    try:
-        for m in imports:
-            importlib.import_module(m)
-        llm = LLM(model, **llm_kwargs)
-    except BaseException as e:   # noqa: BLE001 - the parent raises it
-        send(("failed", _picklable_error(e)))
-        return
-    eng = llm.engine
-    send(("ready", {"kv_spec": eng.kv_spec, "vocab_size": eng.vocab_size, "device_sampling": eng.device_sampling,
-                    "full_sampling": eng.full_sampling, "prefix_caching": eng.prefix_caching}))
-    outbox: list[RequestOutput] = []   # filled and emptied on the loop thread only
-    sent: dict[str, tuple[int, int]] = {}   # (_pack's: the loop thread's only)
-    told = [None]                      # the engine's dead reason the parent was last sent
-
-    def flush() -> None:
-        if outbox:
-            batch = [_pack(o, sent) for o in outbox]
-            outbox.clear()
-            send(("out", batch))
-        if eng.dead != told[0]:
-            told[0] = eng.dead
-            send(("dead", eng.dead))
-
-    def reply(cid: int, ok: bool, value) -> None:
-        try:
-            send(("reply", cid, ok, value if ok else _picklable_error(value)))
-        except Exception as pe:   # noqa: BLE001 - a result that does not pickle
-            send(("reply", cid, False, RuntimeError(f"the call's result cannot cross to the parent: {pe}")))
-
-    def run_call(engine, payload: bytes, cid: int) -> None:
-        """On the loop thread: fn(engine), then the outputs delivered before it, then its reply (that order)."""
-        try:
-            ok, value = True, pickle.loads(payload)(engine)
-        except Exception as e:   # noqa: BLE001 - the caller's to handle (a function this child cannot import too)
-            ok, value = False, e
-        flush()
-        reply(cid, ok, value)
-
-    loop = EngineLoop(eng, name=name, health_interval=health_interval, on_delivered=flush)
-    beating = threading.Event()
-
-    def beat() -> None:   # the loop's last round, each second (the parent's wedge watch)
-        while not beating.wait(_BEAT_S):
-            try:
-                send(("beat", loop.progress))
-            except (OSError, ValueError):   # the parent is gone
-                return
-
-    threading.Thread(target=beat, name=f"mpk-{name}-beat", daemon=True).start()
-    rpcs = {"stats": loop.stats, "idle_log": lambda: list(loop.idle_log), "thread_cpu": thread_cpu}
-    try:
-        while True:
-            try:
-                msg = rx.recv()
-            except (EOFError, OSError):   # the parent is gone
-                break
-            except Exception:   # noqa: BLE001 - a message that does not unpickle here: skip it, keep serving
-                log.exception("engine process %s: a message from the parent it cannot read", name)
-                continue
-            tag = msg[0]
-            if tag == "add":
-                rid = msg[1]
-                try:
-                    ids, params, prompt, stream = pickle.loads(msg[2])
-                except Exception as e:   # noqa: BLE001 - e.g. a SamplingParams subclass this child cannot import
-                    send(("out", [_pack(RequestOutput.failed(rid, None, [], "the request cannot be read in the "
-                                                             f"engine process: {e}"), {})]))
-                    continue
-                try:
-                    loop.submit(ids, params, outbox.append, prompt=prompt, request_id=rid, stream=stream,
-                                checked=True)   # (the parent did, with the same code and spec)
-                except Exception as e:   # noqa: BLE001 - the engine died after the parent validated
-                    send(("out", [_pack(RequestOutput.failed(rid, prompt, ids, str(e)), {})]))
-            elif tag == "abort":
-                loop.abort(msg[1])
-            elif tag == "call":
-                loop.call(functools.partial(run_call, payload=msg[2], cid=msg[1]))
-            elif tag == "rpc":   # answered on this thread, between the loop's steps or during them
-                try:
-                    ok, value = True, rpcs[msg[2]]()
-                except Exception as e:   # noqa: BLE001 - (a KeyError: an rpc this child does not know)
-                    ok, value = False, e
-                reply(msg[1], ok, value)
-            elif tag == "shutdown":
-                break
-    finally:
-        beating.set()
-        loop.shutdown()
-        llm.shutdown()
-        with send_lock:
-            tx.close()

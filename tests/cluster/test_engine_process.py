@@ -11,7 +11,7 @@ from cluster.router import build_router
 from cluster.server import ServerThread, create_app
 from mpk_runtime.engine import (LLM, InvalidRequestError, LLMEngine, PromptTooLongError, RequestFailedError,
                                 SamplingParams)
-from mpk_runtime.engine.engine_process import EngineProcess, _PrefixShadow
+from mpk_runtime.engine.engine_process import EngineProcess, PrefixShadow
 from mpk_runtime.engine.errors import UnknownModelError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -189,7 +189,7 @@ def test_killed_child_fails_its_requests_and_restarts(demo_dir, local_llm):
 
 
 def test_prefix_shadow_matches_what_was_sent_and_forgets_oldest():
-    sh = _PrefixShadow(num_pages=3, page_size=4)
+    sh = PrefixShadow(num_pages=3, page_size=4)
     a = list(range(1, 14))            # 3 full pages before the last token
     assert sh.match(a)[0] == []
     sh.note(a)
@@ -201,9 +201,9 @@ def test_prefix_shadow_matches_what_was_sent_and_forgets_oldest():
 
 
 def test_wire_form_rebuilds_every_output_exactly():
-    """_pack (child) -> _Pending.unpack (parent) gives back each RequestOutput the engine made, field for field:
+    """pack_output (child) -> PendingRequest.unpack (parent) gives back each RequestOutput the engine made, field for field:
     streamed snapshots with logprobs and text, a stream=False request's one output, a failed request's."""
-    from mpk_runtime.engine.engine_process import _pack, _Pending
+    from mpk_runtime.engine.process_wire import PendingRequest, pack_output
     from mpk_runtime.engine.request import RequestOutput
     llm = LLM("tiny-llama", **KW)
     try:
@@ -219,8 +219,8 @@ def test_wire_form_rebuilds_every_output_exactly():
     assert sum(o.finished for o in outs) == 4 and any(o.logprobs for o in outs)
     sent, pend = {}, {}
     for o in outs:
-        p = pend.setdefault(o.request_id, _Pending(None, o.prompt, o.prompt_token_ids))
-        assert p.unpack(o.request_id, _pack(o, sent)) == o
+        p = pend.setdefault(o.request_id, PendingRequest(None, o.prompt, o.prompt_token_ids))
+        assert p.unpack(o.request_id, pack_output(o, sent)) == o
     assert sent == {}   # (forgotten at each request's end)
 
 
