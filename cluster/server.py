@@ -293,15 +293,22 @@ def create_app(router: Router, served_model_name: str | None = None):
             for c in first_chunks:
                 yield _sse(c)
             while len(done) < n:
-                i, out = await q.get()
-                if out.finish_reason == "error":
-                    _abort(handles)
-                    yield _sse(_err_body(out.error or "request failed", "RequestFailedError", "server_error"))
-                    return
-                yield _sse(make_chunk(i, out))
-                if out.finished:
-                    done.add(i)
-                    outs[i] = out
+                items = [await q.get()]
+                while not q.empty():   # (outputs that queued while this handler waited its turn: one write for all)
+                    items.append(q.get_nowait())
+                parts = []
+                for i, out in items:
+                    if out.finish_reason == "error":
+                        _abort(handles)
+                        parts.append(_sse(_err_body(out.error or "request failed", "RequestFailedError",
+                                                    "server_error")))
+                        yield "".join(parts)
+                        return
+                    parts.append(_sse(make_chunk(i, out)))
+                    if out.finished:
+                        done.add(i)
+                        outs[i] = out
+                yield "".join(parts)
             if include_usage:
                 yield _sse(make_chunk(None, None, usage=_usage([outs[i] for i in sorted(outs)], per_prompt)))
             yield "data: [DONE]\n\n"
