@@ -102,6 +102,12 @@
 #    qwen3-8b 7239-7352 -> 7934-7993; GPU tests 28 + 1 passed. Next: `SERVE_STREAM=1 ... serve` at the wire-form
 #    commit (outputs as tuples: predicted the child's deliver 1.07 -> ~0.3 ms a step, streaming ~27-28k tokens/s),
 #    with `SERVE_PROC=0` beside it.)
+#    (session 67, 1x H100, two calls on one start, ~10 starts refused: bench/results/s67 -- at 402f715 the child's
+#    deliver 0.49 / 0.62 ms a step (predicted ~0.3), streaming 25213 / 25122 against 26178 non-streaming in the child
+#    (96%); planner at 16k / 10k keys on the H100: regret 0, step MAPE 2.6 / 1.9%. Next: the sender thread (cc55c5f,
+#    MPK_PROC_SENDER; predicted the loop's deliver -> ~0.1 ms, streaming +5-7%) in ABBA order:
+#    `S="SERVE_LIM=68 SERVE_STREAM=1 MODELS=llama-3.2-1b"; env $S N=s1 T=70 SERVE_TAG=_s1 bash scripts/gpu_run.sh serve;
+#    env $S MPK_PROC_SENDER=0 N=s0 T=70 SERVE_TAG=_s0 ... serve; ... s0b; ... s1b` (carry the serve bundle).)
 #    On an H100: the attention task terms from run_tr-style traces (planner/trace_fit.py), then refit; B=128 at the
 #    long contexts that fit (llama 16k) and qwen3-8b B=32 past 8k keys, both never validated on the H100.
 #    On an H200, the same long-key rows would give h200_v56 the new terms (`VAL_CTXS="8192 32768 131072"` ... val,
