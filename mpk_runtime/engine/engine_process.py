@@ -193,8 +193,8 @@ class EngineProcess:
         self.engine = EngineView(msg[1], self._tokenizer_source, self)
         self._proc, self._rx, self._tx = proc, rx, tx
         self._dead = self._wedged = None
-        self._progress = time.monotonic()   # the child's loop's last round, as its heartbeats and outputs tell
-        self._heard = time.monotonic()      # the last message of any kind from the child
+        self._progress = time.monotonic()   # the child's loop's last round, as its last heartbeat told
+        self._heard = time.monotonic()      # when that heartbeat arrived (its beat thread runs beside the loop)
         self._reader = threading.Thread(target=self._read, name=f"mpk-{self.name}-rx", daemon=True)
         self._reader.start()
 
@@ -213,8 +213,8 @@ class EngineProcess:
 
     @property
     def stalled_s(self) -> float:
-        """Seconds since the child's engine loop was last seen going round (EngineLoop.stalled_s, as told here
-        each second and by every output): it grows where the loop or the whole child is wedged, or stopped."""
+        """Seconds since the child's engine loop was last seen going round (EngineLoop.stalled_s, as its heartbeat
+        tells here each second): it grows where the loop or the whole child is wedged, or stopped."""
         return max(0.0, time.monotonic() - self._progress)
 
     @property
@@ -347,7 +347,6 @@ class EngineProcess:
                         self._watch()
                         continue
                     msg = rx.recv()
-                    self._heard = time.monotonic()
                 except (EOFError, OSError):
                     break
                 try:
@@ -361,10 +360,9 @@ class EngineProcess:
     def _handle(self, msg) -> None:
         tag = msg[0]
         if tag == "out":
-            self._progress = time.monotonic()   # (a step's outputs: its loop went round)
             self._dispatch(msg[1])
         elif tag == "beat":
-            self._progress = msg[1]   # (time.monotonic() is one clock for every process of the machine)
+            self._heard, self._progress = time.monotonic(), msg[1]   # (one monotonic clock for the whole machine)
             self._watch()
         elif tag == "reply":
             fut = self._replies.pop(msg[1], None)
@@ -374,7 +372,8 @@ class EngineProcess:
             self._dead = msg[1]
 
     def _dispatch(self, items: list[tuple]) -> None:
-        """A step's outputs in their wire form (process_wire.pack_output): each rebuilt as the RequestOutput the child's engine made,
+        """A step's outputs in their wire form (process_wire.pack_output): each rebuilt as the RequestOutput the
+        child's engine made,
         from what this side kept of the request, and handed to its callback."""
         for it in items:
             rid, finished = it[0], it[5]

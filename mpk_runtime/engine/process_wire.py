@@ -3,6 +3,7 @@ form, the heartbeat period, and the helpers both sides call by name (`thread_cpu
 """
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 from typing import Callable
@@ -75,7 +76,6 @@ class PendingRequest:
 
 def picklable_error(e: BaseException) -> BaseException:
     """e if it survives pickling (to cross the pipe), else a RuntimeError that names it."""
-    import pickle
     try:
         pickle.loads(pickle.dumps(e))
         return e
