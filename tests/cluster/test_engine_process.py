@@ -258,12 +258,12 @@ def test_wedged_child_is_skipped_then_killed_and_restarted(demo_dir, local_llm):
     after wedge_timeout: its request fails naming the wedge, a new child serves the next one. The other child, idle
     and then busy for longer than its own (shorter) wedge_timeout, is left alone: its heartbeat keeps it fresh."""
     router = build_router(demo_dir, executor="inprocess", engine_process=True, num_replicas=2, health_interval=None,
-                          backend="torch", stall_after=3.0, wedge_timeout=None, **KW)
+                          backend="torch", stall_after=5.0, wedge_timeout=None, **KW)
     try:
         a, b = router.replicas
         for r in (a, b):   # (the first step warms torch up: seconds on a busy CPU machine)
             _wait_for(r.loop, [1, 2])
-        a.loop.wedge_timeout, b.loop.wedge_timeout = 8.0, 2.5
+        a.loop.wedge_timeout, b.loop.wedge_timeout = 12.0, 6.0
         first, b_pid = a.loop.pid, b.loop.pid
         done, outs = threading.Event(), []
 
@@ -273,8 +273,8 @@ def test_wedged_child_is_skipped_then_killed_and_restarted(demo_dir, local_llm):
                 done.set()
         os.kill(first, signal.SIGSTOP)
         a.loop.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True), cb)
-        assert b.loop.stalled_s < 3.0   # (b is idle: its heartbeat keeps it fresh)
-        assert _wait_until(lambda: a.loop.stalled_s > 3.5, 10)
+        assert b.loop.stalled_s < 5.0   # (b is idle: its heartbeat keeps it fresh, late by ~1.5 s at most)
+        assert _wait_until(lambda: a.loop.stalled_s > 6.0, 15)
         # a holds one request, b none: least-loaded alone would pick b anyway, so load b past a first
         for _ in range(3):
             b.loop.submit([4, 5], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True), lambda o: None)
@@ -283,7 +283,7 @@ def test_wedged_child_is_skipped_then_killed_and_restarted(demo_dir, local_llm):
         from cluster.metrics import Metrics
         line = next(x for x in Metrics().render(router.stats()).splitlines()
                     if x.startswith('mpk_stalled_seconds{replica="replica-0"}'))
-        assert float(line.split()[-1]) > 3.0
+        assert float(line.split()[-1]) > 5.0
         srv = ServerThread(create_app(router))
         try:
             import httpx
