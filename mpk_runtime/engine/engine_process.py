@@ -12,7 +12,7 @@ threads share a GIL only with the pipe reader of their own process.
 The wire: two one-way pipes (multiprocessing.connection). Parent -> child: ("add", id, prompt ids, params, prompt
 text, stream), ("abort", id), ("call", call id, fn), ("rpc", call id, name), ("shutdown",). Child -> parent:
 ("ready", spec) or ("failed", exception) once, then ("out", [RequestOutput, ...]) one message for each round of
-outputs (an engine step's), ("dead", reason) when the engine's state changes, ("reply", call id, ok, value),
+outputs (an engine step's), ("dead", reason) when the engine's state changes, ("reply", call id, ok, pickled value),
 ("beat", the loop's last round) each second.
 The parent validates and tokenises locally (`EngineView`, from the spec the child declares), so a bad request is
 refused before it is queued, as in process. A child that exits fails its outstanding requests with an error
@@ -157,8 +157,8 @@ class EngineProcess:
         rx, child_tx = mpc.Pipe(duplex=False)   # child -> parent
         child_rx, tx = mpc.Pipe(duplex=False)   # parent -> child
         fds = (child_rx.fileno(), child_tx.fileno())
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),   # (as spawn does)
-                   **self._child_env)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),   # (as spawn does)
+               **self._child_env}   # (child_env's own PYTHONPATH, if any, wins)
         proc = self._starting = subprocess.Popen(
             [sys.executable, "-c", f"import mpk_runtime.engine.process_child as m; m.child_entry({fds[0]}, {fds[1]})"],
             pass_fds=fds, env=env)
@@ -166,17 +166,24 @@ class EngineProcess:
         child_tx.close()
         deadline = time.monotonic() + self.start_timeout
         try:
-            tx.send((self.name, model, kw, health, imports))
-            while not rx.poll(0.5):
-                if proc.poll() is not None:
-                    raise RequestFailedError(f"the engine process of {self.name} exited with code {proc.returncode} "
-                                             "before its engine was built (see its log above)")
-                if self._stopping:
-                    raise RequestFailedError(f"the engine process of {self.name} was shut down while it started")
-                if time.monotonic() > deadline:
-                    raise RequestFailedError(f"the engine process of {self.name} did not build its engine in "
-                                             f"{self.start_timeout:.0f} s (start_timeout)")
-            msg = rx.recv()
+            try:
+                tx.send((self.name, model, kw, health, imports))
+                while not rx.poll(0.5):
+                    if proc.poll() is not None:
+                        raise EOFError
+                    if self._stopping:
+                        raise RequestFailedError(f"the engine process of {self.name} was shut down while it started")
+                    if time.monotonic() > deadline:
+                        raise RequestFailedError(f"the engine process of {self.name} did not build its engine in "
+                                                 f"{self.start_timeout:.0f} s (start_timeout)")
+                msg = rx.recv()
+            except (EOFError, OSError):   # its pipe closed (poll answers True at once then) or it exited: it is gone
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
+                raise RequestFailedError(f"the engine process of {self.name} exited with code {proc.returncode} "
+                                         "before its engine was built (see its log above)") from None
             if msg[0] == "failed":
                 proc.wait(30)
                 raise msg[1]
@@ -281,7 +288,9 @@ class EngineProcess:
     def stats(self) -> dict:
         """The child's EngineLoop.stats(); the last ones seen, with `dead` set, when it cannot answer."""
         silent = time.monotonic() - self._heard
-        if not self._dead and self.alive and silent > 3 * BEAT_S:   # (its heartbeat is late: no rpc would answer)
+        if not self._dead and self.alive and silent > 3 * BEAT_S and not self._unread():   # (its heartbeat is late
+            # and nothing waits in the pipe, where this process's reader may lag behind a busy child: no rpc would
+            # answer)
             reason = (f"the engine process of {self.name} has sent nothing for {silent:.1f} s (a heartbeat is due each "
                       f"{BEAT_S:g} s)")
         elif not self._dead and self.alive:
@@ -309,20 +318,34 @@ class EngineProcess:
         starting = self._starting
         if starting is not None:   # a restart in progress: its child goes too (_start sees _stopping)
             starting.kill()
-        try:
-            self._send(("shutdown",))
-        except (OSError, ValueError):
-            pass
+        # (from a thread of its own: a child that stopped reading - wedged - with its pipe full would block this
+        # write, and every submit's, for good; they fail once it is killed below)
+        teller = threading.Thread(target=self._tell_shutdown, name=f"mpk-{self.name}-stop", daemon=True)
+        teller.start()
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait(5)
+        teller.join(5)
         self._reader.join(5)
         with self._send_lock:
             self._tx.close()
 
     # --- parent internals ------------------------------------------------------------------------------------
+    def _unread(self) -> bool:
+        """Whether the child's pipe holds what the reader has not read yet (its heartbeats among it)."""
+        try:
+            return self._rx.poll(0)
+        except (OSError, ValueError, EOFError):   # (the reader closed it: the child is gone)
+            return False
+
+    def _tell_shutdown(self) -> None:
+        try:
+            self._send(("shutdown",))
+        except (OSError, ValueError):
+            pass
+
     def _send(self, msg) -> None:
         with self._send_lock:
             self._tx.send(msg)
@@ -344,11 +367,16 @@ class EngineProcess:
             while True:
                 try:
                     if not rx.poll(BEAT_S):   # (silence: the child's heartbeat is late)
+                        if self._proc.poll() is not None:   # it exited, though its pipe may not close: a process
+                            break                           # it forked (or one that inherited the pipe) holds it
                         self._watch()
                         continue
                     msg = rx.recv()
                 except (EOFError, OSError):
                     break
+                except Exception:   # noqa: BLE001 - read whole, but it does not unpickle here: skip it
+                    log.exception("engine process %s: a message this process cannot read", self.name)
+                    continue
                 try:
                     self._handle(msg)
                 except Exception:   # noqa: BLE001 - a message that does not unpickle or apply: skip it, keep reading
@@ -367,7 +395,13 @@ class EngineProcess:
         elif tag == "reply":
             fut = self._replies.pop(msg[1], None)
             if fut is not None and fut.set_running_or_notify_cancel():   # (a caller may have cancelled it)
-                (fut.set_result if msg[2] else fut.set_exception)(msg[3])
+                ok = msg[2]
+                try:
+                    value = pickle.loads(msg[3])
+                except Exception as e:   # noqa: BLE001 - e.g. a class this process cannot import
+                    ok, value = False, RequestFailedError(f"the reply of the engine process of {self.name} cannot be "
+                                                          f"read in this process: {type(e).__name__}: {e}")
+                (fut.set_result if ok else fut.set_exception)(value)
         elif tag == "dead":
             self._dead = msg[1]
 

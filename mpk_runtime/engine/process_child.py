@@ -88,10 +88,12 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
             post(functools.partial(send, ("dead", eng.dead)))
 
     def reply(cid: int, ok: bool, value) -> None:
+        # (the value pickled apart: one the parent cannot unpickle fails that call there, not the whole message)
         try:
-            send(("reply", cid, ok, value if ok else picklable_error(value)))
+            payload = pickle.dumps(value if ok else picklable_error(value), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as pe:   # noqa: BLE001 - a result that does not pickle
-            send(("reply", cid, False, RuntimeError(f"the call's result cannot cross to the parent: {pe}")))
+            ok, payload = False, pickle.dumps(RuntimeError(f"the call's result cannot cross to the parent: {pe}"))
+        send(("reply", cid, ok, payload))
 
     def run_call(engine, payload: bytes, cid: int) -> None:
         """On the loop thread: fn(engine), then the outputs delivered before it, then its reply (that order)."""

@@ -1,0 +1,178 @@
+"""EngineProcess (engine/engine_process.py) failure paths: a child that dies while it builds its engine, a child whose
+pipe outlives it, a shutdown while a wedged child's pipe is full, a parent whose reader lags, child_env's PYTHONPATH."""
+import os
+import signal
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from mpk_runtime.engine import RequestFailedError, SamplingParams
+from mpk_runtime.engine.engine_process import EngineProcess
+
+KW = dict(backend="torch", dtype="float32", max_seq_len=64, max_batch=8, health_interval=None)
+LONG = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+
+
+def _module(tmp_path, monkeypatch, name: str, body: str) -> str:
+    """A module the child imports (child_imports): the child's PYTHONPATH is this process's sys.path."""
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:   # (a zombie of ours counts as gone)
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return False
+
+
+def test_child_that_exits_while_building_raises_a_clear_error(tmp_path, monkeypatch):
+    """The child exits before it answers: its pipe closes, so poll() says there is something to read and recv()
+    raised a bare EOFError; the caller should get the RequestFailedError that names the exit code."""
+    mod = _module(tmp_path, monkeypatch, "review_exit7", "import os\nos._exit(7)\n")
+    with pytest.raises(RequestFailedError, match="exited with code 7 before its engine was built"):
+        EngineProcess("tiny-llama", name="exit7", child_imports=(mod,), **KW)
+
+
+def test_child_env_may_set_pythonpath(tmp_path):
+    (tmp_path / "review_only_here.py").write_text("X = 1\n")
+    path = os.pathsep.join([str(tmp_path)] + [p for p in sys.path if p])
+    proc = EngineProcess("tiny-llama", name="pp", child_env={"PYTHONPATH": path},
+                         child_imports=("review_only_here",), **KW)
+    proc.shutdown()
+
+
+def test_killed_child_whose_pipe_a_forked_process_holds_is_noticed(tmp_path, monkeypatch):
+    """A process the child forked holds the child's end of the pipe, so killing the child closes nothing: the reader
+    must still notice the child is gone, fail its request and start another."""
+    pids = tmp_path / "forked.pids"
+    mod = _module(tmp_path, monkeypatch, "review_forks", f"""
+        import os, time
+        pid = os.fork()
+        if pid == 0:   # (holds every descriptor of the child, its pipe to the parent among them)
+            time.sleep(60)
+            os._exit(0)
+        with open({str(pids)!r}, "a") as f:
+            f.write(f"{{pid}}\\n")
+    """)
+    proc = EngineProcess("tiny-llama", name="fk", max_restarts=1, child_imports=(mod,), **KW)
+    try:
+        done, outs = threading.Event(), []
+
+        def cb(o):
+            outs.append(o)
+            if o.finished:
+                done.set()
+        first = proc.pid
+        proc.submit([1, 2, 3], LONG, cb)
+        os.kill(first, signal.SIGKILL)
+        assert done.wait(15), "the killed child's request never ended"
+        assert outs[-1].finish_reason == "error" and "exited" in outs[-1].error
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not (proc.dead is None and proc.alive):
+            time.sleep(0.1)
+        assert proc.pid != first and proc.restarts == 1 and proc.dead is None
+    finally:
+        proc.shutdown()
+        for line in pids.read_text().split():
+            try:
+                os.kill(int(line), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_shutdown_returns_though_a_wedged_childs_pipe_is_full():
+    """A stopped child reads nothing: submits fill its pipe and the next write blocks (holding the send lock).
+    shutdown() must still kill the child and return, and the blocked submit must fail."""
+    proc = EngineProcess("tiny-llama", name="full", wedge_timeout=None, **KW)
+    pid = proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    sent, errors = [0], []
+
+    def fill():
+        try:
+            while True:
+                proc.submit(list(range(1, 60)), SamplingParams(temperature=0, max_tokens=2), lambda o: None)
+                sent[0] += 1
+        except Exception as e:   # noqa: BLE001
+            errors.append(e)
+    filler = threading.Thread(target=fill, daemon=True)
+    filler.start()
+    try:
+        last, end = -1, time.monotonic() + 10
+        while sent[0] != last and time.monotonic() < end:   # (until a write blocks: the pipe is full)
+            last = sent[0]
+            time.sleep(0.5)
+        assert sent[0] == last and not errors and filler.is_alive()
+        stopper = threading.Thread(target=proc.shutdown, kwargs=dict(timeout=2.0), daemon=True)
+        stopper.start()
+        stopper.join(20)
+        assert not stopper.is_alive(), "shutdown() hung on the full pipe"
+        filler.join(10)
+        assert not filler.is_alive() and isinstance(errors[0], RequestFailedError)
+        assert _gone(pid)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_stats_do_not_call_a_busy_child_dead_where_this_side_lags():
+    """A consumer's callback holds the parent's reader for a few seconds: the child's heartbeats wait in the pipe,
+    unread. The child is healthy, so stats() (and /health) must not report it down."""
+    proc = EngineProcess("tiny-llama", name="lag", **KW)
+    try:
+        holding, done = threading.Event(), threading.Event()
+
+        def slow(o):
+            if not holding.is_set():
+                holding.set()
+                time.sleep(5.0)
+            if o.finished:
+                done.set()
+        proc.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), slow)
+        assert holding.wait(30)
+        time.sleep(3.8)   # (the last heartbeat the reader saw is 3.8 s old or more; more are in the pipe)
+        st = proc.stats()
+        assert st["dead"] is None, st["dead"]
+        assert done.wait(30) and proc.dead is None
+    finally:
+        proc.shutdown()
+
+
+def _child_only_value(engine):   # (a call: module level, so it crosses the pipe)
+    import review_child_only
+    return review_child_only.Thing()
+
+
+def test_a_reply_this_side_cannot_unpickle_fails_that_call_only(tmp_path):
+    """The child can import a module this process cannot: a call's result of a class from it used to stop the
+    parent's reader at recv() (only EOFError/OSError were caught there), which failed every request in flight and
+    killed and restarted the child. It must fail that call alone."""
+    (tmp_path / "review_child_only.py").write_text("class Thing:\n    pass\n")
+    path = os.pathsep.join([str(tmp_path)] + [p for p in sys.path if p])
+    proc = EngineProcess("tiny-llama", name="uc", child_env={"PYTHONPATH": path}, **KW)
+    try:
+        done, outs = threading.Event(), []
+
+        def cb(o):
+            outs.append(o)
+            if o.finished:
+                done.set()
+        pid = proc.pid
+        proc.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), cb)
+        with pytest.raises(RequestFailedError, match="cannot be read in this process.*review_child_only"):
+            proc.call(_child_only_value).result(timeout=30)
+        assert done.wait(30) and outs[-1].finish_reason == "length", outs[-1].error
+        assert proc.pid == pid and proc.restarts == 0 and proc.dead is None and proc.alive
+    finally:
+        proc.shutdown()
