@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import dataclasses
 import logging
 import queue
 import threading
@@ -107,6 +108,8 @@ class EngineLoop:
         return s
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop after its current round. Requests it still holds (queued or running) end with an error
+        output that says so, and pending calls with RequestFailedError: no caller is left waiting."""
         self._stop.set()
         self._cmds.put(("wake",))
         self._thread.join(timeout)
@@ -151,7 +154,43 @@ class EngineLoop:
             except Exception as e:   # the caller's to handle
                 fut.set_exception(e)
 
+    def _end_all(self, reason: str) -> None:
+        """On the loop thread, after its last round (shutdown): every request still queued or running ends with an
+        error output naming reason (a running one keeps the tokens it has), every queued call with the error."""
+        ends: list[RequestOutput] = []
+        try:
+            while True:
+                cmd = self._cmds.get_nowait()
+                if cmd[0] == "add":
+                    _, rid, ids, _params, prompt, cb, _stream = cmd
+                    self._callbacks[rid] = cb
+                    ends.append(RequestOutput.failed(rid, prompt, ids, reason))
+                elif cmd[0] == "call" and cmd[2].set_running_or_notify_cancel():
+                    cmd[2].set_exception(RequestFailedError(reason))
+        except queue.Empty:
+            pass
+        queued = {o.request_id for o in ends}
+        for rid in [r for r in self._callbacks if r not in queued]:
+            req, snap = self.engine._requests.get(rid), None
+            try:
+                snap = self.engine.abort(rid)   # (its pages back; a burst in flight finishes on the device)
+            except Exception:   # noqa: BLE001 - shutting down: the caller's error output matters more
+                log.exception("abort of %s at shutdown failed", rid)
+            if snap is None and req is not None:
+                snap = req.snapshot()
+            ends.append(RequestOutput.failed(rid, None, [], reason) if snap is None else
+                        dataclasses.replace(snap, finished=True, finish_reason="error", error=reason))
+        if ends:
+            self._deliver_all(ends)
+
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            if self._stop.is_set():
+                self._end_all(f"replica {self.name} was shut down")
+
+    def _loop(self) -> None:
         last_health = time.monotonic()
         tm = self._times
         pc = time.perf_counter

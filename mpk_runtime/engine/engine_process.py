@@ -430,6 +430,20 @@ class EngineProcess:
             except Exception:   # a consumer's bug must not stop the reader
                 log.exception("output callback failed for %s", rid)
 
+    def _fail_pending(self, reason: str) -> None:
+        """End every request and call the child held with reason (their outputs can no longer come)."""
+        with self._lock:
+            pending, self._callbacks, self._outstanding = self._callbacks, {}, 0
+            replies, self._replies = self._replies, {}
+        for rid, p in pending.items():
+            try:
+                p.on_output(RequestOutput.failed(rid, p.prompt, p.prompt_token_ids, reason))
+            except Exception:   # noqa: BLE001
+                log.exception("output callback failed for %s", rid)
+        for fut in replies.values():
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(RequestFailedError(reason))
+
     def _watch(self) -> None:
         """Kill a child whose engine loop has not gone round for wedge_timeout s: its pipe closes, and
         _child_exited fails its requests and starts another, as for a child that exited by itself."""
@@ -448,7 +462,8 @@ class EngineProcess:
         except subprocess.TimeoutExpired:   # the pipe closed but the process lingers: it is no use any more
             self._proc.kill()
             self._proc.wait(5)
-        if self._stopping:
+        if self._stopping:   # (what the child did not end itself before it exited)
+            self._fail_pending(f"the engine process of {self.name} was shut down")
             return
         with self._send_lock:   # (a submit racing this one gets an OSError there: a RequestFailedError to its caller)
             self._tx.close()
@@ -457,17 +472,7 @@ class EngineProcess:
                   f"the engine process of {self.name} exited (code {code})")
         log.error("%s; failing its %d requests", reason, len(self._callbacks))
         self._dead = reason
-        with self._lock:
-            pending, self._callbacks, self._outstanding = self._callbacks, {}, 0
-            replies, self._replies = self._replies, {}
-        for rid, p in pending.items():
-            try:
-                p.on_output(RequestOutput.failed(rid, p.prompt, p.prompt_token_ids, reason))
-            except Exception:   # noqa: BLE001
-                log.exception("output callback failed for %s", rid)
-        for fut in replies.values():
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(RequestFailedError(reason))
+        self._fail_pending(reason)
         if self.restarts >= self.max_restarts:
             self._dead = f"{reason}; not restarted (max_restarts={self.max_restarts})"
             return

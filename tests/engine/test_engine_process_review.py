@@ -176,3 +176,66 @@ def test_a_reply_this_side_cannot_unpickle_fails_that_call_only(tmp_path):
         assert proc.pid == pid and proc.restarts == 0 and proc.dead is None and proc.alive
     finally:
         proc.shutdown()
+
+
+def test_shutdown_ends_the_requests_it_holds_with_an_error():
+    """shutdown() with a request mid-generation (the child stopped, so it cannot finish): the caller gets a finished
+    output whose error says the engine was shut down, not silence."""
+    proc = EngineProcess("tiny-llama", name="stop", **KW)
+    pid = proc.pid
+    first, done, outs = threading.Event(), threading.Event(), []
+
+    def cb(o):
+        outs.append(o)
+        first.set()
+        if o.finished:
+            done.set()
+    try:
+        proc.submit([1, 2, 3], LONG, cb)
+        assert first.wait(30)
+        os.kill(pid, signal.SIGSTOP)
+        assert not done.is_set()
+        proc.shutdown(timeout=2.0)
+        assert done.wait(10), "shutdown() left the request waiting"
+        assert outs[-1].finish_reason == "error" and "shut down" in outs[-1].error
+        assert proc.load == 0
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_engine_loop_shutdown_ends_running_and_queued_requests():
+    """In process: a request running when EngineLoop.shutdown() is called keeps the tokens it has and ends with the
+    error; one still queued ends the same way; a queued call fails."""
+    from mpk_runtime.engine import LLM
+    from mpk_runtime.engine.async_engine import EngineLoop
+    llm = LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=64, max_batch=8)
+    loop = EngineLoop(llm.engine, name="t", health_interval=None)
+    started, release = threading.Event(), threading.Event()
+    outs: dict[str, list] = {"a": [], "b": []}
+
+    def cb_a(o):
+        outs["a"].append(o)
+        if not started.is_set():
+            started.set()
+            release.wait(10)   # (holds the loop thread until shutdown() has been called)
+    loop.submit([1, 2, 3], LONG, cb_a, request_id="a")
+    assert started.wait(30)
+    loop.submit([4, 5], LONG, outs["b"].append, request_id="b")   # (queued behind the held round)
+    call = loop.call(lambda eng: 1)
+    stopper = threading.Thread(target=loop.shutdown, daemon=True)
+    stopper.start()
+    time.sleep(0.2)
+    release.set()
+    stopper.join(20)
+    assert not stopper.is_alive()
+    for rid in ("a", "b"):
+        last = outs[rid][-1]
+        assert last.finished and last.finish_reason == "error" and "shut down" in last.error, (rid, last)
+    assert len(outs["a"][-1].token_ids) >= 1 and outs["b"][-1].token_ids == []
+    assert loop.load == 0
+    with pytest.raises(RequestFailedError, match="shut down"):
+        call.result(5)
+    llm.shutdown()
