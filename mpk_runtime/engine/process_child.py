@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing.connection as mpc
+import os
 import pickle
 import queue
 import threading
@@ -22,6 +23,8 @@ def child_entry(rx_fd: int, tx_fd: int) -> None:
     """The child interpreter's start (a new process, never a fork: CUDA in a forked child is unsafe)."""
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's: it shuts this process down
+    for fd in (rx_fd, tx_fd):   # (pass_fds left them inheritable: a program this one runs must not hold the pipe)
+        os.set_inheritable(fd, False)
     rx, tx = mpc.Connection(rx_fd, writable=False), mpc.Connection(tx_fd, readable=False)
     try:
         name, model, llm_kwargs, health_interval, imports = rx.recv()

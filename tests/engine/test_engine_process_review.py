@@ -239,3 +239,21 @@ def test_engine_loop_shutdown_ends_running_and_queued_requests():
     with pytest.raises(RequestFailedError, match="shut down"):
         call.result(5)
     llm.shutdown()
+
+
+def test_a_program_the_child_runs_does_not_inherit_its_pipe(tmp_path, monkeypatch):
+    """A program the child starts with close_fds=False (or os.system) must not hold the child's pipe ends: a killed
+    child's pipe would stay open, and with it the parent's writes once it fills."""
+    seen = tmp_path / "fds.txt"
+    mod = _module(tmp_path, monkeypatch, "review_spawns", f"""
+        import re, subprocess, sys
+        cmd = open("/proc/self/cmdline", "rb").read().decode()
+        fds = re.search(r"child_entry\\((\\d+), (\\d+)\\)", cmd).groups()
+        code = "import os; print(' '.join(os.listdir('/proc/self/fd')))"
+        got = subprocess.run([sys.executable, "-c", code], close_fds=False, capture_output=True, text=True).stdout
+        open({str(seen)!r}, "w").write(" ".join(fds) + "\\n" + got)
+    """)
+    proc = EngineProcess("tiny-llama", name="inh", child_imports=(mod,), **KW)
+    proc.shutdown()
+    pipe, held = (line.split() for line in seen.read_text().splitlines())
+    assert pipe and not set(pipe) & set(held), (pipe, held)
