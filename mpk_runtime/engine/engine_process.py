@@ -450,6 +450,8 @@ class EngineProcess:
         stalled = self.stalled_s
         if self.wedge_timeout is None or stalled <= self.wedge_timeout or self._stopping or self._wedged:
             return
+        if self._unread():   # (this side lags: a later heartbeat may wait in the pipe; judge on the newest)
+            return
         self._wedged = (f"its engine loop made no progress for {stalled:.0f} s (wedge_timeout "
                         f"{self.wedge_timeout:g} s), so it was killed")
         log.error("engine process %s (pid %d): %s", self.name, self._proc.pid, self._wedged)

@@ -257,3 +257,27 @@ def test_a_program_the_child_runs_does_not_inherit_its_pipe(tmp_path, monkeypatc
     proc.shutdown()
     pipe, held = (line.split() for line in seen.read_text().splitlines())
     assert pipe and not set(pipe) & set(held), (pipe, held)
+
+
+def test_a_lagging_reader_does_not_kill_a_healthy_child_as_wedged():
+    """A callback holds the parent's reader past wedge_timeout while the child keeps stepping: the heartbeats it then
+    reads are old, but newer ones wait behind them, so the child is not wedged and must not be killed."""
+    proc = EngineProcess("tiny-llama", name="lagw", wedge_timeout=6.0, **KW)
+    first = proc.pid
+    try:
+        held, done, outs = threading.Event(), threading.Event(), []
+
+        def slow(o):
+            outs.append(o)
+            if not held.is_set():
+                held.set()
+                time.sleep(10.0)
+            if o.finished:
+                done.set()
+        proc.submit([1, 2, 3], LONG, slow)
+        assert done.wait(60)
+        assert outs[-1].finish_reason == "length" and outs[-1].error is None, outs[-1]
+        time.sleep(1.5)
+        assert proc.pid == first and proc.restarts == 0 and proc.dead is None
+    finally:
+        proc.shutdown()
