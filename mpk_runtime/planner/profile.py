@@ -107,7 +107,12 @@ _DIR = os.path.join(os.path.dirname(__file__), "profiles")
 # 131k, where the conventional plan is faster (H100: 12875 against 13205 us measured). Now -5.5% / -7.4% and
 # conventional at both; on sessions 44-49's 257 rows the same choices and Spearman, step MAPE 1.79 -> 1.76%, segment
 # MAPE 4.53 -> 4.85% (docs/planner.md session 56).
-DEFAULT_PROFILE = "h200_v56"
+# h200_v57 since session 68: v56 with the paged attention's curves measured past 8193 keys on an H200 and regimes 1 / 8's
+# megakernel terms refit with mk_mixed_attn_sim_scale on the H200 rows of sessions 45-57 and 68 (ctx 512-131072). v56
+# priced session 68's long-context rows (16k-131k keys, B=1 / 8, every family) with step MAPE 8.1% (the megakernel
+# 7-14% low, conventional at B=1 up to +49% high); v57 left one context out: pooled step MAPE 2.2%, max regret 0.3%;
+# the same choices as v56 at every book point (both models, ctx 512 / 4096 / 32768, TP 1 and 2; docs/planner.md).
+DEFAULT_PROFILE = "h200_v57"
 # The profile a planner not handed one (and without MPK_PLANNER_PROFILE) prices with on each card, by the name the
 # CUDA device reports; a card not here (and a machine without a GPU: CI, `plan` on a laptop) gets DEFAULT_PROFILE.
 # h100_v1 (session 60): this card's stream, latencies, launch, conventional costs and attention curves measured,
