@@ -113,11 +113,14 @@
 #    On an H200, the same long-key rows would give h200_v56 the new terms (`VAL_CTXS="8192 32768 131072"` ... val,
 #    B=128 at 8192 keys (its B=128 rows end at 4096), then planner.fit --terms mkas,mklayer,mkattn,conv
 #    --cv-context on them with session 57's rows).
+#    (session 68, 1x H100 then 1x H200: bench/results/s68 -- the sender thread ABBA: the loop's deliver 0.21-0.36 ->
+#    0.02-0.03 ms a step, tokens/s +1.1% (noise 6-8%): the +5-7% refuted; tests/gpu 92 passed at 69efdc1. On the H200
+#    the paged attention's curves past 8193 keys (cattn, 22 s) and 12 long-context validation points under h200_v56
+#    (regret 0 at all, step MAPE 8.1%); h200_v57 (curves + regimes 1 / 8 refit, --terms mkas) is the default.)
 #    Next, one call each:
-#    a. the conventional attention curves past 8193 keys for the profile, on an H200 only (the profile's card):
-#       `N=cattn T=300 CATTN_TP=1 CATTN_BASE=h200_v56 CATTN_NAME=h200_v57 CATTN_KEYS=16385,32769,65537,131073
-#       CATTN_BS=1,2,4,8 MPK_CONV_TRITON_ATTN=1 bash scripts/gpu_run.sh cattn` (then refit the long-context terms on
-#       session 57's run 2 rows: conventional priced +7% there, mono -7%).
+#    a. h200_v57 out of sample on an H200, at points it was not fitted on: `N=v57 T=300 VAL_CTXS="8192 24576"
+#       VAL_B8192=1,8 VAL_B24576=1,8 VAL_MODELS=llama-3.2-1b,qwen3-8b VAL_LIM=290 bash scripts/gpu_run.sh val`
+#       (predicted: regret 0, step MAPE ~2-3%, the step bands -4..+5%).
 #    b. qwen3-8b B=8 / 32 at long contexts against gpt-fast on the H200 with the adopted shape (`N=longq T=300
 #       MODELS=qwen3-8b LONG_LENS= LONG_BS=8,32 LONG_CTXS=16384,32768 bash scripts/gpu_run.sh long`; predicted B=8 32k
 #       ~14.1 ms against gpt-fast's ~14.3), and the H200 sweep at qwen3-8b B=32 / llama B=32 past 8192 keys (their
