@@ -325,7 +325,7 @@ def write_report(rows, hf, meta, out, tag=""):
     print(f"segment MAPE {summ['segment_mape']}, step MAPE {summ['step_mape']}, resolved plan pairs ordered "
           f"{summ['resolved_pairs_ordered']}, all targets met: {summ['targets_met']}")
     for p in summ["points"]:
-        print(f"{p['model']:14s} tp={p['tp']} ctx={p.get('context', '-')} B={p['batch']:4d} plans={p['plans']} spearman={p['spearman']} "
+        print(f"{p['model']:14s} tp={p['tp']} ctx={p.get('context', '-')} B={p['batch']:4d} plans={p['plans']} step_mape={p['step_mape']} spearman={p['spearman']} "
               f"pairs_ordered={p['pairs_ordered']} chosen={p['chosen']} best={p['best_measured']} regret={p['regret']} "
               f"vs_best_mono_conv={p['chosen_vs_best_of_mono_conv']} vs_hf={p['chosen_vs_hf']}")
     return summ

@@ -90,6 +90,7 @@ def summarize(rows: list[dict], hf: dict | None = None) -> dict:
         pts.append({"model": m, "tp": tp, "batch": b, "context": ctx, "plans": len(rs),
                     "spearman": round(spearman([x["predicted_us"] for x in rs], [x["measured_us"] for x in rs]), 3),
                     "pairs_ordered": "%d/%d" % resolved_pairs(rs),
+                    "step_mape": round(sum(abs(x["predicted_us"] / x["measured_us"] - 1) for x in rs) / len(rs), 4),
                     "chosen": chosen["plan"] if chosen else None, "best_measured": best["plan"],
                     "chosen_us": chosen["measured_us"] if chosen else None, "best_us": best["measured_us"],
                     "regret": round(chosen["measured_us"] / best["measured_us"] - 1, 4) if chosen else None,

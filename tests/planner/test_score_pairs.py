@@ -31,3 +31,12 @@ def test_overlapping_quartile_bands_leave_a_pair_unresolved():
     b["measured_q_us"] = [102, 108]
     a["measured_q_us"] = [95, 101]
     assert resolved_pairs([a, b]) == (0, 1)   # separated, and predicted the wrong way round
+
+
+def test_each_point_reports_its_own_step_mape():
+    rows = [_row("attn-mk", 1100, 1000, chosen=True), _row("mono", 3600, 4000)]   # +10%, -10%
+    other = dict(_row("mono", 500, 500), batch=8)                                  # another point, exact
+    s = summarize(rows + [other])
+    by_batch = {p["batch"]: p["step_mape"] for p in s["points"]}
+    assert by_batch == {32: 0.1, 8: 0.0}
+    assert abs(s["step_mape"] - 0.2 / 3) < 1e-9
