@@ -114,7 +114,8 @@ class Client:
                 "ignore_eos": sp.ignore_eos, "stream": stream, "stop": list(sp.stop) or None,
                 "include_stop_str_in_output": sp.include_stop_str_in_output, "logprobs": sp.logprobs,
                 "presence_penalty": sp.presence_penalty, "frequency_penalty": sp.frequency_penalty,
-                "repetition_penalty": sp.repetition_penalty}
+                "repetition_penalty": sp.repetition_penalty, "min_p": sp.min_p, "min_tokens": sp.min_tokens,
+                "logit_bias": {str(t): b for t, b in sp.logit_bias} if sp.logit_bias else None}
 
     def _one(self, prompt, sp: SamplingParams, rid: str) -> RequestOutput:
         t0 = time.monotonic()

@@ -55,6 +55,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(CommonRequest):
     messages: list[ChatMessage]
+    max_tokens: int | None = None   # OpenAI's chat: no default limit (the context stops it)
     tools: list | None = None
     tool_choice: Any = None
     functions: list | None = None

@@ -207,7 +207,13 @@ def create_app(router: Router, served_model_name: str | None = None):
                     texts.append(part["text"])
                 content = "".join(texts)
             msgs.append({"role": m.role, "content": content or ""})
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        import jinja2   # (apply_chat_template's own dependency)
+        try:
+            text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        except jinja2.TemplateSyntaxError:   # the model's template is broken: the server's fault (500)
+            raise
+        except jinja2.TemplateError as e:    # the template refused these messages (raise_exception in it)
+            raise HTTPError(400, f"the model's chat template refused the messages: {e}") from None
         return list(tok.encode(text, add_special_tokens=False)), text
 
     # --- engine bridge ------------------------------------------------------------------------------------
@@ -233,16 +239,20 @@ def create_app(router: Router, served_model_name: str | None = None):
         q: asyncio.Queue = asyncio.Queue()
         handles = []
         per_choice = choices(params, n)
-        for pi, (ids, text) in enumerate(prompts):
-            for j, sp in enumerate(per_choice):
-                def cb(out: RequestOutput, i=pi * n + j):
-                    metrics.on_tokens(len(out.delta_token_ids))
-                    if out.finished:
-                        metrics.on_finish(out)
-                    inbox.put(q, (i, out))
-                # (a non-streaming request is told only its end: no snapshot, callback and handler wake-up a step;
-                # its tokens reach the metrics' counters then, all at once)
-                handles.append(router.submit(ids, sp, cb, prompt=text, stream=stream))
+        try:
+            for pi, (ids, text) in enumerate(prompts):
+                for j, sp in enumerate(per_choice):
+                    def cb(out: RequestOutput, i=pi * n + j):
+                        metrics.on_tokens(len(out.delta_token_ids))
+                        if out.finished:
+                            metrics.on_finish(out)
+                        inbox.put(q, (i, out))
+                    # (a non-streaming request is told only its end: no snapshot, callback and handler wake-up a
+                    # step; its tokens reach the metrics' counters then, all at once)
+                    handles.append(router.submit(ids, sp, cb, prompt=text, stream=stream))
+        except BaseException:   # a later submission failed (its replica went down): the caller gets the error,
+            _abort(handles)     # so nobody would read the ones already queued
+            raise
         return q, handles
 
     def _abort(handles) -> None:

@@ -1,0 +1,94 @@
+"""Review of the HTTP serving layer: each test failed before its fix (cluster/server.py, protocol.py, client.py)."""
+import threading
+import time
+
+import httpx
+import pytest
+
+from cluster.client import Client
+from cluster.router import build_router
+from cluster.server import ServerThread, create_app
+from mpk_runtime.engine import RequestFailedError, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def server(demo_dir):
+    router = build_router(demo_dir, executor="inprocess", dtype="float32", max_seq_len=64, max_batch=8,
+                          health_interval=None)
+    srv = ServerThread(create_app(router))
+    yield srv, router
+    srv.stop()
+    router.shutdown()
+
+
+def test_chat_without_max_tokens_runs_to_the_context(server):
+    """OpenAI's chat has no max_tokens default (docs/serving.md: "the default (16, none for chat) stops at the
+    context"): a chat that leaves it out generates until the context is full, not 16 tokens."""
+    url = server[0].url   # max_seq_len 64
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                        "temperature": 0, "ignore_eos": True}, timeout=60)
+    assert r.status_code == 200, r.text
+    u = r.json()["usage"]
+    assert u["prompt_tokens"] + u["completion_tokens"] == 64, u
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_client_sends_logit_bias_min_p_and_min_tokens(server):
+    """Client.generate / stream take an LLM's SamplingParams: logit_bias, min_p and min_tokens must reach the server
+    (they were left out of the request body, so the completion ignored them)."""
+    url = server[0].url
+    with Client(url) as c:
+        biased = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logit_bias={42: 100})
+        assert c.generate([[1, 2, 3]], biased)[0].token_ids == [42] * 5
+        assert list(c.stream([[1, 2, 3]], biased))[-1].token_ids == [42] * 5
+        greedy = c.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids
+        # min_p = 1: only the most likely token survives, so any temperature draws the greedy tokens
+        hot = SamplingParams(temperature=1.5, seed=1, max_tokens=8, ignore_eos=True, min_p=1.0)
+        assert c.generate([[1, 2, 3]], hot)[0].token_ids == greedy
+        # min_tokens: the stop token (greedy's first) cannot end the request before 3 tokens
+        stop_first = SamplingParams(temperature=0, max_tokens=6, stop_token_ids=[greedy[0]], min_tokens=3)
+        assert len(c.generate([[1, 2, 3]], stop_first)[0].token_ids) >= 3
+
+
+def test_chat_template_refusing_the_messages_is_400(server, monkeypatch):
+    """A chat template that raises on the messages (Llama / Mistral: "roles must alternate", Qwen: "no user query")
+    is the request's fault: 400 with the template's message, not a 500 "internal error, please report it"."""
+    srv, router = server
+    monkeypatch.setattr(router.tokenizer, "chat_template",
+                        "{{ raise_exception('Conversation roles must alternate user/assistant') }}")
+    r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "a"},
+                                                                         {"role": "user", "content": "b"}]})
+    assert r.status_code == 400, r.text
+    assert "roles must alternate" in r.json()["error"]["message"]
+
+
+def test_a_failed_submit_aborts_the_prompts_already_queued(server, monkeypatch):
+    """A batch of prompts whose second submission fails (its replica died after the pick) answers 503; the first
+    prompt, already queued, must be aborted, not left running for a client that got an error."""
+    srv, router = server
+    engine = router.replicas[0].llm.engine
+    real_step, real_submit = engine.step, router.submit
+
+    def slow_step():   # (50 tokens take >= 2.5 s: an abort sent at once lands long before the request ends)
+        time.sleep(0.05)
+        return real_step()
+    ends, ended, calls = [], threading.Event(), []
+
+    def submit(ids, sp, cb, **kw):
+        calls.append(ids)
+        if len(calls) > 1:
+            raise RequestFailedError("replica replica-0 is down: its engine loop exited")
+
+        def record(out):
+            cb(out)
+            if out.finished:
+                ends.append(out.finish_reason)
+                ended.set()
+        return real_submit(ids, sp, record, **kw)
+    monkeypatch.setattr(engine, "step", slow_step)
+    monkeypatch.setattr(router, "submit", submit)
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": [[1, 2], [3, 4]], "max_tokens": 50,
+                                                      "ignore_eos": True}, timeout=60)
+    assert r.status_code == 503, r.text
+    assert ended.wait(20)
+    assert ends == ["abort"]
