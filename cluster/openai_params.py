@@ -47,7 +47,7 @@ def sampling_params(r: CommonRequest, served: tuple[str, ...]) -> SamplingParams
                   "response_format", "guided_json", "guided_regex", "guided_choice"):
         if getattr(r, field, None) not in (None, {}, [], "", "none", {"type": "text"}):
             raise HTTPError(400, f"{field} is not supported by this server; leave it out")
-    if (getattr(r, "best_of", None) or 1) != 1:
+    if getattr(r, "best_of", None) not in (None, 1):
         raise HTTPError(400, f"best_of={r.best_of} is not supported; send best_of=1 or leave it out")
     if r.model is not None and r.model not in served:
         raise HTTPError(404, f"model {r.model!r} is not served here; this server serves {served[0]!r}",

@@ -274,6 +274,7 @@ def test_a_failing_sampler_fails_its_request_only(server, monkeypatch):
 
 @pytest.mark.parametrize("body, word", [
     ({"prompt": [1], "logit_bias": {"five": 10}}, "logit_bias"), ({"prompt": [1], "best_of": 3}, "best_of"),
+    ({"prompt": [1], "best_of": 0}, "best_of"),
     ({"prompt": [1], "logit_bias": {"5": 101}}, "logit_bias"), ({"prompt": [1], "min_p": 1.5}, "min_p"),
     ({"prompt": [1], "max_tokens": 2, "min_tokens": 3}, "min_tokens"),
     ({"prompt": [1], "response_format": {"type": "json_object"}}, "response_format"),
