@@ -312,7 +312,7 @@ def create_app(router: Router, served_model_name: str | None = None):
                         _abort(handles)
                         parts.append(_sse(_err_body(out.error or "request failed", "RequestFailedError",
                                                     "server_error")))
-                        yield "".join(parts)
+                        yield "".join(parts) + "data: [DONE]\n\n"   # (a stream ends so, whatever ended it)
                         return
                     parts.append(_sse(make_chunk(i, out)))
                     if out.finished:

@@ -92,3 +92,28 @@ def test_a_failed_submit_aborts_the_prompts_already_queued(server, monkeypatch):
     assert r.status_code == 503, r.text
     assert ended.wait(20)
     assert ends == ["abort"]
+
+
+def test_a_stream_that_fails_midway_ends_with_the_error_then_done(server, monkeypatch):
+    """A request that fails after its first chunks (its replica died) streams the error event and then [DONE], as
+    every other stream ends, so a client reading to [DONE] stops there."""
+    from mpk_runtime.engine.request import RequestOutput
+    srv, router = server
+    real_submit = router.submit
+
+    def submit(ids, sp, cb, **kw):
+        seen = []
+
+        def fail_second(out):
+            seen.append(out)
+            if len(seen) == 2 and not out.finished:
+                out = RequestOutput.failed(out.request_id, out.prompt, out.prompt_token_ids, "replica-0 exited")
+            if len(seen) <= 2:
+                cb(out)
+        return real_submit(ids, sp, fail_second, **kw)
+    monkeypatch.setattr(router, "submit", submit)
+    with httpx.stream("POST", srv.url + "/v1/completions", timeout=60,
+                      json={"prompt": [1, 2, 3], "max_tokens": 20, "ignore_eos": True, "stream": True}) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert '"error"' in events[-2] and "replica-0 exited" in events[-2], events[-3:]
+    assert events[-1] == "[DONE]"
