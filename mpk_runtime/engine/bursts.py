@@ -94,7 +94,11 @@ class BurstsMixin:
                    c0: float) -> list[RequestOutput]:
         """k decode steps of the scheduled rows in one executor call; each row takes its k tokens in order up to
         its stop (the rest were computed for nothing and are dropped)."""
-        return self._read_burst(self._submit_burst([s.request for s in sched], chunks, k), want_all, t0, t1, c0)
+        try:   # (async_bursts: the launch calls the workers now; a failure there fails what ran, as a step's does)
+            b = self._submit_burst([s.request for s in sched], chunks, k)
+        except Exception as e:
+            return self._on_failure(e)
+        return self._read_burst(b, want_all, t0, t1, c0)
 
     def _next_burst(self, b: Burst) -> Burst | None:
         """The burst after b, launched now, before b is read (async_bursts), or None: some row of b is gone, a

@@ -1,0 +1,30 @@
+"""Engine core review: each test failed before the fix it names."""
+import pytest
+
+from mpk_runtime.engine import LLM, RequestFailedError, SamplingParams
+
+
+def _clean(e):
+    a = e.allocator
+    assert not e.scheduler.running and not e.scheduler.waiting and e._inflight is None and not e._requests
+    assert a.num_free == a.num_pages and not a._used
+
+
+def test_a_failure_at_the_first_pipelined_bursts_launch_fails_its_requests_and_recovers(ref_greedy):
+    # bursts.py _step_many: the first burst's launch (async_bursts: Worker.execute(defer=True)) ran outside the
+    # step's failure handling: the worker's error escaped step() (generate raised WorkerError, not
+    # RequestFailedError) and nothing was failed or recovered
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    with LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=64, max_batch=2, decode_steps=4,
+             async_bursts=True) as llm:
+        e = llm.engine
+        e.add_request([3, 1, 4, 1, 5], sp, request_id="a")
+        e.step()                                    # the prompt: the next step is a burst
+        assert e.scheduler.running[0].decoding
+        llm.executor.collective_rpc("inject_fault", ("raise",))
+        outs = e.step()
+        assert [(o.request_id, o.finish_reason) for o in outs] == [("a", "error")]
+        _clean(e)
+        assert e.dead is None
+        again = llm.generate([[9, 2, 6]], sp, use_tqdm=False)[0]
+    assert again.token_ids == ref_greedy("tiny-llama", [9, 2, 6], 12)
