@@ -136,6 +136,14 @@ class EngineLoop:
     def _apply(self, cmd) -> None:
         if cmd[0] == "add":
             _, rid, ids, params, prompt, cb, stream = cmd
+            if rid in self._callbacks:   # an id in use: refuse this request alone (the running one keeps its callback)
+                with self._lock:
+                    self._outstanding -= 1
+                try:
+                    cb(RequestOutput.failed(rid, prompt, ids, f"request id {rid!r} is already in use"))
+                except Exception:  # a consumer's bug must not stop the loop
+                    log.exception("output callback failed for %s", rid)
+                return
             self._callbacks[rid] = cb
             try:
                 self.engine.add_request(ids, params, request_id=rid, prompt=prompt, stream=stream)

@@ -237,6 +237,8 @@ class EngineProcess:
         with self._lock:
             self._ids += 1
             rid = request_id or f"{self.name}-{self._ids}"
+            if rid in self._callbacks:   # (the one running under it keeps its callback)
+                raise InvalidRequestError(f"request id {rid!r} is already in use")
             self._callbacks[rid] = PendingRequest(on_output, prompt, ids)
             self._outstanding += 1
         try:   # (the request apart: the child answers a payload it cannot read with an error output, by id)

@@ -281,3 +281,46 @@ def test_a_lagging_reader_does_not_kill_a_healthy_child_as_wedged():
         assert proc.pid == first and proc.restarts == 0 and proc.dead is None
     finally:
         proc.shutdown()
+
+
+def test_engine_loop_refuses_a_duplicate_request_id_without_orphaning_the_first():
+    """A second submit under the id of a running request ends with an error naming the id; the first request keeps
+    its callback and finishes normally (the refusal used to take the first one's callback with it)."""
+    from mpk_runtime.engine import LLM
+    from mpk_runtime.engine.async_engine import EngineLoop
+    llm = LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=64, max_batch=8)
+    loop = EngineLoop(llm.engine, name="dup", health_interval=None)
+    try:
+        first, second, done = [], [], threading.Event()
+
+        def cb1(o):
+            first.append(o)
+            if o.finished:
+                done.set()
+        loop.submit([1, 2, 3], LONG, cb1, request_id="x")
+        loop.submit([4, 5], LONG, second.append, request_id="x")
+        assert done.wait(60), "the first request lost its callback"
+        assert first[-1].finish_reason == "length" and len(first[-1].token_ids) == LONG.max_tokens
+        assert second[-1].finished and second[-1].finish_reason == "error" and "already in use" in second[-1].error
+        assert loop.load == 0
+    finally:
+        loop.shutdown()
+        llm.shutdown()
+
+
+def test_engine_process_refuses_a_duplicate_request_id():
+    from mpk_runtime.engine import InvalidRequestError
+    proc = EngineProcess("tiny-llama", name="dupp", **KW)
+    try:
+        done, outs = threading.Event(), []
+
+        def cb(o):
+            outs.append(o)
+            if o.finished:
+                done.set()
+        proc.submit([1, 2, 3], LONG, cb, request_id="x")
+        with pytest.raises(InvalidRequestError, match="already in use"):
+            proc.submit([4, 5], LONG, lambda o: None, request_id="x")
+        assert done.wait(60) and outs[-1].finish_reason == "length"
+    finally:
+        proc.shutdown()
