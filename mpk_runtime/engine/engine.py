@@ -138,6 +138,10 @@ class LLMEngine(BurstsMixin, RecoveryMixin, RequestChecks):
         max_total = self.validate(prompt_token_ids, params)
         idx = next(self._ids)
         rid = request_id if request_id is not None else str(idx)
+        k = 0
+        while request_id is None and rid in self._requests:   # (a caller's own id took this number)
+            k += 1
+            rid = f"{idx}-{k}"
         if rid in self._requests:
             raise InvalidRequestError(f"request id {rid!r} is already in use")
         req = Request(request_id=rid, seq_id=idx, prompt=prompt, prompt_token_ids=prompt_token_ids, params=params,

@@ -28,3 +28,18 @@ def test_a_failure_at_the_first_pipelined_bursts_launch_fails_its_requests_and_r
         assert e.dead is None
         again = llm.generate([[9, 2, 6]], sp, use_tqdm=False)[0]
     assert again.token_ids == ref_greedy("tiny-llama", [9, 2, 6], 12)
+
+
+def test_generated_request_ids_step_around_a_callers_own():
+    # engine.py add_request: a generated id (the request's number) could equal an id a caller chose earlier, and the
+    # request without an id was then refused as "already in use"
+    llm = LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=64, max_batch=8)
+    e = llm.engine
+    p = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    taken = [e.add_request([1, 2], p, request_id=str(i + 4)) for i in range(4)]   # (numbers 0-3 taken by them)
+    mine = [e.add_request([3, 4], p) for _ in range(3)]
+    assert len(set(taken + mine)) == 7 and not set(mine) & set(taken)
+    while e.has_unfinished():
+        e.step()
+    _clean(e)
+    llm.shutdown()
