@@ -27,6 +27,19 @@ def demo_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def server(demo_dir):
+    """An HTTP server (ServerThread) over one in-process replica of the demo model, and its router; one a module."""
+    from cluster.router import build_router
+    from cluster.server import ServerThread, create_app
+    router = build_router(demo_dir, executor="inprocess", dtype="float32", max_seq_len=64, max_batch=8,
+                          health_interval=None)
+    srv = ServerThread(create_app(router))
+    yield srv, router
+    srv.stop()
+    router.shutdown()
+
+
+@pytest.fixture(scope="module")
 def ray_local():
     """A small local Ray cluster with two logical GPUs (no CUDA needed)."""
     ray = pytest.importorskip("ray")

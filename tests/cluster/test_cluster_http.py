@@ -14,16 +14,6 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def server(demo_dir):
-    router = build_router(demo_dir, executor="inprocess", dtype="float32", max_seq_len=64, max_batch=8,
-                          health_interval=None)
-    srv = ServerThread(create_app(router))
-    yield srv, router
-    srv.stop()
-    router.shutdown()
-
-
-@pytest.fixture(scope="module")
 def local_llm(demo_dir):
     with LLM(demo_dir, dtype="float32", max_seq_len=64) as llm:
         yield llm

@@ -3,22 +3,9 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from cluster.client import Client
-from cluster.router import build_router
-from cluster.server import ServerThread, create_app
 from mpk_runtime.engine import RequestFailedError, SamplingParams
-
-
-@pytest.fixture(scope="module")
-def server(demo_dir):
-    router = build_router(demo_dir, executor="inprocess", dtype="float32", max_seq_len=64, max_batch=8,
-                          health_interval=None)
-    srv = ServerThread(create_app(router))
-    yield srv, router
-    srv.stop()
-    router.shutdown()
 
 
 def test_chat_without_max_tokens_runs_to_the_context(server):
