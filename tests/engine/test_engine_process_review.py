@@ -34,6 +34,19 @@ def _gone(pid: int) -> bool:
         return False
 
 
+class _Outputs(list):
+    """A request's callback: its outputs in order; `first` is set at the first one, `done` at the finished one."""
+    def __init__(self):
+        super().__init__()
+        self.first, self.done = threading.Event(), threading.Event()
+
+    def __call__(self, o):
+        self.append(o)
+        self.first.set()
+        if o.finished:
+            self.done.set()
+
+
 def test_child_that_exits_while_building_raises_a_clear_error(tmp_path, monkeypatch):
     """The child exits before it answers: its pipe closes, so poll() says there is something to read and recv()
     raised a bare EOFError; the caller should get the RequestFailedError that names the exit code."""
@@ -65,14 +78,10 @@ def test_killed_child_whose_pipe_a_forked_process_holds_is_noticed(tmp_path, mon
     """)
     proc = EngineProcess("tiny-llama", name="fk", max_restarts=1, child_imports=(mod,), **KW)
     try:
-        done, outs = threading.Event(), []
-
-        def cb(o):
-            outs.append(o)
-            if o.finished:
-                done.set()
+        outs = _Outputs()
+        done = outs.done
         first = proc.pid
-        proc.submit([1, 2, 3], LONG, cb)
+        proc.submit([1, 2, 3], LONG, outs)
         os.kill(first, signal.SIGKILL)
         assert done.wait(15), "the killed child's request never ended"
         assert outs[-1].finish_reason == "error" and "exited" in outs[-1].error
@@ -162,14 +171,10 @@ def test_a_reply_this_side_cannot_unpickle_fails_that_call_only(tmp_path):
     path = os.pathsep.join([str(tmp_path)] + [p for p in sys.path if p])
     proc = EngineProcess("tiny-llama", name="uc", child_env={"PYTHONPATH": path}, **KW)
     try:
-        done, outs = threading.Event(), []
-
-        def cb(o):
-            outs.append(o)
-            if o.finished:
-                done.set()
+        outs = _Outputs()
+        done = outs.done
         pid = proc.pid
-        proc.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), cb)
+        proc.submit([1, 2, 3], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), outs)
         with pytest.raises(RequestFailedError, match="cannot be read in this process.*review_child_only"):
             proc.call(_child_only_value).result(timeout=30)
         assert done.wait(30) and outs[-1].finish_reason == "length", outs[-1].error
@@ -183,15 +188,10 @@ def test_shutdown_ends_the_requests_it_holds_with_an_error():
     output whose error says the engine was shut down, not silence."""
     proc = EngineProcess("tiny-llama", name="stop", **KW)
     pid = proc.pid
-    first, done, outs = threading.Event(), threading.Event(), []
-
-    def cb(o):
-        outs.append(o)
-        first.set()
-        if o.finished:
-            done.set()
+    outs = _Outputs()
+    first, done = outs.first, outs.done
     try:
-        proc.submit([1, 2, 3], LONG, cb)
+        proc.submit([1, 2, 3], LONG, outs)
         assert first.wait(30)
         os.kill(pid, signal.SIGSTOP)
         assert not done.is_set()
@@ -291,13 +291,9 @@ def test_engine_loop_refuses_a_duplicate_request_id_without_orphaning_the_first(
     llm = LLM("tiny-llama", backend="torch", dtype="float32", max_seq_len=64, max_batch=8)
     loop = EngineLoop(llm.engine, name="dup", health_interval=None)
     try:
-        first, second, done = [], [], threading.Event()
-
-        def cb1(o):
-            first.append(o)
-            if o.finished:
-                done.set()
-        loop.submit([1, 2, 3], LONG, cb1, request_id="x")
+        first, second = _Outputs(), []
+        done = first.done
+        loop.submit([1, 2, 3], LONG, first, request_id="x")
         loop.submit([4, 5], LONG, second.append, request_id="x")
         assert done.wait(60), "the first request lost its callback"
         assert first[-1].finish_reason == "length" and len(first[-1].token_ids) == LONG.max_tokens
@@ -312,13 +308,9 @@ def test_engine_process_refuses_a_duplicate_request_id():
     from mpk_runtime.engine import InvalidRequestError
     proc = EngineProcess("tiny-llama", name="dupp", **KW)
     try:
-        done, outs = threading.Event(), []
-
-        def cb(o):
-            outs.append(o)
-            if o.finished:
-                done.set()
-        proc.submit([1, 2, 3], LONG, cb, request_id="x")
+        outs = _Outputs()
+        done = outs.done
+        proc.submit([1, 2, 3], LONG, outs, request_id="x")
         with pytest.raises(InvalidRequestError, match="already in use"):
             proc.submit([4, 5], LONG, lambda o: None, request_id="x")
         assert done.wait(60) and outs[-1].finish_reason == "length"
