@@ -121,10 +121,13 @@ class EngineLoop:
         if self._on_delivered is not None:
             self._on_delivered()
 
-    def _deliver(self, out: RequestOutput) -> None:
-        cb = self._callbacks.get(out.request_id)
+    def _deliver(self, out: RequestOutput, cb: OutputCallback | None = None) -> None:
+        """out to its request's callback (cb: to that one instead, the map left alone: a refused duplicate id)."""
+        if cb is None:
+            cb = self._callbacks.get(out.request_id)
+            if out.finished:
+                self._callbacks.pop(out.request_id, None)
         if out.finished:
-            self._callbacks.pop(out.request_id, None)
             with self._lock:
                 self._outstanding -= 1
         if cb is not None:
@@ -137,12 +140,7 @@ class EngineLoop:
         if cmd[0] == "add":
             _, rid, ids, params, prompt, cb, stream = cmd
             if rid in self._callbacks:   # an id in use: refuse this request alone (the running one keeps its callback)
-                with self._lock:
-                    self._outstanding -= 1
-                try:
-                    cb(RequestOutput.failed(rid, prompt, ids, f"request id {rid!r} is already in use"))
-                except Exception:  # a consumer's bug must not stop the loop
-                    log.exception("output callback failed for %s", rid)
+                self._deliver(RequestOutput.failed(rid, prompt, ids, f"request id {rid!r} is already in use"), cb)
                 return
             self._callbacks[rid] = cb
             try:
