@@ -177,13 +177,11 @@ class EngineLoop:
             pass
         queued = {o.request_id for o in ends}
         for rid in [r for r in self._callbacks if r not in queued]:
-            req, snap = self.engine._requests.get(rid), None
+            snap = None
             try:
                 snap = self.engine.abort(rid)   # (its pages back; a burst in flight finishes on the device)
             except Exception:   # noqa: BLE001 - shutting down: the caller's error output matters more
                 log.exception("abort of %s at shutdown failed", rid)
-            if snap is None and req is not None:
-                snap = req.snapshot()
             ends.append(RequestOutput.failed(rid, None, [], reason) if snap is None else
                         dataclasses.replace(snap, finished=True, finish_reason="error", error=reason))
         if ends:
