@@ -17,17 +17,24 @@ cache 4.2).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import os
+import sys
 from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from mpk_runtime.planner.score import stored_path  # noqa: E402
 
 
 def load(path: str) -> dict[tuple, dict]:
     """{(model, batch, context, system/plan): row} of a bench_decode.json or a validate_planner rows file."""
-    p = Path(path)
-    if p.suffix == ".jsonl":
-        rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+    p = Path(stored_path(path))
+    text = (gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()).decode()
+    if p.name.removesuffix(".gz").endswith(".jsonl"):
+        rows = [json.loads(x) for x in text.splitlines() if x.strip()]
     else:
-        d = json.loads(p.read_text())
+        d = json.loads(text)
         rows = d["rows"] if isinstance(d, dict) and "rows" in d else d
     out = {}
     for r in rows:   # one name space for both: bench's megakernel is the mono plan, its planned row the plan's name

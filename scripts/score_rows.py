@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mpk_runtime.planner.profile import HardwareProfile  # noqa: E402
-from mpk_runtime.planner.score import _brief, load_rows, mape_by, reprice, resimulate, summarize, valid_rows  # noqa: E402
+from mpk_runtime.planner.score import _brief, load_rows, mape_by, reprice, resimulate, stored_path, summarize, valid_rows  # noqa: E402
 
 
 def composition_gaps(rows: list[dict]) -> list[dict]:
@@ -48,7 +48,7 @@ def main(argv=None) -> None:
     ap.add_argument("--gaps", action="store_true", help="also the composition gaps: each conventional step against "
                     "its parts measured in the attn-mk and attn-conv plans")
     a = ap.parse_args(argv)
-    missing = [p.split("@")[0] for p in a.rows.split(",") if not os.path.exists(p.split("@")[0])]
+    missing = [p.split("@")[0] for p in a.rows.split(",") if not os.path.exists(stored_path(p.split("@")[0]))]
     if missing:
         raise SystemExit(f"score_rows: no such rows file: {', '.join(missing)} (planner_validation_rows.jsonl[.gz] "
                          "written by scripts/validate_planner.py)")

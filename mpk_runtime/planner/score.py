@@ -326,6 +326,12 @@ def _brief(s: dict) -> dict:
                                           "best_measured", "regret")} for p in s["points"]]}
 
 
+def stored_path(p: str) -> str:
+    """`p`, or `p.gz` where only that is there: old result files are stored gzipped (bench/results/ARCHIVED.md), and docs
+    and commands still name them plain."""
+    return p + ".gz" if not os.path.exists(p) and os.path.exists(p + ".gz") else p
+
+
 def load_rows(spec: str) -> list[dict]:
     """Rows of comma-separated files (JSONL, or planner_validation.json; either gzipped). `path@VAR=VALUE@...`: the rows were
     measured with those environment switches (e.g. `@MPK_ATT_GROUPS=1` for rows from before grouped attention was
@@ -339,6 +345,7 @@ def load_rows(spec: str) -> list[dict]:
             if not eq or not k:
                 raise ValueError(f"rows {item!r}: expected path@VAR=VALUE, got {e!r}")
             env[k] = v
+        p = stored_path(p)
         opener = gzip.open if p.endswith(".gz") else open   # stored results are gzipped (bench/results)
         with opener(p, "rt") as f:
             got = json.load(f)["rows"] if p.removesuffix(".gz").endswith(".json") else \

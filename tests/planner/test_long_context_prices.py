@@ -11,6 +11,7 @@ import pytest
 from mpk_runtime.models import load_config
 from mpk_runtime.planner import candidates
 from mpk_runtime.planner.profile import DEFAULT_PROFILE, HardwareProfile
+from mpk_runtime.planner.score import load_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 S56 = ROOT / "bench/results/s56"
@@ -22,7 +23,7 @@ def test_default_profile_prices_and_chooses_at_long_contexts(context, monkeypatc
     bench = json.loads((S56 / "run3_h200_long_b8_bench_decode.json").read_text())
     assert "H200" in bench["meta"]["machine"]
     mono_ms = next(r["ms"] for r in bench["rows"] if r["system"] == "megakernel" and r["context"] == context)
-    rows = [json.loads(line) for line in (S56 / f"run5_val_c{context}_rows.jsonl").read_text().splitlines()]
+    rows = load_rows(str(S56 / f"run5_val_c{context}_rows.jsonl"))
     faster = min(rows, key=lambda r: r["measured_us"])["plan"]
     plans = candidates(load_config("llama-3.2-1b"), batch=8, context=context, prof=HardwareProfile.load(DEFAULT_PROFILE),
                        families=("conventional", "mono"))
