@@ -22,6 +22,9 @@ def sampling_params(r: CommonRequest, served: tuple[str, ...]) -> SamplingParams
     model names this server answers to)."""
     if not isinstance(r.n, int) or not 1 <= r.n <= MAX_N:
         raise HTTPError(400, f"n must be an int in [1, {MAX_N}] (completions per prompt), got {r.n!r}")
+    if r.stream_options is not None and not r.stream:
+        raise HTTPError(400, "stream_options is only allowed with stream: true (include_usage adds a usage chunk to "
+                             "a stream; a response without stream always has usage)")
     chat = isinstance(r, ChatRequest)
     if chat:   # chat: logprobs is a bool, top_logprobs how many alternatives
         if r.logprobs not in (None, True, False):

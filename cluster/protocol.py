@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictInt
 
 
 class CommonRequest(BaseModel):
@@ -24,7 +24,7 @@ class CommonRequest(BaseModel):
     logprobs: Any = None
     # extensions (vLLM-style)
     top_k: int | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[StrictInt] | None = None
     ignore_eos: bool = False
     repetition_penalty: float | None = 1.0
     include_stop_str_in_output: bool = False
@@ -41,10 +41,14 @@ class CommonRequest(BaseModel):
 
 
 class CompletionRequest(CommonRequest):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    # token ids are JSON integers: strict, so [true, false] or [1.0, 2.0] is a 400, not ids [1, 0] / [1, 2]
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's message roles
 
 
 class ChatMessage(BaseModel):

@@ -27,7 +27,7 @@ from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
 from mpk_runtime.envflags import env_seconds
 from .metrics import Metrics
 from .openai_params import HTTPError, choices, sampling_params
-from .protocol import ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
+from .protocol import CHAT_ROLES, ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
 from starlette.requests import Request  # likewise (the endpoints take the raw request to see disconnects)
 from .router import Router
 
@@ -197,6 +197,8 @@ def create_app(router: Router, served_model_name: str | None = None):
             raise HTTPError(400, "messages is empty")
         msgs = []
         for m in r.messages:
+            if m.role not in CHAT_ROLES:
+                raise HTTPError(400, f"message role {m.role!r} is not one of {', '.join(CHAT_ROLES)}")
             content = m.content
             if isinstance(content, list):  # OpenAI content parts: the text ones; anything else is refused
                 texts = []

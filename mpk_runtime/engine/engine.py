@@ -48,8 +48,9 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 4096
 
 
 def step_token_budget(max_num_batched_tokens: int | None, kv_spec: KVSpec) -> int:
-    """The scheduler's token budget a step: the caller's, or DEFAULT_MAX_NUM_BATCHED_TOKENS, never below max_batch
-    (every running row decodes a token a step within it). (It was min(max_seq_len, 4096) until session 64: a server
+    """The scheduler's token budget a step: the caller's as given, or DEFAULT_MAX_NUM_BATCHED_TOKENS raised to
+    max_batch. Decodes come first and are never cut by it (each running row decodes a token a step even where the
+    caller's budget is below max_batch); prompt chunks take what is left. (It was min(max_seq_len, 4096) until session 64: a server
     of max_seq_len 256 admitted ~200 prompt tokens a step, so 4-24-token prompts arrived ~13 a step and the last one
     of each step was cut, its rest prefilled in the next step on the grouped path.)"""
     check_max_num_batched_tokens(max_num_batched_tokens)

@@ -71,6 +71,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | tuple | None = None
     min_tokens: int = 0
     min_p: float = 0.0
+    # completions per prompt (vLLM's field): a request here is one completion, so only 1; for n of a prompt submit it
+    # n times (the HTTP server's n does that, with seed + j for the j-th)
+    n: int = 1
 
     def __post_init__(self) -> None:
         # None = none, as vLLM's SamplingParams and the OpenAI API's null take it
@@ -135,6 +138,9 @@ class SamplingParams:
         mp = self.min_p
         if not isinstance(mp, (int, float)) or isinstance(mp, bool) or not 0 <= mp <= 1:
             problems.append(f"min_p must be a number in [0, 1] (0 = off), got {mp!r}")
+        if self.n != 1 or isinstance(self.n, bool):
+            problems.append(f"n={self.n!r}: a request here is one completion; for n completions pass the prompt n "
+                            "times (with seed + j for the j-th if seeded), or use the HTTP server's n")
         if problems:
             raise InvalidRequestError("invalid SamplingParams: " + "; ".join(problems))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))

@@ -104,3 +104,44 @@ def test_a_stream_that_fails_midway_ends_with_the_error_then_done(server, monkey
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert '"error"' in events[-2] and "replica-0 exited" in events[-2], events[-3:]
     assert events[-1] == "[DONE]"
+
+
+def test_prompt_token_ids_are_ints_not_coerced_bools_or_floats(server):
+    """pydantic's lax mode read `"prompt": [true, false]` as token ids [1, 0] and [1.0, 2.0] as [1, 2]; a token id is
+    an integer, so anything else is a 400 that says what to send (and nothing is queued)."""
+    url = server[0].url
+    for bad in ([True, False], [1.0, 2.0], [[1, True]], [1, "2"]):
+        r = httpx.post(url + "/v1/completions", json={"prompt": bad, "max_tokens": 2})
+        assert r.status_code == 400, (bad, r.text)
+        assert "prompt" in r.json()["error"]["message"], r.text
+    r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200, r.text
+
+
+def test_stream_options_without_stream_is_400(server):
+    """OpenAI answers 400 to stream_options on a request that does not stream (include_usage is a streaming
+    option); the server ignored it, so a client asking for usage chunks silently got none."""
+    url = server[0].url
+    for path, body in (("/v1/completions", {"prompt": "a"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}]})):
+        r = httpx.post(url + path, json={**body, "max_tokens": 2, "stream_options": {"include_usage": True}})
+        assert r.status_code == 400, r.text
+        assert "stream_options" in r.json()["error"]["message"]
+        r = httpx.post(url + path, json={**body, "max_tokens": 2, "stream": True,
+                                         "stream_options": {"include_usage": True}})
+        assert r.status_code == 200, r.text
+
+
+def test_chat_message_roles_are_checked(server):
+    """A message role outside OpenAI's set (a typo: "usr", "assistent") went to the chat template as is, which
+    either dropped the message or rendered it under a role the model never saw; it is a 400 naming the roles."""
+    url = server[0].url
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "usr", "content": "hi"}],
+                                                        "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    msg = r.json()["error"]["message"]
+    assert "usr" in msg and "user" in msg and "assistant" in msg, msg
+    ok = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+          {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": ok, "max_tokens": 2})
+    assert r.status_code == 200, r.text

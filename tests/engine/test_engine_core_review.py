@@ -1,7 +1,7 @@
 """Engine core review: each test failed before the fix it names."""
 import pytest
 
-from mpk_runtime.engine import LLM, RequestFailedError, SamplingParams
+from mpk_runtime.engine import LLM, InvalidRequestError, RequestFailedError, SamplingParams
 
 
 def _clean(e):
@@ -43,3 +43,13 @@ def test_generated_request_ids_step_around_a_callers_own():
         e.step()
     _clean(e)
     llm.shutdown()
+
+
+def test_sampling_params_n_says_how_to_get_several_completions():
+    """vLLM's SamplingParams takes n (completions per prompt); ours answered SamplingParams(n=2) with a bare
+    "unexpected keyword argument" TypeError. n=1 is accepted as the default it is; any other n is an
+    InvalidRequestError that says what to do instead."""
+    assert SamplingParams(n=1) == SamplingParams()
+    for n in (2, 0, "2"):
+        with pytest.raises(InvalidRequestError, match="prompt n times"):
+            SamplingParams(n=n)
