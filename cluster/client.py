@@ -97,6 +97,8 @@ class Client:
         self.address = address.rstrip("/")
         if not self.address.startswith("http"):
             self.address = "http://" + self.address
+        if self.address.endswith("/v1"):   # an OpenAI client's base_url: the paths below carry /v1 themselves
+            self.address = self.address[:-3]
         self._http = _Transport(self.address, timeout)
         self.max_parallel = max_parallel
         if model is None:
@@ -149,10 +151,15 @@ class Client:
         prompts, params = self._validated(prompts, sampling_params)
         with cf.ThreadPoolExecutor(min(self.max_parallel, len(prompts))) as pool:
             futs = [pool.submit(self._one, p, s, str(i)) for i, (p, s) in enumerate(zip(prompts, params))]
+            done = cf.as_completed(futs)
             if use_tqdm:
                 from tqdm.auto import tqdm
-                for _ in tqdm(cf.as_completed(futs), total=len(futs), desc="generate", unit="req"):
-                    pass
+                done = tqdm(done, total=len(futs), desc="generate", unit="req")
+            for f in done:
+                if f.exception() is not None:   # the call fails: do not send (and throw away) the prompts not sent yet
+                    for g in futs:
+                        g.cancel()
+                    raise f.exception()
             return [f.result() for f in futs]
 
     def stream(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None

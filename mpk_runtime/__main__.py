@@ -7,12 +7,31 @@ import sys
 import time
 
 
+def _load_profile(spec: str | None):
+    """HardwareProfile.load, with a file that is not a profile (bad JSON, missing fields, a directory) as one
+    clear error."""
+    from .planner import HardwareProfile
+    from .planner.profile import default_profile_name
+    spec = spec or default_profile_name()   # ($MPK_PLANNER_PROFILE may name a file too)
+    try:
+        return HardwareProfile.load(spec)
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"hardware profile {spec!r} could not be read as a profile ({e}); pass a profile name "
+                         "(e.g. h100_v4) or a JSON file written by scripts/profile_hw.py") from None
+
+
 def _search(a: argparse.Namespace, cfg) -> int:
-    from .planner import HardwareProfile, candidates
-    prof = HardwareProfile.load(a.profile)
+    from .planner import candidates
+    prof = _load_profile(a.profile)
     plans = candidates(cfg, tp=a.tp, batch=a.batch, context=a.context, prof=prof)
     if a.json:
-        json.dump([p.to_dict() for p in plans], sys.stdout)
+        out = [p.to_dict() for p in plans]
+        if a.classify:   # one JSON document: the candidates and the category
+            from .planner.categories import classify
+            out = {"plans": out, "classify": classify(cfg, tp=a.tp, context=a.context, prof=prof)}
+        json.dump(out, sys.stdout)
         print()
         return 0
     print(f"{cfg.name} tp={a.tp} batch={a.batch} context={a.context}, profile {prof.name}: "
@@ -76,10 +95,21 @@ def _plan(a: argparse.Namespace) -> int:
     cfg = load_config(a.model)
     for flag, v in (("--tp", a.tp), ("--batch", a.batch), ("--sms", a.sms),
                     ("--attn-splits", a.attn_splits), ("--top", a.top)):
-        if v < 1:
+        if v is not None and v < 1:
             raise ValueError(f"{flag} must be >= 1, got {v}")
+    if a.show_ops < 0:
+        raise ValueError(f"--show-ops must be >= 0, got {a.show_ops}")
     if a.classify and not a.search:
         raise ValueError("--classify prices every batch bucket's candidates: add --search")
+    if a.search:   # the search takes the SMs from the profile and the key splits from its rule (search.attn_splits)
+        for flag, v in (("--sms", a.sms), ("--attn-splits", a.attn_splits)):
+            if v is not None:
+                raise ValueError(f"{flag} shapes the graph view only and --search does not use it (the SMs come "
+                                 "from --profile, the attention splits from the planner's rule): drop one of them")
+    a.sms = 132 if a.sms is None else a.sms
+    a.attn_splits = 1 if a.attn_splits is None else a.attn_splits
+    if a.context is None:   # (a model of a shorter context plans at its maximum)
+        a.context = min(512, cfg.max_position_embeddings)
     if a.context > cfg.max_position_embeddings:
         raise ValueError(f"--context {a.context} exceeds {cfg.name}'s max_position_embeddings "
                          f"({cfg.max_position_embeddings}); plan for a context the model takes")
@@ -109,45 +139,66 @@ def _plan(a: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_ids(s: str) -> list[int]:
+def _parse_ids(s: str, flag: str = "--prompt-ids") -> list[int]:
     try:
         return [int(x) for x in s.replace(",", " ").split()]
     except ValueError:
-        raise ValueError(f"--prompt-ids must be integers separated by commas or spaces, got {s!r}") from None
+        raise ValueError(f"{flag} must be integers separated by commas or spaces, got {s!r}") from None
+
+
+class _Prompts(argparse.Action):
+    """--prompt-ids and --prompt into one list of (kind, value), in command-line order (the output lines follow it)."""
+
+    def __call__(self, parser, ns, values, option_string=None):
+        ns.prompts = (getattr(ns, "prompts", None) or []) + [(self.const, values)]
 
 
 def _generate(a: argparse.Namespace) -> int:
-    from .engine import LLM, SamplingParams
+    from .engine import LLM, RequestFailedError, SamplingParams
     from .engine.request import logprobs_by_id
-    prompts: list = [_parse_ids(p) for p in a.prompt_ids] if a.prompt_ids else []
-    prompts += a.prompt or []
+    prompts = [_parse_ids(v) if kind == "ids" else v for kind, v in a.prompts or ()]
     if not prompts:
         raise SystemExit("give --prompt-ids 1,2,3 (repeatable) or --prompt TEXT (needs a tokenizer in the model dir)")
-    sp = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, max_tokens=a.max_tokens, seed=a.seed,
-                        stop_token_ids=_parse_ids(a.stop_token_ids) if a.stop_token_ids else (),
+    # seed=None: each request's sampling seed comes from the engine seed (--seed) and its index, so a prompt given
+    # twice draws two samples (one seed for all drew the same tokens twice)
+    sp = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, max_tokens=a.max_tokens, seed=None,
+                        stop_token_ids=_parse_ids(a.stop_token_ids, "--stop-token-ids") if a.stop_token_ids else (),
                         ignore_eos=a.ignore_eos, stop=tuple(a.stop or ()), logprobs=a.logprobs,
                         presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
                         repetition_penalty=a.repetition_penalty, min_p=a.min_p, min_tokens=a.min_tokens)
     t0 = time.perf_counter()
     from .engine.cli_flags import engine_kwargs
     llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len,
-              max_batch=max(a.max_batch, len(prompts)), **engine_kwargs(a))
+              max_batch=max(8, len(prompts)) if a.max_batch is None else a.max_batch, **engine_kwargs(a))
     t1 = time.perf_counter()
-    try:
-        outs = llm.generate(prompts, sp, use_tqdm=len(prompts) > 1)
-        pre = llm.engine.stats["preemptions"]
-    finally:
-        llm.shutdown()
-    t2 = time.perf_counter()
-    for o in outs:
-        line = {"prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids, "text": o.text,
+
+    def emit(i, o) -> None:
+        line = {"index": i, "prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids, "text": o.text,
                 "finish_reason": o.finish_reason}
+        if o.prompt is not None:
+            line["prompt"] = o.prompt
         if o.logprobs is not None:
             line["logprobs"] = logprobs_by_id(o.logprobs)
-        print(json.dumps(line))
+        if o.finish_reason == "error":
+            line["error"] = o.error
+        print(json.dumps(line), flush=True)
+    outs: list = []
+    try:   # each line as soon as it and those before it end: a failed request or ^C keeps the lines printed
+        llm.generate(prompts, sp, use_tqdm=len(prompts) > 1, on_output=lambda i, o: (outs.append(o), emit(i, o)))
+    except RequestFailedError:
+        pass   # its requests' lines carry finish_reason "error"; the exit code below says so
+    finally:
+        pre = llm.engine.stats["preemptions"]
+        llm.shutdown()
+    t2 = time.perf_counter()
     n = sum(len(o.token_ids) for o in outs)
     print(f"# {a.model} backend={a.backend} tp={a.tp}: load {t1 - t0:.1f}s, {n} tokens in {t2 - t1:.2f}s"
           + (f", {pre} preemptions for KV pages (more --num-pages would avoid them)" if pre else ""), file=sys.stderr)
+    failed = [o for o in outs if o.finish_reason == "error"]
+    if failed:
+        print(f"error: {len(failed)} of {len(outs)} requests failed (finish_reason \"error\" above), e.g.: "
+              f"{failed[0].error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -158,10 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--model", required=True, help="preset name or local Hugging Face model directory")
     pl.add_argument("--tp", type=int, default=1)
     pl.add_argument("--batch", type=int, default=1)
-    pl.add_argument("--context", type=int, default=512, help="context length for cost estimates")
-    pl.add_argument("--sms", type=int, default=132, help="SMs per GPU (132 on an H200)")
-    pl.add_argument("--attn-splits", type=int, default=1)
-    pl.add_argument("--json", action="store_true", help="dump graphs and task graphs as JSON")
+    pl.add_argument("--context", type=int, default=None, help="context length for cost estimates (default 512, "
+                    "or the model's maximum if shorter)")
+    pl.add_argument("--sms", type=int, default=None, help="SMs per GPU (default 132, an H100's / H200's; without "
+                    "--search)")
+    pl.add_argument("--attn-splits", type=int, default=None, help="attention key splits (default 1; without --search)")
+    pl.add_argument("--json", action="store_true", help="dump graphs and task graphs as JSON (with --search: the "
+                    "candidates' plans; with --classify too: {\"plans\": [...], \"classify\": {...}})")
     pl.add_argument("--no-check", dest="check", action="store_false")
     pl.add_argument("--show-ops", type=int, default=12)
     pl.add_argument("--search", action="store_true", help="price candidate partitions (megakernels vs "
@@ -172,18 +226,22 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--classify", action="store_true", help="with --search: category over batch 1/8/32/128")
     g = sub.add_parser("generate", help="generate tokens")
     g.add_argument("--model", required=True)
-    g.add_argument("--prompt-ids", action="append", help="comma-separated token ids (repeat for a batch)")
-    g.add_argument("--prompt", action="append", help="text prompt (needs a tokenizer in the model directory)")
+    g.add_argument("--prompt-ids", action=_Prompts, const="ids", dest="prompts", default=None,
+                   help="comma-separated token ids (repeat for a batch; output lines follow the prompts' order)")
+    g.add_argument("--prompt", action=_Prompts, const="text", dest="prompts", default=None,
+                   help="text prompt (needs a tokenizer in the model directory)")
     g.add_argument("--backend", default="pyvm", help="pyvm | torch | reference | megakernel")
     g.add_argument("--tp", type=int, default=1)
     g.add_argument("--max-tokens", type=int, default=16)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="engine seed: a preset's random weights, and each request's "
+                   "sampling seed (derived from it and the request's index)")
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-seq-len", type=int, default=None)
-    g.add_argument("--max-batch", type=int, default=8)
+    g.add_argument("--max-batch", type=int, default=None, help="requests run together at most (the rest queue; "
+                   "default: the number of prompts, at least 8)")
     g.add_argument("--stop-token-ids", default=None, help="comma-separated token ids that end a sequence")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the tokenizer's / model's EOS")
     g.add_argument("--stop", action="append", help="a stop string (repeatable; needs a tokenizer): the text ends "
@@ -203,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # bad input (a value, a profile or weights not there): no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:   # the workers failed (died, hung): the lines printed so far stand
+        from .engine.errors import RequestFailedError
+        if not isinstance(e, RequestFailedError):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

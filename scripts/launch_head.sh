@@ -8,7 +8,10 @@ set -euo pipefail
 PORT="${RAY_PORT:-6379}"
 export RAY_AUTH_MODE=token
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-NODE_IP="${NODE_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}"
+NODE_IP="${NODE_IP:-$( (hostname -I 2>/dev/null || true) | awk '{print $1}')}"
+if [[ -z "$NODE_IP" ]]; then
+  echo "cannot tell this node's IP (hostname -I gave none): set NODE_IP=<address the other nodes reach>" >&2; exit 1
+fi
 ray start --head --node-ip-address="$NODE_IP" --port="$PORT" \
   --dashboard-host=127.0.0.1 --dashboard-port="${DASHBOARD_PORT:-8265}" "$@"
 echo "head at $NODE_IP:$PORT; workers: scripts/launch_worker.sh $NODE_IP:$PORT (copy ~/.ray/auth_token first)"

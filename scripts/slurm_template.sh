@@ -13,17 +13,20 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 # The token must be the same on all nodes: keep it on the shared home directory (~/.ray/auth_token).
 mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 HEAD="${NODES[0]}"
-HEAD_IP=$(srun --nodes=1 --ntasks=1 -w "$HEAD" hostname -I | awk '{print $1}')
+HEAD_IP=$(srun --export=ALL --nodes=1 --ntasks=1 -w "$HEAD" hostname -I | awk '{print $1}')
+if [[ -z "$HEAD_IP" ]]; then echo "cannot tell $HEAD's IP (hostname -I there gave none)" >&2; exit 1; fi
 PORT=6379
 GPUS="${SLURM_GPUS_PER_NODE:-2}"
-srun --nodes=1 --ntasks=1 -w "$HEAD" ray start --head --node-ip-address="$HEAD_IP" --port=$PORT \
+# --export=ALL: the steps get this script's exports (the NVLS switches above) even under sbatch --export=NONE
+srun --export=ALL --nodes=1 --ntasks=1 -w "$HEAD" ray start --head --node-ip-address="$HEAD_IP" --port=$PORT \
   --dashboard-host=127.0.0.1 --num-gpus="$GPUS" --num-cpus="$SLURM_CPUS_PER_TASK" --block &
 sleep 15
 for node in "${NODES[@]:1}"; do
-  srun --nodes=1 --ntasks=1 -w "$node" ray start --address="$HEAD_IP:$PORT" --num-gpus="$GPUS" \
+  srun --export=ALL --nodes=1 --ntasks=1 -w "$node" ray start --address="$HEAD_IP:$PORT" --num-gpus="$GPUS" \
     --num-cpus="$SLURM_CPUS_PER_TASK" --block &
 done
 sleep 15
-# The driver runs on the head node and connects to the local Ray (RAY_ADDRESS).
-srun --nodes=1 --ntasks=1 -w "$HEAD" env RAY_ADDRESS="$HEAD_IP:$PORT" \
-  python -m cluster.jobs.generate --executor ray "$@"
+# The driver runs here, in the batch script (Slurm runs it on the first node: the head), not as a step of its own:
+# the head's `ray start --block` step holds that node's CPUs and GPUs and steps do not overlap by default, so a
+# second srun step there would wait until the job's time limit.
+RAY_ADDRESS="$HEAD_IP:$PORT" python -m cluster.jobs.generate --executor ray "$@"

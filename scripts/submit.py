@@ -19,15 +19,17 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXCLUDES = [".git", "bench/results", "**/__pycache__", "*.safetensors", ".gpubundle"]
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 
 
 def build_job(job_args: list[str], pip: list[str] | None = None, env: dict | None = None) -> dict:
     """The entrypoint and runtime_env for `JobSubmissionClient.submit_job` (separate for tests)."""
     if not job_args:
         raise SystemExit("give the job's arguments after `--`, e.g. -- --model tiny-qwen3 --input in.jsonl --output out.jsonl")
-    runtime_env: dict = {"working_dir": ROOT, "excludes": EXCLUDES,
-                         "env_vars": {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1",
-                                      "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", **(env or {})}}
+    bad = {k: v for k, v in (env or {}).items() if k in NO_MULTICAST and str(v) != NO_MULTICAST[k]}
+    if bad:
+        raise SystemExit(f"{bad}: NVLink multicast stays off on these machines ({NO_MULTICAST}); leave them out")
+    runtime_env: dict = {"working_dir": ROOT, "excludes": EXCLUDES, "env_vars": {**(env or {}), **NO_MULTICAST}}
     if pip:
         runtime_env["pip"] = pip
     return {"entrypoint": "python -m cluster.jobs.generate " + " ".join(shlex.quote(a) for a in job_args),
@@ -35,11 +37,14 @@ def build_job(job_args: list[str], pip: list[str] | None = None, env: dict | Non
 
 
 def check_paths(job_args: list[str]) -> None:
-    """--input / --output must be absolute: the job runs in a temporary copy of this checkout on the cluster."""
+    """--input / --output (and a --model that is a local directory) must be absolute: the job runs in a temporary
+    copy of this checkout on the cluster (without its *.safetensors)."""
     for i, arg in enumerate(job_args):
         flag, _, val = arg.partition("=")
-        if flag in ("--input", "--output"):
+        if flag in ("--input", "--output", "--model"):
             path = val if val else (job_args[i + 1] if i + 1 < len(job_args) else "")
+            if flag == "--model" and not os.path.exists(path):   # a preset name (or a path only the cluster has)
+                continue
             if path and not os.path.isabs(path):
                 raise SystemExit(f"{flag} {path}: give an absolute path on storage every node sees; the job runs in a "
                                  "temporary copy of this checkout on the cluster, where a relative path would be "
@@ -56,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pip", nargs="*", default=None, help="extra pip packages for the job's runtime_env")
     ap.add_argument("--no-wait", action="store_true", help="return after submitting")
     ap.add_argument("--timeout", type=float, default=3600.0)
-    a = ap.parse_args(own)
+    a, unknown = ap.parse_known_args(own)
+    if unknown:
+        raise SystemExit(f"unknown arguments {' '.join(unknown)}: the job's arguments go after `--`, e.g. "
+                         "scripts/submit.py --address URL -- --model M --input /abs/in.jsonl --output /abs/out.jsonl")
     check_paths(job_args)
     job = build_job(job_args, a.pip)
     try:
@@ -65,7 +73,16 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the Job API needs Ray with the dashboard client: pip install 'ray[default]' ({e})")
     os.environ.setdefault("RAY_AUTH_MODE", "token")  # auth stays on (Ray 2.60 default); never disable it
     client = JobSubmissionClient(a.address)
-    job_id = client.submit_job(**job)
+    deadline = time.monotonic() + 120
+    while True:   # a head just started answers "No available agent to submit job" until its job agent is up
+        try:
+            job_id = client.submit_job(**job)
+            break
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.monotonic() > deadline:
+                raise
+            print("the head's job agent is not up yet; trying again", file=sys.stderr)
+            time.sleep(3)
     print(f"submitted {job_id}: {job['entrypoint']}")
     if a.no_wait:
         return 0
@@ -78,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(2)
     print(client.get_job_logs(job_id)[-4000:])
     print(f"job {job_id}: {status}")
+    if status not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+        print(f"still running on the cluster after --timeout {a.timeout:g} s: follow it with `ray job logs --follow "
+              f"{job_id} --address {a.address}`, or end it with `ray job stop {job_id} --address {a.address}`")
     return 0 if status == JobStatus.SUCCEEDED else 1
 
 

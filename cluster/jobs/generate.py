@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -94,6 +95,9 @@ def _main(argv: list[str] | None = None) -> int:
     if a.chunk < 1:
         raise InvalidRequestError(f"--chunk must be >= 1, got {a.chunk}")
     reqs = read_requests(a.input)
+    out_dir = os.path.dirname(os.path.abspath(a.output))
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):   # before the (slow) model load, not after
+        raise InvalidRequestError(f"--output {a.output}: directory {out_dir} does not exist or is not writable")
     executor = a.executor
     if executor == "ray":
         import cluster  # noqa: F401  (registers the "ray" executor)
@@ -121,9 +125,10 @@ def _main(argv: list[str] | None = None) -> int:
                     f.flush()
                     written += len(outs)
                     n += sum(len(o.token_ids) for o in outs)
-            except BaseException:
+            except BaseException:   # (input line numbers count blank lines: the request's own "where")
                 print(f"error after {written} of {len(reqs)} results: they are in {a.output} (lines 1-{written}); "
-                      f"rerun the rest from {a.input} line {written + 1}", file=sys.stderr)
+                      f"rerun the rest from {reqs[written]['where']} on, into another --output (this one is "
+                      "overwritten)", file=sys.stderr)
                 raise
         st = llm.engine.stats
     pre = (f"; {st['preemptions']} preemptions for KV pages ({st['recomputed_tokens']} tokens computed again: "

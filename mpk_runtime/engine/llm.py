@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ..models import PRESETS, ConfigError, load_config
 from ..runtime.executor import Executor, make_executor
@@ -185,14 +185,19 @@ class LLM:
         return [self.engine.add_request(ids, sp, prompt=text) for ids, sp, text in staged]
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Outputs in prompt order. Raises `RequestFailedError` when the workers failed during the call."""
+                 use_tqdm: bool = True, on_output: Callable[[int, RequestOutput], None] | None = None
+                 ) -> list[RequestOutput]:
+        """Outputs in prompt order. Raises `RequestFailedError` when the workers failed during the call, after every
+        request has ended. on_output(index, output): called in prompt order as soon as a request and every one before
+        it have ended (a failed one too), so a caller keeps what finished when a later request fails or ^C stops
+        the call."""
         rids = self._add_all(prompts, sampling_params)
         final: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm and len(rids) > 1:
             from tqdm.auto import tqdm
             bar = tqdm(total=len(rids), desc="generate", unit="req")
+        told = 0
         try:
             while len(final) < len(rids) and self.engine.has_unfinished():
                 for o in self.engine.step(outputs="finished"):
@@ -200,6 +205,9 @@ class LLM:
                         final[o.request_id] = o
                         if bar is not None:
                             bar.update(1)
+                while on_output is not None and told < len(rids) and rids[told] in final:
+                    on_output(told, final[rids[told]])
+                    told += 1
         finally:
             if bar is not None:
                 bar.close()

@@ -74,6 +74,13 @@ def coverage(rows: list[dict], prof: HardwareProfile, regimes=REGIMES) -> dict[i
 
 
 def main() -> None:
+    try:
+        _main()
+    except (OSError, ValueError) as e:   # a rows file or profile not there, or not readable: a message
+        raise SystemExit(f"error: {e}") from None
+
+
+def _main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", required=True, help="validation rows JSONL (or planner_validation.json), comma-separated")
     ap.add_argument("--profile", default=None, help="the profile to measure (default: the planner's default)")

@@ -36,14 +36,20 @@ def _planner_code_hash() -> str:
     return h.hexdigest()[:16]
 
 
+# environment variables that do not change a plan (the profile is keyed by its contents)
+_NOT_PLAN_INPUTS = {"MPK_PLAN_CACHE", "MPK_CACHE_DIR", "MPK_PLANNER_PROFILE"}
+
+
 def _cache_path(cfg: ModelConfig, tp: int, buckets: list[int], context: int, p: HardwareProfile,
                 families) -> Path | None:
     if os.environ.get("MPK_PLAN_CACHE", "1") == "0":
         return None
     # (MPK_KV_DEFER, MPK_CONV_TRITON_ATTN and MPK_CONV_BF16_ARGMAX change the conventional segments' prices:
-    # ir/defer.py, ir/sampling.py; MPK_ATT_GROUPS_MAX the attention tasks)
+    # ir/defer.py, ir/sampling.py; MPK_ATT_GROUPS_MAX the attention tasks; and the other MPK_* switches the IR, tasks
+    # and codegen read, e.g. MPK_ATT_WIDE, MPK_NVCC_DEFINES: all of them are keyed, a needless miss only re-plans)
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("MPK_") and k not in _NOT_PLAN_INPUTS)
     key = json.dumps([cfg.to_dict(), tp, buckets, context, p.to_json(), list(families or []), _planner_code_hash(),
-                      kv_defer(), conv_attn_appends(), attn_groups_max(), conv_bf16_argmax()], sort_keys=True,
+                      kv_defer(), conv_attn_appends(), attn_groups_max(), conv_bf16_argmax(), env], sort_keys=True,
                      default=str)
     from ..codegen.nvcc import cache_dir
     return cache_dir() / "plans" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
@@ -67,7 +73,7 @@ def plan_book(cfg: ModelConfig, tp: int, buckets=DEFAULT_BUCKETS, context: int =
             book = json.loads(path.read_text())
             book["buckets"] = {int(k): v for k, v in book["buckets"].items()}
             return book
-        except (OSError, ValueError, KeyError, AttributeError):
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
             pass   # unreadable: plan again and overwrite
     out = {}
     for b in bs:

@@ -91,7 +91,10 @@ def _candidates(cfg, tp, batch, context, prof, families, extrapolate, splits) ->
     groups = _layer_groups(g)
     coster = SegmentCoster(graphs, prof, make_graphs if extrapolate else None, groups)
     all_ops = [o.name for o in g.ops]
-    fams = families or ALL_FAMILIES
+    fams = (families,) if isinstance(families, str) else tuple(families or ALL_FAMILIES)   # ("mono" in "mono-w2")
+    unknown = [f for f in fams if f not in ALL_FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown plan families {unknown}; known: {', '.join(ALL_FAMILIES)}")
     plans: list[Plan] = []
 
     smem = SmemCheck(graphs, Tiling(num_sms=prof.num_sms))

@@ -1,0 +1,91 @@
+"""`python -m mpk_runtime generate` as a user meets it: flags, error messages, exit codes and the output lines."""
+import json
+
+import pytest
+
+from mpk_runtime.__main__ import main
+
+BASE = ["generate", "--model", "tiny-llama", "--backend", "torch", "--dtype", "float32", "--max-tokens", "4"]
+
+
+def _lines(out: str) -> list[dict]:
+    return [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from mpk_runtime.engine.demo_model import save_demo_model
+    return save_demo_model(str(tmp_path_factory.mktemp("demo") / "tiny-qwen3-demo"))
+
+
+def test_a_bad_stop_token_id_names_its_own_flag(capsys):
+    """A typo in --stop-token-ids was reported as '--prompt-ids must be integers ...', pointing at the wrong flag."""
+    assert main(BASE + ["--prompt-ids", "1,2", "--stop-token-ids", "3,x"]) == 2
+    err = capsys.readouterr().err
+    assert "--stop-token-ids" in err and "--prompt-ids" not in err
+
+
+def test_outputs_follow_the_command_line_order_of_prompts(demo, capsys):
+    """--prompt and --prompt-ids were gathered into two lists (ids first), so `--prompt A --prompt-ids 1,2` printed
+    the token-id prompt's line first: output lines did not match the order the prompts were given in."""
+    args = ["generate", "--model", demo, "--backend", "torch", "--dtype", "float32", "--max-tokens", "2",
+            "--prompt", "hello world", "--prompt-ids", "1,2,3", "--prompt", "hello"]
+    assert main(args) == 0
+    got = _lines(capsys.readouterr().out)
+    assert [g.get("prompt") for g in got] == ["hello world", None, "hello"]
+    assert got[1]["prompt_token_ids"] == [1, 2, 3] and len(got[0]["prompt_token_ids"]) > len(got[2]["prompt_token_ids"])
+    assert [g["index"] for g in got] == [0, 1, 2]
+
+
+def test_sampled_prompts_given_twice_draw_different_tokens(capsys):
+    """Every prompt was sampled with the same seed (--seed, 0 by default), so `--prompt-ids 1,2 --prompt-ids 1,2
+    --temperature 1` printed two identical samples; vLLM / the engine derive a seed per request from the engine seed."""
+    args = BASE + ["--max-tokens", "8", "--temperature", "1", "--ignore-eos", "--prompt-ids", "1,2", "--prompt-ids", "1,2"]
+    assert main(args) == 0
+    a, b = _lines(capsys.readouterr().out)
+    assert a["token_ids"] != b["token_ids"]
+    assert main(args) == 0   # still reproducible run to run
+    assert [x["token_ids"] for x in _lines(capsys.readouterr().out)] == [a["token_ids"], b["token_ids"]]
+
+
+def test_an_explicit_max_batch_is_kept(monkeypatch, capsys):
+    """--max-batch was replaced by max(--max-batch, number of prompts): a user capping the batch (and the KV cache
+    sized for it) got as many rows as prompts, and --max-batch 0 passed silently."""
+    import mpk_runtime.engine as eng
+    seen = []
+
+    class Spy(eng.LLM):
+        def __init__(self, *a, **k):
+            seen.append(k["max_batch"])
+            super().__init__(*a, **k)
+    monkeypatch.setattr(eng, "LLM", Spy)
+    prompts = ["--prompt-ids", "1,2", "--prompt-ids", "3,4", "--prompt-ids", "5"]
+    assert main(BASE + prompts + ["--max-batch", "2"]) == 0
+    assert len(_lines(capsys.readouterr().out)) == 3
+    assert main(BASE + prompts) == 0           # not given: one row a prompt (at least 8), as before
+    assert seen == [2, 8]
+    assert main(BASE + prompts + ["--max-batch", "0"]) == 2
+    assert "max_batch" in capsys.readouterr().err
+
+
+def test_a_failed_request_keeps_the_finished_ones_and_exits_1(monkeypatch, capsys):
+    """One request failing (a worker / sampling error) raised RequestFailedError out of main: a traceback, and the
+    outputs of every prompt that had finished were never printed. Now each prompt gets its line (the failed one with
+    finish_reason "error" and the message), stderr says what failed, and the exit code is 1 (2 is for bad input)."""
+    import mpk_runtime.engine.engine as eng
+    real, calls = eng.sample, []
+
+    def flaky(*a, **k):          # the 4th host sample: prompt 1's second token (prompt 0 has finished by then)
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("probability tensor contains nan")
+        return real(*a, **k)
+    monkeypatch.setattr(eng, "sample", flaky)
+    args = ["generate", "--model", "tiny-llama", "--backend", "reference", "--dtype", "float32", "--max-tokens", "2",
+            "--ignore-eos", "--prompt-ids", "1,2", "--prompt-ids", "3,4"]
+    assert main(args) == 1
+    cap = capsys.readouterr()
+    ok, bad = _lines(cap.out)
+    assert ok["finish_reason"] == "length" and len(ok["token_ids"]) == 2
+    assert bad["finish_reason"] == "error" and "nan" in bad["error"]
+    assert "1 of 2" in cap.err and "Traceback" not in cap.err
