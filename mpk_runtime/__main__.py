@@ -7,24 +7,9 @@ import sys
 import time
 
 
-def _load_profile(spec: str | None):
-    """HardwareProfile.load, with a file that is not a profile (bad JSON, missing fields, a directory) as one
-    clear error."""
-    from .planner import HardwareProfile
-    from .planner.profile import default_profile_name
-    spec = spec or default_profile_name()   # ($MPK_PLANNER_PROFILE may name a file too)
-    try:
-        return HardwareProfile.load(spec)
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError, TypeError, AttributeError) as e:
-        raise ValueError(f"hardware profile {spec!r} could not be read as a profile ({e}); pass a profile name "
-                         "(e.g. h100_v4) or a JSON file written by scripts/profile_hw.py") from None
-
-
 def _search(a: argparse.Namespace, cfg) -> int:
-    from .planner import candidates
-    prof = _load_profile(a.profile)
+    from .planner import HardwareProfile, candidates
+    prof = HardwareProfile.load(a.profile)
     plans = candidates(cfg, tp=a.tp, batch=a.batch, context=a.context, prof=prof)
     if a.json:
         out = [p.to_dict() for p in plans]

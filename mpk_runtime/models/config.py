@@ -230,7 +230,8 @@ class ModelConfig:
         if act != "silu":
             raise ConfigError(f"hidden_act {act!r} is not supported (only silu / SwiGLU)")
         num_heads = hf["num_attention_heads"]
-        head_dim = hf.get("head_dim") or hf["hidden_size"] // num_heads
+        head_dim = hf.get("head_dim") or (hf["hidden_size"] // num_heads if isinstance(num_heads, int) and
+                                          num_heads > 0 else 0)   # (0: __post_init__ names num_heads)
         rope_scaling = None
         rs = hf.get("rope_scaling") or hf.get("rope_parameters")
         rope_theta = hf.get("rope_theta")

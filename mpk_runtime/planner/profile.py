@@ -420,9 +420,13 @@ class HardwareProfile:
             cards = ", ".join(f"{c}: {n}" for c, n in sorted(PROFILE_BY_CARD.items()))
             raise FileNotFoundError(f"no hardware profile {name_or_path!r}; known: {known} (by card: {cards}), or a "
                                     "JSON path written by scripts/profile_hw.py")
-        with open(path) as f:
-            d = json.load(f)
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        try:   # a file that is not a profile (bad JSON, a list, fields missing, a directory): one clear error
+            with open(path) as f:
+                d = json.load(f)
+            return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            raise ValueError(f"hardware profile {name_or_path!r} could not be read as a profile ({e}); pass a profile "
+                             "name (e.g. h100_v4) or a JSON file written by scripts/profile_hw.py") from None
 
     def to_json(self) -> str:
         from dataclasses import asdict

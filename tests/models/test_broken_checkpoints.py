@@ -63,6 +63,10 @@ def test_config_json_errors(tmp_path):
     json.dump(bad, open(p, "w"))
     with pytest.raises(ConfigError, match="num_attention_heads"):
         load_config(d)
+    for heads in (0, -4, "8"):   # (0 divided hidden_size by zero: a ZeroDivisionError, not a ConfigError)
+        json.dump(dict(good, num_attention_heads=heads, head_dim=None), open(p, "w"))
+        with pytest.raises(ConfigError, match="num_heads must be a positive int"):
+            load_config(d)
 
 
 def test_sliding_window_layers_cap_the_context_or_are_refused():

@@ -123,3 +123,14 @@ def test_band_cli_bad_input_is_a_message(tmp_path, monkeypatch, args, word):
     with pytest.raises(SystemExit) as e:
         band.main()
     assert word in str(e.value.code) and str(e.value.code).startswith("error: ")
+
+
+def test_hardware_profile_load_itself_refuses_a_file_that_is_not_a_profile(tmp_path):
+    """The check is HardwareProfile.load's, not only the CLI's: the engine and plan_book load profiles too (from
+    MPK_PLANNER_PROFILE), and a malformed file gave them a TypeError / AttributeError traceback."""
+    from mpk_runtime.planner.profile import HardwareProfile
+    for text in ("{}", "[1, 2]", "{not json"):
+        p = tmp_path / "p.json"
+        p.write_text(text)
+        with pytest.raises(ValueError, match="could not be read as a profile"):
+            HardwareProfile.load(str(p))
