@@ -25,6 +25,8 @@ class Metrics:
         self.requests = {"finished": 0, "failed": 0, "aborted": 0, "rejected": 0}
         self.series = {"request_latency_seconds": deque(maxlen=keep), "time_to_first_token_seconds": deque(maxlen=keep),
                        "time_per_output_token_seconds": deque(maxlen=keep)}
+        # _count / _sum over every finished request (Prometheus counters); the quantiles over the last `keep`
+        self.totals = {name: [0, 0.0] for name in self.series}
 
     def on_tokens(self, n: int) -> None:
         if n <= 0:
@@ -46,12 +48,14 @@ class Metrics:
                 return
             self.requests["finished"] += 1
             m = out.metrics
-            if m.finish_time is not None:
-                self.series["request_latency_seconds"].append(m.finish_time - m.arrival_time)
-            if m.time_to_first_token is not None:
-                self.series["time_to_first_token_seconds"].append(m.time_to_first_token)
-            if m.per_token_latency is not None:
-                self.series["time_per_output_token_seconds"].append(m.per_token_latency)
+            for name, v in (("request_latency_seconds", None if m.finish_time is None else
+                             m.finish_time - m.arrival_time),
+                            ("time_to_first_token_seconds", m.time_to_first_token),
+                            ("time_per_output_token_seconds", m.per_token_latency)):
+                if v is not None:
+                    self.series[name].append(v)
+                    self.totals[name][0] += 1
+                    self.totals[name][1] += v
 
     def on_reject(self) -> None:
         with self._lock:
@@ -67,15 +71,17 @@ class Metrics:
                  "# TYPE mpk_tokens_per_second gauge", f"mpk_tokens_per_second {self.tokens_per_second():.6g}",
                  "# HELP mpk_generated_tokens_total Tokens generated since start",
                  "# TYPE mpk_generated_tokens_total counter", f"mpk_generated_tokens_total {self.tokens_total}",
+                 "# HELP mpk_requests_total Requests by how they ended (rejected: refused with a 4xx)",
                  "# TYPE mpk_requests_total counter"]
         with self._lock:
             lines += [f'mpk_requests_total{{status="{k}"}} {v}' for k, v in self.requests.items()]
             for name, vals in self.series.items():
                 sv = sorted(vals)
-                lines += [f"# HELP mpk_{name} Over the last {vals.maxlen} finished requests",
-                          f"# TYPE mpk_{name} summary"]
+                count, total = self.totals[name]
+                lines += [f"# HELP mpk_{name} Quantiles over the last {vals.maxlen} finished requests; _sum and "
+                          "_count over all", f"# TYPE mpk_{name} summary"]
                 lines += [f'mpk_{name}{{quantile="{q}"}} {_quantile(sv, q):.6g}' for q in QUANTILES]
-                lines += [f"mpk_{name}_sum {sum(sv):.6g}", f"mpk_{name}_count {len(sv)}"]
+                lines += [f"mpk_{name}_sum {total!r}", f"mpk_{name}_count {count}"]
         per_replica = [("queue_depth", "waiting", "gauge", "Requests queued (waiting for pages or a batch slot)"),
                        ("running_requests", "running", "gauge", "Requests in the decode batch"),
                        ("engine_steps_total", "steps", "counter", "Engine steps run"),

@@ -10,6 +10,7 @@ drives the replica's actors), so the HTTP handlers no longer share a GIL with th
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 from mpk_runtime.engine import LLM, InvalidRequestError, RequestFailedError, SamplingParams
 from mpk_runtime.engine.async_engine import EngineLoop, OutputCallback
 from mpk_runtime.engine.engine_process import EngineProcess
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -31,9 +34,11 @@ class Replica:
         return self.loop.engine
 
     def shutdown(self) -> None:
-        self.loop.shutdown()
-        if self.llm is not None:
-            self.llm.shutdown()
+        try:
+            self.loop.shutdown()
+        finally:
+            if self.llm is not None:
+                self.llm.shutdown()
 
 
 class Router:
@@ -91,8 +96,16 @@ class Router:
         return {r.name: r.loop.stats() for r in self.replicas}
 
     def shutdown(self) -> None:
+        """Shut every replica down, even past one whose shutdown fails (the first error is raised after)."""
+        err = None
         for r in self.replicas:
-            r.shutdown()
+            try:
+                r.shutdown()
+            except Exception as e:  # noqa: BLE001 - the others must still stop
+                log.exception("shutdown of %s failed", r.name)
+                err = err or e
+        if err is not None:
+            raise err
 
 
 def _spread_nodes(ray, tp: int, gpus: bool, n: int) -> list[str | None]:
@@ -148,6 +161,9 @@ def build_router(model: str, backend: str = "reference", tp: int = 1, num_replic
             replicas.append(Replica(name, llm, EngineLoop(llm.engine, name=name, health_interval=health_interval)))
     except BaseException:
         for r in replicas:
-            r.shutdown()
+            try:
+                r.shutdown()
+            except Exception:  # noqa: BLE001 - the build's own error is the one to raise
+                log.exception("shutdown of %s after a failed build failed", r.name)
         raise
     return Router(replicas, model_name=model, stall_after=stall_after)

@@ -48,6 +48,7 @@ class EngineLoop:
         self.idle_log: collections.deque = collections.deque(maxlen=1024)
         self.progress = time.monotonic()  # when the loop thread last went round (at least every 0.5 s unless wedged)
         self._stop = threading.Event()
+        self._closed: str | None = None   # why the loop takes no more commands (set, under _lock, as it ends)
         self._thread = threading.Thread(target=self._run, name=f"mpk-{name}", daemon=True)
         self._thread.start()
 
@@ -58,8 +59,8 @@ class EngineLoop:
 
     @property
     def alive(self) -> bool:
-        """The loop thread runs (it is the only thing that ever finishes a submitted request)."""
-        return self._thread.is_alive()
+        """The loop thread runs and takes requests (it is the only thing that ever finishes a submitted request)."""
+        return self._closed is None and self._thread.is_alive()
 
     @property
     def stalled_s(self) -> float:
@@ -77,11 +78,13 @@ class EngineLoop:
             raise RequestFailedError(f"replica {self.name} is down: {self.engine.dead or 'its engine loop exited'}")
         if not checked:
             self.engine.validate(prompt_token_ids, params)
-        with self._lock:
+        with self._lock:   # (queued under the lock: the loop's last drain takes it, or it is refused here)
+            if self._closed is not None:
+                raise RequestFailedError(f"replica {self.name} is down: {self._closed}")
             self._ids += 1
             rid = request_id or f"{self.name}-{self._ids}"
             self._outstanding += 1
-        self._cmds.put(("add", rid, list(prompt_token_ids), params, prompt, on_output, stream))
+            self._cmds.put(("add", rid, list(prompt_token_ids), params, prompt, on_output, stream))
         return rid
 
     def abort(self, request_id: str) -> None:
@@ -91,7 +94,11 @@ class EngineLoop:
         """Run fn(engine) on the loop thread between steps (the engine is not thread-safe); its result or error
         arrives in the returned future."""
         fut: cf.Future = cf.Future()
-        self._cmds.put(("call", fn, fut))
+        with self._lock:
+            if self._closed is None:
+                self._cmds.put(("call", fn, fut))
+                return fut
+        fut.set_exception(RequestFailedError(f"replica {self.name} is down: {self._closed}"))
         return fut
 
     def stats(self) -> dict:
@@ -99,7 +106,7 @@ class EngineLoop:
         s.update(self._times)
         dead = self.engine.dead
         if dead is None and not self.alive and not self._stop.is_set():
-            dead = f"the engine loop thread of {self.name} has exited"
+            dead = self._closed or f"the engine loop thread of {self.name} has exited"
         a = self.engine.allocator
         s.update(waiting=len(self.engine.scheduler.waiting), running=len(self.engine.scheduler.running),
                  outstanding=self._outstanding, dead=dead, stalled_s=round(self.stalled_s, 3),
@@ -188,11 +195,17 @@ class EngineLoop:
             self._deliver_all(ends)
 
     def _run(self) -> None:
+        reason = f"the engine loop of {self.name} exited unexpectedly"
         try:
             self._loop()
+            reason = f"replica {self.name} was shut down"
+        except Exception as e:   # (a bug outside a step's own handling: its callers must not wait for good)
+            log.exception("engine loop of %s failed", self.name)
+            reason = f"the engine loop of {self.name} failed ({type(e).__name__}: {e})"
         finally:
-            if self._stop.is_set():
-                self._end_all(f"replica {self.name} was shut down")
+            with self._lock:   # no command queued after this; _end_all drains the rest
+                self._closed = reason
+            self._end_all(reason)
 
     def _loop(self) -> None:
         last_health = time.monotonic()

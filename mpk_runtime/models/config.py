@@ -26,6 +26,16 @@ class ConfigError(ValueError):
 
 
 ROPE_TYPES = ("llama3", "yarn", "linear")
+# transformers' max_position_embeddings when config.json has none (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config)
+HF_DEFAULT_MAX_POS = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768}
+
+
+def _num(v: Any, key: str, kind: type = float) -> Any:
+    """A config.json number as `kind` (int or float), or a ConfigError naming the entry."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (kind is int and v != int(v)):
+        raise ConfigError(f"config.json entry {key!r} must be {'an integer' if kind is int else 'a number'}, "
+                          f"got {v!r}; fix it in config.json")
+    return kind(v)
 
 
 @dataclass(frozen=True)
@@ -203,12 +213,18 @@ class ModelConfig:
             raise ConfigError(f"model_type {model_type!r} is not supported; supported: 'llama' (Llama-3.x), "
                               "'mistral' (Mistral dense, the Llama architecture), 'qwen2' (Qwen2 / Qwen2.5 dense), "
                               "'qwen3' (Qwen3 dense)")
+        q = hf.get("quantization_config")
+        if q:
+            method = q.get("quant_method", "?") if isinstance(q, dict) else q
+            raise ConfigError(f"quantized checkpoints (quantization_config, quant_method {method!r}) are not "
+                              "supported: use the model's bf16 / fp16 release")
         if hf.get("mlp_bias") or (family != "qwen2" and hf.get("attention_bias")):
             # (a Llama attention_bias also biases o_proj; Qwen2's q / k / v biases are its architecture, no flag)
             raise ConfigError(f"{'mlp_bias' if hf.get('mlp_bias') else 'attention_bias'} is set in this {model_type} "
                               "config: biases in the o_proj / MLP projections are not supported (only Qwen2's q / k / "
                               "v biases, model_type 'qwen2')")
-        n_layers = int(hf.get("num_hidden_layers", 0))
+        n_layers = hf["num_hidden_layers"]
+        n_layers = n_layers if isinstance(n_layers, int) else 0   # (not an int: __post_init__ names num_layers)
         window = hf.get("sliding_window")
         other = []
         if hf.get("layer_types"):       # transformers >= 4.53 writes the per-layer kinds
@@ -222,7 +238,10 @@ class ModelConfig:
             sliding = []
         if other:
             raise ConfigError(f"layer kinds {other} are not supported: this runtime runs full attention in every layer")
-        max_pos = int(hf.get("max_position_embeddings", 8192))
+        max_pos = _num(hf.get("max_position_embeddings", HF_DEFAULT_MAX_POS[model_type]), "max_position_embeddings",
+                       int)
+        if window is not None:
+            window = _num(window, "sliding_window", int)
         if sliding and not window:
             raise ConfigError(f"layers {sliding[:4]}{'...' if len(sliding) > 4 else ''} use sliding-window attention "
                               "but the config has no sliding_window size; add it or fix layer_types")
@@ -235,20 +254,26 @@ class ModelConfig:
         rope_scaling = None
         rs = hf.get("rope_scaling") or hf.get("rope_parameters")
         rope_theta = hf.get("rope_theta")
+        if rs is not None and not isinstance(rs, dict):
+            raise ConfigError(f"rope_scaling must be an object ({{\"rope_type\": ..., \"factor\": ...}}) or null, got "
+                              f"{rs!r}; fix it in config.json")
         if isinstance(rs, dict):
+            rnum = lambda k: _num(rs[k], f"rope_scaling.{k}")  # noqa: E731
             rope_theta = rs.get("rope_theta", rope_theta)
             rtype = rs.get("rope_type", rs.get("type", "default"))
             if rtype == "llama3":
                 rope_scaling = RopeScaling(
-                    factor=float(rs["factor"]), low_freq_factor=float(rs["low_freq_factor"]),
-                    high_freq_factor=float(rs["high_freq_factor"]),
-                    original_max_position_embeddings=int(rs["original_max_position_embeddings"]))
+                    factor=rnum("factor"), low_freq_factor=rnum("low_freq_factor"),
+                    high_freq_factor=rnum("high_freq_factor"),
+                    original_max_position_embeddings=_num(rs["original_max_position_embeddings"],
+                                                          "rope_scaling.original_max_position_embeddings", int))
             elif rtype == "yarn":   # transformers' defaults: the original context = max_position_embeddings,
-                orig = int(rs.get("original_max_position_embeddings") or max_pos)      # factor = their ratio
-                opt = lambda k: None if rs.get(k) is None else float(rs[k])  # noqa: E731
+                orig = _num(rs.get("original_max_position_embeddings") or max_pos,       # factor = their ratio
+                            "rope_scaling.original_max_position_embeddings", int)
+                opt = lambda k: None if rs.get(k) is None else rnum(k)  # noqa: E731
                 rope_scaling = RopeScaling(
-                    factor=float(rs.get("factor") or max_pos / orig), original_max_position_embeddings=orig,
-                    rope_type="yarn", beta_fast=float(rs.get("beta_fast") or 32), beta_slow=float(rs.get("beta_slow") or 1),
+                    factor=opt("factor") or max_pos / orig, original_max_position_embeddings=orig,
+                    rope_type="yarn", beta_fast=opt("beta_fast") or 32.0, beta_slow=opt("beta_slow") or 1.0,
                     yarn_attention_factor=opt("attention_factor"), mscale=opt("mscale"),
                     mscale_all_dim=opt("mscale_all_dim"), truncate=bool(rs.get("truncate", True)))
                 # Qwen3's YaRN setting keeps max_position_embeddings at the original 32768 and extends the context
@@ -259,7 +284,7 @@ class ModelConfig:
                              model_type, rope_scaling.factor, orig, ext, max_pos)
                     max_pos = ext
             elif rtype == "linear":
-                rope_scaling = RopeScaling(factor=float(rs["factor"]), rope_type="linear")
+                rope_scaling = RopeScaling(factor=rnum("factor"), rope_type="linear")
             elif rtype not in ("default", None):
                 raise ConfigError(f"rope type {rtype!r} is not supported (default, llama3, yarn or linear)")
         if sliding and int(window) < max_pos:   # (after the rope scaling, which may extend max_pos)
@@ -269,7 +294,13 @@ class ModelConfig:
                         "%d tokens (max_position_embeddings %d -> %d), where full attention is exact", model_type,
                         int(window), len(sliding), n_layers, int(window), max_pos, int(window))
             max_pos = int(window)
-        dtype = hf.get("torch_dtype") or hf.get("dtype") or "bfloat16"
+        dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "bfloat16").replace("torch.", "")
+        if dtype == "float64":   # (its F64 tensors are cast as they load)
+            dtype = "float32"
+        tie = hf.get("tie_word_embeddings")
+        if tie is not None and not isinstance(tie, bool):
+            raise ConfigError(f"config.json entry 'tie_word_embeddings' must be true or false, got {tie!r}")
+        num_kv_heads = hf.get("num_key_value_heads")
         return cls(
             name=name or hf.get("_name_or_path") or model_type,
             family=family,
@@ -278,14 +309,14 @@ class ModelConfig:
             intermediate_size=hf["intermediate_size"],
             num_layers=hf["num_hidden_layers"],
             num_heads=num_heads,
-            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            num_kv_heads=num_heads if num_kv_heads is None else num_kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            rms_norm_eps=_num(hf.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
+            rope_theta=_num(rope_theta if rope_theta is not None else 10000.0, "rope_theta"),
             rope_scaling=rope_scaling,
             max_position_embeddings=max_pos,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            dtype=str(dtype).replace("torch.", ""),
+            tie_word_embeddings=bool(tie),
+            dtype=dtype,
         )
 
     def to_hf_config(self) -> dict:
@@ -335,6 +366,13 @@ def load_config(name_or_path: str) -> ModelConfig:
         except KeyError as e:
             raise ConfigError(f"{path} has no {e.args[0]!r} entry, which a Llama / Qwen3 config needs; "
                               "re-download config.json or add it") from e
+    if os.path.isfile(name_or_path):
+        raise ConfigError(f"{name_or_path} is a file; pass the model directory that holds it (config.json and the "
+                          "*.safetensors)")
+    if name_or_path.lower() not in PRESETS and ("/" in name_or_path or os.sep in name_or_path):
+        raise ConfigError(f"no such directory {name_or_path!r} (and no preset of that name). Hugging Face Hub ids are "
+                          "not downloaded: fetch one first (huggingface-cli download <repo> --local-dir DIR) and pass "
+                          f"DIR, or use a preset: {', '.join(sorted(PRESETS))}")
     return ModelConfig.from_name(name_or_path)
 
 

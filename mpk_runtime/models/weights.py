@@ -7,6 +7,7 @@ only a slice of each tensor (tensor-parallel shards read their own rows/columns 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Callable, Iterable
 
@@ -89,12 +90,28 @@ def random_weights(cfg: ModelConfig, seed: int = 0, dtype: str | torch.dtype | N
 
 # --- local Hugging Face directories --------------------------------------------------------------------------
 
+def _open(fn: str):
+    """safe_open, with an unreadable file a WeightError that names it."""
+    from safetensors import safe_open
+    try:
+        return safe_open(fn, framework="pt")
+    except Exception as e:   # (SafetensorError: truncated / not safetensors; OSError)
+        raise WeightError(f"cannot read {fn} ({e}): the file is damaged or incomplete; download it again") from e
+
+
 def _weight_files(path: str) -> dict[str, str]:
-    """Map tensor name -> safetensors file, from model.safetensors.index.json or the single file."""
+    """Map tensor name -> safetensors file: model.safetensors if there is one, else model.safetensors.index.json,
+    else every *.safetensors file (transformers' order for the first two)."""
     index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            wm = json.load(f)["weight_map"]
+    if not os.path.exists(os.path.join(path, "model.safetensors")) and os.path.exists(index):
+        try:
+            with open(index) as f:
+                wm = json.load(f)["weight_map"]
+            if not isinstance(wm, dict):
+                raise TypeError(f"weight_map is a {type(wm).__name__}")
+        except (ValueError, KeyError, TypeError) as e:
+            raise WeightError(f"{index} is not a safetensors index (a JSON object with a weight_map of tensor name -> "
+                              f"file; {type(e).__name__}: {e}); download it again") from e
         out = {k: os.path.join(path, v) for k, v in wm.items()}
         absent = sorted({v for v in out.values() if not os.path.exists(v)})
         if absent:
@@ -102,17 +119,32 @@ def _weight_files(path: str) -> dict[str, str]:
                               f"{[os.path.basename(a) for a in absent[:3]]}: the download is incomplete; "
                               "download the missing shards again")
         return out
-    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    files = ["model.safetensors"] if os.path.exists(os.path.join(path, "model.safetensors")) else \
+        sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
         raise WeightError(f"no *.safetensors files in {path}; download the model in safetensors format "
                           "(or use --model <preset> for seeded random weights)")
-    from safetensors import safe_open
-    mapping = {}
+    mapping: dict[str, str] = {}
     for fn in files:
-        with safe_open(os.path.join(path, fn), framework="pt") as f:
+        with _open(os.path.join(path, fn)) as f:
             for k in f.keys():
+                if k in mapping:
+                    raise WeightError(f"tensor {k} is in both {os.path.basename(mapping[k])} and {fn} in {path}; "
+                                      "remove the file that is not part of the model (or add its "
+                                      "model.safetensors.index.json)")
                 mapping[k] = os.path.join(path, fn)
     return mapping
+
+
+def _same_tensor(files: dict[str, str], a: str, b: str) -> bool:
+    """Whether tensors a and b hold the same values (read in row blocks, not whole)."""
+    with _open(files[a]) as fa, _open(files[b]) as fb:
+        sa, sb = fa.get_slice(a), fb.get_slice(b)
+        shape = tuple(sa.get_shape())
+        if shape != tuple(sb.get_shape()) or not shape:
+            return False
+        step = max(1, (1 << 24) // max(1, math.prod(shape[1:])))
+        return all(torch.equal(sa[r:r + step].float(), sb[r:r + step].float()) for r in range(0, shape[0], step))
 
 
 Slicer = Callable[[str, tuple[int, ...]], "tuple[slice, ...] | None"]
@@ -126,7 +158,6 @@ def load_weights(path: str, cfg: ModelConfig, dtype: str | torch.dtype | None = 
     `slicer(name, full_shape)` may return a tuple of slices: only that part is read from disk (safetensors
     `get_slice`), which is how tensor-parallel ranks load their shard without a full copy.
     """
-    from safetensors import safe_open
     dt = torch_dtype(dtype or cfg.dtype)
     files = _weight_files(path)
     shapes = weight_shapes(cfg)
@@ -144,13 +175,24 @@ def load_weights(path: str, cfg: ModelConfig, dtype: str | torch.dtype | None = 
     if missing:
         raise WeightError(f"{len(missing)} tensors missing from {path}, e.g. {missing[:3]}; the checkpoint does not "
                           f"match config {cfg.name!r} (is it a {cfg.family} model with {cfg.num_layers} layers?)")
+    emb = "model.embed_tokens.weight"
+    if cfg.tie_word_embeddings and "lm_head.weight" in files and emb in wanted and not _same_tensor(files, emb,
+                                                                                                "lm_head.weight"):
+        # (transformers 5 then keeps the checkpoint's lm_head; older versions tied it to the embedding)
+        raise WeightError(f"config.json says tie_word_embeddings true but {path} holds an lm_head.weight that differs "
+                          "from model.embed_tokens.weight: set tie_word_embeddings to false in config.json if the "
+                          "model has its own LM head, or delete lm_head.weight from the checkpoint")
     by_file: dict[str, list[str]] = {}
     for n in wanted:
         by_file.setdefault(files[n], []).append(n)
     out: dict[str, torch.Tensor] = {}
     for fn, ns in by_file.items():
-        with safe_open(fn, framework="pt") as f:
+        with _open(fn) as f:
+            held = set(f.keys())
             for n in ns:
+                if n not in held:
+                    raise WeightError(f"the index of {path} puts tensor {n} in {os.path.basename(fn)}, which does not "
+                                      "hold it: the index does not match its shards; download both again")
                 sl = f.get_slice(n)
                 if sl.get_dtype() not in ("F32", "F16", "BF16", "F64"):
                     raise WeightError(f"tensor {n} in {fn} has dtype {sl.get_dtype()}; expected a float tensor "
