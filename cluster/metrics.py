@@ -57,6 +57,11 @@ class Metrics:
                     self.totals[name][0] += 1
                     self.totals[name][1] += v
 
+    def on_submit_failed(self) -> None:
+        """A request no replica took (503: every replica down): failed, though no engine ever saw it."""
+        with self._lock:
+            self.requests["failed"] += 1
+
     def on_reject(self) -> None:
         with self._lock:
             self.requests["rejected"] += 1

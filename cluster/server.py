@@ -252,8 +252,10 @@ def create_app(router: Router, served_model_name: str | None = None):
                     # (a non-streaming request is told only its end: no snapshot, callback and handler wake-up a
                     # step; its tokens reach the metrics' counters then, all at once)
                     handles.append(router.submit(ids, sp, cb, prompt=text, stream=stream))
-        except BaseException:   # a later submission failed (its replica went down): the caller gets the error,
-            _abort(handles)     # so nobody would read the ones already queued
+        except BaseException as e:   # a submission failed (its replica went down): the caller gets the error,
+            _abort(handles)          # so nobody would read the ones already queued
+            if isinstance(e, RequestFailedError):
+                metrics.on_submit_failed()
             raise
         return q, handles
 

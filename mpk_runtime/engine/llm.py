@@ -6,10 +6,9 @@
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Iterator, Sequence
 
-from ..models import PRESETS, ConfigError, load_config
+from ..models import ConfigError, load_config
 from ..runtime.executor import Executor, make_executor
 from .engine import LLMEngine, check_decode_steps_arg, check_max_num_batched_tokens
 from .errors import InvalidRequestError, RequestFailedError, UnknownModelError
@@ -32,11 +31,7 @@ def resolve_model(model: str):
     """The model's config, or an `UnknownModelError` that lists what would work."""
     if not isinstance(model, str) or not model:
         raise UnknownModelError(f"model must be a preset name or a local model directory, got {model!r}")
-    if not os.path.isdir(model) and model.lower() not in PRESETS:
-        raise UnknownModelError(f"unknown model {model!r}: not a local directory and not a preset. Presets: "
-                                f"{', '.join(sorted(PRESETS))}; or pass a Hugging Face format directory "
-                                "(config.json + *.safetensors)")
-    try:
+    try:   # (load_config says which: an unknown name (listing the presets), a missing directory, a file)
         return load_config(model)
     except ConfigError as e:
         raise UnknownModelError(str(e)) from e

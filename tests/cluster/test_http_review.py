@@ -145,3 +145,21 @@ def test_chat_message_roles_are_checked(server):
           {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
     r = httpx.post(url + "/v1/chat/completions", json={"messages": ok, "max_tokens": 2})
     assert r.status_code == 200, r.text
+
+
+def test_a_request_no_replica_takes_counts_as_failed(server, monkeypatch):
+    """A 503 because the replica is down (router.submit raised) was counted nowhere in mpk_requests_total: neither
+    failed nor rejected, so an outage left the request counters flat."""
+    srv, router = server
+
+    def metric():
+        text = httpx.get(srv.url + "/metrics").text
+        return int(next(l for l in text.splitlines() if l.startswith('mpk_requests_total{status="failed"}')).split()[-1])
+    before = metric()
+
+    def down(*a, **k):
+        raise RequestFailedError("replica r0 is down: test")
+    monkeypatch.setattr(router, "submit", down)
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
+    assert r.status_code == 503, r.text
+    assert metric() == before + 1

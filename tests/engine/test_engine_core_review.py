@@ -2,6 +2,7 @@
 import pytest
 
 from mpk_runtime.engine import LLM, InvalidRequestError, RequestFailedError, SamplingParams
+from mpk_runtime.engine.errors import UnknownModelError
 
 
 def _clean(e):
@@ -53,3 +54,17 @@ def test_sampling_params_n_says_how_to_get_several_completions():
     for n in (2, 0, "2"):
         with pytest.raises(InvalidRequestError, match="prompt n times"):
             SamplingParams(n=n)
+
+
+def test_llm_names_a_file_or_a_missing_directory_as_such(tmp_path):
+    """LLM(path) refused any name that is neither a directory nor a preset as "unknown model ... not a preset", so
+    a typo in a directory path or a path to config.json itself read like a bad preset name; load_config's own error
+    says which it is."""
+    f = tmp_path / "config.json"
+    f.write_text("{}")
+    with pytest.raises(UnknownModelError, match="is a file; pass the model directory"):
+        LLM(str(f), backend="reference")
+    with pytest.raises(UnknownModelError, match="no such directory"):
+        LLM(str(tmp_path / "missing"), backend="reference")
+    with pytest.raises(UnknownModelError, match="known presets: .*tiny-llama"):
+        LLM("tiny-lama", backend="reference")
