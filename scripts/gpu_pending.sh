@@ -117,6 +117,9 @@
 #    0.02-0.03 ms a step, tokens/s +1.1% (noise 6-8%): the +5-7% refuted; tests/gpu 92 passed at 69efdc1. On the H200
 #    the paged attention's curves past 8193 keys (cattn, 22 s) and 12 long-context validation points under h200_v56
 #    (regret 0 at all, step MAPE 8.1%); h200_v57 (curves + regimes 1 / 8 refit, --terms mkas) is the default.)
+#    (session 69, 1x H100 twice, the H200 refused six times: bench/results/s69 -- the v57 val call ran on an H100, so
+#    under h100_v4 at 8192 / 24576 keys, in sample: regret 0 at 8, step MAPE 2.5 / 2.3%; tests/gpu 92 passed at
+#    8bd0404 and at bc59329 (the review fixes). Item a is still open: start it with the H200 check.)
 #    Next, one call each:
 #    a. h200_v57 out of sample on an H200, at points it was not fitted on: `N=v57 T=300 VAL_CTXS="8192 24576"
 #       VAL_B8192=1,8 VAL_B24576=1,8 VAL_MODELS=llama-3.2-1b,qwen3-8b VAL_LIM=290 bash scripts/gpu_run.sh val`
