@@ -17,10 +17,27 @@ OUT = Path(os.environ.get("OUT") or "gpu_out")
 T0 = time.time()   # the run's start (a --tp 2 rank process sets it to its parent's)
 
 
+def git_commit() -> str:
+    """$GIT_COMMIT, else this checkout's HEAD (with "-dirty" when tracked files differ from it), else "unknown"."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def write_result(name: str, res: dict) -> Path:
     """res + where and when it ran (commit from GIT_COMMIT, machine, device, date) as $OUT/<name> (./gpu_out)."""
     import platform
-    res = {**res, "commit": os.environ.get("GIT_COMMIT", "unknown"), "cpu_count": os.cpu_count(),
+    res = {**res, "commit": git_commit(), "cpu_count": os.cpu_count(),
            "machine": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
            "date": time.strftime("%Y-%m-%d %H:%M:%S")}

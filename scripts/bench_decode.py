@@ -12,10 +12,13 @@ on seeded random bf16 weights (model shapes llama-3.2-1b and qwen3-8b); one GPU 
                runtime's choice.
   hf           HF transformers + StaticCache + torch.compile(mode="reduce-overhead")
                (as ../shared/gpu/peer_baseline_hf.py).
-  Peers: every step timed on its own with CUDA events (record, step, record), median over steps.
+  Peers: every step timed on its own with CUDA events (record, step, record), median over steps, after ~0.3 s of
+  untimed steps (as ours); gpt-fast also queued back to back (ms_pipelined). ratio_vs_ours = the peer's lower of the
+  two / ours (summarize): ours runs 8 steps a launch, so the peer's per-step host work is not counted against it.
   floor        bytes of weights streamed per step / 4.55 TB/s (measured read-only streaming on one H200);
                an untied embedding table is gathered, not streamed, so it is left out.
-Context c: the KV cache holds c random (megakernel) or prefilled (peers) positions; decode at positions >= c.
+Context c: the KV cache holds c random (megakernel, gpt-fast) or prefilled (HF) positions; decode at positions c ..
+c + 7 (the peers cycle over them, their static caches c + 8 keys long: they read every key of the cache).
 
     GIT_COMMIT=$(git rev-parse HEAD) PYTHONPATH=. python3 scripts/bench_decode.py [--budget-s 300]
 Writes $OUT/bench_decode.json (or ./gpu_out). Work runs in the order of work_order() (this runtime's cells, then the
@@ -61,8 +64,8 @@ os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_
 
 import torch  # noqa: E402
 
-from _bench_common import (HBM, OUT, T0, _ints, bench_megakernel, floor_kv_ms, floor_ms, log,  # noqa: E402,F401
-                           stage_summary, stream_bandwidth)
+from _bench_common import (HBM, OUT, T0, _ints, bench_megakernel, floor_kv_ms, floor_ms, git_commit,  # noqa: E402,F401
+                           log, stage_summary, stream_bandwidth)
 from _bench_tp import main_tp  # noqa: E402  (--tp 2)
 from mpk_runtime.envflags import resolved_switches, switches  # noqa: E402
 
@@ -111,36 +114,58 @@ def work_order(batches, ctxs, planned, mk_max_batch, peer_batches, hf_batches, p
     work += [("megakernel", b, c) for b in batches if 1 < b <= mk_max_batch for c in ctxs]
     if not peers:
         return work
-    work += [("gptfast", 1, ctxs[0])] if 1 in batches else []
-    work += [("hf", 1, ctxs[0])] if 1 in batches and 1 in hf_batches else []
-    work += [("gptfast", 1, c) for c in ctxs[1:]] if 1 in batches else []
+    # a peer's B=1 cells need 1 in --batches and in its own list (--peer-batches "" switches gpt-fast off at B=1 too)
+    g1, h1 = 1 in batches and 1 in peer_batches, 1 in batches and 1 in hf_batches
+    work += [("gptfast", 1, ctxs[0])] if g1 else []
+    work += [("hf", 1, ctxs[0])] if h1 else []
+    work += [("gptfast", 1, c) for c in ctxs[1:]] if g1 else []
     work += [("gptfast", b, c) for c in ctxs for b in peer_batches if b > 1]   # first context first
-    work += [("hf", b, c) for c in ctxs for b in hf_batches if (b, c) != (1, ctxs[0])]
+    work += [("hf", b, c) for c in ctxs for b in hf_batches if (b > 1 or h1) and (b, c) != (1, ctxs[0])]
     return work
 
 
 def summarize(rows: list[dict]) -> None:
-    """Each ok row's ratio_vs_ours (peer / ours at its (model, batch, context); ours = the planner's choice: the one
-    megakernel where it chose that, else its 'planned' row), and the table."""
-    ours = {(r["model"], r["batch"], r["context"]): r["ms"] for r in rows
-            if r["system"] == "megakernel" and r.get("status") == "ok"}
-    ours.update({(r["model"], r["batch"], r["context"]): r["ms"] for r in rows
-                 if r["system"] == "planned" and r.get("status") == "ok"})
+    """Each ok row's ratio_vs_ours (peer / ours at its (model, batch, context); > 1: this runtime is faster) and the
+    table. Ours = the planner's choice: the 'planned' row where the run has one for that cell (no ratio when it
+    failed or was skipped: the one megakernel is not what a user gets there), else the one megakernel's row;
+    ratio_vs names it. The peer's time is the lower of its two (peer_ms_basis): each step timed alone (ms) and the
+    steps queued back to back (ms_pipelined, gpt-fast). The megakernel runs 8 steps a launch, so a peer timed step by
+    step with its host overhead exposed would flatter ours (s62, H100: gpt-fast B=8 ctx 512 1.94 ms alone, 1.50
+    queued). The planned cells are timed a step alone (their host replay counted), so against them the ratio is a
+    lower bound (conservative) until _plan_measure times queued steps too. ratio_synced_vs_ours: the peer's ms (each
+    step alone) / ours, as the tables before this change."""
+    planned = {(r["model"], r["batch"], r["context"]): r for r in rows if r["system"] == "planned"}
+    ours = {(r["model"], r["batch"], r["context"]): r for r in rows if r["system"] == "megakernel"}
+    ours.update(planned)
     for r in rows:
+        for f in ("ratio_vs_ours", "ratio_vs", "ratio_synced_vs_ours", "peer_ms_basis"):
+            r.pop(f, None)   # a merged (--isolate) row's ratio from its child's own, partial, rows
         k = (r["model"], r["batch"], r["context"])
-        if r.get("status") == "ok" and k in ours:
-            r["ratio_vs_ours"] = r["ms"] / ours[k]   # > 1: this runtime (its chosen plan) is faster
-    print("\n==== bench_decode (ms/token, median) ====")
-    print(f"{'model':13s} {'B':>3s} {'ctx':>5s} {'system':10s} {'ms':>8s} {'floor':>7s} {'%floor':>6s} {'peer/ours':>9s} "
-          f"{'floor+kv':>8s} {'%':>4s}")
+        o = ours.get(k)
+        if r.get("status") != "ok" or o is None or o.get("status") != "ok":
+            continue
+        ms, basis = r["ms"], "ms"
+        if r["system"] not in ("planned", "megakernel") and r.get("ms_pipelined") and r["ms_pipelined"] < ms:
+            ms, basis = r["ms_pipelined"], "ms_pipelined"
+        r["ratio_vs_ours"] = ms / o["ms"]
+        r["ratio_vs"] = o["system"] + (f" ({o['plan']})" if o.get("plan") else "")
+        if r["system"] not in ("planned", "megakernel"):
+            r["peer_ms_basis"] = basis
+            r["ratio_synced_vs_ours"] = r["ms"] / o["ms"]
+    print("\n==== bench_decode (ms per decode step of B rows, median) ====")
+    print(f"{'model':13s} {'B':>3s} {'ctx':>5s} {'system':10s} {'ms':>8s} {'floor':>7s} {'%floor':>6s} "
+          f"{'peer/ours':>9s} {'alone/ours':>10s} {'floor+kv':>8s} {'%':>4s}")
+    nan = float("nan")
     for r in rows:
         if r.get("status") != "ok":
             print(f"{r['model']:13s} {r['batch']:3d} {r['context']:5d} {r['system']:10s} {r['status'][:60]}")
             continue
-        print(f"{r['model']:13s} {r['batch']:3d} {r['context']:5d} {r['system']:10s} {r['ms']:8.3f} {r['floor_ms']:7.3f} "
-              f"{r['pct_of_floor']:6.0f} {r.get('ratio_vs_ours', float('nan')):9.2f} "
-              f"{r.get('floor_kv_ms', float('nan')):8.3f} {r.get('pct_of_floor_kv', float('nan')):4.0f}"
-              + (f"  ({r['plan']})" if r["system"] == "planned" else ""))
+        print(f"{r['model']:13s} {r['batch']:3d} {r['context']:5d} {r['system']:10s} {r['ms']:8.3f} "
+              f"{r['floor_ms']:7.3f} {r['pct_of_floor']:6.0f} {r.get('ratio_vs_ours', nan):9.2f} "
+              f"{r.get('ratio_synced_vs_ours', nan):10.2f} "
+              f"{r.get('floor_kv_ms', nan):8.3f} {r.get('pct_of_floor_kv', nan):4.0f}"
+              + (f"  ({r.get('plan')})" if r["system"] == "planned" else "")
+              + (f"  [{r['peer_ms_basis']}]" if r.get("peer_ms_basis") == "ms_pipelined" else ""))
 
 
 def isolated_commands(argv: list[str], budget_s: float, out: Path) -> list[tuple[str, list[str], Path]]:
@@ -154,26 +179,38 @@ def isolated_commands(argv: list[str], budget_s: float, out: Path) -> list[tuple
 
 def run_isolated(args, argv: list[str]) -> None:
     """Each system's cells in a fresh process (no state one system's cells leave behind reaches another's:
-    session 44's order effect), the rows merged into one bench_decode.json with the children's metas."""
+    session 44's order effect), the rows merged into one bench_decode.json with the children's metas. A child not
+    started (no budget left) or that left no bench_decode.json is named in meta.missing_systems and its reason in
+    meta.children, never silently left out."""
     import subprocess
-    rows, metas = [], {}
+    rows, metas, missing = [], {}, {}
     for sysname, cmd, out in isolated_commands(argv, args.budget_s, OUT):
         left = args.budget_s - (time.time() - T0)
         if left < 5:
             log(f"isolate: no budget left for {sysname}")
+            missing[sysname] = f"skipped (time budget: {left:.0f} s left, not started)"
             continue
         out.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, str(Path(__file__).resolve())] + [c.replace("{budget}", f"{left:.0f}") for c in cmd]
-        log(f"isolate: {sysname} in its own process ({left:.0f} s left)")
-        subprocess.run(cmd, env=dict(os.environ, OUT=str(out)), check=False)
         f = out / "bench_decode.json"
         if f.exists():
+            f.unlink()   # an older run's file is not this child's result
+        cmd = [sys.executable, str(Path(__file__).resolve())] + [c.replace("{budget}", f"{left:.0f}") for c in cmd]
+        log(f"isolate: {sysname} in its own process ({left:.0f} s left)")
+        rc = subprocess.run(cmd, env=dict(os.environ, OUT=str(out)), check=False).returncode
+        if f.exists():
             d = json.loads(f.read_text())
-            metas[sysname] = d["meta"]
+            metas[sysname] = dict(d["meta"], returncode=rc)
             rows += [dict(r, process=sysname) for r in d["rows"]]
+        else:
+            log(f"isolate: {sysname} exited {rc} without {f}")
+            missing[sysname] = f"error: child exited {rc} without a bench_decode.json"
     summarize(rows)
+    for sysname, why in missing.items():
+        print(f"{sysname}: no rows, {why}")
     meta = dict(next(iter(metas.values()), {}), order="--isolate: one process per system (planned, megakernel, "
-                "gptfast, hf), each fresh", children=metas)
+                "gptfast, hf), each fresh", children={**metas, **{k: {"status": v} for k, v in missing.items()}},
+                missing_systems=sorted(missing), args=dict(vars(args)), argv=list(argv))   # the parent's settings
+    meta.pop("returncode", None)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "bench_decode.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     print(f"wrote {OUT / 'bench_decode.json'}  total {time.time() - T0:.0f}s")
@@ -190,12 +227,38 @@ def bench_planned(cfg, weights, B, ctx, plan, steps=12):
     ms = sorted(m["step_ms"])[len(m["step_ms"]) // 2]
     del pt
     return dict(system="planned", ms=ms, ms_min=min(m["step_ms"]), plan=plan.name, predicted_ms=plan.predicted_us / 1e3,
+                attn_splits=plan.attn_splits, planner_profile=plan.profile,
                 exec=m.get("exec"), timing=f"each step timed alone (CUDA events, synchronised), median of {steps}",
                 setup_s=round(time.time() - t, 1))
 
 
 # ------------------------------------------------------------------------ peers (scripts/_peers.py, re-exported)
 from _peers import GptFast, NcclComm, bench_gptfast, bench_hf  # noqa: E402,F401
+
+
+def run_meta(args, device_name: str, n_visible: int, bw: float, bw_source: str) -> dict:
+    """The run's meta: where, when, which code and versions, and every setting it ran with (args)."""
+    from mpk_runtime.planner.profile import default_profile_name
+    meta = dict(machine=f"{device_name} (GPU 0 of {n_visible} visible), {platform.node()}",
+                date=datetime.datetime.now().astimezone().isoformat(),
+                t0_local=datetime.datetime.fromtimestamp(T0).isoformat(),   # rows' t_s count from here (smi_join.py)
+                git_commit=git_commit(), torch=torch.__version__, cuda=torch.version.cuda,
+                python=platform.python_version(), hbm_bytes_per_s=bw, bandwidth_source=bw_source,
+                planner_profile=default_profile_name(),   # the profile the planned cells' plans were chosen under
+                args=dict(vars(args)), argv=sys.argv[1:],
+                note="floor = streamed weight bytes / the card's streaming rate (bandwidth_source); untied embedding "
+                     "excluded; floor_kv_ms adds every row's cached K / V at the context; ratio_vs_ours = the peer's "
+                     "lower of ms (each step alone) and ms_pipelined (steps back to back) / ours (summarize)",
+                switches=switches(), graph_switches=resolved_switches(),
+                order="work_order: --before cells, this runtime's planned cells, its megakernel cells (B=1 first), "
+                      "then the peers (gpt-fast / HF B=1 first), one process (since session 44; before it the batch-1 "
+                      "cells of every system ran first); each row's seq is its place", before=args.before)
+    for mod in ("transformers", "triton"):
+        try:
+            meta[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            pass
+    return meta
 
 
 def parse_args(argv=None):
@@ -264,20 +327,7 @@ def main():
     ctxs = [int(c) for c in args.contexts.split(",")]
     share = args.budget_s / len(models)
     bw, bw_source = stream_bandwidth(torch.cuda.get_device_name(0))
-    meta = dict(machine=f"{torch.cuda.get_device_name(0)} (GPU 0 of {torch.cuda.device_count()} visible), {platform.node()}", date=datetime.datetime.now().isoformat(),
-                t0_local=datetime.datetime.fromtimestamp(T0).isoformat(),   # rows' t_s count from here (smi_join.py)
-                git_commit=os.environ.get("GIT_COMMIT", "unknown"), torch=torch.__version__, hbm_bytes_per_s=bw, bandwidth_source=bw_source,
-                note="floor = streamed weight bytes / the card's streaming rate (bandwidth_source); untied embedding "
-                     "excluded; floor_kv_ms adds every row's cached K / V at the context", switches=switches(),
-                graph_switches=resolved_switches(),
-                order="work_order: --before cells, this runtime's planned cells, its megakernel cells (B=1 first), then "
-                      "the peers (gpt-fast / HF B=1 first), one process (since session 44; before it the batch-1 cells of "
-                      "every system ran first); each row's seq is its place", before=args.before)
-    try:
-        import transformers
-        meta["transformers"] = transformers.__version__
-    except Exception:  # noqa: BLE001
-        pass
+    meta = run_meta(args, torch.cuda.get_device_name(0), torch.cuda.device_count(), bw, bw_source)
 
     def save():
         (OUT / "bench_decode.json").write_text(json.dumps(dict(meta=meta, rows=ROWS), indent=1))
