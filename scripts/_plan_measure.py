@@ -181,6 +181,15 @@ def measure_plan(plan, pt: Point, steps: int, cpu: bool, comm=None, trace_dir: s
         _sync_all(ex, heap)
         if s:
             tot.append(a.elapsed_time(b))
+    # the same replays queued back to back (no host sync between them): the step's device time with the host's
+    # replay overhead hidden, as the peers' ms_pipelined and the megakernel's 8-steps-a-launch cells
+    a, b = ev(), ev()
+    a.record()
+    for s in range(steps):
+        ex.run(ctx_for)
+    b.record()
+    _sync_all(ex, heap)
+    info["step_ms_pipelined"] = a.elapsed_time(b) / steps
     if pt.trace_steps:   # the last whole-step replay's task windows, before the per-segment replays overwrite them
         info["spans"] = segment_spans(ex, trace_dir, trace_tag)
     # per segment: one graph per segment, events between

@@ -231,3 +231,17 @@ def test_repredict_prices_the_megakernel_build_that_ran():
     other = candidates(PRESETS["tiny-llama"], batch=4, context=64, families=("mono",))[0].predicted_us / 1e3
     assert got != other   # what it was priced as before
     assert score_bench.score([dict(row, waves=1.0, l2_prefetch_mb=16.0)], score_bench.repricer(None)) == []
+
+
+def test_a_planned_cells_back_to_back_time_is_ours_where_it_is_lower():
+    """Giving only the peer its back-to-back time leaves a planned cell (each replay timed alone, its host replay and
+    sync counted) at a disadvantage; since session 69 measure_plan times queued replays too, and the ratio uses the
+    lower of ours' two times as it does the peer's (ours_ms_basis says which)."""
+    rows = [_row("planned", 8, 1.482, plan="conventional", ms_pipelined=1.450), _row("gptfast", 8, 1.941, ms_pipelined=1.502)]
+    bench_decode.summarize(rows)
+    g = rows[1]
+    assert g["ratio_vs_ours"] == pytest.approx(1.502 / 1.450) and g["ours_ms_basis"] == "ms_pipelined"
+    assert g["ratio_synced_vs_ours"] == pytest.approx(1.941 / 1.482)
+    rows = [_row("planned", 8, 1.482, plan="conventional"), _row("gptfast", 8, 1.941, ms_pipelined=1.502)]
+    bench_decode.summarize(rows)   # an older file: ours has no queued time, its ms stands
+    assert rows[1]["ratio_vs_ours"] == pytest.approx(1.502 / 1.482) and rows[1]["ours_ms_basis"] == "ms"
