@@ -246,12 +246,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # bad input (a value, a profile or weights not there): no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:   # the workers failed (died, hung): the lines printed so far stand
-        from .engine.errors import RequestFailedError
-        if not isinstance(e, RequestFailedError):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 1
 
 
 if __name__ == "__main__":

@@ -94,11 +94,8 @@ def test_submit_says_to_put_job_arguments_after_the_separator(capsys):
     assert "after `--`" in str(e.value.code) + capsys.readouterr().err
 
 
-def test_submit_timeout_says_the_job_is_still_running(monkeypatch, capsys):
-    """Past --timeout submit.py printed 'job X: RUNNING' and exited 1 as if it had failed; the job goes on on the
-    cluster, and the message now says so and how to follow or stop it."""
-    submit = _submit()
-
+def _fake_job_api(monkeypatch, submit, submit_job):
+    """ray.job_submission replaced by a client whose submit_job is `submit_job` and whose job stays RUNNING."""
     class Status:
         RUNNING, SUCCEEDED, FAILED, STOPPED = "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"
 
@@ -107,7 +104,7 @@ def test_submit_timeout_says_the_job_is_still_running(monkeypatch, capsys):
             pass
 
         def submit_job(self, **job):
-            return "raysubmit_1"
+            return submit_job()
 
         def get_job_status(self, job_id):
             return Status.RUNNING
@@ -119,6 +116,13 @@ def test_submit_timeout_says_the_job_is_still_running(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray.job_submission", mod)
     monkeypatch.setattr(submit.time, "sleep", lambda s: None)
     monkeypatch.setenv("RAY_AUTH_MODE", "token")   # (main sets it in this process: undone after the test)
+
+
+def test_submit_timeout_says_the_job_is_still_running(monkeypatch, capsys):
+    """Past --timeout submit.py printed 'job X: RUNNING' and exited 1 as if it had failed; the job goes on on the
+    cluster, and the message now says so and how to follow or stop it."""
+    submit = _submit()
+    _fake_job_api(monkeypatch, submit, lambda: "raysubmit_1")
     rc = submit.main(["--address", "http://h:8265", "--timeout", "0.01", "--", "--model", "m"])
     out = capsys.readouterr().out
     assert rc == 1 and "still running" in out and "ray job stop raysubmit_1" in out
@@ -131,24 +135,13 @@ def test_submit_waits_for_the_heads_job_agent(monkeypatch, capsys):
     submit = _submit()
     tries = []
 
-    class Status:
-        RUNNING, SUCCEEDED, FAILED, STOPPED = "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"
-
-    class FakeClient:
-        def __init__(self, address):
-            pass
-
-        def submit_job(self, **job):
-            tries.append(1)
-            if len(tries) < 3:
-                raise RuntimeError("Request failed with status code 500: No available agent to submit job, please "
-                                   "try again later..")
-            return "raysubmit_2"
-    mod = types.ModuleType("ray.job_submission")
-    mod.JobStatus, mod.JobSubmissionClient = Status, FakeClient
-    monkeypatch.setitem(sys.modules, "ray.job_submission", mod)
-    monkeypatch.setattr(submit.time, "sleep", lambda s: None)
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    def submit_job():
+        tries.append(1)
+        if len(tries) < 3:
+            raise RuntimeError("Request failed with status code 500: No available agent to submit job, please "
+                               "try again later..")
+        return "raysubmit_2"
+    _fake_job_api(monkeypatch, submit, submit_job)
     assert submit.main(["--no-wait", "--", "--model", "m"]) == 0
     assert len(tries) == 3 and "submitted raysubmit_2" in capsys.readouterr().out
 

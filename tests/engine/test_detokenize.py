@@ -87,26 +87,12 @@ def test_stop_strings_over_the_incremental_text(name, request):
                 break
 
 
-def _wordlevel(vocab_extra=(".", ",", "!", "?", "'", "n't", "'m", "'s", "'ve", "'re")):
-    """A Metaspace WordLevel tokenizer (not BPE: transformers applies its space cleanup when asked)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    words = ["<unk>", "</s>", "\u2581"] + ["\u2581" + w for w in "abcdefghijk"] + list(vocab_extra) + \
-        ["\u2581" + w for w in vocab_extra]
-    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    t.pre_tokenizer = pre_tokenizers.Metaspace()
-    t.decoder = decoders.Metaspace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="</s>", unk_token="<unk>")
-    tok.clean_up_tokenization_spaces = True
-    return tok
-
-
 @pytest.mark.parametrize("kind", ["cleanup", "cannot_tell"])
-def test_tokenizers_with_space_cleanup(kind):
+def test_tokenizers_with_space_cleanup(kind, wordlevel):
     """transformers' cleanup (" ." -> ".", " n't" -> "n't") is not local to a window: applied over the whole text
     where the tokenizer applies it ("cleanup"), or the whole output decoded each token where a probe cannot tell
     ("cannot_tell": a vocabulary without those pieces); equal to the whole decode at every token either way."""
-    tok = _wordlevel() if kind == "cleanup" else _wordlevel(vocab_extra=())
+    tok = wordlevel() if kind == "cleanup" else wordlevel(vocab_extra=())
     dec = text_decoder(tok)
     assert (dec.clean is not None) if kind == "cleanup" else (dec.whole is not None)
     rng = random.Random(2)

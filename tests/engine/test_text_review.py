@@ -75,25 +75,10 @@ def test_byte_fallback_random_streams():
         assert all(whole.startswith(s) for s in shown), (tok.convert_ids_to_tokens(ids), shown, whole)
 
 
-def _cleanup_wordlevel():
-    """A Metaspace WordLevel tokenizer whose decode applies transformers' space cleanup (" ." -> ".", " 's" -> "'s"),
-    as non-BPE tokenizers with clean_up_tokenization_spaces do."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    extra = [".", ",", "!", "?", "'", "n't", "'m", "'s", "'ve", "'re"]
-    words = ["<unk>", "</s>", "\u2581"] + ["\u2581" + w for w in "abcdefgh"] + extra + ["\u2581" + w for w in extra]
-    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    t.pre_tokenizer = pre_tokenizers.Metaspace()
-    t.decoder = decoders.Metaspace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, eos_token="</s>", unk_token="<unk>")
-    tok.clean_up_tokenization_spaces = True
-    return tok
-
-
-def test_cleanup_tokenizer_streamed_text_only_grows():
+def test_cleanup_tokenizer_streamed_text_only_grows(wordlevel):
     """With a space-cleanup tokenizer the shown text was clean(text so far), which a later token rewrites ("b '" then
     "b's" once "s" comes): text already streamed was contradicted, so the deltas did not add up to the final text."""
-    tok = _cleanup_wordlevel()
+    tok = wordlevel()
     dec = text_decoder(tok)
     assert dec.clean is not None
     rng = random.Random(3)
@@ -111,10 +96,10 @@ def test_cleanup_tokenizer_streamed_text_only_grows():
         assert all(shown[-1].startswith(s) for s in shown), (tok.convert_ids_to_tokens(ids), shown)
 
 
-def test_cleanup_tokenizer_deltas_through_the_engine():
+def test_cleanup_tokenizer_deltas_through_the_engine(wordlevel):
     """The same through LLM.stream: the concatenated delta_text was not the final text (nor tok.decode)."""
     from mpk_runtime import LLM, SamplingParams
-    tok = _cleanup_wordlevel()
+    tok = wordlevel()
     bias = {i: 50.0 for i in range(2, len(tok))}   # sample only the tokenizer's words
     with LLM("tiny-qwen3", backend="reference", dtype="float32", max_seq_len=64, tokenizer=tok) as llm:
         for seed in range(6):
