@@ -219,6 +219,25 @@ def hf_model(cfg, max_positions: int, device="cuda", dtype=torch.bfloat16):
     return m.eval(), hcfg
 
 
+def hf_seek(cache, pos: int) -> None:
+    """Set an HF StaticCache's write position to `pos` before a decode step. transformers >= 5 (StaticLayer) writes a
+    step's keys at its own running count (`cumulative_length`, a static-address tensor the compiled graph reads), not at
+    the `cache_position` passed, so the peer's positions cycling over ctx .. ctx + AHEAD - 1 ran past the cache of
+    ctx + AHEAD keys after AHEAD steps (session 70: a device-side assert at the first HF cell). Older versions take
+    cache_position and have no count: nothing to do. A device-side fill, outside the timed events."""
+    for layer in getattr(cache, "layers", None) or ():
+        n = getattr(layer, "cumulative_length", None)
+        if isinstance(n, torch.Tensor):
+            n.fill_(pos)
+
+
+def hf_decode_step(fwd, cache, tok, pos: int):
+    """One HF decode step at position `pos` (B, 1 token ids in, B, 1 argmax ids out) on the StaticCache."""
+    hf_seek(cache, pos)
+    cp = torch.tensor([pos], device=tok.device)
+    return fwd(input_ids=tok, past_key_values=cache, cache_position=cp, use_cache=True).logits[:, -1:]
+
+
 def bench_hf(cfg, B, ctx, steps=32, warm=6):
     from transformers import StaticCache
     t = time.time()
@@ -232,8 +251,11 @@ def bench_hf(cfg, B, ctx, steps=32, warm=6):
         tok = hf_prefill(m, cache, ids).argmax(-1)
         i, extra = 0, None
         while i < warm + (extra or 0) + steps:
-            # the position's host-to-device copy (a stream sync) before e0, as gpt-fast's pos: not the step's time
-            cp = torch.tensor([ctx + i % AHEAD], device="cuda")
+            # the position's host-to-device copy (a stream sync) and the cache's seek before e0, as gpt-fast's pos:
+            # not the step's time
+            p = ctx + i % AHEAD
+            hf_seek(cache, p)
+            cp = torch.tensor([p], device="cuda")
             e0, e1 = torch.cuda.Event(True), torch.cuda.Event(True)
             torch.compiler.cudagraph_mark_step_begin()
             e0.record()

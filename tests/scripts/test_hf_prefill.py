@@ -34,3 +34,26 @@ def test_chunked_prefill_matches_the_whole_prompt(family):
     for logits, nxt in res[1:]:
         torch.testing.assert_close(logits, res[0][0], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(nxt, res[0][1], rtol=1e-4, atol=1e-4)
+
+
+def test_decode_positions_cycle_on_the_peers_cache():
+    """The HF peer's timed steps cycle over positions ctx .. ctx + AHEAD - 1 on a cache of ctx + AHEAD keys
+    (bench_hf). transformers >= 5 writes at its own running count, not at cache_position: without hf_seek the
+    (AHEAD + 1)-th step wrote past the cache (session 70: a device-side assert on the GPU, an IndexError here).
+    With it, a step at ctx after many cycles reads the same cache as the first step at ctx did."""
+    from _peers import AHEAD, hf_decode_step
+    from transformers import LlamaConfig, StaticCache
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, vocab_size=97, max_position_embeddings=64)
+    torch.manual_seed(0)
+    m = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32).eval()
+    B, ctx = 2, 13
+    cache = StaticCache(config=cfg, max_batch_size=B, max_cache_len=ctx + AHEAD, device="cpu", dtype=torch.float32)
+    with torch.no_grad():
+        tok0 = hf_prefill(m, cache, torch.randint(0, 97, (B, ctx))).argmax(-1)
+        first = hf_decode_step(m, cache, tok0, ctx)
+        tok = first.argmax(-1)
+        for i in range(1, 3 * AHEAD + 1):
+            tok = hf_decode_step(m, cache, tok, ctx + i % AHEAD).argmax(-1)
+        again = hf_decode_step(m, cache, tok0, ctx)
+    torch.testing.assert_close(again, first, rtol=1e-5, atol=1e-5)
