@@ -8,7 +8,6 @@
 // buffers (cp.async) while the current op runs, and thread 32 issues a finished task's signals while thread 0
 // already polls the next task's counters.
 #include "common.cuh"
-#include "task_waits.cuh"
 #include "ops/embed.cuh"
 #include "ops/linear.cuh"
 #include "ops/qkv_rope.cuh"
@@ -31,7 +30,6 @@ __device__ __noinline__ void op_small(const Ctx& c) {
     default: break;
   }
 }
-
 }  // namespace mpk
 
 using namespace mpk;
@@ -67,6 +65,33 @@ __device__ __noinline__ void stage_task_weights(const int64_t* rec, int64_t sw, 
   }
 }
 
+// Thread 0: spin until *ctr >= need (acquire; system scope for a counter a peer rank signals). On timeout the first
+// SM to notice records the wait in the status block; returns 1 when this SM must exit (timeout here or elsewhere).
+__device__ __forceinline__ int wait_counter(const uint64_t* ctr, int64_t need, bool sys, int64_t* status,
+                                            uint64_t timeout_ns, int sm, int tid, int64_t event, int64_t step) {
+  uint64_t v = ld_acquire_scoped_u64(ctr, sys);
+  if ((int64_t)v >= need) return 0;
+  const uint64_t t0 = globaltimer();
+  for (uint32_t it = 1;; ++it) {
+    v = ld_acquire_scoped_u64(ctr, sys);
+    if ((int64_t)v >= need) return 0;
+    if ((it & 255) == 0) {
+      if (ld_volatile_s64(status + S_FLAG) != STATUS_OK) return 1;
+      const uint64_t el = globaltimer() - t0;
+      if (el > timeout_ns) {
+        if (atomicCAS(reinterpret_cast<unsigned long long*>(status + S_FLAG), 0ull,
+                      (unsigned long long)STATUS_TIMEOUT) == 0ull) {
+          status[S_SM] = sm; status[S_TASK] = tid; status[S_EVENT] = event;
+          status[S_COUNTER] = (int64_t)v; status[S_NEEDED] = need; status[S_STEP] = step;
+          status[S_ELAPSED_NS] = (int64_t)el;
+          __threadfence();
+        }
+        return 1;
+      }
+    }
+  }
+}
+
 #ifndef MPK_PDL
 #define MPK_PDL 0
 #endif
@@ -87,9 +112,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
   const uint32_t stage_bar = smem_addr(&s_stage_bar);
   uint32_t stage_par = 0;
   if (threadIdx.x == 0) mbar_init(stage_bar);
-#if MPK_B1_PREWAIT
-  if (threadIdx.x == 0) mpk_pw_abort = 0;
-#endif
   static_assert(TASK_WORDS % 2 == 0 && TASK_WORDS / 2 <= 32, "warp 0 copies a record, 16 bytes per lane");
   if (threadIdx.x < NUM_PARAMS) s_par[threadIdx.x] = P[threadIdx.x];
   const int sm = blockIdx.x;
@@ -123,7 +145,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
       if (threadIdx.x == 0) {
         cp_async_commit();
         const int tid = (int)rec[T_TASK_ID];
-        const TaskWaits tw(s_par);
+        const uint64_t* counters = ptr<const uint64_t>(param(s_par, P_COUNTERS));
+        int64_t* status = ptr<int64_t>(param(s_par, P_STATUS));
+        uint64_t* trace = ptr<uint64_t>(param(s_par, P_TRACE));
+        const uint64_t timeout_ns = (uint64_t)param(s_par, P_TIMEOUT_NS);
         const int64_t* pft = ptr<const int64_t>(param(s_par, P_PREFETCH));
         if (PF_CUR > 0 && pft != nullptr) {  // weights never wait on events: start streaming them now
           const int64_t* pf = pft + (int64_t)tid * PF_WORDS;
@@ -139,12 +164,35 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
           }
         }
-#if MPK_B1_PREWAIT
-        if (prewait_task(rec))   // its op polls them, its first weight round in flight (linear.cuh)
-          s_abort = 0;
-        else
+        int abort = 0, ninl = 0;
+#pragma unroll
+        for (int j = 0; j < INLINE_WAITS; ++j) {
+          const int64_t pw = rec[T_INLINE_WAIT + j];
+          if (pw == 0 || abort) break;
+          ++ninl;
+          const int64_t ev = pw & 0xffffffffLL;
+          const int64_t need = ((pw >> PW_TRIGGERS_SHIFT) & 0xffffff) * (step - ((pw >> PW_LAG_SHIFT) & 63));
+          abort = wait_counter(counters + ev, need, ((pw >> PW_SCOPE_SHIFT) & 1) != 0, status, timeout_ns, sm, tid,
+                               ev, step);
+        }
+        if (!abort && rec[T_WAIT_BEGIN] + ninl < rec[T_WAIT_END]) {
+          const int64_t* waits = ptr<const int64_t>(param(s_par, P_WAITS));
+          for (int64_t w = rec[T_WAIT_BEGIN] + ninl; w < rec[T_WAIT_END] && !abort; ++w) {
+            const int64_t* wr = waits + w * WAIT_WORDS;
+            abort = wait_counter(counters + wr[W_EVENT], wr[W_TRIGGERS] * (step - wr[W_LAG]), wr[W_SCOPE] != 0,
+                                 status, timeout_ns, sm, tid, wr[W_EVENT], step);
+          }
+        }
+        s_abort = abort;
+        if (trace != nullptr && ls < param(s_par, P_TRACE_STEPS))
+          trace[((int64_t)ls * param(s_par, P_NUM_TASKS) + tid) * 2] = globaltimer();
+#if MPK_STAGE_WORDS > 0
+        // stamp rows follow the start/end words of all traced steps
+        mpk_stage_row = (trace != nullptr && ls < param(s_par, P_TRACE_STEPS))
+                            ? trace + param(s_par, P_TRACE_STEPS) * param(s_par, P_NUM_TASKS) * 2 +
+                                  ((int64_t)ls * param(s_par, P_NUM_TASKS) + tid) * MPK_STAGE_WORDS
+                            : nullptr;
 #endif
-          tw.poll(rec, s_par, step, ls, sm, &s_abort);
       } else if (threadIdx.x < TASK_WORDS / 2) {
         cp_async_commit();
       }
@@ -171,12 +219,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         case OP_QK_NORM_ROPE: op_small(c); break;
         default: break;
       }
-#if MPK_B1_PREWAIT
-      if (mpk_pw_abort) {   // a wait polled inside the op timed out (here or on another SM)
-        if (threadIdx.x < TASK_WORDS / 2) cp_async_wait_all();
-        return;
-      }
-#endif
       if (threadIdx.x < TASK_WORDS / 2) cp_async_wait_all();   // the next record has landed
       // the staged copy is complete before the barrier that frees the shared memory (the op's warps wait on it only
       // where they read staged rows), and the next staged task is the next phase

@@ -24,9 +24,7 @@ VARIANTS = ("-DMPK_ATT_WARP_PIPE=0", "-DMPK_ATT_STAGES=3", "-DMPK_AR_LL=1", "-DM
             "-DMPK_ATT_PV_SPLIT=0", "-DMPK_ATT_DIAG_L2=1",
             "-DMPK_PDL=1", "-DMPK_ATT_QKNORM=1", "-DMPK_QKV_BIAS=1",   # (Qwen2's build: q / k / v biases)
             "-DMPK_STAGE_WORDS=12 -DMPK_ATT_QKNORM=1",   # qwen3's stage-stamp build (gpu_pending.sh stamps)
-            "-DMPK_STAGE_WORDS=16", "-DMPK_STAGE_WORDS=16 -DMPK_ATT_QKNORM=1",   # + the merge's stamps 10-12 (STAMP_K=16)
-            # the batch-1 first weight round before the waits (gpu_pending.sh ab variants pw4 / pw7), both models
-            *(f"-DMPK_B1_PREWAIT=1 -DMPK_B1_PREWAIT_UN={u}{q}" for u in (4, 7) for q in ("", " -DMPK_ATT_QKNORM=1")))
+            "-DMPK_STAGE_WORDS=16", "-DMPK_STAGE_WORDS=16 -DMPK_ATT_QKNORM=1")   # + the merge's stamps 10-12 (STAMP_K=16)
 
 
 def main() -> int:

@@ -292,8 +292,7 @@ for V in $VARS; do
                                              # weights staged in shared memory (TMA) while it waits, within the
                                              # graph's shared memory (session 47); pf0: without the L2 prefetch
                [ $V = stg64pf0 ] && PFK=0; [ $V = stgall ] && SC=0;;
-             pw4|pw7) D="-DMPK_B1_PREWAIT=1 -DMPK_B1_PREWAIT_UN=${V#pw}"; G="";;   # batch-1 CUDA-core tiles issue the
-                                             # first 4 / 7 of their 8 weight vectors a lane before their waits (s70)
+             # (removed in session 70: pw4 / pw7, MPK_B1_PREWAIT, +3..+4.5% at B=1; bench/results/s70)
              ps_*) D=""; G=""; PSH=$(echo "${V#ps_}" | tr _ ,);;   # one paged-attention launch shape for every call
                                              # (MPK_PAGED_SHAPE), e.g. ps_32_264_4_3_ahead
              *) echo "unknown variant $V"; continue;; esac

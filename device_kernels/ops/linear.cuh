@@ -11,40 +11,10 @@ namespace mpk {
 // One warp pass: columns nb .. nb + NC - 1 (clamped to n1 - 1; a missing column re-reads the last one and its
 // result is dropped). SMEM: the columns' weight rows are staged in shared memory (row n at s0 / s1 + (n - n0) K);
 // else they stream from global memory. The sums are the same either way.
-// One round of a warp pass's loads: vectors base + 32 u (u < UN) of columns nb .. nb + NC - 1 (clamped), zeros from
-// vector ke on.
-template <bool TWO, int UN, int NC, bool SMEM>
-__device__ __forceinline__ void linear_round(int K, const bf16* w0, const bf16* w1, const bf16* s0, const bf16* s1,
-                                             int nb, int n0, int n1, int base, int ke, uint4 (&v0)[NC][UN],
-                                             uint4 (&v1)[NC][UN]) {
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    const int n = min(nb + c, n1 - 1);
-#pragma unroll
-    for (int u = 0; u < UN; ++u) {
-      const int kk = base + u * 32;
-      v0[c][u] = make_uint4(0, 0, 0, 0);
-      v1[c][u] = make_uint4(0, 0, 0, 0);
-      if (kk < ke) {
-        if (SMEM) {
-          v0[c][u] = *reinterpret_cast<const uint4*>(s0 + (int64_t)(n - n0) * K + kk * 8);
-          if (TWO) v1[c][u] = *reinterpret_cast<const uint4*>(s1 + (int64_t)(n - n0) * K + kk * 8);
-        } else {
-          v0[c][u] = ld_weight_stream16(w0 + (int64_t)n * K + kk * 8);
-          if (TWO) v1[c][u] = ld_weight_stream16(w1 + (int64_t)n * K + kk * 8);
-        }
-      }
-    }
-  }
-}
-
-// PRE (batch 1, MPK_B1_PREWAIT): the pass's first round (kseg 1, base = lane) was issued before the task's waits
-// into *p0 / *p1 (linear_core_prewait); the pass starts with its math.
-template <bool TWO, int MT, int UN, int NC, bool SMEM, bool PRE, int UP>
+template <bool TWO, int MT, int UN, int NC, bool SMEM>
 __device__ __forceinline__ void linear_pass(const bf16* xs, int M, int K, const bf16* w0, const bf16* w1,
                                             const bf16* s0, const bf16* s1, int nb, int n0, int n1, int kseg,
-                                            float* y0s, float* y1s, const uint4 (&p0)[NC][UP],
-                                            const uint4 (&p1)[NC][UP]) {
+                                            float* y0s, float* y1s) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
   const int KVs = (K >> 3) / kseg;  // 16-byte vectors per row segment
   const int ldy = n1 - n0;
@@ -70,11 +40,29 @@ __device__ __forceinline__ void linear_pass(const bf16* xs, int M, int K, const 
     for (int c = 0; c < NC; ++c)
 #pragma unroll
       for (int m = 0; m < MT; ++m) { acc0[c][m] = 0.f; acc1[c][m] = 0.f; }
-    // a round's math: its vectors (from vector `base` on) dotted with the x rows
-    auto math = [&](const auto& v0, const auto& v1, int base) {   // v0, v1: uint4 [NC][U]
-      constexpr int U = sizeof(v0[0]) / sizeof(uint4);
+    for (int base = kb + lane; base < ke; base += 32 * UN) {
+      uint4 v0[NC][UN], v1[NC][UN];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
+      for (int c = 0; c < NC; ++c) {
+        const int n = min(nb + c, n1 - 1);
+#pragma unroll
+        for (int u = 0; u < UN; ++u) {
+          const int kk = base + u * 32;
+          v0[c][u] = make_uint4(0, 0, 0, 0);
+          v1[c][u] = make_uint4(0, 0, 0, 0);
+          if (kk < ke) {
+            if (SMEM) {
+              v0[c][u] = *reinterpret_cast<const uint4*>(s0 + (int64_t)(n - n0) * K + kk * 8);
+              if (TWO) v1[c][u] = *reinterpret_cast<const uint4*>(s1 + (int64_t)(n - n0) * K + kk * 8);
+            } else {
+              v0[c][u] = ld_weight_stream16(w0 + (int64_t)n * K + kk * 8);
+              if (TWO) v1[c][u] = ld_weight_stream16(w1 + (int64_t)n * K + kk * 8);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < UN; ++u) {
         const int kk = base + u * 32;
         if (kk < ke) {
 #pragma unroll
@@ -90,24 +78,6 @@ __device__ __forceinline__ void linear_pass(const bf16* xs, int M, int K, const 
           }
         }
       }
-    };
-    int base0 = kb + lane;
-    if constexpr (PRE) {   // (kseg 1) the first round's first UP vectors are in flight (*p0, *p1): its other vectors, then
-                 // its math in the order of the loop's (vector u of lane l is vector lane + 32 u of the segment)
-      if constexpr (UP < UN) {
-        uint4 r0[NC][UN - UP], r1[NC][UN - UP];
-        linear_round<TWO, UN - UP, NC, SMEM>(K, w0, w1, s0, s1, nb, n0, n1, base0 + 32 * UP, ke, r0, r1);
-        math(p0, p1, base0);
-        math(r0, r1, base0 + 32 * UP);
-      } else {
-        math(p0, p1, base0);
-      }
-      base0 += 32 * UN;
-    }
-    for (int base = base0; base < ke; base += 32 * UN) {
-      uint4 v0[NC][UN], v1[NC][UN];
-      linear_round<TWO, UN, NC, SMEM>(K, w0, w1, s0, s1, nb, n0, n1, base, ke, v0, v1);
-      math(v0, v1, base);
     }
 #pragma unroll
     for (int c = 0; c < NC; ++c)
@@ -133,14 +103,6 @@ __device__ __forceinline__ void linear_pass(const bf16* xs, int M, int K, const 
           if (TWO) y1s[m * ldy + nb + c - n0] = tot1[c][m];
         }
   }
-}
-
-template <bool TWO, int MT, int UN, int NC, bool SMEM>
-__device__ __forceinline__ void linear_pass(const bf16* xs, int M, int K, const bf16* w0, const bf16* w1,
-                                            const bf16* s0, const bf16* s1, int nb, int n0, int n1, int kseg,
-                                            float* y0s, float* y1s) {
-  uint4 none[NC][1];   // (no round in flight: unused)
-  linear_pass<TWO, MT, UN, NC, SMEM, false, 1>(xs, M, K, w0, w1, s0, s1, nb, n0, n1, kseg, y0s, y1s, none, none);
 }
 
 // For columns n in [n0, n1) (warp-strided): y0s[m * (n1 - n0) + n - n0] = xs[m] . w0[n] (and y1s with w1 when
@@ -345,96 +307,6 @@ __device__ __forceinline__ float* linear_ytile(unsigned char* smem, int xrows, i
   return reinterpret_cast<float*>(smem + (((int64_t)xrows * ldx * 2 + 15) & ~15LL));
 }
 
-// ---- MPK_B1_PREWAIT (opt-in; built in session 46, compiled without spills since session 70): a batch-1 CUDA-core
-// tile with nothing staged (prewait_task) issues each warp's first weight round (PW_UN of its UNROLL vectors a lane)
-// before the task's waits, which thread 0 then polls inside the op instead of in the persistent loop, so the round's
-// HBM latency runs under the wait and the x load. Session 45's chain benchmark (bench_stream.py --chain) measured
-// that overlap at 35.25 -> 29.5 us a llama layer (63 -> 59 with a task's ends emulated); session 25 issued the round
-// after the waits (MPK_LIN_EARLY, removed) and measured +4.2%. The round's NC x PW_UN x 4 registers (32) are held
-// across the wait, the barrier and the x load inside the one out-of-line entry prewait_project.
-#ifndef MPK_B1_PREWAIT
-#define MPK_B1_PREWAIT 0
-#endif
-#if MPK_B1_PREWAIT
-#if MPK_STAGE_WORDS > 0
-#error "MPK_B1_PREWAIT with MPK_STAGE_WORDS: an op's first stamps would come before its waits set the stamp row"
-#endif
-}  // namespace mpk
-#include "../task_waits.cuh"
-namespace mpk {
-#ifndef MPK_B1_PREWAIT_UN
-#define MPK_B1_PREWAIT_UN 4
-#endif
-constexpr int PW_UN = MPK_B1_PREWAIT_UN;   // vectors a lane issues before the waits, of its first round's UNROLL
-static_assert(PW_UN >= 1 && PW_UN <= UNROLL, "MPK_B1_PREWAIT_UN: 1 .. UNROLL");
-__shared__ int mpk_pw_abort;   // thread 0's poll in prewait_project: 1 = this CTA exits (megakernel.cu checks it)
-
-// The tasks whose waits their op polls (the persistent loop skips them): batch-1 CUDA-core linear tiles of one K
-// segment and batch-1 qkv_rope parts, with no staged weight rows.
-__device__ __forceinline__ bool prewait_task(const int64_t* rec) {
-  if (rec[T_STAGE] != 0) return false;
-  switch ((int)rec[T_OPCODE]) {
-    case OP_LINEAR: return rec[A_LINEAR_TC_ROWS] == 0 && rec[A_LINEAR_M] == 1 && rec[A_LINEAR_KSEG] == 1;
-    case OP_QKV_ROPE: return rec[A_QKV_ROPE_M] == 1;
-    default: return false;
-  }
-}
-
-template <bool TWO>
-__device__ __forceinline__ void linear_core_prewait(const Ctx& c, const bf16* x, int64_t row_off, const bf16* nw,
-                                                   float eps, int K, const bf16* w0, const bf16* w1, int n0, int n1,
-                                                   float* y0s, float* y1s) {
-  constexpr int NC = TWO ? 1 : 2;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = THREADS / 32;
-  const int nb0 = n0 + warp * NC;
-  // defined on every path (zeros where this warp has no column): a round defined only under the branch was spilled
-  // by ptxas right after its loads (128 B, session 70), which would wait for them before the poll
-  uint4 p0[NC][PW_UN], p1[NC][PW_UN];
-#pragma unroll
-  for (int cc = 0; cc < NC; ++cc)
-#pragma unroll
-    for (int u = 0; u < PW_UN; ++u) { p0[cc][u] = make_uint4(0, 0, 0, 0); p1[cc][u] = make_uint4(0, 0, 0, 0); }
-  if (nb0 < n1) linear_round<TWO, PW_UN, NC, false>(K, w0, w1, nullptr, nullptr, nb0, n0, n1, lane, K >> 3, p0, p1);
-  if (threadIdx.x == 0) TaskWaits(c.P).poll(c.rec, c.P, c.step, (int)c.lstep, blockIdx.x, &mpk_pw_abort);
-  __syncthreads();
-  bf16* xs = reinterpret_cast<bf16*>(dyn_smem());
-  load_rows_norm(xs, K, x, 1, K, row_off, 0, nw, eps);
-  if (nb0 < n1)
-    linear_pass<TWO, 1, UNROLL, NC, false, true, PW_UN>(xs, 1, K, w0, w1, nullptr, nullptr, nb0, n0, n1, 1, y0s, y1s,
-                                                        p0, p1);
-  for (int nb = nb0 + nwarps * NC; nb < n1; nb += nwarps * NC)
-    linear_pass<TWO, 1, UNROLL, NC, false>(xs, 1, K, w0, w1, nullptr, nullptr, nb, n0, n1, 1, y0s, y1s);
-  __syncthreads();
-}
-
-// A prewait_task's matmul, its waits polled inside (op_linear, op_qkv_rope): the fp32 result tile(s) at the op's
-// linear_ytile, as linear_core leaves them. Returns 1 when the CTA must exit (a wait timed out). One out-of-line
-// entry for both ops (each call site of an out-of-line function costs the persistent loop registers).
-__device__ __noinline__ void prewait_project(const Ctx& c) {
-  const int64_t* a = c.rec;
-  if ((int)a[T_OPCODE] == OP_QKV_ROPE) {   // head rows r0 + i and D / 2 + r0 + i
-    const int K = (int)a[A_QKV_ROPE_K], r0 = (int)a[A_QKV_ROPE_R0], nr = (int)a[A_QKV_ROPE_NR];
-    const bf16* w = ptr<const bf16>(a[A_QKV_ROPE_W]);
-    float* y0s = linear_ytile(dyn_smem(), cc_xrows(1), K);
-    linear_core_prewait<true>(c, ptr<const bf16>(a[A_QKV_ROPE_X]), 0, ptr<const bf16>(a[A_QKV_ROPE_NORM]),
-                                     f32(a[A_QKV_ROPE_EPS]), K, w, w + (int64_t)(a[A_QKV_ROPE_D] / 2) * K, r0, r0 + nr,
-                                     y0s, y0s + ROW_TILE * nr);
-    return;
-  }
-  const int K = (int)a[A_LINEAR_K], n0 = (int)a[A_LINEAR_N0], n1 = (int)a[A_LINEAR_N1];
-  const bf16* x = ptr<const bf16>(a[A_LINEAR_X]);
-  const bf16* nw = ptr<const bf16>(a[A_LINEAR_NORM]);
-  const bf16* w0 = ptr<const bf16>(a[A_LINEAR_W0]);
-  float* y0s = linear_ytile(dyn_smem(), cc_xrows(1), K);
-  if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
-    linear_core_prewait<true>(c, x, a[A_LINEAR_ROW_OFF], nw, f32(a[A_LINEAR_EPS]), K, w0,
-                                     ptr<const bf16>(a[A_LINEAR_W1]), n0, n1, y0s, y0s + ROW_TILE * (n1 - n0));
-  else
-    linear_core_prewait<false>(c, x, a[A_LINEAR_ROW_OFF], nw, f32(a[A_LINEAR_EPS]), K, w0, nullptr, n0, n1, y0s,
-                                    nullptr);
-}
-#endif
-
 // out[:, n0:n1] of rows [g0, g0 + Mg) from the fp32 result tile(s): SiLU*up, residual, bf16 / fp32 / push stores.
 __device__ __forceinline__ void linear_epilogue(const Ctx& c, int g0, int Mg, const float* y0s, const float* y1s) {
   const int64_t* a = c.rec;
@@ -494,20 +366,13 @@ __device__ inline void op_linear(const Ctx& c) {
   MPK_STAMP(0);
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
-#if MPK_B1_PREWAIT
-    if (prewait_task(a))   // (batch 1: this loop's only pass) its waits polled inside
-      prewait_project(c);
+    load_rows_norm(xs, K, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
+                   ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
+    MPK_STAMP(1);
+    if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
+      linear_core<true>(xs, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst, c.stage_bar, c.stage_par);
     else
-#endif
-    {
-      load_rows_norm(xs, K, x, Mg, K, a[A_LINEAR_ROW_OFF] + g0 * a[A_LINEAR_ROW_STRIDE], a[A_LINEAR_ROW_STRIDE],
-                     ptr<const bf16>(a[A_LINEAR_NORM]), f32(a[A_LINEAR_EPS]));
-      MPK_STAMP(1);
-      if ((int)a[A_LINEAR_EPILOGUE] == EPI_SILU_MUL)
-        linear_core<true>(xs, Mg, K, w0, w1, n0, n1, kseg, y0s, y1s, soff, nst, c.stage_bar, c.stage_par);
-      else
-        linear_core<false>(xs, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, soff, nst, c.stage_bar, c.stage_par);
-    }
+      linear_core<false>(xs, Mg, K, w0, nullptr, n0, n1, kseg, y0s, nullptr, soff, nst, c.stage_bar, c.stage_par);
     MPK_STAMP(2);
     linear_epilogue(c, g0, Mg, y0s, y1s);
     MPK_STAMP(3);

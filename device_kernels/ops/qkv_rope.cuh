@@ -42,21 +42,14 @@ __device__ inline void op_qkv_rope(const Ctx& c) {
   MPK_STAMP(0);
   for (int g0 = 0; g0 < M; g0 += ROW_TILE) {
     const int Mg = min(ROW_TILE, M - g0);
-#if MPK_B1_PREWAIT
-    if (prewait_task(a))   // (batch 1: this loop's only pass) its waits polled inside (linear.cuh)
-      prewait_project(c);
+    load_rows_norm(xs, K, x + (int64_t)g0 * K, Mg, K, 0, 1, nw, eps);
+    MPK_STAMP(1);
+    if (Mg >= TC_MIN_M && K % 32 == 0)
+      linear_tc_rows8(xs, K, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, (int)a[A_QKV_ROPE_KSLICES], y0s,
+                      y1s, red);
     else
-#endif
-    {
-      load_rows_norm(xs, K, x + (int64_t)g0 * K, Mg, K, 0, 1, nw, eps);
-      MPK_STAMP(1);
-      if (Mg >= TC_MIN_M && K % 32 == 0)
-        linear_tc_rows8(xs, K, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, (int)a[A_QKV_ROPE_KSLICES], y0s,
-                        y1s, red);
-      else
-        linear_core<true>(xs, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, 1, y0s, y1s,
-                          stage_off(a[T_STAGE]), stage_rows(a[T_STAGE]), c.stage_bar, c.stage_par);
-    }
+      linear_core<true>(xs, Mg, K, w, w + (int64_t)h2 * K, r0, r0 + nr, 1, y0s, y1s,
+                        stage_off(a[T_STAGE]), stage_rows(a[T_STAGE]), c.stage_bar, c.stage_par);
     MPK_STAMP(2);
     for (int i = threadIdx.x; i < Mg * nr; i += THREADS) { y0s[i] = bf(y0s[i]); y1s[i] = bf(y1s[i]); }  // bf16 matmul result
     __syncthreads();

@@ -128,6 +128,10 @@ REMOVED_DEFINES = {
                       "against side by side, session 24"),
     "MPK_LIN_EARLY": (0, "batch-1 tiles issuing their first weight round before x, +4.2% / +2.3% at llama-3.2-1b / "
                          "qwen3-8b B=1 ctx 512, session 25"),
+    "MPK_B1_PREWAIT": (0, "batch-1 CUDA-core tiles issuing their first weight round (4 or 7 of 8 vectors a lane) before "
+                          "their waits, polled inside the op: +3.2..+4.5% at llama-3.2-1b, +3.0..+4.0% at qwen3-8b B=1 "
+                          "ctx 512 on an H100, session 70 (bench/results/s70/b1_prewait_nospill.patch)"),
+    "MPK_B1_PREWAIT_UN": (0, "the vectors MPK_B1_PREWAIT issued early; removed with it in session 70"),
     "MPK_WRING": (0, "per-warp weight page rings for batch-1 tiles: no gain in any layout tried, llama-3.2-1b B=1 "
                      "-0.2% at best and up to +97%, sessions 28-32"),
     "MPK_RING_SLOT": (4096, "the page rings' slot size; the rings were removed in session 32"),
