@@ -172,6 +172,7 @@ class Client:
             lps: list[dict[int, float]] | None = None if sp.logprobs is None else []
             text = ""
             first = None
+            pids = [] if isinstance(p, str) else list(p)   # (a string's ids come with its first chunk)
             with self._http.stream("POST", "/v1/completions", json=self._body(p, sp, True)) as r:
                 if r.status_code != 200:
                     r.read()
@@ -195,7 +196,7 @@ class Client:
                     first = first or time.monotonic()
                     done = c.get("finish_reason") is not None
                     now = time.monotonic()
-                    pids = c.get("prompt_token_ids") or ([] if isinstance(p, str) else list(p))
+                    pids = c.get("prompt_token_ids") or pids
                     yield RequestOutput(str(i), p if isinstance(p, str) else None, pids, list(toks), text,
                                         c.get("token_ids", []), c.get("text", ""), done, c.get("finish_reason"),
                                         None, RequestMetrics(t0, first, now if done else None, len(pids), len(toks)),

@@ -12,7 +12,8 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from mpk_runtime.engine import LLM, InvalidRequestError, RequestFailedError, SamplingParams
@@ -27,18 +28,67 @@ class Replica:
     name: str
     llm: LLM | None      # None where the engine runs in a process of its own (loop is then an EngineProcess)
     loop: EngineLoop | EngineProcess
+    # why it takes no more requests once shutdown() began: a stopped EngineLoop reports dead=None (it was stopped,
+    # not lost) and an EngineProcess "exited" as after a crash, so /health said ok or the wrong thing
+    shut_down: str | None = field(default=None, init=False)
 
     @property
     def engine(self):
         """The LLMEngine, or the EngineView of one in another process: validation, kv_spec, prefix cache."""
         return self.loop.engine
 
-    def shutdown(self) -> None:
+    def stats(self) -> dict:
+        """loop.stats(), with `dead` saying it was shut down once it was."""
+        if self.shut_down is None:
+            return self.loop.stats()
+        if self.loop.alive:   # (still stopping: an engine process would be asked over its pipe, and may not answer)
+            return {"dead": f"{self.shut_down} (still stopping)", "outstanding": self.loop.load}
         try:
-            self.loop.shutdown()
-        finally:
-            if self.llm is not None:
-                self.llm.shutdown()
+            s = self.loop.stats()
+        except Exception:  # noqa: BLE001 - a stopped engine need not answer: it is down either way
+            s = {}
+        return {**s, "dead": self.shut_down}
+
+    def shutdown(self) -> None:
+        if self.shut_down is None:
+            self.shut_down = "shut down"   # (first: no more picks, and /health says so while it stops)
+        try:
+            try:
+                self.loop.shutdown()
+            finally:
+                if self.llm is not None:
+                    self.llm.shutdown()
+        except Exception as e:
+            self.shut_down = f"shut down; its shutdown failed: {type(e).__name__}: {e}"
+            raise
+
+
+def _shutdown_all(replicas: list[Replica], timeout: float) -> list[tuple[str, BaseException]]:
+    """Shut every replica down at once (each may wait seconds for its engine process or its workers to exit),
+    every one past any that fails, within `timeout` s in all. The failures in replica order, a replica still
+    stopping at the deadline as a TimeoutError (its thread is a daemon: it cannot hold up the process's exit)."""
+    errors: dict[str, BaseException] = {}
+
+    def stop(r: Replica) -> None:
+        try:
+            r.shutdown()
+        except Exception as e:  # noqa: BLE001 - the others must still stop
+            log.exception("shutdown of %s failed", r.name)
+            errors[r.name] = e
+    threads = [threading.Thread(target=stop, args=(r,), name=f"mpk-stop-{r.name}", daemon=True) for r in replicas]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    fails = []
+    for r, t in zip(replicas, threads):
+        if t.is_alive():
+            log.error("%s did not stop within %g s", r.name, timeout)
+            fails.append((r.name, TimeoutError(f"{r.name} did not stop within {timeout:g} s")))
+        elif r.name in errors:
+            fails.append((r.name, errors[r.name]))
+    return fails
 
 
 class Router:
@@ -67,10 +117,10 @@ class Router:
         """The least loaded live replica; with prefix caching, the one holding the longest cached prefix of the
         prompt instead, unless it has more than a quarter of a batch more requests outstanding. Stalled replicas
         (stall_after) only where no other is live."""
-        live = [r for r in self.replicas if not r.engine.dead and r.loop.alive]
+        live = [r for r in self.replicas if not r.shut_down and not r.engine.dead and r.loop.alive]
         if not live:
             raise RequestFailedError("every replica is down: " + "; ".join(
-                f"{r.name}: {r.engine.dead or 'engine loop exited'}" for r in self.replicas))
+                f"{r.name}: {r.shut_down or r.engine.dead or 'engine loop exited'}" for r in self.replicas))
         live = [r for r in live if r.loop.stalled_s <= self.stall_after] or live
         with self._lock:
             start = next(self._rr)  # rotate among equally loaded replicas
@@ -93,18 +143,20 @@ class Router:
         return rep, rep.loop.submit(prompt_token_ids, params, on_output, prompt=prompt, stream=stream)
 
     def stats(self) -> dict[str, dict]:
-        return {r.name: r.loop.stats() for r in self.replicas}
+        return {r.name: r.stats() for r in self.replicas}
 
-    def shutdown(self) -> None:
-        """Shut every replica down, even past one whose shutdown fails (the first error is raised after)."""
-        err = None
-        for r in self.replicas:
-            try:
-                r.shutdown()
-            except Exception as e:  # noqa: BLE001 - the others must still stop
-                log.exception("shutdown of %s failed", r.name)
-                err = err or e
-        if err is not None:
+    def shutdown(self, timeout: float = 60.0) -> None:
+        """Shut every replica down at once, within `timeout` s in all (an engine process may take 25 s: its exit,
+        then a kill), each past any that fails. Then raises the first failure in replica order (a TimeoutError
+        for a replica not stopped in time), every failure named in its notes where there are several."""
+        fails = _shutdown_all(self.replicas, timeout)
+        if fails:
+            err = fails[0][1]
+            if len(fails) > 1:
+                note = "replica shutdowns that failed: " + "; ".join(f"{n}: {type(e).__name__}: {e}" for n, e in fails)
+                log.error("%s", note)
+                if hasattr(err, "add_note"):   # (Python 3.11+; 3.10 has the log line only)
+                    err.add_note(note)
             raise err
 
 
@@ -160,10 +212,6 @@ def build_router(model: str, backend: str = "reference", tp: int = 1, num_replic
             llm = LLM(model, backend=backend, tp=tp, executor=ex, step_timeout=step_timeout, **llm_kwargs)
             replicas.append(Replica(name, llm, EngineLoop(llm.engine, name=name, health_interval=health_interval)))
     except BaseException:
-        for r in replicas:
-            try:
-                r.shutdown()
-            except Exception:  # noqa: BLE001 - the build's own error is the one to raise
-                log.exception("shutdown of %s after a failed build failed", r.name)
+        _shutdown_all(replicas, 60.0)   # (logs its failures: the build's own error is the one to raise)
         raise
     return Router(replicas, model_name=model, stall_after=stall_after)

@@ -340,6 +340,7 @@ def create_app(router: Router, served_model_name: str | None = None):
         n = len(prompts) * r.n
         if r.stream:
             offsets: dict[int, int] = {}
+            told: set[int] = set()   # choices whose prompt_token_ids a chunk carried
 
             def chunk(i, out, usage=None):
                 if out is None:
@@ -352,7 +353,10 @@ def create_app(router: Router, served_model_name: str | None = None):
                      "token_ids": out.delta_token_ids}
                 if lp is not None:   # (an extension: the same by token id, what Client.stream reports)
                     c["logprobs_by_id"] = logprobs_by_id(_delta_logprobs(out))
-                if out.finished:   # (an extension, as the non-streaming token_ids: what Client.stream reports)
+                # (an extension, as the non-streaming token_ids: what Client.stream reports) on a choice's first
+                # chunk, as vLLM's, since the prompt is tokenised before its first token; and on its last, as before
+                if i not in told or out.finished:
+                    told.add(i)
                     c["prompt_token_ids"] = out.prompt_token_ids
                 body = {"id": cid, "object": "text_completion", "created": created, "model": name, "choices": [c]}
                 if inc:   # OpenAI: with include_usage every chunk but the last carries "usage": null

@@ -1,4 +1,5 @@
 """Review of the HTTP serving layer: each test failed before its fix (cluster/server.py, protocol.py, client.py)."""
+import json
 import threading
 import time
 
@@ -163,3 +164,26 @@ def test_a_request_no_replica_takes_counts_as_failed(server, monkeypatch):
     r = httpx.post(srv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
     assert r.status_code == 503, r.text
     assert metric() == before + 1
+
+
+def test_a_streamed_string_prompt_carries_its_token_ids_from_the_first_chunk(server):
+    """The tokenised prompt is known before the first token: each choice's first streamed chunk carries its
+    prompt_token_ids (vLLM's place for them), and every output of Client.stream has them (they were sent only with
+    the last chunk, so Client.stream gave a string prompt prompt_token_ids [] until its last output)."""
+    url = server[0].url
+    prompts = ["hello world", "the quick brown fox"]
+    body = {"prompt": prompts, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    want = [c["prompt_token_ids"] for c in httpx.post(url + "/v1/completions", json=body, timeout=60).json()["choices"]]
+    assert all(want) and want[0] != want[1]
+    with httpx.stream("POST", url + "/v1/completions", timeout=60, json={**body, "stream": True}) as r:
+        chunks = [c for line in r.iter_lines() if line.startswith("data: {")
+                  for c in json.loads(line[6:])["choices"]]
+    for i in range(len(prompts)):
+        mine = [c for c in chunks if c["index"] == i]
+        assert len(mine) > 1 and mine[0]["finish_reason"] is None
+        assert mine[0].get("prompt_token_ids") == want[i], mine[0]
+        assert mine[-1].get("prompt_token_ids") == want[i]   # (still on the last, as documented before)
+    with Client(url) as c:
+        outs = list(c.stream(prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)))
+    assert len(outs) > 1 and all(o.prompt_token_ids == want[0] and o.metrics.num_prompt_tokens == len(want[0])
+                                 for o in outs), [o.prompt_token_ids for o in outs]

@@ -1,8 +1,11 @@
 """LLM.generate / stream against the reference model's own greedy loop, and continuous batching."""
+import threading
+
 import pytest
 import torch
 
 from mpk_runtime.engine import LLM, LLMEngine, SamplingParams
+from mpk_runtime.engine.async_engine import EngineLoop
 from mpk_runtime.engine.tokenizer import LazyTokenizer
 from mpk_runtime.runtime.executor import InProcessExecutor
 
@@ -146,9 +149,18 @@ def test_text_prompts_with_tokenizer(demo_dir):
         assert o[0].prompt_token_ids == tok.encode("hello world") and o[0].prompt == "hello world"
         for x in o:
             assert x.text == tok.decode(x.token_ids, skip_special_tokens=True)
-        streamed = "".join(s.delta_text for s in llm.stream("hello world", SamplingParams(
-            temperature=0, max_tokens=10, ignore_eos=True)))
-        assert streamed == o[0].text
+        parts = list(llm.stream("hello world", SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)))
+        assert "".join(s.delta_text for s in parts) == o[0].text
+        # every streamed snapshot, the first included, carries the tokenised prompt (as vLLM's RequestOutput)
+        assert len(parts) > 1 and all(s.prompt_token_ids == o[0].prompt_token_ids for s in parts)
+        loop, outs, done = EngineLoop(llm.engine, health_interval=None), [], threading.Event()
+        try:
+            loop.submit(o[0].prompt_token_ids, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+                        lambda x: (outs.append(x), x.finished and done.set()), prompt="hello world")
+            assert done.wait(30)
+        finally:
+            loop.shutdown()
+        assert len(outs) > 1 and all(x.prompt_token_ids == o[0].prompt_token_ids for x in outs)
 
 
 class _StubTokenizer:
