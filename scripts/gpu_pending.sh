@@ -120,6 +120,10 @@
 #    (session 69, 1x H100 twice, the H200 refused six times: bench/results/s69 -- the v57 val call ran on an H100, so
 #    under h100_v4 at 8192 / 24576 keys, in sample: regret 0 at 8, step MAPE 2.5 / 2.3%; tests/gpu 92 passed at
 #    8bd0404 and at bc59329 (the review fixes). Item a is still open: start it with the H200 check.)
+#    (session 70, 1x H100 three starts (both calls for nvidia-h200 got H100s): bench/results/s70 -- the bench tables
+#    re-run with session 69's timing (the HF peer's StaticCache seek fixed first); MPK_B1_PREWAIT without spills
+#    A/B'd: +3..+4.5% at B=1 on both models, removed; tests/gpu 92 passed and the HTTP server under load (0 errors)
+#    at 2eb7266. Item a is still open.)
 #    Next, one call each:
 #    a. h200_v57 out of sample on an H200, at points it was not fitted on: `N=v57 T=300 VAL_CTXS="8192 24576"
 #       VAL_B8192=1,8 VAL_B24576=1,8 VAL_MODELS=llama-3.2-1b,qwen3-8b VAL_LIM=290 bash scripts/gpu_run.sh val`
