@@ -34,6 +34,8 @@ class LazyTokenizer:
     """Loads on first use (importing transformers costs seconds); `get()` returns None when there is none."""
 
     def __init__(self, source):
+        if isinstance(source, os.PathLike):   # a pathlib.Path is a path too, not a tokenizer object
+            source = os.fspath(source)
         self._source = source  # a path, a ready tokenizer object, or None
         self._tok = None if isinstance(source, (str, type(None))) else source
         self._loaded = self._tok is not None or source is None or not has_tokenizer(source)

@@ -128,6 +128,13 @@ class ModelConfig:
                 problems.append(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
             if self.head_dim % 2:
                 problems.append(f"head_dim ({self.head_dim}) must be even for RoPE")
+        # (a base <= 0 makes RoPE's frequencies inf / NaN, and requests fail later as "NaN logits"; 1 makes them all
+        # equal and YaRN divide by log(base))
+        th, eps = self.rope_theta, self.rms_norm_eps
+        if isinstance(th, bool) or not isinstance(th, (int, float)) or not 1 < th < math.inf:
+            problems.append(f"rope_theta (the RoPE base) must be a finite number > 1, got {th!r}")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+            problems.append(f"rms_norm_eps must be a finite number >= 0, got {eps!r}")
         if self.dtype not in ("bfloat16", "float16", "float32"):
             problems.append(f"dtype {self.dtype!r} must be bfloat16, float16 or float32")
         if problems:
