@@ -12,6 +12,7 @@ near-tie can break differently in another batch; session 52 saw it with random w
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -81,6 +82,17 @@ class SamplingParams:
             object.__setattr__(self, "stop_token_ids", ())
         if self.stop is None:
             object.__setattr__(self, "stop", ())
+        # numpy / other numeric scalars (np.float32(0.7), np.int64(5)) as the Python numbers they stand for: the
+        # checks below take int / float only
+        for name, kind, to in (("temperature", numbers.Real, float), ("top_p", numbers.Real, float),
+                               ("min_p", numbers.Real, float), ("presence_penalty", numbers.Real, float),
+                               ("frequency_penalty", numbers.Real, float), ("repetition_penalty", numbers.Real, float),
+                               ("top_k", numbers.Integral, int), ("max_tokens", numbers.Integral, int),
+                               ("seed", numbers.Integral, int), ("logprobs", numbers.Integral, int),
+                               ("min_tokens", numbers.Integral, int), ("n", numbers.Integral, int)):
+            v = getattr(self, name)
+            if isinstance(v, kind) and not isinstance(v, (bool, int, float)) and type(v).__name__ != "bool_":
+                object.__setattr__(self, name, to(v))
         problems = []
         t = self.temperature
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not t >= 0 or t == float("inf"):

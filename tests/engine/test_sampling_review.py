@@ -17,3 +17,18 @@ def test_tokenizer_given_as_a_pathlib_path_is_loaded_from_that_directory(demo_di
     b = LLM("tiny-qwen3", tokenizer=demo_dir).generate(["hello world"], SamplingParams(temperature=0, max_tokens=4,
                                                                                          ignore_eos=True))[0]
     assert a.token_ids == b.token_ids and a.text == b.text
+
+
+def test_numpy_scalars_are_taken_as_the_numbers_they_stand_for():
+    """np.float32(0.7) / np.int64(5) (what a value read from an array is) were refused with a message that named the
+    value and said it must be a number; they are numbers. Booleans stay refused where an int is asked."""
+    import numpy as np
+    from mpk_runtime.engine.sampling import SamplingParams
+    sp = SamplingParams(temperature=np.float32(0.5), top_p=np.float64(0.9), top_k=np.int64(5), max_tokens=np.int32(7),
+                        seed=np.uint64(3), min_p=np.float16(0.25))
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.max_tokens, sp.seed, sp.min_p) == (0.5, 0.9, 5, 7, 3, 0.25)
+    assert type(sp.temperature) is float and type(sp.top_k) is int and type(sp.max_tokens) is int
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(top_k=np.bool_(True))
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=np.float32("nan"))
