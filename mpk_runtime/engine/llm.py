@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import os
+
 from typing import Any, Callable, Iterator, Sequence
 
 from ..models import ConfigError, load_config
@@ -14,7 +16,7 @@ from .engine import LLMEngine, check_decode_steps_arg, check_max_num_batched_tok
 from .errors import InvalidRequestError, RequestFailedError, UnknownModelError
 from .request import RequestOutput
 from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
-from .tokenizer import LazyTokenizer, model_eos_ids
+from .tokenizer import _TOKENIZER_FILES, LazyTokenizer, has_tokenizer, model_eos_ids
 
 Prompt = "str | list[int]"
 # decode steps per engine step by default where the backend samples on the device. Session 49 (1x H200, LLM.generate
@@ -96,6 +98,11 @@ class LLM:
         for name, v in (("enable_prefix_caching", enable_prefix_caching), ("async_bursts", async_bursts)):
             if v is not None and not isinstance(v, bool):
                 raise InvalidRequestError(f"{name} must be True, False or None (automatic), got {v!r}")
+        if isinstance(tokenizer, (str, os.PathLike)) and not has_tokenizer(os.fspath(tokenizer)):
+            # (a tokenizer asked for by path that holds none was silently no tokenizer: text prompts then failed)
+            raise InvalidRequestError(
+                f"tokenizer={os.fspath(tokenizer)!r}: not a directory holding a tokenizer (one of {list(_TOKENIZER_FILES)}); "
+                f"give such a directory (a model's own is used when tokenizer is None) or a tokenizer object")
         self.model = model
         self.config = resolve_model(model)
         if not isinstance(tp, int) or tp < 1:

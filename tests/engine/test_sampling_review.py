@@ -32,3 +32,12 @@ def test_numpy_scalars_are_taken_as_the_numbers_they_stand_for():
         SamplingParams(top_k=np.bool_(True))
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=np.float32("nan"))
+
+
+def test_a_tokenizer_path_without_a_tokenizer_is_refused_up_front(tmp_path):
+    """LLM(tokenizer=<a directory with no tokenizer files>, or a path that does not exist) went on with no tokenizer:
+    text prompts then failed far from the cause. It is refused when the LLM is made, naming the path."""
+    from mpk_runtime.engine.errors import InvalidRequestError
+    for bad in (tmp_path, tmp_path / "missing", str(tmp_path / "missing")):
+        with pytest.raises(InvalidRequestError, match="not a directory holding a tokenizer"):
+            LLM("tiny-llama", tokenizer=bad)
