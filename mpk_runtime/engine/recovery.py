@@ -82,6 +82,10 @@ class RecoveryMixin:
             msg += f"; recovery failed: {type(e).__name__}: {e}"
         if recovered:
             self.stats["recoveries"] += 1
+            try:   # workers kept, not rebuilt (InProcessExecutor), still hold the failed sequences' state
+                self.executor.collective_rpc("free", (failed_ids,), timeout=10)
+            except Exception as e:  # the next execute call will surface a dead worker
+                log.warning("free after recovery failed: %s", e)
         else:
             try:  # workers may be fine (a Python exception in one step): keep serving if they answer
                 self.executor.collective_rpc("health", timeout=10)
