@@ -16,7 +16,7 @@ def env_int(name: str, default: int, lo: int = 1, hi: int = 64) -> int:
     v = os.environ.get(name, "").strip()
     if v == "":
         return default
-    if not v.isdigit() or not lo <= int(v) <= hi:
+    if not (v.isascii() and v.isdigit()) or not lo <= int(v) <= hi:   # ("²".isdigit(), and int() refuses it)
         raise ValueError(f"{name}={v!r}: expected an integer from {lo} to {hi}")
     return int(v)
 
@@ -39,11 +39,18 @@ def kernel_timeout_s(timeout_s: float | None = None) -> float:
     """How long a megakernel's task may spin on one event before the kernel gives up and reports it (a timeout
     names the task, runtime/base.py KernelTimeout): `timeout_s` where given, else $MPK_KERNEL_TIMEOUT_S, else 2 s.
     Raise it where every access is slow (compute-sanitizer) or a step is long enough to need it."""
+    # the kernel reads it as int64 nanoseconds: inf or more than MAX_TIMEOUT_S overflowed in the launch parameters
     if timeout_s is None:
-        return env_seconds("MPK_KERNEL_TIMEOUT_S", 2.0)
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s={timeout_s!r}: expected a positive number of seconds")
+        t = env_seconds("MPK_KERNEL_TIMEOUT_S", 2.0)
+        if t > MAX_TIMEOUT_S:
+            raise ValueError(f"MPK_KERNEL_TIMEOUT_S={t:g}: expected a positive number of seconds up to {MAX_TIMEOUT_S:g}")
+        return t
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(f"timeout_s={timeout_s!r}: expected a positive number of seconds up to {MAX_TIMEOUT_S:g}")
     return float(timeout_s)
+
+
+MAX_TIMEOUT_S = 1e9   # (int64 ns holds ~9.2e9 s)
 
 
 def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:

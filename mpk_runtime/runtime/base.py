@@ -156,6 +156,27 @@ def check_sizes(cfg: ModelConfig, max_batch, max_seq_len, page_size, num_pages) 
     return max_seq_len
 
 
+def runner_device(backend: str, device, cpu_only: bool = False) -> torch.device:
+    """`device` as a torch.device, or a ValueError naming what to pass: torch raises a bare RuntimeError for a bad
+    string ('cuda:-1', 'gpu'), and a CUDA device where none is visible failed deep inside weight loading.
+    cpu_only: the backend runs on the CPU alone (compared by type: torch.device("cpu") != "cpu")."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"backend {backend!r}: device={device!r} is not a device ({e}); pass 'cpu', 'cuda' or "
+                         "'cuda:N'") from None
+    if cpu_only and dev.type != "cpu":
+        raise ValueError(f"the {backend} backend runs on the CPU (device={device!r}); use backend='megakernel' for GPUs")
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ValueError(f"backend {backend!r}: device={device!r} but no GPU is visible here; pass device='cpu'")
+        if dev.index is not None and dev.index >= n:
+            raise ValueError(f"backend {backend!r}: device={device!r} is not one of the {n} visible GPUs "
+                             f"(cuda:0 .. cuda:{n - 1})")
+    return dev
+
+
 # --- backend registry ---------------------------------------------------------------------------------------
 RunnerFactory = Callable[..., ModelRunner]
 _RUNNERS: dict[str, RunnerFactory] = {}

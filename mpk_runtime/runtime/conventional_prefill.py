@@ -6,13 +6,12 @@ vocabulary shards of the logits gathered through that communicator (prefill and 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import OrderedDict
 
 import torch
 
-from ..envflags import env_int
+from ..envflags import env_flag, env_int
 from ..ir.build import build_graph
 from ..ir.shard import shard_for
 from ..models.reference import rope_inv_freq
@@ -183,7 +182,7 @@ class ConventionalPrefill:
         self.inv = rope_inv_freq(cfg).to(device)
         self.keep = keep
         if capture is None:
-            capture = os.environ.get("MPK_PREFILL_GRAPHS", "1") != "0"
+            capture = env_flag("MPK_PREFILL_GRAPHS", True)   # ("off" / "false" were silently on)
         self.capture = bool(capture) and torch.device(device).type == "cuda"
         self.capture_tokens = capture_tokens
         # a group whose key cap reaches this many keys runs eagerly, each sequence over its exact keys with no mask

@@ -17,16 +17,15 @@ turns this off: FullRows.draw's eager launches of the rows as they are (session 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from ..envflags import env_flag
 from . import full_sampling_triton as fst
 from .full_sampling import FullRows, _VocabRows
 
 
 def enabled() -> bool:
-    return os.environ.get("MPK_DRAW_GRAPHS", "1") != "0"
+    return env_flag("MPK_DRAW_GRAPHS", True)   # ("off" / "false" were silently on)
 
 
 class _Static:

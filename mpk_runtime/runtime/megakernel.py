@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 from pathlib import Path
 
 import torch
 
 from ..codegen import layout as L
-from ..envflags import env_flag, kernel_timeout_s
+from ..envflags import env_flag, env_int, kernel_timeout_s
 from ..tasks.graph import TaskGraph
 from .base import KernelTimeout
 from .memory import RankMemory
@@ -109,7 +108,7 @@ class Megakernel:
         self.staged_bytes = packer.staged_bytes   # weight bytes copied into shared memory during waits, per step
         self.stage_info = packer.stage_info
         # MPK_SMEM_FLOOR_KB (diagnostic): launch with at least this much dynamic shared memory (a smaller L1)
-        self.smem = max(packer.smem, 1024, int(os.environ.get("MPK_SMEM_FLOOR_KB", "0")) * 1024)
+        self.smem = max(packer.smem, 1024, env_int("MPK_SMEM_FLOOR_KB", 0, lo=0, hi=227) * 1024)
         self.timeout_ns = int(kernel_timeout_s(timeout_s) * 1e9)   # None: $MPK_KERNEL_TIMEOUT_S, else 2 s
         # MPK_MK_PDL=1: programmatic dependent launches (launch()); the build carries -DMPK_PDL=1 (needs, below)
         self.pdl = env_flag("MPK_MK_PDL")

@@ -22,7 +22,6 @@ torch.cuda / cuda-python are touched only when a runner is created.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import torch
@@ -109,6 +108,12 @@ class MegakernelRunner(ModelRunner):
                              "can run: leave dtype out (or 'bfloat16'), or use backend 'torch' / 'pyvm' / 'reference' "
                              "for float32")
         require_gpu(device)
+        from .comm import ThreadComm
+        if world > 1 and isinstance(comm, ThreadComm):   # (rank 1's thread attached to rank 0's heap, or hung)
+            raise ValueError(f"backend 'megakernel' at tp={world} runs one process per rank (NVSHMEM: one PE per "
+                             "process, on a GPU of its own), not ranks as threads of one process (the 'inprocess' "
+                             "executor): use executor='ray' (after `import cluster`), one SPMDExecutor per process "
+                             "(torchrun, runtime/tp_launch.py), or tp=1")
         self.config = cfg = load_config(model)
         self.rank, self.world_size = rank, world
         self._comm = comm
@@ -188,7 +193,7 @@ class MegakernelRunner(ModelRunner):
                                                  dtype=dtype, device=dev)
             self.prefiller.warm(max_batch, prefill_warmup_tokens)
             if decode_warmup is None:
-                decode_warmup = os.environ.get("MPK_DECODE_WARMUP", "1") != "0"
+                decode_warmup = env_flag("MPK_DECODE_WARMUP", True)
             if decode_warmup:   # every bucket's first capture (and its kernels' compilation) now, not in a request
                 t0 = time.perf_counter()
                 n = self.planned.warm(max_batch)
@@ -219,7 +224,7 @@ class MegakernelRunner(ModelRunner):
             self.prefiller.warm(max_batch, prefill_warmup_tokens)   # the same on every rank (NCCL in the graphs)
         if self.planned is not None:   # world > 1, conventional buckets: their graphs now, on every rank alike
             if decode_warmup is None:
-                decode_warmup = os.environ.get("MPK_DECODE_WARMUP", "1") != "0"
+                decode_warmup = env_flag("MPK_DECODE_WARMUP", True)
             if decode_warmup:
                 t0 = time.perf_counter()
                 n = self.planned.warm(max_batch)
@@ -420,7 +425,10 @@ def require_gpu(device: str = "cuda") -> None:
         why = ("this torch build has no CUDA" if torch.version.cuda is None
                else "no GPU is visible (driver missing, or CUDA_VISIBLE_DEVICES empty)")
         raise NoGPUError(f"backend 'megakernel' needs an NVIDIA GPU, but {why}: {other}, or run on an H100 / H200")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:   # ('cuda:-1', 'gpu': torch's bare RuntimeError)
+        raise NoGPUError(f"backend 'megakernel': device={device!r} is not a device ({e}); pass 'cuda' or 'cuda:N'") from None
     n = torch.cuda.device_count()
     if dev.type != "cuda" or (dev.index is not None and dev.index >= n):
         raise NoGPUError(f"backend 'megakernel' runs on a CUDA device; device={device!r} is not one of the {n} "

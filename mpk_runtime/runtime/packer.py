@@ -66,7 +66,12 @@ class TaskPacker:
         env_removed("MPK_LIN_FILL", "batch-1 linear ops in one tile per SM measured llama-3.2-1b B=1 +1.5..+1.8% and "
                     "qwen3-8b -0.2% in session 37 and were removed; docs/perf-notes.md", allowed=("0",))
         ops = os.environ.get("MPK_STAGE_OPS", "") if stage_ops is None else stage_ops
-        self.stage_ops = re.compile(ops) if ops else None
+        try:
+            self.stage_ops = re.compile(ops) if ops else None
+        except re.error as e:   # (a bare re.error named neither the variable nor what it wants)
+            raise ValueError(f"{'MPK_STAGE_OPS' if stage_ops is None else 'stage_ops'}={ops!r}: not a regular "
+                             f"expression ({e}); expected a regex on op names (e.g. '.' or 'o_proj'), or unset for "
+                             "the default") from None
         self.stage_smem = L.stage_smem() if stage_smem is None else int(stage_smem)
         self.stage_cap = L.stage_cap() if stage_cap is None else int(stage_cap)
         if self.stage_cap < 0:

@@ -17,7 +17,7 @@ from ..models.weights import get_weights, torch_dtype
 from ..tasks.build import build_task_graphs
 from ..tasks.check import check_task_graphs
 from ..tasks.tiling import Tiling
-from .base import KVSpec, ModelRunner, SeqChunk, check_sizes, register_runner
+from .base import KVSpec, ModelRunner, SeqChunk, check_sizes, register_runner, runner_device
 from .comm import ThreadComm
 from .device_sampling import draw_full, fill_sampling, step_output
 from .memory import DEFAULT_PAGE_SIZE, KVStore, RankMemory, StepCtx, connect
@@ -235,8 +235,7 @@ class _CPURunner(ModelRunner):
         tp = tp or world_size
         if world_size > 1 and tp != world_size:
             raise ValueError(f"tp={tp} but the executor has {world_size} ranks")
-        if device != "cpu":
-            raise ValueError(f"the {self.backend} backend runs on the CPU; use backend='megakernel' for GPUs")
+        runner_device(self.backend, device, cpu_only=True)
         dtype = dtype or "float32"  # CPU: bf16 matmuls are slow and far from the fp32 reference
         max_seq_len = check_sizes(cfg, max_batch, default_max_seq_len(cfg, max_seq_len), page_size, num_pages)
         num_pages = num_pages or max_batch * (-(-max_seq_len // page_size)) + 1

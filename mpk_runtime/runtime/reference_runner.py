@@ -12,7 +12,7 @@ import torch
 
 from ..models import KVCache, ReferenceModel, get_weights, load_config
 from ..models.weights import torch_dtype
-from .base import KVSpec, ModelRunner, SeqChunk, check_sizes, register_runner
+from .base import KVSpec, ModelRunner, SeqChunk, check_sizes, register_runner, runner_device
 from .memory import DEFAULT_PAGE_SIZE
 
 
@@ -24,11 +24,11 @@ class ReferenceRunner(ModelRunner):
             raise ValueError(f"the 'reference' backend runs a whole model on one rank (got rank={rank}, "
                              f"world_size={world_size}); use tp=1, or a tensor-parallel backend such as 'torch' "
                              "or 'pyvm' for tp > 1")
+        self.device = runner_device("reference", device)
         self.config = load_config(model)
         self.rank, self.world_size = 0, 1
         # dtype None: fp32 on the CPU, as the pyvm / torch backends (the oracle should agree with them by default)
-        self.dtype = torch_dtype(dtype or ("float32" if torch.device(device).type == "cpu" else self.config.dtype))
-        self.device = torch.device(device)
+        self.dtype = torch_dtype(dtype or ("float32" if self.device.type == "cpu" else self.config.dtype))
         self.model = ReferenceModel(self.config, get_weights(model, self.config, seed=seed, dtype=self.dtype,
                                                              device=self.device))
         max_seq_len = check_sizes(self.config, max_batch, min(self.config.max_position_embeddings, 2048)
