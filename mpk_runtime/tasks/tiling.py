@@ -137,6 +137,14 @@ class Tiling:
         """(rows per q/k tile, parts per v head) of a flat qkv_rope: the pair that minimises the largest task's rows
         (tiles do not cross `split_at`, the q / k boundary; a v part owns >= 4 RoPE pairs) within one task per SM,
         smaller tiles first on ties."""
+        best = self.qkv_flat_fit(qk_rows, v_heads, pairs, split_at)
+        if best is None:
+            raise ValueError(f"a flat qkv_rope needs more than {self.num_sms} SMs for {v_heads} v heads")
+        return best
+
+    def qkv_flat_fit(self, qk_rows: int, v_heads: int, pairs: int, split_at: int) -> tuple[int, int] | None:
+        """qkv_flat_geometry, or None where no geometry fits the SMs (fewer than two SMs left beside one part per v
+        head): the op then takes head parts (qkv_rope.decompose)."""
         best = None
         for pv in range(1, max(1, pairs // 4) + 1):
             left = self.num_sms - v_heads * pv
@@ -149,9 +157,7 @@ class Tiling:
             cand = (max(r, 2 * -(-pairs // pv)), r, pv)
             if best is None or cand < best:
                 best = cand
-        if best is None:
-            raise ValueError(f"a flat qkv_rope needs more than {self.num_sms} SMs for {v_heads} v heads")
-        return best[1], best[2]
+        return None if best is None else (best[1], best[2])
 
     def attn_g(self, splits: int, gs: int, n_kv: int, head_dim: int, seqs: int, keys: int = 0,
                max_qh: int = 0) -> int:
@@ -169,7 +175,9 @@ class Tiling:
             return 1
         from ..codegen import layout   # (codegen reads the tasks' opcodes at import)
         max_qh = max_qh or layout.CONSTANTS["ATT_MAX_QH"]
-        ok = [n for n in range(1, n_kv + 1) if n_kv % n == 0 and n * gs <= max_qh]
+        # (one group a task is always a candidate: a group of more q heads than the q area is the kernel's MAX_GS
+        # limit, which the packer checks; the CPU twin runs it)
+        ok = [n for n in range(1, n_kv + 1) if n_kv % n == 0 and (n == 1 or n * gs <= max_qh)]
         if self.attn_groups:   # asked for: the packer says what else to lower
             return max(n for n in ok if n <= self.attn_groups)
         if not attn_direct():

@@ -34,8 +34,11 @@ def decompose(op, graph, tiling, rank):
         raise ValueError(f"{op.name}: a deferred KV append (ir/defer.py) is for a conventional qkv_rope; its tasks "
                          "append themselves")
     raw = qk_raw(op, graph, tiling)   # split the normed heads (finished by qk_norm_rope tasks or by attention)
-    if raw is not None and tiling.qkv_flat and M < _tc_min_m():
-        tasks = _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D)
+    flat = None
+    if raw is not None and tiling.qkv_flat and M < _tc_min_m():   # (None where the SMs are too few: head parts)
+        flat = tiling.qkv_flat_fit((a["n_q"] + a["n_kv"]) * D, a["n_kv"], h2, a["n_q"] * D)
+    if flat is not None:
+        tasks = _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D, *flat)
     else:
         P = tiling.qkv_p(graph, op, a["n_q"] + 2 * a["n_kv"], h2)
         tasks = [t for which, n in (("q", a["n_q"]), ("k", a["n_kv"]), ("v", a["n_kv"]))
@@ -104,7 +107,7 @@ def _tc_min_m() -> int:
     return layout.CONSTANTS["TC_MIN_M"]
 
 
-def _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D):
+def _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D, R, pv):
     """Tiling.qkv_flat: the q and k rows as `linear` tiles into qk_raw (raw column = q / k row: the q heads' slots,
     then the k heads'), cut without regard to heads so about one task per SM streams, none crossing from wq into
     wk; the v heads as pair parts (qkv_rope tasks writing the cache, as before). The heads are finished by the
@@ -112,7 +115,6 @@ def _flat_tasks(op, graph, tiling, rank, raw, M, B, H, D):
     a = op.attrs
     nq, nkv, h2 = a["n_q"], a["n_kv"], D // 2
     qrows = nq * D
-    R, pv = tiling.qkv_flat_geometry((nq + nkv) * D, nkv, h2, qrows)
     tasks = []
     for w, lo, hi in ((a["wq"], 0, qrows), (a["wk"], qrows, qrows + nkv * D)):
         lin = {"x": a["x"], "weights": [w], "norm": a["norm"], "eps": a["eps"], "epilogue": "none", "residual": None,
