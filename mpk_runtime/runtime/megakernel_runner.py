@@ -115,6 +115,11 @@ class MegakernelRunner(ModelRunner):
                              "executor): use executor='ray' (after `import cluster`), one SPMDExecutor per process "
                              "(torchrun, runtime/tp_launch.py), or tp=1")
         self.config = cfg = load_config(model)
+        from .packer import megakernel_shape_problems
+        bad = megakernel_shape_problems(cfg)
+        if bad:
+            raise ValueError(f"backend 'megakernel' cannot run this model's shape: {'; '.join(bad)}; use backend "
+                             f"'torch' (or 'pyvm' / 'reference' on the CPU)")
         self.rank, self.world_size = rank, world
         self._comm = comm
         dtype = dtype or "bfloat16"

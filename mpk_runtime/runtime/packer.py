@@ -233,14 +233,14 @@ class TaskPacker:
     # --- per task kind: argument words (names from codegen.layout.OP_ARGS) -------------------------------------
     def _pack_embed(self, p):
         M, H = self.mem.t(p["out"]).shape
-        assert H % 8 == 0
+        assert H % 8 == 0, f"hidden size {H} is not a multiple of 8 (megakernel_shape_problems)"
         return dict(tokens=self._t(p["tokens"]), table=self._t(p["table"]), out=self._t(p["out"]), m=M, h=H)
 
     def _pack_qkv_rope(self, p):
         x = self.mem.t(p["x"])
         M, K = x.shape
         D, h = self.D, p["head"]
-        assert K % 8 == 0 and D <= L.CONSTANTS["MAX_HEAD_DIM"]
+        assert K % 8 == 0 and D <= L.CONSTANTS["MAX_HEAD_DIM"], f"K={K} / head_dim={D} (megakernel_shape_problems)"
         w = self.mem.t(p["weight"])
         which = p["which"]
         cache = self.mem.kv(p[f"{which}_cache"]) if which != "q" else None
@@ -268,7 +268,7 @@ class TaskPacker:
     def _pack_qk_norm_rope(self, p):
         raw, q, kc = self.mem.t(p["raw"]), self.mem.t(p["q"]), self.mem.kv(p["k_cache"])
         D = self.D
-        assert D % 2 == 0 and D <= L.CONSTANTS["MAX_HEAD_DIM"]
+        assert D % 2 == 0 and D <= L.CONSTANTS["MAX_HEAD_DIM"], f"head_dim={D} (megakernel_shape_problems)"
         return dict(raw=raw.data_ptr(), ldraw=raw.shape[1], q_norm=self._t(p["q_norm"]), k_norm=self._t(p["k_norm"]),
                     q=q.data_ptr(), ldq=q.shape[1], cache=kc.data_ptr(), m=raw.shape[0], d=D, eps=f32_bits(p["eps"]),
                     n_kv=kc.shape[2], nq=q.shape[1] // D, qh0=p["q_head0"], nqh=p["n_qh"], kh0=p["k_head0"],
@@ -276,7 +276,7 @@ class TaskPacker:
 
     def _attn_common(self, p):
         part = self.mem.t(p["part"])
-        assert p["gs"] <= L.CONSTANTS["MAX_GS"]
+        assert p["gs"] <= L.CONSTANTS["MAX_GS"], f"{p['gs']} q heads a KV group (megakernel_shape_problems)"
         return dict(b=p["b"], g=p["g"], gs=p["gs"], d=self.D, nq=part.shape[1], splits=p["splits"])
 
     def _pack_attn_partial(self, p):
@@ -432,6 +432,23 @@ def _check_kslices(k: int, w: int) -> None:
 
 
 from ..tasks.ops import OPCODES  # noqa: E402
+
+def megakernel_shape_problems(cfg) -> list[str]:
+    """What of a model's shape the megakernel's device code cannot run (its 16-byte vector loads, its attention's
+    head and group sizes), as sentences naming the limit; [] when it can. Checked before any graph is packed, so a
+    model past a limit is refused with the reason instead of an assertion deep in the packer."""
+    C = L.CONSTANTS
+    out = []
+    if cfg.head_dim % 8 or cfg.head_dim > C["MAX_HEAD_DIM"]:
+        out.append(f"head_dim must be a multiple of 8 and <= {C['MAX_HEAD_DIM']} (got {cfg.head_dim})")
+    gs = cfg.num_heads // max(1, cfg.num_kv_heads)
+    if gs > C["MAX_GS"]:
+        out.append(f"at most {C['MAX_GS']} q heads a KV head (got {cfg.num_heads} / {cfg.num_kv_heads} = {gs})")
+    for name in ("hidden_size", "intermediate_size"):
+        if getattr(cfg, name) % 8:
+            out.append(f"{name} must be a multiple of 8 (16-byte rows; got {getattr(cfg, name)})")
+    return out
+
 
 L_OPCODE = {k: i for i, k in enumerate(OPCODES)}
 SMEM_BUDGET = L.SMEM_BUDGET   # a linear tile's shared memory budget (defined in codegen/layout.py)

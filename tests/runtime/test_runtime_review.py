@@ -140,3 +140,31 @@ def test_runtime_reads_mpk_switches_through_envflags():
     raw = {(p.name, m) for p in root.glob("*.py")
            for m in re.findall(r"os\.environ\.get\(\s*[\"'](MPK_\w+)", p.read_text())}
     assert {(f, v) for f, v in raw if v not in own_parsers} == set()
+
+
+# --- the megakernel's shape limits ---------------------------------------------------------------------------------
+
+def test_megakernel_shape_limits_are_named_before_packing(monkeypatch):
+    """A model past the device code's limits (head_dim > MAX_HEAD_DIM, more than MAX_GS q heads a KV head, rows not
+    in 16-byte vectors) met a bare AssertionError in the packer (qkv_rope packs before attention's own message); it is
+    refused when the runner is made, naming each limit and the backend that runs it. Every preset passes."""
+    import dataclasses
+    from mpk_runtime.codegen import layout as L
+    from mpk_runtime.models import PRESETS
+    from mpk_runtime.runtime.packer import megakernel_shape_problems
+    for name, cfg in PRESETS.items():
+        assert megakernel_shape_problems(cfg) == [], name
+    base = PRESETS["tiny-llama"]
+    d = L.CONSTANTS["MAX_HEAD_DIM"]
+    assert "head_dim" in megakernel_shape_problems(dataclasses.replace(base, head_dim=2 * d))[0]
+    assert "head_dim" in megakernel_shape_problems(dataclasses.replace(base, head_dim=36))[0]
+    gs = L.CONSTANTS["MAX_GS"] * 2
+    p = megakernel_shape_problems(dataclasses.replace(base, num_heads=gs, num_kv_heads=1))
+    assert len(p) == 1 and "q heads a KV head" in p[0]
+    p = megakernel_shape_problems(dataclasses.replace(base, hidden_size=base.hidden_size + 4))
+    assert len(p) == 1 and "hidden_size" in p[0]
+    # through LLM: the runner's config has head_dim 2 x the limit
+    _fake_gpus(monkeypatch, 1)
+    monkeypatch.setattr(mr, "load_config", lambda m: dataclasses.replace(base, head_dim=2 * d))
+    with pytest.raises(InvalidRequestError, match=r"cannot run this model's shape: head_dim .*use backend 'torch'"):
+        LLM("tiny-llama", backend="megakernel", plan=None, max_seq_len=32)
