@@ -18,6 +18,19 @@ ODD = ModelConfig(name="odd-qwen3", family="qwen3", vocab_size=300, hidden_size=
 STEPS, SEEDS, PAGE = 8, 20, 4
 
 
+def ref_greedy(ref, prompt, max_len, steps):
+    """The reference model alone on one sequence (its own contiguous cache): the prompt's last logits, then `steps`
+    greedy decode steps' logits (steps, V) and the greedy tokens (steps + 1: the prompt's first)."""
+    cache = ref.new_cache(1, max_len)
+    lg0 = ref.forward(prompt[None], torch.zeros(1, dtype=torch.long), cache)[0, -1]
+    seq_l, seq_t = [], [int(lg0.argmax())]
+    for s in range(steps):
+        lg = ref.forward(torch.tensor([[seq_t[-1]]]), torch.tensor([len(prompt) + s]), cache)[0, 0]
+        seq_l.append(lg)
+        seq_t.append(int(lg.argmax()))
+    return lg0, torch.stack(seq_l), seq_t
+
+
 def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0, qkv_flat=False, attn_qk_norm=False):
     cfg = cfg.replace(dtype="float32")
     w = random_weights(cfg, seed=5)
@@ -36,16 +49,10 @@ def setup(cfg, tp, batch, mode="random", num_sms=5, seed=0, qkv_parts=0, qkv_fla
     # reference: each sequence alone, its own contiguous cache; record logits and greedy tokens for STEPS steps
     ref_logits, toks = [], []
     for b, p in enumerate(prompts):
-        cache = ref.new_cache(1, 32)
-        lg = ref.forward(p[None], torch.zeros(1, dtype=torch.long), cache)[0, -1]
+        lg, seq_l, seq_t = ref_greedy(ref, p, 32, STEPS)
         pre = grp.prefill(p.tolist(), 0, tables[b])
         assert ((pre - lg).abs().max() / lg.abs().max()) < 1e-5
-        seq_l, seq_t = [], [int(lg.argmax())]
-        for s in range(STEPS):
-            lg = ref.forward(torch.tensor([[seq_t[-1]]]), torch.tensor([len(p) + s]), cache)[0, 0]
-            seq_l.append(lg)
-            seq_t.append(int(lg.argmax()))
-        ref_logits.append(torch.stack(seq_l))
+        ref_logits.append(seq_l)
         toks.append(seq_t)
     return grp, lens, tables, torch.stack(ref_logits, 1), torch.tensor(toks).T  # (STEPS, B, V), (STEPS+1, B)
 

@@ -9,6 +9,7 @@ from mpk_runtime.models import PRESETS, ReferenceModel, random_weights
 from mpk_runtime.models.config import RopeScaling
 from mpk_runtime.runtime.pyvm_runner import TPGroup, shard_weights
 from mpk_runtime.tasks import Tiling
+from tests.runtime.test_pyvm import ref_greedy
 
 STEPS, PAGE, MAXLEN = 3, 4, 24
 LLAMA, QWEN2, QWEN3 = PRESETS["tiny-llama"], PRESETS["tiny-qwen2"], PRESETS["tiny-qwen3"]
@@ -29,15 +30,9 @@ def run_vs_reference(cfg, batch, num_sms=7, tp=1, splits=2, **tiling):
     tables = [perm[b * npp:(b + 1) * npp].tolist() for b in range(batch)]
     ref_logits, toks = [], []
     for b, p in enumerate(prompts):
-        cache = ref.new_cache(1, MAXLEN)
-        lg = ref.forward(p[None], torch.zeros(1, dtype=torch.long), cache)[0, -1]
+        _, seq_l, seq_t = ref_greedy(ref, p, MAXLEN, STEPS)
         grp.prefill(p.tolist(), 0, tables[b])
-        seq_l, seq_t = [], [int(lg.argmax())]
-        for s in range(STEPS):
-            lg = ref.forward(torch.tensor([[seq_t[-1]]]), torch.tensor([len(p) + s]), cache)[0, 0]
-            seq_l.append(lg)
-            seq_t.append(int(lg.argmax()))
-        ref_logits.append(torch.stack(seq_l))
+        ref_logits.append(seq_l)
         toks.append(seq_t)
     ref_logits, toks = torch.stack(ref_logits, 1), torch.tensor(toks).T
     for s in range(STEPS):
