@@ -91,7 +91,7 @@ class SamplingParams:
                                ("seed", numbers.Integral, int), ("logprobs", numbers.Integral, int),
                                ("min_tokens", numbers.Integral, int), ("n", numbers.Integral, int)):
             v = getattr(self, name)
-            if isinstance(v, kind) and not isinstance(v, (bool, int, float)) and type(v).__name__ != "bool_":
+            if isinstance(v, kind) and not isinstance(v, (bool, int, float)):   # (np.bool_ is neither ABC)
                 object.__setattr__(self, name, to(v))
         problems = []
         t = self.temperature
