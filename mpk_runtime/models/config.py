@@ -28,6 +28,13 @@ class ConfigError(ValueError):
 ROPE_TYPES = ("llama3", "yarn", "linear")
 # transformers' max_position_embeddings when config.json has none (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config)
 HF_DEFAULT_MAX_POS = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768}
+# transformers' other defaults for entries config.json may leave out: Qwen3Config's head_dim (Qwen3 heads are not
+# hidden_size / num_attention_heads wide: qwen3-0.6b has 16 heads of 128 over 1024), and the Qwen configs' sliding
+# window and first sliding layer where use_sliding_window is set. (MistralConfig's default window, 4096, is not taken:
+# a Mistral config.json without sliding_window is served with full attention, where transformers would slide 4096.)
+HF_DEFAULT_HEAD_DIM = {"qwen3": 128}
+HF_DEFAULT_WINDOW = 4096
+HF_DEFAULT_MAX_WINDOW_LAYERS = 28
 
 
 def _num(v: Any, key: str, kind: type = float) -> Any:
@@ -232,13 +239,19 @@ class ModelConfig:
                               "v biases, model_type 'qwen2')")
         n_layers = hf["num_hidden_layers"]
         n_layers = n_layers if isinstance(n_layers, int) else 0   # (not an int: __post_init__ names num_layers)
-        window = hf.get("sliding_window")
+        qwen_sliding = family in ("qwen2", "qwen3") and bool(hf.get("use_sliding_window"))
+        window = hf["sliding_window"] if "sliding_window" in hf else HF_DEFAULT_WINDOW if qwen_sliding else None
         other = []
-        if hf.get("layer_types"):       # transformers >= 4.53 writes the per-layer kinds
-            sliding = [i for i, t in enumerate(hf["layer_types"]) if t == "sliding_attention"]
-            other = sorted({t for t in hf["layer_types"] if t not in ("full_attention", "sliding_attention")})
-        elif hf.get("use_sliding_window") and window:   # Qwen: layers >= max_window_layers slide
-            sliding = list(range(int(hf.get("max_window_layers", 0)), n_layers))
+        layer_types = hf.get("layer_types")
+        if layer_types is not None and not isinstance(layer_types, list):
+            raise ConfigError(f"config.json entry 'layer_types' must be a list of per-layer kinds "
+                              f"(\"full_attention\", ...), got {layer_types!r}; fix it in config.json")
+        if layer_types:       # transformers >= 4.53 writes the per-layer kinds
+            sliding = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
+            other = sorted({str(t) for t in layer_types if t not in ("full_attention", "sliding_attention")})
+        elif qwen_sliding and window:   # Qwen: layers >= max_window_layers slide
+            first = _num(hf.get("max_window_layers", HF_DEFAULT_MAX_WINDOW_LAYERS), "max_window_layers", int)
+            sliding = list(range(first, n_layers))
         elif model_type == "mistral" and window:      # Mistral (v0.1): every layer slides
             sliding = list(range(n_layers))
         else:
@@ -253,11 +266,12 @@ class ModelConfig:
             raise ConfigError(f"layers {sliding[:4]}{'...' if len(sliding) > 4 else ''} use sliding-window attention "
                               "but the config has no sliding_window size; add it or fix layer_types")
         act = hf.get("hidden_act", "silu")
-        if act != "silu":
+        if act not in ("silu", "swish"):   # (transformers' ACT2FN: "swish" is SiLU too)
             raise ConfigError(f"hidden_act {act!r} is not supported (only silu / SwiGLU)")
-        num_heads = hf["num_attention_heads"]
-        head_dim = hf.get("head_dim") or (hf["hidden_size"] // num_heads if isinstance(num_heads, int) and
-                                          num_heads > 0 else 0)   # (0: __post_init__ names num_heads)
+        num_heads, hidden = hf["num_attention_heads"], hf["hidden_size"]
+        head_dim = hf.get("head_dim") or HF_DEFAULT_HEAD_DIM.get(model_type) or (
+            hidden // num_heads if isinstance(hidden, int) and isinstance(num_heads, int) and num_heads > 0
+            else 0)   # (0: __post_init__ names num_heads / hidden_size)
         rope_scaling = None
         rs = hf.get("rope_scaling") or hf.get("rope_parameters")
         rope_theta = hf.get("rope_theta")
@@ -265,15 +279,21 @@ class ModelConfig:
             raise ConfigError(f"rope_scaling must be an object ({{\"rope_type\": ..., \"factor\": ...}}) or null, got "
                               f"{rs!r}; fix it in config.json")
         if isinstance(rs, dict):
-            rnum = lambda k: _num(rs[k], f"rope_scaling.{k}")  # noqa: E731
             rope_theta = rs.get("rope_theta", rope_theta)
             rtype = rs.get("rope_type", rs.get("type", "default"))
+
+            def rnum(k: str, kind: type = float) -> Any:
+                """rope_scaling[k], a number; absent, a ConfigError naming it there (a KeyError of k read as a
+                top-level entry before)."""
+                if k not in rs:
+                    raise ConfigError(f"rope_scaling of rope_type {rtype!r} has no {k!r} entry, which that type needs; "
+                                      "add it to rope_scaling in config.json (see the model's published config.json)")
+                return _num(rs[k], f"rope_scaling.{k}", kind)
             if rtype == "llama3":
                 rope_scaling = RopeScaling(
                     factor=rnum("factor"), low_freq_factor=rnum("low_freq_factor"),
                     high_freq_factor=rnum("high_freq_factor"),
-                    original_max_position_embeddings=_num(rs["original_max_position_embeddings"],
-                                                          "rope_scaling.original_max_position_embeddings", int))
+                    original_max_position_embeddings=rnum("original_max_position_embeddings", int))
             elif rtype == "yarn":   # transformers' defaults: the original context = max_position_embeddings,
                 orig = _num(rs.get("original_max_position_embeddings") or max_pos,       # factor = their ratio
                             "rope_scaling.original_max_position_embeddings", int)
@@ -312,7 +332,7 @@ class ModelConfig:
             name=name or hf.get("_name_or_path") or model_type,
             family=family,
             vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
+            hidden_size=hidden,
             intermediate_size=hf["intermediate_size"],
             num_layers=hf["num_hidden_layers"],
             num_heads=num_heads,

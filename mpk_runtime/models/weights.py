@@ -57,6 +57,20 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _shape_keys(name: str) -> str:
+    """The config.json entries that give tensor `name`'s shape (what a shape mismatch points at)."""
+    for part, keys in (("embed_tokens", "vocab_size, hidden_size"), ("lm_head", "vocab_size, hidden_size"),
+                       ("q_norm", "head_dim"), ("k_norm", "head_dim"),
+                       ("q_proj", "num_attention_heads, head_dim, hidden_size"),
+                       ("o_proj", "num_attention_heads, head_dim, hidden_size"),
+                       ("k_proj", "num_key_value_heads, head_dim, hidden_size"),
+                       ("v_proj", "num_key_value_heads, head_dim, hidden_size"),
+                       ("mlp.", "intermediate_size, hidden_size")):
+        if part in name:
+            return keys
+    return "hidden_size"
+
+
 def lm_head_name(cfg: ModelConfig) -> str:
     return "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
 
@@ -109,6 +123,9 @@ def _weight_files(path: str) -> dict[str, str]:
                 wm = json.load(f)["weight_map"]
             if not isinstance(wm, dict):
                 raise TypeError(f"weight_map is a {type(wm).__name__}")
+            bad = next((k for k, v in wm.items() if not isinstance(v, str) or not v), None)
+            if bad is not None:   # (a null file name was a TypeError from os.path.join)
+                raise TypeError(f"weight_map gives tensor {bad} the file {wm[bad]!r}, not a file name")
         except (ValueError, KeyError, TypeError) as e:
             raise WeightError(f"{index} is not a safetensors index (a JSON object with a weight_map of tensor name -> "
                               f"file; {type(e).__name__}: {e}); download it again") from e
@@ -163,14 +180,22 @@ def load_weights(path: str, cfg: ModelConfig, dtype: str | torch.dtype | None = 
     shapes = weight_shapes(cfg)
     wanted = list(names) if names is not None else list(shapes)
     if names is None:   # tensors the config does not account for: the checkpoint is not the model the config describes
-        import re
-        stray = sorted(n for n in files if n not in shapes and (n.endswith(".bias") or (
-            (m := re.match(r"model\.layers\.(\d+)\.", n)) and int(m.group(1)) >= cfg.num_layers)))
+        # (any layer tensor: a Qwen3 checkpoint whose config.json says llama loaded without its q / k norms and ran as
+        # another function; older exports' rotary_emb.inv_freq buffers are recomputed, not weights)
+        stray = sorted(n for n in files if n not in shapes and not n.endswith("rotary_emb.inv_freq") and (
+            n.endswith(".bias") or n.startswith("model.layers.")))
         if stray:
+            norms = "q / k norms" if cfg.qk_norm else "no q / k norms"
             raise WeightError(f"{len(stray)} tensors in {path} are not part of config {cfg.name!r}, e.g. {stray[:3]}; "
-                              f"config.json says {cfg.num_layers} layers and "
+                              f"config.json says model_type {cfg.family} ({norms}), {cfg.num_layers} layers and "
                               f"{'biases in q / k / v only' if cfg.qkv_bias else 'no biases'}: fix config.json to match "
                               "the checkpoint (or the model is an architecture this runtime does not run)")
+    if not cfg.tie_word_embeddings and "lm_head.weight" in wanted and "lm_head.weight" not in files and \
+            "model.embed_tokens.weight" in files:
+        raise WeightError(f"{path} has no lm_head.weight but config.json says tie_word_embeddings false: if the model "
+                          "ties its LM head to the embedding (Llama-3.2 1B / 3B, small Qwen models), set "
+                          "tie_word_embeddings to true in config.json; otherwise the checkpoint is incomplete, "
+                          "download it again")
     missing = [n for n in wanted if n not in files]
     if missing:
         raise WeightError(f"{len(missing)} tensors missing from {path}, e.g. {missing[:3]}; the checkpoint does not "
@@ -199,7 +224,9 @@ def load_weights(path: str, cfg: ModelConfig, dtype: str | torch.dtype | None = 
                                       "(F32 / F16 / BF16): quantized or integer checkpoints are not supported")
                 shape = tuple(sl.get_shape())
                 if shape != shapes[n]:
-                    raise WeightError(f"tensor {n} in {fn} has shape {shape}, config {cfg.name!r} expects {shapes[n]}")
+                    raise WeightError(f"tensor {n} in {fn} has shape {shape}, config {cfg.name!r} expects {shapes[n]} "
+                                      f"(from config.json's {_shape_keys(n)}): config.json does not describe this "
+                                      "checkpoint; use the config.json published with it")
                 idx = slicer(n, shape) if slicer else None
                 t = sl[idx] if idx is not None else sl[:]
                 out[n] = t.to(dtype=dt, device=device).contiguous()
