@@ -61,7 +61,6 @@ class PrefixCachingAllocator(BlockAllocator):
         number of pages that were cached."""
         n = len(self._key_of)
         self._free.extend(self._evictable)
-        self._free.sort(reverse=True)
         self._evictable.clear()
         self._page_of.clear()
         self._key_of.clear()
@@ -108,8 +107,7 @@ class PrefixCachingAllocator(BlockAllocator):
             if p in self._key_of:
                 self._evictable[p] = None
             else:
-                self._free.append(p)
-        self._free.sort(reverse=True)
+                self._free.push(p)
 
     # --- lookup and registration ---------------------------------------------------------------------------
     def match(self, tokens, known: list[bytes] | None = None) -> tuple[list[int], list[bytes]]:
