@@ -6,6 +6,7 @@ process and `peers` are simply the other ranks' RankMemory objects: a push is a 
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 
@@ -43,8 +44,51 @@ class KVStore:
         shape = (num_pages + 1, page_size, n_kv, head_dim)
         self.poisoned = bool(poison and dtype.is_floating_point)   # unwritten slots hold NaN (CPU twin's debug fill)
         fill = float("nan") if self.poisoned else 0
-        self.k = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(num_layers)]
+        nbytes = kv_page_bytes(num_layers, page_size, n_kv, head_dim, dtype) * (num_pages + 1)
+        check_kv_fits(nbytes, num_pages, page_size, device)
+        try:
+            self.k = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(num_layers)]
+            self.v = [torch.full(shape, fill, dtype=dtype, device=device) for _ in range(num_layers)]
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if "alloc" not in str(e).lower() and not isinstance(e, torch.OutOfMemoryError):
+                raise
+            self.k = self.v = []
+            raise KVCacheTooLarge(_kv_too_large(nbytes, num_pages, page_size, device, "could not be allocated")) from e
+
+
+class KVCacheTooLarge(ValueError):
+    """The KV cache asked for (max_batch sequences of max_seq_len, or num_pages) does not fit the device: a caller's
+    argument to change, so a ValueError (the engine reports ValueErrors as bad arguments)."""
+
+
+def _kv_too_large(nbytes: int, num_pages: int, page_size: int, device, why: str) -> str:
+    return (f"the KV cache of {num_pages} pages x {page_size} tokens ({nbytes / (1 << 30):.2f} GiB) {why} on "
+            f"{torch.device(device)}: pass a smaller max_batch or max_seq_len (or num_pages)")
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_kv_fits(nbytes: int, num_pages: int, page_size: int, device) -> None:
+    """Refuse up front a KV cache larger than the device's memory: on the host an allocation past physical memory
+    may succeed lazily and then have the process killed while the pages are filled (max_batch=10**7 asked for
+    1.3 TB and failed inside the allocator); on a GPU past its total memory. What fits beside the weights is
+    fit_num_pages's business on a GPU (auto-sized caches); here only the impossible is refused."""
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        total = host_memory_bytes()
+    elif dev.type == "cuda" and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(dev).total_memory
+    else:
+        total = None
+    if total is not None and nbytes > total:
+        raise KVCacheTooLarge(_kv_too_large(nbytes, num_pages, page_size, device,
+                                            f"is more than the {total / (1 << 30):.2f} GiB of memory"))
 
 
 KV_RESERVE_BYTES = 4 << 30   # device memory left beside an auto-sized KV cache: activations of the plan buckets and
