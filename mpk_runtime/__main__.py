@@ -19,10 +19,18 @@ def _search(a: argparse.Namespace, cfg) -> int:
         json.dump(out, sys.stdout)
         print()
         return 0
+    # a profile without a measured band for this batch (h200, the *_cal profiles before v36) prices every plan's band
+    # as the field's default +-12%, which the header called the band that held 90% of measured steps
+    from dataclasses import fields as dc_fields
+    default_band = next(f.default for f in dc_fields(prof) if f.name == "step_band")
+    lo, hi = prof.for_batch(a.batch).step_band
+    band = ("in brackets the band that held 90% of measured steps in the profile's validation: planner/band.py"
+            if (lo, hi) != tuple(default_band) else
+            f"in brackets {lo:+.0%} / {hi:+.0%}: a default band, not measured for this profile at batch {a.batch} "
+            "(planner/band.py measures one)")
     print(f"{cfg.name} tp={a.tp} batch={a.batch} context={a.context}, profile {prof.name}: "
           f"{len(plans)} candidate plans, best first{f' (the top {a.top}: --top N for more)' if len(plans) > a.top else ''} "
-          f"(predicted step time; in brackets the band that held 90% of measured steps in the profile's "
-          f"validation: planner/band.py)")
+          f"(predicted step time; {band})")
     for p in plans[: a.top]:
         print("  " + p.describe())
     for fam, why in (plans[0].notes.get("infeasible") or {}).items() if plans else ():

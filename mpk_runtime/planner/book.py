@@ -97,14 +97,25 @@ def plan_book(cfg: ModelConfig, tp: int, buckets=DEFAULT_BUCKETS, context: int =
 
 def bucket_key(book: dict, batch: int) -> int:
     """The bucket a decode batch runs in: the smallest bucket >= batch, else the largest bucket."""
-    if not book or not book.get("buckets"):
-        raise ValueError("empty plan book: make one with planner.book.plan_book(cfg, tp, buckets)")
-    keys = sorted(int(k) for k in book["buckets"])
+    if not isinstance(book, dict) or not book.get("buckets"):
+        raise ValueError(f"{'empty plan book' if not book else 'not a plan book'}: make one with "
+                         "planner.book.plan_book(cfg, tp, buckets)")
+    try:   # (a book read back from a file: keys are strings; a corrupt one is named, not an int() traceback)
+        keys = sorted(int(k) for k in dict(book["buckets"]))
+    except (TypeError, ValueError):
+        raise ValueError(f"not a plan book: its buckets must map batch sizes to plans, got "
+                         f"{json.dumps(book['buckets'], default=str)[:60]}; make one with planner.book.plan_book") from None
     return next((k for k in keys if k >= batch), keys[-1])
 
 
-def pick_plan(book: dict, batch: int) -> Plan:
-    """The plan for a decode batch: that of bucket_key(book, batch)."""
+def pick_plan(book: dict, batch: int, *, model: str | None = None, tp: int | None = None) -> Plan:
+    """The plan for a decode batch: that of bucket_key(book, batch). With `model` (the runner's cfg.name) and / or
+    `tp`: a ValueError where the book was made for another (Plan.check_for), not a plan priced for other shapes run
+    silently. A bucket that is not a plan is a ValueError naming the bucket (Plan.from_dict)."""
     b = bucket_key(book, batch)
     d = book["buckets"].get(b, book["buckets"].get(str(b)))   # JSON round trips turn int keys into strings
-    return Plan.from_dict(d)
+    try:
+        plan = Plan.from_dict(d)
+    except ValueError as e:
+        raise ValueError(f"plan book bucket {b}: {e}") from None
+    return plan.check_for(model=model, tp=tp)

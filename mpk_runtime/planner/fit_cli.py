@@ -109,6 +109,13 @@ def _grid(spec: str) -> list[tuple]:
 
 
 def main() -> None:
+    try:
+        _main()
+    except (OSError, ValueError) as e:   # a rows file or profile not there, or not readable: a message (as band.py)
+        raise SystemExit(f"error: {e}") from None
+
+
+def _main() -> None:
     ap = argparse.ArgumentParser(description=FIT_DOC.split("\n")[0])
     ap.add_argument("--rows", required=True, help="validation rows JSONL (or planner_validation.json), comma-separated")
     ap.add_argument("--profile", default="h200_measured")

@@ -423,7 +423,9 @@ class HardwareProfile:
         try:   # a file that is not a profile (bad JSON, a list, fields missing, a directory): one clear error
             with open(path) as f:
                 d = json.load(f)
-            return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+            out = cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+            _check_fields(d)
+            return out
         except (OSError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(f"hardware profile {name_or_path!r} could not be read as a profile ({e}); pass a profile "
                              "name (e.g. h100_v4) or a JSON file written by scripts/profile_hw.py") from None
@@ -431,6 +433,60 @@ class HardwareProfile:
     def to_json(self) -> str:
         from dataclasses import asdict
         return json.dumps(asdict(self), indent=1)
+
+
+def _field_problem(name: str, kind: str, v) -> str | None:
+    """What is wrong with a profile's field `name` of annotation `kind` holding JSON value v, or None."""
+    def num(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    def keyed(x) -> bool:   # a curve's keys are its x values (_curve: float(k))
+        try:
+            return math.isfinite(float(x))
+        except ValueError:
+            return False
+    if kind == "str":
+        ok = isinstance(v, str)
+    elif kind == "int":
+        ok = num(v) and v == int(v)
+    elif kind in ("float", "float | None"):
+        ok = num(v) or (v is None and kind != "float")
+    elif kind == "tuple":   # step_band: [lo, hi]
+        ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(num(x) for x in v) and v[0] <= v[1]
+    elif kind.startswith("dict"):
+        ok = isinstance(v, dict)
+        if ok and kind == "dict[str, float]":
+            ok = all(num(x) for x in v.values()) and (not name.endswith(("_by_sms", "_by_bytes"))
+                                                      or all(keyed(k) for k in v))
+        elif ok and kind == "dict[str, list]":   # [[batch, keys, us or a launch shape], ...]
+            ok = all(isinstance(pts, list) and pts and all(isinstance(q, list) and len(q) == 3 and num(q[0])
+                                                           and num(q[1]) for q in pts) for pts in v.values())
+        elif ok and kind == "dict[str, dict]":
+            ok = all(isinstance(x, dict) for x in v.values())
+    else:
+        return None
+    return None if ok else f"{name} is {json.dumps(v)[:60]}, expected {kind}"
+
+
+def _check_fields(d: dict) -> None:
+    """A profile file's fields are of their types, its curves not empty, its regimes keyed by batch: a hand-edited or
+    foreign JSON that constructs a HardwareProfile but holds e.g. a number where a curve belongs, null for a cost or
+    0 SMs otherwise loaded and failed deep in the search with a bare TypeError / IndexError traceback."""
+    fields = HardwareProfile.__dataclass_fields__
+    problems = [w for k, v in d.items() if k in fields and (w := _field_problem(k, fields[k].type, v))]
+    if isinstance(d.get("num_sms"), int) and d["num_sms"] < 1:
+        problems.append(f"num_sms is {d['num_sms']}, not >= 1")
+    for k in ("hbm_bw_by_sms", "remote_signal_us_by_bytes", "nccl_graph_allreduce_us_by_bytes"):
+        if d.get(k) == {}:
+            problems.append(f"{k} is empty (a measured curve, at least one point)")
+    for b, over in (d.get("regimes") or {}).items() if isinstance(d.get("regimes"), dict) else ():
+        if not (isinstance(b, str) and b.isdigit()):
+            problems.append(f"regimes key {b!r} is not a batch size")
+        if isinstance(over, dict):
+            problems += [f"regimes[{b!r}]: {w}" for k, v in over.items()
+                         if k in fields and (w := _field_problem(k, fields[k].type, v))]
+    if problems:
+        raise ValueError("; ".join(problems[:4]) + (f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""))
 
 
 def card_mismatch(profile_name: str, device_name: str) -> str | None:

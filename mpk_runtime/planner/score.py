@@ -348,7 +348,11 @@ def load_rows(spec: str) -> list[dict]:
         p = stored_path(p)
         opener = gzip.open if p.endswith(".gz") else open   # stored results are gzipped (bench/results)
         with opener(p, "rt") as f:
-            got = json.load(f)["rows"] if p.removesuffix(".gz").endswith(".json") else \
-                [json.loads(x) for x in f if x.strip()]
+            try:   # (a bare JSONDecodeError named neither the file nor the line)
+                got = json.load(f)["rows"] if p.removesuffix(".gz").endswith(".json") else \
+                    [json.loads(x) for x in f if x.strip()]
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"rows file {p} is not validation rows (JSONL, or a planner_validation.json with "
+                                 f"\"rows\"): {type(e).__name__}: {e}") from None
         rows += [dict(r, env={**r.get("env", {}), **env}) if env else r for r in got]
     return rows
