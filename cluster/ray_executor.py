@@ -3,8 +3,10 @@
 Each actor is a `RayWorker` (an `mpk_runtime` `Worker` plus rendezvous and device helpers). The controller
 (this object) plans once, picks the rendezvous address from rank 0, and ships the same backend, runner kwargs
 and plan to every rank; workers load their weights themselves from the model path (never through the object
-store). Calls are `ray.get` with timeouts, so a dead rank errors at once and a hung rank within the timeout;
-`recover()` kills the actors, starts new ones in the same placement group and repeats the rendezvous.
+store). Calls are `ray.get` with timeouts, so a dead rank errors at once (naming the rank and its node) and a hung
+rank within the timeout; `recover()` kills the actors, starts new ones in the same placement group and repeats the
+rendezvous. A TP group that no node of the cluster could ever hold is refused at once, not after the placement
+timeout; after `shutdown()` calls fail saying so and nothing is rebuilt.
 """
 from __future__ import annotations
 
@@ -17,9 +19,14 @@ from mpk_runtime.runtime.executor import Executor, Worker, WorkerError, WorkerTi
 from mpk_runtime.runtime.worker import free_port
 
 from .plan import make_plan
-from .ray_utils import local_device_index, nvshmem_init_from_bytes, nvshmem_unique_id_bytes, require_ray
+from .ray_utils import (NO_MULTICAST, local_device_index, nvshmem_init_from_bytes, nvshmem_unique_id_bytes, repo_root,
+                        require_ray)
 
 log = logging.getLogger(__name__)
+
+
+class PlacementError(RuntimeError):
+    """The replica's TP group cannot be placed: no node has (or, within the timeout, frees) tp bundles."""
 
 
 class RayWorker(Worker):
@@ -76,10 +83,14 @@ class RayExecutor(Executor):
     def __init__(self, world_size: int = 1, num_gpus_per_worker: float | None = None,
                  num_cpus_per_worker: float | None = None, target_node_id: str | None = None,
                  rpc_timeout: float = 60.0, init_timeout: float = 300.0, placement_timeout: float = 60.0,
-                 name: str | None = None, runtime_env: dict | None = None):
+                 name: str | None = None, runtime_env: dict | None = None, wait_for_nodes: bool = False):
         """num_gpus_per_worker: None = 1 when the cluster has GPU resources (logical ones count), else 0.
         target_node_id: prefer this node for the placement group (the router spreads replicas this way).
-        rpc_timeout: default seconds for a call without its own timeout (hangs are errors, not waits)."""
+        rpc_timeout: default seconds for a call without its own timeout (hangs are errors, not waits).
+        wait_for_nodes: an autoscaling cluster that adds nodes on demand: wait placement_timeout for one that holds
+        the group, where by default a group no current node could hold is refused at once (PlacementError).
+        runtime_env: the actors' (merged over `_actor_runtime_env`'s: NVLink multicast off, this checkout importable
+        where the job does not ship it)."""
         ray = require_ray()
         if not ray.is_initialized():
             raise RuntimeError("Ray is not initialised: call cluster.ensure_ray() (or ray.init(...)) first")
@@ -91,14 +102,15 @@ class RayExecutor(Executor):
         self.num_cpus = num_cpus_per_worker if num_cpus_per_worker is not None else (0 if self.num_gpus else 1)
         self.rpc_timeout, self.init_timeout = rpc_timeout, init_timeout
         self.name = name or f"replica-{id(self):x}"
-        self.runtime_env = runtime_env
+        self.runtime_env = _actor_runtime_env(ray, runtime_env)
         self.actors: list = []
+        self._closed = False
         self._init_args: tuple[str, dict] | None = None
-        self._pg = self._make_placement_group(target_node_id, placement_timeout)
+        self._pg = self._make_placement_group(target_node_id, placement_timeout, wait_for_nodes)
         self._start_actors()
 
     # --- placement ----------------------------------------------------------------------------------------
-    def _make_placement_group(self, target_node_id, timeout):
+    def _make_placement_group(self, target_node_id, timeout, wait_for_nodes=False):
         from ray.util.placement_group import placement_group
         bundle = {}
         if self.num_gpus:
@@ -107,6 +119,8 @@ class RayExecutor(Executor):
             bundle["CPU"] = self.num_cpus
         if not bundle:
             bundle = {"CPU": 0.01}
+        if not wait_for_nodes:
+            self._check_fits(bundle)
         pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="STRICT_PACK",
                              name=f"mpk-{self.name}", _soft_target_node_id=target_node_id)
         try:
@@ -114,20 +128,45 @@ class RayExecutor(Executor):
         except Exception as e:
             from ray.util.placement_group import remove_placement_group
             remove_placement_group(pg)
-            raise RuntimeError(
+            raise PlacementError(
                 f"placement group for {self.name} ({self.world_size} x {bundle}, STRICT_PACK on one node) was not "
                 f"ready within {timeout} s. Cluster resources: {self.ray.cluster_resources()}, available: "
                 f"{self.ray.available_resources()}. A TP group must fit on one node: add a node with "
                 f"{self.world_size} GPUs, lower tp, or run fewer replicas") from e
         return pg
 
+    def _check_fits(self, bundle: dict) -> None:
+        """STRICT_PACK puts the whole group on one node: when no live node has that much in total (busy or not),
+        the placement group would never be ready and the caller waited placement_timeout (60 s) for an error; say so
+        now, with each node's totals. (Resources held by other replicas still wait: they may be given back.)"""
+        need = {k: v * self.world_size for k, v in bundle.items()}
+        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+        if any(all(n.get("Resources", {}).get(k, 0) >= v for k, v in need.items()) for n in nodes):
+            return
+        have = "; ".join(f"{n.get('NodeManagerAddress')}: " + ", ".join(
+            f"{k} {n.get('Resources', {}).get(k, 0):g}" for k in need) for n in nodes) or "no live nodes"
+        raise PlacementError(
+            f"{self.name}: a TP group of {self.world_size} ranks x {bundle} needs {need} on one node (STRICT_PACK), "
+            f"and no node of this Ray cluster has that many ({have}). Lower tp, start Ray with more GPUs / CPUs "
+            "on a node (ray start --num-gpus N), or pass wait_for_nodes=True on an autoscaling cluster")
+
+    def _where(self, rank: int) -> str:
+        """"node <ip> (<node id>)" of `rank`'s bundle, for error messages (a dead rank's node may be the cause);
+        "" when the placement group table cannot say."""
+        try:
+            from ray.util.placement_group import placement_group_table
+            node_id = placement_group_table(self._pg)["bundles_to_node_id"][rank]
+            ip = next((n.get("NodeManagerAddress") for n in self.ray.nodes() if n.get("NodeID") == node_id), "?")
+            return f" on node {ip} ({node_id[:12]})"
+        except Exception:  # noqa: BLE001 - the message is still the rank's
+            return ""
+
     def _start_actors(self) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         cls = self.ray.remote(RayWorker)
         opts: dict = {"num_gpus": self.num_gpus, "num_cpus": self.num_cpus, "max_restarts": 0,
-                      "max_concurrency": 2}  # 2: health() still answers while execute() runs
-        if self.runtime_env:
-            opts["runtime_env"] = self.runtime_env
+                      "max_concurrency": 2,  # 2: health() still answers while execute() runs
+                      "runtime_env": self.runtime_env}
         self.actors = [cls.options(**opts, scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=self._pg, placement_group_bundle_index=r)).remote(r, self.world_size)
             for r in range(self.world_size)]
@@ -146,25 +185,51 @@ class RayExecutor(Executor):
             ready, pending = self.ray.wait(pending, num_returns=1, timeout=max(0.0, left))
             if not ready:
                 slow = [rank_of[p.hex()] for p in pending]
-                raise WorkerTimeout(f"{self.name}: ranks {slow} did not finish {method!r} within {timeout} s "
+                raise WorkerTimeout(f"{self.name}: ranks {slow} (rank {slow[0]}{self._where(slow[0])}) did not finish "
+                                    f"{method!r} within {timeout} s "
                                     "(hung or far too slow); the replica will be rebuilt", slow[0], method)
             ref = ready[0]
             rank = rank_of[ref.hex()]
             try:
                 results[rank] = self.ray.get(ref, timeout=max(0.0, deadline - time.monotonic()) + 1)
             except RayActorError as e:
-                raise WorkerError(f"{self.name}: rank {rank} died during {method!r} ({type(e).__name__}); "
-                                  "the replica will be rebuilt", rank, method) from e
+                raise WorkerError(f"{self.name}: rank {rank}{self._where(rank)} died during {method!r} "
+                                  f"({type(e).__name__}{_death_cause(e)})", rank, method) from e
             except GetTimeoutError:
-                raise WorkerTimeout(f"{self.name}: rank {rank} timed out in {method!r}", rank, method) from None
+                raise WorkerTimeout(f"{self.name}: rank {rank}{self._where(rank)} timed out in {method!r}", rank,
+                                    method) from None
             except Exception as e:
-                raise WorkerError(f"{self.name}: rank {rank} failed in {method!r}: {e}", rank, method) from e
+                dead = self._dead_peer(pending, rank_of)
+                if dead is not None:   # the root cause: a peer that died (this rank's collective failed after it)
+                    r, de = dead
+                    raise WorkerError(f"{self.name}: rank {r}{self._where(r)} died during {method!r} "
+                                      f"({type(de).__name__}{_death_cause(de)}); rank {rank} failed after it",
+                                      r, method) from de
+                raise WorkerError(f"{self.name}: rank {rank}{self._where(rank)} failed in {method!r}: {e}", rank,
+                                  method) from e
         return results
+
+    def _dead_peer(self, pending: list, rank_of: dict, grace_s: float = 2.0):
+        """(rank, RayActorError) of a rank among `pending` whose actor died, waiting up to grace_s for them to end;
+        None when none did. A rank whose collective fails because a peer's process exited raises first as often as
+        not (gloo notices the closed socket before Ray reports the death), and its error named the survivor."""
+        from ray.exceptions import RayActorError
+        if not pending:
+            return None
+        ready, _ = self.ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+        for ref in ready:
+            try:
+                self.ray.get(ref, timeout=0)
+            except RayActorError as e:
+                return rank_of[ref.hex()], e
+            except Exception:  # noqa: BLE001 - another survivor's failure
+                continue
+        return None
 
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None,
                        timeout: float | None = None) -> list:
-        if not self.actors:
-            raise WorkerError(f"{self.name} is shut down")
+        if self._closed or not self.actors:
+            raise WorkerError(f"{self.name} is shut down; create a new LLM / executor")
         kwargs = kwargs or {}
         if method not in ("execute", "collect") or kwargs.get("defer"):
             return self._gather([getattr(a, method).remote(*args, **kwargs) for a in self.actors], method, timeout)
@@ -201,7 +266,7 @@ class RayExecutor(Executor):
 
     def recover(self) -> bool:
         """Kill every actor of the replica, start fresh ones in the same placement group, rendezvous again."""
-        if self._init_args is None:
+        if self._init_args is None or self._closed:   # (after shutdown: its placement group is gone)
             return False
         log.warning("%s: rebuilding %d workers", self.name, self.world_size)
         self._kill_actors()
@@ -223,6 +288,7 @@ class RayExecutor(Executor):
         self.actors = []
 
     def shutdown(self) -> None:
+        self._closed = True
         self._kill_actors()
         if self._pg is not None:
             from ray.util.placement_group import remove_placement_group
@@ -231,3 +297,36 @@ class RayExecutor(Executor):
             except Exception:
                 pass
             self._pg = None
+
+
+def _death_cause(e: Exception) -> str:
+    """The line of a RayActorError that says why: the exception its __init__ raised (an actor that cannot import
+    this package: "ModuleNotFoundError: No module named 'cluster'"), else Ray's exit reason; "" when none."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if getattr(e, "actor_init_failed", False):
+        errs = [ln for ln in lines if "Error:" in ln and not ln.startswith("ray.exceptions")]
+        return f": its start failed: {errs[-1]}" if errs else ""
+    why = [ln.split(" Some common causes")[0] for ln in lines
+           if "exit type" in ln.lower() or "dead because" in ln.lower()]
+    return f": {why[0][:300]}" if why else ""
+
+
+def _actor_runtime_env(ray, given: dict | None) -> dict:
+    """Every actor gets NVLink multicast off (NO_MULTICAST) whoever started Ray: a driver's own `ray.init()` or a
+    cluster joined by address set none of it (only `ensure_ray`'s local start and submit.py's jobs did). And where the
+    job ships no code (no working_dir / py_modules) and its PYTHONPATH lacks this checkout, the checkout goes on the
+    actors' PYTHONPATH: their processes must import `cluster.ray_executor` (after a plain `ray.init()` each actor died
+    at start with "No module named 'cluster'", reported as a bare ActorDiedError). `given` is merged over this."""
+    env_vars = dict(NO_MULTICAST)
+    try:
+        job = dict(ray.get_runtime_context().runtime_env or {})
+    except Exception:  # noqa: BLE001 - an old or odd Ray: no PYTHONPATH help then
+        job = {"working_dir": "(unknown)"}
+    if not (job.get("working_dir") or job.get("py_modules")):
+        job_path = (job.get("env_vars") or {}).get("PYTHONPATH")
+        if repo_root() not in (job_path or "").split(os.pathsep):
+            # (the actor's PYTHONPATH replaces the job's: keep the job's, else the node's own through Ray's ${VAR})
+            env_vars["PYTHONPATH"] = repo_root() + os.pathsep + (job_path if job_path is not None else "${PYTHONPATH}")
+    env: dict = dict(given or {})
+    env["env_vars"] = {**env_vars, **(env.get("env_vars") or {})}
+    return env

@@ -7,6 +7,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+# NVLink multicast stays off on these machines (NCCL's NVLS, NVSHMEM's, torch symmetric memory's): every Ray worker
+# gets these (worker_runtime_env, RayExecutor's actors, scripts/submit.py, the launch scripts)
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
 
 def require_ray():
     """Import ray, or explain how to get it."""
@@ -24,8 +28,7 @@ def repo_root() -> str:
 
 def worker_runtime_env(extra: dict | None = None) -> dict:
     """A runtime_env that lets workers import this checkout (when it is not pip-installed)."""
-    env = {"env_vars": {"PYTHONPATH": repo_root() + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                        "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}}
+    env = {"env_vars": {"PYTHONPATH": repo_root() + os.pathsep + os.environ.get("PYTHONPATH", ""), **NO_MULTICAST}}
     if extra:
         env["env_vars"].update(extra.get("env_vars", {}))
         env.update({k: v for k, v in extra.items() if k != "env_vars"})

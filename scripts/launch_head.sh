@@ -4,7 +4,14 @@
 # SSH tunnel (ssh -L 8265:127.0.0.1:8265 head) - never expose it (unauthenticated job submission = remote code
 # execution, CVE-2023-48022).
 #   scripts/launch_head.sh [--num-gpus N] [extra ray start args]
+# Environment: NODE_IP (the address other nodes reach; default: the first of `hostname -I`), RAY_PORT (GCS port,
+# 6379), DASHBOARD_PORT (8265). NVLink multicast stays off: NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1 and
+# TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are exported to the node's Ray processes whatever the caller's environment says.
 set -euo pipefail
+usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+# (before anything else: `--help` went on to `ray start --head ... --help` and then printed "head at ..." as if a
+# head had started)
+for arg in "$@"; do case "$arg" in -h|--help) usage; exit 0;; esac; done
 PORT="${RAY_PORT:-6379}"
 export RAY_AUTH_MODE=token
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1

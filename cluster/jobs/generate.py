@@ -26,8 +26,12 @@ SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
 
 def read_requests(path: str) -> list[dict]:
     reqs = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:   # (decoded a line at a time: a stray byte names its line, not a UnicodeDecodeError traceback)
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InvalidRequestError(f"{path}:{n}: not UTF-8 text ({e})") from None
             if not line.strip():
                 continue
             try:
@@ -67,9 +71,12 @@ def validate_requests(llm: LLM, reqs: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cluster.ray_executor import PlacementError   # (does not import ray)
     try:
         return _main(argv)
-    except (InvalidRequestError, UnknownModelError, OSError) as e:  # the user's to fix: a message, not a traceback
+    except (InvalidRequestError, UnknownModelError, OSError, PlacementError) as e:
+        # the user's to fix (a bad line or flag, a missing file, a --tp no node of the cluster can hold): a message,
+        # not a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -98,6 +105,9 @@ def _main(argv: list[str] | None = None) -> int:
     out_dir = os.path.dirname(os.path.abspath(a.output))
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):   # before the (slow) model load, not after
         raise InvalidRequestError(f"--output {a.output}: directory {out_dir} does not exist or is not writable")
+    if os.path.isdir(a.output):
+        raise InvalidRequestError(f"--output {a.output} is a directory: give the file to write "
+                                  f"(e.g. {os.path.join(a.output, 'out.jsonl')})")
     executor = a.executor
     if executor == "ray":
         import cluster  # noqa: F401  (registers the "ray" executor)
