@@ -21,3 +21,7 @@ class UnknownModelError(ValueError):
 
 class RequestFailedError(RuntimeError):
     """The request was accepted but the runtime failed while running it (worker died or hung, ...)."""
+
+
+class ShutDownError(RuntimeError):
+    """The LLM was shut down (LLM.shutdown, or its `with` block ended): its workers are gone; make a new LLM."""

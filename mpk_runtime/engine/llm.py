@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..models import ConfigError, load_config
 from ..runtime.executor import Executor, make_executor
 from .engine import LLMEngine, check_decode_steps_arg, check_max_num_batched_tokens
-from .errors import InvalidRequestError, RequestFailedError, UnknownModelError
+from .errors import InvalidRequestError, RequestFailedError, ShutDownError, UnknownModelError
 from .request import RequestOutput
 from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
 from .tokenizer import _TOKENIZER_FILES, LazyTokenizer, has_tokenizer, model_eos_ids
@@ -172,6 +172,9 @@ class LLM:
         return self.engine.tokenizer.get()
 
     def _add_all(self, prompts, sampling_params) -> list[str]:
+        if getattr(self, "_shut_down", False):   # (each request failed as "the model workers failed ... retry it")
+            raise ShutDownError("this LLM has been shut down (LLM.shutdown(), or its with-block ended): create a new "
+                                "LLM to generate again")
         prompts = normalize_prompts(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -245,6 +248,8 @@ class LLM:
         return self.engine.reset_prefix_cache()
 
     def shutdown(self) -> None:
+        """Stop the workers (idempotent); later generate / stream calls raise ShutDownError."""
+        self._shut_down = True
         self.executor.shutdown()
 
     def __enter__(self) -> "LLM":

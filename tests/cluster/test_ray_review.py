@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from mpk_runtime.engine import LLM, RequestFailedError, SamplingParams
+from mpk_runtime.engine import LLM, RequestFailedError, SamplingParams, ShutDownError
+from mpk_runtime.runtime.executor import WorkerError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -100,11 +101,10 @@ def test_rank_dying_mid_generate_names_its_node_then_shutdown_and_a_new_llm(ray_
     llm.shutdown()
     llm.shutdown()   # a second shutdown is a no-op
     assert llm.executor.recover() is False
-    with pytest.raises(RequestFailedError, match="shut down; create a new LLM"):
+    with pytest.raises(ShutDownError, match="create a new LLM"):   # refused before any worker call
         llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
-    with pytest.raises(RequestFailedError) as e:   # the engine is down now, and says why (no failed rebuild)
-        llm.generate([[1, 2, 3]], GREEDY, use_tqdm=False)
-    assert "create a new LLM" in str(e.value) and "recovery failed" not in str(e.value)
+    with pytest.raises(WorkerError, match="shut down; create a new LLM"):   # the executor itself, called directly
+        llm.executor.collective_rpc("health")
     with LLM("tiny-qwen3", dtype="float32", max_seq_len=32, executor="ray") as again:
         assert again.generate([[1, 2, 3]], GREEDY, use_tqdm=False)[0].token_ids == ref_greedy("tiny-qwen3",
                                                                                                [1, 2, 3], 4)

@@ -104,3 +104,16 @@ def test_a_tp_the_model_cannot_take_is_refused_before_any_executor_starts(model,
     monkeypatch.setattr(llm_mod, "make_executor", no_executor)
     with pytest.raises(InvalidRequestError, match=f"cannot be split {tp} ways"):
         llm_mod.LLM(model, backend="torch", tp=tp, executor="ray")
+
+
+def test_a_shut_down_llm_refuses_new_requests_saying_so():
+    """generate after shutdown (or after its with-block) failed each request as "the model workers failed while
+    running this request ... retry it": nothing to retry, the workers were stopped on purpose."""
+    from mpk_runtime.engine import ShutDownError
+    with LLM("tiny-llama", backend="pyvm") as llm:
+        assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)[0].token_ids
+    with pytest.raises(ShutDownError, match="create a new LLM"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2), use_tqdm=False)
+    with pytest.raises(ShutDownError):
+        next(llm.stream([[1, 2, 3]], SamplingParams(max_tokens=2)))
+    llm.shutdown()   # again: harmless
