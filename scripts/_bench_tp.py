@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import _bench_common as C
-from _bench_common import HBM, OUT, _ints, bench_megakernel, floor_ms, log
+from _bench_common import HBM, OUT, _ints, bench_megakernel, floor_ms, log, stream_bandwidth
 from _peers import NcclComm, bench_gptfast
 
 
@@ -202,11 +202,15 @@ def tp_rank_main(tctx, cells, deadline, opts, rows_path):
                                     env_ok=all(env[k] == v for k, v in SAFE_ENV.items()),
                                     heap=heap is not None, heap_error=opts.get("heap_error")))
     _tp_log(rank, f"up on {ranks[rank]['gpu']}; NVSHMEM heap {'ok' if heap else 'MISSING'}; env {env}")
+    # the floor at this card's own streaming rate, measured once by rank 0 (rank 1 idle) and shared, as the one-GPU
+    # run does since session 55; before, every TP row used the H200's 4.55 TB/s, whatever the card (an H100 pair's
+    # % of floor ~1.5x too low)
+    bw, bw_source = sync.bcast("bandwidth", list(_bandwidth(gpu)) if rank == 0 else None)
     floors = {}
     for m in {c["model"] for c in cells}:
         cfg = load_config(m)
-        floors[m] = (floor_ms(cfg), floor_ms_tp(cfg, W))
-    state = dict(ranks=ranks, rows=[])
+        floors[m] = (floor_ms(cfg, bw), floor_ms_tp(cfg, W, bw))
+    state = dict(ranks=ranks, rows=[], hbm_bytes_per_s=bw, bandwidth_source=bw_source)
 
     def save():   # atomically: the parent reads it even if this process is killed later
         if rank == 0:
@@ -250,9 +254,17 @@ def tp_rank_main(tctx, cells, deadline, opts, rows_path):
     return dict(rank=rank, env=env)
 
 
-def floor_ms_tp(cfg, tp) -> tuple[float, int]:
+def floor_ms_tp(cfg, tp, bw: float = HBM) -> tuple[float, int]:
     from _tp_rig import floor_ms_per_rank
-    return floor_ms_per_rank(cfg, tp, HBM)
+    return floor_ms_per_rank(cfg, tp, bw)
+
+
+def _bandwidth(gpu: str) -> tuple[float, str]:
+    """(bytes/s, source) of this rank's card (_bench_common.stream_bandwidth: an H200's 4.55 TB/s, another card
+    measured now); without a GPU (the CPU tests) the H200's rate, said so."""
+    if not torch.cuda.is_available():
+        return HBM, f"{HBM / 1e12:.2f} TB/s: the H200's rate, not measured (no GPU in this process)"
+    return stream_bandwidth(gpu)
 
 
 def summarize_tp(rows) -> list[dict]:
@@ -269,12 +281,21 @@ def summarize_tp(rows) -> list[dict]:
         g = lambda x, f: x[f] if x else None  # noqa: E731
         fl = {x["system"]: x.get("floor_ms") for x in rows if (x["model"], x["batch"], x["context"]) == k}
         s = dict(model=k[0], batch=k[1], context=k[2], megakernel_tp2_ms=g(mk2, "ms"), gptfast_tp2_ms=g(peer, "ms"),
+                 gptfast_tp2_ms_pipelined=peer.get("ms_pipelined") if peer else None,
                  megakernel_1gpu_ms=g(mk1, "ms"),
                  floor_per_gpu_ms=fl.get("megakernel_tp2") or fl.get("gptfast_tp2"), floor_1gpu_ms=fl.get("megakernel"),
                  megakernel_tp2_pct_of_floor=g(mk2, "pct_of_floor"), gptfast_tp2_pct_of_floor=g(peer, "pct_of_floor"),
                  megakernel_1gpu_pct_of_floor=g(mk1, "pct_of_floor"))
         if mk2 and peer:
-            s["peer_over_megakernel_tp2"] = peer["ms"] / mk2["ms"]          # > 1: the TP=2 megakernel is faster
+            # > 1: the TP=2 megakernel is faster. The peer's lower of each step alone (ms) and its steps queued back
+            # to back (ms_pipelined), as bench_decode.summarize since session 69: the megakernel runs N steps a
+            # launch, so the peer's per-step host work (exposed when every step is synchronised) is not its GPU time.
+            # Before, this ratio used the peer's ms alone and flattered the megakernel.
+            pp = peer.get("ms_pipelined")
+            basis = "ms_pipelined" if pp and pp < peer["ms"] else "ms"
+            s["peer_over_megakernel_tp2"] = peer[basis] / mk2["ms"]
+            s["peer_ms_basis"] = basis
+            s["peer_synced_over_megakernel_tp2"] = peer["ms"] / mk2["ms"]   # both each step / launch synchronised
         if mk2 and mk1:
             s["megakernel_1gpu_over_tp2"] = mk1["ms"] / mk2["ms"]           # > 1: TP=2 beats one GPU
         if mk2 and mk2.get("comm"):
@@ -287,9 +308,11 @@ def summarize_tp(rows) -> list[dict]:
     return out
 
 
-def print_tp(rows, summary):
+def print_tp(rows, summary, bw: float | None = HBM):
     f = lambda x, w=8, p=3: f"{x:{w}.{p}f}" if isinstance(x, (int, float)) else f"{'-':>{w}s}"  # noqa: E731
-    print("\n==== bench_decode --tp 2 (ms/token, median; floor = per-GPU weight bytes / 4.55 TB/s) ====")
+    rate = f"{bw / 1e12:.2f} TB/s" if bw else "the card's rate"
+    print(f"\n==== bench_decode --tp 2 (ms/token, median; floor = per-GPU weight bytes / {rate}; peer/mk: the peer's "
+          "lower of each step alone and back to back) ====")
     print(f"{'model':13s} {'B':>3s} {'ctx':>5s} {'TP2 mk':>8s} {'TP2 peer':>8s} {'1GPU mk':>8s} {'floor/GPU':>9s} "
           f"{'peer/mk':>7s} {'1gpu/mk':>7s} {'mk%flr':>6s} {'peer%flr':>8s}")
     for s in summary:
@@ -321,6 +344,31 @@ def _bundle_path(meta, site="/tmp/site"):
         log(f"nvshmem4py was not importable: added {site} (the GPU bundle) to the path")
 
 
+def tp_meta(args, ngpu: int) -> dict:
+    """The --tp run's meta: where (GPU name, count, host), when (date with its zone), which code (git_commit: $GIT_COMMIT,
+    else this checkout's HEAD, as the one-GPU run; it was "unknown" without the variable), torch / CUDA / library
+    versions and every setting (args). hbm_bytes_per_s stays None until the ranks report the rate they measured."""
+    meta = dict(machine=dict(gpu=torch.cuda.get_device_name(0) if ngpu else None, count=ngpu, host=platform.node()),
+                date=datetime.datetime.now().astimezone().isoformat(), git_commit=C.git_commit(),
+                torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(), tp=args.tp,
+                budget_s=args.budget_s, hbm_bytes_per_s=None, bandwidth_source="not measured (no rank reported)",
+                steps_per_launch=args.steps_per_launch, launches=args.launches, args=dict(vars(args)),
+                argv=sys.argv[1:],
+                env={k: os.environ.get(k) for k in ("NVSHMEM_DISABLE_NVLS", "NCCL_NVLS_ENABLE",
+                                                     "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
+                note=("megakernel_tp2 / gptfast_tp2: the slower rank's median; floor for them = the bytes of weights one "
+                      "rank streams per step / the card's streaming rate (hbm_bytes_per_s, bandwidth_source; its "
+                      "q/k/v/o, MLP and vocab-parallel LM head shards + norms), for megakernel (1 GPU) the whole "
+                      "model's; untied embedding tables are gathered, not streamed, and left out; seeded random bf16 "
+                      "weights; peer_over_megakernel_tp2 = the peer's lower of ms and ms_pipelined / the megakernel's"))
+    for mod in ("transformers", "triton"):
+        try:
+            meta[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            pass
+    return meta
+
+
 def main_tp(args):
     """Parent of the --tp run: plans the cells, builds the kernel once, launches the rank processes, merges."""
     import tempfile
@@ -338,27 +386,19 @@ def main_tp(args):
     for i, c in enumerate(cells):
         c["cell"] = i
     ngpu = torch.cuda.device_count()
-    meta = dict(machine=dict(gpu=torch.cuda.get_device_name(0) if ngpu else None, count=ngpu, host=platform.node()),
-                date=datetime.datetime.now().isoformat(), git_commit=os.environ.get("GIT_COMMIT", "unknown"),
-                torch=torch.__version__, tp=args.tp, budget_s=args.budget_s, hbm_bytes_per_s=HBM,
-                steps_per_launch=args.steps_per_launch, launches=args.launches,
-                env={k: os.environ.get(k) for k in ("NVSHMEM_DISABLE_NVLS", "NCCL_NVLS_ENABLE",
-                                                     "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
-                note=("megakernel_tp2 / gptfast_tp2: the slower rank's median; floor for them = the bytes of weights one "
-                      "rank streams per step / 4.55 TB/s (its q/k/v/o, MLP and vocab-parallel LM head shards + norms), "
-                      "for megakernel (1 GPU) the whole model's; untied embedding tables are gathered, not streamed, "
-                      "and left out; seeded random bf16 weights"))
+    meta = tp_meta(args, ngpu)
     out_path = OUT / "bench_decode_tp2.json"
     rows: list[dict] = []
 
     def finish(extra=None, show=True):
         summary = summarize_tp(rows)
+        bw = meta.get("hbm_bytes_per_s")
         out_path.write_text(json.dumps(dict(meta=meta, **(extra or {}), rows=rows, summary=summary,
                                             skipped=[{k: r[k] for k in ("system", "model", "batch", "context", "status")}
                                                      for r in rows if r.get("status") != "ok"]),
                                        indent=1, default=str))
         if show:
-            print_tp(rows, summary)
+            print_tp(rows, summary, bw)
             print(f"wrote {out_path}  total {time.time() - C.T0:.0f}s")
 
     key = lambda c: {k: c[k] for k in ("cell", "system", "model", "batch", "context")}  # noqa: E731
@@ -395,6 +435,8 @@ def main_tp(args):
         got = {}
         log(f"unreadable rank-0 results {rows_path}: {e}")
     meta["ranks"] = got.get("ranks")
+    if got.get("hbm_bytes_per_s"):   # the rate rank 0 measured (or took) for this card: the rows' floors
+        meta.update(hbm_bytes_per_s=got["hbm_bytes_per_s"], bandwidth_source=got.get("bandwidth_source"))
     rows = list(got.get("rows", []))
     done = {r["cell"] for r in rows}
     for c in cells:

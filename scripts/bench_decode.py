@@ -13,10 +13,11 @@ on seeded random bf16 weights (model shapes llama-3.2-1b and qwen3-8b); one GPU 
   hf           HF transformers + StaticCache + torch.compile(mode="reduce-overhead")
                (as ../shared/gpu/peer_baseline_hf.py).
   Peers: every step timed on its own with CUDA events (record, step, record), median over steps, after ~0.3 s of
-  untimed steps (as ours); gpt-fast also queued back to back (ms_pipelined). ratio_vs_ours = the peer's lower of the
+  untimed steps (as ours); both also queued back to back (ms_pipelined). ratio_vs_ours = the peer's lower of the
   two / ours (summarize): ours runs 8 steps a launch, so the peer's per-step host work is not counted against it.
-  floor        bytes of weights streamed per step / 4.55 TB/s (measured read-only streaming on one H200);
-               an untied embedding table is gathered, not streamed, so it is left out.
+  floor        bytes of weights streamed per step / 4.55 TB/s (measured read-only streaming on one H200); another
+               card at its own rate measured in the run (stream_bandwidth); floor_kv_ms adds every row's cached K / V
+               at the context; an untied embedding table is gathered, not streamed, so it is left out.
 Context c: the KV cache holds c random (megakernel, gpt-fast) or prefilled (HF) positions; decode at positions c ..
 c + 7 (the peers cycle over them, their static caches c + 8 keys long: they read every key of the cache).
 
@@ -36,7 +37,8 @@ system's cells in a fresh process of its own (run_isolated) and merges the rows.
                   rank's); ms_pipelined: the same steps queued back to back, total / steps.
   megakernel      the single-GPU megakernel (bench_megakernel, on GPU 0 in rank 0's process while rank 1 idles:
                   never overlapping a TP measurement), same seeded weights.
-  floor           per GPU: bytes of weights one rank streams per step / 4.55 TB/s (_tp_rig.rank_weight_bytes).
+  floor           per GPU: bytes of weights one rank streams per step / the card's rate as above, measured by rank
+                  0 in the run (_tp_rig.rank_weight_bytes); peer/mk = the peer's lower of its two times / ours.
   --comm-trace    one extra traced launch of the TP=2 megakernel per rank (per-task globaltimer): all-reduce task
                   time, waits before the cross-rank tiles, exposed communication per step (_tp_rig.analyze_comm);
                   Chrome traces of two steps as $OUT/tp2_trace_<model>_b<B>_r<rank>.json.gz.
@@ -129,8 +131,8 @@ def summarize(rows: list[dict]) -> None:
     table. Ours = the planner's choice: the 'planned' row where the run has one for that cell (no ratio when it
     failed or was skipped: the one megakernel is not what a user gets there), else the one megakernel's row;
     ratio_vs names it. The peer's time is the lower of its two (peer_ms_basis): each step timed alone (ms) and the
-    steps queued back to back (ms_pipelined, gpt-fast). The megakernel runs 8 steps a launch, so a peer timed step by
-    step with its host overhead exposed would flatter ours (s62, H100: gpt-fast B=8 ctx 512 1.94 ms alone, 1.50
+    steps queued back to back (ms_pipelined, gpt-fast and HF). The megakernel runs 8 steps a launch, so a peer timed
+    step by step with its host overhead exposed would flatter ours (s62, H100: gpt-fast B=8 ctx 512 1.94 ms alone, 1.50
     queued). Ours, likewise, is the lower of a planned cell's ms and its replays queued back to back (ms_pipelined,
     since session 69; older files have only ms, so a ratio against them is a lower bound). ratio_synced_vs_ours: the
     peer's ms (each step alone) / ours' ms, as the tables before session 69."""
@@ -168,6 +170,24 @@ def summarize(rows: list[dict]) -> None:
               f"{r.get('floor_kv_ms', nan):8.3f} {r.get('pct_of_floor_kv', nan):4.0f}"
               + (f"  ({r.get('plan')})" if r["system"] == "planned" else "")
               + (f"  [{r['peer_ms_basis']}]" if r.get("peer_ms_basis") == "ms_pipelined" else ""))
+
+
+def pending_rows(done: list[dict], cells: list[tuple]) -> list[dict]:
+    """A row "pending (not reached ...)" for each of the run's cells, (model, system, batch, context) in order, that
+    no row of `done` records yet (a --before cell and its place in the usual order count as two). save() writes them
+    with the rows so far: a run killed by its wall-clock limit (gpu_pending.sh's timeout) left a file whose cells
+    after the kill were simply absent, nothing saying that they had been asked for; the --tp run has done so since
+    it began."""
+    from collections import Counter
+    seen = Counter((r["model"], r["system"], r["batch"], r["context"]) for r in done)
+    out = []
+    for c in cells:
+        if seen[c] > 0:
+            seen[c] -= 1
+            continue
+        out.append(dict(model=c[0], system=c[1], batch=c[2], context=c[3],
+                        status="pending (not reached: the run ended before this cell)"))
+    return out
 
 
 def isolated_commands(argv: list[str], budget_s: float, out: Path) -> list[tuple[str, list[str], Path]]:
@@ -248,6 +268,7 @@ def run_meta(args, device_name: str, n_visible: int, bw: float, bw_source: str) 
                 t0_local=datetime.datetime.fromtimestamp(T0).isoformat(),   # rows' t_s count from here (smi_join.py)
                 git_commit=git_commit(), torch=torch.__version__, cuda=torch.version.cuda,
                 python=platform.python_version(), hbm_bytes_per_s=bw, bandwidth_source=bw_source,
+                dtype="bfloat16", weights="seeded random (ours: seed 0; peers: their own seeds), greedy decode",
                 planner_profile=default_profile_name(),   # the profile the planned cells' plans were chosen under
                 args=dict(vars(args)), argv=sys.argv[1:],
                 note="floor = streamed weight bytes / the card's streaming rate (bandwidth_source); untied embedding "
@@ -306,7 +327,50 @@ def parse_args(argv=None):
     tp1 = args.tp == 1
     args.batches = args.batches or ("1,8,32,128" if tp1 else "1,8")
     args.contexts = args.contexts or ("512,4096" if tp1 else "512")
+    check_args(ap, args)
     return args
+
+
+def _positive_ints(ap, flag: str, csv: str, empty_ok: bool) -> list[int]:
+    """A comma list of positive integers, or ap.error naming the flag and the bad item."""
+    items = [x.strip() for x in csv.split(",") if x.strip()]
+    bad = [x for x in items if not x.isdigit() or int(x) < 1]
+    if bad or (not items and not empty_ok):
+        ap.error(f"{flag} {csv!r}: expected a comma-separated list of positive integers"
+                 + (f" ({', '.join(repr(b) for b in bad)} is not one)" if bad else " (it is empty)"))
+    if len(set(items)) != len(items):
+        ap.error(f"{flag} {csv!r}: a value is listed twice (each cell would run, and be recorded, twice)")
+    return [int(x) for x in items]
+
+
+def check_args(ap, args) -> None:
+    """Bad --models / --batches / --contexts / peer batch lists / --systems / counts stop the run with one line
+    (argparse's exit 2) before any GPU work: before, "1,x" was a ValueError traceback, 0 or a negative batch or
+    context was built and failed (or measured an empty step) as a cell, and an unknown model name failed at its
+    load_config after every cell of the models before it had run (no summary printed)."""
+    from mpk_runtime.models.config import load_config
+    models = [m.strip() for m in args.models.split(",")]
+    if not all(models):
+        ap.error(f"--models {args.models!r}: an empty name in the list")
+    for m in models:
+        try:
+            load_config(m)
+        except Exception as e:  # noqa: BLE001 - ConfigError (unknown preset, no config.json): its message
+            ap.error(f"--models: {m!r}: {e}")
+    if len(set(models)) != len(models):
+        ap.error(f"--models {args.models!r}: a model is listed twice")
+    _positive_ints(ap, "--batches", args.batches, empty_ok=False)
+    _positive_ints(ap, "--contexts", args.contexts, empty_ok=False)
+    for flag in ("peer_batches", "hf_batches", "comm_trace_batches"):   # "" switches that peer / trace off
+        _positive_ints(ap, "--" + flag.replace("_", "-"), getattr(args, flag), empty_ok=True)
+    bad = set(filter(None, args.systems.split(","))) - set(SYSTEMS)
+    if bad:
+        ap.error(f"--systems {args.systems!r}: unknown {sorted(bad)}; choose from {', '.join(SYSTEMS)}")
+    if args.budget_s <= 0:
+        ap.error(f"--budget-s {args.budget_s:g}: must be > 0")
+    if args.tp < 1 or args.mk_max_batch < 0 or args.steps_per_launch < 1 or args.launches < 1:
+        ap.error("--tp, --steps-per-launch and --launches must be >= 1, --mk-max-batch >= 0")
+    parse_cells(args.before)   # --before's format, its own message
 
 
 def main():
@@ -319,27 +383,19 @@ def main():
                          "(scripts/gpu_pending.sh bench), not here")
     if args.isolate:
         return run_isolated(args, sys.argv[1:])
-    bad = set(filter(None, args.systems.split(","))) - set(SYSTEMS)
-    if bad:
-        raise SystemExit(f"--systems {args.systems!r}: unknown {sorted(bad)}; choose from {', '.join(SYSTEMS)}")
     from mpk_runtime.models.config import load_config
     from mpk_runtime.models.weights import random_weights
     torch.backends.cuda.matmul.allow_tf32 = True
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "16")
-    models = args.models.split(",")
-    batches = [int(b) for b in args.batches.split(",")]
-    ctxs = [int(c) for c in args.contexts.split(",")]
+    models = [m.strip() for m in args.models.split(",")]
+    batches = _ints(args.batches)
+    ctxs = _ints(args.contexts)
     share = args.budget_s / len(models)
     bw, bw_source = stream_bandwidth(torch.cuda.get_device_name(0))
     meta = run_meta(args, torch.cuda.get_device_name(0), torch.cuda.device_count(), bw, bw_source)
-
-    def save():
-        (OUT / "bench_decode.json").write_text(json.dumps(dict(meta=meta, rows=ROWS), indent=1))
-
-    for mi, model in enumerate(models):
+    todo = {}   # every model's cells, planned before the first runs (the planner's choices: CPU only)
+    for model in models:
         cfg = load_config(model)
-        fl, nbytes = floor_ms(cfg, bw)
-        deadline = T0 + share * (mi + 1)
         # the planner's choice where it is not the one megakernel (from B=8: the conventional plan)
         chosen = {c: chosen_plans(cfg, batches, c) for c in ctxs} if args.planned else {}
         planned = [(b, c) for b in batches for c in ctxs if c in chosen and chosen[c][b].name != "mono"]
@@ -351,6 +407,18 @@ def main():
                           _ints(args.hf_batches), peers=not args.no_peers, before=before)
         if args.systems:
             work = [w for w in work if w[0] in args.systems.split(",")]
+        todo[model] = (cfg, chosen, work)
+    cells = [(m, *w) for m in models for w in todo[m][2]]
+
+    def save():   # the cells not reached yet as pending rows: a run killed on the way says what it lost
+        (OUT / "bench_decode.json").write_text(json.dumps(dict(meta=meta, rows=ROWS + pending_rows(ROWS, cells)),
+                                                          indent=1))
+
+    save()
+    for mi, model in enumerate(models):
+        cfg, chosen, work = todo[model]
+        fl, nbytes = floor_ms(cfg, bw)
+        deadline = T0 + share * (mi + 1)
         weights = None
         for system, B, ctx in work:
             # seq / t_s: the cell's place in this process's order and its start (s after the process began), kept
