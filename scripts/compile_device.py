@@ -37,7 +37,7 @@ def main() -> int:
     if args.cache_dir:
         os.environ["MPK_CACHE_DIR"] = args.cache_dir
     if nvcc.find_nvcc() is None:
-        print("error: nvcc not found on PATH (CUDA 13.0 toolkit needed to build sm_90a)", file=sys.stderr)
+        print(f"error: {nvcc.nvcc_missing_message()}", file=sys.stderr)
         return 2
     sources = sorted(p.name for p in nvcc.DEVICE_DIR.glob("*.cu"))
     builds = [(src, "") for src in sources] + \

@@ -1,9 +1,12 @@
 """nvcc driver with a content-addressed cache (FlashInfer jit/ style).
 
 Key = sha256 over: every file under device_kernels/ (path + bytes), the generated header, the arch, the
-specialisation constants, the flags and `nvcc --version`. Outputs live in `$MPK_CACHE_DIR` (default
+specialisation constants, the flags, `nvcc --version` and the environment variables nvcc reads itself
+(NVCC_PREPEND_FLAGS / NVCC_APPEND_FLAGS / NVCC_CCBIN). Outputs live in `$MPK_CACHE_DIR` (default
 ~/.cache/mpk_runtime/) under `<key>/`; an fcntl lock per key makes concurrent builds safe, and outputs are
-written to a temp name and renamed into place, so a reader never sees a half-written cubin.
+written to a temp name and renamed into place, so a reader never sees a half-written cubin. A manifest (the cubin's
+size and sha256, renamed in just before it) is checked on every hit: a cubin damaged after the fact (a crash before
+the data reached the disk, a full disk, a stray write) is rebuilt, not loaded.
 """
 from __future__ import annotations
 
@@ -37,27 +40,56 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MPK_CACHE_DIR") or Path.home() / ".cache" / "mpk_runtime")
 
 
+# where nvcc is looked for when PATH has none: the toolkit roots torch's extensions and the CUDA installers use
+CUDA_ROOT_VARS = ("CUDA_HOME", "CUDA_PATH")
+NVCC_FALLBACKS = ("/usr/local/cuda/bin/nvcc",)
+# environment variables nvcc itself reads: they change the binary as much as a flag does, so they key the cache
+NVCC_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
+
+
 def find_nvcc() -> str | None:
+    """nvcc on PATH, else $CUDA_HOME/bin/nvcc or $CUDA_PATH/bin/nvcc (a toolkit installed off PATH and away from
+    /usr/local/cuda, as torch's extensions find it), else NVCC_FALLBACKS."""
     p = shutil.which("nvcc")
     if p:
         return p
-    for c in ("/usr/local/cuda/bin/nvcc",):
-        if os.path.exists(c):
+    roots = [os.environ[v] for v in CUDA_ROOT_VARS if os.environ.get(v)]
+    for c in [os.path.join(r, "bin", "nvcc") for r in roots] + list(NVCC_FALLBACKS):
+        if os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     return None
+
+
+def nvcc_missing_message() -> str:
+    """What to do when find_nvcc finds nothing (build's CompileError, scripts/compile_device.py)."""
+    bad = [f"{v}={os.environ[v]} has no bin/nvcc" for v in CUDA_ROOT_VARS if os.environ.get(v)]
+    return ("nvcc not found: not on PATH, nor in $CUDA_HOME/bin or $CUDA_PATH/bin, nor at "
+            f"{', '.join(NVCC_FALLBACKS)}{' (' + '; '.join(bad) + ')' if bad else ''}. Install the CUDA toolkit "
+            "(13.0: its nvcc builds sm_90a), then put its bin/ on PATH or set CUDA_HOME to its root "
+            "(e.g. CUDA_HOME=/usr/local/cuda-13.0)")
 
 
 _NVCC_VERSION: dict[str, str] = {}
 
 
 def nvcc_version(nvcc: str) -> str:
+    """`nvcc --version` (part of the cache key); a CompileError naming `nvcc` where it does not run."""
     if nvcc not in _NVCC_VERSION:
-        _NVCC_VERSION[nvcc] = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+        try:
+            p = subprocess.run([nvcc, "--version"], capture_output=True, text=True)
+        except OSError as e:
+            raise CompileError(f"cannot run nvcc {nvcc!r}: {e.strerror or e}. {nvcc_missing_message()}") from None
+        if p.returncode != 0:
+            raise CompileError(f"{nvcc} --version failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
+        _NVCC_VERSION[nvcc] = p.stdout
     return _NVCC_VERSION[nvcc]
 
 
 def device_sources(root: Path = DEVICE_DIR) -> list[Path]:
-    return sorted(p for p in root.rglob("*") if p.suffix in (".cu", ".cuh", ".h") and p.is_file())
+    """Every file a build may include from `root`: all regular files but hidden ones (editor swap files) and
+    __pycache__, whatever their suffix (an `#include "x.inc"` changes the binary as much as a .cuh does)."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and not any(
+        part.startswith(".") or part == "__pycache__" for part in p.relative_to(root).parts))
 
 
 @dataclass
@@ -78,9 +110,15 @@ def cache_key(header: str, constants: dict, flags: list[str], nvcc_ver: str, roo
         h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
     h.update(header.encode())
     h.update(json.dumps({"arch": ARCH, "gencode": GENCODE, "constants": constants, "flags": flags,
-                         "source": source}, sort_keys=True).encode())
+                         "source": source, "env": _nvcc_env()}, sort_keys=True).encode())
     h.update(nvcc_ver.encode())
     return h.hexdigest()[:32]
+
+
+def _nvcc_env() -> dict[str, str]:
+    """The NVCC_ENV variables that are set (nvcc adds NVCC_PREPEND_FLAGS / NVCC_APPEND_FLAGS to every command line
+    and NVCC_CCBIN picks the host compiler, silently)."""
+    return {v: os.environ[v] for v in NVCC_ENV if os.environ.get(v)}
 
 
 def parse_ptxas(log: str) -> dict:
@@ -220,42 +258,94 @@ def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags:
     Raises CompileError on any error or warning."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
-        raise CompileError("nvcc not found: put the CUDA toolkit's bin/ on PATH (nvcc 13.0 builds sm_90a)")
+        raise CompileError(nvcc_missing_message())
     consts = {**CONSTANTS, **(constants or {})}
     header = generate_header(consts)
     flags = build_flags(extra_flags, needs)
     key = cache_key(header, consts, flags, nvcc_version(nvcc), root, source)
-    out_dir = cache_dir() / key
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    cdir = cache_dir()
+    out_dir = cdir / key
     cubin = out_dir / (Path(source).stem + ".cubin")
     logf = out_dir / "build.log"
-    lock_path = cache_dir() / f"{key}.lock"
+    manifest = out_dir / (cubin.name + ".json")
+    lock_path = cdir / f"{key}.lock"
     t0 = time.time()
-    with open(lock_path, "w") as lf:
+    try:
+        cdir.mkdir(parents=True, exist_ok=True)
+        lf = open(lock_path, "w")
+    except OSError as e:
+        raise CompileError(f"cannot write the nvcc cache {cdir} ({e.strerror or e}): set MPK_CACHE_DIR to a "
+                           f"writable directory (now {os.environ.get('MPK_CACHE_DIR') or 'unset: ~/.cache/mpk_runtime'})"
+                           ) from None
+    with lf:
         fcntl.flock(lf, fcntl.LOCK_EX)   # concurrent builders of one key wait here, then find the cubin
         try:
-            if cubin.exists() and not force:
+            if not force and _entry_ok(cubin, manifest):
                 log = logf.read_text() if logf.exists() else ""
                 return BuildResult(cubin, log, key, True, time.time() - t0, parse_ptxas(log), flags)
             out_dir.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
-                (Path(tmp) / HEADER_NAME).write_text(header)
-                tmp_cubin = Path(tmp) / cubin.name
-                cmd = [nvcc, GENCODE, "-cubin", *flags, "-I", tmp, "-I", str(root), "-o", str(tmp_cubin),
-                       str(root / source)]
-                p = subprocess.run(cmd, capture_output=True, text=True)
-                log = " ".join(cmd) + "\n" + p.stdout + p.stderr
-                if p.returncode != 0 or not tmp_cubin.exists():
-                    raise CompileError(f"nvcc failed (exit {p.returncode}) for {source}:\n{log}")
-                if _has_warning(p.stdout + p.stderr):
-                    raise CompileError(f"nvcc warned for {source} (warnings are errors):\n{log}")
-                (Path(tmp) / "build.log").write_text(log)
-                (Path(tmp) / HEADER_NAME).replace(out_dir / HEADER_NAME)
-                (Path(tmp) / "build.log").replace(logf)
-                os.replace(tmp_cubin, cubin)   # last: its presence means the entry is complete
-            return BuildResult(cubin, log, key, False, time.time() - t0, parse_ptxas(log), flags)
+            for stale in out_dir.glob(".build-*"):   # a build killed mid-way (we hold the key's lock: none runs)
+                shutil.rmtree(stale, ignore_errors=True)
+            try:
+                return _compile(nvcc, source, root, header, flags, key, out_dir, cubin, logf, manifest, t0)
+            except BaseException:
+                if not _entry_ok(cubin, manifest):   # (a failed force rebuild keeps the intact entry it had)
+                    _remove_entry(out_dir, cubin, logf, manifest)
+                raise
         finally:
             fcntl.flock(lf, fcntl.LOCK_UN)
+
+
+def _compile(nvcc, source, root, header, flags, key, out_dir, cubin, logf, manifest, t0) -> BuildResult:
+    """Compile into a temp dir of `out_dir` and rename the outputs in, the manifest just before the cubin (the
+    caller holds the key's lock)."""
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
+        (Path(tmp) / HEADER_NAME).write_text(header)
+        tmp_cubin = Path(tmp) / cubin.name
+        cmd = [nvcc, GENCODE, "-cubin", *flags, "-I", tmp, "-I", str(root), "-o", str(tmp_cubin),
+               str(root / source)]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        env = "".join(f"{k}={v!r} " for k, v in _nvcc_env().items())   # (what nvcc added to the command line)
+        log = env + " ".join(cmd) + "\n" + p.stdout + p.stderr
+        if p.returncode != 0 or not tmp_cubin.exists():
+            raise CompileError(f"nvcc failed (exit {p.returncode}) for {source}:\n{log}")
+        if _has_warning(p.stdout + p.stderr):
+            raise CompileError(f"nvcc warned for {source} (warnings are errors):\n{log}")
+        data = tmp_cubin.read_bytes()
+        if not data:
+            raise CompileError(f"nvcc wrote an empty {cubin.name} for {source}:\n{log}")
+        (Path(tmp) / "build.log").write_text(log)
+        (Path(tmp) / manifest.name).write_text(json.dumps(
+            {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}))
+        (Path(tmp) / HEADER_NAME).replace(out_dir / HEADER_NAME)
+        (Path(tmp) / "build.log").replace(logf)
+        (Path(tmp) / manifest.name).replace(manifest)
+        os.replace(tmp_cubin, cubin)   # last: its presence (and the manifest's digest) means the entry is complete
+    return BuildResult(cubin, log, key, False, time.time() - t0, parse_ptxas(log), flags)
+
+
+def _entry_ok(cubin: Path, manifest: Path) -> bool:
+    """A cache entry is complete and intact: its cubin has the size and sha256 its manifest recorded. The rename
+    order alone does not guarantee it (the data of a renamed file may not have reached the disk before a crash, and
+    nothing stops a later write to the file); an entry from before manifests is rebuilt once."""
+    try:
+        want = json.loads(manifest.read_text())
+        data = cubin.read_bytes()
+    except (OSError, ValueError):
+        return False
+    return isinstance(want, dict) and want.get("size") == len(data) and \
+        want.get("sha256") == hashlib.sha256(data).hexdigest()
+
+
+def _remove_entry(out_dir: Path, *files: Path) -> None:
+    """A failed build leaves no entry: its files (a damaged cubin being rebuilt) and the key's directory go."""
+    for f in files:
+        f.unlink(missing_ok=True)
+    (out_dir / HEADER_NAME).unlink(missing_ok=True)
+    try:
+        out_dir.rmdir()
+    except OSError:
+        pass
 
 
 def _has_warning(text: str) -> bool:

@@ -7,6 +7,7 @@ heads than ranks: rank r keeps KV head r // (tp / n_kv), which serves exactly it
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from ..models.config import ConfigError, ModelConfig
@@ -38,9 +39,7 @@ class Shard:
         return self.vocab[1] - self.vocab[0]
 
 
-def check_tp(cfg: ModelConfig, tp: int) -> None:
-    if tp < 1:
-        raise ConfigError(f"tp must be >= 1, got {tp}")
+def _tp_problems(cfg: ModelConfig, tp: int) -> list[str]:
     probs = []
     if cfg.num_heads % tp:
         probs.append(f"num_heads={cfg.num_heads} is not divisible by tp={tp}")
@@ -53,9 +52,26 @@ def check_tp(cfg: ModelConfig, tp: int) -> None:
     vper = -(-cfg.vocab_size // tp)   # shard_for's split: ceil(V / tp) rows a rank, the last ranks get the rest
     if vper * (tp - 1) >= cfg.vocab_size:
         probs.append(f"vocab_size={cfg.vocab_size} split in blocks of {vper} leaves rank {tp - 1} no LM head rows")
+    return probs
+
+
+def valid_tps(cfg: ModelConfig) -> list[int]:
+    """Every TP degree check_tp accepts for `cfg` (divisors of num_heads: each rank needs whole q heads)."""
+    return [t for t in range(1, cfg.num_heads + 1) if cfg.num_heads % t == 0 and not _tp_problems(cfg, t)]
+
+
+def check_tp(cfg: ModelConfig, tp: int) -> None:
+    """Refuse a TP degree that cannot split `cfg` evenly, naming each dimension that does not divide and the degrees
+    that would (a user asking for tp=3 learns what to ask for instead)."""
+    if isinstance(tp, bool) or not isinstance(tp, numbers.Integral) or tp < 1:
+        # (a float 2.0 passed the divisibility checks and made the shards' ranges floats: build_graph's range() and
+        # weight slicing then failed far from the cause)
+        raise ConfigError(f"tp must be an integer >= 1, got {tp!r}")
+    probs = _tp_problems(cfg, tp)
     if probs:
         raise ConfigError(f"model {cfg.name!r} cannot be split {tp} ways: " + "; ".join(probs) +
-                          ". Choose a tp that divides the head counts and the MLP width (and leaves every rank vocabulary rows).")
+                          ". Choose a tp that divides the head counts and the MLP width (and leaves every rank "
+                          f"vocabulary rows): valid tp for this model: {', '.join(map(str, valid_tps(cfg)))}.")
 
 
 def shard_for(cfg: ModelConfig, tp: int, rank: int) -> Shard:
