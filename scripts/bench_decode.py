@@ -126,6 +126,13 @@ def work_order(batches, ctxs, planned, mk_max_batch, peer_batches, hf_batches, p
     return work
 
 
+def best_ms(r: dict) -> float:
+    """The time a row's ratios and % of floor use: the lower of each step timed alone (ms) and the steps queued back to
+    back (ms_pipelined, where the system has it). The % of floor used `ms` alone, so a peer's % and its ratio were of
+    two different times."""
+    return min(r["ms"], r.get("ms_pipelined") or r["ms"])
+
+
 def summarize(rows: list[dict]) -> None:
     """Each ok row's ratio_vs_ours (peer / ours at its (model, batch, context); > 1: this runtime is faster) and the
     table. Ours = the planner's choice: the 'planned' row where the run has one for that cell (no ratio when it
@@ -146,10 +153,9 @@ def summarize(rows: list[dict]) -> None:
         o = ours.get(k)
         if r.get("status") != "ok" or o is None or o.get("status") != "ok":
             continue
-        ms, basis = r["ms"], "ms"
-        if r["system"] not in ("planned", "megakernel") and r.get("ms_pipelined") and r["ms_pipelined"] < ms:
-            ms, basis = r["ms_pipelined"], "ms_pipelined"
-        o_ms = min(o["ms"], o.get("ms_pipelined") or o["ms"])   # a planned cell's replays back to back too
+        ms = best_ms(r)
+        basis = "ms_pipelined" if ms < r["ms"] else "ms"
+        o_ms = best_ms(o)   # a planned cell's replays back to back too
         r["ratio_vs_ours"] = ms / o_ms
         r["ratio_vs"] = o["system"] + (f" ({o['plan']})" if o.get("plan") else "")
         if r["system"] not in ("planned", "megakernel"):
@@ -447,8 +453,9 @@ def main():
                         weights = None
                         gc.collect(); torch.cuda.empty_cache()
                     r = (bench_gptfast if system == "gptfast" else bench_hf)(cfg, B, ctx)
-                r = dict(key, **r, status="ok", pct_of_floor=100 * fl / r["ms"],
-                         pct_of_floor_kv=100 * key["floor_kv_ms"] / r["ms"])
+                best = best_ms(r)   # the time the ratios use (each system's lower of alone / back to back)
+                r = dict(key, **r, status="ok", pct_of_floor=100 * fl / best,
+                         pct_of_floor_kv=100 * key["floor_kv_ms"] / best)
                 log(f"{system:10s} {model:13s} B={B:<3d} ctx={ctx:<5d} {r['ms']:.3f} ms/token "
                     f"({r['pct_of_floor']:.0f}% of floor {fl:.3f})")
             except Exception as e:  # noqa: BLE001

@@ -240,3 +240,18 @@ def test_one_gpu_meta_names_the_dtype_and_decode():
     args = bench_decode.parse_args(["--models", "tiny-llama"])
     meta = bench_decode.run_meta(args, "NVIDIA H200", 1, 4.55e12, "x")
     assert meta["dtype"] == "bfloat16" and "greedy" in meta["weights"]
+
+
+def test_the_floor_share_and_the_ratio_use_the_same_time():
+    """A peer's % of floor was of its each-step-alone time while its ratio was of the lower (back to back) one."""
+    peer = dict(system="gptfast", model="m", batch=8, context=512, status="ok", ms=2.0, ms_pipelined=1.6)
+    ours = dict(system="planned", model="m", batch=8, context=512, status="ok", ms=1.7, ms_pipelined=1.5)
+    assert bench_decode.best_ms(peer) == 1.6 and bench_decode.best_ms(ours) == 1.5
+    assert bench_decode.best_ms(dict(ms=1.2)) == 1.2 and bench_decode.best_ms(dict(ms=1.2, ms_pipelined=None)) == 1.2
+    for r in (peer, ours):
+        r.update(floor_ms=0.8, pct_of_floor=100 * 0.8 / bench_decode.best_ms(r), floor_kv_ms=0.9,
+                 pct_of_floor_kv=100 * 0.9 / bench_decode.best_ms(r))
+    bench_decode.summarize([ours, peer])
+    assert peer["ratio_vs_ours"] == pytest.approx(1.6 / 1.5) and peer["peer_ms_basis"] == "ms_pipelined"
+    src = Path(bench_decode.__file__).read_text()
+    assert 'pct_of_floor=100 * fl / best' in src and 'best = best_ms(r)' in src   # the run loop's % uses best_ms
