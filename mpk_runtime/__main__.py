@@ -151,7 +151,8 @@ def _generate(a: argparse.Namespace) -> int:
     from .engine.request import logprobs_by_id
     prompts = [_parse_ids(v) if kind == "ids" else v for kind, v in a.prompts or ()]
     if not prompts:
-        raise SystemExit("give --prompt-ids 1,2,3 (repeatable) or --prompt TEXT (needs a tokenizer in the model dir)")
+        raise ValueError("no prompt: give --prompt-ids 1,2,3 (repeatable) or --prompt TEXT (needs a tokenizer in the "
+                         "model dir)")   # (bad input: exit 2, as the README says; a SystemExit of a string exited 1)
     # seed=None: each request's sampling seed comes from the engine seed (--seed) and its index, so a prompt given
     # twice draws two samples (one seed for all drew the same tokens twice)
     sp = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, max_tokens=a.max_tokens, seed=None,

@@ -9,7 +9,7 @@
 #         session-7 recipe): tests/gpu, 1-GPU A/B at contexts 512 and 4096 (new traced), memcheck, vs reference,
 #         TP=1 == TP=2, new's TP=2 bench, Ray load test; $OUT/ab.tar.gz is refreshed after every stage, so a
 #         command cut short still returns what ran. BASE may equal the tree for an A/B of an environment switch:
-#         BASE_ENV / NEW_ENV (e.g. NEW_ENV="MPK_NVCC_DEFINES=-DMPK_ATT_PV_BF16=1": one word, no spaces) are set
+#         BASE_ENV / NEW_ENV (e.g. NEW_ENV="MPK_NVCC_DEFINES=-DMPK_ATT_PV_SPLIT=0": one word, no spaces) are set
 #         for the respective bench runs (modes check, perf's 1-GPU bench and session).
 # MODELS (default llama-3.2-1b,qwen3-8b) and BATCHES (default 1,8) narrow it. Every stage runs even if an earlier
 # one fails; logs and result files under $OUT/{new,base}; each stage has its own time limit.

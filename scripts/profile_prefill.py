@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--max-seq-len", type=int, default=512)
     ap.add_argument("--tag", default="", help="suffix of the result file's name")
     ap.add_argument("--packed-rows", type=int, default=None,
-                    help="ConventionalPrefill.packed_rows (default: MPK_PREFILL_PACKED_ROWS or 1024; 0: grouped)")
+                    help="ConventionalPrefill.packed_rows (default: MPK_PREFILL_PACKED_ROWS or 2048; 0: grouped)")
     ap.add_argument("--warm", action="store_true", help="capture the start-up graphs first (as the GPU runner)")
     ap.add_argument("--busy-thread", action="store_true",
                     help="a spinning Python thread beside the steps (the server's HTTP thread: the GIL's price)")
