@@ -124,6 +124,11 @@
 #    re-run with session 69's timing (the HF peer's StaticCache seek fixed first); MPK_B1_PREWAIT without spills
 #    A/B'd: +3..+4.5% at B=1 on both models, removed; tests/gpu 92 passed and the HTTP server under load (0 errors)
 #    at 2eb7266. Item a is still open.)
+#    (session 71: no machine started, ~14 refused starts spent the 30 minutes. Pending first, at HEAD: tests/gpu
+#    (`N=tall T=330 LIM=320 ... tests`: the KV cache's size check on a GPU, the kernel cache's manifests, the
+#    allocator's heap, generate after shutdown), then a short bench for the HF peer's new back-to-back timing
+#    (`N=bh T=200 BENCH_BUDGET=175 MODELS=llama-3.2-1b BS=1,8 CTXS=512 ... bench`: predicted HF/ours at B=1 falls from
+#    1.63 towards ~1.4-1.5, its host work no longer counted). gpu_prepare rebuilt .cache/kc with manifests: carry it.)
 #    Next, one call each:
 #    a. h200_v57 out of sample on an H200, at points it was not fitted on: `N=v57 T=300 VAL_CTXS="8192 24576"
 #       VAL_B8192=1,8 VAL_B24576=1,8 VAL_MODELS=llama-3.2-1b,qwen3-8b VAL_LIM=290 bash scripts/gpu_run.sh val`
