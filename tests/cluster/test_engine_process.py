@@ -80,7 +80,13 @@ def test_parent_refuses_bad_requests_before_the_pipe(proc_server):
 
 def test_calls_cross_the_process_and_lambdas_are_refused(proc_server):
     proc = proc_server[1].replicas[0].loop
-    assert proc.call(LLMEngine.reset_prefix_cache).result(timeout=30) >= 0
+    # the call runs on the child's engine and its answer comes back: after a reset, one 39-token prompt + 2 greedy
+    # tokens leaves 40 positions of computed K/V, floor(40 / 16) = 2 full pages for the prefix cache (the child's
+    # LLM caches prefixes by default, pages of 16); the next reset finds nothing left
+    proc.call(LLMEngine.reset_prefix_cache).result(timeout=30)
+    _wait_for(proc, list(range(1, 40)), SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    assert proc.call(LLMEngine.reset_prefix_cache).result(timeout=30) == 2
+    assert proc.call(LLMEngine.reset_prefix_cache).result(timeout=30) == 0
     with pytest.raises(RequestFailedError, match="module-level function"):
         proc.call(lambda e: e.stats).result(timeout=30)
     with pytest.raises(KeyError):

@@ -146,7 +146,10 @@ def test_attention_groups_auto_default_applies_only_where_it_can(monkeypatch):
 
 @pytest.mark.parametrize("env,defines,head_dim,want", [("", "", 16, 2), ("", "", 64, 2), ("0", "", 64, 1),
                                                         ("", "", 128, 1), ("1", "-DMPK_ATT_WARP_PIPE=0", 64, 1),
-                                                        ("", "-DMPK_ATT_STAGES=3", 64, 1), ("1", "", 16, 2)])
+                                                        ("", "-DMPK_ATT_STAGES=3", 64, 1), ("1", "", 16, 2),
+                                                        # the packed word when narrow: the only packing case
+                                                        # (tiny-llama's head dim 16) where attn_wide says 1
+                                                        ("0", "", 16, 1)])
 def test_wide_attention_passes_are_packed_where_the_head_and_shared_memory_allow(monkeypatch, env, defines,
                                                                                   head_dim, want):
     """tiling.attn_wide: two 16-key tiles per warp and pass for head dims <= 64 with the warp pipe, where the doubled
