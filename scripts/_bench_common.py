@@ -34,6 +34,16 @@ def git_commit() -> str:
         return "unknown"
 
 
+def with_lib_versions(meta: dict) -> dict:
+    """meta with the versions of the peers' libraries (transformers, triton) where they import."""
+    for mod in ("transformers", "triton"):
+        try:
+            meta[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001
+            pass
+    return meta
+
+
 def write_result(name: str, res: dict) -> Path:
     """res + where and when it ran (commit from GIT_COMMIT, machine, device, date) as $OUT/<name> (./gpu_out)."""
     import platform

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 import _bench_common as C
-from _bench_common import HBM, OUT, _ints, bench_megakernel, floor_ms, log, stream_bandwidth
+from _bench_common import HBM, OUT, _ints, bench_megakernel, floor_ms, log, stream_bandwidth, with_lib_versions
 from _peers import NcclComm, bench_gptfast
 
 
@@ -361,12 +361,7 @@ def tp_meta(args, ngpu: int) -> dict:
                       "q/k/v/o, MLP and vocab-parallel LM head shards + norms), for megakernel (1 GPU) the whole "
                       "model's; untied embedding tables are gathered, not streamed, and left out; seeded random bf16 "
                       "weights; peer_over_megakernel_tp2 = the peer's lower of ms and ms_pipelined / the megakernel's"))
-    for mod in ("transformers", "triton"):
-        try:
-            meta[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
-            pass
-    return meta
+    return with_lib_versions(meta)
 
 
 def main_tp(args):

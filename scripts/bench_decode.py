@@ -67,7 +67,7 @@ os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_
 import torch  # noqa: E402
 
 from _bench_common import (HBM, OUT, T0, _ints, bench_megakernel, floor_kv_ms, floor_ms, git_commit,  # noqa: E402,F401
-                           log, stage_summary, stream_bandwidth)
+                           log, stage_summary, stream_bandwidth, with_lib_versions)
 from _bench_tp import main_tp  # noqa: E402  (--tp 2)
 from mpk_runtime.envflags import resolved_switches, switches  # noqa: E402
 
@@ -284,12 +284,7 @@ def run_meta(args, device_name: str, n_visible: int, bw: float, bw_source: str) 
                 order="work_order: --before cells, this runtime's planned cells, its megakernel cells (B=1 first), "
                       "then the peers (gpt-fast / HF B=1 first), one process (since session 44; before it the batch-1 "
                       "cells of every system ran first); each row's seq is its place", before=args.before)
-    for mod in ("transformers", "triton"):
-        try:
-            meta[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
-            pass
-    return meta
+    return with_lib_versions(meta)
 
 
 def parse_args(argv=None):

@@ -12,23 +12,13 @@ from safetensors.torch import load_file, save_file
 from mpk_runtime.models import PRESETS, ConfigError, ModelConfig, ReferenceModel, WeightError, load_config, \
     load_weights, random_weights, save_weights
 
-_DROP = object()
+from tests.models.test_loading_review import _DROP, _edit_config, _dir as _saved
 
 
 def _dir(tmp_path, cfg, name="m", weights=None, shard_bytes=None, **edits):
     """A saved checkpoint of `cfg` (float32), its config.json then edited (_DROP removes an entry)."""
-    cfg = cfg.replace(dtype="float32")
-    d = str(tmp_path / name)
-    save_weights(d, cfg, weights or random_weights(cfg, seed=3), **({"shard_bytes": shard_bytes} if shard_bytes
-                                                                     else {}))
-    p = os.path.join(d, "config.json")
-    hf = json.load(open(p))
-    for k, v in edits.items():
-        if v is _DROP:
-            hf.pop(k, None)
-        else:
-            hf[k] = v
-    json.dump(hf, open(p, "w"))
+    d, cfg = _saved(tmp_path, name, cfg.replace(dtype="float32"), shard_bytes, weights)
+    _edit_config(d, **edits)
     return d, cfg
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import _bench_tp  # noqa: E402
 import _tp_rig  # noqa: E402
 import bench_decode  # noqa: E402
 from mpk_runtime.models.config import load_config  # noqa: E402
+from tests.scripts.test_bench_decode_tp import _threads  # noqa: E402  (ranks as threads)
 
 
 # ------------------------------------------------------------------------------------------- argument checks
@@ -86,25 +86,6 @@ def test_tp_peer_ratio_uses_its_steps_back_to_back():
 
 
 # ------------------------------------------------------------------------------------------- --tp 2 floor
-def _threads(fn, n=2):
-    out, errs = [None] * n, []
-
-    def run(r):
-        try:
-            out[r] = fn(r)
-        except BaseException as e:  # noqa: BLE001
-            errs.append(e)
-
-    ths = [threading.Thread(target=run, args=(r,)) for r in range(n)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join(60)
-    if errs:
-        raise errs[0]
-    return out
-
-
 def test_tp_floor_is_at_the_cards_measured_rate(tmp_path, monkeypatch):
     """Every --tp 2 row's floor was the weights / the H200's 4.55 TB/s, on an H100 pair too (the one-GPU run has
     measured the card's own rate since session 55): rank 0 now measures it and both ranks use it."""
