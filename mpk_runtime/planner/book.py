@@ -23,6 +23,37 @@ from .search import candidates
 
 DEFAULT_BUCKETS = (1, 8, 32, 128)
 
+# the config entries a plan's prices and op list depend on: a book is run only by a model with the same ones
+SHAPE_FIELDS = ("family", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                "num_kv_heads", "head_dim", "tie_word_embeddings")
+
+
+def book_shapes(cfg: ModelConfig) -> dict:
+    """The model shapes a book is made for (SHAPE_FIELDS), stored in it as "shapes"."""
+    return {f: getattr(cfg, f) for f in SHAPE_FIELDS}
+
+
+def check_book_for(book: dict, cfg: ModelConfig, tp: int) -> dict:
+    """The book, if it was made for tp and for a model of cfg's shapes; else a ValueError saying what differs and
+    what to do. The model is compared by shapes, not by name: a checkpoint directory's name is not its preset's
+    (a local llama-3.2-1b runs the preset's book), and a book of another model with the same layer count named the
+    same ops and ran its plans, priced for the other shapes, without a word. A book without "shapes" (written
+    before they were stored) is checked for tp only."""
+    if not isinstance(book, dict) or "buckets" not in book:
+        raise ValueError("plan must be None, 'auto' or a plan book dict (planner.book.plan_book)")
+    if book.get("tp", tp) != tp:   # else every decode step fails later, request after request
+        raise ValueError(f"the plan book was made for tp={book['tp']} but this runner has tp={tp}: make the book "
+                         f"for tp={tp} (planner.book.plan_book) or pass plan='auto'")
+    shapes = book.get("shapes")
+    if isinstance(shapes, dict):
+        mine = book_shapes(cfg)
+        diff = [f"{k} {shapes.get(k)!r} (this model: {v!r})" for k, v in mine.items() if shapes.get(k) != v]
+        if diff:
+            raise ValueError(f"the plan book was made for {book.get('model', 'another model')!r}, not a model of "
+                             f"{cfg.name!r}'s shapes: {'; '.join(diff)}. Make the book for this model "
+                             "(planner.book.plan_book(cfg, tp, buckets)) or pass plan='auto'")
+    return book
+
 
 @functools.lru_cache(maxsize=1)
 def _planner_code_hash() -> str:
@@ -58,7 +89,8 @@ def _cache_path(cfg: ModelConfig, tp: int, buckets: list[int], context: int, p: 
 def plan_book(cfg: ModelConfig, tp: int, buckets=DEFAULT_BUCKETS, context: int = 512,
               prof: HardwareProfile | str | None = None, families: tuple[str, ...] | None = None,
               cache: bool = True) -> dict:
-    """{"buckets": {batch: plan dict}, "profile", "context", "tp"}: the lowest predicted plan per bucket.
+    """{"buckets": {batch: plan dict}, "profile", "context", "tp", "model", "shapes" (book_shapes)}: the lowest
+    predicted plan per bucket.
 
     Searching takes seconds per bucket (tens for an 8B model), so books are cached on disk under
     $MPK_CACHE_DIR/plans (MPK_PLAN_CACHE=0 or cache=False: off), keyed by the model config, TP, buckets, context,
@@ -82,7 +114,8 @@ def plan_book(cfg: ModelConfig, tp: int, buckets=DEFAULT_BUCKETS, context: int =
             raise ValueError(f"no plan of families {families!r} exists for {cfg.name} ({cfg.num_layers} layers) at "
                              f"tp={tp} batch={b}: pick other families (or None for every family)")
         out[b] = plans[0].to_dict()
-    book = json.loads(json.dumps({"buckets": out, "profile": p.name, "context": context, "tp": tp}))
+    book = json.loads(json.dumps({"buckets": out, "profile": p.name, "context": context, "tp": tp,
+                                  "model": cfg.name, "shapes": book_shapes(cfg)}))
     book["buckets"] = {int(k): v for k, v in book["buckets"].items()}   # plain JSON data, as a cached book reads
     if path is not None:
         try:

@@ -330,12 +330,8 @@ def resolve_plan(plan, cfg, tp: int, max_batch: int, max_seq_len: int | None, bu
     if plan is None:
         return None
     if isinstance(plan, dict):
-        if "buckets" not in plan:
-            raise ValueError("plan must be None, 'auto' or a plan book dict (planner.book.plan_book)")
-        if plan.get("tp", tp) != tp:   # else every decode step fails later, request after request
-            raise ValueError(f"the plan book was made for tp={plan['tp']} but this runner has tp={tp}: make the book "
-                             f"for tp={tp} (planner.book.plan_book) or pass plan='auto'")
-        return plan
+        from ..planner.book import check_book_for
+        return check_book_for(plan, cfg, tp)   # made for this tp and this model's shapes
     if plan != "auto":
         raise ValueError(f"plan must be None, 'auto' or a plan book dict, got {plan!r}")
     from ..planner.book import DEFAULT_BUCKETS, plan_book

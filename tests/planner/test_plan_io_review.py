@@ -156,3 +156,22 @@ def test_fit_cli_bad_rows_are_a_message(tmp_path, monkeypatch, content, word):
         fit_cli.main()
     msg = str(e.value.code)
     assert msg.startswith("error: ") and str(rows) in msg and word in msg, msg
+
+
+def test_a_runner_refuses_a_plan_book_of_another_models_shapes_and_takes_one_of_the_same_shapes():
+    """resolve_plan (the runners' entry for a user's book) compares the model by shapes, not by name: a book of
+    another model is refused naming the entries that differ (it ran, priced for the other shapes, whenever the
+    op names matched); a config of the same shapes under another name (a checkpoint directory) runs it."""
+    from dataclasses import replace
+    from mpk_runtime.runtime.pyvm_runner import resolve_plan
+    cfg = PRESETS["tiny-qwen3"]
+    book = json.loads(json.dumps(bk.plan_book(cfg, 1, (1, 8), context=64, cache=False)))
+    assert book["model"] == cfg.name and book["shapes"]["hidden_size"] == cfg.hidden_size
+    wider = replace(cfg, name="wider", intermediate_size=cfg.intermediate_size * 2)
+    with pytest.raises(ValueError, match=r"made for 'tiny-qwen3'.*intermediate_size .*Make the book for this model"):
+        resolve_plan(book, wider, 1, 8, 64)
+    with pytest.raises(ValueError, match="made for tp=1 but this runner has tp=2"):
+        resolve_plan(book, cfg, 2, 8, 64)
+    assert resolve_plan(book, replace(cfg, name="/ckpt/my-qwen"), 1, 8, 64) is book
+    old = {k: v for k, v in book.items() if k not in ("model", "shapes")}   # a book written before shapes were kept
+    assert resolve_plan(old, wider, 1, 8, 64) is old
