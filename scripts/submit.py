@@ -51,6 +51,19 @@ def check_paths(job_args: list[str]) -> None:
                                  "read from / written to (and deleted with) that copy")
 
 
+def check_job_args(job_args: list[str]) -> None:
+    """The job's arguments parsed here, with the job's own parser, before anything is shipped: a misspelt flag or
+    a missing --input was an error in the job's log on the cluster, after the checkout's upload."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from cluster.jobs.generate import build_parser, check_args
+    from mpk_runtime.engine import InvalidRequestError
+    try:
+        check_args(build_parser().parse_args(job_args))   # (argparse: usage and exit 2 on a bad flag)
+    except InvalidRequestError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     job_args = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -65,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown arguments {' '.join(unknown)}: the job's arguments go after `--`, e.g. "
                          "scripts/submit.py --address URL -- --model M --input /abs/in.jsonl --output /abs/out.jsonl")
+    check_job_args(job_args)
     check_paths(job_args)
     job = build_job(job_args, a.pip)
     try:

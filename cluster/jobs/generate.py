@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The job's flags (scripts/submit.py parses a job's arguments with it before shipping the job)."""
+    ap = argparse.ArgumentParser(prog="python -m cluster.jobs.generate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--input", required=True)
     ap.add_argument("--output", required=True)
@@ -98,9 +99,19 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=256,
                     help="requests generated (and their results written and flushed) together: a failure part-way "
                          "keeps every finished chunk's lines in --output")
-    a = ap.parse_args(argv)
-    if a.chunk < 1:
-        raise InvalidRequestError(f"--chunk must be >= 1, got {a.chunk}")
+    return ap
+
+
+def check_args(a: argparse.Namespace) -> None:
+    """What the parser cannot say: counts below 1 (InvalidRequestError)."""
+    for flag, v in (("--chunk", a.chunk), ("--tp", a.tp), ("--max-batch", a.max_batch)):
+        if v < 1:
+            raise InvalidRequestError(f"{flag} must be >= 1, got {v}")
+
+
+def _main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    check_args(a)
     reqs = read_requests(a.input)
     out_dir = os.path.dirname(os.path.abspath(a.output))
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):   # before the (slow) model load, not after

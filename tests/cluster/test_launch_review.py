@@ -118,12 +118,33 @@ def _fake_job_api(monkeypatch, submit, submit_job):
     monkeypatch.setenv("RAY_AUTH_MODE", "token")   # (main sets it in this process: undone after the test)
 
 
+JOB = ["--model", "m", "--input", "/d/in.jsonl", "--output", "/d/out.jsonl"]
+
+
+@pytest.mark.parametrize("job,word", [
+    (["--model", "m", "--input", "/d/in.jsonl"], "the following arguments are required: --output"),
+    (JOB + ["--max-tokns", "5"], "unrecognized arguments: --max-tokns"),
+    (JOB + ["--tp", "two"], "argument --tp: invalid int value"),
+    (JOB + ["--chunk", "0"], "--chunk must be >= 1"),
+])
+def test_submit_checks_the_jobs_arguments_before_shipping_it(monkeypatch, capsys, job, word):
+    """A job's misspelt or missing flag was an error in the job's log on the cluster, after the checkout's upload;
+    submit.py parses the job's arguments with the job's own parser first and submits nothing."""
+    submit = _submit()
+    sent = []
+    _fake_job_api(monkeypatch, submit, lambda: sent.append(1) or "raysubmit_x")
+    with pytest.raises(SystemExit) as e:
+        submit.main(["--no-wait", "--", *job])
+    said = str(e.value.code) + capsys.readouterr().err
+    assert word in said and not sent, said
+
+
 def test_submit_timeout_says_the_job_is_still_running(monkeypatch, capsys):
     """Past --timeout submit.py printed 'job X: RUNNING' and exited 1 as if it had failed; the job goes on on the
     cluster, and the message now says so and how to follow or stop it."""
     submit = _submit()
     _fake_job_api(monkeypatch, submit, lambda: "raysubmit_1")
-    rc = submit.main(["--address", "http://h:8265", "--timeout", "0.01", "--", "--model", "m"])
+    rc = submit.main(["--address", "http://h:8265", "--timeout", "0.01", "--", *JOB])
     out = capsys.readouterr().out
     assert rc == 1 and "still running" in out and "ray job stop raysubmit_1" in out
 
@@ -142,7 +163,7 @@ def test_submit_waits_for_the_heads_job_agent(monkeypatch, capsys):
                                "try again later..")
         return "raysubmit_2"
     _fake_job_api(monkeypatch, submit, submit_job)
-    assert submit.main(["--no-wait", "--", "--model", "m"]) == 0
+    assert submit.main(["--no-wait", "--", *JOB]) == 0
     assert len(tries) == 3 and "submitted raysubmit_2" in capsys.readouterr().out
 
 
