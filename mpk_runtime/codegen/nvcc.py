@@ -308,9 +308,9 @@ def _compile(nvcc, source, root, header, flags, key, out_dir, cubin, logf, manif
         env = "".join(f"{k}={v!r} " for k, v in _nvcc_env().items())   # (what nvcc added to the command line)
         log = env + " ".join(cmd) + "\n" + p.stdout + p.stderr
         if p.returncode != 0 or not tmp_cubin.exists():
-            raise CompileError(f"nvcc failed (exit {p.returncode}) for {source}:\n{log}")
+            raise CompileError(f"nvcc failed (exit {p.returncode}) for {source}:\n{_kept(tmp, out_dir, log)}")
         if _has_warning(p.stdout + p.stderr):
-            raise CompileError(f"nvcc warned for {source} (warnings are errors):\n{log}")
+            raise CompileError(f"nvcc warned for {source} (warnings are errors):\n{_kept(tmp, out_dir, log)}")
         data = tmp_cubin.read_bytes()
         if not data:
             raise CompileError(f"nvcc wrote an empty {cubin.name} for {source}:\n{log}")
@@ -322,6 +322,21 @@ def _compile(nvcc, source, root, header, flags, key, out_dir, cubin, logf, manif
         (Path(tmp) / manifest.name).replace(manifest)
         os.replace(tmp_cubin, cubin)   # last: its presence (and the manifest's digest) means the entry is complete
     return BuildResult(cubin, log, key, False, time.time() - t0, parse_ptxas(log), flags)
+
+
+def _kept(tmp: str, out_dir: Path, log: str) -> str:
+    """A failed build's log, with its generated header kept: the build's temp dir (which the command's `-I` names)
+    goes with the failure, so the header is copied to <cache>/failed/<key>/ and the log's command names that
+    directory (the command as printed reruns the failure)."""
+    keep = out_dir.parent / "failed" / out_dir.name
+    try:
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(tmp) / HEADER_NAME, keep / HEADER_NAME)
+        log = log.replace(tmp, str(keep))
+        (keep / "build.log").write_text(log)
+    except OSError:   # (a full or read-only disk: the log as it was)
+        return log
+    return log + f"\n(the generated {HEADER_NAME} and this log are kept in {keep})"
 
 
 def _entry_ok(cubin: Path, manifest: Path) -> bool:

@@ -152,7 +152,7 @@ def test_a_failed_compile_leaves_no_entry_and_shows_the_diagnostics_and_command(
     assert "exit 2" in msg and 'identifier "foo" is undefined' in msg
     assert f"{bad} {nvcc.GENCODE} -cubin" in msg and str(root / "megakernel.cu") in msg
     cache = tmp_path / "cache"
-    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+    assert [p.name for p in cache.rglob("*") if p.suffix in (".cubin", ".json")] == []
 
     good = _fake_nvcc(tmp_path, name="nvcc_good")    # same --version: same key
     r = nvcc.build(root=root, nvcc=good)
@@ -186,6 +186,35 @@ def test_a_real_failed_compile_shows_nvccs_error(tmp_path, monkeypatch):
     msg = str(e.value)
     assert "nvcc failed" in msg and "undefined_name" in msg and "error" in msg and nvcc.GENCODE in msg
     assert not list((tmp_path / "cache").rglob("*.cubin"))
+
+
+@real
+def test_a_failed_compiles_command_reruns_with_its_generated_header():
+    """The failed build's log printed `-I <temp dir>`, a directory deleted with the failure, so the command as
+    printed failed on the missing generated header instead of reproducing the error; the header is kept and the
+    command names where."""
+    import re
+    import shlex
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d) / "src"
+        root.mkdir()
+        (root / "bad.cu").write_text(f'#include "{nvcc.HEADER_NAME}"\n'
+                                     'extern "C" __global__ void k(int* p) { p[0] = undefined_name; }\n')
+        os.environ["MPK_CACHE_DIR"] = str(Path(d) / "cache")
+        try:
+            with pytest.raises(nvcc.CompileError) as e:
+                nvcc.build("bad.cu", root=root)
+        finally:
+            del os.environ["MPK_CACHE_DIR"]
+        msg = str(e.value)
+        line = next(x for x in msg.splitlines() if nvcc.GENCODE in x)
+        cmd = shlex.split(re.sub(r"^(\w+='[^']*' )*", "", line))
+        cmd[cmd.index("-o") + 1] = str(Path(d) / "out.cubin")
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        assert p.returncode != 0 and "undefined_name" in p.stdout + p.stderr, p.stdout + p.stderr
+        assert "kept in" in msg
 
 
 def _build_killable(args):
