@@ -116,6 +116,7 @@ class IncrementalText:
         self.prefix = 0       # the window's first token
         self.read = 0         # tokens whose text is in `full`
         self.searched = 0     # characters of the text known to hold no stop string
+        self.stop_floor = 0   # a stop string counts only where it ends after this many characters (min_tokens)
 
     @property
     def text(self) -> str:
@@ -155,11 +156,10 @@ class IncrementalText:
             return shown, False
         grows = self.dec.whole is None and self.dec.clean is None
         start = max(0, self.searched - max(len(s) for s in stops) + 1) if grows else 0
-        hit = first_stop(text[start:], stops)
+        hit = first_stop(text, stops, start, self.stop_floor)
         self.searched = len(text)
         if hit is not None:
             i, s = hit
-            i += start
             return (text[:i + len(s)] if include_stop else text[:i]), True
         if final:
             return text, False

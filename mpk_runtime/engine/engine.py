@@ -295,7 +295,10 @@ class LLMEngine(BurstsMixin, RecoveryMixin, RequestChecks):
         if r.first_token_time is None:
             r.first_token_time = now
         reason = self._stop_reason(r, tok)
-        if self._detokenize(r, final=bool(reason)):
+        # a stop token (stop_token_ids or EOS) ends the text before its own text, unless include_stop_str_in_output:
+        # as a stop string's, and as vLLM does (the token stays in token_ids; a real EOS is special and has no text)
+        cut = reason == "stop" and not r.params.include_stop_str_in_output
+        if self._detokenize(r, final=bool(reason), drop_last=cut):
             reason = "stop"   # a stop string (the text ends before it)
         if reason:
             r.finish(reason)
@@ -367,18 +370,24 @@ class LLMEngine(BurstsMixin, RecoveryMixin, RequestChecks):
             self._eos_cache = (self.tokenizer.eos_token_ids() if self.tokenizer.available else set()) | self.model_eos
         return self._eos_cache
 
-    def _detokenize(self, r: Request, final: bool) -> bool:
+    def _detokenize(self, r: Request, final: bool, drop_last: bool = False) -> bool:
         """Update r.text from the output tokens (detokenize.py: the new token's text from a window of the last few);
-        True when a stop string ended the request."""
+        True when a stop string ended the request. drop_last: the text ends before the newest token (a stop token's).
+        Stop strings are searched only in text after the first min_tokens tokens' (vLLM's rule: min_tokens holds
+        off every way to stop; an occurrence that ends in later text counts)."""
         if r.text is None:
             return False
         if r.detok is None:
             if self._decode is None:
                 self._decode = text_decoder(self.tokenizer.get())
             r.detok = IncrementalText(self._decode)
-        if not r.detok.add(r.output_token_ids, final) and not final:
-            return False
         p = r.params
+        ids = r.output_token_ids[:-1] if drop_last else r.output_token_ids
+        changed = r.detok.add(ids, final)
+        if p.stop and len(r.output_token_ids) <= p.min_tokens:
+            r.detok.stop_floor = len(r.detok.text)
+        if not changed and not final:
+            return False
         text, hit = r.detok.visible(p.stop, p.include_stop_str_in_output, final)
         if len(text) >= len(r.text) or hit:   # a held-back tail never takes back text already shown
             r.text = text

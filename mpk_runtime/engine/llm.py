@@ -6,8 +6,9 @@
 """
 from __future__ import annotations
 
+import dataclasses
+import numbers
 import os
-
 from typing import Any, Callable, Iterator, Sequence
 
 from ..models import ConfigError, load_config
@@ -39,6 +40,19 @@ def resolve_model(model: str):
         raise UnknownModelError(str(e)) from e
 
 
+def _token_ids(p) -> list[int] | None:
+    """p as a list of int token ids, or None when it is not one. numpy / other integer scalars (list(np.array(ids)))
+    are the ints they stand for, as in SamplingParams; bools are not token ids."""
+    if not isinstance(p, (list, tuple)):
+        return None
+    out = []
+    for t in p:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            return None
+        out.append(int(t))
+    return out
+
+
 def normalize_prompts(prompts: Any) -> list[str | list[int]]:
     """One prompt (str or list[int]) or a list of them -> a list of prompts."""
     if isinstance(prompts, str):
@@ -46,14 +60,17 @@ def normalize_prompts(prompts: Any) -> list[str | list[int]]:
     if isinstance(prompts, (list, tuple)):
         if not prompts:
             raise InvalidRequestError("no prompts given: pass a string, a list of token ids, or a list of those")
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
-            return [list(prompts)]
+        if not any(isinstance(t, (str, list, tuple)) for t in prompts):
+            ids = _token_ids(prompts)
+            if ids is not None:
+                return [ids]
         out = []
         for p in prompts:
+            ids = None if isinstance(p, str) else _token_ids(p)
             if isinstance(p, str):
                 out.append(p)
-            elif isinstance(p, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-                out.append(list(p))
+            elif ids is not None:
+                out.append(ids)
             else:
                 raise InvalidRequestError(f"each prompt must be a str or a list of int token ids; got {p!r:.80}")
         return out
@@ -171,7 +188,8 @@ class LLM:
         """The Hugging Face tokenizer (loaded on first use), or None when the model has none."""
         return self.engine.tokenizer.get()
 
-    def _add_all(self, prompts, sampling_params) -> list[str]:
+    def _add_all(self, prompts, sampling_params, stream: bool = True) -> tuple[list[str], dict[str, RequestOutput]]:
+        """Queue a call's requests; their ids and the call's inbox (_step puts their outputs there)."""
         if getattr(self, "_shut_down", False):   # (each request failed as "the model workers failed ... retry it")
             raise ShutDownError("this LLM has been shut down (LLM.shutdown(), or its with-block ended): create a new "
                                 "LLM to generate again")
@@ -187,7 +205,48 @@ class LLM:
             ids = self.engine.tokenize(p) if isinstance(p, str) else p
             self.engine.validate(ids, sp)
             staged.append((ids, sp, p if isinstance(p, str) else None))
-        return [self.engine.add_request(ids, sp, prompt=text) for ids, sp, text in staged]
+        rids = [self.engine.add_request(ids, sp, prompt=text, stream=stream) for ids, sp, text in staged]
+        inbox: dict[str, RequestOutput] = {}
+        boxes = self._inboxes
+        for r in rids:
+            boxes[r] = inbox
+        return rids, inbox
+
+    @property
+    def _inboxes(self) -> dict[str, dict[str, RequestOutput]]:
+        """Request id -> the inbox of the call (generate / stream) that added it: request id -> the update it has not
+        taken yet (the updates of several steps merged into one: a stream suspended while others step keeps one
+        snapshot a request, not one a step).
+        The calls of one LLM share its engine and any of them steps it (a stream() suspended while a generate()
+        runs, two streams consumed in turn), so a step's outputs are routed to their own call. (Each call took
+        every output of a step as its own or dropped it: generate() ended early on another call's finished
+        request with a KeyError, and a stream lost updates and its final output.)"""
+        d = self.__dict__.get("_inbox_map")
+        if d is None:
+            d = self.__dict__["_inbox_map"] = {}
+        return d
+
+    def _step(self) -> None:
+        """One engine step; each output goes to the inbox of the call that owns its request (others: dropped)."""
+        boxes = self._inboxes
+        for o in self.engine.step():
+            box = boxes.get(o.request_id)
+            if box is None:
+                continue
+            old = box.get(o.request_id)
+            if old is not None:   # not taken yet: one update with both deltas
+                o = dataclasses.replace(o, delta_token_ids=old.delta_token_ids + o.delta_token_ids,
+                                        delta_text=None if o.delta_text is None else
+                                        (old.delta_text or "") + o.delta_text)
+            box[o.request_id] = o
+
+    def _close(self, rids) -> None:
+        """The end of a call: abort its requests still running (interrupted, an engine error, a stream stopped
+        early) and forget their inbox."""
+        boxes = self._inboxes
+        for r in rids:
+            if boxes.pop(r, None) is not None:
+                self.engine.abort(r)
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, on_output: Callable[[int, RequestOutput], None] | None = None
@@ -196,7 +255,8 @@ class LLM:
         request has ended. on_output(index, output): called in prompt order as soon as a request and every one before
         it have ended (a failed one too), so a caller keeps what finished when a later request fails or ^C stops
         the call."""
-        rids = self._add_all(prompts, sampling_params)
+        # stream=False: the engine reports them only at their end (a snapshot a step of each would be wasted)
+        rids, inbox = self._add_all(prompts, sampling_params, stream=False)
         final: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm and len(rids) > 1:
@@ -204,21 +264,26 @@ class LLM:
             bar = tqdm(total=len(rids), desc="generate", unit="req")
         told = 0
         try:
-            while len(final) < len(rids) and self.engine.has_unfinished():
-                for o in self.engine.step(outputs="finished"):
+            while True:
+                for o in inbox.values():
                     if o.finished:
                         final[o.request_id] = o
                         if bar is not None:
                             bar.update(1)
+                inbox.clear()
                 while on_output is not None and told < len(rids) and rids[told] in final:
                     on_output(told, final[rids[told]])
                     told += 1
+                if len(final) == len(rids):
+                    break
+                if not self.engine.has_unfinished():   # (not expected: every request ends with an output)
+                    raise RequestFailedError(f"{len(rids) - len(final)} of {len(rids)} requests ended without a "
+                                             "final output")
+                self._step()
         finally:
             if bar is not None:
                 bar.close()
-            for r in rids:   # interrupted (KeyboardInterrupt, an engine error): do not leave our requests queued
-                if r not in final:
-                    self.engine.abort(r)
+            self._close(rids)   # interrupted (KeyboardInterrupt, an engine error): do not leave our requests queued
         errors = [o for o in final.values() if o.finish_reason == "error"]
         if errors:
             raise RequestFailedError(f"{len(errors)} of {len(rids)} requests failed: {errors[0].error}")
@@ -227,21 +292,27 @@ class LLM:
     def stream(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
                ) -> Iterator[RequestOutput]:
         """Yields a snapshot each time a request gains tokens (delta_token_ids / delta_text) and when it ends.
-        Requests of one call interleave; tell them apart by request_id."""
-        rids = set(self._add_all(prompts, sampling_params))
+        Requests of one call interleave; tell them apart by request_id. Other calls of this LLM (a generate(),
+        another stream) may run while this one is suspended: the steps they run keep this call's updates for it."""
+        rids, inbox = self._add_all(prompts, sampling_params)
         left = set(rids)
         try:
-            while left and self.engine.has_unfinished():
-                for o in self.engine.step():
-                    if o.request_id in rids:
-                        if o.finish_reason == "error":
-                            raise RequestFailedError(o.error)
-                        if o.finished:
-                            left.discard(o.request_id)
-                        yield o
+            while left:
+                if not inbox:
+                    if not self.engine.has_unfinished():   # (not expected: every request ends with an output)
+                        raise RequestFailedError(f"{len(left)} of {len(rids)} requests ended without a final output")
+                    self._step()
+                    continue
+                got = list(inbox.values())
+                inbox.clear()
+                for o in got:
+                    if o.finish_reason == "error":
+                        raise RequestFailedError(o.error)
+                    if o.finished:
+                        left.discard(o.request_id)
+                    yield o
         finally:  # the caller stopped early: do not leave its requests running
-            for r in left:
-                self.engine.abort(r)
+            self._close(rids)
 
     def reset_prefix_cache(self) -> int:
         """Forget the prefix cache (enable_prefix_caching): the pages it held; see LLMEngine.reset_prefix_cache."""

@@ -52,7 +52,9 @@ class SamplingParams:
     ignore_eos: bool = False          # keep going past the tokenizer's EOS token
     # stop strings (need a tokenizer): generation stops when the detokenized output contains one; the text ends
     # before it (or after it with include_stop_str_in_output); the token ids keep every generated token. While a
-    # request runs, streamed text holds back a tail that could still become a stop string.
+    # request runs, streamed text holds back a tail that could still become a stop string. A request that ends on
+    # one of its stop_token_ids keeps that token in its token ids, and its text ends before the token's text (after
+    # it with include_stop_str_in_output), as vLLM's.
     stop: tuple[str, ...] = field(default_factory=tuple)   # a string or several (None: none)
     include_stop_str_in_output: bool = False
     # log-probabilities: None = none; n >= 0 = each generated token's logprob plus the n most likely tokens', from
@@ -66,8 +68,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     # more logits processing, host work like the penalties (OpenAI / vLLM semantics): logit_bias {token id: bias in
     # [-100, 100]} added to the logits (kept as sorted (id, bias) pairs); min_tokens: neither EOS nor stop_token_ids
-    # can end the request before it has this many generated tokens (their logits are -inf until then; stop strings
-    # still apply); min_p in [0, 1]: after temperature, tokens whose probability is below min_p x the most likely
+    # can end the request before it has this many generated tokens (their logits are -inf until then), nor can a
+    # stop string in the text of those tokens (one that ends in later text does: vLLM's rule); min_p in [0, 1]: after temperature, tokens whose probability is below min_p x the most likely
     # token's are dropped (before top-k / top-p)
     logit_bias: dict[int, float] | tuple | None = None
     min_tokens: int = 0

@@ -3,12 +3,12 @@ tail to hold back from streaming because it could still grow into one."""
 from __future__ import annotations
 
 
-def first_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:
+def first_stop(text: str, stops: tuple[str, ...], start: int = 0, floor: int = 0) -> tuple[int, str] | None:
     """(index, stop string) of the earliest occurrence of any stop string in `text` (the longer one on a tie), or
-    None."""
+    None; only occurrences that start at `start` or later and end after `floor` characters."""
     best = None
     for s in stops:
-        i = text.find(s)
+        i = text.find(s, max(start, floor - len(s) + 1))
         if i >= 0 and (best is None or i < best[0] or (i == best[0] and len(s) > len(best[1]))):
             best = (i, s)
     return best

@@ -181,7 +181,9 @@ def test_eos_stops_unless_ignored(ref_greedy):
     with LLM("tiny-qwen3", dtype="float32", max_seq_len=64, tokenizer=_StubTokenizer(eos)) as llm:
         o = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=12))[0]
         assert o.token_ids == full[:full.index(eos) + 1] and o.finish_reason == "stop"
-        assert o.text == " ".join(map(str, o.token_ids))
+        assert o.text == " ".join(map(str, o.token_ids[:-1]))   # the EOS's own text left out, as vLLM does
+        o = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=12, include_stop_str_in_output=True))[0]
+        assert o.text == " ".join(map(str, o.token_ids)) and o.token_ids[-1] == eos
         o = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
         assert o.token_ids == full and o.finish_reason == "length"
 
