@@ -58,9 +58,14 @@ class _Transport:
         self._c = httpx.Client(base_url=address, timeout=timeout)
 
     def _wrap(self, e: Exception) -> E.RequestFailedError:
-        if isinstance(e, self._httpx.TimeoutException):
+        h = self._httpx
+        if isinstance(e, h.TimeoutException) and not isinstance(e, h.ConnectTimeout):
             return E.RequestFailedError(f"no answer from {self.address} within the client timeout ({e!r}); "
                                         "raise Client(timeout=...) or lower max_tokens")
+        if isinstance(e, (h.ReadError, h.WriteError, h.RemoteProtocolError, h.CloseError)):
+            # (the server answered, or took the connection: it runs at that address, and the connection broke)
+            return E.RequestFailedError(f"the connection to {self.address} broke before the response was complete "
+                                        f"({e!r}); the server (or a proxy before it) closed it: see its log")
         return E.RequestFailedError(f"cannot reach the mpk-runtime server at {self.address} ({e!r}); is it "
                                     "running (python -m cluster.server ...) and is the address right?")
 
@@ -173,6 +178,7 @@ class Client:
             text = ""
             first = None
             pids = [] if isinstance(p, str) else list(p)   # (a string's ids come with its first chunk)
+            done = False
             with self._http.stream("POST", "/v1/completions", json=self._body(p, sp, True)) as r:
                 if r.status_code != 200:
                     r.read()
@@ -201,6 +207,9 @@ class Client:
                                         c.get("token_ids", []), c.get("text", ""), done, c.get("finish_reason"),
                                         None, RequestMetrics(t0, first, now if done else None, len(pids), len(toks)),
                                         logprobs=lps)
+            if not done:   # (a proxy's read timeout, a server gone between chunks: not a whole answer)
+                raise E.RequestFailedError(f"the stream from {self.address} ended before its last chunk (no "
+                                           f"finish_reason after {len(toks)} tokens): the answer is cut short")
 
     def health(self) -> dict:
         return self._http.get("/health").json()

@@ -12,49 +12,52 @@ MAX_N = 64   # completions per prompt a request may ask for
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str, code: str = "invalid_request_error"):
+    """param: the request field at fault (OpenAI's error.param), where one is."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error", param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.code, self.param = status, message, code, param
 
 
 def sampling_params(r: CommonRequest, served: tuple[str, ...]) -> SamplingParams:
     """The SamplingParams of an OpenAI request body (HTTPError 400 / 404 for what cannot be served; `served`: the
     model names this server answers to)."""
     if not isinstance(r.n, int) or not 1 <= r.n <= MAX_N:
-        raise HTTPError(400, f"n must be an int in [1, {MAX_N}] (completions per prompt), got {r.n!r}")
+        raise HTTPError(400, f"n must be an int in [1, {MAX_N}] (completions per prompt), got {r.n!r}", param="n")
     if r.stream_options is not None and not r.stream:
         raise HTTPError(400, "stream_options is only allowed with stream: true (include_usage adds a usage chunk to "
-                             "a stream; a response without stream always has usage)")
+                             "a stream; a response without stream always has usage)", param="stream_options")
     chat = isinstance(r, ChatRequest)
     if chat:   # chat: logprobs is a bool, top_logprobs how many alternatives
-        if r.logprobs not in (None, True, False):
+        if r.logprobs is not None and not isinstance(r.logprobs, bool):   # (1 == True: not `in (True, False)`)
             raise HTTPError(400, f"chat logprobs must be true or false, got {r.logprobs!r}; set top_logprobs "
-                                 "for the number of alternatives")
+                                 "for the number of alternatives", param="logprobs")
         if r.top_logprobs and not r.logprobs:
-            raise HTTPError(400, "top_logprobs needs logprobs: true")
+            raise HTTPError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         logprobs = (r.top_logprobs or 0) if r.logprobs else None
     else:      # completions: logprobs is the number of alternatives (0 = the sampled token's only)
         if r.top_logprobs is not None:
-            raise HTTPError(400, "top_logprobs is a chat field; completions take logprobs=<int>")
+            raise HTTPError(400, "top_logprobs is a chat field; completions take logprobs=<int>", param="top_logprobs")
         logprobs = None if r.logprobs is False else r.logprobs
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
-            raise HTTPError(400, f"logprobs must be an int (top tokens per position), got {r.logprobs!r}")
+            raise HTTPError(400, f"logprobs must be an int (top tokens per position), got {r.logprobs!r}",
+                            param="logprobs")
     bias = None
     if r.logit_bias:
         try:
             bias = {int(k): v for k, v in r.logit_bias.items()}
         except (TypeError, ValueError):
             raise HTTPError(400, "logit_bias keys must be token ids (integers as strings), e.g. "
-                                 f"{{\"1234\": -100}}; got {list(r.logit_bias)[:5]}") from None
+                                 f"{{\"1234\": -100}}; got {list(r.logit_bias)[:5]}", param="logit_bias") from None
     for field in ("suffix", "tools", "tool_choice", "functions", "function_call",
                   "response_format", "guided_json", "guided_regex", "guided_choice"):
         if getattr(r, field, None) not in (None, {}, [], "", "none", {"type": "text"}):
-            raise HTTPError(400, f"{field} is not supported by this server; leave it out")
+            raise HTTPError(400, f"{field} is not supported by this server; leave it out", param=field)
     if getattr(r, "best_of", None) not in (None, 1):
-        raise HTTPError(400, f"best_of={r.best_of} is not supported; send best_of=1 or leave it out")
+        raise HTTPError(400, f"best_of={r.best_of} is not supported; send best_of=1 or leave it out", param="best_of")
     if r.model is not None and r.model not in served:
         raise HTTPError(404, f"model {r.model!r} is not served here; this server serves {served[0]!r}",
-                        "model_not_found")
+                        "model_not_found", param="model")
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     return SamplingParams(temperature=1.0 if r.temperature is None else r.temperature,
                           top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0, max_tokens=max_tokens,

@@ -1,5 +1,7 @@
 """OpenAI-compatible request bodies (pydantic). Unknown fields are ignored; unsupported ones are rejected by the
-server with a 400 that says what to send instead."""
+server with a 400 that says what to send instead. Types are strict, as OpenAI's JSON schema: a bool is not an int
+(`"n": true`), a float is not an int (`"n": 2.0`), a string is not a number or a bool (`"temperature": "0"`,
+`"stream": "true"`); only an int where a float goes is taken (JSON cannot tell 1 from 1.0)."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,8 +9,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, StrictInt
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    include_usage: bool | None = None
+
+
 class CommonRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     model: str | None = None
     max_tokens: int | None = 16
     max_completion_tokens: int | None = None
@@ -16,7 +23,7 @@ class CommonRequest(BaseModel):
     top_p: float | None = 1.0
     n: int = 1
     stream: bool = False
-    stream_options: dict | None = None
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     presence_penalty: float | None = 0.0
@@ -52,7 +59,7 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")   
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     role: str
     content: str | list[dict] | None = None
 

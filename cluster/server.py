@@ -2,7 +2,8 @@
 
     python -m cluster.server --model tiny-qwen3 --dtype float32 --replicas 2 --executor ray --port 8000
 
-Endpoints: POST /v1/completions, POST /v1/chat/completions (both with SSE `stream`), GET /v1/models, /health,
+Endpoints: POST /v1/completions, POST /v1/chat/completions (both with SSE `stream`), GET /v1/models (and
+/v1/models/{model}), /health,
 /metrics (Prometheus text). Each replica's engine runs its continuous batching in one background loop, so
 concurrent HTTP requests share decode steps. Bad inputs answer 4xx with an OpenAI-style error body; a request
 the runtime failed on (worker died/hung) answers 503, or an `error` event when it was already streaming.
@@ -28,12 +29,33 @@ from mpk_runtime.envflags import env_seconds
 from .metrics import Metrics
 from .openai_params import HTTPError, choices, sampling_params
 from .protocol import CHAT_ROLES, ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request  # likewise (the endpoints take the raw request to see disconnects)
 from .router import Router
 
 
-def _err_body(message: str, code: str, etype: str = "invalid_request_error") -> dict:
-    return {"error": {"message": message, "type": etype, "code": code, "param": None}}
+def _err_body(message: str, code: str, etype: str = "invalid_request_error", param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": etype, "code": code, "param": param}}
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _param(loc) -> str | None:
+    """OpenAI's error.param of a pydantic error location: ("body", "messages", 0, "content", "str") ->
+    "messages[0].content" (the union member pydantic tried, "str" / "list[int]", is no field)."""
+    out = ""
+    for x in loc:
+        if x == "body" and not out:
+            continue
+        if isinstance(x, int):
+            out += f"[{x}]"
+            continue
+        x = str(x)
+        if x in _TYPE_TAGS or "[" in x or "-" in x:
+            break
+        out += f".{x}" if out else x
+    return out or None
 
 
 class _Inbox:
@@ -64,6 +86,10 @@ class _Inbox:
             q.put_nowait(item)
 
 
+_ROUTES = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /v1/models/{model}",
+           "GET /health", "GET /metrics", "POST /reset_prefix_cache")
+
+
 def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
@@ -89,7 +115,23 @@ def create_app(router: Router, served_model_name: str | None = None):
         if e.status < 500:
             metrics.on_reject()
         etype = "invalid_request_error" if e.status < 500 else "server_error"
-        return JSONResponse(_err_body(e.message, e.code, etype), status_code=e.status)
+        return JSONResponse(_err_body(e.message, e.code, etype, e.param), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _no_route(req: Request, e: StarletteHTTPException):
+        """A path or method this server does not have (FastAPI answered {"detail": "Not Found"}, no error an OpenAI
+        client reads): OpenAI's error body naming what was asked for. (Not a rejected generation request.)"""
+        if e.status_code == 404:
+            msg = f"no route {req.method} {req.url.path} on this server; it serves {', '.join(_ROUTES)}"
+            code = "not_found"
+        elif e.status_code == 405:
+            allow = next((v for k, v in (e.headers or {}).items() if k.lower() == "allow"), None)
+            msg = f"method {req.method} is not allowed for {req.url.path}" + (f" (allowed: {allow})" if allow else "")
+            code = "method_not_allowed"
+        else:
+            msg, code = f"{req.url.path}: {e.detail}", str(e.status_code)
+        etype = "invalid_request_error" if e.status_code < 500 else "server_error"
+        return JSONResponse(_err_body(msg, code, etype), status_code=e.status_code, headers=e.headers)
 
     @app.exception_handler(InvalidRequestError)
     async def _invalid(_req, e: InvalidRequestError):
@@ -99,7 +141,7 @@ def create_app(router: Router, served_model_name: str | None = None):
     @app.exception_handler(RequestValidationError)
     async def _validation(_req, e: RequestValidationError):
         metrics.on_reject()
-        parts = []
+        parts, param = [], None
         for err in e.errors():
             if err.get("type") == "json_invalid":   # (its loc is a character offset, not a field)
                 at = err.get("loc", ())[-1:]
@@ -107,12 +149,13 @@ def create_app(router: Router, served_model_name: str | None = None):
                              f"{(err.get('ctx') or {}).get('error', err.get('msg'))})")
                 continue
             loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+            param = param or _param(err.get("loc", ()))
             msg = err.get("msg")
             if not loc and err.get("type") in ("model_attributes_type", "dict_type"):
                 msg += " (send a JSON object with the header Content-Type: application/json)"
             parts.append(f"{loc or 'body'}: {msg}")
-        return JSONResponse(_err_body("invalid request: " + "; ".join(parts[:5]), "InvalidRequestError"),
-                            status_code=400)
+        return JSONResponse(_err_body("invalid request: " + "; ".join(parts[:5]), "InvalidRequestError",
+                                      param=param), status_code=400)
 
     @app.exception_handler(RequestFailedError)
     async def _failed(_req, e: RequestFailedError):
@@ -362,7 +405,7 @@ def create_app(router: Router, served_model_name: str | None = None):
                 if inc:   # OpenAI: with include_usage every chunk but the last carries "usage": null
                     body["usage"] = None
                 return body
-            inc = bool((r.stream_options or {}).get("include_usage"))
+            inc = bool(r.stream_options and r.stream_options.include_usage)
             return StreamingResponse(_stream(q, n, handles, chunk, inc, per_prompt=r.n),
                                      media_type="text/event-stream")
         outs = await _collect(q, n, handles, raw)
@@ -394,7 +437,7 @@ def create_app(router: Router, served_model_name: str | None = None):
                                              "logprobs": _chat_logprobs(_delta_logprobs(out), top),
                                              "finish_reason": _finish(out), "token_ids": out.delta_token_ids}],
                         **({"usage": None} if inc else {})}
-            inc = bool((r.stream_options or {}).get("include_usage"))
+            inc = bool(r.stream_options and r.stream_options.include_usage)
             first = [{"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
                       "choices": [{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                    "finish_reason": None}], **({"usage": None} if inc else {})} for j in range(r.n)]
@@ -408,10 +451,21 @@ def create_app(router: Router, served_model_name: str | None = None):
                          "token_ids": o.token_ids} for j, o in enumerate(outs)],
             "usage": _usage(outs, r.n)})
 
+    def _card() -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "mpk-runtime",
+                "max_model_len": router.engine.kv_spec.max_seq_len}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "mpk-runtime",
-                                            "max_model_len": router.engine.kv_spec.max_seq_len}]}
+        return {"object": "list", "data": [_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        """OpenAI's retrieve (`client.models.retrieve(id)`): the served model's card, under either of its names."""
+        if model_id in (name, router.model_name):
+            return _card()
+        return JSONResponse(_err_body(f"model {model_id!r} is not served here; this server serves {name!r}",
+                                      "model_not_found", param="model"), status_code=404)
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache():

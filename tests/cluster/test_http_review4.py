@@ -1,0 +1,139 @@
+"""Review 4 of the HTTP serving layer as an OpenAI user sees it: each test failed before its fix (cluster/server.py,
+protocol.py, openai_params.py, client.py)."""
+import httpx
+import pytest
+
+from cluster.client import Client
+from cluster.server import ServerThread
+from mpk_runtime.engine import RequestFailedError, SamplingParams
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/completions", {"prompt": [1, 2], "n": True}, "n"),
+    ("/v1/completions", {"prompt": [1, 2], "n": 2.0}, "n"),
+    ("/v1/completions", {"prompt": [1, 2], "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {"prompt": [1, 2], "seed": True}, "seed"),
+    ("/v1/completions", {"prompt": [1, 2], "temperature": "0"}, "temperature"),
+    ("/v1/completions", {"prompt": [1, 2], "top_p": True}, "top_p"),
+    ("/v1/completions", {"prompt": [1, 2], "stream": "true"}, "stream"),
+    ("/v1/completions", {"prompt": [1, 2], "ignore_eos": "yes"}, "ignore_eos"),
+    ("/v1/completions", {"prompt": [1, 2], "logprobs": 2.0}, "logprobs"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": True}, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": CHAT, "logprobs": 1}, "logprobs"),
+    ("/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 2.0}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": CHAT, "stream": True, "stream_options": {"include_usage": "yes"}},
+     "include_usage"),
+    ("/v1/chat/completions", {"messages": CHAT, "stream": True, "stream_options": {"include_usage": 1}},
+     "include_usage"),
+])
+def test_values_of_the_wrong_json_type_are_400_naming_the_field(server, path, body, field):
+    """pydantic's lax mode served `"n": true` as n=1, `"n": 2.0` as 2, `"max_tokens": true` as one token,
+    `"temperature": "0"` as greedy, `"stream": "true"` as a stream, chat `"logprobs": 1` as true and a stream_options
+    include_usage of "yes" as true; OpenAI answers each with a 400 naming the parameter (its `param`), so a client bug
+    surfaces instead of being served as something it did not say."""
+    r = httpx.post(server[0].url + path, json={"max_tokens": 2, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert field in err["message"] and err["type"] == "invalid_request_error", err
+    assert err["param"] is not None and field in err["param"], err
+
+
+def test_json_numbers_still_take_ints_for_floats(server):
+    """(The strict types above keep what JSON cannot tell apart: an int where a float goes.)"""
+    url = server[0].url
+    r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2, "temperature": 0, "top_p": 1,
+                                                  "presence_penalty": 0, "seed": -3, "n": 2, "logprobs": 0},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2, "temperature": 1,
+                                                       "logprobs": True, "top_logprobs": 2, "stream": True,
+                                                       "stream_options": {"include_usage": False}}, timeout=60)
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text
+
+
+@pytest.mark.parametrize("method, path, status", [
+    ("GET", "/v1/nothing", 404), ("POST", "/v1/embeddings", 404), ("GET", "/v1/completions", 405),
+    ("DELETE", "/v1/models", 405),
+])
+def test_unknown_routes_and_methods_answer_an_openai_error_body(server, method, path, status):
+    """A path or method the server does not have answered FastAPI's {"detail": "Not Found"}, which OpenAI clients
+    cannot read as an error (no error.message / type / code); it is the OpenAI shape, naming the path."""
+    r = httpx.request(method, server[0].url + path)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"}, err
+    assert path in err["message"] and err["type"] == "invalid_request_error", err
+
+
+def test_models_retrieve_one_model(server):
+    """GET /v1/models/{model} (the openai SDK's `client.models.retrieve`) was a 404 for the served model itself;
+    it answers the model's card, and an unknown id a 404 with code model_not_found."""
+    srv, router = server
+    r = httpx.get(srv.url + "/v1/models/tiny-qwen3-demo")
+    assert r.status_code == 200, r.text
+    assert r.json() == httpx.get(srv.url + "/v1/models").json()["data"][0]
+    r = httpx.get(srv.url + "/v1/models/other-model")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+    openai = pytest.importorskip("openai")
+    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    assert oai.models.retrieve("tiny-qwen3-demo").id == "tiny-qwen3-demo"
+    with pytest.raises(openai.NotFoundError):
+        oai.models.retrieve("other-model")
+
+
+def _fake_server(events: list[str], crash: bool = False) -> ServerThread:
+    """An OpenAI-looking server whose /v1/completions stream sends `events` (SSE data lines) and then ends (or,
+    with crash, breaks the connection mid-body)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def models(_req):
+        return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+    async def completions(_req):
+        async def body():
+            for e in events:
+                yield f"data: {e}\n\n"
+            if crash:
+                raise RuntimeError("the server went away mid-stream")
+        return StreamingResponse(body(), media_type="text/event-stream")
+    return ServerThread(Starlette(routes=[Route("/v1/models", models),
+                                          Route("/v1/completions", completions, methods=["POST"])]))
+
+
+CHUNK = ('{"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": "a", "token_ids": [5], '
+         '"finish_reason": null, "prompt_token_ids": [1, 2]}]}')
+
+
+def test_client_stream_cut_short_is_an_error_not_a_short_answer():
+    """A stream that ends without its finish_reason chunk and "data: [DONE]" (a proxy's read timeout, a server
+    that went away between chunks) ended Client.stream quietly: the caller took a truncated answer for a whole
+    one. It raises RequestFailedError saying the stream ended early."""
+    srv = _fake_server([CHUNK])
+    try:
+        with Client(srv.url) as c:
+            got = []
+            with pytest.raises(RequestFailedError, match="ended before"):
+                for out in c.stream([[1, 2]], SamplingParams(max_tokens=4)):
+                    got.append(out)
+            assert [o.delta_token_ids for o in got] == [[5]] and not got[-1].finished
+    finally:
+        srv.stop()
+
+
+def test_client_stream_broken_mid_body_does_not_say_the_server_cannot_be_reached():
+    """A connection that breaks mid-stream raised "cannot reach the mpk-runtime server ... is it running and is
+    the address right?", sending the user to check an address that had just answered; the error says the response
+    was cut off."""
+    srv = _fake_server([CHUNK], crash=True)
+    try:
+        with Client(srv.url) as c:
+            with pytest.raises(RequestFailedError) as ei:
+                list(c.stream([[1, 2]], SamplingParams(max_tokens=4)))
+        msg = str(ei.value)
+        assert "cannot reach" not in msg and "broke" in msg and srv.url in msg, msg
+    finally:
+        srv.stop()
