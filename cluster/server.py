@@ -545,6 +545,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ap.add_argument("--port", type=int, default=8000)
     a = ap.parse_args(argv)
+    sock = listen_socket(a.host, a.port)   # before the model loads (minutes at 8B), not after
     if a.executor == "ray":
         from .ray_utils import ensure_ray
         ensure_ray(a.ray_address)
@@ -556,9 +557,31 @@ def main(argv: list[str] | None = None) -> None:
                           **engine_kwargs(a))
     import uvicorn
     try:
-        uvicorn.run(create_app(router, a.served_model_name), host=a.host, port=a.port, log_level="info")
+        config = uvicorn.Config(create_app(router, a.served_model_name), host=a.host, port=a.port, log_level="info")
+        print(f"serving {a.served_model_name or os.path.basename(os.path.normpath(a.model))} on http://{a.host}:{a.port}/v1 (Ctrl+C to stop)", file=sys.stderr,
+              flush=True)   # (uvicorn prints its own address line only when it binds the socket itself)
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sock.close()
         router.shutdown()
+
+
+def listen_socket(host: str, port: int):
+    """The server's socket, bound to host:port; SystemExit saying what to do when it cannot be (a port in use was
+    uvicorn's "address already in use" after the model had loaded)."""
+    import socket
+    if not 0 < port < 65536:
+        raise SystemExit(f"--port {port}: give a port in 1-65535")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # (as uvicorn: a restart reuses a TIME_WAIT port)
+        sock.bind((host, port))
+    except OSError as e:
+        raise SystemExit(f"cannot listen on {host}:{port}: {e.strerror or e}. Pick another --port (or --host), or stop "
+                         "the process that holds it") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 if __name__ == "__main__":

@@ -137,3 +137,27 @@ def test_client_stream_broken_mid_body_does_not_say_the_server_cannot_be_reached
         assert "cannot reach" not in msg and "broke" in msg and srv.url in msg, msg
     finally:
         srv.stop()
+
+
+def test_serve_refuses_a_port_in_use_before_loading_the_model(monkeypatch):
+    """A port already in use was uvicorn's 'address already in use' after the model had loaded (minutes for an 8B
+    model); the server binds first and says what to do."""
+    import socket
+    from cluster import router as router_mod
+    from cluster import server as server_mod
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the port was checked")
+    monkeypatch.setattr(router_mod, "build_router", no_load)
+    try:
+        with pytest.raises(SystemExit) as e:
+            server_mod.main(["--model", "tiny-qwen3", "--port", str(port)])
+        assert f"cannot listen on 127.0.0.1:{port}" in str(e.value.code) and "another --port" in str(e.value.code)
+        with pytest.raises(SystemExit, match="1-65535"):
+            server_mod.main(["--model", "tiny-qwen3", "--port", "70000"])
+    finally:
+        held.close()
