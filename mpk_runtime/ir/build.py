@@ -11,6 +11,8 @@ then: linear (final RMSNorm + LM head, vocab-parallel) -> logits, argmax (distri
 """
 from __future__ import annotations
 
+import numbers
+
 from ..envflags import env_flag, env_removed
 
 from ..models.config import ModelConfig
@@ -42,9 +44,7 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
         raise ValueError(f"batch must be >= 1, got {batch}")
     if context_len < 0:
         raise ValueError(f"context_len must be >= 0 (the keys already in each sequence), got {context_len}")
-    if tp_invariant < 1 or (tp_invariant > 1 and tp_invariant % tp):
-        raise ValueError(f"tp_invariant={tp_invariant} must be 1 (off) or a multiple of tp={tp} (the TP degree whose "
-                         "reduction order every rank reproduces)")
+    check_tp_invariant(cfg, tp, tp_invariant)
     kseg = tp_invariant // tp if tp_invariant > 1 else 1
     if allreduce_ll is None:
         allreduce_ll = env_flag("MPK_AR_LL")
@@ -156,6 +156,34 @@ def build_graph(cfg: ModelConfig, *, mode: str = "decode", batch: int = 1, token
          "seed": sp[3]},
         B * V * 4 + B * 8, B * V)
     return Graph(cfg, mode, B, T, context_len, max_seq_len, tp, rank, tensors, ops, tp_invariant)
+
+
+def tp_invariant_problems(cfg: ModelConfig, tp: int, tp_invariant: int) -> list[str]:
+    """Why `tp_invariant` cannot run `cfg` at `tp` (build_graph's argument), as sentences; [] when it can. Each
+    row-parallel projection's K (a rank's q heads x head_dim for o_proj, its intermediate_size / tp for down) is
+    reduced in tp_invariant / tp equal segments of whole 16-byte vectors (8 bf16 values; the device code's loads)."""
+    if isinstance(tp_invariant, bool) or not isinstance(tp_invariant, numbers.Integral) or tp_invariant < 1 \
+            or (tp_invariant > 1 and tp_invariant % tp):
+        return [f"it must be 1 (off) or a multiple of tp={tp} (the TP degree whose reduction order every rank "
+                "reproduces)"]
+    kseg = tp_invariant // tp if tp_invariant > 1 else 1
+    sh = shard_for(cfg, tp, 0)
+    ks = ((f"o_proj's K (num_heads / tp x head_dim = {sh.n_q} x {cfg.head_dim})", sh.n_q * cfg.head_dim),
+          (f"down's K (intermediate_size / tp = {cfg.intermediate_size} / {tp})", sh.n_inter))
+    out = [f"{what} = {K} does not split into tp_invariant / tp = {kseg} segments of whole 16-byte vectors "
+           f"(multiples of 8 values)" for what, K in ks if kseg > 1 and K % (8 * kseg)]
+    if out:
+        ok = [tp * k for k in range(2, 65) if all(K % (8 * k) == 0 for _, K in ks)]
+        out.append(f"tp_invariant values that split both at tp={tp}: {', '.join(map(str, [1] + ok[:6]))}")
+    return out
+
+
+def check_tp_invariant(cfg: ModelConfig, tp: int, tp_invariant: int) -> None:
+    """A ValueError naming what does not split when tp_invariant_problems finds anything (the CPU runners call it
+    when they are made, so a bad tp_invariant is refused up front instead of failing every request's step)."""
+    probs = tp_invariant_problems(cfg, tp, tp_invariant)
+    if probs:
+        raise ValueError(f"tp_invariant={tp_invariant!r} cannot run {cfg.name!r} at tp={tp}: " + "; ".join(probs))
 
 
 def argmax_slices(v_local: int, most: int = 16, least_len: int = 4096) -> int:

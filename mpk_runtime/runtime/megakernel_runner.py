@@ -116,7 +116,7 @@ class MegakernelRunner(ModelRunner):
                              "(torchrun, runtime/tp_launch.py), or tp=1")
         self.config = cfg = load_config(model)
         from .packer import megakernel_shape_problems
-        bad = megakernel_shape_problems(cfg)
+        bad = megakernel_shape_problems(cfg, world)
         if bad:
             raise ValueError(f"backend 'megakernel' cannot run this model's shape: {'; '.join(bad)}; use backend "
                              f"'torch' (or 'pyvm' / 'reference' on the CPU)")

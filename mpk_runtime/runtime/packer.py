@@ -433,10 +433,12 @@ def _check_kslices(k: int, w: int) -> None:
 
 from ..tasks.ops import OPCODES  # noqa: E402
 
-def megakernel_shape_problems(cfg) -> list[str]:
-    """What of a model's shape the megakernel's device code cannot run (its 16-byte vector loads, its attention's
-    head and group sizes), as sentences naming the limit; [] when it can. Checked before any graph is packed, so a
-    model past a limit is refused with the reason instead of an assertion deep in the packer."""
+def megakernel_shape_problems(cfg, tp: int = 1) -> list[str]:
+    """What of a model's shape the megakernel's device code cannot run at `tp` (its 16-byte vector loads, its
+    attention's head and group sizes), as sentences naming the limit; [] when it can. Checked before any graph is
+    packed, so a model past a limit is refused with the reason instead of an assertion deep in the packer. A rank's
+    down projection reduces over intermediate_size / tp, which must be whole 16-byte rows too (intermediate_size
+    1000 runs at tp=1 but not at tp=2: 500 per rank)."""
     C = L.CONSTANTS
     out = []
     if cfg.head_dim % 8 or cfg.head_dim > C["MAX_HEAD_DIM"]:
@@ -447,6 +449,13 @@ def megakernel_shape_problems(cfg) -> list[str]:
     for name in ("hidden_size", "intermediate_size"):
         if getattr(cfg, name) % 8:
             out.append(f"{name} must be a multiple of 8 (16-byte rows; got {getattr(cfg, name)})")
+    inter = cfg.intermediate_size
+    if tp > 1 and inter % 8 == 0 and inter % tp == 0 and (inter // tp) % 8:
+        from ..ir.shard import valid_tps
+        ok = [t for t in valid_tps(cfg) if (inter // t) % 8 == 0 and t <= 8]
+        out.append(f"intermediate_size / tp must be a multiple of 8 (each rank's down projection reduces over 16-byte "
+                   f"rows; got {inter} / {tp} = {inter // tp}; tp this model's megakernel splits into: "
+                   f"{', '.join(map(str, ok))})")
     return out
 
 

@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from ..ir.build import build_graph
+from ..ir.build import build_graph, check_tp_invariant
 from ..ir.graph import Graph
 from ..ir.shard import shard_for, weight_slice
 from ..models.config import ModelConfig, load_config
@@ -60,6 +60,7 @@ class TPGroup:
         self.tiling = tiling or Tiling(num_sms=num_sms)
         self.mode, self.seed, self.check, self.attn_splits = mode, seed, check, attn_splits
         self.tp_invariant = tp_invariant
+        check_tp_invariant(cfg, self.tp, tp_invariant)   # (else every step of every request failed on it)
         n_kv = shard_for(cfg, self.tp, 0).n_kv
         self.kv = [KVStore(cfg.num_layers, num_pages, page_size, n_kv, cfg.head_dim, torch_dtype(self.dtype))
                    for _ in self.local]
