@@ -21,7 +21,7 @@ from .errors import InvalidRequestError, RequestFailedError
 from .request import Request, RequestOutput, Status
 from ..runtime.device_sampling import StepOutput
 from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, process_logits,
-                       device_sampling_for, make_generator, request_seed, sample, token_logprobs)
+                       device_sampling_for, request_seed, sample, token_logprobs)
 from .scheduler import Scheduler
 from .step_stats import new_step_stats
 from .detokenize import IncrementalText, text_decoder
@@ -146,7 +146,7 @@ class LLMEngine(BurstsMixin, RecoveryMixin, RequestChecks):
         if rid in self._requests:
             raise InvalidRequestError(f"request id {rid!r} is already in use")
         req = Request(request_id=rid, seq_id=idx, prompt=prompt, prompt_token_ids=prompt_token_ids, params=params,
-                      generator=make_generator(params, self.seed, idx), max_total_len=max_total,
+                      max_total_len=max_total,
                       output_logprobs=None if params.logprobs is None else [], stream=stream)
         if self._has_tokenizer():
             req.text = ""
@@ -257,7 +257,8 @@ class LLMEngine(BurstsMixin, RecoveryMixin, RequestChecks):
                     lg = logits[i]
                     if r.params.processed:
                         lg = process_logits(lg, r.params, r.output_token_ids, r.prompt_token_ids, self._eos_ids())
-                    tok = sample(lg, r.params, r.generator)
+                    # (the device's draw for this seed and position: r.num_tokens - 1 is the row's last token)
+                    tok = sample(lg, r.params, request_seed(r.params, self.seed, r.seq_id), r.num_tokens - 1)
                     if r.output_logprobs is not None:
                         r.output_logprobs.append(token_logprobs(logits[i], tok, r.params.logprobs))
                 if not 0 <= tok < self.vocab_size:

@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 
 from .sampling import SamplingParams
 
@@ -90,7 +89,6 @@ class Request:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator | None
     max_total_len: int                  # prompt + generated never exceeds this (max_tokens and context)
     arrival_time: float = field(default_factory=time.monotonic)
     status: Status = Status.WAITING

@@ -3,11 +3,13 @@
 Device sampling (the runner's graph draws the token: megakernel, pyvm and the conventional executor share one
 definition, ir/sampling.py) is used by runners that support it for the requests `device_sampling` routes there;
 the others use the host sampler below. Either way a request's draws do not depend on what else shares its batch,
-given its logits: the host sampler has a `torch.Generator` per request, the device one hashes (seed, position). (The
+given its logits: both hash (seed, position) for their uniform numbers. (The
 logits themselves may: on the GPU the bf16 step differs with the batch size, its plan bucket and split counts, so a
 near-tie can break differently in another batch; session 52 saw it with random weights.) The seed is
-`SamplingParams.seed`, or derived from the engine seed and the request index. The two samplers draw different
-(equally distributed) streams for the same seed.
+`SamplingParams.seed`, or derived from the engine seed and the request index. The host sampler draws as the device
+ones do (sample(): the graph's top-C draw for 1 <= top_k <= 64, the full-vocabulary draw otherwise), so a seeded
+request's tokens do not change when asking for logprobs moves it to the host (penalties, logit_bias and min_tokens
+change the logits themselves), and the reference backend draws what the others draw, to their logits' rounding.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..ir.sampling import SAMPLE_CANDIDATES
+from ..ir.sampling import SAMPLE_CANDIDATES, seed_to_int64
 from ..runtime.device_sampling import DeviceSampling
 from .errors import InvalidRequestError
 
@@ -200,13 +202,6 @@ def request_seed(params: SamplingParams, engine_seed: int, request_index: int) -
     return params.seed if params.seed is not None else engine_seed * 1_000_003 + request_index
 
 
-def make_generator(params: SamplingParams, engine_seed: int, request_index: int) -> torch.Generator | None:
-    if params.greedy:
-        return None
-    # any int is a valid seed: use its low 64 bits, as the device sampler does (manual_seed rejects >= 2**64)
-    return torch.Generator().manual_seed(request_seed(params, engine_seed, request_index) & 0xFFFF_FFFF_FFFF_FFFF)
-
-
 def check_device_sampling(params: SamplingParams, mode: str, full: bool = False) -> None:
     """Raise InvalidRequestError for params the device cannot do in mode "on" (logprobs, penalties; top_k > C unless
     the runner draws full-vocabulary rows: `full`)."""
@@ -285,52 +280,37 @@ def token_logprobs(logits: torch.Tensor, token: int, top: int) -> dict[int, floa
     return out
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
-    """One token id from fp32 logits (vocab,), on the host. Exact: temperature, then min_p (tokens below min_p x the
-    largest probability dropped), then top-k (the k largest logits),
-    then top-p (the smallest prefix of the remaining tokens, most likely first, whose mass before each token is
-    < top_p), then one draw from what is left, renormalised. Never sorts the vocabulary: the candidates come from
-    torch.topk (a top-p nucleus from the fewest top entries that hold its mass), the draw from one uniform number
-    and the candidates' cumulative sum (a full sort and torch.multinomial took ~15 ms a token at V = 152k on a
-    2-core host; this ~1 ms)."""
+def sample(logits: torch.Tensor, params: SamplingParams, seed: int, pos: int) -> int:
+    """One token id from fp32 logits (vocab,), on the host, drawn as the device samplers draw it: the same token for
+    the same logits, seed and position (pos: the position of the row's last token, the token drawn goes at pos + 1).
+    So a seeded request's text does not change when it asks for logprobs (which moves it from the device's draw to
+    this one), a preempted request continues as it would have, and the reference backend draws what pyvm / torch /
+    the megakernel draw up to their logits' rounding. Exact: temperature, then min_p (tokens below min_p x the
+    largest probability dropped), then top-k (the k largest logits), then top-p (the smallest prefix of the
+    remaining tokens, most likely first, whose mass before each token is < top_p), then one draw from what is left,
+    renormalised: 1 <= top_k <= SAMPLE_CANDIDATES by the graph's sampler (ir/sampling.py, tasks/ops/argmax.py),
+    any other top_k by the full-vocabulary sampler (runtime/full_sampling.py, its torch form)."""
     if params.greedy:
         tok = int(torch.argmax(logits))
         if not bool(torch.isfinite(logits[tok])):   # argmax lands on a NaN (or +inf) when there is one
             raise ValueError(_NONFINITE)
         return tok
-    x = logits.float() / params.temperature
-    if params.min_p > 0:   # p < min_p * p_max  <=>  x < x_max + log(min_p)
-        x = x.masked_fill(x < x.max() + math.log(params.min_p), float("-inf"))
-    V = x.numel()
-    if 0 < params.top_k < V:
-        vals, idx = torch.topk(x, params.top_k)           # sorted, most likely first
-        probs = torch.softmax(vals, -1)
-    else:
-        probs, idx = torch.softmax(x, -1), None
-    if not bool(torch.isfinite(probs).all()):
+    x = logits.float().reshape(1, -1)
+    top = x.max()
+    if bool(torch.isnan(x).any()) or not bool(torch.isfinite(top)):
         raise ValueError(_NONFINITE)
-    if params.top_p < 1.0:
-        if idx is None:
-            probs, idx = _nucleus_candidates(probs, params.top_p)
-        before = torch.cumsum(probs.double(), -1) - probs.double()   # nondecreasing: the kept tokens are a prefix
-        keep = max(1, int((before < params.top_p).sum()))
-        probs, idx = probs[:keep], idx[:keep]
-    cum = torch.cumsum(probs.double(), -1)
-    u = torch.rand((), generator=gen, dtype=torch.float64) * cum[-1]
-    i = min(int(torch.searchsorted(cum, u.reshape(1), right=True)), cum.numel() - 1)
-    return int(idx[i]) if idx is not None else i
-
-
-NUCLEUS_CANDIDATES = 1024   # top entries a top-p nucleus search starts from (x8 until they hold its mass)
-
-
-def _nucleus_candidates(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The largest probabilities (of the full distribution, not renormalised), most likely first, enough of them to
-    hold a top_p nucleus (their mass >= top_p, or all of them)."""
-    V = probs.numel()
-    k = min(V, NUCLEUS_CANDIDATES)
-    while True:
-        vals, idx = torch.topk(probs, k)
-        if k == V or float(vals.double().sum()) >= top_p:
-            return vals, idx
-        k = min(V, k * 8)
+    T = float(params.temperature)
+    if params.min_p > 0:   # p < min_p * p_max  <=>  x / T < x_max / T + log(min_p)  <=>  x < x_max + T log(min_p)
+        x = x.masked_fill(x < top + T * math.log(params.min_p), float("-inf"))
+    if 1 <= params.top_k <= SAMPLE_CANDIDATES:
+        from ..tasks.ops.argmax import sample_row
+        tok = sample_row(x[0], T, params.top_k, float(params.top_p), seed_to_int64(seed), pos, SAMPLE_CANDIDATES)
+    else:
+        from ..runtime.full_sampling import FullRows
+        out = torch.full((1,), -1, dtype=torch.int64)
+        FullRows([DeviceSampling(T, max(0, params.top_k), float(params.top_p), seed, full=True)], x.device,
+                 x.shape[1]).draw(x, torch.tensor([pos], dtype=torch.int64), out, impl="torch")
+        tok = int(out[0])
+    if not 0 <= tok < x.shape[1]:
+        raise ValueError(_NONFINITE)
+    return tok

@@ -12,7 +12,7 @@ Pages (kv_allocation):
   is *preempted*: its pages go back (with prefix caching its computed pages stay cached, so taking them back is
   cheap), it returns to the head of the queue with the tokens it generated, and when readmitted it computes prompt
   and output again in one prefill whose last position gives its next token (the device draws are keyed by seed and
-  position, the host sampler's generator is the request's own: a preempted request continues as it would have,
+  position, and so are the host sampler's: a preempted request continues as it would have,
   up to the rounding of K/V computed by a prefill instead of step by step). The oldest request never waits for
   pages (a request whose whole length does not fit the cache is refused at validation), so every request finishes.
   A step that preempted admits nobody, and admission leaves a small watermark of pages free for the running ones.

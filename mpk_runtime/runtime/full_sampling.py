@@ -19,8 +19,8 @@ row's last token, as the graph sampler's):
     row's top_k are 0; the nucleus keeps the prefix of j with (mass before j) < top_p * (mass of all candidates),
     j = 0 always kept; the token is the first candidate j with cumsum(e)_j > u_0 * (nucleus mass).
 That is the host sampler's distribution (engine/sampling.py: temperature, top-k, then top-p, renormalised) to
-fp32 rounding of each weight (float64 sums); the stream differs from the host's for the same seed (another random
-source), as the graph sampler's does. A row whose logits hold NaN / inf draws -1 (the engine fails that request
+fp32 rounding of each weight (float64 sums); the host sampler draws its top_k 0 / > 64 rows with this module's
+torch form, so host and device give one token for one seed. A row whose logits hold NaN / inf draws -1 (the engine fails that request
 with a clear error). A row's token does not depend on the other rows of the step: every pass works row by row.
 
 Two implementations of that definition: Triton kernels (full_sampling_triton.py: a vocab row split into chunks over
@@ -99,8 +99,10 @@ class _VocabRows(_Rows):
             cum = torch.cumsum(ea, 1)
             r = torch.minimum(_u53(a) * mass, torch.nextafter(mass, torch.zeros_like(mass)))
             i = torch.searchsorted(cum, r[:, None], right=True).clamp_(max=v.shape[1] - 1)
-            vi = v.gather(1, i)
             tok = torch.where(todo, i.squeeze(1), tok)
+            if not self.nucleus:   # (every row accepts its first draw: the mass before it is not needed)
+                break
+            vi = v.gather(1, i)
             before_set = (v > vi) | ((v == vi) & (j[None] < i))
             before = torch.where(before_set, e, 0.0).sum(1)
             accept = (before < lim) | (self.top_p >= 1.0) | (rnd == MAX_ROUNDS - 1)

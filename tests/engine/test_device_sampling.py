@@ -34,11 +34,13 @@ def test_greedy_row_equals_reference(pyvm_tp2, ref_models):
     assert pyvm_tp2[0] == ref
 
 
-def test_device_and_host_streams_differ_but_host_fallback_is_host():
+def test_device_and_host_draw_the_same_tokens():
+    """The host sampler draws as the device does (same seed and position, same token; it drew from a
+    torch.Generator of its own until session 72), so device_sampling on or off and a runner without a device
+    sampler give one result."""
     host = _run("torch", 1, dmode="off")
     dev = _run("torch", 1, dmode="auto")
-    assert host[0] == dev[0]                      # greedy: the same everywhere
-    assert host[1:] != dev[1:]                    # different RNGs (device hash vs torch.Generator)
+    assert host == dev and len({tuple(t) for t in host}) > 1   # (and they are not all one greedy row)
     ref_host = _run("reference", 1, dmode="auto")  # the reference runner has no device sampler: host
     assert ref_host == host
 

@@ -18,7 +18,7 @@ from mpk_runtime.runtime.worker import check_pages
 
 def _req(i: int, n_prompt: int, max_tokens: int = 20) -> Request:
     return Request(request_id=str(i), seq_id=i, prompt=None, prompt_token_ids=[100 * i + j for j in range(n_prompt)],
-                   params=SamplingParams(max_tokens=max_tokens), generator=None, max_total_len=n_prompt + max_tokens)
+                   params=SamplingParams(max_tokens=max_tokens), max_total_len=n_prompt + max_tokens)
 
 
 def _run(sched: Scheduler) -> list[tuple[str, int]]:

@@ -16,7 +16,7 @@ SYSTEM = list(range(3, 43))   # 40 tokens: two full pages of 16, and 8 more
 
 def _req(tokens, seq=0):
     return Request(request_id=str(seq), seq_id=seq, prompt=None, prompt_token_ids=list(tokens),
-                   params=GREEDY, generator=None, max_total_len=len(tokens) + 8)
+                   params=GREEDY, max_total_len=len(tokens) + 8)
 
 
 def _computed(a, r, n):

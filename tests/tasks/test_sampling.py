@@ -261,3 +261,25 @@ def test_vocabulary_slices_draw_the_same_tokens(world, slices, per_task):
     one = run_sampler(x, temp, world=world, **kw)
     cut = run_sampler(x, temp, world=world, slices=slices, per_task=per_task, **kw)
     assert torch.equal(one, cut), (one, cut)
+
+
+def test_sample_row_draws_what_the_graphs_sampler_draws():
+    """The host's one-row draw (a candidate search over the entries >= the C-th largest) against sample_logits
+    (an order key for every entry, as the device): ties, +-0.0 logits, vocabularies smaller and larger than C."""
+    import random
+    from mpk_runtime.ir.sampling import seed_to_int64
+    from mpk_runtime.tasks.ops.argmax import sample_logits, sample_row
+    rng = random.Random(0)
+    torch.manual_seed(0)
+    for trial in range(600):
+        V = rng.choice([3, 64, 65, 1000])
+        x = torch.randn(V)
+        if trial % 3 == 0:
+            x = torch.round(x * 2) / 2   # many equal values
+        if trial % 5 == 0:
+            x[torch.randint(0, V, (V // 3 + 1,))] = 0.0
+            x[torch.randint(0, V, (V // 5 + 1,))] = -0.0
+        T, k, p = rng.choice([0.5, 1.0, 1.7]), rng.choice([0, 1, 5, 30, 64]), rng.choice([1.0, 0.9, 0.5])
+        seed, pos = seed_to_int64(rng.randrange(1 << 64)), rng.randrange(5000)
+        want = int(sample_logits(x[None], [T], [k], [p], [seed], [pos], 64)[0])
+        assert sample_row(x, T, k, p, seed, pos, 64) == want, (trial, V, T, k, p)

@@ -238,6 +238,27 @@ def sample_logits(logits: torch.Tensor, temperature, top_k, top_p, seed, pos, C:
                          torch.as_tensor(pos, dtype=torch.int64))
 
 
+def sample_row(x: torch.Tensor, temperature: float, top_k: int, top_p: float, seed: int, pos: int, C: int) -> int:
+    """sample_logits for one row (V,) fp32 of the whole vocabulary with temperature > 0, the same token, from a
+    candidate search over the few entries >= the C-th largest value instead of an order key for every entry (the
+    host's draw: ~0.3 ms at V = 152k on a 2-core host, sample_logits ~4.5). Exact: every entry whose key ranks in
+    the top C has a value >= the C-th largest (keys order as values; -0.0 and +0.0 are equal values), so ranking
+    that superset by (key desc, index asc) gives the device's candidates."""
+    V = x.numel()
+    n = min(C, V)
+    thr = torch.topk(x, n, sorted=False).values.min()
+    sub = torch.nonzero(x >= thr).flatten()
+    order = _rank_order(order_key(x.index_select(0, sub)), sub)
+    top = sub.index_select(0, torch.topk(order, n, sorted=True).indices)
+    vals = torch.full((1, C), float("-inf"), dtype=torch.float32)
+    idx = torch.full((1, C), PAD_INDEX, dtype=torch.int64)
+    vals[0, :n] = x.index_select(0, top)
+    idx[0, :n] = top
+    one = lambda v, dt: torch.tensor([v], dtype=dt)   # noqa: E731
+    return int(sample_rows(vals, idx, one(temperature, torch.float32), one(top_k, torch.int64),
+                           one(top_p, torch.float32), one(seed, torch.int64), one(pos, torch.int64))[0])
+
+
 def _rows(t: torch.Tensor, b0: int, nb: int) -> torch.Tensor:
     """Rows [b0, b0 + nb) of t; t itself when that is all of it (the conventional executor's one task: no extra
     slice kernels in its graph)."""
