@@ -124,6 +124,10 @@
 #    re-run with session 69's timing (the HF peer's StaticCache seek fixed first); MPK_B1_PREWAIT without spills
 #    A/B'd: +3..+4.5% at B=1 on both models, removed; tests/gpu 92 passed and the HTTP server under load (0 errors)
 #    at 2eb7266. Item a is still open.)
+#    (session 72: no machine started either; every start refused or held back for a neighbour's refusal. Pending
+#    first is unchanged: tests/gpu at HEAD (adds: the host sampler drawing as the device does -
+#    tests/gpu/test_engine_plans.py's seeded rows, test_full_sampling_gpu.py; the LLM's per-call inboxes through the
+#    engine process; plan books with shapes), then the HF peer's back-to-back bench below.)
 #    (session 71: no machine started, ~14 refused starts spent the 30 minutes. Pending first, at HEAD: tests/gpu
 #    (`N=tall T=330 LIM=320 ... tests`: the KV cache's size check on a GPU, the kernel cache's manifests, the
 #    allocator's heap, generate after shutdown), then a short bench for the HF peer's new back-to-back timing
