@@ -30,8 +30,8 @@ ROPE_TYPES = ("llama3", "yarn", "linear")
 HF_DEFAULT_MAX_POS = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768}
 # transformers' other defaults for entries config.json may leave out: Qwen3Config's head_dim (Qwen3 heads are not
 # hidden_size / num_attention_heads wide: qwen3-0.6b has 16 heads of 128 over 1024), and the Qwen configs' sliding
-# window and first sliding layer where use_sliding_window is set. (MistralConfig's default window, 4096, is not taken:
-# a Mistral config.json without sliding_window is served with full attention, where transformers would slide 4096.)
+# window and first sliding layer where use_sliding_window is set, and MistralConfig's window (4096, every layer) where
+# a Mistral config.json has no sliding_window entry (null: no window).
 HF_DEFAULT_HEAD_DIM = {"qwen3": 128}
 HF_DEFAULT_WINDOW = 4096
 HF_DEFAULT_MAX_WINDOW_LAYERS = 28
@@ -240,7 +240,8 @@ class ModelConfig:
         n_layers = hf["num_hidden_layers"]
         n_layers = n_layers if isinstance(n_layers, int) else 0   # (not an int: __post_init__ names num_layers)
         qwen_sliding = family in ("qwen2", "qwen3") and bool(hf.get("use_sliding_window"))
-        window = hf["sliding_window"] if "sliding_window" in hf else HF_DEFAULT_WINDOW if qwen_sliding else None
+        window = hf["sliding_window"] if "sliding_window" in hf else \
+            HF_DEFAULT_WINDOW if qwen_sliding or model_type == "mistral" else None   # (MistralConfig's default)
         other = []
         layer_types = hf.get("layer_types")
         if layer_types is not None and not isinstance(layer_types, list):

@@ -174,7 +174,9 @@ def test_absent_max_position_embeddings_is_the_families_default(tmp_path, family
     transformers = pytest.importorskip("transformers")
     cfg = PRESETS["tiny-" + ("llama" if family == "mistral" else family)].replace(dtype="float32", rope_scaling=None)
     d, _ = _dir(tmp_path, cfg=cfg)
-    _edit_config(d, max_position_embeddings=_DROP, model_type=family)
+    # (Mistral without a sliding_window entry slides 4096, which caps the context: null here, no window)
+    _edit_config(d, max_position_embeddings=_DROP, model_type=family,
+                 **({"sliding_window": None} if family == "mistral" else {}))
     assert load_config(d).max_position_embeddings == getattr(transformers, cls)().max_position_embeddings
     _edit_config(d, rope_scaling={"rope_type": "yarn", "factor": 4.0})
     m = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)

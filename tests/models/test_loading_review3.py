@@ -55,6 +55,8 @@ def test_qwen3_config_without_head_dim_has_transformers_128_wide_heads(tmp_path)
     ("qwen3", {"use_sliding_window": False, "max_position_embeddings": 32768}),
     ("mistral", {"sliding_window": 16, "max_position_embeddings": 32768}),
     ("mistral", {"sliding_window": None, "max_position_embeddings": 32768}),
+    # no sliding_window entry: MistralConfig's default 4096 slides every layer (this loader ran full attention)
+    ("mistral", {"max_position_embeddings": 32768}),
 ])
 def test_sliding_window_defaults_are_transformers(case):
     """The context this loader serves is capped at the window exactly when transformers' config (its defaults for
