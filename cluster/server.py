@@ -86,8 +86,9 @@ class _Inbox:
             q.put_nowait(item)
 
 
-_ROUTES = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /v1/models/{model}",
-           "GET /health", "GET /metrics", "POST /reset_prefix_cache")
+def served_name(model: str, served_model_name: str | None = None) -> str:
+    """The name requests must give as `model`: --served-model-name, else the last path component of --model."""
+    return served_model_name or os.path.basename(os.path.normpath(model))
 
 
 def _sse(obj: Any) -> str:
@@ -96,10 +97,11 @@ def _sse(obj: Any) -> str:
 
 def create_app(router: Router, served_model_name: str | None = None):
     from fastapi import FastAPI
+    from fastapi.routing import APIRoute
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-    name = served_model_name or os.path.basename(os.path.normpath(router.model_name))
+    name = served_name(router.model_name, served_model_name)
     # the HTTP handlers and the engine loops share this process's GIL: a thread that released it (a CUDA wait) may
     # wait up to the switch interval (Python's 5 ms) to run again while a handler runs. MPK_GIL_SWITCH_S sets it
     # for the process (session 64 measures 0.5 ms against the default)
@@ -122,7 +124,8 @@ def create_app(router: Router, served_model_name: str | None = None):
         """A path or method this server does not have (FastAPI answered {"detail": "Not Found"}, no error an OpenAI
         client reads): OpenAI's error body naming what was asked for. (Not a rejected generation request.)"""
         if e.status_code == 404:
-            msg = f"no route {req.method} {req.url.path} on this server; it serves {', '.join(_ROUTES)}"
+            routes = sorted(f"{m} {r.path_format}" for r in app.routes if isinstance(r, APIRoute) for m in r.methods)
+            msg = f"no route {req.method} {req.url.path} on this server; it serves {', '.join(routes)}"
             code = "not_found"
         elif e.status_code == 405:
             allow = next((v for k, v in (e.headers or {}).items() if k.lower() == "allow"), None)
@@ -546,20 +549,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, default=8000)
     a = ap.parse_args(argv)
     sock = listen_socket(a.host, a.port)   # before the model loads (minutes at 8B), not after
-    if a.executor == "ray":
-        from .ray_utils import ensure_ray
-        ensure_ray(a.ray_address)
-    from .router import build_router
-    router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
-                          step_timeout=a.step_timeout, dtype=a.dtype, seed=a.seed, max_batch=a.max_batch,
-                          max_seq_len=a.max_seq_len,
-                          engine_process=a.executor == "inprocess" if a.engine_process is None else a.engine_process,
-                          **engine_kwargs(a))
+    try:
+        if a.executor == "ray":
+            from .ray_utils import ensure_ray
+            ensure_ray(a.ray_address)
+        from .router import build_router
+        engine_process = a.executor == "inprocess" if a.engine_process is None else a.engine_process
+        router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas, executor=a.executor,
+                              step_timeout=a.step_timeout, dtype=a.dtype, seed=a.seed, max_batch=a.max_batch,
+                              max_seq_len=a.max_seq_len, engine_process=engine_process, **engine_kwargs(a))
+    except BaseException:   # (a bad --model, no Ray: the port goes back at once)
+        sock.close()
+        raise
     import uvicorn
     try:
         config = uvicorn.Config(create_app(router, a.served_model_name), host=a.host, port=a.port, log_level="info")
-        print(f"serving {a.served_model_name or os.path.basename(os.path.normpath(a.model))} on http://{a.host}:{a.port}/v1 (Ctrl+C to stop)", file=sys.stderr,
-              flush=True)   # (uvicorn prints its own address line only when it binds the socket itself)
+        # (uvicorn prints its own address line only when it binds the socket itself)
+        print(f"serving {served_name(a.model, a.served_model_name)} on http://{a.host}:{a.port}/v1 (Ctrl+C to stop)",
+              file=sys.stderr, flush=True)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()

@@ -121,6 +121,12 @@ class LLM:
                 f"tokenizer={os.fspath(tokenizer)!r}: not a directory holding a tokenizer (one of {list(_TOKENIZER_FILES)}); "
                 f"give such a directory (a model's own is used when tokenizer is None) or a tokenizer object")
         self.model = model
+        # request id -> the inbox of the call (generate / stream) that added it: request id -> the update it has not
+        # taken yet (the updates of several steps merged into one). The calls of one LLM share its engine and any of
+        # them steps it (a stream() suspended while a generate() runs, two streams consumed in turn), so a step's
+        # outputs go to their own call (each call took every output as its own or dropped it: generate() ended on
+        # another call's request with a KeyError, a stream lost updates and its final output)
+        self._inboxes: dict[str, dict[str, RequestOutput]] = {}
         self.config = resolve_model(model)
         if not isinstance(tp, int) or tp < 1:
             raise InvalidRequestError(f"tp must be an int >= 1, got {tp!r}")
@@ -211,20 +217,6 @@ class LLM:
         for r in rids:
             boxes[r] = inbox
         return rids, inbox
-
-    @property
-    def _inboxes(self) -> dict[str, dict[str, RequestOutput]]:
-        """Request id -> the inbox of the call (generate / stream) that added it: request id -> the update it has not
-        taken yet (the updates of several steps merged into one: a stream suspended while others step keeps one
-        snapshot a request, not one a step).
-        The calls of one LLM share its engine and any of them steps it (a stream() suspended while a generate()
-        runs, two streams consumed in turn), so a step's outputs are routed to their own call. (Each call took
-        every output of a step as its own or dropped it: generate() ended early on another call's finished
-        request with a KeyError, and a stream lost updates and its final output.)"""
-        d = self.__dict__.get("_inbox_map")
-        if d is None:
-            d = self.__dict__["_inbox_map"] = {}
-        return d
 
     def _step(self) -> None:
         """One engine step; each output goes to the inbox of the call that owns its request (others: dropped)."""

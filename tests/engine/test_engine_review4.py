@@ -3,20 +3,10 @@ model's own greedy loop computed in the test."""
 import pytest
 
 from mpk_runtime.engine import LLM, SamplingParams
+from tests.engine.test_engine_stop_logprobs import _SpaceTokenizer
 
 PROMPT = [3, 1, 4, 1, 5]
 OTHER = [7, 8, 9]
-
-
-class _SpaceTokenizer:
-    """Text = the token ids joined by spaces: where every token's text lies is known from the ids."""
-    eos_token_id = None
-
-    def encode(self, text, add_special_tokens=True):
-        return [int(x) for x in text.split()]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return " ".join(map(str, ids))
 
 
 def _text(ids):

@@ -17,6 +17,7 @@ from mpk_runtime import LLM, SamplingParams
 from mpk_runtime.engine.errors import InvalidRequestError
 from mpk_runtime.ir.shard import valid_tps
 from mpk_runtime.models import PRESETS, random_weights, save_weights
+from tests.runtime.test_runtime_review import _fake_gpus
 
 LLAMA, QWEN2, QWEN3 = PRESETS["tiny-llama"], PRESETS["tiny-qwen2"], PRESETS["tiny-qwen3"]
 LP_TOL = 2e-5   # |logprob - reference's| of the top tokens (fp32; seen <= 2.4e-6 over every shape below)
@@ -71,13 +72,6 @@ def test_tp_invariant_that_does_not_split_the_mlp_is_refused_when_the_llm_is_mad
             LLM(path, backend=be, tp=2, tp_invariant=3, dtype="float32", max_seq_len=32)
     # the ones that split still run, and match the reference
     _check_against_reference(path, cfg, _prompts(cfg, (5, 3)), tps=(2,), backends=("pyvm",), tp_invariant=2)
-
-
-def _fake_gpus(monkeypatch, n):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: (9, 0))
 
 
 def test_megakernel_refuses_a_tp_whose_mlp_share_is_not_whole_16_byte_rows(monkeypatch):
