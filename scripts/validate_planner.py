@@ -323,7 +323,8 @@ def write_report(rows, hf, meta, out, tag=""):
                   f, indent=1)
     plot(rows, os.path.join(out, f"planner_pred_vs_measured{tag}.png"))
     print(f"segment MAPE {summ['segment_mape']}, step MAPE {summ['step_mape']}, resolved plan pairs ordered "
-          f"{summ['resolved_pairs_ordered']}, all targets met: {summ['targets_met']}")
+          f"{summ['resolved_pairs_ordered']}, all targets met: {summ['targets_met']}"
+          + (f" (not measured: {', '.join(summ['targets_unmeasured'])})" if summ.get("targets_unmeasured") else ""))
     for p in summ["points"]:
         print(f"{p['model']:14s} tp={p['tp']} ctx={p.get('context', '-')} B={p['batch']:4d} plans={p['plans']} step_mape={p['step_mape']} spearman={p['spearman']} "
               f"pairs_ordered={p['pairs_ordered']} chosen={p['chosen']} best={p['best_measured']} regret={p['regret']} "

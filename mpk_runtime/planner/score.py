@@ -112,9 +112,12 @@ def summarize(rows: list[dict], hf: dict | None = None) -> dict:
            "regret": bool(pts) and all(p["regret"] is not None and p["regret"] <= TARGETS["regret"] for p in pts),
            "chosen_vs_best_of_mono_conv": bool(pts) and all(
                p["chosen_vs_best_of_mono_conv"] is not None and p["chosen_vs_best_of_mono_conv"] <= 0.05 for p in pts),
-           "faster_than_hf_everywhere": bool(pts) and all(p["faster_than_hf"] for p in pts)}
+           # judged where the HF peer was measured; None (not a miss) where it was measured nowhere
+           "faster_than_hf_everywhere": all(p["faster_than_hf"] for p in pts if p["faster_than_hf"] is not None)
+           if any(p["faster_than_hf"] is not None for p in pts) else None}
     s["targets"] = chk
-    s["targets_met"] = all(chk.values())
+    s["targets_unmeasured"] = [k for k, v in chk.items() if v is None]
+    s["targets_met"] = all(v for v in chk.values() if v is not None)
     return s
 
 

@@ -176,6 +176,24 @@ def test_spearman_and_summary_checks():
     assert pts[4096]["best_measured"] == "mega2" and pts[4096]["regret"] > 1.0 and pts[4096]["hf_us"] is None
 
 
+def test_an_unmeasured_hf_peer_is_not_a_missed_target():
+    """A validation run without the HF peer (validate_planner at ctx 8192, session 73) reported "all targets met:
+    False" only because no HF time was there to compare; an unmeasured target is None and not counted, a measured
+    loss still fails."""
+    rows = [dict(model="m", batch=1, tp=1, plan=n, chosen=n == "mono", predicted_us=p, measured_us=q,
+                 segments=[dict(predicted_us=p, measured_us=q)])
+            for n, p, q in (("mono", 100, 100), ("conventional", 200, 210), ("mega2", 150, 160))]
+    s = summarize(rows, {})
+    assert s["targets"]["faster_than_hf_everywhere"] is None and s["targets_met"] is True
+    assert s["targets_unmeasured"] == ["faster_than_hf_everywhere"]
+    slow = summarize(rows, {("m", 1): 0.05})   # HF 50 us, ours 100
+    assert slow["targets"]["faster_than_hf_everywhere"] is False and slow["targets_met"] is False
+    # one point with the peer, one without: judged on the one measured
+    more = rows + [dict(r, batch=8) for r in rows]
+    mixed = summarize(more, {("m", 1): 0.2})
+    assert mixed["targets"]["faster_than_hf_everywhere"] is True and mixed["targets_met"] is True
+
+
 def test_megakernel_row_groups_restream_weights(base):
     """The legacy CUDA-core model (mk_linear_model "row_tile", only when a profile asks for it)."""
     cfg = PRESETS["tiny-llama"]
