@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -186,7 +187,8 @@ def _generate(a: argparse.Namespace) -> int:
         llm.shutdown()
     t2 = time.perf_counter()
     n = sum(len(o.token_ids) for o in outs)
-    print(f"# {a.model} backend={a.backend} tp={a.tp}: load {t1 - t0:.1f}s, {n} tokens in {t2 - t1:.2f}s"
+    weights = "" if os.path.isdir(a.model) else f" (a preset: seeded random weights, seed {a.seed})"
+    print(f"# {a.model}{weights} backend={a.backend} tp={a.tp}: load {t1 - t0:.1f}s, {n} tokens in {t2 - t1:.2f}s"
           + (f", {pre} preemptions for KV pages (more --num-pages would avoid them)" if pre else ""), file=sys.stderr)
     failed = [o for o in outs if o.finish_reason == "error"]
     if failed:

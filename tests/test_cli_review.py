@@ -89,3 +89,13 @@ def test_a_failed_request_keeps_the_finished_ones_and_exits_1(monkeypatch, capsy
     assert ok["finish_reason"] == "length" and len(ok["token_ids"]) == 2
     assert bad["finish_reason"] == "error" and "nan" in bad["error"]
     assert "1 of 2" in cap.err and "Traceback" not in cap.err
+
+
+def test_the_summary_line_says_when_the_weights_are_a_presets_random_ones(demo, capsys):
+    """`--model Llama-3.2-1B` is the preset (names are case-insensitive): seeded random weights, not Meta's. The
+    summary line said nothing about it, so gibberish output looked like a broken runtime."""
+    assert main(BASE + ["--prompt-ids", "1,2", "--seed", "3"]) == 0
+    assert "seeded random weights, seed 3" in capsys.readouterr().err
+    assert main(["generate", "--model", demo, "--backend", "torch", "--dtype", "float32", "--max-tokens", "2",
+                 "--prompt-ids", "1,2"]) == 0
+    assert "random" not in capsys.readouterr().err   # a model directory's own weights

@@ -210,7 +210,10 @@ class ModelConfig:
     def from_name(cls, name: str) -> "ModelConfig":
         key = name.lower()
         if key not in PRESETS:
-            raise ConfigError(f"unknown model {name!r}; known presets: {', '.join(sorted(PRESETS))}. "
+            import difflib
+            near = difflib.get_close_matches(key, PRESETS, n=1, cutoff=0.8)
+            raise ConfigError(f"unknown model {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                              + f"; known presets: {', '.join(sorted(PRESETS))}. "
                               "Or pass a local Hugging Face model directory (with config.json).")
         return PRESETS[key]
 

@@ -31,6 +31,14 @@ def test_unknown_model_lists_presets():
         ModelConfig.from_name("llama-9")
 
 
+def test_a_misspelt_preset_is_named():
+    with pytest.raises(ConfigError, match="did you mean 'tiny-llama'"):
+        ModelConfig.from_name("tiny-lama")
+    with pytest.raises(ConfigError) as e:   # nothing close: no guess
+        ModelConfig.from_name("gpt2")
+    assert "did you mean" not in str(e.value)
+
+
 def test_invalid_configs_say_what_is_wrong():
     base = PRESETS["tiny-llama"]
     with pytest.raises(ConfigError, match="multiple of num_kv_heads"):
