@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import threading
 import time
 from typing import Iterator, Sequence
 
@@ -47,6 +48,34 @@ def _json(r) -> dict | str:
         return r.json()
     except ValueError:  # not JSON: a proxy's error page, a non-mpk server, ...
         return r.text[:500]
+
+
+def _run_all(fn, args: list[tuple], workers: int) -> list[cf.Future]:
+    """fn(*a) for each a, at most `workers` at a time; a future cancelled before its turn does not run. (Not a
+    ThreadPoolExecutor: leaving its `with` waits for every call in flight, so one failed request was raised only
+    after all the others were generated; and its threads are joined at the interpreter's exit, so a program that
+    stopped on the error would wait for them still. These are daemon threads that end when the calls run out.)"""
+    futs = [cf.Future() for _ in args]
+    jobs = iter(list(zip(futs, args)))
+    lock = threading.Lock()
+
+    def work():
+        while True:
+            with lock:
+                job = next(jobs, None)
+            if job is None:
+                return
+            f, a = job
+            if not f.set_running_or_notify_cancel():   # (cancelled: a request before it failed)
+                continue
+            try:
+                f.set_result(fn(*a))
+            except BaseException as e:   # noqa: BLE001  (the caller's: it reads the future)
+                f.set_exception(e)
+
+    for k in range(workers):
+        threading.Thread(target=work, name=f"mpk-client-{k}", daemon=True).start()
+    return futs
 
 
 class _Transport:
@@ -104,6 +133,8 @@ class Client:
             self.address = "http://" + self.address
         if self.address.endswith("/v1"):   # an OpenAI client's base_url: the paths below carry /v1 themselves
             self.address = self.address[:-3]
+        if max_parallel < 1:
+            raise ValueError(f"max_parallel must be >= 1 (requests in flight at once), got {max_parallel}")
         self._http = _Transport(self.address, timeout)
         self.max_parallel = max_parallel
         if model is None:
@@ -116,7 +147,10 @@ class Client:
         self.model = model
 
     def _body(self, prompt, sp: SamplingParams, stream: bool) -> dict:
-        return {"model": self.model, "prompt": prompt, "max_tokens": sp.max_tokens, "temperature": sp.temperature,
+        # truncate_max_tokens: max_tokens past the context stops at the context (finish_reason "length"), as
+        # LLM.generate does, not the 400 a plain OpenAI request gets
+        return {"model": self.model, "prompt": prompt, "max_tokens": sp.max_tokens, "truncate_max_tokens": True,
+                "temperature": sp.temperature,
                 "top_p": sp.top_p, "top_k": sp.top_k, "seed": sp.seed, "stop_token_ids": list(sp.stop_token_ids),
                 "ignore_eos": sp.ignore_eos, "stream": stream, "stop": list(sp.stop) or None,
                 "include_stop_str_in_output": sp.include_stop_str_in_output, "logprobs": sp.logprobs,
@@ -152,20 +186,25 @@ class Client:
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Sends the prompts concurrently (so the server batches them); outputs in prompt order."""
+        """Sends the prompts concurrently (so the server batches them); outputs in prompt order. The first request
+        that fails is raised at once: the prompts not sent yet are not sent, and the requests in flight are not
+        waited for (daemon threads finish them in the background, within the client's timeout, and drop their
+        answers; a program that ends on the error does not wait for them)."""
         prompts, params = self._validated(prompts, sampling_params)
-        with cf.ThreadPoolExecutor(min(self.max_parallel, len(prompts))) as pool:
-            futs = [pool.submit(self._one, p, s, str(i)) for i, (p, s) in enumerate(zip(prompts, params))]
+        futs = _run_all(self._one, [(p, s, str(i)) for i, (p, s) in enumerate(zip(prompts, params))],
+                        min(self.max_parallel, len(prompts)))
+        try:
             done = cf.as_completed(futs)
             if use_tqdm:
                 from tqdm.auto import tqdm
                 done = tqdm(done, total=len(futs), desc="generate", unit="req")
             for f in done:
-                if f.exception() is not None:   # the call fails: do not send (and throw away) the prompts not sent yet
-                    for g in futs:
-                        g.cancel()
+                if f.exception() is not None:
                     raise f.exception()
             return [f.result() for f in futs]
+        finally:   # (all done on success; on an error or Ctrl-C: the prompts not sent yet are not sent)
+            for f in futs:
+                f.cancel()
 
     def stream(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
                ) -> Iterator[RequestOutput]:

@@ -39,6 +39,9 @@ class CommonRequest(BaseModel):
     min_p: float | None = None
     min_tokens: int | None = None
     logit_bias: dict | None = None    # OpenAI: {"token id": bias in [-100, 100]}
+    # an explicit max_tokens / max_completion_tokens past the context stops at the context (finish_reason "length"),
+    # as LLM.generate and vLLM's offline engine do, instead of OpenAI's 400; cluster.Client sends it (true)
+    truncate_max_tokens: bool = False
     # OpenAI fields this server does not implement: declared so that a request using them gets a 400 (the server
     # checks them) instead of being served as if they were absent
     response_format: dict | None = None

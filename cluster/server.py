@@ -268,10 +268,12 @@ def create_app(router: Router, served_model_name: str | None = None):
     def _submit_all(prompts, params, r: CommonRequest | None = None) -> tuple[asyncio.Queue, list[tuple[Any, str]]]:
         """Validate every prompt, then queue them all (each r.n times: choice i * n + j is prompt i's j-th);
         outputs arrive on one asyncio queue as (choice index, output). A max_tokens the request sent explicitly
-        must fit the context after the prompt (OpenAI's 400); the default (16, or none for chat) stops at the
-        context instead (finish_reason "length")."""
+        must fit the context after the prompt (OpenAI's 400), unless it sent truncate_max_tokens: true (the
+        extension cluster.Client sends); the default (16, or none for chat) stops at the context instead
+        (finish_reason "length"), as LLM.generate does."""
         ctx = router.engine.kv_spec.max_seq_len
-        explicit = r is not None and bool({"max_tokens", "max_completion_tokens"} & r.model_fields_set)
+        explicit = (r is not None and not r.truncate_max_tokens
+                    and bool({"max_tokens", "max_completion_tokens"} & r.model_fields_set))
         n = r.n if r is not None else 1
         stream = r is None or r.stream
         for ids, _ in prompts:
@@ -279,7 +281,8 @@ def create_app(router: Router, served_model_name: str | None = None):
             if explicit and params.max_tokens is not None and len(ids) + params.max_tokens > ctx:
                 raise HTTPError(400, f"this model's context is {ctx} tokens, but the prompt ({len(ids)} tokens) plus "
                                      f"max_tokens ({params.max_tokens}) would need {len(ids) + params.max_tokens}: lower "
-                                     f"max_tokens to at most {ctx - len(ids)}, or leave it out")
+                                     f"max_tokens to at most {ctx - len(ids)}, or leave it out (or send "
+                                     "truncate_max_tokens: true to stop at the context)")
         loop = asyncio.get_running_loop()
         inbox = inboxes.get(loop)
         if inbox is None:
