@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import queue
 import threading
 import time
 from typing import Iterator, Sequence
@@ -206,49 +207,115 @@ class Client:
             for f in futs:
                 f.cancel()
 
+    def _stream_one(self, prompt, sp: SamplingParams, rid: str, stop: threading.Event | None = None
+                    ) -> Iterator[RequestOutput]:
+        """One prompt's SSE stream as RequestOutput snapshots (cumulative token_ids / text / logprobs, and the
+        deltas). With `stop`: checked between SSE lines; once set, the response is closed (the server then aborts
+        the request) and nothing more is yielded."""
+        t0 = time.monotonic()
+        toks: list[int] = []
+        lps: list[dict[int, float]] | None = None if sp.logprobs is None else []
+        text = ""
+        first = None
+        pids = [] if isinstance(prompt, str) else list(prompt)   # (a string's ids come with its first chunk)
+        done = False
+        with self._http.stream("POST", "/v1/completions", json=self._body(prompt, sp, True)) as r:
+            if r.status_code != 200:
+                r.read()
+                _raise_for(r.status_code, _json(r))
+            for line in r.iter_lines():
+                if stop is not None and stop.is_set():
+                    return   # (leaving the `with` closes the connection)
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                ev = json.loads(data)
+                if "error" in ev:
+                    _raise_for(503, ev)
+                if not ev.get("choices"):
+                    continue
+                c = ev["choices"][0]
+                toks = toks + c.get("token_ids", [])
+                if lps is not None:
+                    lps = lps + (_logprobs(c.get("logprobs_by_id")) or [])
+                text += c.get("text", "")
+                first = first or time.monotonic()
+                done = c.get("finish_reason") is not None
+                now = time.monotonic()
+                pids = c.get("prompt_token_ids") or pids
+                yield RequestOutput(rid, prompt if isinstance(prompt, str) else None, pids, list(toks), text,
+                                    c.get("token_ids", []), c.get("text", ""), done, c.get("finish_reason"),
+                                    None, RequestMetrics(t0, first, now if done else None, len(pids), len(toks)),
+                                    logprobs=lps)
+        if not done:   # (a proxy's read timeout, a server gone between chunks: not a whole answer)
+            raise E.RequestFailedError(f"the stream from {self.address} ended before its last chunk (no "
+                                       f"finish_reason after {len(toks)} tokens): the answer is cut short")
+
     def stream(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
                ) -> Iterator[RequestOutput]:
-        """Yields incremental outputs (delta_token_ids / delta_text), one request after another."""
+        """Yields a snapshot each time a request gains tokens (delta_token_ids / delta_text) and when it ends, as
+        LLM.stream: the requests of one call run concurrently (up to max_parallel streams in flight, so the server
+        batches them) and their snapshots interleave; tell them apart by request_id (the prompt's index). The first
+        request that fails is raised at once, and the prompts not sent yet are not sent. A caller that stops early
+        (break, close(), an exception) ends the streams in flight (each closes its connection at its next SSE line,
+        and the server aborts its request) and sends no more."""
         prompts, params = self._validated(prompts, sampling_params)
-        for i, (p, sp) in enumerate(zip(prompts, params)):
-            t0 = time.monotonic()
-            toks: list[int] = []
-            lps: list[dict[int, float]] | None = None if sp.logprobs is None else []
-            text = ""
-            first = None
-            pids = [] if isinstance(p, str) else list(p)   # (a string's ids come with its first chunk)
-            done = False
-            with self._http.stream("POST", "/v1/completions", json=self._body(p, sp, True)) as r:
-                if r.status_code != 200:
-                    r.read()
-                    _raise_for(r.status_code, _json(r))
-                for line in r.iter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line[6:]
-                    if data == "[DONE]":
-                        break
-                    ev = json.loads(data)
-                    if "error" in ev:
-                        _raise_for(503, ev)
-                    if not ev.get("choices"):
-                        continue
-                    c = ev["choices"][0]
-                    toks = toks + c.get("token_ids", [])
-                    if lps is not None:
-                        lps = lps + (_logprobs(c.get("logprobs_by_id")) or [])
-                    text += c.get("text", "")
-                    first = first or time.monotonic()
-                    done = c.get("finish_reason") is not None
-                    now = time.monotonic()
-                    pids = c.get("prompt_token_ids") or pids
-                    yield RequestOutput(str(i), p if isinstance(p, str) else None, pids, list(toks), text,
-                                        c.get("token_ids", []), c.get("text", ""), done, c.get("finish_reason"),
-                                        None, RequestMetrics(t0, first, now if done else None, len(pids), len(toks)),
-                                        logprobs=lps)
-            if not done:   # (a proxy's read timeout, a server gone between chunks: not a whole answer)
-                raise E.RequestFailedError(f"the stream from {self.address} ended before its last chunk (no "
-                                           f"finish_reason after {len(toks)} tokens): the answer is cut short")
+        jobs = [(p, sp, str(i)) for i, (p, sp) in enumerate(zip(prompts, params))]
+        workers = min(self.max_parallel, len(jobs))
+        if workers <= 1:   # (one stream at a time: read in the caller's thread, closed when the caller stops)
+            for job in jobs:
+                yield from self._stream_one(*job)
+            return
+        # Daemon threads (not a ThreadPoolExecutor, whose threads are joined at the interpreter's exit: see _run_all),
+        # each reading one stream at a time onto `q`; `stop` ends them (the caller stopped, or a request failed),
+        # `gone` says the caller's generator ended (nobody reads `q` any more).
+        q: queue.Queue = queue.Queue(maxsize=64 * workers)   # (bounded: a slow reader holds the streams back)
+        stop, gone = threading.Event(), threading.Event()
+        todo = iter(jobs)
+        lock = threading.Lock()
+
+        def put(item, until: threading.Event = stop) -> bool:
+            while not until.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    pass
+            return False
+
+        def work():
+            while not stop.is_set():
+                with lock:
+                    job = next(todo, None)
+                if job is None:
+                    return
+                try:
+                    for out in self._stream_one(*job, stop=stop):
+                        if not put((None, out)):
+                            return
+                    put((None, None))   # (one request done)
+                except BaseException as e:   # noqa: BLE001  (the caller's: raised from the generator)
+                    stop.set()   # (first: the others take no new prompt, and end their streams)
+                    put((e, None), until=gone)
+                    return
+
+        for k in range(workers):
+            threading.Thread(target=work, name=f"mpk-client-stream-{k}", daemon=True).start()
+        left = len(jobs)
+        try:
+            while left:
+                err, out = q.get()
+                if err is not None:
+                    raise err
+                if out is None:
+                    left -= 1
+                    continue
+                yield out
+        finally:   # (all done; or an error, or the caller stopped: the workers stop and close their streams)
+            stop.set()
+            gone.set()
 
     def health(self) -> dict:
         return self._http.get("/health").json()
