@@ -6,7 +6,8 @@
     outs = c.generate([[1, 2, 3], "hello"], SamplingParams(temperature=0, max_tokens=8))
 
 Errors come back typed: a 4xx raises the engine's `InvalidRequestError` family (same class names), a 503
-raises `RequestFailedError`.
+raises `RequestFailedError`, a 429 (the server's --max-concurrent-requests in flight) `ServerOverloadedError`, a
+`RequestFailedError`: retry later.
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def _raise_for(status: int, body: dict | str):
     err = body.get("error", {}) if isinstance(body, dict) else {}
     msg = err.get("message") or str(body)
     code = err.get("code") or ""
+    if status == 429:   # (the server's --max-concurrent-requests were in flight, or a proxy's rate limit)
+        raise E.ServerOverloadedError(f"HTTP 429, the server is overloaded and queued nothing: {msg}")
     if code in _ERRORS:
         raise _ERRORS[code](msg)
     if status == 404:

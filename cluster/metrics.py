@@ -27,6 +27,10 @@ class Metrics:
                        "time_per_output_token_seconds": deque(maxlen=keep)}
         # _count / _sum over every finished request (Prometheus counters); the quantiles over the last `keep`
         self.totals = {name: [0, 0.0] for name in self.series}
+        # generation requests (completions, chat) the HTTP server accepted and has not answered in full, and those it
+        # refused with 429 because --max-concurrent-requests were in flight (the server's admission limit)
+        self.in_flight = 0
+        self.overloaded = 0
 
     def on_tokens(self, n: int) -> None:
         if n <= 0:
@@ -66,6 +70,18 @@ class Metrics:
         with self._lock:
             self.requests["rejected"] += 1
 
+    def on_admit(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def on_release(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+
+    def on_overloaded(self) -> None:
+        with self._lock:
+            self.overloaded += 1
+
     def tokens_per_second(self) -> float:
         now = time.monotonic()
         with self._lock:
@@ -76,10 +92,16 @@ class Metrics:
                  "# TYPE mpk_tokens_per_second gauge", f"mpk_tokens_per_second {self.tokens_per_second():.6g}",
                  "# HELP mpk_generated_tokens_total Tokens generated since start",
                  "# TYPE mpk_generated_tokens_total counter", f"mpk_generated_tokens_total {self.tokens_total}",
-                 "# HELP mpk_requests_total Requests by how they ended (rejected: refused with a 4xx)",
+                 "# HELP mpk_requests_total Requests by how they ended (rejected: refused as a bad request, 4xx; "
+                 "refusals for overload are mpk_requests_overloaded_total)",
                  "# TYPE mpk_requests_total counter"]
         with self._lock:
             lines += [f'mpk_requests_total{{status="{k}"}} {v}' for k, v in self.requests.items()]
+            lines += ["# HELP mpk_requests_overloaded_total Generation requests refused with HTTP 429 because "
+                      "--max-concurrent-requests were in flight", "# TYPE mpk_requests_overloaded_total counter",
+                      f"mpk_requests_overloaded_total {self.overloaded}",
+                      "# HELP mpk_requests_in_flight Generation requests (completions, chat) accepted and not yet "
+                      "answered in full", "# TYPE mpk_requests_in_flight gauge", f"mpk_requests_in_flight {self.in_flight}"]
             for name, vals in self.series.items():
                 sv = sorted(vals)
                 count, total = self.totals[name]

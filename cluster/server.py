@@ -6,7 +6,8 @@ Endpoints: POST /v1/completions, POST /v1/chat/completions (both with SSE `strea
 /v1/models/{model}), /health,
 /metrics (Prometheus text). Each replica's engine runs its continuous batching in one background loop, so
 concurrent HTTP requests share decode steps. Bad inputs answer 4xx with an OpenAI-style error body; a request
-the runtime failed on (worker died/hung) answers 503, or an `error` event when it was already streaming.
+the runtime failed on (worker died/hung) answers 503, or an `error` event when it was already streaming. With
+--max-concurrent-requests N, a generation request arriving while N are in flight answers 429 at once (Retry-After).
 """
 from __future__ import annotations
 
@@ -26,16 +27,13 @@ from mpk_runtime.engine.request import logprobs_by_id
 
 from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
 from mpk_runtime.envflags import env_seconds
+from .admission import _AdmissionLimit, _err_body
 from .metrics import Metrics
 from .openai_params import HTTPError, choices, sampling_params
 from .protocol import CHAT_ROLES, ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request  # likewise (the endpoints take the raw request to see disconnects)
 from .router import Router
-
-
-def _err_body(message: str, code: str, etype: str = "invalid_request_error", param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": etype, "code": code, "param": param}}
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
@@ -95,7 +93,14 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def create_app(router: Router, served_model_name: str | None = None):
+def create_app(router: Router, served_model_name: str | None = None, max_concurrent_requests: int | None = None):
+    """max_concurrent_requests: generation requests in flight at once (--max-concurrent-requests); one past them is
+    refused with 429 (see _AdmissionLimit). None: no limit, every request is queued in the engine."""
+    if max_concurrent_requests is not None and (isinstance(max_concurrent_requests, bool)
+                                                or not isinstance(max_concurrent_requests, int)
+                                                or max_concurrent_requests < 1):
+        raise ValueError(f"max_concurrent_requests must be a positive int (generation requests in flight at once) "
+                         f"or None for no limit, got {max_concurrent_requests!r}")
     from fastapi import FastAPI
     from fastapi.routing import APIRoute
     from fastapi.exceptions import RequestValidationError
@@ -110,6 +115,8 @@ def create_app(router: Router, served_model_name: str | None = None):
     inboxes: dict = {}   # event loop -> its _Inbox (uvicorn runs one)
     app = FastAPI(title="mpk-runtime", version="0.1.0")
     app.state.router, app.state.metrics = router, metrics
+    app.state.max_concurrent_requests = max_concurrent_requests
+    app.add_middleware(_AdmissionLimit, metrics=metrics, limit=max_concurrent_requests)
 
     # --- errors -> 4xx / 503 with a message ------------------------------------------------------------------
     @app.exception_handler(HTTPError)
@@ -527,7 +534,18 @@ class ServerThread:
         self.thread.join(10)
 
 
-def main(argv: list[str] | None = None) -> None:
+def _max_concurrent(v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{v!r}: give a positive number of generation requests in flight at once "
+                                         "(e.g. 64), or leave the flag out for no limit")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="OpenAI-compatible server for mpk-runtime")
     ap.add_argument("--model", required=True, help="preset name or local Hugging Face model directory")
     ap.add_argument("--served-model-name", default=None)
@@ -550,7 +568,14 @@ def main(argv: list[str] | None = None) -> None:
     add_engine_flags(ap)
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ap.add_argument("--port", type=int, default=8000)
-    a = ap.parse_args(argv)
+    ap.add_argument("--max-concurrent-requests", type=_max_concurrent, default=None, metavar="N",
+                    help="admit at most N generation requests (completions, chat; streaming or not) at once: one more "
+                         "is answered 429 with Retry-After at once instead of queued (default: no limit)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = build_parser().parse_args(argv)
     sock = listen_socket(a.host, a.port)   # before the model loads (minutes at 8B), not after
     try:
         if a.executor == "ray":
@@ -566,7 +591,8 @@ def main(argv: list[str] | None = None) -> None:
         raise
     import uvicorn
     try:
-        config = uvicorn.Config(create_app(router, a.served_model_name), host=a.host, port=a.port, log_level="info")
+        app = create_app(router, a.served_model_name, a.max_concurrent_requests)
+        config = uvicorn.Config(app, host=a.host, port=a.port, log_level="info")
         # (uvicorn prints its own address line only when it binds the socket itself)
         print(f"serving {served_name(a.model, a.served_model_name)} on http://{a.host}:{a.port}/v1 (Ctrl+C to stop)",
               file=sys.stderr, flush=True)

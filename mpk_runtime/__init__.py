@@ -18,6 +18,7 @@ _LAZY = {
     "UnknownModelError": ("mpk_runtime.engine", "UnknownModelError"),
     "RequestFailedError": ("mpk_runtime.engine", "RequestFailedError"),
     "ShutDownError": ("mpk_runtime.engine", "ShutDownError"),
+    "ServerOverloadedError": ("mpk_runtime.engine", "ServerOverloadedError"),
     "ModelConfig": ("mpk_runtime.models", "ModelConfig"),
     "build_graph": ("mpk_runtime.ir", "build_graph"),
     "build_task_graphs": ("mpk_runtime.tasks", "build_task_graphs"),

@@ -1,11 +1,11 @@
 """Requests, scheduling, sampling and the `LLM` entry point (see `llm.py`)."""
 from .engine import LLMEngine
-from .errors import (InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError, ShutDownError,
-                     UnknownModelError)
+from .errors import (InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError,
+                     ServerOverloadedError, ShutDownError, UnknownModelError)
 from .llm import LLM
 from .request import RequestMetrics, RequestOutput
 from .sampling import SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "InvalidRequestError",
            "PromptTooLongError", "NoTokenizerError", "UnknownModelError", "RequestFailedError",
-           "ShutDownError"]
+           "ServerOverloadedError", "ShutDownError"]

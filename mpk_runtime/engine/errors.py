@@ -25,3 +25,8 @@ class RequestFailedError(RuntimeError):
 
 class ShutDownError(RuntimeError):
     """The LLM was shut down (LLM.shutdown, or its `with` block ended): its workers are gone; make a new LLM."""
+
+
+class ServerOverloadedError(RequestFailedError):
+    """The server refused the request because it already had as many in flight as it admits (HTTP 429: its
+    --max-concurrent-requests); nothing was queued. Retry later, or start the server with a larger limit."""

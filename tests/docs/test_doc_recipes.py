@@ -162,7 +162,13 @@ def test_serving_http_inprocess(demo):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             exec(code, {})
-        assert json.loads(out.getvalue().strip().splitlines()[-1]) == choice["token_ids"]   # greedy, the same ids
+        lines = out.getvalue().strip().splitlines()
+        assert json.loads(lines[0]) == choice["token_ids"]   # Client.generate: greedy, the same ids
+        streamed: dict[str, list] = {}   # Client.stream's lines: "<request_id> <delta ids>", requests interleaved
+        for ln in lines[1:]:
+            rid, delta = ln.split(" ", 1)
+            streamed.setdefault(rid, []).extend(json.loads(delta))
+        assert streamed["0"] == choice["token_ids"] and set(streamed) == {"0", "1"}
         metrics = httpx.get(base + "/metrics").text
         for name in ("mpk_requests_total", "mpk_kv_pages_total", "mpk_preemptions_total"):
             assert name in metrics, name
