@@ -7,11 +7,13 @@ Each input line is {"prompt": str} or {"prompt_token_ids": [...]}, plus optional
 SamplingParams': temperature, top_k, top_p, max_tokens, stop_token_ids, stop, seed, ignore_eos, logprobs,
 penalties, ...) and an optional "id". Each output line (same order) is {"id", "prompt_token_ids", "token_ids",
 "text", "finish_reason", "metrics"}, plus "logprobs" ([[token id, logprob], ...] a generated token) where asked.
-A bad line fails the job before any generation, naming the line.
+A bad line fails the job before any generation, naming the line. Results are written a --chunk at a time; after a
+failure part-way, the same command with --resume keeps the results already in --output and generates the rest.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -20,6 +22,7 @@ import time
 from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
 from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams, UnknownModelError
 from mpk_runtime.engine.request import logprobs_by_id
+from mpk_runtime.engine.sampling import request_seed
 
 SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
 
@@ -58,6 +61,86 @@ def read_requests(path: str) -> list[dict]:
     if not reqs:
         raise InvalidRequestError(f"{path} has no requests")
     return reqs
+
+
+def _same(a, b) -> bool:
+    """Equal as JSON values (1 is not 1.0 nor true)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _not_ours(output: str, inp: str, why: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"--output {output} does not belong to --input {inp}: {why}. --resume continues only a run of this same "
+        "input into this file: give another --output, or run without --resume to overwrite it")
+
+
+def read_done(output: str, inp: str, reqs: list[dict]) -> tuple[int, int, int, dict[int, list]]:
+    """--resume: the results a run of this input already wrote to `output`, checked line by line to be those of its
+    first requests in order (ids, and prompt token ids where the input gives them); (how many, the bytes of their
+    lines, the bytes after them: a last line cut mid-write, i.e. without its newline or not JSON, to drop, and the
+    prompt token ids of the kept lines whose request is text, for check_done_prompts). Raises InvalidRequestError
+    when the file is not this input's results (another input's, a line that is not a result, more lines than
+    requests)."""
+    k = size = 0
+    text_ids: dict[int, list] = {}
+
+    def parse(raw: bytes):
+        if not raw.endswith(b"\n"):
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:   # (not UTF-8, not JSON)
+            return None
+
+    def take(d, n: int, raw: bytes) -> None:
+        nonlocal k, size
+        if not isinstance(d, dict) or "id" not in d or not isinstance(d.get("prompt_token_ids"), list):
+            raise _not_ours(output, inp, f"its line {n} is not a result line of this job")
+        if k >= len(reqs):
+            raise _not_ours(output, inp, f"it has more lines than the {len(reqs)} requests of the input")
+        r = reqs[k]
+        if not _same(d["id"], r["id"]):
+            raise _not_ours(output, inp, f"its line {n} is the result of id {json.dumps(d['id'])}, where request "
+                                         f"{k + 1} ({r['where']}) has id {json.dumps(r['id'])}")
+        if isinstance(r["prompt"], str):
+            text_ids[k] = d["prompt_token_ids"]
+        elif not _same(d["prompt_token_ids"], r["prompt"]):
+            raise _not_ours(output, inp, f"its line {n} has other prompt_token_ids than {r['where']}")
+        k += 1
+        size += len(raw)
+
+    prev, n = None, 0
+    with open(output, "rb") as f:
+        for raw in f:
+            if prev is not None:   # (a line before the last: complete, or the file is not a job's output)
+                d = parse(prev)
+                if d is None:
+                    raise _not_ours(output, inp, f"its line {n} is not JSON")
+                take(d, n, prev)
+            prev, n = raw, n + 1
+    if prev is not None:
+        d = parse(prev)
+        if d is not None:
+            take(d, n, prev)
+    return k, size, os.path.getsize(output) - size, text_ids
+
+
+def check_done_prompts(llm: LLM, output: str, inp: str, reqs: list[dict], text_ids: dict[int, list]) -> None:
+    """The kept results of text prompts against their prompts' tokens (known once the model's tokenizer is)."""
+    for i, ids in text_ids.items():
+        if not _same(llm.engine.tokenize(reqs[i]["prompt"]), ids):
+            raise _not_ours(output, inp, f"its line {i + 1} has other prompt_token_ids than {reqs[i]['where']}'s "
+                                         "prompt")
+
+
+def seed_requests(reqs: list[dict], engine_seed: int) -> None:
+    """A request without a seed of its own samples with the seed the engine gives the i-th request it is sent
+    (request_seed: engine_seed * 1_000_003 + i), fixed here from its place in the input: a --resume run sends
+    the engine only the requests from k on, which it would number from 0. (A run in one go sends request i as
+    the engine's i-th: the same seeds as before.)"""
+    for i, r in enumerate(reqs):
+        if r["params"].seed is None:
+            r["params"] = dataclasses.replace(r["params"], seed=request_seed(r["params"], engine_seed, i))
 
 
 def validate_requests(llm: LLM, reqs: list[dict]) -> None:
@@ -99,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--chunk", type=int, default=256,
                     help="requests generated (and their results written and flushed) together: a failure part-way "
                          "keeps every finished chunk's lines in --output")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue a run of this input that stopped part-way: keep the results already in --output "
+                         "(checked to be this input's first ones) and generate the rest, appended (without "
+                         "--resume --output is overwritten)")
     return ap
 
 
@@ -119,6 +206,17 @@ def _main(argv: list[str] | None = None) -> int:
     if os.path.isdir(a.output):
         raise InvalidRequestError(f"--output {a.output} is a directory: give the file to write "
                                   f"(e.g. {os.path.join(a.output, 'out.jsonl')})")
+    done, text_ids, resumed = 0, {}, a.resume and os.path.exists(a.output)
+    if resumed:   # (checked before the model loads: that can take minutes)
+        done, size, cut, text_ids = read_done(a.output, a.input, reqs)
+        if cut:
+            os.truncate(a.output, size)
+            print(f"--resume: dropped the last line of {a.output}, cut mid-write ({cut} bytes); it is generated "
+                  "again", file=sys.stderr)
+        if done == len(reqs):
+            print(f"all {len(reqs)} results are already in {a.output} (--resume): nothing to do")
+            return 0
+    seed_requests(reqs, a.seed)
     executor = a.executor
     if executor == "ray":
         import cluster  # noqa: F401  (registers the "ray" executor)
@@ -128,11 +226,12 @@ def _main(argv: list[str] | None = None) -> int:
     with LLM(a.model, backend=a.backend, tp=a.tp, executor=executor, dtype=a.dtype, seed=a.seed,
              max_batch=a.max_batch, max_seq_len=a.max_seq_len,
              **engine_kwargs(a)) as llm:
-        validate_requests(llm, reqs)
-        written = n = 0
-        with open(a.output, "w") as f:
+        check_done_prompts(llm, a.output, a.input, reqs, text_ids)
+        validate_requests(llm, reqs[done:])
+        written, n = done, 0
+        with open(a.output, "a" if resumed else "w") as f:
             try:
-                for c0 in range(0, len(reqs), a.chunk):   # in input order, a chunk at a time
+                for c0 in range(done, len(reqs), a.chunk):   # in input order, a chunk at a time
                     part = reqs[c0:c0 + a.chunk]
                     outs = llm.generate([r["prompt"] for r in part], [r["params"] for r in part],
                                         use_tqdm=sys.stderr.isatty())
@@ -147,14 +246,16 @@ def _main(argv: list[str] | None = None) -> int:
                     written += len(outs)
                     n += sum(len(o.token_ids) for o in outs)
             except BaseException:   # (input line numbers count blank lines: the request's own "where")
-                print(f"error after {written} of {len(reqs)} results: they are in {a.output} (lines 1-{written}); "
-                      f"rerun the rest from {reqs[written]['where']} on, into another --output (this one is "
-                      "overwritten)", file=sys.stderr)
+                kept = f"they are in {a.output} (lines 1-{written})" if written else f"none in {a.output} yet"
+                print(f"error after {written} of {len(reqs)} results: {kept}; rerun with --resume to continue "
+                      f"(the same command: it keeps them and generates the rest, from {reqs[written]['where']} on)",
+                      file=sys.stderr)
                 raise
         st = llm.engine.stats
     pre = (f"; {st['preemptions']} preemptions for KV pages ({st['recomputed_tokens']} tokens computed again: "
            "more --num-pages would avoid them)" if st["preemptions"] else "")
-    print(f"wrote {written} results to {a.output}: {n} tokens in {time.monotonic() - t0:.2f} s"
+    res = (f" (resumed after the {done} already there: {written} of {len(reqs)} in all)" if done else "")
+    print(f"wrote {written - done} results to {a.output}{res}: {n} tokens in {time.monotonic() - t0:.2f} s"
           f" (largest batch {st['max_batch_size_seen']}{pre})")
     return 0
 

@@ -219,4 +219,4 @@ def test_generate_job_keeps_finished_chunks_when_a_later_one_fails(tmp_path, mon
               "--chunk", "2", "--input", str(inp), "--output", str(out)])
     lines = [json.loads(l) for l in out.read_text().splitlines()]
     assert [l["id"] for l in lines] == [0, 1] and all(len(l["token_ids"]) == 3 for l in lines)
-    assert "rerun the rest from" in capsys.readouterr().err and calls == [2, 2]
+    assert "rerun with --resume to continue" in capsys.readouterr().err and calls == [2, 2]

@@ -23,7 +23,7 @@ def _submit():
 def test_job_resume_hint_names_the_input_line_past_blank_lines(tmp_path, monkeypatch, capsys):
     """After a failed chunk the job said 'rerun the rest from in.jsonl line <results written + 1>', which is not the
     input line once the file has blank lines; and rerunning into the same --output would have truncated the kept
-    results."""
+    results (now: rerun with --resume, tests/cluster/test_job_resume.py)."""
     from cluster.jobs.generate import main
     from mpk_runtime.engine import LLM, RequestFailedError
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
@@ -41,7 +41,7 @@ def test_job_resume_hint_names_the_input_line_past_blank_lines(tmp_path, monkeyp
         main(["--model", "tiny-qwen3", "--dtype", "float32", "--max-seq-len", "64", "--executor", "inprocess",
               "--chunk", "1", "--input", str(inp), "--output", str(out)])
     err = capsys.readouterr().err
-    assert f"{inp}:4" in err and "another --output" in err, err
+    assert f"{inp}:4" in err and "rerun with --resume to continue" in err, err
     assert len(out.read_text().splitlines()) == 1
 
 
