@@ -283,3 +283,120 @@ def test_sample_row_draws_what_the_graphs_sampler_draws():
         seed, pos = seed_to_int64(rng.randrange(1 << 64)), rng.randrange(5000)
         want = int(sample_logits(x[None], [T], [k], [p], [seed], [pos], 64)[0])
         assert sample_row(x, T, k, p, seed, pos, 64) == want, (trial, V, T, k, p)
+
+
+# --- the host's one-row draw (session 73: candidate blocks, numpy for the candidates' fp32 arithmetic) -------------
+def _keys_top(x: torch.Tensor, n: int) -> list[int]:
+    """The device's candidates of a row: the first n by (order key desc, index asc), from an order key for every
+    entry (partial_candidates' ranking)."""
+    order = A._rank_order(A.order_key(x), torch.arange(x.numel()))
+    return torch.topk(order, n, sorted=True).indices.tolist()
+
+
+def _zero_rows():
+    """Rows whose n-th largest value is a zero, with -0.0 before +0.0 in vocabulary order (the candidates take the
+    +0.0 first: a search by values alone would take the low-index -0.0)."""
+    V = 4096
+    for n_pos in (0, 1, 11, 63, 64, 300):
+        x = torch.full((V,), -1.0)
+        x[:1000] = -0.0
+        x[V - n_pos:] = 0.0
+        x[5:5 + n_pos % 7] = 2.0
+        yield x
+    x = torch.full((5003,), -0.0)
+    x[4990:] = 0.0   # (+0.0 in the tail past the last whole block)
+    yield x
+
+
+def test_row_candidates_are_the_devices_top_c():
+    rng = np.random.default_rng(3)
+    rows = list(_zero_rows())
+    for trial in range(300):
+        V = int(rng.choice([3, 64, 65, 511, 512, 4096, 5003, 20011]))
+        x = torch.from_numpy(rng.standard_normal(V).astype(np.float32) * float(rng.choice([0.1, 1, 30])))
+        kind = trial % 6
+        if kind == 1:
+            x = torch.round(x * 2) / 2
+        elif kind == 2:
+            x[torch.from_numpy(rng.integers(0, V, V // 2))] = float("-inf")
+        elif kind == 3:
+            x = torch.full((V,), float(rng.choice([0.0, -0.0, 1.0])))
+        elif kind == 4:
+            x[torch.from_numpy(rng.integers(0, V, V // 3 + 1))] = 0.0
+            x[torch.from_numpy(rng.integers(0, V, V // 3 + 1))] = -0.0
+            x = torch.minimum(x, torch.zeros(()))
+        rows.append(x)
+    for x in rows:
+        n = min(C, x.numel())
+        assert A.row_candidates(x, C).tolist() == _keys_top(x, n), x[:8]
+
+
+def test_candidate_pool_holds_every_entry_the_top_n_needs():
+    """candidate_pool's promises: the pool's n-th largest value is the row's; every entry > t0 is in it; of the
+    entries == t0, the n of lowest index are."""
+    rng = np.random.default_rng(4)
+    for trial in range(200):
+        V, n = int(rng.choice([1000, 4099, 20000])), int(rng.choice([1, 20, 64, 100]))
+        x = rng.standard_normal(V).astype(np.float32)
+        if trial % 3 == 0:
+            x = np.round(x * 2) / 2
+        if trial % 5 == 0:
+            x[:] = x[0]
+        pool = A.candidate_pool(torch.from_numpy(x), n)
+        if pool is None:
+            assert V < 8 * n
+            continue
+        pv, pi, t0, top = pool
+        assert top == x.max() and np.array_equal(pv, x[pi]) and (np.diff(pi) > 0).all()
+        assert np.sort(pv)[-n] == np.sort(x)[-n]
+        assert set(np.flatnonzero(x > t0)) <= set(pi.tolist())
+        assert set(np.flatnonzero(x == t0)[:n]) <= set(pi.tolist())
+
+
+def test_serial_prefix_is_the_devices_fp32_adds():
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        e = (rng.random(C) ** rng.choice([1, 4, 30])).astype(np.float32) * np.float32(rng.choice([1, 1e-3, 1e30]))
+        e[rng.integers(0, C, 5)] = 0
+        c = torch.zeros(1, C + 1)
+        cc, ee = c.unbind(1), torch.from_numpy(e)[None].unbind(1)
+        for q in range(C):
+            torch.add(cc[q], ee[q], out=cc[q + 1])
+        assert np.array_equal(A.serial_prefix_f32(e).view(np.int32), c[0].numpy().view(np.int32))
+
+
+def test_sample_candidates_draws_what_sample_rows_draws():
+    """The numpy one-row twin against the torch rows (sample_rows), on merged candidate rows: near ties, candidates
+    past the vocabulary (-inf, PAD_INDEX), tiny and huge temperatures, top_p at the fp32 edges of the prefix sums."""
+    rng = np.random.default_rng(6)
+    for trial in range(3000):
+        n = int(rng.choice([1, 3, 40, C, C, C]))
+        v = np.sort(rng.standard_normal(n).astype(np.float32) * np.float32(rng.choice([0.01, 1, 10, 100])))[::-1]
+        if trial % 4 == 0:
+            v = np.round(v * 4) / 4
+        vals = np.full(C, -np.inf, dtype=np.float32)
+        vals[:n] = v
+        idx = np.full(C, S.PAD_INDEX, dtype=np.int64)
+        idx[:n] = rng.permutation(100000)[:n]
+        T = float(rng.choice([1.0001e-5, 0.01, 0.3, 1.0, 2.0, 1e4]))
+        k = int(rng.choice([0, 1, 2, 5, 20, 63, 64, 70]))
+        p = float(rng.choice([1.0, 0.9, 0.5, 0.1, 1e-7, int(rng.integers(1, C)) / C, 0.5 - 1e-9, 0.75 + 1e-9]))
+        seed, pos = int(rng.integers(-(1 << 63), 1 << 63)), int(rng.integers(0, 1 << 31))
+        want = int(A.sample_rows(torch.from_numpy(vals.copy())[None], torch.from_numpy(idx)[None],
+                                 torch.tensor([T], dtype=torch.float32), torch.tensor([k]),
+                                 torch.tensor([p], dtype=torch.float32), torch.tensor([seed]),
+                                 torch.tensor([pos]))[0])
+        assert A.sample_candidates(vals, idx, T, k, p, seed, pos) == want, (trial, n, T, k, p)
+
+
+def test_sample_candidates_where_the_uniform_hits_a_prefix_sum():
+    """Equal candidates, so c[j] = j, and seeds whose r = u * 64 is a whole number (u's 24 bits a multiple of
+    2^18): the draw takes the token whose interval starts at r (c[j] <= r < c[j + 1]), in both forms."""
+    vals = np.zeros(C, dtype=np.float32)
+    idx = np.arange(1000, 1000 + C, dtype=np.int64)
+    for seed, j in ((289150, 16), (334681, 22), (541522, 53)):
+        assert S.uniform_bits(seed, 17) == j << 18
+        want = int(A.sample_rows(torch.from_numpy(vals)[None], torch.from_numpy(idx)[None], torch.tensor([1.0]),
+                                 torch.tensor([C]), torch.tensor([1.0]), torch.tensor([seed]), torch.tensor([17]))[0])
+        assert want == 1000 + j
+        assert A.sample_candidates(vals, idx, 1.0, C, 1.0, seed, 17) == want
