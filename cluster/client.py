@@ -1,4 +1,4 @@
-"""`Client(address)`: the `LLM` interface (`generate`, `stream`) over the HTTP server.
+"""`Client(address)`: the `LLM` interface (`generate`, `stream`, `chat`) over the HTTP server.
 
     from cluster import Client
     from mpk_runtime import SamplingParams
@@ -153,7 +153,11 @@ class Client:
     def _body(self, prompt, sp: SamplingParams, stream: bool) -> dict:
         # truncate_max_tokens: max_tokens past the context stops at the context (finish_reason "length"), as
         # LLM.generate does, not the 400 a plain OpenAI request gets
-        return {"model": self.model, "prompt": prompt, "max_tokens": sp.max_tokens, "truncate_max_tokens": True,
+        return {"prompt": prompt, **self._sampling(sp, stream)}
+
+    def _sampling(self, sp: SamplingParams, stream: bool) -> dict:
+        """The body's fields but the prompt / messages: the SamplingParams as the server's request fields."""
+        return {"model": self.model, "max_tokens": sp.max_tokens, "truncate_max_tokens": True,
                 "temperature": sp.temperature,
                 "top_p": sp.top_p, "top_k": sp.top_k, "seed": sp.seed, "stop_token_ids": list(sp.stop_token_ids),
                 "ignore_eos": sp.ignore_eos, "stream": stream, "stop": list(sp.stop) or None,
@@ -195,20 +199,72 @@ class Client:
         waited for (daemon threads finish them in the background, within the client's timeout, and drop their
         answers; a program that ends on the error does not wait for them)."""
         prompts, params = self._validated(prompts, sampling_params)
-        futs = _run_all(self._one, [(p, s, str(i)) for i, (p, s) in enumerate(zip(prompts, params))],
-                        min(self.max_parallel, len(prompts)))
+        return self._all(self._one, [(p, s, str(i)) for i, (p, s) in enumerate(zip(prompts, params))], use_tqdm,
+                         "generate")
+
+    def _all(self, fn, args: list[tuple], use_tqdm: bool, desc: str) -> list[RequestOutput]:
+        """fn(*a) for each a, up to max_parallel at once; results in order. The first failure is raised at once."""
+        futs = _run_all(fn, args, min(self.max_parallel, len(args)))
         try:
             done = cf.as_completed(futs)
             if use_tqdm:
                 from tqdm.auto import tqdm
-                done = tqdm(done, total=len(futs), desc="generate", unit="req")
+                done = tqdm(done, total=len(futs), desc=desc, unit="req")
             for f in done:
                 if f.exception() is not None:
                     raise f.exception()
             return [f.result() for f in futs]
-        finally:   # (all done on success; on an error or Ctrl-C: the prompts not sent yet are not sent)
+        finally:   # (all done on success; on an error or Ctrl-C: the requests not sent yet are not sent)
             for f in futs:
                 f.cancel()
+
+    def _chat_one(self, messages: list, sp: SamplingParams, rid: str) -> RequestOutput:
+        t0 = time.monotonic()
+        body = {"messages": messages, **self._sampling(sp, False)}
+        body["logprobs"] = None   # (chat's logprobs is a bool; Client.chat refused logprobs before: see chat)
+        r = self._http.post("/v1/chat/completions", json=body)
+        body = _json(r)
+        if r.status_code != 200 or not isinstance(body, dict):
+            _raise_for(r.status_code, body)
+        c = body["choices"][0]
+        text, toks = c["message"].get("content") or "", list(c.get("token_ids") or [])
+        return RequestOutput(request_id=rid, prompt=None, prompt_token_ids=[], token_ids=toks, text=text,
+                             delta_token_ids=toks, delta_text=text, finished=True, finish_reason=c["finish_reason"],
+                             error=None,
+                             metrics=RequestMetrics(t0, None, time.monotonic(), body["usage"]["prompt_tokens"],
+                                                    len(toks)))
+
+    def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        """LLM.chat over the server's POST /v1/chat/completions: messages is one conversation (a list of
+        {"role": ..., "content": ...} dicts) or a list of conversations; one RequestOutput per conversation, in
+        order. The server renders each with the model's chat template, as LLM.chat does (the same checks: a bad
+        message raises InvalidRequestError, a model without a tokenizer or chat template NoTokenizerError). The
+        conversations of a call are sent concurrently, as generate sends prompts (the first failure is raised at
+        once, the rest not sent). The same sampling fields as generate are sent, with truncate_max_tokens: a
+        max_tokens past the context stops at the context; None (SamplingParams(max_tokens=None)) runs until the
+        context is full (SamplingParams()'s default is 16, not the server's chat default of none).
+        The chat response carries the generated token_ids (an extension) and usage, but neither the rendered
+        prompt nor its token ids: `prompt` is None and `prompt_token_ids` empty (metrics.num_prompt_tokens has
+        their count; LLM.chat or render_chat give them), and it carries no timings (metrics.first_token_time is
+        None). logprobs are not supported (chat names tokens by text, not id): InvalidRequestError; use
+        Client.generate on the rendered prompt (mpk_runtime.engine.render_chat) for them."""
+        from mpk_runtime.engine.chat import conversations
+        convs = conversations(messages)
+        sp = sampling_params if sampling_params is not None else SamplingParams()
+        params = list(sp) if isinstance(sp, (list, tuple)) else [sp] * len(convs)
+        if len(params) != len(convs):
+            raise E.InvalidRequestError(f"{len(params)} sampling params for {len(convs)} conversations: pass one, "
+                                        "or one per conversation")
+        for p in params:
+            if not isinstance(p, SamplingParams):
+                raise E.InvalidRequestError(f"sampling_params must be a SamplingParams, got {type(p).__name__}")
+            if p.logprobs is not None:
+                raise E.InvalidRequestError("Client.chat does not return logprobs (the chat response names tokens "
+                                            "by text, not by id): leave logprobs None, or render the conversation "
+                                            "with mpk_runtime.engine.render_chat and use Client.generate")
+        return self._all(self._chat_one, [(c, s, str(i)) for i, (c, s) in enumerate(zip(convs, params))],
+                         use_tqdm, "chat")
 
     def _stream_one(self, prompt, sp: SamplingParams, rid: str, stop: threading.Event | None = None
                     ) -> Iterator[RequestOutput]:

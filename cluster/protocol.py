@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, StrictInt
 
+from mpk_runtime.engine.chat import CHAT_ROLES  # noqa: F401  (OpenAI's message roles: one list, the engine's)
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
@@ -56,9 +58,6 @@ class CompletionRequest(CommonRequest):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-
-
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")   # OpenAI's message roles
 
 
 class ChatMessage(BaseModel):

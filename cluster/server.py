@@ -22,6 +22,7 @@ import uuid
 from typing import Any, AsyncIterator
 
 from mpk_runtime.engine import InvalidRequestError, LLMEngine, NoTokenizerError, RequestFailedError, RequestOutput
+from mpk_runtime.engine.chat import render_chat
 
 from mpk_runtime.engine.request import logprobs_by_id
 
@@ -30,7 +31,7 @@ from mpk_runtime.envflags import env_seconds
 from .admission import _AdmissionLimit, _err_body
 from .metrics import Metrics
 from .openai_params import HTTPError, choices, sampling_params
-from .protocol import CHAT_ROLES, ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
+from .protocol import ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request  # likewise (the endpoints take the raw request to see disconnects)
 from .router import Router
@@ -240,36 +241,16 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
         return [(_tokenize(x), x) if isinstance(x, str) else (list(x), None) for x in p]
 
     def _chat_prompt(r: ChatRequest) -> tuple[list[int], str]:
-        tok = router.tokenizer
-        if tok is None:
-            raise NoTokenizerError("chat needs a tokenizer with a chat template and this model has none; use "
-                                   "/v1/completions with token ids, or serve a model directory with a tokenizer")
-        if not getattr(tok, "chat_template", None):
-            raise NoTokenizerError("this model's tokenizer has no chat template; use /v1/completions")
-        if not r.messages:
-            raise HTTPError(400, "messages is empty")
-        msgs = []
-        for m in r.messages:
-            if m.role not in CHAT_ROLES:
-                raise HTTPError(400, f"message role {m.role!r} is not one of {', '.join(CHAT_ROLES)}")
-            content = m.content
-            if isinstance(content, list):  # OpenAI content parts: the text ones; anything else is refused
-                texts = []
-                for part in content:
-                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        raise HTTPError(400, f"unsupported message content part {str(part)[:80]}: this server "
-                                             "takes only {'type': 'text', 'text': <string>} parts")
-                    texts.append(part["text"])
-                content = "".join(texts)
-            msgs.append({"role": m.role, "content": content or ""})
-        import jinja2   # (apply_chat_template's own dependency)
+        """The request's messages (pydantic already checked their JSON types) rendered by the engine's render_chat,
+        as LLM.chat renders them: NoTokenizerError (400, its own code) as is; a bad message or one the template
+        refuses is a 400 invalid_request_error; a template that does not parse raises (500: the model's fault)."""
+        msgs = [{"role": m.role, "content": m.content} for m in r.messages]
         try:
-            text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        except jinja2.TemplateSyntaxError:   # the model's template is broken: the server's fault (500)
+            return render_chat(router.tokenizer, msgs, advice_for="http")
+        except NoTokenizerError:
             raise
-        except jinja2.TemplateError as e:    # the template refused these messages (raise_exception in it)
-            raise HTTPError(400, f"the model's chat template refused the messages: {e}") from None
-        return list(tok.encode(text, add_special_tokens=False)), text
+        except InvalidRequestError as e:
+            raise HTTPError(400, str(e)) from None
 
     # --- engine bridge ------------------------------------------------------------------------------------
     def _submit_all(prompts, params, r: CommonRequest | None = None) -> tuple[asyncio.Queue, list[tuple[Any, str]]]:

@@ -1,4 +1,5 @@
 """Requests, scheduling, sampling and the `LLM` entry point (see `llm.py`)."""
+from .chat import CHAT_ROLES, render_chat
 from .engine import LLMEngine
 from .errors import (InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError,
                      ServerOverloadedError, ShutDownError, UnknownModelError)
@@ -8,4 +9,4 @@ from .sampling import SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "InvalidRequestError",
            "PromptTooLongError", "NoTokenizerError", "UnknownModelError", "RequestFailedError",
-           "ServerOverloadedError", "ShutDownError"]
+           "ServerOverloadedError", "ShutDownError", "render_chat", "CHAT_ROLES"]

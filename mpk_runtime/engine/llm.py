@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..models import ConfigError, load_config
 from ..runtime.executor import Executor, make_executor
 from .engine import LLMEngine, check_decode_steps_arg, check_max_num_batched_tokens
-from .errors import InvalidRequestError, RequestFailedError, ShutDownError, UnknownModelError
+from .errors import InvalidRequestError, NoTokenizerError, RequestFailedError, ShutDownError, UnknownModelError
 from .request import RequestOutput
 from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
 from .tokenizer import _TOKENIZER_FILES, LazyTokenizer, has_tokenizer, model_eos_ids
@@ -194,12 +194,15 @@ class LLM:
         """The Hugging Face tokenizer (loaded on first use), or None when the model has none."""
         return self.engine.tokenizer.get()
 
-    def _add_all(self, prompts, sampling_params, stream: bool = True) -> tuple[list[str], dict[str, RequestOutput]]:
-        """Queue a call's requests; their ids and the call's inbox (_step puts their outputs there)."""
+    def _add_all(self, prompts, sampling_params, stream: bool = True,
+                 rendered: list[tuple[list[int], str]] | None = None) -> tuple[list[str], dict[str, RequestOutput]]:
+        """Queue a call's requests; their ids and the call's inbox (_step puts their outputs there). rendered:
+        instead of prompts, (token ids, text) pairs already tokenised (chat prompts: the text is what the outputs
+        report as their prompt)."""
         if getattr(self, "_shut_down", False):   # (each request failed as "the model workers failed ... retry it")
             raise ShutDownError("this LLM has been shut down (LLM.shutdown(), or its with-block ended): create a new "
                                 "LLM to generate again")
-        prompts = normalize_prompts(prompts)
+        prompts = normalize_prompts(prompts) if rendered is None else rendered
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
@@ -208,9 +211,12 @@ class LLM:
         # Tokenize and validate everything before queueing anything: a bad prompt rejects the whole call.
         staged = []
         for p, sp in zip(prompts, params):
-            ids = self.engine.tokenize(p) if isinstance(p, str) else p
+            if rendered is not None:
+                ids, text = p
+            else:
+                ids, text = (self.engine.tokenize(p), p) if isinstance(p, str) else (p, None)
             self.engine.validate(ids, sp)
-            staged.append((ids, sp, p if isinstance(p, str) else None))
+            staged.append((ids, sp, text))
         rids = [self.engine.add_request(ids, sp, prompt=text, stream=stream) for ids, sp, text in staged]
         inbox: dict[str, RequestOutput] = {}
         boxes = self._inboxes
@@ -248,7 +254,38 @@ class LLM:
         it have ended (a failed one too), so a caller keeps what finished when a later request fails or ^C stops
         the call."""
         # stream=False: the engine reports them only at their end (a snapshot a step of each would be wasted)
-        rids, inbox = self._add_all(prompts, sampling_params, stream=False)
+        return self._run(*self._add_all(prompts, sampling_params, stream=False), use_tqdm, on_output)
+
+    def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = False, on_output: Callable[[int, RequestOutput], None] | None = None
+             ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: messages is one conversation (a list of {"role": ..., "content": ...} dicts) or a list
+        of conversations. Each is rendered with the model tokenizer's chat template (add_generation_prompt=True;
+        engine/chat.py `render_chat`, as the HTTP server's /v1/chat/completions renders it), then generated as
+        `generate` generates prompts: one RequestOutput per conversation, in order, whose `prompt` is the rendered
+        text and `prompt_token_ids` its tokens. sampling_params: one for all, or one per conversation (None:
+        SamplingParams(), max_tokens 16). Roles are OpenAI's (system, developer, user, assistant, tool, function);
+        content a string, None, or a list of {"type": "text", "text": ...} parts (joined); other message keys are
+        dropped. Every conversation is checked before any is queued: InvalidRequestError for a bad one (named by
+        its index when there are several) or one the template refuses; NoTokenizerError when the model has no
+        tokenizer or no chat template."""
+        from .chat import conversations, render_chat
+        convs = conversations(messages)
+        tok = self.tokenizer
+        rendered = []
+        for i, conv in enumerate(convs):
+            try:
+                rendered.append(render_chat(tok, conv, "llm"))
+            except InvalidRequestError as e:
+                if len(convs) == 1 or isinstance(e, NoTokenizerError):
+                    raise
+                raise type(e)(f"conversation {i}: {e}") from None
+        return self._run(*self._add_all(None, sampling_params, stream=False, rendered=rendered), use_tqdm,
+                         on_output)
+
+    def _run(self, rids: list[str], inbox: dict[str, RequestOutput], use_tqdm: bool,
+             on_output: Callable[[int, RequestOutput], None] | None) -> list[RequestOutput]:
+        """generate's loop: step until the call's requests have ended; their outputs in order."""
         final: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm and len(rids) > 1:
