@@ -124,6 +124,13 @@
 #    re-run with session 69's timing (the HF peer's StaticCache seek fixed first); MPK_B1_PREWAIT without spills
 #    A/B'd: +3..+4.5% at B=1 on both models, removed; tests/gpu 92 passed and the HTTP server under load (0 errors)
 #    at 2eb7266. Item a is still open.)
+#    (session 73: one H100 for four calls, then one H200 for two (bench/results/s73). Done: tests/gpu 92 passed at
+#    a7e7d23; the HF peer back to back (HF/ours llama B=1 1.45, predicted ~1.4-1.5); planner at 8192 on the H100;
+#    the server under load (27k tokens/s, 0 errors); at ace9a0f on the H200 the draw / engine GPU tests (31 passed)
+#    and the faster host sampler exact on the GPU host; item a below ran: h200_v57 regret 0 at 8 points, step MAPE
+#    2.7%, Spearman < 0.9 at 4 near-tied points; ctx 24576 was cut after 22 of 28 plans. Pending first: tests/gpu at
+#    HEAD (the chat / client / admission / --resume changes are CPU-side and CPU-tested), then item a's ctx 24576
+#    rest with T=300 on its own if an H200 comes: `N=v57b T=300 VAL_CTXS="24576" VAL_B24576=1,8 ... val`.)
 #    (session 72: no machine started either; every start refused or held back for a neighbour's refusal. Pending
 #    first is unchanged: tests/gpu at HEAD (adds: the host sampler drawing as the device does -
 #    tests/gpu/test_engine_plans.py's seeded rows, test_full_sampling_gpu.py; the LLM's per-call inboxes through the
