@@ -228,11 +228,19 @@ class Client:
             _raise_for(r.status_code, body)
         c = body["choices"][0]
         text, toks = c["message"].get("content") or "", list(c.get("token_ids") or [])
-        return RequestOutput(request_id=rid, prompt=None, prompt_token_ids=[], token_ids=toks, text=text,
-                             delta_token_ids=toks, delta_text=text, finished=True, finish_reason=c["finish_reason"],
-                             error=None,
-                             metrics=RequestMetrics(t0, None, time.monotonic(), body["usage"]["prompt_tokens"],
-                                                    len(toks)))
+        # the server's timings (the prompt_token_ids and metrics extensions, as a completion choice's) as _one
+        # reads them; a server without them: no first token time, finished when the answer came
+        m = c.get("metrics")
+        if m is None:
+            first, finish = None, time.monotonic()
+        else:
+            ttft, tpot = m.get("time_to_first_token"), m.get("per_token_latency")
+            first = None if ttft is None else t0 + ttft
+            finish = None if first is None else first + (tpot or 0.0) * max(0, len(toks) - 1)
+        return RequestOutput(request_id=rid, prompt=None, prompt_token_ids=list(c.get("prompt_token_ids") or []),
+                             token_ids=toks, text=text, delta_token_ids=toks, delta_text=text, finished=True,
+                             finish_reason=c["finish_reason"], error=None,
+                             metrics=RequestMetrics(t0, first, finish, body["usage"]["prompt_tokens"], len(toks)))
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:
@@ -244,11 +252,12 @@ class Client:
         once, the rest not sent). The same sampling fields as generate are sent, with truncate_max_tokens: a
         max_tokens past the context stops at the context; None (SamplingParams(max_tokens=None)) runs until the
         context is full (SamplingParams()'s default is 16, not the server's chat default of none).
-        The chat response carries the generated token_ids (an extension) and usage, but neither the rendered
-        prompt nor its token ids: `prompt` is None and `prompt_token_ids` empty (metrics.num_prompt_tokens has
-        their count; LLM.chat or render_chat give them), and it carries no timings (metrics.first_token_time is
-        None). logprobs are not supported (chat names tokens by text, not id): InvalidRequestError; use
-        Client.generate on the rendered prompt (mpk_runtime.engine.render_chat) for them."""
+        Each output carries, as Client.generate's, the generated token_ids, the rendered conversation's
+        `prompt_token_ids` and the server's timings in `metrics` (first_token_time, finish_time on the client's
+        clock, as generate reads them): the chat response's token_ids, prompt_token_ids and metrics extensions. Its
+        `prompt` is None: the response does not carry the rendered text (LLM.chat or render_chat give it).
+        logprobs are not supported (chat names tokens by text, not id): InvalidRequestError; use Client.generate on
+        the rendered prompt (mpk_runtime.engine.render_chat) for them."""
         from mpk_runtime.engine.chat import conversations
         convs = conversations(messages)
         sp = sampling_params if sampling_params is not None else SamplingParams()

@@ -427,14 +427,18 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                 base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name}
                 if out is None:
                     return {**base, "choices": [], "usage": usage}
-                return {**base, "choices": [{"index": i, "delta": {"content": out.delta_text or ""},
-                                             "logprobs": _chat_logprobs(_delta_logprobs(out), top),
-                                             "finish_reason": _finish(out), "token_ids": out.delta_token_ids}],
-                        **({"usage": None} if inc else {})}
+                c = {"index": i, "delta": {"content": out.delta_text or ""},
+                     "logprobs": _chat_logprobs(_delta_logprobs(out), top), "finish_reason": _finish(out),
+                     "token_ids": out.delta_token_ids}
+                if out.finished:   # (as a streamed completion's last chunk; its first, the role chunk, below)
+                    c["prompt_token_ids"] = out.prompt_token_ids
+                return {**base, "choices": [c], **({"usage": None} if inc else {})}
             inc = bool(r.stream_options and r.stream_options.include_usage)
+            # each choice's first chunk carries the rendered conversation's ids, as a streamed completion's does
             first = [{"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
                       "choices": [{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                   "finish_reason": None}], **({"usage": None} if inc else {})} for j in range(r.n)]
+                                   "finish_reason": None, "prompt_token_ids": ids}],
+                      **({"usage": None} if inc else {})} for j in range(r.n)]
             return StreamingResponse(_stream(q, r.n, handles, chunk, inc, first, per_prompt=r.n),
                                      media_type="text/event-stream")
         outs = await _collect(q, r.n, handles, raw)
@@ -442,7 +446,9 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
             "id": cid, "object": "chat.completion", "created": created, "model": name,
             "choices": [{"index": j, "message": {"role": "assistant", "content": o.text or ""},
                          "logprobs": _chat_logprobs(o.logprobs, top), "finish_reason": _finish(o),
-                         "token_ids": o.token_ids} for j, o in enumerate(outs)],
+                         # (extensions, as a completion choice's: the rendered conversation's ids, the timings)
+                         "token_ids": o.token_ids, "prompt_token_ids": o.prompt_token_ids,
+                         "metrics": o.metrics.to_dict()} for j, o in enumerate(outs)],
             "usage": _usage(outs, r.n)})
 
     def _card() -> dict:

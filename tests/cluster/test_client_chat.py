@@ -7,6 +7,7 @@ from mpk_runtime.engine import InvalidRequestError, NoTokenizerError, SamplingPa
 from test_cluster_http import local_llm  # noqa: F401  (the module fixture: an LLM of the demo model)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+FOUR = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)   # (TURNS renders to 59 of the 64)
 HELLO = [{"role": "user", "content": "hello"}]
 TURNS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
          {"role": "assistant", "content": "hello"}, {"role": "user", "content": "the quick brown fox"}]
@@ -62,3 +63,68 @@ def test_client_chat_without_a_tokenizer_is_no_tokenizer_error():
     finally:
         srv.stop()
         router.shutdown()
+
+
+def _sse_events(url: str, body: dict) -> list[dict]:
+    import json
+
+    import httpx
+    with httpx.stream("POST", url, json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(x) for x in lines[:-1]]
+
+
+def test_chat_response_carries_prompt_token_ids_and_metrics(server, local_llm):  # noqa: F811
+    """Each chat choice carries the completions choices' extensions: prompt_token_ids (the rendered conversation's
+    ids, as LLM.chat's) and metrics (the same keys, with time_to_first_token)."""
+    import httpx
+    url = server[0].url
+    want = local_llm.chat(TURNS, FOUR)[0]
+    body = {"messages": TURNS, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "n": 2}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    cmpl = httpx.post(url + "/v1/completions", json={"prompt": want.prompt_token_ids, "max_tokens": 4,
+                                                      "temperature": 0, "ignore_eos": True}, timeout=60).json()
+    keys = set(cmpl["choices"][0]["metrics"])
+    out = r.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1]
+    for c in out["choices"]:
+        assert c["prompt_token_ids"] == want.prompt_token_ids
+        assert c["token_ids"] == want.token_ids
+        m = c["metrics"]
+        assert set(m) == keys
+        assert isinstance(m["time_to_first_token"], float) and m["time_to_first_token"] >= 0
+        assert isinstance(m["per_token_latency"], float) and m["per_token_latency"] >= 0
+        assert m["num_prompt_tokens"] == len(want.prompt_token_ids) and m["num_generated_tokens"] == 4
+    assert out["usage"]["prompt_tokens"] == len(want.prompt_token_ids)   # (unchanged: counted once for n=2)
+
+
+def test_client_chat_fills_prompt_token_ids_and_timings(server, local_llm):  # noqa: F811
+    want = local_llm.chat([HELLO, TURNS], GREEDY)
+    with Client(server[0].url) as c:
+        got = c.chat([HELLO, TURNS], GREEDY)
+    assert [o.prompt_token_ids for o in got] == [o.prompt_token_ids for o in want]
+    for o in got:
+        m = o.metrics
+        assert m.first_token_time is not None and m.time_to_first_token >= 0
+        assert m.finish_time is not None and m.finish_time >= m.first_token_time
+        assert m.per_token_latency is not None and m.per_token_latency >= 0
+        assert m.num_prompt_tokens == len(o.prompt_token_ids) and m.num_generated_tokens == len(o.token_ids)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
+def test_streaming_chat_first_and_last_chunk_carry_prompt_token_ids(server, local_llm):  # noqa: F811
+    """As a streamed completion's: each choice's first chunk (the role chunk) and its last carry prompt_token_ids."""
+    want = local_llm.chat(TURNS, FOUR)[0]
+    evs = _sse_events(server[0].url + "/v1/chat/completions",
+                      {"messages": TURNS, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "n": 2,
+                       "stream": True, "stream_options": {"include_usage": True}})
+    for j in range(2):
+        mine = [e["choices"][0] for e in evs if e["choices"] and e["choices"][0]["index"] == j]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert mine[0]["prompt_token_ids"] == want.prompt_token_ids
+        assert mine[-1]["finish_reason"] == "length" and mine[-1]["prompt_token_ids"] == want.prompt_token_ids
+        assert sum((c.get("token_ids") or [] for c in mine), []) == want.token_ids
+    assert evs[-1]["usage"]["prompt_tokens"] == len(want.prompt_token_ids)
