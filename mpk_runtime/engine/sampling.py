@@ -310,7 +310,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, seed: int, pos: int) ->
             raise ValueError(_NONFINITE)
         x = _min_p_mask(x, top + T * math.log(params.min_p))
     if 1 <= params.top_k <= SAMPLE_CANDIDATES:
-        from ..tasks.ops.argmax import sample_row
+        from ..runtime.host_draw import sample_row
         tok = sample_row(x, T, params.top_k, float(params.top_p), seed_to_int64(seed), pos, SAMPLE_CANDIDATES)
     else:
         from ..runtime.full_sampling import draw_row

@@ -42,7 +42,8 @@ import torch.nn.functional as F
 
 from ..ir.sampling import FULL_SALT, ROUND_SALT, seed_to_int64
 from ..ir.sampling import uniform53 as uniform53_ref
-from ..tasks.ops.argmax import candidate_pool, hash32, seed_pos_hash
+from ..tasks.ops.argmax import hash32, seed_pos_hash
+from .host_draw import candidate_pool
 from . import full_sampling_triton as fst
 from .triton_support import runs_on
 

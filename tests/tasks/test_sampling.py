@@ -10,6 +10,7 @@ import torch
 
 from mpk_runtime.ir import sampling as S
 from mpk_runtime.tasks.graph import Task
+from mpk_runtime.runtime import host_draw as H
 from mpk_runtime.tasks.ops import argmax as A
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,7 +269,8 @@ def test_sample_row_draws_what_the_graphs_sampler_draws():
     (an order key for every entry, as the device): ties, +-0.0 logits, vocabularies smaller and larger than C."""
     import random
     from mpk_runtime.ir.sampling import seed_to_int64
-    from mpk_runtime.tasks.ops.argmax import sample_logits, sample_row
+    from mpk_runtime.runtime.host_draw import sample_row
+    from mpk_runtime.tasks.ops.argmax import sample_logits
     rng = random.Random(0)
     torch.manual_seed(0)
     for trial in range(600):
@@ -328,7 +330,7 @@ def test_row_candidates_are_the_devices_top_c():
         rows.append(x)
     for x in rows:
         n = min(C, x.numel())
-        assert A.row_candidates(x, C).tolist() == _keys_top(x, n), x[:8]
+        assert H.row_candidates(x, C).tolist() == _keys_top(x, n), x[:8]
 
 
 def test_candidate_pool_holds_every_entry_the_top_n_needs():
@@ -342,7 +344,7 @@ def test_candidate_pool_holds_every_entry_the_top_n_needs():
             x = np.round(x * 2) / 2
         if trial % 5 == 0:
             x[:] = x[0]
-        pool = A.candidate_pool(torch.from_numpy(x), n)
+        pool = H.candidate_pool(torch.from_numpy(x), n)
         if pool is None:
             assert V < 8 * n
             continue
@@ -362,7 +364,7 @@ def test_serial_prefix_is_the_devices_fp32_adds():
         cc, ee = c.unbind(1), torch.from_numpy(e)[None].unbind(1)
         for q in range(C):
             torch.add(cc[q], ee[q], out=cc[q + 1])
-        assert np.array_equal(A.serial_prefix_f32(e).view(np.int32), c[0].numpy().view(np.int32))
+        assert np.array_equal(H.serial_prefix_f32(e).view(np.int32), c[0].numpy().view(np.int32))
 
 
 def test_sample_candidates_draws_what_sample_rows_draws():
@@ -386,7 +388,7 @@ def test_sample_candidates_draws_what_sample_rows_draws():
                                  torch.tensor([T], dtype=torch.float32), torch.tensor([k]),
                                  torch.tensor([p], dtype=torch.float32), torch.tensor([seed]),
                                  torch.tensor([pos]))[0])
-        assert A.sample_candidates(vals, idx, T, k, p, seed, pos) == want, (trial, n, T, k, p)
+        assert H.sample_candidates(vals, idx, T, k, p, seed, pos) == want, (trial, n, T, k, p)
 
 
 def test_sample_candidates_where_the_uniform_hits_a_prefix_sum():
@@ -399,4 +401,4 @@ def test_sample_candidates_where_the_uniform_hits_a_prefix_sum():
         want = int(A.sample_rows(torch.from_numpy(vals)[None], torch.from_numpy(idx)[None], torch.tensor([1.0]),
                                  torch.tensor([C]), torch.tensor([1.0]), torch.tensor([seed]), torch.tensor([17]))[0])
         assert want == 1000 + j
-        assert A.sample_candidates(vals, idx, 1.0, C, 1.0, seed, 17) == want
+        assert H.sample_candidates(vals, idx, 1.0, C, 1.0, seed, 17) == want
