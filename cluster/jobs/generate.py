@@ -9,6 +9,8 @@ penalties, ...) and an optional "id". Each output line (same order) is {"id", "p
 "text", "finish_reason", "metrics"}, plus "logprobs" ([[token id, logprob], ...] a generated token) where asked.
 A bad line fails the job before any generation, naming the line. Results are written a --chunk at a time; after a
 failure part-way, the same command with --resume keeps the results already in --output and generates the rest.
+Beside --output the job writes <output>.run.json, the flags that decide its tokens (run_record); --resume refuses
+to continue a run made with other ones.
 """
 from __future__ import annotations
 
@@ -125,6 +127,89 @@ def read_done(output: str, inp: str, reqs: list[dict]) -> tuple[int, int, int, d
     return k, size, os.path.getsize(output) - size, text_ids
 
 
+RUN_RECORD = ".run.json"   # <output>.run.json: the run's flags (run_record), beside its results
+WRITTEN_BY = "cluster.jobs.generate"
+# The flags that decide the tokens a run writes, recorded and checked by --resume: the weights and how they are
+# computed (--model, --backend, --dtype, --tp: another TP split sums in another order), the seed of the requests
+# without their own (--seed), the length cap and the checks it makes (--max-seq-len); the requests themselves
+# (--input) are checked line by line (ids, prompt ids). Not recorded: what schedules, batches or stores the same
+# computation (--chunk, --max-batch, the engine flags of add_engine_flags: --num-pages, --page-size,
+# --max-num-batched-tokens, --kv-allocation, --decode-steps, --async-bursts, --plan, --enable-prefix-caching) and
+# where it runs (--executor, --ray-address). Sampling draws do not depend on the batch (engine/sampling.py: a hash
+# of the request's seed and position), so these change a token only through the logits' rounding (a bf16 step
+# differs with the batch size and plan bucket: a near-tie may break otherwise), which a resumed run's other batches
+# change anyway; and a rerun after running out of memory is what would change them (fewer pages, a smaller batch).
+RECORDED_FLAGS = {"model": "--model", "backend": "--backend", "dtype": "--dtype", "seed": "--seed", "tp": "--tp",
+                  "max_seq_len": "--max-seq-len"}
+# (--input's path is recorded, not compared: `ray job submit` unpacks its working_dir to another path per Ray session,
+# so a resumed job's input moves; its requests are checked line by line by ids and prompt ids instead.)
+
+
+def run_record_path(output: str) -> str:
+    return output + RUN_RECORD
+
+
+def run_record(a: argparse.Namespace) -> dict:
+    """This run's flags that decide its tokens (RECORDED_FLAGS), as written to <output>.run.json: --model as given,
+    and for a local directory its real path (model_path: the same directory by another path is the same model),
+    --input's absolute path."""
+    return {"written_by": WRITTEN_BY, "model": a.model,
+            "model_path": os.path.realpath(a.model) if os.path.isdir(a.model) else None,
+            "backend": a.backend, "dtype": a.dtype, "seed": a.seed, "tp": a.tp, "max_seq_len": a.max_seq_len,
+            "input": os.path.abspath(a.input)}
+
+
+def write_run_record(output: str, record: dict) -> None:
+    path = run_record_path(output)
+    with open(path + ".tmp", "w") as f:   # (replaced whole: a job killed mid-write leaves the old record or the new)
+        f.write(json.dumps(record, indent=1) + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def _flag_value(record: dict, key: str) -> str:
+    v = record.get(key)
+    if v is None:
+        return "not given"
+    if key == "model" and record.get("model_path") not in (None, v):
+        return f"{v} ({record['model_path']})"
+    return str(v)
+
+
+def _run_key(record: dict, key: str):
+    if key == "model":   # a directory by its real path; a preset by its name, in any case (as load_config takes it)
+        return record.get("model_path") or str(record.get("model")).lower()
+    return record.get(key)
+
+
+def check_run_record(a: argparse.Namespace, done: int) -> None:
+    """--resume with `done` results kept in --output: this run's flags against those <output>.run.json recorded
+    (InvalidRequestError naming each that differs, with both values); without a record (an --output written before
+    the job recorded one, or a file of that name that is not its record) a warning that they cannot be checked."""
+    path = run_record_path(a.output)
+    try:
+        with open(path, "rb") as f:
+            old = json.loads(f.read())
+        why = None if isinstance(old, dict) and old.get("written_by") == WRITTEN_BY else \
+            "is not a record of this job's flags"
+    except FileNotFoundError:
+        why = "does not exist (an --output written before the job recorded its flags)"
+    except ValueError:   # (not UTF-8, not JSON)
+        why = "is not JSON"
+    if why:
+        print(f"warning: --resume: {path} {why}, so the flags of the run that wrote the {done} results kept in "
+              f"{a.output} cannot be checked against this run's ({', '.join(RECORDED_FLAGS.values())}): unless "
+              "they were the same, the file ends with the results of two runs", file=sys.stderr)
+        return
+    new = run_record(a)
+    diff = [f"{flag} was {_flag_value(old, k)}, now {_flag_value(new, k)}" for k, flag in RECORDED_FLAGS.items()
+            if k in old and not _same(_run_key(old, k), _run_key(new, k))]
+    if diff:
+        raise InvalidRequestError(
+            f"--output {a.output} holds {done} results of a run with other flags ({path}): {'; '.join(diff)}. "
+            "--resume continues only that run, with its flags: rerun with the original flags, give another "
+            "--output, or run without --resume to overwrite it")
+
+
 def check_done_prompts(llm: LLM, output: str, inp: str, reqs: list[dict], text_ids: dict[int, list]) -> None:
     """The kept results of text prompts against their prompts' tokens (known once the model's tokenizer is)."""
     for i, ids in text_ids.items():
@@ -184,8 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "keeps every finished chunk's lines in --output")
     ap.add_argument("--resume", action="store_true",
                     help="continue a run of this input that stopped part-way: keep the results already in --output "
-                         "(checked to be this input's first ones) and generate the rest, appended (without "
-                         "--resume --output is overwritten)")
+                         "(checked to be this input's first ones, made with this run's --model, --backend, --dtype, "
+                         "--seed, --tp, --max-seq-len as <output>.run.json recorded them) and generate the rest, "
+                         "appended (without --resume --output is overwritten)")
     return ap
 
 
@@ -209,6 +295,8 @@ def _main(argv: list[str] | None = None) -> int:
     done, text_ids, resumed = 0, {}, a.resume and os.path.exists(a.output)
     if resumed:   # (checked before the model loads: that can take minutes)
         done, size, cut, text_ids = read_done(a.output, a.input, reqs)
+        if done:   # (before the cut line goes: a refused run changes nothing)
+            check_run_record(a, done)
         if cut:
             os.truncate(a.output, size)
             print(f"--resume: dropped the last line of {a.output}, cut mid-write ({cut} bytes); it is generated "
@@ -230,6 +318,9 @@ def _main(argv: list[str] | None = None) -> int:
         validate_requests(llm, reqs[done:])
         written, n = done, 0
         with open(a.output, "a" if resumed else "w") as f:
+            # (once --output is this run's: before, a run that failed to load its model would leave the old results
+            # recorded as made with its flags; before generating, so a failed first chunk still leaves it)
+            write_run_record(a.output, run_record(a))
             try:
                 for c0 in range(done, len(reqs), a.chunk):   # in input order, a chunk at a time
                     part = reqs[c0:c0 + a.chunk]
