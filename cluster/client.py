@@ -221,7 +221,10 @@ class Client:
     def _chat_one(self, messages: list, sp: SamplingParams, rid: str) -> RequestOutput:
         t0 = time.monotonic()
         body = {"messages": messages, **self._sampling(sp, False)}
-        body["logprobs"] = None   # (chat's logprobs is a bool; Client.chat refused logprobs before: see chat)
+        # chat's logprobs is a bool and top_logprobs the alternatives a position reports (the server maps them to
+        # SamplingParams.logprobs = top_logprobs): logprobs=n as logprobs: true, top_logprobs: n
+        body["logprobs"] = None if sp.logprobs is None else True
+        body["top_logprobs"] = sp.logprobs
         r = self._http.post("/v1/chat/completions", json=body)
         body = _json(r)
         if r.status_code != 200 or not isinstance(body, dict):
@@ -240,7 +243,8 @@ class Client:
         return RequestOutput(request_id=rid, prompt=None, prompt_token_ids=list(c.get("prompt_token_ids") or []),
                              token_ids=toks, text=text, delta_token_ids=toks, delta_text=text, finished=True,
                              finish_reason=c["finish_reason"], error=None,
-                             metrics=RequestMetrics(t0, first, finish, body["usage"]["prompt_tokens"], len(toks)))
+                             metrics=RequestMetrics(t0, first, finish, body["usage"]["prompt_tokens"], len(toks)),
+                             logprobs=_logprobs(c.get("logprobs_by_id")))
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:
@@ -256,8 +260,9 @@ class Client:
         `prompt_token_ids` and the server's timings in `metrics` (first_token_time, finish_time on the client's
         clock, as generate reads them): the chat response's token_ids, prompt_token_ids and metrics extensions. Its
         `prompt` is None: the response does not carry the rendered text (LLM.chat or render_chat give it).
-        logprobs are not supported (chat names tokens by text, not id): InvalidRequestError; use Client.generate on
-        the rendered prompt (mpk_runtime.engine.render_chat) for them."""
+        SamplingParams(logprobs=n) is sent as the chat request's logprobs: true, top_logprobs: n, and each output's
+        `logprobs` (one {token id: logprob} a generated token, the sampled one first, as Client.generate's) is read
+        from the chat choice's logprobs_by_id extension (OpenAI's chat logprobs name tokens by text, not id)."""
         from mpk_runtime.engine.chat import conversations
         convs = conversations(messages)
         sp = sampling_params if sampling_params is not None else SamplingParams()
@@ -268,10 +273,6 @@ class Client:
         for p in params:
             if not isinstance(p, SamplingParams):
                 raise E.InvalidRequestError(f"sampling_params must be a SamplingParams, got {type(p).__name__}")
-            if p.logprobs is not None:
-                raise E.InvalidRequestError("Client.chat does not return logprobs (the chat response names tokens "
-                                            "by text, not by id): leave logprobs None, or render the conversation "
-                                            "with mpk_runtime.engine.render_chat and use Client.generate")
         return self._all(self._chat_one, [(c, s, str(i)) for i, (c, s) in enumerate(zip(convs, params))],
                          use_tqdm, "chat")
 

@@ -430,6 +430,8 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                 c = {"index": i, "delta": {"content": out.delta_text or ""},
                      "logprobs": _chat_logprobs(_delta_logprobs(out), top), "finish_reason": _finish(out),
                      "token_ids": out.delta_token_ids}
+                if out.logprobs is not None:   # (an extension, as a streamed completion chunk's: by token id)
+                    c["logprobs_by_id"] = logprobs_by_id(_delta_logprobs(out))
                 if out.finished:   # (as a streamed completion's last chunk; its first, the role chunk, below)
                     c["prompt_token_ids"] = out.prompt_token_ids
                 return {**base, "choices": [c], **({"usage": None} if inc else {})}
@@ -448,7 +450,10 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                          "logprobs": _chat_logprobs(o.logprobs, top), "finish_reason": _finish(o),
                          # (extensions, as a completion choice's: the rendered conversation's ids, the timings)
                          "token_ids": o.token_ids, "prompt_token_ids": o.prompt_token_ids,
-                         "metrics": o.metrics.to_dict()} for j, o in enumerate(outs)],
+                         "metrics": o.metrics.to_dict(),
+                         # (with logprobs: the same by token id, as a completion choice's; what Client.chat reads)
+                         **({"logprobs_by_id": logprobs_by_id(o.logprobs)} if o.logprobs is not None else {})}
+                        for j, o in enumerate(outs)],
             "usage": _usage(outs, r.n)})
 
     def _card() -> dict:

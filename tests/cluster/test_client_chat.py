@@ -47,8 +47,6 @@ def test_client_chat_errors_are_typed(server):
             c.chat([{"role": "usr", "content": "hi"}], GREEDY)
         with pytest.raises(InvalidRequestError, match="empty"):
             c.chat([], GREEDY)
-        with pytest.raises(InvalidRequestError, match="logprobs"):
-            c.chat(HELLO, SamplingParams(temperature=0, max_tokens=2, logprobs=2))
 
 
 def test_client_chat_without_a_tokenizer_is_no_tokenizer_error():
@@ -128,3 +126,71 @@ def test_streaming_chat_first_and_last_chunk_carry_prompt_token_ids(server, loca
         assert mine[-1]["finish_reason"] == "length" and mine[-1]["prompt_token_ids"] == want.prompt_token_ids
         assert sum((c.get("token_ids") or [] for c in mine), []) == want.token_ids
     assert evs[-1]["usage"]["prompt_tokens"] == len(want.prompt_token_ids)
+
+
+LP2 = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+
+
+def _same_logprobs(got, want):
+    """As the completions tests: the same ids a position (in order, the sampled one first), values approx."""
+    assert got is not None and len(got) == len(want)
+    assert [list(d) for d in got] == [list(d) for d in want]
+    assert [v for d in got for v in d.values()] == pytest.approx([v for d in want for v in d.values()], abs=1e-5)
+
+
+def test_client_chat_returns_logprobs(server, local_llm):  # noqa: F811
+    """Client.chat with SamplingParams(logprobs=n) sends logprobs: true, top_logprobs: n and reads the chat
+    choices' logprobs_by_id extension into RequestOutput.logprobs, as Client.generate does (was refused)."""
+    zero = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=0)
+    with Client(server[0].url) as c:
+        got = c.chat([HELLO, TURNS], LP2)
+        got0 = c.chat(HELLO, zero)[0]
+        plain = c.chat(HELLO, FOUR)[0]
+    want = local_llm.chat([HELLO, TURNS], LP2)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for g, w in zip(got, want):
+        assert len(g.logprobs) == 4 and all(len(d) >= 2 for d in g.logprobs)
+        _same_logprobs(g.logprobs, w.logprobs)
+    _same_logprobs(got0.logprobs, local_llm.chat(HELLO, zero)[0].logprobs)
+    assert all(len(d) == 1 for d in got0.logprobs)   # (logprobs=0: the sampled token's only)
+    assert plain.logprobs is None
+
+
+def test_chat_response_carries_logprobs_by_id(server, local_llm):  # noqa: F811
+    """A chat choice with logprobs carries logprobs_by_id ([[token id, logprob], ...] a position, as a completion
+    choice's), beside OpenAI's logprobs.content (unchanged); without logprobs, neither."""
+    import httpx
+    url = server[0].url
+    want = local_llm.chat(TURNS, LP2)[0]
+    body = {"messages": TURNS, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "logprobs": True,
+            "top_logprobs": 2}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    c = r.json()["choices"][0]
+    rows = c["logprobs_by_id"]
+    _same_logprobs([{t: v for t, v in row} for row in rows], want.logprobs)
+    assert [row[0][0] for row in rows] == c["token_ids"] == want.token_ids   # (the sampled token first)
+    content = c["logprobs"]["content"]
+    assert set(c["logprobs"]) == {"content"} and len(content) == 4
+    for e, row in zip(content, rows):
+        assert set(e) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert e["logprob"] == row[0][1] and len(e["top_logprobs"]) == 2
+        assert all(set(a) == {"token", "logprob", "bytes"} for a in e["top_logprobs"])
+    r = httpx.post(url + "/v1/chat/completions", json={k: v for k, v in body.items() if "logprobs" not in k},
+                   timeout=60)
+    c = r.json()["choices"][0]
+    assert c["logprobs"] is None and "logprobs_by_id" not in c
+
+
+def test_streaming_chat_chunks_carry_logprobs_by_id(server, local_llm):  # noqa: F811
+    """As a streamed completion's chunks: each content chunk with logprobs carries its positions' logprobs_by_id."""
+    want = local_llm.chat(TURNS, LP2)[0]
+    evs = _sse_events(server[0].url + "/v1/chat/completions",
+                      {"messages": TURNS, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+                       "logprobs": True, "top_logprobs": 2, "stream": True})
+    chunks = [e["choices"][0] for e in evs if e["choices"]]
+    assert "logprobs_by_id" not in chunks[0]   # (the role chunk: no tokens, logprobs null)
+    rows = [row for ch in chunks[1:] for row in ch["logprobs_by_id"]]
+    _same_logprobs([{t: v for t, v in row} for row in rows], want.logprobs)
+    content = [e for ch in chunks[1:] for e in ch["logprobs"]["content"]]
+    assert [e["logprob"] for e in content] == [row[0][1] for row in rows]
