@@ -33,8 +33,8 @@ def _watch_submits(monkeypatch, router, gate_at: int | None = None, step_delay: 
     """Records each request the server submits (its prompt) and how it ended; with gate_at, the engine's steps wait
     (at most 10 s) until that many requests were submitted; step_delay slows every step."""
     engine = router.replicas[0].llm.engine
-    real_step, real_submit = engine.step, router.submit
-    submitted, ends, all_in = [], [], threading.Event()
+    real_step = engine.step
+    all_in = threading.Event()
 
     def step():
         if gate_at is not None and not all_in.wait(10):
@@ -43,17 +43,29 @@ def _watch_submits(monkeypatch, router, gate_at: int | None = None, step_delay: 
             time.sleep(step_delay)
         return real_step()
 
-    def submit(ids, sp, cb, **kw):
-        submitted.append(list(ids))
+    def on_submit(submitted):
         if gate_at is not None and len(submitted) >= gate_at:
             all_in.set()
+    monkeypatch.setattr(engine, "step", step)
+    return _record_submits(monkeypatch, router, on_submit)
+
+
+def _record_submits(monkeypatch, router, on_submit=None):
+    """router.submit patched to record each submitted prompt (`submitted`) and each finish reason (`ends`);
+    on_submit(submitted) runs after each submission is recorded."""
+    real_submit = router.submit
+    submitted, ends = [], []
+
+    def submit(ids, sp, cb, **kw):
+        submitted.append(list(ids))
+        if on_submit is not None:
+            on_submit(submitted)
 
         def record(out):
             cb(out)
             if out.finished:
                 ends.append(out.finish_reason)
         return real_submit(ids, sp, record, **kw)
-    monkeypatch.setattr(engine, "step", step)
     monkeypatch.setattr(router, "submit", submit)
     return submitted, ends
 

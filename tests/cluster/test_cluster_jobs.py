@@ -199,13 +199,10 @@ def test_submit_refuses_relative_paths():
     submit.check_paths(["--model", "m", "--input", "/data/in.jsonl", "--output", "/data/out.jsonl"])
 
 
-def test_generate_job_keeps_finished_chunks_when_a_later_one_fails(tmp_path, monkeypatch, capsys):
-    """Results are written a chunk at a time: a failure part-way (here the second generate call) leaves the first
-    chunk's lines, in input order, and says where to resume (they were all lost before)."""
-    from cluster.jobs.generate import main
+def _fail_second_generate(monkeypatch) -> list[int]:
+    """LLM.generate patched to raise RequestFailedError on its second call (a job's second chunk); returns the list
+    of each call's prompt count. monkeypatch.undo() or setattr(LLM, "generate", ...) restores it."""
     from mpk_runtime.engine import LLM, RequestFailedError
-    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    _write(inp, [{"prompt_token_ids": [i + 1, i + 2], "temperature": 0, "max_tokens": 3, "id": i} for i in range(5)])
     real, calls = LLM.generate, []
 
     def flaky(self, prompts, params=None, use_tqdm=True):
@@ -214,6 +211,17 @@ def test_generate_job_keeps_finished_chunks_when_a_later_one_fails(tmp_path, mon
             raise RequestFailedError("injected: the workers failed")
         return real(self, prompts, params, use_tqdm=use_tqdm)
     monkeypatch.setattr(LLM, "generate", flaky)
+    return calls
+
+
+def test_generate_job_keeps_finished_chunks_when_a_later_one_fails(tmp_path, monkeypatch, capsys):
+    """Results are written a chunk at a time: a failure part-way (here the second generate call) leaves the first
+    chunk's lines, in input order, and says where to resume (they were all lost before)."""
+    from cluster.jobs.generate import main
+    from mpk_runtime.engine import RequestFailedError
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(inp, [{"prompt_token_ids": [i + 1, i + 2], "temperature": 0, "max_tokens": 3, "id": i} for i in range(5)])
+    calls = _fail_second_generate(monkeypatch)
     with pytest.raises(RequestFailedError):
         main(["--model", "tiny-qwen3", "--dtype", "float32", "--max-seq-len", "64", "--executor", "inprocess",
               "--chunk", "2", "--input", str(inp), "--output", str(out)])

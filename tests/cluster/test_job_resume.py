@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.cluster.test_cluster_jobs import _write
+from tests.cluster.test_cluster_jobs import _fail_second_generate, _write
 
 JOB = ["--model", "tiny-llama", "--backend", "torch", "--dtype", "float32", "--executor", "inprocess",
        "--max-seq-len", "64", "--chunk", "2", "--seed", "7"]
@@ -79,21 +79,14 @@ def test_resume_after_a_failed_chunk_gives_the_one_go_output(tmp_path, one_go, m
     from mpk_runtime.engine import LLM, RequestFailedError
     inp, full = one_go
     out = tmp_path / "out.jsonl"
-    real, calls = LLM.generate, []
-
-    def flaky(self, prompts, params=None, use_tqdm=True):
-        calls.append(len(prompts))
-        if len(calls) == 2:
-            raise RequestFailedError("injected: the workers failed")
-        return real(self, prompts, params, use_tqdm=use_tqdm)
-    monkeypatch.setattr(LLM, "generate", flaky)
+    real = LLM.generate
+    _fail_second_generate(monkeypatch)
     with pytest.raises(RequestFailedError):
         _run(inp, out)
     err = capsys.readouterr().err
     assert "rerun with --resume to continue" in err and f"{inp}:4" in err and "another --output" not in err, err
     assert len(out.read_text().splitlines()) == 2
     monkeypatch.setattr(LLM, "generate", real)
-    calls.clear()
     assert _run(inp, out, "--resume") == 0
     said = capsys.readouterr()
     assert "resumed" in said.out and "2 already" in said.out, said.out

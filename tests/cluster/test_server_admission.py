@@ -13,7 +13,7 @@ import pytest
 from cluster.client import Client, _raise_for
 from cluster.server import ServerThread, build_parser, create_app
 from mpk_runtime.engine import RequestFailedError, SamplingParams, ServerOverloadedError
-from tests.cluster.test_client_stream import _wait_for
+from tests.cluster.test_client_stream import _record_submits, _wait_for
 from tests.cluster.test_router_review import _parse
 
 LIMIT = 2
@@ -35,25 +35,15 @@ def held(server, monkeypatch):
     `submitted` lists the prompts the server queued, `ends` the finish reasons of those that ended."""
     router = server[1]
     engine = router.replicas[0].llm.engine
-    real_step, real_submit = engine.step, router.submit
+    real_step = engine.step
     release = threading.Event()
-    submitted, ends = [], []
 
     def step():
         release.wait(30)
         time.sleep(0.02)
         return real_step()
-
-    def submit(ids, sp, cb, **kw):
-        submitted.append(list(ids))
-
-        def record(out):
-            cb(out)
-            if out.finished:
-                ends.append(out.finish_reason)
-        return real_submit(ids, sp, record, **kw)
     monkeypatch.setattr(engine, "step", step)
-    monkeypatch.setattr(router, "submit", submit)
+    submitted, ends = _record_submits(monkeypatch, router)
     yield release, submitted, ends
     release.set()
 
