@@ -90,6 +90,13 @@ def served_name(model: str, served_model_name: str | None = None) -> str:
     return served_model_name or os.path.basename(os.path.normpath(model))
 
 
+def _ended_extensions(o: RequestOutput) -> dict:
+    """A non-streaming choice's fields beyond OpenAI's, completions and chat alike (what cluster.Client reads): its
+    token ids, its prompt's (a chat's rendered conversation), the timings, and with logprobs the same by token id."""
+    return {"token_ids": o.token_ids, "prompt_token_ids": o.prompt_token_ids, "metrics": o.metrics.to_dict(),
+            **({"logprobs_by_id": logprobs_by_id(o.logprobs)} if o.logprobs is not None else {})}
+
+
 def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
@@ -409,10 +416,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
         return JSONResponse({
             "id": cid, "object": "text_completion", "created": created, "model": name,
             "choices": [{"index": i, "text": o.text or "", "logprobs": _completion_logprobs(o.logprobs, 0),
-                         "finish_reason": _finish(o), "token_ids": o.token_ids,
-                         "prompt_token_ids": o.prompt_token_ids, "metrics": o.metrics.to_dict(),
-                         **({"logprobs_by_id": logprobs_by_id(o.logprobs)} if o.logprobs is not None else {})}
-                        for i, o in enumerate(outs)],
+                         "finish_reason": _finish(o), **_ended_extensions(o)} for i, o in enumerate(outs)],
             "usage": _usage(outs, r.n)})
 
     @app.post("/v1/chat/completions")
@@ -448,12 +452,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
             "id": cid, "object": "chat.completion", "created": created, "model": name,
             "choices": [{"index": j, "message": {"role": "assistant", "content": o.text or ""},
                          "logprobs": _chat_logprobs(o.logprobs, top), "finish_reason": _finish(o),
-                         # (extensions, as a completion choice's: the rendered conversation's ids, the timings)
-                         "token_ids": o.token_ids, "prompt_token_ids": o.prompt_token_ids,
-                         "metrics": o.metrics.to_dict(),
-                         # (with logprobs: the same by token id, as a completion choice's; what Client.chat reads)
-                         **({"logprobs_by_id": logprobs_by_id(o.logprobs)} if o.logprobs is not None else {})}
-                        for j, o in enumerate(outs)],
+                         **_ended_extensions(o)} for j, o in enumerate(outs)],
             "usage": _usage(outs, r.n)})
 
     def _card() -> dict:
