@@ -167,19 +167,27 @@ class Client:
                 "logit_bias": {str(t): b for t, b in sp.logit_bias} if sp.logit_bias else None}
 
     def _one(self, prompt, sp: SamplingParams, rid: str) -> RequestOutput:
+        return self._answer("/v1/completions", self._body(prompt, sp, False), rid,
+                            prompt if isinstance(prompt, str) else None)
+
+    def _answer(self, path: str, body: dict, rid: str, prompt: str | None) -> RequestOutput:
+        """POST one non-streaming request; its first choice as a RequestOutput (a completion's text, or a chat's
+        message content), with the server's extensions: token ids, the prompt's, the timings (metrics: first token
+        and finish on this client's clock), logprobs by token id."""
         t0 = time.monotonic()
-        r = self._http.post("/v1/completions", json=self._body(prompt, sp, False))
+        r = self._http.post(path, json=body)
         body = _json(r)
         if r.status_code != 200 or not isinstance(body, dict):
             _raise_for(r.status_code, body)
         c = body["choices"][0]
+        text = c["text"] if "text" in c else (c["message"].get("content") or "")
+        toks = list(c.get("token_ids") or [])
         m = c.get("metrics") or {}
-        ttft, tpot, n = m.get("time_to_first_token"), m.get("per_token_latency"), len(c["token_ids"])
+        ttft, tpot, n = m.get("time_to_first_token"), m.get("per_token_latency"), len(toks)
         first = None if ttft is None else t0 + ttft
         finish = None if first is None else first + (tpot or 0.0) * max(0, n - 1)
-        return RequestOutput(request_id=rid, prompt=prompt if isinstance(prompt, str) else None,
-                             prompt_token_ids=c.get("prompt_token_ids") or [], token_ids=c["token_ids"],
-                             text=c["text"], delta_token_ids=c["token_ids"], delta_text=c["text"], finished=True,
+        return RequestOutput(request_id=rid, prompt=prompt, prompt_token_ids=list(c.get("prompt_token_ids") or []),
+                             token_ids=toks, text=text, delta_token_ids=toks, delta_text=text, finished=True,
                              finish_reason=c["finish_reason"], error=None,
                              metrics=RequestMetrics(t0, first, finish, body["usage"]["prompt_tokens"], n),
                              logprobs=_logprobs(c.get("logprobs_by_id")))
@@ -219,32 +227,12 @@ class Client:
                 f.cancel()
 
     def _chat_one(self, messages: list, sp: SamplingParams, rid: str) -> RequestOutput:
-        t0 = time.monotonic()
         body = {"messages": messages, **self._sampling(sp, False)}
         # chat's logprobs is a bool and top_logprobs the alternatives a position reports (the server maps them to
         # SamplingParams.logprobs = top_logprobs): logprobs=n as logprobs: true, top_logprobs: n
         body["logprobs"] = None if sp.logprobs is None else True
         body["top_logprobs"] = sp.logprobs
-        r = self._http.post("/v1/chat/completions", json=body)
-        body = _json(r)
-        if r.status_code != 200 or not isinstance(body, dict):
-            _raise_for(r.status_code, body)
-        c = body["choices"][0]
-        text, toks = c["message"].get("content") or "", list(c.get("token_ids") or [])
-        # the server's timings (the prompt_token_ids and metrics extensions, as a completion choice's) as _one
-        # reads them; a server without them: no first token time, finished when the answer came
-        m = c.get("metrics")
-        if m is None:
-            first, finish = None, time.monotonic()
-        else:
-            ttft, tpot = m.get("time_to_first_token"), m.get("per_token_latency")
-            first = None if ttft is None else t0 + ttft
-            finish = None if first is None else first + (tpot or 0.0) * max(0, len(toks) - 1)
-        return RequestOutput(request_id=rid, prompt=None, prompt_token_ids=list(c.get("prompt_token_ids") or []),
-                             token_ids=toks, text=text, delta_token_ids=toks, delta_text=text, finished=True,
-                             finish_reason=c["finish_reason"], error=None,
-                             metrics=RequestMetrics(t0, first, finish, body["usage"]["prompt_tokens"], len(toks)),
-                             logprobs=_logprobs(c.get("logprobs_by_id")))
+        return self._answer("/v1/chat/completions", body, rid, None)
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:
