@@ -26,6 +26,8 @@
 #     OUT=$OUT bash scripts/gpu_pending.sh launch   # stage 4f (one GPU): a megakernel segment's fixed cost in graphs (~2 min)
 #     MODELS=llama-3.2-1b OUT=$OUT bash scripts/gpu_pending.sh engine   # (one GPU, ~3 min a model): LLM.generate's
 #                                                   ms per decode step, decode_steps 1 vs 8, B=1 / 8 (planned megakernel)
+#     OUT=$OUT bash scripts/gpu_pending.sh loop       # (one GPU, ~2-4 min): TP=2 with both ranks on this GPU
+#                                                   (gpu_check_tp_loopback.py; LOOP_MODELS, LOOP_STEPS)
 #     OUT=$OUT bash scripts/gpu_pending.sh fulldraw   # (one GPU, ~2 min): the full-vocabulary draw's kernels alone
 #     OUT=$OUT bash scripts/gpu_pending.sh kvp        # (one GPU, ~4 min): KV pages short, reserve vs lazy
 #     OUT=$OUT bash scripts/gpu_pending.sh drawg      # (one GPU, ~6 min): the full draw as a CUDA graph vs eager
@@ -690,6 +692,13 @@ elif [ "$MODE" = tests ]; then
 st "tests: ${TESTS:-tests/gpu}"
 timeout ${LIM:-300} python3 -m pytest -v -m gpu ${TESTS:-tests/gpu} > "$OUT/pytest_sel.log" 2>&1
 grep -E "^FAILED|passed|failed" "$OUT/pytest_sel.log" | tail -6; tar -czf "$OUT/pending.tar.gz" -C "$OUT" pytest_sel.log
+elif [ "$MODE" = loop ]; then
+# loop (session 74): the TP=2 megakernel with both ranks on this one GPU (scripts/gpu_check_tp_loopback.py: the
+# device protocol - pushes, remote signals, cross-rank waits - against TP=1; not the NVLink transport, not TP speed)
+st "loop: TP=2 ranks on one GPU, ${LOOP_MODELS:-llama-3.2-1b,qwen3-8b}"
+timeout ${LIM:-300} python3 scripts/gpu_check_tp_loopback.py --models ${LOOP_MODELS:-llama-3.2-1b,qwen3-8b} \
+    --steps ${LOOP_STEPS:-64} ${LOOP_ARGS:-} > "$OUT/loopback.log" 2>&1
+tail -14 "$OUT/loopback.log"
 elif [ "$MODE" = varq ]; then
 # varq (session 36): the conventional plan at qwen3-8b B=8 ctx 512 measured 5.26 / 5.29 (s35, two processes, alone),
 # 5.547 (s35, full bench) and 5.645 / 5.635 / 5.883 (s36 order: alone / after B=128 / after the peers) while the one
