@@ -99,3 +99,18 @@ def test_the_summary_line_says_when_the_weights_are_a_presets_random_ones(demo, 
     assert main(["generate", "--model", demo, "--backend", "torch", "--dtype", "float32", "--max-tokens", "2",
                  "--prompt-ids", "1,2"]) == 0
     assert "random" not in capsys.readouterr().err   # a model directory's own weights
+
+
+def test_a_seed_past_int64_generates(capsys):
+    """--seed 99999999999999999999 (argparse takes any int) exited 2 with "rank 0 failed in 'init_model': ValueError:
+    Overflow when unpacking long long" (torch's manual_seed, for the preset's random weights)."""
+    assert main(BASE + ["--prompt-ids", "1,2", "--seed", "99999999999999999999"]) == 0
+    lines = _lines(capsys.readouterr().out)
+    assert len(lines) == 1 and len(lines[0]["token_ids"]) == 4
+
+
+def test_max_seq_len_1_exits_2_saying_why(capsys):
+    """--max-seq-len 1 said "shorten it to at most 0 tokens" about a one-token prompt."""
+    assert main(BASE + ["--prompt-ids", "1", "--max-seq-len", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "max_seq_len" in err and "at most 0 tokens" not in err and "Traceback" not in err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from typing import Callable, Sequence
 
@@ -28,6 +29,14 @@ from .detokenize import IncrementalText, text_decoder
 from .tokenizer import LazyTokenizer
 
 log = logging.getLogger(__name__)
+
+
+def check_step_timeout(v) -> None:
+    """step_timeout: None (wait as long as a step takes) or seconds > 0. (0, a negative or a string timeout failed
+    every request at its first step as a worker fault to retry.)"""
+    if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf):
+        raise InvalidRequestError(f"step_timeout must be None (no limit) or a number of seconds > 0 that one engine "
+                                  f"step may take before its workers count as failed, got {v!r}")
 
 
 def check_decode_steps_arg(v, none_ok: bool = False) -> None:
@@ -86,6 +95,7 @@ class LLMEngine(BurstsMixin, RecoveryMixin, RequestChecks):
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         check_decode_steps_arg(decode_steps)
+        check_step_timeout(step_timeout)
         self.decode_steps = decode_steps
         self.async_bursts = bool(async_bursts)
         self._inflight = None   # bursts.Burst submitted and not read yet (async_bursts)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ..models import ConfigError, load_config
 from ..runtime.executor import Executor, make_executor
-from .engine import LLMEngine, check_decode_steps_arg, check_max_num_batched_tokens
+from .engine import LLMEngine, check_decode_steps_arg, check_max_num_batched_tokens, check_step_timeout
 from .errors import InvalidRequestError, NoTokenizerError, RequestFailedError, ShutDownError, UnknownModelError
 from .request import RequestOutput
 from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
@@ -32,6 +32,8 @@ DEFAULT_DECODE_STEPS = 4
 
 def resolve_model(model: str):
     """The model's config, or an `UnknownModelError` that lists what would work."""
+    if isinstance(model, os.PathLike):   # (a pathlib.Path of a model directory, as tokenizer= takes one)
+        model = os.fspath(model)
     if not isinstance(model, str) or not model:
         raise UnknownModelError(f"model must be a preset name or a local model directory, got {model!r}")
     try:   # (load_config says which: an unknown name (listing the presets), a missing directory, a file)
@@ -107,19 +109,33 @@ class LLM:
         (runtime/executor.default_plan)."""
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
+        if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
+            seed = int(seed)   # (np.int64 as the int it stands for, as SamplingParams takes it)
+        else:   # (None / a float failed inside the runner's weights as a TypeError; True ran as seed 1)
+            raise InvalidRequestError(f"seed must be an int (the engine seed: a preset's random weights and the "
+                                      f"requests' sampling seeds; any int), got {seed!r}")
         check_decode_steps_arg(decode_steps, none_ok=True)
         check_max_num_batched_tokens(max_num_batched_tokens)
+        check_step_timeout(step_timeout)
         from .scheduler import KV_ALLOCATION_MODES
         if kv_allocation not in KV_ALLOCATION_MODES:
             raise InvalidRequestError(f"kv_allocation must be one of {KV_ALLOCATION_MODES}, got {kv_allocation!r}")
         for name, v in (("enable_prefix_caching", enable_prefix_caching), ("async_bursts", async_bursts)):
             if v is not None and not isinstance(v, bool):
                 raise InvalidRequestError(f"{name} must be True, False or None (automatic), got {v!r}")
+        if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)) and not all(
+                callable(getattr(tokenizer, m, None)) for m in ("encode", "decode")):
+            # (an int / other object was taken for a tokenizer, and generate failed with an AttributeError)
+            raise InvalidRequestError(f"tokenizer must be None (the model directory's), a path to a directory "
+                                      f"holding a tokenizer, or a tokenizer object (with encode and decode: a Hugging "
+                                      f"Face tokenizer), got {type(tokenizer).__name__} {tokenizer!r:.60}")
         if isinstance(tokenizer, (str, os.PathLike)) and not has_tokenizer(os.fspath(tokenizer)):
             # (a tokenizer asked for by path that holds none was silently no tokenizer: text prompts then failed)
             raise InvalidRequestError(
                 f"tokenizer={os.fspath(tokenizer)!r}: not a directory holding a tokenizer (one of {list(_TOKENIZER_FILES)}); "
                 f"give such a directory (a model's own is used when tokenizer is None) or a tokenizer object")
+        if isinstance(model, os.PathLike):   # (the runners, the tokenizer and the EOS ids take it as a str)
+            model = os.fspath(model)
         self.model = model
         # request id -> the inbox of the call (generate / stream) that added it: request id -> the update it has not
         # taken yet (the updates of several steps merged into one). The calls of one LLM share its engine and any of
@@ -152,6 +168,9 @@ class LLM:
         try:
             executor.init_workers(backend, **self.runner_kwargs)
             kv_spec = executor.collective_rpc("kv_spec")[0]
+            if kv_spec.max_seq_len < 2:   # (every request failed as "shorten it to at most 0 tokens")
+                raise InvalidRequestError(f"max_seq_len={kv_spec.max_seq_len} leaves no room for a generated token "
+                                          "after a prompt of at least one: use max_seq_len >= 2")
             on_device = device_sampling != "off" and executor.collective_rpc("samples_on_device")[0]
             full = on_device and executor.collective_rpc("samples_full_on_device")[0]
             shares = executor.collective_rpc("shares_kv_pages")[0]

@@ -35,6 +35,12 @@ _NONFINITE = ("the model produced NaN / inf logits (float16 overflow or broken w
               "'bfloat16', and check the checkpoint")
 
 
+def _as_number(v, kind: type, to: type):
+    """A numpy / other numeric scalar of `kind` as the Python int / float it stands for; anything else as it is (bools
+    too: the checks refuse them)."""
+    return to(v) if isinstance(v, kind) and not isinstance(v, (bool, int, float)) else v
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling. On device the candidate set is capped at C = SAMPLE_CANDIDATES (64) tokens:
@@ -99,6 +105,11 @@ class SamplingParams:
             v = getattr(self, name)
             if isinstance(v, kind) and not isinstance(v, (bool, int, float)):   # (np.bool_ is neither ABC)
                 object.__setattr__(self, name, to(v))
+        # ... and so the token ids of stop_token_ids and logit_bias (list(np.array(ids)) was refused as "must be a
+        # list of non-negative ints, got [np.int64(1), ...]")
+        if isinstance(self.stop_token_ids, (list, tuple)):
+            object.__setattr__(self, "stop_token_ids", [_as_number(x, numbers.Integral, int)
+                                                        for x in self.stop_token_ids])
         problems = []
         t = self.temperature
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not t >= 0 or t == float("inf"):
@@ -138,7 +149,8 @@ class SamplingParams:
         if lb is not None:
             items = lb.items() if isinstance(lb, dict) else lb if isinstance(lb, (list, tuple)) else None
             try:
-                pairs = tuple(sorted((k, v) for k, v in items)) if items is not None else None
+                pairs = tuple(sorted((_as_number(k, numbers.Integral, int), _as_number(v, numbers.Real, float))
+                                     for k, v in items)) if items is not None else None
             except (TypeError, ValueError):
                 pairs = None
             if pairs is None or len({k for k, _ in pairs}) != len(pairs) or not all(

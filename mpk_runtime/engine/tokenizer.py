@@ -46,7 +46,16 @@ class LazyTokenizer:
             with self._lock:
                 if not self._loaded:
                     from transformers import AutoTokenizer
-                    self._tok = AutoTokenizer.from_pretrained(self._source)
+                    try:
+                        self._tok = AutoTokenizer.from_pretrained(self._source)
+                    except Exception as e:   # (a damaged tokenizer.json was a bare JSONDecodeError from transformers,
+                        # for token-id prompts too: the engine asks for the tokenizer's EOS and output text)
+                        from .errors import NoTokenizerError
+                        raise NoTokenizerError(
+                            f"cannot load the tokenizer in {self._source} ({type(e).__name__}: {str(e)[:300]}): its "
+                            "tokenizer files are damaged, incomplete or need a package that is not installed; "
+                            "download them again, or pass tokenizer=<a directory or tokenizer object that loads>"
+                        ) from e
                     self._loaded = True
         return self._tok
 

@@ -75,6 +75,12 @@ def lm_head_name(cfg: ModelConfig) -> str:
     return "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
 
 
+def _generator_seed(v: int) -> int:
+    """v where torch's manual_seed takes it ([-2**63, 2**64)), else its low 64 bits: any int seed works (SamplingParams
+    and the engine take any int), and the seeds that fitted keep their weights."""
+    return v if -(1 << 63) <= v < 1 << 64 else v & ((1 << 64) - 1)
+
+
 def random_weights(cfg: ModelConfig, seed: int = 0, dtype: str | torch.dtype | None = None,
                    device: str | torch.device = "cpu", std: float = 0.02) -> dict[str, torch.Tensor]:
     """Seeded random weights. The same seed gives the same weights on every device and dtype.
@@ -87,7 +93,7 @@ def random_weights(cfg: ModelConfig, seed: int = 0, dtype: str | torch.dtype | N
     dt = torch_dtype(dtype or cfg.dtype)
     out: dict[str, torch.Tensor] = {}
     for k, (name, shape) in enumerate(sorted(weight_shapes(cfg).items())):
-        g = torch.Generator(device=device).manual_seed(seed * 1_000_003 + k)
+        g = torch.Generator(device=device).manual_seed(_generator_seed(seed * 1_000_003 + k))
         t = torch.randn(shape, generator=g, device=device)
         if name.endswith(".bias"):
             t = t.mul_(0.5)   # (Qwen2's q / k / v biases: O(1) against projections of O(1) rows)
