@@ -157,7 +157,9 @@ __device__ inline int64_t sample_from_candidates(const float* mv, const float* m
       if (chosen < 0 && r < cs[q + 1]) chosen = q;
     }
     if (chosen < 0) chosen = last;
-    tok = static_cast<int64_t>(mi[chosen]);
+    // a best candidate that is not finite (NaN, +-inf) leaves no distribution: PAD_INDEX, no token (the engine
+    // fails the request), as for a greedy row holding NaN
+    tok = isfinite(mv[0]) ? static_cast<int64_t>(mi[chosen]) : static_cast<int64_t>(SAMPLE_PAD_INDEX);
   }
   return tok;
 }

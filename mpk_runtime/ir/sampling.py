@@ -23,6 +23,8 @@ fused multiply-add; this is what makes the CPU and the GPU draw the same token f
   5. u = uniform(seed, pos) (24 bits of a 32-bit integer hash of the seed and the position of the row's last
      token; see `uniform_bits`), r = u * c_m. The token is i_j for the smallest j < m with r < c_{j+1}
      (if rounding leaves none: the last j < m with e_j > 0).
+  6. A row whose v_0 is not finite (NaN, or +-inf: no distribution) draws PAD_INDEX, which is no token: the engine
+     fails the request naming NaN / inf, as for a greedy row whose logits hold NaN.
 
 Approximation (documented in SamplingParams): the candidate set is capped at C. With 1 <= top_k <= C the result
 follows exactly the top-k (then top-p) renormalised softmax. With top_k disabled (0) the device samples from

@@ -113,6 +113,8 @@ def sample_candidates(vals: np.ndarray, idx: np.ndarray, temperature: float, top
     tests/tasks/test_sampling.py checks it against sample_rows row by row."""
     f32 = np.float32
     C = vals.shape[0]
+    if not np.isfinite(vals[0]):
+        return PAD_INDEX   # as sample_rows: no distribution to draw from
     T = f32(temperature)
     T = T if T > 0 else f32(1.0)
     d = (vals - vals[0]) / T

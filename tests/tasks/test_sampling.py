@@ -402,3 +402,18 @@ def test_sample_candidates_where_the_uniform_hits_a_prefix_sum():
                                  torch.tensor([C]), torch.tensor([1.0]), torch.tensor([seed]), torch.tensor([17]))[0])
         assert want == 1000 + j
         assert H.sample_candidates(vals, idx, 1.0, C, 1.0, seed, 17) == want
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_row_whose_best_candidate_is_not_finite_draws_no_token(bad):
+    """ir/sampling.py step 6: sample_rows (pyvm, the conventional executor) and sample_candidates (the host mirror)
+    return PAD_INDEX for a row whose v_0 is NaN or +-inf, and draw the other rows as before."""
+    C = 8
+    vals = torch.tensor([[bad] + [-1.0 * j for j in range(1, C)], [2.0 - j for j in range(C)]], dtype=torch.float32)
+    idx = torch.arange(2 * C, dtype=torch.int64).view(2, C) + 5
+    args = (torch.tensor([1.0, 1.0]), torch.tensor([3, 3]), torch.tensor([1.0, 1.0]), torch.tensor([11, 11]),
+            torch.tensor([4, 4]))
+    got = A.sample_rows(vals, idx, *args)
+    assert got[0].item() == S.PAD_INDEX and 5 + C <= got[1].item() < 5 + C + 3
+    for r in range(2):
+        assert H.sample_candidates(vals[r].numpy(), idx[r].numpy(), 1.0, 3, 1.0, 11, 4) == got[r].item()

@@ -127,7 +127,8 @@ def exp2_neg(t: torch.Tensor) -> torch.Tensor:
 def sample_rows(vals: torch.Tensor, idx: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor,
                 top_p: torch.Tensor, seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """Steps 3-5 of ir/sampling.py on merged candidates vals/idx (B, C) sorted best first. Returns (B,) int64
-    (rows with temperature <= 0 get a meaningless value: the caller selects the greedy result there)."""
+    (rows with temperature <= 0 get a meaningless value: the caller selects the greedy result there; PAD_INDEX
+    where vals[:, 0] is not finite)."""
     B, C = vals.shape
     dev = vals.device
     T = torch.where(temp > 0, temp, _f32(1.0, dev))
@@ -151,7 +152,10 @@ def sample_rows(vals: torch.Tensor, idx: torch.Tensor, temp: torch.Tensor, top_k
     chosen = (live & (c[:, 1:] <= r[:, None])).sum(1)
     last = torch.where(live & (e > 0), j[None, :], torch.zeros_like(j)[None, :]).amax(1)
     chosen = torch.where(chosen < m, chosen, last)
-    return idx.gather(1, chosen[:, None])[:, 0].to(torch.int64)
+    tok = idx.gather(1, chosen[:, None])[:, 0].to(torch.int64)
+    # a row whose best candidate is not finite (NaN, or +-inf: no distribution to draw from) draws PAD_INDEX, which
+    # is no token: the engine fails the request naming NaN / inf, as for a greedy row whose logits hold NaN
+    return torch.where(torch.isfinite(vals[:, 0]), tok, torch.full_like(tok, PAD_INDEX))
 
 
 def row_last_positions(ctx, B: int) -> torch.Tensor:
