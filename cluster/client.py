@@ -190,7 +190,8 @@ class Client:
                              token_ids=toks, text=text, delta_token_ids=toks, delta_text=text, finished=True,
                              finish_reason=c["finish_reason"], error=None,
                              metrics=RequestMetrics(t0, first, finish, body["usage"]["prompt_tokens"], n),
-                             logprobs=_logprobs(c.get("logprobs_by_id")))
+                             logprobs=_logprobs(c.get("logprobs_by_id")),
+                             num_cached_tokens=c.get("num_cached_tokens") or 0)
 
     def _validated(self, prompts, sampling_params):
         prompts = normalize_prompts(prompts)
@@ -276,6 +277,7 @@ class Client:
         first = None
         pids = [] if isinstance(prompt, str) else list(prompt)   # (a string's ids come with its first chunk)
         done = False
+        cached = 0
         with self._http.stream("POST", "/v1/completions", json=self._body(prompt, sp, True)) as r:
             if r.status_code != 200:
                 r.read()
@@ -302,10 +304,11 @@ class Client:
                 done = c.get("finish_reason") is not None
                 now = time.monotonic()
                 pids = c.get("prompt_token_ids") or pids
+                cached = c.get("num_cached_tokens") or cached   # (the server tells it on the last chunk)
                 yield RequestOutput(rid, prompt if isinstance(prompt, str) else None, pids, list(toks), text,
                                     c.get("token_ids", []), c.get("text", ""), done, c.get("finish_reason"),
                                     None, RequestMetrics(t0, first, now if done else None, len(pids), len(toks)),
-                                    logprobs=lps)
+                                    logprobs=lps, num_cached_tokens=cached)
         if not done:   # (a proxy's read timeout, a server gone between chunks: not a whole answer)
             raise E.RequestFailedError(f"the stream from {self.address} ended before its last chunk (no "
                                        f"finish_reason after {len(toks)} tokens): the answer is cut short")

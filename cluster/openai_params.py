@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mpk_runtime.engine import SamplingParams
+from mpk_runtime.engine import InvalidRequestError, SamplingParams
 
 from .protocol import ChatRequest, CommonRequest
 
@@ -59,6 +59,30 @@ def sampling_params(r: CommonRequest, served: tuple[str, ...]) -> SamplingParams
         raise HTTPError(404, f"model {r.model!r} is not served here; this server serves {served[0]!r}",
                         "model_not_found", param="model")
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
+    try:
+        return _sampling_params(r, max_tokens, logprobs, bias)
+    except InvalidRequestError as e:   # a value out of range: the 400 names the field (OpenAI's error.param)
+        raise HTTPError(400, str(e), type(e).__name__, _field_at_fault(r, str(e))) from None
+
+
+def max_tokens_field(r: CommonRequest) -> str:
+    """The request field max_tokens came from: max_completion_tokens where given, as sampling_params takes it."""
+    return "max_completion_tokens" if r.max_completion_tokens is not None else "max_tokens"
+
+
+def _field_at_fault(r: CommonRequest, message: str) -> str | None:
+    """The request field a SamplingParams error names first ("invalid SamplingParams: top_p must be ..."), as the
+    request spells it; None where it names none."""
+    words = message.split(":", 1)[-1].split()
+    first = words[0] if words else ""
+    if first == "max_tokens":
+        return max_tokens_field(r)
+    if first == "logprobs" and isinstance(r, ChatRequest):
+        return "top_logprobs"
+    return first if first in type(r).model_fields else None
+
+
+def _sampling_params(r: CommonRequest, max_tokens, logprobs, bias) -> SamplingParams:
     return SamplingParams(temperature=1.0 if r.temperature is None else r.temperature,
                           top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0, max_tokens=max_tokens,
                           stop_token_ids=tuple(r.stop_token_ids or ()), seed=r.seed, ignore_eos=r.ignore_eos,

@@ -1,12 +1,13 @@
 """OpenAI-compatible request bodies (pydantic). Unknown fields are ignored; unsupported ones are rejected by the
 server with a 400 that says what to send instead. Types are strict, as OpenAI's JSON schema: a bool is not an int
 (`"n": true`), a float is not an int (`"n": 2.0`), a string is not a number or a bool (`"temperature": "0"`,
-`"stream": "true"`); only an int where a float goes is taken (JSON cannot tell 1 from 1.0)."""
+`"stream": "true"`); only an int where a float goes is taken (JSON cannot tell 1 from 1.0). A null is the default
+of a field OpenAI's schema makes nullable (n, stream and echo, as the optional numbers and strings)."""
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictInt
+from pydantic import BaseModel, ConfigDict, StrictInt, field_validator
 
 from mpk_runtime.engine.chat import CHAT_ROLES  # noqa: F401  (OpenAI's message roles: one list, the engine's)
 
@@ -51,6 +52,13 @@ class CommonRequest(BaseModel):
     guided_regex: str | None = None
     guided_choice: list | None = None
 
+    @field_validator("n", "stream", mode="before")
+    @classmethod
+    def _null_is_default(cls, v, info):
+        """OpenAI's schema has these nullable, null meaning the default (the openai SDK sends null for an argument
+        passed as None): not a 400."""
+        return cls.model_fields[info.field_name].default if v is None else v
+
 
 class CompletionRequest(CommonRequest):
     # token ids are JSON integers: strict, so [true, false] or [1.0, 2.0] is a 400, not ids [1, 0] / [1, 2]
@@ -58,6 +66,11 @@ class CompletionRequest(CommonRequest):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _null_echo(cls, v):
+        return False if v is None else v   # (nullable in OpenAI's schema, as n and stream)
 
 
 class ChatMessage(BaseModel):

@@ -30,7 +30,7 @@ from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
 from mpk_runtime.envflags import env_seconds
 from .admission import _AdmissionLimit, _err_body
 from .metrics import Metrics
-from .openai_params import HTTPError, choices, sampling_params
+from .openai_params import HTTPError, choices, max_tokens_field, sampling_params
 from .protocol import ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request  # likewise (the endpoints take the raw request to see disconnects)
@@ -92,8 +92,10 @@ def served_name(model: str, served_model_name: str | None = None) -> str:
 
 def _ended_extensions(o: RequestOutput) -> dict:
     """A non-streaming choice's fields beyond OpenAI's, completions and chat alike (what cluster.Client reads): its
-    token ids, its prompt's (a chat's rendered conversation), the timings, and with logprobs the same by token id."""
-    return {"token_ids": o.token_ids, "prompt_token_ids": o.prompt_token_ids, "metrics": o.metrics.to_dict(),
+    token ids, its prompt's (a chat's rendered conversation) and how many of those the prefix cache served, the
+    timings, and with logprobs the same by token id."""
+    return {"token_ids": o.token_ids, "prompt_token_ids": o.prompt_token_ids,
+            "num_cached_tokens": o.num_cached_tokens, "metrics": o.metrics.to_dict(),
             **({"logprobs_by_id": logprobs_by_id(o.logprobs)} if o.logprobs is not None else {})}
 
 
@@ -137,7 +139,8 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
     @app.exception_handler(StarletteHTTPException)
     async def _no_route(req: Request, e: StarletteHTTPException):
         """A path or method this server does not have (FastAPI answered {"detail": "Not Found"}, no error an OpenAI
-        client reads): OpenAI's error body naming what was asked for. (Not a rejected generation request.)"""
+        client reads): OpenAI's error body naming what was asked for. (Not a rejected generation request; a body
+        that is not UTF-8, FastAPI's 400 "error parsing the body", is one, and says so.)"""
         if e.status_code == 404:
             routes = sorted(f"{m} {r.path_format}" for r in app.routes if isinstance(r, APIRoute) for m in r.methods)
             msg = f"no route {req.method} {req.url.path} on this server; it serves {', '.join(routes)}"
@@ -146,6 +149,11 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
             allow = next((v for k, v in (e.headers or {}).items() if k.lower() == "allow"), None)
             msg = f"method {req.method} is not allowed for {req.url.path}" + (f" (allowed: {allow})" if allow else "")
             code = "method_not_allowed"
+        elif e.status_code == 400 and isinstance(e.__cause__, UnicodeDecodeError):   # (FastAPI: "error parsing")
+            metrics.on_reject()   # (a generation request's body, as one that is not JSON)
+            msg = (f"invalid request: the body is not UTF-8 ({e.__cause__}): send JSON encoded as UTF-8 with the "
+                   "header Content-Type: application/json")
+            code = "InvalidRequestError"
         else:
             msg, code = f"{req.url.path}: {e.detail}", str(e.status_code)
         etype = "invalid_request_error" if e.status_code < 500 else "server_error"
@@ -277,7 +285,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                 raise HTTPError(400, f"this model's context is {ctx} tokens, but the prompt ({len(ids)} tokens) plus "
                                      f"max_tokens ({params.max_tokens}) would need {len(ids) + params.max_tokens}: lower "
                                      f"max_tokens to at most {ctx - len(ids)}, or leave it out (or send "
-                                     "truncate_max_tokens: true to stop at the context)")
+                                     "truncate_max_tokens: true to stop at the context)", param=max_tokens_field(r))
         loop = asyncio.get_running_loop()
         inbox = inboxes.get(loop)
         if inbox is None:
@@ -402,6 +410,8 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                 if i not in told or out.finished:
                     told.add(i)
                     c["prompt_token_ids"] = out.prompt_token_ids
+                if out.finished:   # (and, known by then, how many of those the prefix cache served)
+                    c["num_cached_tokens"] = out.num_cached_tokens
                 body = {"id": cid, "object": "text_completion", "created": created, "model": name, "choices": [c]}
                 if inc:   # OpenAI: with include_usage every chunk but the last carries "usage": null
                     body["usage"] = None
@@ -438,6 +448,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                     c["logprobs_by_id"] = logprobs_by_id(_delta_logprobs(out))
                 if out.finished:   # (as a streamed completion's last chunk; its first, the role chunk, below)
                     c["prompt_token_ids"] = out.prompt_token_ids
+                    c["num_cached_tokens"] = out.num_cached_tokens
                 return {**base, "choices": [c], **({"usage": None} if inc else {})}
             inc = bool(r.stream_options and r.stream_options.include_usage)
             # each choice's first chunk carries the rendered conversation's ids, as a streamed completion's does

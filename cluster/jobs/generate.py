@@ -6,7 +6,8 @@
 Each input line is {"prompt": str} or {"prompt_token_ids": [...]}, plus optional sampling fields (any of
 SamplingParams': temperature, top_k, top_p, max_tokens, stop_token_ids, stop, seed, ignore_eos, logprobs,
 penalties, ...) and an optional "id". Each output line (same order) is {"id", "prompt_token_ids", "token_ids",
-"text", "finish_reason", "metrics"}, plus "logprobs" ([[token id, logprob], ...] a generated token) where asked.
+"text", "finish_reason", "metrics", "num_cached_tokens", "sampling" (the line's sampling fields as given)}, plus
+"logprobs" ([[token id, logprob], ...] a generated token) where asked.
 A bad line fails the job before any generation, naming the line. Results are written a --chunk at a time; after a
 failure part-way, the same command with --resume keeps the results already in --output and generates the rest.
 Beside --output the job writes <output>.run.json, the flags that decide its tokens (run_record); --resume refuses
@@ -54,12 +55,13 @@ def read_requests(path: str) -> list[dict]:
             if "prompt_token_ids" in d and not (isinstance(d["prompt_token_ids"], list) and all(
                     isinstance(t, int) and not isinstance(t, bool) for t in d["prompt_token_ids"])):
                 raise InvalidRequestError(f"{path}:{n}: 'prompt_token_ids' must be a list of int token ids")
+            given = {k: v for k, v in d.items() if k in SAMPLING_FIELDS}
             try:
-                sp = SamplingParams.from_dict({k: v for k, v in d.items() if k in SAMPLING_FIELDS})
+                sp = SamplingParams.from_dict(given)
             except InvalidRequestError as e:
                 raise InvalidRequestError(f"{path}:{n}: {e}") from None
             reqs.append({"id": d.get("id", n - 1), "prompt": d.get("prompt", d.get("prompt_token_ids")), "params": sp,
-                         "where": f"{path}:{n}"})
+                         "sampling": given, "where": f"{path}:{n}"})
     if not reqs:
         raise InvalidRequestError(f"{path} has no requests")
     return reqs
@@ -78,7 +80,8 @@ def _not_ours(output: str, inp: str, why: str) -> InvalidRequestError:
 
 def read_done(output: str, inp: str, reqs: list[dict]) -> tuple[int, int, int, dict[int, list]]:
     """--resume: the results a run of this input already wrote to `output`, checked line by line to be those of its
-    first requests in order (ids, and prompt token ids where the input gives them); (how many, the bytes of their
+    first requests in order (ids, prompt token ids where the input gives them, and the sampling fields where the
+    line recorded them); (how many, the bytes of their
     lines, the bytes after them: a last line cut mid-write, i.e. without its newline or not JSON, to drop, and the
     prompt token ids of the kept lines whose request is text, for check_done_prompts). Raises InvalidRequestError
     when the file is not this input's results (another input's, a line that is not a result, more lines than
@@ -108,6 +111,8 @@ def read_done(output: str, inp: str, reqs: list[dict]) -> tuple[int, int, int, d
             text_ids[k] = d["prompt_token_ids"]
         elif not _same(d["prompt_token_ids"], r["prompt"]):
             raise _not_ours(output, inp, f"its line {n} has other prompt_token_ids than {r['where']}")
+        if "sampling" in d:   # (lines written before the job recorded them: unchecked)
+            _check_sampling(output, d["sampling"], n, r)
         k += 1
         size += len(raw)
 
@@ -127,13 +132,36 @@ def read_done(output: str, inp: str, reqs: list[dict]) -> tuple[int, int, int, d
     return k, size, os.path.getsize(output) - size, text_ids
 
 
+def _check_sampling(output: str, was, n: int, r: dict) -> None:
+    """--resume: the sampling fields a kept result (its line n) was generated with against its input line's now
+    (InvalidRequestError naming each field that changed). Compared as SamplingParams: 0 and 0.0, a field left out
+    and its default given explicitly, are the same."""
+    try:
+        old = SamplingParams.from_dict(was) if isinstance(was, dict) else None
+    except (InvalidRequestError, TypeError):
+        old = None
+    if old is None:
+        raise InvalidRequestError(f"--output {output}: its line {n} has a 'sampling' that is not the sampling fields "
+                                  "of a request; it is not a result line of this job")
+    new = r["params"]
+    if old == new:
+        return
+    diff = [f"{f} was {json.dumps(getattr(old, f))}, now {json.dumps(getattr(new, f))}"
+            for f in SamplingParams.__dataclass_fields__ if getattr(old, f) != getattr(new, f)]
+    raise InvalidRequestError(
+        f"--output {output} holds the result of {r['where']} (its line {n}) generated with other sampling fields "
+        f"than the input now gives: {'; '.join(diff)}. --resume keeps the results already written: restore the "
+        "input's fields for the lines already done to continue, run without --resume to generate every line with "
+        "the new ones, or give another --output")
+
+
 RUN_RECORD = ".run.json"   # <output>.run.json: the run's flags (run_record), beside its results
 WRITTEN_BY = "cluster.jobs.generate"
 # The flags that decide the tokens a run writes, recorded and checked by --resume: the weights and how they are
 # computed (--model, --backend, --dtype, --tp: another TP split sums in another order), the seed of the requests
 # without their own (--seed), the length cap and the checks it makes (--max-seq-len); the requests themselves
-# (--input) are checked line by line (ids, prompt ids). Not recorded: what schedules, batches or stores the same
-# computation (--chunk, --max-batch, the engine flags of add_engine_flags: --num-pages, --page-size,
+# (--input) are checked line by line (ids, prompt ids, sampling fields). Not recorded: what schedules, batches or
+# stores the same computation (--chunk, --max-batch, the engine flags of add_engine_flags: --num-pages, --page-size,
 # --max-num-batched-tokens, --kv-allocation, --decode-steps, --async-bursts, --plan, --enable-prefix-caching) and
 # where it runs (--executor, --ray-address). Sampling draws do not depend on the batch (engine/sampling.py: a hash
 # of the request's seed and position), so these change a token only through the logits' rounding (a bf16 step
@@ -142,7 +170,8 @@ WRITTEN_BY = "cluster.jobs.generate"
 RECORDED_FLAGS = {"model": "--model", "backend": "--backend", "dtype": "--dtype", "seed": "--seed", "tp": "--tp",
                   "max_seq_len": "--max-seq-len"}
 # (--input's path is recorded, not compared: `ray job submit` unpacks its working_dir to another path per Ray session,
-# so a resumed job's input moves; its requests are checked line by line by ids and prompt ids instead.)
+# so a resumed job's input moves; its requests are checked line by line by ids, prompt ids and sampling fields
+# instead.)
 
 
 def run_record_path(output: str) -> str:
@@ -329,7 +358,8 @@ def _main(argv: list[str] | None = None) -> int:
                     for r, o in zip(part, outs):
                         line = {"id": r["id"], "prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids,
                                 "text": o.text, "finish_reason": o.finish_reason, "metrics": o.metrics.to_dict(),
-                                "num_cached_tokens": o.num_cached_tokens}
+                                "num_cached_tokens": o.num_cached_tokens,
+                                "sampling": r["sampling"]}   # (the line's fields as given: --resume checks them)
                         if o.logprobs is not None:
                             line["logprobs"] = logprobs_by_id(o.logprobs)
                         f.write(json.dumps(line) + "\n")
