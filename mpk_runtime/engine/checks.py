@@ -45,7 +45,7 @@ class RequestChecks:
         if n >= ctx:
             raise PromptTooLongError(f"the prompt has {n} tokens but the context holds {ctx} (prompt + generated); "
                                      f"shorten it to at most {ctx - 1} tokens or create the LLM with a larger "
-                                     "max_seq_len")
+                                     "max_seq_len (--max-seq-len for the server and the jobs)")
         max_total = ctx if params.max_tokens is None else min(ctx, n + params.max_tokens)
         pages = self.allocator.pages_for(max(1, max_total - 1))
         if pages > self.kv_spec.num_pages:
@@ -54,7 +54,7 @@ class RequestChecks:
                                      f"{self.kv_spec.num_pages}; "
                                      + ("lower max_tokens, or " if params.max_tokens is not None else
                                         "set max_tokens, or ")
-                                     + f"create the LLM with num_pages >= {pages}")
+                                     + f"create the LLM with num_pages >= {pages} (--num-pages for the server and the jobs)")
         return max_total
 
 
