@@ -116,7 +116,7 @@ def test_serving_batch_job_inprocess(demo, tmp_path):
     assert [o["id"] for o in out] == [0, "b"]
     for o in out:
         assert list(o) == ["id", "prompt_token_ids", "token_ids", "text", "finish_reason", "metrics",
-                           "num_cached_tokens"], o
+                           "num_cached_tokens", "sampling"], o
         assert len(o["token_ids"]) == 8 and isinstance(o["text"], str)
     assert out[0]["prompt_token_ids"] == [1, 2, 3]
 

@@ -154,8 +154,10 @@ def sample_rows(vals: torch.Tensor, idx: torch.Tensor, temp: torch.Tensor, top_k
     chosen = torch.where(chosen < m, chosen, last)
     tok = idx.gather(1, chosen[:, None])[:, 0].to(torch.int64)
     # a row whose best candidate is not finite (NaN, or +-inf: no distribution to draw from) draws PAD_INDEX, which
-    # is no token: the engine fails the request naming NaN / inf, as for a greedy row whose logits hold NaN
-    return torch.where(torch.isfinite(vals[:, 0]), tok, torch.full_like(tok, PAD_INDEX))
+    # is no token: the engine fails the request naming NaN / inf, as for a greedy row whose logits hold NaN.
+    # d[:, 0] = (v_0 - v_0) / T is NaN exactly there (T is finite and > 0): two ops, not isfinite's five
+    d0 = d[:, 0]
+    return torch.where(d0 == d0, tok, PAD_INDEX)
 
 
 def row_last_positions(ctx, B: int) -> torch.Tensor:
