@@ -11,9 +11,10 @@ import time
 def _search(a: argparse.Namespace, cfg) -> int:
     from .planner import HardwareProfile, candidates
     prof = HardwareProfile.load(a.profile)
+    top = 8 if a.top is None else a.top
     plans = candidates(cfg, tp=a.tp, batch=a.batch, context=a.context, prof=prof)
-    if a.json:
-        out = [p.to_dict() for p in plans]
+    if a.json:   # every candidate, or the top N where --top is given
+        out = [p.to_dict() for p in plans[: a.top]]
         if a.classify:   # one JSON document: the candidates and the category
             from .planner.categories import classify
             out = {"plans": out, "classify": classify(cfg, tp=a.tp, context=a.context, prof=prof)}
@@ -30,9 +31,9 @@ def _search(a: argparse.Namespace, cfg) -> int:
             f"in brackets {lo:+.0%} / {hi:+.0%}: a default band, not measured for this profile at batch {a.batch} "
             "(planner/band.py measures one)")
     print(f"{cfg.name} tp={a.tp} batch={a.batch} context={a.context}, profile {prof.name}: "
-          f"{len(plans)} candidate plans, best first{f' (the top {a.top}: --top N for more)' if len(plans) > a.top else ''} "
+          f"{len(plans)} candidate plans, best first{f' (the top {top}: --top N for more)' if len(plans) > top else ''} "
           f"(predicted step time; {band})")
-    for p in plans[: a.top]:
+    for p in plans[:top]:
         print("  " + p.describe())
     for fam, why in (plans[0].notes.get("infeasible") or {}).items() if plans else ():
         print(f"  {fam:<14} not a candidate: {why}")
@@ -82,6 +83,14 @@ def _note_stale_curves(prof, cfg, tp: int) -> None:
               "kernel. Re-measure: scripts/gpu_run.sh cattn (docs/planner.md)")
 
 
+# The most rows `plan` takes a step: the engine's default step budget (engine.DEFAULT_MAX_NUM_BATCHED_TOKENS; a decode
+# step of B rows computes B tokens). The task graphs grow with the batch (an attention task per sequence, KV group and
+# split) and so does this command's time (2-core CPU): --search of llama-3.1-70b at 4096 rows ~40 s and 1.7 GB,
+# qwen3-8b's graph view with its check ~165 s at 1024; --batch 100000 ran for many minutes. The profiles are measured
+# at batches 1-128.
+MAX_PLAN_BATCH = 4096
+
+
 def _plan(a: argparse.Namespace) -> int:
     from .ir import build_graph
     from .models import load_config
@@ -91,10 +100,18 @@ def _plan(a: argparse.Namespace) -> int:
                     ("--attn-splits", a.attn_splits), ("--top", a.top)):
         if v is not None and v < 1:
             raise ValueError(f"{flag} must be >= 1, got {v}")
+    if a.batch > MAX_PLAN_BATCH:
+        raise ValueError(f"--batch {a.batch} is more rows than plan takes (at most {MAX_PLAN_BATCH}, the engine's "
+                         "default step budget; the task graphs and this command's time grow with the batch, and the "
+                         f"profiles are measured at batches 1-128): pass --batch {MAX_PLAN_BATCH} or less")
     if a.show_ops < 0:
         raise ValueError(f"--show-ops must be >= 0, got {a.show_ops}")
     if a.classify and not a.search:
         raise ValueError("--classify prices every batch bucket's candidates: add --search")
+    for flag, given in (("--profile", a.profile is not None), ("--top", a.top is not None)):
+        if given and not a.search:   # (the graph view uses neither: they were silently ignored)
+            raise ValueError(f"{flag} acts on --search's candidate plans only: add --search, or drop {flag} for the "
+                             "graph view")
     if a.search:   # the search takes the SMs from the profile and the key splits from its rule (search.attn_splits)
         for flag, v in (("--sms", a.sms), ("--attn-splits", a.attn_splits)):
             if v is not None:
@@ -204,21 +221,22 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("plan", help="show the step's ops, tasks per SM, events, bytes and flops")
     pl.add_argument("--model", required=True, help="preset name or local Hugging Face model directory")
     pl.add_argument("--tp", type=int, default=1)
-    pl.add_argument("--batch", type=int, default=1)
+    pl.add_argument("--batch", type=int, default=1, help=f"decode rows a step (default 1, at most {MAX_PLAN_BATCH})")
     pl.add_argument("--context", type=int, default=None, help="context length for cost estimates (default 512, "
                     "or the model's maximum if shorter)")
     pl.add_argument("--sms", type=int, default=None, help="SMs per GPU (default 132, an H100's / H200's; without "
                     "--search)")
     pl.add_argument("--attn-splits", type=int, default=None, help="attention key splits (default 1; without --search)")
     pl.add_argument("--json", action="store_true", help="dump graphs and task graphs as JSON (with --search: the "
-                    "candidates' plans; with --classify too: {\"plans\": [...], \"classify\": {...}})")
+                    "candidates' plans, all or the --top N given; with --classify too: {\"plans\": [...], "
+                    "\"classify\": {...}})")
     pl.add_argument("--no-check", dest="check", action="store_false")
     pl.add_argument("--show-ops", type=int, default=12)
     pl.add_argument("--search", action="store_true", help="price candidate partitions (megakernels vs "
                     "conventional) and show the best ones")
-    pl.add_argument("--top", type=int, default=8)
-    pl.add_argument("--profile", default=None, help="hardware profile name (h100_v4 for an H100) or a JSON path "
-                    "(default: this machine's card's, else planner.profile.DEFAULT_PROFILE)")
+    pl.add_argument("--top", type=int, default=None, help="with --search: plans listed (default 8)")
+    pl.add_argument("--profile", default=None, help="with --search: hardware profile name (h100_v4 for an H100) or "
+                    "a JSON path (default: this machine's card's, else planner.profile.DEFAULT_PROFILE)")
     pl.add_argument("--classify", action="store_true", help="with --search: category over batch 1/8/32/128")
     g = sub.add_parser("generate", help="generate tokens")
     g.add_argument("--model", required=True)
