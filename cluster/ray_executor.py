@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from typing import Any
 
 from mpk_runtime.runtime.executor import Executor, Worker, WorkerError, WorkerTimeout, call_timing
@@ -96,10 +97,7 @@ class RayExecutor(Executor):
             raise RuntimeError("Ray is not initialised: call cluster.ensure_ray() (or ray.init(...)) first")
         self.ray = ray
         self.world_size = world_size
-        if num_gpus_per_worker is None:
-            num_gpus_per_worker = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-        self.num_gpus = num_gpus_per_worker
-        self.num_cpus = num_cpus_per_worker if num_cpus_per_worker is not None else (0 if self.num_gpus else 1)
+        self.num_gpus, self.num_cpus = worker_resources(ray, num_gpus_per_worker, num_cpus_per_worker)
         self.rpc_timeout, self.init_timeout = rpc_timeout, init_timeout
         self.name = name or f"replica-{id(self):x}"
         self.runtime_env = _actor_runtime_env(ray, runtime_env)
@@ -112,17 +110,14 @@ class RayExecutor(Executor):
     # --- placement ----------------------------------------------------------------------------------------
     def _make_placement_group(self, target_node_id, timeout, wait_for_nodes=False):
         from ray.util.placement_group import placement_group
-        bundle = {}
-        if self.num_gpus:
-            bundle["GPU"] = self.num_gpus
-        if self.num_cpus:
-            bundle["CPU"] = self.num_cpus
-        if not bundle:
-            bundle = {"CPU": 0.01}
+        bundle = worker_bundle(self.num_gpus, self.num_cpus)
         if not wait_for_nodes:
             self._check_fits(bundle)
+        # (a unique name: Ray refuses a second group of the same name in a namespace, and every router names its
+        # replicas replica-0, replica-1, ...: a second router in one driver died in a RaySystemError "name
+        # 'mpk-replica-0' already exists")
         pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="STRICT_PACK",
-                             name=f"mpk-{self.name}", _soft_target_node_id=target_node_id)
+                             name=f"mpk-{self.name}-{uuid.uuid4().hex[:8]}", _soft_target_node_id=target_node_id)
         try:
             self.ray.get(pg.ready(), timeout=timeout)
         except Exception as e:
@@ -130,9 +125,9 @@ class RayExecutor(Executor):
             remove_placement_group(pg)
             raise PlacementError(
                 f"placement group for {self.name} ({self.world_size} x {bundle}, STRICT_PACK on one node) was not "
-                f"ready within {timeout} s. Cluster resources: {self.ray.cluster_resources()}, available: "
-                f"{self.ray.available_resources()}. A TP group must fit on one node: add a node with "
-                f"{self.world_size} GPUs, lower tp, or run fewer replicas") from e
+                f"ready within {timeout} s. Cluster resources: {_plain(self.ray.cluster_resources())}, available: "
+                f"{_plain(self.ray.available_resources())} (held by other replicas or jobs). A TP group must fit on "
+                f"one node: add a node with {self.world_size} GPUs, lower tp, or run fewer replicas") from e
         return pg
 
     def _check_fits(self, bundle: dict) -> None:
@@ -205,8 +200,8 @@ class RayExecutor(Executor):
                     raise WorkerError(f"{self.name}: rank {r}{self._where(r)} died during {method!r} "
                                       f"({type(de).__name__}{_death_cause(de)}); rank {rank} failed after it",
                                       r, method) from de
-                raise WorkerError(f"{self.name}: rank {rank}{self._where(rank)} failed in {method!r}: {e}", rank,
-                                  method) from e
+                raise WorkerError(f"{self.name}: rank {rank}{self._where(rank)} failed in {method!r}: "
+                                  f"{_task_error(e)}", rank, method) from e
         return results
 
     def _dead_peer(self, pending: list, rank_of: dict, grace_s: float = 2.0):
@@ -297,6 +292,48 @@ class RayExecutor(Executor):
             except Exception:
                 pass
             self._pg = None
+
+
+def worker_resources(ray, num_gpus: float | None, num_cpus: float | None) -> tuple[float, float]:
+    """(GPUs, CPUs) per rank: GPUs None = 1 where the cluster has GPU resources (logical ones count), else 0; CPUs
+    None = 0 with a GPU, else 1."""
+    if num_gpus is None:
+        num_gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    return num_gpus, (num_cpus if num_cpus is not None else (0 if num_gpus else 1))
+
+
+def worker_bundle(num_gpus: float, num_cpus: float) -> dict:
+    """One rank's placement group bundle."""
+    bundle = {}
+    if num_gpus:
+        bundle["GPU"] = num_gpus
+    if num_cpus:
+        bundle["CPU"] = num_cpus
+    return bundle or {"CPU": 0.01}
+
+
+def groups_that_fit(ray, world_size: int, bundle: dict) -> int:
+    """How many STRICT_PACK groups of world_size x bundle the live nodes could hold at once (each on one node), by
+    the nodes' totals, busy or not."""
+    need = {k: v * world_size for k, v in bundle.items()}
+    return sum(int(min(n.get("Resources", {}).get(k, 0) // v for k, v in need.items()))
+               for n in ray.nodes() if n.get("Alive"))
+
+
+def _plain(resources: dict) -> dict:
+    """A resources dict without Ray's per-placement-group entries ("GPU_group_0_<id>", "bundle_group_<id>") and
+    node markers, which buried CPU / GPU among dozens of ids in the placement timeout's message."""
+    return {k: v for k, v in resources.items() if "_group_" not in k and not k.startswith("node:")}
+
+
+def _task_error(e: Exception) -> str:
+    """"Type: message" of the exception a rank's call raised, as the in-process executor says it. A RayTaskError's
+    str is the whole remote traceback, in terminal colours, with the actor's pid, id and repr: that went into the
+    error of every request failed by it (an HTTP client's JSON) and into LLM's init error. (It stays chained.)"""
+    cause = getattr(e, "cause", None)
+    if not isinstance(cause, BaseException):
+        cause = e
+    return f"{type(cause).__name__}: {cause}"
 
 
 def _death_cause(e: Exception) -> str:

@@ -45,12 +45,33 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any):
             # worker, and Ray refuses a driver runtime_env that sets the same keys
             ray.init(address=address or "auto", **init_kwargs)
         elif address:
+            check_gcs_reachable(address)
             ray.init(address=address, runtime_env=worker_runtime_env(init_kwargs.pop("runtime_env", None)),
                      **init_kwargs)
         else:
             init_kwargs.setdefault("include_dashboard", False)
             ray.init(runtime_env=worker_runtime_env(init_kwargs.pop("runtime_env", None)), **init_kwargs)
     return ray
+
+
+def check_gcs_reachable(address: str, timeout: float = 10.0) -> None:
+    """ConnectionError, at once, where nothing listens at a "host:port" Ray address: `ray.init` kept retrying such
+    an address for minutes ("Failed to connect to GCS ... within 5 seconds", over and over), so a RAY_ADDRESS with a
+    typo or a head that is down hung the server, the job and LLM(executor="ray"). Other forms ("auto", "ray://...")
+    are Ray's to resolve."""
+    import re
+    import socket
+    m = re.fullmatch(r"\[?([^\s/\[\]]+?)\]?:(\d+)", address.strip())
+    if not m:
+        return
+    host, port = m.group(1), int(m.group(2))
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        raise ConnectionError(
+            f"no Ray cluster answers at {address} (RAY_ADDRESS or --ray-address): {e.strerror or e}. Give the head's "
+            "GCS address (HEAD_IP:6379, as scripts/launch_head.sh prints it; not the dashboard's :8265), start the "
+            "head (scripts/launch_head.sh), or unset RAY_ADDRESS to start a local Ray") from None
 
 
 def local_device_index(gpu_ids: list, visible: str | None) -> int:

@@ -169,6 +169,25 @@ def _spread_nodes(ray, tp: int, gpus: bool, n: int) -> list[str | None]:
     return [nodes[i % len(nodes)] for i in range(n)]
 
 
+def _check_replicas_fit(ray, tp: int, num_replicas: int, rk: dict) -> None:
+    """Every replica's TP group must be placed at once: where the live nodes' totals cannot hold num_replicas of them
+    (3 replicas on 2 GPUs; tp=2 x 2 replicas on a 2-CPU machine), the first ones started and the last waited
+    placement_timeout (60 s) for its PlacementError, which blamed the cluster's free resources (held by this very
+    router). Refused before any replica starts now. (None fitting at all is RayExecutor's own, more detailed error.)"""
+    from .ray_executor import PlacementError, groups_that_fit, worker_bundle, worker_resources
+    bundle = worker_bundle(*worker_resources(ray, rk.get("num_gpus_per_worker"), rk.get("num_cpus_per_worker")))
+    fit = groups_that_fit(ray, tp, bundle)
+    if 0 < fit < num_replicas:
+        need = {k: v * tp for k, v in bundle.items()}
+        have = "; ".join(f"{n.get('NodeManagerAddress')}: " + ", ".join(
+            f"{k} {n.get('Resources', {}).get(k, 0):g}" for k in need) for n in ray.nodes() if n.get("Alive"))
+        raise PlacementError(
+            f"{num_replicas} replicas of tp={tp} need {num_replicas} x {need} (each replica's group on one node), and "
+            f"this Ray cluster's nodes hold at most {fit} such group{'s' if fit > 1 else ''} ({have}): run "
+            f"--replicas {fit} or fewer, lower tp, or add nodes (pass ray_executor_kwargs wait_for_nodes=True on an "
+            "autoscaling cluster)")
+
+
 def build_router(model: str, backend: str = "reference", tp: int = 1, num_replicas: int = 1,
                  executor: str = "ray", step_timeout: float | None = 30.0, health_interval: float | None = 5.0,
                  ray_executor_kwargs: dict | None = None, engine_process: bool = False, stall_after: float = 10.0,
@@ -184,10 +203,11 @@ def build_router(model: str, backend: str = "reference", tp: int = 1, num_replic
     replicas = []
     try:
         if executor == "ray":
-            from .ray_executor import RayExecutor
-            from .ray_utils import ensure_ray
+            from .ray_utils import ensure_ray   # (executor="ray" is registered: cluster/__init__ ran before this module)
             ray = ensure_ray()
             rk = dict(ray_executor_kwargs or {})
+            if not rk.get("wait_for_nodes"):
+                _check_replicas_fit(ray, tp, num_replicas, rk)
             gpus = rk.get("num_gpus_per_worker")
             gpus = ray.cluster_resources().get("GPU", 0) >= 1 if gpus is None else bool(gpus)
             targets = _spread_nodes(ray, tp, gpus, num_replicas)
@@ -205,11 +225,11 @@ def build_router(model: str, backend: str = "reference", tp: int = 1, num_replic
                     model, name=name, health_interval=health_interval, wedge_timeout=wedge_timeout, backend=backend,
                     tp=tp, executor=executor, step_timeout=step_timeout, **kw)))
                 continue
-            if executor == "ray":
-                ex = RayExecutor(tp, target_node_id=targets[i], name=name, **rk)
-            else:
-                ex = executor
-            llm = LLM(model, backend=backend, tp=tp, executor=ex, step_timeout=step_timeout, **llm_kwargs)
+            kw = dict(llm_kwargs)
+            if executor == "ray":   # (made by LLM once it has checked the model and its arguments, and shut down by
+                # it when its start fails: a RayExecutor made here first held its GPUs and actors after a bad --model)
+                kw["executor_kwargs"] = dict(rk, target_node_id=targets[i], name=name)
+            llm = LLM(model, backend=backend, tp=tp, executor=executor, step_timeout=step_timeout, **kw)
             replicas.append(Replica(name, llm, EngineLoop(llm.engine, name=name, health_interval=health_interval)))
     except BaseException:
         _shutdown_all(replicas, 60.0)   # (logs its failures: the build's own error is the one to raise)

@@ -12,6 +12,17 @@ usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
 # (before anything else: `--help` went on to `ray start --head ... --help` and then printed "head at ..." as if a
 # head had started)
 for arg in "$@"; do case "$arg" in -h|--help) usage; exit 0;; esac; done
+# (a --port or --node-ip-address among the extra args is the one ray start uses - it takes the last - but the
+# address printed below for the workers was RAY_PORT's and NODE_IP's)
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --port=*) RAY_PORT="${args[i]#*=}";;
+    --port) RAY_PORT="${args[i+1]:-}";;
+    --node-ip-address=*) NODE_IP="${args[i]#*=}";;
+    --node-ip-address) NODE_IP="${args[i+1]:-}";;
+  esac
+done
 PORT="${RAY_PORT:-6379}"
 export RAY_AUTH_MODE=token
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1

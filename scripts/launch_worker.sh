@@ -8,10 +8,11 @@ set -euo pipefail
 usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
 HEAD="${1:-}"
 if [[ "$HEAD" == "-h" || "$HEAD" == "--help" ]]; then usage; exit 0; fi
-# (a flag first - the address forgotten - or an address without its port, which ray start refused with a traceback)
-if [[ -z "$HEAD" || "$HEAD" == -* || ! "$HEAD" =~ :[0-9]+$ ]]; then
-  echo "usage: launch_worker.sh HEAD_IP:PORT [ray start args] (the head's address first, with its port: 6379 unless" \
-       "the head set RAY_PORT; launch_head.sh prints it)" >&2; exit 2
+# (a flag first - the address forgotten - or an address without its port, or the dashboard's URL
+# (http://HEAD:8265, as submit.py takes), which ray start refused with a traceback)
+if [[ -z "$HEAD" || "$HEAD" == -* || "$HEAD" == *://* || ! "$HEAD" =~ :[0-9]+$ ]]; then
+  echo "usage: launch_worker.sh HEAD_IP:PORT [ray start args] (the head's address first, with its GCS port: 6379" \
+       "unless the head set RAY_PORT; launch_head.sh prints it. Not the dashboard's http:// URL)" >&2; exit 2
 fi
 shift
 export RAY_AUTH_MODE=token

@@ -86,7 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         raise SystemExit(f"the Job API needs Ray with the dashboard client: pip install 'ray[default]' ({e})")
     os.environ.setdefault("RAY_AUTH_MODE", "token")  # auth stays on (Ray 2.60 default); never disable it
-    client = JobSubmissionClient(a.address)
+    try:
+        client = JobSubmissionClient(a.address)
+    except Exception as e:  # noqa: BLE001 - ConnectionError (an http:// address), RpcError (a GCS host:port, after 40 s)
+        # (was Ray's traceback)
+        raise SystemExit(f"cannot reach the Ray Job API at {a.address}: {type(e).__name__}: {e}\nIs the head up (`ray "
+                         "status` on it)? Give its dashboard address: http://127.0.0.1:8265 through an SSH tunnel "
+                         "(ssh -N -L 8265:127.0.0.1:8265 HEAD; launch_head.sh binds the dashboard to the head's "
+                         "127.0.0.1)") from None
     deadline = time.monotonic() + 120
     while True:   # a head just started answers "No available agent to submit job" until its job agent is up
         try:

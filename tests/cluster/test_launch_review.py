@@ -121,6 +121,23 @@ def _fake_job_api(monkeypatch, submit, submit_job):
 JOB = ["--model", "m", "--input", "/d/in.jsonl", "--output", "/d/out.jsonl"]
 
 
+def test_submit_to_an_address_nobody_answers_is_a_message(monkeypatch):
+    """`--address http://127.0.0.1:8265` with the SSH tunnel (or the head) down ended in Ray's traceback
+    ("ConnectionError: Failed to connect to Ray at address"), a GCS host:port in an RpcError traceback after 40 s;
+    a message now, with what to check."""
+    submit = _submit()
+    _fake_job_api(monkeypatch, submit, lambda: pytest.fail("submitted"))
+
+    def refuse(address):
+        raise ConnectionError(f"Failed to connect to Ray at address: {address}.")
+    monkeypatch.setattr(sys.modules["ray.job_submission"], "JobSubmissionClient", refuse)
+    with pytest.raises(SystemExit) as e:
+        submit.main(["--address", "http://127.0.0.1:1", "--no-wait", "--", "--model", "tiny-qwen3", "--input",
+                     "/d/in.jsonl", "--output", "/d/out.jsonl"])
+    msg = str(e.value.code)
+    assert msg.startswith("cannot reach the Ray Job API at http://127.0.0.1:1: ConnectionError") and "ssh -N -L" in msg
+
+
 @pytest.mark.parametrize("job,word", [
     (["--model", "m", "--input", "/d/in.jsonl"], "the following arguments are required: --output"),
     (JOB + ["--max-tokns", "5"], "unrecognized arguments: --max-tokns"),
@@ -233,6 +250,31 @@ def test_launch_worker_refuses_a_flag_for_the_head_address(tmp_path):
                        env={"PATH": f["PATH"], "HOME": f["HOME"], "RAY_AUTH_TOKEN": "t"}, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode != 0 and "HEAD_IP:PORT" in r.stderr and not _log(f["log"])
+
+
+@pytest.mark.parametrize("extra", [["--port", "6380", "--node-ip-address", "10.0.0.7"],
+                                   ["--port=6380", "--node-ip-address=10.0.0.7"]])
+def test_launch_head_prints_the_address_ray_start_was_given(tmp_path, extra):
+    """`launch_head.sh --port 6380` (an extra ray start arg, as the usage invites): ray start takes the last --port,
+    so the head listened on 6380, but the line for the workers said `launch_worker.sh 10.0.0.9:6379` (RAY_PORT's
+    default), and a worker started with it could not join. Likewise --node-ip-address and NODE_IP."""
+    f = _fakes(tmp_path, "echo 10.0.0.9\n")
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "launch_head.sh"), "--num-gpus", "2", *extra],
+                       env={"PATH": f["PATH"], "HOME": f["HOME"]}, capture_output=True, text=True, timeout=60)
+    (line,) = _log(f["log"])
+    assert r.returncode == 0 and line.startswith("ray start --head --node-ip-address=10.0.0.7 --port=6380 "), line
+    assert "launch_worker.sh 10.0.0.7:6380" in r.stdout, r.stdout
+
+
+def test_launch_worker_refuses_the_dashboard_url(tmp_path):
+    """`launch_worker.sh http://10.0.0.1:8265` (the dashboard URL submit.py takes, beside it in docs/serving.md) passed
+    the address check and ray start died in a traceback ("ValueError: Invalid address format"); the usage says to
+    give the GCS HEAD_IP:PORT now."""
+    f = _fakes(tmp_path, "echo 10.0.0.9\n")
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "launch_worker.sh"), "http://10.0.0.1:8265"],
+                       env={"PATH": f["PATH"], "HOME": f["HOME"], "RAY_AUTH_TOKEN": "t"}, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "HEAD_IP:PORT" in r.stderr and "http://" in r.stderr and not _log(f["log"])
 
 
 @pytest.mark.parametrize("export", ["ALL", "NONE"])
