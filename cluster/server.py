@@ -21,7 +21,8 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from mpk_runtime.engine import InvalidRequestError, LLMEngine, NoTokenizerError, RequestFailedError, RequestOutput
+from mpk_runtime.engine import (InvalidRequestError, LLMEngine, NoTokenizerError, RequestFailedError, RequestOutput,
+                                UnknownModelError)
 from mpk_runtime.engine.chat import render_chat
 
 from mpk_runtime.engine.request import logprobs_by_id
@@ -576,7 +577,18 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """The server's command line: 0 after Ctrl+C; 2, with one line, for what the user must fix at start-up (an
+    unknown --model, a bad flag value, a Ray address nobody answers, replicas the cluster cannot hold)."""
+    from .ray_executor import PlacementError   # (does not import ray)
+    try:
+        return _main(argv)
+    except (InvalidRequestError, UnknownModelError, OSError, PlacementError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
     a = build_parser().parse_args(argv)
     sock = listen_socket(a.host, a.port)   # before the model loads (minutes at 8B), not after
     try:
@@ -599,9 +611,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"serving {served_name(a.model, a.served_model_name)} on http://{a.host}:{a.port}/v1 (Ctrl+C to stop)",
               file=sys.stderr, flush=True)
         uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:   # (uvicorn has shut the app down by then: no traceback for Ctrl+C)
+        pass
     finally:
         sock.close()
         router.shutdown()
+    return 0
 
 
 def listen_socket(host: str, port: int):
@@ -623,4 +638,4 @@ def listen_socket(host: str, port: int):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

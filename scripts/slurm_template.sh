@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Ray on Slurm: one Ray node per Slurm node, head on the first, then the job on the head.
-#   sbatch scripts/slurm_template.sh --model /shared/models/Qwen3-8B --tp 2 --input in.jsonl --output out.jsonl
+#   sbatch scripts/slurm_template.sh --model /shared/models/Qwen3-8B --tp 2 --replicas 2 --input in.jsonl --output out.jsonl
+# (--replicas: copies of the model, each a TP group of --tp GPUs on one node; nodes x GPUs a node / tp of them use
+# every GPU the job holds: 2 here. Without it one TP group runs and the other node idles.)
 # The arguments go to `python -m cluster.jobs.generate` (its --help lists them). From Slurm: SLURM_JOB_NODELIST,
 # SLURM_CPUS_PER_TASK, SLURM_GPUS_PER_NODE (a count or TYPE:COUNT, as --gpus-per-node). NVLink multicast stays off:
 # NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 reach every step (srun --export=ALL).

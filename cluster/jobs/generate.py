@@ -1,7 +1,7 @@
 """Offline batch generation: jsonl in, jsonl out.
 
     python -m cluster.jobs.generate --model tiny-qwen3 --dtype float32 --tp 1 \
-        --input prompts.jsonl --output out.jsonl [--executor ray|inprocess] [--replicas 2]
+        --input prompts.jsonl --output out.jsonl [--executor ray|inprocess] [--replicas 2]   # 2 copies of the model
 
 Each input line is {"prompt": str} or {"prompt_token_ids": [...]}, plus optional sampling fields (any of
 SamplingParams': temperature, top_k, top_p, max_tokens, stop_token_ids, stop, seed, ignore_eos, logprobs,
@@ -23,7 +23,7 @@ import sys
 import time
 
 from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
-from mpk_runtime.engine import LLM, InvalidRequestError, SamplingParams, UnknownModelError
+from mpk_runtime.engine import LLM, InvalidRequestError, RequestFailedError, SamplingParams, UnknownModelError
 from mpk_runtime.engine.request import logprobs_by_id
 from mpk_runtime.engine.sampling import request_seed
 
@@ -291,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="data-parallel copies of the model (each a TP group of --tp ranks; with Ray, spread over the "
+                         "cluster's nodes): each request goes to the least loaded one, results are written in input "
+                         "order as with one")
     ap.add_argument("--max-seq-len", type=int, default=None)
     add_engine_flags(ap)
     ap.add_argument("--chunk", type=int, default=256,
@@ -306,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(a: argparse.Namespace) -> None:
     """What the parser cannot say: counts below 1 (InvalidRequestError)."""
-    for flag, v in (("--chunk", a.chunk), ("--tp", a.tp), ("--max-batch", a.max_batch)):
+    for flag, v in (("--chunk", a.chunk), ("--tp", a.tp), ("--max-batch", a.max_batch), ("--replicas", a.replicas)):
         if v < 1:
             raise InvalidRequestError(f"{flag} must be >= 1, got {v}")
 
@@ -340,9 +344,8 @@ def _main(argv: list[str] | None = None) -> int:
         from cluster.ray_utils import ensure_ray
         ensure_ray(a.ray_address)
     t0 = time.monotonic()
-    with LLM(a.model, backend=a.backend, tp=a.tp, executor=executor, dtype=a.dtype, seed=a.seed,
-             max_batch=a.max_batch, max_seq_len=a.max_seq_len,
-             **engine_kwargs(a)) as llm:
+    with _Models(a, executor) as models:
+        llm = models.llm
         check_done_prompts(llm, a.output, a.input, reqs, text_ids)
         validate_requests(llm, reqs[done:])
         written, n = done, 0
@@ -353,8 +356,7 @@ def _main(argv: list[str] | None = None) -> int:
             try:
                 for c0 in range(done, len(reqs), a.chunk):   # in input order, a chunk at a time
                     part = reqs[c0:c0 + a.chunk]
-                    outs = llm.generate([r["prompt"] for r in part], [r["params"] for r in part],
-                                        use_tqdm=sys.stderr.isatty())
+                    outs = models.generate(part)
                     for r, o in zip(part, outs):
                         line = {"id": r["id"], "prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids,
                                 "text": o.text, "finish_reason": o.finish_reason, "metrics": o.metrics.to_dict(),
@@ -372,13 +374,85 @@ def _main(argv: list[str] | None = None) -> int:
                       f"(the same command: it keeps them and generates the rest, from {reqs[written]['where']} on)",
                       file=sys.stderr)
                 raise
-        st = llm.engine.stats
+        st = models.stats()
     pre = (f"; {st['preemptions']} preemptions for KV pages ({st['recomputed_tokens']} tokens computed again: "
            "more --num-pages would avoid them)" if st["preemptions"] else "")
     res = (f" (resumed after the {done} already there: {written} of {len(reqs)} in all)" if done else "")
+    reps = (f"; {a.replicas} replicas, requests {'/'.join(map(str, st['requests_by_replica']))}"
+            if a.replicas > 1 else "")
     print(f"wrote {written - done} results to {a.output}{res}: {n} tokens in {time.monotonic() - t0:.2f} s"
-          f" (largest batch {st['max_batch_size_seen']}{pre})")
+          f" (largest batch {st['max_batch_size_seen']}{pre}{reps})")
     return 0
+
+
+class _Models:
+    """The job's model: one LLM (--replicas 1), or a router over --replicas of them (cluster/router.py: with Ray each
+    replica's TP group is placed on a node of its own where the cluster has them), which takes each request to its
+    least loaded replica. Either way generate(part) returns part's outputs in its order, raising the first failure."""
+
+    def __init__(self, a: argparse.Namespace, executor: str):
+        self.a, self.executor = a, executor
+        self.router = None
+        self._served: list[int] = []
+
+    def __enter__(self) -> "_Models":
+        a = self.a
+        kw = dict(dtype=a.dtype, seed=a.seed, max_batch=a.max_batch, max_seq_len=a.max_seq_len, **engine_kwargs(a))
+        if a.replicas == 1:
+            self.llm = LLM(a.model, backend=a.backend, tp=a.tp, executor=self.executor, **kw)
+        else:
+            from cluster.router import build_router
+            self.router = build_router(a.model, backend=a.backend, tp=a.tp, num_replicas=a.replicas,
+                                       executor=self.executor, step_timeout=None, health_interval=None, **kw)
+            self.llm = self.router.replicas[0].llm   # (tokenize / validate: every replica has the same model)
+            self._served = [0] * a.replicas
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.router is not None:
+            self.router.shutdown()
+        else:
+            self.llm.shutdown()
+
+    def generate(self, part: list[dict]) -> list:
+        if self.router is None:
+            return self.llm.generate([r["prompt"] for r in part], [r["params"] for r in part],
+                                     use_tqdm=sys.stderr.isatty())
+        import threading
+        outs: list = [None] * len(part)
+        left = [len(part)]
+        done, lock = threading.Event(), threading.Lock()
+
+        def finished(i: int):
+            def cb(o) -> None:
+                if not o.finished:
+                    return
+                with lock:
+                    outs[i] = o
+                    left[0] -= 1
+                    if left[0] == 0 or o.finish_reason == "error":
+                        done.set()
+            return cb
+        names = [r.name for r in self.router.replicas]
+        for i, r in enumerate(part):
+            text = r["prompt"] if isinstance(r["prompt"], str) else None
+            ids = self.llm.engine.tokenize(text) if text is not None else list(r["prompt"])
+            rep, _ = self.router.submit(ids, r["params"], finished(i), prompt=text, stream=False)
+            self._served[names.index(rep.name)] += 1
+        done.wait()
+        bad = next((i for i, o in enumerate(outs) if o is not None and o.finish_reason == "error"), None)
+        if bad is not None:
+            raise RequestFailedError(f"{part[bad]['where']}: {outs[bad].error}")
+        return outs
+
+    def stats(self) -> dict:
+        if self.router is None:
+            return self.llm.engine.stats
+        every = [r.engine.stats for r in self.router.replicas]
+        return dict(preemptions=sum(s["preemptions"] for s in every),
+                    recomputed_tokens=sum(s["recomputed_tokens"] for s in every),
+                    max_batch_size_seen=max(s["max_batch_size_seen"] for s in every),
+                    requests_by_replica=list(self._served))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Review 4 of the HTTP serving layer as an OpenAI user sees it: each test failed before its fix (cluster/server.py,
 protocol.py, openai_params.py, client.py)."""
+import socket
+
 import httpx
 import pytest
 
@@ -164,3 +166,39 @@ def test_serve_refuses_a_port_in_use_before_loading_the_model(monkeypatch):
             server_mod.main(["--model", "tiny-qwen3", "--port", "70000"])
     finally:
         held.close()
+
+
+def test_start_up_errors_are_one_line_and_ctrl_c_is_a_clean_exit(monkeypatch, capsys):
+    """(session 74, Ray user audit) An unknown --model printed a traceback at start-up, as did a Ray address nobody
+    answers and replicas the cluster cannot hold; each is now "error: ..." and exit code 2, as the jobs CLI. Ctrl+C
+    (uvicorn re-raises the KeyboardInterrupt after its shutdown) ends with 0 and the router shut down, no traceback."""
+    import uvicorn
+
+    import cluster.router as router_mod
+    from cluster import server as server_mod
+    from cluster.ray_executor import PlacementError
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    assert server_mod.main(["--model", "no-such-model", "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no-such-model" in err and "Traceback" not in err
+
+    def cannot_place(*a, **k):
+        raise PlacementError("3 replicas of tp=1 need 3 x {'GPU': 1}: run --replicas 2 or fewer")
+    monkeypatch.setattr(router_mod, "build_router", cannot_place)
+    assert server_mod.main(["--model", "tiny-qwen3", "--port", port]) == 2
+    assert "--replicas 2 or fewer" in capsys.readouterr().err
+
+    class FakeRouter:
+        model_name = "m"
+        down = False
+
+        def shutdown(self):
+            FakeRouter.down = True
+
+    def interrupted(self, sockets=None):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(router_mod, "build_router", lambda *a, **k: FakeRouter())
+    monkeypatch.setattr(uvicorn.Server, "run", interrupted)
+    assert server_mod.main(["--model", "m", "--port", port]) == 0 and FakeRouter.down
