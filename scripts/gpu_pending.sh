@@ -133,6 +133,12 @@
 #    2.7%, Spearman < 0.9 at 4 near-tied points; ctx 24576 was cut after 22 of 28 plans. Pending first: tests/gpu at
 #    HEAD (the chat / client / admission / --resume changes are CPU-side and CPU-tested), then item a's ctx 24576
 #    rest with T=300 on its own if an H200 comes: `N=v57b T=300 VAL_CTXS="24576" VAL_B24576=1,8 ... val`.)
+#    (session 74: no machine started; ~12 tries refused or held back, ~800 s of the budget spent on them, then "no
+#    new device machine is lent". Pending first, one call at HEAD: `N=tall T=330 LIM=320 bash scripts/gpu_run.sh
+#    tests; N=loop T=230 LIM=220 bash scripts/gpu_run.sh loop` - tests/gpu adds test_nan_logits_gpu.py (the device's
+#    top-k draw from NaN logits now PAD_INDEX: argmax.cuh changed) and test_tp_loopback.py (TP=2 with both ranks on
+#    one GPU, tiny models); mode loop runs gpu_check_tp_loopback.py at llama-3.2-1b / qwen3-8b, B=1 / 8, tp_invariant
+#    1 / 2, 64 steps, and the stalled-peer timeout. Then item a's ctx 24576 rest as above if an H200 comes.)
 #    (session 72: no machine started either; every start refused or held back for a neighbour's refusal. Pending
 #    first is unchanged: tests/gpu at HEAD (adds: the host sampler drawing as the device does -
 #    tests/gpu/test_engine_plans.py's seeded rows, test_full_sampling_gpu.py; the LLM's per-call inboxes through the
