@@ -89,6 +89,7 @@ def _note_stale_curves(prof, cfg, tp: int) -> None:
 # qwen3-8b's graph view with its check ~165 s at 1024; --batch 100000 ran for many minutes. The profiles are measured
 # at batches 1-128.
 MAX_PLAN_BATCH = 4096
+MAX_PLAN_SPLITS = 1024   # attention key splits a KV group in the graph view (search.attn_splits gives 1-32)
 
 
 def _plan(a: argparse.Namespace) -> int:
@@ -126,6 +127,10 @@ def _plan(a: argparse.Namespace) -> int:
                          f"({cfg.max_position_embeddings}); plan for a context the model takes")
     if a.search:
         return _search(a, cfg)
+    if a.attn_splits > min(a.context, MAX_PLAN_SPLITS):   # (100000 splits built an attention task each for minutes)
+        raise ValueError(f"--attn-splits {a.attn_splits}: at most {min(a.context, MAX_PLAN_SPLITS)} here (a split "
+                         f"holds at least one of the --context {a.context} keys, and at most {MAX_PLAN_SPLITS}; the "
+                         "planner's own rule takes 1-32)")
     graphs = [build_graph(cfg, batch=a.batch, context_len=a.context, tp=a.tp, rank=r, attn_splits=a.attn_splits)
               for r in range(a.tp)]
     tgs = build_task_graphs(graphs, Tiling(num_sms=a.sms))

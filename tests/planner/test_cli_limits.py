@@ -59,3 +59,14 @@ def test_search_json_keeps_the_top_n_given(capsys):
     assert len(every) > 2
     assert main(argv + ["--top", "2"]) == 0
     assert json.loads(capsys.readouterr().out) == every[:2]
+
+
+def test_more_attention_splits_than_keys_are_refused_before_any_work(no_work, capsys):
+    """(session 74) `plan --attn-splits 100000` built an attention task a split and KV group and ran past 20 s; a
+    split holds at least one key, so more splits than --context keys (or than 1024) is one line now."""
+    err = _err(capsys, ["plan", "--model", "tiny-llama", "--attn-splits", "100000"])
+    assert "--attn-splits 100000" in err and "at most 512" in err
+    err = _err(capsys, ["plan", "--model", "tiny-llama", "--context", "64", "--attn-splits", "65"])
+    assert "at most 64" in err
+    with pytest.raises(_Reached):
+        main(["plan", "--model", "tiny-llama", "--context", "64", "--attn-splits", "64"])
