@@ -63,8 +63,9 @@ def _build(build: tuple[str, str], user: str, force: bool) -> tuple[str, list[st
         r = nvcc.build(src, force=force)
     except nvcc.CompileError as e:
         return tag, [f"FAIL {tag}\n{e}"], False
-    return tag, [f"ok   {tag} -> {r.cubin} ({'cached' if r.cached else f'{r.seconds:.1f}s'}) {fn}: {res}"
-                 for fn, res in r.resources.items()], True
+    head = f"ok   {tag} -> {r.cubin} ({'cached' if r.cached else f'{r.seconds:.1f}s'})"
+    # (a log without ptxas lines, e.g. a hit whose build.log is gone, printed an empty line for the build)
+    return tag, [f"{head} {fn}: {res}" for fn, res in r.resources.items()] or [head], True
 
 
 if __name__ == "__main__":

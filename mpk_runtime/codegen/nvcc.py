@@ -6,7 +6,9 @@ specialisation constants, the flags, `nvcc --version` and the environment variab
 ~/.cache/mpk_runtime/) under `<key>/`; an fcntl lock per key makes concurrent builds safe, and outputs are
 written to a temp name and renamed into place, so a reader never sees a half-written cubin. A manifest (the cubin's
 size and sha256, renamed in just before it) is checked on every hit: a cubin damaged after the fact (a crash before
-the data reached the disk, a full disk, a stray write) is rebuilt, not loaded.
+the data reached the disk, a full disk, a stray write) is rebuilt, not loaded. A cache this process cannot write (a
+read-only mount, another user's lock file) still serves its intact entries; an entry that cannot be written (a full
+disk, a file or directory in the way) is a CompileError naming what to free or delete.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -125,7 +128,6 @@ def parse_ptxas(log: str) -> dict:
     """Registers / shared memory / spills of each kernel from `-Xptxas -v`: stack and spills are the entry
     function's own ("Function properties for <kernel>"); the out-of-line functions compiled with it follow, each
     under its own "Function properties" line, and their spill stores are summed into `callee_spill_stores`."""
-    import re
     res, cur, props = {}, None, None
     for line in log.splitlines():
         m = re.search(r"Compiling entry function '(\w+)'", line)
@@ -190,6 +192,33 @@ REMOVED_DEFINES = {
 }
 
 
+_DEFINE_RE = re.compile(r"-D[A-Za-z_]\w*(\([\w\s,.]*\))?(=|$)")
+
+
+def _refuse_removed(defines: list[str], where: str) -> None:
+    """CompileError naming the first -DNAME[=VALUE] of `defines` (given through `where`) that asks for the side of
+    a REMOVED_DEFINES switch the code no longer has."""
+    for d in defines:
+        name = d.split("=", 1)[0][2:]
+        if name in REMOVED_DEFINES and _define_value(d) != str(REMOVED_DEFINES[name][0]):
+            raise CompileError(f"{where}: {d}: this switch was removed ({REMOVED_DEFINES[name][1]}); "
+                               f"drop it from {where}")
+
+
+def _option_defines(tokens: list[str]) -> list[str]:
+    """The -DNAME[=VALUE] of nvcc options given elsewhere than MPK_NVCC_DEFINES (build's extra_flags,
+    NVCC_PREPEND_FLAGS / NVCC_APPEND_FLAGS), in nvcc's spellings: -DX, -D X, --define-macro X, --define-macro=X."""
+    out = []
+    for i, t in enumerate(tokens):
+        if t in ("-D", "--define-macro") and i + 1 < len(tokens):
+            out.append("-D" + tokens[i + 1])
+        elif t.startswith("--define-macro="):
+            out.append("-D" + t.split("=", 1)[1])
+        elif t.startswith("-D") and t != "-D":
+            out.append(t)
+    return out
+
+
 def _define_value(d: str) -> str:
     """The value of one -DNAME[=VALUE] option as the preprocessor sees it (a bare -DNAME is 1)."""
     return d.split("=", 1)[1] if "=" in d else "1"
@@ -202,12 +231,12 @@ def _defines() -> list[str]:
     bad = [d for d in defines if not d.startswith("-D")]
     if bad:
         raise CompileError(f"MPK_NVCC_DEFINES accepts only -DNAME[=VALUE] options, got {bad}")
-    gone = [d for d in defines if d.split("=", 1)[0][2:] in REMOVED_DEFINES
-            and _define_value(d) != str(REMOVED_DEFINES[d.split("=", 1)[0][2:]][0])]
-    if gone:
-        name = gone[0].split("=", 1)[0][2:]
-        raise CompileError(f"MPK_NVCC_DEFINES: {gone[0]}: this switch was removed ({REMOVED_DEFINES[name][1]}); "
-                           f"drop it from MPK_NVCC_DEFINES")
+    # a bare -D took nvcc's next option as its macro ("-D -I <dir>": "a single input file is required"), -D=1 was
+    # dropped without a word: the name must be a macro name
+    bad = [d for d in defines if not _DEFINE_RE.match(d)]
+    if bad:
+        raise CompileError(f"MPK_NVCC_DEFINES: {bad[0]}: not -DNAME[=VALUE] with NAME a C identifier")
+    _refuse_removed(defines, "MPK_NVCC_DEFINES")
     # the switches a task graph or launch mode needs in the kernel (q / k norm in attention, the LL all-reduce, PDL)
     # are not added here: build(needs=...) adds what the graph being launched needs (Megakernel passes the packer's)
     return defines
@@ -244,6 +273,11 @@ def build_flags(extra_flags: list[str] | None = None, needs=()) -> list[str]:
     check_defines refuses a 0). Spills are an error except in diagnostic stamp builds (MPK_STAGE_WORDS: the stamps
     take registers)."""
     defines = _defines()
+    # a removed switch asked for another way than MPK_NVCC_DEFINES is refused the same (nvcc adds the NVCC_*_FLAGS
+    # variables to its command line itself: they built the default silently)
+    _refuse_removed(_option_defines(list(extra_flags or [])), "extra_flags")
+    for v in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"):
+        _refuse_removed(_option_defines(os.environ.get(v, "").split()), v)
     named = {d[2:].split("=", 1)[0] for d in defines}
     flags = BASE_FLAGS + list(extra_flags or []) + defines + [f"-D{n}=1" for n in sorted(needs) if n not in named]
     if define_int("MPK_STAGE_WORDS", 0) > 0:
@@ -270,19 +304,22 @@ def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags:
     manifest = out_dir / (cubin.name + ".json")
     lock_path = cdir / f"{key}.lock"
     t0 = time.time()
+    now = os.environ.get('MPK_CACHE_DIR') or 'unset: ~/.cache/mpk_runtime'
     try:
         cdir.mkdir(parents=True, exist_ok=True)
         lf = open(lock_path, "w")
     except OSError as e:
+        if not force and _entry_ok(cubin, manifest):
+            # a cache this process may not write (a read-only mount, another user's lock file) still serves its
+            # intact entries: writers rename whole files in, and the manifest check refuses a mixed pair
+            return _hit(cubin, logf, key, t0, flags)
         raise CompileError(f"cannot write the nvcc cache {cdir} ({e.strerror or e}): set MPK_CACHE_DIR to a "
-                           f"writable directory (now {os.environ.get('MPK_CACHE_DIR') or 'unset: ~/.cache/mpk_runtime'})"
-                           ) from None
+                           f"writable directory (now {now})") from None
     with lf:
         fcntl.flock(lf, fcntl.LOCK_EX)   # concurrent builders of one key wait here, then find the cubin
         try:
             if not force and _entry_ok(cubin, manifest):
-                log = logf.read_text() if logf.exists() else ""
-                return BuildResult(cubin, log, key, True, time.time() - t0, parse_ptxas(log), flags)
+                return _hit(cubin, logf, key, t0, flags)
             out_dir.mkdir(parents=True, exist_ok=True)
             for stale in out_dir.glob(".build-*"):   # a build killed mid-way (we hold the key's lock: none runs)
                 shutil.rmtree(stale, ignore_errors=True)
@@ -292,8 +329,24 @@ def build(source: str = MAIN_SOURCE, constants: dict | None = None, extra_flags:
                 if not _entry_ok(cubin, manifest):   # (a failed force rebuild keeps the intact entry it had)
                     _remove_entry(out_dir, cubin, logf, manifest)
                 raise
+        except OSError as e:
+            # the entry's files (a full disk, a file where the key's directory should be, a directory where its
+            # cubin or manifest should be) were a bare OSError: a CompileError naming what to free or delete. An
+            # OSError about a path outside the cache (nvcc itself) stays as it is.
+            if e.filename is not None and not Path(os.fsdecode(e.filename)).is_relative_to(cdir):
+                raise
+            where = "".join(f"{sep} {os.fsdecode(f)}" for sep, f in ((":", e.filename), (" ->", e.filename2))
+                            if f is not None)
+            raise CompileError(f"cannot write the nvcc cache entry {out_dir} ({e.strerror or e}{where}): free space "
+                               f"on its disk, or delete {out_dir} (a damaged entry), or set MPK_CACHE_DIR to a "
+                               f"writable directory (now {now})") from e
         finally:
             fcntl.flock(lf, fcntl.LOCK_UN)
+
+
+def _hit(cubin: Path, logf: Path, key: str, t0: float, flags: list[str]) -> BuildResult:
+    log = logf.read_text() if logf.exists() else ""
+    return BuildResult(cubin, log, key, True, time.time() - t0, parse_ptxas(log), flags)
 
 
 def _compile(nvcc, source, root, header, flags, key, out_dir, cubin, logf, manifest, t0) -> BuildResult:
@@ -354,9 +407,11 @@ def _entry_ok(cubin: Path, manifest: Path) -> bool:
 
 def _remove_entry(out_dir: Path, *files: Path) -> None:
     """A failed build leaves no entry: its files (a damaged cubin being rebuilt) and the key's directory go."""
-    for f in files:
-        f.unlink(missing_ok=True)
-    (out_dir / HEADER_NAME).unlink(missing_ok=True)
+    for f in (*files, out_dir / HEADER_NAME):
+        try:
+            f.unlink(missing_ok=True)
+        except OSError:   # (e.g. a directory where the manifest should be: build's CompileError names the entry)
+            pass
     try:
         out_dir.rmdir()
     except OSError:
