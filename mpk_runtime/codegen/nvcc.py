@@ -40,7 +40,8 @@ class CompileError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("MPK_CACHE_DIR") or Path.home() / ".cache" / "mpk_runtime")
+    # (expanded as a shell would not inside quotes: MPK_CACHE_DIR="~/x" made a directory named "~" here)
+    return Path(os.path.expanduser(os.environ.get("MPK_CACHE_DIR") or "~/.cache/mpk_runtime"))
 
 
 # where nvcc is looked for when PATH has none: the toolkit roots torch's extensions and the CUDA installers use

@@ -219,3 +219,11 @@ def test_a_removed_switch_asked_for_outside_mpk_nvcc_defines_is_refused(tmp_path
     else:
         monkeypatch.setenv(where, "-DMPK_ATT_SWIZZLE=0 -DMPK_OTHER=1")
     assert nvcc.build(root=root, nvcc=fake, **kw).cubin.read_bytes() == WHOLE
+
+
+def test_a_cache_dir_given_with_a_tilde_is_the_home_one(monkeypatch, tmp_path):
+    """MPK_CACHE_DIR="~/x" (quoted: no shell expansion) made a directory named "~" in the working directory."""
+    from mpk_runtime.codegen import nvcc
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("MPK_CACHE_DIR", "~/kc")
+    assert nvcc.cache_dir() == tmp_path / "kc"
