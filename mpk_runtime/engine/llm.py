@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import os
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 from ..models import ConfigError, load_config
@@ -143,6 +144,9 @@ class LLM:
         # outputs go to their own call (each call took every output as its own or dropped it: generate() ended on
         # another call's request with a KeyError, a stream lost updates and its final output)
         self._inboxes: dict[str, dict[str, RequestOutput]] = {}
+        # calls from several threads take turns at the engine (not thread-safe): its steps, adds and aborts, and the
+        # inboxes, run under this lock (two threads' generate() stepped it at once and failed inside a step)
+        self._lock = threading.RLock()
         self.config = resolve_model(model)
         if not isinstance(tp, int) or tp < 1:
             raise InvalidRequestError(f"tp must be an int >= 1, got {tp!r}")
@@ -236,12 +240,31 @@ class LLM:
                 ids, text = (self.engine.tokenize(p), p) if isinstance(p, str) else (p, None)
             self.engine.validate(ids, sp)
             staged.append((ids, sp, text))
-        rids = [self.engine.add_request(ids, sp, prompt=text, stream=stream) for ids, sp, text in staged]
         inbox: dict[str, RequestOutput] = {}
-        boxes = self._inboxes
-        for r in rids:
-            boxes[r] = inbox
+        with self._lock:
+            rids = [self.engine.add_request(ids, sp, prompt=text, stream=stream) for ids, sp, text in staged]
+            boxes = self._inboxes
+            for r in rids:
+                boxes[r] = inbox
         return rids, inbox
+
+    def _take(self, inbox: dict[str, RequestOutput]) -> list[RequestOutput]:
+        """The outputs waiting in a call's inbox, taken."""
+        with self._lock:
+            got = list(inbox.values())
+            inbox.clear()
+        return got
+
+    def _advance(self, inbox: dict[str, RequestOutput]) -> bool:
+        """One engine step for a call whose inbox is empty (none when another thread's step filled it meanwhile);
+        False when nothing is left to run."""
+        with self._lock:
+            if inbox:
+                return True
+            if not self.engine.has_unfinished():
+                return False
+            self._step()
+            return True
 
     def _step(self) -> None:
         """One engine step; each output goes to the inbox of the call that owns its request (others: dropped)."""
@@ -260,10 +283,11 @@ class LLM:
     def _close(self, rids) -> None:
         """The end of a call: abort its requests still running (interrupted, an engine error, a stream stopped
         early) and forget their inbox."""
-        boxes = self._inboxes
-        for r in rids:
-            if boxes.pop(r, None) is not None:
-                self.engine.abort(r)
+        with self._lock:
+            boxes = self._inboxes
+            for r in rids:
+                if boxes.pop(r, None) is not None:
+                    self.engine.abort(r)
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, on_output: Callable[[int, RequestOutput], None] | None = None
@@ -313,21 +337,19 @@ class LLM:
         told = 0
         try:
             while True:
-                for o in inbox.values():
+                for o in self._take(inbox):
                     if o.finished:
                         final[o.request_id] = o
                         if bar is not None:
                             bar.update(1)
-                inbox.clear()
                 while on_output is not None and told < len(rids) and rids[told] in final:
                     on_output(told, final[rids[told]])
                     told += 1
                 if len(final) == len(rids):
                     break
-                if not self.engine.has_unfinished():   # (not expected: every request ends with an output)
+                if not self._advance(inbox):   # (not expected: every request ends with an output)
                     raise RequestFailedError(f"{len(rids) - len(final)} of {len(rids)} requests ended without a "
                                              "final output")
-                self._step()
         finally:
             if bar is not None:
                 bar.close()
@@ -346,13 +368,11 @@ class LLM:
         left = set(rids)
         try:
             while left:
-                if not inbox:
-                    if not self.engine.has_unfinished():   # (not expected: every request ends with an output)
+                got = self._take(inbox)
+                if not got:
+                    if not self._advance(inbox):   # (not expected: every request ends with an output)
                         raise RequestFailedError(f"{len(left)} of {len(rids)} requests ended without a final output")
-                    self._step()
                     continue
-                got = list(inbox.values())
-                inbox.clear()
                 for o in got:
                     if o.finish_reason == "error":
                         raise RequestFailedError(o.error)
@@ -364,7 +384,8 @@ class LLM:
 
     def reset_prefix_cache(self) -> int:
         """Forget the prefix cache (enable_prefix_caching): the pages it held; see LLMEngine.reset_prefix_cache."""
-        return self.engine.reset_prefix_cache()
+        with self._lock:
+            return self.engine.reset_prefix_cache()
 
     def shutdown(self) -> None:
         """Stop the workers (idempotent); later generate / stream calls raise ShutDownError."""
