@@ -355,7 +355,8 @@ class EngineProcess:
     def _request(self, kind: str, arg) -> cf.Future:
         fut: cf.Future = cf.Future()
         cid = next(self._calls)
-        self._replies[cid] = fut
+        with self._lock:   # (as _fail_pending swaps the dict: a future put into the old one would never be answered)
+            self._replies[cid] = fut
         try:
             self._send((kind, cid, arg))
         except Exception as e:   # noqa: BLE001 - the child is gone
