@@ -10,6 +10,7 @@ _LAZY = {
     "LLM": ("mpk_runtime.engine", "LLM"),
     "SamplingParams": ("mpk_runtime.engine", "SamplingParams"),
     "RequestOutput": ("mpk_runtime.engine", "RequestOutput"),
+    "CompletionOutput": ("mpk_runtime.engine", "CompletionOutput"),
     "RequestMetrics": ("mpk_runtime.engine", "RequestMetrics"),
     "LLMEngine": ("mpk_runtime.engine", "LLMEngine"),
     "InvalidRequestError": ("mpk_runtime.engine", "InvalidRequestError"),

@@ -4,9 +4,9 @@ from .engine import LLMEngine
 from .errors import (InvalidRequestError, NoTokenizerError, PromptTooLongError, RequestFailedError,
                      ServerOverloadedError, ShutDownError, UnknownModelError)
 from .llm import LLM
-from .request import RequestMetrics, RequestOutput
+from .request import CompletionOutput, RequestMetrics, RequestOutput
 from .sampling import SamplingParams
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "InvalidRequestError",
+__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "InvalidRequestError",
            "PromptTooLongError", "NoTokenizerError", "UnknownModelError", "RequestFailedError",
            "ServerOverloadedError", "ShutDownError", "render_chat", "CHAT_ROLES"]

@@ -41,6 +41,17 @@ class RequestMetrics:
 
 
 @dataclass(frozen=True)
+class CompletionOutput:
+    """One completion in vLLM's shape, `RequestOutput.outputs[0]`: code written against vLLM's LLM (`out.outputs[0].text`)
+    reads the same here. logprobs as RequestOutput's: {token id: logprob} a token (vLLM's values are Logprob objects)."""
+    index: int
+    text: str | None
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass(frozen=True)
 class RequestOutput:
     """A snapshot of one request. `token_ids`/`text` are everything so far; `delta_*` is what this update added."""
 
@@ -59,6 +70,12 @@ class RequestOutput:
     # top ones); the delta's are the last len(delta_token_ids)
     logprobs: list[dict[int, float]] | None = None
     num_cached_tokens: int = 0          # prompt tokens taken from the prefix cache (not computed for this request)
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """vLLM's view of this request's completions: one here (SamplingParams.n is 1), its text, token ids, finish
+        reason and logprobs."""
+        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs)]
 
     @classmethod
     def failed(cls, request_id: str, prompt: str | None, prompt_token_ids: list[int], error: str) -> "RequestOutput":

@@ -120,3 +120,15 @@ def test_numpy_token_ids_in_stop_token_ids_and_logit_bias():
         SamplingParams(stop_token_ids=[np.bool_(True)])
     with pytest.raises(InvalidRequestError, match="logit_bias"):
         SamplingParams(logit_bias={np.int64(3): np.float32("nan")})
+
+
+def test_outputs_read_as_vllms(tmp_path):
+    """(session 74) Code written for vLLM reads `out.outputs[0].text` / `.token_ids` / `.finish_reason`: the same
+    completion as the RequestOutput's own fields (cluster.Client's outputs are RequestOutputs too)."""
+    from mpk_runtime.engine import CompletionOutput
+    with LLM("tiny-qwen3", backend="reference", dtype="float32", max_seq_len=64) as llm:
+        o = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, logprobs=1))[0]
+    (c,) = o.outputs
+    assert isinstance(c, CompletionOutput) and c.index == 0
+    assert (c.token_ids, c.text, c.finish_reason, c.logprobs) == (o.token_ids, o.text, o.finish_reason, o.logprobs)
+    assert len(c.token_ids) == 4 and c.finish_reason == "length" and len(c.logprobs) == 4
