@@ -21,8 +21,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from mpk_runtime.engine import (InvalidRequestError, LLMEngine, NoTokenizerError, RequestFailedError, RequestOutput,
-                                UnknownModelError)
+from mpk_runtime.engine import InvalidRequestError, LLMEngine, NoTokenizerError, RequestFailedError, RequestOutput
 from mpk_runtime.engine.chat import render_chat
 
 from mpk_runtime.engine.request import logprobs_by_id
@@ -580,12 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The server's command line: 0 after Ctrl+C; 2, with one line, for what the user must fix at start-up (an
     unknown --model, a bad flag value, a Ray address nobody answers, replicas the cluster cannot hold)."""
-    from .ray_executor import PlacementError   # (does not import ray)
-    try:
-        return _main(argv)
-    except (InvalidRequestError, UnknownModelError, OSError, PlacementError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    from .jobs.generate import user_errors_exit_2
+    return user_errors_exit_2(_main, argv)
 
 
 def _main(argv: list[str] | None) -> int:

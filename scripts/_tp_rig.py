@@ -5,6 +5,7 @@ GPU side (torch.cuda / NVSHMEM touched only when called):
   rig             one rank's TP megakernel through megakernel_runner.build_rank_kernel (gpu_check_tp's rig)
   bench_rig       the same with the cost estimates of a real context (context_len) and a chosen attn_splits, as
                   bench_decode's single-GPU path builds its kernel, optionally with a trace buffer
+  TokenCheck      a TP group's greedy steps against the one-rank kernel's (mismatches, near-tie margin, logit error)
   time_launches   N steps per launch, all ranks released together by a barrier, CUDA events, median over launches
   set_trace       switch the per-task globaltimer trace of a built Megakernel on/off between launches
 Pure (CPU-tested in tests/scripts/test_tp_rig.py):
@@ -27,17 +28,10 @@ os.environ.update(SAFE_ENV)   # NVLink multicast stays off in every process that
 # ----------------------------------------------------------------------------------------------- GPU helpers
 def shard_weights(cfg, seed, rank, world, device="cuda"):
     """(full, part): seeded random bf16 weights generated on `device` (identical on every rank) and rank's shard."""
-    from mpk_runtime.ir.shard import shard_for, weight_slice
     from mpk_runtime.models.weights import random_weights
+    from mpk_runtime.runtime.pyvm_runner import shard_weights as shard
     full = random_weights(cfg, seed, dtype="bfloat16", device=device)
-    if world == 1:
-        return full, full
-    sh = shard_for(cfg, world, rank)
-    part = {}
-    for n, t in full.items():
-        idx = weight_slice(cfg, sh, n, tuple(t.shape))
-        part[n] = t[idx].contiguous() if idx is not None else t
-    return full, part
+    return full, (full if world == 1 else shard(cfg, full, world, rank))
 
 
 def rig(cfg, w, B, rank, world, heap, timeout_s=5.0, max_seq=512, ps=16, num_sms=None, tp_invariant=1):
@@ -52,6 +46,49 @@ def rig(cfg, w, B, rank, world, heap, timeout_s=5.0, max_seq=512, ps=16, num_sms
                           num_pages=B * pps + 1, num_sms=num_sms, timeout_s=timeout_s, tp_invariant=tp_invariant)
     r.tables.copy_((torch.arange(B * pps) + 1).view(B, pps))
     return r
+
+
+
+class TokenCheck:
+    """A TP group's greedy steps against the one-rank kernel's, one step at a time (gpu_check_tp.py and
+    gpu_check_tp_loopback.py): token mismatches, the first divergence and TP=1's top-two margin there (in bf16 ulps of
+    the top logit: the LM head's outputs are bf16-rounded), the gathered logits' relative error. `result(tpi)`'s ok:
+    with tp_invariant 1 TP=2 rounds its bf16 partials differently from TP=1, so a divergence passes only at a near-tie
+    (<= 2 ulps) with bf16-level error before it; with tp_invariant == world nothing but identical tokens passes.
+    Pure torch (CPU-tested in tests/scripts/test_tp_rig.py)."""
+
+    def __init__(self):
+        self.mism, self.first, self.worst, self.worst_before = 0, -1, 0.0, 0.0
+        self.margin = self.ulp = None
+        self.toks_ref, self.toks_tp = [], []
+
+    def step(self, s, lr, lg, nr, nm) -> None:
+        """Step s: TP=1's logits lr (B, V) and tokens nr (B,), the group's gathered logits lg and tokens nm."""
+        import torch
+        if not torch.isfinite(lg).all():
+            raise AssertionError(f"non-finite TP logits at step {s}")
+        self.toks_ref.append(nr.tolist())
+        self.toks_tp.append(nm.tolist())
+        rel = ((lg - lr).norm() / lr.norm()).item()
+        self.worst = max(self.worst, rel)
+        d = int((nr != nm).sum())
+        if d and self.first < 0:
+            self.first = s
+            top2 = lr[(nr != nm).nonzero().flatten()].topk(2, dim=-1).values   # the diverging rows only
+            self.margin = (top2[:, 0] - top2[:, 1]).max().item()
+            self.ulp = 2.0 ** (torch.floor(torch.log2(top2[:, 0].abs().max())).item() - 7)
+        if self.first < 0:
+            self.worst_before = max(self.worst_before, rel)
+        self.mism += d
+
+    def result(self, tp_invariant: int) -> dict:
+        m, ulp = self.margin, self.ulp
+        return dict(token_mismatches=self.mism, first_mismatch_step=self.first, top2_margin_at_first_mismatch=m,
+                    worst_rel_logit_err_before_divergence=self.worst_before, worst_rel_logit_err=self.worst,
+                    tokens_identical=self.mism == 0, top2_margin_in_bf16_ulps=(m / ulp if m is not None else None),
+                    ok=(self.worst_before < 3e-2 and (self.mism == 0 or (tp_invariant == 1 and m <= 2 * ulp))),
+                    first_tokens_ref=[t[0] for t in self.toks_ref[:16]],
+                    first_tokens_tp=[t[0] for t in self.toks_tp[:16]])
 
 
 def graph_kwargs(world: int, tp_invariant: int = 1) -> dict:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.update({"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"})
 
-from _tp_rig import rig as _rig, shard_weights as _weights, time_launches as _time  # noqa: E402  (shared helpers)
+from _tp_rig import TokenCheck, rig as _rig, shard_weights as _weights, time_launches as _time  # noqa: E402
 
 OUT = Path(os.environ.get("OUT") or "gpu_out")
 HBM = 4.55e12
@@ -82,9 +82,7 @@ def check_model(ctx, model, steps, batches, res, do_timing, tp_invariant=1):
         tok0 = torch.randint(0, cfg.vocab_size, (B,), generator=g)
         for r_ in ([ref] if ref else []) + [tp]:
             r_.mem.t("tokens").copy_(tok0)
-        mism, first_mism, worst, worst_before = 0, -1, 0.0, 0.0
-        margin, ulp = None, None
-        toks_ref, toks_tp = [], []
+        chk = TokenCheck()
         for s in range(steps):
             pos = torch.full((B,), s, dtype=torch.int64)
             if ref is not None:
@@ -97,35 +95,11 @@ def check_model(ctx, model, steps, batches, res, do_timing, tp_invariant=1):
             lg = gather(tp.mem.t("logits"))
             if rank == 0:
                 lr = ref.mem.t("logits")
-                nr, nm = ref.mem.t("next_tokens").cpu(), tp.mem.t("next_tokens").cpu()
-                toks_ref.append(nr.tolist()); toks_tp.append(nm.tolist())
-                rel = ((lg - lr).norm() / lr.norm()).item()
-                if not torch.isfinite(lg).all():
-                    raise AssertionError(f"non-finite TP logits at step {s}")
-                worst = max(worst, rel)
-                d = int((nr != nm).sum())
-                if d and first_mism < 0:
-                    first_mism = s
-                    bad = (nr != nm).nonzero().flatten()
-                    top2 = lr[bad].topk(2, dim=-1).values          # the diverging rows only
-                    margin = (top2[:, 0] - top2[:, 1]).max().item()
-                    # one bf16 ulp at the top logit's magnitude (the LM head's outputs are bf16-rounded)
-                    ulp = 2.0 ** (torch.floor(torch.log2(top2[:, 0].abs().max())).item() - 7)
-                if first_mism < 0:
-                    worst_before = max(worst_before, rel)
-                mism += d
+                chk.step(s, lr, lg, ref.mem.t("next_tokens").cpu(), tp.mem.t("next_tokens").cpu())
         if rank == 0:
-            r = dict(model=model, batch=B, steps=steps, token_mismatches=mism, first_mismatch_step=first_mism,
-                     top2_margin_at_first_mismatch=margin, worst_rel_logit_err_before_divergence=worst_before,
-                     worst_rel_logit_err=worst, tokens_identical=mism == 0,
-                     top2_margin_in_bf16_ulps=(margin / ulp if margin is not None else None),
-                     # TP=2 rounds differently from TP=1 (per-rank bf16 partials): a divergence is accepted only at
-                     # a near-tie (<= 2 bf16 ulps between TP=1's top two logits) with bf16-level logit error before it
-                     # with tp_invariant == world the reductions are bit-identical: nothing but equality passes
-                     ok=(worst_before < 3e-2 and (mism == 0 or (tp_invariant == 1 and margin <= 2 * ulp))),
-                     tp_invariant=tp_invariant, tp_tasks=len(tp.tg.tasks),
-                     tp_cross_rank_signals=sum(1 for t in tp.tg.tasks for q, _ in t.signals if q != rank),
-                     first_tokens_ref=[t[0] for t in toks_ref[:16]], first_tokens_tp=[t[0] for t in toks_tp[:16]])
+            r = dict(model=model, batch=B, steps=steps, **chk.result(tp_invariant), tp_invariant=tp_invariant,
+                     tp_tasks=len(tp.tg.tasks),
+                     tp_cross_rank_signals=sum(1 for t in tp.tg.tasks for q, _ in t.signals if q != rank))
             _log(rank, json.dumps(r))
             res.append(r)
         if do_timing and B == 1:

@@ -268,12 +268,17 @@ def validate_requests(llm: LLM, reqs: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return user_errors_exit_2(_main, argv)
+
+
+def user_errors_exit_2(run, argv) -> int:
+    """run(argv), with what the user is to fix (a bad line or flag, a missing file, an unknown model, a Ray address
+    nobody answers, a --tp or --replicas the cluster cannot hold) as one line on stderr and exit code 2, not a
+    traceback. The jobs' and the server's command lines."""
     from cluster.ray_executor import PlacementError   # (does not import ray)
     try:
-        return _main(argv)
+        return run(argv)
     except (InvalidRequestError, UnknownModelError, OSError, PlacementError) as e:
-        # the user's to fix (a bad line or flag, a missing file, a --tp no node of the cluster can hold): a message,
-        # not a traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
 

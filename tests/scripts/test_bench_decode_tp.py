@@ -341,3 +341,42 @@ def test_floor_with_the_kv_cache_and_the_cards_own_bandwidth():
     assert stream_bandwidth("NVIDIA H200", measure=lambda: 1 / 0)[0] == HBM
     bw, src = stream_bandwidth("NVIDIA H100 80GB HBM3", measure=lambda: 3.1e12)
     assert bw == 3.1e12 and "H100" in src and "measured now" in src
+
+
+def test_token_check_counts_divergences_and_passes_only_near_ties():
+    """_tp_rig.TokenCheck (gpu_check_tp.py and gpu_check_tp_loopback.py): identical steps pass under either mode; a
+    divergence where TP=1's top two are 1 bf16 ulp apart passes under tp_invariant 1 only; one at a wide margin
+    fails both; non-finite TP logits raise."""
+    import _tp_rig
+    lr = torch.tensor([[4.0, 1.0, 0.0], [0.0, 2.0, 2.0 - 2.0 ** -6]])   # row 1: top two 1 ulp apart (at 2: 2^-6)
+    same = _tp_rig.TokenCheck()
+    same.step(0, lr, lr.clone(), torch.tensor([0, 1]), torch.tensor([0, 1]))
+    assert same.result(1)["ok"] and same.result(2)["ok"] and same.result(1)["tokens_identical"]
+    tie = _tp_rig.TokenCheck()
+    tie.step(0, lr, lr.clone(), torch.tensor([0, 1]), torch.tensor([0, 1]))
+    tie.step(1, lr, lr + 1e-3, torch.tensor([0, 1]), torch.tensor([0, 2]))
+    r = tie.result(1)
+    assert r["ok"] and r["first_mismatch_step"] == 1 and r["token_mismatches"] == 1
+    assert r["top2_margin_in_bf16_ulps"] == pytest.approx(1.0) and r["worst_rel_logit_err_before_divergence"] == 0.0
+    assert not tie.result(2)["ok"]
+    wide = _tp_rig.TokenCheck()
+    wide.step(0, lr, lr.clone(), torch.tensor([0, 1]), torch.tensor([1, 1]))
+    assert not wide.result(1)["ok"] and wide.result(1)["top2_margin_in_bf16_ulps"] == pytest.approx(96.0)   # (margin 3 at 4: ulp 2^-5)
+    with pytest.raises(AssertionError, match="non-finite"):
+        wide.step(1, lr, lr * float("nan"), torch.tensor([0, 1]), torch.tensor([0, 1]))
+
+
+def test_shard_weights_of_the_tp_scripts_is_the_runtimes():
+    """_tp_rig.shard_weights slices with runtime.pyvm_runner.shard_weights (one slicing for the scripts and the
+    runtime): the shards of a seeded model, and the whole model at world 1."""
+    import _tp_rig
+    from mpk_runtime.models.config import load_config
+    from mpk_runtime.runtime.pyvm_runner import shard_weights
+    cfg = load_config("tiny-qwen3")
+    full, part = _tp_rig.shard_weights(cfg, 3, 1, 2, device="cpu")
+    ref = shard_weights(cfg, full, 2, 1)
+    assert part.keys() == ref.keys() and all(torch.equal(part[k], ref[k]) for k in ref)
+    assert part["model.layers.0.self_attn.q_proj.weight"].shape[0] * 2 == \
+        full["model.layers.0.self_attn.q_proj.weight"].shape[0]
+    f1, p1 = _tp_rig.shard_weights(cfg, 3, 0, 1, device="cpu")
+    assert p1 is f1
