@@ -21,8 +21,9 @@ from .prefix_cache import PrefixCachingAllocator
 from .errors import InvalidRequestError, RequestFailedError
 from .request import Request, RequestOutput, Status
 from ..runtime.device_sampling import StepOutput
+from ..ir.sampling import PAD_INDEX
 from .sampling import (DEVICE_SAMPLING_MODES, SamplingParams, process_logits,
-                       device_sampling_for, request_seed, sample, token_logprobs)
+                       device_sampling_for, request_seed, sample, token_logprobs, _NONFINITE)
 from .scheduler import Scheduler
 from .step_stats import new_step_stats
 from .detokenize import IncrementalText, text_decoder
@@ -258,8 +259,8 @@ class LLMEngine(BurstsMixin, RecoveryMixin, RequestChecks):
             if r.num_computed < r.num_tokens:
                 continue  # a prompt chunk that is not the last: nothing to sample yet
             try:
-                if dev_tokens is not None and chunks[i].sampling is not None and dev_tokens[i] >= 0:
-                    tok = int(dev_tokens[i])
+                if dev_tokens is not None and chunks[i].sampling is not None and (dev_tokens[i] >= 0 or logits is None):
+                    tok = int(dev_tokens[i])   # (-1 or PAD_INDEX: the draw found no distribution: _bad_token)
                 elif logits is None:
                     raise RuntimeError(f"the runner returned no logits and no device-sampled token for request "
                                        f"{r.seq_id}")
@@ -296,6 +297,8 @@ class LLMEngine(BurstsMixin, RecoveryMixin, RequestChecks):
         st["max_batch_size_seen"] = max(st["max_batch_size_seen"], rows)
 
     def _bad_token(self, tok: int) -> str:
+        if tok == -1 or tok == PAD_INDEX:   # the samplers' mark of a row with no distribution (ir/sampling.py step 6)
+            return _NONFINITE
         return (f"the runner produced token id {tok}, outside the vocabulary [0, {self.vocab_size}) (NaN / inf "
                 "logits? try dtype='float32' or 'bfloat16' instead of 'float16', and check the weights)")
 

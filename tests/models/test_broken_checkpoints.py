@@ -107,6 +107,30 @@ def test_nan_weights_fail_the_request_and_the_engine_stays_usable(tmp_path, back
             assert not llm.engine.scheduler.running and llm.engine.allocator.num_free == llm.engine.allocator.num_pages
 
 
+def test_nan_rows_drawn_on_the_device_fail_naming_nan_without_logits(tmp_path, monkeypatch):
+    """The megakernel runner returns only the drawn tokens when no request reads logits (StepOutput(logits=None));
+    a row its full-vocabulary draw could not draw comes back -1 (full_sampling), its in-graph draw PAD_INDEX. Both
+    must fail the request naming NaN (the first GPU run of session 75 read -1 as "not drawn on the device" and
+    failed with "the runner returned no logits"). Here the pyvm runner, its logits dropped as that runner does."""
+    from mpk_runtime.runtime import pyvm_runner
+    from mpk_runtime.runtime.device_sampling import StepOutput, host_logits_needed
+    real = pyvm_runner.step_output
+
+    def tokens_only(chunks, logits, tokens):
+        out = real(chunks, logits, tokens)
+        return StepOutput(None, out.tokens) if isinstance(out, StepOutput) and not host_logits_needed(chunks) else out
+    monkeypatch.setattr(pyvm_runner, "step_output", tokens_only)
+    d, _ = _dir(tmp_path, "nan", mutate=lambda w: w["model.norm.weight"].fill_(float("nan")))
+    with LLM(d, backend="pyvm", dtype="float32", max_seq_len=64, max_batch=1) as llm:
+        for sp in (SamplingParams(temperature=0.7, max_tokens=3), SamplingParams(temperature=0, max_tokens=3),
+                   SamplingParams(temperature=1.0, top_k=5, max_tokens=3), SamplingParams(temperature=0.7, top_k=100)):
+            with pytest.raises(RequestFailedError, match="NaN / inf logits") as e:
+                llm.generate([[1, 2, 3]], sp)
+            assert "no logits" not in str(e.value)
+            assert not llm.engine.scheduler.running and llm.engine.allocator.num_free == llm.engine.allocator.num_pages
+        assert llm.engine.stats["logits_bytes"] == 0   # (the tokens-only path was the one taken)
+
+
 def test_eos_from_generation_config(tmp_path):
     d, cfg = _dir(tmp_path)
     with LLM(d, backend="reference", dtype="float32", max_seq_len=64) as llm:
