@@ -12,6 +12,7 @@ raises `RequestFailedError`, a 429 (the server's --max-concurrent-requests in fl
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import json
 import queue
 import threading
@@ -20,8 +21,8 @@ from typing import Iterator, Sequence
 
 from mpk_runtime.engine import errors as E
 from mpk_runtime.engine.llm import normalize_prompts
-from mpk_runtime.engine.request import RequestMetrics, RequestOutput
-from mpk_runtime.engine.sampling import SamplingParams
+from mpk_runtime.engine.request import RequestMetrics, RequestOutput, merge_completions
+from mpk_runtime.engine.sampling import SamplingParams, completions
 
 _ERRORS = {c.__name__: c for c in (E.InvalidRequestError, E.PromptTooLongError, E.NoTokenizerError,
                                    E.UnknownModelError, E.RequestFailedError)}
@@ -166,9 +167,10 @@ class Client:
                 "repetition_penalty": sp.repetition_penalty, "min_p": sp.min_p, "min_tokens": sp.min_tokens,
                 "logit_bias": {str(t): b for t, b in sp.logit_bias} if sp.logit_bias else None}
 
-    def _one(self, prompt, sp: SamplingParams, rid: str) -> RequestOutput:
-        return self._answer("/v1/completions", self._body(prompt, sp, False), rid,
-                            prompt if isinstance(prompt, str) else None)
+    def _one(self, prompt, sp: SamplingParams, rid: str, index: int = 0) -> RequestOutput:
+        out = self._answer("/v1/completions", self._body(prompt, sp, False), rid,
+                           prompt if isinstance(prompt, str) else None)
+        return dataclasses.replace(out, index=index) if index else out
 
     def _answer(self, path: str, body: dict, rid: str, prompt: str | None) -> RequestOutput:
         """POST one non-streaming request; its first choice as a RequestOutput (a completion's text, or a chat's
@@ -193,12 +195,28 @@ class Client:
                              logprobs=_logprobs(c.get("logprobs_by_id")),
                              num_cached_tokens=c.get("num_cached_tokens") or 0)
 
+    @staticmethod
+    def _fan_out(items: list, params: list[SamplingParams]) -> tuple[list[tuple], list[list[int]]]:
+        """The call's requests, SamplingParams.n a prompt / conversation as LLM runs them (sampling.completions:
+        the j-th seeded with seed + j), as (item, params, request id, index) - request id "i" for prompt i's first
+        completion, "i-j" for its j-th - and the positions of each item's completions in that list."""
+        jobs, groups = [], []
+        for i, (item, sp) in enumerate(zip(items, params)):
+            groups.append([])
+            for j, one in enumerate(completions(sp)):
+                groups[-1].append(len(jobs))
+                jobs.append((item, one, str(i) if j == 0 else f"{i}-{j}", j))
+        return jobs, groups
+
     def _validated(self, prompts, sampling_params):
         prompts = normalize_prompts(prompts)
         sp = sampling_params if sampling_params is not None else SamplingParams()
         params = list(sp) if isinstance(sp, (list, tuple)) else [sp] * len(prompts)
         if len(params) != len(prompts):
             raise E.InvalidRequestError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        for p in params:
+            if not isinstance(p, SamplingParams):
+                raise E.InvalidRequestError(f"sampling_params must be a SamplingParams, got {type(p).__name__}")
         return prompts, params
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -208,8 +226,9 @@ class Client:
         waited for (daemon threads finish them in the background, within the client's timeout, and drop their
         answers; a program that ends on the error does not wait for them)."""
         prompts, params = self._validated(prompts, sampling_params)
-        return self._all(self._one, [(p, s, str(i)) for i, (p, s) in enumerate(zip(prompts, params))], use_tqdm,
-                         "generate")
+        jobs, groups = self._fan_out(prompts, params)
+        outs = self._all(self._one, jobs, use_tqdm, "generate")
+        return [merge_completions([outs[k] for k in g]) for g in groups]
 
     def _all(self, fn, args: list[tuple], use_tqdm: bool, desc: str) -> list[RequestOutput]:
         """fn(*a) for each a, up to max_parallel at once; results in order. The first failure is raised at once."""
@@ -227,13 +246,14 @@ class Client:
             for f in futs:
                 f.cancel()
 
-    def _chat_one(self, messages: list, sp: SamplingParams, rid: str) -> RequestOutput:
+    def _chat_one(self, messages: list, sp: SamplingParams, rid: str, index: int = 0) -> RequestOutput:
         body = {"messages": messages, **self._sampling(sp, False)}
         # chat's logprobs is a bool and top_logprobs the alternatives a position reports (the server maps them to
         # SamplingParams.logprobs = top_logprobs): logprobs=n as logprobs: true, top_logprobs: n
         body["logprobs"] = None if sp.logprobs is None else True
         body["top_logprobs"] = sp.logprobs
-        return self._answer("/v1/chat/completions", body, rid, None)
+        out = self._answer("/v1/chat/completions", body, rid, None)
+        return dataclasses.replace(out, index=index) if index else out
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:
@@ -262,10 +282,11 @@ class Client:
         for p in params:
             if not isinstance(p, SamplingParams):
                 raise E.InvalidRequestError(f"sampling_params must be a SamplingParams, got {type(p).__name__}")
-        return self._all(self._chat_one, [(c, s, str(i)) for i, (c, s) in enumerate(zip(convs, params))],
-                         use_tqdm, "chat")
+        jobs, groups = self._fan_out(convs, params)
+        outs = self._all(self._chat_one, jobs, use_tqdm, "chat")
+        return [merge_completions([outs[k] for k in g]) for g in groups]
 
-    def _stream_one(self, prompt, sp: SamplingParams, rid: str, stop: threading.Event | None = None
+    def _stream_one(self, prompt, sp: SamplingParams, rid: str, index: int = 0, stop: threading.Event | None = None
                     ) -> Iterator[RequestOutput]:
         """One prompt's SSE stream as RequestOutput snapshots (cumulative token_ids / text / logprobs, and the
         deltas). With `stop`: checked between SSE lines; once set, the response is closed (the server then aborts
@@ -308,7 +329,7 @@ class Client:
                 yield RequestOutput(rid, prompt if isinstance(prompt, str) else None, pids, list(toks), text,
                                     c.get("token_ids", []), c.get("text", ""), done, c.get("finish_reason"),
                                     None, RequestMetrics(t0, first, now if done else None, len(pids), len(toks)),
-                                    logprobs=lps, num_cached_tokens=cached)
+                                    logprobs=lps, num_cached_tokens=cached, index=index)
         if not done:   # (a proxy's read timeout, a server gone between chunks: not a whole answer)
             raise E.RequestFailedError(f"the stream from {self.address} ended before its last chunk (no "
                                        f"finish_reason after {len(toks)} tokens): the answer is cut short")
@@ -316,13 +337,14 @@ class Client:
     def stream(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
                ) -> Iterator[RequestOutput]:
         """Yields a snapshot each time a request gains tokens (delta_token_ids / delta_text) and when it ends, as
-        LLM.stream: the requests of one call run concurrently (up to max_parallel streams in flight, so the server
-        batches them) and their snapshots interleave; tell them apart by request_id (the prompt's index). The first
-        request that fails is raised at once, and the prompts not sent yet are not sent. A caller that stops early
-        (break, close(), an exception) ends the streams in flight (each closes its connection at its next SSE line,
-        and the server aborts its request) and sends no more."""
+        LLM.stream: the requests of one call run concurrently (up to max_parallel streams in flight, so the
+        server batches them) and their snapshots interleave; tell them apart by request_id (the prompt's index;
+        "i-j" for the j-th of its SamplingParams.n completions, whose `index` is j). The first request that
+        fails is raised at once, and the prompts not sent yet are not sent. A caller that stops early (break,
+        close(), an exception) ends the streams in flight (each closes its connection at its next SSE line, and
+        the server aborts its request) and sends no more."""
         prompts, params = self._validated(prompts, sampling_params)
-        jobs = [(p, sp, str(i)) for i, (p, sp) in enumerate(zip(prompts, params))]
+        jobs, _ = self._fan_out(prompts, params)
         workers = min(self.max_parallel, len(jobs))
         if workers <= 1:   # (one stream at a time: read in the caller's thread, closed when the caller stops)
             for job in jobs:

@@ -2,13 +2,12 @@
 names what to send instead)."""
 from __future__ import annotations
 
-import dataclasses
 
 from mpk_runtime.engine import InvalidRequestError, SamplingParams
+from mpk_runtime.engine.sampling import MAX_N, completions as choices   # (the server's n: LLM.generate's rule)
 
 from .protocol import ChatRequest, CommonRequest
 
-MAX_N = 64   # completions per prompt a request may ask for
 
 
 class HTTPError(Exception):
@@ -91,11 +90,3 @@ def _sampling_params(r: CommonRequest, max_tokens, logprobs, bias) -> SamplingPa
                           frequency_penalty=r.frequency_penalty or 0.0,
                           repetition_penalty=1.0 if r.repetition_penalty is None else r.repetition_penalty,
                           logit_bias=bias, min_p=r.min_p or 0.0, min_tokens=r.min_tokens or 0)
-
-
-def choices(params: SamplingParams, n: int) -> list[SamplingParams]:
-    """The n completions of one prompt: a seeded request's j-th draws with seed + j (an unseeded one's
-    streams differ already: each request's seed comes from its index)."""
-    if n == 1 or params.seed is None:
-        return [params] * n
-    return [dataclasses.replace(params, seed=params.seed + j) for j in range(n)]

@@ -578,7 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """The server's command line: 0 after Ctrl+C; 2, with one line, for what the user must fix at start-up (an
-    unknown --model, a bad flag value, a Ray address nobody answers, replicas the cluster cannot hold)."""
+    unknown --model, a bad flag value, a Ray address nobody answers, replicas the cluster cannot hold, a model
+    directory whose tokenizer does not load)."""
     from .jobs.generate import user_errors_exit_2
     return user_errors_exit_2(_main, argv)
 
@@ -597,6 +598,12 @@ def _main(argv: list[str] | None) -> int:
                               max_seq_len=a.max_seq_len, engine_process=engine_process, **engine_kwargs(a))
     except BaseException:   # (a bad --model, no Ray: the port goes back at once)
         sock.close()
+        raise
+    try:   # the model's tokenizer now: a damaged one is a start-up error naming it (it was every request's 400)
+        router.tokenizer
+    except BaseException:
+        sock.close()
+        router.shutdown()
         raise
     import uvicorn
     try:

@@ -182,7 +182,7 @@ def _generate(a: argparse.Namespace) -> int:
                         stop_token_ids=_parse_ids(a.stop_token_ids, "--stop-token-ids") if a.stop_token_ids else (),
                         ignore_eos=a.ignore_eos, stop=tuple(a.stop or ()), logprobs=a.logprobs,
                         presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
-                        repetition_penalty=a.repetition_penalty, min_p=a.min_p, min_tokens=a.min_tokens)
+                        repetition_penalty=a.repetition_penalty, min_p=a.min_p, min_tokens=a.min_tokens, n=a.n)
     t0 = time.perf_counter()
     from .engine.cli_flags import engine_kwargs
     llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len,
@@ -196,6 +196,8 @@ def _generate(a: argparse.Namespace) -> int:
             line["prompt"] = o.prompt
         if o.logprobs is not None:
             line["logprobs"] = logprobs_by_id(o.logprobs)
+        if o.completions is not None:
+            line["completions"] = o.to_dict()["completions"]
         if o.finish_reason == "error":
             line["error"] = o.error
         print(json.dumps(line), flush=True)
@@ -208,7 +210,7 @@ def _generate(a: argparse.Namespace) -> int:
         pre = llm.engine.stats["preemptions"]
         llm.shutdown()
     t2 = time.perf_counter()
-    n = sum(len(o.token_ids) for o in outs)
+    n = sum(len(c.token_ids) for o in outs for c in o.outputs)
     weights = "" if os.path.isdir(a.model) else f" (a preset: seeded random weights, seed {a.seed})"
     print(f"# {a.model}{weights} backend={a.backend} tp={a.tp}: load {t1 - t0:.1f}s, {n} tokens in {t2 - t1:.2f}s"
           + (f", {pre} preemptions for KV pages (more --num-pages would avoid them)" if pre else ""), file=sys.stderr)
@@ -272,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--repetition-penalty", type=float, default=1.0)
     g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top token's probability")
     g.add_argument("--min-tokens", type=int, default=0, help="EOS / stop token ids cannot end a sequence sooner")
+    g.add_argument("--n", type=int, default=1, help="completions a prompt (up to 64): a line's \"completions\" list, "
+                   "its top-level fields the first's")
     from .engine.cli_flags import add_engine_flags
     add_engine_flags(g)
     a = p.parse_args(argv)

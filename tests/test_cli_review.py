@@ -114,3 +114,16 @@ def test_max_seq_len_1_exits_2_saying_why(capsys):
     assert main(BASE + ["--prompt-ids", "1", "--max-seq-len", "1"]) == 2
     err = capsys.readouterr().err
     assert "max_seq_len" in err and "at most 0 tokens" not in err and "Traceback" not in err
+
+
+def test_n_prints_each_prompts_completions_and_a_bad_n_exits_2(capsys):
+    """--n (session 75): a line a prompt, its n completions in "completions" (distinct samples), the top-level fields
+    the first's; the summary counts every completion's tokens; n outside [1, 64] is a usage error."""
+    assert main(BASE + ["--temperature", "1", "--ignore-eos", "--n", "3", "--prompt-ids", "1,2"]) == 0
+    cap = capsys.readouterr()
+    (line,) = _lines(cap.out)
+    assert [c["index"] for c in line["completions"]] == [0, 1, 2]
+    assert line["token_ids"] == line["completions"][0]["token_ids"]
+    assert len({tuple(c["token_ids"]) for c in line["completions"]}) > 1 and "12 tokens" in cap.err
+    assert main(BASE + ["--n", "65", "--prompt-ids", "1,2"]) == 2
+    assert "n must be an int in [1, 64]" in capsys.readouterr().err

@@ -7,7 +7,9 @@ Each input line is {"prompt": str} or {"prompt_token_ids": [...]}, plus optional
 SamplingParams': temperature, top_k, top_p, max_tokens, stop_token_ids, stop, seed, ignore_eos, logprobs,
 penalties, ...) and an optional "id". Each output line (same order) is {"id", "prompt_token_ids", "token_ids",
 "text", "finish_reason", "metrics", "num_cached_tokens", "sampling" (the line's sampling fields as given)}, plus
-"logprobs" ([[token id, logprob], ...] a generated token) where asked.
+"logprobs" ([[token id, logprob], ...] a generated token) where asked, and for a line with "n" > 1 "completions"
+(its n completions, each {"index", "token_ids", "text", "finish_reason"[, "logprobs"]}; the top-level fields are
+completion 0's; the j-th seeded with seed + j, as LLM.generate and the HTTP server's n).
 A bad line fails the job before any generation, naming the line. Results are written a --chunk at a time; after a
 failure part-way, the same command with --resume keeps the results already in --output and generates the rest.
 Beside --output the job writes <output>.run.json, the flags that decide its tokens (run_record); --resume refuses
@@ -24,8 +26,8 @@ import time
 
 from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
 from mpk_runtime.engine import LLM, InvalidRequestError, RequestFailedError, SamplingParams, UnknownModelError
-from mpk_runtime.engine.request import logprobs_by_id
-from mpk_runtime.engine.sampling import request_seed
+from mpk_runtime.engine.request import logprobs_by_id, merge_completions
+from mpk_runtime.engine.sampling import completions, request_seed
 
 SAMPLING_FIELDS = set(SamplingParams.__dataclass_fields__)
 
@@ -251,10 +253,12 @@ def seed_requests(reqs: list[dict], engine_seed: int) -> None:
     """A request without a seed of its own samples with the seed the engine gives the i-th request it is sent
     (request_seed: engine_seed * 1_000_003 + i), fixed here from its place in the input: a --resume run sends
     the engine only the requests from k on, which it would number from 0. (A run in one go sends request i as
-    the engine's i-th: the same seeds as before.)"""
+    the engine's i-th: the same seeds as before.) A line with n > 1 draws its j-th completion with that seed
+    + j (sampling.completions), so its seed is moved by (i + 1) * 2^32 off the next lines' ones."""
     for i, r in enumerate(reqs):
         if r["params"].seed is None:
-            r["params"] = dataclasses.replace(r["params"], seed=request_seed(r["params"], engine_seed, i))
+            seed = request_seed(r["params"], engine_seed, i) + ((i + 1) << 32 if r["params"].n > 1 else 0)
+            r["params"] = dataclasses.replace(r["params"], seed=seed)
 
 
 def validate_requests(llm: LLM, reqs: list[dict]) -> None:
@@ -369,10 +373,12 @@ def _main(argv: list[str] | None = None) -> int:
                                 "sampling": r["sampling"]}   # (the line's fields as given: --resume checks them)
                         if o.logprobs is not None:
                             line["logprobs"] = logprobs_by_id(o.logprobs)
+                        if o.completions is not None:   # ("n" > 1: the top-level fields are completion 0's)
+                            line["completions"] = o.to_dict()["completions"]
                         f.write(json.dumps(line) + "\n")
                     f.flush()
                     written += len(outs)
-                    n += sum(len(o.token_ids) for o in outs)
+                    n += sum(len(c.token_ids) for o in outs for c in o.outputs)
             except BaseException:   # (input line numbers count blank lines: the request's own "where")
                 kept = f"they are in {a.output} (lines 1-{written})" if written else f"none in {a.output} yet"
                 print(f"error after {written} of {len(reqs)} results: {kept}; rerun with --resume to continue "
@@ -424,8 +430,9 @@ class _Models:
             return self.llm.generate([r["prompt"] for r in part], [r["params"] for r in part],
                                      use_tqdm=sys.stderr.isatty())
         import threading
-        outs: list = [None] * len(part)
-        left = [len(part)]
+        subs = [(i, one) for i, r in enumerate(part) for one in completions(r["params"])]   # (n a line)
+        outs: list = [None] * len(subs)
+        left = [len(subs)]
         done, lock = threading.Event(), threading.Lock()
 
         def finished(i: int):
@@ -439,16 +446,19 @@ class _Models:
                         done.set()
             return cb
         names = [r.name for r in self.router.replicas]
-        for i, r in enumerate(part):
+        ids_of: dict[int, list] = {}
+        for k, (i, one) in enumerate(subs):
+            r = part[i]
             text = r["prompt"] if isinstance(r["prompt"], str) else None
-            ids = self.llm.engine.tokenize(text) if text is not None else list(r["prompt"])
-            rep, _ = self.router.submit(ids, r["params"], finished(i), prompt=text, stream=False)
+            if i not in ids_of:
+                ids_of[i] = self.llm.engine.tokenize(text) if text is not None else list(r["prompt"])
+            rep, _ = self.router.submit(ids_of[i], one, finished(k), prompt=text, stream=False)
             self._served[names.index(rep.name)] += 1
         done.wait()
-        bad = next((i for i, o in enumerate(outs) if o is not None and o.finish_reason == "error"), None)
+        bad = next((k for k, o in enumerate(outs) if o is not None and o.finish_reason == "error"), None)
         if bad is not None:
-            raise RequestFailedError(f"{part[bad]['where']}: {outs[bad].error}")
-        return outs
+            raise RequestFailedError(f"{part[subs[bad][0]]['where']}: {outs[bad].error}")
+        return [merge_completions([o for (i, _), o in zip(subs, outs) if i == line]) for line in range(len(part))]
 
     def stats(self) -> dict:
         if self.router is None:

@@ -148,6 +148,10 @@ class LLMEngine(BurstsMixin, RecoveryMixin, RequestChecks):
             raise RequestFailedError(f"the engine is down ({self.dead}); create a new LLM / restart the server")
         prompt_token_ids = list(prompt_token_ids)
         max_total = self.validate(prompt_token_ids, params)
+        if params.n != 1:
+            raise InvalidRequestError(f"an engine request is one completion, and these params ask for n={params.n}: "
+                                      "LLM.generate / chat / stream run n (or add one request for each of "
+                                      "mpk_runtime.engine.sampling.completions(params))")
         idx = next(self._ids)
         rid = request_id if request_id is not None else str(idx)
         k = 0

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import numbers
 import os
 import threading
@@ -16,8 +17,8 @@ from ..models import ConfigError, load_config
 from ..runtime.executor import Executor, make_executor
 from .engine import LLMEngine, check_decode_steps_arg, check_max_num_batched_tokens, check_step_timeout
 from .errors import InvalidRequestError, NoTokenizerError, RequestFailedError, ShutDownError, UnknownModelError
-from .request import RequestOutput
-from .sampling import DEVICE_SAMPLING_MODES, SamplingParams
+from .request import RequestOutput, merge_completions
+from .sampling import DEVICE_SAMPLING_MODES, SamplingParams, completions
 from .tokenizer import _TOKENIZER_FILES, LazyTokenizer, has_tokenizer, model_eos_ids
 
 Prompt = "str | list[int]"
@@ -218,8 +219,10 @@ class LLM:
         return self.engine.tokenizer.get()
 
     def _add_all(self, prompts, sampling_params, stream: bool = True,
-                 rendered: list[tuple[list[int], str]] | None = None) -> tuple[list[str], dict[str, RequestOutput]]:
-        """Queue a call's requests; their ids and the call's inbox (_step puts their outputs there). rendered:
+                 rendered: list[tuple[list[int], str]] | None = None
+                 ) -> tuple[list[str], dict[str, RequestOutput], list[list[str]]]:
+        """Queue a call's requests: SamplingParams.n of them a prompt (sampling.completions). Their ids, the call's
+        inbox (_step puts their outputs there), and the ids of each prompt's completions in index order. rendered:
         instead of prompts, (token ids, text) pairs already tokenised (chat prompts: the text is what the outputs
         report as their prompt)."""
         if getattr(self, "_shut_down", False):   # (each request failed as "the model workers failed ... retry it")
@@ -241,12 +244,22 @@ class LLM:
             self.engine.validate(ids, sp)
             staged.append((ids, sp, text))
         inbox: dict[str, RequestOutput] = {}
+        groups: list[list[str]] = []
         with self._lock:
-            rids = [self.engine.add_request(ids, sp, prompt=text, stream=stream) for ids, sp, text in staged]
+            try:
+                for ids, sp, text in staged:
+                    groups.append([])
+                    for one in completions(sp):
+                        groups[-1].append(self.engine.add_request(ids, one, prompt=text, stream=stream))
+            except BaseException:   # (the engine went down meanwhile: none of this call's requests stays queued)
+                for r in itertools.chain.from_iterable(groups):
+                    self.engine.abort(r)
+                raise
+            rids = list(itertools.chain.from_iterable(groups))
             boxes = self._inboxes
             for r in rids:
                 boxes[r] = inbox
-        return rids, inbox
+        return rids, inbox, groups
 
     def _take(self, inbox: dict[str, RequestOutput]) -> list[RequestOutput]:
         """The outputs waiting in a call's inbox, taken."""
@@ -326,9 +339,10 @@ class LLM:
         return self._run(*self._add_all(None, sampling_params, stream=False, rendered=rendered), use_tqdm,
                          on_output)
 
-    def _run(self, rids: list[str], inbox: dict[str, RequestOutput], use_tqdm: bool,
+    def _run(self, rids: list[str], inbox: dict[str, RequestOutput], groups: list[list[str]], use_tqdm: bool,
              on_output: Callable[[int, RequestOutput], None] | None) -> list[RequestOutput]:
-        """generate's loop: step until the call's requests have ended; their outputs in order."""
+        """generate's loop: step until the call's requests have ended; an output a prompt, in order (its n
+        completions merged: request.merge_completions)."""
         final: dict[str, RequestOutput] = {}
         bar = None
         if use_tqdm and len(rids) > 1:
@@ -342,8 +356,8 @@ class LLM:
                         final[o.request_id] = o
                         if bar is not None:
                             bar.update(1)
-                while on_output is not None and told < len(rids) and rids[told] in final:
-                    on_output(told, final[rids[told]])
+                while on_output is not None and told < len(groups) and all(r in final for r in groups[told]):
+                    on_output(told, merge_completions([final[r] for r in groups[told]]))
                     told += 1
                 if len(final) == len(rids):
                     break
@@ -357,14 +371,15 @@ class LLM:
         errors = [o for o in final.values() if o.finish_reason == "error"]
         if errors:
             raise RequestFailedError(f"{len(errors)} of {len(rids)} requests failed: {errors[0].error}")
-        return [final[r] for r in rids]
+        return [merge_completions([final[r] for r in g]) for g in groups]
 
     def stream(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
                ) -> Iterator[RequestOutput]:
         """Yields a snapshot each time a request gains tokens (delta_token_ids / delta_text) and when it ends.
         Requests of one call interleave; tell them apart by request_id. Other calls of this LLM (a generate(),
         another stream) may run while this one is suspended: the steps they run keep this call's updates for it."""
-        rids, inbox = self._add_all(prompts, sampling_params)
+        rids, inbox, groups = self._add_all(prompts, sampling_params)
+        index = {r: j for g in groups for j, r in enumerate(g) if j}   # (completion j > 0 of its prompt)
         left = set(rids)
         try:
             while left:
@@ -378,7 +393,7 @@ class LLM:
                         raise RequestFailedError(o.error)
                     if o.finished:
                         left.discard(o.request_id)
-                    yield o
+                    yield dataclasses.replace(o, index=index[o.request_id]) if o.request_id in index else o
         finally:  # the caller stopped early: do not leave its requests running
             self._close(rids)
 

@@ -1,10 +1,11 @@
 """A request's mutable state inside the engine, and the immutable snapshots (`RequestOutput`) callers see."""
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 
 from .sampling import SamplingParams
@@ -70,12 +71,22 @@ class RequestOutput:
     # top ones); the delta's are the last len(delta_token_ids)
     logprobs: list[dict[int, float]] | None = None
     num_cached_tokens: int = 0          # prompt tokens taken from the prefix cache (not computed for this request)
+    index: int = 0                      # which of its prompt's SamplingParams.n completions this is
+    # SamplingParams.n > 1 in LLM.generate / chat (and cluster.Client's): the prompt's n completions, in index order,
+    # this output's own fields being completion 0's; None: this output is its one completion
+    completions: tuple[CompletionOutput, ...] | None = None
 
     @property
     def outputs(self) -> list[CompletionOutput]:
-        """vLLM's view of this request's completions: one here (SamplingParams.n is 1), its text, token ids, finish
-        reason and logprobs."""
-        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs)]
+        """vLLM's view of the prompt's completions (n of them for SamplingParams.n = n, else this one): each its
+        index, text, token ids, finish reason and logprobs."""
+        if self.completions is not None:
+            return list(self.completions)
+        return [self.completion()]
+
+    def completion(self) -> CompletionOutput:
+        """This output's own completion (vLLM's CompletionOutput)."""
+        return CompletionOutput(self.index, self.text, self.token_ids, self.finish_reason, self.logprobs)
 
     @classmethod
     def failed(cls, request_id: str, prompt: str | None, prompt_token_ids: list[int], error: str) -> "RequestOutput":
@@ -91,7 +102,21 @@ class RequestOutput:
              "num_cached_tokens": self.num_cached_tokens}
         if self.logprobs is not None:
             d["logprobs"] = logprobs_by_id(self.logprobs)
+        if self.completions is not None:   # (n > 1: the top-level fields are completion 0's)
+            d["completions"] = [{"index": c.index, "token_ids": c.token_ids, "text": c.text,
+                                 "finish_reason": c.finish_reason,
+                                 **({} if c.logprobs is None else {"logprobs": logprobs_by_id(c.logprobs)})}
+                                for c in self.completions]
         return d
+
+
+def merge_completions(outs: Sequence[RequestOutput]) -> RequestOutput:
+    """One prompt's n finished completions (index order) as one RequestOutput: completion 0's fields, and all n
+    in `completions` (vLLM's outputs[j])."""
+    if len(outs) == 1:
+        return outs[0]
+    return dataclasses.replace(outs[0], completions=tuple(dataclasses.replace(o, index=j).completion()
+                                                         for j, o in enumerate(outs)))
 
 
 def logprobs_by_id(lps: list[dict[int, float]]) -> list[list[list]]:

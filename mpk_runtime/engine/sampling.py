@@ -13,6 +13,7 @@ change the logits themselves), and the reference backend draws what the others d
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import threading
@@ -31,6 +32,7 @@ DEVICE_SAMPLING_MODES = ("auto", "on", "off")
 # that the distribution is an argmax anyway (vLLM uses the same cut-off)
 SAMPLING_EPS = 1e-5
 MAX_LOGPROBS = 20    # top tokens a request may ask logprobs for (OpenAI's chat limit)
+MAX_N = 64           # completions per prompt a request may ask for (SamplingParams.n)
 _NONFINITE = ("the model produced NaN / inf logits (float16 overflow or broken weights?): try dtype='float32' or "
               "'bfloat16', and check the checkpoint")
 
@@ -84,8 +86,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | tuple | None = None
     min_tokens: int = 0
     min_p: float = 0.0
-    # completions per prompt (vLLM's field): a request here is one completion, so only 1; for n of a prompt submit it
-    # n times (the HTTP server's n does that, with seed + j for the j-th)
+    # completions per prompt (vLLM's field), 1..MAX_N: LLM.generate / chat / stream and the HTTP server run a prompt
+    # as n requests (completions(params): the j-th seeded with seed + j when seeded), one engine request each
     n: int = 1
 
     def __post_init__(self) -> None:
@@ -168,9 +170,8 @@ class SamplingParams:
         mp = self.min_p
         if not isinstance(mp, (int, float)) or isinstance(mp, bool) or not 0 <= mp <= 1:
             problems.append(f"min_p must be a number in [0, 1] (0 = off), got {mp!r}")
-        if self.n != 1 or isinstance(self.n, bool):
-            problems.append(f"n={self.n!r}: a request here is one completion; for n completions pass the prompt n "
-                            "times (with seed + j for the j-th if seeded), or use the HTTP server's n")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
+            problems.append(f"n must be an int in [1, {MAX_N}] (completions per prompt), got {self.n!r}")
         if problems:
             raise InvalidRequestError("invalid SamplingParams: " + "; ".join(problems))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -210,6 +211,17 @@ class SamplingParams:
         if isinstance(lb, dict):   # JSON object keys are strings: "1234" -> 1234
             d = {**d, "logit_bias": {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in lb.items()}}
         return cls(**d)
+
+
+def completions(params: SamplingParams, n: int | None = None) -> list[SamplingParams]:
+    """The params of the n engine requests that make a prompt's n completions (n: params.n when None), each with
+    n=1: a seeded request's j-th draws with seed + j, so each completion is the one a single request with that seed
+    gives; an unseeded one's differ already (each request's seed comes from its index)."""
+    n = params.n if n is None else n
+    one = params if params.n == 1 else dataclasses.replace(params, n=1)
+    if n == 1 or params.seed is None:
+        return [one] * n
+    return [dataclasses.replace(one, seed=params.seed + j) for j in range(n)]
 
 
 def request_seed(params: SamplingParams, engine_seed: int, request_index: int) -> int:

@@ -73,7 +73,7 @@ def test_client_generate_raises_a_failed_prompt_while_others_are_still_in_flight
     generated (minutes) and thrown away. It is raised as soon as that request fails."""
     in_flight, release = threading.Event(), threading.Event()
 
-    def one(prompt, sp, rid):
+    def one(prompt, sp, rid, index=0):
         if prompt == [1]:
             assert in_flight.wait(60)
             raise InvalidRequestError("prompt 0 is bad")
@@ -108,7 +108,7 @@ from cluster.client import Client
 from mpk_runtime.engine import SamplingParams
 in_flight = threading.Event()
 
-def one(prompt, sp, rid):
+def one(prompt, sp, rid, index=0):
     if prompt == [1]:
         assert in_flight.wait(60)
         raise ValueError("prompt 0 is bad")
@@ -134,7 +134,7 @@ def test_client_generate_returns_outputs_in_prompt_order_whatever_order_they_fin
     """(The success path as before: the outputs in prompt order, here finishing last to first.)"""
     done = [threading.Event() for _ in range(4)]
 
-    def one(prompt, sp, rid):
+    def one(prompt, sp, rid, index=0):
         i = int(rid)
         if i + 1 < len(done):
             assert done[i + 1].wait(60)

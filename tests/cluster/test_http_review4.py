@@ -192,6 +192,7 @@ def test_start_up_errors_are_one_line_and_ctrl_c_is_a_clean_exit(monkeypatch, ca
 
     class FakeRouter:
         model_name = "m"
+        tokenizer = None
         down = False
 
         def shutdown(self):
@@ -202,3 +203,25 @@ def test_start_up_errors_are_one_line_and_ctrl_c_is_a_clean_exit(monkeypatch, ca
     monkeypatch.setattr(router_mod, "build_router", lambda *a, **k: FakeRouter())
     monkeypatch.setattr(uvicorn.Server, "run", interrupted)
     assert server_mod.main(["--model", "m", "--port", port]) == 0 and FakeRouter.down
+
+
+def test_a_damaged_tokenizer_is_a_start_up_error(demo_dir, tmp_path, capsys):
+    """(session 75) A model directory whose tokenizer.json is damaged started serving, then answered every request
+    (token-id prompts too: the engine needs the EOS ids) with a 400 blaming the client. Now the server loads the
+    tokenizer at start-up: one line naming it, exit 2, the port given back."""
+    import shutil
+
+    from cluster import server as server_mod
+    d = tmp_path / "demo-broken-tokenizer"
+    shutil.copytree(demo_dir, d)
+    (d / "tokenizer.json").write_text("{not json")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert server_mod.main(["--model", str(d), "--port", str(port), "--executor", "inprocess",
+                            "--no-engine-process"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "tokenizer" in err and str(d) in err and "Traceback" not in err
+    with socket.socket() as s:   # (given back)
+        s.bind(("127.0.0.1", port))
+

@@ -46,13 +46,14 @@ def test_generated_request_ids_step_around_a_callers_own():
     llm.shutdown()
 
 
-def test_sampling_params_n_says_how_to_get_several_completions():
+def test_sampling_params_n_is_checked():
     """vLLM's SamplingParams takes n (completions per prompt); ours answered SamplingParams(n=2) with a bare
-    "unexpected keyword argument" TypeError. n=1 is accepted as the default it is; any other n is an
-    InvalidRequestError that says what to do instead."""
+    "unexpected keyword argument" TypeError. Since session 75 LLM runs n (tests/engine/test_n_completions.py);
+    n outside [1, MAX_N] is an InvalidRequestError naming it."""
     assert SamplingParams(n=1) == SamplingParams()
-    for n in (2, 0, "2"):
-        with pytest.raises(InvalidRequestError, match="prompt n times"):
+    assert SamplingParams(n=64).n == 64
+    for n in (0, 65, "2", True, 2.0):
+        with pytest.raises(InvalidRequestError, match=r"n must be an int in \[1, 64\]"):
             SamplingParams(n=n)
 
 
