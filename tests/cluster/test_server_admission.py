@@ -245,6 +245,7 @@ def test_main_passes_the_flag_to_the_app(monkeypatch):
 
     class FakeRouter:
         model_name = "m"
+        tokenizer = None
 
         def shutdown(self):
             pass
