@@ -32,8 +32,8 @@ TASK_WORDS = ARG_END + INLINE_WAITS + INLINE_SIGNALS   # 36 words = 288 bytes = 
 
 # Argument slots per opcode (index = ARG_BASE + position). Shapes in comments; ptr = device address.
 OP_ARGS: dict[str, list[str]] = {
-    # out (M, H) = table[max(tokens, 0)]
-    "embed": ["tokens", "table", "out", "m", "h"],
+    # out (M, H) = table[clamp(tokens, 0, rows - 1)] (rows: the table's; tasks/ops/embed.py says why)
+    "embed": ["tokens", "table", "out", "m", "h", "rows"],
     # part of a head: x (M, K) -> norm -> W rows head*D + [r0, r0+nr) and head*D + D/2 + [r0, r0+nr) (w = row
     # head*D) -> [q/k norm: nr == D/2] -> rope (pairs r0..r0+nr-1) -> q or paged cache
     # which "raw" (a normed head's part): only the bf16 projection rows, to q = qk_raw (row stride ldq) at the

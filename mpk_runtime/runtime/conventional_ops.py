@@ -104,7 +104,8 @@ def embed(op, mem, ctx, cache) -> None:
     """tasks/ops/embed.py: table rows gathered straight into out (index_select; same values as table[tok])."""
     a = op.attrs
     tok = mem.t(a["tokens"])
-    torch.index_select(mem.t(a["table"]), 0, tok.clamp(min=0), out=mem.t(a["out"]))
+    table = mem.t(a["table"])   # (ids outside the table: their nearest row, tasks/ops/embed.py)
+    torch.index_select(table, 0, tok.clamp(0, table.shape[0] - 1), out=mem.t(a["out"]))
 
 
 def linear_whole(op) -> bool:

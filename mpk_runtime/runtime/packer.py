@@ -234,7 +234,8 @@ class TaskPacker:
     def _pack_embed(self, p):
         M, H = self.mem.t(p["out"]).shape
         assert H % 8 == 0, f"hidden size {H} is not a multiple of 8 (megakernel_shape_problems)"
-        return dict(tokens=self._t(p["tokens"]), table=self._t(p["table"]), out=self._t(p["out"]), m=M, h=H)
+        return dict(tokens=self._t(p["tokens"]), table=self._t(p["table"]), out=self._t(p["out"]), m=M, h=H,
+                    rows=self.mem.t(p["table"]).shape[0])
 
     def _pack_qkv_rope(self, p):
         x = self.mem.t(p["x"])

@@ -25,3 +25,21 @@ def test_nan_logits_fail_every_sampler_on_the_gpu(tmp_path, plan):
             with pytest.raises(RequestFailedError, match="NaN"):
                 llm.generate([[1, 2, 3]], sp)
             assert not llm.engine.scheduler.running
+
+
+@pytest.mark.parametrize("plan", ["auto", None], ids=["planned", "one-kernel"])
+def test_a_token_outside_the_table_reads_its_nearest_row_on_the_gpu(plan):
+    """The device feeds a NaN row's PAD_INDEX back as the next step's input (a multi-step launch, a burst) before
+    the engine fails the request: the embed reads the table's last row (was an out-of-bounds read that ends the CUDA
+    context, every request with it). tests/runtime/test_embed_guard.py on the CPU paths."""
+    import torch
+
+    from mpk_runtime.ir.sampling import PAD_INDEX
+    from mpk_runtime.runtime.megakernel_runner import MegakernelRunner
+    r = MegakernelRunner("tiny-llama", max_batch=2, max_seq_len=64, plan=plan)
+    V = r.config.vocab_size
+    got = {t: r._decode_rows([t], [0], [[1]], None)[0].float().cpu() for t in (V - 1, PAD_INDEX, V, 0, -1)}
+    torch.cuda.synchronize()
+    assert torch.isfinite(got[PAD_INDEX]).all()
+    assert torch.equal(got[PAD_INDEX], got[V - 1]) and torch.equal(got[V], got[V - 1])
+    assert torch.equal(got[-1], got[0])
