@@ -9,6 +9,7 @@ drives the replica's actors), so the HTTP handlers no longer share a GIL with th
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -18,6 +19,7 @@ from typing import Any
 
 from mpk_runtime.engine import LLM, InvalidRequestError, RequestFailedError, SamplingParams
 from mpk_runtime.engine.async_engine import EngineLoop, OutputCallback
+from mpk_runtime.engine.sampling import request_seed
 from mpk_runtime.engine.engine_process import EngineProcess
 
 log = logging.getLogger(__name__)
@@ -92,10 +94,11 @@ def _shutdown_all(replicas: list[Replica], timeout: float) -> list[tuple[str, Ba
 
 
 class Router:
-    def __init__(self, replicas: list[Replica], model_name: str, stall_after: float = 10.0):
+    def __init__(self, replicas: list[Replica], model_name: str, stall_after: float = 10.0, seed: int = 0):
         """stall_after: a replica whose engine loop has not gone round for this many seconds (stalled_s: wedged,
         or inside one very long step) is picked only where every live replica is. Keep it well above 2 s: an idle
-        engine process's loop goes round every 0.5 s and tells the parent each second."""
+        engine process's loop goes round every 0.5 s and tells the parent each second. seed: the replicas' engine
+        seed (LLM's seed), from which submit seeds the unseeded requests where there are several replicas."""
         if not replicas:
             raise ValueError("a router needs at least one replica")
         self.replicas = replicas
@@ -103,6 +106,8 @@ class Router:
         self.stall_after = stall_after
         self._rr = itertools.count()
         self._lock = threading.Lock()
+        self.seed = seed
+        self._seq = itertools.count()   # (unseeded requests, numbered across the replicas)
 
     @property
     def engine(self):
@@ -138,7 +143,16 @@ class Router:
 
     def submit(self, prompt_token_ids: list[int], params: SamplingParams, on_output: OutputCallback,
                prompt: str | None = None, stream: bool = True) -> tuple[Replica, str]:
-        """stream=False: on_output gets the finished output only (AsyncEngine.submit)."""
+        """stream=False: on_output gets the finished output only (AsyncEngine.submit). With several replicas an
+        unseeded request is seeded here, from the router's count of them: each replica numbers its own requests
+        from 0 and the replicas share the engine seed, so the i-th request of two replicas drew alike (the n
+        completions of one prompt, spread over them, came back as copies). One replica: its own numbering, as an
+        LLM's."""
+        if params.n != 1:   # (the engine would refuse it in its loop, as an error output: refused here, at once)
+            raise InvalidRequestError(f"a router request is one completion, and these params ask for n={params.n}: "
+                                      "submit one for each of mpk_runtime.engine.sampling.completions(params)")
+        if params.seed is None and len(self.replicas) > 1:
+            params = dataclasses.replace(params, seed=request_seed(params, self.seed, next(self._seq)))
         rep = self.pick(prompt_token_ids)
         return rep, rep.loop.submit(prompt_token_ids, params, on_output, prompt=prompt, stream=stream)
 
@@ -234,4 +248,4 @@ def build_router(model: str, backend: str = "reference", tp: int = 1, num_replic
     except BaseException:
         _shutdown_all(replicas, 60.0)   # (logs its failures: the build's own error is the one to raise)
         raise
-    return Router(replicas, model_name=model, stall_after=stall_after)
+    return Router(replicas, model_name=model, stall_after=stall_after, seed=llm_kwargs.get("seed") or 0)

@@ -202,10 +202,11 @@ def _generate(a: argparse.Namespace) -> int:
             line["error"] = o.error
         print(json.dumps(line), flush=True)
     outs: list = []
+    stopped = None
     try:   # each line as soon as it and those before it end: a failed request or ^C keeps the lines printed
         llm.generate(prompts, sp, use_tqdm=len(prompts) > 1, on_output=lambda i, o: (outs.append(o), emit(i, o)))
-    except RequestFailedError:
-        pass   # its requests' lines carry finish_reason "error"; the exit code below says so
+    except RequestFailedError as e:
+        stopped = e   # its requests' lines carry finish_reason "error"; the exit code below says so
     finally:
         pre = llm.engine.stats["preemptions"]
         llm.shutdown()
@@ -214,10 +215,15 @@ def _generate(a: argparse.Namespace) -> int:
     weights = "" if os.path.isdir(a.model) else f" (a preset: seeded random weights, seed {a.seed})"
     print(f"# {a.model}{weights} backend={a.backend} tp={a.tp}: load {t1 - t0:.1f}s, {n} tokens in {t2 - t1:.2f}s"
           + (f", {pre} preemptions for KV pages (more --num-pages would avoid them)" if pre else ""), file=sys.stderr)
-    failed = [o for o in outs if o.finish_reason == "error"]
+    # (every completion: with --n a later one fails while the line's top-level fields, the first's, look fine)
+    every = [c for o in outs for c in o.outputs]
+    failed = [c for c in every if c.finish_reason == "error"]
     if failed:
-        print(f"error: {len(failed)} of {len(outs)} requests failed (finish_reason \"error\" above), e.g.: "
+        print(f"error: {len(failed)} of {len(every)} requests failed (finish_reason \"error\" above), e.g.: "
               f"{failed[0].error}", file=sys.stderr)
+        return 1
+    if stopped is not None:   # (the engine itself failed, e.g. could not admit a request: no line tells it)
+        print(f"error: {stopped} ({len(outs)} of {len(prompts)} prompts' lines printed)", file=sys.stderr)
         return 1
     return 0
 

@@ -44,12 +44,14 @@ class RequestMetrics:
 @dataclass(frozen=True)
 class CompletionOutput:
     """One completion in vLLM's shape, `RequestOutput.outputs[0]`: code written against vLLM's LLM (`out.outputs[0].text`)
-    reads the same here. logprobs as RequestOutput's: {token id: logprob} a token (vLLM's values are Logprob objects)."""
+    reads the same here. logprobs as RequestOutput's: {token id: logprob} a token (vLLM's values are Logprob objects).
+    error: why it failed (finish_reason "error"; the prompt's RequestOutput.error is completion 0's only)."""
     index: int
     text: str | None
     token_ids: list[int]
     finish_reason: str | None
     logprobs: list[dict[int, float]] | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class RequestOutput:
 
     def completion(self) -> CompletionOutput:
         """This output's own completion (vLLM's CompletionOutput)."""
-        return CompletionOutput(self.index, self.text, self.token_ids, self.finish_reason, self.logprobs)
+        return CompletionOutput(self.index, self.text, self.token_ids, self.finish_reason, self.logprobs, self.error)
 
     @classmethod
     def failed(cls, request_id: str, prompt: str | None, prompt_token_ids: list[int], error: str) -> "RequestOutput":
@@ -102,10 +104,13 @@ class RequestOutput:
              "num_cached_tokens": self.num_cached_tokens}
         if self.logprobs is not None:
             d["logprobs"] = logprobs_by_id(self.logprobs)
+        if self.index:   # (a streamed snapshot of completion j > 0 of its prompt)
+            d["index"] = self.index
         if self.completions is not None:   # (n > 1: the top-level fields are completion 0's)
             d["completions"] = [{"index": c.index, "token_ids": c.token_ids, "text": c.text,
                                  "finish_reason": c.finish_reason,
-                                 **({} if c.logprobs is None else {"logprobs": logprobs_by_id(c.logprobs)})}
+                                 **({} if c.logprobs is None else {"logprobs": logprobs_by_id(c.logprobs)}),
+                                 **({} if c.error is None else {"error": c.error})}
                                 for c in self.completions]
         return d
 

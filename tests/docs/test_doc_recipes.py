@@ -111,14 +111,15 @@ def test_serving_batch_job_inprocess(demo, tmp_path):
             "/tmp/out.jsonl": str(tmp_path / "out.jsonl")}.get(a, a) for a in cmd]
     r = _run(cmd)
     assert r.returncode == 0, r.stderr
-    assert re.match(r"wrote 2 results to .*out\.jsonl: 16 tokens in [\d.]+ s \(largest batch \d+\)", r.stdout), r.stdout
+    assert re.match(r"wrote 3 results to .*out\.jsonl: 40 tokens in [\d.]+ s \(largest batch \d+\)", r.stdout), r.stdout
     out = _json_lines((tmp_path / "out.jsonl").read_text())
-    assert [o["id"] for o in out] == [0, "b"]
+    assert [o["id"] for o in out] == [0, "b", "c"]
     for o in out:
         assert list(o) == ["id", "prompt_token_ids", "token_ids", "text", "finish_reason", "metrics",
-                           "num_cached_tokens", "sampling"], o
+                           "num_cached_tokens", "sampling"] + (["completions"] if o["id"] == "c" else []), o
         assert len(o["token_ids"]) == 8 and isinstance(o["text"], str)
     assert out[0]["prompt_token_ids"] == [1, 2, 3]
+    assert [c["index"] for c in out[2]["completions"]] == [0, 1, 2] and out[2]["completions"][0]["text"] == out[2]["text"]
 
 
 def _free_port() -> int:
