@@ -2,12 +2,34 @@
 names what to send instead)."""
 from __future__ import annotations
 
+import json
 
 from mpk_runtime.engine import InvalidRequestError, SamplingParams
 from mpk_runtime.engine.sampling import MAX_N, completions as choices   # (the server's n: LLM.generate's rule)
 
 from .protocol import ChatRequest, CommonRequest
 
+
+
+_ABSENT = (None, {}, [], "", "none", {"type": "text"})
+# request fields this server does not implement -> the values that ask for nothing, which clients that always send a
+# field send (vLLM's defaults); any other value is a 400 naming the field, not an answer as if it were absent
+NOOP_VALUES = {
+    **dict.fromkeys(("suffix", "tools", "tool_choice", "functions", "function_call", "response_format",
+                     "guided_json", "guided_regex", "guided_choice"), _ABSENT),
+    "echo": (None, False), "best_of": (None, 1), "use_beam_search": (None, False), "prompt_logprobs": (None,),
+    "allowed_token_ids": (None,), "bad_words": (None, []), "guided_grammar": (None,), "structured_outputs": (None,),
+    "logits_processors": (None, []), "truncate_prompt_tokens": (None,), "skip_special_tokens": (None, True),
+    "add_special_tokens": (None,), "return_tokens_as_token_ids": (None, False), "prompt_embeds": (None,),
+    "chat_template": (None,), "chat_template_kwargs": (None, {}), "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False), "documents": (None, []), "modalities": (None, [], ["text"]),
+    "audio": (None,), "web_search_options": (None,), "reasoning_effort": (None,),
+}
+
+
+def _json(v) -> str:
+    s = json.dumps(v)
+    return s if len(s) <= 60 else s[:57] + "..."
 
 
 class HTTPError(Exception):
@@ -48,12 +70,21 @@ def sampling_params(r: CommonRequest, served: tuple[str, ...]) -> SamplingParams
         except (TypeError, ValueError):
             raise HTTPError(400, "logit_bias keys must be token ids (integers as strings), e.g. "
                                  f"{{\"1234\": -100}}; got {list(r.logit_bias)[:5]}", param="logit_bias") from None
-    for field in ("suffix", "tools", "tool_choice", "functions", "function_call",
-                  "response_format", "guided_json", "guided_regex", "guided_choice"):
-        if getattr(r, field, None) not in (None, {}, [], "", "none", {"type": "text"}):
-            raise HTTPError(400, f"{field} is not supported by this server; leave it out", param=field)
-    if getattr(r, "best_of", None) not in (None, 1):
-        raise HTTPError(400, f"best_of={r.best_of} is not supported; send best_of=1 or leave it out", param="best_of")
+    for field, noop in NOOP_VALUES.items():
+        if field == "add_special_tokens":   # (what the server does: a prompt gets them, a chat template writes its own)
+            noop = (None, not chat)
+        if getattr(r, field, None) not in noop:
+            raise HTTPError(400, f"{field}={_json(getattr(r, field))} is not supported by this server; leave it out",
+                            param=field)
+    if r.stream_options is not None and r.stream_options.continuous_usage_stats not in (None, False):
+        raise HTTPError(400, "stream_options.continuous_usage_stats is not supported by this server: send "
+                             "include_usage for one usage chunk at the end",
+                        param="stream_options.continuous_usage_stats")
+    for i, m in enumerate(r.messages if chat else ()):
+        for field in ("tool_calls", "function_call"):   # (the chat template is given role and content only)
+            if getattr(m, field) not in (None, []):
+                raise HTTPError(400, f"messages[{i}].{field}: tool and function calls are not supported by this "
+                                     "server; send the turn's content only", param=f"messages[{i}].{field}")
     if r.model is not None and r.model not in served:
         raise HTTPError(404, f"model {r.model!r} is not served here; this server serves {served[0]!r}",
                         "model_not_found", param="model")

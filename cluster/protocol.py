@@ -15,6 +15,7 @@ from mpk_runtime.engine.chat import CHAT_ROLES  # noqa: F401  (OpenAI's message 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool | None = None
+    continuous_usage_stats: Any = None   # vLLM's usage in every chunk: not implemented (400 unless null / false)
 
 
 class CommonRequest(BaseModel):
@@ -51,6 +52,19 @@ class CommonRequest(BaseModel):
     guided_json: Any = None
     guided_regex: str | None = None
     guided_choice: list | None = None
+    # vLLM's extensions this server does not implement: as above, each is a 400 unless it has the value that asks
+    # for nothing (openai_params.NOOP_VALUES), instead of being served as if absent
+    use_beam_search: Any = None
+    prompt_logprobs: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    logits_processors: Any = None
+    truncate_prompt_tokens: Any = None
+    skip_special_tokens: Any = None
+    add_special_tokens: Any = None
+    return_tokens_as_token_ids: Any = None
 
     @field_validator("n", "stream", mode="before")
     @classmethod
@@ -66,6 +80,7 @@ class CompletionRequest(CommonRequest):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    prompt_embeds: Any = None   # (vLLM's; not implemented)
 
     @field_validator("echo", mode="before")
     @classmethod
@@ -77,6 +92,10 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: str
     content: str | list[dict] | None = None
+    # an assistant turn's calls: the chat template gets role and content only (engine/chat.py), so a turn with
+    # calls is a 400 rather than rendered as an empty message (openai_params)
+    tool_calls: Any = None
+    function_call: Any = None
 
 
 class ChatRequest(CommonRequest):
@@ -86,3 +105,16 @@ class ChatRequest(CommonRequest):
     tool_choice: Any = None
     functions: list | None = None
     function_call: Any = None
+    # not implemented (400 unless the value that asks for nothing): vLLM's chat template controls (the template is
+    # rendered as is, with add_generation_prompt), its chat echo and documents; OpenAI's audio output, web search and
+    # reasoning effort (a template that reads it would render another prompt)
+    chat_template: Any = None
+    chat_template_kwargs: Any = None
+    add_generation_prompt: Any = None
+    continue_final_message: Any = None
+    echo: Any = None
+    documents: Any = None
+    modalities: Any = None
+    audio: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None

@@ -22,7 +22,7 @@ import uuid
 from typing import Any, AsyncIterator
 
 from mpk_runtime.engine import InvalidRequestError, LLMEngine, NoTokenizerError, RequestFailedError, RequestOutput
-from mpk_runtime.engine.chat import render_chat
+from mpk_runtime.engine.chat import CHAT_ROLES, check_messages, render_chat
 
 from mpk_runtime.engine.request import logprobs_by_id
 
@@ -83,6 +83,46 @@ class _Inbox:
             items, self._items, self._armed = self._items, [], False
         for q, item in items:
             q.put_nowait(item)
+
+
+OFF_LOOP_CHARS = 16384   # a prompt (or conversation) with this many characters is tokenized on a worker thread
+
+
+def _chars(x) -> int:
+    """The characters of text in a prompt or in messages' contents (token ids: none)."""
+    if isinstance(x, str):
+        return len(x)
+    if isinstance(x, dict):   # (a content part)
+        return _chars(x.get("text"))
+    if isinstance(x, list) and x and not isinstance(x[0], int):   # (lists are of one kind: pydantic's union)
+        return sum(_chars(y) for y in x if not isinstance(y, int))
+    return 0
+
+
+def _bad_message(msgs: list[dict]) -> str:
+    """The param of a conversation render_chat refused: the first message refused alone (its role or its content),
+    else "messages" (an empty conversation, or one the template refused as a whole)."""
+    for i, m in enumerate(msgs):
+        try:
+            check_messages([m])
+        except InvalidRequestError:
+            return f"messages[{i}].{'role' if m['role'] not in CHAT_ROLES else 'content'}"
+    return "messages"
+
+
+def _engine_param(message: str, r: CommonRequest | None) -> str | None:
+    """The request field an engine check's error (RequestChecks.validate) names first, as the request spells it (a
+    chat's prompt: its messages); None where it names none."""
+    chat = isinstance(r, ChatRequest)
+    prompt = "messages" if chat else "prompt"
+    for prefix, field in (("the prompt", prompt), ("prompt token ids", prompt), ("stop_token_ids", "stop_token_ids"),
+                          ("logit_bias", "logit_bias"), ("top_k=", "top_k"), ("stop strings", "stop"),
+                          ("logprobs=", "top_logprobs" if chat else "logprobs")):
+        if message.startswith(prefix):
+            return field
+    if message.startswith("the request needs") and r is not None:   # (more KV pages than the cache: max_tokens)
+        return max_tokens_field(r)
+    return None
 
 
 def served_name(model: str, served_model_name: str | None = None) -> str:
@@ -153,6 +193,10 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
             metrics.on_reject()   # (a generation request's body, as one that is not JSON)
             msg = (f"invalid request: the body is not UTF-8 ({e.__cause__}): send JSON encoded as UTF-8 with the "
                    "header Content-Type: application/json")
+            code = "InvalidRequestError"
+        elif e.status_code == 400 and isinstance(e.__cause__, RecursionError):   # (json.loads past its depth)
+            metrics.on_reject()
+            msg = "invalid request: the body's JSON is nested too deeply to parse"
             code = "InvalidRequestError"
         else:
             msg, code = f"{req.url.path}: {e.detail}", str(e.status_code)
@@ -243,14 +287,22 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
     def _tokenize(text: str) -> list[int]:
         return router.engine.tokenize(text)
 
+    async def _off_loop(fn, r):
+        """fn(r) on a worker thread where r's text is long (OFF_LOOP_CHARS): tokenizing 12 MB held the event loop,
+        so every other request and stream, ~10 s; the Rust tokenizer lets go of the GIL. Short text stays on the
+        loop (it tokenizes in less than a thread hop)."""
+        text = r.prompt if isinstance(r, CompletionRequest) else [m.content for m in r.messages]
+        if _chars(text) < OFF_LOOP_CHARS:
+            return fn(r)
+        return await asyncio.get_running_loop().run_in_executor(None, fn, r)
+
     def _completion_prompts(r: CompletionRequest) -> list[tuple[list[int], str | None]]:
         p = r.prompt
-        if r.echo:
-            raise HTTPError(400, "echo is not supported; leave it false")
         if isinstance(p, str):
             return [(_tokenize(p), p)]
         if not p:
-            raise HTTPError(400, "prompt is empty: give a string, a list of token ids, or a list of those")
+            raise HTTPError(400, "prompt is empty: give a string, a list of token ids, or a list of those",
+                            param="prompt")
         if all(isinstance(x, int) for x in p):
             return [(list(p), None)]
         return [(_tokenize(x), x) if isinstance(x, str) else (list(x), None) for x in p]
@@ -258,14 +310,15 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
     def _chat_prompt(r: ChatRequest) -> tuple[list[int], str]:
         """The request's messages (pydantic already checked their JSON types) rendered by the engine's render_chat,
         as LLM.chat renders them: NoTokenizerError (400, its own code) as is; a bad message or one the template
-        refuses is a 400 invalid_request_error; a template that does not parse raises (500: the model's fault)."""
+        refuses is a 400 invalid_request_error (param: the message at fault where one alone is); a template that
+        does not parse raises (500: the model's fault)."""
         msgs = [{"role": m.role, "content": m.content} for m in r.messages]
         try:
             return render_chat(router.tokenizer, msgs, advice_for="http")
         except NoTokenizerError:
             raise
         except InvalidRequestError as e:
-            raise HTTPError(400, str(e)) from None
+            raise HTTPError(400, str(e), param=_bad_message(msgs)) from None
 
     # --- engine bridge ------------------------------------------------------------------------------------
     def _submit_all(prompts, params, r: CommonRequest | None = None) -> tuple[asyncio.Queue, list[tuple[Any, str]]]:
@@ -280,7 +333,10 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
         n = r.n if r is not None else 1
         stream = r is None or r.stream
         for ids, _ in prompts:
-            router.engine.validate(ids, params)
+            try:
+                router.engine.validate(ids, params)
+            except InvalidRequestError as e:   # (the code as is: cluster.Client raises the error type it names)
+                raise HTTPError(400, str(e), type(e).__name__, _engine_param(str(e), r)) from None
             if explicit and params.max_tokens is not None and len(ids) + params.max_tokens > ctx:
                 raise HTTPError(400, f"this model's context is {ctx} tokens, but the prompt ({len(ids)} tokens) plus "
                                      f"max_tokens ({params.max_tokens}) would need {len(ids) + params.max_tokens}: lower "
@@ -386,7 +442,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
     @app.post("/v1/completions")
     async def completions(r: CompletionRequest, raw: Request):
         params = sampling_params(r, (name, router.model_name))
-        prompts = _completion_prompts(r)
+        prompts = await _off_loop(_completion_prompts, r)
         q, handles = _submit_all(prompts, params, r)
         cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         n = len(prompts) * r.n
@@ -432,7 +488,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
     @app.post("/v1/chat/completions")
     async def chat(r: ChatRequest, raw: Request):
         params = sampling_params(r, (name, router.model_name))
-        ids, text = _chat_prompt(r)
+        ids, text = await _off_loop(_chat_prompt, r)
         q, handles = _submit_all([(ids, text)], params, r)
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         top = params.logprobs or 0

@@ -139,6 +139,15 @@
 #    top-k draw from NaN logits now PAD_INDEX: argmax.cuh changed) and test_tp_loopback.py (TP=2 with both ranks on
 #    one GPU, tiny models); mode loop runs gpu_check_tp_loopback.py at llama-3.2-1b / qwen3-8b, B=1 / 8, tp_invariant
 #    1 / 2, 64 steps, and the stalled-peer timeout. Then item a's ctx 24576 rest as above if an H200 comes.)
+#    (session 75: one H100 for one call at 53eb136, then every start refused (bench/results/s75): tests/gpu 93 of 95
+#    passed - test_nan_logits_gpu.py's two found an engine bug (a full-vocabulary row's -1 read as "not drawn"; fixed
+#    in 79cb563) - and mode loop all 9 ok (TP=2 with both ranks on one GPU: tp_invariant 2 bitwise TP=1's; a stalled
+#    peer a KernelTimeout). Pending first, at HEAD (42e2a85 changed embed.cuh: a token id past the table reads the
+#    last row): `N=nan T=150 LIM=140 TESTS="tests/gpu/test_nan_logits_gpu.py tests/gpu/test_full_sampling_gpu.py
+#    tests/gpu/test_tp_loopback.py" ... tests; N=bench T=200 BENCH_BUDGET=175 MODELS=llama-3.2-1b BS=1,8 CTXS=512 ...
+#    bench; N=eng T=150 ENGINE_LIM=140 MODELS=llama-3.2-1b ENGINE_BS=8 ENGINE_KS=8 ENGINE_SAMPLING=greedy,topk ...
+#    engine` (topk's excess over greedy bounds the NaN rule's cost), then tests/gpu whole; item a's ctx 24576 rest on
+#    an H200.)
 #    (session 72: no machine started either; every start refused or held back for a neighbour's refusal. Pending
 #    first is unchanged: tests/gpu at HEAD (adds: the host sampler drawing as the device does -
 #    tests/gpu/test_engine_plans.py's seeded rows, test_full_sampling_gpu.py; the LLM's per-call inboxes through the
