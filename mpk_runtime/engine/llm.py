@@ -57,28 +57,56 @@ def _token_ids(p) -> list[int] | None:
     return out
 
 
+def _prompt_dict(p: dict) -> str | list[int]:
+    """vLLM's prompt dicts: {"prompt": text} (TextPrompt) or {"prompt_token_ids": ids} (TokensPrompt)."""
+    other = sorted(set(p) - {"prompt", "prompt_token_ids"})
+    if other or len(p) != 1:
+        raise InvalidRequestError(f"a prompt dict takes exactly one of 'prompt' (text) or 'prompt_token_ids' (a list "
+                                  f"of ints), as vLLM's TextPrompt / TokensPrompt; got the keys {sorted(p)}"
+                                  + (f" ({other} are not supported here)" if other else ""))
+    if "prompt" in p:
+        if not isinstance(p["prompt"], str):
+            raise InvalidRequestError(f"'prompt' must be a string (token ids go in 'prompt_token_ids'), got "
+                                      f"{p['prompt']!r:.60}")
+        return p["prompt"]
+    ids = _token_ids(p["prompt_token_ids"])
+    if ids is None:
+        raise InvalidRequestError(f"'prompt_token_ids' must be a list of int token ids, got {p['prompt_token_ids']!r:.60}")
+    return ids
+
+
 def normalize_prompts(prompts: Any) -> list[str | list[int]]:
-    """One prompt (str or list[int]) or a list of them -> a list of prompts."""
+    """One prompt (str, list[int], or vLLM's {"prompt": str} / {"prompt_token_ids": list[int]}) or a list of
+    them -> a list of prompts (str or list[int])."""
     if isinstance(prompts, str):
         return [prompts]
+    if isinstance(prompts, dict):
+        return [_prompt_dict(prompts)]
     if isinstance(prompts, (list, tuple)):
         if not prompts:
             raise InvalidRequestError("no prompts given: pass a string, a list of token ids, or a list of those")
-        if not any(isinstance(t, (str, list, tuple)) for t in prompts):
+        if not any(isinstance(t, (str, list, tuple, dict)) for t in prompts):
             ids = _token_ids(prompts)
             if ids is not None:
                 return [ids]
         out = []
         for p in prompts:
             ids = None if isinstance(p, str) else _token_ids(p)
-            if isinstance(p, str):
+            if isinstance(p, dict):
+                out.append(_prompt_dict(p))
+            elif isinstance(p, str):
                 out.append(p)
             elif ids is not None:
                 out.append(ids)
             else:
-                raise InvalidRequestError(f"each prompt must be a str or a list of int token ids; got {p!r:.80}")
+                raise InvalidRequestError(f"each prompt must be a str, a list of int token ids or a prompt dict "
+                                          f"({{'prompt': ...}} / {{'prompt_token_ids': ...}}); got {p!r:.80}")
         return out
     raise InvalidRequestError(f"prompts must be a str, a list[int] or a list of those; got {type(prompts).__name__}")
+
+
+# vLLM's LLM keywords that are ours under another name: (vLLM's, ours, our default)
+VLLM_ARGS = (("tensor_parallel_size", "tp", 1), ("max_model_len", "max_seq_len", None), ("max_num_seqs", "max_batch", 8))
 
 
 class LLM:
@@ -91,7 +119,8 @@ class LLM:
                  kv_allocation: str = "lazy",
                  **runner_kwargs: Any):
         """model: preset name or local HF directory. backend: runner registry name ("reference", "pyvm",
-        "torch", "megakernel"). tp: ranks per replica. executor: "inprocess", "ray" (after `import cluster`)
+        "torch", "megakernel"). tp: ranks per replica (vLLM's tensor_parallel_size; max_model_len and max_num_seqs
+        are taken as max_seq_len and max_batch too). executor: "inprocess", "ray" (after `import cluster`)
         or an Executor instance (not yet initialised). tokenizer: None = from the model directory if present,
         a path, or a tokenizer object. device_sampling: "auto" | "on" | "off", which requests the runner samples
         on device (see SamplingParams). decode_steps: up to this many decode steps per engine step while every
@@ -109,6 +138,16 @@ class LLM:
         bucket (megakernel at tp > 1: one whole-step megakernel per bucket, runtime/tp_buckets.py), None = one task
         graph / megakernel for max_batch rows; not given: "auto" for the megakernel backend, else None
         (runtime/executor.default_plan)."""
+        # vLLM's names for three of ours (tensor_parallel_size=2 is tp=2 here), taken as those
+        for theirs, ours, default in VLLM_ARGS:
+            if theirs in runner_kwargs:
+                v = runner_kwargs.pop(theirs)
+                given = {"tp": tp, "max_seq_len": max_seq_len, "max_batch": max_batch}[ours]
+                if given != default and given != v:
+                    raise InvalidRequestError(f"{theirs}={v!r} and {ours}={given!r} disagree: {theirs} (vLLM's name) "
+                                              f"is {ours} here; give one of them")
+                tp, max_seq_len, max_batch = ((v, max_seq_len, max_batch) if ours == "tp" else
+                                              (tp, v, max_batch) if ours == "max_seq_len" else (tp, max_seq_len, v))
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
@@ -217,6 +256,10 @@ class LLM:
     def tokenizer(self):
         """The Hugging Face tokenizer (loaded on first use), or None when the model has none."""
         return self.engine.tokenizer.get()
+
+    def get_tokenizer(self):
+        """vLLM's name for `tokenizer`."""
+        return self.tokenizer
 
     def _add_all(self, prompts, sampling_params, stream: bool = True,
                  rendered: list[tuple[list[int], str]] | None = None
