@@ -58,3 +58,59 @@ class _AdmissionLimit:
             await self.app(scope, receive, send_last_releases)
         finally:   # (a stream whose client left, an error raised before any answer)
             release()
+
+
+MAX_REQUEST_BYTES = 64 << 20   # a request body's default limit (--max-request-bytes): ~16M prompt tokens as JSON ids
+
+
+class BodyTooLarge(Exception):
+    """A request body passed the server's limit while it was read (_BodyLimit)."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"the request body is larger than this server's limit of {limit} bytes "
+                         "(--max-request-bytes): send less, or start the server with a larger --max-request-bytes")
+
+
+class _BodyLimit:
+    """ASGI middleware: a request body past `limit` bytes is refused 413 before it is held whole: at once when its
+    Content-Length says so, else (chunked) by BodyTooLarge once the bytes read pass it, which FastAPI's body parsing
+    turns into its 400 "error parsing the body" with this as the cause (the server's handler answers 413), or which
+    reaches here (answered 413 if no response has started)."""
+
+    def __init__(self, app, metrics: Metrics, limit: int):
+        self.app, self.metrics, self.limit = app, metrics, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = next((v for k, v in scope.get("headers", ()) if k == b"content-length"), None)
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await self._refuse(scope, receive, send)
+        seen, started = 0, False
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        async def watched(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            await self.app(scope, counted, watched)
+        except BodyTooLarge:
+            if started:
+                raise
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope, receive, send) -> None:
+        self.metrics.on_reject()
+        from starlette.responses import JSONResponse
+        await JSONResponse(_err_body(str(BodyTooLarge(self.limit)), "request_too_large"), status_code=413,
+                           headers={"Connection": "close"})(scope, receive, send)
+

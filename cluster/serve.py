@@ -9,6 +9,7 @@ import threading
 import time
 
 from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
+from .admission import MAX_REQUEST_BYTES
 
 
 class ServerThread:
@@ -48,6 +49,12 @@ def _max_concurrent(v: str) -> int:
     return n
 
 
+def _positive_bytes(v: str) -> int:
+    if not v.isdigit() or int(v) < 1:
+        raise argparse.ArgumentTypeError(f"{v!r}: give the largest request body to accept, in bytes (e.g. 67108864)")
+    return int(v)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="OpenAI-compatible server for mpk-runtime")
     ap.add_argument("--model", required=True, help="preset name or local Hugging Face model directory")
@@ -74,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-concurrent-requests", type=_max_concurrent, default=None, metavar="N",
                     help="admit at most N generation requests (completions, chat; streaming or not) at once: one more "
                          "is answered 429 with Retry-After at once instead of queued (default: no limit)")
+    ap.add_argument("--max-request-bytes", type=_positive_bytes, default=MAX_REQUEST_BYTES, metavar="B",
+                    help="refuse a request body larger than B bytes with 413 before reading it whole (default "
+                         f"{MAX_REQUEST_BYTES >> 20} MiB)")
     return ap
 
 
@@ -110,7 +120,7 @@ def _main(argv: list[str] | None) -> int:
 
     from .server import create_app, served_name   # (here: server.py imports this module's names)
     try:
-        app = create_app(router, a.served_model_name, a.max_concurrent_requests)
+        app = create_app(router, a.served_model_name, a.max_concurrent_requests, a.max_request_bytes)
         config = uvicorn.Config(app, host=a.host, port=a.port, log_level="info")
         # (uvicorn prints its own address line only when it binds the socket itself)
         print(f"serving {served_name(a.model, a.served_model_name)} on http://{a.host}:{a.port}/v1 (Ctrl+C to stop)",

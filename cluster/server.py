@@ -26,7 +26,7 @@ from mpk_runtime.engine.chat import CHAT_ROLES, check_messages, render_chat
 from mpk_runtime.engine.request import logprobs_by_id
 
 from mpk_runtime.envflags import env_seconds
-from .admission import _AdmissionLimit, _err_body
+from .admission import MAX_REQUEST_BYTES, BodyTooLarge, _AdmissionLimit, _BodyLimit, _err_body
 from .metrics import Metrics
 from .openai_params import HTTPError, choices, max_tokens_field, sampling_params
 from .protocol import ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
@@ -141,9 +141,14 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-def create_app(router: Router, served_model_name: str | None = None, max_concurrent_requests: int | None = None):
+def create_app(router: Router, served_model_name: str | None = None, max_concurrent_requests: int | None = None,
+               max_request_bytes: int = MAX_REQUEST_BYTES):
     """max_concurrent_requests: generation requests in flight at once (--max-concurrent-requests); one past them is
-    refused with 429 (see _AdmissionLimit). None: no limit, every request is queued in the engine."""
+    refused with 429 (see _AdmissionLimit). None: no limit, every request is queued in the engine.
+    max_request_bytes: a larger request body is refused 413 before it is read whole (_BodyLimit)."""
+    if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes must be a positive int (the largest request body, bytes), got "
+                         f"{max_request_bytes!r}")
     if max_concurrent_requests is not None and (isinstance(max_concurrent_requests, bool)
                                                 or not isinstance(max_concurrent_requests, int)
                                                 or max_concurrent_requests < 1):
@@ -165,6 +170,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
     app.state.router, app.state.metrics = router, metrics
     app.state.max_concurrent_requests = max_concurrent_requests
     app.add_middleware(_AdmissionLimit, metrics=metrics, limit=max_concurrent_requests)
+    app.add_middleware(_BodyLimit, metrics=metrics, limit=max_request_bytes)   # (outermost: before the count)
 
     # --- errors -> 4xx / 503 with a message ------------------------------------------------------------------
     @app.exception_handler(HTTPError)
@@ -192,6 +198,10 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
             msg = (f"invalid request: the body is not UTF-8 ({e.__cause__}): send JSON encoded as UTF-8 with the "
                    "header Content-Type: application/json")
             code = "InvalidRequestError"
+        elif e.status_code == 400 and isinstance(e.__cause__, BodyTooLarge):   # (a chunked body past the limit)
+            metrics.on_reject()
+            return JSONResponse(_err_body(str(e.__cause__), "request_too_large"), status_code=413,
+                                headers={"Connection": "close"})
         elif e.status_code == 400 and isinstance(e.__cause__, RecursionError):   # (json.loads past its depth)
             metrics.on_reject()
             msg = "invalid request: the body's JSON is nested too deeply to parse"
