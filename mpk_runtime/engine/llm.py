@@ -419,10 +419,13 @@ class LLM:
     def stream(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
                ) -> Iterator[RequestOutput]:
         """Yields a snapshot each time a request gains tokens (delta_token_ids / delta_text) and when it ends.
-        Requests of one call interleave; tell them apart by request_id. Other calls of this LLM (a generate(),
-        another stream) may run while this one is suspended: the steps they run keep this call's updates for it."""
+        Requests of one call interleave; tell them apart by request_id: "i" for prompt i (its place in `prompts`),
+        "i-j" for the j-th of its SamplingParams.n completions (whose `index` is j), as cluster.Client.stream names
+        them. Other calls of this LLM (a generate(), another stream) may run while this one is suspended: the steps
+        they run keep this call's updates for it."""
         rids, inbox, groups = self._add_all(prompts, sampling_params)
-        index = {r: j for g in groups for j, r in enumerate(g) if j}   # (completion j > 0 of its prompt)
+        # (the engine's ids are numbers across every call: a caller could not tell which prompt a snapshot is of)
+        named = {r: (str(i) if j == 0 else f"{i}-{j}", j) for i, g in enumerate(groups) for j, r in enumerate(g)}
         left = set(rids)
         try:
             while left:
@@ -436,7 +439,8 @@ class LLM:
                         raise RequestFailedError(o.error)
                     if o.finished:
                         left.discard(o.request_id)
-                    yield dataclasses.replace(o, index=index[o.request_id]) if o.request_id in index else o
+                    rid, j = named[o.request_id]
+                    yield dataclasses.replace(o, request_id=rid, index=j)
         finally:  # the caller stopped early: do not leave its requests running
             self._close(rids)
 

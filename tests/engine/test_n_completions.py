@@ -70,3 +70,16 @@ def test_engine_request_is_one_completion(llm):
     assert not llm.engine.has_unfinished()
     assert [s.seed for s in completions(SamplingParams(seed=5, n=3))] == [5, 6, 7]
     assert all(s.n == 1 for s in completions(SamplingParams(n=3)))
+
+
+def test_stream_names_each_snapshot_by_its_prompt(llm):
+    """(session 75) LLM.stream's snapshots carried the engine's request ids, numbered across every call, so a caller
+    of several prompts could not tell which prompt a snapshot was of. Now "i" / "i-j", as cluster.Client.stream."""
+    prompts = [[4, 5, 6], [1, 2, 3], [4, 5, 6]]
+    sp = [SamplingParams(temperature=0, max_tokens=3), SamplingParams(temperature=1.0, max_tokens=4, seed=2, n=2,
+                                                                       ignore_eos=True),
+          SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)]
+    final = {o.request_id: o.token_ids for o in llm.stream(prompts, sp) if o.finished}
+    want = llm.generate(prompts, sp)
+    assert final == {"0": want[0].token_ids, "1": want[1].outputs[0].token_ids, "1-1": want[1].outputs[1].token_ids,
+                     "2": want[2].token_ids}
