@@ -139,15 +139,15 @@ class LLM:
         graph / megakernel for max_batch rows; not given: "auto" for the megakernel backend, else None
         (runtime/executor.default_plan)."""
         # vLLM's names for three of ours (tensor_parallel_size=2 is tp=2 here), taken as those
-        for theirs, ours, default in VLLM_ARGS:
+        ours = {"tp": tp, "max_seq_len": max_seq_len, "max_batch": max_batch}
+        for theirs, name, default in VLLM_ARGS:
             if theirs in runner_kwargs:
                 v = runner_kwargs.pop(theirs)
-                given = {"tp": tp, "max_seq_len": max_seq_len, "max_batch": max_batch}[ours]
-                if given != default and given != v:
-                    raise InvalidRequestError(f"{theirs}={v!r} and {ours}={given!r} disagree: {theirs} (vLLM's name) "
-                                              f"is {ours} here; give one of them")
-                tp, max_seq_len, max_batch = ((v, max_seq_len, max_batch) if ours == "tp" else
-                                              (tp, v, max_batch) if ours == "max_seq_len" else (tp, max_seq_len, v))
+                if ours[name] != default and ours[name] != v:
+                    raise InvalidRequestError(f"{theirs}={v!r} and {name}={ours[name]!r} disagree: {theirs} (vLLM's "
+                                              f"name) is {name} here; give one of them")
+                ours[name] = v
+        tp, max_seq_len, max_batch = ours["tp"], ours["max_seq_len"], ours["max_batch"]
         if device_sampling not in DEVICE_SAMPLING_MODES:
             raise InvalidRequestError(f"device_sampling must be one of {DEVICE_SAMPLING_MODES}, got {device_sampling!r}")
         if isinstance(seed, numbers.Integral) and not isinstance(seed, bool):
