@@ -92,6 +92,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: str
     content: str | list[dict] | None = None
+    name: Any = None   # the participant's name, for the chat template (engine/chat.py checks it is a string)
     # an assistant turn's calls: the chat template gets role and content only (engine/chat.py), so a turn with
     # calls is a 400 rather than rendered as an empty message (openai_params)
     tool_calls: Any = None

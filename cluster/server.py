@@ -98,13 +98,14 @@ def _chars(x) -> int:
 
 
 def _bad_message(msgs: list[dict]) -> str:
-    """The param of a conversation render_chat refused: the first message refused alone (its role or its content),
+    """The param of a conversation render_chat refused: the first message refused alone (its role, name or content),
     else "messages" (an empty conversation, or one the template refused as a whole)."""
     for i, m in enumerate(msgs):
         try:
             check_messages([m])
-        except InvalidRequestError:
-            return f"messages[{i}].{'role' if m['role'] not in CHAT_ROLES else 'content'}"
+        except InvalidRequestError as e:
+            field = "role" if m["role"] not in CHAT_ROLES else "name" if "].name" in str(e) else "content"
+            return f"messages[{i}].{field}"
     return "messages"
 
 
@@ -320,7 +321,8 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
         as LLM.chat renders them: NoTokenizerError (400, its own code) as is; a bad message or one the template
         refuses is a 400 invalid_request_error (param: the message at fault where one alone is); a template that
         does not parse raises (500: the model's fault)."""
-        msgs = [{"role": m.role, "content": m.content} for m in r.messages]
+        msgs = [{"role": m.role, "content": m.content, **({} if m.name is None else {"name": m.name})}
+                for m in r.messages]
         try:
             return render_chat(router.tokenizer, msgs, advice_for="http")
         except NoTokenizerError:

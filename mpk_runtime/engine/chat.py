@@ -56,8 +56,9 @@ def _content(i: int, content: Any) -> str:
 
 
 def check_messages(messages: Any) -> list[dict[str, str]]:
-    """One conversation's messages as the chat template takes them: [{"role", "content" (str)}], text content parts
-    joined, None content as "". Other keys of a message are dropped (as the server's request body drops them).
+    """One conversation's messages as the chat template takes them: [{"role", "content" (str)[, "name"]}], text
+    content parts joined, None content as "", a participant's `name` (OpenAI's; a string) kept for templates that
+    render it, as vLLM passes it. Other keys of a message are dropped (as the server's request body drops them).
     InvalidRequestError for an empty conversation, a role outside CHAT_ROLES, or content that is not text."""
     if not isinstance(messages, (list, tuple)):
         raise InvalidRequestError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts; got "
@@ -76,6 +77,12 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
         if role not in CHAT_ROLES:
             raise InvalidRequestError(f"message role {role!r} is not one of {', '.join(CHAT_ROLES)}")
         out.append({"role": role, "content": _content(i, m.get("content"))})
+        name = m.get("name")
+        if name is not None:
+            if not isinstance(name, str):
+                raise InvalidRequestError(f"messages[{i}].name must be a string (the participant's name), got "
+                                          f"{type(name).__name__} {str(name)[:40]}")
+            out[-1]["name"] = name
     return out
 
 

@@ -141,3 +141,14 @@ def test_a_body_nested_too_deeply_says_so(server):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert "nested too deeply" in err["message"] and err["code"] == "InvalidRequestError", err
+
+
+def test_a_message_name_is_taken_or_refused(server):
+    """(session 75) a message's name goes to the chat template (tests/engine/test_chat_name.py); a non-string 400s."""
+    import httpx
+    url = server[0].url + "/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "hi", "name": "ada"}], "max_tokens": 2, "temperature": 0}
+    assert httpx.post(url, json=body, timeout=30).status_code == 200
+    bad = httpx.post(url, json={**body, "messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "x",
+                                                                                       "name": 3}]}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages[1].name", bad.json()
