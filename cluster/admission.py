@@ -110,7 +110,11 @@ class _BodyLimit:
 
     async def _refuse(self, scope, receive, send) -> None:
         self.metrics.on_reject()
-        from starlette.responses import JSONResponse
-        await JSONResponse(_err_body(str(BodyTooLarge(self.limit)), "request_too_large"), status_code=413,
-                           headers={"Connection": "close"})(scope, receive, send)
+        await too_large(BodyTooLarge(self.limit))(scope, receive, send)
+
+
+def too_large(e: BodyTooLarge):
+    """The 413 answer to a body past the limit (here, and the server's handler of FastAPI's wrapped error)."""
+    from starlette.responses import JSONResponse
+    return JSONResponse(_err_body(str(e), "request_too_large"), status_code=413, headers={"Connection": "close"})
 

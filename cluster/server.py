@@ -26,7 +26,7 @@ from mpk_runtime.engine.chat import CHAT_ROLES, check_messages, render_chat
 from mpk_runtime.engine.request import logprobs_by_id
 
 from mpk_runtime.envflags import env_seconds
-from .admission import MAX_REQUEST_BYTES, BodyTooLarge, _AdmissionLimit, _BodyLimit, _err_body
+from .admission import MAX_REQUEST_BYTES, BodyTooLarge, _AdmissionLimit, _BodyLimit, _err_body, too_large
 from .metrics import Metrics
 from .openai_params import HTTPError, choices, max_tokens_field, sampling_params
 from .protocol import ChatRequest, CommonRequest, CompletionRequest  # module level: FastAPI resolves annotations here
@@ -201,8 +201,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
             code = "InvalidRequestError"
         elif e.status_code == 400 and isinstance(e.__cause__, BodyTooLarge):   # (a chunked body past the limit)
             metrics.on_reject()
-            return JSONResponse(_err_body(str(e.__cause__), "request_too_large"), status_code=413,
-                                headers={"Connection": "close"})
+            return too_large(e.__cause__)
         elif e.status_code == 400 and isinstance(e.__cause__, RecursionError):   # (json.loads past its depth)
             metrics.on_reject()
             msg = "invalid request: the body's JSON is nested too deeply to parse"

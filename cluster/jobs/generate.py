@@ -430,9 +430,9 @@ class _Models:
             return self.llm.generate([r["prompt"] for r in part], [r["params"] for r in part],
                                      use_tqdm=sys.stderr.isatty())
         import threading
-        subs = [(i, one) for i, r in enumerate(part) for one in completions(r["params"])]   # (n a line)
-        outs: list = [None] * len(subs)
-        left = [len(subs)]
+        total = sum(r["params"].n for r in part)   # (n completions a line)
+        outs: list = [None] * total
+        left = [total]
         done, lock = threading.Event(), threading.Lock()
 
         def finished(i: int):
@@ -446,19 +446,21 @@ class _Models:
                         done.set()
             return cb
         names = [r.name for r in self.router.replicas]
-        ids_of: dict[int, list] = {}
-        for k, (i, one) in enumerate(subs):
-            r = part[i]
+        spans, k = [], 0   # (line i's completions are outs[spans[i][0]:spans[i][1]])
+        for r in part:
             text = r["prompt"] if isinstance(r["prompt"], str) else None
-            if i not in ids_of:
-                ids_of[i] = self.llm.engine.tokenize(text) if text is not None else list(r["prompt"])
-            rep, _ = self.router.submit(ids_of[i], one, finished(k), prompt=text, stream=False)
-            self._served[names.index(rep.name)] += 1
+            ids = self.llm.engine.tokenize(text) if text is not None else list(r["prompt"])
+            spans.append((k, k + r["params"].n))
+            for one in completions(r["params"]):
+                rep, _ = self.router.submit(ids, one, finished(k), prompt=text, stream=False)
+                self._served[names.index(rep.name)] += 1
+                k += 1
         done.wait()
         bad = next((k for k, o in enumerate(outs) if o is not None and o.finish_reason == "error"), None)
         if bad is not None:
-            raise RequestFailedError(f"{part[subs[bad][0]]['where']}: {outs[bad].error}")
-        return [merge_completions([o for (i, _), o in zip(subs, outs) if i == line]) for line in range(len(part))]
+            line = next(i for i, (a, b) in enumerate(spans) if a <= bad < b)
+            raise RequestFailedError(f"{part[line]['where']}: {outs[bad].error}")
+        return [merge_completions(outs[a:b]) for a, b in spans]
 
     def stats(self) -> dict:
         if self.router is None:
