@@ -37,12 +37,18 @@ def conversations(messages: Any) -> list[list]:
     return [list(messages)]
 
 
-def _content(i: int, content: Any) -> str:
-    if content is None:
-        return ""
+def _content(i: int, role: str, content: Any) -> str:
+    if content is None:   # OpenAI's: only an assistant turn (one that made tool calls) may have none
+        if role == "assistant":
+            return ""
+        raise InvalidRequestError(f"messages[{i}].content is missing or null; a {role} message needs its text (a "
+                                  "string, or a list of {'type': 'text', 'text': <string>} parts)")
     if isinstance(content, str):
         return content
     if isinstance(content, (list, tuple)):   # OpenAI content parts: the text ones; anything else is refused
+        if not content:
+            raise InvalidRequestError(f"messages[{i}].content is an empty list; give at least one {{'type': 'text', "
+                                      "'text': <string>} part, or the text as a string")
         texts = []
         for part in content:
             if (not isinstance(part, Mapping) or part.get("type") != "text"
@@ -57,7 +63,8 @@ def _content(i: int, content: Any) -> str:
 
 def check_messages(messages: Any) -> list[dict[str, str]]:
     """One conversation's messages as the chat template takes them: [{"role", "content" (str)[, "name"]}], text
-    content parts joined, None content as "", a participant's `name` (OpenAI's; a string) kept for templates that
+    content parts joined, an assistant turn's None content as "" (any other role's None, a missing content or an
+    empty parts list refused, as OpenAI refuses them), a participant's `name` (OpenAI's; a string) kept for templates that
     render it, as vLLM passes it. Other keys of a message are dropped (as the server's request body drops them).
     InvalidRequestError for an empty conversation, a role outside CHAT_ROLES, or content that is not text."""
     if not isinstance(messages, (list, tuple)):
@@ -76,7 +83,7 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
                                       f"{role!r}")
         if role not in CHAT_ROLES:
             raise InvalidRequestError(f"message role {role!r} is not one of {', '.join(CHAT_ROLES)}")
-        out.append({"role": role, "content": _content(i, m.get("content"))})
+        out.append({"role": role, "content": _content(i, role, m.get("content"))})
         name = m.get("name")
         if name is not None:
             if not isinstance(name, str):

@@ -27,6 +27,10 @@ def _post(server, path, body):
     (CH, {"messages": [{"role": "user", "content": "hello " * 80}]}, "messages"),
     (CH, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
      "messages[0].content"),
+    # a user / system turn without content (OpenAI refuses it; it was rendered as an empty turn)
+    (CH, {"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    (CH, {"messages": [{"role": "system", "content": "be brief"}, {"role": "user"}]}, "messages[1].content"),
+    (CH, {"messages": [{"role": "user", "content": []}]}, "messages[0].content"),
 ])
 def test_every_400_names_its_parameter(server, path, body, param):
     """These 400s said what was wrong but answered `param: null` (OpenAI's error.param names the field at fault, and

@@ -50,8 +50,9 @@ def test_text_content_parts_are_joined(llm):
     parts = [{"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]}]
     assert llm.chat(parts, GREEDY)[0].prompt == llm.chat(HELLO, GREEDY)[0].prompt
     # content None (an assistant turn with tool calls) renders as ""
-    assert render_chat(llm.tokenizer, [{"role": "user", "content": None}])[1] == \
-        _rendered(llm.tokenizer, [{"role": "user", "content": ""}])[1]
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]
+    assert render_chat(llm.tokenizer, turn)[1] == \
+        _rendered(llm.tokenizer, [turn[0], {"role": "assistant", "content": ""}])[1]
 
 
 def test_render_chat_returns_the_ids_and_text(llm):
@@ -68,6 +69,12 @@ def test_render_chat_returns_the_ids_and_text(llm):
     ([{"role": "user", "content": {"text": "hi"}}], ["content", "string"]),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], ["content part", "text"]),
     ([{"role": "user", "content": [{"type": "text", "text": 5}]}], ["content part"]),
+    # OpenAI refuses these (only an assistant turn may have no content); they were rendered as an empty turn
+    ([{"role": "user", "content": None}], ["messages[0].content", "null", "user"]),
+    ([{"role": "user"}], ["messages[0].content", "missing"]),
+    ([{"role": "system", "content": None}, {"role": "user", "content": "hi"}], ["messages[0].content", "system"]),
+    ([{"role": "user", "content": []}], ["messages[0].content", "empty list"]),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": []}], ["messages[1].content", "empty"]),
     (["hello"], ["dict", "role"]),
     ("hello", ["list"]),
     (None, ["list"]),
