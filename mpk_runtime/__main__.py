@@ -186,7 +186,7 @@ def _generate(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     from .engine.cli_flags import engine_kwargs
     llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len,
-              max_batch=max(8, len(prompts)) if a.max_batch is None else a.max_batch, **engine_kwargs(a))
+              max_batch=max(8, len(prompts) * a.n) if a.max_batch is None else a.max_batch, **engine_kwargs(a))
     t1 = time.perf_counter()
 
     def emit(i, o) -> None:
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-seq-len", type=int, default=None)
     g.add_argument("--max-batch", type=int, default=None, help="requests run together at most (the rest queue; "
-                   "default: the number of prompts, at least 8)")
+                   "default: the number of sequences, prompts x --n, at least 8)")
     g.add_argument("--stop-token-ids", default=None, help="comma-separated token ids that end a sequence")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the tokenizer's / model's EOS")
     g.add_argument("--stop", action="append", help="a stop string (repeatable; needs a tokenizer): the text ends "

@@ -127,3 +127,23 @@ def test_n_prints_each_prompts_completions_and_a_bad_n_exits_2(capsys):
     assert len({tuple(c["token_ids"]) for c in line["completions"]}) > 1 and "12 tokens" in cap.err
     assert main(BASE + ["--n", "65", "--prompt-ids", "1,2"]) == 2
     assert "n must be an int in [1, 64]" in capsys.readouterr().err
+
+
+def test_the_default_max_batch_counts_every_completion(capsys, monkeypatch):
+    """--max-batch's default was max(8, prompts): 3 prompts at --n 4 are 12 sequences, and 4 of them queued behind the
+    first 8 (a second pass of decode steps for them). It is now prompts x n (at least 8); --max-batch still rules."""
+    import mpk_runtime.engine as engine
+    seen = []
+
+    class Spy(engine.LLM):
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs["max_batch"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "LLM", Spy)
+    ids = ["--prompt-ids", "1,2", "--prompt-ids", "3", "--prompt-ids", "4,5"]
+    assert main(BASE + ["--temperature", "1", "--n", "4"] + ids) == 0
+    assert main(BASE + ["--temperature", "1", "--n", "4", "--max-batch", "5"] + ids) == 0
+    assert main(BASE + ids) == 0
+    assert seen == [12, 5, 8]
+    assert len(_lines(capsys.readouterr().out)) == 9
