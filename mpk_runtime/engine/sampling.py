@@ -79,8 +79,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     # more logits processing, host work like the penalties (OpenAI / vLLM semantics): logit_bias {token id: bias in
-    # [-100, 100]} added to the logits (kept as sorted (id, bias) pairs); min_tokens: neither EOS nor stop_token_ids
-    # can end the request before it has this many generated tokens (their logits are -inf until then), nor can a
+    # [-100, 100]} added to the logits, before the penalties as in vLLM (kept as sorted (id, bias) pairs);
+    # min_tokens: neither EOS nor stop_token_ids can end the request before it has this many generated tokens (their logits are -inf until then), nor can a
     # stop string in the text of those tokens (one that ends in later text does: vLLM's rule); min_p in [0, 1]: after temperature, tokens whose probability is below min_p x the most likely
     # token's are dropped (before top-k / top-p)
     logit_bias: dict[int, float] | tuple | None = None
@@ -263,13 +263,16 @@ def device_sampling_for(params: SamplingParams, mode: str, seed: int, full: bool
 
 def process_logits(logits: torch.Tensor, params: SamplingParams, output_ids: list[int], prompt_ids: list[int],
                    eos_ids=()) -> torch.Tensor:
-    """The logits (vocab,) as the request's sampler sees them (a new fp32 tensor; `logits` is not changed): the
-    penalties (apply_penalties), then logit_bias added, then, while fewer than min_tokens are generated, the tokens
-    that would end it (its stop_token_ids, and eos_ids unless ignore_eos) at -inf."""
-    x = apply_penalties(logits, params, output_ids, prompt_ids)
+    """The logits (vocab,) as the request's sampler sees them (a new fp32 tensor; `logits` is not changed):
+    logit_bias added, then the penalties (apply_penalties), as vLLM orders them (its logit_bias processor runs
+    before the penalties: a repetition penalty divides or multiplies the biased logit; it was the other way round
+    here), then, while fewer than min_tokens are generated, the tokens that would end it (its stop_token_ids, and
+    eos_ids unless ignore_eos) at -inf."""
     if params.logit_bias is not None:
+        logits = logits.float().clone()
         ids, bias = zip(*params.logit_bias)
-        x[torch.tensor(ids, dtype=torch.long)] += torch.tensor(bias, dtype=x.dtype)
+        logits[torch.tensor(ids, dtype=torch.long)] += torch.tensor(bias, dtype=logits.dtype)
+    x = apply_penalties(logits, params, output_ids, prompt_ids)
     if len(output_ids) < params.min_tokens:
         ends = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
         ends = [t for t in ends if 0 <= t < x.numel()]

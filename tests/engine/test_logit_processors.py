@@ -62,7 +62,7 @@ def test_process_logits_masks_ends_until_min_tokens():
     y = process_logits(x, SamplingParams(min_tokens=2, ignore_eos=True), [], [], eos_ids={5})
     assert torch.isfinite(y).all()   # ignore_eos: EOS ends nothing, so nothing to hold off
     y = process_logits(x, SamplingParams(logit_bias={2: 1.5, 4: -3}, presence_penalty=1.0), [2], [], ())
-    assert y.tolist() == [0, 0, 0.5, 0, -3, 0, 0, 0, 0, 0]   # penalty first, then the bias
+    assert y.tolist() == [0, 0, 0.5, 0, -3, 0, 0, 0, 0, 0]   # the bias, then the penalty (additive: either order gives this)
 
 
 def test_min_p_keeps_the_tokens_near_the_top():
