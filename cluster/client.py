@@ -55,6 +55,13 @@ def _json(r) -> dict | str:
         return r.text[:500]
 
 
+class _ModelDefaults(SamplingParams):
+    """The params of a call given none: SamplingParams() sent without the fields a model's generation_config.json
+    may set (temperature, top_p, top_k, min_p, repetition_penalty), so that the server fills them from the model's
+    defaults as LLM.generate(prompts) does (engine/generation_config.py); max_tokens 16, which the server caps at
+    the model's max_new_tokens."""
+
+
 def _run_all(fn, args: list[tuple], workers: int) -> list[cf.Future]:
     """fn(*a) for each a, at most `workers` at a time; a future cancelled before its turn does not run. (Not a
     ThreadPoolExecutor: leaving its `with` waits for every call in flight, so one failed request was raised only
@@ -157,8 +164,9 @@ class Client:
         return {"prompt": prompt, **self._sampling(sp, stream)}
 
     def _sampling(self, sp: SamplingParams, stream: bool) -> dict:
-        """The body's fields but the prompt / messages: the SamplingParams as the server's request fields."""
-        return {"model": self.model, "max_tokens": sp.max_tokens, "truncate_max_tokens": True,
+        """The body's fields but the prompt / messages: the SamplingParams as the server's request fields (a call
+        given none, _ModelDefaults: those the model's generation config may set are left out, for the server's)."""
+        body = {"model": self.model, "max_tokens": sp.max_tokens, "truncate_max_tokens": True,
                 "temperature": sp.temperature,
                 "top_p": sp.top_p, "top_k": sp.top_k, "seed": sp.seed, "stop_token_ids": list(sp.stop_token_ids),
                 "ignore_eos": sp.ignore_eos, "stream": stream, "stop": list(sp.stop) or None,
@@ -166,6 +174,10 @@ class Client:
                 "presence_penalty": sp.presence_penalty, "frequency_penalty": sp.frequency_penalty,
                 "repetition_penalty": sp.repetition_penalty, "min_p": sp.min_p, "min_tokens": sp.min_tokens,
                 "logit_bias": {str(t): b for t, b in sp.logit_bias} if sp.logit_bias else None}
+        if isinstance(sp, _ModelDefaults):
+            for f in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+                del body[f]
+        return body
 
     def _one(self, prompt, sp: SamplingParams, rid: str, index: int = 0) -> RequestOutput:
         out = self._answer("/v1/completions", self._body(prompt, sp, False), rid,
@@ -210,7 +222,7 @@ class Client:
 
     def _validated(self, prompts, sampling_params):
         prompts = normalize_prompts(prompts)
-        sp = sampling_params if sampling_params is not None else SamplingParams()
+        sp = sampling_params if sampling_params is not None else _ModelDefaults()
         params = list(sp) if isinstance(sp, (list, tuple)) else [sp] * len(prompts)
         if len(params) != len(prompts):
             raise E.InvalidRequestError(f"{len(params)} sampling params for {len(prompts)} prompts")
@@ -274,7 +286,7 @@ class Client:
         from the chat choice's logprobs_by_id extension (OpenAI's chat logprobs name tokens by text, not id)."""
         from mpk_runtime.engine.chat import conversations
         convs = conversations(messages)
-        sp = sampling_params if sampling_params is not None else SamplingParams()
+        sp = sampling_params if sampling_params is not None else _ModelDefaults()
         params = list(sp) if isinstance(sp, (list, tuple)) else [sp] * len(convs)
         if len(params) != len(convs):
             raise E.InvalidRequestError(f"{len(params)} sampling params for {len(convs)} conversations: pass one, "

@@ -40,9 +40,11 @@ class HTTPError(Exception):
         self.status, self.message, self.code, self.param = status, message, code, param
 
 
-def sampling_params(r: CommonRequest, served: tuple[str, ...]) -> SamplingParams:
+def sampling_params(r: CommonRequest, served: tuple[str, ...], defaults: dict | None = None) -> SamplingParams:
     """The SamplingParams of an OpenAI request body (HTTPError 400 / 404 for what cannot be served; `served`: the
-    model names this server answers to)."""
+    model names this server answers to). defaults: the model's generation_config.json sampling defaults
+    (generation_config.sampling_defaults), taken by the fields the request leaves out or sends as null; its
+    max_tokens caps the request's, as vLLM's server caps it (min of the two)."""
     if not isinstance(r.n, int) or not 1 <= r.n <= MAX_N:
         raise HTTPError(400, f"n must be an int in [1, {MAX_N}] (completions per prompt), got {r.n!r}", param="n")
     if r.stream_options is not None and not r.stream:
@@ -89,8 +91,11 @@ def sampling_params(r: CommonRequest, served: tuple[str, ...]) -> SamplingParams
         raise HTTPError(404, f"model {r.model!r} is not served here; this server serves {served[0]!r}",
                         "model_not_found", param="model")
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
+    defaults = defaults or {}
+    if defaults.get("max_tokens") is not None:
+        max_tokens = defaults["max_tokens"] if max_tokens is None else min(max_tokens, defaults["max_tokens"])
     try:
-        return _sampling_params(r, max_tokens, logprobs, bias)
+        return _sampling_params(r, max_tokens, logprobs, bias, defaults)
     except InvalidRequestError as e:   # a value out of range: the 400 names the field (OpenAI's error.param)
         raise HTTPError(400, str(e), type(e).__name__, _field_at_fault(r, str(e))) from None
 
@@ -112,12 +117,15 @@ def _field_at_fault(r: CommonRequest, message: str) -> str | None:
     return first if first in type(r).model_fields else None
 
 
-def _sampling_params(r: CommonRequest, max_tokens, logprobs, bias) -> SamplingParams:
-    return SamplingParams(temperature=1.0 if r.temperature is None else r.temperature,
-                          top_p=1.0 if r.top_p is None else r.top_p, top_k=r.top_k or 0, max_tokens=max_tokens,
+def _sampling_params(r: CommonRequest, max_tokens, logprobs, bias, defaults: dict) -> SamplingParams:
+    def given(name: str, builtin):   # the request's value, else the model's default, else SamplingParams'
+        v = getattr(r, name)
+        return v if v is not None else defaults.get(name, builtin)
+    return SamplingParams(temperature=given("temperature", 1.0), top_p=given("top_p", 1.0),
+                          top_k=given("top_k", 0) or 0, max_tokens=max_tokens,
                           stop_token_ids=tuple(r.stop_token_ids or ()), seed=r.seed, ignore_eos=r.ignore_eos,
                           stop=r.stop or (), include_stop_str_in_output=r.include_stop_str_in_output,
                           logprobs=logprobs, presence_penalty=r.presence_penalty or 0.0,
                           frequency_penalty=r.frequency_penalty or 0.0,
-                          repetition_penalty=1.0 if r.repetition_penalty is None else r.repetition_penalty,
-                          logit_bias=bias, min_p=r.min_p or 0.0, min_tokens=r.min_tokens or 0)
+                          repetition_penalty=given("repetition_penalty", 1.0),
+                          logit_bias=bias, min_p=given("min_p", 0.0) or 0.0, min_tokens=r.min_tokens or 0)

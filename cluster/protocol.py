@@ -23,8 +23,10 @@ class CommonRequest(BaseModel):
     model: str | None = None
     max_tokens: int | None = 16
     max_completion_tokens: int | None = None
-    temperature: float | None = 1.0
-    top_p: float | None = 1.0
+    # sampling fields a request leaves out (or sends null) are the model's generation_config.json defaults where it
+    # sets them (engine/generation_config.py, as vLLM's), else SamplingParams' (openai_params.sampling_params)
+    temperature: float | None = None
+    top_p: float | None = None
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -37,7 +39,7 @@ class CommonRequest(BaseModel):
     top_k: int | None = None
     stop_token_ids: list[StrictInt] | None = None
     ignore_eos: bool = False
-    repetition_penalty: float | None = 1.0
+    repetition_penalty: float | None = None
     include_stop_str_in_output: bool = False
     top_logprobs: int | None = None   # chat: with logprobs=true, how many top tokens a position reports
     min_p: float | None = None

@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     a = build_parser().parse_args(argv)
+    from mpk_runtime.engine.generation_config import sampling_defaults
+    sampling_defaults(a.model, a.generation_config)   # (a bad file or flag: exit 2 before the model loads)
     sock = listen_socket(a.host, a.port)   # before the model loads (minutes at 8B), not after
     try:
         if a.executor == "ray":
@@ -120,7 +122,8 @@ def _main(argv: list[str] | None) -> int:
 
     from .server import create_app, served_name   # (here: server.py imports this module's names)
     try:
-        app = create_app(router, a.served_model_name, a.max_concurrent_requests, a.max_request_bytes)
+        app = create_app(router, a.served_model_name, a.max_concurrent_requests, a.max_request_bytes,
+                         a.generation_config)
         config = uvicorn.Config(app, host=a.host, port=a.port, log_level="info")
         # (uvicorn prints its own address line only when it binds the socket itself)
         print(f"serving {served_name(a.model, a.served_model_name)} on http://{a.host}:{a.port}/v1 (Ctrl+C to stop)",

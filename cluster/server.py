@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator
 
 from mpk_runtime.engine import InvalidRequestError, LLMEngine, NoTokenizerError, RequestFailedError, RequestOutput
 from mpk_runtime.engine.chat import CHAT_ROLES, check_messages, render_chat
+from mpk_runtime.engine.generation_config import log_defaults, sampling_defaults
 
 from mpk_runtime.engine.request import logprobs_by_id
 
@@ -143,8 +144,10 @@ def _sse(obj: Any) -> str:
 
 
 def create_app(router: Router, served_model_name: str | None = None, max_concurrent_requests: int | None = None,
-               max_request_bytes: int = MAX_REQUEST_BYTES):
-    """max_concurrent_requests: generation requests in flight at once (--max-concurrent-requests); one past them is
+               max_request_bytes: int = MAX_REQUEST_BYTES, generation_config: str | None = "auto"):
+    """generation_config: where a request's left-out sampling fields come from (engine/generation_config.py):
+    "auto" = the model directory's generation_config.json (vLLM's default), "vllm" = none, or a directory.
+    max_concurrent_requests: generation requests in flight at once (--max-concurrent-requests); one past them is
     refused with 429 (see _AdmissionLimit). None: no limit, every request is queued in the engine.
     max_request_bytes: a larger request body is refused 413 before it is read whole (_BodyLimit)."""
     if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes < 1:
@@ -161,6 +164,8 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
     name = served_name(router.model_name, served_model_name)
+    defaults = sampling_defaults(router.model_name, generation_config)
+    log_defaults(defaults, f"server for {name!r}")
     # the HTTP handlers and the engine loops share this process's GIL: a thread that released it (a CUDA wait) may
     # wait up to the switch interval (Python's 5 ms) to run again while a handler runs. MPK_GIL_SWITCH_S sets it
     # for the process (session 64 measures 0.5 ms against the default)
@@ -169,6 +174,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
     inboxes: dict = {}   # event loop -> its _Inbox (uvicorn runs one)
     app = FastAPI(title="mpk-runtime", version="0.1.0")
     app.state.router, app.state.metrics = router, metrics
+    app.state.sampling_defaults = defaults
     app.state.max_concurrent_requests = max_concurrent_requests
     app.add_middleware(_AdmissionLimit, metrics=metrics, limit=max_concurrent_requests)
     app.add_middleware(_BodyLimit, metrics=metrics, limit=max_request_bytes)   # (outermost: before the count)
@@ -450,7 +456,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
     # --- endpoints ----------------------------------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(r: CompletionRequest, raw: Request):
-        params = sampling_params(r, (name, router.model_name))
+        params = sampling_params(r, (name, router.model_name), defaults)
         prompts = await _off_loop(_completion_prompts, r)
         q, handles = _submit_all(prompts, params, r)
         cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
@@ -496,7 +502,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
 
     @app.post("/v1/chat/completions")
     async def chat(r: ChatRequest, raw: Request):
-        params = sampling_params(r, (name, router.model_name))
+        params = sampling_params(r, (name, router.model_name), defaults)
         ids, text = await _off_loop(_chat_prompt, r)
         q, handles = _submit_all([(ids, text)], params, r)
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())

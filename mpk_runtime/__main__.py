@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -177,17 +178,22 @@ def _generate(a: argparse.Namespace) -> int:
         raise ValueError("no prompt: give --prompt-ids 1,2,3 (repeatable) or --prompt TEXT (needs a tokenizer in the "
                          "model dir)")   # (bad input: exit 2, as the README says; a SystemExit of a string exited 1)
     # seed=None: each request's sampling seed comes from the engine seed (--seed) and its index, so a prompt given
-    # twice draws two samples (one seed for all drew the same tokens twice)
-    sp = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, max_tokens=a.max_tokens, seed=None,
+    # twice draws two samples (one seed for all drew the same tokens twice). A sampling flag not given: the model's
+    # generation_config.json default (LLM.default_sampling, after the load), else the CLI's (checked here, before it)
+    unset = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0, "max_tokens": 16}
+    sp = SamplingParams(**{k: v if getattr(a, k) is None else getattr(a, k) for k, v in unset.items()}, seed=None,
                         stop_token_ids=_parse_ids(a.stop_token_ids, "--stop-token-ids") if a.stop_token_ids else (),
                         ignore_eos=a.ignore_eos, stop=tuple(a.stop or ()), logprobs=a.logprobs,
                         presence_penalty=a.presence_penalty, frequency_penalty=a.frequency_penalty,
-                        repetition_penalty=a.repetition_penalty, min_p=a.min_p, min_tokens=a.min_tokens, n=a.n)
+                        min_tokens=a.min_tokens, n=a.n)
     t0 = time.perf_counter()
     from .engine.cli_flags import engine_kwargs
     llm = LLM(a.model, backend=a.backend, tp=a.tp, seed=a.seed, dtype=a.dtype, max_seq_len=a.max_seq_len,
               max_batch=max(8, len(prompts) * a.n) if a.max_batch is None else a.max_batch, **engine_kwargs(a))
     t1 = time.perf_counter()
+    model_set = {k: v for k, v in llm.default_sampling.items() if getattr(a, k) is None}
+    if model_set:
+        sp = dataclasses.replace(sp, **model_set)
 
     def emit(i, o) -> None:
         line = {"index": i, "prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids, "text": o.text,
@@ -259,10 +265,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="text prompt (needs a tokenizer in the model directory)")
     g.add_argument("--backend", default="pyvm", help="pyvm | torch | reference | megakernel")
     g.add_argument("--tp", type=int, default=1)
-    g.add_argument("--max-tokens", type=int, default=16)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
+    # (sampling flags left out: the model's generation_config.json default where it sets one, --generation-config)
+    g.add_argument("--max-tokens", type=int, default=None, help="default 16")
+    g.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
+    g.add_argument("--top-k", type=int, default=None, help="default 0 (no limit)")
+    g.add_argument("--top-p", type=float, default=None, help="default 1")
     g.add_argument("--seed", type=int, default=0, help="engine seed: a preset's random weights, and each request's "
                    "sampling seed (derived from it and the request's index)")
     g.add_argument("--dtype", default=None)
@@ -277,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                    "tokens' ([[token id, logprob], ...] per generated token)")
     g.add_argument("--presence-penalty", type=float, default=0.0)
     g.add_argument("--frequency-penalty", type=float, default=0.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top token's probability")
+    g.add_argument("--repetition-penalty", type=float, default=None, help="default 1 (off)")
+    g.add_argument("--min-p", type=float, default=None, help="drop tokens below min-p x the top token's probability "
+                   "(default 0)")
     g.add_argument("--min-tokens", type=int, default=0, help="EOS / stop token ids cannot end a sequence sooner")
     g.add_argument("--n", type=int, default=1, help="completions a prompt (up to 64): a line's \"completions\" list, "
                    "its top-level fields the first's")

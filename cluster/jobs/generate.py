@@ -5,7 +5,8 @@
 
 Each input line is {"prompt": str} or {"prompt_token_ids": [...]}, plus optional sampling fields (any of
 SamplingParams': temperature, top_k, top_p, max_tokens, stop_token_ids, stop, seed, ignore_eos, logprobs,
-penalties, ...) and an optional "id". Each output line (same order) is {"id", "prompt_token_ids", "token_ids",
+penalties, ...; one left out takes the model's generation_config.json default where it sets one, as vLLM,
+--generation-config) and an optional "id". Each output line (same order) is {"id", "prompt_token_ids", "token_ids",
 "text", "finish_reason", "metrics", "num_cached_tokens", "sampling" (the line's sampling fields as given)}, plus
 "logprobs" ([[token id, logprob], ...] a generated token) where asked, and for a line with "n" > 1 "completions"
 (its n completions, each {"index", "token_ids", "text", "finish_reason"[, "logprobs"]}; the top-level fields are
@@ -25,6 +26,7 @@ import sys
 import time
 
 from mpk_runtime.engine.cli_flags import add_engine_flags, engine_kwargs
+from mpk_runtime.engine.generation_config import sampling_defaults
 from mpk_runtime.engine import LLM, InvalidRequestError, RequestFailedError, SamplingParams, UnknownModelError
 from mpk_runtime.engine.request import logprobs_by_id, merge_completions
 from mpk_runtime.engine.sampling import completions, request_seed
@@ -170,7 +172,8 @@ WRITTEN_BY = "cluster.jobs.generate"
 # differs with the batch size and plan bucket: a near-tie may break otherwise), which a resumed run's other batches
 # change anyway; and a rerun after running out of memory is what would change them (fewer pages, a smaller batch).
 RECORDED_FLAGS = {"model": "--model", "backend": "--backend", "dtype": "--dtype", "seed": "--seed", "tp": "--tp",
-                  "max_seq_len": "--max-seq-len"}
+                  "max_seq_len": "--max-seq-len",
+                  "sampling_defaults": "the model's sampling defaults (--generation-config)"}
 # (--input's path is recorded, not compared: `ray job submit` unpacks its working_dir to another path per Ray session,
 # so a resumed job's input moves; its requests are checked line by line by ids, prompt ids and sampling fields
 # instead.)
@@ -187,6 +190,7 @@ def run_record(a: argparse.Namespace) -> dict:
     return {"written_by": WRITTEN_BY, "model": a.model,
             "model_path": os.path.realpath(a.model) if os.path.isdir(a.model) else None,
             "backend": a.backend, "dtype": a.dtype, "seed": a.seed, "tp": a.tp, "max_seq_len": a.max_seq_len,
+            "sampling_defaults": sampling_defaults(a.model, a.generation_config),
             "input": os.path.abspath(a.input)}
 
 
@@ -247,6 +251,14 @@ def check_done_prompts(llm: LLM, output: str, inp: str, reqs: list[dict], text_i
         if not _same(llm.engine.tokenize(reqs[i]["prompt"]), ids):
             raise _not_ours(output, inp, f"its line {i + 1} has other prompt_token_ids than {reqs[i]['where']}'s "
                                          "prompt")
+
+
+def apply_sampling_defaults(reqs: list[dict], defaults: dict) -> None:
+    """A line's sampling fields left out take the model's generation_config.json defaults (--generation-config,
+    engine/generation_config.py), as LLM.generate and the HTTP server take them."""
+    if defaults:
+        for r in reqs:
+            r["params"] = SamplingParams.from_dict({**defaults, **r["sampling"]})
 
 
 def seed_requests(reqs: list[dict], engine_seed: int) -> None:
@@ -328,6 +340,7 @@ def _main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     check_args(a)
     reqs = read_requests(a.input)
+    apply_sampling_defaults(reqs, sampling_defaults(a.model, a.generation_config))
     out_dir = os.path.dirname(os.path.abspath(a.output))
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):   # before the (slow) model load, not after
         raise InvalidRequestError(f"--output {a.output}: directory {out_dir} does not exist or is not writable")

@@ -29,6 +29,10 @@ def add_engine_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=None,
                     help="tokens one engine step computes at most: long prompts are prefilled in chunks of this "
                          "(default: 4096, at least max-batch)")
+    ap.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                    help="sampling defaults of a request that leaves temperature / top-p / top-k / min-p / "
+                         "repetition-penalty / max-tokens out: auto (default, as vLLM's) = the model directory's "
+                         "generation_config.json, vllm = none, or a directory holding one")
     ap.add_argument("--kv-allocation", choices=("lazy", "reserve"), default="lazy",
                     help="lazy (default): KV pages taken as tokens need them, the newest request preempted (and "
                          "recomputed later) when they run out; reserve: a request's whole length at admission")
@@ -40,7 +44,8 @@ def engine_kwargs(a: argparse.Namespace) -> dict:
              if getattr(a, k) is not None}
     sizes.update(plan_kw(a.plan, getattr(a, "backend", None)))
     return dict(async_bursts=a.async_bursts, enable_prefix_caching=a.enable_prefix_caching,
-                kv_allocation=a.kv_allocation, decode_steps=a.decode_steps, **sizes)
+                kv_allocation=a.kv_allocation, decode_steps=a.decode_steps, generation_config=a.generation_config,
+                **sizes)
 
 
 def plan_kw(plan: str | None, backend: str | None) -> dict:

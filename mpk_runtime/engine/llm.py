@@ -116,7 +116,7 @@ class LLM:
                  max_num_batched_tokens: int | None = None, step_timeout: float | None = None,
                  executor_kwargs: dict | None = None, device_sampling: str = "auto", decode_steps: int | None = None,
                  enable_prefix_caching: bool | None = None, async_bursts: bool | None = None,
-                 kv_allocation: str = "lazy",
+                 kv_allocation: str = "lazy", generation_config: str | os.PathLike | None = "auto",
                  **runner_kwargs: Any):
         """model: preset name or local HF directory. backend: runner registry name ("reference", "pyvm",
         "torch", "megakernel"). tp: ranks per replica (vLLM's tensor_parallel_size; max_model_len and max_num_seqs
@@ -137,7 +137,11 @@ class LLM:
         the runner; among them `plan` (backends pyvm and megakernel): "auto" = the planner's plan per decode batch
         bucket (megakernel at tp > 1: one whole-step megakernel per bucket, runtime/tp_buckets.py), None = one task
         graph / megakernel for max_batch rows; not given: "auto" for the megakernel backend, else None
-        (runtime/executor.default_plan)."""
+        (runtime/executor.default_plan). generation_config: where the sampling defaults of a call without
+        SamplingParams come from (get_default_sampling_params): "auto" (default, as vLLM's) = the model directory's
+        generation_config.json (the maker's temperature / top_p / top_k / min_p / repetition_penalty /
+        max_new_tokens), "vllm" = none (SamplingParams()), or a directory holding such a file
+        (engine/generation_config.py)."""
         # vLLM's names for three of ours (tensor_parallel_size=2 is tp=2 here), taken as those
         ours = {"tp": tp, "max_seq_len": max_seq_len, "max_batch": max_batch}
         for theirs, name, default in VLLM_ARGS:
@@ -188,6 +192,9 @@ class LLM:
         # inboxes, run under this lock (two threads' generate() stepped it at once and failed inside a step)
         self._lock = threading.RLock()
         self.config = resolve_model(model)
+        from .generation_config import log_defaults, sampling_defaults
+        self.default_sampling = sampling_defaults(model, generation_config)   # (before any worker starts)
+        log_defaults(self.default_sampling, f"LLM({model!r})")
         if not isinstance(tp, int) or tp < 1:
             raise InvalidRequestError(f"tp must be an int >= 1, got {tp!r}")
         from ..ir.shard import check_tp
@@ -257,6 +264,11 @@ class LLM:
         """The Hugging Face tokenizer (loaded on first use), or None when the model has none."""
         return self.engine.tokenizer.get()
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The SamplingParams of a generate / chat / stream call given none (vLLM's method): SamplingParams() with
+        the model's generation_config.json defaults (LLM's generation_config; empty for a preset)."""
+        return SamplingParams(**self.default_sampling)
+
     def get_tokenizer(self):
         """vLLM's name for `tokenizer`."""
         return self.tokenizer
@@ -273,7 +285,7 @@ class LLM:
                                 "LLM to generate again")
         prompts = normalize_prompts(prompts) if rendered is None else rendered
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params = list(sampling_params) if isinstance(sampling_params, (list, tuple)) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise InvalidRequestError(f"{len(params)} sampling params for {len(prompts)} prompts: pass one, or one per prompt")
@@ -363,8 +375,9 @@ class LLM:
         engine/chat.py `render_chat`, as the HTTP server's /v1/chat/completions renders it), then generated as
         `generate` generates prompts: one RequestOutput per conversation, in order, whose `prompt` is the rendered
         text and `prompt_token_ids` its tokens. sampling_params: one for all, or one per conversation (None:
-        SamplingParams(), max_tokens 16). Roles are OpenAI's (system, developer, user, assistant, tool, function);
-        content a string, None, or a list of {"type": "text", "text": ...} parts (joined); other message keys are
+        get_default_sampling_params(): max_tokens 16 unless the model's generation config says otherwise). Roles are
+        OpenAI's (system, developer, user, assistant, tool, function); content a string (None for an assistant turn),
+        or a list of {"type": "text", "text": ...} parts (joined); other message keys are
         dropped. Every conversation is checked before any is queued: InvalidRequestError for a bad one (named by
         its index when there are several) or one the template refuses; NoTokenizerError when the model has no
         tokenizer or no chat template."""

@@ -200,7 +200,7 @@ def test_the_run_flags_are_recorded_beside_the_output(one_go):
     rec = _record(full)
     assert rec == {"written_by": "cluster.jobs.generate", "model": "tiny-llama", "model_path": None,
                    "backend": "torch", "dtype": "float32", "seed": 7, "tp": 1, "max_seq_len": 64,
-                   "input": os.path.abspath(inp)}, rec
+                   "sampling_defaults": {}, "input": os.path.abspath(inp)}, rec
 
 
 def test_the_run_flags_are_recorded_before_the_first_chunk(tmp_path, one_go, monkeypatch, capsys):
