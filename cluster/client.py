@@ -205,7 +205,7 @@ class Client:
                              finish_reason=c["finish_reason"], error=None,
                              metrics=RequestMetrics(t0, first, finish, body["usage"]["prompt_tokens"], n),
                              logprobs=_logprobs(c.get("logprobs_by_id")),
-                             num_cached_tokens=c.get("num_cached_tokens") or 0)
+                             num_cached_tokens=c.get("num_cached_tokens") or 0, stop_reason=c.get("stop_reason"))
 
     @staticmethod
     def _fan_out(items: list, params: list[SamplingParams]) -> tuple[list[tuple], list[list[int]]]:
@@ -341,7 +341,8 @@ class Client:
                 yield RequestOutput(rid, prompt if isinstance(prompt, str) else None, pids, list(toks), text,
                                     c.get("token_ids", []), c.get("text", ""), done, c.get("finish_reason"),
                                     None, RequestMetrics(t0, first, now if done else None, len(pids), len(toks)),
-                                    logprobs=lps, num_cached_tokens=cached, index=index)
+                                    logprobs=lps, num_cached_tokens=cached, index=index,
+                                    stop_reason=c.get("stop_reason"))
         if not done:   # (a proxy's read timeout, a server gone between chunks: not a whole answer)
             raise E.RequestFailedError(f"the stream from {self.address} ended before its last chunk (no "
                                        f"finish_reason after {len(toks)} tokens): the answer is cut short")

@@ -45,6 +45,10 @@ def sampling_params(r: CommonRequest, served: tuple[str, ...], defaults: dict | 
     model names this server answers to). defaults: the model's generation_config.json sampling defaults
     (generation_config.sampling_defaults), taken by the fields the request leaves out or sends as null; its
     max_tokens caps the request's, as vLLM's server caps it (min of the two)."""
+    if r.model is not None and r.model not in served:   # (first, as vLLM's: a request for another model is a 404
+        # whatever else it asks for)
+        raise HTTPError(404, f"model {r.model!r} is not served here; this server serves {served[0]!r}",
+                        "model_not_found", param="model")
     if not isinstance(r.n, int) or not 1 <= r.n <= MAX_N:
         raise HTTPError(400, f"n must be an int in [1, {MAX_N}] (completions per prompt), got {r.n!r}", param="n")
     if r.stream_options is not None and not r.stream:
@@ -87,9 +91,6 @@ def sampling_params(r: CommonRequest, served: tuple[str, ...], defaults: dict | 
             if getattr(m, field) not in (None, []):
                 raise HTTPError(400, f"messages[{i}].{field}: tool and function calls are not supported by this "
                                      "server; send the turn's content only", param=f"messages[{i}].{field}")
-    if r.model is not None and r.model not in served:
-        raise HTTPError(404, f"model {r.model!r} is not served here; this server serves {served[0]!r}",
-                        "model_not_found", param="model")
     max_tokens = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     defaults = defaults or {}
     if defaults.get("max_tokens") is not None:
@@ -124,7 +125,7 @@ def _sampling_params(r: CommonRequest, max_tokens, logprobs, bias, defaults: dic
     return SamplingParams(temperature=given("temperature", 1.0), top_p=given("top_p", 1.0),
                           top_k=given("top_k", 0) or 0, max_tokens=max_tokens,
                           stop_token_ids=tuple(r.stop_token_ids or ()), seed=r.seed, ignore_eos=r.ignore_eos,
-                          stop=r.stop or (), include_stop_str_in_output=r.include_stop_str_in_output,
+                          stop=() if r.stop is None else r.stop, include_stop_str_in_output=r.include_stop_str_in_output,
                           logprobs=logprobs, presence_penalty=r.presence_penalty or 0.0,
                           frequency_penalty=r.frequency_penalty or 0.0,
                           repetition_penalty=given("repetition_penalty", 1.0),

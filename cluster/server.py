@@ -473,7 +473,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                 if lp is not None and lp["tokens"]:
                     offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
                 c = {"index": i, "text": out.delta_text or "", "logprobs": lp, "finish_reason": _finish(out),
-                     "token_ids": out.delta_token_ids}
+                     "stop_reason": out.stop_reason, "token_ids": out.delta_token_ids}
                 if lp is not None:   # (an extension: the same by token id, what Client.stream reports)
                     c["logprobs_by_id"] = logprobs_by_id(_delta_logprobs(out))
                 # (an extension, as the non-streaming token_ids: what Client.stream reports) on a choice's first
@@ -497,7 +497,8 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
         return JSONResponse({
             "id": cid, "object": "text_completion", "created": created, "model": name,
             "choices": [{"index": i, "text": o.text or "", "logprobs": _completion_logprobs(o.logprobs, 0),
-                         "finish_reason": _finish(o), **_ended_extensions(o)} for i, o in enumerate(outs)],
+                         "finish_reason": _finish(o), "stop_reason": o.stop_reason, **_ended_extensions(o)}
+                        for i, o in enumerate(outs)],
             "usage": _usage(outs, r.n)})
 
     @app.post("/v1/chat/completions")
@@ -514,7 +515,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                     return {**base, "choices": [], "usage": usage}
                 c = {"index": i, "delta": {"content": out.delta_text or ""},
                      "logprobs": _chat_logprobs(_delta_logprobs(out), top), "finish_reason": _finish(out),
-                     "token_ids": out.delta_token_ids}
+                     "stop_reason": out.stop_reason, "token_ids": out.delta_token_ids}
                 if out.logprobs is not None:   # (an extension, as a streamed completion chunk's: by token id)
                     c["logprobs_by_id"] = logprobs_by_id(_delta_logprobs(out))
                 if out.finished:   # (as a streamed completion's last chunk; its first, the role chunk, below)
@@ -534,7 +535,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
             "id": cid, "object": "chat.completion", "created": created, "model": name,
             "choices": [{"index": j, "message": {"role": "assistant", "content": o.text or ""},
                          "logprobs": _chat_logprobs(o.logprobs, top), "finish_reason": _finish(o),
-                         **_ended_extensions(o)} for j, o in enumerate(outs)],
+                         "stop_reason": o.stop_reason, **_ended_extensions(o)} for j, o in enumerate(outs)],
             "usage": _usage(outs, r.n)})
 
     def _card() -> dict:

@@ -117,6 +117,7 @@ class IncrementalText:
         self.read = 0         # tokens whose text is in `full`
         self.searched = 0     # characters of the text known to hold no stop string
         self.stop_floor = 0   # a stop string counts only where it ends after this many characters (min_tokens)
+        self.stop_hit: str | None = None   # the stop string that ended the text (visible found it)
 
     @property
     def text(self) -> str:
@@ -160,6 +161,7 @@ class IncrementalText:
         self.searched = len(text)
         if hit is not None:
             i, s = hit
+            self.stop_hit = s
             return (text[:i + len(s)] if include_stop else text[:i]), True
         if final:
             return text, False

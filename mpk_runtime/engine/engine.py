@@ -318,6 +318,9 @@ class LLMEngine(BurstsMixin, RecoveryMixin, RequestChecks):
         cut = reason == "stop" and not r.params.include_stop_str_in_output
         if self._detokenize(r, final=bool(reason), drop_last=cut):
             reason = "stop"   # a stop string (the text ends before it)
+            r.stop_reason = r.detok.stop_hit   # (vLLM's: a stop string found in the text wins over a stop token)
+        elif reason == "stop" and tok in r.params.stop_token_ids:
+            r.stop_reason = tok   # (EOS: None, as vLLM's)
         if reason:
             r.finish(reason)
         return reason

@@ -50,7 +50,7 @@ def pack_output(o: RequestOutput, sent: dict[str, tuple[int, int]]) -> tuple:
     mt = o.metrics
     return (o.request_id, reset, new, None if o.delta_token_ids == new else o.delta_token_ids, o.text, o.finished,
             o.delta_text, o.finish_reason, o.error, (mt.arrival_time, mt.first_token_time, mt.finish_time),
-            None if lps is None else lps[m:], o.num_cached_tokens)
+            None if lps is None else lps[m:], o.num_cached_tokens, o.stop_reason)
 
 
 class PendingRequest:
@@ -63,7 +63,7 @@ class PendingRequest:
         self.logprobs: list | None = None
 
     def unpack(self, rid: str, it: tuple) -> RequestOutput:
-        _, reset, new, delta, text, finished, delta_text, reason, error, times, lps, cached = it
+        _, reset, new, delta, text, finished, delta_text, reason, error, times, lps, cached, stop_reason = it
         toks = (new if reset else self.tokens + new)
         self.tokens = toks
         if lps is not None:
@@ -71,7 +71,8 @@ class PendingRequest:
         return RequestOutput(rid, self.prompt, self.prompt_token_ids, list(toks), text,
                              new if delta is None else delta, delta_text, finished, reason, error,
                              RequestMetrics(times[0], times[1], times[2], len(self.prompt_token_ids), len(toks)),
-                             None if self.logprobs is None else list(self.logprobs), cached)
+                             None if self.logprobs is None else list(self.logprobs), cached,
+                             stop_reason=stop_reason)
 
 
 def picklable_error(e: BaseException) -> BaseException:

@@ -52,6 +52,15 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: list[dict[int, float]] | None = None
     error: str | None = None
+    stop_reason: int | str | None = None   # vLLM's: the stop string or stop token id that ended it (EOS: None)
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """vLLM's: the sum of the generated tokens' logprobs (the sampled token's, each position's first entry);
+        None without SamplingParams.logprobs."""
+        if self.logprobs is None:
+            return None
+        return float(sum(next(iter(lp.values())) for lp in self.logprobs if lp))
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,13 @@ class RequestOutput:
     # SamplingParams.n > 1 in LLM.generate / chat (and cluster.Client's): the prompt's n completions, in index order,
     # this output's own fields being completion 0's; None: this output is its one completion
     completions: tuple[CompletionOutput, ...] | None = None
+    # finish_reason "stop": the stop string or stop_token_ids entry that ended it (vLLM's stop_reason); None for EOS
+    # and every other ending
+    stop_reason: int | str | None = None
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        return self.completion().cumulative_logprob
 
     @property
     def outputs(self) -> list[CompletionOutput]:
@@ -88,7 +104,8 @@ class RequestOutput:
 
     def completion(self) -> CompletionOutput:
         """This output's own completion (vLLM's CompletionOutput)."""
-        return CompletionOutput(self.index, self.text, self.token_ids, self.finish_reason, self.logprobs, self.error)
+        return CompletionOutput(self.index, self.text, self.token_ids, self.finish_reason, self.logprobs, self.error,
+                                self.stop_reason)
 
     @classmethod
     def failed(cls, request_id: str, prompt: str | None, prompt_token_ids: list[int], error: str) -> "RequestOutput":
@@ -102,6 +119,8 @@ class RequestOutput:
              "token_ids": self.token_ids, "text": self.text, "finished": self.finished,
              "finish_reason": self.finish_reason, "error": self.error, "metrics": self.metrics.to_dict(),
              "num_cached_tokens": self.num_cached_tokens}
+        if self.stop_reason is not None:
+            d["stop_reason"] = self.stop_reason
         if self.logprobs is not None:
             d["logprobs"] = logprobs_by_id(self.logprobs)
         if self.index:   # (a streamed snapshot of completion j > 0 of its prompt)
@@ -109,6 +128,7 @@ class RequestOutput:
         if self.completions is not None:   # (n > 1: the top-level fields are completion 0's)
             d["completions"] = [{"index": c.index, "token_ids": c.token_ids, "text": c.text,
                                  "finish_reason": c.finish_reason,
+                                 **({} if c.stop_reason is None else {"stop_reason": c.stop_reason}),
                                  **({} if c.logprobs is None else {"logprobs": logprobs_by_id(c.logprobs)}),
                                  **({} if c.error is None else {"error": c.error})}
                                 for c in self.completions]
@@ -146,6 +166,7 @@ class Request:
     finish_time: float | None = None
     finish_reason: str | None = None
     error: str | None = None
+    stop_reason: int | str | None = None   # RequestOutput.stop_reason
     text: str | None = None             # detokenized output so far (when a tokenizer exists)
     device_sampling: tuple | None = None   # (DeviceSampling or None,) once the engine decided (engine._device_sampling)
     output_logprobs: list[dict[int, float]] | None = None   # SamplingParams.logprobs set: one dict a generated token
@@ -208,4 +229,4 @@ class Request:
             metrics=RequestMetrics(self.arrival_time, self.first_token_time, self.finish_time,
                                    len(self.prompt_token_ids), len(self.output_token_ids)),
             logprobs=None if self.output_logprobs is None else list(self.output_logprobs),
-            num_cached_tokens=self.num_cached_tokens)
+            num_cached_tokens=self.num_cached_tokens, stop_reason=self.stop_reason)
