@@ -399,6 +399,9 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
         try:
             while len(final) < n:
                 i, out = await q.get()
+                if out.finish_reason == "error":   # the answer is this error whatever its siblings give: they are
+                    _abort(handles)                # aborted now, as a stream's (they ran to their ends before)
+                    raise RequestFailedError(out.error)
                 if out.finished:
                     final[i] = out
         except asyncio.CancelledError:  # client went away
@@ -407,9 +410,6 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
         finally:
             if watcher is not None:
                 watcher.cancel()
-        errors = [o for o in final.values() if o.finish_reason == "error"]
-        if errors:
-            raise RequestFailedError(errors[0].error)
         return [final[i] for i in range(n)]
 
     def _usage(outs: list[RequestOutput], n: int = 1) -> dict:
