@@ -14,6 +14,7 @@ import logging
 import os
 import time
 import uuid
+import weakref
 from typing import Any
 
 from mpk_runtime.runtime.executor import Executor, Worker, WorkerError, WorkerTimeout, call_timing
@@ -104,8 +105,19 @@ class RayExecutor(Executor):
         self.actors: list = []
         self._closed = False
         self._init_args: tuple[str, dict] | None = None
-        self._pg = self._make_placement_group(target_node_id, placement_timeout, wait_for_nodes)
-        self._start_actors()
+        self._pg = None
+        self._pg_release = None
+        try:   # (a failed start - actors that cannot be made, Ctrl+C while waiting for the group - gives the group back)
+            self._pg = self._make_placement_group(target_node_id, placement_timeout, wait_for_nodes)
+            # an executor dropped without shutdown() (an LLM rebound in a notebook, a Router never shut down): Ray
+            # kills its actors with their last handle, but the placement group held its GPUs for the driver's life,
+            # and the next LLM waited placement_timeout for a PlacementError blaming "other replicas or jobs"
+            self._pg_release = weakref.finalize(self, _remove_placement_group, self._pg)
+            self._pg_release.atexit = False   # (at exit the job ends, and Ray removes its groups itself)
+            self._start_actors()
+        except BaseException:
+            self.shutdown()
+            raise
 
     # --- placement ----------------------------------------------------------------------------------------
     def _make_placement_group(self, target_node_id, timeout, wait_for_nodes=False):
@@ -120,9 +132,11 @@ class RayExecutor(Executor):
                              name=f"mpk-{self.name}-{uuid.uuid4().hex[:8]}", _soft_target_node_id=target_node_id)
         try:
             self.ray.get(pg.ready(), timeout=timeout)
-        except Exception as e:
-            from ray.util.placement_group import remove_placement_group
-            remove_placement_group(pg)
+        except BaseException as e:
+            # (BaseException: a Ctrl+C during the wait left the group pending, and it took the GPUs once they freed)
+            _remove_placement_group(pg)
+            if not isinstance(e, Exception):
+                raise
             raise PlacementError(
                 f"placement group for {self.name} ({self.world_size} x {bundle}, STRICT_PACK on one node) was not "
                 f"ready within {timeout} s. Cluster resources: {_plain(self.ray.cluster_resources())}, available: "
@@ -285,13 +299,22 @@ class RayExecutor(Executor):
     def shutdown(self) -> None:
         self._closed = True
         self._kill_actors()
-        if self._pg is not None:
+        if self._pg_release is not None:
+            self._pg_release()   # (removes the group, once)
+        elif self._pg is not None:
+            _remove_placement_group(self._pg)
+        self._pg = None
+
+
+def _remove_placement_group(pg) -> None:
+    """Give a placement group back; nothing where Ray is down already (its groups went with it)."""
+    try:
+        import ray
+        if ray.is_initialized():
             from ray.util.placement_group import remove_placement_group
-            try:
-                remove_placement_group(self._pg)
-            except Exception:
-                pass
-            self._pg = None
+            remove_placement_group(pg)
+    except Exception:  # noqa: BLE001 - removed already, or the cluster is gone
+        pass
 
 
 def worker_resources(ray, num_gpus: float | None, num_cpus: float | None) -> tuple[float, float]:

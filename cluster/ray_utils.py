@@ -66,12 +66,40 @@ def check_gcs_reachable(address: str, timeout: float = 10.0) -> None:
         return
     host, port = m.group(1), int(m.group(2))
     try:
-        socket.create_connection((host, port), timeout=timeout).close()
+        sock = socket.create_connection((host, port), timeout=timeout)
     except OSError as e:
         raise ConnectionError(
             f"no Ray cluster answers at {address} (RAY_ADDRESS or --ray-address): {e.strerror or e}. Give the head's "
             "GCS address (HEAD_IP:6379, as scripts/launch_head.sh prints it; not the dashboard's :8265), start the "
             "head (scripts/launch_head.sh), or unset RAY_ADDRESS to start a local Ray") from None
+    try:
+        http = _answers_http(sock)
+    finally:
+        sock.close()
+    if http:
+        # (the dashboard / Job API's port, HEAD:8265, as submit.py's --address takes it without http://: the port is
+        # open, so ray.init connected and then retried "Failed to get cluster ID from GCS" for good)
+        raise ConnectionError(
+            f"{address} (RAY_ADDRESS or --ray-address) is an HTTP server - the Ray dashboard / Job API (:8265) or "
+            "another web server - not a Ray cluster's GCS. Give the head's GCS address (HEAD_IP:6379, as "
+            "scripts/launch_head.sh prints it); the dashboard's http:// address is for scripts/submit.py --address")
+
+
+def _answers_http(sock, wait: float = 1.0) -> bool:
+    """Whether the server on `sock` speaks HTTP/1 (a web server such as Ray's dashboard) rather than gRPC (the GCS).
+    A gRPC server (HTTP/2) sends its SETTINGS frame as soon as it accepts; an HTTP/1 server waits for a request and
+    answers "HTTP/1.x ...". Unsure (no answer, an error) counts as not HTTP: Ray's own connection decides then."""
+    try:
+        sock.settimeout(wait)
+        try:
+            if sock.recv(1):
+                return False   # it spoke first: gRPC
+        except TimeoutError:
+            pass
+        sock.sendall(b"HEAD / HTTP/1.0\r\n\r\n")
+        return sock.recv(5).startswith(b"HTTP/")
+    except OSError:
+        return False
 
 
 def local_device_index(gpu_ids: list, visible: str | None) -> int:
