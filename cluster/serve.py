@@ -24,7 +24,7 @@ class ServerThread:
                 s.bind((host, 0))
                 port = s.getsockname()[1]
         self.url = f"http://{host}:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        self.server = draining_server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name="mpk-http", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -34,8 +34,28 @@ class ServerThread:
             time.sleep(0.05)
 
     def stop(self) -> None:
+        _drain(self.server.config.app)   # (as a signal would: requests in flight answered "shutting down")
         self.server.should_exit = True
         self.thread.join(10)
+
+
+def _drain(app) -> None:
+    drain = getattr(getattr(app, "state", None), "drain", None)
+    if drain is not None:
+        drain()
+
+
+def draining_server(config):
+    """uvicorn.Server whose exit (SIGINT / SIGTERM, or handle_exit called) first drains the app (create_app's
+    app.state.drain: requests in flight aborted and answered 503 "shutting down"), so that uvicorn's graceful
+    shutdown finds them answered instead of cancelling their handlers (a traceback each in the log)."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            _drain(self.config.app)
+            super().handle_exit(sig, frame)
+    return _Server(config)
 
 
 def _max_concurrent(v: str) -> int:
@@ -128,7 +148,7 @@ def _main(argv: list[str] | None) -> int:
         # (uvicorn prints its own address line only when it binds the socket itself)
         print(f"serving {served_name(a.model, a.served_model_name)} on http://{a.host}:{a.port}/v1 (Ctrl+C to stop)",
               file=sys.stderr, flush=True)
-        uvicorn.Server(config).run(sockets=[sock])
+        draining_server(config).run(sockets=[sock])
     except KeyboardInterrupt:   # (uvicorn has shut the app down by then: no traceback for Ctrl+C)
         pass
     finally:

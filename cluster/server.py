@@ -35,6 +35,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request  # likewise (the endpoints take the raw request to see disconnects)
 from .router import Router
 
+SHUTTING_DOWN = ("the server is shutting down (Ctrl+C / SIGTERM): this request was stopped unfinished; send it again "
+                 "to another replica or once the server is back")
+
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
@@ -69,13 +72,17 @@ class _Inbox:
         self._armed = False
 
     def put(self, q: asyncio.Queue, item) -> None:
-        """From any thread: item into q on the loop's thread, soon."""
+        """From any thread: item into q on the loop's thread, soon (dropped once the loop has closed: the server
+        stopped, and nobody reads q)."""
         with self._lock:
             self._items.append((q, item))
             if self._armed:
                 return
             self._armed = True
-        self.loop.call_soon_threadsafe(self._drain)
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:   # (the loop is closed: an engine thread's output after the server stopped)
+            pass
 
     def _drain(self) -> None:
         with self._lock:
@@ -357,12 +364,15 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                                      f"max_tokens ({params.max_tokens}) would need {len(ids) + params.max_tokens}: lower "
                                      f"max_tokens to at most {ctx - len(ids)}, or leave it out (or send "
                                      "truncate_max_tokens: true to stop at the context)", param=max_tokens_field(r))
+        if closing.is_set():   # (a request that came in as the server began to shut down)
+            raise HTTPError(503, SHUTTING_DOWN, "server_shutting_down")
         loop = asyncio.get_running_loop()
         inbox = inboxes.get(loop)
         if inbox is None:
             inbox = inboxes[loop] = _Inbox(loop)
         q: asyncio.Queue = asyncio.Queue()
         handles = []
+        inflight[id(handles)] = handles   # (until _collect / _stream end: drain() aborts them)
         per_choice = choices(params, n)
         try:
             for pi, (ids, text) in enumerate(prompts):
@@ -377,6 +387,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                     handles.append(router.submit(ids, sp, cb, prompt=text, stream=stream))
         except BaseException as e:   # a submission failed (its replica went down): the caller gets the error,
             _abort(handles)          # so nobody would read the ones already queued
+            inflight.pop(id(handles), None)
             if isinstance(e, RequestFailedError):
                 metrics.on_submit_failed()
             raise
@@ -385,6 +396,19 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
     def _abort(handles) -> None:
         for rep, rid in handles:
             rep.loop.abort(rid)
+
+    inflight: dict[int, list] = {}   # the handles of the requests being answered
+    closing = threading.Event()
+
+    def drain() -> None:
+        """The server is shutting down (Ctrl+C / SIGTERM: serve.py's _Server; ServerThread.stop): every request in
+        flight is aborted and answered 503 "shutting down" (a stream: an error event, then [DONE]), and any new one
+        refused so, instead of uvicorn cancelling the handlers as the loop closed (tracebacks in the log, and a
+        non-streaming answer cut short). Any thread; idempotent."""
+        closing.set()
+        for handles in list(inflight.values()):
+            _abort(handles)
+    app.state.drain = drain
 
     async def _watch_disconnect(raw: Request, handles) -> None:
         """uvicorn does not cancel a handler whose client left: poll, and abort its requests (they then finish
@@ -402,12 +426,15 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                 if out.finish_reason == "error":   # the answer is this error whatever its siblings give: they are
                     _abort(handles)                # aborted now, as a stream's (they ran to their ends before)
                     raise RequestFailedError(out.error)
+                if out.finish_reason == "abort" and closing.is_set():   # (drain(): not a short answer, a 503)
+                    raise HTTPError(503, SHUTTING_DOWN, "server_shutting_down")
                 if out.finished:
                     final[i] = out
         except asyncio.CancelledError:  # client went away
             _abort(handles)
             raise
         finally:
+            inflight.pop(id(handles), None)
             if watcher is not None:
                 watcher.cancel()
         return [final[i] for i in range(n)]
@@ -435,10 +462,12 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                     items.append(q.get_nowait())
                 parts = []
                 for i, out in items:
-                    if out.finish_reason == "error":
+                    down = out.finish_reason == "abort" and closing.is_set()   # (drain(): an error, not an end)
+                    if out.finish_reason == "error" or down:
                         _abort(handles)
-                        parts.append(_sse(_err_body(out.error or "request failed", "RequestFailedError",
-                                                    "server_error")))
+                        parts.append(_sse(_err_body(SHUTTING_DOWN, "server_shutting_down", "server_error") if down
+                                          else _err_body(out.error or "request failed", "RequestFailedError",
+                                                         "server_error")))
                         yield "".join(parts) + "data: [DONE]\n\n"   # (a stream ends so, whatever ended it)
                         return
                     parts.append(_sse(make_chunk(i, out)))
@@ -450,6 +479,7 @@ def create_app(router: Router, served_model_name: str | None = None, max_concurr
                 yield _sse(make_chunk(None, None, usage=_usage([outs[i] for i in sorted(outs)], per_prompt)))
             yield "data: [DONE]\n\n"
         finally:
+            inflight.pop(id(handles), None)
             if len(done) < n:  # disconnected (or failed) mid-stream: stop generating for it
                 _abort(handles)
 
