@@ -91,6 +91,9 @@ def _note_stale_curves(prof, cfg, tp: int) -> None:
 # at batches 1-128.
 MAX_PLAN_BATCH = 4096
 MAX_PLAN_SPLITS = 1024   # attention key splits a KV group in the graph view (search.attn_splits gives 1-32)
+# SMs a GPU in the graph view (an H100 / H200 has 132): each SM gets its task list and simulated heap entry, so
+# --sms 1000000000 ran out of memory with a MemoryError traceback (10^7 took ~10 s for tiny-llama's 163 tasks)
+MAX_PLAN_SMS = 1024
 
 
 def _plan(a: argparse.Namespace) -> int:
@@ -106,6 +109,9 @@ def _plan(a: argparse.Namespace) -> int:
         raise ValueError(f"--batch {a.batch} is more rows than plan takes (at most {MAX_PLAN_BATCH}, the engine's "
                          "default step budget; the task graphs and this command's time grow with the batch, and the "
                          f"profiles are measured at batches 1-128): pass --batch {MAX_PLAN_BATCH} or less")
+    if a.sms is not None and a.sms > MAX_PLAN_SMS:
+        raise ValueError(f"--sms {a.sms}: at most {MAX_PLAN_SMS} SMs a GPU (an H100 / H200 has 132; the graph view "
+                         "keeps a task list per SM): pass the card's SM count")
     if a.show_ops < 0:
         raise ValueError(f"--show-ops must be >= 0, got {a.show_ops}")
     if a.classify and not a.search:
@@ -128,8 +134,11 @@ def _plan(a: argparse.Namespace) -> int:
                          f"({cfg.max_position_embeddings}); plan for a context the model takes")
     if a.search:
         return _search(a, cfg)
-    if a.attn_splits > min(a.context, MAX_PLAN_SPLITS):   # (100000 splits built an attention task each for minutes)
-        raise ValueError(f"--attn-splits {a.attn_splits}: at most {min(a.context, MAX_PLAN_SPLITS)} here (a split "
+    # (100000 splits built an attention task each for minutes; at --context 0 the step still reads its own key, so
+    # one split, the default, is planned: it was refused as "--attn-splits 1: at most 0", a flag not given)
+    most_splits = max(1, min(a.context, MAX_PLAN_SPLITS))
+    if a.attn_splits > most_splits:
+        raise ValueError(f"--attn-splits {a.attn_splits}: at most {most_splits} here (a split "
                          f"holds at least one of the --context {a.context} keys, and at most {MAX_PLAN_SPLITS}; the "
                          "planner's own rule takes 1-32)")
     graphs = [build_graph(cfg, batch=a.batch, context_len=a.context, tp=a.tp, rank=r, attn_splits=a.attn_splits)
@@ -298,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # bad input (a value, a profile or weights not there): no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:   # (`plan ... | head`: the reader left; a traceback each time, and another at exit)
+        sys.stdout = open(os.devnull, "w")   # noqa: SIM115 - what is left to flush goes nowhere
+        return 0
 
 
 if __name__ == "__main__":

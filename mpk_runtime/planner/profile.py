@@ -413,13 +413,17 @@ class HardwareProfile:
         # MPK_PLANNER_PROFILE: a profile (name or JSON path) for every planner that is not handed one (the engine's,
         # the benchmarks'), e.g. one measured on this machine by scripts/profile_hw.py; without it, the card's own
         # (PROFILE_BY_CARD)
+        # (a name from the environment says so: `plan --search` without --profile named a profile the user never
+        # typed, with nothing pointing at the variable to fix or unset)
+        env = "" if name_or_path or not os.environ.get("MPK_PLANNER_PROFILE") else \
+            " (set by MPK_PLANNER_PROFILE: fix or unset it)"
         name_or_path = name_or_path or default_profile_name()
         path = name_or_path if os.path.exists(name_or_path) else os.path.join(_DIR, f"{name_or_path}.json")
         if not os.path.exists(path):
             known = sorted(f[:-5] for f in os.listdir(_DIR) if f.endswith(".json"))
             cards = ", ".join(f"{c}: {n}" for c, n in sorted(PROFILE_BY_CARD.items()))
-            raise FileNotFoundError(f"no hardware profile {name_or_path!r}; known: {known} (by card: {cards}), or a "
-                                    "JSON path written by scripts/profile_hw.py")
+            raise FileNotFoundError(f"no hardware profile {name_or_path!r}{env}; known: {known} (by card: {cards}), "
+                                    "or a JSON path written by scripts/profile_hw.py")
         try:   # a file that is not a profile (bad JSON, a list, fields missing, a directory): one clear error
             with open(path) as f:
                 d = json.load(f)
@@ -427,8 +431,8 @@ class HardwareProfile:
             _check_fields(d)
             return out
         except (OSError, ValueError, TypeError, AttributeError) as e:
-            raise ValueError(f"hardware profile {name_or_path!r} could not be read as a profile ({e}); pass a profile "
-                             "name (e.g. h100_v4) or a JSON file written by scripts/profile_hw.py") from None
+            raise ValueError(f"hardware profile {name_or_path!r}{env} could not be read as a profile ({e}); pass a "
+                             "profile name (e.g. h100_v4) or a JSON file written by scripts/profile_hw.py") from None
 
     def to_json(self) -> str:
         from dataclasses import asdict
@@ -468,6 +472,25 @@ def _field_problem(name: str, kind: str, v) -> str | None:
     return None if ok else f"{name} is {json.dumps(v)[:60]}, expected {kind}"
 
 
+# Rates and efficiencies the cost model divides by (a bandwidth, a flop rate, a share of either): 0 stopped the search
+# with a ZeroDivisionError traceback, a negative bandwidth curve with "math domain error" or a simulation that never
+# ended (session 76's review)
+_POSITIVE = ("tc_flops_per_s", "fp32_flops_per_s", "mk_tc_eff", "mk_tc_stream_eff", "conv_bw_fraction", "conv_tc_eff",
+             "wgmma_m")
+_POSITIVE_CURVES = ("hbm_bw_by_sms", "stream_eff_by_kind", "kv_piece_eff_by_bytes")
+
+
+def _rate_problems(d: dict) -> list[str]:
+    """The rates in d (a profile's fields or one regime's overrides) that are numbers but not > 0."""
+    def bad(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and not x > 0
+    out = [f"{k} is {d[k]}, not > 0 (a rate the cost model divides by)" for k in _POSITIVE if bad(d.get(k))]
+    for k in _POSITIVE_CURVES:
+        if isinstance(d.get(k), dict) and (zero := [x for x, v in d[k].items() if bad(v)]):
+            out.append(f"{k}[{zero[0]!r}] is {d[k][zero[0]]}, not > 0 (a rate the cost model divides by)")
+    return out
+
+
 def _check_fields(d: dict) -> None:
     """A profile file's fields are of their types, its curves not empty, its regimes keyed by batch: a hand-edited or
     foreign JSON that constructs a HardwareProfile but holds e.g. a number where a curve belongs, null for a cost or
@@ -476,6 +499,7 @@ def _check_fields(d: dict) -> None:
     problems = [w for k, v in d.items() if k in fields and (w := _field_problem(k, fields[k].type, v))]
     if isinstance(d.get("num_sms"), int) and d["num_sms"] < 1:
         problems.append(f"num_sms is {d['num_sms']}, not >= 1")
+    problems += _rate_problems(d)
     for k in ("hbm_bw_by_sms", "remote_signal_us_by_bytes", "nccl_graph_allreduce_us_by_bytes"):
         if d.get(k) == {}:
             problems.append(f"{k} is empty (a measured curve, at least one point)")
@@ -485,6 +509,7 @@ def _check_fields(d: dict) -> None:
         if isinstance(over, dict):
             problems += [f"regimes[{b!r}]: {w}" for k, v in over.items()
                          if k in fields and (w := _field_problem(k, fields[k].type, v))]
+            problems += [f"regimes[{b!r}]: {w}" for w in _rate_problems(over)]
     if problems:
         raise ValueError("; ".join(problems[:4]) + (f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""))
 
