@@ -7,7 +7,9 @@
 
 Errors come back typed: a 4xx raises the engine's `InvalidRequestError` family (same class names), a 503
 raises `RequestFailedError`, a 429 (the server's --max-concurrent-requests in flight) `ServerOverloadedError`, a
-`RequestFailedError`: retry later.
+`RequestFailedError`: retry later. Called without SamplingParams, a call leaves the sampling fields a model's
+generation_config.json may set to the server (the model's defaults, as LLM.generate(prompts) takes them), with
+max_tokens 16.
 """
 from __future__ import annotations
 
