@@ -17,13 +17,21 @@ import time
 from typing import Callable
 
 from .engine import LLMEngine
-from .errors import RequestFailedError
+from .errors import InvalidRequestError, RequestFailedError
 from .request import RequestOutput
 from .sampling import SamplingParams
 from .step_stats import new_loop_stats
 
 log = logging.getLogger(__name__)
 OutputCallback = Callable[[RequestOutput], None]
+
+
+def _one_completion(params: SamplingParams) -> None:
+    """A loop's request is one completion (LLMEngine.add_request's rule), refused in the caller like every other
+    typed error (it came back as an error output from the loop)."""
+    if isinstance(params, SamplingParams) and params.n != 1:
+        raise InvalidRequestError(f"an engine request is one completion, and these params ask for n={params.n}: "
+                                  "submit one for each of mpk_runtime.engine.sampling.completions(params)")
 
 
 class EngineLoop:
@@ -78,6 +86,7 @@ class EngineLoop:
             raise RequestFailedError(f"replica {self.name} is down: {self.engine.dead or 'its engine loop exited'}")
         if not checked:
             self.engine.validate(prompt_token_ids, params)
+            _one_completion(params)
         with self._lock:   # (queued under the lock: the loop's last drain takes it, or it is refused here)
             if self._closed is not None:
                 raise RequestFailedError(f"replica {self.name} is down: {self._closed}")
@@ -119,7 +128,8 @@ class EngineLoop:
         output that says so, and pending calls with RequestFailedError: no caller is left waiting."""
         self._stop.set()
         self._cmds.put(("wake",))
-        self._thread.join(timeout)
+        if threading.current_thread() is not self._thread:   # (from an output callback: the loop ends after it)
+            self._thread.join(timeout)
 
     # --- loop thread --------------------------------------------------------------------------------------
     def _deliver_all(self, outs: list[RequestOutput]) -> None:
@@ -164,20 +174,25 @@ class EngineLoop:
                 return
             try:
                 fut.set_result(fn(self.engine))
-            except Exception as e:   # the caller's to handle
-                fut.set_exception(e)
+            except BaseException as e:   # the caller's to handle (a SystemExit too: it left the future unanswered
+                fut.set_exception(e)     # for good and ended this loop, every request with it)
 
     def _end_all(self, reason: str) -> None:
         """On the loop thread, after its last round (shutdown): every request still queued or running ends with an
         error output naming reason (a running one keeps the tokens it has), every queued call with the error."""
         ends: list[RequestOutput] = []
+        refused: list[tuple[RequestOutput, OutputCallback]] = []
         try:
             while True:
                 cmd = self._cmds.get_nowait()
                 if cmd[0] == "add":
                     _, rid, ids, _params, prompt, cb, _stream = cmd
+                    out = RequestOutput.failed(rid, prompt, ids, reason)
+                    if rid in self._callbacks:   # (an id in use: its own callback, as _apply refuses it; it took
+                        refused.append((out, cb))   # the running one's, which then never heard its end)
+                        continue
                     self._callbacks[rid] = cb
-                    ends.append(RequestOutput.failed(rid, prompt, ids, reason))
+                    ends.append(out)
                 elif cmd[0] == "call" and cmd[2].set_running_or_notify_cancel():
                     cmd[2].set_exception(RequestFailedError(reason))
         except queue.Empty:
@@ -191,6 +206,8 @@ class EngineLoop:
                 log.exception("abort of %s at shutdown failed", rid)
             ends.append(RequestOutput.failed(rid, None, [], reason) if snap is None else
                         dataclasses.replace(snap, finished=True, finish_reason="error", error=reason))
+        for out, cb in refused:
+            self._deliver(out, cb)
         if ends:
             self._deliver_all(ends)
 

@@ -37,6 +37,7 @@ import time
 import weakref
 from typing import Any, Callable
 
+from .async_engine import _one_completion
 from .checks import RequestChecks
 from .errors import InvalidRequestError, RequestFailedError
 from .prefix_cache import block_key
@@ -110,6 +111,26 @@ class EngineView(RequestChecks):
 
 
 # --- the parent's side ----------------------------------------------------------------------------------------
+def _check_picklable(model, llm_kwargs: dict, imports) -> None:
+    """The child's arguments cross a pipe pickled: one that does not pickle (a tokenizer or executor object holding a
+    lock, a lambda) is named here, before a child starts (it was a bare "cannot pickle '_thread.lock' object")."""
+    try:
+        pickle.dumps((model, llm_kwargs, tuple(imports)), protocol=pickle.HIGHEST_PROTOCOL)
+        return
+    except Exception as e:   # noqa: BLE001 - which one, below
+        err = e
+    bad = []
+    for k, v in [("model", model), ("child_imports", tuple(imports)), *llm_kwargs.items()]:
+        try:
+            pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:   # noqa: BLE001
+            bad.append(k)
+    raise InvalidRequestError(
+        f"LLM argument(s) {bad or sorted(llm_kwargs)} cannot cross to the engine process ({type(err).__name__}: "
+        f"{err}): pass picklable values there (a tokenizer by its directory, an executor by its name), or build "
+        "the LLM in this process (--no-engine-process)") from err
+
+
 class EngineProcess:
     def __init__(self, model: str, name: str = "engine", health_interval: float | None = 5.0,
                  max_restarts: int = 2, rpc_timeout: float = 30.0, start_timeout: float = 1800.0,
@@ -147,6 +168,7 @@ class EngineProcess:
         self._starting: subprocess.Popen | None = None   # a child being built (shutdown kills it)
         self._last_stats: dict = {}
         self._wedged: str | None = None      # why this side killed the child (its engine loop stopped going round)
+        _check_picklable(model, llm_kwargs, child_imports)
         self._start()
         _LIVE.add(self)
 
@@ -185,7 +207,10 @@ class EngineProcess:
                 raise RequestFailedError(f"the engine process of {self.name} exited with code {proc.returncode} "
                                          "before its engine was built (see its log above)") from None
             if msg[0] == "failed":
-                proc.wait(30)
+                try:   # (it exits now; one that lingers - a thread it started - is killed below: its error is the
+                    proc.wait(5)   # caller's answer, where a TimeoutExpired 30 s later took its place)
+                except subprocess.TimeoutExpired:
+                    pass
                 raise msg[1]
             if self._stopping:
                 raise RequestFailedError(f"the engine process of {self.name} was shut down while it started")
@@ -233,6 +258,7 @@ class EngineProcess:
         if self._dead or not self.alive:
             raise RequestFailedError(f"replica {self.name} is down: {self._dead or 'its engine process exited'}")
         self.engine.validate(prompt_token_ids, params)
+        _one_completion(params)
         ids = list(prompt_token_ids)
         with self._lock:
             self._ids += 1
@@ -330,7 +356,8 @@ class EngineProcess:
             self._proc.kill()
             self._proc.wait(5)
         teller.join(5)
-        self._reader.join(5)
+        if threading.current_thread() is not self._reader:   # (from an output callback: it ends after it)
+            self._reader.join(5)
         with self._send_lock:
             self._tx.close()
 

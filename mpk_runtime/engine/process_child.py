@@ -102,8 +102,8 @@ def _child_main(rx, tx, name: str, model: str, llm_kwargs: dict, health_interval
         """On the loop thread: fn(engine), then the outputs delivered before it, then its reply (that order)."""
         try:
             ok, value = True, pickle.loads(payload)(engine)
-        except Exception as e:   # noqa: BLE001 - the caller's to handle (a function this child cannot import too)
-            ok, value = False, e
+        except BaseException as e:   # noqa: BLE001 - the caller's to handle (a function this child cannot import
+            ok, value = False, e     # too; a SystemExit: unanswered, its caller waited for good)
         flush()
         post(functools.partial(reply, cid, ok, value))
 

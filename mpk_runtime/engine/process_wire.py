@@ -3,8 +3,10 @@ form, the heartbeat period, and the helpers both sides call by name (`thread_cpu
 """
 from __future__ import annotations
 
+import os
 import pickle
 import threading
+import traceback
 import time
 from typing import Callable
 
@@ -76,9 +78,20 @@ class PendingRequest:
 
 
 def picklable_error(e: BaseException) -> BaseException:
-    """e if it survives pickling (to cross the pipe), else a RuntimeError that names it."""
+    """e if it survives pickling (to cross the pipe), else a RuntimeError that names it; with a note holding its
+    traceback in this process and the errors it came from (pickling keeps neither, and nothing else kept them: a
+    failed engine build or call was its message alone in the parent)."""
+    note = None
+    if e.__traceback__ is not None or e.__cause__ is not None or e.__context__ is not None:
+        try:
+            note = "in the engine process (pid %d):\n%s" % (os.getpid(), "".join(traceback.format_exception(e)).rstrip())
+        except Exception:   # noqa: BLE001 - a diagnostic
+            note = None
     try:
         pickle.loads(pickle.dumps(e))
-        return e
+        out = e
     except Exception:   # noqa: BLE001
-        return RuntimeError(f"{type(e).__name__}: {e}")
+        out = RuntimeError(f"{type(e).__name__}: {e}")
+    if note is not None:
+        out.add_note(note)
+    return out
