@@ -89,6 +89,11 @@ class SamplingParams:
     # completions per prompt (vLLM's field), 1..MAX_N: LLM.generate / chat / stream and the HTTP server run a prompt
     # as n requests (completions(params): the j-th seeded with seed + j when seeded), one engine request each
     n: int = 1
+    # vLLM's detokenizer switches, accepted at the one value this runtime implements (the text is
+    # tokenizer.decode(ids, skip_special_tokens=True)): code written for vLLM that passes them runs, and asking for the
+    # other value is an error that says so rather than a text that silently differs
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         # None = none, as vLLM's SamplingParams and the OpenAI API's null take it
@@ -172,6 +177,10 @@ class SamplingParams:
             problems.append(f"min_p must be a number in [0, 1] (0 = off), got {mp!r}")
         if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
             problems.append(f"n must be an int in [1, {MAX_N}] (completions per prompt), got {self.n!r}")
+        for name in ("skip_special_tokens", "spaces_between_special_tokens"):
+            if getattr(self, name) is not True:
+                problems.append(f"{name}={getattr(self, name)!r} is not implemented: the text leaves special tokens "
+                                f"out (vLLM's default, {name}=True); read token_ids for the special tokens")
         if problems:
             raise InvalidRequestError("invalid SamplingParams: " + "; ".join(problems))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))

@@ -30,3 +30,15 @@ def test_additive_penalties_and_min_tokens_unchanged():
                        min_tokens=3, stop_token_ids=[5])
     y = process_logits(x, p, [2, 2], [], ())
     assert y[:5].tolist() == [0, 0, 1.5 - 1.0 - 1.0, 0, -3] and y[5] == float("-inf")
+
+
+def test_vllms_detokenizer_switches_at_their_defaults_are_accepted():
+    """SamplingParams(skip_special_tokens=True) (vLLM code passes it) was a TypeError; the value this runtime does not
+    implement is an InvalidRequestError that names it."""
+    import pytest
+
+    from mpk_runtime.engine import InvalidRequestError
+    assert SamplingParams(skip_special_tokens=True, spaces_between_special_tokens=True) == SamplingParams()
+    for kw in ({"skip_special_tokens": False}, {"spaces_between_special_tokens": False}):
+        with pytest.raises(InvalidRequestError, match=f"{next(iter(kw))}=False is not implemented"):
+            SamplingParams(**kw)
