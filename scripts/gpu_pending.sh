@@ -148,6 +148,10 @@
 #    bench; N=eng T=150 ENGINE_LIM=140 MODELS=llama-3.2-1b ENGINE_BS=8 ENGINE_KS=8 ENGINE_SAMPLING=greedy,topk ...
 #    engine` (topk's excess over greedy bounds the NaN rule's cost), then tests/gpu whole; item a's ctx 24576 rest on
 #    an H200.)
+#    (session 76: no machine started; ~8 tries refused or held back (~1250 s of the budget), then "no new device
+#    machine is lent". Pending first is session 75's call above, unchanged (no device source changed since 42e2a85);
+#    tests/gpu whole after it now also runs the session's host-side changes (logit_bias before the penalties, a model
+#    directory's generation_config.json defaults, stop_reason): none changes a greedy bench.)
 #    (session 72: no machine started either; every start refused or held back for a neighbour's refusal. Pending
 #    first is unchanged: tests/gpu at HEAD (adds: the host sampler drawing as the device does -
 #    tests/gpu/test_engine_plans.py's seeded rows, test_full_sampling_gpu.py; the LLM's per-call inboxes through the
