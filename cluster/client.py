@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Iterator, Sequence
 
+from mpk_runtime.engine.generation_config import SAMPLING_DEFAULT_FIELDS
 from mpk_runtime.engine import errors as E
 from mpk_runtime.engine.llm import normalize_prompts
 from mpk_runtime.engine.request import RequestMetrics, RequestOutput, merge_completions
@@ -177,8 +178,9 @@ class Client:
                 "repetition_penalty": sp.repetition_penalty, "min_p": sp.min_p, "min_tokens": sp.min_tokens,
                 "logit_bias": {str(t): b for t, b in sp.logit_bias} if sp.logit_bias else None}
         if isinstance(sp, _ModelDefaults):
-            for f in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
-                del body[f]
+            for f in SAMPLING_DEFAULT_FIELDS:
+                if f != "max_tokens":   # (sent: 16, the server caps it at the model's max_new_tokens)
+                    del body[f]
         return body
 
     def _one(self, prompt, sp: SamplingParams, rid: str, index: int = 0) -> RequestOutput:

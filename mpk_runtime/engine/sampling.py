@@ -277,11 +277,11 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, output_ids: lis
     before the penalties: a repetition penalty divides or multiplies the biased logit; it was the other way round
     here), then, while fewer than min_tokens are generated, the tokens that would end it (its stop_token_ids, and
     eos_ids unless ignore_eos) at -inf."""
+    x = logits.float().clone()
     if params.logit_bias is not None:
-        logits = logits.float().clone()
         ids, bias = zip(*params.logit_bias)
-        logits[torch.tensor(ids, dtype=torch.long)] += torch.tensor(bias, dtype=logits.dtype)
-    x = apply_penalties(logits, params, output_ids, prompt_ids)
+        x[torch.tensor(ids, dtype=torch.long)] += torch.tensor(bias, dtype=x.dtype)
+    x = _penalized(x, params, output_ids, prompt_ids)
     if len(output_ids) < params.min_tokens:
         ends = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
         ends = [t for t in ends if 0 <= t < x.numel()]
@@ -294,7 +294,11 @@ def apply_penalties(logits: torch.Tensor, params: SamplingParams, output_ids: li
                     prompt_ids: list[int]) -> torch.Tensor:
     """The logits (vocab,) with the request's penalties applied (a new fp32 tensor; `logits` is not changed):
     repetition over the prompt and output tokens, then frequency and presence over the output tokens."""
-    x = logits.float().clone()
+    return _penalized(logits.float().clone(), params, output_ids, prompt_ids)
+
+
+def _penalized(x: torch.Tensor, params: SamplingParams, output_ids: list[int], prompt_ids: list[int]) -> torch.Tensor:
+    """apply_penalties on x, an fp32 copy of the caller's (changed in place, or replaced: use the result)."""
     if params.repetition_penalty != 1.0:
         seen = torch.zeros(x.numel(), dtype=torch.bool)
         seen[torch.tensor(prompt_ids + output_ids, dtype=torch.long)] = True

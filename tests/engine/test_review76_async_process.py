@@ -2,7 +2,6 @@
 an application drives them: calls that raise a BaseException, shutdown from an output callback, a duplicate id queued
 at shutdown, n > 1, and an engine process's construction errors (the child's traceback, a child that lingers after
 its error, arguments that cannot cross the pipe)."""
-import textwrap
 import threading
 import time
 
@@ -11,16 +10,7 @@ import pytest
 from mpk_runtime.engine import InvalidRequestError, SamplingParams
 from mpk_runtime.engine.async_engine import EngineLoop
 from mpk_runtime.engine.engine_process import EngineProcess
-
-KW = dict(backend="torch", dtype="float32", max_seq_len=64, max_batch=8, health_interval=None)
-LONG = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
-
-
-def _module(tmp_path, monkeypatch, name: str, body: str) -> str:
-    """A module both this process and the child import (the child's PYTHONPATH is this process's sys.path)."""
-    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return name
+from tests.engine.test_engine_process_review import KW, LONG, _module   # (the same rig)
 
 
 class _Outputs(list):
